@@ -1,0 +1,230 @@
+//! The op-level interface that slotstream's model code is written against.
+//!
+//! A backend owns every buffer: weights are handed over once as host bytes
+//! ([`HostMatrix`]) and come back as opaque [`Weight`] handles; activations are
+//! opaque [`Tensor`] handles; per-sequence state (KV caches, convolution and
+//! recurrent state) lives in opaque [`State`] objects. Model code describes what
+//! to compute and never touches a weight's bytes, so a GPU backend can implement
+//! the same trait without the model code changing.
+//!
+//! Conventions: activations are f32, row-major, the last dimension contiguous.
+//! A matrix weight has shape `[experts, rows, cols]` (experts = 1 for a plain
+//! linear layer) and `matmul` computes `x @ W^T` like a `Linear` layer.
+
+use std::any::Any;
+use std::sync::Arc;
+
+mod host;
+pub use host::{DType, HostMatrix, MatrixData};
+
+/// Errors a backend reports. Shape errors are bugs in model code or a malformed
+/// checkpoint that slipped past the loader; the message says which.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("shape mismatch in {op}: {detail}")]
+    Shape { op: &'static str, detail: String },
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("backend failure: {0}")]
+    Device(String),
+}
+
+pub type Result<T> = std::result::Result<T, BackendError>;
+
+pub fn shape_error(op: &'static str, detail: impl Into<String>) -> BackendError {
+    BackendError::Shape { op, detail: detail.into() }
+}
+
+/// An activation tensor owned by a backend. Cloning is cheap (shared buffer);
+/// [`Tensor::reshape`] changes only the view.
+#[derive(Clone)]
+pub struct Tensor {
+    buffer: Arc<dyn Any + Send + Sync>,
+    shape: Vec<usize>,
+}
+
+impl Tensor {
+    /// Wraps a backend buffer. Only backends call this.
+    pub fn from_buffer(buffer: Arc<dyn Any + Send + Sync>, shape: Vec<usize>) -> Self {
+        Tensor { buffer, shape }
+    }
+    pub fn buffer<T: 'static>(&self) -> Option<&T> {
+        self.buffer.downcast_ref::<T>()
+    }
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+    /// Size of the last dimension.
+    pub fn cols(&self) -> usize {
+        self.shape.last().copied().unwrap_or(1)
+    }
+    /// Number of rows when viewed as `[rows, cols]`.
+    pub fn rows(&self) -> usize {
+        let cols = self.cols();
+        if cols == 0 {
+            0
+        } else {
+            self.numel() / cols
+        }
+    }
+    pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
+        let numel: usize = shape.iter().product();
+        if numel != self.numel() {
+            return Err(shape_error(
+                "reshape",
+                format!("{:?} -> {:?} changes the element count", self.shape, shape),
+            ));
+        }
+        Ok(Tensor { buffer: self.buffer.clone(), shape: shape.to_vec() })
+    }
+}
+
+/// A weight matrix (or a stack of expert matrices) owned by a backend.
+#[derive(Clone)]
+pub struct Weight {
+    buffer: Arc<dyn Any + Send + Sync>,
+    pub experts: usize,
+    pub rows: usize,
+    pub cols: usize,
+    /// Bytes this weight occupies in the backend (for memory accounting).
+    pub bytes: usize,
+}
+
+impl Weight {
+    pub fn from_buffer(
+        buffer: Arc<dyn Any + Send + Sync>,
+        experts: usize,
+        rows: usize,
+        cols: usize,
+        bytes: usize,
+    ) -> Self {
+        Weight { buffer, experts, rows, cols, bytes }
+    }
+    pub fn buffer<T: 'static>(&self) -> Option<&T> {
+        self.buffer.downcast_ref::<T>()
+    }
+}
+
+/// Mutable per-sequence state owned by a backend (a KV cache, a convolution
+/// window, a recurrent matrix state).
+pub struct State {
+    inner: Box<dyn Any + Send + Sync>,
+}
+
+impl State {
+    pub fn new(inner: Box<dyn Any + Send + Sync>) -> Self {
+        State { inner }
+    }
+    pub fn get<T: 'static>(&self) -> Option<&T> {
+        self.inner.downcast_ref::<T>()
+    }
+    pub fn get_mut<T: 'static>(&mut self) -> Option<&mut T> {
+        self.inner.downcast_mut::<T>()
+    }
+}
+
+/// Which experts one token uses and with what weight.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenRoute {
+    pub experts: Vec<u32>,
+    pub weights: Vec<f32>,
+}
+
+/// The three stacked projections of a layer's routed experts.
+#[derive(Clone)]
+pub struct ExpertWeights {
+    pub gate: Weight,
+    pub up: Weight,
+    pub down: Weight,
+}
+
+/// The operations model code needs. Every method is pure with respect to its
+/// tensor inputs (new tensors come back) except where a `&mut State` is passed.
+pub trait Backend: Send + Sync {
+    /// Short name shown in run summaries ("cpu", "wgpu (NVIDIA H200, Vulkan)").
+    fn name(&self) -> String;
+
+    // ---- buffers ----
+    fn upload(&self, data: &[f32], shape: &[usize]) -> Result<Tensor>;
+    fn download(&self, t: &Tensor) -> Result<Vec<f32>>;
+    fn load_weight(&self, m: &HostMatrix<'_>) -> Result<Weight>;
+
+    // ---- shape plumbing ----
+    /// Columns `[start, start+len)` of `x` viewed as `[rows, cols]`.
+    fn slice_cols(&self, x: &Tensor, start: usize, len: usize) -> Result<Tensor>;
+    /// Rows `[start, start+len)` of `x` viewed as `[rows, cols]`.
+    fn slice_rows(&self, x: &Tensor, start: usize, len: usize) -> Result<Tensor>;
+    /// Concatenates rows of tensors that share a column count.
+    fn concat_rows(&self, parts: &[&Tensor]) -> Result<Tensor>;
+
+    // ---- elementwise ----
+    fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor>;
+    /// `x * sigmoid(gate)`; `gate` has the shape of `x` or one column per row.
+    fn sigmoid_mul(&self, x: &Tensor, gate: &Tensor) -> Result<Tensor>;
+    /// `silu(gate) * up`.
+    fn silu_mul(&self, gate: &Tensor, up: &Tensor) -> Result<Tensor>;
+    fn silu(&self, x: &Tensor) -> Result<Tensor>;
+
+    // ---- linear algebra ----
+    /// Embedding rows for token ids: `[ids.len(), cols]`.
+    fn embed(&self, table: &Weight, ids: &[u32]) -> Result<Tensor>;
+    /// `x @ W^T` for `x: [rows, W.cols]` giving `[rows, W.rows]`.
+    fn matmul(&self, x: &Tensor, w: &Weight) -> Result<Tensor>;
+
+    // ---- normalisation ----
+    /// RMSNorm over groups of `weight.len()` (or `dim`) values: `x / rms(x) * w`.
+    fn rms_norm(&self, x: &Tensor, weight: Option<&Tensor>, dim: usize, eps: f32)
+        -> Result<Tensor>;
+    /// `rms_norm(x) * w * silu(z)` over groups of `dim` values.
+    fn rms_norm_gated(&self, x: &Tensor, z: &Tensor, weight: &Tensor, dim: usize, eps: f32)
+        -> Result<Tensor>;
+    /// Scales each group of `dim` values to unit L2 norm (`x / sqrt(sum x^2 + eps)`),
+    /// then multiplies by `scale`.
+    fn l2_normalize(&self, x: &Tensor, dim: usize, eps: f32, scale: f32) -> Result<Tensor>;
+
+    // ---- attention ----
+    /// Rotary embedding (rotate-half / GPT-NeoX layout) on the first `rotary_dim`
+    /// values of each head of `x: [tokens, heads, head_dim]`; token `i` sits at
+    /// position `start_pos + i`.
+    fn rope(&self, x: &Tensor, head_dim: usize, rotary_dim: usize, theta: f32, start_pos: usize)
+        -> Result<Tensor>;
+    fn new_kv_cache(&self, kv_heads: usize, head_dim: usize) -> Result<State>;
+    /// Number of positions held in a KV cache.
+    fn kv_len(&self, cache: &State) -> Result<usize>;
+    /// Appends `k, v: [tokens, kv_heads*head_dim]`, then attends causally:
+    /// query `i` (at position `kv_len_before + i`) sees every key up to its own
+    /// position. `q: [tokens, heads*head_dim]`; returns `[tokens, heads*head_dim]`.
+    fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, cache: &mut State, heads: usize, scale: f32)
+        -> Result<Tensor>;
+
+    // ---- Gated DeltaNet ----
+    fn new_conv_state(&self, channels: usize, kernel: usize) -> Result<State>;
+    /// Causal depthwise convolution over time of `x: [tokens, channels]` with
+    /// `weight: [channels, kernel]`, continuing from (and updating) the window of
+    /// the last `kernel-1` inputs held in `state`.
+    fn causal_conv1d(&self, x: &Tensor, weight: &Tensor, state: &mut State) -> Result<Tensor>;
+    fn new_recurrent_state(&self, heads: usize, key_dim: usize, value_dim: usize) -> Result<State>;
+    /// Gates from the raw projections: `g = exp(-exp(a_log) * softplus(a + dt_bias))`,
+    /// `beta = sigmoid(b)`, all `[tokens, heads]`.
+    fn delta_gates(&self, a: &Tensor, b: &Tensor, a_log: &Tensor, dt_bias: &Tensor)
+        -> Result<(Tensor, Tensor)>;
+    /// The gated delta rule over `tokens` steps. `q, k: [tokens, key_heads*key_dim]`,
+    /// `v: [tokens, heads*value_dim]`, `g, beta: [tokens, heads]`; value head `h`
+    /// reads key head `h / (heads/key_heads)`. Per step and head:
+    /// `S = g*S; S += k ⊗ beta*(v - S k); y = S q`. Returns `[tokens, heads*value_dim]`.
+    #[allow(clippy::too_many_arguments)]
+    fn gated_delta(&self, q: &Tensor, k: &Tensor, v: &Tensor, g: &Tensor, beta: &Tensor,
+        key_heads: usize, state: &mut State) -> Result<Tensor>;
+
+    // ---- mixture of experts ----
+    /// Routed experts: for token `t`, `sum_j w_j * down_e(silu(gate_e x) * up_e x)`
+    /// over `routes[t]`, where expert ids index the stacked `experts` weights.
+    fn moe_experts(&self, x: &Tensor, experts: &ExpertWeights, routes: &[TokenRoute]) -> Result<Tensor>;
+
+    // ---- state management ----
+    /// Deep copy of a state (for prefix caching and speculative rollback).
+    fn clone_state(&self, state: &State) -> Result<State>;
+}

@@ -1,0 +1,447 @@
+//! The CPU backend: every op of [`slotstream_backend::Backend`] in plain Rust,
+//! f32 activations and accumulation, threads from rayon. It is the reference the
+//! GPU backend is checked against and the fallback on machines without a GPU.
+
+mod delta;
+mod matmul;
+
+use std::sync::Arc;
+
+use rayon::prelude::*;
+use slotstream_backend::{
+    shape_error, Backend, BackendError, ExpertWeights, HostMatrix, Result, State, Tensor,
+    TokenRoute, Weight,
+};
+
+pub use matmul::{CpuWeight, Store};
+
+/// Multi-threaded CPU implementation of the backend trait.
+#[derive(Default)]
+pub struct CpuBackend;
+
+impl CpuBackend {
+    pub fn new() -> Self {
+        CpuBackend
+    }
+}
+
+type Buf = Vec<f32>;
+
+fn data(t: &Tensor) -> Result<&[f32]> {
+    t.buffer::<Buf>()
+        .map(|v| v.as_slice())
+        .ok_or_else(|| BackendError::Device("tensor does not belong to the CPU backend".into()))
+}
+
+fn weight(w: &Weight) -> Result<&CpuWeight> {
+    w.buffer::<CpuWeight>()
+        .ok_or_else(|| BackendError::Device("weight does not belong to the CPU backend".into()))
+}
+
+fn tensor(v: Vec<f32>, shape: Vec<usize>) -> Tensor {
+    Tensor::from_buffer(Arc::new(v), shape)
+}
+
+fn same_shape(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
+    if a.numel() != b.numel() {
+        return Err(shape_error(op, format!("{:?} vs {:?}", a.shape(), b.shape())));
+    }
+    Ok(())
+}
+
+fn groups_of(op: &'static str, x: &Tensor, dim: usize) -> Result<()> {
+    if dim == 0 || x.numel() % dim != 0 {
+        return Err(shape_error(op, format!("{:?} is not a whole number of groups of {dim}", x.shape())));
+    }
+    Ok(())
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+fn silu(x: f32) -> f32 {
+    x * sigmoid(x)
+}
+
+fn softplus(x: f32) -> f32 {
+    // log(1 + e^x) without overflow for large x.
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+/// Keys and values of one attention layer, `[positions, kv_heads*head_dim]`.
+pub struct KvCache {
+    kv_heads: usize,
+    head_dim: usize,
+    keys: Vec<f32>,
+    values: Vec<f32>,
+}
+
+impl KvCache {
+    fn len(&self) -> usize {
+        self.keys.len() / (self.kv_heads * self.head_dim)
+    }
+}
+
+/// The last `kernel-1` inputs of a causal convolution, `[kernel-1, channels]`.
+pub struct ConvState {
+    channels: usize,
+    kernel: usize,
+    window: Vec<f32>,
+}
+
+/// Gated DeltaNet matrix state, `[heads, value_dim, key_dim]`.
+pub struct RecurrentState {
+    heads: usize,
+    key_dim: usize,
+    value_dim: usize,
+    s: Vec<f32>,
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> String {
+        format!("cpu ({} threads)", rayon::current_num_threads())
+    }
+
+    fn upload(&self, values: &[f32], shape: &[usize]) -> Result<Tensor> {
+        if shape.iter().product::<usize>() != values.len() {
+            return Err(shape_error("upload", format!("{} values for shape {shape:?}", values.len())));
+        }
+        Ok(tensor(values.to_vec(), shape.to_vec()))
+    }
+
+    fn download(&self, t: &Tensor) -> Result<Vec<f32>> {
+        Ok(data(t)?.to_vec())
+    }
+
+    fn load_weight(&self, m: &HostMatrix<'_>) -> Result<Weight> {
+        m.validate()?;
+        let w = CpuWeight::from_host(m);
+        let bytes = w.bytes();
+        Ok(Weight::from_buffer(Arc::new(w), m.experts, m.rows, m.cols, bytes))
+    }
+
+    fn slice_cols(&self, x: &Tensor, start: usize, len: usize) -> Result<Tensor> {
+        let (rows, cols) = (x.rows(), x.cols());
+        if start + len > cols {
+            return Err(shape_error("slice_cols", format!("[{start}, {}) of {cols} columns", start + len)));
+        }
+        let src = data(x)?;
+        let mut out = Vec::with_capacity(rows * len);
+        for r in 0..rows {
+            out.extend_from_slice(&src[r * cols + start..r * cols + start + len]);
+        }
+        Ok(tensor(out, vec![rows, len]))
+    }
+
+    fn slice_rows(&self, x: &Tensor, start: usize, len: usize) -> Result<Tensor> {
+        let (rows, cols) = (x.rows(), x.cols());
+        if start + len > rows {
+            return Err(shape_error("slice_rows", format!("[{start}, {}) of {rows} rows", start + len)));
+        }
+        Ok(tensor(data(x)?[start * cols..(start + len) * cols].to_vec(), vec![len, cols]))
+    }
+
+    fn concat_rows(&self, parts: &[&Tensor]) -> Result<Tensor> {
+        let cols = parts.first().map(|t| t.cols()).unwrap_or(0);
+        let mut out = Vec::new();
+        for p in parts {
+            if p.cols() != cols {
+                return Err(shape_error("concat_rows", format!("{} vs {} columns", p.cols(), cols)));
+            }
+            out.extend_from_slice(data(p)?);
+        }
+        let rows = out.len() / cols.max(1);
+        Ok(tensor(out, vec![rows, cols]))
+    }
+
+    fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        same_shape("add", a, b)?;
+        let out = data(a)?.iter().zip(data(b)?).map(|(x, y)| x + y).collect();
+        Ok(tensor(out, a.shape().to_vec()))
+    }
+
+    fn sigmoid_mul(&self, x: &Tensor, gate: &Tensor) -> Result<Tensor> {
+        let (xs, gs) = (data(x)?, data(gate)?);
+        let out = if gs.len() == xs.len() {
+            xs.iter().zip(gs).map(|(v, g)| v * sigmoid(*g)).collect()
+        } else if gs.len() == x.rows() {
+            let cols = x.cols();
+            xs.iter().enumerate().map(|(i, v)| v * sigmoid(gs[i / cols])).collect()
+        } else {
+            return Err(shape_error("sigmoid_mul", format!("x {:?}, gate {:?}", x.shape(), gate.shape())));
+        };
+        Ok(tensor(out, x.shape().to_vec()))
+    }
+
+    fn silu_mul(&self, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+        same_shape("silu_mul", gate, up)?;
+        let out = data(gate)?.iter().zip(data(up)?).map(|(g, u)| silu(*g) * u).collect();
+        Ok(tensor(out, gate.shape().to_vec()))
+    }
+
+    fn silu(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(tensor(data(x)?.iter().map(|v| silu(*v)).collect(), x.shape().to_vec()))
+    }
+
+    fn embed(&self, table: &Weight, ids: &[u32]) -> Result<Tensor> {
+        let w = weight(table)?;
+        let mut out = vec![0.0f32; ids.len() * w.cols];
+        for (row, &id) in out.chunks_exact_mut(w.cols).zip(ids) {
+            if id as usize >= w.rows {
+                return Err(shape_error("embed", format!("token id {id} >= vocabulary size {}", w.rows)));
+            }
+            w.dequant_row(id as usize, row);
+        }
+        Ok(tensor(out, vec![ids.len(), w.cols]))
+    }
+
+    fn matmul(&self, x: &Tensor, w: &Weight) -> Result<Tensor> {
+        let cw = weight(w)?;
+        if x.cols() != cw.cols || cw.experts != 1 {
+            return Err(shape_error(
+                "matmul",
+                format!("x {:?} @ W[{} x {} x {}]^T", x.shape(), cw.experts, cw.rows, cw.cols),
+            ));
+        }
+        let tokens = x.rows();
+        Ok(tensor(matmul::matmul(data(x)?, tokens, cw, 0), vec![tokens, cw.rows]))
+    }
+
+    fn rms_norm(&self, x: &Tensor, w: Option<&Tensor>, dim: usize, eps: f32) -> Result<Tensor> {
+        groups_of("rms_norm", x, dim)?;
+        let wv = match w {
+            Some(w) if w.numel() == dim => Some(data(w)?),
+            Some(w) => return Err(shape_error("rms_norm", format!("weight {:?} for groups of {dim}", w.shape()))),
+            None => None,
+        };
+        let mut out = data(x)?.to_vec();
+        out.par_chunks_mut(dim).for_each(|g| {
+            let ms = g.iter().map(|v| v * v).sum::<f32>() / dim as f32;
+            let r = 1.0 / (ms + eps).sqrt();
+            match wv {
+                Some(wv) => g.iter_mut().zip(wv).for_each(|(v, w)| *v = *v * r * w),
+                None => g.iter_mut().for_each(|v| *v *= r),
+            }
+        });
+        Ok(tensor(out, x.shape().to_vec()))
+    }
+
+    fn rms_norm_gated(&self, x: &Tensor, z: &Tensor, w: &Tensor, dim: usize, eps: f32) -> Result<Tensor> {
+        same_shape("rms_norm_gated", x, z)?;
+        let normed = self.rms_norm(x, Some(w), dim, eps)?;
+        let out = data(&normed)?.iter().zip(data(z)?).map(|(n, z)| silu(*z) * n).collect();
+        Ok(tensor(out, x.shape().to_vec()))
+    }
+
+    fn l2_normalize(&self, x: &Tensor, dim: usize, eps: f32, scale: f32) -> Result<Tensor> {
+        groups_of("l2_normalize", x, dim)?;
+        let mut out = data(x)?.to_vec();
+        out.par_chunks_mut(dim).for_each(|g| {
+            let r = scale / (g.iter().map(|v| v * v).sum::<f32>() + eps).sqrt();
+            g.iter_mut().for_each(|v| *v *= r);
+        });
+        Ok(tensor(out, x.shape().to_vec()))
+    }
+
+    fn rope(&self, x: &Tensor, head_dim: usize, rotary_dim: usize, theta: f32, start_pos: usize) -> Result<Tensor> {
+        groups_of("rope", x, head_dim)?;
+        if rotary_dim > head_dim || rotary_dim % 2 != 0 {
+            return Err(shape_error("rope", format!("rotary dim {rotary_dim} for head dim {head_dim}")));
+        }
+        let tokens = x.shape().first().copied().unwrap_or(0);
+        let heads_per_token = x.numel() / head_dim / tokens.max(1);
+        let half = rotary_dim / 2;
+        let inv_freq: Vec<f64> =
+            (0..half).map(|i| (theta as f64).powf(-((2 * i) as f64) / rotary_dim as f64)).collect();
+        let mut out = data(x)?.to_vec();
+        for (t, tok) in out.chunks_exact_mut(heads_per_token * head_dim).enumerate() {
+            let pos = (start_pos + t) as f64;
+            let cs: Vec<(f32, f32)> =
+                inv_freq.iter().map(|f| ((pos * f).cos() as f32, (pos * f).sin() as f32)).collect();
+            for head in tok.chunks_exact_mut(head_dim) {
+                for (i, &(c, s)) in cs.iter().enumerate() {
+                    let (a, b) = (head[i], head[i + half]);
+                    head[i] = a * c - b * s;
+                    head[i + half] = b * c + a * s;
+                }
+            }
+        }
+        Ok(tensor(out, x.shape().to_vec()))
+    }
+
+    fn new_kv_cache(&self, kv_heads: usize, head_dim: usize) -> Result<State> {
+        Ok(State::new(Box::new(KvCache { kv_heads, head_dim, keys: Vec::new(), values: Vec::new() })))
+    }
+
+    fn kv_len(&self, cache: &State) -> Result<usize> {
+        cache.get::<KvCache>().map(|c| c.len()).ok_or_else(|| BackendError::Device("not a CPU KV cache".into()))
+    }
+
+    fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, cache: &mut State, heads: usize, scale: f32) -> Result<Tensor> {
+        let c = cache.get_mut::<KvCache>().ok_or_else(|| BackendError::Device("not a CPU KV cache".into()))?;
+        let (kvh, hd) = (c.kv_heads, c.head_dim);
+        let tokens = q.rows();
+        if q.cols() != heads * hd || k.cols() != kvh * hd || v.cols() != kvh * hd || k.rows() != tokens || heads % kvh != 0 {
+            return Err(shape_error(
+                "attention",
+                format!("q {:?} k {:?} v {:?} for {heads} heads, {kvh} kv heads of {hd}", q.shape(), k.shape(), v.shape()),
+            ));
+        }
+        let past = c.len();
+        c.keys.extend_from_slice(data(k)?);
+        c.values.extend_from_slice(data(v)?);
+        let (keys, values) = (&c.keys, &c.values);
+        let qd = data(q)?;
+        let group = heads / kvh;
+        let mut out = vec![0.0f32; tokens * heads * hd];
+        out.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
+            let (t, h) = (i / heads, i % heads);
+            let kh = h / group;
+            let qv = &qd[(t * heads + h) * hd..(t * heads + h + 1) * hd];
+            let visible = past + t + 1;
+            let mut scores: Vec<f32> = (0..visible)
+                .map(|j| {
+                    let kv = &keys[(j * kvh + kh) * hd..(j * kvh + kh + 1) * hd];
+                    qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * scale
+                })
+                .collect();
+            let max = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let mut total = 0.0;
+            for s in scores.iter_mut() {
+                *s = (*s - max).exp();
+                total += *s;
+            }
+            for (j, s) in scores.iter().enumerate() {
+                let w = s / total;
+                let vv = &values[(j * kvh + kh) * hd..(j * kvh + kh + 1) * hd];
+                o.iter_mut().zip(vv).for_each(|(o, v)| *o += w * v);
+            }
+        });
+        Ok(tensor(out, vec![tokens, heads * hd]))
+    }
+
+    fn new_conv_state(&self, channels: usize, kernel: usize) -> Result<State> {
+        if kernel == 0 {
+            return Err(shape_error("new_conv_state", "kernel size 0"));
+        }
+        Ok(State::new(Box::new(ConvState { channels, kernel, window: vec![0.0; (kernel - 1) * channels] })))
+    }
+
+    fn causal_conv1d(&self, x: &Tensor, w: &Tensor, state: &mut State) -> Result<Tensor> {
+        let st = state.get_mut::<ConvState>().ok_or_else(|| BackendError::Device("not a CPU conv state".into()))?;
+        let (c, kk) = (st.channels, st.kernel);
+        if x.cols() != c || w.numel() != c * kk {
+            return Err(shape_error("causal_conv1d", format!("x {:?}, weight {:?}, {c} channels x {kk}", x.shape(), w.shape())));
+        }
+        let tokens = x.rows();
+        let wd = data(w)?;
+        // The window followed by the new inputs: [kernel-1+tokens, channels].
+        let mut seq = st.window.clone();
+        seq.extend_from_slice(data(x)?);
+        let mut out = vec![0.0f32; tokens * c];
+        out.par_chunks_mut(c).enumerate().for_each(|(t, o)| {
+            for (ch, o) in o.iter_mut().enumerate() {
+                let mut acc = 0.0;
+                for j in 0..kk {
+                    acc += wd[ch * kk + j] * seq[(t + j) * c + ch];
+                }
+                *o = acc;
+            }
+        });
+        st.window = seq[tokens * c..].to_vec();
+        Ok(tensor(out, vec![tokens, c]))
+    }
+
+    fn new_recurrent_state(&self, heads: usize, key_dim: usize, value_dim: usize) -> Result<State> {
+        Ok(State::new(Box::new(RecurrentState { heads, key_dim, value_dim, s: vec![0.0; heads * key_dim * value_dim] })))
+    }
+
+    fn delta_gates(&self, a: &Tensor, b: &Tensor, a_log: &Tensor, dt_bias: &Tensor) -> Result<(Tensor, Tensor)> {
+        same_shape("delta_gates", a, b)?;
+        let heads = a.cols();
+        if a_log.numel() != heads || dt_bias.numel() != heads {
+            return Err(shape_error("delta_gates", format!("{heads} heads, A_log {:?}, dt_bias {:?}", a_log.shape(), dt_bias.shape())));
+        }
+        let (al, dt) = (data(a_log)?, data(dt_bias)?);
+        let g = data(a)?
+            .iter()
+            .enumerate()
+            .map(|(i, a)| (-al[i % heads].exp() * softplus(a + dt[i % heads])).exp())
+            .collect();
+        let beta = data(b)?.iter().map(|b| sigmoid(*b)).collect();
+        Ok((tensor(g, a.shape().to_vec()), tensor(beta, b.shape().to_vec())))
+    }
+
+    fn gated_delta(&self, q: &Tensor, k: &Tensor, v: &Tensor, g: &Tensor, beta: &Tensor, key_heads: usize, state: &mut State) -> Result<Tensor> {
+        let st = state.get_mut::<RecurrentState>().ok_or_else(|| BackendError::Device("not a CPU recurrent state".into()))?;
+        let (h, dk, dv) = (st.heads, st.key_dim, st.value_dim);
+        let tokens = q.rows();
+        if key_heads == 0 || h % key_heads != 0 || q.cols() != key_heads * dk || k.cols() != key_heads * dk
+            || v.cols() != h * dv || g.cols() != h || beta.cols() != h || k.rows() != tokens || v.rows() != tokens
+        {
+            return Err(shape_error(
+                "gated_delta",
+                format!("q {:?} k {:?} v {:?} g {:?} for {h} heads ({key_heads} key heads) of {dk}/{dv}", q.shape(), k.shape(), v.shape(), g.shape()),
+            ));
+        }
+        let inputs = delta::DeltaInputs {
+            q: data(q)?, k: data(k)?, v: data(v)?, g: data(g)?, beta: data(beta)?,
+            tokens, heads: h, key_heads, key_dim: dk, value_dim: dv,
+        };
+        let out = delta::gated_delta(&inputs, &mut st.s);
+        Ok(tensor(out, vec![tokens, h * dv]))
+    }
+
+    fn moe_experts(&self, x: &Tensor, experts: &ExpertWeights, routes: &[TokenRoute]) -> Result<Tensor> {
+        let (gate, up, down) = (weight(&experts.gate)?, weight(&experts.up)?, weight(&experts.down)?);
+        let (tokens, hidden) = (x.rows(), x.cols());
+        if routes.len() != tokens || gate.cols != hidden || down.rows != hidden || up.rows != gate.rows || down.cols != gate.rows {
+            return Err(shape_error("moe_experts", format!("x {:?}, {} routes, gate [{} x {}], down [{} x {}]", x.shape(), routes.len(), gate.rows, gate.cols, down.rows, down.cols)));
+        }
+        let xd = data(x)?;
+        // Group tokens by expert so each expert's weights are read once per call.
+        let mut by_expert: std::collections::BTreeMap<u32, Vec<(usize, f32)>> = Default::default();
+        for (t, r) in routes.iter().enumerate() {
+            for (&e, &w) in r.experts.iter().zip(&r.weights) {
+                if e as usize >= gate.experts {
+                    return Err(shape_error("moe_experts", format!("expert {e} of {}", gate.experts)));
+                }
+                by_expert.entry(e).or_default().push((t, w));
+            }
+        }
+        let mut out = vec![0.0f32; tokens * hidden];
+        for (e, users) in by_expert {
+            let xs: Vec<f32> = users.iter().flat_map(|(t, _)| xd[t * hidden..(t + 1) * hidden].iter().copied()).collect();
+            let n = users.len();
+            let g = matmul::matmul(&xs, n, gate, e as usize);
+            let u = matmul::matmul(&xs, n, up, e as usize);
+            let act: Vec<f32> = g.iter().zip(&u).map(|(g, u)| silu(*g) * u).collect();
+            let y = matmul::matmul(&act, n, down, e as usize);
+            for (i, (t, w)) in users.iter().enumerate() {
+                out[t * hidden..(t + 1) * hidden]
+                    .iter_mut()
+                    .zip(&y[i * hidden..(i + 1) * hidden])
+                    .for_each(|(o, y)| *o += w * y);
+            }
+        }
+        Ok(tensor(out, vec![tokens, hidden]))
+    }
+
+    fn clone_state(&self, state: &State) -> Result<State> {
+        if let Some(c) = state.get::<KvCache>() {
+            return Ok(State::new(Box::new(KvCache { kv_heads: c.kv_heads, head_dim: c.head_dim, keys: c.keys.clone(), values: c.values.clone() })));
+        }
+        if let Some(c) = state.get::<ConvState>() {
+            return Ok(State::new(Box::new(ConvState { channels: c.channels, kernel: c.kernel, window: c.window.clone() })));
+        }
+        if let Some(r) = state.get::<RecurrentState>() {
+            return Ok(State::new(Box::new(RecurrentState { heads: r.heads, key_dim: r.key_dim, value_dim: r.value_dim, s: r.s.clone() })));
+        }
+        Err(BackendError::Device("state does not belong to the CPU backend".into()))
+    }
+}
