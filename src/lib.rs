@@ -1,1 +1,8 @@
+//! slotstream: run Mixture-of-Experts language models, on the CPU or a GPU,
+//! with the routed experts streamed from disk into a fixed pool of cache slots.
 
+pub mod checkpoint;
+pub mod generate;
+pub mod model;
+pub mod sampling;
+pub mod tokenizer;

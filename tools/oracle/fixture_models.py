@@ -127,9 +127,10 @@ def is_moe_layer(cfg: dict, layer: int) -> bool:
     )
 
 
-# Scales that keep logits and router scores well separated (see README).
-LM_HEAD_GAIN = 4.0
-ROUTER_GAIN = 4.0
+# Scales that keep logits and router scores well separated (see README):
+# logits come out with a std of about 6, router logits about 8.
+LM_HEAD_GAIN = 6.0
+ROUTER_GAIN = 8.0
 
 
 def qwen3_moe_init(rng: np.random.Generator, cfg: dict) -> Dict[str, np.ndarray]:
@@ -324,7 +325,7 @@ def next_shard_of(key: str) -> int:
 SPECS = {
     "qwen3_moe": FixtureSpec(
         name="qwen3_moe",
-        seed=20250101,
+        seed=14,  # chosen so greedy margins and router gaps stay large (README)
         config=QWEN3_MOE_CONFIG,
         init_weights=qwen3_moe_init,
         to_hf=qwen3_moe_to_hf,
@@ -332,7 +333,7 @@ SPECS = {
     ),
     "qwen3_next": FixtureSpec(
         name="qwen3_next",
-        seed=20250202,
+        seed=14,  # same criterion, searched separately
         config=QWEN3_NEXT_CONFIG,
         init_weights=qwen3_next_init,
         to_hf=qwen3_next_to_hf,
@@ -389,5 +390,7 @@ def write_hf_checkpoint(spec: FixtureSpec, weights: Dict[str, np.ndarray], out_d
             out_dir / "model.safetensors.index.json",
             {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))},
         )
+    for f in out_dir.glob("*.safetensors"):
+        f.chmod(0o644)  # safetensors writes 0600
     write_json(out_dir / "config.json", spec.config)
     write_json(out_dir / "generation_config.json", generation_config(spec))

@@ -1,0 +1,315 @@
+//! Opening a checkpoint's safetensors files without reading them: headers are
+//! parsed, data is memory-mapped and touched only when a tensor is used.
+//!
+//! Also owns the MLX quantization settings, because whether a module is
+//! quantized, and how, is a property of the files.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensorError, SafeTensors};
+use slotstream_backend::{DType, HostMatrix, MatrixData};
+
+/// Where one tensor lives.
+#[derive(Clone, Debug)]
+pub struct TensorEntry {
+    pub file: usize,
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    /// Absolute byte range inside the file.
+    pub start: usize,
+    pub end: usize,
+}
+
+/// How a quantized module is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuantParams {
+    pub bits: u32,
+    pub group_size: usize,
+}
+
+/// The `quantization` block of an MLX config: defaults plus per-module overrides.
+#[derive(Clone, Debug, Default)]
+pub struct QuantConfig {
+    pub default: Option<QuantParams>,
+    /// Module path (e.g. `model.layers.0.mlp.gate`) -> its own settings, or
+    /// `None` when the module is explicitly left unquantized.
+    pub overrides: HashMap<String, Option<QuantParams>>,
+}
+
+impl QuantConfig {
+    /// Reads `quantization` (or `quantization_config`) from a config.json value.
+    pub fn from_config(config: &serde_json::Value) -> Result<QuantConfig> {
+        let Some(q) = config.get("quantization").or_else(|| config.get("quantization_config")) else {
+            return Ok(QuantConfig::default());
+        };
+        if let Some(method) = q.get("quant_method").and_then(|m| m.as_str()) {
+            bail!(
+                "quantization method '{method}' is not supported yet; slotstream reads unquantized \
+                 (f32/f16/bf16) checkpoints and MLX affine-quantized ones"
+            );
+        }
+        let mode = q.get("mode").and_then(|m| m.as_str()).unwrap_or("affine");
+        if mode != "affine" {
+            bail!(
+                "quantization mode '{mode}' is not supported yet; slotstream reads MLX 'affine' \
+                 quantization (use an affine 4- or 8-bit conversion of this model)"
+            );
+        }
+        let params = |v: &serde_json::Value, what: &str| -> Result<QuantParams> {
+            let bits = v.get("bits").and_then(|b| b.as_u64()).ok_or_else(|| anyhow!("{what}: missing 'bits'"))?;
+            let group = v
+                .get("group_size")
+                .and_then(|g| g.as_u64())
+                .ok_or_else(|| anyhow!("{what}: missing 'group_size'"))?;
+            if !matches!(bits, 2 | 4 | 8) {
+                bail!("{what}: {bits}-bit quantization is not supported yet (supported: 2, 4, 8)");
+            }
+            if !matches!(group, 32 | 64 | 128) {
+                bail!("{what}: group size {group} is not supported (supported: 32, 64, 128)");
+            }
+            Ok(QuantParams { bits: bits as u32, group_size: group as usize })
+        };
+        let mut out = QuantConfig { default: Some(params(q, "config.json quantization")?), ..Default::default() };
+        if let Some(obj) = q.as_object() {
+            for (k, v) in obj {
+                match v {
+                    serde_json::Value::Object(_) => {
+                        if let Some(m) = v.get("mode").and_then(|m| m.as_str()) {
+                            if m != "affine" {
+                                bail!("quantization of '{k}': mode '{m}' is not supported yet");
+                            }
+                        }
+                        out.overrides.insert(k.clone(), Some(params(v, &format!("quantization of '{k}'"))?));
+                    }
+                    serde_json::Value::Bool(false) => {
+                        out.overrides.insert(k.clone(), None);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Settings for a module path, honouring overrides.
+    pub fn for_module(&self, module: &str) -> Option<QuantParams> {
+        match self.overrides.get(module) {
+            Some(p) => *p,
+            None => self.default,
+        }
+    }
+}
+
+/// All safetensors files of a model directory, indexed by tensor name.
+pub struct Checkpoint {
+    pub dir: PathBuf,
+    files: Vec<(PathBuf, Mmap)>,
+    tensors: BTreeMap<String, TensorEntry>,
+    pub quant: QuantConfig,
+}
+
+fn dtype_of(d: Dtype) -> Option<DType> {
+    match d {
+        Dtype::F32 => Some(DType::F32),
+        Dtype::F16 => Some(DType::F16),
+        Dtype::BF16 => Some(DType::BF16),
+        _ => None,
+    }
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| p.display().to_string())
+}
+
+impl Checkpoint {
+    /// Opens the shards named by `model.safetensors.index.json`, or every
+    /// `*.safetensors` file in `dir` when there is no index.
+    pub fn open(dir: &Path, quant: QuantConfig) -> Result<Checkpoint> {
+        let index_path = dir.join("model.safetensors.index.json");
+        let shard_names: Vec<String> = if index_path.exists() {
+            let text = std::fs::read_to_string(&index_path)
+                .with_context(|| format!("reading {}", index_path.display()))?;
+            let index: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not valid JSON", index_path.display()))?;
+            let map = index
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| anyhow!("{} has no 'weight_map' object", index_path.display()))?;
+            let mut names: Vec<String> = map.values().filter_map(|v| v.as_str().map(String::from)).collect();
+            names.sort();
+            names.dedup();
+            names
+        } else {
+            let mut names: Vec<String> = std::fs::read_dir(dir)
+                .with_context(|| format!("listing model directory {}", dir.display()))?
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.ends_with(".safetensors"))
+                .collect();
+            names.sort();
+            names
+        };
+        if shard_names.is_empty() {
+            bail!("no .safetensors files in {} (is this a model directory?)", dir.display());
+        }
+        let mut ck = Checkpoint { dir: dir.to_path_buf(), files: Vec::new(), tensors: BTreeMap::new(), quant };
+        for name in shard_names {
+            ck.add_file(&dir.join(&name))?;
+        }
+        Ok(ck)
+    }
+
+    fn add_file(&mut self, path: &Path) -> Result<()> {
+        let file = File::open(path).with_context(|| {
+            format!("opening {} (listed by the checkpoint but missing or unreadable; re-download the model)", path.display())
+        })?;
+        // SAFETY: the map is read-only; a checkpoint changed underneath a running
+        // process is outside what we can defend against, as for any mmap reader.
+        let map = unsafe { Mmap::map(&file) }.with_context(|| format!("mapping {}", path.display()))?;
+        let (header_len, meta) = SafeTensors::read_metadata(&map).map_err(|e| {
+            let what = match e {
+                SafeTensorError::MetadataIncompleteBuffer => format!(
+                    "is truncated: its header describes more data than the file's {} bytes (re-download it)",
+                    map.len()
+                ),
+                SafeTensorError::HeaderTooSmall | SafeTensorError::InvalidHeaderLength => {
+                    "is too short to be a safetensors file (truncated or not a safetensors file)".to_string()
+                }
+                other => format!("has an invalid safetensors header: {other}"),
+            };
+            anyhow!("{} {what}", path.display())
+        })?;
+        let idx = self.files.len();
+        let data_start = 8 + header_len;
+        for (name, info) in meta.tensors() {
+            let entry = TensorEntry {
+                file: idx,
+                dtype: info.dtype,
+                shape: info.shape.clone(),
+                start: data_start + info.data_offsets.0,
+                end: data_start + info.data_offsets.1,
+            };
+            if let Some(prev) = self.tensors.insert(name.clone(), entry) {
+                bail!(
+                    "tensor '{name}' appears in both {} and {}",
+                    file_name(&self.files[prev.file].0),
+                    file_name(path)
+                );
+            }
+        }
+        self.files.push((path.to_path_buf(), map));
+        Ok(())
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(|s| s.as_str())
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    pub fn entry(&self, name: &str) -> Result<&TensorEntry> {
+        self.tensors.get(name).ok_or_else(|| {
+            anyhow!("tensor '{name}' is missing from the checkpoint in {} (wrong model_type or incomplete download?)", self.dir.display())
+        })
+    }
+
+    /// Name of the file holding a tensor, for error messages.
+    pub fn file_of(&self, e: &TensorEntry) -> String {
+        file_name(&self.files[e.file].0)
+    }
+
+    pub fn bytes(&self, name: &str) -> Result<&[u8]> {
+        let e = self.entry(name)?;
+        Ok(&self.files[e.file].1[e.start..e.end])
+    }
+
+    fn expect_shape(&self, name: &str, want: &[usize]) -> Result<&TensorEntry> {
+        let e = self.entry(name)?;
+        if e.shape != want {
+            bail!("tensor '{name}' in {} has shape {:?}, expected {:?}", self.file_of(e), e.shape, want);
+        }
+        Ok(e)
+    }
+
+    /// A float tensor of exactly `shape`, converted to f32.
+    pub fn f32_tensor(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let e = self.expect_shape(name, shape)?;
+        let dt = dtype_of(e.dtype).ok_or_else(|| {
+            anyhow!("tensor '{name}' in {} has dtype {:?}; expected f32, f16 or bf16", self.file_of(e), e.dtype)
+        })?;
+        Ok(dt.to_f32(self.bytes(name)?))
+    }
+
+    /// A weight matrix `{prefix}.weight` of logical shape `lead ++ [rows, cols]`,
+    /// quantized (with `.scales`/`.biases`) or plain. `lead` is `[]` for a linear
+    /// layer and `[experts]` for stacked experts.
+    pub fn matrix(&self, prefix: &str, lead: &[usize], rows: usize, cols: usize) -> Result<HostMatrix<'_>> {
+        let wname = format!("{prefix}.weight");
+        let sname = format!("{prefix}.scales");
+        let experts: usize = lead.iter().product();
+        let with = |last: usize| -> Vec<usize> { lead.iter().copied().chain([rows, last]).collect() };
+        if !self.has(&sname) {
+            let e = self.expect_shape(&wname, &with(cols))?;
+            let dtype = dtype_of(e.dtype).ok_or_else(|| {
+                anyhow!("tensor '{wname}' in {} has dtype {:?} but no '{sname}': expected f32/f16/bf16 or MLX quantized", self.file_of(e), e.dtype)
+            })?;
+            return Ok(HostMatrix {
+                experts,
+                rows,
+                cols,
+                data: MatrixData::Dense { dtype, bytes: Cow::Borrowed(self.bytes(&wname)?) },
+            });
+        }
+        let QuantParams { bits, group_size } = self.quant.for_module(prefix).ok_or_else(|| {
+            anyhow!("'{prefix}' is stored quantized ('{sname}' exists) but config.json has no quantization settings for it")
+        })?;
+        let we = self.entry(&wname)?;
+        if we.dtype != Dtype::U32 {
+            bail!("quantized tensor '{wname}' in {} has dtype {:?}, expected U32", self.file_of(we), we.dtype);
+        }
+        if cols % group_size != 0 || (cols * bits as usize) % 32 != 0 {
+            bail!("'{prefix}': {cols} input columns do not fit {bits}-bit groups of {group_size}");
+        }
+        let want_w = with(cols * bits as usize / 32);
+        if we.shape != want_w {
+            bail!(
+                "quantized tensor '{wname}' in {} has shape {:?}, expected {:?} ({rows} x {cols} at {bits} bits; \
+                 check the 'quantization' bits/group_size in config.json)",
+                self.file_of(we), we.shape, want_w
+            );
+        }
+        let bname = format!("{prefix}.biases");
+        let se = self.expect_shape(&sname, &with(cols / group_size))?;
+        let be = self.expect_shape(&bname, &with(cols / group_size))?;
+        if se.dtype != be.dtype {
+            bail!("'{sname}' and '{bname}' have different dtypes");
+        }
+        let scale_dtype = dtype_of(se.dtype)
+            .ok_or_else(|| anyhow!("'{sname}' has dtype {:?}; expected f32, f16 or bf16", se.dtype))?;
+        Ok(HostMatrix {
+            experts,
+            rows,
+            cols,
+            data: MatrixData::Affine {
+                bits,
+                group_size,
+                words: Cow::Borrowed(self.bytes(&wname)?),
+                scale_dtype,
+                scales: Cow::Borrowed(self.bytes(&sname)?),
+                biases: Cow::Borrowed(self.bytes(&bname)?),
+            },
+        })
+    }
+
+    /// Total bytes of all tensors whose name satisfies `pred`.
+    pub fn bytes_where(&self, pred: impl Fn(&str) -> bool) -> u64 {
+        self.tensors.iter().filter(|(n, _)| pred(n)).map(|(_, e)| (e.end - e.start) as u64).sum()
+    }
+}

@@ -1,0 +1,240 @@
+//! The single entry point for generation: a loaded model plus its text codec,
+//! running chunked prefill and a decode loop with sampling, end-of-sequence and
+//! stop-string handling, and streaming text out as it is produced.
+
+use std::ops::ControlFlow;
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use serde::Serialize;
+use slotstream_backend::Backend;
+
+use crate::model::{self, DecoderModel, Logits, SequenceState};
+use crate::sampling::{Sampler, SamplingParams};
+use crate::tokenizer::{StreamDecoder, TextCodec};
+
+/// Prompt tokens processed per forward pass during prefill.
+pub const DEFAULT_PREFILL_CHUNK: usize = 256;
+
+/// A model ready to generate.
+pub struct Engine {
+    pub backend: Box<dyn Backend>,
+    pub model: DecoderModel,
+    pub codec: TextCodec,
+    pub prefill_chunk: usize,
+}
+
+/// What to generate.
+#[derive(Clone, Debug)]
+pub struct GenerateRequest {
+    pub prompt_ids: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    /// Keep going past end-of-sequence tokens (for tests and benchmarks).
+    pub ignore_eos: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// An end-of-sequence token or a stop string.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+    /// The caller asked to stop.
+    Cancelled,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct GenerateStats {
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    pub prefill_seconds: f64,
+    pub decode_seconds: f64,
+    pub prefill_tokens_per_second: f64,
+    pub decode_tokens_per_second: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct GenerateOutput {
+    pub prompt_ids: Vec<u32>,
+    pub generated_ids: Vec<u32>,
+    pub text: String,
+    pub finish_reason: FinishReason,
+    pub stats: GenerateStats,
+}
+
+fn per_second(n: usize, secs: f64) -> f64 {
+    if secs > 0.0 {
+        n as f64 / secs
+    } else {
+        0.0
+    }
+}
+
+/// Holds back text that could be the start of a stop string, and finds stops.
+struct StopMatcher<'a> {
+    stops: &'a [String],
+    pending: String,
+}
+
+impl<'a> StopMatcher<'a> {
+    /// Adds text; returns what is safe to emit and whether a stop string matched.
+    fn push(&mut self, piece: &str) -> (String, bool) {
+        self.pending.push_str(piece);
+        if let Some(at) = self.stops.iter().filter(|s| !s.is_empty()).filter_map(|s| self.pending.find(s.as_str())).min() {
+            let out = self.pending[..at].to_string();
+            self.pending.clear();
+            return (out, true);
+        }
+        // The longest suffix of `pending` that is a prefix of some stop string.
+        let mut hold = 0;
+        for s in self.stops {
+            for (i, _) in self.pending.char_indices() {
+                let tail = &self.pending[i..];
+                if s.starts_with(tail) {
+                    hold = hold.max(tail.len());
+                    break;
+                }
+            }
+        }
+        let cut = self.pending.len() - hold;
+        let out = self.pending[..cut].to_string();
+        self.pending.drain(..cut);
+        (out, false)
+    }
+
+    fn finish(&mut self) -> String {
+        std::mem::take(&mut self.pending)
+    }
+}
+
+impl Engine {
+    /// Loads a model directory onto `backend`.
+    pub fn load(dir: &Path, backend: Box<dyn Backend>) -> Result<Engine> {
+        let model = model::load(dir, backend.as_ref())?;
+        let config_eos = read_config_eos(dir)?;
+        let codec = TextCodec::load(dir, &config_eos)?;
+        Ok(Engine { backend, model, codec, prefill_chunk: DEFAULT_PREFILL_CHUNK })
+    }
+
+    pub fn new_state(&self) -> Result<SequenceState> {
+        self.model.new_state(self.backend.as_ref())
+    }
+
+    /// Feeds `ids` in chunks and returns the last position's logits.
+    pub fn prefill(&self, ids: &[u32], state: &mut SequenceState) -> Result<Vec<f32>> {
+        if ids.is_empty() {
+            bail!("the prompt is empty: give at least one token");
+        }
+        let mut logits = Vec::new();
+        for chunk in ids.chunks(self.prefill_chunk.max(1)) {
+            let t = self.model.forward(self.backend.as_ref(), chunk, state, Logits::Last)?;
+            logits = self.backend.download(&t)?;
+        }
+        Ok(logits)
+    }
+
+    /// Generates from a fresh state, calling `on_text` with each piece of text;
+    /// `on_text` returning `Break` cancels.
+    pub fn generate(&self, req: &GenerateRequest, mut on_text: impl FnMut(&str) -> ControlFlow<()>) -> Result<GenerateOutput> {
+        req.sampling.validate().map_err(anyhow::Error::msg)?;
+        let mut state = self.new_state()?;
+        let start = Instant::now();
+        let mut logits = self.prefill(&req.prompt_ids, &mut state)?;
+        let prefill_seconds = start.elapsed().as_secs_f64();
+
+        let decode_start = Instant::now();
+        let mut sampler = Sampler::new(req.sampling.clone());
+        let mut history = req.prompt_ids.clone();
+        let mut generated = Vec::new();
+        let mut text = String::new();
+        let mut decoder = StreamDecoder::default();
+        let mut stops = StopMatcher { stops: &req.stop, pending: String::new() };
+        let mut finish = FinishReason::Length;
+        let mut hit_stop_string = false;
+        let mut emit = |piece: &str, text: &mut String| -> ControlFlow<()> {
+            if piece.is_empty() {
+                return ControlFlow::Continue(());
+            }
+            text.push_str(piece);
+            on_text(piece)
+        };
+        while generated.len() < req.max_tokens {
+            let next = sampler.sample(&logits, &history);
+            if !req.ignore_eos && self.codec.eos_ids.contains(&next) {
+                finish = FinishReason::Stop;
+                break;
+            }
+            generated.push(next);
+            history.push(next);
+            let piece = decoder.push(&self.codec, next)?;
+            let (safe, stopped) = stops.push(&piece);
+            if emit(&safe, &mut text).is_break() {
+                finish = FinishReason::Cancelled;
+                break;
+            }
+            if stopped {
+                finish = FinishReason::Stop;
+                hit_stop_string = true;
+                break;
+            }
+            if generated.len() == req.max_tokens {
+                break;
+            }
+            let t = self.model.forward(self.backend.as_ref(), &[next], &mut state, Logits::Last)?;
+            logits = self.backend.download(&t)?;
+        }
+        if !hit_stop_string {
+            // Flush an incomplete character and any text held back for stop matching.
+            let tail = decoder.finish(&self.codec)?;
+            let (safe, stopped) = stops.push(&tail);
+            let rest = if stopped { String::new() } else { stops.finish() };
+            if stopped {
+                finish = FinishReason::Stop;
+            }
+            let _ = emit(&(safe + &rest), &mut text);
+        }
+        let decode_seconds = decode_start.elapsed().as_secs_f64();
+        let stats = GenerateStats {
+            prompt_tokens: req.prompt_ids.len(),
+            generated_tokens: generated.len(),
+            prefill_seconds,
+            decode_seconds,
+            prefill_tokens_per_second: per_second(req.prompt_ids.len(), prefill_seconds),
+            // The first generated token comes from the prefill's logits.
+            decode_tokens_per_second: per_second(generated.len().saturating_sub(1), decode_seconds),
+        };
+        Ok(GenerateOutput { prompt_ids: req.prompt_ids.clone(), generated_ids: generated, text, finish_reason: finish, stats })
+    }
+}
+
+fn read_config_eos(dir: &Path) -> Result<Vec<u32>> {
+    let text = std::fs::read_to_string(dir.join("config.json"))?;
+    let v: serde_json::Value = serde_json::from_str(&text)?;
+    Ok(match v.get("eos_token_id") {
+        Some(serde_json::Value::Number(n)) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
+        Some(serde_json::Value::Array(a)) => a.iter().filter_map(|n| n.as_u64()).map(|n| n as u32).collect(),
+        _ => Vec::new(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_strings_are_held_back_and_cut() {
+        let stops = vec!["</end>".to_string()];
+        let mut m = StopMatcher { stops: &stops, pending: String::new() };
+        assert_eq!(m.push("hello <"), ("hello ".to_string(), false));
+        assert_eq!(m.push("/en"), (String::new(), false));
+        assert_eq!(m.push("d> more"), (String::new(), true));
+        let mut m = StopMatcher { stops: &stops, pending: String::new() };
+        assert_eq!(m.push("a </e"), ("a ".to_string(), false));
+        assert_eq!(m.push("x"), ("</ex".to_string(), false));
+        assert_eq!(m.finish(), "");
+    }
+}

@@ -1,0 +1,166 @@
+//! `config.json` as transformers and mlx-lm write it for the Qwen MoE families,
+//! accepting the key variants each tool uses.
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+fn default_eps() -> f32 {
+    1e-6
+}
+fn default_one() -> usize {
+    1
+}
+fn default_interval() -> usize {
+    4
+}
+fn default_conv() -> usize {
+    4
+}
+
+/// `eos_token_id` is an integer in some configs and a list in others.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum TokenIds {
+    One(u32),
+    Many(Vec<u32>),
+}
+
+impl TokenIds {
+    pub fn to_vec(&self) -> Vec<u32> {
+        match self {
+            TokenIds::One(i) => vec![*i],
+            TokenIds::Many(v) => v.clone(),
+        }
+    }
+}
+
+/// transformers >= 5 nests RoPE settings under `rope_parameters`.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct RopeParameters {
+    pub rope_theta: Option<f32>,
+    pub rope_type: Option<String>,
+    pub partial_rotary_factor: Option<f32>,
+}
+
+/// The union of what qwen3_moe and qwen3_next configs carry.
+#[derive(Clone, Debug, Deserialize)]
+pub struct MoeConfig {
+    pub model_type: String,
+    pub hidden_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: Option<usize>,
+    pub head_dim: Option<usize>,
+    pub vocab_size: usize,
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f32,
+    pub rope_theta: Option<f32>,
+    pub partial_rotary_factor: Option<f32>,
+    #[serde(default)]
+    pub rope_parameters: Option<RopeParameters>,
+    #[serde(default)]
+    pub rope_scaling: Option<serde_json::Value>,
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    #[serde(default)]
+    pub attention_bias: bool,
+    pub intermediate_size: Option<usize>,
+
+    #[serde(alias = "num_local_experts", alias = "n_routed_experts")]
+    pub num_experts: usize,
+    #[serde(alias = "moe_topk", alias = "top_k")]
+    pub num_experts_per_tok: usize,
+    pub moe_intermediate_size: usize,
+    /// transformers' default for both families is `false`.
+    #[serde(default)]
+    pub norm_topk_prob: bool,
+    #[serde(default = "default_one")]
+    pub decoder_sparse_step: usize,
+    #[serde(default)]
+    pub mlp_only_layers: Vec<usize>,
+    #[serde(default)]
+    pub shared_expert_intermediate_size: usize,
+
+    // Gated DeltaNet (qwen3_next).
+    pub linear_num_value_heads: Option<usize>,
+    pub linear_num_key_heads: Option<usize>,
+    pub linear_key_head_dim: Option<usize>,
+    pub linear_value_head_dim: Option<usize>,
+    #[serde(default = "default_conv")]
+    pub linear_conv_kernel_dim: usize,
+    #[serde(default = "default_interval")]
+    pub full_attention_interval: usize,
+    #[serde(default)]
+    pub layer_types: Option<Vec<String>>,
+
+    pub eos_token_id: Option<TokenIds>,
+    pub bos_token_id: Option<TokenIds>,
+}
+
+impl MoeConfig {
+    pub fn parse(value: &serde_json::Value) -> Result<MoeConfig> {
+        let c: MoeConfig = serde_json::from_value(value.clone())
+            .context("config.json is missing a field this architecture needs, or has one of the wrong type")?;
+        c.check()?;
+        Ok(c)
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.attention_bias {
+            bail!("config.json sets attention_bias: true, which these Qwen families never use and slotstream does not support");
+        }
+        if let Some(scaling) = &self.rope_scaling {
+            let kind = scaling.get("rope_type").or_else(|| scaling.get("type")).and_then(|t| t.as_str());
+            if !scaling.is_null() && kind != Some("default") {
+                bail!("config.json rope_scaling {scaling} is not supported yet (only unscaled RoPE)");
+            }
+        }
+        if let Some(kind) = self.rope_parameters.as_ref().and_then(|r| r.rope_type.as_deref()) {
+            if kind != "default" {
+                bail!("config.json rope_parameters.rope_type '{kind}' is not supported yet (only 'default')");
+            }
+        }
+        if self.num_attention_heads == 0 || self.num_attention_heads % self.kv_heads() != 0 {
+            bail!("config.json: {} attention heads are not a multiple of {} KV heads", self.num_attention_heads, self.kv_heads());
+        }
+        if self.num_experts_per_tok == 0 || self.num_experts_per_tok > self.num_experts {
+            bail!("config.json: {} experts per token of {} experts", self.num_experts_per_tok, self.num_experts);
+        }
+        Ok(())
+    }
+
+    pub fn kv_heads(&self) -> usize {
+        self.num_key_value_heads.unwrap_or(self.num_attention_heads)
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+    }
+
+    pub fn rope_theta(&self) -> f32 {
+        self.rope_theta
+            .or_else(|| self.rope_parameters.as_ref().and_then(|r| r.rope_theta))
+            .unwrap_or(10000.0)
+    }
+
+    pub fn partial_rotary_factor(&self) -> f32 {
+        self.partial_rotary_factor
+            .or_else(|| self.rope_parameters.as_ref().and_then(|r| r.partial_rotary_factor))
+            .unwrap_or(1.0)
+    }
+
+    /// Whether layer `i` uses routed experts (otherwise a dense MLP).
+    pub fn is_moe_layer(&self, i: usize) -> bool {
+        !self.mlp_only_layers.contains(&i) && self.num_experts > 0 && (i + 1) % self.decoder_sparse_step.max(1) == 0
+    }
+
+    pub fn eos_ids(&self) -> Vec<u32> {
+        self.eos_token_id.as_ref().map(|t| t.to_vec()).unwrap_or_default()
+    }
+
+    pub fn dense_intermediate(&self, layer: usize) -> Result<usize> {
+        self.intermediate_size.with_context(|| {
+            format!("layer {layer} is a dense MLP layer but config.json has no intermediate_size")
+        })
+    }
+}

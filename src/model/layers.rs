@@ -1,0 +1,250 @@
+//! Building blocks shared by the Qwen MoE families, written against the backend
+//! trait: attention (optionally gated, partial RoPE), Gated DeltaNet, dense MLP
+//! and the routed-expert block with an optional sigmoid-gated shared expert.
+
+use anyhow::{Context, Result};
+use slotstream_backend::{Backend, ExpertWeights, HostMatrix, State, Tensor, TokenRoute, Weight};
+
+use crate::checkpoint::Checkpoint;
+
+/// Loads `{prefix}` as a `[rows, cols]` linear layer.
+pub fn linear(b: &dyn Backend, ck: &Checkpoint, prefix: &str, rows: usize, cols: usize) -> Result<Weight> {
+    let m = ck.matrix(prefix, &[], rows, cols)?;
+    upload(b, &m, prefix)
+}
+
+pub fn upload(b: &dyn Backend, m: &HostMatrix<'_>, what: &str) -> Result<Weight> {
+    b.load_weight(m).with_context(|| format!("loading '{what}'"))
+}
+
+/// Loads a 1-D float parameter, optionally adding `shift` (for zero-centred norms).
+pub fn vector(b: &dyn Backend, ck: &Checkpoint, name: &str, len: usize, shift: f32) -> Result<Tensor> {
+    let mut v = ck.f32_tensor(name, &[len])?;
+    if shift != 0.0 {
+        v.iter_mut().for_each(|x| *x += shift);
+    }
+    Ok(b.upload(&v, &[len])?)
+}
+
+/// Row order that turns per-group interleaved blocks into contiguous blocks.
+/// The input holds `groups` groups, each the concatenation of blocks of the
+/// given sizes; the output holds block 0 of every group, then block 1, ...
+pub fn deinterleave_rows(groups: usize, block_sizes: &[usize]) -> Vec<usize> {
+    let group_len: usize = block_sizes.iter().sum();
+    let mut order = Vec::with_capacity(groups * group_len);
+    let mut offset = 0;
+    for &size in block_sizes {
+        for g in 0..groups {
+            order.extend(g * group_len + offset..g * group_len + offset + size);
+        }
+        offset += size;
+    }
+    order
+}
+
+/// RMSNorm with its (already shifted) weight.
+pub struct RmsNorm {
+    pub weight: Tensor,
+    pub eps: f32,
+}
+
+impl RmsNorm {
+    pub fn forward(&self, b: &dyn Backend, x: &Tensor) -> Result<Tensor> {
+        Ok(b.rms_norm(x, Some(&self.weight), self.weight.numel(), self.eps)?)
+    }
+}
+
+/// Full (softmax) attention with q/k RMSNorm, (partial) RoPE, GQA and an
+/// optional sigmoid output gate.
+pub struct Attention {
+    /// Projects to queries, followed by the gate when `gated`.
+    pub q_proj: Weight,
+    pub k_proj: Weight,
+    pub v_proj: Weight,
+    pub o_proj: Weight,
+    pub q_norm: RmsNorm,
+    pub k_norm: RmsNorm,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub rotary_dim: usize,
+    pub rope_theta: f32,
+    pub gated: bool,
+}
+
+impl Attention {
+    pub fn new_state(&self, b: &dyn Backend) -> Result<State> {
+        Ok(b.new_kv_cache(self.kv_heads, self.head_dim)?)
+    }
+
+    pub fn forward(&self, b: &dyn Backend, x: &Tensor, cache: &mut State) -> Result<Tensor> {
+        let tokens = x.rows();
+        let (h, kvh, hd) = (self.heads, self.kv_heads, self.head_dim);
+        let projected = b.matmul(x, &self.q_proj)?;
+        let (q, gate) = if self.gated {
+            (b.slice_cols(&projected, 0, h * hd)?, Some(b.slice_cols(&projected, h * hd, h * hd)?))
+        } else {
+            (projected, None)
+        };
+        let k = b.matmul(x, &self.k_proj)?;
+        let v = b.matmul(x, &self.v_proj)?;
+        let q = self.q_norm.forward(b, &q)?;
+        let k = self.k_norm.forward(b, &k)?;
+        let start = b.kv_len(cache)?;
+        let q = b.rope(&q.reshape(&[tokens, h, hd])?, hd, self.rotary_dim, self.rope_theta, start)?;
+        let k = b.rope(&k.reshape(&[tokens, kvh, hd])?, hd, self.rotary_dim, self.rope_theta, start)?;
+        let q = q.reshape(&[tokens, h * hd])?;
+        let k = k.reshape(&[tokens, kvh * hd])?;
+        let mut out = b.attention(&q, &k, &v, cache, h, (hd as f32).powf(-0.5))?;
+        if let Some(gate) = gate {
+            out = b.sigmoid_mul(&out, &gate)?;
+        }
+        Ok(b.matmul(&out, &self.o_proj)?)
+    }
+}
+
+/// Gated DeltaNet linear attention (qwen3_next). Fused projections are loaded
+/// with their rows regrouped so that q, k, v, z (and b, a) are contiguous blocks.
+pub struct GatedDeltaNet {
+    pub in_proj_qkvz: Weight,
+    pub in_proj_ba: Weight,
+    pub conv_weight: Tensor,
+    pub a_log: Tensor,
+    pub dt_bias: Tensor,
+    pub norm: Tensor,
+    pub out_proj: Weight,
+    pub key_heads: usize,
+    pub value_heads: usize,
+    pub key_dim: usize,
+    pub value_dim: usize,
+    pub conv_kernel: usize,
+    pub eps: f32,
+}
+
+/// Conv window and recurrent matrix of one Gated DeltaNet layer.
+pub struct DeltaState {
+    pub conv: State,
+    pub recurrent: State,
+}
+
+impl GatedDeltaNet {
+    fn conv_channels(&self) -> usize {
+        2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+    }
+
+    pub fn new_state(&self, b: &dyn Backend) -> Result<DeltaState> {
+        Ok(DeltaState {
+            conv: b.new_conv_state(self.conv_channels(), self.conv_kernel)?,
+            recurrent: b.new_recurrent_state(self.value_heads, self.key_dim, self.value_dim)?,
+        })
+    }
+
+    pub fn forward(&self, b: &dyn Backend, x: &Tensor, st: &mut DeltaState) -> Result<Tensor> {
+        let key_total = self.key_heads * self.key_dim;
+        let value_total = self.value_heads * self.value_dim;
+        let channels = self.conv_channels();
+        let qkvz = b.matmul(x, &self.in_proj_qkvz)?;
+        let ba = b.matmul(x, &self.in_proj_ba)?;
+        let mixed = b.slice_cols(&qkvz, 0, channels)?;
+        let z = b.slice_cols(&qkvz, channels, value_total)?;
+        let beta_raw = b.slice_cols(&ba, 0, self.value_heads)?;
+        let a = b.slice_cols(&ba, self.value_heads, self.value_heads)?;
+        let conv = b.silu(&b.causal_conv1d(&mixed, &self.conv_weight, &mut st.conv)?)?;
+        let q = b.slice_cols(&conv, 0, key_total)?;
+        let k = b.slice_cols(&conv, key_total, key_total)?;
+        let v = b.slice_cols(&conv, 2 * key_total, value_total)?;
+        // Unit-norm q and k; the readout scale 1/sqrt(key_dim) is folded into q.
+        let q = b.l2_normalize(&q, self.key_dim, 1e-6, (self.key_dim as f32).powf(-0.5))?;
+        let k = b.l2_normalize(&k, self.key_dim, 1e-6, 1.0)?;
+        let (g, beta) = b.delta_gates(&a, &beta_raw, &self.a_log, &self.dt_bias)?;
+        let y = b.gated_delta(&q, &k, &v, &g, &beta, self.key_heads, &mut st.recurrent)?;
+        let y = b.rms_norm_gated(&y, &z, &self.norm, self.value_dim, self.eps)?;
+        Ok(b.matmul(&y, &self.out_proj)?)
+    }
+}
+
+/// SwiGLU feed-forward: `down(silu(gate x) * up x)`.
+pub struct Mlp {
+    pub gate: Weight,
+    pub up: Weight,
+    pub down: Weight,
+}
+
+impl Mlp {
+    pub fn load(b: &dyn Backend, ck: &Checkpoint, prefix: &str, hidden: usize, inter: usize) -> Result<Mlp> {
+        Ok(Mlp {
+            gate: linear(b, ck, &format!("{prefix}.gate_proj"), inter, hidden)?,
+            up: linear(b, ck, &format!("{prefix}.up_proj"), inter, hidden)?,
+            down: linear(b, ck, &format!("{prefix}.down_proj"), hidden, inter)?,
+        })
+    }
+
+    pub fn forward(&self, b: &dyn Backend, x: &Tensor) -> Result<Tensor> {
+        let act = b.silu_mul(&b.matmul(x, &self.gate)?, &b.matmul(x, &self.up)?)?;
+        Ok(b.matmul(&act, &self.down)?)
+    }
+}
+
+/// Routed experts (softmax router, top-k) plus an optional shared expert whose
+/// output is scaled by `sigmoid(shared_gate x)`.
+pub struct MoeBlock {
+    pub router: Weight,
+    pub experts: ExpertWeights,
+    pub top_k: usize,
+    pub norm_topk_prob: bool,
+    pub shared: Option<(Mlp, Weight)>,
+}
+
+/// Softmax over all router logits, keep the `k` largest probabilities
+/// (renormalised to sum to one when `normalize`).
+pub fn route(logits: &[f32], k: usize, normalize: bool) -> TokenRoute {
+    let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let exps: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
+    let total: f32 = exps.iter().sum();
+    let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+    // Highest probability first; ties broken by the lower expert id.
+    order.sort_by(|&a, &b| exps[b as usize].total_cmp(&exps[a as usize]).then(a.cmp(&b)));
+    order.truncate(k);
+    let mut weights: Vec<f32> = order.iter().map(|&e| exps[e as usize] / total).collect();
+    if normalize {
+        let s: f32 = weights.iter().sum();
+        weights.iter_mut().for_each(|w| *w /= s);
+    }
+    TokenRoute { experts: order, weights }
+}
+
+impl MoeBlock {
+    pub fn forward(&self, b: &dyn Backend, x: &Tensor) -> Result<Tensor> {
+        let logits = b.download(&b.matmul(x, &self.router)?)?;
+        let n = self.router.rows;
+        let routes: Vec<TokenRoute> =
+            logits.chunks_exact(n).map(|l| route(l, self.top_k, self.norm_topk_prob)).collect();
+        let mut y = b.moe_experts(x, &self.experts, &routes)?;
+        if let Some((mlp, gate)) = &self.shared {
+            let shared = b.sigmoid_mul(&mlp.forward(b, x)?, &b.matmul(x, gate)?)?;
+            y = b.add(&y, &shared)?;
+        }
+        Ok(y)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deinterleave_groups_blocks() {
+        // Two groups of [a a b c c c]: blocks of 2, 1, 3.
+        let order = deinterleave_rows(2, &[2, 1, 3]);
+        assert_eq!(order, vec![0, 1, 6, 7, 2, 8, 3, 4, 5, 9, 10, 11]);
+    }
+
+    #[test]
+    fn routing_picks_top_k_and_normalizes() {
+        let r = route(&[0.0, 3.0, 1.0, 2.0], 2, true);
+        assert_eq!(r.experts, vec![1, 3]);
+        assert!((r.weights.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        let r = route(&[0.0, 3.0, 1.0, 2.0], 2, false);
+        assert!(r.weights.iter().sum::<f32>() < 1.0);
+    }
+}

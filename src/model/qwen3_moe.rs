@@ -1,0 +1,67 @@
+//! `qwen3_moe` (Qwen3-30B-A3B and relatives): every layer full attention with
+//! q/k RMSNorm and full RoPE; routed experts (optionally dense MLP layers via
+//! `mlp_only_layers` / `decoder_sparse_step`); plain `x * w` RMSNorm in both layouts.
+
+use anyhow::Result;
+use slotstream_backend::Backend;
+
+use super::config::MoeConfig;
+use super::layers::{linear, vector, Attention, Mlp, MoeBlock, RmsNorm};
+use super::{load_experts, load_trunk, DecoderLayer, DecoderModel, FeedForward, Layout, Mixer};
+use crate::checkpoint::Checkpoint;
+
+pub fn load(config: &serde_json::Value, ck: &Checkpoint, b: &dyn Backend) -> Result<DecoderModel> {
+    let c = MoeConfig::parse(config)?;
+    let (h, hd, heads, kvh) = (c.hidden_size, c.head_dim(), c.num_attention_heads, c.kv_heads());
+    let layout = Layout::detect(ck, (0..c.num_hidden_layers).find(|&i| c.is_moe_layer(i)))?;
+    let trunk = load_trunk(b, ck, &c, 0.0)?;
+    let norm = |name: &str, len: usize| -> Result<RmsNorm> {
+        Ok(RmsNorm { weight: vector(b, ck, name, len, 0.0)?, eps: c.rms_norm_eps })
+    };
+    let mut layers = Vec::with_capacity(c.num_hidden_layers);
+    for i in 0..c.num_hidden_layers {
+        let p = format!("model.layers.{i}");
+        let a = format!("{p}.self_attn");
+        let attention = Attention {
+            q_proj: linear(b, ck, &format!("{a}.q_proj"), heads * hd, h)?,
+            k_proj: linear(b, ck, &format!("{a}.k_proj"), kvh * hd, h)?,
+            v_proj: linear(b, ck, &format!("{a}.v_proj"), kvh * hd, h)?,
+            o_proj: linear(b, ck, &format!("{a}.o_proj"), h, heads * hd)?,
+            q_norm: norm(&format!("{a}.q_norm.weight"), hd)?,
+            k_norm: norm(&format!("{a}.k_norm.weight"), hd)?,
+            heads,
+            kv_heads: kvh,
+            head_dim: hd,
+            rotary_dim: hd,
+            rope_theta: c.rope_theta(),
+            gated: false,
+        };
+        let ffn = if c.is_moe_layer(i) {
+            let m = format!("{p}.mlp");
+            FeedForward::Moe(MoeBlock {
+                router: linear(b, ck, &format!("{m}.gate"), c.num_experts, h)?,
+                experts: load_experts(b, ck, layout, &m, c.num_experts, h, c.moe_intermediate_size)?,
+                top_k: c.num_experts_per_tok,
+                norm_topk_prob: c.norm_topk_prob,
+                shared: None,
+            })
+        } else {
+            FeedForward::Dense(Mlp::load(b, ck, &format!("{p}.mlp"), h, c.dense_intermediate(i)?)?)
+        };
+        layers.push(DecoderLayer {
+            input_norm: norm(&format!("{p}.input_layernorm.weight"), h)?,
+            mixer: Mixer::Attention(attention),
+            post_norm: norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
+            ffn,
+        });
+    }
+    Ok(DecoderModel {
+        model_type: c.model_type.clone(),
+        embed: trunk.embed,
+        layers,
+        final_norm: trunk.final_norm,
+        lm_head: trunk.lm_head,
+        vocab_size: c.vocab_size,
+        hidden_size: h,
+    })
+}
