@@ -130,10 +130,13 @@ def check_quantization(spec: fm.FixtureSpec, mlx_dir: Path, intended: dict) -> l
         rows.append((path, bits, group, rel, str(s.dtype)))
         covered |= {f"{path}.{n}" for n in ("weight", "scales", "biases")}
 
+    # The rest (norms, conv1d, A_log, dt_bias) must be the intended bf16 values,
+    # already in MLX form (1+w norms, conv1d [C, K, 1]) and not shifted twice.
     unquantized = sorted(k for k in weights if k not in covered)
     for k in unquantized:
-        if weights[k].dtype == mx.uint32:
-            raise RuntimeError(f"{mlx_dir.name}: stray packed tensor {k}")
+        got = np.array(weights[k].astype(mx.float32))
+        if weights[k].dtype != mx.bfloat16 or not np.array_equal(got, intended[k]):
+            raise RuntimeError(f"{mlx_dir.name}: unquantized {k} is not the intended bf16 tensor")
     print(f"[quant] {mlx_dir.name}: {len(rows)} quantized modules; overrides: "
           f"{sorted(k for k in qcfg if isinstance(qcfg[k], dict))}")
     print(f"[quant] {mlx_dir.name}: unquantized tensors: "

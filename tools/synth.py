@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""Write a synthetic MoE model in the real mlx-lm 4/8-bit on-disk layout.
+
+Random weights, real tensor names, shapes, dtypes and sharding, so it loads and
+runs exactly like a converted checkpoint of the same family. Used for speed and
+streaming benchmarks, where the output text does not matter. Only numpy is
+needed; safetensors files are written directly (header + raw little-endian
+data), streaming one tensor at a time so multi-GB models need little memory.
+
+    python3 tools/synth.py --family qwen3_moe --out /tmp/synth-moe \
+        --hidden 2048 --layers 8 --experts 64 --top-k 8 --moe-inter 768
+"""
+
+import argparse
+import json
+import os
+import shutil
+import struct
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIXTURE_TOKENIZER = os.path.join(HERE, "..", "tests", "fixtures", "qwen3_moe_mlx4")
+
+
+def bf16_bytes(a):
+    """float32 array -> bf16 little-endian bytes (round to nearest even)."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return rounded.astype("<u2").tobytes()
+
+
+class ShardWriter:
+    """Collects (name, dtype, shape, producer) and writes safetensors shards."""
+
+    def __init__(self, out_dir, shard_bytes):
+        self.out_dir = out_dir
+        self.shard_bytes = shard_bytes
+        self.pending = []  # (name, dtype, shape, nbytes, producer)
+
+    def add(self, name, dtype, shape, nbytes, producer):
+        self.pending.append((name, dtype, list(shape), nbytes, producer))
+
+    def finish(self):
+        shards, cur, size = [], [], 0
+        for t in self.pending:
+            if cur and size + t[3] > self.shard_bytes:
+                shards.append(cur)
+                cur, size = [], 0
+            cur.append(t)
+            size += t[3]
+        if cur:
+            shards.append(cur)
+        weight_map, total = {}, 0
+        n = len(shards)
+        for i, shard in enumerate(shards):
+            fname = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+            header, off = {}, 0
+            for name, dtype, shape, nbytes, _ in shard:
+                header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + nbytes]}
+                off += nbytes
+                weight_map[name] = fname
+            header["__metadata__"] = {"format": "mlx"}
+            hb = json.dumps(header, separators=(",", ":")).encode()
+            hb += b" " * ((8 - len(hb) % 8) % 8)
+            with open(os.path.join(self.out_dir, fname), "wb") as f:
+                f.write(struct.pack("<Q", len(hb)))
+                f.write(hb)
+                for name, _, _, nbytes, producer in shard:
+                    data = producer()
+                    assert len(data) == nbytes, (name, len(data), nbytes)
+                    f.write(data)
+            total += off
+            print(f"  wrote {fname} ({off / 1e9:.2f} GB)", file=sys.stderr)
+        with open(os.path.join(self.out_dir, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
+        return total
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--family", choices=["qwen3_moe", "qwen3_next"], default="qwen3_moe")
+    p.add_argument("--out", required=True)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--experts", type=int, default=64)
+    p.add_argument("--top-k", type=int, default=8)
+    p.add_argument("--moe-inter", type=int, default=768)
+    p.add_argument("--shared-inter", type=int, default=512, help="qwen3_next shared expert")
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--kv-heads", type=int, default=4)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--vocab", type=int, default=32768)
+    p.add_argument("--bits", type=int, default=4, choices=[4, 8])
+    p.add_argument("--group", type=int, default=64, choices=[32, 64, 128])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shard-gb", type=float, default=2.0)
+    a = p.parse_args()
+
+    rng = np.random.default_rng(a.seed)
+    os.makedirs(a.out, exist_ok=True)
+    w = ShardWriter(a.out, int(a.shard_gb * 1e9))
+    h, bits, group = a.hidden, a.bits, a.group
+
+    def quantized(name, lead, rows, cols, bits=bits, group=group):
+        if cols % group:
+            sys.exit(f"{name}: {cols} columns are not a multiple of group size {group}")
+        n = int(np.prod(lead or [1])) * rows
+        amp = np.sqrt(3.0 / cols)  # uniform(-amp, amp) has variance 1/cols
+        wcols = cols * bits // 32
+        w.add(f"{name}.weight", "U32", lead + [rows, wcols], n * wcols * 4,
+              lambda: rng.integers(0, 2**32, size=n * wcols, dtype=np.uint32).astype("<u4").tobytes())
+        g = n * (cols // group)
+        levels = 2**bits - 1
+        w.add(f"{name}.scales", "BF16", lead + [rows, cols // group], g * 2,
+              lambda: bf16_bytes(np.full(g, 2 * amp / levels) * rng.uniform(0.8, 1.2, g)))
+        w.add(f"{name}.biases", "BF16", lead + [rows, cols // group], g * 2,
+              lambda: bf16_bytes(np.full(g, -amp) * rng.uniform(0.8, 1.2, g)))
+
+    def vector(name, n, value=1.0, jitter=0.1):
+        w.add(name, "BF16", [n], n * 2, lambda: bf16_bytes(value + jitter * rng.standard_normal(n)))
+
+    hd, heads, kvh = a.head_dim, a.heads, a.kv_heads
+    quantized("model.embed_tokens", [], a.vocab, h)
+    config = {
+        "model_type": a.family,
+        "hidden_size": h,
+        "num_hidden_layers": a.layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kvh,
+        "head_dim": hd,
+        "vocab_size": a.vocab,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": False,
+        "num_experts": a.experts,
+        "num_experts_per_tok": a.top_k,
+        "moe_intermediate_size": a.moe_inter,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "intermediate_size": a.moe_inter * 4,
+        "max_position_embeddings": 32768,
+        "eos_token_id": 0,
+        "quantization": {"group_size": group, "bits": bits, "mode": "affine"},
+    }
+    if a.family == "qwen3_next":
+        nk, nv, dk, dv = 4, 8, 128, 128
+        config.update({
+            "linear_num_key_heads": nk, "linear_num_value_heads": nv,
+            "linear_key_head_dim": dk, "linear_value_head_dim": dv,
+            "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
+            "partial_rotary_factor": 0.25, "shared_expert_intermediate_size": a.shared_inter,
+        })
+    for l in range(a.layers):
+        p_ = f"model.layers.{l}"
+        vector(f"{p_}.input_layernorm.weight", h)
+        vector(f"{p_}.post_attention_layernorm.weight", h)
+        full = a.family == "qwen3_moe" or (l + 1) % 4 == 0
+        if full:
+            qrows = heads * hd * (2 if a.family == "qwen3_next" else 1)
+            quantized(f"{p_}.self_attn.q_proj", [], qrows, h)
+            quantized(f"{p_}.self_attn.k_proj", [], kvh * hd, h)
+            quantized(f"{p_}.self_attn.v_proj", [], kvh * hd, h)
+            quantized(f"{p_}.self_attn.o_proj", [], h, heads * hd)
+            vector(f"{p_}.self_attn.q_norm.weight", hd)
+            vector(f"{p_}.self_attn.k_norm.weight", hd)
+        else:
+            la = f"{p_}.linear_attn"
+            conv = 2 * nk * dk + nv * dv
+            quantized(f"{la}.in_proj_qkvz", [], 2 * nk * dk + 2 * nv * dv, h)
+            quantized(f"{la}.in_proj_ba", [], 2 * nv, h)
+            w.add(f"{la}.conv1d.weight", "BF16", [conv, 4, 1], conv * 8,
+                  lambda: bf16_bytes(0.5 * rng.standard_normal(conv * 4)))
+            vector(f"{la}.A_log", nv, 0.0, 0.5)
+            vector(f"{la}.dt_bias", nv, 1.0, 0.1)
+            vector(f"{la}.norm.weight", dv)
+            quantized(f"{la}.out_proj", [], h, nv * dv)
+        m = f"{p_}.mlp"
+        # Routers stay at 8 bits, as mlx-lm's converters leave them.
+        config["quantization"][f"{m}.gate"] = {"group_size": 64, "bits": 8}
+        quantized(f"{m}.gate", [], a.experts, h, bits=8, group=64)
+        if a.family == "qwen3_next":
+            config["quantization"][f"{m}.shared_expert_gate"] = {"group_size": 64, "bits": 8}
+            quantized(f"{m}.shared_expert_gate", [], 1, h, bits=8, group=64)
+        for proj, rows, cols in [("gate_proj", a.moe_inter, h), ("up_proj", a.moe_inter, h), ("down_proj", h, a.moe_inter)]:
+            quantized(f"{m}.switch_mlp.{proj}", [a.experts], rows, cols)
+        if a.family == "qwen3_next":
+            for proj, rows, cols in [("gate_proj", a.shared_inter, h), ("up_proj", a.shared_inter, h), ("down_proj", h, a.shared_inter)]:
+                quantized(f"{m}.shared_expert.{proj}", [], rows, cols)
+    vector("model.norm.weight", h)
+    quantized("lm_head", [], a.vocab, h)
+
+    total = w.finish()
+    config["quantization_config"] = config["quantization"]
+    with open(os.path.join(a.out, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    for name in ["tokenizer.json", "tokenizer_config.json"]:
+        src = os.path.join(FIXTURE_TOKENIZER, name)
+        if os.path.exists(src):
+            shutil.copy(src, os.path.join(a.out, name))
+    expert_bytes = 3 * a.moe_inter * h * (bits / 8 + 4 / group)
+    print(json.dumps({
+        "out": a.out, "total_bytes": total,
+        "routed_expert_bytes": expert_bytes * a.experts * a.layers,
+        "bytes_per_expert": expert_bytes,
+    }))
+
+
+if __name__ == "__main__":
+    main()
