@@ -1,5 +1,7 @@
 //! Opening a checkpoint's safetensors files without reading them: headers are
-//! parsed, data is memory-mapped and touched only when a tensor is used.
+//! parsed (through a memory map that only ever touches the header pages), and
+//! a tensor's bytes are read with positioned reads only when it is loaded, so
+//! loading never leaves file pages counted in the process's memory.
 //!
 //! Also owns the MLX quantization settings, because whether a module is
 //! quantized, and how, is a property of the files.
@@ -7,12 +9,13 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensorError, SafeTensors};
-use slotstream_backend::{DType, HostMatrix, MatrixData};
+use slotstream_backend::{DType, HostMatrix, MatrixData, MatrixFormat};
 
 /// Where one tensor lives.
 #[derive(Clone, Debug)]
@@ -105,10 +108,18 @@ impl QuantConfig {
     }
 }
 
+/// How a matrix is stored and which tensors hold it (weight, then scales and
+/// biases if quantized).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MatrixLayout {
+    pub format: MatrixFormat,
+    pub tensors: Vec<String>,
+}
+
 /// All safetensors files of a model directory, indexed by tensor name.
 pub struct Checkpoint {
     pub dir: PathBuf,
-    files: Vec<(PathBuf, Mmap)>,
+    files: Vec<(PathBuf, File)>,
     tensors: BTreeMap<String, TensorEntry>,
     pub quant: QuantConfig,
 }
@@ -202,7 +213,8 @@ impl Checkpoint {
                 );
             }
         }
-        self.files.push((path.to_path_buf(), map));
+        drop(map);
+        self.files.push((path.to_path_buf(), file));
         Ok(())
     }
 
@@ -225,9 +237,14 @@ impl Checkpoint {
         file_name(&self.files[e.file].0)
     }
 
-    pub fn bytes(&self, name: &str) -> Result<&[u8]> {
+    /// Reads a tensor's bytes from disk.
+    pub fn read_bytes(&self, name: &str) -> Result<Vec<u8>> {
         let e = self.entry(name)?;
-        Ok(&self.files[e.file].1[e.start..e.end])
+        let (path, file) = &self.files[e.file];
+        let mut buf = vec![0u8; e.end - e.start];
+        file.read_exact_at(&mut buf, e.start as u64)
+            .with_context(|| format!("reading tensor '{name}' from {}", path.display()))?;
+        Ok(buf)
     }
 
     fn expect_shape(&self, name: &str, want: &[usize]) -> Result<&TensorEntry> {
@@ -244,28 +261,23 @@ impl Checkpoint {
         let dt = dtype_of(e.dtype).ok_or_else(|| {
             anyhow!("tensor '{name}' in {} has dtype {:?}; expected f32, f16 or bf16", self.file_of(e), e.dtype)
         })?;
-        Ok(dt.to_f32(self.bytes(name)?))
+        Ok(dt.to_f32(&self.read_bytes(name)?))
     }
 
-    /// A weight matrix `{prefix}.weight` of logical shape `lead ++ [rows, cols]`,
-    /// quantized (with `.scales`/`.biases`) or plain. `lead` is `[]` for a linear
-    /// layer and `[experts]` for stacked experts.
-    pub fn matrix(&self, prefix: &str, lead: &[usize], rows: usize, cols: usize) -> Result<HostMatrix<'_>> {
+    /// Checks a weight matrix `{prefix}.weight` of logical shape
+    /// `lead ++ [rows, cols]`, quantized (with `.scales`/`.biases`) or plain,
+    /// without reading it: its storage format and the tensors that hold it.
+    /// `lead` is `[]` for a linear layer and `[experts]` for stacked experts.
+    pub fn matrix_layout(&self, prefix: &str, lead: &[usize], rows: usize, cols: usize) -> Result<MatrixLayout> {
         let wname = format!("{prefix}.weight");
         let sname = format!("{prefix}.scales");
-        let experts: usize = lead.iter().product();
         let with = |last: usize| -> Vec<usize> { lead.iter().copied().chain([rows, last]).collect() };
         if !self.has(&sname) {
             let e = self.expect_shape(&wname, &with(cols))?;
             let dtype = dtype_of(e.dtype).ok_or_else(|| {
                 anyhow!("tensor '{wname}' in {} has dtype {:?} but no '{sname}': expected f32/f16/bf16 or MLX quantized", self.file_of(e), e.dtype)
             })?;
-            return Ok(HostMatrix {
-                experts,
-                rows,
-                cols,
-                data: MatrixData::Dense { dtype, bytes: Cow::Borrowed(self.bytes(&wname)?) },
-            });
+            return Ok(MatrixLayout { format: MatrixFormat::Dense(dtype), tensors: vec![wname] });
         }
         let QuantParams { bits, group_size } = self.quant.for_module(prefix).ok_or_else(|| {
             anyhow!("'{prefix}' is stored quantized ('{sname}' exists) but config.json has no quantization settings for it")
@@ -293,19 +305,22 @@ impl Checkpoint {
         }
         let scale_dtype = dtype_of(se.dtype)
             .ok_or_else(|| anyhow!("'{sname}' has dtype {:?}; expected f32, f16 or bf16", se.dtype))?;
-        Ok(HostMatrix {
-            experts,
-            rows,
-            cols,
-            data: MatrixData::Affine {
-                bits,
-                group_size,
-                words: Cow::Borrowed(self.bytes(&wname)?),
-                scale_dtype,
-                scales: Cow::Borrowed(self.bytes(&sname)?),
-                biases: Cow::Borrowed(self.bytes(&bname)?),
-            },
-        })
+        Ok(MatrixLayout { format: MatrixFormat::Affine { bits, group_size, scale_dtype }, tensors: vec![wname, sname, bname] })
+    }
+
+    /// Reads a weight matrix (see [`Checkpoint::matrix_layout`]).
+    pub fn matrix(&self, prefix: &str, lead: &[usize], rows: usize, cols: usize) -> Result<HostMatrix<'static>> {
+        let layout = self.matrix_layout(prefix, lead, rows, cols)?;
+        let experts: usize = lead.iter().product();
+        let mut parts = layout.tensors.iter().map(|t| self.read_bytes(t).map(Cow::Owned));
+        let mut next = || parts.next().unwrap_or_else(|| Err(anyhow!("internal: missing piece of '{prefix}'")));
+        let data = match layout.format {
+            MatrixFormat::Dense(dtype) => MatrixData::Dense { dtype, bytes: next()? },
+            MatrixFormat::Affine { bits, group_size, scale_dtype } => {
+                MatrixData::Affine { bits, group_size, words: next()?, scale_dtype, scales: next()?, biases: next()? }
+            }
+        };
+        Ok(HostMatrix { experts, rows, cols, data })
     }
 
     /// Total bytes of all tensors whose name satisfies `pred`.

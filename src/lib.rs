@@ -5,5 +5,6 @@ pub mod checkpoint;
 pub mod experts;
 pub mod generate;
 pub mod model;
+pub mod plan;
 pub mod sampling;
 pub mod tokenizer;

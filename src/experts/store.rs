@@ -83,6 +83,14 @@ fn open_for_reads(path: &Path) -> Result<ExpertFile> {
     Ok(ExpertFile { path: path.to_path_buf(), file, direct: false })
 }
 
+fn per_proj_index(name: &str) -> usize {
+    match name {
+        "gate_proj" => 0,
+        "up_proj" => 1,
+        _ => 2,
+    }
+}
+
 /// A heap buffer whose usable part starts at an `ALIGN` boundary.
 struct AlignedBuf {
     raw: Vec<u8>,
@@ -161,17 +169,14 @@ impl ExpertStore {
             // Per projection: (format, tensor names, per-expert stride of each).
             let mut per_proj = Vec::new();
             for (name, rows, cols) in projections {
-                let (m, module) = if stacked {
-                    let module = format!("{prefix}.switch_mlp.{name}");
-                    (ck.matrix(&module, &[experts], rows, cols)?, module)
-                } else {
-                    let module = format!("{prefix}.experts.0.{name}");
-                    (ck.matrix(&module, &[], rows, cols)?, module)
-                };
-                formats.push(MatrixFormat::of(&m));
-                let suffixes: &[&str] = match m.data {
-                    MatrixData::Dense { .. } => &["weight"],
-                    MatrixData::Affine { .. } => &["weight", "scales", "biases"],
+                let module =
+                    if stacked { format!("{prefix}.switch_mlp.{name}") } else { format!("{prefix}.experts.0.{name}") };
+                let lead: &[usize] = if stacked { &[experts] } else { &[] };
+                let m = ck.matrix_layout(&module, lead, rows, cols)?;
+                formats.push(m.format);
+                let suffixes: &[&str] = match m.format {
+                    MatrixFormat::Dense(_) => &["weight"],
+                    MatrixFormat::Affine { .. } => &["weight", "scales", "biases"],
                 };
                 per_proj.push((name, suffixes, module));
             }
@@ -195,7 +200,9 @@ impl ExpertStore {
                             let m = format!("{prefix}.experts.{e}.{name}");
                             if e > 0 && *s == "weight" {
                                 let (rows, cols) = if *name == "down_proj" { (hidden, intermediate) } else { (intermediate, hidden) };
-                                ck.matrix(&m, &[], rows, cols)?;
+                                if ck.matrix_layout(&m, &[], rows, cols)?.format != formats[per_proj_index(name)] {
+                                    bail!("expert {e} of '{prefix}' is stored differently from expert 0");
+                                }
                             }
                             format!("{m}.{s}")
                         };

@@ -10,7 +10,69 @@ pub enum Store {
     F32(Vec<f32>),
     F16(Vec<f16>),
     BF16(Vec<bf16>),
-    Affine { bits: u32, group_size: usize, words: Vec<u32>, scales: Vec<f32>, biases: Vec<f32> },
+    Affine { bits: u32, group_size: usize, words: Vec<u32>, scales: Scales, biases: Scales },
+}
+
+/// Quantization scales or biases, kept in their stored precision (halving the
+/// memory of f32 copies) and widened one group at a time.
+pub enum Scales {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+}
+
+impl Scales {
+    fn from_bytes(dtype: DType, bytes: &[u8]) -> Scales {
+        match dtype {
+            DType::F32 => Scales::F32(DType::F32.to_f32(bytes)),
+            DType::F16 => Scales::F16(bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]])).collect()),
+            DType::BF16 => Scales::BF16(bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]])).collect()),
+        }
+    }
+
+    fn zeros(dtype: DType, n: usize) -> Scales {
+        match dtype {
+            DType::F32 => Scales::F32(vec![0.0; n]),
+            DType::F16 => Scales::F16(vec![f16::ZERO; n]),
+            DType::BF16 => Scales::BF16(vec![bf16::ZERO; n]),
+        }
+    }
+
+    #[inline]
+    fn at(&self, i: usize) -> f32 {
+        match self {
+            Scales::F32(v) => v[i],
+            Scales::F16(v) => v[i].to_f32(),
+            Scales::BF16(v) => v[i].to_f32(),
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Scales::F32(v) => v.len() * 4,
+            Scales::F16(v) => v.len() * 2,
+            Scales::BF16(v) => v.len() * 2,
+        }
+    }
+
+    /// Overwrites `[start, start + n)` from stored bytes of the same dtype.
+    fn write(&mut self, start: usize, dtype: DType, bytes: &[u8]) -> Result<()> {
+        match (self, dtype) {
+            (Scales::F32(v), DType::F32) => v[start..start + bytes.len() / 4].copy_from_slice(&DType::F32.to_f32(bytes)),
+            (Scales::F16(v), DType::F16) => {
+                for (o, c) in v[start..].iter_mut().zip(bytes.chunks_exact(2)) {
+                    *o = f16::from_le_bytes([c[0], c[1]]);
+                }
+            }
+            (Scales::BF16(v), DType::BF16) => {
+                for (o, c) in v[start..].iter_mut().zip(bytes.chunks_exact(2)) {
+                    *o = bf16::from_le_bytes([c[0], c[1]]);
+                }
+            }
+            _ => return Err(shape_error("write_expert", "scale dtype differs from the pool's")),
+        }
+        Ok(())
+    }
 }
 
 /// A `[experts, rows, cols]` weight owned by the CPU backend.
@@ -40,8 +102,8 @@ impl CpuWeight {
                     bits: *bits,
                     group_size: *group_size,
                     words: le_u32(words),
-                    scales: scale_dtype.to_f32(scales),
-                    biases: scale_dtype.to_f32(biases),
+                    scales: Scales::from_bytes(*scale_dtype, scales),
+                    biases: Scales::from_bytes(*scale_dtype, biases),
                 }
             }
         };
@@ -55,12 +117,12 @@ impl CpuWeight {
             MatrixFormat::Dense(DType::F32) => Store::F32(vec![0.0; n]),
             MatrixFormat::Dense(DType::F16) => Store::F16(vec![f16::ZERO; n]),
             MatrixFormat::Dense(DType::BF16) => Store::BF16(vec![bf16::ZERO; n]),
-            MatrixFormat::Affine { bits, group_size, .. } => Store::Affine {
+            MatrixFormat::Affine { bits, group_size, scale_dtype } => Store::Affine {
                 bits,
                 group_size,
                 words: vec![0; n * bits as usize / 32],
-                scales: vec![0.0; n / group_size],
-                biases: vec![0.0; n / group_size],
+                scales: Scales::zeros(scale_dtype, n / group_size),
+                biases: Scales::zeros(scale_dtype, n / group_size),
             },
         };
         CpuWeight { experts, rows, cols, store }
@@ -102,8 +164,8 @@ impl CpuWeight {
                     *o = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
                 }
                 let gr = slot * n / *group_size..(slot + 1) * n / *group_size;
-                scales[gr.clone()].copy_from_slice(&scale_dtype.to_f32(s));
-                biases[gr].copy_from_slice(&scale_dtype.to_f32(bi));
+                scales.write(gr.start, *scale_dtype, s)?;
+                biases.write(gr.start, *scale_dtype, bi)?;
             }
             _ => return Err(shape_error("write_expert", "the expert's storage format differs from the pool's")),
         }
@@ -116,7 +178,7 @@ impl CpuWeight {
             Store::F16(v) => v.len() * 2,
             Store::BF16(v) => v.len() * 2,
             Store::Affine { words, scales, biases, .. } => {
-                words.len() * 4 + scales.len() * 4 + biases.len() * 4
+                words.len() * 4 + scales.bytes() + biases.bytes()
             }
         }
     }
@@ -143,7 +205,7 @@ impl CpuWeight {
                 let wrow = &words[row * k / per_word..(row + 1) * k / per_word];
                 let groups = k / group_size;
                 for g in 0..groups {
-                    let (s, b) = (scales[row * groups + g], biases[row * groups + g]);
+                    let (s, b) = (scales.at(row * groups + g), biases.at(row * groups + g));
                     let seg = &mut out[g * group_size..(g + 1) * group_size];
                     let gw = &wrow[g * group_size / per_word..(g + 1) * group_size / per_word];
                     for (chunk, w) in seg.chunks_exact_mut(per_word).zip(gw) {
@@ -169,7 +231,7 @@ impl CpuWeight {
                     let gw = &wrow[g * group_size / 8..(g + 1) * group_size / 8];
                     let gx = &x[g * group_size..(g + 1) * group_size];
                     let q = dot_q4(gw, gx);
-                    acc += scales[row * groups + g] * q + biases[row * groups + g] * xsums[g];
+                    acc += scales.at(row * groups + g) * q + biases.at(row * groups + g) * xsums[g];
                 }
                 acc
             }
@@ -182,7 +244,7 @@ impl CpuWeight {
                     let gw = &wrow[g * group_size / 4..(g + 1) * group_size / 4];
                     let gx = &x[g * group_size..(g + 1) * group_size];
                     let q = dot_q8(gw, gx);
-                    acc += scales[row * groups + g] * q + biases[row * groups + g] * xsums[g];
+                    acc += scales.at(row * groups + g) * q + biases.at(row * groups + g) * xsums[g];
                 }
                 acc
             }

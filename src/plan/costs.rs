@@ -1,0 +1,126 @@
+//! What a model costs in memory, from its own byte sizes.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+use super::MachineMemory;
+use crate::checkpoint::{Checkpoint, QuantConfig};
+use crate::experts::is_routed_expert_tensor;
+use crate::model::config::MoeConfig;
+
+/// Per-model memory costs the planner works from.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct ModelCosts {
+    pub name: String,
+    /// Everything resident: embeddings, attention/DeltaNet weights, routers,
+    /// shared experts, norms, head.
+    pub resident_bytes: u64,
+    /// One routed expert's record (gate, up and down with scales and biases).
+    pub expert_record_bytes: u64,
+    pub moe_layers: usize,
+    pub experts_per_layer: usize,
+    pub top_k: usize,
+    /// KV cache bytes per token of context (f32 keys and values).
+    pub kv_bytes_per_token: u64,
+    /// Recurrent and convolution state, independent of context length.
+    pub state_bytes: u64,
+    /// Other resident caches the model needs (n-gram rows, MTP head).
+    pub extra_bytes: u64,
+}
+
+impl ModelCosts {
+    pub fn total_experts(&self) -> usize {
+        self.moe_layers * self.experts_per_layer
+    }
+
+    pub fn routed_expert_bytes(&self) -> u64 {
+        self.total_experts() as u64 * self.expert_record_bytes
+    }
+
+    /// The smallest pool the engine can run with: one token's experts.
+    pub fn engine_min_slots(&self) -> usize {
+        crate::experts::ExpertCache::min_slots(self.top_k)
+    }
+
+    /// Memory that does not depend on the pool size.
+    pub fn fixed_bytes(&self, context_tokens: usize) -> u64 {
+        self.resident_bytes + self.extra_bytes + self.state_bytes + self.kv_bytes_per_token * context_tokens as u64
+    }
+
+    /// A rough decode-speed estimate: a token reads its active weights from
+    /// memory and the experts it misses from disk. The hit rate grows with the
+    /// cached share of each layer's experts as a power law (expert popularity is
+    /// skewed), fitted loosely to the reference measurements.
+    pub fn estimate_decode_tokens_per_second(&self, slots: usize, machine: &MachineMemory) -> f64 {
+        let share = (slots as f64 / self.total_experts().max(1) as f64).clamp(0.0, 1.0);
+        let hit_rate = share.powf(0.6);
+        let active = self.top_k as f64 * self.moe_layers as f64 * self.expert_record_bytes as f64;
+        let compute = (self.resident_bytes as f64 + active) / (machine.memory_gbps * 1e9);
+        let reads = (1.0 - hit_rate) * active / (machine.disk_gbps * 1e9);
+        1.0 / (compute + reads)
+    }
+
+    /// Costs of a model directory, from its config and safetensors headers (no
+    /// weights are read).
+    pub fn from_model_dir(dir: &Path) -> Result<ModelCosts> {
+        let config_path = dir.join("config.json");
+        let text = std::fs::read_to_string(&config_path).with_context(|| format!("reading {}", config_path.display()))?;
+        let value: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", config_path.display()))?;
+        let c = MoeConfig::parse(&value)?;
+        let ck = Checkpoint::open(dir, QuantConfig::from_config(&value)?)?;
+        let routed = ck.bytes_where(is_routed_expert_tensor);
+        let resident = ck.bytes_where(|n| !is_routed_expert_tensor(n));
+        let moe_layers = (0..c.num_hidden_layers).filter(|&i| c.is_moe_layer(i)).count();
+        let total = (moe_layers * c.num_experts).max(1) as u64;
+        let attention_layers = (0..c.num_hidden_layers)
+            .filter(|&i| match &c.layer_types {
+                Some(t) => t.get(i).map(|s| s == "full_attention").unwrap_or(true),
+                None if c.model_type == "qwen3_next" => (i + 1) % c.full_attention_interval.max(1) == 0,
+                None => true,
+            })
+            .count();
+        let kv = attention_layers as u64 * 2 * (c.kv_heads() * c.head_dim()) as u64 * 4;
+        let delta_layers = c.num_hidden_layers - attention_layers;
+        let state = match (c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim, c.linear_num_key_heads) {
+            (Some(nv), Some(dk), Some(dv), Some(nk)) => {
+                let conv = (c.linear_conv_kernel_dim.saturating_sub(1) * (2 * nk * dk + nv * dv)) as u64;
+                delta_layers as u64 * ((nv * dk * dv) as u64 + conv) * 4
+            }
+            _ => 0,
+        };
+        Ok(ModelCosts {
+            name: dir.display().to_string(),
+            resident_bytes: resident,
+            expert_record_bytes: routed / total,
+            moe_layers,
+            experts_per_layer: c.num_experts,
+            top_k: c.num_experts_per_tok,
+            kv_bytes_per_token: kv,
+            state_bytes: state,
+            extra_bytes: 0,
+        })
+    }
+
+    /// Qwen3.8-Flash-Next 4-bit, from the published checkpoint's tensor table
+    /// (../shared/reference/qwen3.8-flash-next; a test re-derives these).
+    pub fn flagship() -> ModelCosts {
+        ModelCosts {
+            name: "qwen3.8-flash-next:4bit".into(),
+            // Trunk 2.924 GB + vision tower 0.898 GB.
+            resident_bytes: 3_821_867_256,
+            expert_record_bytes: 2_764_800,
+            moe_layers: 48,
+            experts_per_layer: 512,
+            top_k: 10,
+            // 12 full-attention layers x K and V x 2 KV heads x 256 x f32.
+            kv_bytes_per_token: 12 * 2 * 2 * 256 * 4,
+            // 36 DeltaNet layers: 48 heads x 128 x 128 f32 state + a 3-step conv window.
+            state_bytes: 36 * (48 * 128 * 128 + 3 * (2 * 16 * 128 + 48 * 128)) * 4,
+            // Bounded n-gram row cache (1 GB) until the flagship issue sizes it.
+            extra_bytes: 1_000_000_000,
+        }
+    }
+}

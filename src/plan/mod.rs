@@ -1,0 +1,215 @@
+//! The memory planner: how many expert slots to give the pool on this machine.
+//!
+//! Costs come from the model's own byte sizes ([`ModelCosts`]); the machine's
+//! memory from the OS ([`machine`]) or from simulated figures (`doctor
+//! --sim-*`). Precedence of explicit knobs: `--experts-per-layer` >
+//! `--pool-gb` > `--memory-gb` > auto. Auto aims at the knee (where more cache
+//! stopped making decode faster), at most 70% of RAM and the GPU working-set
+//! limit less 2 GB, then clamps to what is reclaimable now less a safety margin,
+//! and never goes below the model's minimum.
+
+pub mod costs;
+pub mod governor;
+pub mod machine;
+
+use serde::Serialize;
+
+pub use costs::ModelCosts;
+pub use machine::MachineMemory;
+
+pub const GB: f64 = 1e9;
+
+/// Share of each layer's experts at which the reference measurements stopped
+/// getting faster (the flagship's 33 GB knee: 5.5 GB trunk, caches and KV + 205 of 512
+/// experts per layer).
+pub const KNEE_FRACTION: f64 = 0.40;
+/// Experts per layer below which auto never goes (the reference floor).
+pub const FLOOR_EXPERTS_PER_LAYER: usize = 14;
+/// Activations, scratch buffers, allocator slack and the runtime itself.
+pub const RUNTIME_OVERHEAD_BYTES: u64 = 400_000_000;
+
+/// What the user asked for.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PlanRequest {
+    pub experts_per_layer: Option<usize>,
+    pub pool_gb: Option<f64>,
+    pub memory_gb: Option<f64>,
+    /// Tokens of context the KV cache is planned for.
+    pub context_tokens: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PlanMode {
+    Auto,
+    ExpertsPerLayer,
+    PoolGb,
+    MemoryGb,
+}
+
+impl PlanMode {
+    pub fn label(self) -> &'static str {
+        match self {
+            PlanMode::Auto => "auto",
+            PlanMode::ExpertsPerLayer => "--experts-per-layer",
+            PlanMode::PoolGb => "--pool-gb",
+            PlanMode::MemoryGb => "--memory-gb",
+        }
+    }
+}
+
+/// The outcome: pool size and what to expect.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Plan {
+    pub mode: PlanMode,
+    /// Memory the process is planned to stay within.
+    pub target_bytes: u64,
+    pub slots: usize,
+    pub pool_bytes: u64,
+    pub experts_per_layer: f64,
+    /// Trunk + pool + KV/state for the planned context + runtime overhead.
+    pub peak_bytes: u64,
+    pub min_slots: usize,
+    pub total_experts: usize,
+    pub expected_decode_tokens_per_second: f64,
+    pub notes: Vec<String>,
+}
+
+/// Errors a request can hit: explicit sizes that cannot work.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum PlanError {
+    #[error("{knob} {value} leaves room for {slots} expert slots, but the model needs at least {min} (one token's experts); the smallest workable setting is about {min_gb:.2} GB of memory")]
+    TooSmall { knob: &'static str, value: String, slots: usize, min: usize, min_gb: f64 },
+    #[error("{0} must be a positive number")]
+    NotPositive(&'static str),
+}
+
+fn gb(b: u64) -> f64 {
+    b as f64 / GB
+}
+
+/// Plans the pool for `model` on `machine`.
+pub fn plan(model: &ModelCosts, machine: &MachineMemory, req: &PlanRequest) -> Result<Plan, PlanError> {
+    let total_experts = model.total_experts();
+    let record = model.expert_record_bytes.max(1);
+    let fixed = model.fixed_bytes(req.context_tokens) + RUNTIME_OVERHEAD_BYTES;
+    let engine_min = model.engine_min_slots();
+    let floor_slots = (FLOOR_EXPERTS_PER_LAYER.max(model.top_k).min(model.experts_per_layer)) * model.moe_layers;
+    let bytes_for = |slots: usize| fixed + slots as u64 * record;
+    let slots_within = |bytes: u64| (bytes.saturating_sub(fixed) / record) as usize;
+    let mut notes = Vec::new();
+
+    let (mode, slots, target) = if let Some(n) = req.experts_per_layer {
+        if n == 0 {
+            return Err(PlanError::NotPositive("--experts-per-layer"));
+        }
+        let slots = (n.min(model.experts_per_layer)) * model.moe_layers;
+        (PlanMode::ExpertsPerLayer, slots, bytes_for(slots))
+    } else if let Some(g) = req.pool_gb {
+        if !(g > 0.0) {
+            return Err(PlanError::NotPositive("--pool-gb"));
+        }
+        let slots = ((g * GB) as u64 / record) as usize;
+        (PlanMode::PoolGb, slots.min(total_experts), bytes_for(slots.min(total_experts)))
+    } else if let Some(g) = req.memory_gb {
+        if !(g > 0.0) {
+            return Err(PlanError::NotPositive("--memory-gb"));
+        }
+        let target = (g * GB) as u64;
+        (PlanMode::MemoryGb, slots_within(target).min(total_experts), target)
+    } else {
+        let knee_slots = ((model.experts_per_layer as f64 * KNEE_FRACTION).ceil() as usize) * model.moe_layers;
+        let knee = bytes_for(knee_slots.min(total_experts));
+        let mut target = knee.min((0.7 * machine.total_ram as f64) as u64);
+        if let Some(ws) = machine.gpu_working_set {
+            target = target.min(ws.saturating_sub(2_000_000_000));
+        }
+        let margin = 1_500_000_000u64.max(machine.total_ram / 20);
+        let reclaimable = machine.available.saturating_sub(margin);
+        if reclaimable < target {
+            notes.push(format!(
+                "only {:.1} GB is reclaimable now (keeping {:.1} GB free): planning for that",
+                gb(machine.available),
+                gb(margin)
+            ));
+            target = reclaimable;
+        }
+        let floor = bytes_for(floor_slots);
+        if target < floor {
+            notes.push(format!(
+                "this machine has less free memory than the model's minimum ({:.1} GB); running at the minimum and relying on the OS to page",
+                gb(floor)
+            ));
+            target = floor;
+        }
+        (PlanMode::Auto, slots_within(target).clamp(floor_slots.min(total_experts), total_experts), target)
+    };
+
+    if mode != PlanMode::Auto {
+        if slots < engine_min {
+            let (knob, value) = match mode {
+                PlanMode::ExpertsPerLayer => ("--experts-per-layer", req.experts_per_layer.unwrap_or(0).to_string()),
+                PlanMode::PoolGb => ("--pool-gb", format!("{}", req.pool_gb.unwrap_or(0.0))),
+                _ => ("--memory-gb", format!("{}", req.memory_gb.unwrap_or(0.0))),
+            };
+            return Err(PlanError::TooSmall { knob, value, slots, min: engine_min, min_gb: gb(bytes_for(engine_min)) });
+        }
+        if slots < floor_slots {
+            notes.push(format!(
+                "{} is below the recommended floor of {} experts per layer: expect many expert reads per token",
+                mode.label(),
+                FLOOR_EXPERTS_PER_LAYER.max(model.top_k)
+            ));
+        }
+        let margin = 1_500_000_000u64.max(machine.total_ram / 20);
+        if bytes_for(slots) > machine.available.saturating_sub(margin) {
+            notes.push(format!(
+                "the explicit size needs {:.1} GB but only {:.1} GB is reclaimable now; kept as asked (explicit sizes are never changed)",
+                gb(bytes_for(slots)),
+                gb(machine.available)
+            ));
+        }
+    }
+    let pool_bytes = slots as u64 * record;
+    let peak = bytes_for(slots);
+    Ok(Plan {
+        mode,
+        target_bytes: if mode == PlanMode::MemoryGb || mode == PlanMode::Auto { target } else { peak },
+        slots,
+        pool_bytes,
+        experts_per_layer: slots as f64 / model.moe_layers.max(1) as f64,
+        peak_bytes: peak,
+        min_slots: engine_min,
+        total_experts,
+        expected_decode_tokens_per_second: model.estimate_decode_tokens_per_second(slots, machine),
+        notes,
+    })
+}
+
+impl Plan {
+    /// The banner printed at the start of `run` and `serve`.
+    pub fn banner(&self, model: &ModelCosts, machine: &MachineMemory) -> String {
+        let mut s = format!("slotstream memory plan ({})\n", self.mode.label());
+        s += &format!("  device: {}\n", machine.describe());
+        s += &format!("  target: {:.1} GB\n", gb(self.target_bytes));
+        s += &format!(
+            "  cache:  ~{:.0} of {} experts per layer, {} slots = {:.2} GB pool\n",
+            self.experts_per_layer,
+            model.experts_per_layer,
+            self.slots,
+            gb(self.pool_bytes)
+        );
+        s += &format!(
+            "  expect: peak ~{:.1} GB, decode ~{:.1} tok/s (estimate)",
+            gb(self.peak_bytes),
+            self.expected_decode_tokens_per_second
+        );
+        for n in &self.notes {
+            s += &format!("\n  note: {n}");
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,120 @@
+//! Planner cases for simulated machines, computed with the flagship's real sizes
+//! and pinned as snapshots (snapshots/plan__*.snap).
+
+use super::*;
+
+fn summary(p: &Plan) -> serde_json::Value {
+    let r = |b: u64| (b as f64 / 1e8).round() / 10.0;
+    serde_json::json!({
+        "mode": p.mode.label(),
+        "target_gb": r(p.target_bytes),
+        "slots": p.slots,
+        "experts_per_layer": (p.experts_per_layer * 10.0).round() / 10.0,
+        "pool_gb": r(p.pool_bytes),
+        "peak_gb": r(p.peak_bytes),
+        "notes": p.notes,
+    })
+}
+
+fn case(name: &str, machine: MachineMemory, req: PlanRequest) -> Plan {
+    let model = ModelCosts::flagship();
+    let p = plan(&model, &machine, &PlanRequest { context_tokens: 4096, ..req }).expect("plan");
+    insta::with_settings!({ snapshot_path => "../../snapshots", prepend_module_to_snapshot => false }, {
+        insta::assert_json_snapshot!(format!("plan__{name}"), summary(&p));
+    });
+    p
+}
+
+fn mac(ram: f64, available: f64) -> MachineMemory {
+    MachineMemory::simulated(ram, Some(available), Some(machine::macos::default_working_set((ram * 1e9) as u64) as f64 / 1e9))
+}
+
+#[test]
+fn flagship_48gb_pristine_plans_the_knee() {
+    let p = case("48gb_pristine", mac(48.0, 40.0), PlanRequest::default());
+    assert!((32.0e9..34.0e9).contains(&(p.target_bytes as f64)), "the knee is about 33 GB");
+}
+
+#[test]
+fn flagship_48gb_busy_clamps_to_reclaimable() {
+    let p = case("48gb_busy", mac(48.0, 20.0), PlanRequest::default());
+    assert!(p.peak_bytes <= 20_000_000_000 - 2_400_000_000 + 1);
+}
+
+#[test]
+fn flagship_16gb_pristine() {
+    let p = case("16gb_pristine", mac(16.0, 12.0), PlanRequest::default());
+    assert!(p.peak_bytes <= 10_500_000_000, "16 GB machine: under 70% of RAM and the working set");
+}
+
+#[test]
+fn flagship_16gb_busy_runs_at_the_floor() {
+    let p = case("16gb_busy", mac(16.0, 5.0), PlanRequest::default());
+    assert_eq!(p.slots, FLOOR_EXPERTS_PER_LAYER * 48);
+    assert!(!p.notes.is_empty());
+}
+
+#[test]
+fn flagship_8gb() {
+    let p = case("8gb", mac(8.0, 6.0), PlanRequest::default());
+    assert_eq!(p.slots, FLOOR_EXPERTS_PER_LAYER * 48, "never below the model's minimum");
+}
+
+#[test]
+fn flagship_128gb_stops_at_the_knee() {
+    let p = case("128gb", mac(128.0, 110.0), PlanRequest::default());
+    let knee = plan(&ModelCosts::flagship(), &mac(48.0, 40.0), &PlanRequest { context_tokens: 4096, ..Default::default() }).unwrap();
+    assert_eq!(p.slots, knee.slots, "more memory than the knee does not make decode faster");
+}
+
+#[test]
+fn explicit_memory_on_a_busy_machine_is_kept_with_a_note() {
+    let p = case("48gb_busy_memory_30", mac(48.0, 20.0), PlanRequest { memory_gb: Some(30.0), ..Default::default() });
+    assert_eq!(p.target_bytes, 30_000_000_000);
+    assert!(p.peak_bytes <= 30_000_000_000);
+    assert!(p.notes.iter().any(|n| n.contains("never changed")));
+}
+
+#[test]
+fn knob_precedence() {
+    let m = mac(48.0, 40.0);
+    let model = ModelCosts::flagship();
+    let all = PlanRequest { experts_per_layer: Some(30), pool_gb: Some(10.0), memory_gb: Some(20.0), context_tokens: 4096 };
+    assert_eq!(plan(&model, &m, &all).unwrap().slots, 30 * 48);
+    let pool = PlanRequest { experts_per_layer: None, ..all.clone() };
+    assert_eq!(plan(&model, &m, &pool).unwrap().slots, (10e9 / 2_764_800.0) as usize);
+    let mem = PlanRequest { pool_gb: None, ..pool };
+    assert_eq!(plan(&model, &m, &mem).unwrap().mode, PlanMode::MemoryGb);
+}
+
+#[test]
+fn impossible_explicit_sizes_are_refused_with_the_minimum() {
+    let m = mac(48.0, 40.0);
+    let err = plan(&ModelCosts::flagship(), &m, &PlanRequest { memory_gb: Some(4.0), context_tokens: 4096, ..Default::default() }).unwrap_err();
+    assert!(matches!(err, PlanError::TooSmall { .. }), "{err}");
+    assert!(err.to_string().contains("--memory-gb"));
+}
+
+/// The compiled-in flagship costs equal what the published tensor table says.
+#[test]
+fn flagship_costs_match_the_reference_tensor_table() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/reference/qwen3.8-flash-next/tensor_shapes.json");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        eprintln!("skipped: {} is not on this machine", path.display());
+        return;
+    };
+    let table: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let (mut experts, mut resident) = (0u64, 0u64);
+    for (name, t) in table.as_object().unwrap() {
+        let n: u64 = t["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap()).product();
+        let size = match t["dtype"].as_str().unwrap() { "BF16" | "F16" => 2, "U32" | "F32" => 4, "I64" => 8, _ => 1 };
+        if name.contains(".switch_mlp.") {
+            experts += n * size;
+        } else if !name.contains("ngram") {
+            resident += n * size;
+        }
+    }
+    let f = ModelCosts::flagship();
+    assert_eq!(experts, f.routed_expert_bytes());
+    assert_eq!(resident, f.resident_bytes);
+}
