@@ -120,6 +120,12 @@ impl Engine {
         Ok(Engine { backend, model, codec, prefill_chunk: DEFAULT_PREFILL_CHUNK })
     }
 
+    /// Expert cache statistics so far.
+    pub fn expert_stats(&self) -> Result<crate::experts::CacheStats> {
+        let cache = self.model.experts.lock().map_err(|_| anyhow::anyhow!("the expert cache was poisoned by an earlier failure"))?;
+        Ok(cache.stats())
+    }
+
     pub fn new_state(&self) -> Result<SequenceState> {
         self.model.new_state(self.backend.as_ref())
     }

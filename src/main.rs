@@ -8,6 +8,8 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use slotstream::generate::{Engine, GenerateRequest};
+use slotstream::model::{ExpertSlots, LoadOptions};
+use slotstream::plan::{self, MachineMemory, ModelCosts, PlanRequest};
 use slotstream::sampling::SamplingParams;
 use slotstream::tokenizer::ChatMessage;
 use slotstream_backend::Backend;
@@ -23,6 +25,58 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt.
     Run(RunArgs),
+    /// Check this machine and a model: memory, disk, the plan, expected speed.
+    Doctor(DoctorArgs),
+}
+
+/// Memory knobs shared by run, serve and doctor. Precedence:
+/// --experts-per-layer > --pool-gb > --memory-gb > auto.
+#[derive(Args, Clone, Default)]
+struct MemoryArgs {
+    /// Cache this many experts per MoE layer (pool = this x MoE layers).
+    #[arg(long)]
+    experts_per_layer: Option<usize>,
+    /// Give the expert pool this many GB.
+    #[arg(long)]
+    pool_gb: Option<f64>,
+    /// Keep the whole process within this many GB.
+    #[arg(long)]
+    memory_gb: Option<f64>,
+    /// Context length the KV cache is planned for.
+    #[arg(long, default_value_t = 4096)]
+    plan_context: usize,
+}
+
+impl MemoryArgs {
+    fn request(&self) -> PlanRequest {
+        PlanRequest {
+            experts_per_layer: self.experts_per_layer,
+            pool_gb: self.pool_gb,
+            memory_gb: self.memory_gb,
+            context_tokens: self.plan_context,
+        }
+    }
+}
+
+#[derive(Args)]
+struct DoctorArgs {
+    /// Model directory, or `qwen3.8-flash-next:4bit` (sizes known without the weights).
+    #[arg(long, default_value = "qwen3.8-flash-next:4bit")]
+    model: String,
+    #[command(flatten)]
+    memory: MemoryArgs,
+    /// Pretend the machine has this much RAM (GB).
+    #[arg(long)]
+    sim_ram: Option<f64>,
+    /// Pretend the GPU working-set limit is this (GB).
+    #[arg(long)]
+    sim_working_set: Option<f64>,
+    /// Pretend this much memory is reclaimable now (GB).
+    #[arg(long)]
+    sim_available: Option<f64>,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -74,12 +128,15 @@ struct RunArgs {
     /// Compute threads for the CPU backend (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
+    #[command(flatten)]
+    memory: MemoryArgs,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run(args),
+        Command::Doctor(args) => doctor(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -94,8 +151,13 @@ fn run(args: RunArgs) -> Result<()> {
     if let Some(n) = args.threads {
         rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("setting the thread count")?;
     }
+    let costs = ModelCosts::from_model_dir(&args.model)?;
+    let machine = MachineMemory::detect();
+    let plan = plan::plan(&costs, &machine, &args.memory.request())?;
+    eprintln!("{}", plan.banner(&costs, &machine));
     let backend: Box<dyn Backend> = Box::new(slotstream_cpu::CpuBackend::new());
-    let engine = Engine::load(&args.model, backend, &slotstream::model::LoadOptions::default())?;
+    let opts = LoadOptions { expert_slots: ExpertSlots::Count(plan.slots) };
+    let engine = Engine::load(&args.model, backend, &opts)?;
     let prompt_text = if args.raw {
         args.prompt.clone()
     } else {
@@ -135,13 +197,18 @@ fn run(args: RunArgs) -> Result<()> {
         }
         ControlFlow::Continue(())
     })?;
+    let cache = engine.expert_stats()?;
     if args.json {
         let mut v = serde_json::to_value(&out)?;
         v["backend"] = engine.backend.name().into();
+        v["experts"] = serde_json::to_value(&cache)?;
+        v["plan"] = serde_json::to_value(&plan)?;
+        v["peak_rss_bytes"] = peak_rss_bytes().into();
         println!("{}", serde_json::to_string(&v)?);
     } else {
         println!();
         let s = &out.stats;
+        let t = &cache.total;
         eprintln!(
             "prompt {} tokens, generated {} tokens, prefill {:.1} tok/s, decode {:.1} tok/s [{}]",
             s.prompt_tokens,
@@ -150,6 +217,112 @@ fn run(args: RunArgs) -> Result<()> {
             s.decode_tokens_per_second,
             engine.backend.name()
         );
+        eprintln!(
+            "experts: {} slots, hit rate {:.1}% ({} hits, {} misses), read {:.2} GB at {:.2} GB/s ({}), waited {:.2} s",
+            cache.slots,
+            100.0 * t.hit_rate(),
+            t.hits,
+            t.misses,
+            t.bytes_read as f64 / 1e9,
+            t.read_gb_per_second(),
+            if cache.direct_io { "direct I/O" } else { "buffered I/O" },
+            t.wait_seconds
+        );
     }
     Ok(())
+}
+
+/// The process's peak resident set (VmHWM), where the OS reports it.
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
+}
+
+fn doctor(args: DoctorArgs) -> Result<()> {
+    let costs = if args.model == "qwen3.8-flash-next:4bit" || args.model == "qwen3.8-flash-next" {
+        ModelCosts::flagship()
+    } else {
+        ModelCosts::from_model_dir(std::path::Path::new(&args.model))?
+    };
+    let simulated = args.sim_ram.is_some() || args.sim_available.is_some() || args.sim_working_set.is_some();
+    let machine = if simulated {
+        let detected = MachineMemory::detect();
+        let ram = args.sim_ram.unwrap_or(detected.total_ram as f64 / 1e9);
+        MachineMemory::simulated(ram, args.sim_available, args.sim_working_set)
+    } else {
+        MachineMemory::detect()
+    };
+    let plan = plan::plan(&costs, &machine, &args.memory.request())?;
+    let disk_free = free_disk_bytes(std::path::Path::new(if std::path::Path::new(&args.model).exists() { args.model.as_str() } else { "." }));
+    // Expected speed at several pool sizes, from the model's minimum to all experts.
+    let floor = plan::FLOOR_EXPERTS_PER_LAYER.max(costs.top_k).min(costs.experts_per_layer);
+    let mut sizes: Vec<usize> = [floor, 30, 60, 120, 150, 205, costs.experts_per_layer]
+        .into_iter()
+        .filter(|&n| n >= floor && n <= costs.experts_per_layer)
+        .collect();
+    sizes.dedup();
+    let table: Vec<serde_json::Value> = sizes
+        .iter()
+        .map(|&n| {
+            let slots = n * costs.moe_layers;
+            serde_json::json!({
+                "experts_per_layer": n,
+                "pool_gb": slots as f64 * costs.expert_record_bytes as f64 / 1e9,
+                "peak_gb": (costs.fixed_bytes(args.memory.plan_context) + plan::RUNTIME_OVERHEAD_BYTES + slots as u64 * costs.expert_record_bytes) as f64 / 1e9,
+                "decode_tokens_per_second_estimate": costs.estimate_decode_tokens_per_second(slots, &machine),
+            })
+        })
+        .collect();
+    if args.json {
+        let v = serde_json::json!({
+            "machine": machine,
+            "model": costs,
+            "disk_free_bytes": disk_free,
+            "plan": plan,
+            "expected": table,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!("machine: {}", machine.describe());
+    println!(
+        "model:   {} ({} MoE layers x {} experts, top-{}; {:.2} GB resident, {:.2} GB routed experts, {:.2} MB per expert)",
+        costs.name,
+        costs.moe_layers,
+        costs.experts_per_layer,
+        costs.top_k,
+        costs.resident_bytes as f64 / 1e9,
+        costs.routed_expert_bytes() as f64 / 1e9,
+        costs.expert_record_bytes as f64 / 1e6
+    );
+    if let Some(free) = disk_free {
+        println!("disk:    {:.1} GB free where the model lives", free as f64 / 1e9);
+    }
+    println!("{}", plan.banner(&costs, &machine));
+    println!("expected speed by cache size (estimates):");
+    for row in &table {
+        println!(
+            "  {:>4} experts/layer  pool {:>6.1} GB  peak {:>6.1} GB  ~{:.1} tok/s",
+            row["experts_per_layer"],
+            row["pool_gb"].as_f64().unwrap_or(0.0),
+            row["peak_gb"].as_f64().unwrap_or(0.0),
+            row["decode_tokens_per_second_estimate"].as_f64().unwrap_or(0.0)
+        );
+    }
+    Ok(())
+}
+
+/// Free bytes on the file system holding `path`.
+fn free_disk_bytes(path: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs fills the struct for a valid NUL-terminated path.
+    unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        if libc::statvfs(c.as_ptr(), &mut st) != 0 {
+            return None;
+        }
+        Some(st.f_bavail as u64 * st.f_frsize as u64)
+    }
 }

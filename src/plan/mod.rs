@@ -158,7 +158,7 @@ pub fn plan(model: &ModelCosts, machine: &MachineMemory, req: &PlanRequest) -> R
             notes.push(format!(
                 "{} is below the recommended floor of {} experts per layer: expect many expert reads per token",
                 mode.label(),
-                FLOOR_EXPERTS_PER_LAYER.max(model.top_k)
+                floor_slots / model.moe_layers.max(1)
             ));
         }
         let margin = 1_500_000_000u64.max(machine.total_ram / 20);
