@@ -204,9 +204,10 @@ fn run(args: RunArgs) -> Result<()> {
         v["experts"] = serde_json::to_value(&cache)?;
         v["plan"] = serde_json::to_value(&plan)?;
         v["peak_rss_bytes"] = peak_rss_bytes().into();
-        println!("{}", serde_json::to_string(&v)?);
+        // A closed stdout is the reader's choice, not an error worth a panic.
+        let _ = writeln!(std::io::stdout(), "{}", serde_json::to_string(&v)?);
     } else {
-        println!();
+        let _ = writeln!(std::io::stdout());
         let s = &out.stats;
         let t = &cache.total;
         eprintln!(

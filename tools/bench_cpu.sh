@@ -23,9 +23,5 @@ du -sh "$dir"
 prompt=$(head -c 600 ../shared/corpus/shakespeare.txt 2>/dev/null || head -c 600 tests/fixtures/qwen3_moe_mlx4/golden.json)
 for i in 1 2 3; do
   ./target/release/slotstream run --model "$dir" --raw --ignore-eos --max-tokens 64 \
-    --prompt "$prompt" --json | "$py" -c '
-import json, sys
-o = json.load(sys.stdin); s = o["stats"]
-print(f"prompt {s[\"prompt_tokens\"]} tok: prefill {s[\"prefill_tokens_per_second\"]:.1f} tok/s; "
-      f"decode {s[\"generated_tokens\"]} tok: {s[\"decode_tokens_per_second\"]:.2f} tok/s [{o[\"backend\"]}]")'
+    --prompt "$prompt" --json | "$py" tools/summarize_run.py
 done

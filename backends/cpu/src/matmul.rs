@@ -184,6 +184,7 @@ impl CpuWeight {
     }
 
     /// Writes global row `row` (counting across experts) as f32 into `out`.
+    #[inline(always)]
     pub fn dequant_row(&self, row: usize, out: &mut [f32]) {
         let k = self.cols;
         let range = row * k..(row + 1) * k;
@@ -220,6 +221,7 @@ impl CpuWeight {
 
     /// Dot product of global row `row` with one input vector. `xsums` holds the
     /// sum of `x` over each quantization group (only read for affine weights).
+    #[inline(always)]
     fn dot_row(&self, row: usize, x: &[f32], xsums: &[f32], scratch: &mut [f32]) -> f32 {
         match &self.store {
             Store::Affine { bits: 4, group_size, words, scales, biases } => {
@@ -264,7 +266,7 @@ impl CpuWeight {
     }
 }
 
-#[inline]
+#[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
     let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
@@ -281,7 +283,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
-#[inline]
+#[inline(always)]
 fn dot_q4(words: &[u32], x: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
     for (w, xs) in words.iter().zip(x.chunks_exact(8)) {
@@ -292,7 +294,7 @@ fn dot_q4(words: &[u32], x: &[f32]) -> f32 {
     acc.iter().sum()
 }
 
-#[inline]
+#[inline(always)]
 fn dot_q8(words: &[u32], x: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
     for (w, xs) in words.chunks_exact(2).zip(x.chunks_exact(8)) {
@@ -302,6 +304,60 @@ fn dot_q8(words: &[u32], x: &[f32]) -> f32 {
         }
     }
     acc.iter().sum()
+}
+
+/// One parallel task's share of a matmul: a run of consecutive output rows.
+struct RowTask<'a> {
+    w: &'a CpuWeight,
+    x: &'a [f32],
+    xsums: &'a [f32],
+    tokens: usize,
+    k: usize,
+    groups: usize,
+    fused: bool,
+    base: usize,
+    chunk: usize,
+}
+
+impl RowTask<'_> {
+    #[inline(always)]
+    fn run(&self, c: usize, out: &mut [f32]) {
+        let (k, groups) = (self.k, self.groups);
+        let mut scratch = vec![0.0f32; k];
+        for (i, orow) in out.chunks_exact_mut(self.tokens).enumerate() {
+            let row = self.base + c * self.chunk + i;
+            if self.fused {
+                for (t, o) in orow.iter_mut().enumerate() {
+                    let xs = &self.xsums[if groups > 0 { t * groups..(t + 1) * groups } else { 0..0 }];
+                    *o = self.w.dot_row(row, &self.x[t * k..(t + 1) * k], xs, &mut scratch);
+                }
+            } else {
+                self.w.dequant_row(row, &mut scratch);
+                for (t, o) in orow.iter_mut().enumerate() {
+                    *o = dot(&scratch, &self.x[t * k..(t + 1) * k]);
+                }
+            }
+        }
+    }
+
+    /// The same loop compiled with AVX2 and FMA, so the unpack-and-multiply
+    /// loops vectorise eight lanes wide.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn run_avx2(&self, c: usize, out: &mut [f32]) {
+        self.run(c, out)
+    }
+}
+
+fn has_avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// Rows handled by one parallel task: enough work to amortise scheduling.
@@ -324,22 +380,17 @@ pub fn matmul(x: &[f32], tokens: usize, w: &CpuWeight, expert: usize) -> Vec<f32
     let mut out_nt = vec![0.0f32; n * tokens];
     let chunk = rows_per_task(k, tokens);
     let fused = tokens == 1 || matches!(w.store, Store::F32(_));
+    let task = RowTask { w, x, xsums: &xsums, tokens, k, groups, fused, base, chunk };
+    let avx2 = has_avx2_fma();
     out_nt.par_chunks_mut(chunk * tokens).enumerate().for_each(|(c, out)| {
-        let mut scratch = vec![0.0f32; k];
-        for (i, orow) in out.chunks_exact_mut(tokens).enumerate() {
-            let row = base + c * chunk + i;
-            if fused {
-                for (t, o) in orow.iter_mut().enumerate() {
-                    let xs = &xsums[if groups > 0 { t * groups..(t + 1) * groups } else { 0..0 }];
-                    *o = w.dot_row(row, &x[t * k..(t + 1) * k], xs, &mut scratch);
-                }
-            } else {
-                w.dequant_row(row, &mut scratch);
-                for (t, o) in orow.iter_mut().enumerate() {
-                    *o = dot(&scratch, &x[t * k..(t + 1) * k]);
-                }
-            }
+        #[cfg(target_arch = "x86_64")]
+        if avx2 {
+            // SAFETY: the CPU supports AVX2 and FMA (checked at run time).
+            unsafe { task.run_avx2(c, out) };
+            return;
         }
+        let _ = avx2;
+        task.run(c, out);
     });
     if tokens == 1 {
         return out_nt;
