@@ -113,8 +113,8 @@ impl<'a> StopMatcher<'a> {
 
 impl Engine {
     /// Loads a model directory onto `backend`.
-    pub fn load(dir: &Path, backend: Box<dyn Backend>) -> Result<Engine> {
-        let model = model::load(dir, backend.as_ref())?;
+    pub fn load(dir: &Path, backend: Box<dyn Backend>, opts: &model::LoadOptions) -> Result<Engine> {
+        let model = model::load(dir, backend.as_ref(), opts)?;
         let config_eos = read_config_eos(dir)?;
         let codec = TextCodec::load(dir, &config_eos)?;
         Ok(Engine { backend, model, codec, prefill_chunk: DEFAULT_PREFILL_CHUNK })

@@ -95,7 +95,7 @@ fn run(args: RunArgs) -> Result<()> {
         rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("setting the thread count")?;
     }
     let backend: Box<dyn Backend> = Box::new(slotstream_cpu::CpuBackend::new());
-    let engine = Engine::load(&args.model, backend)?;
+    let engine = Engine::load(&args.model, backend, &slotstream::model::LoadOptions::default())?;
     let prompt_text = if args.raw {
         args.prompt.clone()
     } else {

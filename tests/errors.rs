@@ -20,7 +20,7 @@ fn copy_fixture(name: &str) -> tempfile::TempDir {
 }
 
 fn load_error(dir: &Path) -> String {
-    match Engine::load(dir, Box::new(slotstream_cpu::CpuBackend::new())) {
+    match Engine::load(dir, Box::new(slotstream_cpu::CpuBackend::new()), &Default::default()) {
         Ok(_) => panic!("loading {} should have failed", dir.display()),
         Err(e) => format!("{e:#}"),
     }

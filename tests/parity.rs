@@ -44,7 +44,7 @@ fn golden(name: &str) -> Golden {
 }
 
 fn engine(name: &str) -> Engine {
-    Engine::load(&fixture(name), Box::new(slotstream_cpu::CpuBackend::new()))
+    Engine::load(&fixture(name), Box::new(slotstream_cpu::CpuBackend::new()), &Default::default())
         .unwrap_or_else(|e| panic!("loading fixture {name}: {e:#}"))
 }
 

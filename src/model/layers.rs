@@ -3,9 +3,10 @@
 //! and the routed-expert block with an optional sigmoid-gated shared expert.
 
 use anyhow::{Context, Result};
-use slotstream_backend::{Backend, ExpertWeights, HostMatrix, State, Tensor, TokenRoute, Weight};
+use slotstream_backend::{Backend, HostMatrix, State, Tensor, TokenRoute, Weight};
 
 use crate::checkpoint::Checkpoint;
+use crate::experts::ExpertCache;
 
 /// Loads `{prefix}` as a `[rows, cols]` linear layer.
 pub fn linear(b: &dyn Backend, ck: &Checkpoint, prefix: &str, rows: usize, cols: usize) -> Result<Weight> {
@@ -186,10 +187,12 @@ impl Mlp {
 }
 
 /// Routed experts (softmax router, top-k) plus an optional shared expert whose
-/// output is scaled by `sigmoid(shared_gate x)`.
+/// output is scaled by `sigmoid(shared_gate x)`. The experts themselves live in
+/// the model's [`ExpertCache`], addressed by `moe_index`.
 pub struct MoeBlock {
     pub router: Weight,
-    pub experts: ExpertWeights,
+    /// Index of this block among the model's MoE layers.
+    pub moe_index: usize,
     pub top_k: usize,
     pub norm_topk_prob: bool,
     pub shared: Option<(Mlp, Weight)>,
@@ -214,12 +217,14 @@ pub fn route(logits: &[f32], k: usize, normalize: bool) -> TokenRoute {
 }
 
 impl MoeBlock {
-    pub fn forward(&self, b: &dyn Backend, x: &Tensor) -> Result<Tensor> {
+    pub fn forward(&self, b: &dyn Backend, x: &Tensor, experts: &mut ExpertCache) -> Result<Tensor> {
+        // The one GPU-to-CPU read of a MoE layer: the router's choice decides
+        // which experts the cache must hold.
         let logits = b.download(&b.matmul(x, &self.router)?)?;
         let n = self.router.rows;
         let routes: Vec<TokenRoute> =
             logits.chunks_exact(n).map(|l| route(l, self.top_k, self.norm_topk_prob)).collect();
-        let mut y = b.moe_experts(x, &self.experts, &routes)?;
+        let mut y = experts.run_layer(b, self.moe_index, x, &routes, self.top_k)?;
         if let Some((mlp, gate)) = &self.shared {
             let shared = b.sigmoid_mul(&mlp.forward(b, x)?, &b.matmul(x, gate)?)?;
             y = b.add(&y, &shared)?;

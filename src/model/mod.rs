@@ -8,11 +8,13 @@ mod qwen3_moe;
 mod qwen3_next;
 
 use std::path::Path;
+use std::sync::Mutex;
 
 use anyhow::{bail, Context, Result};
 use slotstream_backend::{Backend, State, Tensor, Weight};
 
 use crate::checkpoint::{Checkpoint, QuantConfig};
+use crate::experts::{ExpertCache, ExpertStore};
 use layers::{Attention, DeltaState, GatedDeltaNet, Mlp, MoeBlock, RmsNorm};
 
 /// Token mixer of one decoder layer.
@@ -56,6 +58,12 @@ pub struct DecoderModel {
     pub lm_head: Weight,
     pub vocab_size: usize,
     pub hidden_size: usize,
+    /// The routed experts of every MoE layer, streamed into a slot pool.
+    pub experts: Mutex<ExpertCache>,
+    /// Experts each token is routed to.
+    pub top_k: usize,
+    /// Bytes of everything resident besides the expert pool.
+    pub resident_bytes: usize,
 }
 
 /// Which positions' logits a forward pass returns.
@@ -85,9 +93,11 @@ impl DecoderModel {
             bail!("forward called with no tokens");
         }
         let mut x = b.embed(&self.embed, ids)?;
+        let mut experts = self.experts.lock().map_err(|_| anyhow::anyhow!("the expert cache was poisoned by an earlier failure"))?;
         for (i, (layer, st)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
-            x = self.layer_forward(b, layer, &x, st).with_context(|| format!("layer {i}"))?;
+            x = self.layer_forward(b, layer, &x, st, &mut experts).with_context(|| format!("layer {i}"))?;
         }
+        drop(experts);
         if which == Logits::Last && ids.len() > 1 {
             x = b.slice_rows(&x, ids.len() - 1, 1)?;
         }
@@ -96,7 +106,7 @@ impl DecoderModel {
         Ok(b.matmul(&x, &self.lm_head)?)
     }
 
-    fn layer_forward(&self, b: &dyn Backend, layer: &DecoderLayer, x: &Tensor, st: &mut LayerState) -> Result<Tensor> {
+    fn layer_forward(&self, b: &dyn Backend, layer: &DecoderLayer, x: &Tensor, st: &mut LayerState, experts: &mut ExpertCache) -> Result<Tensor> {
         let normed = layer.input_norm.forward(b, x)?;
         let mixed = match (&layer.mixer, st) {
             (Mixer::Attention(a), LayerState::Attention(cache)) => a.forward(b, &normed, cache)?,
@@ -107,7 +117,7 @@ impl DecoderModel {
         let normed = layer.post_norm.forward(b, &h)?;
         let ff = match &layer.ffn {
             FeedForward::Dense(m) => m.forward(b, &normed)?,
-            FeedForward::Moe(m) => m.forward(b, &normed)?,
+            FeedForward::Moe(m) => m.forward(b, &normed, experts)?,
         };
         Ok(b.add(&h, &ff)?)
     }
@@ -159,41 +169,53 @@ impl Layout {
     }
 }
 
-/// Loads the routed experts of one layer as stacked `[experts, rows, cols]` weights.
-pub fn load_experts(
+/// How many expert slots to give the pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertSlots {
+    /// One slot per expert of every layer: nothing is ever evicted.
+    All,
+    /// A fixed number of slots (at least one token's experts).
+    Count(usize),
+}
+
+/// Options for [`load`].
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    pub expert_slots: ExpertSlots,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { expert_slots: ExpertSlots::All }
+    }
+}
+
+/// Locates the routed experts of `moe_prefixes` and creates the slot pool.
+pub(crate) fn expert_cache(
     b: &dyn Backend,
     ck: &Checkpoint,
     layout: Layout,
-    prefix: &str,
-    experts: usize,
-    hidden: usize,
-    inter: usize,
-) -> Result<slotstream_backend::ExpertWeights> {
-    let one = |name: &str, rows: usize, cols: usize| -> Result<Weight> {
-        match layout {
-            Layout::Mlx => {
-                let p = format!("{prefix}.switch_mlp.{name}");
-                layers::upload(b, &ck.matrix(&p, &[experts], rows, cols)?, &p)
+    moe_prefixes: &[String],
+    c: &config::MoeConfig,
+    opts: &LoadOptions,
+) -> Result<ExpertCache> {
+    let store = ExpertStore::new(ck, moe_prefixes, layout == Layout::Mlx, c.num_experts, c.hidden_size, c.moe_intermediate_size)?;
+    let total = moe_prefixes.len() * c.num_experts;
+    let slots = match opts.expert_slots {
+        ExpertSlots::All => total,
+        ExpertSlots::Count(n) => {
+            let min = ExpertCache::min_slots(c.num_experts_per_tok);
+            if n < min {
+                bail!("an expert pool of {n} slots is too small: one token uses {min} experts");
             }
-            Layout::HuggingFace => {
-                let parts = (0..experts)
-                    .map(|e| ck.matrix(&format!("{prefix}.experts.{e}.{name}"), &[], rows, cols))
-                    .collect::<Result<Vec<_>>>()?;
-                let stacked = slotstream_backend::HostMatrix::stack(&parts)
-                    .with_context(|| format!("stacking {prefix}.experts.*.{name}"))?;
-                layers::upload(b, &stacked, &format!("{prefix}.experts.*.{name}"))
-            }
+            n.min(total)
         }
     };
-    Ok(slotstream_backend::ExpertWeights {
-        gate: one("gate_proj", inter, hidden)?,
-        up: one("up_proj", inter, hidden)?,
-        down: one("down_proj", hidden, inter)?,
-    })
+    ExpertCache::new(b, store, slots.max(1))
 }
 
 /// Reads `config.json`, opens the checkpoint and builds the model on `backend`.
-pub fn load(dir: &Path, backend: &dyn Backend) -> Result<DecoderModel> {
+pub fn load(dir: &Path, backend: &dyn Backend, opts: &LoadOptions) -> Result<DecoderModel> {
     let config_path = dir.join("config.json");
     let text = std::fs::read_to_string(&config_path)
         .with_context(|| format!("reading {} (is {} a model directory?)", config_path.display(), dir.display()))?;
@@ -203,8 +225,8 @@ pub fn load(dir: &Path, backend: &dyn Backend) -> Result<DecoderModel> {
     let quant = QuantConfig::from_config(&config).with_context(|| format!("in {}", config_path.display()))?;
     let ck = Checkpoint::open(dir, quant)?;
     let result = match model_type {
-        "qwen3_moe" => qwen3_moe::load(&config, &ck, backend),
-        "qwen3_next" => qwen3_next::load(&config, &ck, backend),
+        "qwen3_moe" => qwen3_moe::load(&config, &ck, backend, opts),
+        "qwen3_next" => qwen3_next::load(&config, &ck, backend, opts),
         "" => bail!("{} has no 'model_type'", config_path.display()),
         other => bail!(
             "model_type '{other}' in {} is not supported (supported: qwen3_moe, qwen3_next)",

@@ -7,10 +7,10 @@ use slotstream_backend::Backend;
 
 use super::config::MoeConfig;
 use super::layers::{linear, vector, Attention, Mlp, MoeBlock, RmsNorm};
-use super::{load_experts, load_trunk, DecoderLayer, DecoderModel, FeedForward, Layout, Mixer};
+use super::{expert_cache, load_trunk, LoadOptions, DecoderLayer, DecoderModel, FeedForward, Layout, Mixer};
 use crate::checkpoint::Checkpoint;
 
-pub fn load(config: &serde_json::Value, ck: &Checkpoint, b: &dyn Backend) -> Result<DecoderModel> {
+pub fn load(config: &serde_json::Value, ck: &Checkpoint, b: &dyn Backend, opts: &LoadOptions) -> Result<DecoderModel> {
     let c = MoeConfig::parse(config)?;
     let (h, hd, heads, kvh) = (c.hidden_size, c.head_dim(), c.num_attention_heads, c.kv_heads());
     let layout = Layout::detect(ck, (0..c.num_hidden_layers).find(|&i| c.is_moe_layer(i)))?;
@@ -19,6 +19,7 @@ pub fn load(config: &serde_json::Value, ck: &Checkpoint, b: &dyn Backend) -> Res
         Ok(RmsNorm { weight: vector(b, ck, name, len, 0.0)?, eps: c.rms_norm_eps })
     };
     let mut layers = Vec::with_capacity(c.num_hidden_layers);
+    let mut moe_prefixes = Vec::new();
     for i in 0..c.num_hidden_layers {
         let p = format!("model.layers.{i}");
         let a = format!("{p}.self_attn");
@@ -40,7 +41,7 @@ pub fn load(config: &serde_json::Value, ck: &Checkpoint, b: &dyn Backend) -> Res
             let m = format!("{p}.mlp");
             FeedForward::Moe(MoeBlock {
                 router: linear(b, ck, &format!("{m}.gate"), c.num_experts, h)?,
-                experts: load_experts(b, ck, layout, &m, c.num_experts, h, c.moe_intermediate_size)?,
+                moe_index: moe_prefixes.len(),
                 top_k: c.num_experts_per_tok,
                 norm_topk_prob: c.norm_topk_prob,
                 shared: None,
@@ -48,6 +49,9 @@ pub fn load(config: &serde_json::Value, ck: &Checkpoint, b: &dyn Backend) -> Res
         } else {
             FeedForward::Dense(Mlp::load(b, ck, &format!("{p}.mlp"), h, c.dense_intermediate(i)?)?)
         };
+        if let FeedForward::Moe(_) = ffn {
+            moe_prefixes.push(format!("{p}.mlp"));
+        }
         layers.push(DecoderLayer {
             input_norm: norm(&format!("{p}.input_layernorm.weight"), h)?,
             mixer: Mixer::Attention(attention),
@@ -55,6 +59,7 @@ pub fn load(config: &serde_json::Value, ck: &Checkpoint, b: &dyn Backend) -> Res
             ffn,
         });
     }
+    let resident_bytes = ck.bytes_where(|n| !crate::experts::is_routed_expert_tensor(n)) as usize;
     Ok(DecoderModel {
         model_type: c.model_type.clone(),
         embed: trunk.embed,
@@ -63,5 +68,8 @@ pub fn load(config: &serde_json::Value, ck: &Checkpoint, b: &dyn Backend) -> Res
         lm_head: trunk.lm_head,
         vocab_size: c.vocab_size,
         hidden_size: h,
+        experts: std::sync::Mutex::new(expert_cache(b, ck, layout, &moe_prefixes, &c, opts)?),
+        top_k: c.num_experts_per_tok,
+        resident_bytes,
     })
 }

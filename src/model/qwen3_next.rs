@@ -13,7 +13,7 @@ use slotstream_backend::Backend;
 
 use super::config::MoeConfig;
 use super::layers::{deinterleave_rows, linear, upload, vector, Attention, GatedDeltaNet, Mlp, MoeBlock, RmsNorm};
-use super::{load_experts, load_trunk, DecoderLayer, DecoderModel, FeedForward, Layout, Mixer};
+use super::{expert_cache, load_trunk, LoadOptions, DecoderLayer, DecoderModel, FeedForward, Layout, Mixer};
 use crate::checkpoint::Checkpoint;
 
 /// Whether layer `i` is full attention (otherwise Gated DeltaNet).
@@ -29,7 +29,7 @@ fn is_full_attention(c: &MoeConfig, i: usize) -> Result<bool> {
     }
 }
 
-pub fn load(config: &serde_json::Value, ck: &Checkpoint, b: &dyn Backend) -> Result<DecoderModel> {
+pub fn load(config: &serde_json::Value, ck: &Checkpoint, b: &dyn Backend, opts: &LoadOptions) -> Result<DecoderModel> {
     let c = MoeConfig::parse(config)?;
     let (h, hd, heads, kvh) = (c.hidden_size, c.head_dim(), c.num_attention_heads, c.kv_heads());
     let need = |v: Option<usize>, name: &str| v.with_context(|| format!("config.json is missing '{name}'"));
@@ -49,6 +49,7 @@ pub fn load(config: &serde_json::Value, ck: &Checkpoint, b: &dyn Backend) -> Res
     };
     let rotary_dim = (hd as f32 * c.partial_rotary_factor()) as usize;
     let mut layers = Vec::with_capacity(c.num_hidden_layers);
+    let mut moe_prefixes = Vec::new();
     for i in 0..c.num_hidden_layers {
         let p = format!("model.layers.{i}");
         let mixer = if is_full_attention(&c, i)? {
@@ -116,7 +117,7 @@ pub fn load(config: &serde_json::Value, ck: &Checkpoint, b: &dyn Backend) -> Res
             };
             FeedForward::Moe(MoeBlock {
                 router: linear(b, ck, &format!("{m}.gate"), c.num_experts, h)?,
-                experts: load_experts(b, ck, layout, &m, c.num_experts, h, c.moe_intermediate_size)?,
+                moe_index: moe_prefixes.len(),
                 top_k: c.num_experts_per_tok,
                 norm_topk_prob: c.norm_topk_prob,
                 shared,
@@ -124,6 +125,9 @@ pub fn load(config: &serde_json::Value, ck: &Checkpoint, b: &dyn Backend) -> Res
         } else {
             FeedForward::Dense(Mlp::load(b, ck, &format!("{p}.mlp"), h, c.dense_intermediate(i)?)?)
         };
+        if let FeedForward::Moe(_) = ffn {
+            moe_prefixes.push(format!("{p}.mlp"));
+        }
         layers.push(DecoderLayer {
             input_norm: norm(&format!("{p}.input_layernorm.weight"), h)?,
             mixer,
@@ -131,6 +135,7 @@ pub fn load(config: &serde_json::Value, ck: &Checkpoint, b: &dyn Backend) -> Res
             ffn,
         });
     }
+    let resident_bytes = ck.bytes_where(|n| !crate::experts::is_routed_expert_tensor(n)) as usize;
     Ok(DecoderModel {
         model_type: c.model_type.clone(),
         embed: trunk.embed,
@@ -139,5 +144,8 @@ pub fn load(config: &serde_json::Value, ck: &Checkpoint, b: &dyn Backend) -> Res
         lm_head: trunk.lm_head,
         vocab_size: c.vocab_size,
         hidden_size: h,
+        experts: std::sync::Mutex::new(expert_cache(b, ck, layout, &moe_prefixes, &c, opts)?),
+        top_k: c.num_experts_per_tok,
+        resident_bytes,
     })
 }

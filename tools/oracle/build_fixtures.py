@@ -30,6 +30,7 @@ from mlx.utils import tree_flatten
 from mlx_lm import convert
 from mlx_lm.utils import _get_classes, load_model
 
+sys.dont_write_bytecode = True  # keep __pycache__ out of the source tree
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import corpus  # noqa: E402

@@ -126,19 +126,77 @@ impl State {
     }
 }
 
-/// Which experts one token uses and with what weight.
+/// Which experts one token uses and with what weight, best first.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TokenRoute {
     pub experts: Vec<u32>,
     pub weights: Vec<f32>,
 }
 
-/// The three stacked projections of a layer's routed experts.
-#[derive(Clone)]
-pub struct ExpertWeights {
-    pub gate: Weight,
-    pub up: Weight,
-    pub down: Weight,
+/// One (token, expert) pair of a MoE call: token `token`'s `rank`-th expert,
+/// whose weights sit in pool slot `slot`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertAssignment {
+    pub token: u32,
+    pub rank: u32,
+    pub slot: u32,
+}
+
+/// How one matrix of an expert record is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatrixFormat {
+    Dense(DType),
+    Affine { bits: u32, group_size: usize, scale_dtype: DType },
+}
+
+impl MatrixFormat {
+    pub fn of(m: &HostMatrix<'_>) -> MatrixFormat {
+        match &m.data {
+            MatrixData::Dense { dtype, .. } => MatrixFormat::Dense(*dtype),
+            MatrixData::Affine { bits, group_size, scale_dtype, .. } => {
+                MatrixFormat::Affine { bits: *bits, group_size: *group_size, scale_dtype: *scale_dtype }
+            }
+        }
+    }
+}
+
+/// Shape and format of one routed expert (gate, up, down projections); every
+/// slot of a pool holds one record of this layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertLayout {
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub gate: MatrixFormat,
+    pub up: MatrixFormat,
+    pub down: MatrixFormat,
+}
+
+/// An expert's three matrices in host memory, as read from disk.
+pub struct HostExpert<'a> {
+    pub gate: HostMatrix<'a>,
+    pub up: HostMatrix<'a>,
+    pub down: HostMatrix<'a>,
+}
+
+/// A fixed pool of expert slots owned by a backend, shared by all layers.
+pub struct ExpertPool {
+    inner: Box<dyn Any + Send + Sync>,
+    pub layout: ExpertLayout,
+    pub slots: usize,
+    /// Bytes the pool occupies in the backend.
+    pub bytes: usize,
+}
+
+impl ExpertPool {
+    pub fn new(inner: Box<dyn Any + Send + Sync>, layout: ExpertLayout, slots: usize, bytes: usize) -> Self {
+        ExpertPool { inner, layout, slots, bytes }
+    }
+    pub fn get<T: 'static>(&self) -> Option<&T> {
+        self.inner.downcast_ref::<T>()
+    }
+    pub fn get_mut<T: 'static>(&mut self) -> Option<&mut T> {
+        self.inner.downcast_mut::<T>()
+    }
 }
 
 /// The operations model code needs. Every method is pure with respect to its
@@ -220,9 +278,18 @@ pub trait Backend: Send + Sync {
         key_heads: usize, state: &mut State) -> Result<Tensor>;
 
     // ---- mixture of experts ----
-    /// Routed experts: for token `t`, `sum_j w_j * down_e(silu(gate_e x) * up_e x)`
-    /// over `routes[t]`, where expert ids index the stacked `experts` weights.
-    fn moe_experts(&self, x: &Tensor, experts: &ExpertWeights, routes: &[TokenRoute]) -> Result<Tensor>;
+    /// Allocates a pool of `slots` expert records of `layout`.
+    fn new_expert_pool(&self, layout: &ExpertLayout, slots: usize) -> Result<ExpertPool>;
+    /// Copies one expert's weights into slot `slot`.
+    fn write_expert(&self, pool: &mut ExpertPool, slot: usize, expert: &HostExpert<'_>) -> Result<()>;
+    /// Unweighted outputs `down(silu(gate x_t) * up x_t)` of the assigned experts,
+    /// as `[tokens, top_k, hidden]`: row `(token, rank)` holds that assignment's
+    /// output and rows with no assignment are zero, so outputs of several calls
+    /// over disjoint assignments add up exactly.
+    fn moe_expert_outputs(&self, x: &Tensor, pool: &ExpertPool, assignments: &[ExpertAssignment], top_k: usize)
+        -> Result<Tensor>;
+    /// `sum_r weights[t*top_k + r] * outputs[t, r, :]`, summed in rank order.
+    fn moe_combine(&self, outputs: &Tensor, weights: &[f32], top_k: usize) -> Result<Tensor>;
 
     // ---- state management ----
     /// Deep copy of a state (for prefix caching and speculative rollback).

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 use slotstream_backend::{
-    shape_error, Backend, BackendError, ExpertWeights, HostMatrix, Result, State, Tensor,
-    TokenRoute, Weight,
+    shape_error, Backend, BackendError, ExpertAssignment, ExpertLayout, ExpertPool, HostExpert,
+    HostMatrix, Result, State, Tensor, Weight,
 };
 
 pub use matmul::{CpuWeight, Store};
@@ -92,6 +92,13 @@ pub struct ConvState {
     channels: usize,
     kernel: usize,
     window: Vec<f32>,
+}
+
+/// The CPU's expert slot pool: three stacked weights with one matrix per slot.
+pub struct CpuExpertPool {
+    gate: CpuWeight,
+    up: CpuWeight,
+    down: CpuWeight,
 }
 
 /// Gated DeltaNet matrix state, `[heads, value_dim, key_dim]`.
@@ -397,38 +404,78 @@ impl Backend for CpuBackend {
         Ok(tensor(out, vec![tokens, h * dv]))
     }
 
-    fn moe_experts(&self, x: &Tensor, experts: &ExpertWeights, routes: &[TokenRoute]) -> Result<Tensor> {
-        let (gate, up, down) = (weight(&experts.gate)?, weight(&experts.up)?, weight(&experts.down)?);
+    fn new_expert_pool(&self, layout: &ExpertLayout, slots: usize) -> Result<ExpertPool> {
+        let (h, i) = (layout.hidden, layout.intermediate);
+        let pool = CpuExpertPool {
+            gate: CpuWeight::zeros(slots, i, h, layout.gate),
+            up: CpuWeight::zeros(slots, i, h, layout.up),
+            down: CpuWeight::zeros(slots, h, i, layout.down),
+        };
+        let bytes = pool.gate.bytes() + pool.up.bytes() + pool.down.bytes();
+        Ok(ExpertPool::new(Box::new(pool), *layout, slots, bytes))
+    }
+
+    fn write_expert(&self, pool: &mut ExpertPool, slot: usize, e: &HostExpert<'_>) -> Result<()> {
+        let p = pool.get_mut::<CpuExpertPool>().ok_or_else(|| BackendError::Device("not a CPU expert pool".into()))?;
+        p.gate.write_slot(slot, &e.gate)?;
+        p.up.write_slot(slot, &e.up)?;
+        p.down.write_slot(slot, &e.down)
+    }
+
+    fn moe_expert_outputs(&self, x: &Tensor, pool: &ExpertPool, assignments: &[ExpertAssignment], top_k: usize) -> Result<Tensor> {
+        let p = pool.get::<CpuExpertPool>().ok_or_else(|| BackendError::Device("not a CPU expert pool".into()))?;
         let (tokens, hidden) = (x.rows(), x.cols());
-        if routes.len() != tokens || gate.cols != hidden || down.rows != hidden || up.rows != gate.rows || down.cols != gate.rows {
-            return Err(shape_error("moe_experts", format!("x {:?}, {} routes, gate [{} x {}], down [{} x {}]", x.shape(), routes.len(), gate.rows, gate.cols, down.rows, down.cols)));
+        if hidden != p.gate.cols {
+            return Err(shape_error("moe_expert_outputs", format!("x {:?} for experts of hidden size {}", x.shape(), p.gate.cols)));
         }
         let xd = data(x)?;
-        // Group tokens by expert so each expert's weights are read once per call.
-        let mut by_expert: std::collections::BTreeMap<u32, Vec<(usize, f32)>> = Default::default();
-        for (t, r) in routes.iter().enumerate() {
-            for (&e, &w) in r.experts.iter().zip(&r.weights) {
-                if e as usize >= gate.experts {
-                    return Err(shape_error("moe_experts", format!("expert {e} of {}", gate.experts)));
-                }
-                by_expert.entry(e).or_default().push((t, w));
+        // Group assignments by slot so each expert's weights are read once per call.
+        let mut by_slot: std::collections::BTreeMap<u32, Vec<ExpertAssignment>> = Default::default();
+        for a in assignments {
+            if a.slot as usize >= pool.slots || a.token as usize >= tokens || a.rank as usize >= top_k {
+                return Err(shape_error("moe_expert_outputs", format!("{a:?} with {} slots, {tokens} tokens, top {top_k}", pool.slots)));
+            }
+            by_slot.entry(a.slot).or_default().push(*a);
+        }
+        let groups: Vec<(u32, Vec<ExpertAssignment>)> = by_slot.into_iter().collect();
+        let results: Vec<Vec<f32>> = groups
+            .iter()
+            .map(|(slot, users)| {
+                let s = *slot as usize;
+                let xs: Vec<f32> =
+                    users.iter().flat_map(|a| xd[a.token as usize * hidden..(a.token as usize + 1) * hidden].iter().copied()).collect();
+                let n = users.len();
+                let g = matmul::matmul(&xs, n, &p.gate, s);
+                let u = matmul::matmul(&xs, n, &p.up, s);
+                let act: Vec<f32> = g.iter().zip(&u).map(|(g, u)| silu(*g) * u).collect();
+                matmul::matmul(&act, n, &p.down, s)
+            })
+            .collect();
+        let mut out = vec![0.0f32; tokens * top_k * hidden];
+        for ((_, users), y) in groups.iter().zip(&results) {
+            for (i, a) in users.iter().enumerate() {
+                let row = a.token as usize * top_k + a.rank as usize;
+                out[row * hidden..(row + 1) * hidden].copy_from_slice(&y[i * hidden..(i + 1) * hidden]);
             }
         }
+        Ok(tensor(out, vec![tokens, top_k, hidden]))
+    }
+
+    fn moe_combine(&self, outputs: &Tensor, weights: &[f32], top_k: usize) -> Result<Tensor> {
+        let hidden = outputs.cols();
+        let tokens = outputs.rows() / top_k.max(1);
+        if weights.len() != tokens * top_k || outputs.rows() != tokens * top_k {
+            return Err(shape_error("moe_combine", format!("outputs {:?}, {} weights, top {top_k}", outputs.shape(), weights.len())));
+        }
+        let od = data(outputs)?;
         let mut out = vec![0.0f32; tokens * hidden];
-        for (e, users) in by_expert {
-            let xs: Vec<f32> = users.iter().flat_map(|(t, _)| xd[t * hidden..(t + 1) * hidden].iter().copied()).collect();
-            let n = users.len();
-            let g = matmul::matmul(&xs, n, gate, e as usize);
-            let u = matmul::matmul(&xs, n, up, e as usize);
-            let act: Vec<f32> = g.iter().zip(&u).map(|(g, u)| silu(*g) * u).collect();
-            let y = matmul::matmul(&act, n, down, e as usize);
-            for (i, (t, w)) in users.iter().enumerate() {
-                out[t * hidden..(t + 1) * hidden]
-                    .iter_mut()
-                    .zip(&y[i * hidden..(i + 1) * hidden])
-                    .for_each(|(o, y)| *o += w * y);
+        out.par_chunks_mut(hidden).enumerate().for_each(|(t, o)| {
+            for r in 0..top_k {
+                let w = weights[t * top_k + r];
+                let row = &od[(t * top_k + r) * hidden..(t * top_k + r + 1) * hidden];
+                o.iter_mut().zip(row).for_each(|(o, y)| *o += w * y);
             }
-        }
+        });
         Ok(tensor(out, vec![tokens, hidden]))
     }
 

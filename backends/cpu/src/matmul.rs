@@ -3,7 +3,7 @@
 
 use half::{bf16, f16};
 use rayon::prelude::*;
-use slotstream_backend::{DType, HostMatrix, MatrixData};
+use slotstream_backend::{shape_error, DType, HostMatrix, MatrixData, MatrixFormat, Result};
 
 /// How a weight's values are stored on the CPU.
 pub enum Store {
@@ -46,6 +46,68 @@ impl CpuWeight {
             }
         };
         CpuWeight { experts: m.experts, rows: m.rows, cols: m.cols, store }
+    }
+
+    /// An all-zero stack of `experts` matrices in `format` (an expert pool).
+    pub fn zeros(experts: usize, rows: usize, cols: usize, format: MatrixFormat) -> CpuWeight {
+        let n = experts * rows * cols;
+        let store = match format {
+            MatrixFormat::Dense(DType::F32) => Store::F32(vec![0.0; n]),
+            MatrixFormat::Dense(DType::F16) => Store::F16(vec![f16::ZERO; n]),
+            MatrixFormat::Dense(DType::BF16) => Store::BF16(vec![bf16::ZERO; n]),
+            MatrixFormat::Affine { bits, group_size, .. } => Store::Affine {
+                bits,
+                group_size,
+                words: vec![0; n * bits as usize / 32],
+                scales: vec![0.0; n / group_size],
+                biases: vec![0.0; n / group_size],
+            },
+        };
+        CpuWeight { experts, rows, cols, store }
+    }
+
+    /// Overwrites matrix `slot` of the stack with a single host matrix of the
+    /// same shape and format.
+    pub fn write_slot(&mut self, slot: usize, m: &HostMatrix<'_>) -> Result<()> {
+        m.validate()?;
+        if slot >= self.experts || m.experts != 1 || m.rows != self.rows || m.cols != self.cols {
+            return Err(shape_error(
+                "write_expert",
+                format!("[{} x {}] into slot {slot} of [{} x {} x {}]", m.rows, m.cols, self.experts, self.rows, self.cols),
+            ));
+        }
+        let n = self.rows * self.cols;
+        let range = slot * n..(slot + 1) * n;
+        match (&mut self.store, &m.data) {
+            (Store::F32(v), MatrixData::Dense { dtype: DType::F32, bytes }) => {
+                v[range].copy_from_slice(&DType::F32.to_f32(bytes))
+            }
+            (Store::F16(v), MatrixData::Dense { dtype: DType::F16, bytes }) => {
+                for (o, c) in v[range].iter_mut().zip(bytes.chunks_exact(2)) {
+                    *o = f16::from_le_bytes([c[0], c[1]]);
+                }
+            }
+            (Store::BF16(v), MatrixData::Dense { dtype: DType::BF16, bytes }) => {
+                for (o, c) in v[range].iter_mut().zip(bytes.chunks_exact(2)) {
+                    *o = bf16::from_le_bytes([c[0], c[1]]);
+                }
+            }
+            (
+                Store::Affine { bits, group_size, words, scales, biases },
+                MatrixData::Affine { bits: b, group_size: g, words: w, scale_dtype, scales: s, biases: bi },
+            ) if (*bits, *group_size) == (*b, *g) => {
+                let per_word = 32 / *bits as usize;
+                let wr = slot * n / per_word..(slot + 1) * n / per_word;
+                for (o, c) in words[wr].iter_mut().zip(w.chunks_exact(4)) {
+                    *o = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                }
+                let gr = slot * n / *group_size..(slot + 1) * n / *group_size;
+                scales[gr.clone()].copy_from_slice(&scale_dtype.to_f32(s));
+                biases[gr].copy_from_slice(&scale_dtype.to_f32(bi));
+            }
+            _ => return Err(shape_error("write_expert", "the expert's storage format differs from the pool's")),
+        }
+        Ok(())
     }
 
     pub fn bytes(&self) -> usize {

