@@ -6,4 +6,5 @@ pub mod experts;
 pub mod generate;
 pub mod model;
 pub mod sampling;
+pub mod server;
 pub mod tokenizer;

@@ -23,6 +23,34 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt.
     Run(RunArgs),
+    /// Serve the Ollama and OpenAI HTTP APIs.
+    Serve(ServeArgs),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// Model directory (config.json, tokenizer.json, *.safetensors).
+    #[arg(long)]
+    model: PathBuf,
+    /// Name clients use for the model (default: the directory's name).
+    #[arg(long)]
+    name: Option<String>,
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, default_value_t = 11434)]
+    port: u16,
+    /// Most prompt plus completion tokens per request.
+    #[arg(long, default_value_t = 32768)]
+    max_context: usize,
+    /// Start every request from an empty state (exact reproducibility).
+    #[arg(long)]
+    no_prefix_cache: bool,
+    /// Requests that may wait while one generates; more get 503.
+    #[arg(long, default_value_t = 16)]
+    queue: usize,
+    /// Compute threads for the CPU backend (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
 }
 
 #[derive(Args)]
@@ -80,6 +108,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run(args),
+        Command::Serve(args) => serve(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -152,4 +181,29 @@ fn run(args: RunArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+fn serve(args: ServeArgs) -> Result<()> {
+    if let Some(n) = args.threads {
+        rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("setting the thread count")?;
+    }
+    let backend: Box<dyn Backend> = Box::new(slotstream_cpu::CpuBackend::new());
+    let engine = Engine::load(&args.model, backend, &slotstream::model::LoadOptions::default())?;
+    let model_name = match args.name {
+        Some(n) => n,
+        None => args
+            .model
+            .canonicalize()
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "model".to_string()),
+    };
+    let options = slotstream::server::ServerOptions {
+        model_name,
+        max_context: args.max_context,
+        prefix_cache: !args.no_prefix_cache,
+        queue: args.queue,
+    };
+    let config = slotstream::server::ServeConfig { model_dir: args.model, host: args.host, port: args.port, options };
+    slotstream::server::serve(config, engine)
 }
