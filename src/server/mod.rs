@@ -403,6 +403,7 @@ fn run_generation(app: &AppState, req: &GenerateRequest, tx: &mpsc::Sender<Piece
     let body_end = ids.len() - 1;
     while state.position < body_end {
         if tx.is_closed() {
+            eprintln!("generation: cancelled during prefill at token {} of {}", state.position, ids.len());
             return Ok(None);
         }
         let end = body_end.min(state.position + engine.prefill_chunk.max(1));
@@ -443,6 +444,15 @@ fn run_generation(app: &AppState, req: &GenerateRequest, tx: &mpsc::Sender<Piece
         let bytes: u64 = cache.states().map(|s| model_info::sequence_state_bytes(&engine.model, backend, s)).sum();
         app.cache_state_bytes.store(bytes as usize, Ordering::Relaxed);
     }
+    eprintln!(
+        "generation: {} prompt tokens ({} reused), {} generated, {:?}, prefill {:.3}s, decode {:.3}s",
+        out.stats.prompt_tokens,
+        cached_tokens,
+        out.stats.generated_tokens,
+        out.finish_reason,
+        prefill_body.as_secs_f64() + out.stats.prefill_seconds,
+        out.stats.decode_seconds
+    );
     if out.finish_reason == FinishReason::Cancelled {
         return Ok(None);
     }
