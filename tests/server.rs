@@ -388,7 +388,7 @@ fn prefix_cache_keeps_greedy_output_on_hybrid_attention() {
 #[test]
 fn arbitrary_bytes_never_break_the_server() {
     let s = start(Setup::default());
-    let bodies: Vec<&[u8]> = vec![b"", b"null", b"[]", b"\"x\"", b"{\"model\": 5}", b"\xff\xfe", b"{\"messages\": {}}", b"{\"model\":\"qwen3_moe_mlx4\",\"messages\":[{\"role\":\"user\"}],\"options\":{\"num_predict\":1e99}}"];
+    let bodies: Vec<&[u8]> = vec![b"", b"null", b"[]", b"\"x\"", b"{\"model\": 5}", b"\xff\xfe", b"{\"messages\": {}}", b"{\"model\":\"qwen3_moe_mlx4\",\"messages\":[{\"role\":5}],\"prompt\":7,\"options\":{\"num_predict\":1e99}}"];
     for path in ["/api/generate", "/api/chat", "/api/show", "/v1/chat/completions", "/v1/completions"] {
         for body in &bodies {
             let r = s.request("POST", path, &[], body);
