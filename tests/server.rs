@@ -30,6 +30,8 @@ struct Server {
 
 struct Setup {
     fixture: &'static str,
+    /// Serve this directory instead of the fixture (named like the fixture).
+    dir: Option<PathBuf>,
     prefix_cache: bool,
     queue: usize,
     max_context: usize,
@@ -39,16 +41,18 @@ struct Setup {
 
 impl Default for Setup {
     fn default() -> Self {
-        Setup { fixture: MODEL, prefix_cache: true, queue: 16, max_context: 32768, no_eos: false }
+        Setup { fixture: MODEL, dir: None, prefix_cache: true, queue: 16, max_context: 32768, no_eos: false }
     }
 }
 
 fn start(setup: Setup) -> Server {
-    let mut engine = engine(setup.fixture);
+    let dir = setup.dir.clone().unwrap_or_else(|| fixture(setup.fixture));
+    let mut engine = Engine::load(&dir, Box::new(slotstream_cpu::CpuBackend::new()), &slotstream::model::LoadOptions::default())
+        .unwrap_or_else(|e| panic!("loading {}: {e:#}", dir.display()));
     if setup.no_eos {
         engine.codec.eos_ids.clear();
     }
-    let info = ModelInfo::describe(&fixture(setup.fixture), setup.fixture.to_string());
+    let info = ModelInfo::describe(&dir, setup.fixture.to_string());
     let options = ServerOptions {
         model_name: setup.fixture.to_string(),
         max_context: setup.max_context,
@@ -232,7 +236,7 @@ fn openai_endpoints_stream_sse_and_report_usage() {
     assert_eq!(full["object"], "chat.completion");
     assert_eq!(full["choices"][0]["message"]["role"], "assistant");
     let completion_tokens = full["usage"]["completion_tokens"].as_u64().unwrap_or(0);
-    assert!(completion_tokens >= 1 && completion_tokens <= 6);
+    assert!((1..=6).contains(&completion_tokens), "{completion_tokens} completion tokens");
 
     let mut streamed = body.clone();
     streamed["stream"] = true.into();
@@ -398,4 +402,38 @@ fn arbitrary_bytes_never_break_the_server() {
         }
     }
     assert_eq!(s.get("/api/version").status, 200);
+}
+
+#[test]
+fn thinking_follows_the_template() {
+    let plain = start(Setup::default());
+    let msgs = json!([{"role": "user", "content": "Hi"}]);
+    let r = plain.post("/api/chat", &json!({"model": MODEL, "messages": msgs, "think": true, "stream": false}));
+    assert_eq!(r.status, 400);
+    assert!(r.error().contains("thinking"), "{}", r.error());
+
+    // A copy of the fixture whose template has a thinking switch.
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    for entry in std::fs::read_dir(fixture(MODEL)).expect("reading the fixture") {
+        let entry = entry.expect("a fixture file");
+        std::fs::copy(entry.path(), dir.path().join(entry.file_name())).expect("copying the fixture");
+    }
+    let cfg_path = dir.path().join("tokenizer_config.json");
+    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).expect("reading")).expect("JSON");
+    let template = cfg["chat_template"].as_str().expect("a template").to_string()
+        + "{%- if add_generation_prompt and enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}";
+    cfg["chat_template"] = template.into();
+    std::fs::write(&cfg_path, cfg.to_string()).expect("writing");
+    let s = start(Setup { dir: Some(dir.path().to_path_buf()), ..Setup::default() });
+    let show = s.post("/api/show", &json!({"model": MODEL})).json();
+    assert!(show["capabilities"].as_array().is_some_and(|c| c.contains(&json!("thinking"))), "{show}");
+    let ask = |think: bool| {
+        let r = s.post("/api/chat", &json!({"model": MODEL, "messages": msgs, "think": think, "stream": false, "options": greedy()}));
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    };
+    let on = ask(true);
+    let off = ask(false);
+    let count = |v: &Value| v["prompt_eval_count"].as_u64().unwrap_or(0);
+    assert!(count(&off) > count(&on), "think=false should add the empty think block: {} vs {}", count(&off), count(&on));
 }

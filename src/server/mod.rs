@@ -333,10 +333,9 @@ fn render_prompt(engine: &Engine, prompt: PromptInput, think: Option<bool>) -> R
     let codec = &engine.codec;
     let template = |messages: &[ChatMessage]| -> Result<String, ApiError> {
         if think == Some(true) && !codec.chat_template().is_some_and(|t| t.contains("enable_thinking")) {
-            return Err(ApiError::bad_request(format!(
-                "'{}' does not support thinking: its chat template has no enable_thinking switch",
-                "this model"
-            )));
+            return Err(ApiError::bad_request(
+                "this model does not support thinking: its chat template has no enable_thinking switch",
+            ));
         }
         codec
             .apply_chat_template(messages, true, think)
