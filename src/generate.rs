@@ -145,11 +145,33 @@ impl Engine {
 
     /// Generates from a fresh state, calling `on_text` with each piece of text;
     /// `on_text` returning `Break` cancels.
-    pub fn generate(&self, req: &GenerateRequest, mut on_text: impl FnMut(&str) -> ControlFlow<()>) -> Result<GenerateOutput> {
-        req.sampling.validate().map_err(anyhow::Error::msg)?;
+    pub fn generate(&self, req: &GenerateRequest, on_text: impl FnMut(&str) -> ControlFlow<()>) -> Result<GenerateOutput> {
         let mut state = self.new_state()?;
+        self.generate_from(&mut state, req, on_text)
+    }
+
+    /// Generates from `state`, which has already consumed the first
+    /// `state.position` tokens of `req.prompt_ids` (a reused prefix); feeds the
+    /// rest of the prompt, then decodes. Afterwards `state` holds the prompt and
+    /// the generated tokens that were fed back (all but a final one that ended
+    /// generation by length or stop string).
+    pub fn generate_from(
+        &self,
+        state: &mut SequenceState,
+        req: &GenerateRequest,
+        mut on_text: impl FnMut(&str) -> ControlFlow<()>,
+    ) -> Result<GenerateOutput> {
+        req.sampling.validate().map_err(anyhow::Error::msg)?;
+        if state.position >= req.prompt_ids.len() {
+            bail!(
+                "the state already holds {} tokens but the prompt has {}: at least one prompt token must be left to feed",
+                state.position,
+                req.prompt_ids.len()
+            );
+        }
+        let fed = req.prompt_ids.len() - state.position;
         let start = Instant::now();
-        let mut logits = self.prefill(&req.prompt_ids, &mut state)?;
+        let mut logits = self.prefill(&req.prompt_ids[state.position..], state)?;
         let prefill_seconds = start.elapsed().as_secs_f64();
 
         let decode_start = Instant::now();
@@ -190,7 +212,7 @@ impl Engine {
             if generated.len() == req.max_tokens {
                 break;
             }
-            let t = self.model.forward(self.backend.as_ref(), &[next], &mut state, Logits::Last)?;
+            let t = self.model.forward(self.backend.as_ref(), &[next], state, Logits::Last)?;
             logits = self.backend.download(&t)?;
         }
         if !hit_stop_string {
@@ -209,7 +231,7 @@ impl Engine {
             generated_tokens: generated.len(),
             prefill_seconds,
             decode_seconds,
-            prefill_tokens_per_second: per_second(req.prompt_ids.len(), prefill_seconds),
+            prefill_tokens_per_second: per_second(fed, prefill_seconds),
             // The first generated token comes from the prefill's logits.
             decode_tokens_per_second: per_second(generated.len().saturating_sub(1), decode_seconds),
         };

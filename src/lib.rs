@@ -7,4 +7,5 @@ pub mod generate;
 pub mod model;
 pub mod plan;
 pub mod sampling;
+pub mod server;
 pub mod tokenizer;

@@ -27,6 +27,8 @@ enum Command {
     Run(RunArgs),
     /// Check this machine and a model: memory, disk, the plan, expected speed.
     Doctor(DoctorArgs),
+    /// Serve the Ollama and OpenAI HTTP APIs.
+    Serve(ServeArgs),
 }
 
 /// Memory knobs shared by run, serve and doctor. Precedence:
@@ -77,6 +79,34 @@ struct DoctorArgs {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// Model directory (config.json, tokenizer.json, *.safetensors).
+    #[arg(long)]
+    model: PathBuf,
+    /// Name clients use for the model (default: the directory's name).
+    #[arg(long)]
+    name: Option<String>,
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, default_value_t = 11434)]
+    port: u16,
+    /// Most prompt plus completion tokens per request.
+    #[arg(long, default_value_t = 32768)]
+    max_context: usize,
+    /// Start every request from an empty state (exact reproducibility).
+    #[arg(long)]
+    no_prefix_cache: bool,
+    /// Requests that may wait while one generates; more get 503.
+    #[arg(long, default_value_t = 16)]
+    queue: usize,
+    /// Compute threads for the CPU backend (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    #[command(flatten)]
+    memory: MemoryArgs,
 }
 
 #[derive(Args)]
@@ -137,6 +167,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run(args),
         Command::Doctor(args) => doctor(args),
+        Command::Serve(args) => serve(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -151,13 +182,7 @@ fn run(args: RunArgs) -> Result<()> {
     if let Some(n) = args.threads {
         rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("setting the thread count")?;
     }
-    let costs = ModelCosts::from_model_dir(&args.model)?;
-    let machine = MachineMemory::detect();
-    let plan = plan::plan(&costs, &machine, &args.memory.request())?;
-    eprintln!("{}", plan.banner(&costs, &machine));
-    let backend: Box<dyn Backend> = Box::new(slotstream_cpu::CpuBackend::new());
-    let opts = LoadOptions { expert_slots: ExpertSlots::Count(plan.slots) };
-    let engine = Engine::load(&args.model, backend, &opts)?;
+    let (engine, plan) = load_planned(&args.model, &args.memory)?;
     let prompt_text = if args.raw {
         args.prompt.clone()
     } else {
@@ -231,6 +256,18 @@ fn run(args: RunArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Plans memory for a model directory, prints the plan banner and loads it.
+fn load_planned(model: &std::path::Path, memory: &MemoryArgs) -> Result<(Engine, plan::Plan)> {
+    let costs = ModelCosts::from_model_dir(model)?;
+    let machine = MachineMemory::detect();
+    let plan = plan::plan(&costs, &machine, &memory.request())?;
+    eprintln!("{}", plan.banner(&costs, &machine));
+    let backend: Box<dyn Backend> = Box::new(slotstream_cpu::CpuBackend::new());
+    let opts = LoadOptions { expert_slots: ExpertSlots::Count(plan.slots) };
+    let engine = Engine::load(model, backend, &opts)?;
+    Ok((engine, plan))
 }
 
 /// The process's peak resident set (VmHWM), where the OS reports it.
@@ -326,4 +363,28 @@ fn free_disk_bytes(path: &std::path::Path) -> Option<u64> {
         }
         Some(st.f_bavail as u64 * st.f_frsize as u64)
     }
+}
+
+fn serve(args: ServeArgs) -> Result<()> {
+    if let Some(n) = args.threads {
+        rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("setting the thread count")?;
+    }
+    let (engine, _plan) = load_planned(&args.model, &args.memory)?;
+    let model_name = match args.name {
+        Some(n) => n,
+        None => args
+            .model
+            .canonicalize()
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "model".to_string()),
+    };
+    let options = slotstream::server::ServerOptions {
+        model_name,
+        max_context: args.max_context,
+        prefix_cache: !args.no_prefix_cache,
+        queue: args.queue,
+    };
+    let config = slotstream::server::ServeConfig { model_dir: args.model, host: args.host, port: args.port, options };
+    slotstream::server::serve(config, engine)
 }

@@ -106,6 +106,11 @@ impl TextCodec {
         self.chat_template.is_some()
     }
 
+    /// The Jinja chat template, if the model has one.
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+
     /// Renders the chat template. `enable_thinking` is passed through for
     /// templates that support switching reasoning on and off.
     pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool, enable_thinking: Option<bool>) -> Result<String> {

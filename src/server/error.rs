@@ -1,0 +1,91 @@
+//! Errors a request can end in, and how each API flavour writes them.
+
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+/// What went wrong, with the status it answers.
+#[derive(Clone, Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError { status, message: message.into() }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    /// A feature this server refuses rather than silently ignores.
+    pub fn unsupported(feature: &str) -> ApiError {
+        ApiError::bad_request(format!("{feature} are not supported by slotstream; remove them from the request"))
+    }
+
+    pub fn model_not_found(name: &str, served: &str) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, format!("model '{name}' not found; this server runs '{served}'"))
+    }
+
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, message)
+    }
+
+    /// The body could not be read or parsed as the endpoint's JSON.
+    pub fn invalid_json(e: serde_json::Error) -> ApiError {
+        ApiError::bad_request(format!("invalid JSON body: {e}"))
+    }
+}
+
+/// Ollama writes errors as `{"error": "message"}`.
+pub struct OllamaError(pub ApiError);
+
+/// OpenAI writes errors as `{"error": {"message", "type", "param", "code"}}`.
+pub struct OpenAiError(pub ApiError);
+
+impl From<ApiError> for OllamaError {
+    fn from(e: ApiError) -> Self {
+        OllamaError(e)
+    }
+}
+
+impl From<ApiError> for OpenAiError {
+    fn from(e: ApiError) -> Self {
+        OpenAiError(e)
+    }
+}
+
+pub fn json_response(status: StatusCode, body: &serde_json::Value) -> Response {
+    (status, [(header::CONTENT_TYPE, "application/json; charset=utf-8")], body.to_string()).into_response()
+}
+
+impl OllamaError {
+    pub fn body(&self) -> serde_json::Value {
+        serde_json::json!({ "error": self.0.message })
+    }
+}
+
+impl OpenAiError {
+    pub fn body(&self) -> serde_json::Value {
+        let kind = match self.0.status {
+            StatusCode::NOT_FOUND => "not_found_error",
+            StatusCode::SERVICE_UNAVAILABLE => "server_busy",
+            s if s.is_server_error() => "server_error",
+            _ => "invalid_request_error",
+        };
+        serde_json::json!({ "error": { "message": self.0.message, "type": kind, "param": null, "code": null } })
+    }
+}
+
+impl IntoResponse for OllamaError {
+    fn into_response(self) -> Response {
+        json_response(self.0.status, &self.body())
+    }
+}
+
+impl IntoResponse for OpenAiError {
+    fn into_response(self) -> Response {
+        json_response(self.0.status, &self.body())
+    }
+}

@@ -1,0 +1,234 @@
+//! What the server says about its model: identity and details read once at
+//! start, and the live memory report (`/api/show`, `/api/ps`).
+
+use std::hash::{Hash, Hasher};
+use std::io::Read;
+use std::path::Path;
+use std::time::SystemTime;
+
+use serde::Serialize;
+use slotstream_backend::Backend;
+
+use crate::experts::CacheStats;
+use crate::model::{DecoderModel, LayerState, Mixer, SequenceState};
+
+use super::prefix_cache::PrefixCacheStats;
+
+/// Ollama's `details` object.
+#[derive(Clone, Debug, Serialize)]
+pub struct ModelDetails {
+    pub parent_model: String,
+    pub format: String,
+    pub family: String,
+    pub families: Vec<String>,
+    pub parameter_size: String,
+    pub quantization_level: String,
+}
+
+/// The served model, described once at start.
+#[derive(Clone, Debug)]
+pub struct ModelInfo {
+    /// The name clients use (`model` in requests).
+    pub name: String,
+    pub details: ModelDetails,
+    pub parameter_count: u64,
+    /// Bytes of the checkpoint files on disk.
+    pub file_bytes: u64,
+    /// A fingerprint of the checkpoint headers (not a content hash).
+    pub digest: String,
+    pub modified_at: SystemTime,
+    pub config: serde_json::Value,
+    pub context_length: Option<u64>,
+}
+
+impl ModelInfo {
+    /// Reads `config.json` and the safetensors headers of `dir`; never fails on
+    /// odd files (details it cannot read stay empty).
+    pub fn describe(dir: &Path, name: String) -> ModelInfo {
+        let config: serde_json::Value = std::fs::read_to_string(dir.join("config.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or(serde_json::Value::Null);
+        let text_config = config.get("text_config").unwrap_or(&config);
+        let family = text_config.get("model_type").and_then(|v| v.as_str()).unwrap_or("unknown").to_string();
+        let bits = config.get("quantization").and_then(|q| q.get("bits")).and_then(|b| b.as_u64());
+        let (format, quantization_level) = match bits {
+            Some(b) => ("mlx".to_string(), format!("{b}bit")),
+            None => (
+                "safetensors".to_string(),
+                text_config.get("torch_dtype").and_then(|v| v.as_str()).unwrap_or("unknown").to_uppercase(),
+            ),
+        };
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        let mut parameter_count = 0u64;
+        let mut file_bytes = 0u64;
+        let mut modified_at = SystemTime::UNIX_EPOCH;
+        let mut files: Vec<_> = std::fs::read_dir(dir)
+            .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+            .unwrap_or_default();
+        files.sort();
+        for path in files.iter().filter(|p| p.extension().is_some_and(|x| x == "safetensors")) {
+            if let Ok(meta) = std::fs::metadata(path) {
+                file_bytes += meta.len();
+                modified_at = modified_at.max(meta.modified().unwrap_or(SystemTime::UNIX_EPOCH));
+            }
+            if let Some(header) = read_safetensors_header(path) {
+                header.to_string().hash(&mut hasher);
+                parameter_count += count_parameters(&header, bits);
+            }
+        }
+        config.to_string().hash(&mut hasher);
+        let h = hasher.finish();
+        let digest = format!("{h:016x}").repeat(4);
+        ModelInfo {
+            name,
+            details: ModelDetails {
+                parent_model: String::new(),
+                format,
+                family: family.clone(),
+                families: vec![family],
+                parameter_size: human_count(parameter_count),
+                quantization_level,
+            },
+            parameter_count,
+            file_bytes,
+            digest,
+            modified_at,
+            context_length: text_config.get("max_position_embeddings").and_then(|v| v.as_u64()),
+            config,
+        }
+    }
+
+    /// Whether a request's `model` names this model (`name` or `name:latest`).
+    pub fn answers_to(&self, requested: &str) -> bool {
+        let requested = requested.trim();
+        requested == self.name || requested.strip_suffix(":latest") == Some(self.name.as_str())
+    }
+}
+
+fn read_safetensors_header(path: &Path) -> Option<serde_json::Value> {
+    let mut f = std::fs::File::open(path).ok()?;
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len).ok()?;
+    let len = u64::from_le_bytes(len);
+    if len > 100 << 20 {
+        return None;
+    }
+    let mut buf = vec![0u8; len as usize];
+    f.read_exact(&mut buf).ok()?;
+    serde_json::from_slice(&buf).ok()
+}
+
+/// Parameters in one header; packed quantized weights count `32 / bits`
+/// values per stored u32, and quantization scales and biases do not count.
+fn count_parameters(header: &serde_json::Value, bits: Option<u64>) -> u64 {
+    let Some(map) = header.as_object() else { return 0 };
+    let mut total = 0u64;
+    for (name, t) in map {
+        if name == "__metadata__" || name.ends_with(".scales") || name.ends_with(".biases") {
+            continue;
+        }
+        let numel: u64 = t
+            .get("shape")
+            .and_then(|s| s.as_array())
+            .map(|s| s.iter().filter_map(|d| d.as_u64()).product())
+            .unwrap_or(0);
+        let packed = t.get("dtype").and_then(|d| d.as_str()) == Some("U32");
+        total += match (packed, bits) {
+            (true, Some(b)) if b > 0 => numel * (32 / b),
+            _ => numel,
+        };
+    }
+    total
+}
+
+fn human_count(n: u64) -> String {
+    match n {
+        n if n >= 1_000_000_000 => format!("{:.1}B", n as f64 / 1e9),
+        n if n >= 1_000_000 => format!("{:.1}M", n as f64 / 1e6),
+        n if n >= 1_000 => format!("{:.1}K", n as f64 / 1e3),
+        n => n.to_string(),
+    }
+}
+
+/// Where the server's memory goes, as far as it is known today. Grows with
+/// the memory planner.
+#[derive(Clone, Debug, Serialize)]
+pub struct MemoryReport {
+    /// Weights kept resident (everything but the routed experts).
+    pub resident_weight_bytes: u64,
+    /// The routed-expert slot pool.
+    pub expert_pool_bytes: u64,
+    pub expert_slots: usize,
+    /// KV and recurrent state held by the prefix cache (f32 estimate).
+    pub prefix_cache_state_bytes: u64,
+    /// Everything above.
+    pub total_bytes: u64,
+    pub prefix_cache: PrefixCacheStats,
+    pub expert_cache: CacheStats,
+}
+
+/// Bytes of one sequence's state: KV rows of attention layers plus the
+/// fixed-size convolution and recurrent state of delta layers, all f32.
+pub fn sequence_state_bytes(model: &DecoderModel, backend: &dyn Backend, state: &SequenceState) -> u64 {
+    let f32_bytes = 4u64;
+    model
+        .layers
+        .iter()
+        .zip(&state.layers)
+        .map(|(layer, st)| match (&layer.mixer, st) {
+            (Mixer::Attention(a), LayerState::Attention(cache)) => {
+                let rows = backend.kv_len(cache).unwrap_or(0) as u64;
+                2 * rows * (a.kv_heads * a.head_dim) as u64 * f32_bytes
+            }
+            (Mixer::Delta(d), LayerState::Delta(_)) => {
+                let conv_channels = (2 * d.key_heads * d.key_dim + d.value_heads * d.value_dim) as u64;
+                let conv = d.conv_kernel.saturating_sub(1) as u64 * conv_channels;
+                let recurrent = (d.value_heads * d.key_dim * d.value_dim) as u64;
+                (conv + recurrent) * f32_bytes
+            }
+            _ => 0,
+        })
+        .sum()
+}
+
+/// `2026-11-30T13:00:27.123456789Z`, as Ollama writes `created_at`.
+pub fn rfc3339(t: SystemTime) -> String {
+    let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (y, m, day) = civil_from_days(days as i64);
+    format!(
+        "{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}.{:09}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        d.subsec_nanos()
+    )
+}
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_are_rfc3339() {
+        let t = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
+        assert_eq!(rfc3339(t), "2023-11-14T22:13:20.000000000Z");
+        assert_eq!(rfc3339(SystemTime::UNIX_EPOCH), "1970-01-01T00:00:00.000000000Z");
+    }
+}

@@ -1,0 +1,465 @@
+//! The Ollama API: `/api/generate`, `/api/chat` (NDJSON streaming by default)
+//! and the metadata endpoints, translated to and from [`GenerationRequest`].
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::error::{json_response, OllamaError};
+use super::model_info::rfc3339;
+use super::{parse_body, start_generation, stream_body, streaming, ApiError, AppState, Event, GenerationRequest, PromptInput, Summary};
+use crate::generate::FinishReason;
+use crate::sampling::SamplingParams;
+use crate::tokenizer::ChatMessage;
+
+type Body = Result<Bytes, BytesRejection>;
+type Reply = Result<Response, OllamaError>;
+
+/// `stop` may be one string or a list.
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub enum StringOrList {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StringOrList {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            StringOrList::One(s) => vec![s],
+            StringOrList::Many(v) => v,
+        }
+    }
+}
+
+/// Ollama `options`. Unknown options are ignored, as Ollama does.
+#[derive(Deserialize, Default)]
+struct Options {
+    temperature: Option<f32>,
+    top_k: Option<i64>,
+    top_p: Option<f32>,
+    min_p: Option<f32>,
+    seed: Option<i64>,
+    num_predict: Option<i64>,
+    num_ctx: Option<i64>,
+    stop: Option<StringOrList>,
+    repeat_penalty: Option<f32>,
+    repeat_last_n: Option<i64>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    mirostat: Option<i64>,
+}
+
+/// Sampler and length settings from `options`, with Ollama's defaults.
+struct Mapped {
+    sampling: SamplingParams,
+    max_tokens: Option<usize>,
+    context_limit: Option<usize>,
+    stop: Vec<String>,
+}
+
+fn map_options(o: Option<Options>) -> Result<Mapped, ApiError> {
+    let o = o.unwrap_or_default();
+    if o.mirostat.is_some_and(|m| m != 0) {
+        return Err(ApiError::unsupported("mirostat sampling modes ('mirostat')"));
+    }
+    let context_limit = match o.num_ctx {
+        None => None,
+        Some(n) if n > 0 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+        Some(n) => return Err(ApiError::bad_request(format!("num_ctx must be positive, got {n}"))),
+    };
+    let max_tokens = match o.num_predict {
+        // -1: until the context is full or the model stops; -2: fill the context.
+        None | Some(-1) | Some(-2) => None,
+        Some(n) if n >= 0 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+        Some(n) => return Err(ApiError::bad_request(format!("num_predict must be -2, -1 or >= 0, got {n}"))),
+    };
+    let penalty_window = match o.repeat_last_n {
+        None => 64,
+        Some(-1) => context_limit.unwrap_or(usize::MAX),
+        Some(n) if n >= 0 => usize::try_from(n).unwrap_or(usize::MAX),
+        Some(n) => return Err(ApiError::bad_request(format!("repeat_last_n must be -1 or >= 0, got {n}"))),
+    };
+    let sampling = SamplingParams {
+        temperature: o.temperature.unwrap_or(0.8),
+        top_k: o.top_k.unwrap_or(40).max(0) as usize,
+        top_p: o.top_p.unwrap_or(0.9),
+        min_p: o.min_p.unwrap_or(0.0),
+        seed: o.seed.and_then(|s| u64::try_from(s).ok()),
+        repetition_penalty: o.repeat_penalty.unwrap_or(1.1),
+        presence_penalty: o.presence_penalty.unwrap_or(0.0),
+        frequency_penalty: o.frequency_penalty.unwrap_or(0.0),
+        penalty_window,
+    };
+    let stop = o.stop.map(StringOrList::into_vec).unwrap_or_default();
+    Ok(Mapped { sampling, max_tokens, context_limit, stop })
+}
+
+/// `think`: a boolean, or a level ("high", "medium", "low") meaning on.
+fn parse_think(v: Option<Value>) -> Result<Option<bool>, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(b)),
+        Some(Value::String(s)) if matches!(s.as_str(), "high" | "medium" | "low") => Ok(Some(true)),
+        Some(other) => Err(ApiError::bad_request(format!("think must be true, false, \"high\", \"medium\" or \"low\", got {other}"))),
+    }
+}
+
+/// Refuses `format` (JSON mode or a schema), images, tools and logprobs.
+fn refuse_unsupported(format: &Option<Value>, images: &Option<Value>, logprobs: Option<bool>) -> Result<(), ApiError> {
+    match format {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s.is_empty() => {}
+        Some(_) => return Err(ApiError::unsupported("JSON and JSON-schema outputs ('format')")),
+    }
+    if is_present(images) {
+        return Err(ApiError::unsupported("images"));
+    }
+    if logprobs == Some(true) {
+        return Err(ApiError::unsupported("logprobs"));
+    }
+    Ok(())
+}
+
+/// A field that is there and not empty (`null`, `[]`, `""` and `{}` count as absent).
+pub fn is_present(v: &Option<Value>) -> bool {
+    match v {
+        None | Some(Value::Null) => false,
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(Value::Object(o)) => !o.is_empty(),
+        Some(_) => true,
+    }
+}
+
+#[derive(Deserialize)]
+struct GenerateBody {
+    #[serde(default)]
+    model: String,
+    #[serde(default)]
+    prompt: String,
+    suffix: Option<String>,
+    images: Option<Value>,
+    format: Option<Value>,
+    options: Option<Options>,
+    system: Option<String>,
+    template: Option<String>,
+    context: Option<Vec<u32>>,
+    stream: Option<bool>,
+    #[serde(default)]
+    raw: bool,
+    think: Option<Value>,
+    logprobs: Option<bool>,
+}
+
+#[derive(Deserialize)]
+struct Message {
+    role: String,
+    #[serde(default)]
+    content: String,
+    images: Option<Value>,
+    tool_calls: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct ChatBody {
+    #[serde(default)]
+    model: String,
+    #[serde(default)]
+    messages: Vec<Message>,
+    tools: Option<Value>,
+    format: Option<Value>,
+    options: Option<Options>,
+    stream: Option<bool>,
+    think: Option<Value>,
+    logprobs: Option<bool>,
+}
+
+fn done_reason(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Length => "length",
+        FinishReason::Stop | FinishReason::Cancelled => "stop",
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The fields of the final object common to generate and chat.
+fn final_fields(obj: &mut serde_json::Map<String, Value>, s: &Summary) {
+    obj.insert("done".into(), true.into());
+    obj.insert("done_reason".into(), done_reason(s.finish).into());
+    obj.insert("total_duration".into(), nanos(s.total).into());
+    obj.insert("load_duration".into(), 0.into());
+    obj.insert("prompt_eval_count".into(), s.prompt_tokens.into());
+    obj.insert("prompt_eval_duration".into(), nanos(s.prompt_eval).into());
+    obj.insert("eval_count".into(), s.completion_tokens.into());
+    obj.insert("eval_duration".into(), nanos(s.eval).into());
+}
+
+fn now() -> String {
+    rfc3339(SystemTime::now())
+}
+
+fn ndjson_response(lines: impl futures_util::Stream<Item = Bytes> + Send + 'static) -> Response {
+    (StatusCode::OK, [(header::CONTENT_TYPE, "application/x-ndjson")], stream_body(lines)).into_response()
+}
+
+/// Streams a generation as NDJSON, one object per event, built by `object`.
+fn stream_ndjson(
+    gen: super::GenerationStream,
+    object: impl Fn(Event) -> Value + Send + Sync + 'static,
+) -> Response {
+    let lines = futures_util::stream::unfold((gen, object), |(mut gen, object)| async move {
+        let ev = gen.next().await?;
+        let line = format!("{}\n", object(ev));
+        Some((Bytes::from(line), (gen, object)))
+    });
+    ndjson_response(lines)
+}
+
+pub async fn generate(State(app): State<Arc<AppState>>, body: Body) -> Reply {
+    let b: GenerateBody = parse_body(body)?;
+    refuse_unsupported(&b.format, &b.images, b.logprobs)?;
+    if b.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::unsupported("suffixes (fill-in-the-middle, 'suffix')").into());
+    }
+    if b.template.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::unsupported("custom prompt templates ('template')").into());
+    }
+    let think = parse_think(b.think)?;
+    let model = b.model.clone();
+    let context = b.context.unwrap_or_default();
+    if b.prompt.is_empty() && context.is_empty() {
+        // Ollama answers an empty prompt by (pre)loading the model.
+        app.check_model(&model)?;
+        return Ok(json_response(
+            StatusCode::OK,
+            &json!({"model": model, "created_at": now(), "response": "", "done": true, "done_reason": "load"}),
+        ));
+    }
+    let m = map_options(b.options)?;
+    let req = GenerationRequest {
+        model: model.clone(),
+        prompt: PromptInput::Text { text: b.prompt, system: b.system, raw: b.raw, context },
+        max_tokens: m.max_tokens,
+        context_limit: m.context_limit,
+        sampling: m.sampling,
+        stop: m.stop,
+        think,
+    };
+    let gen = start_generation(&app, req).await?;
+    let object = move |ev: Event| -> Value {
+        let mut obj = serde_json::Map::new();
+        obj.insert("model".into(), model.clone().into());
+        obj.insert("created_at".into(), now().into());
+        match ev {
+            Event::Delta(d) => {
+                obj.insert("response".into(), d.content.into());
+                if !d.thinking.is_empty() {
+                    obj.insert("thinking".into(), d.thinking.into());
+                }
+                obj.insert("done".into(), false.into());
+            }
+            Event::Done(s) => {
+                obj.insert("response".into(), "".into());
+                final_fields(&mut obj, &s);
+                obj.insert("context".into(), json!(s.context));
+            }
+            Event::Failed(e) => return OllamaError(e).body(),
+        }
+        Value::Object(obj)
+    };
+    if streaming(b.stream, true) {
+        return Ok(stream_ndjson(gen, object));
+    }
+    let (all, summary) = gen.collect().await?;
+    let mut v = object(Event::Done(summary));
+    v["response"] = all.content.into();
+    if !all.thinking.is_empty() {
+        v["thinking"] = all.thinking.into();
+    }
+    Ok(json_response(StatusCode::OK, &v))
+}
+
+pub async fn chat(State(app): State<Arc<AppState>>, body: Body) -> Reply {
+    let b: ChatBody = parse_body(body)?;
+    refuse_unsupported(&b.format, &None, b.logprobs)?;
+    if is_present(&b.tools) {
+        return Err(ApiError::unsupported("tools (function calling)").into());
+    }
+    let think = parse_think(b.think)?;
+    let mut messages = Vec::with_capacity(b.messages.len());
+    for (i, m) in b.messages.into_iter().enumerate() {
+        if is_present(&m.images) {
+            return Err(ApiError::unsupported("images").into());
+        }
+        if is_present(&m.tool_calls) {
+            return Err(ApiError::unsupported("tool calls").into());
+        }
+        match m.role.as_str() {
+            "system" | "user" | "assistant" => messages.push(ChatMessage { role: m.role, content: m.content }),
+            "tool" => return Err(ApiError::unsupported("tool messages (function calling)").into()),
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "messages[{i}].role is '{other}'; expected system, user or assistant"
+                ))
+                .into())
+            }
+        }
+    }
+    let model = b.model.clone();
+    if messages.is_empty() {
+        app.check_model(&model)?;
+        return Ok(json_response(
+            StatusCode::OK,
+            &json!({"model": model, "created_at": now(),
+                    "message": {"role": "assistant", "content": ""}, "done": true, "done_reason": "load"}),
+        ));
+    }
+    let m = map_options(b.options)?;
+    let req = GenerationRequest {
+        model: model.clone(),
+        prompt: PromptInput::Chat(messages),
+        max_tokens: m.max_tokens,
+        context_limit: m.context_limit,
+        sampling: m.sampling,
+        stop: m.stop,
+        think,
+    };
+    let gen = start_generation(&app, req).await?;
+    let object = move |ev: Event| -> Value {
+        let mut obj = serde_json::Map::new();
+        obj.insert("model".into(), model.clone().into());
+        obj.insert("created_at".into(), now().into());
+        match ev {
+            Event::Delta(d) => {
+                let mut message = json!({"role": "assistant", "content": d.content});
+                if !d.thinking.is_empty() {
+                    message["thinking"] = d.thinking.into();
+                }
+                obj.insert("message".into(), message);
+                obj.insert("done".into(), false.into());
+            }
+            Event::Done(s) => {
+                obj.insert("message".into(), json!({"role": "assistant", "content": ""}));
+                final_fields(&mut obj, &s);
+            }
+            Event::Failed(e) => return OllamaError(e).body(),
+        }
+        Value::Object(obj)
+    };
+    if streaming(b.stream, true) {
+        return Ok(stream_ndjson(gen, object));
+    }
+    let (all, summary) = gen.collect().await?;
+    let mut v = object(Event::Done(summary));
+    v["message"]["content"] = all.content.into();
+    if !all.thinking.is_empty() {
+        v["message"]["thinking"] = all.thinking.into();
+    }
+    Ok(json_response(StatusCode::OK, &v))
+}
+
+pub async fn version() -> Response {
+    json_response(StatusCode::OK, &json!({"version": env!("CARGO_PKG_VERSION")}))
+}
+
+fn model_entry(app: &AppState) -> serde_json::Map<String, Value> {
+    let m = &app.model;
+    let mut obj = serde_json::Map::new();
+    obj.insert("name".into(), m.name.clone().into());
+    obj.insert("model".into(), m.name.clone().into());
+    obj.insert("size".into(), m.file_bytes.into());
+    obj.insert("digest".into(), m.digest.clone().into());
+    obj.insert("details".into(), json!(m.details));
+    obj
+}
+
+pub async fn tags(State(app): State<Arc<AppState>>) -> Response {
+    let mut entry = model_entry(&app);
+    entry.insert("modified_at".into(), rfc3339(app.model.modified_at).into());
+    json_response(StatusCode::OK, &json!({"models": [entry]}))
+}
+
+pub async fn ps(State(app): State<Arc<AppState>>) -> Response {
+    let memory = app.memory();
+    let mut entry = model_entry(&app);
+    entry.insert("size".into(), memory.total_bytes.into());
+    // The model stays loaded for as long as the server runs.
+    let expires = app.loaded_at + Duration::from_secs(100 * 365 * 86_400);
+    entry.insert("expires_at".into(), rfc3339(expires).into());
+    entry.insert("size_vram".into(), 0.into());
+    entry.insert("context_length".into(), app.options.max_context.into());
+    entry.insert("memory".into(), json!(memory));
+    json_response(StatusCode::OK, &json!({"models": [entry]}))
+}
+
+#[derive(Deserialize)]
+struct ShowBody {
+    model: Option<String>,
+    name: Option<String>,
+}
+
+pub async fn show(State(app): State<Arc<AppState>>, body: Body) -> Reply {
+    let b: ShowBody = parse_body(body)?;
+    let requested = b.model.or(b.name).unwrap_or_default();
+    app.check_model(&requested)?;
+    let m = &app.model;
+    let template = app.engine.codec.chat_template().unwrap_or("").to_string();
+    let mut capabilities = vec!["completion"];
+    if template.contains("enable_thinking") {
+        capabilities.push("thinking");
+    }
+    let family = &m.details.family;
+    let mut model_info = serde_json::Map::new();
+    model_info.insert("general.architecture".into(), family.clone().into());
+    model_info.insert("general.parameter_count".into(), m.parameter_count.into());
+    if let Some(n) = m.context_length {
+        model_info.insert(format!("{family}.context_length"), n.into());
+    }
+    let v = json!({
+        "license": "",
+        "modelfile": format!("# served by slotstream {}\nFROM {}\n", env!("CARGO_PKG_VERSION"), m.name),
+        "parameters": "",
+        "template": template,
+        "details": m.details,
+        "model_info": model_info,
+        "capabilities": capabilities,
+        "modified_at": rfc3339(m.modified_at),
+        "config": m.config,
+        "slotstream": {
+            "max_context": app.options.max_context,
+            "queue": app.options.queue,
+            "memory": app.memory(),
+        },
+    });
+    Ok(json_response(StatusCode::OK, &v))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_map_with_ollama_defaults() {
+        let m = map_options(None).expect("defaults map");
+        assert_eq!((m.sampling.temperature, m.sampling.top_k, m.sampling.top_p), (0.8, 40, 0.9));
+        assert_eq!(m.max_tokens, None);
+        let o: Options = serde_json::from_value(json!({"temperature": 0, "num_predict": 5, "stop": ["x"], "seed": 3, "num_thread": 4}))
+            .expect("options parse");
+        let m = map_options(Some(o)).expect("options map");
+        assert_eq!((m.sampling.temperature, m.max_tokens, m.sampling.seed), (0.0, Some(5), Some(3)));
+        assert_eq!(m.stop, vec!["x".to_string()]);
+        let o: Options = serde_json::from_value(json!({"num_predict": -7})).expect("options parse");
+        assert!(map_options(Some(o)).is_err());
+    }
+}

@@ -1,0 +1,431 @@
+//! The OpenAI API: `/v1/chat/completions`, `/v1/completions` (SSE ending in
+//! `data: [DONE]` when streaming) and `/v1/models`, translated to and from
+//! [`GenerationRequest`].
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::error::{json_response, OpenAiError};
+use super::ollama::{is_present, StringOrList};
+use super::{parse_body, start_generation, stream_body, streaming, ApiError, AppState, Event, GenerationRequest, PromptInput, Summary};
+use crate::generate::FinishReason;
+use crate::sampling::SamplingParams;
+use crate::tokenizer::ChatMessage;
+
+type Body = Result<Bytes, BytesRejection>;
+type Reply = Result<Response, OpenAiError>;
+
+#[derive(Deserialize, Default)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+/// Fields both endpoints share.
+#[derive(Deserialize)]
+struct Common {
+    #[serde(default)]
+    model: String,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    n: Option<i64>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    stop: Option<StringOrList>,
+    seed: Option<i64>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    logit_bias: Option<Value>,
+    // Extensions many OpenAI-compatible servers accept.
+    top_k: Option<i64>,
+    min_p: Option<f32>,
+    repeat_penalty: Option<f32>,
+}
+
+#[derive(Deserialize)]
+struct ChatBody {
+    #[serde(flatten)]
+    common: Common,
+    #[serde(default)]
+    messages: Vec<Message>,
+    max_tokens: Option<i64>,
+    max_completion_tokens: Option<i64>,
+    logprobs: Option<bool>,
+    top_logprobs: Option<i64>,
+    tools: Option<Value>,
+    tool_choice: Option<Value>,
+    functions: Option<Value>,
+    function_call: Option<Value>,
+    response_format: Option<Value>,
+    reasoning_effort: Option<String>,
+    modalities: Option<Value>,
+    audio: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct Message {
+    role: String,
+    content: Option<Value>,
+    tool_calls: Option<Value>,
+    function_call: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct CompletionBody {
+    #[serde(flatten)]
+    common: Common,
+    prompt: Option<Value>,
+    max_tokens: Option<i64>,
+    logprobs: Option<Value>,
+    echo: Option<bool>,
+    suffix: Option<String>,
+    best_of: Option<i64>,
+}
+
+/// Checks the shared fields and maps them onto the sampler (OpenAI defaults:
+/// temperature 1, top_p 1, no penalties).
+fn map_common(c: &mut Common) -> Result<(SamplingParams, Vec<String>), ApiError> {
+    match c.n {
+        None | Some(1) => {}
+        Some(n) if n > 1 => return Err(ApiError::unsupported("multiple choices (n > 1)")),
+        Some(n) => return Err(ApiError::bad_request(format!("n must be 1, got {n}"))),
+    }
+    if is_present(&c.logit_bias) {
+        return Err(ApiError::unsupported("logit biases ('logit_bias')"));
+    }
+    let sampling = SamplingParams {
+        temperature: c.temperature.unwrap_or(1.0),
+        top_p: c.top_p.unwrap_or(1.0),
+        top_k: c.top_k.unwrap_or(0).max(0) as usize,
+        min_p: c.min_p.unwrap_or(0.0),
+        seed: c.seed.map(|s| s as u64),
+        repetition_penalty: c.repeat_penalty.unwrap_or(1.0),
+        presence_penalty: c.presence_penalty.unwrap_or(0.0),
+        frequency_penalty: c.frequency_penalty.unwrap_or(0.0),
+        ..SamplingParams::default()
+    };
+    if !(0.0..=2.0).contains(&sampling.temperature) {
+        return Err(ApiError::bad_request(format!("temperature must be between 0 and 2, got {}", sampling.temperature)));
+    }
+    let stop = c.stop.take().map(StringOrList::into_vec).unwrap_or_default();
+    Ok((sampling, stop))
+}
+
+fn max_tokens(v: Option<i64>, name: &str) -> Result<Option<usize>, ApiError> {
+    match v {
+        None => Ok(None),
+        Some(n) if n >= 1 => Ok(Some(usize::try_from(n).unwrap_or(usize::MAX))),
+        Some(n) => Err(ApiError::bad_request(format!("{name} must be at least 1, got {n}"))),
+    }
+}
+
+/// Message content: a string, or a list of parts of which only text is supported.
+fn message_text(content: Option<Value>, i: usize) -> Result<String, ApiError> {
+    match content {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for part in parts {
+                match part.get("type").and_then(|t| t.as_str()) {
+                    Some("text") => text.push_str(part.get("text").and_then(|t| t.as_str()).unwrap_or("")),
+                    Some("image_url") | Some("input_image") => return Err(ApiError::unsupported("images")),
+                    Some("input_audio") => return Err(ApiError::unsupported("audio inputs")),
+                    Some("file") => return Err(ApiError::unsupported("file inputs")),
+                    _ => return Err(ApiError::bad_request(format!("messages[{i}].content has a part without a known 'type'"))),
+                }
+            }
+            Ok(text)
+        }
+        Some(_) => Err(ApiError::bad_request(format!("messages[{i}].content must be a string or a list of parts"))),
+    }
+}
+
+fn finish_reason(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Length => "length",
+        FinishReason::Stop | FinishReason::Cancelled => "stop",
+    }
+}
+
+fn usage(s: &Summary) -> Value {
+    json!({
+        "prompt_tokens": s.prompt_tokens,
+        "completion_tokens": s.completion_tokens,
+        "total_tokens": s.prompt_tokens + s.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": s.cached_tokens},
+    })
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+fn new_id(prefix: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let t = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    format!("{prefix}-{t:x}{n:04x}")
+}
+
+/// Which endpoint a response belongs to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Chat,
+    Completion,
+}
+
+/// Builds response objects and stream chunks for one request.
+struct Shaper {
+    kind: Kind,
+    id: String,
+    created: u64,
+    model: String,
+    include_usage: bool,
+}
+
+impl Shaper {
+    fn new(kind: Kind, model: String, include_usage: bool) -> Shaper {
+        let id = new_id(if kind == Kind::Chat { "chatcmpl" } else { "cmpl" });
+        Shaper { kind, id, created: unix_now(), model, include_usage }
+    }
+
+    fn object(&self, streaming: bool) -> &'static str {
+        match (self.kind, streaming) {
+            (Kind::Chat, true) => "chat.completion.chunk",
+            (Kind::Chat, false) => "chat.completion",
+            (Kind::Completion, _) => "text_completion",
+        }
+    }
+
+    fn envelope(&self, streaming: bool, choices: Value) -> Value {
+        let mut v = json!({
+            "id": self.id, "object": self.object(streaming), "created": self.created,
+            "model": self.model, "system_fingerprint": "slotstream", "choices": choices,
+        });
+        if streaming && self.include_usage {
+            v["usage"] = Value::Null;
+        }
+        v
+    }
+
+    /// A stream chunk with one choice carrying `delta` (chat) or `text`.
+    fn chunk(&self, content: &str, thinking: &str, role: bool, finish: Option<&str>) -> Value {
+        let choice = match self.kind {
+            Kind::Chat => {
+                let mut delta = serde_json::Map::new();
+                if role {
+                    delta.insert("role".into(), "assistant".into());
+                }
+                if !content.is_empty() || role {
+                    delta.insert("content".into(), content.into());
+                }
+                if !thinking.is_empty() {
+                    delta.insert("reasoning".into(), thinking.into());
+                }
+                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+            }
+            Kind::Completion => json!({"index": 0, "text": content, "logprobs": null, "finish_reason": finish}),
+        };
+        self.envelope(true, json!([choice]))
+    }
+
+    /// The SSE text for one event; the stream ends after `Done` or `Failed`.
+    fn sse(&self, ev: Event) -> String {
+        let data = |v: &Value| format!("data: {v}\n\n");
+        match ev {
+            Event::Delta(d) => data(&self.chunk(&d.content, &d.thinking, false, None)),
+            Event::Done(s) => {
+                let mut out = data(&self.chunk("", "", false, Some(finish_reason(s.finish))));
+                if self.include_usage {
+                    let mut last = self.envelope(true, json!([]));
+                    last["usage"] = usage(&s);
+                    out.push_str(&data(&last));
+                }
+                out + "data: [DONE]\n\n"
+            }
+            Event::Failed(e) => data(&OpenAiError(e).body()),
+        }
+    }
+
+    fn full(&self, content: String, thinking: String, s: &Summary) -> Value {
+        let choice = match self.kind {
+            Kind::Chat => {
+                let mut message = json!({"role": "assistant", "content": content});
+                if !thinking.is_empty() {
+                    message["reasoning"] = thinking.into();
+                }
+                json!({"index": 0, "message": message, "logprobs": null, "finish_reason": finish_reason(s.finish)})
+            }
+            Kind::Completion => {
+                json!({"index": 0, "text": content, "logprobs": null, "finish_reason": finish_reason(s.finish)})
+            }
+        };
+        let mut v = self.envelope(false, json!([choice]));
+        v["usage"] = usage(s);
+        v
+    }
+}
+
+/// Runs the request and answers with SSE or one JSON object.
+async fn respond(app: &Arc<AppState>, req: GenerationRequest, shaper: Shaper, stream: bool) -> Reply {
+    let gen = start_generation(app, req).await?;
+    if !stream {
+        let (all, summary) = gen.collect().await?;
+        return Ok(json_response(StatusCode::OK, &shaper.full(all.content, all.thinking, &summary)));
+    }
+    let opening = (shaper.kind == Kind::Chat).then(|| format!("data: {}\n\n", shaper.chunk("", "", true, None)));
+    let events = futures_util::stream::unfold((Some(gen), shaper, opening), |(gen, shaper, opening)| async move {
+        if let Some(first) = opening {
+            return Some((Bytes::from(first), (gen, shaper, None)));
+        }
+        let mut gen = gen?;
+        let ev = gen.next().await?;
+        let last = matches!(ev, Event::Done(_) | Event::Failed(_));
+        let text = shaper.sse(ev);
+        Some((Bytes::from(text), (if last { None } else { Some(gen) }, shaper, None)))
+    });
+    Ok((
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")],
+        stream_body(events),
+    )
+        .into_response())
+}
+
+pub async fn chat_completions(State(app): State<Arc<AppState>>, body: Body) -> Reply {
+    let mut b: ChatBody = parse_body(body)?;
+    if is_present(&b.tools) || is_present(&b.functions) || is_present(&b.function_call) {
+        return Err(ApiError::unsupported("tools and functions").into());
+    }
+    if b.tool_choice.as_ref().is_some_and(|c| c != &Value::Null && c != "none") {
+        return Err(ApiError::unsupported("tools and functions ('tool_choice')").into());
+    }
+    if b.logprobs == Some(true) || b.top_logprobs.is_some() {
+        return Err(ApiError::unsupported("logprobs").into());
+    }
+    if let Some(rf) = &b.response_format {
+        let kind = rf.get("type").and_then(|t| t.as_str());
+        if !(rf.is_null() || kind == Some("text")) {
+            return Err(ApiError::unsupported("JSON and JSON-schema outputs ('response_format')").into());
+        }
+    }
+    if is_present(&b.audio) || b.modalities.as_ref().is_some_and(|m| m.as_array().is_none_or(|a| a.iter().any(|x| x != "text"))) {
+        return Err(ApiError::unsupported("audio outputs").into());
+    }
+    let (sampling, stop) = map_common(&mut b.common)?;
+    let think = match b.reasoning_effort.as_deref() {
+        None => None,
+        Some("none") => Some(false),
+        Some("minimal" | "low" | "medium" | "high") => Some(true),
+        Some(other) => return Err(ApiError::bad_request(format!("reasoning_effort '{other}' is not one of none, minimal, low, medium, high")).into()),
+    };
+    let mut messages = Vec::with_capacity(b.messages.len());
+    for (i, m) in b.messages.into_iter().enumerate() {
+        if is_present(&m.tool_calls) || is_present(&m.function_call) {
+            return Err(ApiError::unsupported("tool calls").into());
+        }
+        let role = match m.role.as_str() {
+            "system" | "developer" => "system",
+            "user" => "user",
+            "assistant" => "assistant",
+            "tool" | "function" => return Err(ApiError::unsupported("tool messages (function calling)").into()),
+            other => {
+                return Err(ApiError::bad_request(format!("messages[{i}].role '{other}' is not system, developer, user or assistant")).into())
+            }
+        };
+        messages.push(ChatMessage { role: role.into(), content: message_text(m.content, i)? });
+    }
+    if messages.is_empty() {
+        return Err(ApiError::bad_request("'messages' must hold at least one message").into());
+    }
+    let max = max_tokens(b.max_completion_tokens.or(b.max_tokens), "max_tokens")?;
+    let include_usage = b.common.stream_options.as_ref().is_some_and(|o| o.include_usage);
+    let shaper = Shaper::new(Kind::Chat, b.common.model.clone(), include_usage);
+    let req = GenerationRequest {
+        model: b.common.model,
+        prompt: PromptInput::Chat(messages),
+        max_tokens: max,
+        context_limit: None,
+        sampling,
+        stop,
+        think,
+    };
+    respond(&app, req, shaper, streaming(b.common.stream, false)).await
+}
+
+/// The prompt of a completion: a string, a list of one string, a list of
+/// token ids, or a list of one list of token ids.
+fn completion_prompt(v: Option<Value>) -> Result<PromptInput, ApiError> {
+    let text = |s: String| PromptInput::Text { text: s, system: None, raw: true, context: Vec::new() };
+    let ids = |a: &[Value]| -> Option<Vec<u32>> { a.iter().map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok())).collect() };
+    match v {
+        None | Some(Value::Null) => Err(ApiError::bad_request("'prompt' is required")),
+        Some(Value::String(s)) => Ok(text(s)),
+        Some(Value::Array(a)) => match a.as_slice() {
+            [Value::String(s)] => Ok(text(s.clone())),
+            [Value::Array(inner)] => ids(inner).map(PromptInput::Ids).ok_or_else(|| ApiError::bad_request("'prompt' token ids must be non-negative integers")),
+            items if !items.is_empty() && items.iter().all(|x| x.is_number()) => {
+                ids(items).map(PromptInput::Ids).ok_or_else(|| ApiError::bad_request("'prompt' token ids must be non-negative integers"))
+            }
+            [] => Err(ApiError::bad_request("'prompt' is empty")),
+            _ => Err(ApiError::unsupported("batches of several prompts")),
+        },
+        Some(_) => Err(ApiError::bad_request("'prompt' must be a string, a list of strings or a list of token ids")),
+    }
+}
+
+pub async fn completions(State(app): State<Arc<AppState>>, body: Body) -> Reply {
+    let mut b: CompletionBody = parse_body(body)?;
+    if is_present(&b.logprobs) {
+        return Err(ApiError::unsupported("logprobs").into());
+    }
+    if b.echo == Some(true) {
+        return Err(ApiError::unsupported("echoed prompts ('echo')").into());
+    }
+    if b.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::unsupported("suffixes (fill-in-the-middle, 'suffix')").into());
+    }
+    if b.best_of.is_some_and(|n| n > 1) {
+        return Err(ApiError::unsupported("multiple choices (best_of > 1)").into());
+    }
+    let (sampling, stop) = map_common(&mut b.common)?;
+    let prompt = completion_prompt(b.prompt)?;
+    // OpenAI's default for completions is 16 tokens.
+    let max = max_tokens(b.max_tokens, "max_tokens")?.unwrap_or(16);
+    let include_usage = b.common.stream_options.as_ref().is_some_and(|o| o.include_usage);
+    let shaper = Shaper::new(Kind::Completion, b.common.model.clone(), include_usage);
+    let req = GenerationRequest {
+        model: b.common.model,
+        prompt,
+        max_tokens: Some(max),
+        context_limit: None,
+        sampling,
+        stop,
+        think: None,
+    };
+    respond(&app, req, shaper, streaming(b.common.stream, false)).await
+}
+
+fn model_object(app: &AppState) -> Value {
+    let created = app.model.modified_at.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    json!({"id": app.model.name, "object": "model", "created": created, "owned_by": "slotstream"})
+}
+
+pub async fn models(State(app): State<Arc<AppState>>) -> Response {
+    json_response(StatusCode::OK, &json!({"object": "list", "data": [model_object(&app)]}))
+}
+
+pub async fn model(State(app): State<Arc<AppState>>, Path(name): Path<String>) -> Reply {
+    app.check_model(&name)?;
+    Ok(json_response(StatusCode::OK, &model_object(&app)))
+}

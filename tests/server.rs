@@ -1,0 +1,439 @@
+//! `slotstream serve` end to end: a server on an ephemeral port over a fixture
+//! model, driven by a tiny HTTP/1.1 client on raw sockets (so tests can also
+//! send broken requests and hang up mid-stream).
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use slotstream::generate::{Engine, GenerateRequest};
+use slotstream::sampling::SamplingParams;
+use slotstream::server::{AppState, ModelInfo, ServerOptions};
+use slotstream::tokenizer::ChatMessage;
+
+const MODEL: &str = "qwen3_moe_mlx4";
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+fn engine(name: &str) -> Engine {
+    Engine::load(&fixture(name), Box::new(slotstream_cpu::CpuBackend::new()), &slotstream::model::LoadOptions::default())
+        .unwrap_or_else(|e| panic!("loading fixture {name}: {e:#}"))
+}
+
+struct Server {
+    addr: SocketAddr,
+}
+
+struct Setup {
+    fixture: &'static str,
+    /// Serve this directory instead of the fixture (named like the fixture).
+    dir: Option<PathBuf>,
+    prefix_cache: bool,
+    queue: usize,
+    max_context: usize,
+    /// Never stop at end-of-sequence tokens (for long generations).
+    no_eos: bool,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Setup { fixture: MODEL, dir: None, prefix_cache: true, queue: 16, max_context: 32768, no_eos: false }
+    }
+}
+
+fn start(setup: Setup) -> Server {
+    let dir = setup.dir.clone().unwrap_or_else(|| fixture(setup.fixture));
+    let mut engine = Engine::load(&dir, Box::new(slotstream_cpu::CpuBackend::new()), &slotstream::model::LoadOptions::default())
+        .unwrap_or_else(|e| panic!("loading {}: {e:#}", dir.display()));
+    if setup.no_eos {
+        engine.codec.eos_ids.clear();
+    }
+    let info = ModelInfo::describe(&dir, setup.fixture.to_string());
+    let options = ServerOptions {
+        model_name: setup.fixture.to_string(),
+        max_context: setup.max_context,
+        prefix_cache: setup.prefix_cache,
+        queue: setup.queue,
+    };
+    let app = AppState::new(engine, info, options);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding an ephemeral port");
+    let addr = listener.local_addr().expect("reading the bound address");
+    listener.set_nonblocking(true).expect("making the listener non-blocking");
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("adopting the listener");
+            slotstream::server::serve_on(listener, app, std::future::pending()).await.expect("serving");
+        });
+    });
+    Server { addr }
+}
+
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("response is not JSON ({e}): {}", self.text()))
+    }
+
+    /// The message of an Ollama (`{"error": "..."}`) or OpenAI error.
+    fn error(&self) -> String {
+        let v = self.json();
+        match &v["error"] {
+            Value::String(s) => s.clone(),
+            e => e["message"].as_str().unwrap_or_else(|| panic!("no error message in {v}")).to_string(),
+        }
+    }
+}
+
+fn dechunk(mut body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(eol) = body.windows(2).position(|w| w == b"\r\n") else { return out };
+        let size = usize::from_str_radix(std::str::from_utf8(&body[..eol]).unwrap_or("0").trim(), 16).unwrap_or(0);
+        if size == 0 {
+            return out;
+        }
+        let start = eol + 2;
+        out.extend_from_slice(&body[start..(start + size).min(body.len())]);
+        body = &body[(start + size + 2).min(body.len())..];
+    }
+}
+
+impl Server {
+    fn raw(&self, request: &[u8]) -> Reply {
+        let mut s = TcpStream::connect(self.addr).expect("connecting to the server");
+        s.set_read_timeout(Some(Duration::from_secs(120))).expect("setting a timeout");
+        s.write_all(request).expect("sending the request");
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).expect("reading the response");
+        let split = buf.windows(4).position(|w| w == b"\r\n\r\n").expect("a complete response head");
+        let head = String::from_utf8_lossy(&buf[..split]).into_owned();
+        let mut lines = head.lines();
+        let status = lines.next().and_then(|l| l.split(' ').nth(1)).and_then(|c| c.parse().ok()).expect("a status line");
+        let headers: Vec<(String, String)> = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+            .collect();
+        let mut body = buf[split + 4..].to_vec();
+        if headers.iter().any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked")) {
+            body = dechunk(&body);
+        }
+        Reply { status, headers, body }
+    }
+
+    fn request(&self, method: &str, path: &str, extra_headers: &[(&str, &str)], body: &[u8]) -> Reply {
+        let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Length: {}\r\n", self.addr, body.len());
+        for (k, v) in extra_headers {
+            req.push_str(&format!("{k}: {v}\r\n"));
+        }
+        req.push_str("\r\n");
+        let mut bytes = req.into_bytes();
+        bytes.extend_from_slice(body);
+        self.raw(&bytes)
+    }
+
+    fn get(&self, path: &str) -> Reply {
+        self.request("GET", path, &[], b"")
+    }
+
+    fn post(&self, path: &str, body: &Value) -> Reply {
+        self.request("POST", path, &[("Content-Type", "application/json")], body.to_string().as_bytes())
+    }
+}
+
+fn greedy() -> Value {
+    json!({"temperature": 0, "repeat_penalty": 1.0, "num_predict": 12})
+}
+
+#[test]
+fn metadata_endpoints_describe_the_model() {
+    let s = start(Setup::default());
+    let root = s.get("/");
+    assert_eq!((root.status, root.text().as_str()), (200, "Ollama is running"));
+    assert_eq!(s.request("HEAD", "/", &[], b"").status, 200);
+    assert!(s.get("/api/version").json()["version"].is_string());
+    let tags = s.get("/api/tags").json();
+    assert_eq!(tags["models"][0]["name"], MODEL);
+    assert_eq!(tags["models"][0]["details"]["family"], "qwen3_moe");
+    let ps = s.get("/api/ps").json();
+    assert!(ps["models"][0]["size"].as_u64().unwrap_or(0) > 0, "ps reports memory: {ps}");
+    let show = s.post("/api/show", &json!({"model": MODEL}));
+    assert_eq!(show.status, 200);
+    let show = show.json();
+    assert!(show["slotstream"]["memory"]["resident_weight_bytes"].as_u64().unwrap_or(0) > 0, "{show}");
+    assert!(show["slotstream"]["memory"]["prefix_cache"]["enabled"].as_bool().unwrap_or(false));
+    assert!(show["template"].as_str().unwrap_or("").contains("im_start"));
+    let missing = s.post("/api/show", &json!({"model": "nope"}));
+    assert_eq!(missing.status, 404);
+    assert!(missing.error().contains("nope"));
+    assert_eq!(s.get("/v1/models").json()["data"][0]["id"], MODEL);
+    assert_eq!(s.get(&format!("/v1/models/{MODEL}")).status, 200);
+    assert_eq!(s.get("/v1/models/other").status, 404);
+}
+
+/// The text `Engine::generate` produces for one user message, greedily.
+fn direct_chat(messages: &[ChatMessage], max_tokens: usize) -> String {
+    let e = engine(MODEL);
+    let prompt = e.codec.apply_chat_template(messages, true, None).expect("template renders");
+    let prompt_ids = e.codec.encode(&prompt, false).expect("prompt encodes");
+    let req = GenerateRequest { prompt_ids, max_tokens, sampling: SamplingParams::default(), stop: Vec::new(), ignore_eos: false };
+    e.generate(&req, |_| std::ops::ControlFlow::Continue(())).expect("generation runs").text
+}
+
+#[test]
+fn ollama_chat_and_generate_match_the_engine() {
+    let s = start(Setup::default());
+    let user = vec![ChatMessage { role: "user".into(), content: "Tell me a story".into() }];
+    let want = direct_chat(&user, 12);
+    let chat = s.post("/api/chat", &json!({"model": MODEL, "messages": user, "stream": false, "options": greedy()}));
+    assert_eq!(chat.status, 200, "{}", chat.text());
+    let chat = chat.json();
+    assert_eq!(chat["message"]["content"], want.as_str());
+    assert_eq!(chat["done"], true);
+    assert!(chat["eval_count"].as_u64().is_some() && chat["prompt_eval_duration"].as_u64().is_some());
+
+    // Streaming (the default): NDJSON whose pieces add up to the same text.
+    let gen = s.post("/api/generate", &json!({"model": MODEL, "prompt": "Tell me a story", "options": greedy()}));
+    assert_eq!(gen.header("content-type"), Some("application/x-ndjson"));
+    let lines: Vec<Value> = gen.text().lines().map(|l| serde_json::from_str(l).expect("each line is JSON")).collect();
+    let last = lines.last().expect("at least one line");
+    assert_eq!(last["done"], true);
+    assert!(matches!(last["done_reason"].as_str(), Some("stop" | "length")));
+    let text: String = lines.iter().filter_map(|l| l["response"].as_str()).collect();
+    assert_eq!(text, want);
+    let context = last["context"].as_array().expect("generate returns context");
+    assert_eq!(context.len() as u64, last["prompt_eval_count"].as_u64().unwrap_or(0) + last["eval_count"].as_u64().unwrap_or(0));
+
+    // An empty prompt loads the model, as in Ollama.
+    let load = s.post("/api/generate", &json!({"model": MODEL})).json();
+    assert_eq!(load["done_reason"], "load");
+}
+
+#[test]
+fn openai_endpoints_stream_sse_and_report_usage() {
+    let s = start(Setup::default());
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6, "temperature": 0});
+    let full = s.post("/v1/chat/completions", &body);
+    assert_eq!(full.status, 200, "{}", full.text());
+    let full = full.json();
+    assert_eq!(full["object"], "chat.completion");
+    assert_eq!(full["choices"][0]["message"]["role"], "assistant");
+    let completion_tokens = full["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+    assert!((1..=6).contains(&completion_tokens), "{completion_tokens} completion tokens");
+
+    let mut streamed = body.clone();
+    streamed["stream"] = true.into();
+    streamed["stream_options"] = json!({"include_usage": true});
+    let sse = s.post("/v1/chat/completions", &streamed);
+    assert_eq!(sse.header("content-type"), Some("text/event-stream"));
+    let text = sse.text();
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+    assert_eq!(events.last(), Some(&"data: [DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e.strip_prefix("data: ").expect("data lines")).expect("chunks are JSON"))
+        .collect();
+    let content: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(content, full["choices"][0]["message"]["content"].as_str().unwrap_or(""));
+    let usage = &chunks.last().expect("a usage chunk")["usage"];
+    assert_eq!(usage["completion_tokens"].as_u64(), Some(completion_tokens));
+
+    let done = s.post("/v1/completions", &json!({"model": MODEL, "prompt": "Once upon", "max_tokens": 4, "temperature": 0}));
+    let done = done.json();
+    assert_eq!(done["object"], "text_completion");
+    assert!(done["choices"][0]["text"].is_string());
+}
+
+#[test]
+fn unsupported_features_and_bad_requests_answer_400() {
+    let s = start(Setup { max_context: 256, ..Setup::default() });
+    let msgs = json!([{"role": "user", "content": "Hi"}]);
+    let cases: Vec<(&str, Value, &str)> = vec![
+        ("/api/chat", json!({"model": MODEL, "messages": msgs, "tools": [{"type": "function", "function": {"name": "f"}}]}), "tools"),
+        ("/api/chat", json!({"model": MODEL, "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}), "images"),
+        ("/api/generate", json!({"model": MODEL, "prompt": "x", "format": "json"}), "JSON"),
+        ("/v1/chat/completions", json!({"model": MODEL, "messages": msgs, "n": 2}), "n > 1"),
+        ("/v1/chat/completions", json!({"model": MODEL, "messages": msgs, "logprobs": true}), "logprobs"),
+        ("/v1/chat/completions", json!({"model": MODEL, "messages": msgs, "response_format": {"type": "json_object"}}), "JSON"),
+        ("/v1/chat/completions", json!({"model": MODEL, "messages": msgs, "tools": [{"type": "function"}]}), "tools"),
+        ("/v1/embeddings", json!({"model": MODEL, "input": "x"}), "embeddings"),
+        ("/api/chat", json!({"model": MODEL, "messages": msgs, "options": {"temperature": "hot"}}), "invalid"),
+        ("/api/generate", json!({"model": MODEL, "prompt": "word ".repeat(400)}), "context"),
+        ("/v1/chat/completions", json!({"model": MODEL, "messages": msgs, "max_tokens": 1000}), "context"),
+        ("/api/chat", json!({"model": MODEL, "messages": msgs, "options": {"num_ctx": 100000}}), "max-context"),
+    ];
+    for (path, body, needle) in cases {
+        let r = s.post(path, &body);
+        assert_eq!(r.status, 400, "{path} {body}: {}", r.text());
+        assert!(r.error().contains(needle), "{path}: error {:?} should mention {needle:?}", r.error());
+    }
+    let malformed = s.request("POST", "/api/chat", &[], b"{\"model\": ");
+    assert_eq!(malformed.status, 400);
+    assert!(malformed.error().contains("invalid JSON"));
+    let unknown = s.post("/v1/chat/completions", &json!({"model": "gpt-4", "messages": msgs}));
+    assert_eq!(unknown.status, 404);
+    assert!(unknown.json()["error"]["message"].as_str().unwrap_or("").contains("gpt-4"));
+}
+
+#[test]
+fn foreign_origins_and_huge_bodies_are_refused() {
+    let s = start(Setup::default());
+    let foreign = s.request("GET", "/api/tags", &[("Origin", "https://evil.example")], b"");
+    assert_eq!(foreign.status, 403);
+    let local = s.request("GET", "/api/tags", &[("Origin", "http://localhost:3000")], b"");
+    assert_eq!(local.status, 200);
+    assert_eq!(local.header("access-control-allow-origin"), Some("http://localhost:3000"));
+    let preflight = s.request(
+        "OPTIONS",
+        "/api/chat",
+        &[("Origin", "http://127.0.0.1:8080"), ("Access-Control-Request-Method", "POST"), ("Access-Control-Request-Headers", "content-type")],
+        b"",
+    );
+    assert_eq!(preflight.status, 204);
+    assert_eq!(preflight.header("access-control-allow-headers"), Some("content-type"));
+
+    let huge = vec![b' '; (32 << 20) + 10];
+    let r = s.request("POST", "/api/chat", &[], &huge);
+    assert_eq!(r.status, 413);
+    assert_eq!(s.get("/api/version").status, 200, "still serving");
+}
+
+/// Opens a streaming request and reads until the first generated piece.
+fn open_stream(s: &Server, body: &Value) -> TcpStream {
+    let mut t = TcpStream::connect(s.addr).expect("connecting");
+    let body = body.to_string();
+    let req = format!("POST /api/generate HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+    t.write_all(req.as_bytes()).expect("sending");
+    t.set_read_timeout(Some(Duration::from_secs(60))).expect("timeout");
+    let mut buf = [0u8; 4096];
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("\"done\":false") {
+        let n = t.read(&mut buf).expect("reading the stream");
+        assert!(n > 0, "stream ended early: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    t
+}
+
+#[test]
+fn disconnects_cancel_and_the_queue_is_bounded() {
+    let s = start(Setup { no_eos: true, queue: 1, ..Setup::default() });
+    let endless = json!({"model": MODEL, "prompt": "Go on", "options": {"temperature": 0, "num_predict": 30000}});
+    let running = open_stream(&s, &endless);
+    // One request may wait; the next gets 503.
+    let addr = s.addr;
+    let waiter = std::thread::spawn(move || {
+        Server { addr }.post("/api/generate", &json!({"model": MODEL, "prompt": "Hi", "stream": false, "options": greedy()}))
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let refused = s.post("/api/generate", &json!({"model": MODEL, "prompt": "Hi", "stream": false, "options": greedy()}));
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    // Metadata answers while a generation runs.
+    let t = Instant::now();
+    assert_eq!(s.get("/api/ps").status, 200);
+    assert!(t.elapsed() < Duration::from_secs(2), "metadata took {:?} during a generation", t.elapsed());
+    // Hanging up cancels the endless generation, so the waiter gets its turn.
+    drop(running);
+    let t = Instant::now();
+    let served = waiter.join().expect("waiter thread");
+    assert_eq!(served.status, 200, "{}", served.text());
+    assert!(t.elapsed() < Duration::from_secs(20), "the queued request waited {:?}", t.elapsed());
+}
+
+/// An 8-turn greedy chat gives the same replies with and without the prefix
+/// cache, and later turns reuse earlier state.
+fn chat_with_and_without_cache(fixture: &'static str) {
+    let cached = start(Setup { fixture, ..Setup::default() });
+    let fresh = start(Setup { fixture, prefix_cache: false, ..Setup::default() });
+    let mut messages = vec![json!({"role": "system", "content": "You are terse."})];
+    for turn in 0..8 {
+        messages.push(json!({"role": "user", "content": format!("Question number {turn}: what next?")}));
+        let body = json!({"model": fixture, "messages": messages, "max_tokens": 10, "temperature": 0});
+        let a = cached.post("/v1/chat/completions", &body).json();
+        let b = fresh.post("/v1/chat/completions", &body).json();
+        let reply = a["choices"][0]["message"]["content"].clone();
+        assert_eq!(reply, b["choices"][0]["message"]["content"], "{fixture} turn {turn}: cache changed the output");
+        let reused = a["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
+        if turn > 0 {
+            assert!(reused > 0, "{fixture} turn {turn} reused nothing: {a}");
+        }
+        assert_eq!(b["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64(), Some(0));
+        messages.push(json!({"role": "assistant", "content": reply}));
+    }
+}
+
+#[test]
+fn prefix_cache_keeps_greedy_output_on_moe() {
+    chat_with_and_without_cache("qwen3_moe_mlx4");
+}
+
+#[test]
+fn prefix_cache_keeps_greedy_output_on_hybrid_attention() {
+    chat_with_and_without_cache("qwen3_next_mlx4");
+}
+
+#[test]
+fn arbitrary_bytes_never_break_the_server() {
+    let s = start(Setup::default());
+    let bodies: Vec<&[u8]> = vec![b"", b"null", b"[]", b"\"x\"", b"{\"model\": 5}", b"\xff\xfe", b"{\"messages\": {}}", b"{\"model\":\"qwen3_moe_mlx4\",\"messages\":[{\"role\":5}],\"prompt\":7,\"options\":{\"num_predict\":1e99}}"];
+    for path in ["/api/generate", "/api/chat", "/api/show", "/v1/chat/completions", "/v1/completions"] {
+        for body in &bodies {
+            let r = s.request("POST", path, &[], body);
+            // /api/show ignores fields it does not know, so a body naming the model is fine there.
+            let ok = r.status == 400 || r.status == 404 || (path == "/api/show" && r.status == 200);
+            assert!(ok, "{path} {:?} -> {} {}", String::from_utf8_lossy(body), r.status, r.text());
+        }
+    }
+    assert_eq!(s.get("/api/version").status, 200);
+}
+
+#[test]
+fn thinking_follows_the_template() {
+    let plain = start(Setup::default());
+    let msgs = json!([{"role": "user", "content": "Hi"}]);
+    let r = plain.post("/api/chat", &json!({"model": MODEL, "messages": msgs, "think": true, "stream": false}));
+    assert_eq!(r.status, 400);
+    assert!(r.error().contains("thinking"), "{}", r.error());
+
+    // A copy of the fixture whose template has a thinking switch.
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    for entry in std::fs::read_dir(fixture(MODEL)).expect("reading the fixture") {
+        let entry = entry.expect("a fixture file");
+        std::fs::copy(entry.path(), dir.path().join(entry.file_name())).expect("copying the fixture");
+    }
+    let cfg_path = dir.path().join("tokenizer_config.json");
+    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).expect("reading")).expect("JSON");
+    let template = cfg["chat_template"].as_str().expect("a template").to_string()
+        + "{%- if add_generation_prompt and enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}";
+    cfg["chat_template"] = template.into();
+    std::fs::write(&cfg_path, cfg.to_string()).expect("writing");
+    let s = start(Setup { dir: Some(dir.path().to_path_buf()), ..Setup::default() });
+    let show = s.post("/api/show", &json!({"model": MODEL})).json();
+    assert!(show["capabilities"].as_array().is_some_and(|c| c.contains(&json!("thinking"))), "{show}");
+    let ask = |think: bool| {
+        let r = s.post("/api/chat", &json!({"model": MODEL, "messages": msgs, "think": think, "stream": false, "options": greedy()}));
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    };
+    let on = ask(true);
+    let off = ask(false);
+    let count = |v: &Value| v["prompt_eval_count"].as_u64().unwrap_or(0);
+    assert!(count(&off) > count(&on), "think=false should add the empty think block: {} vs {}", count(&off), count(&on));
+}

@@ -1,0 +1,368 @@
+#!/usr/bin/env python3
+"""Sixty hostile or awkward requests against a running `slotstream serve`.
+
+Malformed bodies, wrong types, unsupported features, unknown models, huge
+bodies, foreign origins, over-long prompts, clients that hang up, and
+concurrent requests. Each case checks the answer the server must give; at the
+end the server must still be serving. Standard library only.
+
+    python3 tools/robustness.py --url http://127.0.0.1:11434 --model qwen3_moe_mlx4 --queue 2
+
+`--queue` must match the server's `--queue` (the overflow case relies on it).
+Exit status 0 when every case passes.
+"""
+
+import argparse
+import json
+import random
+import socket
+import sys
+import threading
+import time
+from urllib.parse import urlparse
+
+ARGS = None
+
+
+def connect(timeout=120):
+    u = urlparse(ARGS.url)
+    s = socket.create_connection((u.hostname, u.port or 80), timeout=timeout)
+    return s
+
+
+def read_response(s):
+    """(status, headers dict lowercased, body bytes), de-chunked."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"connection closed before a response head: {buf[:200]!r}")
+        buf += chunk
+    head, rest = buf.split(b"\r\n\r\n", 1)
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ")[1])
+    headers = {}
+    for line in lines[1:]:
+        k, _, v = line.partition(":")
+        headers[k.strip().lower()] = v.strip()
+    body = rest
+    while True:
+        try:
+            chunk = s.recv(65536)
+        except (ConnectionResetError, socket.timeout):
+            break
+        if not chunk:
+            break
+        body += chunk
+    if "chunked" in headers.get("transfer-encoding", ""):
+        out, b = b"", body
+        while b:
+            size_line, _, b = b.partition(b"\r\n")
+            size = int(size_line.strip() or b"0", 16)
+            if size == 0:
+                break
+            out += b[:size]
+            b = b[size + 2:]
+        body = out
+    return status, headers, body
+
+
+def request(method, path, body=b"", headers=None, chunked=False, timeout=120):
+    if isinstance(body, (dict, list)):
+        body = json.dumps(body).encode()
+    elif isinstance(body, str):
+        body = body.encode()
+    s = connect(timeout)
+    try:
+        head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+        for k, v in (headers or {}).items():
+            head += f"{k}: {v}\r\n"
+        if chunked:
+            head += "Transfer-Encoding: chunked\r\n\r\n"
+            s.sendall(head.encode())
+            step = 1 << 20
+            try:
+                for i in range(0, len(body), step):
+                    part = body[i:i + step]
+                    s.sendall(f"{len(part):x}\r\n".encode() + part + b"\r\n")
+                s.sendall(b"0\r\n\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the server may answer 413 and close before we finish
+        else:
+            head += f"Content-Length: {len(body)}\r\n\r\n"
+            try:
+                s.sendall(head.encode() + body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+        return read_response(s)
+    finally:
+        s.close()
+
+
+def error_message(body):
+    try:
+        v = json.loads(body)
+    except ValueError:
+        return body.decode("utf-8", "replace")
+    e = v.get("error") if isinstance(v, dict) else None
+    if isinstance(e, dict):
+        return e.get("message", "")
+    return e or ""
+
+
+def unique_prompt(words):
+    """A prompt no earlier request shares a prefix with (so no cache hit)."""
+    tag = "".join(random.choice("abcdefghij") for _ in range(12))
+    return tag + " " + " ".join(random.choice(["alpha", "beta", "gamma", "delta"]) for _ in range(words))
+
+
+CASES = []
+
+
+def case(name):
+    def wrap(f):
+        CASES.append((name, f))
+        return f
+    return wrap
+
+
+def expect(status, want, body, needle=None):
+    assert status == want, f"status {status}, want {want}: {body[:300]!r}"
+    if needle is not None:
+        msg = error_message(body)
+        assert needle.lower() in msg.lower(), f"error {msg!r} should mention {needle!r}"
+
+
+def m():
+    return ARGS.model
+
+
+MSGS = [{"role": "user", "content": "Hi"}]
+
+# --- malformed bodies -------------------------------------------------------
+def _truncated(path):
+    status, _, body = request("POST", path, '{"model": "x", "pro')
+    expect(status, 400, body, "invalid JSON")
+
+
+for path in ["/api/generate", "/api/chat", "/api/show", "/v1/chat/completions", "/v1/completions"]:
+    case(f"truncated JSON on {path}")(lambda p=path: _truncated(p))
+
+
+def _post_expect(path, body, status, needle=None, headers=None):
+    st, _, b = request("POST", path, body, headers)
+    expect(st, status, b, needle)
+
+
+case("empty body")(lambda: _post_expect("/api/chat", b"", 400, "empty"))
+case("JSON null body")(lambda: _post_expect("/api/chat", b"null", 400))
+case("JSON array body")(lambda: _post_expect("/v1/chat/completions", b"[1,2]", 400))
+case("invalid UTF-8 body")(lambda: _post_expect("/api/generate", b"\xff\xfe\xfd", 400))
+case("trailing garbage after JSON")(lambda: _post_expect("/api/generate", b'{"model":"x","prompt":"y"} xyz', 400))
+case("deeply nested JSON")(lambda: _post_expect("/api/chat", b"[" * 100000, 400))
+
+# --- wrong types --------------------------------------------------------------
+case("model is a number")(lambda: _post_expect("/api/chat", {"model": 5, "messages": MSGS}, 400))
+case("messages is an object")(lambda: _post_expect("/api/chat", {"model": m(), "messages": {"a": 1}}, 400))
+case("temperature is a string")(lambda: _post_expect("/api/chat", {"model": m(), "messages": MSGS, "options": {"temperature": "hot"}}, 400))
+case("num_predict is a string")(lambda: _post_expect("/api/generate", {"model": m(), "prompt": "x", "options": {"num_predict": "9"}}, 400))
+case("stream is a string")(lambda: _post_expect("/api/generate", {"model": m(), "prompt": "x", "stream": "yes"}, 400))
+case("OpenAI max_tokens is a string")(lambda: _post_expect("/v1/chat/completions", {"model": m(), "messages": MSGS, "max_tokens": "5"}, 400))
+case("OpenAI stop is a number")(lambda: _post_expect("/v1/chat/completions", {"model": m(), "messages": MSGS, "stop": 5}, 400))
+case("message content is a number")(lambda: _post_expect("/api/chat", {"model": m(), "messages": [{"role": "user", "content": 7}]}, 400))
+case("negative context ids")(lambda: _post_expect("/api/generate", {"model": m(), "prompt": "x", "context": [-1]}, 400))
+case("context id outside the vocabulary")(lambda: _post_expect("/api/generate", {"model": m(), "prompt": "x", "context": [4000000000]}, 400, "vocabulary"))
+case("negative temperature")(lambda: _post_expect("/api/chat", {"model": m(), "messages": MSGS, "options": {"temperature": -1}}, 400, "temperature"))
+case("top_p above 1")(lambda: _post_expect("/api/chat", {"model": m(), "messages": MSGS, "options": {"top_p": 5}}, 400, "top_p"))
+case("num_predict -5")(lambda: _post_expect("/api/generate", {"model": m(), "prompt": "x", "options": {"num_predict": -5}}, 400, "num_predict"))
+case("unknown role")(lambda: _post_expect("/api/chat", {"model": m(), "messages": [{"role": "wizard", "content": "x"}]}, 400, "role"))
+
+# --- unsupported features -------------------------------------------------------
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {}}}
+case("Ollama tools")(lambda: _post_expect("/api/chat", {"model": m(), "messages": MSGS, "tools": [TOOL]}, 400, "tools"))
+case("Ollama chat images")(lambda: _post_expect("/api/chat", {"model": m(), "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, 400, "images"))
+case("Ollama generate images")(lambda: _post_expect("/api/generate", {"model": m(), "prompt": "x", "images": ["aGk="]}, 400, "images"))
+case("Ollama format json")(lambda: _post_expect("/api/generate", {"model": m(), "prompt": "x", "format": "json"}, 400, "JSON"))
+case("Ollama format schema")(lambda: _post_expect("/api/chat", {"model": m(), "messages": MSGS, "format": {"type": "object"}}, 400, "JSON"))
+case("OpenAI tools")(lambda: _post_expect("/v1/chat/completions", {"model": m(), "messages": MSGS, "tools": [TOOL]}, 400, "tools"))
+case("OpenAI functions")(lambda: _post_expect("/v1/chat/completions", {"model": m(), "messages": MSGS, "functions": [{"name": "f"}]}, 400, "functions"))
+case("OpenAI json_schema output")(lambda: _post_expect("/v1/chat/completions", {"model": m(), "messages": MSGS, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, 400, "JSON"))
+case("OpenAI logprobs")(lambda: _post_expect("/v1/chat/completions", {"model": m(), "messages": MSGS, "logprobs": True}, 400, "logprobs"))
+case("OpenAI n = 2")(lambda: _post_expect("/v1/chat/completions", {"model": m(), "messages": MSGS, "n": 2}, 400, "n > 1"))
+case("OpenAI image content")(lambda: _post_expect("/v1/chat/completions", {"model": m(), "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]}, 400, "images"))
+case("OpenAI embeddings")(lambda: _post_expect("/v1/embeddings", {"model": m(), "input": "x"}, 400, "embeddings"))
+case("Ollama embed")(lambda: _post_expect("/api/embed", {"model": m(), "input": "x"}, 400, "embeddings"))
+case("OpenAI completions echo")(lambda: _post_expect("/v1/completions", {"model": m(), "prompt": "x", "echo": True}, 400, "echo"))
+
+# --- unknown models and routes ----------------------------------------------------
+
+
+def _get_expect(path, status):
+    st, _, b = request("GET", path)
+    expect(st, status, b)
+
+
+case("unknown model on /api/chat")(lambda: _post_expect("/api/chat", {"model": "llama3:70b", "messages": MSGS}, 404, "llama3:70b"))
+case("unknown model on /v1/chat/completions")(lambda: _post_expect("/v1/chat/completions", {"model": "gpt-4o", "messages": MSGS}, 404, "gpt-4o"))
+case("unknown path")(lambda: _get_expect("/api/nothing", 404))
+case("GET on a POST endpoint")(lambda: _get_expect("/api/chat", 405))
+
+# --- huge bodies ------------------------------------------------------------------
+HUGE = b"x" * ((32 << 20) + 1024)
+case("33 MiB body with Content-Length")(lambda: _post_expect("/api/generate", HUGE, 413))
+
+
+def _huge_chunked():
+    st, _, b = request("POST", "/api/chat", HUGE, chunked=True)
+    expect(st, 413, b)
+
+
+case("33 MiB chunked body")(_huge_chunked)
+case("1 MiB prompt over the context")(lambda: _post_expect("/api/generate", {"model": m(), "prompt": "word " * 200000, "raw": True}, 400, "context"))
+
+# --- origins --------------------------------------------------------------------
+
+
+def _origin(origin, method="GET", want=200, extra=None):
+    headers = {"Origin": origin, **(extra or {})}
+    st, h, b = request(method, "/api/tags", headers=headers)
+    expect(st, want, b)
+    if want < 400:
+        assert h.get("access-control-allow-origin") == origin, f"missing CORS header: {h}"
+
+
+case("foreign origin")(lambda: _origin("https://evil.example", want=403))
+case("origin null")(lambda: _origin("null", want=403))
+case("loopback origin")(lambda: _origin("http://localhost:5173"))
+case("loopback preflight")(lambda: _origin("http://127.0.0.1:3000", "OPTIONS", 204, {"Access-Control-Request-Method": "POST"}))
+case("foreign preflight")(lambda: _origin("http://192.168.1.5", "OPTIONS", 403, {"Access-Control-Request-Method": "POST"}))
+
+# --- over-long prompts --------------------------------------------------------------
+case("prompt over max context")(lambda: _post_expect("/api/generate", {"model": m(), "prompt": "hello " * 40000, "raw": True}, 400, "context"))
+case("prompt plus num_predict over")(lambda: _post_expect("/api/generate", {"model": m(), "prompt": "x", "options": {"num_predict": 10 ** 9}}, 400, "context"))
+case("OpenAI max_tokens over")(lambda: _post_expect("/v1/chat/completions", {"model": m(), "messages": MSGS, "max_tokens": 10 ** 9}, 400, "context"))
+case("num_ctx over the server's max")(lambda: _post_expect("/api/chat", {"model": m(), "messages": MSGS, "options": {"num_ctx": 10 ** 7}}, 400, "max-context"))
+
+# --- disconnects ------------------------------------------------------------------------
+
+
+def _quick_generate():
+    t = time.time()
+    st, _, b = request("POST", "/api/generate", {"model": m(), "prompt": "Hi", "stream": False, "options": {"num_predict": 4}})
+    expect(st, 200, b)
+    return time.time() - t
+
+
+def _slow_body(stream):
+    return {"model": m(), "prompt": unique_prompt(ARGS.slow_words), "raw": True, "stream": stream, "options": {"num_predict": 8}}
+
+
+def _hang_up_after(body, seconds):
+    s = connect()
+    data = json.dumps(body).encode()
+    s.sendall(f"POST /api/generate HTTP/1.1\r\nHost: x\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+    time.sleep(seconds)
+    s.close()
+
+
+def _disconnect(stream):
+    _hang_up_after(_slow_body(stream), 0.5)
+    took = _quick_generate()
+    assert took < ARGS.slow_seconds / 2, f"the next request took {took:.1f}s: the abandoned generation kept running"
+
+
+case("disconnect during a streaming prefill")(lambda: _disconnect(True))
+case("disconnect during a non-streaming prefill")(lambda: _disconnect(False))
+
+
+def _half_request():
+    s = connect()
+    s.sendall(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"model\":")
+    s.close()
+    assert _quick_generate() < 30
+
+
+case("request abandoned mid-body")(_half_request)
+
+# --- concurrency ----------------------------------------------------------------------
+
+
+def _concurrent_generations():
+    results = []
+
+    def one(i):
+        body = {"model": m(), "messages": [{"role": "user", "content": f"Number {i}"}], "stream": False,
+                "options": {"temperature": 0, "num_predict": 6}}
+        results.append(request("POST", "/api/chat", body)[0])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(ARGS.queue + 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results.count(200) == len(threads), f"statuses {results}"
+
+
+case("concurrent generations within the queue")(_concurrent_generations)
+
+
+def _overflow_and_metadata():
+    slow = threading.Thread(target=lambda: request("POST", "/api/generate", _slow_body(False)))
+    slow.start()
+    time.sleep(0.5)
+    statuses = []
+
+    def one():
+        statuses.append(request("POST", "/api/generate", {"model": m(), "prompt": "Hi", "stream": False, "options": {"num_predict": 2}})[0])
+
+    waiters = [threading.Thread(target=one) for _ in range(ARGS.queue + 2)]
+    for t in waiters:
+        t.start()
+    time.sleep(0.5)
+    t0 = time.time()
+    st, _, b = request("GET", "/api/ps")
+    meta = time.time() - t0
+    for t in waiters:
+        t.join()
+    slow.join()
+    assert st == 200 and meta < 2, f"/api/ps took {meta:.2f}s during a generation"
+    assert statuses.count(503) >= 1 and set(statuses) <= {200, 503}, f"statuses {statuses}"
+
+
+case("queue overflow gets 503, metadata answers meanwhile")(_overflow_and_metadata)
+
+
+def main():
+    global ARGS
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", default="http://127.0.0.1:11434")
+    p.add_argument("--model", default="qwen3_moe_mlx4")
+    p.add_argument("--queue", type=int, default=16, help="the server's --queue")
+    p.add_argument("--slow-words", type=int, default=1200, help="prompt words for a prefill that takes seconds")
+    ARGS = p.parse_args()
+    # Time a slow prefill once, so the disconnect cases know what "prompt" means.
+    t = time.time()
+    st, _, b = request("POST", "/api/generate", _slow_body(False))
+    ARGS.slow_seconds = time.time() - t
+    assert st == 200, f"warm-up failed: {st} {b[:200]!r}"
+    print(f"a {ARGS.slow_words}-word prefill takes {ARGS.slow_seconds:.1f}s")
+    failed = 0
+    for i, (name, f) in enumerate(CASES, 1):
+        try:
+            f()
+            print(f"ok   {i:2d} {name}")
+        except Exception as e:  # noqa: BLE001 - report every failure and go on
+            failed += 1
+            print(f"FAIL {i:2d} {name}: {e}")
+    try:
+        st, _, _ = request("GET", "/api/version", timeout=10)
+        alive = st == 200
+    except OSError as e:
+        alive = False
+        print(f"server unreachable: {e}")
+    print(f"{len(CASES) - failed}/{len(CASES)} cases passed; server {'still serving' if alive else 'DOWN'}")
+    return 0 if failed == 0 and alive else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
