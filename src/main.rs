@@ -107,6 +107,9 @@ struct ServeArgs {
     threads: Option<usize>,
     #[command(flatten)]
     memory: MemoryArgs,
+    /// Keep an auto-sized expert pool fixed instead of following free memory.
+    #[arg(long)]
+    no_elastic: bool,
 }
 
 #[derive(Args)]
@@ -182,7 +185,7 @@ fn run(args: RunArgs) -> Result<()> {
     if let Some(n) = args.threads {
         rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("setting the thread count")?;
     }
-    let (engine, plan) = load_planned(&args.model, &args.memory)?;
+    let (engine, plan, _) = load_planned(&args.model, &args.memory)?;
     let prompt_text = if args.raw {
         args.prompt.clone()
     } else {
@@ -259,7 +262,7 @@ fn run(args: RunArgs) -> Result<()> {
 }
 
 /// Plans memory for a model directory, prints the plan banner and loads it.
-fn load_planned(model: &std::path::Path, memory: &MemoryArgs) -> Result<(Engine, plan::Plan)> {
+fn load_planned(model: &std::path::Path, memory: &MemoryArgs) -> Result<(Engine, plan::Plan, ModelCosts)> {
     let costs = ModelCosts::from_model_dir(model)?;
     let machine = MachineMemory::detect();
     let plan = plan::plan(&costs, &machine, &memory.request())?;
@@ -267,7 +270,7 @@ fn load_planned(model: &std::path::Path, memory: &MemoryArgs) -> Result<(Engine,
     let backend: Box<dyn Backend> = Box::new(slotstream_cpu::CpuBackend::new());
     let opts = LoadOptions { expert_slots: ExpertSlots::Count(plan.slots) };
     let engine = Engine::load(model, backend, &opts)?;
-    Ok((engine, plan))
+    Ok((engine, plan, costs))
 }
 
 /// The process's peak resident set (VmHWM), where the OS reports it.
@@ -369,7 +372,7 @@ fn serve(args: ServeArgs) -> Result<()> {
     if let Some(n) = args.threads {
         rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("setting the thread count")?;
     }
-    let (engine, _plan) = load_planned(&args.model, &args.memory)?;
+    let (engine, plan, costs) = load_planned(&args.model, &args.memory)?;
     let model_name = match args.name {
         Some(n) => n,
         None => args
@@ -384,6 +387,11 @@ fn serve(args: ServeArgs) -> Result<()> {
         max_context: args.max_context,
         prefix_cache: !args.no_prefix_cache,
         queue: args.queue,
+        elastic: (plan.mode == slotstream::plan::PlanMode::Auto && !args.no_elastic).then(|| slotstream::server::Elastic {
+            costs,
+            request: args.memory.request(),
+        }),
+        plan: Some(plan),
     };
     let config = slotstream::server::ServeConfig { model_dir: args.model, host: args.host, port: args.port, options };
     slotstream::server::serve(config, engine)

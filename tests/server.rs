@@ -58,6 +58,8 @@ fn start(setup: Setup) -> Server {
         max_context: setup.max_context,
         prefix_cache: setup.prefix_cache,
         queue: setup.queue,
+        plan: None,
+        elastic: None,
     };
     let app = AppState::new(engine, info, options);
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding an ephemeral port");

@@ -9,6 +9,7 @@
 //! stops at its next check. The prefix cache lets a request skip the prompt
 //! tokens an earlier request already fed.
 
+mod elastic;
 mod error;
 mod model_info;
 mod ollama;
@@ -51,6 +52,8 @@ pub const MAX_BODY_BYTES: usize = 32 << 20;
 /// its prompt plus answer).
 pub const PREFIX_CACHE_ENTRIES: usize = 6;
 
+pub use elastic::Elastic;
+
 /// How the server runs.
 #[derive(Clone, Debug)]
 pub struct ServerOptions {
@@ -61,6 +64,10 @@ pub struct ServerOptions {
     pub prefix_cache: bool,
     /// Requests that may wait while one generates; more get 503.
     pub queue: usize,
+    /// The memory plan the model was loaded with.
+    pub plan: Option<crate::plan::Plan>,
+    /// Re-plan and resize the expert pool as free memory changes (auto-sized only).
+    pub elastic: Option<elastic::Elastic>,
 }
 
 /// Everything handlers share.
@@ -77,6 +84,8 @@ pub struct AppState {
     expert_stats: Mutex<CacheStats>,
     /// Bytes of state held by the prefix cache, as of the last generation.
     cache_state_bytes: AtomicUsize,
+    /// The live memory plan (updated by the governor).
+    plan: Mutex<Option<crate::plan::Plan>>,
     loaded_at: SystemTime,
 }
 
@@ -87,6 +96,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl AppState {
     pub fn new(engine: Engine, model: ModelInfo, options: ServerOptions) -> Arc<AppState> {
         let expert_stats = engine.model.experts.lock().map(|e| e.stats()).unwrap_or_default();
+        let plan = options.plan.clone();
         let prefix_cache =
             options.prefix_cache.then(|| Mutex::new(PrefixCache::new(PREFIX_CACHE_ENTRIES, options.max_context)));
         Arc::new(AppState {
@@ -98,6 +108,7 @@ impl AppState {
             prefix_cache,
             expert_stats: Mutex::new(expert_stats),
             cache_state_bytes: AtomicUsize::new(0),
+            plan: Mutex::new(plan),
             loaded_at: SystemTime::now(),
         })
     }
@@ -119,6 +130,7 @@ impl AppState {
             total_bytes: resident + pool + states,
             prefix_cache,
             expert_cache,
+            plan: lock(&self.plan).clone(),
         }
     }
 
@@ -598,6 +610,9 @@ pub fn serve(config: ServeConfig, engine: Engine) -> Result<()> {
             .with_context(|| format!("binding {addr} (is another server, e.g. Ollama, already using the port? try --port)"))?;
         let bound = listener.local_addr().unwrap_or(addr);
         eprintln!("slotstream serving '{}' on http://{bound}", app.model.name);
+        if let Some(e) = app.options.elastic.clone() {
+            elastic::spawn(app.clone(), e);
+        }
         let shutdown = async {
             let _ = tokio::signal::ctrl_c().await;
         };

@@ -166,6 +166,8 @@ pub struct MemoryReport {
     pub total_bytes: u64,
     pub prefix_cache: PrefixCacheStats,
     pub expert_cache: CacheStats,
+    /// The memory plan in force (the governor may have resized it).
+    pub plan: Option<crate::plan::Plan>,
 }
 
 /// Bytes of one sequence's state: KV rows of attention layers plus the

@@ -1,0 +1,70 @@
+//! The governor loop of an auto-sized server: re-plans the expert pool as the
+//! machine's free memory changes and resizes it between requests (see
+//! [`crate::plan::governor`] for the rules). Explicitly sized pools and
+//! `--no-elastic` servers never run it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::plan::governor::{Decision, Governor};
+use crate::plan::{self, MachineMemory, ModelCosts, PlanRequest};
+
+use super::{lock, AppState};
+
+/// What the governor re-plans with.
+#[derive(Clone, Debug)]
+pub struct Elastic {
+    pub costs: ModelCosts,
+    pub request: PlanRequest,
+}
+
+/// Runs until the server stops.
+pub fn spawn(app: Arc<AppState>, elastic: Elastic) {
+    tokio::spawn(async move {
+        let mut governor = Governor::new();
+        let start = Instant::now();
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            // Holding the generation permit makes the resize happen between requests.
+            let permit = app.turn.clone().try_acquire_owned().ok();
+            let current = lock(&app.expert_stats).pool_bytes as u64;
+            let mut machine = MachineMemory::detect();
+            // Our own pool is memory we could give back.
+            machine.available += current;
+            let desired = match plan::plan(&elastic.costs, &machine, &elastic.request) {
+                Ok(p) => p,
+                Err(e) => {
+                    eprintln!("governor: re-planning failed: {e}");
+                    continue;
+                }
+            };
+            let now = start.elapsed().as_secs_f64();
+            if let Decision::Resize { from_bytes, to_bytes } = governor.tick(now, desired.pool_bytes, current, permit.is_some()) {
+                let app2 = app.clone();
+                let slots = desired.slots;
+                let result = tokio::task::spawn_blocking(move || -> anyhow::Result<crate::experts::CacheStats> {
+                    let _permit = permit;
+                    let mut experts = app2.engine.model.experts.lock().map_err(|_| anyhow::anyhow!("expert cache poisoned"))?;
+                    experts.resize(app2.engine.backend.as_ref(), slots)?;
+                    Ok(experts.stats())
+                })
+                .await;
+                match result {
+                    Ok(Ok(stats)) => {
+                        eprintln!(
+                            "governor: expert pool {:.2} GB -> {:.2} GB ({} slots, {:.1} GB reclaimable)",
+                            from_bytes as f64 / 1e9,
+                            to_bytes as f64 / 1e9,
+                            stats.slots,
+                            machine.available as f64 / 1e9
+                        );
+                        *lock(&app.expert_stats) = stats;
+                        *lock(&app.plan) = Some(desired);
+                    }
+                    Ok(Err(e)) => eprintln!("governor: resize failed: {e:#}"),
+                    Err(e) => eprintln!("governor: resize task failed: {e}"),
+                }
+            }
+        }
+    });
+}
