@@ -244,30 +244,40 @@ impl ExpertStore {
         self.files.iter().all(|f| f.direct)
     }
 
-    /// Reads one expert of one MoE layer.
-    pub fn read(&self, layer: usize, expert: usize) -> Result<ExpertRecord> {
-        let base = (layer * self.experts_per_layer + expert) * 3;
-        let mut bytes = Vec::with_capacity(self.record_bytes as usize);
-        let mut ranges = Vec::with_capacity(9);
-        for proj in &self.locations[base..base + 3] {
-            for piece in &proj.pieces {
-                let at = bytes.len();
-                self.files[piece.file as usize]
-                    .read_piece(piece, &mut bytes)
-                    .with_context(|| format!("reading expert {expert} of MoE layer {layer}"))?;
-                ranges.push((at, piece.len as usize));
-            }
-        }
-        Ok(ExpertRecord { bytes, ranges })
-    }
-
-    /// Reads several experts of one layer with many reads in flight; returns the
-    /// records in order and the seconds spent.
+    /// Reads several experts of one layer with many reads in flight (every
+    /// piece of every expert is its own request); returns the records in
+    /// order and the seconds spent.
     pub fn read_many(&self, layer: usize, experts: &[u32]) -> Result<(Vec<ExpertRecord>, f64)> {
         let start = Instant::now();
-        let records = self.io.install(|| {
-            experts.par_iter().map(|&e| self.read(layer, e as usize)).collect::<Result<Vec<_>>>()
+        let requests: Vec<(usize, &Piece)> = experts
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &e)| {
+                let base = (layer * self.experts_per_layer + e as usize) * 3;
+                self.locations[base..base + 3].iter().flat_map(|p| &p.pieces).map(move |piece| (i, piece))
+            })
+            .collect();
+        let pieces: Vec<Vec<u8>> = self.io.install(|| {
+            requests
+                .par_iter()
+                .map(|(i, piece)| {
+                    let mut buf = Vec::with_capacity(piece.len as usize);
+                    self.files[piece.file as usize]
+                        .read_piece(piece, &mut buf)
+                        .with_context(|| format!("reading expert {} of MoE layer {layer}", experts[*i]))?;
+                    Ok(buf)
+                })
+                .collect::<Result<Vec<_>>>()
         })?;
+        let mut records: Vec<ExpertRecord> = experts
+            .iter()
+            .map(|_| ExpertRecord { bytes: Vec::with_capacity(self.record_bytes as usize), ranges: Vec::with_capacity(9) })
+            .collect();
+        for ((i, _), piece) in requests.iter().zip(pieces) {
+            let r = &mut records[*i];
+            r.ranges.push((r.bytes.len(), piece.len()));
+            r.bytes.extend_from_slice(&piece);
+        }
         Ok((records, start.elapsed().as_secs_f64()))
     }
 
