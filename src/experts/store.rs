@@ -37,11 +37,23 @@ struct ProjectionPieces {
     pieces: Vec<Piece>,
 }
 
-/// An expert read into memory: its pieces back to back.
+/// An expert read into memory: each piece in the buffer it was read into.
 pub struct ExpertRecord {
-    bytes: Vec<u8>,
-    /// (start, len) of each piece inside `bytes`, projection by projection.
-    ranges: Vec<(usize, usize)>,
+    pieces: Vec<PieceBuf>,
+}
+
+/// One piece as read: the buffer and where the piece sits inside it (direct
+/// reads fetch the aligned span around the piece; nothing is copied out).
+struct PieceBuf {
+    buf: AlignedBuf,
+    skip: usize,
+    len: usize,
+}
+
+impl PieceBuf {
+    fn bytes(&self) -> &[u8] {
+        &self.buf.as_ref()[self.skip..self.skip + self.len]
+    }
 }
 
 /// A file opened for expert reads.
@@ -113,19 +125,20 @@ impl AlignedBuf {
 }
 
 impl ExpertFile {
-    /// Appends `piece`'s bytes to `out`.
-    fn read_piece(&self, piece: &Piece, out: &mut Vec<u8>) -> Result<()> {
+    /// Reads one piece.
+    fn read_piece(&self, piece: &Piece) -> Result<PieceBuf> {
         let fail = |e: std::io::Error| {
             anyhow::anyhow!("reading {} bytes at offset {} of {}: {e}", piece.len, piece.offset, self.path.display())
         };
+        let len = piece.len as usize;
         if !self.direct {
-            let at = out.len();
-            out.resize(at + piece.len as usize, 0);
-            return self.file.read_exact_at(&mut out[at..], piece.offset).map_err(fail);
+            let mut buf = AlignedBuf::new(len);
+            self.file.read_exact_at(buf.as_mut(), piece.offset).map_err(fail)?;
+            return Ok(PieceBuf { buf, skip: 0, len });
         }
         // Direct I/O wants aligned offsets and lengths: read the aligned span
-        // around the piece and keep the piece. Near the end of the file the
-        // aligned span may run past it; read what exists.
+        // around the piece. Near the end of the file the span may run past it;
+        // read what exists.
         let start = piece.offset / ALIGN as u64 * ALIGN as u64;
         let end = (piece.offset + piece.len).div_ceil(ALIGN as u64) * ALIGN as u64;
         let mut buf = AlignedBuf::new((end - start) as usize);
@@ -138,9 +151,7 @@ impl ExpertFile {
             }
             filled += n;
         }
-        let skip = (piece.offset - start) as usize;
-        out.extend_from_slice(&buf.as_ref()[skip..skip + piece.len as usize]);
-        Ok(())
+        Ok(PieceBuf { buf, skip: (piece.offset - start) as usize, len })
     }
 }
 
@@ -257,26 +268,19 @@ impl ExpertStore {
                 self.locations[base..base + 3].iter().flat_map(|p| &p.pieces).map(move |piece| (i, piece))
             })
             .collect();
-        let pieces: Vec<Vec<u8>> = self.io.install(|| {
+        let pieces: Vec<PieceBuf> = self.io.install(|| {
             requests
                 .par_iter()
                 .map(|(i, piece)| {
-                    let mut buf = Vec::with_capacity(piece.len as usize);
                     self.files[piece.file as usize]
-                        .read_piece(piece, &mut buf)
-                        .with_context(|| format!("reading expert {} of MoE layer {layer}", experts[*i]))?;
-                    Ok(buf)
+                        .read_piece(piece)
+                        .with_context(|| format!("reading expert {} of MoE layer {layer}", experts[*i]))
                 })
                 .collect::<Result<Vec<_>>>()
         })?;
-        let mut records: Vec<ExpertRecord> = experts
-            .iter()
-            .map(|_| ExpertRecord { bytes: Vec::with_capacity(self.record_bytes as usize), ranges: Vec::with_capacity(9) })
-            .collect();
+        let mut records: Vec<ExpertRecord> = experts.iter().map(|_| ExpertRecord { pieces: Vec::with_capacity(9) }).collect();
         for ((i, _), piece) in requests.iter().zip(pieces) {
-            let r = &mut records[*i];
-            r.ranges.push((r.bytes.len(), piece.len()));
-            r.bytes.extend_from_slice(&piece);
+            records[*i].pieces.push(piece);
         }
         Ok((records, start.elapsed().as_secs_f64()))
     }
@@ -284,12 +288,9 @@ impl ExpertStore {
     /// Views a record as the host matrices the backend takes.
     pub fn host_expert<'a>(&self, r: &'a ExpertRecord) -> HostExpert<'a> {
         let l = &self.layout;
-        let mut ranges = r.ranges.iter();
+        let mut pieces = r.pieces.iter();
         let mut next = |rows: usize, cols: usize, f: MatrixFormat| -> HostMatrix<'a> {
-            let mut take = || {
-                let (s, n) = ranges.next().copied().unwrap_or((0, 0));
-                Cow::Borrowed(&r.bytes[s..s + n])
-            };
+            let mut take = || Cow::Borrowed(pieces.next().map(|p| p.bytes()).unwrap_or(&[]));
             let data = match f {
                 MatrixFormat::Dense(dtype) => MatrixData::Dense { dtype, bytes: take() },
                 MatrixFormat::Affine { bits, group_size, scale_dtype } => {
