@@ -190,8 +190,34 @@ impl Default for LoadOptions {
     }
 }
 
+/// Puts a family's loaded parts together, with the expert pool.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn assemble(
+    b: &dyn Backend,
+    ck: &Checkpoint,
+    c: &config::MoeConfig,
+    layout: Layout,
+    trunk: Trunk,
+    layers: Vec<DecoderLayer>,
+    moe_prefixes: &[String],
+    opts: &LoadOptions,
+) -> Result<DecoderModel> {
+    Ok(DecoderModel {
+        model_type: c.model_type.clone(),
+        embed: trunk.embed,
+        layers,
+        final_norm: trunk.final_norm,
+        lm_head: trunk.lm_head,
+        vocab_size: c.vocab_size,
+        hidden_size: c.hidden_size,
+        experts: Mutex::new(expert_cache(b, ck, layout, moe_prefixes, c, opts)?),
+        top_k: c.num_experts_per_tok,
+        resident_bytes: ck.bytes_where(|n| !crate::experts::is_routed_expert_tensor(n)) as usize,
+    })
+}
+
 /// Locates the routed experts of `moe_prefixes` and creates the slot pool.
-pub(crate) fn expert_cache(
+fn expert_cache(
     b: &dyn Backend,
     ck: &Checkpoint,
     layout: Layout,

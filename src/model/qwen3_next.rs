@@ -13,7 +13,7 @@ use slotstream_backend::Backend;
 
 use super::config::MoeConfig;
 use super::layers::{deinterleave_rows, linear, upload, vector, Attention, GatedDeltaNet, Mlp, MoeBlock, RmsNorm};
-use super::{expert_cache, load_trunk, LoadOptions, DecoderLayer, DecoderModel, FeedForward, Layout, Mixer};
+use super::{assemble, load_trunk, LoadOptions, DecoderLayer, DecoderModel, FeedForward, Layout, Mixer};
 use crate::checkpoint::Checkpoint;
 
 /// Whether layer `i` is full attention (otherwise Gated DeltaNet).
@@ -135,17 +135,5 @@ pub fn load(config: &serde_json::Value, ck: &Checkpoint, b: &dyn Backend, opts: 
             ffn,
         });
     }
-    let resident_bytes = ck.bytes_where(|n| !crate::experts::is_routed_expert_tensor(n)) as usize;
-    Ok(DecoderModel {
-        model_type: c.model_type.clone(),
-        embed: trunk.embed,
-        layers,
-        final_norm: trunk.final_norm,
-        lm_head: trunk.lm_head,
-        vocab_size: c.vocab_size,
-        hidden_size: h,
-        experts: std::sync::Mutex::new(expert_cache(b, ck, layout, &moe_prefixes, &c, opts)?),
-        top_k: c.num_experts_per_tok,
-        resident_bytes,
-    })
+    assemble(b, ck, &c, layout, trunk, layers, &moe_prefixes, opts)
 }
