@@ -251,7 +251,8 @@ impl Puller {
         let mut absent = Vec::new();
         for &file in &wanted {
             let local = self.repo.snapshot_file(self.commit(), &file.path);
-            match LocalState::of(&local, file, &self.lock_verified()) {
+            let state = LocalState::of(&local, file, &self.lock_verified());
+            match state {
                 LocalState::Verified => {}
                 LocalState::Unverified => unverified.push((file.clone(), local)),
                 LocalState::Missing => absent.push(file.clone()),
