@@ -93,7 +93,7 @@ impl RepoCache {
         file
     }
 
-    fn state_dir(&self) -> PathBuf {
+    pub fn state_dir(&self) -> PathBuf {
         self.dir.join(".slotstream")
     }
 

@@ -208,7 +208,24 @@ impl HubClient {
             }
             _ => request,
         };
-        request.call().map_err(|e| Failure::Retry(anyhow!(e), None))
+        request.call().map_err(|e| {
+            // Network trouble may pass; a bad URL or a certificate error will not.
+            let transient = matches!(
+                e,
+                ureq::Error::Io(_)
+                    | ureq::Error::Timeout(_)
+                    | ureq::Error::HostNotFound
+                    | ureq::Error::ConnectionFailed
+                    | ureq::Error::Protocol(_)
+                    | ureq::Error::BodyStalled
+            );
+            let error = anyhow!(e);
+            if transient {
+                Failure::Retry(error, None)
+            } else {
+                Failure::Fatal(error.context("is HF_ENDPOINT a reachable Hugging Face hub URL?"))
+            }
+        })
     }
 
     fn is_endpoint(&self, uri: &ureq::http::Uri) -> bool {

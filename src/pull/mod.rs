@@ -146,9 +146,9 @@ pub fn locate_model_in(cache_root: &Path, spec: &str) -> Result<PathBuf> {
 /// The manifest of `spec` known without the network: compiled in, or recorded by the
 /// `pull` that fetched an `hf:` model.
 fn local_manifest(spec: &ModelSpec, repo: &RepoCache, pull_command: &str) -> Result<Manifest> {
-    let ModelSpec::Hub { revision, .. } = spec else {
-        let ModelSpec::Known { manifest, .. } = spec else { unreachable!("spec is Known") };
-        return Ok(manifest.clone());
+    let revision = match spec {
+        ModelSpec::Known { manifest, .. } => return Ok(manifest.clone()),
+        ModelSpec::Hub { revision, .. } => revision,
     };
     let name = spec.display_name();
     let Some(commit) = repo.resolve_revision(revision) else {
@@ -196,6 +196,9 @@ impl LocalState {
     }
 }
 
+/// Hub metadata fetched while listing an `hf:` model, by file path.
+type MetadataByPath = HashMap<String, (Source, FileMetadata)>;
+
 /// One `pull` of one model into its cache folder.
 struct Puller {
     hub: HubClient,
@@ -203,7 +206,7 @@ struct Puller {
     name: String,
     manifest: Manifest,
     /// Metadata already fetched while building an `hf:` manifest, by path.
-    known_metadata: HashMap<String, (Source, FileMetadata)>,
+    known_metadata: MetadataByPath,
     skip_optional: bool,
     verified: Mutex<VerifiedFiles>,
     _lock: fs::File,
@@ -440,6 +443,9 @@ impl Puller {
     fn install(&self, plan: &PlannedDownload, progress: &Progress) -> Result<()> {
         let download = &plan.download;
         let digest = &plan.file.digest;
+        if download.size >= 256 << 20 {
+            progress.println(&format!("{}: all bytes received, verifying", plan.file.path));
+        }
         let actual = verify::hash_file(&download.partial, digest, None)?;
         if actual != digest.hex() {
             transfer::discard_partial(download)?;
@@ -494,7 +500,7 @@ fn manifest_from_hub(
     hub: &HubClient,
     repo: &str,
     revision: &str,
-) -> Result<(Manifest, HashMap<String, (Source, FileMetadata)>)> {
+) -> Result<(Manifest, MetadataByPath)> {
     let info = hub.repo_info(repo, revision)?;
     if !is_commit_hash(&info.sha) {
         bail!("the hub answered commit {:?} for {repo}@{revision}, which is not a commit hash", info.sha);
@@ -570,6 +576,8 @@ fn verify_copy(spec: &ModelSpec, root: &Path, threads: usize) -> Result<()> {
     let name = spec.display_name();
     let pull_command = format!("slotstream pull {name}");
     let manifest = local_manifest(spec, &repo, &pull_command)?;
+    // Verification may delete files: keep a concurrent pull out.
+    let _lock = if repo.state_dir().is_dir() { Some(lock_repo(&repo)?) } else { None };
     let commit = &manifest.primary.revision;
     let mut verified = repo.load_verified();
     let mut checks = Vec::new();
