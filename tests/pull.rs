@@ -130,6 +130,7 @@ fn fresh_pull_lays_out_the_cache_like_huggingface_hub() {
     assert_eq!(log.hub_requests_without_token, 0, "HF_TOKEN must reach the hub");
     assert!(log.storage_requests > 0, "LFS files must come through the redirect");
     assert_eq!(log.storage_requests_with_auth, 0, "the token must not leak to the storage host");
+    assert!(log.max_parallel_downloads >= 2, "ranges were not fetched in parallel ({} at most)", log.max_parallel_downloads);
 
     // A second pull finds everything and moves no file bytes.
     assert_success(&pull(&server, &scratch, &[]));

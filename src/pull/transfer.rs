@@ -29,6 +29,15 @@ pub struct TransferSettings {
     pub checkpoint_bytes: u64,
 }
 
+impl TransferSettings {
+    /// Splits a file that is smaller than `connections` full chunks so that every
+    /// connection still gets a share, but not into pieces smaller than 1 MiB.
+    fn chunk_size_for(&self, file_size: u64) -> u64 {
+        let share = file_size.div_ceil(self.connections.max(1) as u64).max(1 << 20);
+        self.chunk_bytes.min(share).max(1)
+    }
+}
+
 impl Default for TransferSettings {
     fn default() -> Self {
         TransferSettings { connections: 8, chunk_bytes: 64 << 20, checkpoint_bytes: 8 << 20 }
@@ -126,7 +135,7 @@ pub fn download_all(
     let mut tasks = std::collections::VecDeque::new();
     let mut outcomes: Vec<Option<Result<()>>> = Vec::new();
     for download in downloads {
-        match open_partial(download, settings.chunk_bytes) {
+        match open_partial(download, settings.chunk_size_for(download.size)) {
             Ok((file, record)) => {
                 let pending: Vec<usize> = (0..record.done.len())
                     .filter(|&c| {
@@ -157,7 +166,11 @@ pub fn download_all(
     std::thread::scope(|scope| {
         for _ in 0..workers {
             scope.spawn(|| {
-                while let Some(task) = lock(&tasks).pop_front() {
+                loop {
+                    // Take the task in its own statement: the queue must not stay locked
+                    // while the task runs.
+                    let next = lock(&tasks).pop_front();
+                    let Some(task) = next else { break };
                     let (index, result) = match task {
                         Task::Finish(index) => (index, Some(finish(files[index].download))),
                         Task::Chunk(index, chunk) => {
@@ -214,7 +227,7 @@ fn open_partial(download: &Download, chunk_bytes: u64) -> Result<(File, RangeRec
     let file = open()?;
     file.set_len(download.size)
         .with_context(|| format!("sizing {} to {} bytes", download.partial.display(), download.size))?;
-    let record = RangeRecord::fresh(download.size, chunk_bytes.max(1));
+    let record = RangeRecord::fresh(download.size, chunk_bytes);
     write_atomically(&download.ranges, &serde_json::to_vec(&record)?)?;
     Ok((file, record))
 }

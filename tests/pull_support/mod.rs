@@ -86,12 +86,16 @@ pub struct Log {
     pub storage_requests: usize,
     /// Hub requests (API, resolve) without the expected token.
     pub hub_requests_without_token: usize,
+    /// Most content downloads that were in flight at once.
+    pub max_parallel_downloads: usize,
 }
 
 struct State {
     files: Vec<RepoFile>,
     faults: Faults,
     log: Log,
+    /// Content downloads in flight now.
+    downloads_in_flight: usize,
     /// Bumped by `take_log`, so bytes still trickling out to a killed client's
     /// connections are not counted against the next run.
     generation: u64,
@@ -106,7 +110,7 @@ impl HubServer {
     pub fn start(files: Vec<RepoFile>) -> HubServer {
         let listener = TcpListener::bind("127.0.0.1:0").expect("binding the test hub server");
         let port = listener.local_addr().expect("test server address").port();
-        let state = Arc::new(Mutex::new(State { files, faults: Faults::default(), log: Log::default(), generation: 0 }));
+        let state = Arc::new(Mutex::new(State { files, faults: Faults::default(), log: Log::default(), downloads_in_flight: 0, generation: 0 }));
         let shared = Arc::clone(&state);
         thread::spawn(move || {
             for stream in listener.incoming().flatten() {
@@ -281,6 +285,23 @@ fn handle(mut stream: TcpStream, state: &Mutex<State>, port: u16) -> std::io::Re
 
 /// Sends (part of) a file's content, honouring Range and the injected faults.
 fn serve_content(
+    stream: &mut TcpStream,
+    state: &Mutex<State>,
+    file: &RepoFile,
+    request: &Request,
+    extra_headers: &[(&str, String)],
+) -> std::io::Result<()> {
+    {
+        let mut state = lock(state);
+        state.downloads_in_flight += 1;
+        state.log.max_parallel_downloads = state.log.max_parallel_downloads.max(state.downloads_in_flight);
+    }
+    let result = send_content(stream, state, file, request, extra_headers);
+    lock(state).downloads_in_flight -= 1;
+    result
+}
+
+fn send_content(
     stream: &mut TcpStream,
     state: &Mutex<State>,
     file: &RepoFile,
