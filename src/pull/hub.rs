@@ -252,7 +252,9 @@ impl HubClient {
                             "{what}: gave up after {failures} attempts; check the network and run the command again"
                         )));
                     }
-                    std::thread::sleep(self.backoff(failures, retry_after));
+                    let wait = self.backoff(failures, retry_after);
+                    eprintln!("  retry: {what}: {e:#}; trying again in {:.1} s", wait.as_secs_f64());
+                    std::thread::sleep(wait);
                 }
             }
         }

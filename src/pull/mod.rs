@@ -271,15 +271,16 @@ impl Puller {
         // What the hub has for the rest; a blob that is already there is checked, not fetched.
         let mut planned = Vec::new();
         let mut blobs_present = Vec::new();
-        let mut failures = Vec::new();
         for file in absent {
-            match self.plan_download(&file) {
-                Ok(Some(plan)) => match fs::metadata(self.repo.blob_path(&plan.blob)) {
+            // A file the hub cannot describe stops the run: the hub is unreachable or
+            // disagrees with the pins, and either way the other files would fail alike.
+            let plan = self.plan_download(&file).with_context(|| format!("preparing to download {}", file.path))?;
+            match plan {
+                Some(plan) => match fs::metadata(self.repo.blob_path(&plan.blob)) {
                     Ok(meta) if meta.len() == file.size => blobs_present.push(plan),
                     _ => planned.push(plan),
                 },
-                Ok(None) => eprintln!("{}: optional, not available from any source; skipped", file.path),
-                Err(e) => failures.push(format!("{}: {e:#}", file.path)),
+                None => eprintln!("{}: optional, not available from any source; skipped", file.path),
             }
         }
         let blob_checks = blobs_present
@@ -296,9 +297,7 @@ impl Puller {
             }
         }
 
-        if !planned.is_empty() {
-            failures.extend(self.download(&planned, settings)?);
-        }
+        let failures = if planned.is_empty() { Vec::new() } else { self.download(&planned, settings)? };
         if !failures.is_empty() {
             bail!(
                 "{} of {} files of {} did not complete:\n{}\nRun `slotstream pull {}` again: it \
