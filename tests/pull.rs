@@ -18,6 +18,8 @@ fn repo_files() -> Vec<RepoFile> {
     vec![
         RepoFile { path: "config.json".into(), content: br#"{"model_type":"qwen3_moe"}"#.to_vec(), lfs: false },
         RepoFile { path: "tokenizer/vocab.txt".into(), content: noise(3000, 1), lfs: false },
+        // Same content as config.json: one blob, two snapshot entries.
+        RepoFile { path: "tokenizer/config.json".into(), content: br#"{"model_type":"qwen3_moe"}"#.to_vec(), lfs: false },
         RepoFile { path: "model-00001.safetensors".into(), content: noise(3 << 20, 2), lfs: true },
         RepoFile { path: "model-00002.safetensors".into(), content: noise((3 << 19) + 12345, 3), lfs: true },
     ]

@@ -297,7 +297,18 @@ impl Puller {
             }
         }
 
-        let failures = if planned.is_empty() { Vec::new() } else { self.download(&planned, settings)? };
+        // Files with identical content share one blob: fetch it once, link it for each.
+        let mut seen_blobs = std::collections::HashSet::new();
+        let (planned, same_content): (Vec<_>, Vec<_>) =
+            planned.into_iter().partition(|plan| seen_blobs.insert(plan.blob.clone()));
+        let mut failures = if planned.is_empty() { Vec::new() } else { self.download(&planned, settings)? };
+        for plan in same_content {
+            if self.repo.blob_path(&plan.blob).exists() {
+                self.repo.link_snapshot(self.commit(), &plan.file.path, &plan.blob)?;
+            } else {
+                failures.push(format!("{}: its content is another file's, which did not complete", plan.file.path));
+            }
+        }
         if !failures.is_empty() {
             bail!(
                 "{} of {} files of {} did not complete:\n{}\nRun `slotstream pull {}` again: it \
