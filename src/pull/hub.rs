@@ -102,6 +102,10 @@ impl HubClient {
             })
             .map(|t| t.trim().to_string())
             .filter(|t| !t.is_empty());
+        HubClient::new(&endpoint, token, settings)
+    }
+
+    pub fn new(endpoint: &str, token: Option<String>, settings: NetworkSettings) -> HubClient {
         let agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             // The CDN a `resolve` URL redirects to must not see the token.

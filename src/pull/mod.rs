@@ -648,3 +648,97 @@ fn verify_copy(spec: &ModelSpec, root: &Path, threads: usize) -> Result<()> {
     println!("all {} files of {name} verified", checks.len());
     Ok(())
 }
+
+/// The fault-injecting hub server of `tests/pull.rs`, for tests of pinned manifests
+/// (which only the library can construct).
+#[cfg(test)]
+#[allow(dead_code)]
+#[path = "../../tests/pull_support/mod.rs"]
+mod test_hub;
+
+#[cfg(test)]
+mod tests {
+    use super::test_hub::{noise, HubServer, RepoFile, COMMIT};
+    use super::*;
+    use sha2::Digest as _;
+
+    fn fast_network() -> NetworkSettings {
+        NetworkSettings {
+            stall_timeout: Duration::from_millis(500),
+            max_attempts: 3,
+            first_backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(50),
+        }
+    }
+
+    /// A compiled-in-style manifest for the test server's files: sha256 pins for every
+    /// file, a mirror, and an optional file that no source has.
+    fn pinned_manifest(files: &[RepoFile]) -> Manifest {
+        let mut pinned: Vec<ManifestFile> = files
+            .iter()
+            .map(|f| ManifestFile {
+                path: f.path.clone(),
+                size: f.content.len() as u64,
+                digest: Digest::Sha256(test_hub::hex(&sha2::Sha256::digest(&f.content))),
+                optional: false,
+            })
+            .collect();
+        pinned.push(ManifestFile {
+            path: "mtp.safetensors".into(),
+            size: 10,
+            digest: Digest::Sha256("0".repeat(64)),
+            optional: true,
+        });
+        Manifest {
+            primary: Source { repo: "org/name".into(), revision: COMMIT.into() },
+            mirrors: vec![Source { repo: "org/mirror".into(), revision: COMMIT.into() }],
+            files: pinned,
+        }
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("slotstream-pinned-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn a_pinned_model_is_fetched_verified_by_sha256_and_skips_an_absent_optional_file() {
+        let files = vec![
+            RepoFile { path: "config.json".into(), content: b"{}".to_vec(), lfs: false },
+            RepoFile { path: "model.safetensors".into(), content: noise(300_000, 7), lfs: true },
+        ];
+        let server = HubServer::start(files.clone());
+        let root = scratch("ok");
+        let spec = ModelSpec::Known { name: "test:pinned".into(), manifest: pinned_manifest(&files) };
+        let hub = HubClient::new(&server.endpoint(), None, fast_network());
+        let settings = TransferSettings { connections: 2, chunk_bytes: 65536, checkpoint_bytes: 16384 };
+        Puller::new(&spec, &root, hub, false).unwrap().pull(&settings).unwrap();
+
+        let repo = RepoCache::new(&root, "org/name");
+        let verified = repo.load_verified();
+        for file in &pinned_manifest(&files).files[..2] {
+            let local = repo.snapshot_file(COMMIT, &file.path);
+            assert!(verified.is_verified(&local, &file.digest), "{} is not recorded as verified", file.path);
+        }
+        // Small files keep the hub's git-sha1 blob name, as huggingface_hub names them.
+        assert!(repo.blob_path(&files[0].blob_name()).is_file());
+        assert!(!repo.snapshot_file(COMMIT, "mtp.safetensors").exists());
+        let _ = fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn a_hub_file_that_differs_from_the_pins_is_refused_before_any_byte_moves() {
+        let files = vec![RepoFile { path: "model.safetensors".into(), content: noise(100_000, 8), lfs: true }];
+        let server = HubServer::start(files.clone());
+        let root = scratch("refused");
+        let mut manifest = pinned_manifest(&files);
+        manifest.files[0].digest = Digest::Sha256("ab".repeat(32));
+        let spec = ModelSpec::Known { name: "test:pinned".into(), manifest };
+        let hub = HubClient::new(&server.endpoint(), None, fast_network());
+        let error = Puller::new(&spec, &root, hub, false).unwrap().pull(&TransferSettings::default()).unwrap_err();
+        assert!(format!("{error:#}").contains("differs from the manifest"), "{error:#}");
+        assert!(server.take_log().content_bytes.is_empty(), "bytes moved for a refused file");
+        let _ = fs::remove_dir_all(&root);
+    }
+}
