@@ -728,6 +728,13 @@ mod tests {
     }
 
     #[test]
+    fn a_download_that_cannot_fit_is_refused_with_the_sizes() {
+        let error = check_free_space(&std::env::temp_dir(), 1 << 62).unwrap_err();
+        let message = format!("{error:#}");
+        assert!(message.contains("not enough free disk space") && message.contains("HF_HUB_CACHE"), "{message}");
+    }
+
+    #[test]
     fn a_hub_file_that_differs_from_the_pins_is_refused_before_any_byte_moves() {
         let files = vec![RepoFile { path: "model.safetensors".into(), content: noise(100_000, 8), lfs: true }];
         let server = HubServer::start(files.clone());
