@@ -6,6 +6,7 @@ pub mod experts;
 pub mod generate;
 pub mod model;
 pub mod plan;
+pub mod pull;
 pub mod sampling;
 pub mod server;
 pub mod tokenizer;

@@ -29,6 +29,8 @@ enum Command {
     Doctor(DoctorArgs),
     /// Serve the Ollama and OpenAI HTTP APIs.
     Serve(ServeArgs),
+    /// Download a model into the Hugging Face cache, resumably and verified.
+    Pull(slotstream::pull::PullArgs),
 }
 
 /// Memory knobs shared by run, serve and doctor. Precedence:
@@ -83,9 +85,10 @@ struct DoctorArgs {
 
 #[derive(Args)]
 struct ServeArgs {
-    /// Model directory (config.json, tokenizer.json, *.safetensors).
+    /// Model directory, a known model name (`qwen3.8-flash-next:4bit`) or
+    /// `hf:ORG/NAME[@REV]` pulled earlier. Default: the flagship if it is installed.
     #[arg(long)]
-    model: PathBuf,
+    model: Option<String>,
     /// Name clients use for the model (default: the directory's name).
     #[arg(long)]
     name: Option<String>,
@@ -114,9 +117,10 @@ struct ServeArgs {
 
 #[derive(Args)]
 struct RunArgs {
-    /// Model directory (config.json, tokenizer.json, *.safetensors).
+    /// Model directory, a known model name (`qwen3.8-flash-next:4bit`) or
+    /// `hf:ORG/NAME[@REV]` pulled earlier. Default: the flagship if it is installed.
     #[arg(long)]
-    model: PathBuf,
+    model: Option<String>,
     /// The prompt (a user message, unless --raw).
     #[arg(long)]
     prompt: String,
@@ -171,6 +175,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run(args),
         Command::Doctor(args) => doctor(args),
         Command::Serve(args) => serve(args),
+        Command::Pull(args) => slotstream::pull::run_pull(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -185,7 +190,8 @@ fn run(args: RunArgs) -> Result<()> {
     if let Some(n) = args.threads {
         rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("setting the thread count")?;
     }
-    let (engine, plan, _) = load_planned(&args.model, &args.memory)?;
+    let model_dir = resolve_model(args.model.as_deref())?;
+    let (engine, plan, _) = load_planned(&model_dir, &args.memory)?;
     let prompt_text = if args.raw {
         args.prompt.clone()
     } else {
@@ -259,6 +265,21 @@ fn run(args: RunArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The model directory a `--model` value names: an existing directory, or a
+/// known or `hf:` model in the Hugging Face cache (complete and verified, or
+/// an error that says what is missing and how to pull it).
+fn resolve_model(spec: Option<&str>) -> Result<PathBuf> {
+    match spec {
+        Some(s) if std::path::Path::new(s).is_dir() => Ok(PathBuf::from(s)),
+        Some(s) if s.contains('/') && !s.starts_with("hf:") => {
+            anyhow::bail!("--model {s}: no such directory (for a Hugging Face repo, write hf:{s} and pull it first)")
+        }
+        Some(s) => slotstream::pull::locate_model(s),
+        None => slotstream::pull::locate_model(slotstream::pull::DEFAULT_MODEL)
+            .context("no --model given and the default model is not installed; pass --model DIR"),
+    }
 }
 
 /// Plans memory for a model directory, prints the plan banner and loads it.
@@ -372,11 +393,11 @@ fn serve(args: ServeArgs) -> Result<()> {
     if let Some(n) = args.threads {
         rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("setting the thread count")?;
     }
-    let (engine, plan, costs) = load_planned(&args.model, &args.memory)?;
+    let model_dir = resolve_model(args.model.as_deref())?;
+    let (engine, plan, costs) = load_planned(&model_dir, &args.memory)?;
     let model_name = match args.name {
         Some(n) => n,
-        None => args
-            .model
+        None => model_dir
             .canonicalize()
             .ok()
             .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
@@ -393,6 +414,6 @@ fn serve(args: ServeArgs) -> Result<()> {
         }),
         plan: Some(plan),
     };
-    let config = slotstream::server::ServeConfig { model_dir: args.model, host: args.host, port: args.port, options };
+    let config = slotstream::server::ServeConfig { model_dir, host: args.host, port: args.port, options };
     slotstream::server::serve(config, engine)
 }

@@ -1,0 +1,282 @@
+//! The standard Hugging Face hub cache, laid out exactly as `huggingface_hub` lays it
+//! out, so models it downloaded are found here and ours are usable by it:
+//!
+//! ```text
+//! $HF_HUB_CACHE/models--ORG--NAME/
+//!   blobs/<sha256 for LFS files, git sha1 for small files>
+//!   snapshots/<commit>/<path>   relative symlink to ../../blobs/<blob>
+//!   refs/<revision>             the commit a branch or tag resolved to
+//!   .slotstream/                our own records (other tools ignore it)
+//! ```
+//!
+//! Partial downloads are named `<blob>.slotstream-partial`, not `<blob>.incomplete`:
+//! `huggingface_hub` resumes an `.incomplete` file by appending from its length, which
+//! would corrupt our sparse, range-by-range file.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::UNIX_EPOCH;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+use super::manifest::{Digest, Manifest};
+
+/// The hub cache root: `HF_HUB_CACHE`, else `HUGGINGFACE_HUB_CACHE` (its old name),
+/// else `$HF_HOME/hub`, else `$XDG_CACHE_HOME/huggingface/hub`, else
+/// `~/.cache/huggingface/hub` — the order `huggingface_hub` uses.
+pub fn hub_cache_root() -> Result<PathBuf> {
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    if let Some(dir) = var("HF_HUB_CACHE").or_else(|| var("HUGGINGFACE_HUB_CACHE")) {
+        return Ok(dir);
+    }
+    Ok(hf_home()?.join("hub"))
+}
+
+/// `HF_HOME`, else `$XDG_CACHE_HOME/huggingface`, else `~/.cache/huggingface`.
+pub fn hf_home() -> Result<PathBuf> {
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    if let Some(home) = var("HF_HOME") {
+        return Ok(home);
+    }
+    if let Some(xdg) = var("XDG_CACHE_HOME") {
+        return Ok(xdg.join("huggingface"));
+    }
+    match var("HOME").or_else(|| var("USERPROFILE")) {
+        Some(home) => Ok(home.join(".cache").join("huggingface")),
+        None => bail!("cannot find the Hugging Face cache: set HF_HUB_CACHE or HOME"),
+    }
+}
+
+/// One repository's folder in the hub cache.
+#[derive(Clone, Debug)]
+pub struct RepoCache {
+    dir: PathBuf,
+}
+
+impl RepoCache {
+    pub fn new(root: &Path, repo: &str) -> RepoCache {
+        RepoCache { dir: root.join(format!("models--{}", repo.replace('/', "--"))) }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn blobs_dir(&self) -> PathBuf {
+        self.dir.join("blobs")
+    }
+
+    pub fn blob_path(&self, blob: &str) -> PathBuf {
+        self.blobs_dir().join(blob)
+    }
+
+    /// Bytes received so far for `blob`, a sparse file of the final size.
+    pub fn partial_path(&self, blob: &str) -> PathBuf {
+        self.blobs_dir().join(format!("{blob}.slotstream-partial"))
+    }
+
+    /// Which byte ranges of the partial file are on disk (see `transfer`).
+    pub fn ranges_path(&self, blob: &str) -> PathBuf {
+        self.blobs_dir().join(format!("{blob}.slotstream-ranges"))
+    }
+
+    pub fn snapshot_dir(&self, commit: &str) -> PathBuf {
+        self.dir.join("snapshots").join(commit)
+    }
+
+    pub fn snapshot_file(&self, commit: &str, path: &str) -> PathBuf {
+        let mut file = self.snapshot_dir(commit);
+        file.extend(path.split('/'));
+        file
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.join(".slotstream")
+    }
+
+    pub fn lock_path(&self) -> PathBuf {
+        self.state_dir().join("pull.lock")
+    }
+
+    pub fn create_dirs(&self) -> Result<()> {
+        for dir in [self.blobs_dir(), self.state_dir(), self.dir.join("refs")] {
+            fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        Ok(())
+    }
+
+    /// The commit `revision` resolves to locally: itself if it is a commit hash, else
+    /// what `refs/<revision>` records.
+    pub fn resolve_revision(&self, revision: &str) -> Option<String> {
+        if super::manifest::is_commit_hash(revision) {
+            return Some(revision.to_string());
+        }
+        let commit = fs::read_to_string(self.dir.join("refs").join(revision)).ok()?;
+        Some(commit.trim().to_string())
+    }
+
+    pub fn write_ref(&self, revision: &str, commit: &str) -> Result<()> {
+        let path = self.dir.join("refs").join(revision);
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+        }
+        write_atomically(&path, commit.as_bytes())
+    }
+
+    /// Points `snapshots/<commit>/<path>` at `blobs/<blob>` with a relative symlink, as
+    /// `huggingface_hub` does, replacing whatever was there.
+    pub fn link_snapshot(&self, commit: &str, path: &str, blob: &str) -> Result<()> {
+        let link = self.snapshot_file(commit, path);
+        let parent = link.parent().context("snapshot path has no parent")?;
+        fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+        let depth = path.split('/').count() + 1; // the path's folders, plus <commit> and snapshots/
+        let mut target = PathBuf::new();
+        for _ in 0..depth {
+            target.push("..");
+        }
+        target.push("blobs");
+        target.push(blob);
+        remove_if_present(&link)?;
+        make_link(&target, &self.blob_path(blob), &link)
+            .with_context(|| format!("linking {} to {}", link.display(), target.display()))
+    }
+
+    /// The manifest of an `hf:` model at `commit`, recorded when it was pulled.
+    pub fn load_manifest(&self, commit: &str) -> Result<Option<Manifest>> {
+        let path = self.state_dir().join(format!("manifest-{commit}.json"));
+        match fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .with_context(|| format!("reading {}; delete it and pull again", path.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+        }
+    }
+
+    pub fn save_manifest(&self, manifest: &Manifest) -> Result<()> {
+        let path = self.state_dir().join(format!("manifest-{}.json", manifest.primary.revision));
+        write_atomically(&path, &serde_json::to_vec_pretty(manifest)?)
+    }
+
+    fn verified_path(&self) -> PathBuf {
+        self.state_dir().join("verified.json")
+    }
+
+    /// Files whose content was hashed and matched; see [`VerifiedFiles`].
+    pub fn load_verified(&self) -> VerifiedFiles {
+        // A missing or unreadable record only means files get hashed again.
+        let records = fs::read(self.verified_path())
+            .ok()
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .unwrap_or_default();
+        VerifiedFiles { records }
+    }
+
+    pub fn save_verified(&self, verified: &VerifiedFiles) -> Result<()> {
+        write_atomically(&self.verified_path(), &serde_json::to_vec_pretty(&verified.records)?)
+    }
+}
+
+/// Which files were hashed and matched their pinned digest, keyed by the real file's
+/// path. A record holds only while the file keeps the size and modification time it
+/// had when hashed, so `run` can trust a file without re-reading 100 GB, and a file
+/// that another tool put there is hashed once before it is used.
+#[derive(Default, Debug)]
+pub struct VerifiedFiles {
+    records: BTreeMap<String, VerifiedRecord>,
+}
+
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
+struct VerifiedRecord {
+    size: u64,
+    modified_ns: u128,
+    digest: Digest,
+}
+
+impl VerifiedFiles {
+    pub fn is_verified(&self, file: &Path, digest: &Digest) -> bool {
+        let Some((key, size, modified_ns)) = file_identity(file) else { return false };
+        self.records.get(&key)
+            == Some(&VerifiedRecord { size, modified_ns, digest: digest.clone() })
+    }
+
+    pub fn mark_verified(&mut self, file: &Path, digest: &Digest) {
+        if let Some((key, size, modified_ns)) = file_identity(file) {
+            self.records.insert(key, VerifiedRecord { size, modified_ns, digest: digest.clone() });
+        }
+    }
+
+    pub fn forget(&mut self, file: &Path) {
+        if let Ok(real) = fs::canonicalize(file) {
+            self.records.remove(&real.to_string_lossy().into_owned());
+        }
+    }
+}
+
+fn file_identity(file: &Path) -> Option<(String, u64, u128)> {
+    let real = fs::canonicalize(file).ok()?;
+    let meta = fs::metadata(&real).ok()?;
+    let modified_ns = meta.modified().ok()?.duration_since(UNIX_EPOCH).ok()?.as_nanos();
+    Some((real.to_string_lossy().into_owned(), meta.len(), modified_ns))
+}
+
+/// Replaces `path` with `bytes` so that a crash leaves either the old or the new
+/// content, never a mix: write a temporary file, fsync it, rename it over, fsync the
+/// folder.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().context("a file to write atomically needs a parent folder")?;
+    let mut tmp_name = path.file_name().context("no file name")?.to_os_string();
+    tmp_name.push(".tmp");
+    let tmp = dir.join(tmp_name);
+    let mut file = fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    file.write_all(bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    file.sync_all().with_context(|| format!("syncing {}", tmp.display()))?;
+    drop(file);
+    fs::rename(&tmp, path)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+    sync_dir(dir);
+    Ok(())
+}
+
+/// Makes a rename or new file in `dir` durable. Best effort: not every platform lets a
+/// folder be opened and synced, and the data itself is already synced.
+pub fn sync_dir(dir: &Path) {
+    if let Ok(handle) = fs::File::open(dir) {
+        let _ = handle.sync_all();
+    }
+}
+
+pub fn remove_if_present(path: &Path) -> Result<()> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("removing {}", path.display())),
+    }
+}
+
+#[cfg(unix)]
+fn make_link(relative_target: &Path, _blob: &Path, link: &Path) -> std::io::Result<()> {
+    std::os::unix::fs::symlink(relative_target, link)
+}
+
+/// Where symlinks need privileges, `huggingface_hub` copies the blob; so do we.
+#[cfg(not(unix))]
+fn make_link(_relative_target: &Path, blob: &Path, link: &Path) -> std::io::Result<()> {
+    fs::copy(blob, link).map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_paths_follow_huggingface_hub() {
+        let repo = RepoCache::new(Path::new("/c"), "org/name");
+        assert_eq!(repo.dir(), Path::new("/c/models--org--name"));
+        assert_eq!(repo.snapshot_file("abc", "sub/x.json"), Path::new("/c/models--org--name/snapshots/abc/sub/x.json"));
+        assert_eq!(repo.blob_path("ff"), Path::new("/c/models--org--name/blobs/ff"));
+    }
+}

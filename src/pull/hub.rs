@@ -1,0 +1,383 @@
+//! Talking to the Hugging Face hub (or anything that speaks its HTTP API): the
+//! repository file list, per-file metadata from the `resolve` headers, and ranged GETs,
+//! each with retries and backoff.
+//!
+//! Why not the `hf-hub` crate: its current release is async (tokio, reqwest, hf-xet),
+//! a heavy build for one subcommand, and it downloads each file as a single stream
+//! that cannot be split into ranges over several connections nor resumed from a record
+//! of which ranges are already on disk. So the cache layout (`cache`) and the transfer
+//! (`transfer`) are our own, on `ureq`, a small blocking HTTP client.
+
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::Deserialize;
+use ureq::config::RedirectAuthHeaders;
+use ureq::http::{HeaderMap, Response};
+use ureq::Body;
+
+use super::cache::hf_home;
+
+const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
+
+/// Timeouts and retry policy; short values in tests, generous ones for real networks.
+#[derive(Clone, Debug)]
+pub struct NetworkSettings {
+    /// Longest wait for a connection, a response or the next bytes of a body; a
+    /// server that stalls longer is abandoned and the request retried.
+    pub stall_timeout: Duration,
+    /// Attempts per request while no bytes arrive (progress resets the count).
+    pub max_attempts: u32,
+    /// First backoff delay; doubles on each retry up to `max_backoff`.
+    pub first_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+impl Default for NetworkSettings {
+    fn default() -> Self {
+        NetworkSettings {
+            stall_timeout: Duration::from_secs(30),
+            max_attempts: 10,
+            first_backoff: Duration::from_millis(500),
+            max_backoff: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A failed request, split by whether trying again can help.
+#[derive(Debug)]
+pub enum Failure {
+    /// Network error, stall, 429 or 5xx: back off and try again. Holds the server's
+    /// `Retry-After` when it sent one.
+    Retry(anyhow::Error, Option<Duration>),
+    /// Trying again cannot help (404, 401, a malformed answer).
+    Fatal(anyhow::Error),
+}
+
+/// What the hub says about one file at one revision.
+#[derive(Clone, Debug)]
+pub struct FileMetadata {
+    /// The commit the revision resolved to (`X-Repo-Commit`).
+    pub commit: Option<String>,
+    /// `X-Linked-Etag` (the sha256 of an LFS file) or `ETag` (git sha1 of a small file).
+    pub etag: String,
+    /// True when the file is stored with LFS, i.e. `X-Linked-Etag` was present.
+    pub is_lfs: bool,
+    pub size: u64,
+}
+
+/// The repository listing of `GET /api/models/{repo}/revision/{rev}`.
+#[derive(Debug, Deserialize)]
+pub struct RepoInfo {
+    /// The commit the revision resolved to.
+    pub sha: String,
+    pub siblings: Vec<Sibling>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Sibling {
+    pub rfilename: String,
+}
+
+pub struct HubClient {
+    endpoint: String,
+    token: Option<String>,
+    agent: ureq::Agent,
+    pub settings: NetworkSettings,
+}
+
+impl HubClient {
+    /// Honours `HF_ENDPOINT` and `HF_TOKEN` (else the token `huggingface-cli login`
+    /// saved in `$HF_HOME/token`).
+    pub fn from_env(settings: NetworkSettings) -> HubClient {
+        let endpoint = std::env::var("HF_ENDPOINT")
+            .ok()
+            .filter(|e| !e.is_empty())
+            .unwrap_or_else(|| DEFAULT_ENDPOINT.to_string());
+        let token = std::env::var("HF_TOKEN")
+            .ok()
+            .or_else(|| {
+                let path = hf_home().ok()?.join("token");
+                std::fs::read_to_string(path).ok()
+            })
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty());
+        HubClient::new(&endpoint, token, settings)
+    }
+
+    pub fn new(endpoint: &str, token: Option<String>, settings: NetworkSettings) -> HubClient {
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            // The CDN a `resolve` URL redirects to must not see the token.
+            .redirect_auth_headers(RedirectAuthHeaders::SameHost)
+            .timeout_connect(Some(settings.stall_timeout))
+            .timeout_recv_response(Some(settings.stall_timeout))
+            .timeout_per_read(Some(settings.stall_timeout))
+            .user_agent(concat!("slotstream/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .into();
+        HubClient { endpoint: endpoint.trim_end_matches('/').to_string(), token, agent, settings }
+    }
+
+    /// URL of a file at a revision; the hub answers it with the file or a redirect to it.
+    pub fn resolve_url(&self, repo: &str, revision: &str, path: &str) -> String {
+        format!(
+            "{}/{repo}/resolve/{}/{}",
+            self.endpoint,
+            percent_encode(revision, false),
+            percent_encode(path, true)
+        )
+    }
+
+    /// Lists a repository's files and the commit `revision` resolves to.
+    pub fn repo_info(&self, repo: &str, revision: &str) -> Result<RepoInfo> {
+        let url = format!(
+            "{}/api/models/{repo}/revision/{}",
+            self.endpoint,
+            percent_encode(revision, false)
+        );
+        self.with_retries(&format!("listing the files of {repo} at {revision}"), || {
+            let mut response = self.call(self.agent.get(&url).header("Accept", "application/json"))?;
+            check_status(&response, &url, repo)?;
+            let text = response
+                .body_mut()
+                .with_config()
+                .limit(64 << 20)
+                .read_to_string()
+                .map_err(|e| Failure::Retry(anyhow!(e).context(format!("reading {url}")), None))?;
+            serde_json::from_str(&text).map_err(|e| {
+                Failure::Fatal(anyhow!(e).context(format!("{url} did not answer a repository listing")))
+            })
+        })
+    }
+
+    /// Metadata from the headers of `HEAD resolve/...`, not following the redirect to
+    /// the storage host (the hub's own response carries the `X-Linked-*` headers).
+    /// `None` when the repository has no such file at that revision.
+    pub fn file_metadata(&self, repo: &str, revision: &str, path: &str) -> Result<Option<FileMetadata>> {
+        let mut url = self.resolve_url(repo, revision, path);
+        self.with_retries(&format!("asking the hub about {repo}/{path}"), || {
+            // A redirect without hub headers is a renamed repository: follow it.
+            for _ in 0..5 {
+                let request = self
+                    .agent
+                    .head(&url)
+                    .header("Accept-Encoding", "identity")
+                    .config()
+                    .max_redirects(0)
+                    .build();
+                let response = self.call(request)?;
+                let headers = response.headers();
+                let status = response.status().as_u16();
+                if status == 404 {
+                    return Ok(None);
+                }
+                if response.status().is_redirection() && header(headers, "x-repo-commit").is_none() {
+                    let location = header(headers, "location").ok_or_else(|| {
+                        Failure::Fatal(anyhow!("{url} redirected without a Location header"))
+                    })?;
+                    url = join_url(&url, location);
+                    continue;
+                }
+                if !response.status().is_redirection() {
+                    check_status(&response, &url, repo)?;
+                }
+                return metadata_from_headers(headers, &url).map(Some).map_err(Failure::Fatal);
+            }
+            Err(Failure::Fatal(anyhow!("{url} redirected too many times")))
+        })
+    }
+
+    /// Starts a GET of `url` for bytes `start..end` (end exclusive), following redirects.
+    /// The caller validates `Content-Range` and reads the body.
+    pub fn get_range(&self, url: &str, start: u64, end: u64) -> Result<Response<Body>, Failure> {
+        let request = self
+            .agent
+            .get(url)
+            .header("Range", format!("bytes={start}-{}", end - 1))
+            .header("Accept-Encoding", "identity");
+        let response = self.call(request)?;
+        check_status(&response, url, "")?;
+        Ok(response)
+    }
+
+    fn call(
+        &self,
+        request: ureq::RequestBuilder<ureq::typestate::WithoutBody>,
+    ) -> Result<Response<Body>, Failure> {
+        let request = match &self.token {
+            // ureq drops this header when a redirect leaves the host.
+            Some(token) if request.uri_ref().map(|u| self.is_endpoint(u)).unwrap_or(false) => {
+                request.header("Authorization", format!("Bearer {token}"))
+            }
+            _ => request,
+        };
+        request.call().map_err(|e| {
+            // Network trouble may pass; a bad URL or a certificate error will not.
+            let transient = matches!(
+                e,
+                ureq::Error::Io(_)
+                    | ureq::Error::Timeout(_)
+                    | ureq::Error::HostNotFound
+                    | ureq::Error::ConnectionFailed
+                    | ureq::Error::Protocol(_)
+                    | ureq::Error::BodyStalled
+            );
+            let error = anyhow!(e);
+            if transient {
+                Failure::Retry(error, None)
+            } else {
+                Failure::Fatal(error.context("is HF_ENDPOINT a reachable Hugging Face hub URL?"))
+            }
+        })
+    }
+
+    fn is_endpoint(&self, uri: &ureq::http::Uri) -> bool {
+        let endpoint_authority = self.endpoint.split("://").nth(1).unwrap_or("").split('/').next();
+        uri.authority().map(|a| a.as_str()) == endpoint_authority
+    }
+
+    /// Runs `attempt` until it succeeds, fails fatally, or `max_attempts` retryable
+    /// failures in a row, sleeping with exponential backoff in between.
+    pub fn with_retries<T>(
+        &self,
+        what: &str,
+        mut attempt: impl FnMut() -> Result<T, Failure>,
+    ) -> Result<T> {
+        let mut failures = 0;
+        loop {
+            match attempt() {
+                Ok(value) => return Ok(value),
+                Err(Failure::Fatal(e)) => return Err(e.context(what.to_string())),
+                Err(Failure::Retry(e, retry_after)) => {
+                    failures += 1;
+                    if failures >= self.settings.max_attempts {
+                        return Err(e.context(format!(
+                            "{what}: gave up after {failures} attempts; check the network and run the command again"
+                        )));
+                    }
+                    let wait = self.backoff(failures, retry_after);
+                    eprintln!("  retry: {what}: {e:#}; trying again in {:.1} s", wait.as_secs_f64());
+                    std::thread::sleep(wait);
+                }
+            }
+        }
+    }
+
+    /// Delay before retry number `failures` (1-based): exponential with jitter, or the
+    /// server's `Retry-After` when it asked for a longer wait.
+    pub fn backoff(&self, failures: u32, retry_after: Option<Duration>) -> Duration {
+        let s = &self.settings;
+        let exponential = s.first_backoff.saturating_mul(1 << (failures - 1).min(16)).min(s.max_backoff);
+        // Jitter from the clock keeps parallel connections from retrying in lockstep.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let jittered = exponential.mul_f64(0.75 + f64::from(nanos % 1000) / 2000.0);
+        match retry_after {
+            Some(wait) => jittered.max(wait.min(s.max_backoff)),
+            None => jittered,
+        }
+    }
+}
+
+/// Maps an HTTP status to success, a retry or a fatal error that says what to do.
+fn check_status(response: &Response<Body>, url: &str, repo: &str) -> Result<(), Failure> {
+    let status = response.status().as_u16();
+    match status {
+        200..=299 => Ok(()),
+        429 | 500..=599 | 408 => {
+            let retry_after = header(response.headers(), "retry-after")
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(Duration::from_secs);
+            Err(Failure::Retry(anyhow!("{url} answered HTTP {status}"), retry_after))
+        }
+        401 | 403 => Err(Failure::Fatal(anyhow!(
+            "{url} answered HTTP {status}: the repository {repo} is private or gated; accept its \
+             terms on the hub and set HF_TOKEN to an access token"
+        ))),
+        404 => Err(Failure::Fatal(anyhow!(
+            "{url} answered HTTP 404: no such repository, revision or file"
+        ))),
+        _ => Err(Failure::Fatal(anyhow!("{url} answered HTTP {status}"))),
+    }
+}
+
+fn metadata_from_headers(headers: &HeaderMap, url: &str) -> Result<FileMetadata> {
+    let linked_etag = header(headers, "x-linked-etag");
+    let etag = linked_etag
+        .or_else(|| header(headers, "etag"))
+        .map(normalize_etag)
+        .filter(|e| !e.is_empty())
+        .with_context(|| format!("{url} sent no ETag; is HF_ENDPOINT a Hugging Face hub?"))?;
+    let size = header(headers, "x-linked-size")
+        .or_else(|| header(headers, "content-length"))
+        .with_context(|| format!("{url} sent no file size (X-Linked-Size or Content-Length)"))?;
+    let size = size
+        .trim()
+        .parse()
+        .with_context(|| format!("{url} sent an invalid file size {size:?}"))?;
+    if etag.contains(['/', '\\']) || etag.starts_with('.') {
+        bail!("{url} sent an ETag {etag:?} that cannot name a file");
+    }
+    Ok(FileMetadata {
+        commit: header(headers, "x-repo-commit").map(str::to_string),
+        etag,
+        is_lfs: linked_etag.is_some(),
+        size,
+    })
+}
+
+/// `W/"abc"` and `"abc"` both name the blob `abc`.
+fn normalize_etag(etag: &str) -> String {
+    etag.trim().trim_start_matches("W/").trim_matches('"').to_string()
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// Resolves a `Location` header against the URL that sent it.
+fn join_url(base: &str, location: &str) -> String {
+    if location.contains("://") {
+        return location.to_string();
+    }
+    let scheme_end = base.find("://").map(|i| i + 3).unwrap_or(0);
+    let host_end = base[scheme_end..].find('/').map(|i| scheme_end + i).unwrap_or(base.len());
+    if location.starts_with('/') {
+        format!("{}{location}", &base[..host_end])
+    } else {
+        let dir_end = base.rfind('/').filter(|&i| i >= host_end).unwrap_or(host_end);
+        format!("{}/{location}", &base[..dir_end])
+    }
+}
+
+/// Percent-encodes a path (keeping `/` when `keep_slash`) for use in a URL.
+fn percent_encode(text: &str, keep_slash: bool) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        let plain = byte.is_ascii_alphanumeric() || b"-_.~".contains(&byte) || (keep_slash && byte == b'/');
+        if plain {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_built_and_joined() {
+        assert_eq!(percent_encode("refs/pr/1", false), "refs%2Fpr%2F1");
+        assert_eq!(percent_encode("a b/c.json", true), "a%20b/c.json");
+        assert_eq!(join_url("http://h:1/a/b/c", "/x/y"), "http://h:1/x/y");
+        assert_eq!(join_url("http://h:1/a/b/c", "d"), "http://h:1/a/b/d");
+        assert_eq!(join_url("http://h:1/a", "http://o/z"), "http://o/z");
+        assert_eq!(normalize_etag("W/\"abc\""), "abc");
+    }
+}
