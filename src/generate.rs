@@ -239,6 +239,46 @@ impl Engine {
     }
 }
 
+/// Perplexity of a text, evaluated in independent windows.
+#[derive(Clone, Debug, Serialize)]
+pub struct Perplexity {
+    pub windows: usize,
+    /// Tokens predicted (each window's first token has no prediction).
+    pub predicted_tokens: usize,
+    pub mean_nll: f64,
+    pub perplexity: f64,
+}
+
+impl Engine {
+    /// Splits `ids` into consecutive windows of `window` tokens and scores each
+    /// from an empty state: the mean negative log-likelihood of every token
+    /// given the ones before it in its window.
+    pub fn perplexity(&self, ids: &[u32], window: usize, max_windows: usize) -> Result<Perplexity> {
+        if window < 2 {
+            bail!("the perplexity window must be at least 2 tokens");
+        }
+        let vocab = self.model.vocab_size;
+        let (mut nll, mut n, mut windows) = (0.0f64, 0usize, 0usize);
+        for chunk in ids.chunks_exact(window).take(max_windows) {
+            let mut state = self.new_state()?;
+            let t = self.model.forward(self.backend.as_ref(), chunk, &mut state, Logits::All)?;
+            let logits = self.backend.download(&t)?;
+            for (i, row) in logits.chunks_exact(vocab).take(window - 1).enumerate() {
+                let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+                let log_sum = row.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln() + max;
+                nll += log_sum - row[chunk[i + 1] as usize] as f64;
+                n += 1;
+            }
+            windows += 1;
+        }
+        if n == 0 {
+            bail!("the text has fewer than {window} tokens: nothing to score");
+        }
+        let mean = nll / n as f64;
+        Ok(Perplexity { windows, predicted_tokens: n, mean_nll: mean, perplexity: mean.exp() })
+    }
+}
+
 fn read_config_eos(dir: &Path) -> Result<Vec<u32>> {
     let text = std::fs::read_to_string(dir.join("config.json"))?;
     let v: serde_json::Value = serde_json::from_str(&text)?;

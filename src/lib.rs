@@ -2,6 +2,7 @@
 //! with the routed experts streamed from disk into a fixed pool of cache slots.
 
 pub mod checkpoint;
+pub mod demo;
 pub mod experts;
 pub mod generate;
 pub mod model;

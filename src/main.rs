@@ -31,6 +31,8 @@ enum Command {
     Serve(ServeArgs),
     /// Download a model into the Hugging Face cache, resumably and verified.
     Pull(slotstream::pull::PullArgs),
+    /// Perplexity of a text file, in independent windows.
+    Perplexity(PerplexityArgs),
 }
 
 /// Memory knobs shared by run, serve and doctor. Precedence:
@@ -63,6 +65,24 @@ impl MemoryArgs {
 }
 
 #[derive(Args)]
+struct PerplexityArgs {
+    /// Model directory or name (as for `run`).
+    #[arg(long)]
+    model: Option<String>,
+    /// UTF-8 text to score.
+    #[arg(long)]
+    file: PathBuf,
+    /// Tokens per window.
+    #[arg(long, default_value_t = 256)]
+    window: usize,
+    /// Score at most this many windows.
+    #[arg(long, default_value_t = usize::MAX)]
+    max_windows: usize,
+    #[command(flatten)]
+    memory: MemoryArgs,
+}
+
+#[derive(Args)]
 struct DoctorArgs {
     /// Model directory, or `qwen3.8-flash-next:4bit` (sizes known without the weights).
     #[arg(long, default_value = "qwen3.8-flash-next:4bit")]
@@ -86,7 +106,8 @@ struct DoctorArgs {
 #[derive(Args)]
 struct ServeArgs {
     /// Model directory, a known model name (`qwen3.8-flash-next:4bit`) or
-    /// `hf:ORG/NAME[@REV]` pulled earlier. Default: the flagship if it is installed.
+    /// `hf:ORG/NAME[@REV]` pulled earlier. Default: the flagship if it is
+    /// installed, else the bundled demo model.
     #[arg(long)]
     model: Option<String>,
     /// Name clients use for the model (default: the directory's name).
@@ -118,7 +139,8 @@ struct ServeArgs {
 #[derive(Args)]
 struct RunArgs {
     /// Model directory, a known model name (`qwen3.8-flash-next:4bit`) or
-    /// `hf:ORG/NAME[@REV]` pulled earlier. Default: the flagship if it is installed.
+    /// `hf:ORG/NAME[@REV]` pulled earlier. Default: the flagship if it is
+    /// installed, else the bundled demo model.
     #[arg(long)]
     model: Option<String>,
     /// The prompt (a user message, unless --raw).
@@ -176,6 +198,7 @@ fn main() -> ExitCode {
         Command::Doctor(args) => doctor(args),
         Command::Serve(args) => serve(args),
         Command::Pull(args) => slotstream::pull::run_pull(&args),
+        Command::Perplexity(args) => perplexity(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -267,6 +290,16 @@ fn run(args: RunArgs) -> Result<()> {
     Ok(())
 }
 
+fn perplexity(args: PerplexityArgs) -> Result<()> {
+    let model_dir = resolve_model(args.model.as_deref())?;
+    let (engine, _, _) = load_planned(&model_dir, &args.memory)?;
+    let text = std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
+    let ids = engine.codec.encode(&text, false)?;
+    let p = engine.perplexity(&ids, args.window, args.max_windows)?;
+    let _ = writeln!(std::io::stdout(), "{}", serde_json::to_string(&p)?);
+    Ok(())
+}
+
 /// The model directory a `--model` value names: an existing directory, or a
 /// known or `hf:` model in the Hugging Face cache (complete and verified, or
 /// an error that says what is missing and how to pull it).
@@ -277,8 +310,13 @@ fn resolve_model(spec: Option<&str>) -> Result<PathBuf> {
             anyhow::bail!("--model {s}: no such directory (for a Hugging Face repo, write hf:{s} and pull it first)")
         }
         Some(s) => slotstream::pull::locate_model(s),
-        None => slotstream::pull::locate_model(slotstream::pull::DEFAULT_MODEL)
-            .context("no --model given and the default model is not installed; pass --model DIR"),
+        None => match slotstream::pull::locate_model(slotstream::pull::DEFAULT_MODEL) {
+            Ok(dir) => Ok(dir),
+            Err(_) => {
+                eprintln!("{}", slotstream::demo::NOTE);
+                slotstream::demo::model_dir()
+            }
+        },
     }
 }
 

@@ -40,6 +40,17 @@ echo "[verify] comparing with tests/fixtures"
 echo "[verify] independent float64 numpy forward vs goldens"
 "$PY" tools/oracle/reference_numpy.py tests/fixtures
 
+echo "[verify] demo model perplexity with the oracle vs tools/demo/oracle_perplexity.json"
+"$PY" tools/demo/perplexity_oracle.py --model tools/demo/model --file tools/demo/heldout_sample.txt --out "$tmp/demo_ppl.json" >/dev/null
+"$PY" - "$tmp/demo_ppl.json" tools/demo/oracle_perplexity.json <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert a["predicted_tokens"] == b["predicted_tokens"], (a, b)
+assert abs(a["mean_nll"] - b["mean_nll"]) <= 1e-6 * abs(b["mean_nll"]), (a, b)
+print(f"[verify] demo perplexity {a['perplexity']:.4f} reproduced")
+PY
+cargo test --test demo
+
 if [ -f tests/parity.rs ]; then
     echo "[verify] cargo test --test parity"
     cargo test --test parity

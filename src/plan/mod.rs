@@ -136,10 +136,12 @@ pub fn plan(model: &ModelCosts, machine: &MachineMemory, req: &PlanRequest) -> R
         }
         let floor = bytes_for(floor_slots);
         if target < floor {
-            notes.push(format!(
-                "this machine has less free memory than the model's minimum ({:.1} GB); running at the minimum and relying on the OS to page",
-                gb(floor)
-            ));
+            if reclaimable < floor {
+                notes.push(format!(
+                    "this machine has less free memory than the model's minimum ({:.1} GB); running at the minimum and relying on the OS to page",
+                    gb(floor)
+                ));
+            }
             target = floor;
         }
         (PlanMode::Auto, slots_within(target).clamp(floor_slots.min(total_experts), total_experts), target)

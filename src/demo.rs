@@ -1,0 +1,48 @@
+//! The bundled demo model: a 24M-parameter qwen3_next MoE (6 layers, 32
+//! experts top-4 plus a shared expert) trained on public-domain English
+//! (tools/demo/), MLX 4-bit, compiled into the binary so `run` and `serve`
+//! work offline on a fresh machine. It is unpacked once into the user's cache.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+
+const FILES: [(&str, &[u8]); 7] = [
+    ("config.json", include_bytes!("../tools/demo/model/config.json")),
+    ("generation_config.json", include_bytes!("../tools/demo/model/generation_config.json")),
+    ("model.safetensors", include_bytes!("../tools/demo/model/model.safetensors")),
+    ("model.safetensors.index.json", include_bytes!("../tools/demo/model/model.safetensors.index.json")),
+    ("tokenizer.json", include_bytes!("../tools/demo/model/tokenizer.json")),
+    ("tokenizer_config.json", include_bytes!("../tools/demo/model/tokenizer_config.json")),
+    ("chat_template.jinja", include_bytes!("../tools/demo/model/chat_template.jinja")),
+];
+
+/// One line for users: what is running and how to get the real model.
+pub const NOTE: &str = "note: no model installed, running the bundled 24M-parameter demo model \
+(trained on public-domain English); for Qwen3.8-Flash-Next run `slotstream pull qwen3.8-flash-next:4bit`";
+
+fn cache_root() -> Result<PathBuf> {
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
+        return Ok(PathBuf::from(d).join("slotstream"));
+    }
+    let home = std::env::var_os("HOME").context("neither XDG_CACHE_HOME nor HOME is set: cannot unpack the demo model")?;
+    Ok(PathBuf::from(home).join(".cache").join("slotstream"))
+}
+
+/// The demo model's directory, unpacking it on first use. Files are written
+/// under a temporary name and renamed, so an interrupted unpack is redone.
+pub fn model_dir() -> Result<PathBuf> {
+    let total: usize = FILES.iter().map(|(_, b)| b.len()).sum();
+    let dir = cache_root()?.join(format!("demo-{}-{total}", env!("CARGO_PKG_VERSION")));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    for (name, bytes) in FILES {
+        let path = dir.join(name);
+        if std::fs::metadata(&path).map(|m| m.len() as usize == bytes.len()).unwrap_or(false) {
+            continue;
+        }
+        let tmp = dir.join(format!("{name}.partial"));
+        std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, &path).with_context(|| format!("renaming {} into place", tmp.display()))?;
+    }
+    Ok(dir)
+}
