@@ -51,6 +51,25 @@ print(f"[verify] demo perplexity {a['perplexity']:.4f} reproduced")
 PY
 cargo test --test demo
 
+echo "[verify] cache size never changes output: synthetic models, minimum pool vs all experts resident"
+cargo build --release --quiet
+for family in qwen3_moe qwen3_next; do
+    synth="$tmp/synth-$family"
+    "$PY" tools/synth.py --family "$family" --out "$synth" --hidden 512 --layers 4 --experts 16 --top-k 4 \
+        --moe-inter 256 --shared-inter 256 --heads 4 --kv-heads 2 --head-dim 128 --vocab 2048 --seed 3 >/dev/null 2>&1
+    prompt=$("$PY" -c 'print(" ".join(["the sea and the ship"] * 20))')
+    ids=()
+    for epl in 4 16; do
+        ids+=("$(./target/release/slotstream run --model "$synth" --raw --ignore-eos --max-tokens 24 --prompt "$prompt" \
+            --experts-per-layer $epl --json 2>/dev/null | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["generated_ids"])')")
+    done
+    if [ "${ids[0]}" != "${ids[1]}" ]; then
+        echo "[verify] $family: minimum pool gave ${ids[0]}, full residency ${ids[1]}" >&2
+        exit 1
+    fi
+    echo "[verify] $family synthetic: identical greedy ids with 4 and 16 experts per layer"
+done
+
 if [ -f tests/parity.rs ]; then
     echo "[verify] cargo test --test parity"
     cargo test --test parity
