@@ -119,11 +119,15 @@ impl TextCodec {
             .as_deref()
             .ok_or_else(|| anyhow!("this model has no chat template (tokenizer_config.json chat_template); use --raw"))?;
         let mut env = minijinja::Environment::new();
+        // As transformers renders chat templates.
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
             Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
         });
+        env.add_filter("tojson", python_tojson);
         env.add_template("chat", template).context("the model's chat template does not parse")?;
         let tmpl = env.get_template("chat").context("loading the chat template")?;
         let mut ctx = std::collections::BTreeMap::<&str, minijinja::Value>::new();
@@ -136,6 +140,30 @@ impl TextCodec {
         }
         tmpl.render(ctx).context("rendering the chat template")
     }
+}
+
+/// `tojson` as transformers defines it for chat templates: Python's
+/// `json.dumps` separators (`", "` and `": "`), non-ASCII kept as is.
+fn python_tojson(value: minijinja::Value) -> std::result::Result<minijinja::Value, minijinja::Error> {
+    struct PythonStyle;
+    impl serde_json::ser::Formatter for PythonStyle {
+        fn begin_array_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+            if first { Ok(()) } else { w.write_all(b", ") }
+        }
+        fn begin_object_key<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+            if first { Ok(()) } else { w.write_all(b", ") }
+        }
+        fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+            w.write_all(b": ")
+        }
+    }
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, PythonStyle);
+    serde::Serialize::serialize(&value, &mut ser)
+        .map_err(|e| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    let text = String::from_utf8(out)
+        .map_err(|e| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    Ok(minijinja::Value::from_safe_string(text))
 }
 
 /// Turns a stream of token ids into text pieces that are always whole UTF-8
