@@ -1,0 +1,46 @@
+// matvec: `out[t, out_off + r] = sum_c W[r, c] * x[t, c]` for one weight shard,
+// any storage format (f32/f16/bf16, affine 2/4/8-bit; see weights.wgsl).
+// Decode shape: one subgroup per weight row (grid-stride over rows along x),
+// up to four tokens per workgroup row (workgroup_id.y selects tokens 4y..4y+3),
+// so each weight byte is read once per four tokens.
+//
+// Bindings: 0 uniform Params; 1 w (weight shard); 2 xin [tokens, x_cols] f32;
+// 3 out [tokens, out_cols] f32 (read-write).
+
+struct Params {
+    w: WeightDesc,
+    rows: u32,
+    tokens: u32,
+    out_cols: u32,
+    out_off: u32,
+    x_cols: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(2) var<storage, read> xin: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+
+@compute @workgroup_size(128)
+fn matvec(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let t0 = wid.y * 4u;
+    let ntok = min(4u, p.tokens - t0);
+    let xstride = p.x_cols / 4u;
+    for (var row = wid.x * nsg + sg; row < p.rows; row += nwg.x * nsg) {
+        let total = subgroupAdd(lane_dot(p.w, row, t0 * xstride, xstride, ntok, lane, lanes));
+        if (lane == 0u) {
+            for (var t = 0u; t < ntok; t++) {
+                out[(t0 + t) * p.out_cols + p.out_off + row] = total[t];
+            }
+        }
+    }
+}
