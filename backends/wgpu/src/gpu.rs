@@ -100,7 +100,7 @@ pub struct Gpu {
     error: Arc<Mutex<Option<String>>>,
     profile: Mutex<Option<HashMap<&'static str, FamilyTime>>>,
     can_time: bool,
-    pub submissions: Mutex<u64>,
+    pub submissions: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Gpu {
@@ -169,7 +169,7 @@ impl Gpu {
             error,
             profile: Mutex::new(None),
             can_time,
-            submissions: Mutex::new(0),
+            submissions: Arc::default(),
         };
         gpu.check_errors("compiling the WGSL kernels")?;
         Ok(gpu)
@@ -393,9 +393,7 @@ impl Gpu {
             staging
         });
         self.queue.submit([encoder.finish()]);
-        if let Ok(mut n) = self.submissions.lock() {
-            *n += 1;
-        }
+        self.submissions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Some(t) = timing {
             if let Some(staging) = staging {
                 let ticks = self.read_back(&staging)?;

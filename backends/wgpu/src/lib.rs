@@ -123,9 +123,10 @@ impl WgpuBackend {
         self.gpu.profile()
     }
 
-    /// Command submissions so far (for counting round trips).
-    pub fn submissions(&self) -> u64 {
-        self.gpu.submissions.lock().map(|n| *n).unwrap_or(0)
+    /// Counts command submissions (for counting round trips); stays valid
+    /// after the backend is moved into an engine.
+    pub fn submission_counter(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.gpu.submissions.clone()
     }
 
     /// Submits recorded work and waits until the GPU is idle.
