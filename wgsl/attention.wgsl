@@ -1,10 +1,11 @@
 // attention: causal grouped-query softmax attention against the KV cache, one
-// workgroup per (token, head); the new keys/values are already appended.
+// 256-wide workgroup per (token, head); the new keys/values are already appended.
 // Query t (at position past + t) sees cache positions 0..=past + t; head h
 // reads kv head h / (heads / kv_heads). Scores go to a scratch row of
-// `scratch_stride` floats per (token, head); three phases: scores and max,
-// exponentials and sum, weighted sum of values. Serves decode (tokens = 1)
-// and causal prefill alike.
+// `scratch_stride` floats per (token, head); three phases: scores (one
+// subgroup per key, lanes over the head dim, q staged in workgroup memory),
+// exponentials and sum, weighted sum of values (one thread per head-dim
+// value). Serves decode (tokens = 1) and causal prefill alike; head_dim <= 512.
 //
 // Bindings: 0 uniform Params; 2 q [tokens, heads*head_dim]; 3 out (read-write,
 // same shape); 4 keys, 5 values [positions, kv_heads*head_dim];
@@ -28,8 +29,9 @@ struct Params {
 @group(0) @binding(5) var<storage, read> values: array<f32>;
 @group(0) @binding(6) var<storage, read_write> scratch: array<f32>;
 
-const WG: u32 = 64u;
-var<workgroup> red: array<f32, 64>;
+const WG: u32 = 256u;
+var<workgroup> red: array<f32, 256>;
+var<workgroup> q_sh: array<f32, 512>;
 
 fn reduce_max(v: f32, li: u32) -> f32 {
     red[li] = v;
@@ -59,9 +61,20 @@ fn reduce_sum(v: f32, li: u32) -> f32 {
     return r;
 }
 
-@compute @workgroup_size(64)
-fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let th = wid.x;
+@compute @workgroup_size(256)
+fn attention(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let th = wid.y * nwg.x + wid.x;
+    if (th >= p.tokens * p.heads) {
+        return;
+    }
     let t = th / p.heads;
     let h = th % p.heads;
     let kh = h / (p.heads / p.kv_heads);
@@ -70,17 +83,28 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     let visible = p.past + t + 1u;
     let qb = (t * p.heads + h) * hd;
     let sb = th * p.scratch_stride;
+    for (var d = li; d < hd; d += WG) {
+        q_sh[d] = q[qb + d];
+    }
+    workgroupBarrier();
+
+    for (var j = sg; j < visible; j += nsg) {
+        let kb = j * kv_cols + kh * hd;
+        var s = 0.0;
+        for (var d = lane; d < hd; d += lanes) {
+            s += q_sh[d] * keys[kb + d];
+        }
+        s = subgroupAdd(s);
+        if (lane == 0u) {
+            scratch[sb + j] = s * p.scale;
+        }
+    }
+    storageBarrier();
+    workgroupBarrier();
 
     var m = -3.0e38;
     for (var j = li; j < visible; j += WG) {
-        let kb = j * kv_cols + kh * hd;
-        var s = 0.0;
-        for (var d = 0u; d < hd; d++) {
-            s += q[qb + d] * keys[kb + d];
-        }
-        s *= p.scale;
-        scratch[sb + j] = s;
-        m = max(m, s);
+        m = max(m, scratch[sb + j]);
     }
     m = reduce_max(m, li);
 

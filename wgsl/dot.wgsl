@@ -24,6 +24,24 @@ fn crumbs4(word: u32, shift: u32) -> vec4<f32> {
     return vec4<f32>(f32(v & 3u), f32((v >> 2u) & 3u), f32((v >> 4u) & 3u), f32((v >> 6u) & 3u));
 }
 
+// 2^23 as f32 bits: OR-ing an integer n < 2^23 into its mantissa gives 2^23 + n
+// exactly, so subtracting 2^23 converts n without a (slow) int-to-float op.
+const MAGIC_BITS: u32 = 0x4B000000u;
+const MAGIC: f32 = 8388608.0;
+
+// Nibbles 0..3 of the low 16 bits of `h`, each left in place: q_k * 16^k.
+fn magic4(h: u32, m: u32) -> vec4<f32> {
+    let v = vec4<u32>(h & m, h & (m << 4u), h & (m << 8u), h & (m << 12u));
+    return bitcast<vec4<f32>>(v | vec4<u32>(MAGIC_BITS)) - vec4<f32>(MAGIC);
+}
+
+// The four bytes of `word` as (q0, q1 * 256, q2, q3 * 256).
+fn magic8(word: u32) -> vec4<f32> {
+    let hi = word >> 16u;
+    let v = vec4<u32>(word & 0xFFu, word & 0xFF00u, hi & 0xFFu, hi & 0xFF00u);
+    return bitcast<vec4<f32>>(v | vec4<u32>(MAGIC_BITS)) - vec4<f32>(MAGIC);
+}
+
 fn halves(word: u32, kind: u32) -> vec2<f32> {
     if (kind == 1u) {
         return unpack2x16float(word);
@@ -100,6 +118,76 @@ fn lane_dot(d: WeightDesc, row: u32, xbase: u32, xstride: u32, ntok: u32, lane: 
         let wv = w[first + c];
         for (var t = 0u; t < ntok; t++) {
             acc[t] += chunk_dot(d, wv, c, row, xbase + t * xstride);
+        }
+    }
+    return acc;
+}
+
+// This lane's partial dot products of four consecutive weight rows
+// (row0 .. row0 + nrows - 1, nrows <= 4) with one x row starting at vec4 index
+// `xb`. For 4- and 8-bit weights the x chunk is loaded once and reused for
+// the four rows, which keeps x traffic from the caches well under the weight
+// stream; other formats fall back to one row at a time.
+fn rows_dot(d: WeightDesc, row0: u32, nrows: u32, xb: u32, lane: u32, lanes: u32) -> vec4<f32> {
+    var acc = vec4<f32>(0.0);
+    let one = vec4<f32>(1.0);
+    let chunks = d.row_words / 4u;
+    if (d.fmt == 3u && d.bits == 4u) {
+        // x pre-scaled by 16^-k so that nibble k of each 16-bit half can be
+        // used in place as q * 16^k (see magic4): no int-to-float conversions.
+        let nib_scale = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
+        for (var c = lane; c < chunks; c += lanes) {
+            var xs: array<vec4<f32>, 8>;
+            var xsum = vec4<f32>(0.0);
+            for (var k = 0u; k < 8u; k++) {
+                let xv = xin[xb + c * 8u + k];
+                xsum += xv;
+                xs[k] = xv * nib_scale;
+            }
+            let sx = dot(xsum, one);
+            for (var r = 0u; r < 4u; r++) {
+                if (r < nrows) {
+                    let row = row0 + r;
+                    let wv = w[row * chunks + c];
+                    let g = (row * d.cols + c * 32u) / d.group_size;
+                    let qx = dot(magic4(wv.x, 0xFu), xs[0]) + dot(magic4(wv.x >> 16u, 0xFu), xs[1])
+                        + dot(magic4(wv.y, 0xFu), xs[2]) + dot(magic4(wv.y >> 16u, 0xFu), xs[3])
+                        + dot(magic4(wv.z, 0xFu), xs[4]) + dot(magic4(wv.z >> 16u, 0xFu), xs[5])
+                        + dot(magic4(wv.w, 0xFu), xs[6]) + dot(magic4(wv.w >> 16u, 0xFu), xs[7]);
+                    acc[r] += w_scale(d, g) * qx + w_bias(d, g) * sx;
+                }
+            }
+        }
+        return acc;
+    }
+    if (d.fmt == 3u && d.bits == 8u) {
+        // Bytes used in place as q * 256^(k % 2) (see magic8), x pre-scaled to match.
+        let byte_scale = vec4<f32>(1.0, 0.00390625, 1.0, 0.00390625);
+        for (var c = lane; c < chunks; c += lanes) {
+            let x0 = xin[xb + c * 4u];
+            let x1 = xin[xb + c * 4u + 1u];
+            let x2 = xin[xb + c * 4u + 2u];
+            let x3 = xin[xb + c * 4u + 3u];
+            let sx = dot(x0 + x1 + x2 + x3, one);
+            let s0 = x0 * byte_scale;
+            let s1 = x1 * byte_scale;
+            let s2 = x2 * byte_scale;
+            let s3 = x3 * byte_scale;
+            for (var r = 0u; r < 4u; r++) {
+                if (r < nrows) {
+                    let row = row0 + r;
+                    let wv = w[row * chunks + c];
+                    let g = (row * d.cols + c * 16u) / d.group_size;
+                    let qx = dot(magic8(wv.x), s0) + dot(magic8(wv.y), s1) + dot(magic8(wv.z), s2) + dot(magic8(wv.w), s3);
+                    acc[r] += w_scale(d, g) * qx + w_bias(d, g) * sx;
+                }
+            }
+        }
+        return acc;
+    }
+    for (var r = 0u; r < 4u; r++) {
+        if (r < nrows) {
+            acc[r] = lane_dot(d, row0 + r, xb, 0u, 1u, lane, lanes).x;
         }
     }
     return acc;

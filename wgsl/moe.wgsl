@@ -1,6 +1,6 @@
 // Expert FFN over pool slot indices: `down(silu(gate x) * up x)` for each
-// (token, rank, slot) assignment, one subgroup per weight row, one workgroup
-// row (workgroup_id.y) per assignment. Three dispatches per pool shard:
+// (token, rank, slot) assignment, one subgroup per four weight rows (see
+// rows_dot), one workgroup row (workgroup_id.y) per assignment. Three dispatches per pool shard:
 //   moe_gate:   out[a, r] = gate[slot] row r . x[token]
 //   moe_up:     out[a, r] = silu(aux[a, r]) * (up[slot] row r . x[token])
 //   moe_down:   out[token*top_k + rank, r] = down[slot] row r . x[a]  (x = activations)
@@ -46,10 +46,15 @@ fn moe_gate(
     let e = asg[a];
     let xstride = p.x_cols / 4u;
     let base = (e.z - p.slot_base) * p.rows;
-    for (var row = wid.x * nsg + sg; row < p.rows; row += nwg.x * nsg) {
-        let total = subgroupAdd(lane_dot(p.w, base + row, e.x * xstride, xstride, 1u, lane, lanes).x);
+    let quads = (p.rows + 3u) / 4u;
+    for (var qi = wid.x * nsg + sg; qi < quads; qi += nwg.x * nsg) {
+        let row0 = qi * 4u;
+        let nrows = min(4u, p.rows - row0);
+        let total = subgroupAdd(rows_dot(p.w, base + row0, nrows, e.x * xstride, lane, lanes));
         if (lane == 0u) {
-            out[a * p.rows + row] = total;
+            for (var r = 0u; r < nrows; r++) {
+                out[a * p.rows + row0 + r] = total[r];
+            }
         }
     }
 }
@@ -67,10 +72,16 @@ fn moe_up(
     let e = asg[a];
     let xstride = p.x_cols / 4u;
     let base = (e.z - p.slot_base) * p.rows;
-    for (var row = wid.x * nsg + sg; row < p.rows; row += nwg.x * nsg) {
-        let total = subgroupAdd(lane_dot(p.w, base + row, e.x * xstride, xstride, 1u, lane, lanes).x);
+    let quads = (p.rows + 3u) / 4u;
+    for (var qi = wid.x * nsg + sg; qi < quads; qi += nwg.x * nsg) {
+        let row0 = qi * 4u;
+        let nrows = min(4u, p.rows - row0);
+        let total = subgroupAdd(rows_dot(p.w, base + row0, nrows, e.x * xstride, lane, lanes));
         if (lane == 0u) {
-            out[a * p.rows + row] = silu(aux[a * p.rows + row]) * total;
+            for (var r = 0u; r < nrows; r++) {
+                let i = a * p.rows + row0 + r;
+                out[i] = silu(aux[i]) * total[r];
+            }
         }
     }
 }
@@ -89,10 +100,15 @@ fn moe_down(
     let xstride = p.x_cols / 4u;
     let base = (e.z - p.slot_base) * p.rows;
     let dst = (e.x * p.top_k + e.y) * p.out_cols;
-    for (var row = wid.x * nsg + sg; row < p.rows; row += nwg.x * nsg) {
-        let total = subgroupAdd(lane_dot(p.w, base + row, a * xstride, xstride, 1u, lane, lanes).x);
+    let quads = (p.rows + 3u) / 4u;
+    for (var qi = wid.x * nsg + sg; qi < quads; qi += nwg.x * nsg) {
+        let row0 = qi * 4u;
+        let nrows = min(4u, p.rows - row0);
+        let total = subgroupAdd(rows_dot(p.w, base + row0, nrows, a * xstride, lane, lanes));
         if (lane == 0u) {
-            out[dst + row] = total;
+            for (var r = 0u; r < nrows; r++) {
+                out[dst + row0 + r] = total[r];
+            }
         }
     }
 }

@@ -1,6 +1,8 @@
 // Normalisation over groups of `dim` values, one subgroup per group
-// (grid-stride over groups along workgroup_id.x).
+// (grid-stride over groups along workgroup_id.x), except rms_norm_wide.
 //   rms_norm:       out = x / sqrt(mean(x^2) + eps) * (has_weight ? weight : 1)
+//   rms_norm_wide:  the same with one 256-wide workgroup per group (long rows,
+//                   few groups: the decoder norms); group = wid.y * nwg.x + wid.x
 //   rms_norm_gated: out = silu(z) * (x / sqrt(mean(x^2) + eps) * weight)
 //   l2_normalize:   out = x * scale / sqrt(sum(x^2) + eps)
 //
@@ -90,5 +92,45 @@ fn l2_normalize(
         for (var i = lane; i < p.dim; i += lanes) {
             out[base + i] = x[base + i] * r;
         }
+    }
+}
+
+var<workgroup> partial: array<f32, 64>;
+
+@compute @workgroup_size(256)
+fn rms_norm_wide(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+) {
+    let g = wid.y * nwg.x + wid.x;
+    if (g >= p.groups) {
+        return;
+    }
+    let base = g * p.dim;
+    var s = 0.0;
+    for (var i = li; i < p.dim; i += 256u) {
+        let v = x[base + i];
+        s += v * v;
+    }
+    s = subgroupAdd(s);
+    if (lane == 0u) {
+        partial[sg] = s;
+    }
+    workgroupBarrier();
+    var total = 0.0;
+    for (var k = 0u; k < nsg; k++) {
+        total += partial[k];
+    }
+    let r = 1.0 / sqrt(total / f32(p.dim) + p.eps);
+    for (var i = li; i < p.dim; i += 256u) {
+        var v = x[base + i] * r;
+        if (p.has_weight == 1u) {
+            v = v * weight[i];
+        }
+        out[base + i] = v;
     }
 }

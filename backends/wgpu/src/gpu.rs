@@ -21,7 +21,7 @@ const PARAM_SLOT: u64 = 256;
 /// Parameter slots per arena buffer.
 const ARENA_SLOTS: u64 = 256;
 /// Dispatches timed per submission when profiling.
-const MAX_TIMED: u32 = 4096;
+const MAX_TIMED: u32 = 2048;
 /// Workgroups per dispatch dimension guaranteed by WebGPU.
 pub const MAX_GROUPS: u32 = 65535;
 
@@ -70,6 +70,9 @@ struct Timing {
 
 #[derive(Default)]
 struct Pending {
+    /// The open compute pass, shared by consecutive dispatches (wgpu inserts
+    /// the barriers between them); ended before any copy or submission.
+    pass: Option<wgpu::ComputePass<'static>>,
     encoder: Option<wgpu::CommandEncoder>,
     params: Vec<u8>,
     slots_used: u64,
@@ -104,7 +107,7 @@ pub struct Gpu {
 }
 
 impl Gpu {
-    pub fn open(adapter: wgpu::Adapter) -> Result<Gpu> {
+    pub fn open(adapter: wgpu::Adapter, bounds_checks: bool) -> Result<Gpu> {
         let info = adapter.get_info();
         let limits = adapter.limits();
         let features = adapter.features();
@@ -137,10 +140,18 @@ impl Gpu {
         let mut kernels = HashMap::new();
         for module in Module::ALL {
             let source = module.source();
-            let shader = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            let desc = wgpu::ShaderModuleDescriptor {
                 label: Some(module.name()),
                 source: wgpu::ShaderSource::Wgsl(source.into()),
-            });
+            };
+            let shader = if bounds_checks {
+                device.create_shader_module(desc)
+            } else {
+                // SAFETY: the caller of `WgpuBackend::new_unchecked` vouches
+                // that every index the kernels compute stays in bounds, which
+                // the shape checks in lib.rs establish for well-formed inputs.
+                unsafe { device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) }
+            };
             for &entry in module.entry_points() {
                 let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                     label: Some(entry),
@@ -254,6 +265,7 @@ impl Gpu {
     }
 
     fn encoder<'a>(&self, p: &'a mut Pending) -> &'a mut wgpu::CommandEncoder {
+        p.pass = None;
         p.encoder.get_or_insert_with(|| {
             self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("ops") })
         })
@@ -339,10 +351,18 @@ impl Gpu {
             }),
             _ => None,
         };
-        let encoder = p.encoder.get_or_insert_with(|| {
-            self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("ops") })
-        });
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(entry), timestamp_writes });
+        if timestamp_writes.is_some() || p.pass.is_none() {
+            // Timed dispatches get a pass each (timestamps are written per pass).
+            p.pass = None;
+            let encoder = p.encoder.get_or_insert_with(|| {
+                self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("ops") })
+            });
+            let pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("ops"), timestamp_writes });
+            p.pass = Some(pass.forget_lifetime());
+        }
+        let Some(pass) = p.pass.as_mut() else {
+            return Err(BackendError::Device("no open compute pass".into()));
+        };
         pass.set_pipeline(&kernel.pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
@@ -364,6 +384,7 @@ impl Gpu {
     fn submit_with(&self, extra: impl FnOnce(&mut wgpu::CommandEncoder)) -> Result<()> {
         let mut guard = self.pending()?;
         let p = &mut *guard;
+        p.pass = None;
         let mut encoder = p.encoder.take().unwrap_or_else(|| {
             self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("ops") })
         });

@@ -60,7 +60,7 @@ impl Module {
             Module::Elementwise => {
                 &["add", "sigmoid_mul", "silu_mul", "silu_only", "copy_cols", "delta_gates", "moe_combine"]
             }
-            Module::Norm => &["rms_norm", "rms_norm_gated", "l2_normalize"],
+            Module::Norm => &["rms_norm", "rms_norm_gated", "l2_normalize", "rms_norm_wide"],
             Module::Rope => &["rope"],
             Module::Attention => &["attention"],
             Module::Conv => &["conv1d", "conv_window"],

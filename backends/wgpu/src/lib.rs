@@ -31,9 +31,15 @@ use weights::{GpuPool, GpuWeight};
 /// longer inputs use the tiled kernel.
 const MATVEC_MAX_TOKENS: usize = 8;
 
-/// The wgpu implementation of the backend trait.
+/// Groups at least this long are normalised by a whole workgroup each.
+const WIDE_NORM_DIM: usize = 1024;
+
+/// The wgpu implementation of the backend trait. Clones share the device and
+/// its command recorder (so a benchmark can keep a handle for profiling after
+/// giving the backend to an engine).
+#[derive(Clone)]
 pub struct WgpuBackend {
-    gpu: Gpu,
+    gpu: Arc<Gpu>,
 }
 
 fn f(x: f32) -> u32 {
@@ -98,7 +104,19 @@ impl WgpuBackend {
     /// Opens the adapter `choice` selects (see [`AdapterChoice`]).
     pub fn new(choice: &AdapterChoice) -> Result<WgpuBackend> {
         let adapter = device::select_adapter(choice)?;
-        Ok(WgpuBackend { gpu: Gpu::open(adapter)? })
+        Ok(WgpuBackend { gpu: Arc::new(Gpu::open(adapter, true)?) })
+    }
+
+    /// Like [`WgpuBackend::new`], but the kernels are compiled without the
+    /// bounds checks wgpu adds to every buffer access (for benchmarking what
+    /// they cost).
+    ///
+    /// # Safety
+    /// An out-of-bounds index in a kernel then reads or writes arbitrary GPU
+    /// memory; only use this with inputs the checked backend has run cleanly.
+    pub unsafe fn new_unchecked(choice: &AdapterChoice) -> Result<WgpuBackend> {
+        let adapter = device::select_adapter(choice)?;
+        Ok(WgpuBackend { gpu: Arc::new(Gpu::open(adapter, false)?) })
     }
 
     /// The adapter's type (a software rasterizer reports `Cpu`).
@@ -162,7 +180,9 @@ impl WgpuBackend {
             if tokens <= MATVEC_MAX_TOKENS {
                 let mut params = s.desc.to_vec();
                 params.extend([u(s.rows), u(tokens), u(total_rows), u(s.row_start), u(w.cols), 0, 0, 0]);
-                let groups = [self.subgroup_grid(s.rows, 128), u(tokens.div_ceil(4)), 1];
+                // One token: a subgroup per four rows; more: a subgroup per row.
+                let items = if tokens == 1 { s.rows.div_ceil(4) } else { s.rows };
+                let groups = [self.subgroup_grid(items, 128), u(tokens.div_ceil(4)), 1];
                 self.gpu.dispatch("matvec", &params, &[(1, &s.buffer), (2, x), (3, out)], groups)?;
             } else {
                 let mut params = s.desc.to_vec();
@@ -324,8 +344,12 @@ impl Backend for WgpuBackend {
             None => xb,
         };
         let params = [u(groups), u(dim), u(w.is_some() as usize), 0, f(eps), f(1.0), 0, 0];
-        let grid = [self.subgroup_grid(groups, 64), 1, 1];
-        self.gpu.dispatch("rms_norm", &params, &[(2, xb), (3, ob.buffer()), (4, wb)], grid)?;
+        let binds = [(2, xb), (3, ob.buffer()), (4, wb)];
+        if dim >= WIDE_NORM_DIM {
+            self.gpu.dispatch("rms_norm_wide", &params, &binds, Gpu::grid(groups as u64))?;
+        } else {
+            self.gpu.dispatch("rms_norm", &params, &binds, [self.subgroup_grid(groups, 64), 1, 1])?;
+        }
         Ok(out)
     }
 
@@ -431,6 +455,9 @@ impl Backend for WgpuBackend {
         let visible = past + tokens;
         let scratch = self.gpu.alloc(4 * (tokens * heads * visible) as u64)?;
         let (out, ob) = self.new_tensor(tokens * heads * hd, vec![tokens, heads * hd])?;
+        if hd > 512 {
+            return Err(BackendError::Unsupported(format!("attention head dim {hd} (the kernel takes up to 512)")));
+        }
         let params = [u(tokens), u(heads), u(kvh), u(hd), u(past), u(visible), f(scale), 0];
         let binds = [(2, buf(q)?), (3, ob.buffer()), (4, &c.keys), (5, &c.values), (6, scratch.buffer())];
         self.gpu.dispatch("attention", &params, &binds, Gpu::grid((tokens * heads) as u64))?;
@@ -563,7 +590,7 @@ impl Backend for WgpuBackend {
                 params.extend([u(m.rows), u(start), slot_base, u(x_cols), u(out_cols), u(top_k), 0, 0]);
                 let mut all = vec![(1, &m.buffers[shard])];
                 all.extend_from_slice(binds);
-                self.gpu.dispatch(entry, &params, &all, [self.subgroup_grid(m.rows, 128), count, 1])
+                self.gpu.dispatch(entry, &params, &all, [self.subgroup_grid(m.rows.div_ceil(4), 128), count, 1])
             };
             run("moe_gate", &p.gate, hidden, inter, &[(2, xb), (3, gate_out.buffer()), (4, &asg)])?;
             run("moe_up", &p.up, hidden, inter, &[(2, xb), (3, act.buffer()), (4, &asg), (5, gate_out.buffer())])?;

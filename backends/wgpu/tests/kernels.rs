@@ -168,6 +168,9 @@ fn normalisation() {
     check("rms_norm_gated", TOL, |b| {
         b.rms_norm_gated(&up(b, &x, &[5, 256]), &up(b, &z, &[5, 256]), &up(b, &w[..64], &[64]), 64, 1e-6).unwrap()
     });
+    let (xw, ww) = (rng.vec(3 * 2048, 3.0), rng.vec(2048, 2.0));
+    check("rms_norm_wide", TOL, |b| b.rms_norm(&up(b, &xw, &[3, 2048]), Some(&up(b, &ww, &[2048])), 2048, 1e-6).unwrap());
+    check("rms_norm_wide_no_weight", TOL, |b| b.rms_norm(&up(b, &xw, &[3, 2048]), None, 1024, 1e-6).unwrap());
     check("l2_normalize", TOL, |b| b.l2_normalize(&up(b, &x, &[5, 256]), 32, 1e-6, 0.17).unwrap());
 }
 
