@@ -208,18 +208,27 @@ fn main() -> Result<()> {
     let args = parse_args()?;
     let b = WgpuBackend::new(&args.adapter)?;
     println!("device: {}", b.name());
-    let copy = copy_bandwidth(&b, args.copy_mib, 20)?;
-    println!("copy bandwidth: {copy:.0} GB/s (read + write, {} MiB buffer)", args.copy_mib);
+    let copy_engine = copy_bandwidth(&b, args.copy_mib, 20)?;
+    println!("copy_buffer_to_buffer bandwidth: {copy_engine:.0} GB/s (read + write, {} MiB buffer)", args.copy_mib);
+    // The reference ceiling: a copy measured outside wgpu (tools/bench_gpu.sh passes
+    // PyTorch's device-to-device copy), else wgpu's own buffer copy.
+    let copy = match std::env::var("REFERENCE_COPY_GBS").ok().and_then(|v| v.parse::<f64>().ok()) {
+        Some(gbs) => {
+            println!("reference copy bandwidth: {gbs:.0} GB/s (REFERENCE_COPY_GBS)");
+            gbs
+        }
+        None => copy_engine,
+    };
     drop(b);
+    // The same number of weight bytes in three shapes: long rows, the default, short rows.
+    let shapes = [(4, args.rows, args.cols), (4, args.rows / 4, args.cols * 4), (4, args.rows * 4, args.cols / 4), (8, args.rows, args.cols)];
     for checked in [true, false] {
         let b = open(&args, checked)?;
-        for bits in [4, 8] {
-            let (wall, kernel, mb) = matvec_bandwidth(&b, bits, args.rows, args.cols, args.reps)?;
+        for (bits, rows, cols) in shapes {
+            let (wall, kernel, mb) = matvec_bandwidth(&b, bits, rows, cols, args.reps)?;
             println!(
-                "matvec q{bits} g64 [{} x {}] ({mb:.0} MB, bounds checks {}): {wall:.0} GB/s wall ({:.1}% of copy), \
+                "matvec q{bits} g64 [{rows} x {cols}] ({mb:.0} MB, bounds checks {}): {wall:.0} GB/s wall ({:.1}% of copy), \
                  {kernel:.0} GB/s kernel-only ({:.1}% of copy)",
-                args.rows,
-                args.cols,
                 if checked { "on" } else { "off" },
                 100.0 * wall / copy,
                 100.0 * kernel / copy

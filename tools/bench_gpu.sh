@@ -29,5 +29,20 @@ fi
 if command -v nvidia-smi >/dev/null; then
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv
 fi
+# Reference copy bandwidth (read + write) from PyTorch where it is installed.
+if [ -z "${REFERENCE_COPY_GBS:-}" ] && python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+    REFERENCE_COPY_GBS=$(python3 - <<'PY'
+import torch
+x = torch.empty(256 * 1024 * 1024, device="cuda"); y = torch.empty_like(x)
+for _ in range(3): y.copy_(x)
+s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+s.record()
+for _ in range(20): y.copy_(x)
+e.record(); torch.cuda.synchronize()
+print(f"{2 * x.numel() * 4 * 20 / (s.elapsed_time(e) / 1e3) / 1e9:.0f}")
+PY
+)
+    export REFERENCE_COPY_GBS
+fi
 "$BIN" --adapter "${ADAPTER:-auto}" --model "$MODEL" --copy-mib 1024 --rows 65536 --cols 8192 \
     --reps 50 --prompt 256 --decode 64

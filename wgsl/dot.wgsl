@@ -30,8 +30,8 @@ const MAGIC_BITS: u32 = 0x4B000000u;
 const MAGIC: f32 = 8388608.0;
 
 // Nibbles 0..3 of the low 16 bits of `h`, each left in place: q_k * 16^k.
-fn magic4(h: u32, m: u32) -> vec4<f32> {
-    let v = vec4<u32>(h & m, h & (m << 4u), h & (m << 8u), h & (m << 12u));
+fn magic4(h: u32) -> vec4<f32> {
+    let v = vec4<u32>(h & 0xFu, h & 0xF0u, h & 0xF00u, h & 0xF000u);
     return bitcast<vec4<f32>>(v | vec4<u32>(MAGIC_BITS)) - vec4<f32>(MAGIC);
 }
 
@@ -132,28 +132,41 @@ fn rows_dot(d: WeightDesc, row0: u32, nrows: u32, xb: u32, lane: u32, lanes: u32
     var acc = vec4<f32>(0.0);
     let one = vec4<f32>(1.0);
     let chunks = d.row_words / 4u;
+    let gshift = firstTrailingBit(d.group_size);
+    let groups_per_row = d.cols >> gshift;
     if (d.fmt == 3u && d.bits == 4u) {
         // x pre-scaled by 16^-k so that nibble k of each 16-bit half can be
         // used in place as q * 16^k (see magic4): no int-to-float conversions.
-        let nib_scale = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
+        let ns = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
         for (var c = lane; c < chunks; c += lanes) {
-            var xs: array<vec4<f32>, 8>;
-            var xsum = vec4<f32>(0.0);
-            for (var k = 0u; k < 8u; k++) {
-                let xv = xin[xb + c * 8u + k];
-                xsum += xv;
-                xs[k] = xv * nib_scale;
-            }
-            let sx = dot(xsum, one);
+            let xi = xb + c * 8u;
+            let x0 = xin[xi];
+            let x1 = xin[xi + 1u];
+            let x2 = xin[xi + 2u];
+            let x3 = xin[xi + 3u];
+            let x4 = xin[xi + 4u];
+            let x5 = xin[xi + 5u];
+            let x6 = xin[xi + 6u];
+            let x7 = xin[xi + 7u];
+            let sx = dot(x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7, one);
+            let s0 = x0 * ns;
+            let s1 = x1 * ns;
+            let s2 = x2 * ns;
+            let s3 = x3 * ns;
+            let s4 = x4 * ns;
+            let s5 = x5 * ns;
+            let s6 = x6 * ns;
+            let s7 = x7 * ns;
+            let gc = (c * 32u) >> gshift;
             for (var r = 0u; r < 4u; r++) {
                 if (r < nrows) {
                     let row = row0 + r;
                     let wv = w[row * chunks + c];
-                    let g = (row * d.cols + c * 32u) / d.group_size;
-                    let qx = dot(magic4(wv.x, 0xFu), xs[0]) + dot(magic4(wv.x >> 16u, 0xFu), xs[1])
-                        + dot(magic4(wv.y, 0xFu), xs[2]) + dot(magic4(wv.y >> 16u, 0xFu), xs[3])
-                        + dot(magic4(wv.z, 0xFu), xs[4]) + dot(magic4(wv.z >> 16u, 0xFu), xs[5])
-                        + dot(magic4(wv.w, 0xFu), xs[6]) + dot(magic4(wv.w >> 16u, 0xFu), xs[7]);
+                    let g = row * groups_per_row + gc;
+                    let qx = dot(magic4(wv.x), s0) + dot(magic4(wv.x >> 16u), s1)
+                        + dot(magic4(wv.y), s2) + dot(magic4(wv.y >> 16u), s3)
+                        + dot(magic4(wv.z), s4) + dot(magic4(wv.z >> 16u), s5)
+                        + dot(magic4(wv.w), s6) + dot(magic4(wv.w >> 16u), s7);
                     acc[r] += w_scale(d, g) * qx + w_bias(d, g) * sx;
                 }
             }
@@ -177,7 +190,7 @@ fn rows_dot(d: WeightDesc, row0: u32, nrows: u32, xb: u32, lane: u32, lanes: u32
                 if (r < nrows) {
                     let row = row0 + r;
                     let wv = w[row * chunks + c];
-                    let g = (row * d.cols + c * 16u) / d.group_size;
+                    let g = row * groups_per_row + ((c * 16u) >> gshift);
                     let qx = dot(magic8(wv.x), s0) + dot(magic8(wv.y), s1) + dot(magic8(wv.z), s2) + dot(magic8(wv.w), s3);
                     acc[r] += w_scale(d, g) * qx + w_bias(d, g) * sx;
                 }

@@ -2,7 +2,7 @@
 // weights.wgsl). One thread per output value; a dispatch covers one weight
 // shard (rows [row_start, row_start + shard_rows)) and writes only the ids in it.
 //
-// Bindings: 0 uniform Params; 1 w (weight shard); 3 out [count, cols] f32
+// Bindings: 0 uniform Params; 6 w_words (weight shard, see weights.wgsl); 3 out [count, cols] f32
 // (read-write); 4 ids [count] u32.
 
 struct Params {

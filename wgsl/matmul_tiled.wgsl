@@ -4,7 +4,7 @@
 // dequantized weights and of x in workgroup memory, so each weight value is
 // decoded once per 32 tokens.
 //
-// Bindings: 0 uniform Params; 1 w (weight shard); 2 xf [tokens, w.cols] f32;
+// Bindings: 0 uniform Params; 6 w_words (weight shard, see weights.wgsl); 2 xf [tokens, w.cols] f32;
 // 3 out [tokens, out_cols] f32 (read-write).
 
 struct Params {

@@ -5,7 +5,7 @@
 // (workgroup_id.y selects tokens 4y..4y+3): one subgroup per weight row, each
 // weight byte read once per four tokens. Grid-stride over rows along x.
 //
-// Bindings: 0 uniform Params; 1 w (weight shard); 2 xin [tokens, x_cols] f32;
+// Bindings: 0 uniform Params; 1 w and 6 w_words (weight shard, see weights.wgsl); 2 xin [tokens, x_cols] f32;
 // 3 out [tokens, out_cols] f32 (read-write).
 
 struct Params {

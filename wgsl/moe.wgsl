@@ -6,7 +6,7 @@
 //   moe_down:   out[token*top_k + rank, r] = down[slot] row r . x[a]  (x = activations)
 // `a` = asg_off + workgroup_id.y indexes the call's assignment list.
 //
-// Bindings: 0 uniform Params; 1 w (one pool shard of gate, up or down; slot s of
+// Bindings: 0 uniform Params; 1 w and 6 w_words (one pool shard of gate, up or down; slot s of
 // the shard is rows [s*rows, (s+1)*rows)); 2 xin f32 rows of x_cols; 3 out f32
 // (read-write); 4 asg array<vec4<u32>> (token, rank, slot, 0); 5 aux f32 (moe_up).
 

@@ -1,7 +1,8 @@
 // Weight decoding shared by every kernel that reads a weight matrix (prepended
 // to matvec.wgsl, moe.wgsl, matmul_tiled.wgsl and embed.wgsl at load time).
 //
-// Binding 1, `w`: one weight shard as 16-byte words. It holds, in order:
+// Bindings 1 (`w`, 16-byte words) and 6 (`w_words`, the same buffer as u32):
+// one weight shard. It holds, in order:
 //   values: `rows` rows of `row_words` u32 words each (rows start 16-byte aligned);
 //           f32 (fmt 0), f16 (fmt 1) or bf16 (fmt 2) pairs, or MLX affine (fmt 3)
 //           `bits`-bit values packed little-endian, value i of a word at bits*i.
@@ -21,10 +22,12 @@ struct WeightDesc {
 }
 
 @group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
+// The same shard as single words, for scalar reads (scales, biases, single
+// values): a 4-byte load instead of a 16-byte one.
+@group(0) @binding(6) var<storage, read> w_words: array<u32>;
 
 fn w_word(i: u32) -> u32 {
-    let v = w[i >> 2u];
-    return v[i & 3u];
+    return w_words[i];
 }
 
 // Element `idx` of a float array of kind `kind` (0 f32, 1 f16, 2 bf16) starting at word `base`.

@@ -183,12 +183,12 @@ impl WgpuBackend {
                 // One token: a subgroup per four rows; more: a subgroup per row.
                 let items = if tokens == 1 { s.rows.div_ceil(4) } else { s.rows };
                 let groups = [self.subgroup_grid(items, 128), u(tokens.div_ceil(4)), 1];
-                self.gpu.dispatch("matvec", &params, &[(1, &s.buffer), (2, x), (3, out)], groups)?;
+                self.gpu.dispatch("matvec", &params, &[(1, &s.buffer), (6, &s.buffer), (2, x), (3, out)], groups)?;
             } else {
                 let mut params = s.desc.to_vec();
                 params.extend([u(s.rows), u(tokens), u(total_rows), u(s.row_start), 0, 0, 0, 0]);
                 let groups = [u(s.rows.div_ceil(32)), u(tokens.div_ceil(32)), 1];
-                self.gpu.dispatch("matmul_tiled", &params, &[(1, &s.buffer), (2, x), (3, out)], groups)?;
+                self.gpu.dispatch("matmul_tiled", &params, &[(6, &s.buffer), (2, x), (3, out)], groups)?;
             }
         }
         Ok(())
@@ -310,7 +310,7 @@ impl Backend for WgpuBackend {
             let mut params = s.desc.to_vec();
             params.extend([u(ids.len()), u(s.row_start), u(s.rows), 0]);
             let groups = [u(w.cols.div_ceil(64)), u(ids.len()), 1];
-            self.gpu.dispatch("embed", &params, &[(1, &s.buffer), (3, ob.buffer()), (4, &id_buf)], groups)?;
+            self.gpu.dispatch("embed", &params, &[(6, &s.buffer), (3, ob.buffer()), (4, &id_buf)], groups)?;
         }
         Ok(out)
     }
@@ -588,7 +588,7 @@ impl Backend for WgpuBackend {
             let run = |entry: &str, m: &weights::PoolMatrix, x_cols: usize, out_cols: usize, binds: &[(u32, &wgpu::Buffer)]| {
                 let mut params = m.layout.desc(shard_rows * m.rows).to_vec();
                 params.extend([u(m.rows), u(start), slot_base, u(x_cols), u(out_cols), u(top_k), 0, 0]);
-                let mut all = vec![(1, &m.buffers[shard])];
+                let mut all = vec![(1, &m.buffers[shard]), (6, &m.buffers[shard])];
                 all.extend_from_slice(binds);
                 self.gpu.dispatch(entry, &params, &all, [self.subgroup_grid(m.rows.div_ceil(4), 128), count, 1])
             };
