@@ -29,6 +29,14 @@ fn device_error(what: &str, e: impl std::fmt::Display) -> BackendError {
     BackendError::Device(format!("{what}: {e}"))
 }
 
+/// Bind groups are reused when a dispatch binds the same buffers at the same
+/// parameter slot as an earlier one, which is the common case from one decoded
+/// token to the next (pooled buffers recycle in the same order). The cache
+/// holds its buffers alive, so it is cleared when it grows past this.
+const MAX_CACHED_BIND_GROUPS: usize = 16384;
+
+type BindKey = (&'static str, u64, Vec<(u32, wgpu::Buffer)>);
+
 /// Buffers freed by dropped tensors, by size, for reuse.
 type FreeList = Arc<Mutex<HashMap<u64, Vec<wgpu::Buffer>>>>;
 
@@ -98,6 +106,7 @@ pub struct Gpu {
     pub subgroup_min: u32,
     pub mapped_primary: bool,
     kernels: HashMap<&'static str, Kernel>,
+    bind_groups: Mutex<HashMap<BindKey, wgpu::BindGroup>>,
     pending: Mutex<Pending>,
     free: FreeList,
     error: Arc<Mutex<Option<String>>>,
@@ -175,6 +184,7 @@ impl Gpu {
             subgroup_min,
             mapped_primary,
             kernels,
+            bind_groups: Mutex::default(),
             pending: Mutex::default(),
             free: Arc::default(),
             error,
@@ -297,9 +307,9 @@ impl Gpu {
         if groups.iter().any(|&g| g > self.limits.max_compute_workgroups_per_dimension) {
             return Err(BackendError::Device(format!("{entry}: {groups:?} workgroups exceed the adapter's limit")));
         }
-        let kernel = self
+        let (&entry, kernel) = self
             .kernels
-            .get(entry)
+            .get_key_value(entry)
             .ok_or_else(|| BackendError::Device(format!("no kernel named '{entry}'")))?;
         let mut guard = self.pending()?;
         let p = &mut *guard;
@@ -320,22 +330,35 @@ impl Gpu {
         for (i, word) in params.iter().enumerate() {
             p.params[start + 4 * i..start + 4 * i + 4].copy_from_slice(&word.to_le_bytes());
         }
-        let mut entries = vec![wgpu::BindGroupEntry {
-            binding: 0,
-            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &p.arenas[arena_index],
-                offset,
-                size: NonZeroU64::new(PARAM_SLOT),
-            }),
-        }];
-        for (binding, buffer) in binds {
-            entries.push(wgpu::BindGroupEntry { binding: *binding, resource: buffer.as_entire_binding() });
+        let key: BindKey = (entry, slot, binds.iter().map(|(i, b)| (*i, (*b).clone())).collect());
+        let mut cache = self.bind_groups.lock().map_err(|_| BackendError::Device("bind group cache poisoned".into()))?;
+        if cache.len() >= MAX_CACHED_BIND_GROUPS {
+            cache.clear();
         }
-        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(entry),
-            layout: &kernel.layout,
-            entries: &entries,
-        });
+        let bind_group = match cache.get(&key) {
+            Some(bg) => bg.clone(),
+            None => {
+                let mut entries = vec![wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: &p.arenas[arena_index],
+                        offset,
+                        size: NonZeroU64::new(PARAM_SLOT),
+                    }),
+                }];
+                for (binding, buffer) in binds {
+                    entries.push(wgpu::BindGroupEntry { binding: *binding, resource: buffer.as_entire_binding() });
+                }
+                let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some(entry),
+                    layout: &kernel.layout,
+                    entries: &entries,
+                });
+                cache.insert(key, bg.clone());
+                bg
+            }
+        };
+        drop(cache);
         let timing_index = match &mut p.timing {
             Some(t) if (t.families.len() as u32) < MAX_TIMED => {
                 t.families.push(kernel.family);
