@@ -207,7 +207,7 @@ fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool
 fn main() -> Result<()> {
     let args = parse_args()?;
     let b = WgpuBackend::new(&args.adapter)?;
-    println!("device: {}", b.name());
+    println!("device: {} (subgroup sizes {:?})", b.name(), b.subgroup_sizes());
     let copy_engine = copy_bandwidth(&b, args.copy_mib, 20)?;
     println!("copy_buffer_to_buffer bandwidth: {copy_engine:.0} GB/s (read + write, {} MiB buffer)", args.copy_mib);
     // The reference ceiling: a copy measured outside wgpu (tools/bench_gpu.sh passes

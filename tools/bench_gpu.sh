@@ -45,4 +45,4 @@ PY
     export REFERENCE_COPY_GBS
 fi
 "$BIN" --adapter "${ADAPTER:-auto}" --model "$MODEL" --copy-mib 1024 --rows 65536 --cols 8192 \
-    --reps 50 --prompt 256 --decode 64
+    --reps 200 --prompt 256 --decode 64

@@ -106,6 +106,8 @@ pub struct Gpu {
     pub subgroup_min: u32,
     pub mapped_primary: bool,
     kernels: HashMap<&'static str, Kernel>,
+    /// Host-readable buffer reused by every download (grown as needed).
+    staging: Mutex<Option<wgpu::Buffer>>,
     bind_groups: Mutex<HashMap<BindKey, wgpu::BindGroup>>,
     pending: Mutex<Pending>,
     free: FreeList,
@@ -184,6 +186,7 @@ impl Gpu {
             subgroup_min,
             mapped_primary,
             kernels,
+            staging: Mutex::default(),
             bind_groups: Mutex::default(),
             pending: Mutex::default(),
             free: Arc::default(),
@@ -470,28 +473,39 @@ impl Gpu {
     /// work and waits for it (the one kind of GPU-to-CPU sync).
     pub fn download(&self, src: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
         let size = bytes.max(4).div_ceil(4) * 4;
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("download"),
-            size,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        self.submit_with(|enc| enc.copy_buffer_to_buffer(src, 0, &staging, 0, size))?;
-        let mut out = self.read_back(&staging)?;
+        let mut slot = self.staging.lock().map_err(|_| BackendError::Device("staging buffer poisoned".into()))?;
+        if slot.as_ref().is_none_or(|b| b.size() < size) {
+            *slot = Some(self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("download"),
+                size: size.max(1 << 20),
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }));
+        }
+        let Some(staging) = slot.as_ref() else {
+            return Err(BackendError::Device("no staging buffer".into()));
+        };
+        self.submit_with(|enc| enc.copy_buffer_to_buffer(src, 0, staging, 0, size))?;
+        let mut out = self.read_range(staging, size)?;
         out.truncate(bytes as usize);
         Ok(out)
     }
 
     fn read_back(&self, staging: &wgpu::Buffer) -> Result<Vec<u8>> {
+        self.read_range(staging, staging.size())
+    }
+
+    /// Waits for the GPU and reads the first `size` bytes of a MAP_READ buffer.
+    fn read_range(&self, staging: &wgpu::Buffer, size: u64) -> Result<Vec<u8>> {
         let (tx, rx) = std::sync::mpsc::channel();
-        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+        staging.slice(..size).map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
         self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| device_error("waiting for the GPU", e))?;
         rx.recv()
             .map_err(|e| device_error("reading a buffer back", e))?
             .map_err(|e| device_error("mapping a buffer for reading", e))?;
-        let data = staging.slice(..).get_mapped_range().map_err(|e| device_error("reading a mapped buffer", e))?.to_vec();
+        let data = staging.slice(..size).get_mapped_range().map_err(|e| device_error("reading a mapped buffer", e))?.to_vec();
         staging.unmap();
         Ok(data)
     }

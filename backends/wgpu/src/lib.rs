@@ -90,6 +90,8 @@ pub struct GpuConvState {
     channels: usize,
     kernel: usize,
     window: wgpu::Buffer,
+    /// The buffer the next call writes the new window into (then swapped).
+    spare: wgpu::Buffer,
 }
 
 /// Gated DeltaNet matrix state, `[heads, value_dim, key_dim]`.
@@ -122,6 +124,11 @@ impl WgpuBackend {
     /// The adapter's type (a software rasterizer reports `Cpu`).
     pub fn device_type(&self) -> wgpu::DeviceType {
         self.gpu.info.device_type
+    }
+
+    /// Smallest and largest subgroup size the adapter reports.
+    pub fn subgroup_sizes(&self) -> (u32, u32) {
+        (self.gpu.subgroup_min, self.gpu.subgroup_max)
     }
 
     /// Whether uploads into the expert pool map the (unified-memory) buffers
@@ -469,7 +476,8 @@ impl Backend for WgpuBackend {
             return Err(shape_error("new_conv_state", "kernel size 0"));
         }
         let window = self.gpu.zeroed("conv window", 4 * ((kernel - 1) * channels) as u64);
-        Ok(State::new(Box::new(GpuConvState { channels, kernel, window })))
+        let spare = self.gpu.zeroed("conv window", 4 * ((kernel - 1) * channels) as u64);
+        Ok(State::new(Box::new(GpuConvState { channels, kernel, window, spare })))
     }
 
     fn causal_conv1d(&self, x: &Tensor, w: &Tensor, state: &mut State) -> Result<Tensor> {
@@ -486,10 +494,9 @@ impl Backend for WgpuBackend {
         self.elementwise("conv1d", params, &[(2, xb), (3, ob.buffer()), (4, buf(w)?), (5, &st.window)], n)?;
         let hist = (kk - 1) * c;
         if hist > 0 {
-            let window = self.gpu.zeroed("conv window", 4 * hist as u64);
             let params = [u(tokens), u(c), u(kk), u(hist), 0, 0, 0, 0];
-            self.elementwise("conv_window", params, &[(2, xb), (3, &window), (5, &st.window)], hist)?;
-            st.window = window;
+            self.elementwise("conv_window", params, &[(2, xb), (3, &st.spare), (5, &st.window)], hist)?;
+            std::mem::swap(&mut st.window, &mut st.spare);
         }
         Ok(out)
     }
@@ -630,7 +637,12 @@ impl Backend for WgpuBackend {
             })));
         }
         if let Some(c) = state.get::<GpuConvState>() {
-            return Ok(State::new(Box::new(GpuConvState { channels: c.channels, kernel: c.kernel, window: dup(&c.window, "conv window")? })));
+            return Ok(State::new(Box::new(GpuConvState {
+                channels: c.channels,
+                kernel: c.kernel,
+                window: dup(&c.window, "conv window")?,
+                spare: self.gpu.zeroed("conv window", c.spare.size()),
+            })));
         }
         if let Some(r) = state.get::<GpuRecurrentState>() {
             return Ok(State::new(Box::new(GpuRecurrentState {
