@@ -53,6 +53,42 @@ struct MemoryArgs {
     plan_context: usize,
 }
 
+/// Which compute backend runs the model.
+#[derive(Args, Clone)]
+struct BackendArgs {
+    /// `auto` (a real GPU through wgpu if there is one, else the CPU), `cpu`,
+    /// `wgpu` (a real GPU or fail), `wgpu:software` (allow a software
+    /// rasterizer such as lavapipe, for tests) or `wgpu:NAME` (an adapter whose
+    /// name contains NAME).
+    #[arg(long, default_value = "auto")]
+    backend: String,
+}
+
+impl BackendArgs {
+    fn create(&self) -> Result<Box<dyn Backend>> {
+        use slotstream_wgpu::{AdapterChoice, WgpuBackend};
+        let spec = self.backend.trim();
+        match spec {
+            "cpu" => Ok(Box::new(slotstream_cpu::CpuBackend::new())),
+            "auto" => match WgpuBackend::new(&AdapterChoice::auto()) {
+                Ok(b) => Ok(Box::new(b)),
+                Err(e) => {
+                    eprintln!("note: no usable GPU ({e}); using the CPU backend");
+                    Ok(Box::new(slotstream_cpu::CpuBackend::new()))
+                }
+            },
+            "wgpu" => Ok(Box::new(WgpuBackend::new(&AdapterChoice::auto()).context("--backend wgpu")?)),
+            other => match other.strip_prefix("wgpu:") {
+                Some(choice) => {
+                    let choice: AdapterChoice = choice.parse().context("--backend")?;
+                    Ok(Box::new(WgpuBackend::new(&choice).with_context(|| format!("--backend {other}"))?))
+                }
+                None => anyhow::bail!("--backend {other}: expected auto, cpu, wgpu, wgpu:software or wgpu:NAME"),
+            },
+        }
+    }
+}
+
 impl MemoryArgs {
     fn request(&self) -> PlanRequest {
         PlanRequest {
@@ -80,6 +116,8 @@ struct PerplexityArgs {
     max_windows: usize,
     #[command(flatten)]
     memory: MemoryArgs,
+    #[command(flatten)]
+    backend: BackendArgs,
 }
 
 #[derive(Args)]
@@ -134,6 +172,8 @@ struct ServeArgs {
     /// Keep an auto-sized expert pool fixed instead of following free memory.
     #[arg(long)]
     no_elastic: bool,
+    #[command(flatten)]
+    backend: BackendArgs,
 }
 
 #[derive(Args)]
@@ -189,6 +229,8 @@ struct RunArgs {
     threads: Option<usize>,
     #[command(flatten)]
     memory: MemoryArgs,
+    #[command(flatten)]
+    backend: BackendArgs,
 }
 
 fn main() -> ExitCode {
@@ -214,7 +256,7 @@ fn run(args: RunArgs) -> Result<()> {
         rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("setting the thread count")?;
     }
     let model_dir = resolve_model(args.model.as_deref())?;
-    let (engine, plan, _) = load_planned(&model_dir, &args.memory)?;
+    let (engine, plan, _) = load_planned(&model_dir, &args.memory, &args.backend)?;
     let prompt_text = if args.raw {
         args.prompt.clone()
     } else {
@@ -292,7 +334,7 @@ fn run(args: RunArgs) -> Result<()> {
 
 fn perplexity(args: PerplexityArgs) -> Result<()> {
     let model_dir = resolve_model(args.model.as_deref())?;
-    let (engine, _, _) = load_planned(&model_dir, &args.memory)?;
+    let (engine, _, _) = load_planned(&model_dir, &args.memory, &args.backend)?;
     let text = std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
     let ids = engine.codec.encode(&text, false)?;
     let p = engine.perplexity(&ids, args.window, args.max_windows)?;
@@ -321,12 +363,13 @@ fn resolve_model(spec: Option<&str>) -> Result<PathBuf> {
 }
 
 /// Plans memory for a model directory, prints the plan banner and loads it.
-fn load_planned(model: &std::path::Path, memory: &MemoryArgs) -> Result<(Engine, plan::Plan, ModelCosts)> {
+fn load_planned(model: &std::path::Path, memory: &MemoryArgs, backend: &BackendArgs) -> Result<(Engine, plan::Plan, ModelCosts)> {
     let costs = ModelCosts::from_model_dir(model)?;
     let machine = MachineMemory::detect();
     let plan = plan::plan(&costs, &machine, &memory.request())?;
     eprintln!("{}", plan.banner(&costs, &machine));
-    let backend: Box<dyn Backend> = Box::new(slotstream_cpu::CpuBackend::new());
+    let backend = backend.create()?;
+    eprintln!("  backend: {}", backend.name());
     let opts = LoadOptions { expert_slots: ExpertSlots::Count(plan.slots) };
     let engine = Engine::load(model, backend, &opts)?;
     Ok((engine, plan, costs))
@@ -432,7 +475,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("setting the thread count")?;
     }
     let model_dir = resolve_model(args.model.as_deref())?;
-    let (engine, plan, costs) = load_planned(&model_dir, &args.memory)?;
+    let (engine, plan, costs) = load_planned(&model_dir, &args.memory, &args.backend)?;
     let model_name = match args.name {
         Some(n) => n,
         None => model_dir

@@ -1,0 +1,586 @@
+//! The device, its cached pipelines and the lazy command recorder.
+//!
+//! Every op records one compute pass into a single pending command encoder;
+//! nothing reaches the GPU until [`Gpu::flush`], which `download` (and writes
+//! into the expert pool) call. A decode step therefore costs one submission
+//! per GPU-to-CPU read: the router logits of each MoE layer and the final
+//! logits. Small per-dispatch parameters go into 256-byte slots of uniform
+//! "arena" buffers that are filled with one `write_buffer` per arena just
+//! before the submission they belong to.
+
+use std::collections::HashMap;
+use std::num::NonZeroU64;
+use std::sync::{Arc, Mutex};
+
+use slotstream_backend::{BackendError, Result};
+
+use crate::kernels::Module;
+
+/// Bytes of one dispatch's parameter slot (the uniform offset alignment).
+const PARAM_SLOT: u64 = 256;
+/// Parameter slots per arena buffer.
+const ARENA_SLOTS: u64 = 256;
+/// Dispatches timed per submission when profiling.
+const MAX_TIMED: u32 = 2048;
+/// Workgroups per dispatch dimension guaranteed by WebGPU.
+pub const MAX_GROUPS: u32 = 65535;
+
+fn device_error(what: &str, e: impl std::fmt::Display) -> BackendError {
+    BackendError::Device(format!("{what}: {e}"))
+}
+
+/// Bind groups are reused when a dispatch binds the same buffers at the same
+/// parameter slot as an earlier one, which is the common case from one decoded
+/// token to the next (pooled buffers recycle in the same order). The cache
+/// holds its buffers alive, so it is cleared when it grows past this.
+const MAX_CACHED_BIND_GROUPS: usize = 16384;
+
+type BindKey = (&'static str, u64, Vec<(u32, wgpu::Buffer)>);
+
+/// Buffers freed by dropped tensors, by size, for reuse.
+type FreeList = Arc<Mutex<HashMap<u64, Vec<wgpu::Buffer>>>>;
+
+/// A device buffer holding an activation tensor. Returned to the free list
+/// when the last tensor sharing it is dropped; reuse is safe because every
+/// later write is recorded after every earlier read in the same queue.
+pub struct GpuBuf {
+    buffer: Option<wgpu::Buffer>,
+    free: FreeList,
+}
+
+impl GpuBuf {
+    pub fn buffer(&self) -> &wgpu::Buffer {
+        // Only `Drop` takes the buffer out.
+        self.buffer.as_ref().expect("GpuBuf used after drop")
+    }
+}
+
+impl Drop for GpuBuf {
+    fn drop(&mut self) {
+        if let (Some(b), Ok(mut free)) = (self.buffer.take(), self.free.lock()) {
+            free.entry(b.size()).or_default().push(b);
+        }
+    }
+}
+
+struct Kernel {
+    pipeline: wgpu::ComputePipeline,
+    layout: wgpu::BindGroupLayout,
+    family: &'static str,
+}
+
+/// Timestamps of the dispatches of one submission.
+struct Timing {
+    queries: wgpu::QuerySet,
+    resolve: wgpu::Buffer,
+    families: Vec<&'static str>,
+}
+
+#[derive(Default)]
+struct Pending {
+    /// The open compute pass, shared by consecutive dispatches (wgpu inserts
+    /// the barriers between them); ended before any copy or submission.
+    pass: Option<wgpu::ComputePass<'static>>,
+    encoder: Option<wgpu::CommandEncoder>,
+    params: Vec<u8>,
+    slots_used: u64,
+    arenas: Vec<wgpu::Buffer>,
+    timing: Option<Timing>,
+}
+
+/// Time spent in one kernel family, summed over submissions.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FamilyTime {
+    pub dispatches: u64,
+    pub seconds: f64,
+}
+
+pub struct Gpu {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    pub limits: wgpu::Limits,
+    /// Largest subgroup the adapter may run: dispatch sizes assume it so that
+    /// one subgroup per row never leaves rows unassigned.
+    pub subgroup_max: u32,
+    pub subgroup_min: u32,
+    pub mapped_primary: bool,
+    kernels: HashMap<&'static str, Kernel>,
+    /// Host-readable buffer reused by every download (grown as needed).
+    staging: Mutex<Option<wgpu::Buffer>>,
+    bind_groups: Mutex<HashMap<BindKey, wgpu::BindGroup>>,
+    pending: Mutex<Pending>,
+    free: FreeList,
+    error: Arc<Mutex<Option<String>>>,
+    profile: Mutex<Option<HashMap<&'static str, FamilyTime>>>,
+    can_time: bool,
+    pub submissions: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Gpu {
+    pub fn open(adapter: wgpu::Adapter, bounds_checks: bool) -> Result<Gpu> {
+        let info = adapter.get_info();
+        let limits = adapter.limits();
+        let features = adapter.features();
+        let unified = matches!(info.device_type, wgpu::DeviceType::IntegratedGpu | wgpu::DeviceType::Cpu);
+        let mapped_primary = unified && features.contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS);
+        let can_time = features.contains(wgpu::Features::TIMESTAMP_QUERY);
+        let mut wanted = wgpu::Features::SUBGROUP;
+        if mapped_primary {
+            wanted |= wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
+        }
+        if can_time {
+            wanted |= wgpu::Features::TIMESTAMP_QUERY;
+        }
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("slotstream"),
+            required_features: wanted,
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|e| device_error(&format!("opening a device on {}", info.name), e))?;
+        let error: Arc<Mutex<Option<String>>> = Arc::default();
+        let sink = error.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            if let Ok(mut slot) = sink.lock() {
+                slot.get_or_insert_with(|| e.to_string());
+            }
+        }));
+        let mut kernels = HashMap::new();
+        for module in Module::ALL {
+            let source = module.source();
+            let desc = wgpu::ShaderModuleDescriptor {
+                label: Some(module.name()),
+                source: wgpu::ShaderSource::Wgsl(source.into()),
+            };
+            let shader = if bounds_checks {
+                device.create_shader_module(desc)
+            } else {
+                // SAFETY: the caller of `WgpuBackend::new_unchecked` vouches
+                // that every index the kernels compute stays in bounds, which
+                // the shape checks in lib.rs establish for well-formed inputs.
+                unsafe { device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) }
+            };
+            for &entry in module.entry_points() {
+                let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(entry),
+                    layout: None,
+                    module: &shader,
+                    entry_point: Some(entry),
+                    compilation_options: Default::default(),
+                    cache: None,
+                });
+                let layout = pipeline.get_bind_group_layout(0);
+                kernels.insert(entry, Kernel { pipeline, layout, family: module.name() });
+            }
+        }
+        let (subgroup_min, subgroup_max) = (info.subgroup_min_size.max(1), info.subgroup_max_size.max(1));
+        let gpu = Gpu {
+            device,
+            queue,
+            info,
+            limits,
+            subgroup_max,
+            subgroup_min,
+            mapped_primary,
+            kernels,
+            staging: Mutex::default(),
+            bind_groups: Mutex::default(),
+            pending: Mutex::default(),
+            free: Arc::default(),
+            error,
+            profile: Mutex::new(None),
+            can_time,
+            submissions: Arc::default(),
+        };
+        gpu.check_errors("compiling the WGSL kernels")?;
+        Ok(gpu)
+    }
+
+    fn check_errors(&self, during: &str) -> Result<()> {
+        let mut slot = self.error.lock().map_err(|_| BackendError::Device("error slot poisoned".into()))?;
+        match slot.take() {
+            Some(e) => Err(BackendError::Device(format!("wgpu reported an error while {during}: {e}"))),
+            None => Ok(()),
+        }
+    }
+
+    fn pending(&self) -> Result<std::sync::MutexGuard<'_, Pending>> {
+        self.pending.lock().map_err(|_| BackendError::Device("the command recorder was poisoned by a panic".into()))
+    }
+
+    /// Largest storage buffer binding, the size weights and pools are sharded to.
+    pub fn max_binding(&self) -> u64 {
+        (self.limits.max_storage_buffer_binding_size as u64).min(self.limits.max_buffer_size)
+    }
+
+    /// An uninitialised activation buffer of at least `bytes` bytes.
+    pub fn alloc(&self, bytes: u64) -> Result<GpuBuf> {
+        let size = bytes.max(16).div_ceil(16) * 16;
+        if size > self.max_binding() {
+            return Err(BackendError::Device(format!(
+                "an activation of {size} bytes exceeds the adapter's {} byte storage binding limit",
+                self.max_binding()
+            )));
+        }
+        let reused = self.free.lock().ok().and_then(|mut f| f.get_mut(&size).and_then(|v| v.pop()));
+        let buffer = reused.unwrap_or_else(|| {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("activation"),
+                size,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        });
+        Ok(GpuBuf { buffer: Some(buffer), free: self.free.clone() })
+    }
+
+    /// A new buffer holding `bytes` (padded to 16 bytes), written at creation,
+    /// so it never races with recorded work.
+    pub fn buffer_with(&self, label: &str, bytes: &[u8], usage: wgpu::BufferUsages) -> wgpu::Buffer {
+        let size = (bytes.len() as u64).max(16).div_ceil(16) * 16;
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage,
+            mapped_at_creation: true,
+        });
+        {
+            // A buffer mapped at creation is always mappable in full.
+            if let Ok(mut view) = buffer.slice(..).get_mapped_range_mut() {
+                view.slice(..bytes.len()).copy_from_slice(bytes);
+            }
+        }
+        buffer.unmap();
+        buffer
+    }
+
+    /// A pooled activation buffer holding `bytes`.
+    pub fn upload_activation(&self, bytes: &[u8]) -> Result<GpuBuf> {
+        let buffer = self.buffer_with(
+            "upload",
+            bytes,
+            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+        );
+        Ok(GpuBuf { buffer: Some(buffer), free: self.free.clone() })
+    }
+
+    /// A zero-filled buffer that lives outside the pool (states).
+    pub fn zeroed(&self, label: &str, bytes: u64) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: bytes.max(16).div_ceil(16) * 16,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
+    fn encoder<'a>(&self, p: &'a mut Pending) -> &'a mut wgpu::CommandEncoder {
+        p.pass = None;
+        p.encoder.get_or_insert_with(|| {
+            self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("ops") })
+        })
+    }
+
+    /// Records a buffer-to-buffer copy in op order.
+    pub fn copy(&self, src: &wgpu::Buffer, src_off: u64, dst: &wgpu::Buffer, dst_off: u64, bytes: u64) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let mut p = self.pending()?;
+        self.encoder(&mut p).copy_buffer_to_buffer(src, src_off, dst, dst_off, bytes);
+        Ok(())
+    }
+
+    /// Records zero-filling a buffer in op order.
+    pub fn clear(&self, dst: &wgpu::Buffer) -> Result<()> {
+        let mut p = self.pending()?;
+        self.encoder(&mut p).clear_buffer(dst, 0, None);
+        Ok(())
+    }
+
+    /// Records one dispatch of `entry` with `params` (u32 words, at most 64)
+    /// at binding 0 and `binds` (binding index, buffer) as the rest.
+    pub fn dispatch(&self, entry: &str, params: &[u32], binds: &[(u32, &wgpu::Buffer)], groups: [u32; 3]) -> Result<()> {
+        if groups.contains(&0) {
+            return Ok(());
+        }
+        if groups.iter().any(|&g| g > self.limits.max_compute_workgroups_per_dimension) {
+            return Err(BackendError::Device(format!("{entry}: {groups:?} workgroups exceed the adapter's limit")));
+        }
+        let (&entry, kernel) = self
+            .kernels
+            .get_key_value(entry)
+            .ok_or_else(|| BackendError::Device(format!("no kernel named '{entry}'")))?;
+        let mut guard = self.pending()?;
+        let p = &mut *guard;
+        let slot = p.slots_used;
+        p.slots_used += 1;
+        let arena_index = (slot / ARENA_SLOTS) as usize;
+        let offset = (slot % ARENA_SLOTS) * PARAM_SLOT;
+        while p.arenas.len() <= arena_index {
+            p.arenas.push(self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("params"),
+                size: ARENA_SLOTS * PARAM_SLOT,
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }));
+        }
+        let start = (slot * PARAM_SLOT) as usize;
+        p.params.resize(start + PARAM_SLOT as usize, 0);
+        for (i, word) in params.iter().enumerate() {
+            p.params[start + 4 * i..start + 4 * i + 4].copy_from_slice(&word.to_le_bytes());
+        }
+        let key: BindKey = (entry, slot, binds.iter().map(|(i, b)| (*i, (*b).clone())).collect());
+        let mut cache = self.bind_groups.lock().map_err(|_| BackendError::Device("bind group cache poisoned".into()))?;
+        if cache.len() >= MAX_CACHED_BIND_GROUPS {
+            cache.clear();
+        }
+        let bind_group = match cache.get(&key) {
+            Some(bg) => bg.clone(),
+            None => {
+                let mut entries = vec![wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: &p.arenas[arena_index],
+                        offset,
+                        size: NonZeroU64::new(PARAM_SLOT),
+                    }),
+                }];
+                for (binding, buffer) in binds {
+                    entries.push(wgpu::BindGroupEntry { binding: *binding, resource: buffer.as_entire_binding() });
+                }
+                let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some(entry),
+                    layout: &kernel.layout,
+                    entries: &entries,
+                });
+                cache.insert(key, bg.clone());
+                bg
+            }
+        };
+        drop(cache);
+        let timing_index = match &mut p.timing {
+            Some(t) if (t.families.len() as u32) < MAX_TIMED => {
+                t.families.push(kernel.family);
+                Some(t.families.len() as u32 - 1)
+            }
+            _ => None,
+        };
+        let timestamp_writes = match (&p.timing, timing_index) {
+            (Some(t), Some(i)) => Some(wgpu::ComputePassTimestampWrites {
+                query_set: &t.queries,
+                beginning_of_pass_write_index: Some(2 * i),
+                end_of_pass_write_index: Some(2 * i + 1),
+            }),
+            _ => None,
+        };
+        if timestamp_writes.is_some() || p.pass.is_none() {
+            // Timed dispatches get a pass each (timestamps are written per pass).
+            p.pass = None;
+            let encoder = p.encoder.get_or_insert_with(|| {
+                self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("ops") })
+            });
+            let pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("ops"), timestamp_writes });
+            p.pass = Some(pass.forget_lifetime());
+        }
+        let Some(pass) = p.pass.as_mut() else {
+            return Err(BackendError::Device("no open compute pass".into()));
+        };
+        pass.set_pipeline(&kernel.pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        Ok(())
+    }
+
+    /// A 1-D dispatch of `n` workgroups, folded into two dimensions when needed.
+    pub fn grid(n: u64) -> [u32; 3] {
+        let max = MAX_GROUPS as u64;
+        if n <= max {
+            [n as u32, 1, 1]
+        } else {
+            [MAX_GROUPS, n.div_ceil(max) as u32, 1]
+        }
+    }
+
+    /// Submits everything recorded so far (after `extra`, which may add copies),
+    /// and returns the submission.
+    fn submit_with(&self, extra: impl FnOnce(&mut wgpu::CommandEncoder)) -> Result<()> {
+        let mut guard = self.pending()?;
+        let p = &mut *guard;
+        p.pass = None;
+        let mut encoder = p.encoder.take().unwrap_or_else(|| {
+            self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("ops") })
+        });
+        extra(&mut encoder);
+        let used = p.slots_used;
+        for (i, arena) in p.arenas.iter().enumerate() {
+            let first = i as u64 * ARENA_SLOTS;
+            if first >= used {
+                break;
+            }
+            let end = (used.min(first + ARENA_SLOTS) * PARAM_SLOT) as usize;
+            self.queue.write_buffer(arena, 0, &p.params[(first * PARAM_SLOT) as usize..end]);
+        }
+        p.slots_used = 0;
+        p.params.clear();
+        let timing = p.timing.take();
+        let staging = timing.as_ref().filter(|t| !t.families.is_empty()).map(|t| {
+            let n = t.families.len() as u32 * 2;
+            encoder.resolve_query_set(&t.queries, 0..n, &t.resolve, 0);
+            let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("timestamps"),
+                size: n as u64 * 8,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            encoder.copy_buffer_to_buffer(&t.resolve, 0, &staging, 0, n as u64 * 8);
+            staging
+        });
+        self.queue.submit([encoder.finish()]);
+        self.submissions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = timing {
+            if let Some(staging) = staging {
+                let ticks = self.read_back(&staging)?;
+                let period = self.queue.get_timestamp_period() as f64 * 1e-9;
+                if let Ok(mut prof) = self.profile.lock() {
+                    if let Some(prof) = prof.as_mut() {
+                        for (i, family) in t.families.iter().enumerate() {
+                            let (a, b) = (ticks_at(&ticks, 2 * i), ticks_at(&ticks, 2 * i + 1));
+                            let e = prof.entry(family).or_default();
+                            e.dispatches += 1;
+                            e.seconds += b.saturating_sub(a) as f64 * period;
+                        }
+                    }
+                }
+            }
+            p.timing = Some(Timing { families: Vec::new(), ..t });
+        }
+        self.check_errors("running kernels")
+    }
+
+    /// Submits all recorded work without waiting for it.
+    pub fn flush(&self) -> Result<()> {
+        if self.pending()?.encoder.is_none() {
+            return self.check_errors("running kernels");
+        }
+        self.submit_with(|_| {})
+    }
+
+    /// Copies `bytes` bytes of `src` back to the host: submits all recorded
+    /// work and waits for it (the one kind of GPU-to-CPU sync).
+    pub fn download(&self, src: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+        let size = bytes.max(4).div_ceil(4) * 4;
+        let mut slot = self.staging.lock().map_err(|_| BackendError::Device("staging buffer poisoned".into()))?;
+        if slot.as_ref().is_none_or(|b| b.size() < size) {
+            *slot = Some(self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("download"),
+                size: size.max(1 << 20),
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }));
+        }
+        let Some(staging) = slot.as_ref() else {
+            return Err(BackendError::Device("no staging buffer".into()));
+        };
+        self.submit_with(|enc| enc.copy_buffer_to_buffer(src, 0, staging, 0, size))?;
+        let mut out = self.read_range(staging, size)?;
+        out.truncate(bytes as usize);
+        Ok(out)
+    }
+
+    fn read_back(&self, staging: &wgpu::Buffer) -> Result<Vec<u8>> {
+        self.read_range(staging, staging.size())
+    }
+
+    /// Waits for the GPU and reads the first `size` bytes of a MAP_READ buffer.
+    fn read_range(&self, staging: &wgpu::Buffer, size: u64) -> Result<Vec<u8>> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.slice(..size).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| device_error("waiting for the GPU", e))?;
+        rx.recv()
+            .map_err(|e| device_error("reading a buffer back", e))?
+            .map_err(|e| device_error("mapping a buffer for reading", e))?;
+        let data = staging.slice(..size).get_mapped_range().map_err(|e| device_error("reading a mapped buffer", e))?.to_vec();
+        staging.unmap();
+        Ok(data)
+    }
+
+    /// Writes `bytes` into `dst` at `offset` after all recorded work: records
+    /// are submitted first, because queue writes land before the next
+    /// submission's commands. With mapped primary buffers the bytes go
+    /// straight into the (unified-memory) buffer.
+    pub fn write(&self, dst: &wgpu::Buffer, offset: u64, bytes: &[u8]) -> Result<()> {
+        self.flush()?;
+        if self.mapped_primary {
+            let start = offset / wgpu::MAP_ALIGNMENT * wgpu::MAP_ALIGNMENT;
+            let end = (offset + bytes.len() as u64).div_ceil(wgpu::MAP_ALIGNMENT) * wgpu::MAP_ALIGNMENT;
+            let end = end.min(dst.size());
+            let slice = dst.slice(start..end);
+            let (tx, rx) = std::sync::mpsc::channel();
+            slice.map_async(wgpu::MapMode::Write, move |r| {
+                let _ = tx.send(r);
+            });
+            self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| device_error("waiting for the GPU", e))?;
+            rx.recv()
+                .map_err(|e| device_error("mapping a buffer for writing", e))?
+                .map_err(|e| device_error("mapping a buffer for writing", e))?;
+            {
+                let mut view = slice.get_mapped_range_mut().map_err(|e| device_error("writing a mapped buffer", e))?;
+                let at = (offset - start) as usize;
+                view.slice(at..at + bytes.len()).copy_from_slice(bytes);
+            }
+            dst.unmap();
+        } else {
+            self.queue.write_buffer(dst, offset, bytes);
+        }
+        Ok(())
+    }
+
+    /// Starts (or stops) timing every dispatch by kernel family.
+    pub fn set_profiling(&self, on: bool) -> Result<()> {
+        if on && !self.can_time {
+            return Err(BackendError::Unsupported(format!("{} has no timestamp queries", self.info.name)));
+        }
+        self.flush()?;
+        let mut p = self.pending()?;
+        p.timing = on.then(|| Timing {
+            queries: self.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("kernel timing"),
+                ty: wgpu::QueryType::Timestamp,
+                count: 2 * MAX_TIMED,
+            }),
+            resolve: self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("kernel timing"),
+                size: 2 * MAX_TIMED as u64 * 8,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            }),
+            families: Vec::new(),
+        });
+        if let Ok(mut prof) = self.profile.lock() {
+            *prof = on.then(HashMap::new);
+        }
+        Ok(())
+    }
+
+    /// Kernel time by family since profiling started.
+    pub fn profile(&self) -> Vec<(String, FamilyTime)> {
+        let mut v: Vec<(String, FamilyTime)> = self
+            .profile
+            .lock()
+            .ok()
+            .and_then(|p| p.as_ref().map(|m| m.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()))
+            .unwrap_or_default();
+        v.sort_by(|a, b| b.1.seconds.total_cmp(&a.1.seconds));
+        v
+    }
+}
+
+fn ticks_at(bytes: &[u8], i: usize) -> u64 {
+    bytes.get(i * 8..i * 8 + 8).map(|b| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])).unwrap_or(0)
+}

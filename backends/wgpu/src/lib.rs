@@ -1,0 +1,657 @@
+//! The wgpu backend: every op of [`slotstream_backend::Backend`] as a WGSL
+//! compute kernel (sources in `wgsl/` at the repository root), on Vulkan
+//! (Linux, Windows) or Metal (macOS).
+//!
+//! Activations, weights, the expert pool and all per-sequence state stay on
+//! the GPU. Ops are recorded lazily into one command encoder and submitted
+//! when the host needs data back: per decoded token that is one submission
+//! and one wait per MoE layer (the router logits, which decide which experts
+//! the slot pool must hold) plus one for the final logits. Writing an expert
+//! into the pool also submits what was recorded before it (without waiting),
+//! so the write lands after every earlier read of that slot.
+
+mod device;
+mod gpu;
+pub mod kernels;
+mod weights;
+
+use std::sync::Arc;
+
+use slotstream_backend::{
+    shape_error, Backend, BackendError, ExpertAssignment, ExpertLayout, ExpertPool, HostExpert, HostMatrix, Result,
+    State, Tensor, Weight,
+};
+
+pub use device::AdapterChoice;
+pub use gpu::FamilyTime;
+use gpu::{Gpu, GpuBuf};
+use weights::{GpuPool, GpuWeight};
+
+/// Tokens up to which `matmul` uses the row-per-subgroup matvec kernel;
+/// longer inputs use the tiled kernel.
+const MATVEC_MAX_TOKENS: usize = 8;
+
+/// Groups at least this long are normalised by a whole workgroup each.
+const WIDE_NORM_DIM: usize = 1024;
+
+/// The wgpu implementation of the backend trait. Clones share the device and
+/// its command recorder (so a benchmark can keep a handle for profiling after
+/// giving the backend to an engine).
+#[derive(Clone)]
+pub struct WgpuBackend {
+    gpu: Arc<Gpu>,
+}
+
+fn f(x: f32) -> u32 {
+    x.to_bits()
+}
+
+fn u(x: usize) -> u32 {
+    x as u32
+}
+
+fn buf(t: &Tensor) -> Result<&wgpu::Buffer> {
+    t.buffer::<GpuBuf>()
+        .map(|b| b.buffer())
+        .ok_or_else(|| BackendError::Device("tensor does not belong to the wgpu backend".into()))
+}
+
+fn weight(w: &Weight) -> Result<&GpuWeight> {
+    w.buffer::<GpuWeight>().ok_or_else(|| BackendError::Device("weight does not belong to the wgpu backend".into()))
+}
+
+fn groups_of(op: &'static str, x: &Tensor, dim: usize) -> Result<()> {
+    if dim == 0 || x.numel() % dim != 0 {
+        return Err(shape_error(op, format!("{:?} is not a whole number of groups of {dim}", x.shape())));
+    }
+    Ok(())
+}
+
+fn same_shape(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
+    if a.numel() != b.numel() {
+        return Err(shape_error(op, format!("{:?} vs {:?}", a.shape(), b.shape())));
+    }
+    Ok(())
+}
+
+/// Keys and values of one attention layer, `[capacity, kv_heads*head_dim]`,
+/// grown by doubling.
+pub struct GpuKvCache {
+    kv_heads: usize,
+    head_dim: usize,
+    len: usize,
+    capacity: usize,
+    keys: wgpu::Buffer,
+    values: wgpu::Buffer,
+}
+
+/// The last `kernel-1` inputs of a causal convolution, `[kernel-1, channels]`.
+pub struct GpuConvState {
+    channels: usize,
+    kernel: usize,
+    window: wgpu::Buffer,
+    /// The buffer the next call writes the new window into (then swapped).
+    spare: wgpu::Buffer,
+}
+
+/// Gated DeltaNet matrix state, `[heads, value_dim, key_dim]`.
+pub struct GpuRecurrentState {
+    heads: usize,
+    key_dim: usize,
+    value_dim: usize,
+    s: wgpu::Buffer,
+}
+
+impl WgpuBackend {
+    /// Opens the adapter `choice` selects (see [`AdapterChoice`]).
+    pub fn new(choice: &AdapterChoice) -> Result<WgpuBackend> {
+        let adapter = device::select_adapter(choice)?;
+        Ok(WgpuBackend { gpu: Arc::new(Gpu::open(adapter, true)?) })
+    }
+
+    /// Like [`WgpuBackend::new`], but the kernels are compiled without the
+    /// bounds checks wgpu adds to every buffer access (for benchmarking what
+    /// they cost).
+    ///
+    /// # Safety
+    /// An out-of-bounds index in a kernel then reads or writes arbitrary GPU
+    /// memory; only use this with inputs the checked backend has run cleanly.
+    pub unsafe fn new_unchecked(choice: &AdapterChoice) -> Result<WgpuBackend> {
+        let adapter = device::select_adapter(choice)?;
+        Ok(WgpuBackend { gpu: Arc::new(Gpu::open(adapter, false)?) })
+    }
+
+    /// The adapter's type (a software rasterizer reports `Cpu`).
+    pub fn device_type(&self) -> wgpu::DeviceType {
+        self.gpu.info.device_type
+    }
+
+    /// Smallest and largest subgroup size the adapter reports.
+    pub fn subgroup_sizes(&self) -> (u32, u32) {
+        (self.gpu.subgroup_min, self.gpu.subgroup_max)
+    }
+
+    /// Whether uploads into the expert pool map the (unified-memory) buffers
+    /// directly instead of going through staging copies.
+    pub fn uses_mapped_primary_buffers(&self) -> bool {
+        self.gpu.mapped_primary
+    }
+
+    /// Starts or stops timing each kernel dispatch (needs timestamp queries).
+    /// While on, every submission waits for its timings.
+    pub fn set_profiling(&self, on: bool) -> Result<()> {
+        self.gpu.set_profiling(on)
+    }
+
+    /// GPU time by kernel family (the `wgsl/` file) since profiling started.
+    pub fn kernel_profile(&self) -> Vec<(String, FamilyTime)> {
+        self.gpu.profile()
+    }
+
+    /// Counts command submissions (for counting round trips); stays valid
+    /// after the backend is moved into an engine.
+    pub fn submission_counter(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.gpu.submissions.clone()
+    }
+
+    /// Submits recorded work and waits until the GPU is idle.
+    pub fn sync(&self) -> Result<()> {
+        self.gpu.flush()?;
+        self.gpu
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| BackendError::Device(format!("waiting for the GPU: {e}")))?;
+        Ok(())
+    }
+
+    fn new_tensor(&self, floats: usize, shape: Vec<usize>) -> Result<(Tensor, Arc<GpuBuf>)> {
+        let b = Arc::new(self.gpu.alloc(4 * floats as u64)?);
+        Ok((Tensor::from_buffer(b.clone(), shape), b))
+    }
+
+    /// A one-thread-per-value elementwise kernel over `n` outputs.
+    fn elementwise(&self, entry: &str, params: [u32; 8], binds: &[(u32, &wgpu::Buffer)], n: usize) -> Result<()> {
+        self.gpu.dispatch(entry, &params, binds, Gpu::grid((n as u64).div_ceil(256)))
+    }
+
+    /// Workgroups for kernels that give each of `items` one subgroup, in
+    /// workgroups of `wg` invocations.
+    fn subgroup_grid(&self, items: usize, wg: u32) -> u32 {
+        let per_wg = (wg / self.gpu.subgroup_max).max(1) as usize;
+        items.div_ceil(per_wg).clamp(1, gpu::MAX_GROUPS as usize) as u32
+    }
+
+    fn matmul_into(&self, x: &wgpu::Buffer, tokens: usize, w: &GpuWeight, out: &wgpu::Buffer) -> Result<()> {
+        let total_rows = w.experts * w.rows;
+        for s in &w.shards {
+            if tokens <= MATVEC_MAX_TOKENS {
+                let mut params = s.desc.to_vec();
+                params.extend([u(s.rows), u(tokens), u(total_rows), u(s.row_start), u(w.cols), 0, 0, 0]);
+                // One token: a subgroup per four rows; more: a subgroup per row.
+                let items = if tokens == 1 { s.rows.div_ceil(4) } else { s.rows };
+                let groups = [self.subgroup_grid(items, 128), u(tokens.div_ceil(4)), 1];
+                self.gpu.dispatch("matvec", &params, &[(1, &s.buffer), (6, &s.buffer), (2, x), (3, out)], groups)?;
+            } else {
+                let mut params = s.desc.to_vec();
+                params.extend([u(s.rows), u(tokens), u(total_rows), u(s.row_start), 0, 0, 0, 0]);
+                let groups = [u(s.rows.div_ceil(32)), u(tokens.div_ceil(32)), 1];
+                self.gpu.dispatch("matmul_tiled", &params, &[(6, &s.buffer), (2, x), (3, out)], groups)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Backend for WgpuBackend {
+    fn name(&self) -> String {
+        let i = &self.gpu.info;
+        let uploads = if self.gpu.mapped_primary { "mapped primary buffers" } else { "staging uploads" };
+        format!("wgpu ({}, {:?}; {uploads})", i.name, i.backend)
+    }
+
+    fn upload(&self, data: &[f32], shape: &[usize]) -> Result<Tensor> {
+        if shape.iter().product::<usize>() != data.len() {
+            return Err(shape_error("upload", format!("{} values for shape {shape:?}", data.len())));
+        }
+        let b = self.gpu.upload_activation(bytemuck::cast_slice(data))?;
+        Ok(Tensor::from_buffer(Arc::new(b), shape.to_vec()))
+    }
+
+    fn download(&self, t: &Tensor) -> Result<Vec<f32>> {
+        let bytes = self.gpu.download(buf(t)?, 4 * t.numel() as u64)?;
+        Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
+
+    fn load_weight(&self, m: &HostMatrix<'_>) -> Result<Weight> {
+        let w = GpuWeight::upload(&self.gpu, m)?;
+        let bytes = w.bytes;
+        Ok(Weight::from_buffer(Arc::new(w), m.experts, m.rows, m.cols, bytes))
+    }
+
+    fn slice_cols(&self, x: &Tensor, start: usize, len: usize) -> Result<Tensor> {
+        let (rows, cols) = (x.rows(), x.cols());
+        if start + len > cols {
+            return Err(shape_error("slice_cols", format!("[{start}, {}) of {cols} columns", start + len)));
+        }
+        let (out, ob) = self.new_tensor(rows * len, vec![rows, len])?;
+        let n = rows * len;
+        self.elementwise("copy_cols", [u(n), u(len), u(cols), u(start), 0, 0, 0, 0], &[(2, buf(x)?), (3, ob.buffer())], n)?;
+        Ok(out)
+    }
+
+    fn slice_rows(&self, x: &Tensor, start: usize, len: usize) -> Result<Tensor> {
+        let (rows, cols) = (x.rows(), x.cols());
+        if start + len > rows {
+            return Err(shape_error("slice_rows", format!("[{start}, {}) of {rows} rows", start + len)));
+        }
+        let (out, ob) = self.new_tensor(len * cols, vec![len, cols])?;
+        self.gpu.copy(buf(x)?, 4 * (start * cols) as u64, ob.buffer(), 0, 4 * (len * cols) as u64)?;
+        Ok(out)
+    }
+
+    fn concat_rows(&self, parts: &[&Tensor]) -> Result<Tensor> {
+        let cols = parts.first().map(|t| t.cols()).unwrap_or(0);
+        if let Some(p) = parts.iter().find(|p| p.cols() != cols) {
+            return Err(shape_error("concat_rows", format!("{} vs {} columns", p.cols(), cols)));
+        }
+        let total: usize = parts.iter().map(|p| p.numel()).sum();
+        let (out, ob) = self.new_tensor(total, vec![total / cols.max(1), cols])?;
+        let mut at = 0u64;
+        for p in parts {
+            let bytes = 4 * p.numel() as u64;
+            self.gpu.copy(buf(p)?, 0, ob.buffer(), at, bytes)?;
+            at += bytes;
+        }
+        Ok(out)
+    }
+
+    fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        same_shape("add", a, b)?;
+        let n = a.numel();
+        let (out, ob) = self.new_tensor(n, a.shape().to_vec())?;
+        self.elementwise("add", [u(n), 0, 0, 0, 0, 0, 0, 0], &[(2, buf(a)?), (4, buf(b)?), (3, ob.buffer())], n)?;
+        Ok(out)
+    }
+
+    fn sigmoid_mul(&self, x: &Tensor, gate: &Tensor) -> Result<Tensor> {
+        let n = x.numel();
+        let per_row = if gate.numel() == n {
+            0
+        } else if gate.numel() == x.rows() {
+            1
+        } else {
+            return Err(shape_error("sigmoid_mul", format!("x {:?}, gate {:?}", x.shape(), gate.shape())));
+        };
+        let (out, ob) = self.new_tensor(n, x.shape().to_vec())?;
+        let params = [u(n), u(x.cols()), 0, 0, per_row, 0, 0, 0];
+        self.elementwise("sigmoid_mul", params, &[(2, buf(x)?), (4, buf(gate)?), (3, ob.buffer())], n)?;
+        Ok(out)
+    }
+
+    fn silu_mul(&self, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+        same_shape("silu_mul", gate, up)?;
+        let n = gate.numel();
+        let (out, ob) = self.new_tensor(n, gate.shape().to_vec())?;
+        self.elementwise("silu_mul", [u(n), 0, 0, 0, 0, 0, 0, 0], &[(2, buf(gate)?), (4, buf(up)?), (3, ob.buffer())], n)?;
+        Ok(out)
+    }
+
+    fn silu(&self, x: &Tensor) -> Result<Tensor> {
+        let n = x.numel();
+        let (out, ob) = self.new_tensor(n, x.shape().to_vec())?;
+        self.elementwise("silu_only", [u(n), 0, 0, 0, 0, 0, 0, 0], &[(2, buf(x)?), (3, ob.buffer())], n)?;
+        Ok(out)
+    }
+
+    fn embed(&self, table: &Weight, ids: &[u32]) -> Result<Tensor> {
+        let w = weight(table)?;
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= w.experts * w.rows) {
+            return Err(shape_error("embed", format!("token id {id} >= vocabulary size {}", w.rows)));
+        }
+        if ids.len() > gpu::MAX_GROUPS as usize {
+            return Err(shape_error("embed", format!("{} tokens in one call (at most {})", ids.len(), gpu::MAX_GROUPS)));
+        }
+        let (out, ob) = self.new_tensor(ids.len() * w.cols, vec![ids.len(), w.cols])?;
+        let id_buf = self.gpu.buffer_with("token ids", bytemuck::cast_slice(ids), wgpu::BufferUsages::STORAGE);
+        for s in &w.shards {
+            let mut params = s.desc.to_vec();
+            params.extend([u(ids.len()), u(s.row_start), u(s.rows), 0]);
+            let groups = [u(w.cols.div_ceil(64)), u(ids.len()), 1];
+            self.gpu.dispatch("embed", &params, &[(6, &s.buffer), (3, ob.buffer()), (4, &id_buf)], groups)?;
+        }
+        Ok(out)
+    }
+
+    fn matmul(&self, x: &Tensor, w: &Weight) -> Result<Tensor> {
+        let gw = weight(w)?;
+        if x.cols() != gw.cols || gw.experts != 1 {
+            return Err(shape_error(
+                "matmul",
+                format!("x {:?} @ W[{} x {} x {}]^T", x.shape(), gw.experts, gw.rows, gw.cols),
+            ));
+        }
+        let tokens = x.rows();
+        let (out, ob) = self.new_tensor(tokens * gw.rows, vec![tokens, gw.rows])?;
+        self.matmul_into(buf(x)?, tokens, gw, ob.buffer())?;
+        Ok(out)
+    }
+
+    fn rms_norm(&self, x: &Tensor, w: Option<&Tensor>, dim: usize, eps: f32) -> Result<Tensor> {
+        groups_of("rms_norm", x, dim)?;
+        if let Some(w) = w {
+            if w.numel() != dim {
+                return Err(shape_error("rms_norm", format!("weight {:?} for groups of {dim}", w.shape())));
+            }
+        }
+        let groups = x.numel() / dim;
+        let (out, ob) = self.new_tensor(x.numel(), x.shape().to_vec())?;
+        let xb = buf(x)?;
+        let wb = match w {
+            Some(w) => buf(w)?,
+            None => xb,
+        };
+        let params = [u(groups), u(dim), u(w.is_some() as usize), 0, f(eps), f(1.0), 0, 0];
+        let binds = [(2, xb), (3, ob.buffer()), (4, wb)];
+        if dim >= WIDE_NORM_DIM {
+            self.gpu.dispatch("rms_norm_wide", &params, &binds, Gpu::grid(groups as u64))?;
+        } else {
+            self.gpu.dispatch("rms_norm", &params, &binds, [self.subgroup_grid(groups, 64), 1, 1])?;
+        }
+        Ok(out)
+    }
+
+    fn rms_norm_gated(&self, x: &Tensor, z: &Tensor, w: &Tensor, dim: usize, eps: f32) -> Result<Tensor> {
+        same_shape("rms_norm_gated", x, z)?;
+        groups_of("rms_norm_gated", x, dim)?;
+        if w.numel() != dim {
+            return Err(shape_error("rms_norm_gated", format!("weight {:?} for groups of {dim}", w.shape())));
+        }
+        let groups = x.numel() / dim;
+        let (out, ob) = self.new_tensor(x.numel(), x.shape().to_vec())?;
+        let params = [u(groups), u(dim), 1, 0, f(eps), f(1.0), 0, 0];
+        let grid = [self.subgroup_grid(groups, 64), 1, 1];
+        let binds = [(2, buf(x)?), (3, ob.buffer()), (4, buf(w)?), (5, buf(z)?)];
+        self.gpu.dispatch("rms_norm_gated", &params, &binds, grid)?;
+        Ok(out)
+    }
+
+    fn l2_normalize(&self, x: &Tensor, dim: usize, eps: f32, scale: f32) -> Result<Tensor> {
+        groups_of("l2_normalize", x, dim)?;
+        let groups = x.numel() / dim;
+        let (out, ob) = self.new_tensor(x.numel(), x.shape().to_vec())?;
+        let params = [u(groups), u(dim), 0, 0, f(eps), f(scale), 0, 0];
+        let grid = [self.subgroup_grid(groups, 64), 1, 1];
+        self.gpu.dispatch("l2_normalize", &params, &[(2, buf(x)?), (3, ob.buffer())], grid)?;
+        Ok(out)
+    }
+
+    fn rope(&self, x: &Tensor, head_dim: usize, rotary_dim: usize, theta: f32, start_pos: usize) -> Result<Tensor> {
+        groups_of("rope", x, head_dim)?;
+        if rotary_dim > head_dim || rotary_dim % 2 != 0 {
+            return Err(shape_error("rope", format!("rotary dim {rotary_dim} for head dim {head_dim}")));
+        }
+        let tokens = x.shape().first().copied().unwrap_or(0).max(1);
+        let heads = x.numel() / head_dim / tokens;
+        let half = rotary_dim / 2;
+        // Angles in f64 on the host, exactly as the CPU backend computes them.
+        let inv_freq: Vec<f64> =
+            (0..half).map(|i| (theta as f64).powf(-((2 * i) as f64) / rotary_dim as f64)).collect();
+        let mut table = Vec::with_capacity(tokens * half * 2);
+        for t in 0..tokens {
+            let pos = (start_pos + t) as f64;
+            for f in &inv_freq {
+                table.push((pos * f).cos() as f32);
+                table.push((pos * f).sin() as f32);
+            }
+        }
+        let cs = self.gpu.buffer_with("rope angles", bytemuck::cast_slice(&table), wgpu::BufferUsages::STORAGE);
+        let n = x.numel();
+        let (out, ob) = self.new_tensor(n, x.shape().to_vec())?;
+        let params = [u(n), u(heads), u(head_dim), u(half), 0, 0, 0, 0];
+        self.elementwise("rope", params, &[(2, buf(x)?), (3, ob.buffer()), (4, &cs)], n)?;
+        Ok(out)
+    }
+
+    fn new_kv_cache(&self, kv_heads: usize, head_dim: usize) -> Result<State> {
+        let capacity = 256;
+        let row = 4 * (kv_heads * head_dim) as u64;
+        Ok(State::new(Box::new(GpuKvCache {
+            kv_heads,
+            head_dim,
+            len: 0,
+            capacity,
+            keys: self.gpu.zeroed("kv keys", row * capacity as u64),
+            values: self.gpu.zeroed("kv values", row * capacity as u64),
+        })))
+    }
+
+    fn kv_len(&self, cache: &State) -> Result<usize> {
+        cache.get::<GpuKvCache>().map(|c| c.len).ok_or_else(|| BackendError::Device("not a wgpu KV cache".into()))
+    }
+
+    fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, cache: &mut State, heads: usize, scale: f32) -> Result<Tensor> {
+        let c = cache.get_mut::<GpuKvCache>().ok_or_else(|| BackendError::Device("not a wgpu KV cache".into()))?;
+        let (kvh, hd) = (c.kv_heads, c.head_dim);
+        let tokens = q.rows();
+        if q.cols() != heads * hd || k.cols() != kvh * hd || v.cols() != kvh * hd || k.rows() != tokens
+            || v.rows() != tokens || kvh == 0 || heads % kvh != 0
+        {
+            return Err(shape_error(
+                "attention",
+                format!("q {:?} k {:?} v {:?} for {heads} heads, {kvh} kv heads of {hd}", q.shape(), k.shape(), v.shape()),
+            ));
+        }
+        let row = 4 * (kvh * hd) as u64;
+        let past = c.len;
+        if past + tokens > c.capacity {
+            let capacity = (2 * c.capacity).max(past + tokens);
+            if row * capacity as u64 > self.gpu.max_binding() {
+                return Err(BackendError::Unsupported(format!(
+                    "a KV cache of {capacity} positions exceeds the adapter's storage binding limit"
+                )));
+            }
+            let keys = self.gpu.zeroed("kv keys", row * capacity as u64);
+            let values = self.gpu.zeroed("kv values", row * capacity as u64);
+            self.gpu.copy(&c.keys, 0, &keys, 0, row * past as u64)?;
+            self.gpu.copy(&c.values, 0, &values, 0, row * past as u64)?;
+            (c.keys, c.values, c.capacity) = (keys, values, capacity);
+        }
+        self.gpu.copy(buf(k)?, 0, &c.keys, row * past as u64, row * tokens as u64)?;
+        self.gpu.copy(buf(v)?, 0, &c.values, row * past as u64, row * tokens as u64)?;
+        c.len += tokens;
+        let visible = past + tokens;
+        let scratch = self.gpu.alloc(4 * (tokens * heads * visible) as u64)?;
+        let (out, ob) = self.new_tensor(tokens * heads * hd, vec![tokens, heads * hd])?;
+        if hd > 512 {
+            return Err(BackendError::Unsupported(format!("attention head dim {hd} (the kernel takes up to 512)")));
+        }
+        let params = [u(tokens), u(heads), u(kvh), u(hd), u(past), u(visible), f(scale), 0];
+        let binds = [(2, buf(q)?), (3, ob.buffer()), (4, &c.keys), (5, &c.values), (6, scratch.buffer())];
+        self.gpu.dispatch("attention", &params, &binds, Gpu::grid((tokens * heads) as u64))?;
+        Ok(out)
+    }
+
+    fn new_conv_state(&self, channels: usize, kernel: usize) -> Result<State> {
+        if kernel == 0 {
+            return Err(shape_error("new_conv_state", "kernel size 0"));
+        }
+        let window = self.gpu.zeroed("conv window", 4 * ((kernel - 1) * channels) as u64);
+        let spare = self.gpu.zeroed("conv window", 4 * ((kernel - 1) * channels) as u64);
+        Ok(State::new(Box::new(GpuConvState { channels, kernel, window, spare })))
+    }
+
+    fn causal_conv1d(&self, x: &Tensor, w: &Tensor, state: &mut State) -> Result<Tensor> {
+        let st = state.get_mut::<GpuConvState>().ok_or_else(|| BackendError::Device("not a wgpu conv state".into()))?;
+        let (c, kk) = (st.channels, st.kernel);
+        if x.cols() != c || w.numel() != c * kk {
+            return Err(shape_error("causal_conv1d", format!("x {:?}, weight {:?}, {c} channels x {kk}", x.shape(), w.shape())));
+        }
+        let tokens = x.rows();
+        let n = tokens * c;
+        let (out, ob) = self.new_tensor(n, vec![tokens, c])?;
+        let xb = buf(x)?;
+        let params = [u(tokens), u(c), u(kk), u(n), 0, 0, 0, 0];
+        self.elementwise("conv1d", params, &[(2, xb), (3, ob.buffer()), (4, buf(w)?), (5, &st.window)], n)?;
+        let hist = (kk - 1) * c;
+        if hist > 0 {
+            let params = [u(tokens), u(c), u(kk), u(hist), 0, 0, 0, 0];
+            self.elementwise("conv_window", params, &[(2, xb), (3, &st.spare), (5, &st.window)], hist)?;
+            std::mem::swap(&mut st.window, &mut st.spare);
+        }
+        Ok(out)
+    }
+
+    fn new_recurrent_state(&self, heads: usize, key_dim: usize, value_dim: usize) -> Result<State> {
+        if key_dim > 16 * self.gpu.subgroup_min as usize {
+            return Err(BackendError::Unsupported(format!(
+                "Gated DeltaNet key dim {key_dim} exceeds 16 x the adapter's smallest subgroup ({})",
+                self.gpu.subgroup_min
+            )));
+        }
+        let s = self.gpu.zeroed("recurrent state", 4 * (heads * key_dim * value_dim) as u64);
+        Ok(State::new(Box::new(GpuRecurrentState { heads, key_dim, value_dim, s })))
+    }
+
+    fn delta_gates(&self, a: &Tensor, b: &Tensor, a_log: &Tensor, dt_bias: &Tensor) -> Result<(Tensor, Tensor)> {
+        same_shape("delta_gates", a, b)?;
+        let heads = a.cols();
+        if a_log.numel() != heads || dt_bias.numel() != heads {
+            return Err(shape_error("delta_gates", format!("{heads} heads, A_log {:?}, dt_bias {:?}", a_log.shape(), dt_bias.shape())));
+        }
+        let n = a.numel();
+        let (g, gb) = self.new_tensor(n, a.shape().to_vec())?;
+        let (beta, bb) = self.new_tensor(n, b.shape().to_vec())?;
+        let binds = [(2, buf(a)?), (4, buf(b)?), (5, buf(a_log)?), (6, buf(dt_bias)?), (3, gb.buffer()), (7, bb.buffer())];
+        self.elementwise("delta_gates", [u(n), u(heads), 0, 0, 0, 0, 0, 0], &binds, n)?;
+        Ok((g, beta))
+    }
+
+    fn gated_delta(&self, q: &Tensor, k: &Tensor, v: &Tensor, g: &Tensor, beta: &Tensor, key_heads: usize, state: &mut State) -> Result<Tensor> {
+        let st = state.get_mut::<GpuRecurrentState>().ok_or_else(|| BackendError::Device("not a wgpu recurrent state".into()))?;
+        let (h, dk, dv) = (st.heads, st.key_dim, st.value_dim);
+        let tokens = q.rows();
+        if key_heads == 0 || h % key_heads != 0 || q.cols() != key_heads * dk || k.cols() != key_heads * dk
+            || v.cols() != h * dv || g.cols() != h || beta.cols() != h || k.rows() != tokens || v.rows() != tokens
+        {
+            return Err(shape_error(
+                "gated_delta",
+                format!("q {:?} k {:?} v {:?} g {:?} for {h} heads ({key_heads} key heads) of {dk}/{dv}", q.shape(), k.shape(), v.shape(), g.shape()),
+            ));
+        }
+        let (out, ob) = self.new_tensor(tokens * h * dv, vec![tokens, h * dv])?;
+        let params = [u(tokens), u(h), u(key_heads), u(dk), u(dv), 0, 0, 0];
+        let binds = [(2, buf(q)?), (4, buf(k)?), (5, buf(v)?), (6, buf(g)?), (7, buf(beta)?), (8, &st.s), (3, ob.buffer())];
+        self.gpu.dispatch("gated_delta", &params, &binds, [self.subgroup_grid(h * dv, 64), 1, 1])?;
+        Ok(out)
+    }
+
+    fn new_expert_pool(&self, layout: &ExpertLayout, slots: usize) -> Result<ExpertPool> {
+        let pool = GpuPool::new(&self.gpu, layout.hidden, layout.intermediate, [layout.gate, layout.up, layout.down], slots)?;
+        let bytes = pool.bytes();
+        Ok(ExpertPool::new(Box::new(pool), *layout, slots, bytes))
+    }
+
+    fn write_expert(&self, pool: &mut ExpertPool, slot: usize, e: &HostExpert<'_>) -> Result<()> {
+        let p = pool.get::<GpuPool>().ok_or_else(|| BackendError::Device("not a wgpu expert pool".into()))?;
+        p.write(&self.gpu, slot, &e.gate, &e.up, &e.down)
+    }
+
+    fn moe_expert_outputs(&self, x: &Tensor, pool: &ExpertPool, assignments: &[ExpertAssignment], top_k: usize) -> Result<Tensor> {
+        let p = pool.get::<GpuPool>().ok_or_else(|| BackendError::Device("not a wgpu expert pool".into()))?;
+        let (tokens, hidden) = (x.rows(), x.cols());
+        let inter = p.gate.rows;
+        if hidden != p.gate.layout_cols() {
+            return Err(shape_error("moe_expert_outputs", format!("x {:?} for experts of hidden size {}", x.shape(), p.gate.layout_cols())));
+        }
+        for a in assignments {
+            if a.slot as usize >= p.slots || a.token as usize >= tokens || a.rank as usize >= top_k {
+                return Err(shape_error("moe_expert_outputs", format!("{a:?} with {} slots, {tokens} tokens, top {top_k}", p.slots)));
+            }
+        }
+        let (out, ob) = self.new_tensor(tokens * top_k * hidden, vec![tokens, top_k, hidden])?;
+        self.gpu.clear(ob.buffer())?;
+        if assignments.is_empty() {
+            return Ok(out);
+        }
+        // Assignments grouped by pool shard, each group one run of the list.
+        let mut sorted = assignments.to_vec();
+        sorted.sort_by_key(|a| a.slot as usize / p.per_shard);
+        let words: Vec<u32> = sorted.iter().flat_map(|a| [a.token, a.rank, a.slot, 0]).collect();
+        let asg = self.gpu.buffer_with("expert assignments", bytemuck::cast_slice(&words), wgpu::BufferUsages::STORAGE);
+        let n = sorted.len();
+        let gate_out = self.gpu.alloc(4 * (n * inter) as u64)?;
+        let act = self.gpu.alloc(4 * (n * inter) as u64)?;
+        let xb = buf(x)?;
+        let mut start = 0;
+        while start < n {
+            let shard = sorted[start].slot as usize / p.per_shard;
+            let mut end = start;
+            while end < n && sorted[end].slot as usize / p.per_shard == shard && end - start < gpu::MAX_GROUPS as usize {
+                end += 1;
+            }
+            let slot_base = u(shard * p.per_shard);
+            let count = u(end - start);
+            let shard_rows = p.shard_slots(shard);
+            let run = |entry: &str, m: &weights::PoolMatrix, x_cols: usize, out_cols: usize, binds: &[(u32, &wgpu::Buffer)]| {
+                let mut params = m.layout.desc(shard_rows * m.rows).to_vec();
+                params.extend([u(m.rows), u(start), slot_base, u(x_cols), u(out_cols), u(top_k), 0, 0]);
+                let mut all = vec![(1, &m.buffers[shard]), (6, &m.buffers[shard])];
+                all.extend_from_slice(binds);
+                self.gpu.dispatch(entry, &params, &all, [self.subgroup_grid(m.rows.div_ceil(4), 128), count, 1])
+            };
+            run("moe_gate", &p.gate, hidden, inter, &[(2, xb), (3, gate_out.buffer()), (4, &asg)])?;
+            run("moe_up", &p.up, hidden, inter, &[(2, xb), (3, act.buffer()), (4, &asg), (5, gate_out.buffer())])?;
+            run("moe_down", &p.down, inter, hidden, &[(2, act.buffer()), (3, ob.buffer()), (4, &asg)])?;
+            start = end;
+        }
+        Ok(out)
+    }
+
+    fn moe_combine(&self, outputs: &Tensor, weights: &[f32], top_k: usize) -> Result<Tensor> {
+        let hidden = outputs.cols();
+        let tokens = outputs.rows() / top_k.max(1);
+        if weights.len() != tokens * top_k || outputs.rows() != tokens * top_k {
+            return Err(shape_error("moe_combine", format!("outputs {:?}, {} weights, top {top_k}", outputs.shape(), weights.len())));
+        }
+        let wb = self.gpu.buffer_with("routing weights", bytemuck::cast_slice(weights), wgpu::BufferUsages::STORAGE);
+        let n = tokens * hidden;
+        let (out, ob) = self.new_tensor(n, vec![tokens, hidden])?;
+        self.elementwise("moe_combine", [u(n), u(hidden), 0, 0, 0, u(top_k), 0, 0], &[(2, buf(outputs)?), (4, &wb), (3, ob.buffer())], n)?;
+        Ok(out)
+    }
+
+    fn clone_state(&self, state: &State) -> Result<State> {
+        let dup = |b: &wgpu::Buffer, label: &str| -> Result<wgpu::Buffer> {
+            let copy = self.gpu.zeroed(label, b.size());
+            self.gpu.copy(b, 0, &copy, 0, b.size())?;
+            Ok(copy)
+        };
+        if let Some(c) = state.get::<GpuKvCache>() {
+            return Ok(State::new(Box::new(GpuKvCache {
+                kv_heads: c.kv_heads,
+                head_dim: c.head_dim,
+                len: c.len,
+                capacity: c.capacity,
+                keys: dup(&c.keys, "kv keys")?,
+                values: dup(&c.values, "kv values")?,
+            })));
+        }
+        if let Some(c) = state.get::<GpuConvState>() {
+            return Ok(State::new(Box::new(GpuConvState {
+                channels: c.channels,
+                kernel: c.kernel,
+                window: dup(&c.window, "conv window")?,
+                spare: self.gpu.zeroed("conv window", c.spare.size()),
+            })));
+        }
+        if let Some(r) = state.get::<GpuRecurrentState>() {
+            return Ok(State::new(Box::new(GpuRecurrentState {
+                heads: r.heads,
+                key_dim: r.key_dim,
+                value_dim: r.value_dim,
+                s: dup(&r.s, "recurrent state")?,
+            })));
+        }
+        Err(BackendError::Device("state does not belong to the wgpu backend".into()))
+    }
+}

@@ -1,0 +1,301 @@
+//! Weight matrices and the expert pool in device memory.
+//!
+//! A weight is split by rows into shards that each fit one storage binding
+//! (`max_storage_buffer_binding_size`: 128 MiB on lavapipe, 2 GiB on an H200).
+//! A shard is one buffer: the packed rows, then (affine) the scales and the
+//! biases in their stored precision, laid out as `wgsl/weights.wgsl` reads
+//! them. The expert pool is sharded the same way by slots.
+
+use slotstream_backend::{shape_error, BackendError, DType, HostMatrix, MatrixData, MatrixFormat, Result};
+
+use crate::gpu::Gpu;
+
+fn dtype_code(d: DType) -> u32 {
+    match d {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::BF16 => 2,
+    }
+}
+
+fn pad16(n: usize) -> usize {
+    n.div_ceil(16) * 16
+}
+
+/// How one row of a matrix is stored on the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowLayout {
+    fmt: u32,
+    bits: u32,
+    group_size: u32,
+    scale_kind: u32,
+    cols: usize,
+    /// Bytes of packed values per row (a multiple of 16).
+    value_bytes: usize,
+    /// Bytes of scales (and of biases) per row.
+    scale_bytes: usize,
+}
+
+impl RowLayout {
+    pub fn new(format: MatrixFormat, cols: usize) -> Result<RowLayout> {
+        let layout = match format {
+            MatrixFormat::Dense(d) => RowLayout {
+                fmt: dtype_code(d),
+                bits: 8 * d.size() as u32,
+                group_size: 1,
+                scale_kind: 0,
+                cols,
+                value_bytes: cols * d.size(),
+                scale_bytes: 0,
+            },
+            MatrixFormat::Affine { bits, group_size, scale_dtype } => {
+                if !matches!(bits, 2 | 4 | 8) || group_size == 0 || cols % group_size != 0 || group_size % 32 != 0 {
+                    return Err(BackendError::Unsupported(format!(
+                        "the wgpu backend supports 2/4/8-bit affine weights with group sizes that are multiples of 32 \
+                         (got {bits} bits, group size {group_size}, {cols} columns)"
+                    )));
+                }
+                RowLayout {
+                    fmt: 3,
+                    bits,
+                    group_size: group_size as u32,
+                    scale_kind: dtype_code(scale_dtype),
+                    cols,
+                    value_bytes: cols * bits as usize / 8,
+                    scale_bytes: cols / group_size * scale_dtype.size(),
+                }
+            }
+        };
+        if layout.value_bytes % 16 != 0 {
+            return Err(BackendError::Unsupported(format!(
+                "the wgpu backend needs rows of a multiple of 16 bytes; {cols} columns of {format:?} are {} bytes",
+                layout.value_bytes
+            )));
+        }
+        Ok(layout)
+    }
+
+    /// Bytes one row takes in a shard, padding aside.
+    fn row_bytes(&self) -> usize {
+        self.value_bytes + 2 * self.scale_bytes
+    }
+
+    /// Offsets (in u32 words) of the scales and biases in a shard of `rows` rows.
+    fn offsets(&self, rows: usize) -> (usize, usize) {
+        let values = rows * self.value_bytes;
+        let scales = pad16(rows * self.scale_bytes);
+        (values / 4, (values + scales) / 4)
+    }
+
+    fn shard_bytes(&self, rows: usize) -> usize {
+        rows * self.value_bytes + 2 * pad16(rows * self.scale_bytes)
+    }
+
+    /// The `WeightDesc` of `wgsl/weights.wgsl` for a shard of `rows` rows.
+    pub fn desc(&self, rows: usize) -> [u32; 8] {
+        let (s, b) = self.offsets(rows);
+        [
+            self.fmt,
+            self.bits,
+            self.group_size,
+            self.scale_kind,
+            self.cols as u32,
+            (self.value_bytes / 4) as u32,
+            s as u32,
+            b as u32,
+        ]
+    }
+}
+
+/// Rows `[row_start, row_start + rows)` of a weight in one buffer.
+pub struct Shard {
+    pub buffer: wgpu::Buffer,
+    pub row_start: usize,
+    pub rows: usize,
+    pub desc: [u32; 8],
+}
+
+/// A `[experts, rows, cols]` weight owned by the wgpu backend; rows of all
+/// experts are numbered consecutively across shards.
+pub struct GpuWeight {
+    pub experts: usize,
+    pub rows: usize,
+    pub cols: usize,
+    pub shards: Vec<Shard>,
+    pub bytes: usize,
+}
+
+/// The stored bytes of a host matrix: (values, scales, biases).
+fn host_parts<'a>(m: &'a HostMatrix<'_>) -> (&'a [u8], &'a [u8], &'a [u8]) {
+    match &m.data {
+        MatrixData::Dense { bytes, .. } => (bytes, &[], &[]),
+        MatrixData::Affine { words, scales, biases, .. } => (words, scales, biases),
+    }
+}
+
+/// Shard bytes for rows `[r0, r1)` of `m`.
+fn shard_image(layout: &RowLayout, m: &HostMatrix<'_>, r0: usize, r1: usize) -> Vec<u8> {
+    let (values, scales, biases) = host_parts(m);
+    let rows = r1 - r0;
+    let mut out = Vec::with_capacity(layout.shard_bytes(rows));
+    out.extend_from_slice(&values[r0 * layout.value_bytes..r1 * layout.value_bytes]);
+    if layout.scale_bytes > 0 {
+        for part in [scales, biases] {
+            out.extend_from_slice(&part[r0 * layout.scale_bytes..r1 * layout.scale_bytes]);
+            out.resize(pad16(out.len()), 0);
+        }
+    }
+    out
+}
+
+impl GpuWeight {
+    pub fn upload(gpu: &Gpu, m: &HostMatrix<'_>) -> Result<GpuWeight> {
+        m.validate()?;
+        let layout = RowLayout::new(MatrixFormat::of(m), m.cols)?;
+        let total_rows = m.experts * m.rows;
+        let per_shard = (gpu.max_binding() as usize - 64) / layout.row_bytes().max(1);
+        if per_shard == 0 {
+            return Err(BackendError::Unsupported(format!(
+                "one row of {} bytes exceeds the adapter's storage binding limit",
+                layout.row_bytes()
+            )));
+        }
+        let mut shards = Vec::new();
+        let mut bytes = 0;
+        let mut r0 = 0;
+        while r0 < total_rows {
+            let r1 = (r0 + per_shard).min(total_rows);
+            let image = shard_image(&layout, m, r0, r1);
+            bytes += image.len();
+            let buffer = gpu.buffer_with("weight", &image, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC);
+            shards.push(Shard { buffer, row_start: r0, rows: r1 - r0, desc: layout.desc(r1 - r0) });
+            r0 = r1;
+        }
+        Ok(GpuWeight { experts: m.experts, rows: m.rows, cols: m.cols, shards, bytes })
+    }
+}
+
+/// One matrix kind (gate, up or down) of the expert pool, sharded by slots.
+pub struct PoolMatrix {
+    pub layout: RowLayout,
+    /// Rows of one expert matrix.
+    pub rows: usize,
+    pub buffers: Vec<wgpu::Buffer>,
+}
+
+impl PoolMatrix {
+    fn new(gpu: &Gpu, format: MatrixFormat, rows: usize, cols: usize, slots: usize, per_shard: usize) -> Result<PoolMatrix> {
+        let layout = RowLayout::new(format, cols)?;
+        if (rows * layout.scale_bytes) % 4 != 0 {
+            return Err(BackendError::Unsupported(format!(
+                "expert matrices of {rows} rows with {} scale bytes per row do not fill whole words",
+                layout.scale_bytes
+            )));
+        }
+        let mut usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
+        if gpu.mapped_primary {
+            usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::MAP_WRITE;
+        }
+        let mut buffers = Vec::new();
+        let mut s0 = 0;
+        while s0 < slots {
+            let n = per_shard.min(slots - s0);
+            buffers.push(gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("expert pool"),
+                size: pad16(layout.shard_bytes(n * rows)) as u64,
+                usage,
+                mapped_at_creation: false,
+            }));
+            s0 += n;
+        }
+        Ok(PoolMatrix { layout, rows, buffers })
+    }
+
+    fn slot_bytes(&self) -> usize {
+        self.rows * self.layout.row_bytes()
+    }
+
+    /// Writes one expert's matrix into `slot` (local to shard `shard` of `shard_slots` slots).
+    fn write(&self, gpu: &Gpu, shard: usize, local: usize, shard_slots: usize, m: &HostMatrix<'_>) -> Result<()> {
+        m.validate()?;
+        let format = RowLayout::new(MatrixFormat::of(m), m.cols)?;
+        if format != self.layout || m.rows != self.rows || m.experts != 1 {
+            return Err(shape_error(
+                "write_expert",
+                format!("a [{} x {}] {:?} matrix does not fit the pool's [{} x {}] {:?} slots", m.rows, m.cols, MatrixFormat::of(m), self.rows, self.layout.cols, self.layout),
+            ));
+        }
+        let buffer = &self.buffers[shard];
+        let (values, scales, biases) = host_parts(m);
+        let rows_in_shard = shard_slots * self.rows;
+        let (s_off, b_off) = self.layout.offsets(rows_in_shard);
+        gpu.write(buffer, (local * self.rows * self.layout.value_bytes) as u64, values)?;
+        if self.layout.scale_bytes > 0 {
+            let at = (local * self.rows * self.layout.scale_bytes) as u64;
+            gpu.write(buffer, s_off as u64 * 4 + at, scales)?;
+            gpu.write(buffer, b_off as u64 * 4 + at, biases)?;
+        }
+        Ok(())
+    }
+}
+
+/// The wgpu backend's expert slot pool.
+pub struct GpuPool {
+    pub gate: PoolMatrix,
+    pub up: PoolMatrix,
+    pub down: PoolMatrix,
+    pub slots: usize,
+    /// Slots per shard (the last shard may hold fewer).
+    pub per_shard: usize,
+}
+
+impl GpuPool {
+    pub fn new(gpu: &Gpu, hidden: usize, inter: usize, formats: [MatrixFormat; 3], slots: usize) -> Result<GpuPool> {
+        let probe = [
+            RowLayout::new(formats[0], hidden)?,
+            RowLayout::new(formats[1], hidden)?,
+            RowLayout::new(formats[2], inter)?,
+        ];
+        let largest = (probe[0].row_bytes() * inter).max(probe[1].row_bytes() * inter).max(probe[2].row_bytes() * hidden);
+        let per_shard = ((gpu.max_binding() as usize - 64) / largest.max(1)).min(slots.max(1));
+        if per_shard == 0 {
+            return Err(BackendError::Unsupported(format!(
+                "one expert matrix of {largest} bytes exceeds the adapter's storage binding limit"
+            )));
+        }
+        Ok(GpuPool {
+            gate: PoolMatrix::new(gpu, formats[0], inter, hidden, slots, per_shard)?,
+            up: PoolMatrix::new(gpu, formats[1], inter, hidden, slots, per_shard)?,
+            down: PoolMatrix::new(gpu, formats[2], hidden, inter, slots, per_shard)?,
+            slots,
+            per_shard,
+        })
+    }
+
+    pub fn bytes(&self) -> usize {
+        (self.gate.slot_bytes() + self.up.slot_bytes() + self.down.slot_bytes()) * self.slots
+    }
+
+    /// Slots held by shard `shard`.
+    pub fn shard_slots(&self, shard: usize) -> usize {
+        self.per_shard.min(self.slots - shard * self.per_shard)
+    }
+
+    pub fn write(&self, gpu: &Gpu, slot: usize, gate: &HostMatrix<'_>, up: &HostMatrix<'_>, down: &HostMatrix<'_>) -> Result<()> {
+        if slot >= self.slots {
+            return Err(shape_error("write_expert", format!("slot {slot} of a pool of {}", self.slots)));
+        }
+        let (shard, local) = (slot / self.per_shard, slot % self.per_shard);
+        let n = self.shard_slots(shard);
+        self.gate.write(gpu, shard, local, n, gate)?;
+        self.up.write(gpu, shard, local, n, up)?;
+        self.down.write(gpu, shard, local, n, down)
+    }
+}
+
+impl PoolMatrix {
+    /// Columns of one expert matrix.
+    pub fn layout_cols(&self) -> usize {
+        self.layout.cols
+    }
+}

@@ -1,0 +1,320 @@
+//! Every kernel against the CPU backend (the reference), on fixed seeded
+//! inputs, plus an insta snapshot of each kernel's output.
+//!
+//! Tolerance: relative L2 error 1e-5 (2e-5 where long reductions are summed in
+//! a different order). Both backends compute in f32 from the same stored
+//! weights; only summation order differs, which moves results by ~1e-7
+//! relative per reduction. Snapshots hold the length, the L2 norm (3
+//! decimals) and the first 24 values of each output rounded to 4 significant
+//! digits, well above that noise; a kernel change that reorders sums can still
+//! flip a last digit, and is accepted (`cargo insta accept` or
+//! INSTA_UPDATE=always) once the comparison with the CPU backend passes.
+
+mod common;
+
+use std::borrow::Cow;
+
+use common::{gpu, rel_l2, Rng};
+use half::{bf16, f16};
+use slotstream_backend::{Backend, DType, ExpertAssignment, ExpertLayout, HostExpert, HostMatrix, MatrixData, MatrixFormat, Tensor};
+use slotstream_cpu::CpuBackend;
+
+const TOL: f64 = 1e-5;
+
+/// `v` rounded to `digits` significant digits.
+fn significant(v: f64, digits: i32) -> f64 {
+    if v == 0.0 || !v.is_finite() {
+        return v;
+    }
+    let scale = 10f64.powi(digits - 1 - v.abs().log10().floor() as i32);
+    (v * scale).round() / scale
+}
+
+fn snapshot(name: &str, values: &[f32]) {
+    let rounded: Vec<f64> = values.iter().take(24).map(|v| significant(*v as f64, 4)).collect();
+    let l2: f64 = values.iter().map(|v| (*v as f64).powi(2)).sum::<f64>().sqrt();
+    let summary = serde_json::json!({ "len": values.len(), "l2": (l2 * 1e3).round() / 1e3, "first": rounded });
+    insta::with_settings!({ snapshot_path => "../../../snapshots", prepend_module_to_snapshot => false }, {
+        insta::assert_json_snapshot!(format!("wgpu_{name}"), summary);
+    });
+}
+
+/// Runs `op` on both backends, checks agreement within `tol` and snapshots the GPU output.
+fn check(name: &str, tol: f64, op: impl Fn(&dyn Backend) -> Tensor) {
+    let Some(g) = gpu() else { return };
+    let cpu = CpuBackend::new();
+    let want = cpu.download(&op(&cpu)).expect("cpu download");
+    let got = g.download(&op(g)).expect("gpu download");
+    let err = rel_l2(&got, &want);
+    assert!(err <= tol, "{name}: GPU differs from CPU, rel L2 {err:.3e} > {tol:e}");
+    snapshot(name, &got);
+}
+
+fn up(b: &dyn Backend, v: &[f32], shape: &[usize]) -> Tensor {
+    b.upload(v, shape).expect("upload")
+}
+
+/// A random `[experts, rows, cols]` matrix in `format`.
+fn matrix(rng: &mut Rng, format: MatrixFormat, experts: usize, rows: usize, cols: usize) -> HostMatrix<'static> {
+    let n = experts * rows * cols;
+    let data = match format {
+        MatrixFormat::Dense(DType::F32) => MatrixData::Dense { dtype: DType::F32, bytes: Cow::Owned(bytemuck::cast_slice(&rng.vec(n, 1.0)).to_vec()) },
+        MatrixFormat::Dense(DType::F16) => MatrixData::Dense {
+            dtype: DType::F16,
+            bytes: Cow::Owned(rng.vec(n, 1.0).iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect()),
+        },
+        MatrixFormat::Dense(DType::BF16) => MatrixData::Dense {
+            dtype: DType::BF16,
+            bytes: Cow::Owned(rng.vec(n, 1.0).iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect()),
+        },
+        MatrixFormat::Affine { bits, group_size, scale_dtype } => {
+            let groups = n / group_size;
+            let words: Vec<u8> = (0..n * bits as usize / 32).flat_map(|_| rng.bits().to_le_bytes()).collect();
+            let scales: Vec<f32> = rng.vec(groups, 0.02);
+            let biases: Vec<f32> = rng.vec(groups, 0.2);
+            let enc = |v: &[f32]| -> Vec<u8> {
+                match scale_dtype {
+                    DType::F32 => bytemuck::cast_slice(v).to_vec(),
+                    DType::F16 => v.iter().flat_map(|x| f16::from_f32(*x).to_le_bytes()).collect(),
+                    DType::BF16 => v.iter().flat_map(|x| bf16::from_f32(*x).to_le_bytes()).collect(),
+                }
+            };
+            MatrixData::Affine {
+                bits,
+                group_size,
+                words: Cow::Owned(words),
+                scale_dtype,
+                scales: Cow::Owned(enc(&scales)),
+                biases: Cow::Owned(enc(&biases)),
+            }
+        }
+    };
+    HostMatrix { experts, rows, cols, data }
+}
+
+fn affine(bits: u32, group_size: usize) -> MatrixFormat {
+    MatrixFormat::Affine { bits, group_size, scale_dtype: DType::BF16 }
+}
+
+fn format_name(f: MatrixFormat) -> String {
+    match f {
+        MatrixFormat::Dense(d) => format!("{d:?}").to_lowercase(),
+        MatrixFormat::Affine { bits, group_size, scale_dtype } => format!("q{bits}g{group_size}_{}", format!("{scale_dtype:?}").to_lowercase()),
+    }
+}
+
+#[test]
+fn matmul_all_formats_decode_and_prefill() {
+    let formats = [
+        MatrixFormat::Dense(DType::F32),
+        MatrixFormat::Dense(DType::F16),
+        MatrixFormat::Dense(DType::BF16),
+        affine(4, 32),
+        affine(4, 64),
+        affine(4, 128),
+        affine(8, 32),
+        affine(8, 64),
+        affine(8, 128),
+        affine(2, 64),
+        MatrixFormat::Affine { bits: 4, group_size: 64, scale_dtype: DType::F16 },
+        MatrixFormat::Affine { bits: 8, group_size: 64, scale_dtype: DType::F32 },
+    ];
+    for format in formats {
+        let mut rng = Rng::new(11);
+        let (rows, cols) = (72, 256);
+        let m = matrix(&mut rng, format, 1, rows, cols);
+        // 1 and 3 tokens take the matvec kernel, 37 the tiled prefill kernel.
+        for tokens in [1usize, 3, 37] {
+            let x = rng.vec(tokens * cols, 2.0);
+            check(&format!("matmul_{}_t{tokens}", format_name(format)), TOL, |b| {
+                let w = b.load_weight(&m).expect("load_weight");
+                b.matmul(&up(b, &x, &[tokens, cols]), &w).expect("matmul")
+            });
+        }
+    }
+}
+
+#[test]
+fn embed_rows_dequantized() {
+    for format in [affine(4, 64), affine(8, 32), MatrixFormat::Dense(DType::BF16)] {
+        let mut rng = Rng::new(5);
+        let m = matrix(&mut rng, format, 1, 50, 128);
+        check(&format!("embed_{}", format_name(format)), 0.0, |b| {
+            let w = b.load_weight(&m).expect("load_weight");
+            b.embed(&w, &[3, 49, 0, 3]).expect("embed")
+        });
+    }
+}
+
+#[test]
+fn elementwise_ops() {
+    let mut rng = Rng::new(3);
+    let (a, bv, row_gate) = (rng.vec(6 * 40, 4.0), rng.vec(6 * 40, 4.0), rng.vec(6, 4.0));
+    check("add", 0.0, |b| b.add(&up(b, &a, &[6, 40]), &up(b, &bv, &[6, 40])).unwrap());
+    check("sigmoid_mul", TOL, |b| b.sigmoid_mul(&up(b, &a, &[6, 40]), &up(b, &bv, &[6, 40])).unwrap());
+    check("sigmoid_mul_per_row", TOL, |b| b.sigmoid_mul(&up(b, &a, &[6, 40]), &up(b, &row_gate, &[6, 1])).unwrap());
+    check("silu_mul", TOL, |b| b.silu_mul(&up(b, &a, &[6, 40]), &up(b, &bv, &[6, 40])).unwrap());
+    check("silu", TOL, |b| b.silu(&up(b, &a, &[6, 40])).unwrap());
+    check("slice_cols", 0.0, |b| b.slice_cols(&up(b, &a, &[6, 40]), 7, 20).unwrap());
+    check("slice_rows", 0.0, |b| b.slice_rows(&up(b, &a, &[6, 40]), 2, 3).unwrap());
+    check("concat_rows", 0.0, |b| {
+        let (x, y) = (up(b, &a, &[6, 40]), up(b, &bv, &[6, 40]));
+        b.concat_rows(&[&x, &y]).unwrap()
+    });
+    let (al, dt) = (rng.vec(40, 2.0), rng.vec(40, 2.0));
+    check("delta_gates_g", TOL, |b| {
+        b.delta_gates(&up(b, &a, &[6, 40]), &up(b, &bv, &[6, 40]), &up(b, &al, &[40]), &up(b, &dt, &[40])).unwrap().0
+    });
+    check("delta_gates_beta", TOL, |b| {
+        b.delta_gates(&up(b, &a, &[6, 40]), &up(b, &bv, &[6, 40]), &up(b, &al, &[40]), &up(b, &dt, &[40])).unwrap().1
+    });
+}
+
+#[test]
+fn normalisation() {
+    let mut rng = Rng::new(9);
+    let (x, z, w) = (rng.vec(5 * 256, 3.0), rng.vec(5 * 256, 3.0), rng.vec(256, 2.0));
+    check("rms_norm", TOL, |b| b.rms_norm(&up(b, &x, &[5, 256]), Some(&up(b, &w, &[256])), 256, 1e-6).unwrap());
+    check("rms_norm_heads_no_weight", TOL, |b| b.rms_norm(&up(b, &x, &[5, 256]), None, 64, 1e-6).unwrap());
+    check("rms_norm_gated", TOL, |b| {
+        b.rms_norm_gated(&up(b, &x, &[5, 256]), &up(b, &z, &[5, 256]), &up(b, &w[..64], &[64]), 64, 1e-6).unwrap()
+    });
+    let (xw, ww) = (rng.vec(3 * 2048, 3.0), rng.vec(2048, 2.0));
+    check("rms_norm_wide", TOL, |b| b.rms_norm(&up(b, &xw, &[3, 2048]), Some(&up(b, &ww, &[2048])), 2048, 1e-6).unwrap());
+    check("rms_norm_wide_no_weight", TOL, |b| b.rms_norm(&up(b, &xw, &[3, 2048]), None, 1024, 1e-6).unwrap());
+    check("l2_normalize", TOL, |b| b.l2_normalize(&up(b, &x, &[5, 256]), 32, 1e-6, 0.17).unwrap());
+}
+
+#[test]
+fn rope_partial_and_full() {
+    let mut rng = Rng::new(4);
+    let x = rng.vec(3 * 4 * 64, 2.0);
+    check("rope_partial", TOL, |b| b.rope(&up(b, &x, &[3, 4, 64]), 64, 16, 1e7, 1000).unwrap());
+    check("rope_full", TOL, |b| b.rope(&up(b, &x, &[3, 4, 64]), 64, 64, 1e6, 5).unwrap());
+}
+
+#[test]
+fn attention_prefill_then_decode_gqa() {
+    let mut rng = Rng::new(8);
+    let (heads, kvh, hd) = (8, 2, 64);
+    let steps: Vec<(usize, Vec<f32>, Vec<f32>, Vec<f32>)> = [7usize, 1, 1, 300]
+        .iter()
+        .map(|&t| (t, rng.vec(t * heads * hd, 2.0), rng.vec(t * kvh * hd, 2.0), rng.vec(t * kvh * hd, 2.0)))
+        .collect();
+    for (i, _) in steps.iter().enumerate() {
+        check(&format!("attention_step{i}"), 2e-5, |b| {
+            let mut cache = b.new_kv_cache(kvh, hd).unwrap();
+            let mut last = None;
+            for (t, q, k, v) in &steps[..=i] {
+                let out = b
+                    .attention(&up(b, q, &[*t, heads * hd]), &up(b, k, &[*t, kvh * hd]), &up(b, v, &[*t, kvh * hd]), &mut cache, heads, 0.125)
+                    .unwrap();
+                last = Some(out);
+            }
+            assert_eq!(b.kv_len(&cache).unwrap(), steps[..=i].iter().map(|s| s.0).sum::<usize>());
+            last.unwrap()
+        });
+    }
+}
+
+#[test]
+fn causal_conv_carries_window() {
+    let mut rng = Rng::new(6);
+    let (c, k) = (48, 4);
+    let w = rng.vec(c * k, 1.0);
+    let parts: Vec<(usize, Vec<f32>)> = [5usize, 1, 2].iter().map(|&t| (t, rng.vec(t * c, 2.0))).collect();
+    check("causal_conv1d", TOL, |b| {
+        let mut st = b.new_conv_state(c, k).unwrap();
+        let wt = up(b, &w, &[c, k]);
+        let outs: Vec<Tensor> = parts.iter().map(|(t, x)| b.causal_conv1d(&up(b, x, &[*t, c]), &wt, &mut st).unwrap()).collect();
+        let cloned = b.clone_state(&st).unwrap();
+        let mut st2 = cloned;
+        let extra = b.causal_conv1d(&up(b, &parts[0].1, &[5, c]), &wt, &mut st2).unwrap();
+        let all: Vec<&Tensor> = outs.iter().chain(std::iter::once(&extra)).collect();
+        b.concat_rows(&all).unwrap()
+    });
+}
+
+#[test]
+fn gated_delta_rule_recurrent() {
+    let mut rng = Rng::new(12);
+    let (heads, key_heads, dk, dv) = (4, 2, 32, 32);
+    for tokens in [1usize, 20] {
+        let mut unit = |n: usize, d: usize| -> Vec<f32> {
+            let mut v = rng.vec(n, 1.0);
+            for g in v.chunks_mut(d) {
+                let norm = g.iter().map(|x| x * x).sum::<f32>().sqrt();
+                g.iter_mut().for_each(|x| *x /= norm);
+            }
+            v
+        };
+        let q = unit(tokens * key_heads * dk, dk);
+        let k = unit(tokens * key_heads * dk, dk);
+        let v = rng.vec(tokens * heads * dv, 4.0);
+        let g: Vec<f32> = rng.vec(tokens * heads, 1.0).iter().map(|x| 0.7 + 0.5 * x.abs()).collect();
+        let beta: Vec<f32> = rng.vec(tokens * heads, 1.0).iter().map(|x| 0.5 + x.abs()).collect();
+        check(&format!("gated_delta_t{tokens}"), 2e-5, |b| {
+            let mut st = b.new_recurrent_state(heads, dk, dv).unwrap();
+            let run = |st: &mut slotstream_backend::State| {
+                b.gated_delta(
+                    &up(b, &q, &[tokens, key_heads * dk]),
+                    &up(b, &k, &[tokens, key_heads * dk]),
+                    &up(b, &v, &[tokens, heads * dv]),
+                    &up(b, &g, &[tokens, heads]),
+                    &up(b, &beta, &[tokens, heads]),
+                    key_heads,
+                    st,
+                )
+                .unwrap()
+            };
+            let first = run(&mut st);
+            // A second call continues from the carried state.
+            let second = run(&mut st);
+            b.concat_rows(&[&first, &second]).unwrap()
+        });
+    }
+}
+
+#[test]
+fn expert_ffn_over_slots() {
+    let (hidden, inter, top_k, tokens) = (128, 64, 2, 3);
+    for format in [affine(4, 64), affine(8, 64), MatrixFormat::Dense(DType::BF16)] {
+        let mut rng = Rng::new(21);
+        let layout = ExpertLayout { hidden, intermediate: inter, gate: format, up: format, down: format };
+        let experts: Vec<[HostMatrix<'static>; 3]> = (0..3)
+            .map(|_| [matrix(&mut rng, format, 1, inter, hidden), matrix(&mut rng, format, 1, inter, hidden), matrix(&mut rng, format, 1, hidden, inter)])
+            .collect();
+        let x = rng.vec(tokens * hidden, 2.0);
+        // Token 1's rank-1 expert is left out: its row must stay zero.
+        let assignments = [(0, 0, 2), (0, 1, 0), (1, 0, 1), (2, 0, 0), (2, 1, 2)]
+            .map(|(token, rank, slot)| ExpertAssignment { token, rank, slot });
+        let weights = [0.6, 0.4, 0.7, 0.3, 0.5, 0.5];
+        check(&format!("moe_expert_outputs_{}", format_name(format)), TOL, |b| {
+            let mut pool = b.new_expert_pool(&layout, 3).unwrap();
+            for (slot, [g, u, d]) in experts.iter().enumerate() {
+                let e = HostExpert { gate: g.clone(), up: u.clone(), down: d.clone() };
+                b.write_expert(&mut pool, slot, &e).unwrap();
+            }
+            b.moe_expert_outputs(&up(b, &x, &[tokens, hidden]), &pool, &assignments, top_k).unwrap()
+        });
+        check(&format!("moe_combine_{}", format_name(format)), TOL, |b| {
+            let mut pool = b.new_expert_pool(&layout, 3).unwrap();
+            for (slot, [g, u, d]) in experts.iter().enumerate() {
+                let e = HostExpert { gate: g.clone(), up: u.clone(), down: d.clone() };
+                b.write_expert(&mut pool, slot, &e).unwrap();
+            }
+            let outs = b.moe_expert_outputs(&up(b, &x, &[tokens, hidden]), &pool, &assignments, top_k).unwrap();
+            let outs = outs.reshape(&[tokens * top_k, hidden]).unwrap();
+            b.moe_combine(&outs, &weights, top_k).unwrap()
+        });
+    }
+}
+
+#[test]
+fn backend_name_reports_upload_path() {
+    let Some(g) = gpu() else { return };
+    let name = g.name();
+    assert!(name.starts_with("wgpu ("), "{name}");
+    let path = if g.uses_mapped_primary_buffers() { "mapped primary buffers" } else { "staging uploads" };
+    assert!(name.contains(path), "name '{name}' should say '{path}'");
+}

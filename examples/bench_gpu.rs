@@ -1,0 +1,243 @@
+//! GPU benchmarks of the wgpu backend (run by `tools/bench_gpu.sh`):
+//!
+//! (a) effective bandwidth of the 4-bit (and 8-bit) matvec on a matrix far
+//!     larger than the L2 cache, against the device's measured copy bandwidth;
+//! (b) decode tokens/s of a model resident on the GPU against its bandwidth
+//!     limit (copy bandwidth / bytes read per token);
+//! (c) GPU time per decoded token by kernel family (timestamp queries).
+//!
+//!     cargo run --release --example bench_gpu -- [--adapter auto] [--model DIR]
+
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use slotstream::generate::Engine;
+use slotstream::model::{FeedForward, LoadOptions, Logits};
+use slotstream::sampling::argmax;
+use slotstream_backend::{Backend, DType, HostMatrix, MatrixData};
+use slotstream_wgpu::{AdapterChoice, WgpuBackend};
+
+struct Args {
+    adapter: AdapterChoice,
+    model: Option<std::path::PathBuf>,
+    copy_mib: usize,
+    rows: usize,
+    cols: usize,
+    reps: usize,
+    prompt: usize,
+    decode: usize,
+}
+
+fn parse_args() -> Result<Args> {
+    let mut a = Args { adapter: AdapterChoice::auto(), model: None, copy_mib: 1024, rows: 65536, cols: 8192, reps: 50, prompt: 256, decode: 64 };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--adapter" => a.adapter = value()?.parse()?,
+            "--model" => a.model = Some(value()?.into()),
+            "--copy-mib" => a.copy_mib = value()?.parse()?,
+            "--rows" => a.rows = value()?.parse()?,
+            "--cols" => a.cols = value()?.parse()?,
+            "--reps" => a.reps = value()?.parse()?,
+            "--prompt" => a.prompt = value()?.parse()?,
+            "--decode" => a.decode = value()?.parse()?,
+            other => bail!("unknown flag {other}"),
+        }
+    }
+    Ok(a)
+}
+
+/// Deterministic pseudo-random words.
+struct Lcg(u64);
+
+impl Lcg {
+    fn word(&mut self) -> u32 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (self.0 >> 32) as u32
+    }
+    fn unit(&mut self) -> f32 {
+        self.word() as f32 / u32::MAX as f32 - 0.5
+    }
+}
+
+fn affine_matrix(rng: &mut Lcg, bits: u32, rows: usize, cols: usize) -> HostMatrix<'static> {
+    let group_size = 64;
+    let words: Vec<u8> = (0..rows * cols * bits as usize / 32).flat_map(|_| rng.word().to_le_bytes()).collect();
+    let groups = rows * cols / group_size;
+    let halves = |rng: &mut Lcg, s: f32| -> Vec<u8> {
+        (0..groups).flat_map(|_| half::bf16::from_f32(rng.unit() * s).to_le_bytes()).collect()
+    };
+    let scales = halves(rng, 0.02);
+    let biases = halves(rng, 0.1);
+    HostMatrix {
+        experts: 1,
+        rows,
+        cols,
+        data: MatrixData::Affine { bits, group_size, words: words.into(), scale_dtype: DType::BF16, scales: scales.into(), biases: biases.into() },
+    }
+}
+
+/// Device copy bandwidth in GB/s, counting bytes read plus bytes written.
+fn copy_bandwidth(b: &WgpuBackend, mib: usize, reps: usize) -> Result<f64> {
+    let floats = mib * 1024 * 1024 / 4;
+    let cols = 4096;
+    let rows = floats / cols;
+    let data: Vec<f32> = (0..rows * cols).map(|i| (i % 977) as f32).collect();
+    let x = b.upload(&data, &[rows, cols])?;
+    drop(b.slice_rows(&x, 0, rows)?);
+    b.sync()?;
+    let t = Instant::now();
+    for _ in 0..reps {
+        drop(b.slice_rows(&x, 0, rows)?);
+    }
+    b.sync()?;
+    let secs = t.elapsed().as_secs_f64();
+    Ok(2.0 * (rows * cols * 4) as f64 * reps as f64 / secs / 1e9)
+}
+
+/// (wall GB/s, kernel-only GB/s) of `x @ W^T` for one token.
+fn matvec_bandwidth(b: &WgpuBackend, bits: u32, rows: usize, cols: usize, reps: usize) -> Result<(f64, f64, f64)> {
+    let mut rng = Lcg(bits as u64);
+    let m = affine_matrix(&mut rng, bits, rows, cols);
+    let w = b.load_weight(&m)?;
+    let x = b.upload(&(0..cols).map(|_| rng.unit()).collect::<Vec<_>>(), &[1, cols])?;
+    let bytes = (w.bytes + 4 * cols + 4 * rows) as f64;
+    drop(b.matmul(&x, &w)?);
+    b.sync()?;
+    let t = Instant::now();
+    for _ in 0..reps {
+        drop(b.matmul(&x, &w)?);
+    }
+    b.sync()?;
+    let wall = t.elapsed().as_secs_f64() / reps as f64;
+    let kernel = match b.set_profiling(true) {
+        Ok(()) => {
+            for _ in 0..reps {
+                drop(b.matmul(&x, &w)?);
+            }
+            b.sync()?;
+            let prof = b.kernel_profile();
+            b.set_profiling(false)?;
+            prof.iter().find(|(f, _)| f == "matvec").map(|(_, t)| t.seconds / t.dispatches as f64).unwrap_or(f64::NAN)
+        }
+        Err(_) => f64::NAN,
+    };
+    Ok((bytes / wall / 1e9, bytes / kernel / 1e9, bytes / 1e6))
+}
+
+fn open(args: &Args, checked: bool) -> Result<WgpuBackend> {
+    Ok(if checked {
+        WgpuBackend::new(&args.adapter)?
+    } else {
+        // SAFETY: the same kernels and inputs ran with bounds checks first.
+        unsafe { WgpuBackend::new_unchecked(&args.adapter)? }
+    })
+}
+
+fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool) -> Result<()> {
+    println!("== decode, kernels {} bounds checks", if checked { "with" } else { "without" });
+    let gpu = open(args, checked)?;
+    let handle = gpu.clone();
+    let t = Instant::now();
+    let e = Engine::load(dir, Box::new(gpu), &LoadOptions::default()).with_context(|| format!("loading {}", dir.display()))?;
+    println!("model: {} ({}), loaded in {:.1} s", dir.display(), e.model.model_type, t.elapsed().as_secs_f64());
+    let moe_layers = e.model.layers.iter().filter(|l| matches!(l.ffn, FeedForward::Moe(_))).count();
+    let record = e.model.experts.lock().map_err(|_| anyhow::anyhow!("expert cache poisoned"))?.store().record_bytes as usize;
+    let embed_read = if std::ptr::eq(&e.model.embed, &e.model.lm_head) { 0 } else { e.model.embed.bytes };
+    let per_token = e.model.resident_bytes - embed_read + moe_layers * e.model.top_k * record;
+    // Warm up: a prompt long enough to bring (nearly) every expert into the pool.
+    let mut rng = Lcg(7);
+    let prompt: Vec<u32> = (0..args.prompt).map(|_| rng.word() % e.model.vocab_size as u32).collect();
+    let mut state = e.new_state()?;
+    let t = Instant::now();
+    let logits = e.prefill(&prompt, &mut state)?;
+    println!("prefill: {} tokens in {:.2} s", prompt.len(), t.elapsed().as_secs_f64());
+    let mut next = argmax(&logits);
+    let step = |next: &mut u32, state: &mut slotstream::model::SequenceState| -> Result<()> {
+        let t = e.model.forward(e.backend.as_ref(), &[*next], state, Logits::Last)?;
+        *next = argmax(&e.backend.download(&t)?);
+        Ok(())
+    };
+    for _ in 0..8 {
+        step(&mut next, &mut state)?;
+    }
+    e.model.experts.lock().map_err(|_| anyhow::anyhow!("expert cache poisoned"))?.reset_stats();
+    let t = Instant::now();
+    for _ in 0..args.decode {
+        step(&mut next, &mut state)?;
+    }
+    let secs = t.elapsed().as_secs_f64();
+    let stats = e.expert_stats()?;
+    let tps = args.decode as f64 / secs;
+    let limit = copy_gbs * 1e9 / per_token as f64;
+    println!(
+        "decode: {tps:.1} tok/s ({:.2} ms/token) over {} tokens; {:.1} MB read per token -> {:.0} GB/s effective; \
+         bandwidth limit {limit:.0} tok/s -> {:.1}% of it; expert hit rate {:.3} ({} misses)",
+        1e3 / tps,
+        args.decode,
+        per_token as f64 / 1e6,
+        per_token as f64 * tps / 1e9,
+        100.0 * tps / limit,
+        stats.total.hit_rate(),
+        stats.total.misses
+    );
+    handle.set_profiling(true)?;
+    let n = args.decode.min(16);
+    for _ in 0..n {
+        step(&mut next, &mut state)?;
+    }
+    let prof = handle.kernel_profile();
+    handle.set_profiling(false)?;
+    let total: f64 = prof.iter().map(|(_, t)| t.seconds).sum();
+    println!("kernel time per token by family ({n} tokens, timestamp queries; wall per token {:.2} ms):", 1e3 / tps);
+    println!("  {:<14} {:>10} {:>12} {:>7}", "family", "ms/token", "dispatches", "share");
+    for (family, t) in &prof {
+        println!(
+            "  {family:<14} {:>10.3} {:>12} {:>6.1}%",
+            1e3 * t.seconds / n as f64,
+            t.dispatches / n as u64,
+            100.0 * t.seconds / total
+        );
+    }
+    println!("  {:<14} {:>10.3}", "all kernels", 1e3 * total / n as f64);
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let args = parse_args()?;
+    let b = WgpuBackend::new(&args.adapter)?;
+    println!("device: {} (subgroup sizes {:?})", b.name(), b.subgroup_sizes());
+    let copy_engine = copy_bandwidth(&b, args.copy_mib, 20)?;
+    println!("copy_buffer_to_buffer bandwidth: {copy_engine:.0} GB/s (read + write, {} MiB buffer)", args.copy_mib);
+    // The reference ceiling: a copy measured outside wgpu (tools/bench_gpu.sh passes
+    // PyTorch's device-to-device copy), else wgpu's own buffer copy.
+    let copy = match std::env::var("REFERENCE_COPY_GBS").ok().and_then(|v| v.parse::<f64>().ok()) {
+        Some(gbs) => {
+            println!("reference copy bandwidth: {gbs:.0} GB/s (REFERENCE_COPY_GBS)");
+            gbs
+        }
+        None => copy_engine,
+    };
+    drop(b);
+    // The same number of weight bytes in three shapes: long rows, the default, short rows.
+    let shapes = [(4, args.rows, args.cols), (4, args.rows / 4, args.cols * 4), (4, args.rows * 4, args.cols / 4), (8, args.rows, args.cols)];
+    for checked in [true, false] {
+        let b = open(&args, checked)?;
+        for (bits, rows, cols) in shapes {
+            let (wall, kernel, mb) = matvec_bandwidth(&b, bits, rows, cols, args.reps)?;
+            println!(
+                "matvec q{bits} g64 [{rows} x {cols}] ({mb:.0} MB, bounds checks {}): {wall:.0} GB/s wall ({:.1}% of copy), \
+                 {kernel:.0} GB/s kernel-only ({:.1}% of copy)",
+                if checked { "on" } else { "off" },
+                100.0 * wall / copy,
+                100.0 * kernel / copy
+            );
+        }
+    }
+    if let Some(dir) = &args.model {
+        decode_bench(&args, dir, copy, true)?;
+        decode_bench(&args, dir, copy, false)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,172 @@
+//! The wgpu backend runs the four fixture models exactly like the CPU backend:
+//! greedy tokens identical to the oracle's (which the CPU backend matches, see
+//! parity.rs), last-position logits within the same relative L2 of 1e-4, also
+//! with the smallest expert pool (streaming through every slot), and a decode
+//! step costs one submission per MoE layer plus one for the logits.
+//!
+//! Needs a Vulkan (or Metal) device; lavapipe is enough. Without one these
+//! tests fail with instructions, unless SLOTSTREAM_SKIP_GPU_TESTS=1.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+
+use serde::Deserialize;
+use slotstream::generate::{Engine, GenerateRequest};
+use slotstream::model::{ExpertSlots, FeedForward, LoadOptions, Logits};
+use slotstream::sampling::{argmax, SamplingParams};
+use slotstream_wgpu::{AdapterChoice, WgpuBackend};
+
+const MAX_REL_L2: f64 = 1e-4;
+
+#[derive(Deserialize)]
+struct Golden {
+    cases: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    name: String,
+    prompt_text: String,
+    prompt_ids: Vec<u32>,
+    last_logits: Vec<f32>,
+    greedy_ids: Vec<u32>,
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+fn golden(name: &str) -> Golden {
+    let path = fixture(name).join("golden.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
+}
+
+fn skip() -> bool {
+    let skip = std::env::var("SLOTSTREAM_SKIP_GPU_TESTS").is_ok_and(|v| v == "1");
+    if skip {
+        eprintln!("SLOTSTREAM_SKIP_GPU_TESTS=1: skipping a test that needs a Vulkan or Metal device");
+    }
+    skip
+}
+
+fn gpu_engine(name: &str, slots: ExpertSlots) -> Engine {
+    let backend = WgpuBackend::new(&AdapterChoice::allow_software()).unwrap_or_else(|e| {
+        panic!(
+            "no GPU adapter: {e}\nInstall a Vulkan driver (apt-get install -y mesa-vulkan-drivers; \
+             VK_DRIVER_FILES=/usr/share/vulkan/icd.d/lvp_icd.x86_64.json XDG_RUNTIME_DIR=/tmp) \
+             or set SLOTSTREAM_SKIP_GPU_TESTS=1"
+        )
+    });
+    Engine::load(&fixture(name), Box::new(backend), &LoadOptions { expert_slots: slots })
+        .unwrap_or_else(|e| panic!("loading fixture {name} on the wgpu backend: {e:#}"))
+}
+
+fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len(), "logit vector lengths differ");
+    let num: f64 = got.iter().zip(want).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+    let den: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
+    (num / den).sqrt()
+}
+
+fn check_fixture(name: &str, slots: ExpertSlots) {
+    if skip() {
+        return;
+    }
+    let e = gpu_engine(name, slots);
+    for case in golden(name).cases {
+        let mut state = e.new_state().unwrap();
+        let logits = e.prefill(&case.prompt_ids, &mut state).unwrap();
+        let err = rel_l2(&logits, &case.last_logits);
+        assert!(err <= MAX_REL_L2, "{name}/{} on {}: last-position logits rel L2 {err:.3e} > {MAX_REL_L2:e}", case.name, e.backend.name());
+        let req = GenerateRequest {
+            prompt_ids: case.prompt_ids.clone(),
+            max_tokens: case.greedy_ids.len(),
+            sampling: SamplingParams::default(),
+            stop: vec![],
+            ignore_eos: true,
+        };
+        let out = e.generate(&req, |_| std::ops::ControlFlow::Continue(())).unwrap();
+        assert_eq!(out.generated_ids, case.greedy_ids, "{name}/{}: wgpu greedy tokens differ from the oracle and the CPU backend", case.name);
+        eprintln!("{name}/{} ({slots:?}): rel L2 {err:.2e}, {} greedy tokens identical", case.name, out.generated_ids.len());
+    }
+}
+
+#[test]
+fn qwen3_moe_hf_bf16_on_wgpu() {
+    check_fixture("qwen3_moe_hf", ExpertSlots::All);
+}
+
+#[test]
+fn qwen3_moe_mlx_4bit_on_wgpu() {
+    check_fixture("qwen3_moe_mlx4", ExpertSlots::All);
+}
+
+#[test]
+fn qwen3_next_hf_bf16_on_wgpu() {
+    check_fixture("qwen3_next_hf", ExpertSlots::All);
+}
+
+#[test]
+fn qwen3_next_mlx_4bit_on_wgpu() {
+    check_fixture("qwen3_next_mlx4", ExpertSlots::All);
+}
+
+/// The smallest pool (one token's experts) streams every expert through the
+/// slots, in several batches per prefill layer; output must not change.
+#[test]
+fn minimum_pool_streams_with_identical_tokens() {
+    check_fixture("qwen3_next_mlx4", ExpertSlots::Count(2));
+    check_fixture("qwen3_moe_hf", ExpertSlots::Count(2));
+}
+
+/// A decode step submits once per MoE layer (the router logits the expert
+/// cache needs) and once for the final logits, and nothing else.
+#[test]
+fn decode_submits_once_per_moe_layer_plus_logits() {
+    if skip() {
+        return;
+    }
+    for name in ["qwen3_next_mlx4", "qwen3_moe_hf"] {
+        let backend = WgpuBackend::new(&AdapterChoice::allow_software()).expect("GPU adapter");
+        let submissions = backend.submission_counter();
+        let e = Engine::load(&fixture(name), Box::new(backend), &LoadOptions::default()).expect("load");
+        let case = golden(name).cases.into_iter().find(|c| c.name == "long").expect("long case");
+        let mut state = e.new_state().unwrap();
+        let mut next = argmax(&e.prefill(&case.prompt_ids, &mut state).unwrap());
+        let moe_layers = e.model.layers.iter().filter(|l| matches!(l.ffn, FeedForward::Moe(_))).count();
+        for _ in 0..3 {
+            let before = submissions.load(Ordering::Relaxed);
+            let t = e.model.forward(e.backend.as_ref(), &[next], &mut state, Logits::Last).unwrap();
+            next = argmax(&e.backend.download(&t).unwrap());
+            let per_token = submissions.load(Ordering::Relaxed) - before;
+            assert_eq!(per_token as usize, moe_layers + 1, "{name}: {per_token} submissions for one decoded token");
+        }
+    }
+}
+
+/// `slotstream run --backend wgpu:software --json` gives the oracle's (and so
+/// the CPU backend's) greedy ids.
+#[test]
+fn run_with_the_wgpu_backend_returns_the_oracle_greedy_ids() {
+    if skip() {
+        return;
+    }
+    for name in ["qwen3_next_mlx4", "qwen3_moe_hf"] {
+        let case = golden(name).cases.into_iter().find(|c| c.name == "short").expect("short case");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_slotstream"))
+            .args(["run", "--backend", "wgpu:software", "--raw", "--json", "--ignore-eos", "--max-tokens"])
+            .arg(case.greedy_ids.len().to_string())
+            .arg("--model")
+            .arg(fixture(name))
+            .arg("--prompt")
+            .arg(&case.prompt_text)
+            .output()
+            .expect("running slotstream");
+        assert!(out.status.success(), "slotstream run failed: {}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("--json prints one JSON object");
+        let ids: Vec<u32> = serde_json::from_value(v["generated_ids"].clone()).unwrap();
+        assert_eq!(ids, case.greedy_ids, "{name}: `run --backend wgpu:software` greedy ids differ from the oracle");
+        assert!(v["backend"].as_str().unwrap_or("").starts_with("wgpu"), "{}", v["backend"]);
+    }
+}

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# GPU benchmarks of the wgpu backend (see examples/bench_gpu.rs):
+#   (a) 4-/8-bit matvec bandwidth on a 65536 x 8192 matrix (288 MB at 4 bits,
+#       far beyond any L2) as a fraction of the measured device copy bandwidth;
+#   (b) decode tok/s of a synthetic qwen3_next-shaped model fully resident on
+#       the GPU, against copy bandwidth / bytes read per token;
+#   (c) GPU time per decoded token by kernel family (timestamp queries).
+#
+# usage: tools/bench_gpu.sh [path/to/bench_gpu]   (default: builds it in release)
+# env:   MODEL_DIR (default /tmp/synth-qwen3-next, written by tools/synth.py if absent),
+#        ADAPTER (auto | software | part of an adapter name; default auto)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${1:-}
+if [ -z "$BIN" ]; then
+    cargo build --release --example bench_gpu
+    BIN=${CARGO_TARGET_DIR:-target}/release/examples/bench_gpu
+fi
+MODEL=${MODEL_DIR:-/tmp/synth-qwen3-next}
+if [ ! -f "$MODEL/config.json" ]; then
+    # Qwen3-Next-80B-A3B's trunk (hidden 2048, 48 layers, top-10 of 512-wide
+    # experts, 512-wide shared expert, 16 heads of 256, 2 KV heads, vocab
+    # 151936) with 32 experts per layer instead of 512: with every expert
+    # resident, bytes read per token do not depend on the expert count.
+    python3 tools/synth.py --family qwen3_next --out "$MODEL" --hidden 2048 --layers 48 \
+        --experts 32 --top-k 10 --moe-inter 512 --shared-inter 512 --heads 16 --kv-heads 2 \
+        --head-dim 256 --vocab 151936 --bits 4 --group 64
+fi
+if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv
+fi
+# Reference copy bandwidth (read + write) from PyTorch where it is installed.
+if [ -z "${REFERENCE_COPY_GBS:-}" ] && python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+    REFERENCE_COPY_GBS=$(python3 - <<'PY'
+import torch
+x = torch.empty(256 * 1024 * 1024, device="cuda"); y = torch.empty_like(x)
+for _ in range(3): y.copy_(x)
+s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+s.record()
+for _ in range(20): y.copy_(x)
+e.record(); torch.cuda.synchronize()
+print(f"{2 * x.numel() * 4 * 20 / (s.elapsed_time(e) / 1e3) / 1e9:.0f}")
+PY
+)
+    export REFERENCE_COPY_GBS
+fi
+"$BIN" --adapter "${ADAPTER:-auto}" --model "$MODEL" --copy-mib 1024 --rows 65536 --cols 8192 \
+    --reps 200 --prompt 256 --decode 64

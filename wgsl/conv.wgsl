@@ -1,0 +1,55 @@
+// Causal depthwise convolution over time with a carried window.
+//   conv1d:      out[t, c] = sum_j w[c, j] * seq[t + j, c], seq = window ++ x,
+//                one thread per output value
+//   conv_window: new_window[r, c] = seq[tokens + r, c] for r < kernel - 1
+//
+// Bindings: 0 uniform Params; 2 x [tokens, channels]; 3 out [tokens, channels]
+// or new_window [kernel-1, channels] (read-write); 4 w [channels, kernel];
+// 5 window [kernel-1, channels].
+
+struct Params {
+    tokens: u32,
+    channels: u32,
+    kernel: u32,
+    n: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(2) var<storage, read> x: array<f32>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<storage, read> w: array<f32>;
+@group(0) @binding(5) var<storage, read> window: array<f32>;
+
+fn seq(r: u32, c: u32) -> f32 {
+    let hist = p.kernel - 1u;
+    if (r < hist) {
+        return window[r * p.channels + c];
+    }
+    return x[(r - hist) * p.channels + c];
+}
+
+@compute @workgroup_size(256)
+fn conv1d(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let i = (wid.y * nwg.x + wid.x) * 256u + li;
+    if (i >= p.n) {
+        return;
+    }
+    let t = i / p.channels;
+    let c = i % p.channels;
+    var acc = 0.0;
+    for (var j = 0u; j < p.kernel; j++) {
+        acc += w[c * p.kernel + j] * seq(t + j, c);
+    }
+    out[i] = acc;
+}
+
+@compute @workgroup_size(256)
+fn conv_window(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let i = (wid.y * nwg.x + wid.x) * 256u + li;
+    if (i >= p.n) {
+        return;
+    }
+    let r = i / p.channels;
+    let c = i % p.channels;
+    out[i] = seq(p.tokens + r, c);
+}

@@ -1,0 +1,186 @@
+// Row-times-vector products over a weight shard, one subgroup per weight row
+// or per four rows (prepended, after weights.wgsl, to matvec.wgsl and moe.wgsl).
+//
+// Needs binding 2, `xin: array<vec4<f32>>`, declared by the kernel file: input
+// rows of `cols` floats (cols a multiple of 4). In lane_dot each lane takes
+// every `lanes`-th 16-byte chunk of the weight row; rows_dot (4/8-bit, one
+// token) takes u32 words. The caller sums lanes with subgroupAdd.
+
+fn nibbles_lo(word: u32) -> vec4<f32> {
+    return vec4<f32>(f32(word & 15u), f32((word >> 4u) & 15u), f32((word >> 8u) & 15u), f32((word >> 12u) & 15u));
+}
+
+fn nibbles_hi(word: u32) -> vec4<f32> {
+    return vec4<f32>(f32((word >> 16u) & 15u), f32((word >> 20u) & 15u), f32((word >> 24u) & 15u), f32(word >> 28u));
+}
+
+fn bytes4(word: u32) -> vec4<f32> {
+    return vec4<f32>(f32(word & 255u), f32((word >> 8u) & 255u), f32((word >> 16u) & 255u), f32(word >> 24u));
+}
+
+fn crumbs4(word: u32, shift: u32) -> vec4<f32> {
+    let v = word >> shift;
+    return vec4<f32>(f32(v & 3u), f32((v >> 2u) & 3u), f32((v >> 4u) & 3u), f32((v >> 6u) & 3u));
+}
+
+// 2^23 as f32 bits: OR-ing an integer n < 2^23 into its mantissa gives 2^23 + n
+// exactly, so subtracting 2^23 converts n without a (slow) int-to-float op.
+const MAGIC_BITS: u32 = 0x4B000000u;
+const MAGIC: f32 = 8388608.0;
+
+// Nibbles 0..3 of the low 16 bits of `h`, each left in place: q_k * 16^k.
+fn magic4(h: u32) -> vec4<f32> {
+    let v = vec4<u32>(h & 0xFu, h & 0xF0u, h & 0xF00u, h & 0xF000u);
+    return bitcast<vec4<f32>>(v | vec4<u32>(MAGIC_BITS)) - vec4<f32>(MAGIC);
+}
+
+// The four bytes of `word` as (q0, q1 * 256, q2, q3 * 256).
+fn magic8(word: u32) -> vec4<f32> {
+    let hi = word >> 16u;
+    let v = vec4<u32>(word & 0xFFu, word & 0xFF00u, hi & 0xFFu, hi & 0xFF00u);
+    return bitcast<vec4<f32>>(v | vec4<u32>(MAGIC_BITS)) - vec4<f32>(MAGIC);
+}
+
+fn halves(word: u32, kind: u32) -> vec2<f32> {
+    if (kind == 1u) {
+        return unpack2x16float(word);
+    }
+    return vec2<f32>(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u));
+}
+
+// Contribution of chunk `c` (16 bytes, already loaded as `wv`) of weight row
+// `row` to its dot product with the x row starting at vec4 index `xr`.
+fn chunk_dot(d: WeightDesc, wv: vec4<u32>, c: u32, row: u32, xr: u32) -> f32 {
+    let one = vec4<f32>(1.0);
+    if (d.fmt == 3u) {
+        if (d.bits == 4u) {
+            // 32 values, all in one quantization group.
+            let col0 = c * 32u;
+            let g = (row * d.cols + col0) / d.group_size;
+            let xi = xr + c * 8u;
+            var qx = 0.0;
+            var sx = 0.0;
+            for (var k = 0u; k < 4u; k++) {
+                let xa = xin[xi + 2u * k];
+                let xb = xin[xi + 2u * k + 1u];
+                qx += dot(nibbles_lo(wv[k]), xa) + dot(nibbles_hi(wv[k]), xb);
+                sx += dot(xa + xb, one);
+            }
+            return w_scale(d, g) * qx + w_bias(d, g) * sx;
+        }
+        if (d.bits == 8u) {
+            let col0 = c * 16u;
+            let g = (row * d.cols + col0) / d.group_size;
+            let xi = xr + c * 4u;
+            var qx = 0.0;
+            var sx = 0.0;
+            for (var k = 0u; k < 4u; k++) {
+                let xa = xin[xi + k];
+                qx += dot(bytes4(wv[k]), xa);
+                sx += dot(xa, one);
+            }
+            return w_scale(d, g) * qx + w_bias(d, g) * sx;
+        }
+        // 2 bits: 16 values per word; a chunk may span two groups of 32.
+        var acc = 0.0;
+        for (var k = 0u; k < 4u; k++) {
+            let col0 = c * 64u + k * 16u;
+            let g = (row * d.cols + col0) / d.group_size;
+            let xi = xr + c * 16u + k * 4u;
+            var qx = 0.0;
+            var sx = 0.0;
+            for (var m = 0u; m < 4u; m++) {
+                let xa = xin[xi + m];
+                qx += dot(crumbs4(wv[k], 8u * m), xa);
+                sx += dot(xa, one);
+            }
+            acc += w_scale(d, g) * qx + w_bias(d, g) * sx;
+        }
+        return acc;
+    }
+    if (d.fmt == 0u) {
+        return dot(bitcast<vec4<f32>>(wv), xin[xr + c]);
+    }
+    let xi = xr + c * 2u;
+    let a = vec4<f32>(halves(wv.x, d.fmt), halves(wv.y, d.fmt));
+    let b = vec4<f32>(halves(wv.z, d.fmt), halves(wv.w, d.fmt));
+    return dot(a, xin[xi]) + dot(b, xin[xi + 1u]);
+}
+
+// This lane's partial dot products of weight row `row` with up to four x rows:
+// x row t starts at vec4 index `xbase + t * xstride`.
+fn lane_dot(d: WeightDesc, row: u32, xbase: u32, xstride: u32, ntok: u32, lane: u32, lanes: u32) -> vec4<f32> {
+    var acc = vec4<f32>(0.0);
+    let chunks = d.row_words / 4u;
+    let first = row * chunks;
+    for (var c = lane; c < chunks; c += lanes) {
+        let wv = w[first + c];
+        for (var t = 0u; t < ntok; t++) {
+            acc[t] += chunk_dot(d, wv, c, row, xbase + t * xstride);
+        }
+    }
+    return acc;
+}
+
+// This lane's partial dot products of four consecutive weight rows
+// (row0 .. row0 + nrows - 1, nrows <= 4) with one x row starting at vec4 index
+// `xb`. For 4- and 8-bit weights the x chunk is loaded once and reused for
+// the four rows, which keeps x traffic from the caches well under the weight
+// stream; other formats fall back to one row at a time.
+fn rows_dot(d: WeightDesc, row0: u32, nrows: u32, xb: u32, lane: u32, lanes: u32) -> vec4<f32> {
+    var acc = vec4<f32>(0.0);
+    let one = vec4<f32>(1.0);
+    let chunks = d.row_words / 4u;
+    let gshift = firstTrailingBit(d.group_size);
+    let groups_per_row = d.cols >> gshift;
+    if (d.fmt == 3u && (d.bits == 4u || d.bits == 8u)) {
+        // Lanes take consecutive u32 words, so both the weight loads and the
+        // x loads of a subgroup are contiguous; x is pre-scaled so that each
+        // quantized value can be used in place (see magic4, magic8), with no
+        // int-to-float conversions.
+        let rw = d.row_words;
+        if (d.bits == 4u) {
+            let ns = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
+            for (var wi = lane; wi < rw; wi += lanes) {
+                let xa = xin[xb + 2u * wi];
+                let xc = xin[xb + 2u * wi + 1u];
+                let sx = dot(xa + xc, one);
+                let sa = xa * ns;
+                let sc = xc * ns;
+                let gc = (wi * 8u) >> gshift;
+                for (var r = 0u; r < 4u; r++) {
+                    if (r < nrows) {
+                        let row = row0 + r;
+                        let word = w_words[row * rw + wi];
+                        let g = row * groups_per_row + gc;
+                        let qx = dot(magic4(word), sa) + dot(magic4(word >> 16u), sc);
+                        acc[r] += w_scale(d, g) * qx + w_bias(d, g) * sx;
+                    }
+                }
+            }
+        } else {
+            let bs = vec4<f32>(1.0, 0.00390625, 1.0, 0.00390625);
+            for (var wi = lane; wi < rw; wi += lanes) {
+                let xa = xin[xb + wi];
+                let sx = dot(xa, one);
+                let sa = xa * bs;
+                let gc = (wi * 4u) >> gshift;
+                for (var r = 0u; r < 4u; r++) {
+                    if (r < nrows) {
+                        let row = row0 + r;
+                        let word = w_words[row * rw + wi];
+                        let g = row * groups_per_row + gc;
+                        acc[r] += w_scale(d, g) * dot(magic8(word), sa) + w_bias(d, g) * sx;
+                    }
+                }
+            }
+        }
+        return acc;
+    }
+    for (var r = 0u; r < 4u; r++) {
+        if (r < nrows) {
+            acc[r] = lane_dot(d, row0 + r, xb, 0u, 1u, lane, lanes).x;
+        }
+    }
+    return acc;
+}

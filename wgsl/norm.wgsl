@@ -1,0 +1,136 @@
+// Normalisation over groups of `dim` values, one subgroup per group
+// (grid-stride over groups along workgroup_id.x), except rms_norm_wide.
+//   rms_norm:       out = x / sqrt(mean(x^2) + eps) * (has_weight ? weight : 1)
+//   rms_norm_wide:  the same with one 256-wide workgroup per group (long rows,
+//                   few groups: the decoder norms); group = wid.y * nwg.x + wid.x
+//   rms_norm_gated: out = silu(z) * (x / sqrt(mean(x^2) + eps) * weight)
+//   l2_normalize:   out = x * scale / sqrt(sum(x^2) + eps)
+//
+// Bindings: 0 uniform Params; 2 x [groups * dim]; 3 out (read-write);
+// 4 weight [dim] (rms_norm, rms_norm_gated); 5 z [groups * dim] (rms_norm_gated).
+
+struct Params {
+    groups: u32,
+    dim: u32,
+    has_weight: u32,
+    _pad0: u32,
+    eps: f32,
+    scale: f32,
+    _pad1: f32,
+    _pad2: f32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(2) var<storage, read> x: array<f32>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<storage, read> weight: array<f32>;
+@group(0) @binding(5) var<storage, read> z: array<f32>;
+
+fn sum_squares(base: u32, lane: u32, lanes: u32) -> f32 {
+    var s = 0.0;
+    for (var i = lane; i < p.dim; i += lanes) {
+        let v = x[base + i];
+        s += v * v;
+    }
+    return subgroupAdd(s);
+}
+
+@compute @workgroup_size(64)
+fn rms_norm(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    for (var g = wid.x * nsg + sg; g < p.groups; g += nwg.x * nsg) {
+        let base = g * p.dim;
+        let r = 1.0 / sqrt(sum_squares(base, lane, lanes) / f32(p.dim) + p.eps);
+        for (var i = lane; i < p.dim; i += lanes) {
+            var v = x[base + i] * r;
+            if (p.has_weight == 1u) {
+                v = v * weight[i];
+            }
+            out[base + i] = v;
+        }
+    }
+}
+
+@compute @workgroup_size(64)
+fn rms_norm_gated(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    for (var g = wid.x * nsg + sg; g < p.groups; g += nwg.x * nsg) {
+        let base = g * p.dim;
+        let r = 1.0 / sqrt(sum_squares(base, lane, lanes) / f32(p.dim) + p.eps);
+        for (var i = lane; i < p.dim; i += lanes) {
+            let zv = z[base + i];
+            let silu_z = zv / (1.0 + exp(-zv));
+            out[base + i] = silu_z * (x[base + i] * r * weight[i]);
+        }
+    }
+}
+
+@compute @workgroup_size(64)
+fn l2_normalize(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    for (var g = wid.x * nsg + sg; g < p.groups; g += nwg.x * nsg) {
+        let base = g * p.dim;
+        let r = p.scale / sqrt(sum_squares(base, lane, lanes) + p.eps);
+        for (var i = lane; i < p.dim; i += lanes) {
+            out[base + i] = x[base + i] * r;
+        }
+    }
+}
+
+var<workgroup> partial: array<f32, 64>;
+
+@compute @workgroup_size(256)
+fn rms_norm_wide(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+) {
+    let g = wid.y * nwg.x + wid.x;
+    if (g >= p.groups) {
+        return;
+    }
+    let base = g * p.dim;
+    var s = 0.0;
+    for (var i = li; i < p.dim; i += 256u) {
+        let v = x[base + i];
+        s += v * v;
+    }
+    s = subgroupAdd(s);
+    if (lane == 0u) {
+        partial[sg] = s;
+    }
+    workgroupBarrier();
+    var total = 0.0;
+    for (var k = 0u; k < nsg; k++) {
+        total += partial[k];
+    }
+    let r = 1.0 / sqrt(total / f32(p.dim) + p.eps);
+    for (var i = li; i < p.dim; i += 256u) {
+        var v = x[base + i] * r;
+        if (p.has_weight == 1u) {
+            v = v * weight[i];
+        }
+        out[base + i] = v;
+    }
+}
