@@ -106,7 +106,13 @@ impl HubClient {
     }
 
     pub fn new(endpoint: &str, token: Option<String>, settings: NetworkSettings) -> HubClient {
-        let agent = ureq::Agent::config_builder()
+        let builder = ureq::Agent::config_builder();
+        // macOS builds ureq with the system's TLS (see Cargo.toml).
+        #[cfg(target_os = "macos")]
+        let builder = builder.tls_config(
+            ureq::tls::TlsConfig::builder().provider(ureq::tls::TlsProvider::NativeTls).build(),
+        );
+        let agent = builder
             .http_status_as_error(false)
             // The CDN a `resolve` URL redirects to must not see the token.
             .redirect_auth_headers(RedirectAuthHeaders::SameHost)
