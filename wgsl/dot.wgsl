@@ -1,10 +1,11 @@
 // Row-times-vector products over a weight shard, one subgroup per weight row
-// or per four rows (prepended, after weights.wgsl, to matvec.wgsl and moe.wgsl).
+// (prepended, after weights.wgsl, to matvec.wgsl and moe.wgsl).
 //
 // Needs binding 2, `xin: array<vec4<f32>>`, declared by the kernel file: input
-// rows of `cols` floats (cols a multiple of 4). In lane_dot each lane takes
-// every `lanes`-th 16-byte chunk of the weight row; rows_dot (4/8-bit, one
-// token) takes u32 words. The caller sums lanes with subgroupAdd.
+// rows of `cols` floats (cols a multiple of 4). Each lane takes every
+// `lanes`-th 16-byte chunk of the weight row (one vec4<u32> load), so a
+// subgroup reads a row with full-width coalesced loads; the caller sums lanes
+// with subgroupAdd.
 
 fn nibbles_lo(word: u32) -> vec4<f32> {
     return vec4<f32>(f32(word & 15u), f32((word >> 4u) & 15u), f32((word >> 8u) & 15u), f32((word >> 12u) & 15u));
@@ -133,45 +134,65 @@ fn rows_dot(d: WeightDesc, row0: u32, nrows: u32, xb: u32, lane: u32, lanes: u32
     let chunks = d.row_words / 4u;
     let gshift = firstTrailingBit(d.group_size);
     let groups_per_row = d.cols >> gshift;
-    if (d.fmt == 3u && (d.bits == 4u || d.bits == 8u)) {
-        // Lanes take consecutive u32 words, so both the weight loads and the
-        // x loads of a subgroup are contiguous; x is pre-scaled so that each
-        // quantized value can be used in place (see magic4, magic8), with no
-        // int-to-float conversions.
-        let rw = d.row_words;
-        if (d.bits == 4u) {
-            let ns = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
-            for (var wi = lane; wi < rw; wi += lanes) {
-                let xa = xin[xb + 2u * wi];
-                let xc = xin[xb + 2u * wi + 1u];
-                let sx = dot(xa + xc, one);
-                let sa = xa * ns;
-                let sc = xc * ns;
-                let gc = (wi * 8u) >> gshift;
-                for (var r = 0u; r < 4u; r++) {
-                    if (r < nrows) {
-                        let row = row0 + r;
-                        let word = w_words[row * rw + wi];
-                        let g = row * groups_per_row + gc;
-                        let qx = dot(magic4(word), sa) + dot(magic4(word >> 16u), sc);
-                        acc[r] += w_scale(d, g) * qx + w_bias(d, g) * sx;
-                    }
+    if (d.fmt == 3u && d.bits == 4u) {
+        // x pre-scaled by 16^-k so that nibble k of each 16-bit half can be
+        // used in place as q * 16^k (see magic4): no int-to-float conversions.
+        let ns = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
+        for (var c = lane; c < chunks; c += lanes) {
+            let xi = xb + c * 8u;
+            let x0 = xin[xi];
+            let x1 = xin[xi + 1u];
+            let x2 = xin[xi + 2u];
+            let x3 = xin[xi + 3u];
+            let x4 = xin[xi + 4u];
+            let x5 = xin[xi + 5u];
+            let x6 = xin[xi + 6u];
+            let x7 = xin[xi + 7u];
+            let sx = dot(x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7, one);
+            let s0 = x0 * ns;
+            let s1 = x1 * ns;
+            let s2 = x2 * ns;
+            let s3 = x3 * ns;
+            let s4 = x4 * ns;
+            let s5 = x5 * ns;
+            let s6 = x6 * ns;
+            let s7 = x7 * ns;
+            let gc = (c * 32u) >> gshift;
+            for (var r = 0u; r < 4u; r++) {
+                if (r < nrows) {
+                    let row = row0 + r;
+                    let wv = w[row * chunks + c];
+                    let g = row * groups_per_row + gc;
+                    let qx = dot(magic4(wv.x), s0) + dot(magic4(wv.x >> 16u), s1)
+                        + dot(magic4(wv.y), s2) + dot(magic4(wv.y >> 16u), s3)
+                        + dot(magic4(wv.z), s4) + dot(magic4(wv.z >> 16u), s5)
+                        + dot(magic4(wv.w), s6) + dot(magic4(wv.w >> 16u), s7);
+                    acc[r] += w_scale(d, g) * qx + w_bias(d, g) * sx;
                 }
             }
-        } else {
-            let bs = vec4<f32>(1.0, 0.00390625, 1.0, 0.00390625);
-            for (var wi = lane; wi < rw; wi += lanes) {
-                let xa = xin[xb + wi];
-                let sx = dot(xa, one);
-                let sa = xa * bs;
-                let gc = (wi * 4u) >> gshift;
-                for (var r = 0u; r < 4u; r++) {
-                    if (r < nrows) {
-                        let row = row0 + r;
-                        let word = w_words[row * rw + wi];
-                        let g = row * groups_per_row + gc;
-                        acc[r] += w_scale(d, g) * dot(magic8(word), sa) + w_bias(d, g) * sx;
-                    }
+        }
+        return acc;
+    }
+    if (d.fmt == 3u && d.bits == 8u) {
+        // Bytes used in place as q * 256^(k % 2) (see magic8), x pre-scaled to match.
+        let byte_scale = vec4<f32>(1.0, 0.00390625, 1.0, 0.00390625);
+        for (var c = lane; c < chunks; c += lanes) {
+            let x0 = xin[xb + c * 4u];
+            let x1 = xin[xb + c * 4u + 1u];
+            let x2 = xin[xb + c * 4u + 2u];
+            let x3 = xin[xb + c * 4u + 3u];
+            let sx = dot(x0 + x1 + x2 + x3, one);
+            let s0 = x0 * byte_scale;
+            let s1 = x1 * byte_scale;
+            let s2 = x2 * byte_scale;
+            let s3 = x3 * byte_scale;
+            for (var r = 0u; r < 4u; r++) {
+                if (r < nrows) {
+                    let row = row0 + r;
+                    let wv = w[row * chunks + c];
+                    let g = row * groups_per_row + ((c * 16u) >> gshift);
+                    let qx = dot(magic8(wv.x), s0) + dot(magic8(wv.y), s1) + dot(magic8(wv.z), s2) + dot(magic8(wv.w), s3);
+                    acc[r] += w_scale(d, g) * qx + w_bias(d, g) * sx;
                 }
             }
         }
