@@ -123,6 +123,28 @@ fn lane_dot(d: WeightDesc, row: u32, xbase: u32, xstride: u32, ntok: u32, lane: 
     return acc;
 }
 
+// One 16-byte chunk of a 4-bit row against pre-scaled x (s0..s7) with sum sx.
+fn q4_row_part(d: WeightDesc, row: u32, chunks: u32, c: u32, gc: u32, gpr: u32,
+    s0: vec4<f32>, s1: vec4<f32>, s2: vec4<f32>, s3: vec4<f32>,
+    s4: vec4<f32>, s5: vec4<f32>, s6: vec4<f32>, s7: vec4<f32>, sx: f32) -> f32 {
+    let wv = w[row * chunks + c];
+    let g = row * gpr + gc;
+    let qx = dot(magic4(wv.x), s0) + dot(magic4(wv.x >> 16u), s1)
+        + dot(magic4(wv.y), s2) + dot(magic4(wv.y >> 16u), s3)
+        + dot(magic4(wv.z), s4) + dot(magic4(wv.z >> 16u), s5)
+        + dot(magic4(wv.w), s6) + dot(magic4(wv.w >> 16u), s7);
+    return w_scale(d, g) * qx + w_bias(d, g) * sx;
+}
+
+// One 16-byte chunk of an 8-bit row against pre-scaled x (s0..s3) with sum sx.
+fn q8_row_part(d: WeightDesc, row: u32, chunks: u32, c: u32, gc: u32, gpr: u32,
+    s0: vec4<f32>, s1: vec4<f32>, s2: vec4<f32>, s3: vec4<f32>, sx: f32) -> f32 {
+    let wv = w[row * chunks + c];
+    let g = row * gpr + gc;
+    let qx = dot(magic8(wv.x), s0) + dot(magic8(wv.y), s1) + dot(magic8(wv.z), s2) + dot(magic8(wv.w), s3);
+    return w_scale(d, g) * qx + w_bias(d, g) * sx;
+}
+
 // This lane's partial dot products of four consecutive weight rows
 // (row0 .. row0 + nrows - 1, nrows <= 4) with one x row starting at vec4 index
 // `xb`. For 4- and 8-bit weights the x chunk is loaded once and reused for
@@ -158,18 +180,13 @@ fn rows_dot(d: WeightDesc, row0: u32, nrows: u32, xb: u32, lane: u32, lanes: u32
             let s6 = x6 * ns;
             let s7 = x7 * ns;
             let gc = (c * 32u) >> gshift;
-            for (var r = 0u; r < 4u; r++) {
-                if (r < nrows) {
-                    let row = row0 + r;
-                    let wv = w[row * chunks + c];
-                    let g = row * groups_per_row + gc;
-                    let qx = dot(magic4(wv.x), s0) + dot(magic4(wv.x >> 16u), s1)
-                        + dot(magic4(wv.y), s2) + dot(magic4(wv.y >> 16u), s3)
-                        + dot(magic4(wv.z), s4) + dot(magic4(wv.z >> 16u), s5)
-                        + dot(magic4(wv.w), s6) + dot(magic4(wv.w >> 16u), s7);
-                    acc[r] += w_scale(d, g) * qx + w_bias(d, g) * sx;
-                }
-            }
+            // Four rows unrolled by hand with fixed accumulators (rows past the
+            // end repeat the last row; their sums are never written).
+            let last = row0 + nrows - 1u;
+            acc.x += q4_row_part(d, row0, chunks, c, gc, groups_per_row, s0, s1, s2, s3, s4, s5, s6, s7, sx);
+            acc.y += q4_row_part(d, min(row0 + 1u, last), chunks, c, gc, groups_per_row, s0, s1, s2, s3, s4, s5, s6, s7, sx);
+            acc.z += q4_row_part(d, min(row0 + 2u, last), chunks, c, gc, groups_per_row, s0, s1, s2, s3, s4, s5, s6, s7, sx);
+            acc.w += q4_row_part(d, min(row0 + 3u, last), chunks, c, gc, groups_per_row, s0, s1, s2, s3, s4, s5, s6, s7, sx);
         }
         return acc;
     }
@@ -186,15 +203,12 @@ fn rows_dot(d: WeightDesc, row0: u32, nrows: u32, xb: u32, lane: u32, lanes: u32
             let s1 = x1 * byte_scale;
             let s2 = x2 * byte_scale;
             let s3 = x3 * byte_scale;
-            for (var r = 0u; r < 4u; r++) {
-                if (r < nrows) {
-                    let row = row0 + r;
-                    let wv = w[row * chunks + c];
-                    let g = row * groups_per_row + ((c * 16u) >> gshift);
-                    let qx = dot(magic8(wv.x), s0) + dot(magic8(wv.y), s1) + dot(magic8(wv.z), s2) + dot(magic8(wv.w), s3);
-                    acc[r] += w_scale(d, g) * qx + w_bias(d, g) * sx;
-                }
-            }
+            let gc = (c * 16u) >> gshift;
+            let last = row0 + nrows - 1u;
+            acc.x += q8_row_part(d, row0, chunks, c, gc, groups_per_row, s0, s1, s2, s3, sx);
+            acc.y += q8_row_part(d, min(row0 + 1u, last), chunks, c, gc, groups_per_row, s0, s1, s2, s3, sx);
+            acc.z += q8_row_part(d, min(row0 + 2u, last), chunks, c, gc, groups_per_row, s0, s1, s2, s3, sx);
+            acc.w += q8_row_part(d, min(row0 + 3u, last), chunks, c, gc, groups_per_row, s0, s1, s2, s3, sx);
         }
         return acc;
     }
