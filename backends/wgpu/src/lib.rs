@@ -126,6 +126,13 @@ impl WgpuBackend {
         self.gpu.info.device_type
     }
 
+    /// Shards weights and expert pools to at most `bytes` per buffer (instead
+    /// of the adapter's binding limit) from now on: lets tests exercise
+    /// sharding with small matrices. 0 restores the adapter's limit.
+    pub fn cap_shard_bytes(&self, bytes: u64) {
+        self.gpu.binding_cap.store(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Smallest and largest subgroup size the adapter reports.
     pub fn subgroup_sizes(&self) -> (u32, u32) {
         (self.gpu.subgroup_min, self.gpu.subgroup_max)
