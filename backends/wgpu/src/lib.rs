@@ -24,6 +24,8 @@ use slotstream_backend::{
 
 pub use device::AdapterChoice;
 pub use gpu::FamilyTime;
+/// The wgpu version this backend is built on (for `device_type` and similar).
+pub use wgpu;
 use gpu::{Gpu, GpuBuf};
 use weights::{GpuPool, GpuWeight};
 
