@@ -31,7 +31,7 @@ if command -v nvidia-smi >/dev/null; then
     # SM/memory clocks every 200 ms during the run, summarised at the end.
     nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw --format=csv,noheader,nounits -lms 200 > /tmp/clocks.csv &
     CLOCKS_PID=$!
-    trap 'kill $CLOCKS_PID 2>/dev/null; sort -n /tmp/clocks.csv | uniq -c | sort -rn | head -5 | sed "s/^/clocks (count, SM MHz, mem MHz, W): /"' EXIT
+    trap 'kill $CLOCKS_PID 2>/dev/null; cut -d, -f1 /tmp/clocks.csv | sort -n | uniq -c | sort -rn | head -3 | sed "s/^/SM clock samples (count, MHz): /"' EXIT
 fi
 # Reference copy bandwidth (read + write) from PyTorch where it is installed.
 if [ -z "${REFERENCE_COPY_GBS:-}" ] && python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
