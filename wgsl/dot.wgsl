@@ -219,3 +219,91 @@ fn rows_dot(d: WeightDesc, row0: u32, nrows: u32, xb: u32, lane: u32, lanes: u32
     }
     return acc;
 }
+
+// ---- x staged in workgroup memory (one token, 4/8-bit, cols <= 4096) ----
+// Read from global memory, each lane's 16-byte weight chunk needs 64 or 128
+// contiguous bytes of x, so a subgroup's x loads are strided and cost many
+// cache transactions per weight byte. Staged once per workgroup in a padded
+// layout (one spare vec4 after every eight), the same reads are bank-conflict
+// free for both 4-bit (8 vec4 per chunk) and 8-bit (4 vec4 per chunk).
+
+const XSH_MAX_COLS: u32 = 4096u;
+var<workgroup> xsh: array<vec4<f32>, 1152>;
+
+fn xsh_index(i: u32) -> u32 {
+    return i + (i >> 3u);
+}
+
+fn use_staged_x(d: WeightDesc) -> bool {
+    return d.fmt == 3u && (d.bits == 4u || d.bits == 8u) && d.cols <= XSH_MAX_COLS;
+}
+
+// Copies the x row starting at vec4 index `xb` into xsh. Call from uniform
+// control flow: it ends with a workgroup barrier.
+fn stage_x(xb: u32, cols: u32, li: u32, wg: u32) {
+    for (var i = li; i < cols / 4u; i += wg) {
+        xsh[xsh_index(i)] = xin[xb + i];
+    }
+    workgroupBarrier();
+}
+
+// rows_dot for 4- and 8-bit weights, x from xsh.
+fn rows_dot_staged(d: WeightDesc, row0: u32, nrows: u32, lane: u32, lanes: u32) -> vec4<f32> {
+    var acc = vec4<f32>(0.0);
+    let one = vec4<f32>(1.0);
+    let chunks = d.row_words / 4u;
+    let gshift = firstTrailingBit(d.group_size);
+    let gpr = d.cols >> gshift;
+    let last = row0 + nrows - 1u;
+    let r1 = min(row0 + 1u, last);
+    let r2 = min(row0 + 2u, last);
+    let r3 = min(row0 + 3u, last);
+    if (d.bits == 4u) {
+        let ns = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
+        for (var c = lane; c < chunks; c += lanes) {
+            let xi = xsh_index(c * 8u);
+            let x0 = xsh[xi];
+            let x1 = xsh[xi + 1u];
+            let x2 = xsh[xi + 2u];
+            let x3 = xsh[xi + 3u];
+            let x4 = xsh[xi + 4u];
+            let x5 = xsh[xi + 5u];
+            let x6 = xsh[xi + 6u];
+            let x7 = xsh[xi + 7u];
+            let sx = dot(x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7, one);
+            let s0 = x0 * ns;
+            let s1 = x1 * ns;
+            let s2 = x2 * ns;
+            let s3 = x3 * ns;
+            let s4 = x4 * ns;
+            let s5 = x5 * ns;
+            let s6 = x6 * ns;
+            let s7 = x7 * ns;
+            let gc = (c * 32u) >> gshift;
+            acc.x += q4_row_part(d, row0, chunks, c, gc, gpr, s0, s1, s2, s3, s4, s5, s6, s7, sx);
+            acc.y += q4_row_part(d, r1, chunks, c, gc, gpr, s0, s1, s2, s3, s4, s5, s6, s7, sx);
+            acc.z += q4_row_part(d, r2, chunks, c, gc, gpr, s0, s1, s2, s3, s4, s5, s6, s7, sx);
+            acc.w += q4_row_part(d, r3, chunks, c, gc, gpr, s0, s1, s2, s3, s4, s5, s6, s7, sx);
+        }
+        return acc;
+    }
+    let bs = vec4<f32>(1.0, 0.00390625, 1.0, 0.00390625);
+    for (var c = lane; c < chunks; c += lanes) {
+        let xi = c * 4u;
+        let x0 = xsh[xsh_index(xi)];
+        let x1 = xsh[xsh_index(xi + 1u)];
+        let x2 = xsh[xsh_index(xi + 2u)];
+        let x3 = xsh[xsh_index(xi + 3u)];
+        let sx = dot(x0 + x1 + x2 + x3, one);
+        let gc = (c * 16u) >> gshift;
+        let s0 = x0 * bs;
+        let s1 = x1 * bs;
+        let s2 = x2 * bs;
+        let s3 = x3 * bs;
+        acc.x += q8_row_part(d, row0, chunks, c, gc, gpr, s0, s1, s2, s3, sx);
+        acc.y += q8_row_part(d, r1, chunks, c, gc, gpr, s0, s1, s2, s3, sx);
+        acc.z += q8_row_part(d, r2, chunks, c, gc, gpr, s0, s1, s2, s3, sx);
+        acc.w += q8_row_part(d, r3, chunks, c, gc, gpr, s0, s1, s2, s3, sx);
+    }
+    return acc;
+}

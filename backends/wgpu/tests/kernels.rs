@@ -134,6 +134,22 @@ fn matmul_all_formats_decode_and_prefill() {
     }
 }
 
+/// Rows longer than the workgroup-memory x stage (4096 columns) read x from
+/// global memory instead.
+#[test]
+fn matvec_long_rows() {
+    for format in [affine(4, 64), affine(8, 128)] {
+        let mut rng = Rng::new(17);
+        let (rows, cols) = (10, 8192);
+        let m = matrix(&mut rng, format, 1, rows, cols);
+        let x = rng.vec(cols, 2.0);
+        check(&format!("matvec_long_{}", format_name(format)), TOL, |b| {
+            let w = b.load_weight(&m).expect("load_weight");
+            b.matmul(&up(b, &x, &[1, cols]), &w).expect("matmul")
+        });
+    }
+}
+
 #[test]
 fn embed_rows_dequantized() {
     for format in [affine(4, 64), affine(8, 32), MatrixFormat::Dense(DType::BF16)] {
