@@ -1,8 +1,7 @@
 // matvec: `out[t, out_off + r] = sum_c W[r, c] * x[t, c]` for one weight shard,
 // any storage format (f32/f16/bf16, affine 2/4/8-bit; see weights.wgsl).
 // One token (decode): one subgroup per four weight rows, x loaded once per
-// chunk for all four (see rows_dot); for 4/8-bit weights with up to 4096
-// columns x is first staged in workgroup memory (rows_dot_staged). Two to four tokens per workgroup row
+// chunk for all four (see rows_dot). Two to four tokens per workgroup row
 // (workgroup_id.y selects tokens 4y..4y+3): one subgroup per weight row, each
 // weight byte read once per four tokens. Grid-stride over rows along x.
 //
@@ -33,26 +32,10 @@ fn matvec(
     @builtin(num_subgroups) nsg: u32,
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(subgroup_size) lanes: u32,
-    @builtin(local_invocation_index) li: u32,
 ) {
     let t0 = wid.y * 4u;
     let ntok = min(4u, p.tokens - t0);
     let xstride = p.x_cols / 4u;
-    if (p.tokens == 1u && use_staged_x(p.w)) {
-        stage_x(0u, p.w.cols, li, 128u);
-        let quads = (p.rows + 3u) / 4u;
-        for (var qi = wid.x * nsg + sg; qi < quads; qi += nwg.x * nsg) {
-            let row0 = qi * 4u;
-            let nrows = min(4u, p.rows - row0);
-            let total = subgroupAdd(rows_dot_staged(p.w, row0, nrows, lane, lanes));
-            if (lane == 0u) {
-                for (var r = 0u; r < nrows; r++) {
-                    out[p.out_off + row0 + r] = total[r];
-                }
-            }
-        }
-        return;
-    }
     if (p.tokens == 1u) {
         let quads = (p.rows + 3u) / 4u;
         for (var qi = wid.x * nsg + sg; qi < quads; qi += nwg.x * nsg) {

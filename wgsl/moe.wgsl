@@ -28,14 +28,6 @@ struct Params {
 @group(0) @binding(4) var<storage, read> asg: array<vec4<u32>>;
 @group(0) @binding(5) var<storage, read> aux: array<f32>;
 
-// Four rows' partial sums, x from workgroup memory when it was staged.
-fn row_sums(staged: bool, row0: u32, nrows: u32, xb: u32, lane: u32, lanes: u32) -> vec4<f32> {
-    if (staged) {
-        return rows_dot_staged(p.w, row0, nrows, lane, lanes);
-    }
-    return rows_dot(p.w, row0, nrows, xb, lane, lanes);
-}
-
 fn silu(v: f32) -> f32 {
     return v / (1.0 + exp(-v));
 }
@@ -49,21 +41,16 @@ fn moe_gate(
     @builtin(num_subgroups) nsg: u32,
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(subgroup_size) lanes: u32,
-    @builtin(local_invocation_index) li: u32,
 ) {
     let a = p.asg_off + wid.y;
     let e = asg[a];
     let xstride = p.x_cols / 4u;
     let base = (e.z - p.slot_base) * p.rows;
-    let staged = use_staged_x(p.w);
-    if (staged) {
-        stage_x(e.x * xstride, p.x_cols, li, 128u);
-    }
     let quads = (p.rows + 3u) / 4u;
     for (var qi = wid.x * nsg + sg; qi < quads; qi += nwg.x * nsg) {
         let row0 = qi * 4u;
         let nrows = min(4u, p.rows - row0);
-        let total = subgroupAdd(row_sums(staged, base + row0, nrows, e.x * xstride, lane, lanes));
+        let total = subgroupAdd(rows_dot(p.w, base + row0, nrows, e.x * xstride, lane, lanes));
         if (lane == 0u) {
             for (var r = 0u; r < nrows; r++) {
                 out[a * p.rows + row0 + r] = total[r];
@@ -80,21 +67,16 @@ fn moe_up(
     @builtin(num_subgroups) nsg: u32,
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(subgroup_size) lanes: u32,
-    @builtin(local_invocation_index) li: u32,
 ) {
     let a = p.asg_off + wid.y;
     let e = asg[a];
     let xstride = p.x_cols / 4u;
     let base = (e.z - p.slot_base) * p.rows;
-    let staged = use_staged_x(p.w);
-    if (staged) {
-        stage_x(e.x * xstride, p.x_cols, li, 128u);
-    }
     let quads = (p.rows + 3u) / 4u;
     for (var qi = wid.x * nsg + sg; qi < quads; qi += nwg.x * nsg) {
         let row0 = qi * 4u;
         let nrows = min(4u, p.rows - row0);
-        let total = subgroupAdd(row_sums(staged, base + row0, nrows, e.x * xstride, lane, lanes));
+        let total = subgroupAdd(rows_dot(p.w, base + row0, nrows, e.x * xstride, lane, lanes));
         if (lane == 0u) {
             for (var r = 0u; r < nrows; r++) {
                 let i = a * p.rows + row0 + r;
@@ -112,22 +94,17 @@ fn moe_down(
     @builtin(num_subgroups) nsg: u32,
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(subgroup_size) lanes: u32,
-    @builtin(local_invocation_index) li: u32,
 ) {
     let a = p.asg_off + wid.y;
     let e = asg[a];
     let xstride = p.x_cols / 4u;
     let base = (e.z - p.slot_base) * p.rows;
     let dst = (e.x * p.top_k + e.y) * p.out_cols;
-    let staged = use_staged_x(p.w);
-    if (staged) {
-        stage_x(a * xstride, p.x_cols, li, 128u);
-    }
     let quads = (p.rows + 3u) / 4u;
     for (var qi = wid.x * nsg + sg; qi < quads; qi += nwg.x * nsg) {
         let row0 = qi * 4u;
         let nrows = min(4u, p.rows - row0);
-        let total = subgroupAdd(row_sums(staged, base + row0, nrows, a * xstride, lane, lanes));
+        let total = subgroupAdd(rows_dot(p.w, base + row0, nrows, a * xstride, lane, lanes));
         if (lane == 0u) {
             for (var r = 0u; r < nrows; r++) {
                 out[dst + row0 + r] = total[r];
