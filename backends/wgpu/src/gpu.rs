@@ -217,7 +217,7 @@ impl Gpu {
 
     /// Largest storage buffer binding, the size weights and pools are sharded to.
     pub fn max_binding(&self) -> u64 {
-        (self.limits.max_storage_buffer_binding_size as u64).min(self.limits.max_buffer_size)
+        self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size)
     }
 
     /// Largest weight or pool shard: the binding limit, or the test cap.
