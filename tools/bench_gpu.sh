@@ -28,6 +28,10 @@ if [ ! -f "$MODEL/config.json" ]; then
 fi
 if command -v nvidia-smi >/dev/null; then
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv
+    # SM/memory clocks every 200 ms during the run, summarised at the end.
+    nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw --format=csv,noheader,nounits -lms 200 > /tmp/clocks.csv &
+    CLOCKS_PID=$!
+    trap 'kill $CLOCKS_PID 2>/dev/null; cut -d, -f1 /tmp/clocks.csv | sort -n | uniq -c | sort -rn | head -3 | sed "s/^/SM clock samples (count, MHz): /"' EXIT
 fi
 # Reference copy bandwidth (read + write) from PyTorch where it is installed.
 if [ -z "${REFERENCE_COPY_GBS:-}" ] && python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
@@ -45,4 +49,4 @@ PY
     export REFERENCE_COPY_GBS
 fi
 "$BIN" --adapter "${ADAPTER:-auto}" --model "$MODEL" --copy-mib 1024 --rows 65536 --cols 8192 \
-    --reps 200 --prompt 256 --decode 64
+    --reps ${REPS:-1000} --prompt 256 --decode 64

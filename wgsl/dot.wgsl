@@ -1,10 +1,11 @@
 // Row-times-vector products over a weight shard, one subgroup per weight row
-// or per four rows (prepended, after weights.wgsl, to matvec.wgsl and moe.wgsl).
+// (prepended, after weights.wgsl, to matvec.wgsl and moe.wgsl).
 //
 // Needs binding 2, `xin: array<vec4<f32>>`, declared by the kernel file: input
-// rows of `cols` floats (cols a multiple of 4). In lane_dot each lane takes
-// every `lanes`-th 16-byte chunk of the weight row; rows_dot (4/8-bit, one
-// token) takes u32 words. The caller sums lanes with subgroupAdd.
+// rows of `cols` floats (cols a multiple of 4). Each lane takes every
+// `lanes`-th 16-byte chunk of the weight row (one vec4<u32> load), so a
+// subgroup reads a row with full-width coalesced loads; the caller sums lanes
+// with subgroupAdd.
 
 fn nibbles_lo(word: u32) -> vec4<f32> {
     return vec4<f32>(f32(word & 15u), f32((word >> 4u) & 15u), f32((word >> 8u) & 15u), f32((word >> 12u) & 15u));
@@ -122,6 +123,28 @@ fn lane_dot(d: WeightDesc, row: u32, xbase: u32, xstride: u32, ntok: u32, lane: 
     return acc;
 }
 
+// One 16-byte chunk of a 4-bit row against pre-scaled x (s0..s7) with sum sx.
+fn q4_row_part(d: WeightDesc, row: u32, chunks: u32, c: u32, gc: u32, gpr: u32,
+    s0: vec4<f32>, s1: vec4<f32>, s2: vec4<f32>, s3: vec4<f32>,
+    s4: vec4<f32>, s5: vec4<f32>, s6: vec4<f32>, s7: vec4<f32>, sx: f32) -> f32 {
+    let wv = w[row * chunks + c];
+    let g = row * gpr + gc;
+    let qx = dot(magic4(wv.x), s0) + dot(magic4(wv.x >> 16u), s1)
+        + dot(magic4(wv.y), s2) + dot(magic4(wv.y >> 16u), s3)
+        + dot(magic4(wv.z), s4) + dot(magic4(wv.z >> 16u), s5)
+        + dot(magic4(wv.w), s6) + dot(magic4(wv.w >> 16u), s7);
+    return w_scale(d, g) * qx + w_bias(d, g) * sx;
+}
+
+// One 16-byte chunk of an 8-bit row against pre-scaled x (s0..s3) with sum sx.
+fn q8_row_part(d: WeightDesc, row: u32, chunks: u32, c: u32, gc: u32, gpr: u32,
+    s0: vec4<f32>, s1: vec4<f32>, s2: vec4<f32>, s3: vec4<f32>, sx: f32) -> f32 {
+    let wv = w[row * chunks + c];
+    let g = row * gpr + gc;
+    let qx = dot(magic8(wv.x), s0) + dot(magic8(wv.y), s1) + dot(magic8(wv.z), s2) + dot(magic8(wv.w), s3);
+    return w_scale(d, g) * qx + w_bias(d, g) * sx;
+}
+
 // This lane's partial dot products of four consecutive weight rows
 // (row0 .. row0 + nrows - 1, nrows <= 4) with one x row starting at vec4 index
 // `xb`. For 4- and 8-bit weights the x chunk is loaded once and reused for
@@ -133,47 +156,59 @@ fn rows_dot(d: WeightDesc, row0: u32, nrows: u32, xb: u32, lane: u32, lanes: u32
     let chunks = d.row_words / 4u;
     let gshift = firstTrailingBit(d.group_size);
     let groups_per_row = d.cols >> gshift;
-    if (d.fmt == 3u && (d.bits == 4u || d.bits == 8u)) {
-        // Lanes take consecutive u32 words, so both the weight loads and the
-        // x loads of a subgroup are contiguous; x is pre-scaled so that each
-        // quantized value can be used in place (see magic4, magic8), with no
-        // int-to-float conversions.
-        let rw = d.row_words;
-        if (d.bits == 4u) {
-            let ns = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
-            for (var wi = lane; wi < rw; wi += lanes) {
-                let xa = xin[xb + 2u * wi];
-                let xc = xin[xb + 2u * wi + 1u];
-                let sx = dot(xa + xc, one);
-                let sa = xa * ns;
-                let sc = xc * ns;
-                let gc = (wi * 8u) >> gshift;
-                for (var r = 0u; r < 4u; r++) {
-                    if (r < nrows) {
-                        let row = row0 + r;
-                        let word = w_words[row * rw + wi];
-                        let g = row * groups_per_row + gc;
-                        let qx = dot(magic4(word), sa) + dot(magic4(word >> 16u), sc);
-                        acc[r] += w_scale(d, g) * qx + w_bias(d, g) * sx;
-                    }
-                }
-            }
-        } else {
-            let bs = vec4<f32>(1.0, 0.00390625, 1.0, 0.00390625);
-            for (var wi = lane; wi < rw; wi += lanes) {
-                let xa = xin[xb + wi];
-                let sx = dot(xa, one);
-                let sa = xa * bs;
-                let gc = (wi * 4u) >> gshift;
-                for (var r = 0u; r < 4u; r++) {
-                    if (r < nrows) {
-                        let row = row0 + r;
-                        let word = w_words[row * rw + wi];
-                        let g = row * groups_per_row + gc;
-                        acc[r] += w_scale(d, g) * dot(magic8(word), sa) + w_bias(d, g) * sx;
-                    }
-                }
-            }
+    if (d.fmt == 3u && d.bits == 4u) {
+        // x pre-scaled by 16^-k so that nibble k of each 16-bit half can be
+        // used in place as q * 16^k (see magic4): no int-to-float conversions.
+        let ns = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
+        for (var c = lane; c < chunks; c += lanes) {
+            let xi = xb + c * 8u;
+            let x0 = xin[xi];
+            let x1 = xin[xi + 1u];
+            let x2 = xin[xi + 2u];
+            let x3 = xin[xi + 3u];
+            let x4 = xin[xi + 4u];
+            let x5 = xin[xi + 5u];
+            let x6 = xin[xi + 6u];
+            let x7 = xin[xi + 7u];
+            let sx = dot(x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7, one);
+            let s0 = x0 * ns;
+            let s1 = x1 * ns;
+            let s2 = x2 * ns;
+            let s3 = x3 * ns;
+            let s4 = x4 * ns;
+            let s5 = x5 * ns;
+            let s6 = x6 * ns;
+            let s7 = x7 * ns;
+            let gc = (c * 32u) >> gshift;
+            // Four rows unrolled by hand with fixed accumulators (rows past the
+            // end repeat the last row; their sums are never written).
+            let last = row0 + nrows - 1u;
+            acc.x += q4_row_part(d, row0, chunks, c, gc, groups_per_row, s0, s1, s2, s3, s4, s5, s6, s7, sx);
+            acc.y += q4_row_part(d, min(row0 + 1u, last), chunks, c, gc, groups_per_row, s0, s1, s2, s3, s4, s5, s6, s7, sx);
+            acc.z += q4_row_part(d, min(row0 + 2u, last), chunks, c, gc, groups_per_row, s0, s1, s2, s3, s4, s5, s6, s7, sx);
+            acc.w += q4_row_part(d, min(row0 + 3u, last), chunks, c, gc, groups_per_row, s0, s1, s2, s3, s4, s5, s6, s7, sx);
+        }
+        return acc;
+    }
+    if (d.fmt == 3u && d.bits == 8u) {
+        // Bytes used in place as q * 256^(k % 2) (see magic8), x pre-scaled to match.
+        let byte_scale = vec4<f32>(1.0, 0.00390625, 1.0, 0.00390625);
+        for (var c = lane; c < chunks; c += lanes) {
+            let x0 = xin[xb + c * 4u];
+            let x1 = xin[xb + c * 4u + 1u];
+            let x2 = xin[xb + c * 4u + 2u];
+            let x3 = xin[xb + c * 4u + 3u];
+            let sx = dot(x0 + x1 + x2 + x3, one);
+            let s0 = x0 * byte_scale;
+            let s1 = x1 * byte_scale;
+            let s2 = x2 * byte_scale;
+            let s3 = x3 * byte_scale;
+            let gc = (c * 16u) >> gshift;
+            let last = row0 + nrows - 1u;
+            acc.x += q8_row_part(d, row0, chunks, c, gc, groups_per_row, s0, s1, s2, s3, sx);
+            acc.y += q8_row_part(d, min(row0 + 1u, last), chunks, c, gc, groups_per_row, s0, s1, s2, s3, sx);
+            acc.z += q8_row_part(d, min(row0 + 2u, last), chunks, c, gc, groups_per_row, s0, s1, s2, s3, sx);
+            acc.w += q8_row_part(d, min(row0 + 3u, last), chunks, c, gc, groups_per_row, s0, s1, s2, s3, sx);
         }
         return acc;
     }

@@ -115,6 +115,9 @@ pub struct Gpu {
     profile: Mutex<Option<HashMap<&'static str, FamilyTime>>>,
     can_time: bool,
     pub submissions: Arc<std::sync::atomic::AtomicU64>,
+    /// A smaller binding size to shard to than the adapter allows (0: none),
+    /// so tests can exercise sharding with small weights.
+    pub binding_cap: std::sync::atomic::AtomicU64,
 }
 
 impl Gpu {
@@ -194,6 +197,7 @@ impl Gpu {
             profile: Mutex::new(None),
             can_time,
             submissions: Arc::default(),
+            binding_cap: std::sync::atomic::AtomicU64::new(0),
         };
         gpu.check_errors("compiling the WGSL kernels")?;
         Ok(gpu)
@@ -213,16 +217,24 @@ impl Gpu {
 
     /// Largest storage buffer binding, the size weights and pools are sharded to.
     pub fn max_binding(&self) -> u64 {
-        (self.limits.max_storage_buffer_binding_size as u64).min(self.limits.max_buffer_size)
+        self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size)
+    }
+
+    /// Largest weight or pool shard: the binding limit, or the test cap.
+    pub fn max_shard(&self) -> u64 {
+        match self.binding_cap.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => self.max_binding(),
+            cap => cap.min(self.max_binding()),
+        }
     }
 
     /// An uninitialised activation buffer of at least `bytes` bytes.
     pub fn alloc(&self, bytes: u64) -> Result<GpuBuf> {
         let size = bytes.max(16).div_ceil(16) * 16;
-        if size > self.max_binding() {
+        let limit = self.max_binding();
+        if size > limit {
             return Err(BackendError::Device(format!(
-                "an activation of {size} bytes exceeds the adapter's {} byte storage binding limit",
-                self.max_binding()
+                "an activation of {size} bytes exceeds the adapter's {limit} byte storage binding limit"
             )));
         }
         let reused = self.free.lock().ok().and_then(|mut f| f.get_mut(&size).and_then(|v| v.pop()));

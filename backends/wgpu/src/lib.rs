@@ -24,6 +24,8 @@ use slotstream_backend::{
 
 pub use device::AdapterChoice;
 pub use gpu::FamilyTime;
+/// The wgpu version this backend is built on (for `device_type` and similar).
+pub use wgpu;
 use gpu::{Gpu, GpuBuf};
 use weights::{GpuPool, GpuWeight};
 
@@ -124,6 +126,13 @@ impl WgpuBackend {
     /// The adapter's type (a software rasterizer reports `Cpu`).
     pub fn device_type(&self) -> wgpu::DeviceType {
         self.gpu.info.device_type
+    }
+
+    /// Shards weights and expert pools to at most `bytes` per buffer (instead
+    /// of the adapter's binding limit) from now on: lets tests exercise
+    /// sharding with small matrices. 0 restores the adapter's limit.
+    pub fn cap_shard_bytes(&self, bytes: u64) {
+        self.gpu.binding_cap.store(bytes, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Smallest and largest subgroup size the adapter reports.

@@ -153,7 +153,7 @@ impl GpuWeight {
         m.validate()?;
         let layout = RowLayout::new(MatrixFormat::of(m), m.cols)?;
         let total_rows = m.experts * m.rows;
-        let per_shard = (gpu.max_binding() as usize - 64) / layout.row_bytes().max(1);
+        let per_shard = (gpu.max_shard() as usize - 64) / layout.row_bytes().max(1);
         if per_shard == 0 {
             return Err(BackendError::Unsupported(format!(
                 "one row of {} bytes exceeds the adapter's storage binding limit",
@@ -257,7 +257,7 @@ impl GpuPool {
             RowLayout::new(formats[2], inter)?,
         ];
         let largest = (probe[0].row_bytes() * inter).max(probe[1].row_bytes() * inter).max(probe[2].row_bytes() * hidden);
-        let per_shard = ((gpu.max_binding() as usize - 64) / largest.max(1)).min(slots.max(1));
+        let per_shard = ((gpu.max_shard() as usize - 64) / largest.max(1)).min(slots.max(1));
         if per_shard == 0 {
             return Err(BackendError::Unsupported(format!(
                 "one expert matrix of {largest} bytes exceeds the adapter's storage binding limit"

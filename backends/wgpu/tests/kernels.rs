@@ -134,6 +134,22 @@ fn matmul_all_formats_decode_and_prefill() {
     }
 }
 
+/// Rows longer than the workgroup-memory x stage (4096 columns) read x from
+/// global memory instead.
+#[test]
+fn matvec_long_rows() {
+    for format in [affine(4, 64), affine(8, 128)] {
+        let mut rng = Rng::new(17);
+        let (rows, cols) = (10, 8192);
+        let m = matrix(&mut rng, format, 1, rows, cols);
+        let x = rng.vec(cols, 2.0);
+        check(&format!("matvec_long_{}", format_name(format)), TOL, |b| {
+            let w = b.load_weight(&m).expect("load_weight");
+            b.matmul(&up(b, &x, &[1, cols]), &w).expect("matmul")
+        });
+    }
+}
+
 #[test]
 fn embed_rows_dequantized() {
     for format in [affine(4, 64), affine(8, 32), MatrixFormat::Dense(DType::BF16)] {
@@ -317,4 +333,50 @@ fn backend_name_reports_upload_path() {
     assert!(name.starts_with("wgpu ("), "{name}");
     let path = if g.uses_mapped_primary_buffers() { "mapped primary buffers" } else { "staging uploads" };
     assert!(name.contains(path), "name '{name}' should say '{path}'");
+}
+
+/// Weights and expert pools larger than one storage binding are split into
+/// shards (here forced small): results must not change.
+#[test]
+fn sharded_weights_and_pool_match_cpu() {
+    let Some(g) = gpu() else { return };
+    let cpu = CpuBackend::new();
+    let mut rng = Rng::new(31);
+    let (rows, cols) = (100, 256);
+    let m = matrix(&mut rng, affine(4, 64), 1, rows, cols);
+    let x = rng.vec(2 * cols, 2.0);
+    let (hidden, inter) = (128, 64);
+    let format = affine(4, 64);
+    let layout = ExpertLayout { hidden, intermediate: inter, gate: format, up: format, down: format };
+    let experts: Vec<HostExpert<'static>> = (0..5)
+        .map(|_| HostExpert {
+            gate: matrix(&mut rng, format, 1, inter, hidden),
+            up: matrix(&mut rng, format, 1, inter, hidden),
+            down: matrix(&mut rng, format, 1, hidden, inter),
+        })
+        .collect();
+    let xe = rng.vec(2 * hidden, 2.0);
+    let assignments = [(0, 0, 4), (0, 1, 1), (1, 0, 0), (1, 1, 3)].map(|(token, rank, slot)| ExpertAssignment { token, rank, slot });
+    let run = |b: &dyn Backend| -> Vec<f32> {
+        let w = b.load_weight(&m).unwrap();
+        let mut out = b.download(&b.matmul(&up(b, &x[..cols], &[1, cols]), &w).unwrap()).unwrap();
+        out.extend(b.download(&b.matmul(&up(b, &x, &[2, cols]), &w).unwrap()).unwrap());
+        out.extend(b.download(&b.embed(&w, &[99, 0, 57]).unwrap()).unwrap());
+        let mut pool = b.new_expert_pool(&layout, 5).unwrap();
+        for (slot, e) in experts.iter().enumerate() {
+            let e = HostExpert { gate: e.gate.clone(), up: e.up.clone(), down: e.down.clone() };
+            b.write_expert(&mut pool, slot, &e).unwrap();
+        }
+        out.extend(b.download(&b.moe_expert_outputs(&up(b, &xe, &[2, hidden]), &pool, &assignments, 2).unwrap()).unwrap());
+        out
+    };
+    let want = run(&cpu);
+    // 6 KiB shards: 42 rows of 144 bytes per weight shard (3 shards), one
+    // 4.6 KB expert matrix per pool shard (5 shards). Other tests running
+    // meanwhile get sharded weights too, which must not change their results.
+    g.cap_shard_bytes(6 * 1024);
+    let got = run(g);
+    g.cap_shard_bytes(0);
+    let err = rel_l2(&got, &want);
+    assert!(err <= TOL, "sharded weights differ from the CPU backend: rel L2 {err:.3e}");
 }

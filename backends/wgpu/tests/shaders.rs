@@ -28,7 +28,7 @@ fn every_module_validates_and_translates_to_msl() {
             if let Some(binding) = &var.binding {
                 let mutable = matches!(var.space, naga::AddressSpace::Storage { access } if access.contains(naga::StorageAccess::STORE));
                 let slot = u8::try_from(binding.binding).expect("binding index fits a Metal slot");
-                resources.insert(binding.clone(), msl::BindTarget { buffer: Some(slot), mutable, ..Default::default() });
+                resources.insert(*binding, msl::BindTarget { buffer: Some(slot), mutable, ..Default::default() });
             }
         }
         let per_entry_point_map: BTreeMap<String, msl::EntryPointResources> = module

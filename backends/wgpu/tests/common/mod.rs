@@ -1,6 +1,9 @@
 //! Shared by the wgpu backend's tests: opening a device (lavapipe is fine),
 //! seeded inputs and comparisons.
 
+// Each test binary uses a different part of this module.
+#![allow(dead_code)]
+
 use slotstream_wgpu::{AdapterChoice, WgpuBackend};
 
 /// The backend under test (opened once per test binary), or `None` when
