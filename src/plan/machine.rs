@@ -204,7 +204,7 @@ pub mod macos {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(target_os = "macos")))]
 mod tests {
     use super::linux::*;
 
