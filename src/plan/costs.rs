@@ -50,7 +50,8 @@ impl ModelCosts {
     }
 
     /// A rough decode-speed estimate: a token reads its active weights from
-    /// memory and the experts it misses from disk. The hit rate grows with the
+    /// memory and the experts it misses from disk, and pays a fixed cost per
+    /// layer (dispatch and synchronisation, calibrated on the demo model). The hit rate grows with the
     /// cached share of each layer's experts as a power law (expert popularity is
     /// skewed), fitted loosely to the reference measurements.
     pub fn estimate_decode_tokens_per_second(&self, slots: usize, machine: &MachineMemory) -> f64 {
@@ -59,7 +60,8 @@ impl ModelCosts {
         let active = self.top_k as f64 * self.moe_layers as f64 * self.expert_record_bytes as f64;
         let compute = (self.resident_bytes as f64 + active) / (machine.memory_gbps * 1e9);
         let reads = (1.0 - hit_rate) * active / (machine.disk_gbps * 1e9);
-        1.0 / (compute + reads)
+        let overhead = self.moe_layers as f64 * machine.layer_overhead_ms / 1e3;
+        1.0 / (compute + reads + overhead)
     }
 
     /// Costs of a model directory, from its config and safetensors headers (no

@@ -19,6 +19,8 @@ pub struct MachineMemory {
     /// Assumed bandwidths for speed estimates (GB/s).
     pub memory_gbps: f64,
     pub disk_gbps: f64,
+    /// Fixed cost per layer per token (dispatch, synchronisation), milliseconds.
+    pub layer_overhead_ms: f64,
     /// Where the figures came from.
     pub source: String,
 }
@@ -44,6 +46,7 @@ impl MachineMemory {
             gpu_working_set: working_set_gb.map(|g| (g * 1e9) as u64),
             memory_gbps: if working_set_gb.is_some() { 200.0 } else { 20.0 },
             disk_gbps: if working_set_gb.is_some() { 17.0 } else { 2.0 },
+            layer_overhead_ms: if working_set_gb.is_some() { 0.2 } else { 1.0 },
             source: "simulated".into(),
         }
     }
@@ -135,7 +138,15 @@ pub mod linux {
                 source = format!("cgroup memory limit {:.1} GB", limit as f64 / 1e9);
             }
         }
-        MachineMemory { total_ram: total, available, gpu_working_set: None, memory_gbps: 20.0, disk_gbps: 2.0, source }
+        MachineMemory {
+            total_ram: total,
+            available,
+            gpu_working_set: None,
+            memory_gbps: 20.0,
+            disk_gbps: 2.0,
+            layer_overhead_ms: 1.0,
+            source,
+        }
     }
 }
 
@@ -199,6 +210,7 @@ pub mod macos {
             gpu_working_set: Some(working_set),
             memory_gbps: 200.0,
             disk_gbps: 7.0,
+            layer_overhead_ms: 0.2,
             source: "macOS vm statistics".into(),
         }
     }
