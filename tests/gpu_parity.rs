@@ -7,40 +7,17 @@
 //! Needs a Vulkan (or Metal) device; lavapipe is enough. Without one these
 //! tests fail with instructions, unless SLOTSTREAM_SKIP_GPU_TESTS=1.
 
-use std::path::{Path, PathBuf};
+mod common;
+
 use std::sync::atomic::Ordering;
 
-use serde::Deserialize;
+use common::{case, fixture, golden, rel_l2};
 use slotstream::generate::{Engine, GenerateRequest};
 use slotstream::model::{ExpertSlots, FeedForward, LoadOptions, Logits};
 use slotstream::sampling::{argmax, SamplingParams};
 use slotstream_wgpu::{AdapterChoice, WgpuBackend};
 
 const MAX_REL_L2: f64 = 1e-4;
-
-#[derive(Deserialize)]
-struct Golden {
-    cases: Vec<Case>,
-}
-
-#[derive(Deserialize)]
-struct Case {
-    name: String,
-    prompt_text: String,
-    prompt_ids: Vec<u32>,
-    last_logits: Vec<f32>,
-    greedy_ids: Vec<u32>,
-}
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
-}
-
-fn golden(name: &str) -> Golden {
-    let path = fixture(name).join("golden.json");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
-}
 
 fn skip() -> bool {
     let skip = std::env::var("SLOTSTREAM_SKIP_GPU_TESTS").is_ok_and(|v| v == "1");
@@ -60,13 +37,6 @@ fn gpu_engine(name: &str, slots: ExpertSlots) -> Engine {
     });
     Engine::load(&fixture(name), Box::new(backend), &LoadOptions { expert_slots: slots })
         .unwrap_or_else(|e| panic!("loading fixture {name} on the wgpu backend: {e:#}"))
-}
-
-fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
-    assert_eq!(got.len(), want.len(), "logit vector lengths differ");
-    let num: f64 = got.iter().zip(want).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
-    let den: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
-    (num / den).sqrt()
 }
 
 fn check_fixture(name: &str, slots: ExpertSlots) {
@@ -153,7 +123,7 @@ fn run_with_the_wgpu_backend_returns_the_oracle_greedy_ids() {
         return;
     }
     for name in ["qwen3_next_mlx4", "qwen3_moe_hf"] {
-        let case = golden(name).cases.into_iter().find(|c| c.name == "short").expect("short case");
+        let case = case(name, "short");
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_slotstream"))
             .args(["run", "--backend", "wgpu:software", "--raw", "--json", "--ignore-eos", "--max-tokens"])
             .arg(case.greedy_ids.len().to_string())

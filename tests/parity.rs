@@ -10,49 +10,18 @@
 //! Greedy tokens must match exactly; the oracle keeps every step's top-1/top-2
 //! margin well above that noise.
 
-use std::path::{Path, PathBuf};
+mod common;
 
-use serde::Deserialize;
+use common::{case, fixture, golden, rel_l2};
 use slotstream::generate::{Engine, GenerateRequest};
 use slotstream::model::Logits;
 use slotstream::sampling::SamplingParams;
 
 const MAX_REL_L2: f64 = 1e-4;
 
-#[derive(Deserialize)]
-struct Golden {
-    cases: Vec<Case>,
-}
-
-#[derive(Deserialize)]
-struct Case {
-    name: String,
-    prompt_text: String,
-    prompt_ids: Vec<u32>,
-    last_logits: Vec<f32>,
-    greedy_ids: Vec<u32>,
-}
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
-}
-
-fn golden(name: &str) -> Golden {
-    let path = fixture(name).join("golden.json");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
-}
-
 fn engine(name: &str) -> Engine {
     Engine::load(&fixture(name), Box::new(slotstream_cpu::CpuBackend::new()), &Default::default())
         .unwrap_or_else(|e| panic!("loading fixture {name}: {e:#}"))
-}
-
-fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
-    assert_eq!(got.len(), want.len(), "logit vector lengths differ");
-    let num: f64 = got.iter().zip(want).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
-    let den: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
-    (num / den).sqrt()
 }
 
 fn check_fixture(name: &str) {
@@ -105,7 +74,7 @@ fn qwen3_next_mlx_4bit_matches_oracle() {
 fn token_by_token_prefill_equals_chunked_prefill() {
     for name in ["qwen3_next_mlx4", "qwen3_moe_hf"] {
         let e = engine(name);
-        let case = golden(name).cases.into_iter().find(|c| c.name == "long").expect("long case");
+        let case = case(name, "long");
         let mut state = e.new_state().unwrap();
         let mut last = Vec::new();
         for &id in &case.prompt_ids {
@@ -121,7 +90,7 @@ fn token_by_token_prefill_equals_chunked_prefill() {
 #[test]
 fn run_json_returns_oracle_greedy_ids() {
     for name in ["qwen3_next_mlx4", "qwen3_moe_hf"] {
-        let case = golden(name).cases.into_iter().find(|c| c.name == "short").expect("short case");
+        let case = case(name, "short");
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_slotstream"))
             .args(["run", "--raw", "--json", "--ignore-eos", "--max-tokens"])
             .arg(case.greedy_ids.len().to_string())

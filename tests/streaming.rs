@@ -2,36 +2,12 @@
 //! possible expert pool, with every expert resident, and across a live resize
 //! are identical to each other and to the oracle's.
 
-use std::path::{Path, PathBuf};
+mod common;
 
-use serde::Deserialize;
+use common::{case, fixture, FIXTURES};
 use slotstream::generate::Engine;
 use slotstream::model::{ExpertSlots, LoadOptions, Logits};
 use slotstream::sampling::argmax;
-
-#[derive(Deserialize)]
-struct Golden {
-    cases: Vec<Case>,
-}
-
-#[derive(Deserialize)]
-struct Case {
-    name: String,
-    prompt_ids: Vec<u32>,
-    greedy_ids: Vec<u32>,
-}
-
-const FIXTURES: [&str; 4] = ["qwen3_moe_hf", "qwen3_moe_mlx4", "qwen3_next_hf", "qwen3_next_mlx4"];
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
-}
-
-fn long_case(name: &str) -> Case {
-    let text = std::fs::read_to_string(fixture(name).join("golden.json")).unwrap();
-    let g: Golden = serde_json::from_str(&text).unwrap();
-    g.cases.into_iter().find(|c| c.name == "long").expect("long case")
-}
 
 fn engine(name: &str, slots: ExpertSlots) -> Engine {
     Engine::load(&fixture(name), Box::new(slotstream_cpu::CpuBackend::new()), &LoadOptions { expert_slots: slots })
@@ -60,7 +36,7 @@ fn greedy(e: &Engine, prompt: &[u32], n: usize, resize_after: Option<(usize, usi
 #[test]
 fn minimum_pool_full_residency_and_live_resize_give_identical_greedy_tokens() {
     for name in FIXTURES {
-        let case = long_case(name);
+        let case = case(name, "long");
         let n = case.greedy_ids.len();
         let full = engine(name, ExpertSlots::All);
         let top_k = full.model.top_k;
@@ -82,7 +58,7 @@ fn minimum_pool_full_residency_and_live_resize_give_identical_greedy_tokens() {
 #[test]
 fn stats_count_every_expert_use() {
     let e = engine("qwen3_moe_mlx4", ExpertSlots::All);
-    let case = long_case("qwen3_moe_mlx4");
+    let case = case("qwen3_moe_mlx4", "long");
     greedy(&e, &case.prompt_ids, 4, None);
     let s = e.expert_stats().unwrap();
     assert_eq!(s.per_layer.len(), 2, "two MoE layers");
