@@ -346,17 +346,33 @@ fn perplexity(args: PerplexityArgs) -> Result<()> {
 /// known or `hf:` model in the Hugging Face cache (complete and verified, or
 /// an error that says what is missing and how to pull it).
 fn resolve_model(spec: Option<&str>) -> Result<PathBuf> {
+    resolve_named_model(spec).map(|(dir, _)| dir)
+}
+
+/// [`resolve_model`], plus the name clients should use for the model: the
+/// directory's name, the known model's name, `ORG/NAME` for `hf:` models, or
+/// `slotstream-demo`.
+fn resolve_named_model(spec: Option<&str>) -> Result<(PathBuf, String)> {
+    let dir_name = |p: &std::path::Path| {
+        p.canonicalize()
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "model".to_string())
+    };
     match spec {
-        Some(s) if std::path::Path::new(s).is_dir() => Ok(PathBuf::from(s)),
+        Some(s) if std::path::Path::new(s).is_dir() => Ok((PathBuf::from(s), dir_name(std::path::Path::new(s)))),
         Some(s) if s.contains('/') && !s.starts_with("hf:") => {
             anyhow::bail!("--model {s}: no such directory (for a Hugging Face repo, write hf:{s} and pull it first)")
         }
-        Some(s) => slotstream::pull::locate_model(s),
+        Some(s) => {
+            let name = s.strip_prefix("hf:").unwrap_or(s).split('@').next().unwrap_or(s).to_string();
+            Ok((slotstream::pull::locate_model(s)?, name))
+        }
         None => match slotstream::pull::locate_model(slotstream::pull::DEFAULT_MODEL) {
-            Ok(dir) => Ok(dir),
+            Ok(dir) => Ok((dir, slotstream::pull::DEFAULT_MODEL.to_string())),
             Err(_) => {
                 eprintln!("{}", slotstream::demo::NOTE);
-                slotstream::demo::model_dir()
+                Ok((slotstream::demo::model_dir()?, "slotstream-demo".to_string()))
             }
         },
     }
@@ -474,16 +490,9 @@ fn serve(args: ServeArgs) -> Result<()> {
     if let Some(n) = args.threads {
         rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("setting the thread count")?;
     }
-    let model_dir = resolve_model(args.model.as_deref())?;
+    let (model_dir, default_name) = resolve_named_model(args.model.as_deref())?;
     let (engine, plan, costs) = load_planned(&model_dir, &args.memory, &args.backend)?;
-    let model_name = match args.name {
-        Some(n) => n,
-        None => model_dir
-            .canonicalize()
-            .ok()
-            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-            .unwrap_or_else(|| "model".to_string()),
-    };
+    let model_name = args.name.unwrap_or(default_name);
     let options = slotstream::server::ServerOptions {
         model_name,
         max_context: args.max_context,
