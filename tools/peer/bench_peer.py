@@ -11,7 +11,7 @@ machine falls on both sides alike.
       peer: `llama-bench -p 512 -n 128 -t 2` (its defaults: mmap, CPU weight repacking).
   (b) model ~3x larger than a cgroup v1 memory limit that holds both processes:
       ours: `--memory-gb` at the limit (expert slots streamed with O_DIRECT);
-      peer: `llama-bench -p 0 -n N -t 2 --repack 0 -mmp 1` (weights stay in the
+      peer: `llama-bench -p 0 -n N -t 2 --repack 0 -lm mmap` (weights stay in the
       mmapped file, so the kernel pages them in and out under the limit).
       The model files are evicted from the page cache (posix_fadvise DONTNEED)
       before each run, so neither side starts with pages charged elsewhere.
@@ -193,7 +193,7 @@ def main():
             print(json.dumps({k: v for k, v in o.items() if k != "cmd"}), flush=True)
             evict([a.model_b, a.gguf_b])
             cg.reset()
-            p = peer(a, a.gguf_b, 0, a.b_peer_tokens, ["-r", "1", "--repack", "0", "-mmp", "1"], cg=cg, tag=f"b_peer_{rnd}")
+            p = peer(a, a.gguf_b, 0, a.b_peer_tokens, ["-r", "1", "--repack", "0", "-lm", "mmap"], cg=cg, tag=f"b_peer_{rnd}")
             p.update(cg.stats())
             results.append(("b", rnd, p))
             print(json.dumps({k: v for k, v in p.items() if k != "cmd"}), flush=True)

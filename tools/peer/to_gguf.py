@@ -190,13 +190,13 @@ def bytes_to_unicode_chars():
     return {chr(c) for c in cs}
 
 
-def add_tokenizer(gguf, w, model_dir, n_vocab, config):
+def add_tokenizer(gguf, w, model_dir, n_vocab, config, pad_type=None):
     tj = json.load(open(os.path.join(model_dir, "tokenizer.json"), encoding="utf-8"))
     model = tj["model"]
     if model["type"] != "BPE":
         sys.exit(f"tokenizer model {model['type']} not handled (byte-level BPE only)")
     tokens = [None] * n_vocab
-    types = [gguf.TokenType.UNUSED] * n_vocab
+    types = [pad_type or gguf.TokenType.UNUSED] * n_vocab
     for tok, i in model["vocab"].items():
         if i < n_vocab:
             tokens[i] = tok
@@ -240,6 +240,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--outtype", choices=["f16", "f32"], default="f16")
     ap.add_argument("--gguf-py", default=None, help="path of llama.cpp's gguf-py (default: $GGUF_PY or /tmp/slotstream-peer/llama.cpp/gguf-py)")
+    ap.add_argument("--visible-pad", action="store_true",
+                    help="mark the [PADn] tokens NORMAL so generated text shows them (for comparing greedy ids)")
     a = ap.parse_args()
     gguf = import_gguf(a.gguf_py)
 
@@ -272,7 +274,7 @@ def main():
     w.add_expert_count(cfg["num_experts"])
     w.add_expert_used_count(cfg["num_experts_per_tok"])
     w.add_file_type(ftype)
-    add_tokenizer(gguf, w, a.model, n_vocab, cfg)
+    add_tokenizer(gguf, w, a.model, n_vocab, cfg, gguf.TokenType.NORMAL if a.visible_pad else None)
 
     # (gguf name, producer, keep f32)
     plan = [("token_embd.weight", T(ld, "model.embed_tokens"), False)]
