@@ -131,7 +131,8 @@ def peer(a, gguf, p, n, extra, cg=None, tag="peer"):
             if row["n_gen"] and not row["n_prompt"]:
                 res.update(decode=row["avg_ts"], decode_sd=row["stddev_ts"], gen_tokens=row["n_gen"])
     except Exception as ex:  # noqa: BLE001
-        res["error"] = f"{ex}: rc={r['rc']} status={r['status']} {r['stderr'][-400:]}"
+        if r["status"] in (0, None):
+            res["error"] = f"{ex}: rc={r['rc']} {r['stderr'][-400:]}"
     return res
 
 
@@ -179,6 +180,10 @@ def main():
             p = peer(a, a.gguf_a, 512, 128, ["-r", "3"], tag=f"a_peer_{rnd}")
             results.append(("a", rnd, p))
             print(json.dumps({k: v for k, v in p.items() if k != "cmd"}), flush=True)
+            # How much of llama.cpp's speed is its CPU weight repacking (Q4_0 -> interleaved rows).
+            p = peer(a, a.gguf_a, 512, 128, ["-r", "3", "--repack", "0"], tag=f"a_peer_norepack_{rnd}")
+            results.append(("a no-repack", rnd, p))
+            print(json.dumps({k: v for k, v in p.items() if k != "cmd"}), flush=True)
 
     if "b" not in skip:
         limit = a.limit_mib * 2**20
@@ -187,7 +192,7 @@ def main():
         for rnd in range(a.rounds):
             evict([a.model_b, a.gguf_b])
             cg.reset()
-            o = ours(a, a.model_b, prompt_b, a.b_tokens, ["--memory-gb", f"{limit / 1e9:.3f}"], cg=cg, tag=f"b_ours_{rnd}")
+            o = ours(a, a.model_b, prompt_b, a.b_tokens, ["--memory-gb", f"{limit / 1e9:.3f}", "--plan-context", "512"], cg=cg, tag=f"b_ours_{rnd}")
             o.update(cg.stats())
             results.append(("b", rnd, o))
             print(json.dumps({k: v for k, v in o.items() if k != "cmd"}), flush=True)
