@@ -52,4 +52,4 @@ prompt_file=../shared/corpus/shakespeare.txt
 exec "$py" tools/peer/bench_peer.py --slotstream "$CARGO_TARGET_DIR/release/slotstream" --llama-bin "$LB" \
   --model-a "$M/moe-a" --gguf-a "$M/moe-a-$QTYPE.gguf" --experts-a 32 \
   --model-b "$M/moe-b14" --gguf-b "$M/moe-b14-$QTYPE.gguf" \
-  --limit-mib "$LIMIT_MIB" --rounds "$ROUNDS" --prompt-file "$prompt_file" --skip "${SKIP:-}"
+  --b-experts-per-layer "${B_EXPERTS_PER_LAYER:-11}" --limit-mib "$LIMIT_MIB" --rounds "$ROUNDS" --prompt-file "$prompt_file" --skip "${SKIP:-}"

@@ -86,7 +86,7 @@ def run_timed(cmd, tag, outdir, timeout):
     tv = os.path.join(outdir, f"{tag}.time")
     t0 = time.time()
     try:
-        r = subprocess.run(["/usr/bin/time", "-v", "-o", tv] + cmd, capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(["/usr/bin/time", "-v", "-o", tv] + cmd, capture_output=True, text=True, errors="replace", timeout=timeout)
         rc, out, err = r.returncode, r.stdout, r.stderr
     except subprocess.TimeoutExpired as e:
         rc, out, err = "timeout", (e.stdout or b"").decode(errors="replace"), (e.stderr or b"").decode(errors="replace")
@@ -136,6 +136,26 @@ def peer(a, gguf, p, n, extra, cg=None, tag="peer"):
     return res
 
 
+def peer_completion(a, gguf, prompt, n, extra, cg=None, tag="peer_completion"):
+    """llama-completion, greedy, the same prompt text as ours: the same token stream
+    (llama-bench's tg feeds random token ids, which route differently)."""
+    cmd = [os.path.join(a.llama_bin, "llama-completion"), "-m", gguf, "-p", prompt, "-n", str(n),
+           "--temp", "0", "--ignore-eos", "-no-cnv", "-t", str(a.threads), "-c", "512"] + extra
+    if cg:
+        cmd = cg.wrap(cmd)
+    r = run_timed(cmd, tag, a.outdir, a.timeout)
+    res = {"engine": "llama.cpp (completion)", "cmd": cmd, "max_rss": r["max_rss"], "status": r["status"], "wall_s": r["wall_s"]}
+    pe = re.search(r"prompt eval time =\s*[\d.]+ ms /\s*(\d+) tokens.*?([\d.]+) tokens per second", r["stderr"])
+    ev = re.search(r"\beval time =\s*[\d.]+ ms /\s*(\d+) runs.*?([\d.]+) tokens per second", r["stderr"])
+    if pe:
+        res.update(prompt_tokens=int(pe.group(1)), prefill=float(pe.group(2)))
+    if ev:
+        res.update(gen_tokens=int(ev.group(1)), decode=float(ev.group(2)))
+    if not ev and r["status"] in (0, None):
+        res["error"] = f"no timings: rc={r['rc']} {r['stderr'][-400:]}"
+    return res
+
+
 def fmt(x, nd=1):
     return "—" if x is None else f"{x:.{nd}f}"
 
@@ -159,6 +179,7 @@ def main():
     ap.add_argument("--prompt-file", required=True)
     ap.add_argument("--b-tokens", type=int, default=32)
     ap.add_argument("--b-peer-tokens", type=int, default=16)
+    ap.add_argument("--b-experts-per-layer", type=int, default=0, help="also run ours with this pool (0: skip)")
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--outdir", default="/tmp/slotstream-peer/bench")
     ap.add_argument("--skip", default="", help="comma list of a,b to skip")
@@ -198,9 +219,24 @@ def main():
             print(json.dumps({k: v for k, v in o.items() if k != "cmd"}), flush=True)
             evict([a.model_b, a.gguf_b])
             cg.reset()
-            p = peer(a, a.gguf_b, 0, a.b_peer_tokens, ["-r", "1", "--repack", "0", "-lm", "mmap"], cg=cg, tag=f"b_peer_{rnd}")
+            p = peer_completion(a, a.gguf_b, prompt_b, a.b_tokens, ["-nr", "-lm", "mmap", "--no-warmup"], cg=cg, tag=f"b_peer_completion_{rnd}")
             p.update(cg.stats())
             results.append(("b", rnd, p))
+            print(json.dumps({k: v for k, v in p.items() if k != "cmd"}), flush=True)
+            if a.b_experts_per_layer:
+                # The planner reserves 400 MB for the runtime; a pool sized by hand shows
+                # what the same limit allows when that reserve is closer to the real use.
+                evict([a.model_b, a.gguf_b])
+                cg.reset()
+                o = ours(a, a.model_b, prompt_b, a.b_tokens, ["--experts-per-layer", str(a.b_experts_per_layer)], cg=cg, tag=f"b_ours_epl_{rnd}")
+                o.update(cg.stats())
+                results.append((f"b, --experts-per-layer {a.b_experts_per_layer}", rnd, o))
+                print(json.dumps({k: v for k, v in o.items() if k != "cmd"}), flush=True)
+            evict([a.model_b, a.gguf_b])
+            cg.reset()
+            p = peer(a, a.gguf_b, 0, a.b_peer_tokens, ["-r", "1", "--repack", "0", "-lm", "mmap"], cg=cg, tag=f"b_peer_{rnd}")
+            p.update(cg.stats())
+            results.append(("b, llama-bench tg (random token ids)", rnd, p))
             print(json.dumps({k: v for k, v in p.items() if k != "cmd"}), flush=True)
         # Once: llama.cpp with its default weight repacking (anonymous copies) under the same limit.
         evict([a.gguf_b])
