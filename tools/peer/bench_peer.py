@@ -85,11 +85,16 @@ class Cgroup:
 def run_timed(cmd, tag, outdir, timeout):
     tv = os.path.join(outdir, f"{tag}.time")
     t0 = time.time()
+    # Own process group, so that a timeout stops the engine too, not only /usr/bin/time.
+    pr = subprocess.Popen(["/usr/bin/time", "-v", "-o", tv] + cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, errors="replace", start_new_session=True)
     try:
-        r = subprocess.run(["/usr/bin/time", "-v", "-o", tv] + cmd, capture_output=True, text=True, errors="replace", timeout=timeout)
-        rc, out, err = r.returncode, r.stdout, r.stderr
-    except subprocess.TimeoutExpired as e:
-        rc, out, err = "timeout", (e.stdout or b"").decode(errors="replace"), (e.stderr or b"").decode(errors="replace")
+        out, err = pr.communicate(timeout=timeout)
+        rc = pr.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(pr.pid, 15)
+        out, err = pr.communicate()
+        rc = "timeout"
     wall = time.time() - t0
     with open(os.path.join(outdir, f"{tag}.log"), "w") as f:
         f.write(" ".join(cmd) + "\n--- stdout\n" + out + "\n--- stderr\n" + err)
@@ -116,12 +121,14 @@ def ours(a, model, prompt, max_tokens, mem_args, cg=None, tag="ours"):
     return res
 
 
-def peer(a, gguf, p, n, extra, cg=None, tag="peer"):
+def peer(a, gguf, p, n, extra, cg=None, tag="peer", timeout=None):
     cmd = [os.path.join(a.llama_bin, "llama-bench"), "-m", gguf, "-p", str(p), "-n", str(n),
            "-t", str(a.threads), "-o", "json"] + extra
     if cg:
         cmd = cg.wrap(cmd)
-    r = run_timed(cmd, tag, a.outdir, a.timeout)
+    r = run_timed(cmd, tag, a.outdir, timeout or a.timeout)
+    if r["rc"] == "timeout":
+        r["status"] = f"stopped after {timeout or a.timeout} s"
     res = {"engine": "llama.cpp", "cmd": cmd, "max_rss": r["max_rss"], "status": r["status"], "wall_s": r["wall_s"]}
     try:
         rows = json.loads(r["stdout"][r["stdout"].index("["):])
@@ -241,7 +248,7 @@ def main():
         # Once: llama.cpp with its default weight repacking (anonymous copies) under the same limit.
         evict([a.gguf_b])
         cg.reset()
-        p = peer(a, a.gguf_b, 0, a.b_peer_tokens, ["-r", "1"], cg=cg, tag="b_peer_repack")
+        p = peer(a, a.gguf_b, 0, a.b_peer_tokens, ["-r", "1"], cg=cg, tag="b_peer_repack", timeout=180)
         p.update(cg.stats())
         results.append(("b-repack", 0, p))
         print(json.dumps({k: v for k, v in p.items() if k != "cmd"}), flush=True)
