@@ -1,0 +1,327 @@
+#!/usr/bin/env python3
+"""Write a llama.cpp GGUF (F16 or F32) from a qwen3_moe safetensors checkpoint, without torch.
+
+Reads the checkpoint's safetensors files directly (header + memory-mapped data) and
+writes the GGUF with the `gguf` package (the copy bundled with llama.cpp at
+vendor/llama.cpp/gguf-py, found through --gguf-py or $GGUF_PY, or an installed
+`gguf`). MLX affine-quantized tensors (`X.weight` as uint32 words + `X.scales` +
+`X.biases`) are dequantized, w = scale * q + bias, so llama.cpp runs the same
+weights as slotstream; plain BF16/F16/F32 tensors are taken as they are.
+Quantize the result with llama.cpp's own tool afterwards, e.g.
+
+    python3 tools/peer/to_gguf.py --model /tmp/synth-moe --out /tmp/m-f16.gguf
+    llama-quantize --pure /tmp/m-f16.gguf /tmp/m-q4_0.gguf Q4_0
+
+What llama.cpp expects (learned from its convert_hf_to_gguf.py / conversion/qwen.py
+and src/models/qwen3moe.cpp; nothing copied):
+  * architecture "qwen3moe"; keys qwen3moe.{block_count, context_length,
+    embedding_length, feed_forward_length, expert_feed_forward_length,
+    attention.head_count, attention.head_count_kv, attention.key_length,
+    attention.value_length, attention.layer_norm_rms_epsilon, rope.freq_base,
+    expert_count, expert_used_count}, general.file_type;
+  * a GGUF shape lists dimensions innermost first, so a row-major numpy array of
+    shape (out, in) — the HF/MLX Linear layout — is ggml's {in, out}, which is what
+    llama.cpp wants: token_embd {n_embd, n_vocab}, ffn_gate_exps/ffn_up_exps
+    {n_embd, n_ff_exp, n_expert} (numpy (E, ff, embd), MLX switch_mlp layout),
+    ffn_down_exps {n_ff_exp, n_embd, n_expert};
+  * 1-D tensors, norms and the router (ffn_gate_inp) stay F32;
+  * tokenizer: model "gpt2" (byte-level BPE), pre "qwen2", tokens padded with
+    "[PADn]" (type UNUSED) up to the embedding's row count, token types, merges
+    as "left right" strings (llama.cpp refuses a BPE vocabulary without merges).
+"""
+
+import argparse
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def import_gguf(path):
+    for p in [path, os.environ.get("GGUF_PY"), "/tmp/slotstream-peer/llama.cpp/gguf-py"]:
+        if p and os.path.isdir(p):
+            sys.path.insert(0, p)
+            break
+    import gguf  # noqa: E402
+    return gguf
+
+
+# ---------------------------------------------------------------- safetensors
+
+ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "U32": np.uint32,
+             "I32": np.int32, "U8": np.uint8, "I8": np.int8, "F64": np.float64}
+
+
+class Checkpoint:
+    """All tensors of a (possibly sharded) safetensors checkpoint, memory-mapped."""
+
+    def __init__(self, model_dir):
+        self.dir = model_dir
+        self.index = {}  # name -> (file, dtype, shape, offset)
+        files = sorted(f for f in os.listdir(model_dir) if f.endswith(".safetensors"))
+        if not files:
+            sys.exit(f"no .safetensors files in {model_dir}")
+        self.maps = {}
+        for f in files:
+            path = os.path.join(model_dir, f)
+            with open(path, "rb") as fh:
+                (n,) = struct.unpack("<Q", fh.read(8))
+                header = json.loads(fh.read(n))
+            base = 8 + n
+            for name, info in header.items():
+                if name == "__metadata__":
+                    continue
+                s, e = info["data_offsets"]
+                self.index[name] = (path, info["dtype"], tuple(info["shape"]), base + s, e - s)
+
+    def has(self, name):
+        return name in self.index
+
+    def raw(self, name):
+        path, dtype, shape, off, nbytes = self.index[name]
+        if path not in self.maps:
+            self.maps[path] = np.memmap(path, dtype=np.uint8, mode="r")
+        buf = self.maps[path][off:off + nbytes]
+        return buf.view(ST_DTYPES[dtype]).reshape(shape), dtype
+
+    def float(self, name):
+        a, dtype = self.raw(name)
+        if dtype == "BF16":
+            return (a.astype(np.uint32) << 16).view(np.float32)
+        return a.astype(np.float32)
+
+
+def dequant_mlx(ck, base, bits, group):
+    """MLX affine: uint32 words hold 32/bits values, lowest bits first, along the
+    input dim; groups of `group` inputs share one scale and one bias (bf16)."""
+    w, _ = ck.raw(base + ".weight")
+    scales = ck.float(base + ".scales")
+    biases = ck.float(base + ".biases")
+    per = 32 // bits
+    mask = (1 << bits) - 1
+    lead = w.shape[:-1]
+    cols = w.shape[-1] * per
+    out = np.empty(lead + (cols,), dtype=np.float32)
+    shifts = (np.arange(per, dtype=np.uint32) * bits)
+    # Row blocks keep the uint32 expansion small for multi-GB expert tensors.
+    w2 = w.reshape(-1, w.shape[-1])
+    o2 = out.reshape(-1, cols)
+    s2 = scales.reshape(-1, cols // group)
+    b2 = biases.reshape(-1, cols // group)
+    step = max(1, (1 << 22) // cols)
+    for r in range(0, w2.shape[0], step):
+        q = ((w2[r:r + step, :, None] >> shifts) & mask).reshape(-1, cols // group, group)
+        o2[r:r + step] = (q * s2[r:r + step, :, None] + b2[r:r + step, :, None]).reshape(-1, cols)
+    return out
+
+
+class Loader:
+    def __init__(self, ck, config):
+        self.ck = ck
+        q = config.get("quantization") or config.get("quantization_config") or {}
+        self.q = q
+
+    def _bits_group(self, base):
+        ov = self.q.get(base) if isinstance(self.q.get(base), dict) else {}
+        return ov.get("bits", self.q.get("bits", 4)), ov.get("group_size", self.q.get("group_size", 64))
+
+    def shape(self, base):
+        """Shape of what get() returns, from the headers alone."""
+        ck = self.ck
+        if ck.has(base + ".scales"):
+            bits, _ = self._bits_group(base)
+            s = ck.index[base + ".weight"][2]
+            return s[:-1] + (s[-1] * 32 // bits,)
+        name = base if ck.has(base) else base + ".weight"
+        return ck.index[name][2]
+
+    def get(self, base):
+        """Float32 array for module `base` (without `.weight`) or a plain tensor name."""
+        ck = self.ck
+        if ck.has(base + ".scales"):
+            bits, group = self._bits_group(base)
+            return dequant_mlx(ck, base, bits, group)
+        name = base if ck.has(base) else base + ".weight"
+        return ck.float(name)
+
+
+class T:
+    """One output tensor: its shape from the headers, its data on demand."""
+
+    def __init__(self, ld, base):
+        self.ld, self.base = ld, base
+
+    def shape(self):
+        return self.ld.shape(self.base)
+
+    def __call__(self):
+        return self.ld.get(self.base)
+
+
+class Stack:
+    """HF layout: per-expert 2-D tensors stacked into one 3-D tensor."""
+
+    def __init__(self, ld, bases):
+        self.ld, self.bases = ld, bases
+
+    def shape(self):
+        return (len(self.bases),) + tuple(self.ld.shape(self.bases[0]))
+
+    def __call__(self):
+        return np.stack([self.ld.get(b) for b in self.bases])
+
+
+# ---------------------------------------------------------------- tokenizer
+
+def bytes_to_unicode_chars():
+    # Byte-level BPE alphabet (used only to detect which tokens look like bytes).
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c) for c in cs}
+
+
+def add_tokenizer(gguf, w, model_dir, n_vocab, config, pad_type=None):
+    tj = json.load(open(os.path.join(model_dir, "tokenizer.json"), encoding="utf-8"))
+    model = tj["model"]
+    if model["type"] != "BPE":
+        sys.exit(f"tokenizer model {model['type']} not handled (byte-level BPE only)")
+    tokens = [None] * n_vocab
+    types = [pad_type or gguf.TokenType.UNUSED] * n_vocab
+    for tok, i in model["vocab"].items():
+        if i < n_vocab:
+            tokens[i] = tok
+            types[i] = gguf.TokenType.NORMAL
+    for at in tj.get("added_tokens", []):
+        i = at["id"]
+        if i < n_vocab:
+            tokens[i] = at["content"]
+            types[i] = gguf.TokenType.CONTROL if at.get("special") else gguf.TokenType.USER_DEFINED
+    for i in range(n_vocab):
+        if tokens[i] is None:
+            tokens[i] = f"[PAD{i}]"
+    merges = []
+    for m in model.get("merges", []):
+        merges.append(" ".join(m) if isinstance(m, list) else m)
+    if not merges:
+        sys.exit("a BPE vocabulary without merges cannot be loaded by llama.cpp")
+    w.add_tokenizer_model("gpt2")
+    # The synthetic/fixture tokenizer is not one llama.cpp recognises by hash;
+    # qwen2's pre-tokenizer regex is the one Qwen3 checkpoints use.
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    by_content = {t: i for i, t in enumerate(tokens)}
+    eos = by_content.get("<|im_end|>", by_content.get("<|endoftext|>"))
+    if eos is None:
+        eos = config.get("eos_token_id", 0)
+        eos = eos[0] if isinstance(eos, list) else eos
+    w.add_eos_token_id(int(eos))
+    if "<|endoftext|>" in by_content:
+        w.add_pad_token_id(by_content["<|endoftext|>"])
+    w.add_add_bos_token(False)
+
+
+# ---------------------------------------------------------------- model
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="checkpoint directory (config.json, *.safetensors, tokenizer.json)")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--outtype", choices=["f16", "f32"], default="f16")
+    ap.add_argument("--gguf-py", default=None, help="path of llama.cpp's gguf-py (default: $GGUF_PY or /tmp/slotstream-peer/llama.cpp/gguf-py)")
+    ap.add_argument("--visible-pad", action="store_true",
+                    help="mark the [PADn] tokens NORMAL so generated text shows them (for comparing greedy ids)")
+    a = ap.parse_args()
+    gguf = import_gguf(a.gguf_py)
+
+    cfg = json.load(open(os.path.join(a.model, "config.json")))
+    if cfg.get("model_type") != "qwen3_moe":
+        sys.exit(f"model_type {cfg.get('model_type')!r}: only qwen3_moe is written so far")
+    ck = Checkpoint(a.model)
+    ld = Loader(ck, cfg)
+    wdt = np.float16 if a.outtype == "f16" else np.float32
+    ftype = gguf.LlamaFileType.MOSTLY_F16 if a.outtype == "f16" else gguf.LlamaFileType.ALL_F32
+
+    n_layer = cfg["num_hidden_layers"]
+    h = cfg["hidden_size"]
+    head_dim = cfg.get("head_dim", h // cfg["num_attention_heads"])
+    n_vocab = ck.index["model.embed_tokens.weight"][2][0]
+
+    w = gguf.GGUFWriter(a.out, "qwen3moe")
+    w.add_name(os.path.basename(os.path.normpath(a.model)))
+    w.add_block_count(n_layer)
+    w.add_context_length(cfg.get("max_position_embeddings", 32768))
+    w.add_embedding_length(h)
+    w.add_feed_forward_length(cfg.get("intermediate_size", cfg["moe_intermediate_size"]))
+    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_freq_base(float(cfg.get("rope_theta", 1e6)))
+    w.add_layer_norm_rms_eps(float(cfg.get("rms_norm_eps", 1e-6)))
+    w.add_expert_count(cfg["num_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_file_type(ftype)
+    add_tokenizer(gguf, w, a.model, n_vocab, cfg, gguf.TokenType.NORMAL if a.visible_pad else None)
+
+    # (gguf name, producer, keep f32)
+    plan = [("token_embd.weight", T(ld, "model.embed_tokens"), False)]
+    for l in range(n_layer):
+        p = f"model.layers.{l}"
+        b = f"blk.{l}"
+        plan += [
+            (f"{b}.attn_norm.weight", T(ld, f"{p}.input_layernorm.weight"), True),
+            (f"{b}.attn_q.weight", T(ld, f"{p}.self_attn.q_proj"), False),
+            (f"{b}.attn_k.weight", T(ld, f"{p}.self_attn.k_proj"), False),
+            (f"{b}.attn_v.weight", T(ld, f"{p}.self_attn.v_proj"), False),
+            (f"{b}.attn_output.weight", T(ld, f"{p}.self_attn.o_proj"), False),
+            (f"{b}.attn_q_norm.weight", T(ld, f"{p}.self_attn.q_norm.weight"), True),
+            (f"{b}.attn_k_norm.weight", T(ld, f"{p}.self_attn.k_norm.weight"), True),
+            (f"{b}.ffn_norm.weight", T(ld, f"{p}.post_attention_layernorm.weight"), True),
+            (f"{b}.ffn_gate_inp.weight", T(ld, f"{p}.mlp.gate"), True),
+        ]
+        for proj, gname in [("gate_proj", "ffn_gate_exps"), ("up_proj", "ffn_up_exps"), ("down_proj", "ffn_down_exps")]:
+            if ck.has(f"{p}.mlp.switch_mlp.{proj}.weight"):
+                plan.append((f"{b}.{gname}.weight", T(ld, f"{p}.mlp.switch_mlp.{proj}"), False))
+            else:  # HF layout: one tensor per expert, stacked here
+                n_exp = cfg["num_experts"]
+                plan.append((f"{b}.{gname}.weight", Stack(ld, [f"{p}.mlp.experts.{e}.{proj}" for e in range(n_exp)]), False))
+    plan.append(("output_norm.weight", T(ld, "model.norm.weight"), True))
+    if ck.has("lm_head.weight"):
+        plan.append(("output.weight", T(ld, "lm_head"), False))
+
+    # Tensor infos precede the data: shapes from the headers, then one tensor at a time.
+    infos = []
+    for name, fn, keep32 in plan:
+        shape = tuple(fn.shape())
+        dt = np.float32 if (keep32 or len(shape) <= 1) else wdt
+        infos.append((name, shape, dt))
+        w.add_tensor_info(name, shape, np.dtype(dt), int(np.prod(shape)) * np.dtype(dt).itemsize)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    n_params = 0
+    for (name, fn, _), (_, shape, dt) in zip(plan, infos):
+        arr = np.ascontiguousarray(fn().astype(dt, copy=False))
+        assert arr.shape == shape, (name, arr.shape, shape)
+        n_params += arr.size
+        w.write_tensor_data(arr)
+        del arr
+    w.close()
+    print(json.dumps({"out": a.out, "bytes": os.path.getsize(a.out), "params": n_params, "n_vocab": n_vocab}))
+
+
+if __name__ == "__main__":
+    main()
