@@ -428,7 +428,7 @@ fn doctor(args: DoctorArgs) -> Result<()> {
             serde_json::json!({
                 "experts_per_layer": n,
                 "pool_gb": slots as f64 * costs.expert_record_bytes as f64 / 1e9,
-                "peak_gb": (costs.fixed_bytes(args.memory.plan_context) + plan::RUNTIME_OVERHEAD_BYTES + slots as u64 * costs.expert_record_bytes) as f64 / 1e9,
+                "peak_gb": (costs.fixed_bytes(args.memory.plan_context) + costs.runtime_bytes() + slots as u64 * costs.expert_record_bytes) as f64 / 1e9,
                 "decode_tokens_per_second_estimate": costs.estimate_decode_tokens_per_second(slots, &machine),
             })
         })

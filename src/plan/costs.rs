@@ -22,6 +22,7 @@ pub struct ModelCosts {
     pub moe_layers: usize,
     pub experts_per_layer: usize,
     pub top_k: usize,
+    pub hidden_size: usize,
     /// KV cache bytes per token of context (f32 keys and values).
     pub kv_bytes_per_token: u64,
     /// Recurrent and convolution state, independent of context length.
@@ -42,6 +43,15 @@ impl ModelCosts {
     /// The smallest pool the engine can run with: one token's experts.
     pub fn engine_min_slots(&self) -> usize {
         crate::experts::ExpertCache::min_slots(self.top_k)
+    }
+
+    /// Runtime memory besides weights, caches and the pool: a fixed base plus
+    /// the activations of one prefill chunk (about 24 hidden-sized f32 rows
+    /// per token through a layer, and the per-expert outputs of a MoE call).
+    pub fn runtime_bytes(&self) -> u64 {
+        let chunk = crate::generate::DEFAULT_PREFILL_CHUNK as u64;
+        let per_token = (24 + 3 * self.top_k as u64) * self.hidden_size as u64 * 4;
+        super::RUNTIME_BASE_BYTES + chunk * per_token
     }
 
     /// Memory that does not depend on the pool size.
@@ -100,6 +110,7 @@ impl ModelCosts {
             moe_layers,
             experts_per_layer: c.num_experts,
             top_k: c.num_experts_per_tok,
+            hidden_size: c.hidden_size,
             kv_bytes_per_token: kv,
             state_bytes: state,
             extra_bytes: 0,
@@ -117,6 +128,7 @@ impl ModelCosts {
             moe_layers: 48,
             experts_per_layer: 512,
             top_k: 10,
+            hidden_size: 2560,
             // 12 full-attention layers x K and V x 2 KV heads x 256 x f32.
             kv_bytes_per_token: 12 * 2 * 2 * 256 * 4,
             // 36 DeltaNet layers: 48 heads x 128 x 128 f32 state + a 3-step conv window.

@@ -25,8 +25,9 @@ pub const GB: f64 = 1e9;
 pub const KNEE_FRACTION: f64 = 0.40;
 /// Experts per layer below which auto never goes (the reference floor).
 pub const FLOOR_EXPERTS_PER_LAYER: usize = 14;
-/// Activations, scratch buffers, allocator slack and the runtime itself.
-pub const RUNTIME_OVERHEAD_BYTES: u64 = 400_000_000;
+/// The runtime itself, thread stacks, read buffers in flight and allocator
+/// slack; activations come on top (see [`ModelCosts::runtime_bytes`]).
+pub const RUNTIME_BASE_BYTES: u64 = 200_000_000;
 
 /// What the user asked for.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -92,7 +93,7 @@ fn gb(b: u64) -> f64 {
 pub fn plan(model: &ModelCosts, machine: &MachineMemory, req: &PlanRequest) -> Result<Plan, PlanError> {
     let total_experts = model.total_experts();
     let record = model.expert_record_bytes.max(1);
-    let fixed = model.fixed_bytes(req.context_tokens) + RUNTIME_OVERHEAD_BYTES;
+    let fixed = model.fixed_bytes(req.context_tokens) + model.runtime_bytes();
     let engine_min = model.engine_min_slots();
     let floor_slots = (FLOOR_EXPERTS_PER_LAYER.max(model.top_k).min(model.experts_per_layer)) * model.moe_layers;
     let bytes_for = |slots: usize| fixed + slots as u64 * record;
@@ -156,7 +157,14 @@ pub fn plan(model: &ModelCosts, machine: &MachineMemory, req: &PlanRequest) -> R
             };
             return Err(PlanError::TooSmall { knob, value, slots, min: engine_min, min_gb: gb(bytes_for(engine_min)) });
         }
-        if slots < floor_slots {
+        if slots < model.moe_layers * model.top_k.min(model.experts_per_layer) {
+            notes.push(format!(
+                "{slots} slots are fewer than one token's experts across all MoE layers ({} x {}): \
+                 every expert will be read from disk for every token",
+                model.moe_layers,
+                model.top_k
+            ));
+        } else if slots < floor_slots {
             notes.push(format!(
                 "{} is below the recommended floor of {} experts per layer: expect many expert reads per token",
                 mode.label(),
