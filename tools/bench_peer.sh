@@ -5,7 +5,7 @@
 #   SKIP=b tools/bench_peer.sh          # only (a); SKIP=a: only (b)
 #
 # Needs root (cgroup v1 memory controller at /sys/fs/cgroup/memory) for (b).
-# Builds: slotstream release binary ($CARGO_TARGET_DIR, default /work/target-peer),
+# Builds: slotstream release binary ($CARGO_TARGET_DIR, default ./target),
 # llama.cpp via tools/peer/build_llama_cpp.sh under $PEER_DIR (default /tmp/slotstream-peer).
 # Models (written once under $PEER_DIR/models):
 #   a: synthetic qwen3_moe hidden 1024, 8 layers, 32 experts top-4, moe_inter 512,
@@ -18,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PEER_DIR=${PEER_DIR:-/tmp/slotstream-peer}
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/work/target-peer}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 LIMIT_MIB=${LIMIT_MIB:-768}
 ROUNDS=${ROUNDS:-2}
 QTYPE=${QTYPE:-Q4_0}
