@@ -38,8 +38,6 @@ import sys
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
 
 def import_gguf(path):
     for p in [path, os.environ.get("GGUF_PY"), "/tmp/slotstream-peer/llama.cpp/gguf-py"]:
@@ -176,19 +174,6 @@ class Stack:
 
 
 # ---------------------------------------------------------------- tokenizer
-
-def bytes_to_unicode_chars():
-    # Byte-level BPE alphabet (used only to detect which tokens look like bytes).
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c) for c in cs}
-
 
 def add_tokenizer(gguf, w, model_dir, n_vocab, config, pad_type=None):
     tj = json.load(open(os.path.join(model_dir, "tokenizer.json"), encoding="utf-8"))
