@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write a llama.cpp GGUF (F16 or F32) from a qwen3_moe safetensors checkpoint, without torch.
+"""Write a llama.cpp GGUF (F16 or F32) from a qwen3_moe or qwen3_next safetensors checkpoint, without torch.
 
 Reads the checkpoint's safetensors files directly (header + memory-mapped data) and
 writes the GGUF with the `gguf` package (the copy bundled with llama.cpp at
