@@ -180,6 +180,9 @@ def main():
     ap.add_argument("--model-b", required=True)
     ap.add_argument("--gguf-b", required=True)
     ap.add_argument("--experts-a", type=int, required=True)
+    ap.add_argument("--model-next", default=None, help="optional qwen3_next model for a second resident comparison")
+    ap.add_argument("--gguf-next", default=None)
+    ap.add_argument("--experts-next", type=int, default=0)
     ap.add_argument("--limit-mib", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
@@ -189,29 +192,33 @@ def main():
     ap.add_argument("--b-experts-per-layer", type=int, default=0, help="also run ours with this pool (0: skip)")
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--outdir", default="/tmp/slotstream-peer/bench")
-    ap.add_argument("--skip", default="", help="comma list of a,b to skip")
+    ap.add_argument("--skip", default="", help="comma list of a,next,b to skip")
     a = ap.parse_args()
     os.makedirs(a.outdir, exist_ok=True)
     skip = set(filter(None, a.skip.split(",")))
     results = []
 
-    if "a" not in skip:
+    def resident(label, model, gguf, experts):
         # Calibrate a ~512-token prompt for our tokenizer (llama-bench uses 512 tokens).
         text = open(a.prompt_file, encoding="utf-8").read()
-        cal = ours(a, a.model_a, text[:2000], 1, ["--experts-per-layer", str(a.experts_a)], tag="a_calibrate")
-        nchar = int(2000 * 512 / cal["prompt_tokens"])
-        prompt = text[:nchar]
+        cal = ours(a, model, text[:2000], 1, ["--experts-per-layer", str(experts)], tag=f"{label}_calibrate")
+        prompt = text[:int(2000 * 512 / cal["prompt_tokens"])]
         for rnd in range(a.rounds):
-            o = ours(a, a.model_a, prompt, 128, ["--experts-per-layer", str(a.experts_a)], tag=f"a_ours_{rnd}")
-            results.append(("a", rnd, o))
+            o = ours(a, model, prompt, 128, ["--experts-per-layer", str(experts)], tag=f"{label}_ours_{rnd}")
+            results.append((label, rnd, o))
             print(json.dumps({k: v for k, v in o.items() if k != "cmd"}), flush=True)
-            p = peer(a, a.gguf_a, 512, 128, ["-r", "3"], tag=f"a_peer_{rnd}")
-            results.append(("a", rnd, p))
+            p = peer(a, gguf, 512, 128, ["-r", "3"], tag=f"{label}_peer_{rnd}")
+            results.append((label, rnd, p))
             print(json.dumps({k: v for k, v in p.items() if k != "cmd"}), flush=True)
             # How much of llama.cpp's speed is its CPU weight repacking (Q4_0 -> interleaved rows).
-            p = peer(a, a.gguf_a, 512, 128, ["-r", "3", "--repack", "0"], tag=f"a_peer_norepack_{rnd}")
-            results.append(("a no-repack", rnd, p))
+            p = peer(a, gguf, 512, 128, ["-r", "3", "--repack", "0"], tag=f"{label}_peer_norepack_{rnd}")
+            results.append((f"{label} no-repack", rnd, p))
             print(json.dumps({k: v for k, v in p.items() if k != "cmd"}), flush=True)
+
+    if "a" not in skip:
+        resident("a", a.model_a, a.gguf_a, a.experts_a)
+    if "next" not in skip and a.model_next:
+        resident("a qwen3_next", a.model_next, a.gguf_next, a.experts_next)
 
     if "b" not in skip:
         limit = a.limit_mib * 2**20

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write a llama.cpp GGUF (F16 or F32) from a qwen3_moe safetensors checkpoint, without torch.
+"""Write a llama.cpp GGUF (F16 or F32) from a qwen3_moe or qwen3_next safetensors checkpoint, without torch.
 
 Reads the checkpoint's safetensors files directly (header + memory-mapped data) and
 writes the GGUF with the `gguf` package (the copy bundled with llama.cpp at
@@ -37,8 +37,6 @@ import struct
 import sys
 
 import numpy as np
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def import_gguf(path):
@@ -175,20 +173,80 @@ class Stack:
         return np.stack([self.ld.get(b) for b in self.bases])
 
 
+class Fn:
+    """A derived tensor: a shape and a function of the checkpoint."""
+
+    def __init__(self, shape, fn):
+        self._shape, self.fn = tuple(shape), fn
+
+    def shape(self):
+        return self._shape
+
+    def __call__(self):
+        return self.fn()
+
+
+def next_plan(ck, ld, cfg, n_layer, nk, nv, dk, dv):
+    """qwen3_next, as llama.cpp's qwen3next wants it (learned from conversion/qwen.py and
+    src/models/qwen3next.cpp). mlx-lm stores the decoder norms already shifted (plain
+    multipliers, what the GGUF holds after the converter's +1) and keeps the fused
+    projections in the transformers order, grouped per key head."""
+    h = cfg["hidden_size"]
+    r = nv // nk
+    plan = [("token_embd.weight", T(ld, "model.embed_tokens"), False)]
+    for l in range(n_layer):
+        p = f"model.layers.{l}"
+        b = f"blk.{l}"
+        plan += [
+            (f"{b}.attn_norm.weight", T(ld, f"{p}.input_layernorm.weight"), True),
+            (f"{b}.post_attention_norm.weight", T(ld, f"{p}.post_attention_layernorm.weight"), True),
+        ]
+        if ck.has(f"{p}.self_attn.q_proj.weight"):
+            a_ = f"{p}.self_attn"
+            plan += [
+                (f"{b}.attn_q.weight", T(ld, f"{a_}.q_proj"), False),  # per head [query, gate], as transformers
+                (f"{b}.attn_k.weight", T(ld, f"{a_}.k_proj"), False),
+                (f"{b}.attn_v.weight", T(ld, f"{a_}.v_proj"), False),
+                (f"{b}.attn_output.weight", T(ld, f"{a_}.o_proj"), False),
+                (f"{b}.attn_q_norm.weight", T(ld, f"{a_}.q_norm.weight"), True),
+                (f"{b}.attn_k_norm.weight", T(ld, f"{a_}.k_norm.weight"), True),
+            ]
+        else:
+            la = f"{p}.linear_attn"
+            per = [dk, dk, r * dv, r * dv]
+
+            def qkvz(la=la):
+                # rows grouped per key head [q k v z] -> [all q | all k | all v] and [all z]
+                w = ld.get(f"{la}.in_proj_qkvz").reshape(nk, sum(per), h)
+                q, k, v, z = np.split(w, np.cumsum(per)[:-1], axis=1)
+                return np.concatenate([x.reshape(-1, h) for x in (q, k, v)]), z.reshape(-1, h)
+
+            conv_dim = 2 * nk * dk + nv * dv
+            kk = cfg["linear_conv_kernel_dim"]
+            plan += [
+                (f"{b}.attn_qkv.weight", Fn((conv_dim, h), lambda f=qkvz: f()[0]), False),
+                (f"{b}.attn_gate.weight", Fn((nv * dv, h), lambda f=qkvz: f()[1]), False),
+                (f"{b}.ssm_ba.weight", T(ld, f"{la}.in_proj_ba"), False),
+                (f"{b}.ssm_conv1d.weight", Fn((conv_dim, kk), lambda la=la: ld.get(f"{la}.conv1d.weight").reshape(conv_dim, kk)), True),
+                (f"{b}.ssm_dt.bias", T(ld, f"{la}.dt_bias"), True),
+                (f"{b}.ssm_a", Fn((nv,), lambda la=la: -np.exp(ld.get(f"{la}.A_log"))), True),
+                (f"{b}.ssm_norm.weight", T(ld, f"{la}.norm.weight"), True),
+                (f"{b}.ssm_out.weight", T(ld, f"{la}.out_proj"), False),
+            ]
+        m = f"{p}.mlp"
+        plan.append((f"{b}.ffn_gate_inp.weight", T(ld, f"{m}.gate"), True))
+        for proj, gname in [("gate_proj", "ffn_gate_exps"), ("up_proj", "ffn_up_exps"), ("down_proj", "ffn_down_exps")]:
+            plan.append((f"{b}.{gname}.weight", T(ld, f"{m}.switch_mlp.{proj}"), False))
+        plan.append((f"{b}.ffn_gate_inp_shexp.weight", Fn((h,), lambda m=m: ld.get(f"{m}.shared_expert_gate").reshape(h)), True))
+        for proj, gname in [("gate_proj", "ffn_gate_shexp"), ("up_proj", "ffn_up_shexp"), ("down_proj", "ffn_down_shexp")]:
+            plan.append((f"{b}.{gname}.weight", T(ld, f"{m}.shared_expert.{proj}"), False))
+    plan.append(("output_norm.weight", T(ld, "model.norm.weight"), True))
+    if ck.has("lm_head.weight"):
+        plan.append(("output.weight", T(ld, "lm_head"), False))
+    return plan
+
+
 # ---------------------------------------------------------------- tokenizer
-
-def bytes_to_unicode_chars():
-    # Byte-level BPE alphabet (used only to detect which tokens look like bytes).
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c) for c in cs}
-
 
 def add_tokenizer(gguf, w, model_dir, n_vocab, config, pad_type=None):
     tj = json.load(open(os.path.join(model_dir, "tokenizer.json"), encoding="utf-8"))
@@ -246,8 +304,10 @@ def main():
     gguf = import_gguf(a.gguf_py)
 
     cfg = json.load(open(os.path.join(a.model, "config.json")))
-    if cfg.get("model_type") != "qwen3_moe":
-        sys.exit(f"model_type {cfg.get('model_type')!r}: only qwen3_moe is written so far")
+    family = cfg.get("model_type")
+    if family not in ("qwen3_moe", "qwen3_next"):
+        sys.exit(f"model_type {family!r}: only qwen3_moe and qwen3_next are written")
+    nxt = family == "qwen3_next"
     ck = Checkpoint(a.model)
     ld = Loader(ck, cfg)
     wdt = np.float16 if a.outtype == "f16" else np.float32
@@ -258,7 +318,7 @@ def main():
     head_dim = cfg.get("head_dim", h // cfg["num_attention_heads"])
     n_vocab = ck.index["model.embed_tokens.weight"][2][0]
 
-    w = gguf.GGUFWriter(a.out, "qwen3moe")
+    w = gguf.GGUFWriter(a.out, "qwen3next" if nxt else "qwen3moe")
     w.add_name(os.path.basename(os.path.normpath(a.model)))
     w.add_block_count(n_layer)
     w.add_context_length(cfg.get("max_position_embeddings", 32768))
@@ -275,6 +335,20 @@ def main():
     w.add_expert_used_count(cfg["num_experts_per_tok"])
     w.add_file_type(ftype)
     add_tokenizer(gguf, w, a.model, n_vocab, cfg, gguf.TokenType.NORMAL if a.visible_pad else None)
+    if nxt:
+        nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+        dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+        if dk != dv:
+            sys.exit("llama.cpp's qwen3next takes one head size for keys and values")
+        w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+        w.add_ssm_conv_kernel(cfg["linear_conv_kernel_dim"])
+        w.add_ssm_state_size(dk)
+        w.add_ssm_group_count(nk)
+        w.add_ssm_time_step_rank(nv)
+        w.add_ssm_inner_size(dv * nv)
+        w.add_full_attention_interval(cfg.get("full_attention_interval", 4))
+        w.add_rope_dimension_count(int(head_dim * cfg.get("partial_rotary_factor", 0.25)))
+        return write_tensors(w, a, next_plan(ck, ld, cfg, n_layer, nk, nv, dk, dv), wdt)
 
     # (gguf name, producer, keep f32)
     plan = [("token_embd.weight", T(ld, "model.embed_tokens"), False)]
@@ -302,6 +376,10 @@ def main():
     if ck.has("lm_head.weight"):
         plan.append(("output.weight", T(ld, "lm_head"), False))
 
+    write_tensors(w, a, plan, wdt)
+
+
+def write_tensors(w, a, plan, wdt):
     # Tensor infos precede the data: shapes from the headers, then one tensor at a time.
     infos = []
     for name, fn, keep32 in plan:
@@ -320,7 +398,7 @@ def main():
         w.write_tensor_data(arr)
         del arr
     w.close()
-    print(json.dumps({"out": a.out, "bytes": os.path.getsize(a.out), "params": n_params, "n_vocab": n_vocab}))
+    print(json.dumps({"out": a.out, "bytes": os.path.getsize(a.out), "params": n_params}))
 
 
 if __name__ == "__main__":
