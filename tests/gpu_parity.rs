@@ -11,13 +11,11 @@ mod common;
 
 use std::sync::atomic::Ordering;
 
-use common::{case, fixture, golden, rel_l2};
-use slotstream::generate::{Engine, GenerateRequest};
+use common::{case, check_against_oracle, fixture, golden};
+use slotstream::generate::Engine;
 use slotstream::model::{ExpertSlots, FeedForward, LoadOptions, Logits};
-use slotstream::sampling::{argmax, SamplingParams};
+use slotstream::sampling::argmax;
 use slotstream_wgpu::{AdapterChoice, WgpuBackend};
-
-const MAX_REL_L2: f64 = 1e-4;
 
 fn skip() -> bool {
     let skip = std::env::var("SLOTSTREAM_SKIP_GPU_TESTS").is_ok_and(|v| v == "1");
@@ -43,23 +41,7 @@ fn check_fixture(name: &str, slots: ExpertSlots) {
     if skip() {
         return;
     }
-    let e = gpu_engine(name, slots);
-    for case in golden(name).cases {
-        let mut state = e.new_state().unwrap();
-        let logits = e.prefill(&case.prompt_ids, &mut state).unwrap();
-        let err = rel_l2(&logits, &case.last_logits);
-        assert!(err <= MAX_REL_L2, "{name}/{} on {}: last-position logits rel L2 {err:.3e} > {MAX_REL_L2:e}", case.name, e.backend.name());
-        let req = GenerateRequest {
-            prompt_ids: case.prompt_ids.clone(),
-            max_tokens: case.greedy_ids.len(),
-            sampling: SamplingParams::default(),
-            stop: vec![],
-            ignore_eos: true,
-        };
-        let out = e.generate(&req, |_| std::ops::ControlFlow::Continue(())).unwrap();
-        assert_eq!(out.generated_ids, case.greedy_ids, "{name}/{}: wgpu greedy tokens differ from the oracle and the CPU backend", case.name);
-        eprintln!("{name}/{} ({slots:?}): rel L2 {err:.2e}, {} greedy tokens identical", case.name, out.generated_ids.len());
-    }
+    check_against_oracle(&gpu_engine(name, slots), name);
 }
 
 #[test]

@@ -12,12 +12,9 @@
 
 mod common;
 
-use common::{case, fixture, golden, rel_l2};
-use slotstream::generate::{Engine, GenerateRequest};
+use common::{case, check_against_oracle, fixture, golden, rel_l2, MAX_REL_L2};
+use slotstream::generate::Engine;
 use slotstream::model::Logits;
-use slotstream::sampling::SamplingParams;
-
-const MAX_REL_L2: f64 = 1e-4;
 
 fn engine(name: &str) -> Engine {
     Engine::load(&fixture(name), Box::new(slotstream_cpu::CpuBackend::new()), &Default::default())
@@ -29,23 +26,8 @@ fn check_fixture(name: &str) {
     for case in golden(name).cases {
         let ids = e.codec.encode(&case.prompt_text, false).expect("tokenize");
         assert_eq!(ids, case.prompt_ids, "{name}/{}: our tokenizer disagrees with the oracle's", case.name);
-
-        let mut state = e.new_state().unwrap();
-        let logits = e.prefill(&case.prompt_ids, &mut state).unwrap();
-        let err = rel_l2(&logits, &case.last_logits);
-        assert!(err <= MAX_REL_L2, "{name}/{}: last-position logits rel L2 {err:.3e} > {MAX_REL_L2:e}", case.name);
-
-        let req = GenerateRequest {
-            prompt_ids: case.prompt_ids.clone(),
-            max_tokens: case.greedy_ids.len(),
-            sampling: SamplingParams::default(),
-            stop: vec![],
-            ignore_eos: true,
-        };
-        let out = e.generate(&req, |_| std::ops::ControlFlow::Continue(())).unwrap();
-        assert_eq!(out.generated_ids, case.greedy_ids, "{name}/{}: greedy tokens differ from the oracle", case.name);
-        eprintln!("{name}/{}: rel L2 {err:.2e}, {} greedy tokens identical", case.name, out.generated_ids.len());
     }
+    check_against_oracle(&e, name);
 }
 
 #[test]

@@ -49,3 +49,30 @@ pub fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
     let den: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
     (num / den).sqrt()
 }
+
+/// Relative L2 the last-position logits may differ from the oracle's (see parity.rs).
+pub const MAX_REL_L2: f64 = 1e-4;
+
+/// Checks an engine on every golden case of a fixture: last-position logits
+/// within [`MAX_REL_L2`] and greedy tokens identical to the oracle's.
+pub fn check_against_oracle(e: &slotstream::generate::Engine, name: &str) {
+    use slotstream::generate::GenerateRequest;
+    use slotstream::sampling::SamplingParams;
+    let backend = e.backend.name();
+    for case in golden(name).cases {
+        let mut state = e.new_state().unwrap();
+        let logits = e.prefill(&case.prompt_ids, &mut state).unwrap();
+        let err = rel_l2(&logits, &case.last_logits);
+        assert!(err <= MAX_REL_L2, "{name}/{} on {backend}: last-position logits rel L2 {err:.3e} > {MAX_REL_L2:e}", case.name);
+        let req = GenerateRequest {
+            prompt_ids: case.prompt_ids.clone(),
+            max_tokens: case.greedy_ids.len(),
+            sampling: SamplingParams::default(),
+            stop: vec![],
+            ignore_eos: true,
+        };
+        let out = e.generate(&req, |_| std::ops::ControlFlow::Continue(())).unwrap();
+        assert_eq!(out.generated_ids, case.greedy_ids, "{name}/{} on {backend}: greedy tokens differ from the oracle", case.name);
+        eprintln!("{name}/{} on {backend}: rel L2 {err:.2e}, {} greedy tokens identical", case.name, out.generated_ids.len());
+    }
+}
