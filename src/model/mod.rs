@@ -247,19 +247,32 @@ pub fn load(dir: &Path, backend: &dyn Backend, opts: &LoadOptions) -> Result<Dec
         .with_context(|| format!("reading {} (is {} a model directory?)", config_path.display(), dir.display()))?;
     let config: serde_json::Value =
         serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", config_path.display()))?;
+    check_model_type(&config, &config_path)?;
     let model_type = config.get("model_type").and_then(|m| m.as_str()).unwrap_or("");
     let quant = QuantConfig::from_config(&config).with_context(|| format!("in {}", config_path.display()))?;
     let ck = Checkpoint::open(dir, quant)?;
     let result = match model_type {
         "qwen3_moe" => qwen3_moe::load(&config, &ck, backend, opts),
-        "qwen3_next" => qwen3_next::load(&config, &ck, backend, opts),
+        _ => qwen3_next::load(&config, &ck, backend, opts),
+    };
+    result.with_context(|| format!("loading the {model_type} model in {}", dir.display()))
+}
+
+/// Fails with a clear message unless `config.json` names a family we run.
+pub fn check_model_type(config: &serde_json::Value, config_path: &Path) -> Result<()> {
+    match config.get("model_type").and_then(|m| m.as_str()).unwrap_or("") {
+        "qwen3_moe" | "qwen3_next" => Ok(()),
         "" => bail!("{} has no 'model_type'", config_path.display()),
+        "qwen4_exp" => bail!(
+            "{} is Qwen3.8-Flash-Next (model_type qwen4_exp), whose architecture (hyper-connections, \
+             n-gram PLE, QSA attention) slotstream does not run yet; supported: qwen3_moe, qwen3_next",
+            config_path.display()
+        ),
         other => bail!(
             "model_type '{other}' in {} is not supported (supported: qwen3_moe, qwen3_next)",
             config_path.display()
         ),
-    };
-    result.with_context(|| format!("loading the {model_type} model in {}", dir.display()))
+    }
 }
 
 /// The parts every family shares: embeddings, final norm, head.

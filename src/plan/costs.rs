@@ -81,6 +81,7 @@ impl ModelCosts {
         let text = std::fs::read_to_string(&config_path).with_context(|| format!("reading {}", config_path.display()))?;
         let value: serde_json::Value =
             serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", config_path.display()))?;
+        crate::model::check_model_type(&value, &config_path)?;
         let c = MoeConfig::parse(&value)?;
         let ck = Checkpoint::open(dir, QuantConfig::from_config(&value)?)?;
         let routed = ck.bytes_where(is_routed_expert_tensor);
