@@ -38,7 +38,7 @@ impl Scales {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn at(&self, i: usize) -> f32 {
         match self {
             Scales::F32(v) => v[i],
