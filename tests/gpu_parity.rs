@@ -11,7 +11,7 @@ mod common;
 
 use std::sync::atomic::Ordering;
 
-use common::{case, check_against_oracle, fixture, golden};
+use common::{check_against_oracle, fixture, golden, run_json_matches_oracle};
 use slotstream::generate::Engine;
 use slotstream::model::{ExpertSlots, FeedForward, LoadOptions, Logits};
 use slotstream::sampling::argmax;
@@ -105,20 +105,7 @@ fn run_with_the_wgpu_backend_returns_the_oracle_greedy_ids() {
         return;
     }
     for name in ["qwen3_next_mlx4", "qwen3_moe_hf"] {
-        let case = case(name, "short");
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_slotstream"))
-            .args(["run", "--backend", "wgpu:software", "--raw", "--json", "--ignore-eos", "--max-tokens"])
-            .arg(case.greedy_ids.len().to_string())
-            .arg("--model")
-            .arg(fixture(name))
-            .arg("--prompt")
-            .arg(&case.prompt_text)
-            .output()
-            .expect("running slotstream");
-        assert!(out.status.success(), "slotstream run failed: {}", String::from_utf8_lossy(&out.stderr));
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("--json prints one JSON object");
-        let ids: Vec<u32> = serde_json::from_value(v["generated_ids"].clone()).unwrap();
-        assert_eq!(ids, case.greedy_ids, "{name}: `run --backend wgpu:software` greedy ids differ from the oracle");
+        let (_, v) = run_json_matches_oracle(name, "wgpu:software");
         assert!(v["backend"].as_str().unwrap_or("").starts_with("wgpu"), "{}", v["backend"]);
     }
 }

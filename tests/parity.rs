@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{case, check_against_oracle, fixture, golden, rel_l2, MAX_REL_L2};
+use common::{case, check_against_oracle, fixture, golden, rel_l2, run_json_matches_oracle, MAX_REL_L2};
 use slotstream::generate::Engine;
 use slotstream::model::Logits;
 
@@ -72,20 +72,7 @@ fn token_by_token_prefill_equals_chunked_prefill() {
 #[test]
 fn run_json_returns_oracle_greedy_ids() {
     for name in ["qwen3_next_mlx4", "qwen3_moe_hf"] {
-        let case = case(name, "short");
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_slotstream"))
-            .args(["run", "--raw", "--json", "--ignore-eos", "--max-tokens"])
-            .arg(case.greedy_ids.len().to_string())
-            .arg("--model")
-            .arg(fixture(name))
-            .arg("--prompt")
-            .arg(&case.prompt_text)
-            .output()
-            .expect("running slotstream");
-        assert!(out.status.success(), "slotstream run failed: {}", String::from_utf8_lossy(&out.stderr));
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("--json prints one JSON object");
-        let ids: Vec<u32> = serde_json::from_value(v["generated_ids"].clone()).unwrap();
-        assert_eq!(ids, case.greedy_ids, "{name}: `run --json` greedy ids differ from the oracle");
+        let (case, v) = run_json_matches_oracle(name, "cpu");
         let prompt: Vec<u32> = serde_json::from_value(v["prompt_ids"].clone()).unwrap();
         assert_eq!(prompt, case.prompt_ids);
         assert!(v["stats"]["decode_tokens_per_second"].is_number());

@@ -76,3 +76,24 @@ pub fn check_against_oracle(e: &slotstream::generate::Engine, name: &str) {
         eprintln!("{name}/{} on {backend}: rel L2 {err:.2e}, {} greedy tokens identical", case.name, out.generated_ids.len());
     }
 }
+
+/// Runs `slotstream run --json` on a fixture's short case with `backend`,
+/// checks that it succeeds and returns the oracle's greedy ids, and hands back
+/// the JSON for further checks.
+pub fn run_json_matches_oracle(name: &str, backend: &str) -> (Case, serde_json::Value) {
+    let case = case(name, "short");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_slotstream"))
+        .args(["run", "--backend", backend, "--raw", "--json", "--ignore-eos", "--max-tokens"])
+        .arg(case.greedy_ids.len().to_string())
+        .arg("--model")
+        .arg(fixture(name))
+        .arg("--prompt")
+        .arg(&case.prompt_text)
+        .output()
+        .expect("running slotstream");
+    assert!(out.status.success(), "slotstream run failed: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("--json prints one JSON object");
+    let ids: Vec<u32> = serde_json::from_value(v["generated_ids"].clone()).unwrap();
+    assert_eq!(ids, case.greedy_ids, "{name}: `run --backend {backend} --json` greedy ids differ from the oracle");
+    (case, v)
+}
