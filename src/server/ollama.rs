@@ -226,6 +226,25 @@ fn stream_ndjson(
     ndjson_response(lines)
 }
 
+/// The internal request for an Ollama generate or chat body.
+fn generation_request(
+    model: String,
+    prompt: PromptInput,
+    options: Option<Options>,
+    think: Option<bool>,
+) -> Result<GenerationRequest, ApiError> {
+    let m = map_options(options)?;
+    Ok(GenerationRequest {
+        model,
+        prompt,
+        max_tokens: m.max_tokens,
+        context_limit: m.context_limit,
+        sampling: m.sampling,
+        stop: m.stop,
+        think,
+    })
+}
+
 pub async fn generate(State(app): State<Arc<AppState>>, body: Body) -> Reply {
     let b: GenerateBody = parse_body(body)?;
     refuse_unsupported(&b.format, &b.images, b.logprobs)?;
@@ -246,16 +265,8 @@ pub async fn generate(State(app): State<Arc<AppState>>, body: Body) -> Reply {
             &json!({"model": model, "created_at": now(), "response": "", "done": true, "done_reason": "load"}),
         ));
     }
-    let m = map_options(b.options)?;
-    let req = GenerationRequest {
-        model: model.clone(),
-        prompt: PromptInput::Text { text: b.prompt, system: b.system, raw: b.raw, context },
-        max_tokens: m.max_tokens,
-        context_limit: m.context_limit,
-        sampling: m.sampling,
-        stop: m.stop,
-        think,
-    };
+    let prompt = PromptInput::Text { text: b.prompt, system: b.system, raw: b.raw, context };
+    let req = generation_request(model.clone(), prompt, b.options, think)?;
     let gen = start_generation(&app, req).await?;
     let object = move |ev: Event| -> Value {
         let mut obj = serde_json::Map::new();
@@ -325,16 +336,7 @@ pub async fn chat(State(app): State<Arc<AppState>>, body: Body) -> Reply {
                     "message": {"role": "assistant", "content": ""}, "done": true, "done_reason": "load"}),
         ));
     }
-    let m = map_options(b.options)?;
-    let req = GenerationRequest {
-        model: model.clone(),
-        prompt: PromptInput::Chat(messages),
-        max_tokens: m.max_tokens,
-        context_limit: m.context_limit,
-        sampling: m.sampling,
-        stop: m.stop,
-        think,
-    };
+    let req = generation_request(model.clone(), PromptInput::Chat(messages), b.options, think)?;
     let gen = start_generation(&app, req).await?;
     let object = move |ev: Event| -> Value {
         let mut obj = serde_json::Map::new();
