@@ -3,7 +3,7 @@
 //! and the routed-expert block with an optional sigmoid-gated shared expert.
 
 use anyhow::{Context, Result};
-use slotstream_backend::{Backend, HostMatrix, State, Tensor, TokenRoute, Weight};
+use slotstream_backend::{Backend, GateAct, HostMatrix, State, Tensor, TokenRoute, Weight};
 
 use crate::checkpoint::Checkpoint;
 use crate::experts::ExpertCache;
@@ -96,7 +96,7 @@ impl Attention {
         let k = b.rope(&k.reshape(&[tokens, kvh, hd])?, hd, self.rotary_dim, self.rope_theta, start)?;
         let q = q.reshape(&[tokens, h * hd])?;
         let k = k.reshape(&[tokens, kvh * hd])?;
-        let mut out = b.attention(&q, &k, &v, cache, h, (hd as f32).powf(-0.5))?;
+        let mut out = b.attention(&q, &k, &v, cache, h, (hd as f32).powf(-0.5), None)?;
         if let Some(gate) = gate {
             out = b.sigmoid_mul(&out, &gate)?;
         }
@@ -135,7 +135,7 @@ impl GatedDeltaNet {
 
     pub fn new_state(&self, b: &dyn Backend) -> Result<DeltaState> {
         Ok(DeltaState {
-            conv: b.new_conv_state(self.conv_channels(), self.conv_kernel)?,
+            conv: b.new_conv_state(self.conv_channels(), self.conv_kernel, 1)?,
             recurrent: b.new_recurrent_state(self.value_heads, self.key_dim, self.value_dim)?,
         })
     }
@@ -159,7 +159,7 @@ impl GatedDeltaNet {
         let k = b.l2_normalize(&k, self.key_dim, 1e-6, 1.0)?;
         let (g, beta) = b.delta_gates(&a, &beta_raw, &self.a_log, &self.dt_bias)?;
         let y = b.gated_delta(&q, &k, &v, &g, &beta, self.key_heads, &mut st.recurrent)?;
-        let y = b.rms_norm_gated(&y, &z, &self.norm, self.value_dim, self.eps)?;
+        let y = b.rms_norm_gated(&y, &z, &self.norm, self.value_dim, self.eps, GateAct::Silu)?;
         Ok(b.matmul(&y, &self.out_proj)?)
     }
 }

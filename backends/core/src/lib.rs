@@ -199,6 +199,55 @@ impl ExpertPool {
     }
 }
 
+/// Activation applied to the gate of [`Backend::rms_norm_gated`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GateAct {
+    /// `silu(z)` (qwen3_next).
+    Silu,
+    /// `sigmoid(z)` (qwen4_exp, `output_gate_type: sigmoid`).
+    Sigmoid,
+}
+
+/// Which keys each query of an attention call may see (QSA sparse attention).
+///
+/// Keys are grouped in blocks of `block` positions. Query `t` of the call has
+/// `per_query` entries `blocks[t*per_query..(t+1)*per_query]`:
+/// - if the first entry is [`KeySelection::DENSE`], the query attends causally
+///   to every key up to its own position;
+/// - otherwise it attends to the keys of the listed blocks (entries equal to
+///   [`KeySelection::UNUSED`] are ignored; listed blocks lie wholly at or
+///   before the query), plus its own trailing partial block: the keys from
+///   `((p+1)/block)*block` to its position `p`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeySelection {
+    pub block: usize,
+    pub per_query: usize,
+    pub blocks: Vec<u32>,
+}
+
+impl KeySelection {
+    pub const DENSE: u32 = u32::MAX - 1;
+    pub const UNUSED: u32 = u32::MAX;
+
+    /// Keys query `t` at position `pos` may attend to, in increasing order.
+    pub fn keys_of(&self, t: usize, pos: usize) -> Vec<usize> {
+        let row = &self.blocks[t * self.per_query..(t + 1) * self.per_query];
+        if row.first() == Some(&Self::DENSE) {
+            return (0..=pos).collect();
+        }
+        let mut keys: Vec<usize> = row
+            .iter()
+            .filter(|&&b| b != Self::UNUSED)
+            .flat_map(|&b| (b as usize * self.block)..((b as usize + 1) * self.block))
+            .filter(|&k| k <= pos)
+            .collect();
+        keys.extend(((pos + 1) / self.block * self.block)..=pos);
+        keys.sort_unstable();
+        keys.dedup();
+        keys
+    }
+}
+
 /// The operations model code needs. Every method is pure with respect to its
 /// tensor inputs (new tensors come back) except where a `&mut State` is passed.
 pub trait Backend: Send + Sync {
@@ -225,6 +274,23 @@ pub trait Backend: Send + Sync {
     /// `silu(gate) * up`.
     fn silu_mul(&self, gate: &Tensor, up: &Tensor) -> Result<Tensor>;
     fn silu(&self, x: &Tensor) -> Result<Tensor>;
+    /// `x * s`.
+    fn scale(&self, x: &Tensor, s: f32) -> Result<Tensor>;
+
+    // ---- hyper-connections (qwen4_exp) ----
+    /// `[rows, d]` -> `[rows, n*d]`: each row repeated `n` times side by side.
+    fn repeat_cols(&self, x: &Tensor, n: usize) -> Result<Tensor>;
+    /// Collapses `streams` streams to one: `mean_s sigmoid(mix[s]) * normed[s]`
+    /// for `normed, mix: [rows, streams*d]`, giving `[rows, d]`.
+    fn hc_mix(&self, normed: &Tensor, mix: &Tensor, streams: usize) -> Result<Tensor>;
+    /// Adds a block's output to every stream with its injection weight:
+    /// `h[s] + 2*sigmoid(logit_scale*logits[s]) * x` for `h: [rows, streams*d]`,
+    /// `x: [rows, d]`, `logits: [rows, streams]`.
+    fn hc_inject(&self, h: &Tensor, x: &Tensor, logits: &Tensor, logit_scale: f32) -> Result<Tensor>;
+    /// The PLE gate: per stream `g = key[s].query[s] / sqrt(d)`, then
+    /// `g = sign(g)*sqrt(max(|g|, 1e-6))`, output `sigmoid(g) * value` for
+    /// `key, query: [rows, streams*d]`, `value: [rows, d]`; gives `[rows, streams*d]`.
+    fn ple_gate(&self, key: &Tensor, query: &Tensor, value: &Tensor, streams: usize) -> Result<Tensor>;
 
     // ---- linear algebra ----
     /// Embedding rows for token ids: `[ids.len(), cols]`.
@@ -233,11 +299,15 @@ pub trait Backend: Send + Sync {
     fn matmul(&self, x: &Tensor, w: &Weight) -> Result<Tensor>;
 
     // ---- normalisation ----
-    /// RMSNorm over groups of `weight.len()` (or `dim`) values: `x / rms(x) * w`.
+    /// RMSNorm over groups of `dim` values: `x / rms(x) * w`. The weight has
+    /// `dim` values (the same for every group) or one value per column of `x`
+    /// (several groups per row, each with its own slice of the weight: the
+    /// per-stream norm of hyper-connections).
     fn rms_norm(&self, x: &Tensor, weight: Option<&Tensor>, dim: usize, eps: f32)
         -> Result<Tensor>;
-    /// `rms_norm(x) * w * silu(z)` over groups of `dim` values.
-    fn rms_norm_gated(&self, x: &Tensor, z: &Tensor, weight: &Tensor, dim: usize, eps: f32)
+    /// `rms_norm(x) * w * act(z)` over groups of `dim` values.
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm_gated(&self, x: &Tensor, z: &Tensor, weight: &Tensor, dim: usize, eps: f32, act: GateAct)
         -> Result<Tensor>;
     /// Scales each group of `dim` values to unit L2 norm (`x / sqrt(sum x^2 + eps)`),
     /// then multiplies by `scale`.
@@ -254,15 +324,19 @@ pub trait Backend: Send + Sync {
     fn kv_len(&self, cache: &State) -> Result<usize>;
     /// Appends `k, v: [tokens, kv_heads*head_dim]`, then attends causally:
     /// query `i` (at position `kv_len_before + i`) sees every key up to its own
-    /// position. `q: [tokens, heads*head_dim]`; returns `[tokens, heads*head_dim]`.
-    fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, cache: &mut State, heads: usize, scale: f32)
-        -> Result<Tensor>;
+    /// position, or only the keys `selection` allows it.
+    /// `q: [tokens, heads*head_dim]`; returns `[tokens, heads*head_dim]`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, cache: &mut State, heads: usize, scale: f32,
+        selection: Option<&KeySelection>) -> Result<Tensor>;
 
     // ---- Gated DeltaNet ----
-    fn new_conv_state(&self, channels: usize, kernel: usize) -> Result<State>;
+    /// State of a causal convolution whose taps are `dilation` steps apart.
+    fn new_conv_state(&self, channels: usize, kernel: usize, dilation: usize) -> Result<State>;
     /// Causal depthwise convolution over time of `x: [tokens, channels]` with
-    /// `weight: [channels, kernel]`, continuing from (and updating) the window of
-    /// the last `kernel-1` inputs held in `state`.
+    /// `weight: [channels, kernel]`: output `t` is `sum_j w[c, j] * in[t - (kernel-1-j)*dilation]`
+    /// (tap `kernel-1` multiplies the current input). It continues from (and
+    /// updates) the window of the last `(kernel-1)*dilation` inputs in `state`.
     fn causal_conv1d(&self, x: &Tensor, weight: &Tensor, state: &mut State) -> Result<Tensor>;
     fn new_recurrent_state(&self, heads: usize, key_dim: usize, value_dim: usize) -> Result<State>;
     /// Gates from the raw projections: `g = exp(-exp(a_log) * softplus(a + dt_bias))`,

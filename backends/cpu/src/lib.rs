@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 use slotstream_backend::{
-    shape_error, Backend, BackendError, ExpertAssignment, ExpertLayout, ExpertPool, HostExpert,
-    HostMatrix, Result, State, Tensor, Weight,
+    shape_error, Backend, BackendError, ExpertAssignment, ExpertLayout, ExpertPool, GateAct, HostExpert,
+    HostMatrix, KeySelection, Result, State, Tensor, Weight,
 };
 
 pub use matmul::{CpuWeight, Store};
@@ -87,10 +87,11 @@ impl KvCache {
     }
 }
 
-/// The last `kernel-1` inputs of a causal convolution, `[kernel-1, channels]`.
+/// The last `(kernel-1)*dilation` inputs of a causal convolution, `[.., channels]`.
 pub struct ConvState {
     channels: usize,
     kernel: usize,
+    dilation: usize,
     window: Vec<f32>,
 }
 
@@ -195,6 +196,73 @@ impl Backend for CpuBackend {
         Ok(tensor(data(x)?.iter().map(|v| silu(*v)).collect(), x.shape().to_vec()))
     }
 
+    fn scale(&self, x: &Tensor, s: f32) -> Result<Tensor> {
+        Ok(tensor(data(x)?.iter().map(|v| v * s).collect(), x.shape().to_vec()))
+    }
+
+    fn repeat_cols(&self, x: &Tensor, n: usize) -> Result<Tensor> {
+        let d = x.cols();
+        let out: Vec<f32> = data(x)?.chunks_exact(d.max(1)).flat_map(|row| (0..n).flat_map(move |_| row.iter().copied())).collect();
+        Ok(tensor(out, vec![x.rows(), n * d]))
+    }
+
+    fn hc_mix(&self, normed: &Tensor, mix: &Tensor, streams: usize) -> Result<Tensor> {
+        same_shape("hc_mix", normed, mix)?;
+        if streams == 0 || normed.cols() % streams != 0 {
+            return Err(shape_error("hc_mix", format!("{:?} is not {streams} streams", normed.shape())));
+        }
+        let (rows, d) = (normed.rows(), normed.cols() / streams);
+        let (nd, md) = (data(normed)?, data(mix)?);
+        let mut out = vec![0.0f32; rows * d];
+        out.par_chunks_mut(d).enumerate().for_each(|(r, o)| {
+            for s in 0..streams {
+                let base = r * streams * d + s * d;
+                for (j, o) in o.iter_mut().enumerate() {
+                    *o += sigmoid(md[base + j]) * nd[base + j];
+                }
+            }
+            o.iter_mut().for_each(|v| *v /= streams as f32);
+        });
+        Ok(tensor(out, vec![rows, d]))
+    }
+
+    fn hc_inject(&self, h: &Tensor, x: &Tensor, logits: &Tensor, logit_scale: f32) -> Result<Tensor> {
+        let (rows, streams, d) = (h.rows(), logits.cols(), x.cols());
+        if x.rows() != rows || logits.rows() != rows || h.cols() != streams * d {
+            return Err(shape_error("hc_inject", format!("h {:?}, x {:?}, logits {:?}", h.shape(), x.shape(), logits.shape())));
+        }
+        let (xd, ld) = (data(x)?, data(logits)?);
+        let mut out = data(h)?.to_vec();
+        out.par_chunks_mut(streams * d).enumerate().for_each(|(r, o)| {
+            for (s, chunk) in o.chunks_exact_mut(d).enumerate() {
+                let w = 2.0 * sigmoid(logit_scale * ld[r * streams + s]);
+                chunk.iter_mut().zip(&xd[r * d..(r + 1) * d]).for_each(|(o, x)| *o += w * x);
+            }
+        });
+        Ok(tensor(out, h.shape().to_vec()))
+    }
+
+    fn ple_gate(&self, key: &Tensor, query: &Tensor, value: &Tensor, streams: usize) -> Result<Tensor> {
+        same_shape("ple_gate", key, query)?;
+        let (rows, d) = (value.rows(), value.cols());
+        if key.rows() != rows || key.cols() != streams * d {
+            return Err(shape_error("ple_gate", format!("key {:?}, value {:?}, {streams} streams", key.shape(), value.shape())));
+        }
+        let (kd, qd, vd) = (data(key)?, data(query)?, data(value)?);
+        let inv_sqrt_d = 1.0 / (d as f32).sqrt();
+        let mut out = vec![0.0f32; rows * streams * d];
+        out.par_chunks_mut(streams * d).enumerate().for_each(|(r, o)| {
+            for (s, chunk) in o.chunks_exact_mut(d).enumerate() {
+                let base = r * streams * d + s * d;
+                let g = kd[base..base + d].iter().zip(&qd[base..base + d]).map(|(k, q)| k * q).sum::<f32>() * inv_sqrt_d;
+                let g = g.signum() * g.abs().max(1e-6).sqrt();
+                let w = sigmoid(g);
+                chunk.iter_mut().zip(&vd[r * d..(r + 1) * d]).for_each(|(o, v)| *o = w * v);
+            }
+        });
+        Ok(tensor(out, vec![rows, streams * d]))
+    }
+
     fn embed(&self, table: &Weight, ids: &[u32]) -> Result<Tensor> {
         let w = weight(table)?;
         let mut out = vec![0.0f32; ids.len() * w.cols];
@@ -222,26 +290,37 @@ impl Backend for CpuBackend {
     fn rms_norm(&self, x: &Tensor, w: Option<&Tensor>, dim: usize, eps: f32) -> Result<Tensor> {
         groups_of("rms_norm", x, dim)?;
         let wv = match w {
-            Some(w) if w.numel() == dim => Some(data(w)?),
-            Some(w) => return Err(shape_error("rms_norm", format!("weight {:?} for groups of {dim}", w.shape()))),
+            Some(w) if w.numel() == dim || (w.numel() % dim == 0 && w.numel() == x.cols()) => Some(data(w)?),
+            Some(w) => return Err(shape_error("rms_norm", format!("weight {:?} for groups of {dim} in rows of {}", w.shape(), x.cols()))),
             None => None,
         };
+        let wlen = wv.map_or(dim, |w| w.len());
         let mut out = data(x)?.to_vec();
-        out.par_chunks_mut(dim).for_each(|g| {
+        out.par_chunks_mut(dim).enumerate().for_each(|(i, g)| {
             let ms = g.iter().map(|v| v * v).sum::<f32>() / dim as f32;
             let r = 1.0 / (ms + eps).sqrt();
             match wv {
-                Some(wv) => g.iter_mut().zip(wv).for_each(|(v, w)| *v = *v * r * w),
+                Some(wv) => {
+                    let start = (i * dim) % wlen;
+                    g.iter_mut().zip(&wv[start..start + dim]).for_each(|(v, w)| *v = *v * r * w)
+                }
                 None => g.iter_mut().for_each(|v| *v *= r),
             }
         });
         Ok(tensor(out, x.shape().to_vec()))
     }
 
-    fn rms_norm_gated(&self, x: &Tensor, z: &Tensor, w: &Tensor, dim: usize, eps: f32) -> Result<Tensor> {
+    fn rms_norm_gated(&self, x: &Tensor, z: &Tensor, w: &Tensor, dim: usize, eps: f32, act: GateAct) -> Result<Tensor> {
         same_shape("rms_norm_gated", x, z)?;
+        if w.numel() != dim {
+            return Err(shape_error("rms_norm_gated", format!("weight {:?} for groups of {dim}", w.shape())));
+        }
         let normed = self.rms_norm(x, Some(w), dim, eps)?;
-        let out = data(&normed)?.iter().zip(data(z)?).map(|(n, z)| silu(*z) * n).collect();
+        let gate = match act {
+            GateAct::Silu => silu,
+            GateAct::Sigmoid => sigmoid,
+        };
+        let out = data(&normed)?.iter().zip(data(z)?).map(|(n, z)| gate(*z) * n).collect();
         Ok(tensor(out, x.shape().to_vec()))
     }
 
@@ -289,7 +368,7 @@ impl Backend for CpuBackend {
         cache.get::<KvCache>().map(|c| c.len()).ok_or_else(|| BackendError::Device("not a CPU KV cache".into()))
     }
 
-    fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, cache: &mut State, heads: usize, scale: f32) -> Result<Tensor> {
+    fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, cache: &mut State, heads: usize, scale: f32, selection: Option<&KeySelection>) -> Result<Tensor> {
         let c = cache.get_mut::<KvCache>().ok_or_else(|| BackendError::Device("not a CPU KV cache".into()))?;
         let (kvh, hd) = (c.kv_heads, c.head_dim);
         let tokens = q.rows();
@@ -298,6 +377,11 @@ impl Backend for CpuBackend {
                 "attention",
                 format!("q {:?} k {:?} v {:?} for {heads} heads, {kvh} kv heads of {hd}", q.shape(), k.shape(), v.shape()),
             ));
+        }
+        if let Some(sel) = selection {
+            if sel.block == 0 || sel.per_query == 0 || sel.blocks.len() != tokens * sel.per_query {
+                return Err(shape_error("attention", format!("key selection of {} entries ({} per query) for {tokens} queries", sel.blocks.len(), sel.per_query)));
+            }
         }
         let past = c.len();
         c.keys.extend_from_slice(data(k)?);
@@ -310,9 +394,14 @@ impl Backend for CpuBackend {
             let (t, h) = (i / heads, i % heads);
             let kh = h / group;
             let qv = &qd[(t * heads + h) * hd..(t * heads + h + 1) * hd];
-            let visible = past + t + 1;
-            let mut scores: Vec<f32> = (0..visible)
-                .map(|j| {
+            let pos = past + t;
+            let keys_seen: Vec<usize> = match selection {
+                Some(sel) => sel.keys_of(t, pos),
+                None => (0..=pos).collect(),
+            };
+            let mut scores: Vec<f32> = keys_seen
+                .iter()
+                .map(|&j| {
                     let kv = &keys[(j * kvh + kh) * hd..(j * kvh + kh + 1) * hd];
                     qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * scale
                 })
@@ -323,7 +412,7 @@ impl Backend for CpuBackend {
                 *s = (*s - max).exp();
                 total += *s;
             }
-            for (j, s) in scores.iter().enumerate() {
+            for (&j, s) in keys_seen.iter().zip(&scores) {
                 let w = s / total;
                 let vv = &values[(j * kvh + kh) * hd..(j * kvh + kh + 1) * hd];
                 o.iter_mut().zip(vv).for_each(|(o, v)| *o += w * v);
@@ -332,22 +421,23 @@ impl Backend for CpuBackend {
         Ok(tensor(out, vec![tokens, heads * hd]))
     }
 
-    fn new_conv_state(&self, channels: usize, kernel: usize) -> Result<State> {
-        if kernel == 0 {
-            return Err(shape_error("new_conv_state", "kernel size 0"));
+    fn new_conv_state(&self, channels: usize, kernel: usize, dilation: usize) -> Result<State> {
+        if kernel == 0 || dilation == 0 {
+            return Err(shape_error("new_conv_state", format!("kernel size {kernel}, dilation {dilation}")));
         }
-        Ok(State::new(Box::new(ConvState { channels, kernel, window: vec![0.0; (kernel - 1) * channels] })))
+        let window = vec![0.0; (kernel - 1) * dilation * channels];
+        Ok(State::new(Box::new(ConvState { channels, kernel, dilation, window })))
     }
 
     fn causal_conv1d(&self, x: &Tensor, w: &Tensor, state: &mut State) -> Result<Tensor> {
         let st = state.get_mut::<ConvState>().ok_or_else(|| BackendError::Device("not a CPU conv state".into()))?;
-        let (c, kk) = (st.channels, st.kernel);
+        let (c, kk, dil) = (st.channels, st.kernel, st.dilation);
         if x.cols() != c || w.numel() != c * kk {
             return Err(shape_error("causal_conv1d", format!("x {:?}, weight {:?}, {c} channels x {kk}", x.shape(), w.shape())));
         }
         let tokens = x.rows();
         let wd = data(w)?;
-        // The window followed by the new inputs: [kernel-1+tokens, channels].
+        // The window followed by the new inputs: [(kernel-1)*dilation+tokens, channels].
         let mut seq = st.window.clone();
         seq.extend_from_slice(data(x)?);
         let mut out = vec![0.0f32; tokens * c];
@@ -355,7 +445,7 @@ impl Backend for CpuBackend {
             for (ch, o) in o.iter_mut().enumerate() {
                 let mut acc = 0.0;
                 for j in 0..kk {
-                    acc += wd[ch * kk + j] * seq[(t + j) * c + ch];
+                    acc += wd[ch * kk + j] * seq[(t + j * dil) * c + ch];
                 }
                 *o = acc;
             }
@@ -484,7 +574,7 @@ impl Backend for CpuBackend {
             return Ok(State::new(Box::new(KvCache { kv_heads: c.kv_heads, head_dim: c.head_dim, keys: c.keys.clone(), values: c.values.clone() })));
         }
         if let Some(c) = state.get::<ConvState>() {
-            return Ok(State::new(Box::new(ConvState { channels: c.channels, kernel: c.kernel, window: c.window.clone() })));
+            return Ok(State::new(Box::new(ConvState { channels: c.channels, kernel: c.kernel, dilation: c.dilation, window: c.window.clone() })));
         }
         if let Some(r) = state.get::<RecurrentState>() {
             return Ok(State::new(Box::new(RecurrentState { heads: r.heads, key_dim: r.key_dim, value_dim: r.value_dim, s: r.s.clone() })));

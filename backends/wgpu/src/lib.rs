@@ -18,8 +18,8 @@ mod weights;
 use std::sync::Arc;
 
 use slotstream_backend::{
-    shape_error, Backend, BackendError, ExpertAssignment, ExpertLayout, ExpertPool, HostExpert, HostMatrix, Result,
-    State, Tensor, Weight,
+    shape_error, Backend, BackendError, ExpertAssignment, ExpertLayout, ExpertPool, GateAct, HostExpert, HostMatrix,
+    KeySelection, Result, State, Tensor, Weight,
 };
 
 pub use device::AdapterChoice;
@@ -312,6 +312,26 @@ impl Backend for WgpuBackend {
         Ok(out)
     }
 
+    fn scale(&self, _x: &Tensor, _s: f32) -> Result<Tensor> {
+        Err(BackendError::Unsupported("scale (wgpu kernel pending)".into()))
+    }
+
+    fn repeat_cols(&self, _x: &Tensor, _n: usize) -> Result<Tensor> {
+        Err(BackendError::Unsupported("repeat_cols (wgpu kernel pending)".into()))
+    }
+
+    fn hc_mix(&self, _normed: &Tensor, _mix: &Tensor, _streams: usize) -> Result<Tensor> {
+        Err(BackendError::Unsupported("hc_mix (wgpu kernel pending)".into()))
+    }
+
+    fn hc_inject(&self, _h: &Tensor, _x: &Tensor, _logits: &Tensor, _logit_scale: f32) -> Result<Tensor> {
+        Err(BackendError::Unsupported("hc_inject (wgpu kernel pending)".into()))
+    }
+
+    fn ple_gate(&self, _key: &Tensor, _query: &Tensor, _value: &Tensor, _streams: usize) -> Result<Tensor> {
+        Err(BackendError::Unsupported("ple_gate (wgpu kernel pending)".into()))
+    }
+
     fn embed(&self, table: &Weight, ids: &[u32]) -> Result<Tensor> {
         let w = weight(table)?;
         if let Some(&id) = ids.iter().find(|&&id| id as usize >= w.experts * w.rows) {
@@ -369,7 +389,10 @@ impl Backend for WgpuBackend {
         Ok(out)
     }
 
-    fn rms_norm_gated(&self, x: &Tensor, z: &Tensor, w: &Tensor, dim: usize, eps: f32) -> Result<Tensor> {
+    fn rms_norm_gated(&self, x: &Tensor, z: &Tensor, w: &Tensor, dim: usize, eps: f32, act: GateAct) -> Result<Tensor> {
+        if act != GateAct::Silu {
+            return Err(BackendError::Unsupported("rms_norm_gated with a sigmoid gate (wgpu kernel pending)".into()));
+        }
         same_shape("rms_norm_gated", x, z)?;
         groups_of("rms_norm_gated", x, dim)?;
         if w.numel() != dim {
@@ -438,7 +461,10 @@ impl Backend for WgpuBackend {
         cache.get::<GpuKvCache>().map(|c| c.len).ok_or_else(|| BackendError::Device("not a wgpu KV cache".into()))
     }
 
-    fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, cache: &mut State, heads: usize, scale: f32) -> Result<Tensor> {
+    fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, cache: &mut State, heads: usize, scale: f32, selection: Option<&KeySelection>) -> Result<Tensor> {
+        if selection.is_some() {
+            return Err(BackendError::Unsupported("sparse (QSA) attention (wgpu kernel pending)".into()));
+        }
         let c = cache.get_mut::<GpuKvCache>().ok_or_else(|| BackendError::Device("not a wgpu KV cache".into()))?;
         let (kvh, hd) = (c.kv_heads, c.head_dim);
         let tokens = q.rows();
@@ -480,7 +506,10 @@ impl Backend for WgpuBackend {
         Ok(out)
     }
 
-    fn new_conv_state(&self, channels: usize, kernel: usize) -> Result<State> {
+    fn new_conv_state(&self, channels: usize, kernel: usize, dilation: usize) -> Result<State> {
+        if dilation != 1 {
+            return Err(BackendError::Unsupported("dilated causal convolution (wgpu kernel pending)".into()));
+        }
         if kernel == 0 {
             return Err(shape_error("new_conv_state", "kernel size 0"));
         }

@@ -16,7 +16,7 @@ use std::borrow::Cow;
 
 use common::{gpu, rel_l2, Rng};
 use half::{bf16, f16};
-use slotstream_backend::{Backend, DType, ExpertAssignment, ExpertLayout, HostExpert, HostMatrix, MatrixData, MatrixFormat, Tensor};
+use slotstream_backend::{Backend, DType, ExpertAssignment, ExpertLayout, GateAct, HostExpert, HostMatrix, MatrixData, MatrixFormat, Tensor};
 use slotstream_cpu::CpuBackend;
 
 const TOL: f64 = 1e-5;
@@ -193,7 +193,7 @@ fn normalisation() {
     check("rms_norm", TOL, |b| b.rms_norm(&up(b, &x, &[5, 256]), Some(&up(b, &w, &[256])), 256, 1e-6).unwrap());
     check("rms_norm_heads_no_weight", TOL, |b| b.rms_norm(&up(b, &x, &[5, 256]), None, 64, 1e-6).unwrap());
     check("rms_norm_gated", TOL, |b| {
-        b.rms_norm_gated(&up(b, &x, &[5, 256]), &up(b, &z, &[5, 256]), &up(b, &w[..64], &[64]), 64, 1e-6).unwrap()
+        b.rms_norm_gated(&up(b, &x, &[5, 256]), &up(b, &z, &[5, 256]), &up(b, &w[..64], &[64]), 64, 1e-6, GateAct::Silu).unwrap()
     });
     let (xw, ww) = (rng.vec(3 * 2048, 3.0), rng.vec(2048, 2.0));
     check("rms_norm_wide", TOL, |b| b.rms_norm(&up(b, &xw, &[3, 2048]), Some(&up(b, &ww, &[2048])), 2048, 1e-6).unwrap());
@@ -223,7 +223,7 @@ fn attention_prefill_then_decode_gqa() {
             let mut last = None;
             for (t, q, k, v) in &steps[..=i] {
                 let out = b
-                    .attention(&up(b, q, &[*t, heads * hd]), &up(b, k, &[*t, kvh * hd]), &up(b, v, &[*t, kvh * hd]), &mut cache, heads, 0.125)
+                    .attention(&up(b, q, &[*t, heads * hd]), &up(b, k, &[*t, kvh * hd]), &up(b, v, &[*t, kvh * hd]), &mut cache, heads, 0.125, None)
                     .unwrap();
                 last = Some(out);
             }
@@ -240,7 +240,7 @@ fn causal_conv_carries_window() {
     let w = rng.vec(c * k, 1.0);
     let parts: Vec<(usize, Vec<f32>)> = [5usize, 1, 2].iter().map(|&t| (t, rng.vec(t * c, 2.0))).collect();
     check("causal_conv1d", TOL, |b| {
-        let mut st = b.new_conv_state(c, k).unwrap();
+        let mut st = b.new_conv_state(c, k, 1).unwrap();
         let wt = up(b, &w, &[c, k]);
         let outs: Vec<Tensor> = parts.iter().map(|(t, x)| b.causal_conv1d(&up(b, x, &[*t, c]), &wt, &mut st).unwrap()).collect();
         let cloned = b.clone_state(&st).unwrap();
