@@ -122,6 +122,8 @@ pub struct Checkpoint {
     files: Vec<(PathBuf, File)>,
     tensors: BTreeMap<String, TensorEntry>,
     pub quant: QuantConfig,
+    /// Names a loader has looked up, to find tensors no loader uses.
+    used: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 fn dtype_of(d: Dtype) -> Option<DType> {
@@ -168,7 +170,7 @@ impl Checkpoint {
         if shard_names.is_empty() {
             bail!("no .safetensors files in {} (is this a model directory?)", dir.display());
         }
-        let mut ck = Checkpoint { dir: dir.to_path_buf(), files: Vec::new(), tensors: BTreeMap::new(), quant };
+        let mut ck = Checkpoint { dir: dir.to_path_buf(), files: Vec::new(), tensors: BTreeMap::new(), quant, used: Default::default() };
         for name in shard_names {
             ck.add_file(&dir.join(&name))?;
         }
@@ -218,6 +220,62 @@ impl Checkpoint {
         Ok(())
     }
 
+    /// For multimodal checkpoints (qwen4_exp): keeps the language model's
+    /// tensors under their names without the `language_model.` prefix (the
+    /// names config.json's quantization overrides use) and drops the vision
+    /// tower, which slotstream does not run. Returns how many tensors were dropped.
+    pub fn keep_language_model(&mut self) -> usize {
+        let before = self.tensors.len();
+        let tensors = std::mem::take(&mut self.tensors);
+        self.tensors = tensors
+            .into_iter()
+            .filter_map(|(name, e)| {
+                if let Some(rest) = name.strip_prefix("language_model.") {
+                    Some((rest.to_string(), e))
+                } else if name.starts_with("vision_tower.") || name.starts_with("model.visual.") {
+                    None
+                } else {
+                    Some((name, e))
+                }
+            })
+            .collect();
+        before - self.tensors.len()
+    }
+
+    /// Renames every tensor `{prefix}X` to `X` and drops the others (the
+    /// `mtp.` head file).
+    pub fn strip_prefix(&mut self, prefix: &str) {
+        let tensors = std::mem::take(&mut self.tensors);
+        self.tensors =
+            tensors.into_iter().filter_map(|(name, e)| name.strip_prefix(prefix).map(|r| (r.to_string(), e))).collect();
+    }
+
+    /// An integer tensor (`I64`) of exactly `shape`.
+    pub fn i64_tensor(&self, name: &str, shape: &[usize]) -> Result<Vec<i64>> {
+        let e = self.expect_shape(name, shape)?;
+        if e.dtype != Dtype::I64 {
+            bail!("tensor '{name}' in {} has dtype {:?}, expected I64", self.file_of(e), e.dtype);
+        }
+        Ok(self.read_bytes(name)?.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect())
+    }
+
+    /// Reads `buf.len()` bytes at `offset` into tensor `name`'s data.
+    pub fn read_at(&self, name: &str, offset: usize, buf: &mut [u8]) -> Result<()> {
+        let e = self.entry(name)?;
+        if offset + buf.len() > e.end - e.start {
+            bail!("read of {} bytes at {offset} is outside tensor '{name}' ({} bytes)", buf.len(), e.end - e.start);
+        }
+        let (path, file) = &self.files[e.file];
+        file.read_exact_at(buf, (e.start + offset) as u64)
+            .with_context(|| format!("reading tensor '{name}' from {}", path.display()))
+    }
+
+    /// Tensors never looked up since the checkpoint was opened, sorted.
+    pub fn unused(&self) -> Vec<String> {
+        let used = self.used.lock().map(|u| u.clone()).unwrap_or_default();
+        self.tensors.keys().filter(|n| !used.contains(*n)).cloned().collect()
+    }
+
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.tensors.keys().map(|s| s.as_str())
     }
@@ -227,6 +285,9 @@ impl Checkpoint {
     }
 
     pub fn entry(&self, name: &str) -> Result<&TensorEntry> {
+        if let Ok(mut used) = self.used.lock() {
+            used.insert(name.to_string());
+        }
         self.tensors.get(name).ok_or_else(|| {
             anyhow!("tensor '{name}' is missing from the checkpoint in {} (wrong model_type or incomplete download?)", self.dir.display())
         })

@@ -282,6 +282,7 @@ impl Engine {
 fn read_config_eos(dir: &Path) -> Result<Vec<u32>> {
     let text = std::fs::read_to_string(dir.join("config.json"))?;
     let v: serde_json::Value = serde_json::from_str(&text)?;
+    let v = v.get("text_config").filter(|_| v.get("eos_token_id").is_none()).unwrap_or(&v);
     Ok(match v.get("eos_token_id") {
         Some(serde_json::Value::Number(n)) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
         Some(serde_json::Value::Array(a)) => a.iter().filter_map(|n| n.as_u64()).map(|n| n as u32).collect(),

@@ -386,7 +386,7 @@ fn load_planned(model: &std::path::Path, memory: &MemoryArgs, backend: &BackendA
     eprintln!("{}", plan.banner(&costs, &machine));
     let backend = backend.create()?;
     eprintln!("  backend: {}", backend.name());
-    let opts = LoadOptions { expert_slots: ExpertSlots::Count(plan.slots) };
+    let opts = LoadOptions { expert_slots: ExpertSlots::Count(plan.slots), ..Default::default() };
     let engine = Engine::load(model, backend, &opts)?;
     Ok((engine, plan, costs))
 }

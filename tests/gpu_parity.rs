@@ -33,7 +33,7 @@ fn gpu_engine(name: &str, slots: ExpertSlots) -> Engine {
              or set SLOTSTREAM_SKIP_GPU_TESTS=1"
         )
     });
-    Engine::load(&fixture(name), Box::new(backend), &LoadOptions { expert_slots: slots })
+    Engine::load(&fixture(name), Box::new(backend), &LoadOptions { expert_slots: slots, ..Default::default() })
         .unwrap_or_else(|e| panic!("loading fixture {name} on the wgpu backend: {e:#}"))
 }
 

@@ -71,6 +71,9 @@ pub struct Attention {
     pub rotary_dim: usize,
     pub rope_theta: f32,
     pub gated: bool,
+    /// QSA: picks the key blocks each query attends to once the context
+    /// outgrows the indexer's budget (qwen4_exp).
+    pub indexer: Option<crate::model::qsa::Indexer>,
 }
 
 impl Attention {
@@ -78,8 +81,21 @@ impl Attention {
         Ok(b.new_kv_cache(self.kv_heads, self.head_dim)?)
     }
 
-    pub fn forward(&self, b: &dyn Backend, x: &Tensor, cache: &mut State) -> Result<Tensor> {
+    /// `x: [tokens, hidden]`, the first token at position `start`.
+    pub fn forward(
+        &self,
+        b: &dyn Backend,
+        x: &Tensor,
+        cache: &mut State,
+        indexer_state: Option<&mut crate::model::qsa::IndexerState>,
+        start: usize,
+    ) -> Result<Tensor> {
         let tokens = x.rows();
+        let selection = match (&self.indexer, indexer_state) {
+            (Some(ix), Some(st)) => ix.select(b, x, st, start)?,
+            (None, None) => None,
+            _ => anyhow::bail!("attention layer and its state disagree about the QSA indexer"),
+        };
         let (h, kvh, hd) = (self.heads, self.kv_heads, self.head_dim);
         let projected = b.matmul(x, &self.q_proj)?;
         let (q, gate) = if self.gated {
@@ -91,12 +107,14 @@ impl Attention {
         let v = b.matmul(x, &self.v_proj)?;
         let q = self.q_norm.forward(b, &q)?;
         let k = self.k_norm.forward(b, &k)?;
-        let start = b.kv_len(cache)?;
+        if b.kv_len(cache)? != start {
+            anyhow::bail!("KV cache holds {} positions but the call starts at {start}", b.kv_len(cache)?);
+        }
         let q = b.rope(&q.reshape(&[tokens, h, hd])?, hd, self.rotary_dim, self.rope_theta, start)?;
         let k = b.rope(&k.reshape(&[tokens, kvh, hd])?, hd, self.rotary_dim, self.rope_theta, start)?;
         let q = q.reshape(&[tokens, h * hd])?;
         let k = k.reshape(&[tokens, kvh * hd])?;
-        let mut out = b.attention(&q, &k, &v, cache, h, (hd as f32).powf(-0.5), None)?;
+        let mut out = b.attention(&q, &k, &v, cache, h, (hd as f32).powf(-0.5), selection.as_ref())?;
         if let Some(gate) = gate {
             out = b.sigmoid_mul(&out, &gate)?;
         }
@@ -104,11 +122,20 @@ impl Attention {
     }
 }
 
-/// Gated DeltaNet linear attention (qwen3_next). Fused projections are loaded
-/// with their rows regrouped so that q, k, v, z (and b, a) are contiguous blocks.
+/// The input projections of a Gated DeltaNet layer.
+pub enum DeltaProjections {
+    /// qwen3_next: `[q | k | v | z]` and `[b | a]`, loaded with their rows
+    /// regrouped so that each part is one contiguous block.
+    Fused { qkvz: Weight, ba: Weight },
+    /// qwen4_exp: one projection per part.
+    Split { qkv: Weight, z: Weight, b: Weight, a: Weight },
+}
+
+/// Gated DeltaNet linear attention (qwen3_next, qwen4_exp).
 pub struct GatedDeltaNet {
-    pub in_proj_qkvz: Weight,
-    pub in_proj_ba: Weight,
+    pub projections: DeltaProjections,
+    /// Activation of the output gate `z`.
+    pub gate_act: GateAct,
     pub conv_weight: Tensor,
     pub a_log: Tensor,
     pub dt_bias: Tensor,
@@ -144,12 +171,21 @@ impl GatedDeltaNet {
         let key_total = self.key_heads * self.key_dim;
         let value_total = self.value_heads * self.value_dim;
         let channels = self.conv_channels();
-        let qkvz = b.matmul(x, &self.in_proj_qkvz)?;
-        let ba = b.matmul(x, &self.in_proj_ba)?;
-        let mixed = b.slice_cols(&qkvz, 0, channels)?;
-        let z = b.slice_cols(&qkvz, channels, value_total)?;
-        let beta_raw = b.slice_cols(&ba, 0, self.value_heads)?;
-        let a = b.slice_cols(&ba, self.value_heads, self.value_heads)?;
+        let (mixed, z, beta_raw, a) = match &self.projections {
+            DeltaProjections::Fused { qkvz, ba } => {
+                let qkvz = b.matmul(x, qkvz)?;
+                let ba = b.matmul(x, ba)?;
+                (
+                    b.slice_cols(&qkvz, 0, channels)?,
+                    b.slice_cols(&qkvz, channels, value_total)?,
+                    b.slice_cols(&ba, 0, self.value_heads)?,
+                    b.slice_cols(&ba, self.value_heads, self.value_heads)?,
+                )
+            }
+            DeltaProjections::Split { qkv, z, b: pb, a } => {
+                (b.matmul(x, qkv)?, b.matmul(x, z)?, b.matmul(x, pb)?, b.matmul(x, a)?)
+            }
+        };
         let conv = b.silu(&b.causal_conv1d(&mixed, &self.conv_weight, &mut st.conv)?)?;
         let q = b.slice_cols(&conv, 0, key_total)?;
         let k = b.slice_cols(&conv, key_total, key_total)?;
@@ -159,7 +195,7 @@ impl GatedDeltaNet {
         let k = b.l2_normalize(&k, self.key_dim, 1e-6, 1.0)?;
         let (g, beta) = b.delta_gates(&a, &beta_raw, &self.a_log, &self.dt_bias)?;
         let y = b.gated_delta(&q, &k, &v, &g, &beta, self.key_heads, &mut st.recurrent)?;
-        let y = b.rms_norm_gated(&y, &z, &self.norm, self.value_dim, self.eps, GateAct::Silu)?;
+        let y = b.rms_norm_gated(&y, &z, &self.norm, self.value_dim, self.eps, self.gate_act)?;
         Ok(b.matmul(&y, &self.out_proj)?)
     }
 }

@@ -3,9 +3,13 @@
 //! `config.json`'s `model_type`.
 
 pub mod config;
+pub mod hyper;
 pub mod layers;
+pub mod ngram;
+pub mod qsa;
 mod qwen3_moe;
 mod qwen3_next;
+mod qwen4_exp;
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -15,7 +19,9 @@ use slotstream_backend::{Backend, State, Tensor, Weight};
 
 use crate::checkpoint::{Checkpoint, QuantConfig};
 use crate::experts::{ExpertCache, ExpertStore};
+use hyper::{HyperMixer, Ple, PleState};
 use layers::{Attention, DeltaState, GatedDeltaNet, Mlp, MoeBlock, RmsNorm};
+use qsa::IndexerState;
 
 /// Token mixer of one decoder layer.
 pub enum Mixer {
@@ -29,32 +35,56 @@ pub enum FeedForward {
     Moe(MoeBlock),
 }
 
+/// How a layer's blocks are wrapped around the residual stream.
+pub enum Residual {
+    /// `h += mixer(norm(h)); h += ffn(norm(h))` (qwen3_moe, qwen3_next).
+    PreNorm { input: RmsNorm, post: RmsNorm },
+    /// Hyper-connections (qwen4_exp): the hidden state is several parallel
+    /// streams; each block reads a gated mix of them and is added back to
+    /// every stream with its own weight.
+    Hyper { attn: HyperMixer, mlp: HyperMixer },
+}
+
 pub struct DecoderLayer {
-    pub input_norm: RmsNorm,
+    pub residual: Residual,
+    /// Per-layer n-gram embedding added to the streams before the mixer (qwen4_exp).
+    pub ple: Option<Ple>,
     pub mixer: Mixer,
-    pub post_norm: RmsNorm,
     pub ffn: FeedForward,
 }
 
 /// Per-layer state of one sequence.
 pub enum LayerState {
-    Attention(State),
+    /// KV cache, plus the QSA indexer's keys when the layer has an indexer.
+    Attention(State, Option<IndexerState>),
     Delta(DeltaState),
 }
 
 /// Everything a sequence carries between forward calls.
 pub struct SequenceState {
     pub layers: Vec<LayerState>,
+    /// State of each PLE layer, in layer order.
+    pub ple: Vec<PleState>,
     /// Tokens consumed so far.
     pub position: usize,
 }
 
-/// A pre-norm decoder-only MoE transformer: embeddings, layers, final norm, head.
+/// What turns the last hidden state into the input of `lm_head`.
+pub enum Head {
+    /// A final RMSNorm.
+    Norm(RmsNorm),
+    /// The hyper-connection collapse of the streams (it carries the final norm).
+    Hyper(HyperMixer),
+}
+
+/// A decoder-only MoE transformer: embeddings, layers, final norm, head.
 pub struct DecoderModel {
     pub model_type: String,
     pub embed: Weight,
+    /// Parallel residual streams (1 except with hyper-connections).
+    pub streams: usize,
     pub layers: Vec<DecoderLayer>,
-    pub final_norm: RmsNorm,
+    pub head: Head,
     pub lm_head: Weight,
     pub vocab_size: usize,
     pub hidden_size: usize,
@@ -64,6 +94,8 @@ pub struct DecoderModel {
     pub top_k: usize,
     /// Bytes of everything resident besides the expert pool.
     pub resident_bytes: usize,
+    /// Checkpoint tensors the loader did not use (a mismatch to look into).
+    pub unused_tensors: Vec<String>,
 }
 
 /// Which positions' logits a forward pass returns.
@@ -79,11 +111,12 @@ impl DecoderModel {
             .layers
             .iter()
             .map(|l| match &l.mixer {
-                Mixer::Attention(a) => a.new_state(b).map(LayerState::Attention),
+                Mixer::Attention(a) => Ok(LayerState::Attention(a.new_state(b)?, a.indexer.as_ref().map(|_| IndexerState::default()))),
                 Mixer::Delta(d) => d.new_state(b).map(LayerState::Delta),
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(SequenceState { layers, position: 0 })
+        let ple = self.layers.iter().filter_map(|l| l.ple.as_ref()).map(|p| p.new_state(b)).collect::<Result<Vec<_>>>()?;
+        Ok(SequenceState { layers, ple, position: 0 })
     }
 
     /// Runs `ids` through the model, extending `state`; returns logits
@@ -92,34 +125,41 @@ impl DecoderModel {
         if ids.is_empty() {
             bail!("forward called with no tokens");
         }
-        let mut x = b.embed(&self.embed, ids)?;
-        let mut experts = self.experts.lock().map_err(|_| anyhow::anyhow!("the expert cache was poisoned by an earlier failure"))?;
-        for (i, (layer, st)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
-            x = self.layer_forward(b, layer, &x, st, &mut experts).with_context(|| format!("layer {i}"))?;
-        }
-        drop(experts);
-        if which == Logits::Last && ids.len() > 1 {
-            x = b.slice_rows(&x, ids.len() - 1, 1)?;
-        }
-        let x = self.final_norm.forward(b, &x)?;
-        state.position += ids.len();
+        let x = self.hidden(b, ids, state)?;
+        let x = if which == Logits::Last && ids.len() > 1 { b.slice_rows(&x, ids.len() - 1, 1)? } else { x };
+        let x = self.collapse(b, &x)?;
         Ok(b.matmul(&x, &self.lm_head)?)
     }
 
-    fn layer_forward(&self, b: &dyn Backend, layer: &DecoderLayer, x: &Tensor, st: &mut LayerState, experts: &mut ExpertCache) -> Result<Tensor> {
-        let normed = layer.input_norm.forward(b, x)?;
-        let mixed = match (&layer.mixer, st) {
-            (Mixer::Attention(a), LayerState::Attention(cache)) => a.forward(b, &normed, cache)?,
-            (Mixer::Delta(d), LayerState::Delta(ds)) => d.forward(b, &normed, ds)?,
-            _ => bail!("sequence state does not match the layer kind"),
-        };
-        let h = b.add(x, &mixed)?;
-        let normed = layer.post_norm.forward(b, &h)?;
-        let ff = match &layer.ffn {
-            FeedForward::Dense(m) => m.forward(b, &normed)?,
-            FeedForward::Moe(m) => m.forward(b, &normed, experts)?,
-        };
-        Ok(b.add(&h, &ff)?)
+    /// Runs the layers over `ids`, extending `state`; returns the last hidden
+    /// state `[ids.len(), streams*hidden]` before the head.
+    pub fn hidden(&self, b: &dyn Backend, ids: &[u32], state: &mut SequenceState) -> Result<Tensor> {
+        if ids.is_empty() {
+            bail!("forward called with no tokens");
+        }
+        let mut x = b.embed(&self.embed, ids)?;
+        if self.streams > 1 {
+            x = b.repeat_cols(&x, self.streams)?;
+        }
+        let mut experts = self.experts.lock().map_err(|_| anyhow::anyhow!("the expert cache was poisoned by an earlier failure"))?;
+        let mut ple_states = state.ple.iter_mut();
+        for (i, (layer, st)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
+            let ple = match &layer.ple {
+                Some(p) => Some((p, ple_states.next().context("sequence state has too few PLE states")?)),
+                None => None,
+            };
+            x = layer_forward(b, layer, &x, ids, state.position, st, ple, &mut experts).with_context(|| format!("layer {i}"))?;
+        }
+        state.position += ids.len();
+        Ok(x)
+    }
+
+    /// The final norm (or stream collapse) that feeds `lm_head`.
+    pub fn collapse(&self, b: &dyn Backend, h: &Tensor) -> Result<Tensor> {
+        match &self.head {
+            Head::Norm(n) => n.forward(b, h),
+            Head::Hyper(m) => Ok(m.mix(b, h)?.0),
+        }
     }
 
     /// Deep copy of a sequence's state.
@@ -129,7 +169,7 @@ impl DecoderModel {
             .iter()
             .map(|l| {
                 Ok(match l {
-                    LayerState::Attention(c) => LayerState::Attention(b.clone_state(c)?),
+                    LayerState::Attention(c, idx) => LayerState::Attention(b.clone_state(c)?, idx.clone()),
                     LayerState::Delta(d) => LayerState::Delta(DeltaState {
                         conv: b.clone_state(&d.conv)?,
                         recurrent: b.clone_state(&d.recurrent)?,
@@ -137,7 +177,51 @@ impl DecoderModel {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(SequenceState { layers, position: s.position })
+        let ple = s.ple.iter().map(|p| p.clone_with(b)).collect::<Result<Vec<_>>>()?;
+        Ok(SequenceState { layers, ple, position: s.position })
+    }
+}
+
+/// One decoder layer over `x` (`[tokens, streams*hidden]`); `ids` are the
+/// tokens of this call, the first at position `start`.
+#[allow(clippy::too_many_arguments)]
+fn layer_forward(
+    b: &dyn Backend,
+    layer: &DecoderLayer,
+    x: &Tensor,
+    ids: &[u32],
+    start: usize,
+    st: &mut LayerState,
+    ple: Option<(&Ple, &mut PleState)>,
+    experts: &mut ExpertCache,
+) -> Result<Tensor> {
+    let mut mixer = |input: &Tensor| -> Result<Tensor> {
+        match (&layer.mixer, &mut *st) {
+            (Mixer::Attention(a), LayerState::Attention(cache, idx)) => a.forward(b, input, cache, idx.as_mut(), start),
+            (Mixer::Delta(d), LayerState::Delta(ds)) => d.forward(b, input, ds),
+            _ => bail!("sequence state does not match the layer kind"),
+        }
+    };
+    let ffn = |input: &Tensor, experts: &mut ExpertCache| -> Result<Tensor> {
+        match &layer.ffn {
+            FeedForward::Dense(m) => m.forward(b, input),
+            FeedForward::Moe(m) => m.forward(b, input, experts),
+        }
+    };
+    match &layer.residual {
+        Residual::PreNorm { input, post } => {
+            let h = b.add(x, &mixer(&input.forward(b, x)?)?)?;
+            let ff = ffn(&post.forward(b, &h)?, experts)?;
+            Ok(b.add(&h, &ff)?)
+        }
+        Residual::Hyper { attn, mlp } => {
+            let mut h = x.clone();
+            if let Some((p, ps)) = ple {
+                h = b.add(&h, &p.forward(b, &h, ids, ps)?)?;
+            }
+            h = attn.apply(b, &h, &mut mixer)?;
+            mlp.apply(b, &h, &mut |input| ffn(input, experts))
+        }
     }
 }
 
@@ -182,11 +266,16 @@ pub enum ExpertSlots {
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
     pub expert_slots: ExpertSlots,
+    /// Bound of the dequantized n-gram row cache (qwen4_exp's PLE).
+    pub ngram_cache_bytes: usize,
 }
+
+/// Default bound of the n-gram row cache.
+pub const DEFAULT_NGRAM_CACHE_BYTES: usize = 64 << 20;
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { expert_slots: ExpertSlots::All }
+        LoadOptions { expert_slots: ExpertSlots::All, ngram_cache_bytes: DEFAULT_NGRAM_CACHE_BYTES }
     }
 }
 
@@ -202,17 +291,20 @@ pub(crate) fn assemble(
     moe_prefixes: &[String],
     opts: &LoadOptions,
 ) -> Result<DecoderModel> {
+    let experts = Mutex::new(expert_cache(b, ck, layout, moe_prefixes, c, opts)?);
     Ok(DecoderModel {
         model_type: c.model_type.clone(),
         embed: trunk.embed,
         layers,
-        final_norm: trunk.final_norm,
+        streams: trunk.streams,
+        head: trunk.head,
         lm_head: trunk.lm_head,
         vocab_size: c.vocab_size,
         hidden_size: c.hidden_size,
-        experts: Mutex::new(expert_cache(b, ck, layout, moe_prefixes, c, opts)?),
+        experts,
         top_k: c.num_experts_per_tok,
-        resident_bytes: ck.bytes_where(|n| !crate::experts::is_routed_expert_tensor(n)) as usize,
+        resident_bytes: ck.bytes_where(|n| !crate::experts::is_streamed_tensor(n)) as usize,
+        unused_tensors: ck.unused(),
     })
 }
 
@@ -253,6 +345,7 @@ pub fn load(dir: &Path, backend: &dyn Backend, opts: &LoadOptions) -> Result<Dec
     let ck = Checkpoint::open(dir, quant)?;
     let result = match model_type {
         "qwen3_moe" => qwen3_moe::load(&config, &ck, backend, opts),
+        "qwen4_exp" => qwen4_exp::load(&config, ck, backend, opts),
         _ => qwen3_next::load(&config, &ck, backend, opts),
     };
     result.with_context(|| format!("loading the {model_type} model in {}", dir.display()))
@@ -261,15 +354,10 @@ pub fn load(dir: &Path, backend: &dyn Backend, opts: &LoadOptions) -> Result<Dec
 /// Fails with a clear message unless `config.json` names a family we run.
 pub fn check_model_type(config: &serde_json::Value, config_path: &Path) -> Result<()> {
     match config.get("model_type").and_then(|m| m.as_str()).unwrap_or("") {
-        "qwen3_moe" | "qwen3_next" => Ok(()),
+        "qwen3_moe" | "qwen3_next" | "qwen4_exp" => Ok(()),
         "" => bail!("{} has no 'model_type'", config_path.display()),
-        "qwen4_exp" => bail!(
-            "{} is Qwen3.8-Flash-Next (model_type qwen4_exp), whose architecture (hyper-connections, \
-             n-gram PLE, QSA attention) slotstream does not run yet; supported: qwen3_moe, qwen3_next",
-            config_path.display()
-        ),
         other => bail!(
-            "model_type '{other}' in {} is not supported (supported: qwen3_moe, qwen3_next)",
+            "model_type '{other}' in {} is not supported (supported: qwen3_moe, qwen3_next, qwen4_exp)",
             config_path.display()
         ),
     }
@@ -278,7 +366,8 @@ pub fn check_model_type(config: &serde_json::Value, config_path: &Path) -> Resul
 /// The parts every family shares: embeddings, final norm, head.
 pub(crate) struct Trunk {
     pub embed: Weight,
-    pub final_norm: RmsNorm,
+    pub streams: usize,
+    pub head: Head,
     pub lm_head: Weight,
 }
 
@@ -299,5 +388,5 @@ pub(crate) fn load_trunk(
         layers::linear(b, ck, "lm_head", v, h)?
     };
     let final_norm = RmsNorm { weight: layers::vector(b, ck, "model.norm.weight", h, norm_shift)?, eps: c.rms_norm_eps };
-    Ok(Trunk { embed, final_norm, lm_head })
+    Ok(Trunk { embed, streams: 1, head: Head::Norm(final_norm), lm_head })
 }

@@ -7,7 +7,7 @@ use slotstream_backend::Backend;
 
 use super::config::MoeConfig;
 use super::layers::{linear, vector, Attention, Mlp, MoeBlock, RmsNorm};
-use super::{assemble, load_trunk, LoadOptions, DecoderLayer, DecoderModel, FeedForward, Layout, Mixer};
+use super::{assemble, load_trunk, LoadOptions, DecoderLayer, DecoderModel, Residual, FeedForward, Layout, Mixer};
 use crate::checkpoint::Checkpoint;
 
 pub fn load(config: &serde_json::Value, ck: &Checkpoint, b: &dyn Backend, opts: &LoadOptions) -> Result<DecoderModel> {
@@ -36,6 +36,7 @@ pub fn load(config: &serde_json::Value, ck: &Checkpoint, b: &dyn Backend, opts: 
             rotary_dim: hd,
             rope_theta: c.rope_theta(),
             gated: false,
+            indexer: None,
         };
         let ffn = if c.is_moe_layer(i) {
             let m = format!("{p}.mlp");
@@ -53,9 +54,12 @@ pub fn load(config: &serde_json::Value, ck: &Checkpoint, b: &dyn Backend, opts: 
             moe_prefixes.push(format!("{p}.mlp"));
         }
         layers.push(DecoderLayer {
-            input_norm: norm(&format!("{p}.input_layernorm.weight"), h)?,
+            residual: Residual::PreNorm {
+                input: norm(&format!("{p}.input_layernorm.weight"), h)?,
+                post: norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
+            },
+            ple: None,
             mixer: Mixer::Attention(attention),
-            post_norm: norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
             ffn,
         });
     }

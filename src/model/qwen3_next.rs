@@ -9,11 +9,11 @@
 //! bytes in both orders.
 
 use anyhow::{bail, Context, Result};
-use slotstream_backend::Backend;
+use slotstream_backend::{Backend, GateAct};
 
 use super::config::MoeConfig;
-use super::layers::{deinterleave_rows, linear, upload, vector, Attention, GatedDeltaNet, Mlp, MoeBlock, RmsNorm};
-use super::{assemble, load_trunk, LoadOptions, DecoderLayer, DecoderModel, FeedForward, Layout, Mixer};
+use super::layers::{deinterleave_rows, linear, upload, vector, Attention, DeltaProjections, GatedDeltaNet, Mlp, MoeBlock, RmsNorm};
+use super::{assemble, load_trunk, LoadOptions, DecoderLayer, DecoderModel, Residual, FeedForward, Layout, Mixer};
 use crate::checkpoint::Checkpoint;
 
 /// Whether layer `i` is full attention (otherwise Gated DeltaNet).
@@ -70,6 +70,7 @@ pub fn load(config: &serde_json::Value, ck: &Checkpoint, b: &dyn Backend, opts: 
                 rotary_dim,
                 rope_theta: c.rope_theta(),
                 gated: true,
+                indexer: None,
             })
         } else {
             let l = format!("{p}.linear_attn");
@@ -90,8 +91,11 @@ pub fn load(config: &serde_json::Value, ck: &Checkpoint, b: &dyn Backend, opts: 
             }
             let conv = ck.f32_tensor(&conv_name, &conv_shape)?;
             Mixer::Delta(GatedDeltaNet {
-                in_proj_qkvz: upload(b, &qkvz, &format!("{l}.in_proj_qkvz"))?,
-                in_proj_ba: upload(b, &ba, &format!("{l}.in_proj_ba"))?,
+                projections: DeltaProjections::Fused {
+                    qkvz: upload(b, &qkvz, &format!("{l}.in_proj_qkvz"))?,
+                    ba: upload(b, &ba, &format!("{l}.in_proj_ba"))?,
+                },
+                gate_act: GateAct::Silu,
                 conv_weight: b.upload(&conv, &[channels, k])?,
                 a_log: vector(b, ck, &format!("{l}.A_log"), nv, 0.0)?,
                 dt_bias: vector(b, ck, &format!("{l}.dt_bias"), nv, 0.0)?,
@@ -129,9 +133,12 @@ pub fn load(config: &serde_json::Value, ck: &Checkpoint, b: &dyn Backend, opts: 
             moe_prefixes.push(format!("{p}.mlp"));
         }
         layers.push(DecoderLayer {
-            input_norm: norm(&format!("{p}.input_layernorm.weight"), h)?,
+            residual: Residual::PreNorm {
+                input: norm(&format!("{p}.input_layernorm.weight"), h)?,
+                post: norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
+            },
+            ple: None,
             mixer,
-            post_norm: norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
             ffn,
         });
     }

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::MachineMemory;
 use crate::checkpoint::{Checkpoint, QuantConfig};
-use crate::experts::is_routed_expert_tensor;
+use crate::experts::{is_routed_expert_tensor, is_streamed_tensor};
 use crate::model::config::MoeConfig;
 
 /// Per-model memory costs the planner works from.
@@ -82,10 +82,16 @@ impl ModelCosts {
         let value: serde_json::Value =
             serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", config_path.display()))?;
         crate::model::check_model_type(&value, &config_path)?;
-        let c = MoeConfig::parse(&value)?;
-        let ck = Checkpoint::open(dir, QuantConfig::from_config(&value)?)?;
+        let multimodal = value.get("text_config").is_some();
+        let c = MoeConfig::parse(value.get("text_config").unwrap_or(&value))?;
+        let mut ck = Checkpoint::open(dir, QuantConfig::from_config(&value)?)?;
+        if multimodal {
+            ck.keep_language_model();
+        }
         let routed = ck.bytes_where(is_routed_expert_tensor);
-        let resident = ck.bytes_where(|n| !is_routed_expert_tensor(n));
+        // n-gram rows are streamed too; what stays of them is the bounded row cache.
+        let ngram = ck.bytes_where(crate::model::ngram::is_ngram_tensor);
+        let resident = ck.bytes_where(|n| !is_streamed_tensor(n));
         let moe_layers = (0..c.num_hidden_layers).filter(|&i| c.is_moe_layer(i)).count();
         let total = (moe_layers * c.num_experts).max(1) as u64;
         let attention_layers = (0..c.num_hidden_layers)
@@ -114,7 +120,7 @@ impl ModelCosts {
             hidden_size: c.hidden_size,
             kv_bytes_per_token: kv,
             state_bytes: state,
-            extra_bytes: 0,
+            extra_bytes: if ngram > 0 { crate::model::DEFAULT_NGRAM_CACHE_BYTES as u64 } else { 0 },
         })
     }
 
@@ -123,8 +129,9 @@ impl ModelCosts {
     pub fn flagship() -> ModelCosts {
         ModelCosts {
             name: "qwen3.8-flash-next:4bit".into(),
-            // Trunk 2.924 GB + vision tower 0.898 GB.
-            resident_bytes: 3_821_867_256,
+            // The text trunk; the 0.898 GB vision tower is never loaded and the
+            // 32 GB n-gram table is streamed.
+            resident_bytes: 2_924_005_400,
             expert_record_bytes: 2_764_800,
             moe_layers: 48,
             experts_per_layer: 512,
@@ -134,8 +141,8 @@ impl ModelCosts {
             kv_bytes_per_token: 12 * 2 * 2 * 256 * 4,
             // 36 DeltaNet layers: 48 heads x 128 x 128 f32 state + a 3-step conv window.
             state_bytes: 36 * (48 * 128 * 128 + 3 * (2 * 16 * 128 + 48 * 128)) * 4,
-            // Bounded n-gram row cache (1 GB) until the flagship issue sizes it.
-            extra_bytes: 1_000_000_000,
+            // The bounded n-gram row cache.
+            extra_bytes: crate::model::DEFAULT_NGRAM_CACHE_BYTES as u64,
         }
     }
 }

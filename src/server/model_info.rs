@@ -179,9 +179,9 @@ pub fn sequence_state_bytes(model: &DecoderModel, backend: &dyn Backend, state: 
         .iter()
         .zip(&state.layers)
         .map(|(layer, st)| match (&layer.mixer, st) {
-            (Mixer::Attention(a), LayerState::Attention(cache)) => {
+            (Mixer::Attention(a), LayerState::Attention(cache, indexer)) => {
                 let rows = backend.kv_len(cache).unwrap_or(0) as u64;
-                2 * rows * (a.kv_heads * a.head_dim) as u64 * f32_bytes
+                2 * rows * (a.kv_heads * a.head_dim) as u64 * f32_bytes + indexer.as_ref().map_or(0, |i| i.bytes() as u64)
             }
             (Mixer::Delta(d), LayerState::Delta(_)) => {
                 let conv_channels = (2 * d.key_heads * d.key_dim + d.value_heads * d.value_dim) as u64;

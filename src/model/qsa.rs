@@ -1,0 +1,171 @@
+//! The QSA indexer of qwen4_exp's full-attention layers.
+//!
+//! While a query sees at most `budget` keys it attends to all of them. Past
+//! that, the keys are grouped in blocks of `ratio` positions; each complete
+//! block gets one compressed key (the mean of the indexer's raw keys over the
+//! block, RMS-normalised, RoPE'd at the block's first position) and the query
+//! scores every block wholly in its past by `sum over indexer heads of
+//! relu(q_h . key_block) / sqrt(head_dim)`. It then attends to the tokens of
+//! the `budget/ratio` best blocks plus its own trailing partial block.
+//!
+//! A query sees every key exactly when its visible blocks fit the budget, so
+//! the choice depends only on the query's position, never on how a prompt is
+//! split into calls. Scoring runs on the host: the compressed keys of a
+//! sequence are computed once per block and kept in [`IndexerState`].
+
+use anyhow::{bail, Result};
+use slotstream_backend::{Backend, KeySelection, Tensor, Weight};
+
+/// Weights and settings of one layer's indexer.
+pub struct Indexer {
+    /// `[(heads + 1) * head_dim, hidden]`: query heads, then the one key head.
+    pub qk_proj: Weight,
+    pub q_norm: Vec<f32>,
+    pub k_norm: Vec<f32>,
+    pub heads: usize,
+    pub head_dim: usize,
+    /// Keys a query attends to before the sparse path starts.
+    pub budget: usize,
+    /// Positions per compressed block.
+    pub ratio: usize,
+    pub rotary_dim: usize,
+    pub rope_theta: f32,
+    pub eps: f32,
+}
+
+/// The indexer's per-sequence memory: raw keys of every position and the
+/// compressed key of every complete block.
+#[derive(Clone, Debug, Default)]
+pub struct IndexerState {
+    raw: Vec<f32>,
+    blocks: Vec<f32>,
+}
+
+impl IndexerState {
+    pub fn bytes(&self) -> usize {
+        4 * (self.raw.len() + self.blocks.len())
+    }
+}
+
+impl Indexer {
+    /// Blocks a query keeps once sparse.
+    pub fn top_blocks(&self) -> usize {
+        self.budget / self.ratio
+    }
+
+    /// Whether the query at `pos` attends sparsely.
+    fn sparse_at(&self, pos: usize) -> bool {
+        (pos + 1) / self.ratio > self.top_blocks()
+    }
+
+    /// Records the raw keys of `x` (the layer input, `[tokens, hidden]`, the
+    /// first token at `start`) and returns the key selection of its queries,
+    /// or `None` when all of them attend densely.
+    pub fn select(&self, b: &dyn Backend, x: &Tensor, st: &mut IndexerState, start: usize) -> Result<Option<KeySelection>> {
+        let hd = self.head_dim;
+        let tokens = x.rows();
+        if st.raw.len() != start * hd {
+            bail!("the QSA indexer holds {} keys but the call starts at position {start}", st.raw.len() / hd);
+        }
+        let qk = b.download(&b.matmul(x, &self.qk_proj)?)?;
+        let row = (self.heads + 1) * hd;
+        for t in 0..tokens {
+            st.raw.extend_from_slice(&qk[t * row + self.heads * hd..(t + 1) * row]);
+        }
+        if !(0..tokens).any(|t| self.sparse_at(start + t)) {
+            return Ok(None);
+        }
+        // Compressed keys of blocks completed since the last call.
+        let complete = (start + tokens) / self.ratio;
+        for n in st.blocks.len() / hd..complete {
+            let mut key = vec![0.0f32; hd];
+            for p in n * self.ratio..(n + 1) * self.ratio {
+                key.iter_mut().zip(&st.raw[p * hd..(p + 1) * hd]).for_each(|(k, r)| *k += r);
+            }
+            key.iter_mut().for_each(|k| *k /= self.ratio as f32);
+            rms_norm(&mut key, &self.k_norm, self.eps);
+            rope(&mut key, self.rotary_dim, self.rope_theta, n * self.ratio);
+            st.blocks.extend_from_slice(&key);
+        }
+        let per_query = self.top_blocks();
+        let mut blocks = Vec::with_capacity(tokens * per_query);
+        let scale = 1.0 / (hd as f32).sqrt();
+        for t in 0..tokens {
+            let pos = start + t;
+            if !self.sparse_at(pos) {
+                blocks.push(KeySelection::DENSE);
+                blocks.extend(std::iter::repeat_n(KeySelection::UNUSED, per_query - 1));
+                continue;
+            }
+            let mut q: Vec<f32> = qk[t * row..t * row + self.heads * hd].to_vec();
+            for head in q.chunks_exact_mut(hd) {
+                rms_norm(head, &self.q_norm, self.eps);
+                rope(head, self.rotary_dim, self.rope_theta, pos);
+            }
+            // Blocks wholly at or before the query.
+            let visible = (pos + 1) / self.ratio;
+            let mut scored: Vec<(f32, u32)> = (0..visible)
+                .map(|n| {
+                    let key = &st.blocks[n * hd..(n + 1) * hd];
+                    let s: f32 = q
+                        .chunks_exact(hd)
+                        .map(|qh| qh.iter().zip(key).map(|(a, b)| a * b).sum::<f32>().max(0.0))
+                        .sum();
+                    (s * scale, n as u32)
+                })
+                .collect();
+            // Best first; equal scores keep the earlier block.
+            let keep = per_query.min(scored.len());
+            scored.select_nth_unstable_by(keep - 1, |a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            let mut chosen: Vec<u32> = scored[..keep].iter().map(|s| s.1).collect();
+            chosen.sort_unstable();
+            blocks.extend(chosen.iter().copied());
+            blocks.extend(std::iter::repeat_n(KeySelection::UNUSED, per_query - keep));
+        }
+        Ok(Some(KeySelection { block: self.ratio, per_query, blocks }))
+    }
+}
+
+fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
+    let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let r = 1.0 / (ms + eps).sqrt();
+    x.iter_mut().zip(w).for_each(|(v, w)| *v = *v * r * w);
+}
+
+/// Rotate-half RoPE on the first `rotary_dim` values, angles as the backends
+/// compute them (f64, rounded to f32).
+fn rope(x: &mut [f32], rotary_dim: usize, theta: f32, pos: usize) {
+    let half = rotary_dim / 2;
+    for i in 0..half {
+        let f = (theta as f64).powf(-((2 * i) as f64) / rotary_dim as f64);
+        let (c, s) = ((pos as f64 * f).cos() as f32, (pos as f64 * f).sin() as f32);
+        let (a, b) = (x[i], x[i + half]);
+        x[i] = a * c - b * s;
+        x[i + half] = b * c + a * s;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sparse_starts_when_visible_blocks_exceed_the_budget() {
+        let ix = Indexer {
+            qk_proj: slotstream_backend::Weight::from_buffer(std::sync::Arc::new(()), 1, 1, 1, 0),
+            q_norm: vec![],
+            k_norm: vec![],
+            heads: 1,
+            head_dim: 1,
+            budget: 32,
+            ratio: 4,
+            rotary_dim: 0,
+            rope_theta: 1.0,
+            eps: 1e-6,
+        };
+        // Position 35 sees 36 keys = 9 blocks > 8.
+        assert!(!ix.sparse_at(31));
+        assert!(!ix.sparse_at(34));
+        assert!(ix.sparse_at(35));
+    }
+}

@@ -1,0 +1,280 @@
+//! `qwen4_exp` (Qwen3.8-Flash-Next): qwen3_next's hybrid of Gated DeltaNet and
+//! gated full attention, with
+//! - hyper-connections: 4 residual streams mixed before every block and
+//!   collapsed before `lm_head` (no final norm: the collapse carries it);
+//! - Gated DeltaNet with split projections and a sigmoid output gate;
+//! - QSA: an indexer that limits each query to the best key blocks once the
+//!   context outgrows its budget;
+//! - PLE: an n-gram embedding added to the streams at one layer, its 32 GB
+//!   table streamed from disk by row.
+//!
+//! The checkpoint is multimodal: text tensors live under `language_model.`,
+//! the vision tower is skipped. Norm weights are stored as the multiplier the
+//! model applies (the MLX conversion already added one), so none is shifted.
+
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use slotstream_backend::{Backend, GateAct};
+
+use super::config::MoeConfig;
+use super::hyper::{HyperMixer, Ple};
+use super::layers::{deinterleave_rows, linear, upload, vector, Attention, DeltaProjections, GatedDeltaNet, Mlp, MoeBlock, RmsNorm};
+use super::ngram::NgramStore;
+use super::qsa::Indexer;
+use super::{assemble, DecoderLayer, DecoderModel, FeedForward, Head, Layout, LoadOptions, Mixer, Residual, Trunk};
+use crate::checkpoint::Checkpoint;
+
+/// The qwen4_exp settings beyond what [`MoeConfig`] reads.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Qwen4Config {
+    pub hc_count: usize,
+    pub hc_lowrank: usize,
+    pub indexer_n_heads: usize,
+    pub indexer_kv_heads: usize,
+    pub indexer_head_dim: usize,
+    pub indexer_budget: usize,
+    pub indexer_compress_ratio: usize,
+    pub ngram_size: usize,
+    pub heads_per_ngram: usize,
+    pub split_ngram_parts: usize,
+    pub ple_embed_dim: usize,
+    #[serde(default)]
+    pub ple_layer_ids: Vec<usize>,
+    pub ple_conv_kernel_size: usize,
+    #[serde(default = "sigmoid")]
+    pub output_gate_type: String,
+}
+
+fn sigmoid() -> String {
+    "sigmoid".into()
+}
+
+/// The text config of a qwen4_exp `config.json` (under `text_config`).
+pub fn text_config(config: &serde_json::Value) -> Result<&serde_json::Value> {
+    config.get("text_config").context("config.json of a qwen4_exp model has no 'text_config'")
+}
+
+impl Qwen4Config {
+    pub fn parse(text: &serde_json::Value) -> Result<Qwen4Config> {
+        let q: Qwen4Config = serde_json::from_value(text.clone())
+            .context("config.json text_config is missing a qwen4_exp field (hyper-connection, indexer or n-gram settings)")?;
+        if q.hc_count == 0 || q.indexer_compress_ratio == 0 || q.ngram_size < 2 || q.heads_per_ngram == 0 {
+            bail!("config.json text_config: hc_count, indexer_compress_ratio and heads_per_ngram must be positive and ngram_size at least 2");
+        }
+        if q.indexer_kv_heads != 1 {
+            bail!("config.json text_config: indexer_kv_heads {} is not supported (the indexer has one key head)", q.indexer_kv_heads);
+        }
+        if q.indexer_budget % q.indexer_compress_ratio != 0 || q.indexer_budget == 0 {
+            bail!(
+                "config.json text_config: indexer_budget {} is not a positive multiple of indexer_compress_ratio {}",
+                q.indexer_budget, q.indexer_compress_ratio
+            );
+        }
+        Ok(q)
+    }
+
+    pub fn gate_act(&self) -> Result<GateAct> {
+        match self.output_gate_type.as_str() {
+            "sigmoid" => Ok(GateAct::Sigmoid),
+            "silu" | "swish" => Ok(GateAct::Silu),
+            other => bail!("config.json text_config: output_gate_type '{other}' is not supported (sigmoid or silu)"),
+        }
+    }
+}
+
+fn is_full_attention(c: &MoeConfig, i: usize) -> Result<bool> {
+    match c.layer_types.as_ref().and_then(|t| t.get(i)).map(|s| s.as_str()) {
+        Some("full_attention") => Ok(true),
+        Some("linear_attention") => Ok(false),
+        Some(other) => bail!("config.json layer_types[{i}] is '{other}' (expected full_attention or linear_attention)"),
+        None => Ok((i + 1) % c.full_attention_interval.max(1) == 0),
+    }
+}
+
+fn hyper_mixer(b: &dyn Backend, ck: &Checkpoint, p: &str, c: &MoeConfig, q: &Qwen4Config, inject: bool) -> Result<HyperMixer> {
+    let (h, hc) = (c.hidden_size, q.hc_count);
+    Ok(HyperMixer {
+        norm: vector(b, ck, &format!("{p}.hc_norm.weight"), hc * h, 0.0)?,
+        down: linear(b, ck, &format!("{p}.input_mix_weight_down"), q.hc_lowrank, hc * h)?,
+        up: linear(b, ck, &format!("{p}.input_mix_weight_up"), hc * h, q.hc_lowrank)?,
+        inject: if inject { Some(linear(b, ck, &format!("{p}.block_inject_weight"), hc, hc * h)?) } else { None },
+        streams: hc,
+        hidden: h,
+        eps: c.rms_norm_eps,
+    })
+}
+
+/// A `[channels, kernel, 1]` (mlx) or `[channels, 1, kernel]` conv weight as `[channels, kernel]`.
+fn conv_weight(b: &dyn Backend, ck: &Checkpoint, name: &str, channels: usize, k: usize) -> Result<slotstream_backend::Tensor> {
+    let shape = ck.entry(name)?.shape.clone();
+    if shape != [channels, 1, k] && shape != [channels, k, 1] {
+        bail!("tensor '{name}' has shape {shape:?}, expected [{channels}, {k}, 1]");
+    }
+    Ok(b.upload(&ck.f32_tensor(name, &shape)?, &[channels, k])?)
+}
+
+/// Full attention with its QSA indexer.
+fn attention(b: &dyn Backend, ck: &Checkpoint, a: &str, c: &MoeConfig, q: &Qwen4Config) -> Result<Attention> {
+    let (h, hd, heads, kvh) = (c.hidden_size, c.head_dim(), c.num_attention_heads, c.kv_heads());
+    let norm = |name: &str, len: usize| -> Result<RmsNorm> { Ok(RmsNorm { weight: vector(b, ck, name, len, 0.0)?, eps: c.rms_norm_eps }) };
+    let rotary_dim = (hd as f32 * c.partial_rotary_factor()) as usize;
+    // q_proj interleaves per head [query(hd), gate(hd)]; regroup to [queries | gates].
+    let qp = ck.matrix(&format!("{a}.q_proj"), &[], heads * 2 * hd, h)?;
+    let qp = qp.permute_rows(&deinterleave_rows(heads, &[hd, hd]))?;
+    let ihd = q.indexer_head_dim;
+    let ix = format!("{a}.indexer");
+    let indexer = Indexer {
+        qk_proj: linear(b, ck, &format!("{ix}.index_qk_proj"), (q.indexer_n_heads + q.indexer_kv_heads) * ihd, h)?,
+        q_norm: ck.f32_tensor(&format!("{ix}.q_layernorm.weight"), &[ihd])?,
+        k_norm: ck.f32_tensor(&format!("{ix}.k_layernorm.weight"), &[ihd])?,
+        heads: q.indexer_n_heads,
+        head_dim: ihd,
+        budget: q.indexer_budget,
+        ratio: q.indexer_compress_ratio,
+        rotary_dim: rotary_dim.min(ihd),
+        rope_theta: c.rope_theta(),
+        eps: c.rms_norm_eps,
+    };
+    Ok(Attention {
+        q_proj: upload(b, &qp, &format!("{a}.q_proj"))?,
+        k_proj: linear(b, ck, &format!("{a}.k_proj"), kvh * hd, h)?,
+        v_proj: linear(b, ck, &format!("{a}.v_proj"), kvh * hd, h)?,
+        o_proj: linear(b, ck, &format!("{a}.o_proj"), h, heads * hd)?,
+        q_norm: norm(&format!("{a}.q_norm.weight"), hd)?,
+        k_norm: norm(&format!("{a}.k_norm.weight"), hd)?,
+        heads,
+        kv_heads: kvh,
+        head_dim: hd,
+        rotary_dim,
+        rope_theta: c.rope_theta(),
+        gated: true,
+        indexer: Some(indexer),
+    })
+}
+
+fn delta_net(b: &dyn Backend, ck: &Checkpoint, l: &str, c: &MoeConfig, q: &Qwen4Config) -> Result<GatedDeltaNet> {
+    let h = c.hidden_size;
+    let need = |v: Option<usize>, name: &str| v.with_context(|| format!("config.json text_config is missing '{name}'"));
+    let nk = need(c.linear_num_key_heads, "linear_num_key_heads")?;
+    let nv = need(c.linear_num_value_heads, "linear_num_value_heads")?;
+    let dk = need(c.linear_key_head_dim, "linear_key_head_dim")?;
+    let dv = need(c.linear_value_head_dim, "linear_value_head_dim")?;
+    if nk == 0 || nv % nk != 0 {
+        bail!("config.json: {nv} linear value heads are not a multiple of {nk} key heads");
+    }
+    let channels = 2 * nk * dk + nv * dv;
+    let k = c.linear_conv_kernel_dim;
+    Ok(GatedDeltaNet {
+        projections: DeltaProjections::Split {
+            qkv: linear(b, ck, &format!("{l}.in_proj_qkv"), channels, h)?,
+            z: linear(b, ck, &format!("{l}.in_proj_z"), nv * dv, h)?,
+            b: linear(b, ck, &format!("{l}.in_proj_b"), nv, h)?,
+            a: linear(b, ck, &format!("{l}.in_proj_a"), nv, h)?,
+        },
+        gate_act: q.gate_act()?,
+        conv_weight: conv_weight(b, ck, &format!("{l}.conv1d.weight"), channels, k)?,
+        a_log: vector(b, ck, &format!("{l}.A_log"), nv, 0.0)?,
+        dt_bias: vector(b, ck, &format!("{l}.dt_bias"), nv, 0.0)?,
+        norm: vector(b, ck, &format!("{l}.norm.weight"), dv, 0.0)?,
+        out_proj: linear(b, ck, &format!("{l}.out_proj"), h, nv * dv)?,
+        key_heads: nk,
+        value_heads: nv,
+        key_dim: dk,
+        value_dim: dv,
+        conv_kernel: k,
+        eps: c.rms_norm_eps,
+    })
+}
+
+/// The routed experts (softmax over the selected router logits) and the
+/// sigmoid-gated shared expert.
+fn moe(b: &dyn Backend, ck: &Checkpoint, m: &str, c: &MoeConfig, moe_index: usize) -> Result<MoeBlock> {
+    let h = c.hidden_size;
+    Ok(MoeBlock {
+        router: linear(b, ck, &format!("{m}.gate"), c.num_experts, h)?,
+        moe_index,
+        top_k: c.num_experts_per_tok,
+        // A softmax over the selected logits equals the full softmax renormalised.
+        norm_topk_prob: true,
+        shared: Some((
+            Mlp::load(b, ck, &format!("{m}.shared_expert"), h, c.shared_expert_intermediate_size)?,
+            linear(b, ck, &format!("{m}.shared_expert_gate"), 1, h)?,
+        )),
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn ple(b: &dyn Backend, ck: &Arc<Checkpoint>, p: &str, c: &MoeConfig, q: &Qwen4Config, eos: u32, opts: &LoadOptions) -> Result<Ple> {
+    let (h, hc, e) = (c.hidden_size, q.hc_count, q.ple_embed_dim);
+    let heads = (q.ngram_size - 1) * q.heads_per_ngram;
+    let row_floats = e / heads.max(1);
+    let cache_rows = opts.ngram_cache_bytes / (4 * row_floats.max(1));
+    let store = NgramStore::open(
+        ck.clone(),
+        &format!("{p}.ple_embedding"),
+        q.split_ngram_parts,
+        e,
+        q.ngram_size,
+        q.heads_per_ngram,
+        eos,
+        cache_rows,
+    )?;
+    let k = q.ple_conv_kernel_size;
+    Ok(Ple {
+        store,
+        key_proj: linear(b, ck, &format!("{p}.key_proj"), hc * h, e)?,
+        value_proj: linear(b, ck, &format!("{p}.value_proj"), h, e)?,
+        norm_key: vector(b, ck, &format!("{p}.norm_key.weight"), hc * h, 0.0)?,
+        norm_query: vector(b, ck, &format!("{p}.norm_query.weight"), hc * h, 0.0)?,
+        norm_conv: vector(b, ck, &format!("{p}.norm_conv.weight"), hc * h, 0.0)?,
+        conv: conv_weight(b, ck, &format!("{p}.conv1d.weight"), hc * h, k)?,
+        kernel: k,
+        dilation: q.ngram_size,
+        streams: hc,
+        hidden: h,
+        eps: c.rms_norm_eps,
+    })
+}
+
+pub fn load(config: &serde_json::Value, mut ck: Checkpoint, b: &dyn Backend, opts: &LoadOptions) -> Result<DecoderModel> {
+    let text = text_config(config)?;
+    let c = MoeConfig::parse(text)?;
+    let q = Qwen4Config::parse(text)?;
+    ck.keep_language_model();
+    let ck = Arc::new(ck);
+    let (h, v) = (c.hidden_size, c.vocab_size);
+    let eos = *c.eos_ids().first().context("config.json text_config has no eos_token_id (the n-gram hash needs it)")?;
+    let embed = linear(b, &ck, "model.embed_tokens", v, h)?;
+    let lm_head = if c.tie_word_embeddings { embed.clone() } else { linear(b, &ck, "lm_head", v, h)? };
+    let trunk = Trunk {
+        embed,
+        streams: q.hc_count,
+        head: Head::Hyper(hyper_mixer(b, &ck, "model.hyper_connection_mixer", &c, &q, false)?),
+        lm_head,
+    };
+    let mut layers = Vec::with_capacity(c.num_hidden_layers);
+    let mut moe_prefixes = Vec::new();
+    for i in 0..c.num_hidden_layers {
+        let p = format!("model.layers.{i}");
+        let mixer = if is_full_attention(&c, i)? {
+            Mixer::Attention(attention(b, &ck, &format!("{p}.self_attn"), &c, &q)?)
+        } else {
+            Mixer::Delta(delta_net(b, &ck, &format!("{p}.linear_attn"), &c, &q)?)
+        };
+        let ple = if q.ple_layer_ids.contains(&(i + 1)) { Some(ple(b, &ck, &format!("{p}.ple"), &c, &q, eos, opts)?) } else { None };
+        let ffn = FeedForward::Moe(moe(b, &ck, &format!("{p}.mlp"), &c, moe_prefixes.len())?);
+        moe_prefixes.push(format!("{p}.mlp"));
+        layers.push(DecoderLayer {
+            residual: Residual::Hyper {
+                attn: hyper_mixer(b, &ck, &format!("{p}.attn_hyper_connection"), &c, &q, true)?,
+                mlp: hyper_mixer(b, &ck, &format!("{p}.mlp_hyper_connection"), &c, &q, true)?,
+            },
+            ple,
+            mixer,
+            ffn,
+        });
+    }
+    assemble(b, &ck, &c, Layout::Mlx, trunk, layers, &moe_prefixes, opts)
+}
