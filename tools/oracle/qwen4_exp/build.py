@@ -97,6 +97,11 @@ def run_case(model: Qwen4Exp, name: str, text: str, report: dict, want_debug: bo
     layer_outs = []
     logits, hyper, mixed = model.forward(ids, st, layer_outs)
     ngram_ids = np.concatenate(model.stats["ngram_ids"], 0)
+    kept_blocks = {}
+    cr = model.tc["indexer_compress_ratio"]
+    for tag, pos, m in model.stats["masks"]:
+        row, p = m[-1], int(pos[-1])
+        kept_blocks[f"layer_{tag[1:]}"] = [n for n in range((p + 1) // cr) if row[n * cr]]
     last_logits = logits[-1]
     # --- greedy, cached (decode token by token on the prefill state)
     gen, margins, cur = [], [], last_logits
@@ -152,7 +157,9 @@ def run_case(model: Qwen4Exp, name: str, text: str, report: dict, want_debug: bo
     if want_debug:  # argmaxes only where they are far from ties (checked for this case)
         case["mtp"]["argmax_ids"] = [int(x) for x in mtp_logits.argmax(-1)]
         case["mtp"]["min_margin"] = f32(min(mtp_margins))
-    if want_debug:
+    if not want_debug:
+        case["debug"] = {"indexer_kept_blocks_last_position": kept_blocks}
+    else:
         case["debug"] = {
             "layer_outputs": [f32_list(h[-1]) for h in layer_outs],
             "mixed_final": f32_list(mixed[-1]),
@@ -295,6 +302,7 @@ def main():
     ap.add_argument("--out", default=str(REPO / "tests" / "fixtures" / "qwen4_exp_tiny"))
     ap.add_argument("--seed", type=int, default=SEED)
     ap.add_argument("--mtp-seed", type=int, default=None, help="default: seed + 1")
+    ap.add_argument("--check", action="store_true", help="rebuild in a temp dir and compare with --out byte for byte")
     ap.add_argument("--search", type=int, default=0, help="try this many seeds from --seed, print, write nothing")
     args = ap.parse_args()
 
@@ -320,7 +328,18 @@ def main():
         if bad:
             print("FAILED robustness checks:", bad, file=sys.stderr)
             sys.exit(1)
+        golden["robustness"] = {k: (f32(v) if isinstance(v, float) else v) for k, v in s.items()
+                                if k in ("min_greedy_margin", "min_router_gap", "min_indexer_gap",
+                                         "indexer_cuts", "indexer_zero_ties", "indexer_zero_tie_robustness")}
         fixture.write_json(tmp / "golden.json", golden, indent=1)
+        if args.check:
+            diff = [f.name for f in sorted(tmp.iterdir())
+                    if not (out / f.name).exists() or (out / f.name).read_bytes() != f.read_bytes()]
+            if diff:
+                print("differs from", out, ":", diff, file=sys.stderr)
+                sys.exit(1)
+            print(f"{out} is byte-identical to a fresh build")
+            return
         out.mkdir(parents=True, exist_ok=True)
         for f in sorted(tmp.iterdir()):
             shutil.copyfile(f, out / f.name)
