@@ -177,6 +177,14 @@ impl Checkpoint {
         Ok(ck)
     }
 
+    /// Opens one safetensors file on its own (an `mtp.safetensors` head).
+    pub fn open_file(path: &Path, quant: QuantConfig) -> Result<Checkpoint> {
+        let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+        let mut ck = Checkpoint { dir, files: Vec::new(), tensors: BTreeMap::new(), quant, used: Default::default() };
+        ck.add_file(path)?;
+        Ok(ck)
+    }
+
     fn add_file(&mut self, path: &Path) -> Result<()> {
         let file = File::open(path).with_context(|| {
             format!("opening {} (listed by the checkpoint but missing or unreadable; re-download the model)", path.display())

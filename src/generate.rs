@@ -6,9 +6,9 @@ use std::ops::ControlFlow;
 use std::path::Path;
 use std::time::Instant;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use serde::Serialize;
-use slotstream_backend::Backend;
+use slotstream_backend::{Backend, Tensor};
 
 use crate::model::{self, DecoderModel, Logits, SequenceState};
 use crate::sampling::{Sampler, SamplingParams};
@@ -17,12 +17,19 @@ use crate::tokenizer::{StreamDecoder, TextCodec};
 /// Prompt tokens processed per forward pass during prefill.
 pub const DEFAULT_PREFILL_CHUNK: usize = 256;
 
+/// Replaces the MTP head's draft: given the tokens so far, the token to
+/// propose next. The head still runs, so its state stays as in real use.
+pub type Drafter = Box<dyn Fn(&[u32]) -> u32 + Send + Sync>;
+
 /// A model ready to generate.
 pub struct Engine {
     pub backend: Box<dyn Backend>,
     pub model: DecoderModel,
     pub codec: TextCodec,
     pub prefill_chunk: usize,
+    /// For tests of speculative decoding's verification: drafts chosen by the
+    /// test instead of the head (accepted and rejected drafts on demand).
+    pub drafter: Option<Drafter>,
 }
 
 /// What to generate.
@@ -51,6 +58,9 @@ pub enum FinishReason {
 pub struct GenerateStats {
     pub prompt_tokens: usize,
     pub generated_tokens: usize,
+    /// Speculative decoding with the MTP head: tokens drafted and accepted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mtp: Option<MtpStats>,
     pub prefill_seconds: f64,
     pub decode_seconds: f64,
     pub prefill_tokens_per_second: f64,
@@ -64,6 +74,24 @@ pub struct GenerateOutput {
     pub text: String,
     pub finish_reason: FinishReason,
     pub stats: GenerateStats,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq)]
+pub struct MtpStats {
+    pub drafted: usize,
+    pub accepted: usize,
+    /// Forward passes of the main model during decode.
+    pub forward_passes: usize,
+}
+
+impl MtpStats {
+    pub fn acceptance(&self) -> f64 {
+        if self.drafted == 0 {
+            0.0
+        } else {
+            self.accepted as f64 / self.drafted as f64
+        }
+    }
 }
 
 fn per_second(n: usize, secs: f64) -> f64 {
@@ -117,7 +145,7 @@ impl Engine {
         let model = model::load(dir, backend.as_ref(), opts)?;
         let config_eos = read_config_eos(dir)?;
         let codec = TextCodec::load(dir, &config_eos)?;
-        Ok(Engine { backend, model, codec, prefill_chunk: DEFAULT_PREFILL_CHUNK })
+        Ok(Engine { backend, model, codec, prefill_chunk: DEFAULT_PREFILL_CHUNK, drafter: None })
     }
 
     /// Expert cache statistics so far.
@@ -136,11 +164,40 @@ impl Engine {
             bail!("the prompt is empty: give at least one token");
         }
         let mut logits = Vec::new();
+        let start = state.position;
         for chunk in ids.chunks(self.prefill_chunk.max(1)) {
-            let t = self.model.forward(self.backend.as_ref(), chunk, state, Logits::Last)?;
-            logits = self.backend.download(&t)?;
+            let t = self.forward_tracked(chunk, state, ids, start)?;
+            logits = self.backend.download(&self.logits_of_last(&t, 1)?)?;
         }
         Ok(logits)
+    }
+
+    /// Runs `chunk` (the tokens from `state.position` on; `known` holds the
+    /// tokens from position `known_start` on, at least through the chunk) and
+    /// returns the hidden state `[chunk.len(), streams*hidden]`. With an MTP
+    /// head, records the hidden rows and feeds the head every entry whose
+    /// next token is known.
+    fn forward_tracked(&self, chunk: &[u32], state: &mut SequenceState, known: &[u32], known_start: usize) -> Result<Tensor> {
+        let b = self.backend.as_ref();
+        let first = state.position;
+        let h = self.model.hidden(b, chunk, state)?;
+        if let (Some(head), Some(mtp)) = (&self.model.mtp, state.mtp.as_mut()) {
+            mtp.record(b, first, &h)?;
+            let known_end = known_start + known.len();
+            let last = (first + chunk.len()).min(known_end.saturating_sub(1));
+            if last > 0 {
+                head.feed(b, &self.model, mtp, known, known_start, last - 1)?;
+            }
+        }
+        Ok(h)
+    }
+
+    /// Logits `[n, vocab]` of the last `n` rows of a hidden state.
+    fn logits_of_last(&self, h: &Tensor, n: usize) -> Result<Tensor> {
+        let b = self.backend.as_ref();
+        let rows = h.rows();
+        let h = if rows > n { b.slice_rows(h, rows - n, n)? } else { h.clone() };
+        Ok(b.matmul(&self.model.collapse(b, &h)?, &self.model.lm_head)?)
     }
 
     /// Generates from a fresh state, calling `on_text` with each piece of text;
@@ -190,8 +247,13 @@ impl Engine {
             text.push_str(piece);
             on_text(piece)
         };
+        let mut ready: std::collections::VecDeque<u32> = std::collections::VecDeque::new();
+        let mut mtp_stats = self.model.mtp.as_ref().map(|_| MtpStats::default());
         while generated.len() < req.max_tokens {
-            let next = sampler.sample(&logits, &history);
+            let next = match ready.pop_front() {
+                Some(t) => t,
+                None => sampler.sample(&logits, &history),
+            };
             if !req.ignore_eos && self.codec.eos_ids.contains(&next) {
                 finish = FinishReason::Stop;
                 break;
@@ -209,11 +271,21 @@ impl Engine {
                 hit_stop_string = true;
                 break;
             }
-            if generated.len() == req.max_tokens {
-                break;
+            if generated.len() == req.max_tokens || !ready.is_empty() {
+                continue;
             }
-            let t = self.model.forward(self.backend.as_ref(), &[next], state, Logits::Last)?;
-            logits = self.backend.download(&t)?;
+            match mtp_stats.as_mut() {
+                None => {
+                    let t = self.model.forward(self.backend.as_ref(), &[next], state, Logits::Last)?;
+                    logits = self.backend.download(&t)?;
+                }
+                Some(stats) => {
+                    logits = self.speculate(state, &history, &mut sampler, &mut ready, stats)?;
+                }
+            }
+        }
+        if let (Some(head), Some(mtp)) = (&self.model.mtp, state.mtp.as_mut()) {
+            head.trim(self.backend.as_ref(), mtp, state.position)?;
         }
         if !hit_stop_string {
             // Flush an incomplete character and any text held back for stop matching.
@@ -229,6 +301,7 @@ impl Engine {
         let stats = GenerateStats {
             prompt_tokens: req.prompt_ids.len(),
             generated_tokens: generated.len(),
+            mtp: mtp_stats,
             prefill_seconds,
             decode_seconds,
             prefill_tokens_per_second: per_second(fed, prefill_seconds),
@@ -236,6 +309,70 @@ impl Engine {
             decode_tokens_per_second: per_second(generated.len().saturating_sub(1), decode_seconds),
         };
         Ok(GenerateOutput { prompt_ids: req.prompt_ids.clone(), generated_ids: generated, text, finish_reason: finish, stats })
+    }
+}
+
+impl Engine {
+    /// One step of speculative decoding with the MTP head, after `history`'s
+    /// last token was sampled (the state holds every earlier token but at most
+    /// one). Drafts the token after it, runs the unfed tokens plus the draft
+    /// through the model in one pass and samples the real next token from the
+    /// same logits plain decoding would use. A matching draft yields two tokens
+    /// (queued in `ready`); otherwise the state is rolled back to before the
+    /// pass and the sampled token is queued. Returns logits to sample from when
+    /// nothing was queued (a catch-up pass without a draft).
+    fn speculate(
+        &self,
+        state: &mut SequenceState,
+        history: &[u32],
+        sampler: &mut Sampler,
+        ready: &mut std::collections::VecDeque<u32>,
+        stats: &mut MtpStats,
+    ) -> Result<Vec<f32>> {
+        let b = self.backend.as_ref();
+        let head = self.model.mtp.as_ref().context("internal: speculative decoding without an MTP head")?;
+        let q = history.len() - 1;
+        let p = state.position;
+        stats.forward_passes += 1;
+        if q >= p + 2 {
+            // Two drafts in a row were rejected: catch up without a draft, so a
+            // pass never grows past three tokens.
+            let h = self.forward_tracked(&history[p..], state, &history[p..], p)?;
+            return Ok(self.backend.download(&self.logits_of_last(&h, 1)?)?);
+        }
+        let mtp = state.mtp.as_mut().context("internal: the sequence has no MTP state")?;
+        let draft_logits = head.feed(b, &self.model, mtp, history, 0, q - 1)?;
+        let draft_logits = self.backend.download(&draft_logits.context("internal: the MTP head had nothing to draft from")?)?;
+        let draft = match &self.drafter {
+            Some(f) => f(history),
+            None => crate::sampling::argmax(&draft_logits),
+        };
+        stats.drafted += 1;
+        let snapshot = self.model.snapshot(b, state)?;
+        let mut fed: Vec<u32> = history[p..].to_vec();
+        fed.push(draft);
+        let h = self.model.hidden(b, &fed, state)?;
+        let logits = self.backend.download(&self.logits_of_last(&h, 2)?)?;
+        let vocab = logits.len() / 2;
+        // Rows of the known tokens are right whatever the draft was.
+        if let Some(mtp) = state.mtp.as_mut() {
+            mtp.record(b, p, &b.slice_rows(&h, 0, fed.len() - 1)?)?;
+        }
+        let sampled = sampler.sample(&logits[..vocab], history);
+        if sampled == draft {
+            stats.accepted += 1;
+            if let Some(mtp) = state.mtp.as_mut() {
+                mtp.record(b, p + fed.len() - 1, &b.slice_rows(&h, fed.len() - 1, 1)?)?;
+            }
+            let mut extended = history.to_vec();
+            extended.push(draft);
+            let after = sampler.sample(&logits[vocab..], &extended);
+            ready.extend([draft, after]);
+        } else {
+            self.model.rollback(b, state, snapshot)?;
+            ready.push_back(sampled);
+        }
+        Ok(Vec::new())
     }
 }
 

@@ -107,6 +107,9 @@ impl Backend for ShapeOnly {
     fn kv_len(&self, _: &State) -> Result<usize> {
         Err(no("kv_len"))
     }
+    fn kv_truncate(&self, _: &mut State, _: usize) -> Result<()> {
+        Err(no("kv_truncate"))
+    }
     fn attention(&self, _: &Tensor, _: &Tensor, _: &Tensor, _: &mut State, _: usize, _: f32, _: Option<&KeySelection>) -> Result<Tensor> {
         Err(no("attention"))
     }

@@ -5,6 +5,7 @@
 pub mod config;
 pub mod hyper;
 pub mod layers;
+pub mod mtp;
 pub mod ngram;
 pub mod qsa;
 mod qwen3_moe;
@@ -60,11 +61,22 @@ pub enum LayerState {
     Delta(DeltaState),
 }
 
+/// The parts of a sequence's state that cannot be cut back to an earlier
+/// position (recurrent and convolution state), saved before a speculative
+/// forward pass; KV caches and indexer keys are truncated instead.
+pub struct Snapshot {
+    position: usize,
+    delta: Vec<Option<DeltaState>>,
+    ple: Vec<PleState>,
+}
+
 /// Everything a sequence carries between forward calls.
 pub struct SequenceState {
     pub layers: Vec<LayerState>,
     /// State of each PLE layer, in layer order.
     pub ple: Vec<PleState>,
+    /// The MTP head's state, when the model has the head loaded.
+    pub mtp: Option<mtp::MtpState>,
     /// Tokens consumed so far.
     pub position: usize,
 }
@@ -96,6 +108,12 @@ pub struct DecoderModel {
     pub resident_bytes: usize,
     /// Checkpoint tensors the loader did not use (a mismatch to look into).
     pub unused_tensors: Vec<String>,
+    /// The multi-token-prediction head, when loaded (qwen4_exp's `mtp.safetensors`).
+    pub mtp: Option<mtp::MtpHead>,
+}
+
+pub(crate) fn experts_lock(m: &Mutex<ExpertCache>) -> Result<std::sync::MutexGuard<'_, ExpertCache>> {
+    m.lock().map_err(|_| anyhow::anyhow!("the expert cache was poisoned by an earlier failure"))
 }
 
 /// Which positions' logits a forward pass returns.
@@ -116,7 +134,8 @@ impl DecoderModel {
             })
             .collect::<Result<Vec<_>>>()?;
         let ple = self.layers.iter().filter_map(|l| l.ple.as_ref()).map(|p| p.new_state(b)).collect::<Result<Vec<_>>>()?;
-        Ok(SequenceState { layers, ple, position: 0 })
+        let mtp = self.mtp.as_ref().map(|m| m.new_state(b)).transpose()?;
+        Ok(SequenceState { layers, ple, mtp, position: 0 })
     }
 
     /// Runs `ids` through the model, extending `state`; returns logits
@@ -141,7 +160,7 @@ impl DecoderModel {
         if self.streams > 1 {
             x = b.repeat_cols(&x, self.streams)?;
         }
-        let mut experts = self.experts.lock().map_err(|_| anyhow::anyhow!("the expert cache was poisoned by an earlier failure"))?;
+        let mut experts = experts_lock(&self.experts)?;
         let mut ple_states = state.ple.iter_mut();
         for (i, (layer, st)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
             let ple = match &layer.ple {
@@ -162,30 +181,65 @@ impl DecoderModel {
         }
     }
 
-    /// Deep copy of a sequence's state.
-    pub fn clone_state(&self, b: &dyn Backend, s: &SequenceState) -> Result<SequenceState> {
-        let layers = s
+    /// Saves what [`DecoderModel::rollback`] needs to return `s` to its current position.
+    pub fn snapshot(&self, b: &dyn Backend, s: &SequenceState) -> Result<Snapshot> {
+        let delta = s
             .layers
             .iter()
-            .map(|l| {
-                Ok(match l {
-                    LayerState::Attention(c, idx) => LayerState::Attention(b.clone_state(c)?, idx.clone()),
-                    LayerState::Delta(d) => LayerState::Delta(DeltaState {
-                        conv: b.clone_state(&d.conv)?,
-                        recurrent: b.clone_state(&d.recurrent)?,
-                    }),
-                })
+            .map(|l| match l {
+                LayerState::Delta(d) => {
+                    Ok(Some(DeltaState { conv: b.clone_state(&d.conv)?, recurrent: b.clone_state(&d.recurrent)? }))
+                }
+                LayerState::Attention(..) => Ok(None),
             })
             .collect::<Result<Vec<_>>>()?;
         let ple = s.ple.iter().map(|p| p.clone_with(b)).collect::<Result<Vec<_>>>()?;
-        Ok(SequenceState { layers, ple, position: s.position })
+        Ok(Snapshot { position: s.position, delta, ple })
+    }
+
+    /// Returns `s` to where it was when `snap` was taken.
+    pub fn rollback(&self, b: &dyn Backend, s: &mut SequenceState, snap: Snapshot) -> Result<()> {
+        for ((layer, st), saved) in self.layers.iter().zip(s.layers.iter_mut()).zip(snap.delta) {
+            match (st, saved) {
+                (LayerState::Delta(d), Some(saved)) => *d = saved,
+                (LayerState::Attention(cache, idx), None) => {
+                    b.kv_truncate(cache, snap.position)?;
+                    if let (Some(idx), Mixer::Attention(a)) = (idx, &layer.mixer) {
+                        if let Some(ix) = &a.indexer {
+                            idx.truncate(snap.position, ix.head_dim, ix.ratio);
+                        }
+                    }
+                }
+                _ => bail!("a snapshot does not match the sequence state"),
+            }
+        }
+        s.ple = snap.ple;
+        s.position = snap.position;
+        Ok(())
+    }
+
+    pub(crate) fn clone_layer_state(&self, b: &dyn Backend, l: &LayerState) -> Result<LayerState> {
+        Ok(match l {
+            LayerState::Attention(c, idx) => LayerState::Attention(b.clone_state(c)?, idx.clone()),
+            LayerState::Delta(d) => {
+                LayerState::Delta(DeltaState { conv: b.clone_state(&d.conv)?, recurrent: b.clone_state(&d.recurrent)? })
+            }
+        })
+    }
+
+    /// Deep copy of a sequence's state.
+    pub fn clone_state(&self, b: &dyn Backend, s: &SequenceState) -> Result<SequenceState> {
+        let layers = s.layers.iter().map(|l| self.clone_layer_state(b, l)).collect::<Result<Vec<_>>>()?;
+        let ple = s.ple.iter().map(|p| p.clone_with(b)).collect::<Result<Vec<_>>>()?;
+        let mtp = s.mtp.as_ref().map(|m| m.clone_with(b, self)).transpose()?;
+        Ok(SequenceState { layers, ple, mtp, position: s.position })
     }
 }
 
 /// One decoder layer over `x` (`[tokens, streams*hidden]`); `ids` are the
 /// tokens of this call, the first at position `start`.
 #[allow(clippy::too_many_arguments)]
-fn layer_forward(
+pub(crate) fn layer_forward(
     b: &dyn Backend,
     layer: &DecoderLayer,
     x: &Tensor,
@@ -266,6 +320,8 @@ pub enum ExpertSlots {
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
     pub expert_slots: ExpertSlots,
+    /// Load the MTP head when the checkpoint has one.
+    pub mtp: bool,
     /// Bound of the dequantized n-gram row cache (qwen4_exp's PLE).
     pub ngram_cache_bytes: usize,
 }
@@ -275,7 +331,7 @@ pub const DEFAULT_NGRAM_CACHE_BYTES: usize = 64 << 20;
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { expert_slots: ExpertSlots::All, ngram_cache_bytes: DEFAULT_NGRAM_CACHE_BYTES }
+        LoadOptions { expert_slots: ExpertSlots::All, mtp: false, ngram_cache_bytes: DEFAULT_NGRAM_CACHE_BYTES }
     }
 }
 
@@ -305,11 +361,12 @@ pub(crate) fn assemble(
         top_k: c.num_experts_per_tok,
         resident_bytes: ck.bytes_where(|n| !crate::experts::is_streamed_tensor(n)) as usize,
         unused_tensors: ck.unused(),
+        mtp: None,
     })
 }
 
 /// Locates the routed experts of `moe_prefixes` and creates the slot pool.
-fn expert_cache(
+pub(crate) fn expert_cache(
     b: &dyn Backend,
     ck: &Checkpoint,
     layout: Layout,

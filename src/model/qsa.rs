@@ -45,6 +45,12 @@ impl IndexerState {
     pub fn bytes(&self) -> usize {
         4 * (self.raw.len() + self.blocks.len())
     }
+
+    /// Forgets every position from `len` on.
+    pub fn truncate(&mut self, len: usize, head_dim: usize, ratio: usize) {
+        self.raw.truncate(len * head_dim);
+        self.blocks.truncate(len / ratio * head_dim);
+    }
 }
 
 impl Indexer {

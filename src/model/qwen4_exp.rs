@@ -21,6 +21,7 @@ use slotstream_backend::{Backend, GateAct};
 use super::config::MoeConfig;
 use super::hyper::{HyperMixer, Ple};
 use super::layers::{deinterleave_rows, linear, upload, vector, Attention, DeltaProjections, GatedDeltaNet, Mlp, MoeBlock, RmsNorm};
+use super::mtp::MtpHead;
 use super::ngram::NgramStore;
 use super::qsa::Indexer;
 use super::{assemble, DecoderLayer, DecoderModel, FeedForward, Head, Layout, LoadOptions, Mixer, Residual, Trunk};
@@ -276,5 +277,53 @@ pub fn load(config: &serde_json::Value, mut ck: Checkpoint, b: &dyn Backend, opt
             ffn,
         });
     }
-    assemble(b, &ck, &c, Layout::Mlx, trunk, layers, &moe_prefixes, opts)
+    let mut model = assemble(b, &ck, &c, Layout::Mlx, trunk, layers, &moe_prefixes, opts)?;
+    let mtp_path = ck.dir.join("mtp.safetensors");
+    if opts.mtp && mtp_path.exists() {
+        model.mtp = Some(load_mtp(b, &mtp_path, &c, &q, opts).with_context(|| format!("loading the MTP head {}", mtp_path.display()))?);
+    }
+    Ok(model)
+}
+
+/// The MTP head from `mtp.safetensors` (tensors under `mtp.`, quantized like the main model).
+fn load_mtp(b: &dyn Backend, path: &std::path::Path, c: &MoeConfig, q: &Qwen4Config, opts: &LoadOptions) -> Result<MtpHead> {
+    let mut ck = Checkpoint::open_file(path, ck_quant_of(path)?)?;
+    ck.strip_prefix("mtp.");
+    let (h, hc) = (c.hidden_size, q.hc_count);
+    let layer = DecoderLayer {
+        residual: Residual::Hyper {
+            attn: hyper_mixer(b, &ck, "layers.0.attn_hyper_connection", c, q, true)?,
+            mlp: hyper_mixer(b, &ck, "layers.0.mlp_hyper_connection", c, q, true)?,
+        },
+        ple: None,
+        mixer: Mixer::Attention(attention(b, &ck, "layers.0.self_attn", c, q)?),
+        ffn: FeedForward::Moe(moe(b, &ck, "layers.0.mlp", c, 0)?),
+    };
+    let experts = super::expert_cache(b, &ck, Layout::Mlx, &["layers.0.mlp".to_string()], c, &LoadOptions { expert_slots: super::ExpertSlots::All, ..opts.clone() })?;
+    let head = MtpHead {
+        fc_embedding: linear(b, &ck, "fc_embedding", h, h)?,
+        fc_hidden: linear(b, &ck, "fc_hidden", h, h)?,
+        norm_embedding: RmsNorm { weight: vector(b, &ck, "pre_fc_norm_embedding.weight", h, 0.0)?, eps: c.rms_norm_eps },
+        norm_hidden: vector(b, &ck, "pre_fc_norm_hidden.weight", hc * h, 0.0)?,
+        layer,
+        head: hyper_mixer(b, &ck, "hyper_connection_mixer", c, q, false)?,
+        experts: std::sync::Mutex::new(experts),
+        streams: hc,
+        hidden: h,
+        eps: c.rms_norm_eps,
+        bytes: ck.bytes_where(|_| true),
+    };
+    let unused = ck.unused();
+    if !unused.is_empty() {
+        bail!("mtp.safetensors has tensors the MTP head does not use: {}", unused.join(", "));
+    }
+    Ok(head)
+}
+
+/// The quantization settings of the model whose `mtp.safetensors` is at `path`.
+fn ck_quant_of(path: &std::path::Path) -> Result<crate::checkpoint::QuantConfig> {
+    let config_path = path.with_file_name("config.json");
+    let text = std::fs::read_to_string(&config_path).with_context(|| format!("reading {}", config_path.display()))?;
+    let value: serde_json::Value = serde_json::from_str(&text)?;
+    crate::checkpoint::QuantConfig::from_config(&value)
 }

@@ -21,6 +21,12 @@ impl ApiError {
 
     /// A feature this server refuses rather than silently ignores.
     pub fn unsupported(feature: &str) -> ApiError {
+        if feature == "images" {
+            return ApiError::bad_request(
+                "images are not supported by slotstream: it runs the text model only (a checkpoint's vision tower is \
+                 skipped); remove them from the request",
+            );
+        }
         ApiError::bad_request(format!("{feature} are not supported by slotstream; remove them from the request"))
     }
 

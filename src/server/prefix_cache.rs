@@ -136,7 +136,7 @@ mod tests {
     use super::*;
 
     fn state(n: usize) -> SequenceState {
-        SequenceState { layers: Vec::new(), ple: Vec::new(), position: n }
+        SequenceState { layers: Vec::new(), ple: Vec::new(), mtp: None, position: n }
     }
 
     fn copy(s: &SequenceState) -> Result<SequenceState> {

@@ -322,6 +322,8 @@ pub trait Backend: Send + Sync {
     fn new_kv_cache(&self, kv_heads: usize, head_dim: usize) -> Result<State>;
     /// Number of positions held in a KV cache.
     fn kv_len(&self, cache: &State) -> Result<usize>;
+    /// Drops every position from `len` on (speculative decoding's rollback).
+    fn kv_truncate(&self, cache: &mut State, len: usize) -> Result<()>;
     /// Appends `k, v: [tokens, kv_heads*head_dim]`, then attends causally:
     /// query `i` (at position `kv_len_before + i`) sees every key up to its own
     /// position, or only the keys `selection` allows it.

@@ -368,6 +368,17 @@ impl Backend for CpuBackend {
         cache.get::<KvCache>().map(|c| c.len()).ok_or_else(|| BackendError::Device("not a CPU KV cache".into()))
     }
 
+    fn kv_truncate(&self, cache: &mut State, len: usize) -> Result<()> {
+        let c = cache.get_mut::<KvCache>().ok_or_else(|| BackendError::Device("not a CPU KV cache".into()))?;
+        if len > c.len() {
+            return Err(shape_error("kv_truncate", format!("to {len} positions of {}", c.len())));
+        }
+        let row = c.kv_heads * c.head_dim;
+        c.keys.truncate(len * row);
+        c.values.truncate(len * row);
+        Ok(())
+    }
+
     fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, cache: &mut State, heads: usize, scale: f32, selection: Option<&KeySelection>) -> Result<Tensor> {
         let c = cache.get_mut::<KvCache>().ok_or_else(|| BackendError::Device("not a CPU KV cache".into()))?;
         let (kvh, hd) = (c.kv_heads, c.head_dim);

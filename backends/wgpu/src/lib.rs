@@ -461,6 +461,16 @@ impl Backend for WgpuBackend {
         cache.get::<GpuKvCache>().map(|c| c.len).ok_or_else(|| BackendError::Device("not a wgpu KV cache".into()))
     }
 
+    fn kv_truncate(&self, cache: &mut State, len: usize) -> Result<()> {
+        let c = cache.get_mut::<GpuKvCache>().ok_or_else(|| BackendError::Device("not a wgpu KV cache".into()))?;
+        if len > c.len {
+            return Err(shape_error("kv_truncate", format!("to {len} positions of {}", c.len)));
+        }
+        // Rows past `len` are overwritten by the next append.
+        c.len = len;
+        Ok(())
+    }
+
     fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, cache: &mut State, heads: usize, scale: f32, selection: Option<&KeySelection>) -> Result<Tensor> {
         if selection.is_some() {
             return Err(BackendError::Unsupported("sparse (QSA) attention (wgpu kernel pending)".into()));

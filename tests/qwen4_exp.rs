@@ -1,0 +1,182 @@
+//! qwen4_exp (the flagship's architecture) against its own numpy oracle
+//! (tools/oracle/qwen4_exp) on a tiny random checkpoint in the real on-disk
+//! format: n-gram ids, logits, greedy tokens (the long prompt runs the QSA
+//! sparse path), chunking, pool size, and the MTP head with speculative decoding.
+//!
+//! Tolerance: relative L2 <= 1e-4 on logits, as for the other families: the
+//! oracle is float64 and an f32 engine lands around 1e-6 away; the oracle keeps
+//! every discrete choice (next token, experts, indexer blocks) at least 1e-3
+//! away from a tie (tools/oracle/qwen4_exp/README.md).
+
+mod common;
+
+use common::{check_against_oracle, fixture, golden, rel_l2, MAX_REL_L2};
+use serde::Deserialize;
+use slotstream::generate::{Engine, GenerateRequest};
+use slotstream::model::{ExpertSlots, LoadOptions};
+use slotstream::sampling::SamplingParams;
+
+const NAME: &str = "qwen4_exp_tiny";
+
+#[derive(Deserialize)]
+struct Goldens {
+    cases: Vec<Extra>,
+}
+
+#[derive(Deserialize)]
+struct Extra {
+    name: String,
+    prompt_ids: Vec<u32>,
+    ngram_ids: Vec<Vec<u64>>,
+    greedy_ids: Vec<u32>,
+    mtp: MtpGolden,
+}
+
+#[derive(Deserialize)]
+struct MtpGolden {
+    last_logits: Vec<f32>,
+    #[serde(default)]
+    argmax_ids: Vec<u32>,
+}
+
+fn extras() -> Vec<Extra> {
+    let path = fixture(NAME).join("golden.json");
+    serde_json::from_str::<Goldens>(&std::fs::read_to_string(path).unwrap()).unwrap().cases
+}
+
+pub fn backend() -> Box<dyn slotstream_backend::Backend> {
+    Box::new(slotstream_cpu::CpuBackend::new())
+}
+
+fn engine(opts: LoadOptions) -> Engine {
+    Engine::load(&fixture(NAME), backend(), &opts).unwrap_or_else(|e| panic!("loading {NAME}: {e:#}"))
+}
+
+fn greedy(e: &Engine, prompt: &[u32], n: usize) -> slotstream::generate::GenerateOutput {
+    let req = GenerateRequest {
+        prompt_ids: prompt.to_vec(),
+        max_tokens: n,
+        sampling: SamplingParams::default(),
+        stop: vec![],
+        ignore_eos: true,
+    };
+    e.generate(&req, |_| std::ops::ControlFlow::Continue(())).unwrap()
+}
+
+#[test]
+fn ngram_ids_match_the_oracle() {
+    let e = engine(LoadOptions::default());
+    let ple = e.model.layers.iter().find_map(|l| l.ple.as_ref()).expect("the model has a PLE layer");
+    for case in extras() {
+        let ids = ple.store.ngram_ids(&ple.store.initial_context(), &case.prompt_ids);
+        let want: Vec<u64> = case.ngram_ids.concat();
+        assert_eq!(ids, want, "{}: n-gram row ids", case.name);
+        // Token by token, carrying the context, gives the same ids.
+        let mut ctx = ple.store.initial_context();
+        let mut stepwise = Vec::new();
+        for &t in &case.prompt_ids {
+            stepwise.extend(ple.store.ngram_ids(&ctx, &[t]));
+            ctx = ple.store.next_context(&ctx, &[t]);
+        }
+        assert_eq!(stepwise, want, "{}: n-gram ids token by token", case.name);
+    }
+}
+
+#[test]
+fn logits_and_greedy_tokens_match_the_oracle() {
+    let e = engine(LoadOptions::default());
+    assert!(e.model.unused_tensors.is_empty(), "unused tensors: {:?}", e.model.unused_tensors);
+    check_against_oracle(&e, NAME);
+}
+
+#[test]
+fn chunked_prefill_and_smallest_pool_change_nothing() {
+    let mut e = engine(LoadOptions { expert_slots: ExpertSlots::Count(4), ..Default::default() });
+    // Chunks of 7 make the long prompt cross the indexer budget inside a chunk.
+    e.prefill_chunk = 7;
+    check_against_oracle(&e, NAME);
+    let stats = e.expert_stats().unwrap();
+    assert_eq!(stats.slots, 4);
+    assert!(stats.total.misses > 0);
+}
+
+#[test]
+fn mtp_head_matches_the_oracle() {
+    let e = engine(LoadOptions { mtp: true, ..Default::default() });
+    let head = e.model.mtp.as_ref().expect("mtp.safetensors was loaded");
+    let b = e.backend.as_ref();
+    for case in extras() {
+        let ids = &case.prompt_ids;
+        // One pass over every entry of the prompt.
+        let mut state = e.new_state().unwrap();
+        let h = e.model.hidden(b, ids, &mut state).unwrap();
+        let mut mtp = head.new_state(b).unwrap();
+        mtp.record(b, 0, &h).unwrap();
+        let logits = head.feed(b, &e.model, &mut mtp, ids, 0, ids.len() - 2).unwrap().unwrap();
+        let logits = b.download(&logits).unwrap();
+        let err = rel_l2(&logits, &case.mtp.last_logits);
+        assert!(err <= MAX_REL_L2, "{}: MTP last logits rel L2 {err:.3e}", case.name);
+        // Entry by entry (the head's own KV cache), the same drafts.
+        if !case.mtp.argmax_ids.is_empty() {
+            let mut mtp = head.new_state(b).unwrap();
+            mtp.record(b, 0, &h).unwrap();
+            let drafts: Vec<u32> = (0..ids.len() - 1)
+                .map(|i| {
+                    let l = head.feed(b, &e.model, &mut mtp, ids, 0, i).unwrap().unwrap();
+                    slotstream::sampling::argmax(&b.download(&l).unwrap())
+                })
+                .collect();
+            assert_eq!(drafts, case.mtp.argmax_ids, "{}: MTP drafts entry by entry", case.name);
+        }
+    }
+}
+
+#[test]
+fn speculative_decoding_gives_the_same_greedy_tokens() {
+    let plain = engine(LoadOptions::default());
+    let spec = engine(LoadOptions { mtp: true, ..Default::default() });
+    for case in extras() {
+        let a = greedy(&plain, &case.prompt_ids, case.greedy_ids.len());
+        let b = greedy(&spec, &case.prompt_ids, case.greedy_ids.len());
+        assert_eq!(a.generated_ids, case.greedy_ids, "{}: plain greedy", case.name);
+        assert_eq!(b.generated_ids, case.greedy_ids, "{}: greedy with MTP", case.name);
+        let stats = b.stats.mtp.expect("MTP stats");
+        assert!(stats.drafted > 0);
+        assert!(stats.forward_passes < case.greedy_ids.len(), "{}: {stats:?}", case.name);
+        eprintln!(
+            "{}: MTP drafted {}, accepted {} ({:.0}%), {} decode passes for {} tokens",
+            case.name,
+            stats.drafted,
+            stats.accepted,
+            100.0 * stats.acceptance(),
+            stats.forward_passes,
+            b.generated_ids.len()
+        );
+    }
+    let _ = golden(NAME);
+}
+
+/// The verification logic with drafts chosen to be right or wrong: every
+/// accepted draft saves a pass, every rejected one rolls the state back, and
+/// the output stays the oracle's.
+#[test]
+fn accepted_and_rejected_drafts_keep_the_oracle_output() {
+    for case in extras() {
+        let mut e = engine(LoadOptions { mtp: true, ..Default::default() });
+        let (prompt, want) = (case.prompt_ids.clone(), case.greedy_ids.clone());
+        let n = prompt.len();
+        // Right at generated positions 0, 1, 2 mod 5 and wrong at 3, 4: runs of
+        // accepts and two rejections in a row (the catch-up pass).
+        e.drafter = Some(Box::new(move |history: &[u32]| {
+            let i = history.len() - n;
+            let right = want.get(i).copied().unwrap_or(0);
+            if i % 5 < 3 { right } else { (right + 1) % 512 }
+        }));
+        let out = greedy(&e, &case.prompt_ids, case.greedy_ids.len());
+        assert_eq!(out.generated_ids, case.greedy_ids, "{}: greedy with scripted drafts", case.name);
+        let stats = out.stats.mtp.expect("MTP stats");
+        assert!(stats.accepted > 0 && stats.accepted < stats.drafted, "{}: {stats:?}", case.name);
+        assert!(stats.forward_passes < case.greedy_ids.len() - 1, "{}: {stats:?}", case.name);
+        eprintln!("{}: scripted drafts {stats:?}", case.name);
+    }
+}
