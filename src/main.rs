@@ -51,6 +51,10 @@ struct MemoryArgs {
     /// Context length the KV cache is planned for.
     #[arg(long, default_value_t = 4096)]
     plan_context: usize,
+    /// Speculative decoding with the model's MTP head: auto (on when the
+    /// head exists and the memory plan has room for it), on or off.
+    #[arg(long, default_value = "auto")]
+    mtp: plan::MtpMode,
 }
 
 /// Which compute backend runs the model.
@@ -96,6 +100,7 @@ impl MemoryArgs {
             pool_gb: self.pool_gb,
             memory_gb: self.memory_gb,
             context_tokens: self.plan_context,
+            mtp: self.mtp,
         }
     }
 }
@@ -317,6 +322,16 @@ fn run(args: RunArgs) -> Result<()> {
             s.decode_tokens_per_second,
             engine.backend.name()
         );
+        if let Some(m) = &s.mtp {
+            eprintln!(
+                "mtp: {} drafted, {} accepted ({:.0}%), {} decode passes for {} tokens",
+                m.drafted,
+                m.accepted,
+                100.0 * m.acceptance(),
+                m.forward_passes,
+                s.generated_tokens
+            );
+        }
         eprintln!(
             "experts: {} slots, hit rate {:.1}% ({} hits, {} misses), read {:.2} GB at {:.2} GB/s ({}), waited {:.2} s",
             cache.slots,
@@ -386,7 +401,7 @@ fn load_planned(model: &std::path::Path, memory: &MemoryArgs, backend: &BackendA
     eprintln!("{}", plan.banner(&costs, &machine));
     let backend = backend.create()?;
     eprintln!("  backend: {}", backend.name());
-    let opts = LoadOptions { expert_slots: ExpertSlots::Count(plan.slots), ..Default::default() };
+    let opts = LoadOptions { expert_slots: ExpertSlots::Count(plan.slots), mtp: plan.mtp, ..Default::default() };
     let engine = Engine::load(model, backend, &opts)?;
     Ok((engine, plan, costs))
 }
@@ -455,6 +470,13 @@ fn doctor(args: DoctorArgs) -> Result<()> {
         costs.routed_expert_bytes() as f64 / 1e9,
         costs.expert_record_bytes as f64 / 1e6
     );
+    if costs.extra_bytes > 0 || costs.mtp_bytes > 0 {
+        println!(
+            "         n-gram row cache {:.0} MB; MTP head {}",
+            costs.extra_bytes as f64 / 1e6,
+            if costs.mtp_bytes > 0 { format!("{:.2} GB", costs.mtp_bytes as f64 / 1e9) } else { "none".to_string() }
+        );
+    }
     if let Some(free) = disk_free {
         println!("disk:    {:.1} GB free where the model lives", free as f64 / 1e9);
     }

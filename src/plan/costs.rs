@@ -27,8 +27,10 @@ pub struct ModelCosts {
     pub kv_bytes_per_token: u64,
     /// Recurrent and convolution state, independent of context length.
     pub state_bytes: u64,
-    /// Other resident caches the model needs (n-gram rows, MTP head).
+    /// Other resident caches the model needs (the n-gram row cache).
     pub extra_bytes: u64,
+    /// The MTP head's weights (`mtp.safetensors`), 0 without one.
+    pub mtp_bytes: u64,
 }
 
 impl ModelCosts {
@@ -121,6 +123,7 @@ impl ModelCosts {
             kv_bytes_per_token: kv,
             state_bytes: state,
             extra_bytes: if ngram > 0 { crate::model::DEFAULT_NGRAM_CACHE_BYTES as u64 } else { 0 },
+            mtp_bytes: if multimodal { std::fs::metadata(dir.join("mtp.safetensors")).map(|m| m.len()).unwrap_or(0) } else { 0 },
         })
     }
 
@@ -143,6 +146,8 @@ impl ModelCosts {
             state_bytes: 36 * (48 * 128 * 128 + 3 * (2 * 16 * 128 + 48 * 128)) * 4,
             // The bounded n-gram row cache.
             extra_bytes: crate::model::DEFAULT_NGRAM_CACHE_BYTES as u64,
+            // mtp.safetensors, from the pinned manifest.
+            mtp_bytes: 1_470_955_171,
         }
     }
 }

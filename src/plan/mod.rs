@@ -29,6 +29,34 @@ pub const FLOOR_EXPERTS_PER_LAYER: usize = 14;
 /// slack; activations come on top (see [`ModelCosts::runtime_bytes`]).
 pub const RUNTIME_BASE_BYTES: u64 = 200_000_000;
 
+/// Whether to load the MTP head for speculative decoding.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MtpMode {
+    /// On when the model has a head and it leaves the pool at least
+    /// [`MTP_MIN_EXPERTS_PER_LAYER`] experts per layer.
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+impl std::str::FromStr for MtpMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<MtpMode, String> {
+        match s {
+            "auto" => Ok(MtpMode::Auto),
+            "on" => Ok(MtpMode::On),
+            "off" => Ok(MtpMode::Off),
+            other => Err(format!("'{other}': expected auto, on or off")),
+        }
+    }
+}
+
+/// Auto turns MTP off rather than shrink the pool below this: a verify pass
+/// routes two tokens, so a small pool would pay for drafts in expert reads.
+pub const MTP_MIN_EXPERTS_PER_LAYER: usize = 2 * FLOOR_EXPERTS_PER_LAYER;
+
 /// What the user asked for.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PlanRequest {
@@ -37,6 +65,7 @@ pub struct PlanRequest {
     pub memory_gb: Option<f64>,
     /// Tokens of context the KV cache is planned for.
     pub context_tokens: usize,
+    pub mtp: MtpMode,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -73,6 +102,8 @@ pub struct Plan {
     pub min_slots: usize,
     pub total_experts: usize,
     pub expected_decode_tokens_per_second: f64,
+    /// Whether the MTP head is loaded (its bytes are in `peak_bytes`).
+    pub mtp: bool,
     pub notes: Vec<String>,
 }
 
@@ -83,6 +114,8 @@ pub enum PlanError {
     TooSmall { knob: &'static str, value: String, slots: usize, min: usize, min_gb: f64 },
     #[error("{0} must be a positive number")]
     NotPositive(&'static str),
+    #[error("--mtp on: this model has no MTP head (mtp.safetensors); use --mtp auto or off")]
+    NoMtpHead,
 }
 
 fn gb(b: u64) -> f64 {
@@ -91,9 +124,33 @@ fn gb(b: u64) -> f64 {
 
 /// Plans the pool for `model` on `machine`.
 pub fn plan(model: &ModelCosts, machine: &MachineMemory, req: &PlanRequest) -> Result<Plan, PlanError> {
+    match req.mtp {
+        MtpMode::Off => plan_with(model, machine, req, false),
+        MtpMode::On if model.mtp_bytes == 0 => Err(PlanError::NoMtpHead),
+        MtpMode::On => plan_with(model, machine, req, true),
+        MtpMode::Auto if model.mtp_bytes == 0 => plan_with(model, machine, req, false),
+        MtpMode::Auto => {
+            let with = plan_with(model, machine, req, true);
+            match with {
+                Ok(p) if p.experts_per_layer >= MTP_MIN_EXPERTS_PER_LAYER as f64 => Ok(p),
+                _ => {
+                    let mut p = plan_with(model, machine, req, false)?;
+                    p.notes.push(format!(
+                        "MTP off: its {:.2} GB head would leave fewer than {MTP_MIN_EXPERTS_PER_LAYER} experts per layer (--mtp on forces it)",
+                        gb(model.mtp_bytes)
+                    ));
+                    Ok(p)
+                }
+            }
+        }
+    }
+}
+
+fn plan_with(model: &ModelCosts, machine: &MachineMemory, req: &PlanRequest, mtp: bool) -> Result<Plan, PlanError> {
     let total_experts = model.total_experts();
     let record = model.expert_record_bytes.max(1);
-    let fixed = model.fixed_bytes(req.context_tokens) + model.runtime_bytes();
+    let head = if mtp { model.mtp_bytes } else { 0 };
+    let fixed = model.fixed_bytes(req.context_tokens) + model.runtime_bytes() + head;
     let engine_min = model.engine_min_slots();
     let floor_slots = (FLOOR_EXPERTS_PER_LAYER.max(model.top_k).min(model.experts_per_layer)) * model.moe_layers;
     let bytes_for = |slots: usize| fixed + slots as u64 * record;
@@ -192,6 +249,7 @@ pub fn plan(model: &ModelCosts, machine: &MachineMemory, req: &PlanRequest) -> R
         min_slots: engine_min,
         total_experts,
         expected_decode_tokens_per_second: model.estimate_decode_tokens_per_second(slots, machine),
+        mtp,
         notes,
     })
 }
@@ -209,6 +267,13 @@ impl Plan {
             self.slots,
             gb(self.pool_bytes)
         );
+        if model.mtp_bytes > 0 {
+            s += &format!(
+                "  mtp:    {} ({:.2} GB head)\n",
+                if self.mtp { "on, speculative decoding" } else { "off" },
+                gb(model.mtp_bytes)
+            );
+        }
         s += &format!(
             "  expect: peak ~{:.1} GB, decode ~{:.1} tok/s (estimate)",
             gb(self.peak_bytes),
