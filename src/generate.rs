@@ -82,7 +82,14 @@ pub struct MtpStats {
     pub accepted: usize,
     /// Forward passes of the main model during decode.
     pub forward_passes: usize,
+    /// Drafting stopped for the rest of the request because too few drafts
+    /// were accepted to pay for themselves.
+    pub paused: bool,
 }
+
+/// Drafts judged before drafting may pause, and the acceptance it needs.
+const MTP_PROBE_DRAFTS: usize = 16;
+const MTP_MIN_ACCEPTANCE: f64 = 0.3;
 
 impl MtpStats {
     pub fn acceptance(&self) -> f64 {
@@ -334,9 +341,15 @@ impl Engine {
         let q = history.len() - 1;
         let p = state.position;
         stats.forward_passes += 1;
-        if q >= p + 2 {
-            // Two drafts in a row were rejected: catch up without a draft, so a
-            // pass never grows past three tokens.
+        if stats.drafted >= MTP_PROBE_DRAFTS && stats.acceptance() < MTP_MIN_ACCEPTANCE {
+            // The head stops following this sequence: its state is dropped,
+            // and decoding goes on as without a head.
+            stats.paused = true;
+            state.mtp = None;
+        }
+        if q >= p + 2 || state.mtp.is_none() {
+            // Two drafts in a row were rejected (catch up without a draft, so a
+            // pass never grows past three tokens), or drafting is paused.
             let h = self.forward_tracked(&history[p..], state, &history[p..], p)?;
             return Ok(self.backend.download(&self.logits_of_last(&h, 1)?)?);
         }

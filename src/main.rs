@@ -324,12 +324,13 @@ fn run(args: RunArgs) -> Result<()> {
         );
         if let Some(m) = &s.mtp {
             eprintln!(
-                "mtp: {} drafted, {} accepted ({:.0}%), {} decode passes for {} tokens",
+                "mtp: {} drafted, {} accepted ({:.0}%), {} decode passes for {} tokens{}",
                 m.drafted,
                 m.accepted,
                 100.0 * m.acceptance(),
                 m.forward_passes,
-                s.generated_tokens
+                s.generated_tokens,
+                if m.paused { "; drafting paused: too few drafts accepted" } else { "" }
             );
         }
         eprintln!(

@@ -57,6 +57,11 @@ impl std::str::FromStr for MtpMode {
 /// routes two tokens, so a small pool would pay for drafts in expert reads.
 pub const MTP_MIN_EXPERTS_PER_LAYER: usize = 2 * FLOOR_EXPERTS_PER_LAYER;
 
+/// [`MTP_MIN_EXPERTS_PER_LAYER`], or half the experts of a model with few.
+fn mtp_min_experts_per_layer(model: &ModelCosts) -> f64 {
+    MTP_MIN_EXPERTS_PER_LAYER.min(model.experts_per_layer / 2) as f64
+}
+
 /// What the user asked for.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PlanRequest {
@@ -132,12 +137,13 @@ pub fn plan(model: &ModelCosts, machine: &MachineMemory, req: &PlanRequest) -> R
         MtpMode::Auto => {
             let with = plan_with(model, machine, req, true);
             match with {
-                Ok(p) if p.experts_per_layer >= MTP_MIN_EXPERTS_PER_LAYER as f64 => Ok(p),
+                Ok(p) if p.experts_per_layer >= mtp_min_experts_per_layer(model) => Ok(p),
                 _ => {
                     let mut p = plan_with(model, machine, req, false)?;
                     p.notes.push(format!(
-                        "MTP off: its {:.2} GB head would leave fewer than {MTP_MIN_EXPERTS_PER_LAYER} experts per layer (--mtp on forces it)",
-                        gb(model.mtp_bytes)
+                        "MTP off: its {:.2} GB head would leave fewer than {} experts per layer (--mtp on forces it)",
+                        gb(model.mtp_bytes),
+                        mtp_min_experts_per_layer(model)
                     ));
                     Ok(p)
                 }
