@@ -1,17 +1,23 @@
-// Causal depthwise convolution over time with a carried window.
-//   conv1d:      out[t, c] = sum_j w[c, j] * seq[t + j, c], seq = window ++ x,
+// Causal depthwise convolution over time with a carried window; taps are
+// `dilation` steps apart, so the window holds the last hist = (kernel-1)*dilation
+// inputs.
+//   conv1d:      out[t, c] = sum_j w[c, j] * seq[t + j*dilation, c], seq = window ++ x,
 //                one thread per output value
-//   conv_window: new_window[r, c] = seq[tokens + r, c] for r < kernel - 1
+//   conv_window: new_window[r, c] = seq[tokens + r, c] for r < hist
 //
 // Bindings: 0 uniform Params; 2 x [tokens, channels]; 3 out [tokens, channels]
-// or new_window [kernel-1, channels] (read-write); 4 w [channels, kernel];
-// 5 window [kernel-1, channels].
+// or new_window [hist, channels] (read-write); 4 w [channels, kernel];
+// 5 window [hist, channels].
 
 struct Params {
     tokens: u32,
     channels: u32,
     kernel: u32,
     n: u32,
+    dilation: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -21,7 +27,7 @@ struct Params {
 @group(0) @binding(5) var<storage, read> window: array<f32>;
 
 fn seq(r: u32, c: u32) -> f32 {
-    let hist = p.kernel - 1u;
+    let hist = (p.kernel - 1u) * p.dilation;
     if (r < hist) {
         return window[r * p.channels + c];
     }
@@ -38,7 +44,7 @@ fn conv1d(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     let c = i % p.channels;
     var acc = 0.0;
     for (var j = 0u; j < p.kernel; j++) {
-        acc += w[c * p.kernel + j] * seq(t + j, c);
+        acc += w[c * p.kernel + j] * seq(t + j * p.dilation, c);
     }
     out[i] = acc;
 }

@@ -4,6 +4,7 @@
 //   sigmoid_mul: out = a * sigmoid(b[i]) (b same shape) or sigmoid(b[i / cols]) (one per row, b_per_row = 1)
 //   silu_mul:    out = silu(a) * b
 //   silu:        out = silu(a)
+//   scale:       out = a * factor
 //   copy_cols:   out[r, c] = a[r * src_cols + start + c] for c < cols (slice_cols)
 //   delta_gates: out = exp(-exp(c[h]) * softplus(a + d[h])), out2 = sigmoid(b), h = i % cols
 //   moe_combine: out[t, j] = sum_r b[t*top_k + r] * a[(t*top_k + r)*cols + j], in rank order
@@ -18,8 +19,8 @@ struct Params {
     start: u32,
     b_per_row: u32,
     top_k: u32,
+    factor: f32,
     _pad0: u32,
-    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -82,6 +83,14 @@ fn silu_only(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     let i = flat_index(wid, nwg, li);
     if (i < p.n) {
         out[i] = silu(a[i]);
+    }
+}
+
+@compute @workgroup_size(256)
+fn scale(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let i = flat_index(wid, nwg, li);
+    if (i < p.n) {
+        out[i] = a[i] * p.factor;
     }
 }
 

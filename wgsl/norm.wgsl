@@ -1,23 +1,28 @@
 // Normalisation over groups of `dim` values, one subgroup per group
 // (grid-stride over groups along workgroup_id.x), except rms_norm_wide.
-//   rms_norm:       out = x / sqrt(mean(x^2) + eps) * (has_weight ? weight : 1)
+//   rms_norm:       out = x / sqrt(mean(x^2) + eps) * (has_weight ? w : 1)
 //   rms_norm_wide:  the same with one 256-wide workgroup per group (long rows,
 //                   few groups: the decoder norms); group = wid.y * nwg.x + wid.x
-//   rms_norm_gated: out = silu(z) * (x / sqrt(mean(x^2) + eps) * weight)
+//   rms_norm_gated: out = act(z) * (x / sqrt(mean(x^2) + eps) * w),
+//                   act = silu (gate_act 0) or sigmoid (gate_act 1)
 //   l2_normalize:   out = x * scale / sqrt(sum(x^2) + eps)
+// The weight has `weight_len` values: `dim` (one slice shared by every group)
+// or a row's worth (a multiple of dim: the per-stream norm of hyper-connections);
+// group g uses w = weight[(g * dim) % weight_len ..][..dim].
 //
 // Bindings: 0 uniform Params; 2 x [groups * dim]; 3 out (read-write);
-// 4 weight [dim] (rms_norm, rms_norm_gated); 5 z [groups * dim] (rms_norm_gated).
+// 4 weight [weight_len] (rms_norm, rms_norm_wide, rms_norm_gated);
+// 5 z [groups * dim] (rms_norm_gated).
 
 struct Params {
     groups: u32,
     dim: u32,
     has_weight: u32,
-    _pad0: u32,
+    weight_len: u32,
     eps: f32,
     scale: f32,
-    _pad1: f32,
-    _pad2: f32,
+    gate_act: u32,
+    _pad0: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -35,6 +40,15 @@ fn sum_squares(base: u32, lane: u32, lanes: u32) -> f32 {
     return subgroupAdd(s);
 }
 
+/// Where group `g`'s slice of the weight starts.
+fn weight_base(g: u32) -> u32 {
+    return (g * p.dim) % p.weight_len;
+}
+
+fn sigmoid(v: f32) -> f32 {
+    return 1.0 / (1.0 + exp(-v));
+}
+
 @compute @workgroup_size(64)
 fn rms_norm(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -47,10 +61,11 @@ fn rms_norm(
     for (var g = wid.x * nsg + sg; g < p.groups; g += nwg.x * nsg) {
         let base = g * p.dim;
         let r = 1.0 / sqrt(sum_squares(base, lane, lanes) / f32(p.dim) + p.eps);
+        let wb = weight_base(g);
         for (var i = lane; i < p.dim; i += lanes) {
             var v = x[base + i] * r;
             if (p.has_weight == 1u) {
-                v = v * weight[i];
+                v = v * weight[wb + i];
             }
             out[base + i] = v;
         }
@@ -69,10 +84,14 @@ fn rms_norm_gated(
     for (var g = wid.x * nsg + sg; g < p.groups; g += nwg.x * nsg) {
         let base = g * p.dim;
         let r = 1.0 / sqrt(sum_squares(base, lane, lanes) / f32(p.dim) + p.eps);
+        let wb = weight_base(g);
         for (var i = lane; i < p.dim; i += lanes) {
             let zv = z[base + i];
-            let silu_z = zv / (1.0 + exp(-zv));
-            out[base + i] = silu_z * (x[base + i] * r * weight[i]);
+            var gate = sigmoid(zv);
+            if (p.gate_act == 0u) {
+                gate = zv * gate;
+            }
+            out[base + i] = gate * (x[base + i] * r * weight[wb + i]);
         }
     }
 }
@@ -126,10 +145,11 @@ fn rms_norm_wide(
         total += partial[k];
     }
     let r = 1.0 / sqrt(total / f32(p.dim) + p.eps);
+    let wb = weight_base(g);
     for (var i = li; i < p.dim; i += 256u) {
         var v = x[base + i] * r;
         if (p.has_weight == 1u) {
-            v = v * weight[i];
+            v = v * weight[wb + i];
         }
         out[base + i] = v;
     }

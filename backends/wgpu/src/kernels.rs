@@ -19,10 +19,11 @@ pub enum Module {
     Attention,
     Conv,
     GatedDelta,
+    Hyper,
 }
 
 impl Module {
-    pub const ALL: [Module; 10] = [
+    pub const ALL: [Module; 11] = [
         Module::Matvec,
         Module::MatmulTiled,
         Module::Moe,
@@ -33,6 +34,7 @@ impl Module {
         Module::Attention,
         Module::Conv,
         Module::GatedDelta,
+        Module::Hyper,
     ];
 
     /// The kernel family's file name in `wgsl/` (also its name in profiles).
@@ -48,6 +50,7 @@ impl Module {
             Module::Attention => "attention",
             Module::Conv => "conv",
             Module::GatedDelta => "gated_delta",
+            Module::Hyper => "hyper",
         }
     }
 
@@ -58,13 +61,14 @@ impl Module {
             Module::Moe => &["moe_gate", "moe_up", "moe_down"],
             Module::Embed => &["embed"],
             Module::Elementwise => {
-                &["add", "sigmoid_mul", "silu_mul", "silu_only", "copy_cols", "delta_gates", "moe_combine"]
+                &["add", "sigmoid_mul", "silu_mul", "silu_only", "scale", "copy_cols", "delta_gates", "moe_combine"]
             }
             Module::Norm => &["rms_norm", "rms_norm_gated", "l2_normalize", "rms_norm_wide"],
             Module::Rope => &["rope"],
-            Module::Attention => &["attention"],
+            Module::Attention => &["attention", "attention_sparse"],
             Module::Conv => &["conv1d", "conv_window"],
             Module::GatedDelta => &["gated_delta"],
+            Module::Hyper => &["repeat_cols", "hc_mix", "hc_inject", "ple_gate"],
         }
     }
 
@@ -83,6 +87,7 @@ impl Module {
             Module::Attention => include_str!("../../../wgsl/attention.wgsl").to_string(),
             Module::Conv => include_str!("../../../wgsl/conv.wgsl").to_string(),
             Module::GatedDelta => include_str!("../../../wgsl/gated_delta.wgsl").to_string(),
+            Module::Hyper => include_str!("../../../wgsl/hyper.wgsl").to_string(),
         }
     }
 }

@@ -76,6 +76,43 @@ fn same_shape(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
     Ok(())
 }
 
+/// Query rows of a key selection as `attention_sparse` reads them, `per_query + 1`
+/// words each: `[DENSE, ..]`, or `[count, blocks..]` with the listed blocks that
+/// add keys to [`KeySelection::keys_of`]'s set beyond the query's own trailing
+/// partial block: UNUSED entries, repeats and blocks not wholly before that
+/// partial block are dropped. Also returns the most keys any query sees.
+fn selection_rows(sel: &KeySelection, past: usize, tokens: usize) -> (Vec<u32>, usize) {
+    let (block, per) = (sel.block, sel.per_query);
+    let mut words = vec![0u32; tokens * (per + 1)];
+    let mut seen = vec![0u64; ((past + tokens) / block).div_ceil(64).max(1)];
+    let mut most = 0;
+    for (t, (entries, row)) in sel.blocks.chunks_exact(per).zip(words.chunks_exact_mut(per + 1)).enumerate() {
+        let pos = past + t;
+        if entries[0] == KeySelection::DENSE {
+            row[0] = KeySelection::DENSE;
+            most = most.max(pos + 1);
+            continue;
+        }
+        let own = (pos + 1) / block;
+        let mut count = 0;
+        for &b in entries {
+            let bi = b as usize;
+            if b == KeySelection::UNUSED || bi >= own || seen[bi / 64] & (1 << (bi % 64)) != 0 {
+                continue;
+            }
+            seen[bi / 64] |= 1 << (bi % 64);
+            count += 1;
+            row[count] = b;
+        }
+        for &b in &row[1..=count] {
+            seen[b as usize / 64] = 0;
+        }
+        row[0] = count as u32;
+        most = most.max(count * block + pos + 1 - own * block);
+    }
+    (words, most)
+}
+
 /// Keys and values of one attention layer, `[capacity, kv_heads*head_dim]`,
 /// grown by doubling.
 pub struct GpuKvCache {
@@ -87,10 +124,12 @@ pub struct GpuKvCache {
     values: wgpu::Buffer,
 }
 
-/// The last `kernel-1` inputs of a causal convolution, `[kernel-1, channels]`.
+/// The last `(kernel-1)*dilation` inputs of a causal convolution,
+/// `[(kernel-1)*dilation, channels]`.
 pub struct GpuConvState {
     channels: usize,
     kernel: usize,
+    dilation: usize,
     window: wgpu::Buffer,
     /// The buffer the next call writes the new window into (then swapped).
     spare: wgpu::Buffer,
@@ -312,24 +351,58 @@ impl Backend for WgpuBackend {
         Ok(out)
     }
 
-    fn scale(&self, _x: &Tensor, _s: f32) -> Result<Tensor> {
-        Err(BackendError::Unsupported("scale (wgpu kernel pending)".into()))
+    fn scale(&self, x: &Tensor, s: f32) -> Result<Tensor> {
+        let n = x.numel();
+        let (out, ob) = self.new_tensor(n, x.shape().to_vec())?;
+        self.elementwise("scale", [u(n), 0, 0, 0, 0, 0, f(s), 0], &[(2, buf(x)?), (3, ob.buffer())], n)?;
+        Ok(out)
     }
 
-    fn repeat_cols(&self, _x: &Tensor, _n: usize) -> Result<Tensor> {
-        Err(BackendError::Unsupported("repeat_cols (wgpu kernel pending)".into()))
+    fn repeat_cols(&self, x: &Tensor, n: usize) -> Result<Tensor> {
+        let (rows, d) = (x.rows(), x.cols());
+        let total = rows * n * d;
+        let (out, ob) = self.new_tensor(total, vec![rows, n * d])?;
+        self.elementwise("repeat_cols", [u(total), u(d), u(n), 0, 0, 0, 0, 0], &[(2, buf(x)?), (3, ob.buffer())], total)?;
+        Ok(out)
     }
 
-    fn hc_mix(&self, _normed: &Tensor, _mix: &Tensor, _streams: usize) -> Result<Tensor> {
-        Err(BackendError::Unsupported("hc_mix (wgpu kernel pending)".into()))
+    fn hc_mix(&self, normed: &Tensor, mix: &Tensor, streams: usize) -> Result<Tensor> {
+        same_shape("hc_mix", normed, mix)?;
+        if streams == 0 || normed.cols() % streams != 0 {
+            return Err(shape_error("hc_mix", format!("{:?} is not {streams} streams", normed.shape())));
+        }
+        let (rows, d) = (normed.rows(), normed.cols() / streams);
+        let n = rows * d;
+        let (out, ob) = self.new_tensor(n, vec![rows, d])?;
+        let binds = [(2, buf(normed)?), (4, buf(mix)?), (3, ob.buffer())];
+        self.elementwise("hc_mix", [u(n), u(d), u(streams), 0, 0, 0, 0, 0], &binds, n)?;
+        Ok(out)
     }
 
-    fn hc_inject(&self, _h: &Tensor, _x: &Tensor, _logits: &Tensor, _logit_scale: f32) -> Result<Tensor> {
-        Err(BackendError::Unsupported("hc_inject (wgpu kernel pending)".into()))
+    fn hc_inject(&self, h: &Tensor, x: &Tensor, logits: &Tensor, logit_scale: f32) -> Result<Tensor> {
+        let (rows, streams, d) = (h.rows(), logits.cols(), x.cols());
+        if x.rows() != rows || logits.rows() != rows || h.cols() != streams * d {
+            return Err(shape_error("hc_inject", format!("h {:?}, x {:?}, logits {:?}", h.shape(), x.shape(), logits.shape())));
+        }
+        let n = h.numel();
+        let (out, ob) = self.new_tensor(n, h.shape().to_vec())?;
+        let binds = [(2, buf(h)?), (4, buf(x)?), (5, buf(logits)?), (3, ob.buffer())];
+        self.elementwise("hc_inject", [u(n), u(d), u(streams), 0, f(logit_scale), 0, 0, 0], &binds, n)?;
+        Ok(out)
     }
 
-    fn ple_gate(&self, _key: &Tensor, _query: &Tensor, _value: &Tensor, _streams: usize) -> Result<Tensor> {
-        Err(BackendError::Unsupported("ple_gate (wgpu kernel pending)".into()))
+    fn ple_gate(&self, key: &Tensor, query: &Tensor, value: &Tensor, streams: usize) -> Result<Tensor> {
+        same_shape("ple_gate", key, query)?;
+        let (rows, d) = (value.rows(), value.cols());
+        if streams == 0 || key.rows() != rows || key.cols() != streams * d {
+            return Err(shape_error("ple_gate", format!("key {:?}, value {:?}, {streams} streams", key.shape(), value.shape())));
+        }
+        let groups = rows * streams;
+        let (out, ob) = self.new_tensor(groups * d, vec![rows, streams * d])?;
+        let params = [0, u(d), u(streams), u(groups), f(1.0 / (d as f32).sqrt()), 0, 0, 0];
+        let binds = [(2, buf(key)?), (4, buf(query)?), (5, buf(value)?), (3, ob.buffer())];
+        self.gpu.dispatch("ple_gate", &params, &binds, [self.subgroup_grid(groups, 64), 1, 1])?;
+        Ok(out)
     }
 
     fn embed(&self, table: &Weight, ids: &[u32]) -> Result<Tensor> {
@@ -367,11 +440,15 @@ impl Backend for WgpuBackend {
 
     fn rms_norm(&self, x: &Tensor, w: Option<&Tensor>, dim: usize, eps: f32) -> Result<Tensor> {
         groups_of("rms_norm", x, dim)?;
-        if let Some(w) = w {
-            if w.numel() != dim {
-                return Err(shape_error("rms_norm", format!("weight {:?} for groups of {dim}", w.shape())));
+        // One weight slice for every group, or one value per column (each of a
+        // row's groups with its own slice).
+        let weight_len = match w {
+            Some(w) if w.numel() == dim || (w.numel() % dim == 0 && w.numel() == x.cols()) => w.numel(),
+            Some(w) => {
+                return Err(shape_error("rms_norm", format!("weight {:?} for groups of {dim} in rows of {}", w.shape(), x.cols())))
             }
-        }
+            None => dim,
+        };
         let groups = x.numel() / dim;
         let (out, ob) = self.new_tensor(x.numel(), x.shape().to_vec())?;
         let xb = buf(x)?;
@@ -379,7 +456,7 @@ impl Backend for WgpuBackend {
             Some(w) => buf(w)?,
             None => xb,
         };
-        let params = [u(groups), u(dim), u(w.is_some() as usize), 0, f(eps), f(1.0), 0, 0];
+        let params = [u(groups), u(dim), u(w.is_some() as usize), u(weight_len), f(eps), f(1.0), 0, 0];
         let binds = [(2, xb), (3, ob.buffer()), (4, wb)];
         if dim >= WIDE_NORM_DIM {
             self.gpu.dispatch("rms_norm_wide", &params, &binds, Gpu::grid(groups as u64))?;
@@ -390,9 +467,6 @@ impl Backend for WgpuBackend {
     }
 
     fn rms_norm_gated(&self, x: &Tensor, z: &Tensor, w: &Tensor, dim: usize, eps: f32, act: GateAct) -> Result<Tensor> {
-        if act != GateAct::Silu {
-            return Err(BackendError::Unsupported("rms_norm_gated with a sigmoid gate (wgpu kernel pending)".into()));
-        }
         same_shape("rms_norm_gated", x, z)?;
         groups_of("rms_norm_gated", x, dim)?;
         if w.numel() != dim {
@@ -400,7 +474,11 @@ impl Backend for WgpuBackend {
         }
         let groups = x.numel() / dim;
         let (out, ob) = self.new_tensor(x.numel(), x.shape().to_vec())?;
-        let params = [u(groups), u(dim), 1, 0, f(eps), f(1.0), 0, 0];
+        let gate_act = match act {
+            GateAct::Silu => 0,
+            GateAct::Sigmoid => 1,
+        };
+        let params = [u(groups), u(dim), 1, u(dim), f(eps), f(1.0), gate_act, 0];
         let grid = [self.subgroup_grid(groups, 64), 1, 1];
         let binds = [(2, buf(x)?), (3, ob.buffer()), (4, buf(w)?), (5, buf(z)?)];
         self.gpu.dispatch("rms_norm_gated", &params, &binds, grid)?;
@@ -411,7 +489,7 @@ impl Backend for WgpuBackend {
         groups_of("l2_normalize", x, dim)?;
         let groups = x.numel() / dim;
         let (out, ob) = self.new_tensor(x.numel(), x.shape().to_vec())?;
-        let params = [u(groups), u(dim), 0, 0, f(eps), f(scale), 0, 0];
+        let params = [u(groups), u(dim), 0, u(dim), f(eps), f(scale), 0, 0];
         let grid = [self.subgroup_grid(groups, 64), 1, 1];
         self.gpu.dispatch("l2_normalize", &params, &[(2, buf(x)?), (3, ob.buffer())], grid)?;
         Ok(out)
@@ -472,9 +550,6 @@ impl Backend for WgpuBackend {
     }
 
     fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, cache: &mut State, heads: usize, scale: f32, selection: Option<&KeySelection>) -> Result<Tensor> {
-        if selection.is_some() {
-            return Err(BackendError::Unsupported("sparse (QSA) attention (wgpu kernel pending)".into()));
-        }
         let c = cache.get_mut::<GpuKvCache>().ok_or_else(|| BackendError::Device("not a wgpu KV cache".into()))?;
         let (kvh, hd) = (c.kv_heads, c.head_dim);
         let tokens = q.rows();
@@ -485,6 +560,17 @@ impl Backend for WgpuBackend {
                 "attention",
                 format!("q {:?} k {:?} v {:?} for {heads} heads, {kvh} kv heads of {hd}", q.shape(), k.shape(), v.shape()),
             ));
+        }
+        if let Some(sel) = selection {
+            if sel.block == 0 || sel.per_query == 0 || sel.blocks.len() != tokens * sel.per_query {
+                return Err(shape_error(
+                    "attention",
+                    format!("key selection of {} entries ({} per query) for {tokens} queries", sel.blocks.len(), sel.per_query),
+                ));
+            }
+        }
+        if hd > 512 {
+            return Err(BackendError::Unsupported(format!("attention head dim {hd} (the kernel takes up to 512)")));
         }
         let row = 4 * (kvh * hd) as u64;
         let past = c.len;
@@ -504,33 +590,45 @@ impl Backend for WgpuBackend {
         self.gpu.copy(buf(k)?, 0, &c.keys, row * past as u64, row * tokens as u64)?;
         self.gpu.copy(buf(v)?, 0, &c.values, row * past as u64, row * tokens as u64)?;
         c.len += tokens;
-        let visible = past + tokens;
-        let scratch = self.gpu.alloc(4 * (tokens * heads * visible) as u64)?;
         let (out, ob) = self.new_tensor(tokens * heads * hd, vec![tokens, heads * hd])?;
-        if hd > 512 {
-            return Err(BackendError::Unsupported(format!("attention head dim {hd} (the kernel takes up to 512)")));
+        let grid = Gpu::grid((tokens * heads) as u64);
+        // A selection whose every query is dense is plain causal attention.
+        match selection.filter(|sel| sel.blocks.chunks_exact(sel.per_query).any(|r| r[0] != KeySelection::DENSE)) {
+            None => {
+                let visible = past + tokens;
+                let scratch = self.gpu.alloc(4 * (tokens * heads * visible) as u64)?;
+                let params = [u(tokens), u(heads), u(kvh), u(hd), u(past), u(visible), f(scale), 0];
+                let binds = [(2, buf(q)?), (3, ob.buffer()), (4, &c.keys), (5, &c.values), (6, scratch.buffer())];
+                self.gpu.dispatch("attention", &params, &binds, grid)?;
+            }
+            Some(sel) => {
+                let (words, most_keys) = selection_rows(sel, past, tokens);
+                let sel_buf = self.gpu.buffer_with("key selection", bytemuck::cast_slice(&words), wgpu::BufferUsages::STORAGE);
+                let scratch = self.gpu.alloc(4 * (tokens * heads * most_keys) as u64)?;
+                let params = [
+                    u(tokens), u(heads), u(kvh), u(hd), u(past), u(most_keys), f(scale), u(sel.block), u(sel.per_query + 1), 0, 0, 0,
+                ];
+                let binds =
+                    [(2, buf(q)?), (3, ob.buffer()), (4, &c.keys), (5, &c.values), (6, scratch.buffer()), (7, &sel_buf)];
+                self.gpu.dispatch("attention_sparse", &params, &binds, grid)?;
+            }
         }
-        let params = [u(tokens), u(heads), u(kvh), u(hd), u(past), u(visible), f(scale), 0];
-        let binds = [(2, buf(q)?), (3, ob.buffer()), (4, &c.keys), (5, &c.values), (6, scratch.buffer())];
-        self.gpu.dispatch("attention", &params, &binds, Gpu::grid((tokens * heads) as u64))?;
         Ok(out)
     }
 
     fn new_conv_state(&self, channels: usize, kernel: usize, dilation: usize) -> Result<State> {
-        if dilation != 1 {
-            return Err(BackendError::Unsupported("dilated causal convolution (wgpu kernel pending)".into()));
+        if kernel == 0 || dilation == 0 {
+            return Err(shape_error("new_conv_state", format!("kernel size {kernel}, dilation {dilation}")));
         }
-        if kernel == 0 {
-            return Err(shape_error("new_conv_state", "kernel size 0"));
-        }
-        let window = self.gpu.zeroed("conv window", 4 * ((kernel - 1) * channels) as u64);
-        let spare = self.gpu.zeroed("conv window", 4 * ((kernel - 1) * channels) as u64);
-        Ok(State::new(Box::new(GpuConvState { channels, kernel, window, spare })))
+        let bytes = 4 * ((kernel - 1) * dilation * channels) as u64;
+        let window = self.gpu.zeroed("conv window", bytes);
+        let spare = self.gpu.zeroed("conv window", bytes);
+        Ok(State::new(Box::new(GpuConvState { channels, kernel, dilation, window, spare })))
     }
 
     fn causal_conv1d(&self, x: &Tensor, w: &Tensor, state: &mut State) -> Result<Tensor> {
         let st = state.get_mut::<GpuConvState>().ok_or_else(|| BackendError::Device("not a wgpu conv state".into()))?;
-        let (c, kk) = (st.channels, st.kernel);
+        let (c, kk, dil) = (st.channels, st.kernel, st.dilation);
         if x.cols() != c || w.numel() != c * kk {
             return Err(shape_error("causal_conv1d", format!("x {:?}, weight {:?}, {c} channels x {kk}", x.shape(), w.shape())));
         }
@@ -538,11 +636,11 @@ impl Backend for WgpuBackend {
         let n = tokens * c;
         let (out, ob) = self.new_tensor(n, vec![tokens, c])?;
         let xb = buf(x)?;
-        let params = [u(tokens), u(c), u(kk), u(n), 0, 0, 0, 0];
+        let params = [u(tokens), u(c), u(kk), u(n), u(dil), 0, 0, 0];
         self.elementwise("conv1d", params, &[(2, xb), (3, ob.buffer()), (4, buf(w)?), (5, &st.window)], n)?;
-        let hist = (kk - 1) * c;
+        let hist = (kk - 1) * dil * c;
         if hist > 0 {
-            let params = [u(tokens), u(c), u(kk), u(hist), 0, 0, 0, 0];
+            let params = [u(tokens), u(c), u(kk), u(hist), u(dil), 0, 0, 0];
             self.elementwise("conv_window", params, &[(2, xb), (3, &st.spare), (5, &st.window)], hist)?;
             std::mem::swap(&mut st.window, &mut st.spare);
         }
@@ -688,6 +786,7 @@ impl Backend for WgpuBackend {
             return Ok(State::new(Box::new(GpuConvState {
                 channels: c.channels,
                 kernel: c.kernel,
+                dilation: c.dilation,
                 window: dup(&c.window, "conv window")?,
                 spare: self.gpu.zeroed("conv window", c.spare.size()),
             })));

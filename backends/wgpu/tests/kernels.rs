@@ -16,7 +16,7 @@ use std::borrow::Cow;
 
 use common::{gpu, rel_l2, Rng};
 use half::{bf16, f16};
-use slotstream_backend::{Backend, DType, ExpertAssignment, ExpertLayout, GateAct, HostExpert, HostMatrix, MatrixData, MatrixFormat, Tensor};
+use slotstream_backend::{Backend, DType, ExpertAssignment, ExpertLayout, GateAct, HostExpert, HostMatrix, KeySelection, MatrixData, MatrixFormat, Tensor};
 use slotstream_cpu::CpuBackend;
 
 const TOL: f64 = 1e-5;
@@ -171,6 +171,7 @@ fn elementwise_ops() {
     check("sigmoid_mul_per_row", TOL, |b| b.sigmoid_mul(&up(b, &a, &[6, 40]), &up(b, &row_gate, &[6, 1])).unwrap());
     check("silu_mul", TOL, |b| b.silu_mul(&up(b, &a, &[6, 40]), &up(b, &bv, &[6, 40])).unwrap());
     check("silu", TOL, |b| b.silu(&up(b, &a, &[6, 40])).unwrap());
+    check("scale", 0.0, |b| b.scale(&up(b, &a, &[6, 40]), -0.37).unwrap());
     check("slice_cols", 0.0, |b| b.slice_cols(&up(b, &a, &[6, 40]), 7, 20).unwrap());
     check("slice_rows", 0.0, |b| b.slice_rows(&up(b, &a, &[6, 40]), 2, 3).unwrap());
     check("concat_rows", 0.0, |b| {
@@ -198,7 +199,37 @@ fn normalisation() {
     let (xw, ww) = (rng.vec(3 * 2048, 3.0), rng.vec(2048, 2.0));
     check("rms_norm_wide", TOL, |b| b.rms_norm(&up(b, &xw, &[3, 2048]), Some(&up(b, &ww, &[2048])), 2048, 1e-6).unwrap());
     check("rms_norm_wide_no_weight", TOL, |b| b.rms_norm(&up(b, &xw, &[3, 2048]), None, 1024, 1e-6).unwrap());
+    // One weight value per column: each group of a row with its own slice
+    // (the per-stream norm of hyper-connections), subgroup and wide kernels.
+    check("rms_norm_per_stream", TOL, |b| b.rms_norm(&up(b, &x, &[5, 256]), Some(&up(b, &w, &[256])), 64, 1e-6).unwrap());
+    check("rms_norm_wide_per_stream", TOL, |b| {
+        b.rms_norm(&up(b, &xw, &[3, 2048]), Some(&up(b, &ww, &[2048])), 1024, 1e-6).unwrap()
+    });
+    check("rms_norm_gated_sigmoid", TOL, |b| {
+        b.rms_norm_gated(&up(b, &x, &[5, 256]), &up(b, &z, &[5, 256]), &up(b, &w[..64], &[64]), 64, 1e-6, GateAct::Sigmoid).unwrap()
+    });
     check("l2_normalize", TOL, |b| b.l2_normalize(&up(b, &x, &[5, 256]), 32, 1e-6, 0.17).unwrap());
+}
+
+#[test]
+fn hyper_connections_and_ple_gate() {
+    let mut rng = Rng::new(14);
+    let (rows, streams, d) = (5, 4, 96);
+    let x = rng.vec(rows * d, 3.0);
+    let h = rng.vec(rows * streams * d, 3.0);
+    let mix = rng.vec(rows * streams * d, 6.0);
+    let logits = rng.vec(rows * streams, 4.0);
+    let sd = [rows, streams * d];
+    check("repeat_cols", 0.0, |b| b.repeat_cols(&up(b, &x, &[rows, d]), streams).unwrap());
+    check("hc_mix", TOL, |b| b.hc_mix(&up(b, &h, &sd), &up(b, &mix, &sd), streams).unwrap());
+    check("hc_inject", TOL, |b| b.hc_inject(&up(b, &h, &sd), &up(b, &x, &[rows, d]), &up(b, &logits, &[rows, streams]), 0.7).unwrap());
+    // Stream 2 of every row has a tiny key: |g| falls below the 1e-6 floor.
+    let mut key = rng.vec(rows * streams * d, 2.0);
+    for r in 0..rows {
+        key[(r * streams + 2) * d..(r * streams + 3) * d].iter_mut().for_each(|v| *v *= 1e-5);
+    }
+    let query = rng.vec(rows * streams * d, 2.0);
+    check("ple_gate", TOL, |b| b.ple_gate(&up(b, &key, &sd), &up(b, &query, &sd), &up(b, &x, &[rows, d]), streams).unwrap());
 }
 
 #[test]
@@ -246,6 +277,68 @@ fn causal_conv_carries_window() {
         let cloned = b.clone_state(&st).unwrap();
         let mut st2 = cloned;
         let extra = b.causal_conv1d(&up(b, &parts[0].1, &[5, c]), &wt, &mut st2).unwrap();
+        let all: Vec<&Tensor> = outs.iter().chain(std::iter::once(&extra)).collect();
+        b.concat_rows(&all).unwrap()
+    });
+}
+
+/// QSA key selection: a prefill, two decode steps and a longer chunk, with
+/// GQA, dense and selected queries mixed, UNUSED entries and repeated blocks.
+#[test]
+fn sparse_attention_prefill_then_decode_gqa() {
+    let mut rng = Rng::new(19);
+    let (heads, kvh, hd, block, per_query) = (8, 2, 64, 4, 5);
+    let (dense, unused) = (KeySelection::DENSE, KeySelection::UNUSED);
+    let mut past = 0;
+    let mut steps = Vec::new();
+    for t in [37usize, 1, 1, 150] {
+        let mut blocks = Vec::new();
+        for pos in past..past + t {
+            let own = ((pos + 1) / block) as u32;
+            let row: Vec<u32> = match pos {
+                // Early positions and every 7th are dense (entries after the marker are ignored).
+                p if p < 12 || p % 7 == 0 => [dense, 3, unused, 0, 1].to_vec(),
+                // Nothing listed and an empty trailing block: no keys at all.
+                39 => vec![unused; per_query],
+                // Nothing listed: only the trailing partial block (keys 40, 41).
+                41 => vec![unused; per_query],
+                // The block ending at the query itself, listed twice.
+                47 => [11, unused, 2, 11, 0].to_vec(),
+                // Random whole blocks before the query (repeats possible), some UNUSED.
+                _ => (0..per_query).map(|_| match rng.bits() % 4 { 0 => unused, r => (rng.bits() + r) % own }).collect(),
+            };
+            blocks.extend(row);
+        }
+        let sel = KeySelection { block, per_query, blocks };
+        steps.push((t, rng.vec(t * heads * hd, 2.0), rng.vec(t * kvh * hd, 2.0), rng.vec(t * kvh * hd, 2.0), sel));
+        past += t;
+    }
+    for (i, _) in steps.iter().enumerate() {
+        check(&format!("attention_sparse_step{i}"), 2e-5, |b| {
+            let mut cache = b.new_kv_cache(kvh, hd).unwrap();
+            let mut last = None;
+            for (t, q, k, v, sel) in &steps[..=i] {
+                let (q, k, v) = (up(b, q, &[*t, heads * hd]), up(b, k, &[*t, kvh * hd]), up(b, v, &[*t, kvh * hd]));
+                last = Some(b.attention(&q, &k, &v, &mut cache, heads, 0.125, Some(sel)).unwrap());
+            }
+            last.unwrap()
+        });
+    }
+}
+
+#[test]
+fn dilated_causal_conv_carries_window() {
+    let mut rng = Rng::new(16);
+    // Taps 3 steps apart: the window holds the last 9 inputs, more than most calls bring.
+    let (c, k, dilation) = (40, 4, 3);
+    let w = rng.vec(c * k, 1.0);
+    let parts: Vec<(usize, Vec<f32>)> = [5usize, 1, 2, 13, 1].iter().map(|&t| (t, rng.vec(t * c, 2.0))).collect();
+    check("causal_conv1d_dilated", TOL, |b| {
+        let mut st = b.new_conv_state(c, k, dilation).unwrap();
+        let wt = up(b, &w, &[c, k]);
+        let outs: Vec<Tensor> = parts.iter().map(|(t, x)| b.causal_conv1d(&up(b, x, &[*t, c]), &wt, &mut st).unwrap()).collect();
+        let mut st2 = b.clone_state(&st).unwrap();
+        let extra = b.causal_conv1d(&up(b, &parts[2].1, &[2, c]), &wt, &mut st2).unwrap();
         let all: Vec<&Tensor> = outs.iter().chain(std::iter::once(&extra)).collect();
         b.concat_rows(&all).unwrap()
     });
