@@ -6,7 +6,7 @@
 //   hc_inject:   out[r, s*d + j] = a[r, s*d + j] + 2*sigmoid(factor * c[r, s]) * b[r, j]
 //                                                                (one thread per output)
 //   ple_gate:    g = (a[r, s*d..][..d] . b[r, s*d..][..d]) * factor (factor = 1/sqrt(d)),
-//                g = sign(g) * sqrt(max(|g|, 1e-6)) (sign +1 at +0, like Rust's signum),
+//                g = sign(g) * sqrt(max(|g|, 1e-6)) (sign(0) = 0, as in the reference),
 //                out[r, s*d + j] = sigmoid(g) * c[r, j]
 //                one subgroup per (row, stream) group, grid-stride over groups
 //                along workgroup_id.x.
@@ -95,8 +95,7 @@ fn ple_gate(
             dot += a[base + j] * b[base + j];
         }
         let raw = subgroupAdd(dot) * p.factor;
-        let sign = select(1.0, -1.0, (bitcast<u32>(raw) >> 31u) == 1u);
-        let w = sigmoid(sign * sqrt(max(abs(raw), 1e-6)));
+        let w = sigmoid(sign(raw) * sqrt(max(abs(raw), 1e-6)));
         let vb = (g / p.streams) * p.d;
         for (var j = lane; j < p.d; j += lanes) {
             out[base + j] = w * c[vb + j];

@@ -255,7 +255,9 @@ impl Backend for CpuBackend {
             for (s, chunk) in o.chunks_exact_mut(d).enumerate() {
                 let base = r * streams * d + s * d;
                 let g = kd[base..base + d].iter().zip(&qd[base..base + d]).map(|(k, q)| k * q).sum::<f32>() * inv_sqrt_d;
-                let g = g.signum() * g.abs().max(1e-6).sqrt();
+                // sign(0) = 0, as in the reference (Rust's signum would give 1).
+                let sign = if g > 0.0 { 1.0 } else if g < 0.0 { -1.0 } else { 0.0 };
+                let g = sign * g.abs().max(1e-6).sqrt();
                 let w = sigmoid(g);
                 chunk.iter_mut().zip(&vd[r * d..(r + 1) * d]).for_each(|(o, v)| *o = w * v);
             }
