@@ -19,9 +19,8 @@ const FILES: [(&str, &[u8]); 7] = [
 
 /// One line for users: what is running and how to get the real model.
 pub const NOTE: &str = "note: no model installed, running the bundled 24M-parameter demo model \
-(trained on public-domain English); run a qwen3_moe or qwen3_next checkpoint with --model DIR, \
-or fetch Qwen3.8-Flash-Next with `slotstream pull qwen3.8-flash-next:4bit` (running its qwen4_exp \
-architecture is not supported yet)";
+(trained on public-domain English); run a qwen3_moe, qwen3_next or qwen4_exp checkpoint with \
+--model DIR, or fetch Qwen3.8-Flash-Next with `slotstream pull qwen3.8-flash-next:4bit`";
 
 fn cache_root() -> Result<PathBuf> {
     if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {

@@ -40,6 +40,9 @@ echo "[verify] comparing with tests/fixtures"
 echo "[verify] independent float64 numpy forward vs goldens"
 "$PY" tools/oracle/reference_numpy.py tests/fixtures
 
+echo "[verify] qwen4_exp: numpy oracle rebuilds tests/fixtures/qwen4_exp_tiny byte for byte"
+"$PY" tools/oracle/qwen4_exp/build.py --check
+
 echo "[verify] demo model perplexity with the oracle vs tools/demo/oracle_perplexity.json"
 "$PY" tools/demo/perplexity_oracle.py --model tools/demo/model --file tools/demo/heldout_sample.txt --out "$tmp/demo_ppl.json" >/dev/null
 "$PY" - "$tmp/demo_ppl.json" tools/demo/oracle_perplexity.json <<'PY'
