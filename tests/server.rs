@@ -37,17 +37,20 @@ struct Setup {
     max_context: usize,
     /// Never stop at end-of-sequence tokens (for long generations).
     no_eos: bool,
+    /// Load the MTP head (speculative decoding) when the model has one.
+    mtp: bool,
 }
 
 impl Default for Setup {
     fn default() -> Self {
-        Setup { fixture: MODEL, dir: None, prefix_cache: true, queue: 16, max_context: 32768, no_eos: false }
+        Setup { fixture: MODEL, dir: None, prefix_cache: true, queue: 16, max_context: 32768, no_eos: false, mtp: false }
     }
 }
 
 fn start(setup: Setup) -> Server {
     let dir = setup.dir.clone().unwrap_or_else(|| fixture(setup.fixture));
-    let mut engine = Engine::load(&dir, Box::new(slotstream_cpu::CpuBackend::new()), &slotstream::model::LoadOptions::default())
+    let opts = slotstream::model::LoadOptions { mtp: setup.mtp, ..Default::default() };
+    let mut engine = Engine::load(&dir, Box::new(slotstream_cpu::CpuBackend::new()), &opts)
         .unwrap_or_else(|e| panic!("loading {}: {e:#}", dir.display()));
     if setup.no_eos {
         engine.codec.eos_ids.clear();
@@ -360,9 +363,10 @@ fn disconnects_cancel_and_the_queue_is_bounded() {
 }
 
 /// An 8-turn greedy chat gives the same replies with and without the prefix
-/// cache, and later turns reuse earlier state.
-fn chat_with_and_without_cache(fixture: &'static str) {
-    let cached = start(Setup { fixture, ..Setup::default() });
+/// cache, and later turns reuse earlier state; `mtp` adds speculative decoding
+/// to the cached server (the other decodes plainly).
+fn chat_with_and_without_cache(fixture: &'static str, mtp: bool) {
+    let cached = start(Setup { fixture, mtp, ..Setup::default() });
     let fresh = start(Setup { fixture, prefix_cache: false, ..Setup::default() });
     let mut messages = vec![json!({"role": "system", "content": "You are terse."})];
     for turn in 0..8 {
@@ -383,12 +387,17 @@ fn chat_with_and_without_cache(fixture: &'static str) {
 
 #[test]
 fn prefix_cache_keeps_greedy_output_on_moe() {
-    chat_with_and_without_cache("qwen3_moe_mlx4");
+    chat_with_and_without_cache("qwen3_moe_mlx4", false);
 }
 
 #[test]
 fn prefix_cache_keeps_greedy_output_on_hybrid_attention() {
-    chat_with_and_without_cache("qwen3_next_mlx4");
+    chat_with_and_without_cache("qwen3_next_mlx4", false);
+}
+
+#[test]
+fn prefix_cache_and_mtp_keep_greedy_output_on_qwen4_exp() {
+    chat_with_and_without_cache("qwen4_exp_tiny", true);
 }
 
 #[test]
