@@ -306,6 +306,9 @@ fn run(args: RunArgs) -> Result<()> {
         let mut v = serde_json::to_value(&out)?;
         v["backend"] = engine.backend.name().into();
         v["experts"] = serde_json::to_value(&cache)?;
+        if let Some(n) = engine.model.ngram_stats() {
+            v["ngram_rows"] = serde_json::to_value(n)?;
+        }
         v["plan"] = serde_json::to_value(&plan)?;
         v["peak_rss_bytes"] = peak_rss_bytes().into();
         // A closed stdout is the reader's choice, not an error worth a panic.
@@ -322,6 +325,16 @@ fn run(args: RunArgs) -> Result<()> {
             s.decode_tokens_per_second,
             engine.backend.name()
         );
+        if let Some(n) = engine.model.ngram_stats() {
+            eprintln!(
+                "n-gram rows: {} hits, {} read ({:.1} KB), {} of {} cached",
+                n.hits,
+                n.misses,
+                n.bytes_read as f64 / 1e3,
+                n.cached_rows,
+                n.capacity_rows
+            );
+        }
         if let Some(m) = &s.mtp {
             eprintln!(
                 "mtp: {} drafted, {} accepted ({:.0}%), {} decode passes for {} tokens{}",

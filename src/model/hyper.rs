@@ -94,10 +94,16 @@ impl Ple {
         })
     }
 
-    /// The PLE output `[tokens, streams*hidden]` to add to `h`.
-    pub fn forward(&self, b: &dyn Backend, h: &Tensor, ids: &[u32], st: &mut PleState) -> Result<Tensor> {
-        let rows = self.store.ngram_ids(&st.context, ids);
-        let emb = self.store.embeddings(&rows)?;
+    /// The n-gram embedding rows of `ids` (which follow `context`, the state's),
+    /// `[ids.len(), embed_dim]`: read from disk or the row cache. Depends on
+    /// the token ids alone, so it can run ahead of the layers below this one.
+    pub fn fetch(&self, ids: &[u32], context: &[u32]) -> Result<Vec<f32>> {
+        self.store.embeddings(&self.store.ngram_ids(context, ids))
+    }
+
+    /// The PLE output `[tokens, streams*hidden]` to add to `h`, from the
+    /// embedding rows [`Ple::fetch`] returned for `ids`.
+    pub fn forward(&self, b: &dyn Backend, h: &Tensor, ids: &[u32], emb: Vec<f32>, st: &mut PleState) -> Result<Tensor> {
         st.context = self.store.next_context(&st.context, ids);
         let emb = b.upload(&emb, &[ids.len(), self.store.embed_dim()])?;
         let d = self.hidden;

@@ -161,16 +161,54 @@ impl DecoderModel {
             x = b.repeat_cols(&x, self.streams)?;
         }
         let mut experts = experts_lock(&self.experts)?;
-        let mut ple_states = state.ple.iter_mut();
-        for (i, (layer, st)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
-            let ple = match &layer.ple {
-                Some(p) => Some((p, ple_states.next().context("sequence state has too few PLE states")?)),
-                None => None,
-            };
-            x = layer_forward(b, layer, &x, ids, state.position, st, ple, &mut experts).with_context(|| format!("layer {i}"))?;
+        let ple_layers: Vec<&Ple> = self.layers.iter().filter_map(|l| l.ple.as_ref()).collect();
+        if ple_layers.len() != state.ple.len() {
+            bail!("the sequence state has {} PLE states for {} PLE layers", state.ple.len(), ple_layers.len());
         }
+        let start = state.position;
+        std::thread::scope(|scope| -> Result<()> {
+            // N-gram rows depend on the token ids alone: read them while the
+            // layers before the PLE layer run.
+            let mut fetches = ple_layers
+                .iter()
+                .zip(&state.ple)
+                .map(|(p, ps)| {
+                    let context = ps.context.clone();
+                    scope.spawn(move || p.fetch(ids, &context))
+                })
+                .collect::<Vec<_>>()
+                .into_iter();
+            let mut ple_states = state.ple.iter_mut();
+            for (i, (layer, st)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
+                let ple = match &layer.ple {
+                    Some(p) => {
+                        let fetched = fetches.next().context("internal: a PLE fetch is missing")?;
+                        let emb = fetched.join().map_err(|_| anyhow::anyhow!("the n-gram row reader panicked"))??;
+                        Some((p, emb, ple_states.next().context("sequence state has too few PLE states")?))
+                    }
+                    None => None,
+                };
+                x = layer_forward(b, layer, &x, ids, start, st, ple, &mut experts).with_context(|| format!("layer {i}"))?;
+            }
+            Ok(())
+        })?;
         state.position += ids.len();
         Ok(x)
+    }
+
+    /// Row-cache counters of the PLE layers' n-gram tables (`None` without PLE).
+    pub fn ngram_stats(&self) -> Option<ngram::NgramStats> {
+        let mut all: Option<ngram::NgramStats> = None;
+        for p in self.layers.iter().filter_map(|l| l.ple.as_ref()) {
+            let s = p.store.stats();
+            let t = all.get_or_insert_with(Default::default);
+            t.hits += s.hits;
+            t.misses += s.misses;
+            t.bytes_read += s.bytes_read;
+            t.cached_rows += s.cached_rows;
+            t.capacity_rows += s.capacity_rows;
+        }
+        all
     }
 
     /// The final norm (or stream collapse) that feeds `lm_head`.
@@ -246,7 +284,7 @@ pub(crate) fn layer_forward(
     ids: &[u32],
     start: usize,
     st: &mut LayerState,
-    ple: Option<(&Ple, &mut PleState)>,
+    ple: Option<(&Ple, Vec<f32>, &mut PleState)>,
     experts: &mut ExpertCache,
 ) -> Result<Tensor> {
     let mut mixer = |input: &Tensor| -> Result<Tensor> {
@@ -270,8 +308,8 @@ pub(crate) fn layer_forward(
         }
         Residual::Hyper { attn, mlp } => {
             let mut h = x.clone();
-            if let Some((p, ps)) = ple {
-                h = b.add(&h, &p.forward(b, &h, ids, ps)?)?;
+            if let Some((p, emb, ps)) = ple {
+                h = b.add(&h, &p.forward(b, &h, ids, emb, ps)?)?;
             }
             h = attn.apply(b, &h, &mut mixer)?;
             mlp.apply(b, &h, &mut |input| ffn(input, experts))
