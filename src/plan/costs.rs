@@ -103,7 +103,13 @@ impl ModelCosts {
                 None => true,
             })
             .count();
-        let kv = attention_layers as u64 * 2 * (c.kv_heads() * c.head_dim()) as u64 * 4;
+        // QSA keeps the indexer's raw key of every position and one pooled key per block.
+        let indexer = value.get("text_config").and_then(|t| {
+            let d = t.get("indexer_head_dim")?.as_u64()?;
+            let r = t.get("indexer_compress_ratio")?.as_u64()?.max(1);
+            Some(d + d / r)
+        });
+        let kv = attention_layers as u64 * (2 * (c.kv_heads() * c.head_dim()) as u64 + indexer.unwrap_or(0)) * 4;
         let delta_layers = c.num_hidden_layers - attention_layers;
         let state = match (c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim, c.linear_num_key_heads) {
             (Some(nv), Some(dk), Some(dv), Some(nk)) => {
@@ -140,8 +146,9 @@ impl ModelCosts {
             experts_per_layer: 512,
             top_k: 10,
             hidden_size: 2560,
-            // 12 full-attention layers x K and V x 2 KV heads x 256 x f32.
-            kv_bytes_per_token: 12 * 2 * 2 * 256 * 4,
+            // 12 full-attention layers x (K and V x 2 KV heads x 256, plus the
+            // QSA indexer's 128-wide raw key and a quarter of a pooled key) x f32.
+            kv_bytes_per_token: 12 * (2 * 2 * 256 + 128 + 32) * 4,
             // 36 DeltaNet layers: 48 heads x 128 x 128 f32 state + a 3-step conv window.
             state_bytes: 36 * (48 * 128 * 128 + 3 * (2 * 16 * 128 + 48 * 128)) * 4,
             // The bounded n-gram row cache.
