@@ -129,3 +129,37 @@ fn garbage_safetensors_header() {
     let err = load_error(dir.path());
     assert!(err.contains("header"), "{err}");
 }
+
+#[test]
+fn qwen4_exp_without_text_config_says_so() {
+    let dir = copy_fixture("qwen4_exp_tiny");
+    edit_config(dir.path(), |v| {
+        v.as_object_mut().unwrap().remove("text_config");
+    });
+    let err = load_error(dir.path());
+    assert!(err.contains("text_config"), "{err}");
+}
+
+#[test]
+fn qwen4_exp_inconsistent_indexer_settings_are_named() {
+    let dir = copy_fixture("qwen4_exp_tiny");
+    edit_config(dir.path(), |v| v["text_config"]["indexer_budget"] = 30.into());
+    let err = load_error(dir.path());
+    assert!(err.contains("indexer_budget 30") && err.contains("indexer_compress_ratio"), "{err}");
+}
+
+#[test]
+fn truncated_mtp_head_names_the_file_when_mtp_is_on() {
+    let dir = copy_fixture("qwen4_exp_tiny");
+    let mtp = dir.path().join("mtp.safetensors");
+    let len = std::fs::metadata(&mtp).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&mtp).unwrap().set_len(len / 2).unwrap();
+    let opts = slotstream::model::LoadOptions { mtp: true, ..Default::default() };
+    let err = match Engine::load(dir.path(), Box::new(slotstream_cpu::CpuBackend::new()), &opts) {
+        Ok(_) => panic!("a truncated mtp.safetensors should fail to load with MTP on"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(err.contains("mtp.safetensors") && err.contains("truncated"), "{err}");
+    // Without MTP the head is never opened and the model loads.
+    assert!(Engine::load(dir.path(), Box::new(slotstream_cpu::CpuBackend::new()), &Default::default()).is_ok());
+}
