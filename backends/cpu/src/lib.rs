@@ -397,6 +397,8 @@ impl Backend for CpuBackend {
             }
         }
         let past = c.len();
+        // The keys each query may see, once per query (not per head).
+        let selected: Option<Vec<Vec<usize>>> = selection.map(|sel| (0..tokens).map(|t| sel.keys_of(t, past + t)).collect());
         c.keys.extend_from_slice(data(k)?);
         c.values.extend_from_slice(data(v)?);
         let (keys, values) = (&c.keys, &c.values);
@@ -408,9 +410,13 @@ impl Backend for CpuBackend {
             let kh = h / group;
             let qv = &qd[(t * heads + h) * hd..(t * heads + h + 1) * hd];
             let pos = past + t;
-            let keys_seen: Vec<usize> = match selection {
-                Some(sel) => sel.keys_of(t, pos),
-                None => (0..=pos).collect(),
+            let dense: Vec<usize>;
+            let keys_seen: &[usize] = match &selected {
+                Some(per_query) => &per_query[t],
+                None => {
+                    dense = (0..=pos).collect();
+                    &dense
+                }
             };
             let mut scores: Vec<f32> = keys_seen
                 .iter()
