@@ -14,6 +14,7 @@
 //! sequence are computed once per block and kept in [`IndexerState`].
 
 use anyhow::{bail, Result};
+use rayon::prelude::*;
 use slotstream_backend::{Backend, KeySelection, Tensor, Weight};
 
 /// Weights and settings of one layer's indexer.
@@ -74,9 +75,9 @@ impl Indexer {
             bail!("the QSA indexer holds {} keys but the call starts at position {start}", st.raw.len() / hd);
         }
         let qk = b.download(&b.matmul(x, &self.qk_proj)?)?;
-        let row = (self.heads + 1) * hd;
+        let qk_row = (self.heads + 1) * hd;
         for t in 0..tokens {
-            st.raw.extend_from_slice(&qk[t * row + self.heads * hd..(t + 1) * row]);
+            st.raw.extend_from_slice(&qk[t * qk_row + self.heads * hd..(t + 1) * qk_row]);
         }
         if !(0..tokens).any(|t| self.sparse_at(start + t)) {
             return Ok(None);
@@ -94,40 +95,46 @@ impl Indexer {
             st.blocks.extend_from_slice(&key);
         }
         let per_query = self.top_blocks();
-        let mut blocks = Vec::with_capacity(tokens * per_query);
         let scale = 1.0 / (hd as f32).sqrt();
-        for t in 0..tokens {
-            let pos = start + t;
-            if !self.sparse_at(pos) {
-                blocks.push(KeySelection::DENSE);
-                blocks.extend(std::iter::repeat_n(KeySelection::UNUSED, per_query - 1));
-                continue;
-            }
-            let mut q: Vec<f32> = qk[t * row..t * row + self.heads * hd].to_vec();
-            for head in q.chunks_exact_mut(hd) {
-                rms_norm(head, &self.q_norm, self.eps);
-                rope(head, self.rotary_dim, self.rope_theta, pos);
-            }
-            // Blocks wholly at or before the query.
-            let visible = (pos + 1) / self.ratio;
-            let mut scored: Vec<(f32, u32)> = (0..visible)
-                .map(|n| {
-                    let key = &st.blocks[n * hd..(n + 1) * hd];
-                    let s: f32 = q
-                        .chunks_exact(hd)
-                        .map(|qh| qh.iter().zip(key).map(|(a, b)| a * b).sum::<f32>().max(0.0))
-                        .sum();
-                    (s * scale, n as u32)
-                })
-                .collect();
-            // Best first; equal scores keep the earlier block.
-            let keep = per_query.min(scored.len());
-            scored.select_nth_unstable_by(keep - 1, |a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-            let mut chosen: Vec<u32> = scored[..keep].iter().map(|s| s.1).collect();
-            chosen.sort_unstable();
-            blocks.extend(chosen.iter().copied());
-            blocks.extend(std::iter::repeat_n(KeySelection::UNUSED, per_query - keep));
-        }
+        let blocks_of = &st.blocks;
+        // Queries are scored independently (a long prefill scores every visible block per query).
+        let rows: Vec<Vec<u32>> = (0..tokens)
+            .into_par_iter()
+            .map(|t| {
+                let pos = start + t;
+                let mut row = Vec::with_capacity(per_query);
+                if !self.sparse_at(pos) {
+                    row.push(KeySelection::DENSE);
+                    row.resize(per_query, KeySelection::UNUSED);
+                    return row;
+                }
+                let mut q: Vec<f32> = qk[t * qk_row..t * qk_row + self.heads * hd].to_vec();
+                for head in q.chunks_exact_mut(hd) {
+                    rms_norm(head, &self.q_norm, self.eps);
+                    rope(head, self.rotary_dim, self.rope_theta, pos);
+                }
+                // Blocks wholly at or before the query.
+                let visible = (pos + 1) / self.ratio;
+                let mut scored: Vec<(f32, u32)> = (0..visible)
+                    .map(|n| {
+                        let key = &blocks_of[n * hd..(n + 1) * hd];
+                        let s: f32 = q
+                            .chunks_exact(hd)
+                            .map(|qh| qh.iter().zip(key).map(|(a, b)| a * b).sum::<f32>().max(0.0))
+                            .sum();
+                        (s * scale, n as u32)
+                    })
+                    .collect();
+                // Best first; equal scores keep the earlier block.
+                let keep = per_query.min(scored.len());
+                scored.select_nth_unstable_by(keep - 1, |a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+                row.extend(scored[..keep].iter().map(|s| s.1));
+                row.sort_unstable();
+                row.resize(per_query, KeySelection::UNUSED);
+                row
+            })
+            .collect();
+        let blocks = rows.concat();
         Ok(Some(KeySelection { block: self.ratio, per_query, blocks }))
     }
 }
