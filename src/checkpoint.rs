@@ -267,17 +267,6 @@ impl Checkpoint {
         Ok(self.read_bytes(name)?.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect())
     }
 
-    /// Reads `buf.len()` bytes at `offset` into tensor `name`'s data.
-    pub fn read_at(&self, name: &str, offset: usize, buf: &mut [u8]) -> Result<()> {
-        let e = self.entry(name)?;
-        if offset + buf.len() > e.end - e.start {
-            bail!("read of {} bytes at {offset} is outside tensor '{name}' ({} bytes)", buf.len(), e.end - e.start);
-        }
-        let (path, file) = &self.files[e.file];
-        file.read_exact_at(buf, (e.start + offset) as u64)
-            .with_context(|| format!("reading tensor '{name}' from {}", path.display()))
-    }
-
     /// Tensors never looked up since the checkpoint was opened, sorted.
     pub fn unused(&self) -> Vec<String> {
         let used = self.used.lock().map(|u| u.clone()).unwrap_or_default();
@@ -299,6 +288,11 @@ impl Checkpoint {
         self.tensors.get(name).ok_or_else(|| {
             anyhow!("tensor '{name}' is missing from the checkpoint in {} (wrong model_type or incomplete download?)", self.dir.display())
         })
+    }
+
+    /// Path of the file holding a tensor.
+    pub fn path_of(&self, e: &TensorEntry) -> &Path {
+        &self.files[e.file].0
     }
 
     /// Name of the file holding a tensor, for error messages.

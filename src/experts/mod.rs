@@ -23,6 +23,7 @@ use serde::Serialize;
 use slotstream_backend::{Backend, ExpertAssignment, ExpertPool, Tensor, TokenRoute};
 
 pub use store::{ExpertRecord, ExpertStore};
+pub(crate) use store::UncachedFile;
 
 /// Whether a checkpoint tensor belongs to a routed expert (streamed, not resident).
 pub fn is_routed_expert_tensor(name: &str) -> bool {

@@ -95,6 +95,23 @@ fn open_for_reads(path: &Path) -> Result<ExpertFile> {
     Ok(ExpertFile { path: path.to_path_buf(), file, direct: false })
 }
 
+/// A file read around the page cache like the experts' (the n-gram table's
+/// shards), so that reading rows does not grow the cache the memory budget
+/// cannot see.
+pub(crate) struct UncachedFile(ExpertFile);
+
+impl UncachedFile {
+    pub fn open(path: &Path) -> Result<UncachedFile> {
+        open_for_reads(path).map(UncachedFile)
+    }
+
+    /// `len` bytes at `offset`.
+    pub fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let piece = Piece { file: 0, offset, len: len as u64 };
+        Ok(self.0.read_piece(&piece)?.bytes().to_vec())
+    }
+}
+
 fn per_proj_index(name: &str) -> usize {
     match name {
         "gate_proj" => 0,

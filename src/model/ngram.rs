@@ -21,6 +21,7 @@ use serde::Serialize;
 use slotstream_backend::{HostMatrix, MatrixData, MatrixFormat};
 
 use crate::checkpoint::Checkpoint;
+use crate::experts::UncachedFile;
 
 /// Whether a checkpoint tensor is part of the streamed n-gram table.
 pub fn is_ngram_tensor(name: &str) -> bool {
@@ -45,11 +46,17 @@ struct RowCache {
     stats: NgramStats,
 }
 
+/// Where one shard's pieces start: (file, byte offset) of the packed values,
+/// then of the scales and biases when quantized.
+struct ShardPieces {
+    pieces: Vec<(usize, u64)>,
+}
+
 /// Hash parameters and on-disk location of one layer's n-gram table.
 pub struct NgramStore {
-    ck: Arc<Checkpoint>,
-    /// Tensor prefix of each shard (`...ngram_embedding.shard_{i}`).
-    shards: Vec<String>,
+    /// The checkpoint files holding shards, opened for reads around the page cache.
+    files: Vec<UncachedFile>,
+    shards: Vec<ShardPieces>,
     rows_per_shard: u64,
     format: MatrixFormat,
     head_dim: usize,
@@ -106,14 +113,36 @@ impl NgramStore {
                 bail!("n-gram shard '{n}' is stored as {f:?} but shard 0 as {format:?}");
             }
         }
+        // Open each file holding a shard once; note where each piece starts.
+        let mut files = Vec::new();
+        let mut file_index: HashMap<std::path::PathBuf, usize> = HashMap::new();
+        let mut shard_pieces = Vec::with_capacity(names.len());
+        for n in &names {
+            let layout = ck.matrix_layout(n, &[], rows_per_shard, head_dim)?;
+            let mut pieces = Vec::new();
+            for t in &layout.tensors {
+                let e = ck.entry(t)?;
+                let path = ck.path_of(e).to_path_buf();
+                let f = match file_index.get(&path) {
+                    Some(&i) => i,
+                    None => {
+                        files.push(UncachedFile::open(&path)?);
+                        file_index.insert(path, files.len() - 1);
+                        files.len() - 1
+                    }
+                };
+                pieces.push((f, e.start as u64));
+            }
+            shard_pieces.push(ShardPieces { pieces });
+        }
         let total_rows = rows_per_shard as i64 * shards as i64;
         let end = sizes.iter().zip(&offsets).map(|(s, o)| s + o).max().unwrap_or(0);
         if offsets.iter().any(|&o| o < 0) || end > total_rows {
             bail!("n-gram head offsets and sizes reach row {end}, beyond the {total_rows} rows of the {shards} shards");
         }
         Ok(NgramStore {
-            ck,
-            shards: names,
+            files,
+            shards: shard_pieces,
             rows_per_shard: rows_per_shard as u64,
             format,
             head_dim,
@@ -243,19 +272,23 @@ impl NgramStore {
     fn read_row(&self, row: u64) -> Result<Arc<[f32]>> {
         let shard = (row / self.rows_per_shard) as usize;
         let r = (row % self.rows_per_shard) as usize;
-        let name = self.shards.get(shard).with_context(|| format!("n-gram row {row} is beyond the last shard"))?;
+        let pieces = &self.shards.get(shard).with_context(|| format!("n-gram row {row} is beyond the last shard"))?.pieces;
         let (wb, sb) = row_bytes(self.format, self.head_dim);
-        let mut words = vec![0u8; wb];
-        self.ck.read_at(&format!("{name}.weight"), r * wb, &mut words)?;
+        let read = |i: usize, len: usize| -> Result<Vec<u8>> {
+            let (f, start) = pieces[i];
+            self.files[f].read(start + (r * len) as u64, len).with_context(|| format!("reading n-gram row {row}"))
+        };
+        let words = read(0, wb)?;
         let data = match self.format {
             MatrixFormat::Dense(dtype) => MatrixData::Dense { dtype, bytes: words.into() },
-            MatrixFormat::Affine { bits, group_size, scale_dtype } => {
-                let mut scales = vec![0u8; sb];
-                let mut biases = vec![0u8; sb];
-                self.ck.read_at(&format!("{name}.scales"), r * sb, &mut scales)?;
-                self.ck.read_at(&format!("{name}.biases"), r * sb, &mut biases)?;
-                MatrixData::Affine { bits, group_size, words: words.into(), scale_dtype, scales: scales.into(), biases: biases.into() }
-            }
+            MatrixFormat::Affine { bits, group_size, scale_dtype } => MatrixData::Affine {
+                bits,
+                group_size,
+                words: words.into(),
+                scale_dtype,
+                scales: read(1, sb)?.into(),
+                biases: read(2, sb)?.into(),
+            },
         };
         let m = HostMatrix { experts: 1, rows: 1, cols: self.head_dim, data };
         Ok(m.to_f32().into())
