@@ -4,6 +4,7 @@
 
 mod delta;
 mod matmul;
+mod q8;
 
 use std::sync::Arc;
 
@@ -13,15 +14,42 @@ use slotstream_backend::{
     HostMatrix, Result, State, Tensor, Weight,
 };
 
-pub use matmul::{CpuWeight, Store};
+pub use matmul::{CpuWeight, MatmulMode, Store};
 
 /// Multi-threaded CPU implementation of the backend trait.
-#[derive(Default)]
-pub struct CpuBackend;
+pub struct CpuBackend {
+    mode: MatmulMode,
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        CpuBackend::new()
+    }
+}
 
 impl CpuBackend {
+    /// The fast backend: 4-bit affine weights use int8 activations
+    /// ([`MatmulMode::Int8`]). `SLOTSTREAM_CPU_MATMUL=exact` in the environment
+    /// selects [`CpuBackend::exact`] instead.
     pub fn new() -> Self {
-        CpuBackend
+        match std::env::var("SLOTSTREAM_CPU_MATMUL").as_deref() {
+            Ok("exact") => CpuBackend::exact(),
+            _ => CpuBackend::with_mode(MatmulMode::Int8),
+        }
+    }
+
+    /// f32 activations everywhere: the reference the parity tests compare with
+    /// the oracle at 1e-4 relative L2.
+    pub fn exact() -> Self {
+        CpuBackend::with_mode(MatmulMode::Exact)
+    }
+
+    pub fn with_mode(mode: MatmulMode) -> Self {
+        CpuBackend { mode }
+    }
+
+    pub fn mode(&self) -> MatmulMode {
+        self.mode
     }
 }
 
@@ -111,7 +139,11 @@ pub struct RecurrentState {
 
 impl Backend for CpuBackend {
     fn name(&self) -> String {
-        format!("cpu ({} threads)", rayon::current_num_threads())
+        let m = match self.mode {
+            MatmulMode::Exact => "",
+            MatmulMode::Int8 => ", int8 activations for 4-bit",
+        };
+        format!("cpu ({} threads{m})", rayon::current_num_threads())
     }
 
     fn upload(&self, values: &[f32], shape: &[usize]) -> Result<Tensor> {
@@ -216,7 +248,7 @@ impl Backend for CpuBackend {
             ));
         }
         let tokens = x.rows();
-        Ok(tensor(matmul::matmul(data(x)?, tokens, cw, 0), vec![tokens, cw.rows]))
+        Ok(tensor(matmul::matmul(data(x)?, tokens, cw, 0, self.mode), vec![tokens, cw.rows]))
     }
 
     fn rms_norm(&self, x: &Tensor, w: Option<&Tensor>, dim: usize, eps: f32) -> Result<Tensor> {
@@ -445,10 +477,10 @@ impl Backend for CpuBackend {
                 let xs: Vec<f32> =
                     users.iter().flat_map(|a| xd[a.token as usize * hidden..(a.token as usize + 1) * hidden].iter().copied()).collect();
                 let n = users.len();
-                let g = matmul::matmul(&xs, n, &p.gate, s);
-                let u = matmul::matmul(&xs, n, &p.up, s);
+                let g = matmul::matmul(&xs, n, &p.gate, s, self.mode);
+                let u = matmul::matmul(&xs, n, &p.up, s, self.mode);
                 let act: Vec<f32> = g.iter().zip(&u).map(|(g, u)| silu(*g) * u).collect();
-                matmul::matmul(&act, n, &p.down, s)
+                matmul::matmul(&act, n, &p.down, s, self.mode)
             })
             .collect();
         let mut out = vec![0.0f32; tokens * top_k * hidden];
