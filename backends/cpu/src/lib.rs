@@ -248,7 +248,7 @@ impl Backend for CpuBackend {
             ));
         }
         let tokens = x.rows();
-        Ok(tensor(matmul::matmul(data(x)?, tokens, cw, 0, self.mode), vec![tokens, cw.rows]))
+        Ok(tensor(matmul::matmul(data(x)?, tokens, cw, 0, self.mode, true), vec![tokens, cw.rows]))
     }
 
     fn rms_norm(&self, x: &Tensor, w: Option<&Tensor>, dim: usize, eps: f32) -> Result<Tensor> {
@@ -470,19 +470,24 @@ impl Backend for CpuBackend {
             by_slot.entry(a.slot).or_default().push(*a);
         }
         let groups: Vec<(u32, Vec<ExpertAssignment>)> = by_slot.into_iter().collect();
-        let results: Vec<Vec<f32>> = groups
-            .iter()
-            .map(|(slot, users)| {
-                let s = *slot as usize;
-                let xs: Vec<f32> =
-                    users.iter().flat_map(|a| xd[a.token as usize * hidden..(a.token as usize + 1) * hidden].iter().copied()).collect();
-                let n = users.len();
-                let g = matmul::matmul(&xs, n, &p.gate, s, self.mode);
-                let u = matmul::matmul(&xs, n, &p.up, s, self.mode);
-                let act: Vec<f32> = g.iter().zip(&u).map(|(g, u)| silu(*g) * u).collect();
-                matmul::matmul(&act, n, &p.down, s, self.mode)
-            })
-            .collect();
+        let run = |(slot, users): &(u32, Vec<ExpertAssignment>), parallel: bool| {
+            let s = *slot as usize;
+            let xs: Vec<f32> =
+                users.iter().flat_map(|a| xd[a.token as usize * hidden..(a.token as usize + 1) * hidden].iter().copied()).collect();
+            let n = users.len();
+            let g = matmul::matmul(&xs, n, &p.gate, s, self.mode, parallel);
+            let u = matmul::matmul(&xs, n, &p.up, s, self.mode, parallel);
+            let act: Vec<f32> = g.iter().zip(&u).map(|(g, u)| silu(*g) * u).collect();
+            matmul::matmul(&act, n, &p.down, s, self.mode, parallel)
+        };
+        // At decode each expert's matrices are small (a few hundred KB): one
+        // parallel region over the experts, each computed by one thread, costs
+        // far less than three thread-pool round trips per expert.
+        let results: Vec<Vec<f32>> = if groups.len() > 1 && rayon::current_num_threads() > 1 {
+            groups.par_iter().map(|g| run(g, false)).collect()
+        } else {
+            groups.iter().map(|g| run(g, true)).collect()
+        };
         let mut out = vec![0.0f32; tokens * top_k * hidden];
         for ((_, users), y) in groups.iter().zip(&results) {
             for (i, a) in users.iter().enumerate() {

@@ -381,10 +381,10 @@ pub enum MatmulMode {
 /// Runs `f(row0, out_chunk)` over `[n, tokens]` output rows, split into tasks
 /// of whole multiples of `align` rows, in parallel when the matrix is large
 /// enough to pay for waking the thread pool.
-fn par_rows(n: usize, tokens: usize, row_bytes: usize, align: usize, out: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync) {
+fn par_rows(n: usize, tokens: usize, row_bytes: usize, align: usize, parallel: bool, out: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync) {
     let threads = rayon::current_num_threads().max(1);
     let total = n * row_bytes * tokens.max(1);
-    if threads == 1 || total < SERIAL_BYTES {
+    if !parallel || threads == 1 || total < SERIAL_BYTES {
         f(0, out);
         return;
     }
@@ -399,7 +399,7 @@ const MIN_TASK_BYTES: usize = 16 << 10;
 
 /// The int8-activation path for 4-bit affine weights, when it applies.
 #[cfg(target_arch = "x86_64")]
-fn matmul_q8(x: &[f32], tokens: usize, w: &CpuWeight, expert: usize, vnni: bool) -> Option<Vec<f32>> {
+fn matmul_q8(x: &[f32], tokens: usize, w: &CpuWeight, expert: usize, vnni: bool, parallel: bool) -> Option<Vec<f32>> {
     use crate::q8::{quantize, Q4Job, ScaleRead};
     let Store::Affine { bits: 4, group_size, words, scales, biases } = &w.store else { return None };
     let (n, k, gs) = (w.rows, w.cols, *group_size);
@@ -409,13 +409,13 @@ fn matmul_q8(x: &[f32], tokens: usize, w: &CpuWeight, expert: usize, vnni: bool)
     let qx = quantize(x, tokens, k);
     let xsums: Vec<f32> = x.chunks_exact(gs).map(|c| c.iter().sum()).collect();
     let mut out_nt = vec![0.0f32; n * tokens];
-    fn go<S: ScaleRead + ?Sized>(job: Q4Job<'_, S>, base: usize, n: usize, out: &mut [f32], vnni: bool) {
-        par_rows(n, job.tokens, job.k / 2, 4, out, |r0, o| job.rows_into(base + r0, o.len() / job.tokens, o, vnni));
+    fn go<S: ScaleRead + ?Sized>(job: Q4Job<'_, S>, base: usize, n: usize, out: &mut [f32], vnni: bool, parallel: bool) {
+        par_rows(n, job.tokens, job.k / 2, 4, parallel, out, |r0, o| job.rows_into(base + r0, o.len() / job.tokens, o, vnni));
     }
     let base = expert * n;
     macro_rules! job {
         ($s:expr, $b:expr) => {
-            go(Q4Job { words, scales: $s, biases: $b, k, group_size: gs, tokens, x: &qx, xsums: &xsums }, base, n, &mut out_nt, vnni)
+            go(Q4Job { words, scales: $s, biases: $b, k, group_size: gs, tokens, x: &qx, xsums: &xsums }, base, n, &mut out_nt, vnni, parallel)
         };
     }
     match (scales, biases) {
@@ -441,11 +441,12 @@ fn transpose_out(out_nt: Vec<f32>, n: usize, tokens: usize) -> Vec<f32> {
 }
 
 /// `x @ W_e^T` for expert `expert` of `w`: `x` is `[tokens, cols]`, the result
-/// `[tokens, rows]`.
-pub fn matmul(x: &[f32], tokens: usize, w: &CpuWeight, expert: usize, mode: MatmulMode) -> Vec<f32> {
+/// `[tokens, rows]`. `parallel`: split the rows across the thread pool (when
+/// the matrix is large enough to be worth it).
+pub fn matmul(x: &[f32], tokens: usize, w: &CpuWeight, expert: usize, mode: MatmulMode, parallel: bool) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
     if mode == MatmulMode::Int8 {
-        if let Some(out) = crate::q8::kernel().and_then(|vnni| matmul_q8(x, tokens, w, expert, vnni)) {
+        if let Some(out) = crate::q8::kernel().and_then(|vnni| matmul_q8(x, tokens, w, expert, vnni, parallel)) {
             return out;
         }
     }
@@ -463,7 +464,7 @@ pub fn matmul(x: &[f32], tokens: usize, w: &CpuWeight, expert: usize, mode: Matm
     let fused = tokens == 1 || matches!(w.store, Store::F32(_));
     let task = RowTask { w, x, xsums: &xsums, tokens, k, groups, fused, base, chunk };
     let avx2 = has_avx2_fma();
-    out_nt.par_chunks_mut(chunk * tokens).enumerate().for_each(|(c, out)| {
+    let run = |c: usize, out: &mut [f32]| {
         #[cfg(target_arch = "x86_64")]
         if avx2 {
             // SAFETY: the CPU supports AVX2 and FMA (checked at run time).
@@ -472,7 +473,12 @@ pub fn matmul(x: &[f32], tokens: usize, w: &CpuWeight, expert: usize, mode: Matm
         }
         let _ = avx2;
         task.run(c, out);
-    });
+    };
+    if parallel {
+        out_nt.par_chunks_mut(chunk * tokens).enumerate().for_each(|(c, out)| run(c, out));
+    } else {
+        out_nt.chunks_mut(chunk * tokens).enumerate().for_each(|(c, out)| run(c, out));
+    }
     transpose_out(out_nt, n, tokens)
 }
 
@@ -535,9 +541,9 @@ mod tests {
                 let x: Vec<f32> = (0..tokens * cols)
                     .map(|i| (((i * 7919) % 113) as f32 / 113.0 - 0.5) * if i % 97 == 0 { 8.0 } else { 1.0 })
                     .collect();
-                let exact = matmul(&x, tokens, &w, 0, MatmulMode::Exact);
+                let exact = matmul(&x, tokens, &w, 0, MatmulMode::Exact, true);
                 for &vnni in &kernels {
-                    let got = matmul_q8(&x, tokens, &w, 0, vnni).unwrap();
+                    let got = matmul_q8(&x, tokens, &w, 0, vnni, true).unwrap();
                     let (mut num, mut den) = (0.0f64, 0.0f64);
                     for t in 0..tokens {
                         let xt = &x[t * cols..(t + 1) * cols];
@@ -584,7 +590,7 @@ mod tests {
             for tokens in [1, 3] {
                 let x: Vec<f32> =
                     (0..tokens * cols).map(|i| ((i * 7919) % 113) as f32 / 113.0 - 0.5).collect();
-                let got = matmul(&x, tokens, &w, 0, MatmulMode::Exact);
+                let got = matmul(&x, tokens, &w, 0, MatmulMode::Exact, true);
                 for t in 0..tokens {
                     for r in 0..rows {
                         let want: f32 = (0..cols)
