@@ -115,6 +115,48 @@ impl KvCache {
     }
 }
 
+/// One query head's attention over the visible keys and values.
+struct AttnHead<'a> {
+    q: &'a [f32],
+    keys: &'a [f32],
+    values: &'a [f32],
+    stride: usize,
+    offset: usize,
+    visible: usize,
+    scale: f32,
+}
+
+impl AttnHead<'_> {
+    #[inline(always)]
+    fn run(&self, o: &mut [f32]) {
+        let hd = self.q.len();
+        let at = |m: &[f32], j: usize| -> std::ops::Range<usize> {
+            let _ = m;
+            j * self.stride + self.offset..j * self.stride + self.offset + hd
+        };
+        let mut scores: Vec<f32> =
+            (0..self.visible).map(|j| matmul::dot(self.q, &self.keys[at(self.keys, j)]) * self.scale).collect();
+        let max = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let mut total = 0.0;
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            total += *s;
+        }
+        let inv = 1.0 / total;
+        for (j, s) in scores.iter().enumerate() {
+            let w = s * inv;
+            let vv = &self.values[at(self.values, j)];
+            o.iter_mut().zip(vv).for_each(|(o, v)| *o += w * v);
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn run_avx2(&self, o: &mut [f32]) {
+        self.run(o)
+    }
+}
+
 /// The last `kernel-1` inputs of a causal convolution, `[kernel-1, channels]`.
 pub struct ConvState {
     channels: usize,
@@ -338,28 +380,26 @@ impl Backend for CpuBackend {
         let qd = data(q)?;
         let group = heads / kvh;
         let mut out = vec![0.0f32; tokens * heads * hd];
+        let avx2 = matmul::has_avx2_fma();
         out.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
             let (t, h) = (i / heads, i % heads);
-            let kh = h / group;
-            let qv = &qd[(t * heads + h) * hd..(t * heads + h + 1) * hd];
-            let visible = past + t + 1;
-            let mut scores: Vec<f32> = (0..visible)
-                .map(|j| {
-                    let kv = &keys[(j * kvh + kh) * hd..(j * kvh + kh + 1) * hd];
-                    qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * scale
-                })
-                .collect();
-            let max = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-            let mut total = 0.0;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                total += *s;
+            let head = AttnHead {
+                q: &qd[(t * heads + h) * hd..(t * heads + h + 1) * hd],
+                keys,
+                values,
+                stride: kvh * hd,
+                offset: (h / group) * hd,
+                visible: past + t + 1,
+                scale,
+            };
+            #[cfg(target_arch = "x86_64")]
+            if avx2 {
+                // SAFETY: the CPU supports AVX2 and FMA (checked at run time).
+                unsafe { head.run_avx2(o) };
+                return;
             }
-            for (j, s) in scores.iter().enumerate() {
-                let w = s / total;
-                let vv = &values[(j * kvh + kh) * hd..(j * kvh + kh + 1) * hd];
-                o.iter_mut().zip(vv).for_each(|(o, v)| *o += w * v);
-            }
+            let _ = avx2;
+            head.run(o);
         });
         Ok(tensor(out, vec![tokens, heads * hd]))
     }

@@ -267,7 +267,7 @@ impl CpuWeight {
 }
 
 #[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
     let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
     let (ar, br) = (ac.remainder(), bc.remainder());
@@ -349,7 +349,7 @@ impl RowTask<'_> {
     }
 }
 
-fn has_avx2_fma() -> bool {
+pub(crate) fn has_avx2_fma() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
