@@ -222,17 +222,24 @@ impl CpuWeight {
     /// Dot product of global row `row` with one input vector. `xsums` holds the
     /// sum of `x` over each quantization group (only read for affine weights).
     #[inline(always)]
-    fn dot_row(&self, row: usize, x: &[f32], xsums: &[f32], scratch: &mut [f32]) -> f32 {
+    fn dot_row<const AVX2: bool>(&self, row: usize, x: &[f32], xsums: &[f32], scratch: &mut [f32]) -> f32 {
         match &self.store {
             Store::Affine { bits: 4, group_size, words, scales, biases } => {
                 let k = self.cols;
                 let groups = k / group_size;
                 let wrow = &words[row * k / 8..(row + 1) * k / 8];
+                #[cfg(target_arch = "x86_64")]
+                if AVX2 && group_size % 32 == 0 {
+                    assert!(x.len() >= k && xsums.len() >= groups);
+                    // SAFETY: AVX2 is only true inside `run_avx2` (features
+                    // checked at run time); lengths asserted above.
+                    return unsafe { dot_row_q4_avx2(wrow, x, scales, biases, row * groups, *group_size, xsums) };
+                }
                 let mut acc = 0.0f32;
                 for g in 0..groups {
                     let gw = &wrow[g * group_size / 8..(g + 1) * group_size / 8];
                     let gx = &x[g * group_size..(g + 1) * group_size];
-                    let q = dot_q4(gw, gx);
+                    let q = dot_q4::<AVX2>(gw, gx);
                     acc += scales.at(row * groups + g) * q + biases.at(row * groups + g) * xsums[g];
                 }
                 acc
@@ -284,7 +291,84 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[inline(always)]
-fn dot_q4(words: &[u32], x: &[f32]) -> f32 {
+fn dot_q4<const AVX2: bool>(words: &[u32], x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if AVX2 {
+        assert!(x.len() >= words.len() * 8);
+        // SAFETY: AVX2 is only true inside `run_avx2` (features checked at run
+        // time); lengths asserted above.
+        return unsafe { dot_q4_avx2(words, x) };
+    }
+    dot_q4_portable(words, x)
+}
+
+/// One 4-bit row in f32: per group, four independent accumulators (so the
+/// FMAs are not one serial chain) scaled into a vector sum, one horizontal sum
+/// per row. `group_size` is a multiple of 32.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn dot_row_q4_avx2(wrow: &[u32], x: &[f32], scales: &Scales, biases: &Scales, g0: usize, gs: usize, xsums: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    let m = _mm256_set1_epi32(15);
+    let (wp, xp) = (wrow.as_ptr(), x.as_ptr());
+    let groups = wrow.len() * 8 / gs;
+    let mut racc = _mm256_setzero_ps();
+    let mut bias = 0.0f32;
+    for g in 0..groups {
+        let mut a = [_mm256_setzero_ps(); 4];
+        let mut i = g * gs / 8;
+        while i < (g + 1) * gs / 8 {
+            for (u, acc) in a.iter_mut().enumerate() {
+                let w = _mm256_set1_epi32(*wp.add(i + u) as i32);
+                let q = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(w, shifts), m));
+                *acc = _mm256_fmadd_ps(q, _mm256_loadu_ps(xp.add(8 * (i + u))), *acc);
+            }
+            i += 4;
+        }
+        let p = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
+        racc = _mm256_fmadd_ps(p, _mm256_set1_ps(scales.at(g0 + g)), racc);
+        bias += biases.at(g0 + g) * xsums[g];
+    }
+    let s = _mm_add_ps(_mm256_castps256_ps128(racc), _mm256_extractf128_ps(racc, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s) + bias
+}
+
+/// Four independent accumulators, so the FMAs are not one serial chain.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn dot_q4_avx2(words: &[u32], x: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    let m = _mm256_set1_epi32(15);
+    let mut a = [_mm256_setzero_ps(); 4];
+    let (n, wp, xp) = (words.len(), words.as_ptr(), x.as_ptr());
+    let mut i = 0;
+    while i + 4 <= n {
+        for (u, acc) in a.iter_mut().enumerate() {
+            let w = _mm256_set1_epi32(*wp.add(i + u) as i32);
+            let q = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(w, shifts), m));
+            *acc = _mm256_fmadd_ps(q, _mm256_loadu_ps(xp.add(8 * (i + u))), *acc);
+        }
+        i += 4;
+    }
+    while i < n {
+        let w = _mm256_set1_epi32(*wp.add(i) as i32);
+        let q = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(w, shifts), m));
+        a[0] = _mm256_fmadd_ps(q, _mm256_loadu_ps(xp.add(8 * i)), a[0]);
+        i += 1;
+    }
+    let v = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+#[inline(always)]
+fn dot_q4_portable(words: &[u32], x: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
     for (w, xs) in words.iter().zip(x.chunks_exact(8)) {
         for j in 0..8 {
@@ -292,6 +376,34 @@ fn dot_q4(words: &[u32], x: &[f32]) -> f32 {
         }
     }
     acc.iter().sum()
+}
+
+/// Asks for the cache lines of global row `row` of an affine or dense weight
+/// (a few rows ahead of the one being computed: the hardware prefetcher does
+/// not follow short rows far enough).
+#[inline(always)]
+fn prefetch_row(w: &CpuWeight, row: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let (ptr, bytes) = match &w.store {
+            Store::Affine { bits, words, .. } => {
+                let rb = w.cols * *bits as usize / 8;
+                ((words.as_ptr() as *const u8).wrapping_add(row * rb), rb)
+            }
+            Store::F32(v) => ((v.as_ptr() as *const u8).wrapping_add(row * w.cols * 4), w.cols * 4),
+            Store::F16(v) => ((v.as_ptr() as *const u8).wrapping_add(row * w.cols * 2), w.cols * 2),
+            Store::BF16(v) => ((v.as_ptr() as *const u8).wrapping_add(row * w.cols * 2), w.cols * 2),
+        };
+        let mut off = 0;
+        while off < bytes {
+            // SAFETY: prefetch never faults, whatever the address.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(ptr.wrapping_add(off) as *const i8) };
+            off += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (w, row);
 }
 
 #[inline(always)]
@@ -305,6 +417,8 @@ fn dot_q8(words: &[u32], x: &[f32]) -> f32 {
     }
     acc.iter().sum()
 }
+
+const PREFETCH_ROWS: usize = 4;
 
 /// One parallel task's share of a matmul: a run of consecutive output rows.
 struct RowTask<'a> {
@@ -321,15 +435,19 @@ struct RowTask<'a> {
 
 impl RowTask<'_> {
     #[inline(always)]
-    fn run(&self, c: usize, out: &mut [f32]) {
+    fn run<const AVX2: bool>(&self, c: usize, out: &mut [f32]) {
         let (k, groups) = (self.k, self.groups);
         let mut scratch = vec![0.0f32; k];
+        let rows = out.len() / self.tokens.max(1);
         for (i, orow) in out.chunks_exact_mut(self.tokens).enumerate() {
             let row = self.base + c * self.chunk + i;
+            if i + PREFETCH_ROWS < rows {
+                prefetch_row(self.w, row + PREFETCH_ROWS);
+            }
             if self.fused {
                 for (t, o) in orow.iter_mut().enumerate() {
                     let xs = &self.xsums[if groups > 0 { t * groups..(t + 1) * groups } else { 0..0 }];
-                    *o = self.w.dot_row(row, &self.x[t * k..(t + 1) * k], xs, &mut scratch);
+                    *o = self.w.dot_row::<AVX2>(row, &self.x[t * k..(t + 1) * k], xs, &mut scratch);
                 }
             } else {
                 self.w.dequant_row(row, &mut scratch);
@@ -345,7 +463,7 @@ impl RowTask<'_> {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn run_avx2(&self, c: usize, out: &mut [f32]) {
-        self.run(c, out)
+        self.run::<true>(c, out)
     }
 }
 
@@ -472,7 +590,7 @@ pub fn matmul(x: &[f32], tokens: usize, w: &CpuWeight, expert: usize, mode: Matm
             return;
         }
         let _ = avx2;
-        task.run(c, out);
+        task.run::<false>(c, out);
     };
     if parallel {
         out_nt.par_chunks_mut(chunk * tokens).enumerate().for_each(|(c, out)| run(c, out));
@@ -519,9 +637,11 @@ mod tests {
     /// x to 8 bits per block of 32 (step d = max|x|/127 of the block), so each
     /// output may differ from the exact dot product by at most
     /// sum_i |s_g q_i| * d_blk(i) / 2 (plus f32 rounding): that bound is checked
-    /// per output, and the whole output's relative L2 error must stay under
-    /// 5e-3 (typically ~1e-3). This is why the parity tests, which hold logits
-    /// to 1e-4 of the oracle, run on `CpuBackend::exact()`.
+    /// per output. The outputs' relative L2 error is also held under 3e-2 on
+    /// this deliberately hard input (every 97th x is 8x larger, widening its
+    /// block's step; smooth inputs give ~1e-3). This is why the parity tests,
+    /// which hold logits to 1e-4 of the oracle, run on `CpuBackend::exact()`;
+    /// tests/demo.rs holds the int8 path to the 0.5% perplexity bar.
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn int8_matches_exact_within_tolerance() {
@@ -566,7 +686,7 @@ mod tests {
                         }
                     }
                     let rel = (num / den).sqrt();
-                    eprintln!("rel {group} {tokens} {vnni} {rel}"); assert!(rel <= 5e-2, "group {group} tokens {tokens} vnni {vnni}: relative L2 {rel}");
+                    assert!(rel <= 3e-2, "group {group} tokens {tokens} vnni {vnni}: relative L2 {rel}");
                 }
             }
         }
