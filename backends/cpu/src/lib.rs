@@ -55,6 +55,21 @@ impl CpuBackend {
 
 type Buf = Vec<f32>;
 
+/// Work (about one multiply-add per unit) below which an op runs on the
+/// calling thread: a round trip through the thread pool costs ~10-20 µs, more
+/// than a decode step's norms or short-context attention take.
+const PAR_WORK: usize = 1 << 16;
+
+/// `f(index, piece)` over `size`-long pieces of `out`, on the thread pool only
+/// when `work` is large enough to pay for it.
+fn for_each_piece(out: &mut [f32], size: usize, work: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    if work < PAR_WORK || rayon::current_num_threads() == 1 {
+        out.chunks_mut(size).enumerate().for_each(|(i, c)| f(i, c));
+    } else {
+        out.par_chunks_mut(size).enumerate().for_each(|(i, c)| f(i, c));
+    }
+}
+
 fn data(t: &Tensor) -> Result<&[f32]> {
     t.buffer::<Buf>()
         .map(|v| v.as_slice())
@@ -301,7 +316,8 @@ impl Backend for CpuBackend {
             None => None,
         };
         let mut out = data(x)?.to_vec();
-        out.par_chunks_mut(dim).for_each(|g| {
+        let work = out.len();
+        for_each_piece(&mut out, dim, work, |_, g| {
             let ms = g.iter().map(|v| v * v).sum::<f32>() / dim as f32;
             let r = 1.0 / (ms + eps).sqrt();
             match wv {
@@ -322,7 +338,8 @@ impl Backend for CpuBackend {
     fn l2_normalize(&self, x: &Tensor, dim: usize, eps: f32, scale: f32) -> Result<Tensor> {
         groups_of("l2_normalize", x, dim)?;
         let mut out = data(x)?.to_vec();
-        out.par_chunks_mut(dim).for_each(|g| {
+        let work = out.len();
+        for_each_piece(&mut out, dim, work, |_, g| {
             let r = scale / (g.iter().map(|v| v * v).sum::<f32>() + eps).sqrt();
             g.iter_mut().for_each(|v| *v *= r);
         });
@@ -381,7 +398,8 @@ impl Backend for CpuBackend {
         let group = heads / kvh;
         let mut out = vec![0.0f32; tokens * heads * hd];
         let avx2 = matmul::has_avx2_fma();
-        out.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
+        let work = tokens * heads * (past + tokens) * hd * 2;
+        for_each_piece(&mut out, hd, work, |i, o| {
             let (t, h) = (i / heads, i % heads);
             let head = AttnHead {
                 q: &qd[(t * heads + h) * hd..(t * heads + h + 1) * hd],
@@ -423,7 +441,7 @@ impl Backend for CpuBackend {
         let mut seq = st.window.clone();
         seq.extend_from_slice(data(x)?);
         let mut out = vec![0.0f32; tokens * c];
-        out.par_chunks_mut(c).enumerate().for_each(|(t, o)| {
+        for_each_piece(&mut out, c, tokens * c * kk, |t, o| {
             for (ch, o) in o.iter_mut().enumerate() {
                 let mut acc = 0.0;
                 for j in 0..kk {
@@ -546,7 +564,7 @@ impl Backend for CpuBackend {
         }
         let od = data(outputs)?;
         let mut out = vec![0.0f32; tokens * hidden];
-        out.par_chunks_mut(hidden).enumerate().for_each(|(t, o)| {
+        for_each_piece(&mut out, hidden, tokens * top_k * hidden, |t, o| {
             for r in 0..top_k {
                 let w = weights[t * top_k + r];
                 let row = &od[(t * top_k + r) * hidden..(t * top_k + r + 1) * hidden];

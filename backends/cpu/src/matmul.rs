@@ -502,13 +502,22 @@ pub enum MatmulMode {
 fn par_rows(n: usize, tokens: usize, row_bytes: usize, align: usize, parallel: bool, out: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync) {
     let threads = rayon::current_num_threads().max(1);
     let total = n * row_bytes * tokens.max(1);
-    if !parallel || threads == 1 || total < SERIAL_BYTES {
+    if !parallel || threads == 1 || total < serial_bytes() {
         f(0, out);
         return;
     }
     let tasks = threads * TASKS_PER_THREAD;
     let chunk = (n.div_ceil(tasks)).max(MIN_TASK_BYTES.div_ceil(row_bytes * tokens.max(1))).div_ceil(align) * align;
     out.par_chunks_mut(chunk * tokens).enumerate().for_each(|(c, o)| f(c * chunk, o));
+}
+
+/// Matrices below this many weight bytes (times tokens) run on the calling
+/// thread. `SLOTSTREAM_CPU_SERIAL_KB` overrides it (for measurements).
+fn serial_bytes() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        std::env::var("SLOTSTREAM_CPU_SERIAL_KB").ok().and_then(|v| v.parse::<usize>().ok()).map(|kb| kb << 10).unwrap_or(SERIAL_BYTES)
+    })
 }
 
 const SERIAL_BYTES: usize = 32 << 10;
