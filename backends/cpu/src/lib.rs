@@ -1,6 +1,11 @@
 //! The CPU backend: every op of [`slotstream_backend::Backend`] in plain Rust,
 //! f32 activations and accumulation, threads from rayon. It is the reference the
 //! GPU backend is checked against and the fallback on machines without a GPU.
+//!
+//! By default ([`CpuBackend::new`]) 4-bit affine weights are multiplied by
+//! int8-quantized activations (integer dot products, `q8.rs`; ~1e-3 relative
+//! error); [`CpuBackend::exact`] or `SLOTSTREAM_CPU_MATMUL=exact` keeps f32
+//! activations everywhere, which the oracle parity tests use.
 
 mod delta;
 mod matmul;
