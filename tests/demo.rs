@@ -11,7 +11,7 @@ fn demo_perplexity_matches_the_oracle() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let golden: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(root.join("tools/demo/oracle_perplexity.json")).unwrap()).unwrap();
-    let e = Engine::load(&root.join("tools/demo/model"), Box::new(slotstream_cpu::CpuBackend::new()), &Default::default())
+    let e = Engine::load(&root.join("tools/demo/model"), Box::new(slotstream_cpu::CpuBackend::exact()), &Default::default())
         .expect("loading the demo model");
     let text = std::fs::read_to_string(root.join("tools/demo/heldout_sample.txt")).unwrap();
     let ids = e.codec.encode(&text, false).unwrap();
@@ -23,6 +23,27 @@ fn demo_perplexity_matches_the_oracle() {
     // Both sides compute in f32 from the same 4-bit weights; only summation
     // order differs (~1e-6). The issue allows 0.5%; we hold 0.01%.
     assert!(rel < 1e-4, "perplexity {} vs oracle {want} (rel {rel:.2e})", p.perplexity);
+}
+
+/// The CPU backend's default for 4-bit weights, int8 activations (x rounded
+/// to 8 bits per block of 32, as llama.cpp's Q8_0), is not held to the 1e-4
+/// above (its matmuls are ~1e-3 off) but to the issue's own bar for the demo
+/// model: perplexity within 0.5% of the oracle's.
+#[test]
+fn demo_perplexity_with_int8_activations_within_half_a_percent() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let golden: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("tools/demo/oracle_perplexity.json")).unwrap()).unwrap();
+    let backend = slotstream_cpu::CpuBackend::with_mode(slotstream_cpu::MatmulMode::Int8);
+    let e = Engine::load(&root.join("tools/demo/model"), Box::new(backend), &Default::default()).expect("loading the demo model");
+    let text = std::fs::read_to_string(root.join("tools/demo/heldout_sample.txt")).unwrap();
+    let ids = e.codec.encode(&text, false).unwrap();
+    let window = golden["window"].as_u64().unwrap() as usize;
+    let p = e.perplexity(&ids, window, usize::MAX).unwrap();
+    let want = golden["perplexity"].as_f64().unwrap();
+    let rel = (p.perplexity - want).abs() / want;
+    eprintln!("int8 activations: perplexity {} vs oracle {want} (rel {rel:.2e})", p.perplexity);
+    assert!(rel < 5e-3, "perplexity {} vs oracle {want} (rel {rel:.2e})", p.perplexity);
 }
 
 #[test]

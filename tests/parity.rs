@@ -17,7 +17,7 @@ use slotstream::generate::Engine;
 use slotstream::model::Logits;
 
 fn engine(name: &str) -> Engine {
-    Engine::load(&fixture(name), Box::new(slotstream_cpu::CpuBackend::new()), &Default::default())
+    Engine::load(&fixture(name), Box::new(slotstream_cpu::CpuBackend::exact()), &Default::default())
         .unwrap_or_else(|e| panic!("loading fixture {name}: {e:#}"))
 }
 

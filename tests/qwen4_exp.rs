@@ -47,7 +47,7 @@ fn extras() -> Vec<Extra> {
 /// The CPU backend, and the wgpu one (lavapipe is enough) unless
 /// SLOTSTREAM_SKIP_GPU_TESTS=1.
 fn backends() -> Vec<Box<dyn slotstream_backend::Backend>> {
-    let mut v: Vec<Box<dyn slotstream_backend::Backend>> = vec![Box::new(slotstream_cpu::CpuBackend::new())];
+    let mut v: Vec<Box<dyn slotstream_backend::Backend>> = vec![Box::new(slotstream_cpu::CpuBackend::exact())];
     if std::env::var("SLOTSTREAM_SKIP_GPU_TESTS").is_ok_and(|v| v == "1") {
         eprintln!("SLOTSTREAM_SKIP_GPU_TESTS=1: the wgpu half of this test is skipped");
     } else {
@@ -75,7 +75,7 @@ fn engines(opts: LoadOptions) -> Vec<Engine> {
 }
 
 fn engine(opts: LoadOptions) -> Engine {
-    Engine::load(&fixture(NAME), Box::new(slotstream_cpu::CpuBackend::new()), &opts)
+    Engine::load(&fixture(NAME), Box::new(slotstream_cpu::CpuBackend::exact()), &opts)
         .unwrap_or_else(|e| panic!("loading {NAME}: {e:#}"))
 }
 

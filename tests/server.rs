@@ -19,8 +19,12 @@ fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
 }
 
+// Servers run the CPU backend's exact (f32-activation) matmuls: with int8
+// activations, a prompt fed in different chunks (reused prefix or not) can
+// round differently and flip a near-tie, and these tests compare outputs for
+// equality (the spec's `--no-prefix-cache` is what promises reproducibility).
 fn engine(name: &str) -> Engine {
-    Engine::load(&fixture(name), Box::new(slotstream_cpu::CpuBackend::new()), &slotstream::model::LoadOptions::default())
+    Engine::load(&fixture(name), Box::new(slotstream_cpu::CpuBackend::exact()), &slotstream::model::LoadOptions::default())
         .unwrap_or_else(|e| panic!("loading fixture {name}: {e:#}"))
 }
 
@@ -50,7 +54,7 @@ impl Default for Setup {
 fn start(setup: Setup) -> Server {
     let dir = setup.dir.clone().unwrap_or_else(|| fixture(setup.fixture));
     let opts = slotstream::model::LoadOptions { mtp: setup.mtp, ..Default::default() };
-    let mut engine = Engine::load(&dir, Box::new(slotstream_cpu::CpuBackend::new()), &opts)
+    let mut engine = Engine::load(&dir, Box::new(slotstream_cpu::CpuBackend::exact()), &opts)
         .unwrap_or_else(|e| panic!("loading {}: {e:#}", dir.display()));
     if setup.no_eos {
         engine.codec.eos_ids.clear();

@@ -10,7 +10,7 @@ use slotstream::model::{ExpertSlots, LoadOptions, Logits};
 use slotstream::sampling::argmax;
 
 fn engine(name: &str, slots: ExpertSlots) -> Engine {
-    Engine::load(&fixture(name), Box::new(slotstream_cpu::CpuBackend::new()), &LoadOptions { expert_slots: slots, ..Default::default() })
+    Engine::load(&fixture(name), Box::new(slotstream_cpu::CpuBackend::exact()), &LoadOptions { expert_slots: slots, ..Default::default() })
         .unwrap_or_else(|e| panic!("loading {name}: {e:#}"))
 }
 

@@ -1,9 +1,15 @@
 //! The CPU backend: every op of [`slotstream_backend::Backend`] in plain Rust,
 //! f32 activations and accumulation, threads from rayon. It is the reference the
 //! GPU backend is checked against and the fallback on machines without a GPU.
+//!
+//! By default ([`CpuBackend::new`]) 4-bit affine weights are multiplied by
+//! int8-quantized activations (integer dot products, `q8.rs`; ~1e-3 relative
+//! error); [`CpuBackend::exact`] or `SLOTSTREAM_CPU_MATMUL=exact` keeps f32
+//! activations everywhere, which the oracle parity tests use.
 
 mod delta;
 mod matmul;
+mod q8;
 
 use std::sync::Arc;
 
@@ -13,19 +19,61 @@ use slotstream_backend::{
     HostMatrix, KeySelection, Result, State, Tensor, Weight,
 };
 
-pub use matmul::{CpuWeight, Store};
+pub use matmul::{CpuWeight, MatmulMode, Store};
 
 /// Multi-threaded CPU implementation of the backend trait.
-#[derive(Default)]
-pub struct CpuBackend;
+pub struct CpuBackend {
+    mode: MatmulMode,
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        CpuBackend::new()
+    }
+}
 
 impl CpuBackend {
+    /// The fast backend: 4-bit affine weights use int8 activations
+    /// ([`MatmulMode::Int8`]). `SLOTSTREAM_CPU_MATMUL=exact` in the environment
+    /// selects [`CpuBackend::exact`] instead.
     pub fn new() -> Self {
-        CpuBackend
+        match std::env::var("SLOTSTREAM_CPU_MATMUL").as_deref() {
+            Ok("exact") => CpuBackend::exact(),
+            _ => CpuBackend::with_mode(MatmulMode::Int8),
+        }
+    }
+
+    /// f32 activations everywhere: the reference the parity tests compare with
+    /// the oracle at 1e-4 relative L2.
+    pub fn exact() -> Self {
+        CpuBackend::with_mode(MatmulMode::Exact)
+    }
+
+    pub fn with_mode(mode: MatmulMode) -> Self {
+        CpuBackend { mode }
+    }
+
+    pub fn mode(&self) -> MatmulMode {
+        self.mode
     }
 }
 
 type Buf = Vec<f32>;
+
+/// Work (about one multiply-add per unit) below which an op runs on the
+/// calling thread: a round trip through the thread pool costs ~10-20 µs, more
+/// than a decode step's norms or short-context attention take.
+const PAR_WORK: usize = 1 << 16;
+
+/// `f(index, piece)` over `size`-long pieces of `out`, on the thread pool only
+/// when `work` is large enough to pay for it.
+fn for_each_piece(out: &mut [f32], size: usize, work: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    if work < PAR_WORK || rayon::current_num_threads() == 1 {
+        out.chunks_mut(size).enumerate().for_each(|(i, c)| f(i, c));
+    } else {
+        out.par_chunks_mut(size).enumerate().for_each(|(i, c)| f(i, c));
+    }
+}
 
 fn data(t: &Tensor) -> Result<&[f32]> {
     t.buffer::<Buf>()
@@ -87,6 +135,52 @@ impl KvCache {
     }
 }
 
+/// One query head's attention over the visible keys and values: positions
+/// `0..visible`, or only those listed in `only` (QSA).
+struct AttnHead<'a> {
+    q: &'a [f32],
+    keys: &'a [f32],
+    values: &'a [f32],
+    stride: usize,
+    offset: usize,
+    visible: usize,
+    only: Option<&'a [usize]>,
+    scale: f32,
+}
+
+impl AttnHead<'_> {
+    #[inline(always)]
+    fn run(&self, o: &mut [f32]) {
+        let hd = self.q.len();
+        let at = |m: &[f32], j: usize| -> std::ops::Range<usize> {
+            let _ = m;
+            j * self.stride + self.offset..j * self.stride + self.offset + hd
+        };
+        let key = |n: usize| self.only.map_or(n, |o| o[n]);
+        let count = self.only.map_or(self.visible, |o| o.len());
+        let mut scores: Vec<f32> =
+            (0..count).map(|n| matmul::dot(self.q, &self.keys[at(self.keys, key(n))]) * self.scale).collect();
+        let max = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let mut total = 0.0;
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            total += *s;
+        }
+        let inv = 1.0 / total;
+        for (n, s) in scores.iter().enumerate() {
+            let w = s * inv;
+            let vv = &self.values[at(self.values, key(n))];
+            o.iter_mut().zip(vv).for_each(|(o, v)| *o += w * v);
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn run_avx2(&self, o: &mut [f32]) {
+        self.run(o)
+    }
+}
+
 /// The last `(kernel-1)*dilation` inputs of a causal convolution, `[.., channels]`.
 pub struct ConvState {
     channels: usize,
@@ -112,7 +206,11 @@ pub struct RecurrentState {
 
 impl Backend for CpuBackend {
     fn name(&self) -> String {
-        format!("cpu ({} threads)", rayon::current_num_threads())
+        let m = match self.mode {
+            MatmulMode::Exact => "",
+            MatmulMode::Int8 => ", int8 activations for 4-bit",
+        };
+        format!("cpu ({} threads{m})", rayon::current_num_threads())
     }
 
     fn upload(&self, values: &[f32], shape: &[usize]) -> Result<Tensor> {
@@ -286,7 +384,7 @@ impl Backend for CpuBackend {
             ));
         }
         let tokens = x.rows();
-        Ok(tensor(matmul::matmul(data(x)?, tokens, cw, 0), vec![tokens, cw.rows]))
+        Ok(tensor(matmul::matmul(data(x)?, tokens, cw, 0, self.mode, true), vec![tokens, cw.rows]))
     }
 
     fn rms_norm(&self, x: &Tensor, w: Option<&Tensor>, dim: usize, eps: f32) -> Result<Tensor> {
@@ -298,7 +396,8 @@ impl Backend for CpuBackend {
         };
         let wlen = wv.map_or(dim, |w| w.len());
         let mut out = data(x)?.to_vec();
-        out.par_chunks_mut(dim).enumerate().for_each(|(i, g)| {
+        let work = out.len();
+        for_each_piece(&mut out, dim, work, |i, g| {
             let ms = g.iter().map(|v| v * v).sum::<f32>() / dim as f32;
             let r = 1.0 / (ms + eps).sqrt();
             match wv {
@@ -329,7 +428,8 @@ impl Backend for CpuBackend {
     fn l2_normalize(&self, x: &Tensor, dim: usize, eps: f32, scale: f32) -> Result<Tensor> {
         groups_of("l2_normalize", x, dim)?;
         let mut out = data(x)?.to_vec();
-        out.par_chunks_mut(dim).for_each(|g| {
+        let work = out.len();
+        for_each_piece(&mut out, dim, work, |_, g| {
             let r = scale / (g.iter().map(|v| v * v).sum::<f32>() + eps).sqrt();
             g.iter_mut().for_each(|v| *v *= r);
         });
@@ -405,37 +505,28 @@ impl Backend for CpuBackend {
         let qd = data(q)?;
         let group = heads / kvh;
         let mut out = vec![0.0f32; tokens * heads * hd];
-        out.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
+        let avx2 = matmul::has_avx2_fma();
+        let work = tokens * heads * (past + tokens) * hd * 2;
+        for_each_piece(&mut out, hd, work, |i, o| {
             let (t, h) = (i / heads, i % heads);
-            let kh = h / group;
-            let qv = &qd[(t * heads + h) * hd..(t * heads + h + 1) * hd];
-            let pos = past + t;
-            let dense: Vec<usize>;
-            let keys_seen: &[usize] = match &selected {
-                Some(per_query) => &per_query[t],
-                None => {
-                    dense = (0..=pos).collect();
-                    &dense
-                }
+            let head = AttnHead {
+                q: &qd[(t * heads + h) * hd..(t * heads + h + 1) * hd],
+                keys,
+                values,
+                stride: kvh * hd,
+                offset: (h / group) * hd,
+                visible: past + t + 1,
+                only: selected.as_ref().map(|s| s[t].as_slice()),
+                scale,
             };
-            let mut scores: Vec<f32> = keys_seen
-                .iter()
-                .map(|&j| {
-                    let kv = &keys[(j * kvh + kh) * hd..(j * kvh + kh + 1) * hd];
-                    qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * scale
-                })
-                .collect();
-            let max = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-            let mut total = 0.0;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                total += *s;
+            #[cfg(target_arch = "x86_64")]
+            if avx2 {
+                // SAFETY: the CPU supports AVX2 and FMA (checked at run time).
+                unsafe { head.run_avx2(o) };
+                return;
             }
-            for (&j, s) in keys_seen.iter().zip(&scores) {
-                let w = s / total;
-                let vv = &values[(j * kvh + kh) * hd..(j * kvh + kh + 1) * hd];
-                o.iter_mut().zip(vv).for_each(|(o, v)| *o += w * v);
-            }
+            let _ = avx2;
+            head.run(o);
         });
         Ok(tensor(out, vec![tokens, heads * hd]))
     }
@@ -460,7 +551,7 @@ impl Backend for CpuBackend {
         let mut seq = st.window.clone();
         seq.extend_from_slice(data(x)?);
         let mut out = vec![0.0f32; tokens * c];
-        out.par_chunks_mut(c).enumerate().for_each(|(t, o)| {
+        for_each_piece(&mut out, c, tokens * c * kk, |t, o| {
             for (ch, o) in o.iter_mut().enumerate() {
                 let mut acc = 0.0;
                 for j in 0..kk {
@@ -547,19 +638,24 @@ impl Backend for CpuBackend {
             by_slot.entry(a.slot).or_default().push(*a);
         }
         let groups: Vec<(u32, Vec<ExpertAssignment>)> = by_slot.into_iter().collect();
-        let results: Vec<Vec<f32>> = groups
-            .iter()
-            .map(|(slot, users)| {
-                let s = *slot as usize;
-                let xs: Vec<f32> =
-                    users.iter().flat_map(|a| xd[a.token as usize * hidden..(a.token as usize + 1) * hidden].iter().copied()).collect();
-                let n = users.len();
-                let g = matmul::matmul(&xs, n, &p.gate, s);
-                let u = matmul::matmul(&xs, n, &p.up, s);
-                let act: Vec<f32> = g.iter().zip(&u).map(|(g, u)| silu(*g) * u).collect();
-                matmul::matmul(&act, n, &p.down, s)
-            })
-            .collect();
+        let run = |(slot, users): &(u32, Vec<ExpertAssignment>), parallel: bool| {
+            let s = *slot as usize;
+            let xs: Vec<f32> =
+                users.iter().flat_map(|a| xd[a.token as usize * hidden..(a.token as usize + 1) * hidden].iter().copied()).collect();
+            let n = users.len();
+            let g = matmul::matmul(&xs, n, &p.gate, s, self.mode, parallel);
+            let u = matmul::matmul(&xs, n, &p.up, s, self.mode, parallel);
+            let act: Vec<f32> = g.iter().zip(&u).map(|(g, u)| silu(*g) * u).collect();
+            matmul::matmul(&act, n, &p.down, s, self.mode, parallel)
+        };
+        // At decode each expert's matrices are small (a few hundred KB): one
+        // parallel region over the experts, each computed by one thread, costs
+        // far less than three thread-pool round trips per expert.
+        let results: Vec<Vec<f32>> = if groups.len() > 1 && rayon::current_num_threads() > 1 {
+            groups.par_iter().map(|g| run(g, false)).collect()
+        } else {
+            groups.iter().map(|g| run(g, true)).collect()
+        };
         let mut out = vec![0.0f32; tokens * top_k * hidden];
         for ((_, users), y) in groups.iter().zip(&results) {
             for (i, a) in users.iter().enumerate() {
@@ -578,7 +674,7 @@ impl Backend for CpuBackend {
         }
         let od = data(outputs)?;
         let mut out = vec![0.0f32; tokens * hidden];
-        out.par_chunks_mut(hidden).enumerate().for_each(|(t, o)| {
+        for_each_piece(&mut out, hidden, tokens * top_k * hidden, |t, o| {
             for r in 0..top_k {
                 let w = weights[t * top_k + r];
                 let row = &od[(t * top_k + r) * hidden..(t * top_k + r + 1) * hidden];

@@ -42,7 +42,7 @@ fn snapshot(name: &str, values: &[f32]) {
 /// Runs `op` on both backends, checks agreement within `tol` and snapshots the GPU output.
 fn check(name: &str, tol: f64, op: impl Fn(&dyn Backend) -> Tensor) {
     let Some(g) = gpu() else { return };
-    let cpu = CpuBackend::new();
+    let cpu = CpuBackend::exact();
     let want = cpu.download(&op(&cpu)).expect("cpu download");
     let got = g.download(&op(g)).expect("gpu download");
     let err = rel_l2(&got, &want);
@@ -433,7 +433,7 @@ fn backend_name_reports_upload_path() {
 #[test]
 fn sharded_weights_and_pool_match_cpu() {
     let Some(g) = gpu() else { return };
-    let cpu = CpuBackend::new();
+    let cpu = CpuBackend::exact();
     let mut rng = Rng::new(31);
     let (rows, cols) = (100, 256);
     let m = matrix(&mut rng, affine(4, 64), 1, rows, cols);

@@ -1,0 +1,290 @@
+//! Int8 activations for 4-bit MLX-affine weights (the default CPU matmul for
+//! 4-bit weights; `CpuBackend::exact()` / `SLOTSTREAM_CPU_MATMUL=exact` keep the
+//! f32 path).
+//!
+//! MLX affine 4-bit stores, per row and group of G inputs, nibbles q in 0..15
+//! (element i of a u32 word at bits 4i) and a scale s and bias b: w = s*q + b.
+//! So `dot(w, x) = sum_g s_g * sum_{i in g} q_i x_i + b_g * sum_{i in g} x_i`.
+//! The bias term uses exact f32 group sums of x. For the first term, x is
+//! quantized per block of 32 to int8 (x_i ≈ d_blk * xq_i, d_blk = max|x|/127,
+//! as llama.cpp's Q8_0), and `sum q_i xq_i` is an integer dot product of
+//! unsigned nibbles with signed bytes: `vpdpbusd` (AVX-512 VNNI) or
+//! `vpmaddubsw` + `vpmaddwd` (AVX2).
+//!
+//! Layout trick: 32 bytes of weights are 64 elements, byte m holding element
+//! 2m (low nibble) and 2m+1 (high nibble). Instead of interleaving the nibbles
+//! we store each 64-element chunk of quantized x as [x_0, x_2, .., x_62,
+//! x_1, x_3, .., x_63], so `low nibbles · first half + high nibbles · second
+//! half` is the chunk's dot product, and i32 lanes 0-3 hold block 0 (elements
+//! 0..32), lanes 4-7 block 1 (elements 32..64): one f32 multiply by
+//! [d0 x4, d1 x4] applies the block scales.
+//!
+//! The error is that of rounding x to 8 bits per block: relative error of a
+//! dot product ~1e-3 (see the `int8_matches_exact_within_tolerance` test).
+
+#![cfg(target_arch = "x86_64")]
+
+use half::{bf16, f16};
+use std::arch::x86_64::*;
+
+/// `tokens` activation rows quantized to int8 in the chunk order above.
+pub struct QuantizedX {
+    /// `[tokens, k]`, each 64-element chunk as evens then odds.
+    pub q: Vec<i8>,
+    /// `[tokens, k/64, 8]`: per chunk, the scale of block 0 four times, then block 1's.
+    pub d8: Vec<f32>,
+}
+
+/// Whether the int8 kernels can run here (AVX2 at least).
+pub fn available() -> bool {
+    std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+}
+
+pub fn has_vnni() -> bool {
+    std::is_x86_feature_detected!("avx512vnni") && std::is_x86_feature_detected!("avx512vl")
+        && std::is_x86_feature_detected!("avx512f")
+}
+
+#[inline(always)]
+fn quantize_into(x: &[f32], q: &mut [i8], d8: &mut [f32]) {
+    for ((xc, qc), dc) in x.chunks_exact(64).zip(q.chunks_exact_mut(64)).zip(d8.chunks_exact_mut(8)) {
+        let mut inv = [0.0f32; 2];
+        for b in 0..2 {
+            let amax = xc[32 * b..32 * b + 32].iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            inv[b] = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+            dc[4 * b..4 * b + 4].fill(d);
+        }
+        let (qe, qo) = qc.split_at_mut(32);
+        for j in 0..32 {
+            let s = inv[j / 16];
+            qe[j] = (xc[2 * j] * s).round_ties_even() as i8;
+            qo[j] = (xc[2 * j + 1] * s).round_ties_even() as i8;
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_avx2(x: &[f32], q: &mut [i8], d8: &mut [f32]) {
+    quantize_into(x, q, d8)
+}
+
+/// Quantizes `[tokens, k]` activations (`k` a multiple of 64).
+pub fn quantize(x: &[f32], tokens: usize, k: usize) -> QuantizedX {
+    debug_assert!(k % 64 == 0 && x.len() == tokens * k);
+    let mut q = vec![0i8; tokens * k];
+    let mut d8 = vec![0.0f32; tokens * k / 8];
+    // SAFETY: callers only reach here when `available()` holds.
+    unsafe { quantize_avx2(x, &mut q, &mut d8) };
+    QuantizedX { q, d8 }
+}
+
+/// Group scales or biases widened to f32 one at a time.
+pub trait ScaleRead: Sync {
+    fn get(&self, i: usize) -> f32;
+}
+
+impl ScaleRead for [f32] {
+    #[inline(always)]
+    fn get(&self, i: usize) -> f32 {
+        self[i]
+    }
+}
+
+impl ScaleRead for [bf16] {
+    #[inline(always)]
+    fn get(&self, i: usize) -> f32 {
+        f32::from_bits((self[i].to_bits() as u32) << 16)
+    }
+}
+
+impl ScaleRead for [f16] {
+    #[inline(always)]
+    fn get(&self, i: usize) -> f32 {
+        self[i].to_f32()
+    }
+}
+
+/// Integer dot product of 32 low and 32 high nibbles with 64 int8s: i32 lane L
+/// sums bytes 4L..4L+4 of both halves.
+trait IDot {
+    unsafe fn dot(lo: __m256i, hi: __m256i, xe: __m256i, xo: __m256i) -> __m256i;
+}
+
+struct Vnni;
+impl IDot for Vnni {
+    #[inline(always)]
+    unsafe fn dot(lo: __m256i, hi: __m256i, xe: __m256i, xo: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, xe), hi, xo)
+    }
+}
+
+struct Avx2;
+impl IDot for Avx2 {
+    #[inline(always)]
+    unsafe fn dot(lo: __m256i, hi: __m256i, xe: __m256i, xo: __m256i) -> __m256i {
+        // |15*127*2| * 2 = 7620 fits i16: no saturation.
+        let s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xe), _mm256_maddubs_epi16(hi, xo));
+        _mm256_madd_epi16(s16, _mm256_set1_epi16(1))
+    }
+}
+
+/// One 4-bit matmul: rows of `words` (global row indices) against quantized x.
+pub struct Q4Job<'a, S: ScaleRead + ?Sized> {
+    pub words: &'a [u32],
+    pub scales: &'a S,
+    pub biases: &'a S,
+    pub k: usize,
+    pub group_size: usize,
+    pub tokens: usize,
+    pub x: &'a QuantizedX,
+    /// `[tokens, k / group_size]` exact f32 sums of x per group.
+    pub xsums: &'a [f32],
+}
+
+#[inline(always)]
+unsafe fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// Prefetches the weights `PF_BLOCKS` row blocks ahead: a block of `block`
+/// bytes is read in `block / 128` chunk steps, two cache lines per step.
+#[inline(always)]
+unsafe fn prefetch(wb: *const u8, block: usize, c: usize) {
+    let p = wb.wrapping_add(PF_BLOCKS * block + 128 * c);
+    _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
+    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64) as *const i8);
+}
+
+const PF_BLOCKS: usize = 2;
+
+impl<S: ScaleRead + ?Sized> Q4Job<'_, S> {
+    /// Dot products of `R` consecutive rows from `row0` with token `t`.
+    #[inline(always)]
+    unsafe fn rows<const R: usize, D: IDot>(&self, row0: usize, t: usize, out: &mut [f32; R]) {
+        let (k, gs) = (self.k, self.group_size);
+        let groups = k / gs;
+        let row_bytes = k / 2;
+        let wb = (self.words.as_ptr() as *const u8).add(row0 * row_bytes);
+        debug_assert!((row0 + R) * k / 8 <= self.words.len());
+        let qx = self.x.q.as_ptr().add(t * k);
+        let d8 = self.x.d8.as_ptr().add(t * k / 8);
+        let mask = _mm256_set1_epi8(0x0F);
+        let mut acc = [_mm256_setzero_ps(); R];
+        if gs == 32 {
+            for c in 0..k / 64 {
+                let xe = _mm256_loadu_si256(qx.add(64 * c) as *const __m256i);
+                let xo = _mm256_loadu_si256(qx.add(64 * c + 32) as *const __m256i);
+                let dx = _mm256_loadu_ps(d8.add(8 * c));
+                prefetch(wb, R * row_bytes, c);
+                for r in 0..R {
+                    let wv = _mm256_loadu_si256(wb.add(r * row_bytes + 32 * c) as *const __m256i);
+                    let lo = _mm256_and_si256(wv, mask);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), mask);
+                    let isum = D::dot(lo, hi, xe, xo);
+                    let gi = (row0 + r) * groups + 2 * c;
+                    let sv = _mm256_set_m128(_mm_set1_ps(self.scales.get(gi + 1)), _mm_set1_ps(self.scales.get(gi)));
+                    acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(isum), dx), sv, acc[r]);
+                }
+            }
+        } else {
+            let cpg = gs / 64;
+            for g in 0..groups {
+                let mut sv = [_mm256_setzero_ps(); R];
+                for r in 0..R {
+                    sv[r] = _mm256_set1_ps(self.scales.get((row0 + r) * groups + g));
+                }
+                for c in g * cpg..(g + 1) * cpg {
+                    let xe = _mm256_loadu_si256(qx.add(64 * c) as *const __m256i);
+                    let xo = _mm256_loadu_si256(qx.add(64 * c + 32) as *const __m256i);
+                    let dx = _mm256_loadu_ps(d8.add(8 * c));
+                    prefetch(wb, R * row_bytes, c);
+                    for r in 0..R {
+                        let wv = _mm256_loadu_si256(wb.add(r * row_bytes + 32 * c) as *const __m256i);
+                        let lo = _mm256_and_si256(wv, mask);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), mask);
+                        let isum = D::dot(lo, hi, xe, xo);
+                        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(isum), dx), sv[r], acc[r]);
+                    }
+                }
+            }
+        }
+        let xs = &self.xsums[t * groups..(t + 1) * groups];
+        for r in 0..R {
+            let base = (row0 + r) * groups;
+            let mut b = 0.0f32;
+            for (g, s) in xs.iter().enumerate() {
+                b += self.biases.get(base + g) * s;
+            }
+            out[r] = hsum(acc[r]) + b;
+        }
+    }
+
+    /// Rows `row0..row0 + n` against every token; `out` is `[n, tokens]`.
+    #[inline(always)]
+    unsafe fn run<D: IDot>(&self, row0: usize, n: usize, out: &mut [f32]) {
+        const R: usize = 4;
+        let tokens = self.tokens;
+        let mut i = 0;
+        while i + R <= n {
+            for t in 0..tokens {
+                let mut o = [0.0f32; R];
+                self.rows::<R, D>(row0 + i, t, &mut o);
+                for r in 0..R {
+                    out[(i + r) * tokens + t] = o[r];
+                }
+            }
+            i += R;
+        }
+        while i < n {
+            for t in 0..tokens {
+                let mut o = [0.0f32; 1];
+                self.rows::<1, D>(row0 + i, t, &mut o);
+                out[i * tokens + t] = o[0];
+            }
+            i += 1;
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512vnni")]
+    unsafe fn run_vnni(&self, row0: usize, n: usize, out: &mut [f32]) {
+        self.run::<Vnni>(row0, n, out)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn run_avx2(&self, row0: usize, n: usize, out: &mut [f32]) {
+        self.run::<Avx2>(row0, n, out)
+    }
+
+    /// Rows `row0..row0 + n` (global indices) against every token into `out`
+    /// (`[n, tokens]`), with the best kernel this CPU has.
+    pub fn rows_into(&self, row0: usize, n: usize, out: &mut [f32], vnni: bool) {
+        assert!(self.k % 64 == 0 && out.len() == n * self.tokens);
+        assert!((row0 + n) * self.k / 8 <= self.words.len());
+        // SAFETY: features checked by `kernel()`; bounds asserted above.
+        unsafe {
+            if vnni {
+                self.run_vnni(row0, n, out)
+            } else {
+                self.run_avx2(row0, n, out)
+            }
+        }
+    }
+}
+
+/// Which int8 kernel to use: `Some(true)` VNNI, `Some(false)` AVX2, `None` none.
+pub fn kernel() -> Option<bool> {
+    static K: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    *K.get_or_init(|| {
+        if !available() {
+            return None;
+        }
+        match std::env::var("SLOTSTREAM_CPU_INT8_KERNEL").as_deref() {
+            Ok("avx2") => Some(false),
+            _ => Some(has_vnni()),
+        }
+    })
+}
