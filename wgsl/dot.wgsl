@@ -53,6 +53,23 @@ fn halves(word: u32, kind: u32) -> vec2<f32> {
 // `row` to its dot product with the x row starting at vec4 index `xr`.
 fn chunk_dot(d: WeightDesc, wv: vec4<u32>, c: u32, row: u32, xr: u32) -> f32 {
     let one = vec4<f32>(1.0);
+    if (d.fmt == 4u) {
+        // Interleaved 4-bit (see weights.wgsl): word k holds 8 columns from
+        // 1024j + 8tk + 8v, one group each.
+        let j = c >> 5u;
+        let v = c & 31u;
+        let t = min(32u, d.row_words / 4u - 32u * j);
+        var acc = 0.0;
+        for (var k = 0u; k < 4u; k++) {
+            let col0 = 1024u * j + 8u * (t * k + v);
+            let xa = xin[xr + col0 / 4u];
+            let xb = xin[xr + col0 / 4u + 1u];
+            let qx = dot(nibbles_lo(wv[k]), xa) + dot(nibbles_hi(wv[k]), xb);
+            let sb = sb_pair(w_word(d.scales_off + (row * d.cols + col0) / d.group_size), d.scale_kind);
+            acc += sb.x * qx + sb.y * dot(xa + xb, one);
+        }
+        return acc;
+    }
     if (d.fmt == 3u) {
         if (d.bits == 4u) {
             // 32 values, all in one quantization group.
@@ -216,6 +233,108 @@ fn rows_dot(d: WeightDesc, row0: u32, nrows: u32, xb: u32, lane: u32, lanes: u32
         if (r < nrows) {
             acc[r] = lane_dot(d, row0 + r, xb, 0u, 1u, lane, lanes).x;
         }
+    }
+    return acc;
+}
+
+// Eight rows' partial sums (rows past the end repeat the last row; their
+// sums are never written).
+struct Acc8 {
+    a: vec4<f32>,
+    b: vec4<f32>,
+}
+
+// One interleaved 4-bit chunk (see weights.wgsl) of one row against the
+// pre-scaled x of its four words (s0..s7) and their sums (sx): `wb` is the
+// row's first chunk, `pb` its first (scale, bias) pair, g the pairs' group
+// offsets in the row.
+fn q4i_part(wb: u32, pb: u32, i: u32, g: vec4<u32>, f16s: bool,
+    s0: vec4<f32>, s1: vec4<f32>, s2: vec4<f32>, s3: vec4<f32>,
+    s4: vec4<f32>, s5: vec4<f32>, s6: vec4<f32>, s7: vec4<f32>, sx: vec4<f32>) -> f32 {
+    let wv = w[wb + i];
+    let q = vec4<f32>(
+        dot(magic4(wv.x), s0) + dot(magic4(wv.x >> 16u), s1),
+        dot(magic4(wv.y), s2) + dot(magic4(wv.y >> 16u), s3),
+        dot(magic4(wv.z), s4) + dot(magic4(wv.z >> 16u), s5),
+        dot(magic4(wv.w), s6) + dot(magic4(wv.w >> 16u), s7));
+    let p0 = w_words[pb + g.x];
+    let p1 = w_words[pb + g.y];
+    let p2 = w_words[pb + g.z];
+    let p3 = w_words[pb + g.w];
+    var sc: vec4<f32>;
+    var bi: vec4<f32>;
+    if (f16s) {
+        let h0 = unpack2x16float(p0);
+        let h1 = unpack2x16float(p1);
+        let h2 = unpack2x16float(p2);
+        let h3 = unpack2x16float(p3);
+        sc = vec4<f32>(h0.x, h1.x, h2.x, h3.x);
+        bi = vec4<f32>(h0.y, h1.y, h2.y, h3.y);
+    } else {
+        let pv = vec4<u32>(p0, p1, p2, p3);
+        sc = bitcast<vec4<f32>>(pv << vec4<u32>(16u));
+        bi = bitcast<vec4<f32>>(pv & vec4<u32>(0xffff0000u));
+    }
+    return dot(sc, q) + dot(bi, sx);
+}
+
+// This lane's partial dot products of eight consecutive interleaved 4-bit
+// rows (row0 .. row0 + nrows - 1, nrows <= 8) with the x row starting at vec4
+// index `xb`. Lane i of a subgroup takes chunk i (then i + lanes, ...): with
+// 32 lanes that is one tile, whose x the lanes read as one contiguous 1 KB
+// run per word, and whose weights they read as one contiguous 512-byte run
+// per row. x is loaded once per chunk for all eight rows.
+fn rows8_q4i(d: WeightDesc, row0: u32, nrows: u32, xb: u32, lane: u32, lanes: u32, f16s: bool) -> Acc8 {
+    var acc = Acc8(vec4<f32>(0.0), vec4<f32>(0.0));
+    let one = vec4<f32>(1.0);
+    let ns = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
+    let chunks = d.row_words / 4u;
+    let gshift = firstTrailingBit(d.group_size);
+    let gpr = d.cols >> gshift;
+    let last = row0 + nrows - 1u;
+    let r0 = row0;
+    let r1 = min(row0 + 1u, last);
+    let r2 = min(row0 + 2u, last);
+    let r3 = min(row0 + 3u, last);
+    let r4 = min(row0 + 4u, last);
+    let r5 = min(row0 + 5u, last);
+    let r6 = min(row0 + 6u, last);
+    let r7 = min(row0 + 7u, last);
+    let sb = d.scales_off;
+    for (var i = lane; i < chunks; i += lanes) {
+        let j = i >> 5u;
+        let v = i & 31u;
+        let t = min(32u, chunks - 32u * j);
+        // Column of word k's first value: 1024j + 8tk + 8v.
+        let c0 = 1024u * j + 8u * v;
+        let c = vec4<u32>(c0, c0 + 8u * t, c0 + 16u * t, c0 + 24u * t);
+        let xi = xb + (c >> vec4<u32>(2u));
+        let x0 = xin[xi.x];
+        let x1 = xin[xi.x + 1u];
+        let x2 = xin[xi.y];
+        let x3 = xin[xi.y + 1u];
+        let x4 = xin[xi.z];
+        let x5 = xin[xi.z + 1u];
+        let x6 = xin[xi.w];
+        let x7 = xin[xi.w + 1u];
+        let sx = vec4<f32>(dot(x0 + x1, one), dot(x2 + x3, one), dot(x4 + x5, one), dot(x6 + x7, one));
+        let s0 = x0 * ns;
+        let s1 = x1 * ns;
+        let s2 = x2 * ns;
+        let s3 = x3 * ns;
+        let s4 = x4 * ns;
+        let s5 = x5 * ns;
+        let s6 = x6 * ns;
+        let s7 = x7 * ns;
+        let g = c >> vec4<u32>(gshift);
+        acc.a.x += q4i_part(r0 * chunks, sb + r0 * gpr, i, g, f16s, s0, s1, s2, s3, s4, s5, s6, s7, sx);
+        acc.a.y += q4i_part(r1 * chunks, sb + r1 * gpr, i, g, f16s, s0, s1, s2, s3, s4, s5, s6, s7, sx);
+        acc.a.z += q4i_part(r2 * chunks, sb + r2 * gpr, i, g, f16s, s0, s1, s2, s3, s4, s5, s6, s7, sx);
+        acc.a.w += q4i_part(r3 * chunks, sb + r3 * gpr, i, g, f16s, s0, s1, s2, s3, s4, s5, s6, s7, sx);
+        acc.b.x += q4i_part(r4 * chunks, sb + r4 * gpr, i, g, f16s, s0, s1, s2, s3, s4, s5, s6, s7, sx);
+        acc.b.y += q4i_part(r5 * chunks, sb + r5 * gpr, i, g, f16s, s0, s1, s2, s3, s4, s5, s6, s7, sx);
+        acc.b.z += q4i_part(r6 * chunks, sb + r6 * gpr, i, g, f16s, s0, s1, s2, s3, s4, s5, s6, s7, sx);
+        acc.b.w += q4i_part(r7 * chunks, sb + r7 * gpr, i, g, f16s, s0, s1, s2, s3, s4, s5, s6, s7, sx);
     }
     return acc;
 }

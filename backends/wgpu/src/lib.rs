@@ -235,8 +235,13 @@ impl WgpuBackend {
             if tokens <= MATVEC_MAX_TOKENS {
                 let mut params = s.desc.to_vec();
                 params.extend([u(s.rows), u(tokens), u(total_rows), u(s.row_start), u(w.cols), 0, 0, 0]);
-                // One token: a subgroup per four rows; more: a subgroup per row.
-                let items = if tokens == 1 { s.rows.div_ceil(4) } else { s.rows };
+                // One token: a subgroup per four rows (eight for interleaved
+                // 4-bit); more: a subgroup per row.
+                let items = match (tokens, s.desc[0]) {
+                    (1, 4) => s.rows.div_ceil(8),
+                    (1, _) => s.rows.div_ceil(4),
+                    _ => s.rows,
+                };
                 let groups = [self.subgroup_grid(items, 128), u(tokens.div_ceil(4)), 1];
                 self.gpu.dispatch("matvec", &params, &[(1, &s.buffer), (6, &s.buffer), (2, x), (3, out)], groups)?;
             } else {
