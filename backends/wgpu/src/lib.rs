@@ -196,7 +196,15 @@ impl WgpuBackend {
         self.gpu.profile()
     }
 
-    /// Counts command submissions (for counting round trips); stays valid
+    /// Submits recorded work after every `n` dispatches (0: only when the
+    /// host reads data back or writes the expert pool).
+    pub fn set_flush_every(&self, n: u32) {
+        self.gpu.flush_every.store(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Counts command submissions the host asked for (downloads, pool writes,
+    /// flushes; not the periodic ones of [`WgpuBackend::set_flush_every`]),
+    /// i.e. the round trips; stays valid
     /// after the backend is moved into an engine.
     pub fn submission_counter(&self) -> Arc<std::sync::atomic::AtomicU64> {
         self.gpu.submissions.clone()
@@ -419,7 +427,7 @@ impl Backend for WgpuBackend {
             return Err(shape_error("embed", format!("{} tokens in one call (at most {})", ids.len(), gpu::MAX_GROUPS)));
         }
         let (out, ob) = self.new_tensor(ids.len() * w.cols, vec![ids.len(), w.cols])?;
-        let id_buf = self.gpu.buffer_with("token ids", bytemuck::cast_slice(ids), wgpu::BufferUsages::STORAGE);
+        let id_buf = self.gpu.small_input("token ids", bytemuck::cast_slice(ids))?;
         for s in &w.shards {
             let mut params = s.desc.to_vec();
             params.extend([u(ids.len()), u(s.row_start), u(s.rows), 0]);
@@ -519,7 +527,7 @@ impl Backend for WgpuBackend {
                 table.push((pos * f).sin() as f32);
             }
         }
-        let cs = self.gpu.buffer_with("rope angles", bytemuck::cast_slice(&table), wgpu::BufferUsages::STORAGE);
+        let cs = self.gpu.small_input("rope angles", bytemuck::cast_slice(&table))?;
         let n = x.numel();
         let (out, ob) = self.new_tensor(n, x.shape().to_vec())?;
         let params = [u(n), u(heads), u(head_dim), u(half), 0, 0, 0, 0];
@@ -608,7 +616,7 @@ impl Backend for WgpuBackend {
             }
             Some(sel) => {
                 let (words, most_keys) = selection_rows(sel, past, tokens);
-                let sel_buf = self.gpu.buffer_with("key selection", bytemuck::cast_slice(&words), wgpu::BufferUsages::STORAGE);
+                let sel_buf = self.gpu.small_input("key selection", bytemuck::cast_slice(&words))?;
                 let scratch = self.gpu.alloc(4 * (tokens * heads * most_keys) as u64)?;
                 let params = [
                     u(tokens), u(heads), u(kvh), u(hd), u(past), u(most_keys), f(scale), u(sel.block), u(sel.per_query + 1), 0, 0, 0,
@@ -728,7 +736,7 @@ impl Backend for WgpuBackend {
         let mut sorted = assignments.to_vec();
         sorted.sort_by_key(|a| a.slot as usize / p.per_shard);
         let words: Vec<u32> = sorted.iter().flat_map(|a| [a.token, a.rank, a.slot, 0]).collect();
-        let asg = self.gpu.buffer_with("expert assignments", bytemuck::cast_slice(&words), wgpu::BufferUsages::STORAGE);
+        let asg = self.gpu.small_input("expert assignments", bytemuck::cast_slice(&words))?;
         let n = sorted.len();
         let gate_out = self.gpu.alloc(4 * (n * inter) as u64)?;
         let act = self.gpu.alloc(4 * (n * inter) as u64)?;
@@ -764,7 +772,7 @@ impl Backend for WgpuBackend {
         if weights.len() != tokens * top_k || outputs.rows() != tokens * top_k {
             return Err(shape_error("moe_combine", format!("outputs {:?}, {} weights, top {top_k}", outputs.shape(), weights.len())));
         }
-        let wb = self.gpu.buffer_with("routing weights", bytemuck::cast_slice(weights), wgpu::BufferUsages::STORAGE);
+        let wb = self.gpu.small_input("routing weights", bytemuck::cast_slice(weights))?;
         let n = tokens * hidden;
         let (out, ob) = self.new_tensor(n, vec![tokens, hidden])?;
         self.elementwise("moe_combine", [u(n), u(hidden), 0, 0, 0, u(top_k), 0, 0], &[(2, buf(outputs)?), (4, &wb), (3, ob.buffer())], n)?;
