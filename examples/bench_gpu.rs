@@ -31,7 +31,7 @@ struct Args {
 }
 
 fn parse_args() -> Result<Args> {
-    let mut a = Args { adapter: AdapterChoice::auto(), model: None, copy_mib: 1024, rows: 65536, cols: 8192, reps: 50, prompt: 256, decode: 64, flushes: vec![0, 16, 128, 48] };
+    let mut a = Args { adapter: AdapterChoice::auto(), model: None, copy_mib: 1024, rows: 65536, cols: 8192, reps: 50, prompt: 256, decode: 64, flushes: vec![0, 8, 12, 24, 16] };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
@@ -284,7 +284,7 @@ fn main() -> Result<()> {
             decode_bench(&args, dir, copy, true, "mlx", &[0])?;
         }
         decode_bench(&args, dir, copy, true, "interleaved", &args.flushes)?;
-        let best = *args.flushes.last().unwrap_or(&48);
+        let best = *args.flushes.last().unwrap_or(&16);
         decode_bench(&args, dir, copy, false, "interleaved", &[best])?;
     }
     Ok(())

@@ -244,38 +244,96 @@ struct Acc8 {
     b: vec4<f32>,
 }
 
-// One interleaved 4-bit chunk (see weights.wgsl) of one row against the
-// pre-scaled x of its four words (s0..s7) and their sums (sx): `wb` is the
-// row's first chunk, `pb` its first (scale, bias) pair, g the pairs' group
-// offsets in the row.
-fn q4i_part(wb: u32, pb: u32, i: u32, g: vec4<u32>, f16s: bool,
+// One interleaved 4-bit chunk (see weights.wgsl) of one row, already loaded
+// (`wv`, and `pv` its four words' (scale, bias) pairs), against the
+// pre-scaled x of its four words (s0..s7) and their sums (sx).
+fn q4i_part(wv: vec4<u32>, pv: vec4<u32>, f16s: bool,
     s0: vec4<f32>, s1: vec4<f32>, s2: vec4<f32>, s3: vec4<f32>,
     s4: vec4<f32>, s5: vec4<f32>, s6: vec4<f32>, s7: vec4<f32>, sx: vec4<f32>) -> f32 {
-    let wv = w[wb + i];
     let q = vec4<f32>(
         dot(magic4(wv.x), s0) + dot(magic4(wv.x >> 16u), s1),
         dot(magic4(wv.y), s2) + dot(magic4(wv.y >> 16u), s3),
         dot(magic4(wv.z), s4) + dot(magic4(wv.z >> 16u), s5),
         dot(magic4(wv.w), s6) + dot(magic4(wv.w >> 16u), s7));
-    let p0 = w_words[pb + g.x];
-    let p1 = w_words[pb + g.y];
-    let p2 = w_words[pb + g.z];
-    let p3 = w_words[pb + g.w];
     var sc: vec4<f32>;
     var bi: vec4<f32>;
     if (f16s) {
-        let h0 = unpack2x16float(p0);
-        let h1 = unpack2x16float(p1);
-        let h2 = unpack2x16float(p2);
-        let h3 = unpack2x16float(p3);
+        let h0 = unpack2x16float(pv.x);
+        let h1 = unpack2x16float(pv.y);
+        let h2 = unpack2x16float(pv.z);
+        let h3 = unpack2x16float(pv.w);
         sc = vec4<f32>(h0.x, h1.x, h2.x, h3.x);
         bi = vec4<f32>(h0.y, h1.y, h2.y, h3.y);
     } else {
-        let pv = vec4<u32>(p0, p1, p2, p3);
         sc = bitcast<vec4<f32>>(pv << vec4<u32>(16u));
         bi = bitcast<vec4<f32>>(pv & vec4<u32>(0xffff0000u));
     }
     return dot(sc, q) + dot(bi, sx);
+}
+
+// The four (scale, bias) pair words of a chunk whose words are in groups `g`
+// of the row whose pairs start at word `pb`.
+fn q4i_pairs(pb: u32, g: vec4<u32>) -> vec4<u32> {
+    return vec4<u32>(w_words[pb + g.x], w_words[pb + g.y], w_words[pb + g.z], w_words[pb + g.w]);
+}
+
+// x of one interleaved chunk for the rows*_q4i loops: lane chunk `i`.
+struct XChunk {
+    s0: vec4<f32>, s1: vec4<f32>, s2: vec4<f32>, s3: vec4<f32>,
+    s4: vec4<f32>, s5: vec4<f32>, s6: vec4<f32>, s7: vec4<f32>,
+    sx: vec4<f32>,
+    g: vec4<u32>,
+}
+
+fn q4i_x(chunks: u32, gshift: u32, xb: u32, i: u32) -> XChunk {
+    let one = vec4<f32>(1.0);
+    let ns = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
+    let j = i >> 5u;
+    let v = i & 31u;
+    let t = min(32u, chunks - 32u * j);
+    // Column of word k's first value: 1024j + 8tk + 8v.
+    let c0 = 1024u * j + 8u * v;
+    let c = vec4<u32>(c0, c0 + 8u * t, c0 + 16u * t, c0 + 24u * t);
+    let xi = xb + (c >> vec4<u32>(2u));
+    let x0 = xin[xi.x];
+    let x1 = xin[xi.x + 1u];
+    let x2 = xin[xi.y];
+    let x3 = xin[xi.y + 1u];
+    let x4 = xin[xi.z];
+    let x5 = xin[xi.z + 1u];
+    let x6 = xin[xi.w];
+    let x7 = xin[xi.w + 1u];
+    let sx = vec4<f32>(dot(x0 + x1, one), dot(x2 + x3, one), dot(x4 + x5, one), dot(x6 + x7, one));
+    return XChunk(x0 * ns, x1 * ns, x2 * ns, x3 * ns, x4 * ns, x5 * ns, x6 * ns, x7 * ns, sx, c >> vec4<u32>(gshift));
+}
+
+// This lane's partial dot products of four consecutive interleaved 4-bit rows
+// (for matrices too small to fill the GPU at eight rows per subgroup).
+fn rows4_q4i(d: WeightDesc, row0: u32, nrows: u32, xb: u32, lane: u32, lanes: u32, f16s: bool) -> vec4<f32> {
+    var acc = vec4<f32>(0.0);
+    let chunks = d.row_words / 4u;
+    let gshift = firstTrailingBit(d.group_size);
+    let gpr = d.cols >> gshift;
+    let last = row0 + nrows - 1u;
+    let r = vec4<u32>(row0, min(row0 + 1u, last), min(row0 + 2u, last), min(row0 + 3u, last));
+    let wb = r * chunks;
+    let pb = d.scales_off + r * gpr;
+    for (var i = lane; i < chunks; i += lanes) {
+        let w0 = w[wb.x + i];
+        let w1 = w[wb.y + i];
+        let w2 = w[wb.z + i];
+        let w3 = w[wb.w + i];
+        let x = q4i_x(chunks, gshift, xb, i);
+        let p0 = q4i_pairs(pb.x, x.g);
+        let p1 = q4i_pairs(pb.y, x.g);
+        let p2 = q4i_pairs(pb.z, x.g);
+        let p3 = q4i_pairs(pb.w, x.g);
+        acc.x += q4i_part(w0, p0, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.y += q4i_part(w1, p1, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.z += q4i_part(w2, p2, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.w += q4i_part(w3, p3, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+    }
+    return acc;
 }
 
 // This lane's partial dot products of eight consecutive interleaved 4-bit
@@ -286,55 +344,43 @@ fn q4i_part(wb: u32, pb: u32, i: u32, g: vec4<u32>, f16s: bool,
 // per row. x is loaded once per chunk for all eight rows.
 fn rows8_q4i(d: WeightDesc, row0: u32, nrows: u32, xb: u32, lane: u32, lanes: u32, f16s: bool) -> Acc8 {
     var acc = Acc8(vec4<f32>(0.0), vec4<f32>(0.0));
-    let one = vec4<f32>(1.0);
-    let ns = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
     let chunks = d.row_words / 4u;
     let gshift = firstTrailingBit(d.group_size);
     let gpr = d.cols >> gshift;
     let last = row0 + nrows - 1u;
-    let r0 = row0;
-    let r1 = min(row0 + 1u, last);
-    let r2 = min(row0 + 2u, last);
-    let r3 = min(row0 + 3u, last);
-    let r4 = min(row0 + 4u, last);
-    let r5 = min(row0 + 5u, last);
-    let r6 = min(row0 + 6u, last);
-    let r7 = min(row0 + 7u, last);
-    let sb = d.scales_off;
+    let ra = vec4<u32>(row0, min(row0 + 1u, last), min(row0 + 2u, last), min(row0 + 3u, last));
+    let rb = min(ra + vec4<u32>(4u), vec4<u32>(last));
+    let wa = ra * chunks;
+    let wb = rb * chunks;
+    let pa = d.scales_off + ra * gpr;
+    let pb = d.scales_off + rb * gpr;
     for (var i = lane; i < chunks; i += lanes) {
-        let j = i >> 5u;
-        let v = i & 31u;
-        let t = min(32u, chunks - 32u * j);
-        // Column of word k's first value: 1024j + 8tk + 8v.
-        let c0 = 1024u * j + 8u * v;
-        let c = vec4<u32>(c0, c0 + 8u * t, c0 + 16u * t, c0 + 24u * t);
-        let xi = xb + (c >> vec4<u32>(2u));
-        let x0 = xin[xi.x];
-        let x1 = xin[xi.x + 1u];
-        let x2 = xin[xi.y];
-        let x3 = xin[xi.y + 1u];
-        let x4 = xin[xi.z];
-        let x5 = xin[xi.z + 1u];
-        let x6 = xin[xi.w];
-        let x7 = xin[xi.w + 1u];
-        let sx = vec4<f32>(dot(x0 + x1, one), dot(x2 + x3, one), dot(x4 + x5, one), dot(x6 + x7, one));
-        let s0 = x0 * ns;
-        let s1 = x1 * ns;
-        let s2 = x2 * ns;
-        let s3 = x3 * ns;
-        let s4 = x4 * ns;
-        let s5 = x5 * ns;
-        let s6 = x6 * ns;
-        let s7 = x7 * ns;
-        let g = c >> vec4<u32>(gshift);
-        acc.a.x += q4i_part(r0 * chunks, sb + r0 * gpr, i, g, f16s, s0, s1, s2, s3, s4, s5, s6, s7, sx);
-        acc.a.y += q4i_part(r1 * chunks, sb + r1 * gpr, i, g, f16s, s0, s1, s2, s3, s4, s5, s6, s7, sx);
-        acc.a.z += q4i_part(r2 * chunks, sb + r2 * gpr, i, g, f16s, s0, s1, s2, s3, s4, s5, s6, s7, sx);
-        acc.a.w += q4i_part(r3 * chunks, sb + r3 * gpr, i, g, f16s, s0, s1, s2, s3, s4, s5, s6, s7, sx);
-        acc.b.x += q4i_part(r4 * chunks, sb + r4 * gpr, i, g, f16s, s0, s1, s2, s3, s4, s5, s6, s7, sx);
-        acc.b.y += q4i_part(r5 * chunks, sb + r5 * gpr, i, g, f16s, s0, s1, s2, s3, s4, s5, s6, s7, sx);
-        acc.b.z += q4i_part(r6 * chunks, sb + r6 * gpr, i, g, f16s, s0, s1, s2, s3, s4, s5, s6, s7, sx);
-        acc.b.w += q4i_part(r7 * chunks, sb + r7 * gpr, i, g, f16s, s0, s1, s2, s3, s4, s5, s6, s7, sx);
+        // Every weight load of the chunk is issued before any is used.
+        let w0 = w[wa.x + i];
+        let w1 = w[wa.y + i];
+        let w2 = w[wa.z + i];
+        let w3 = w[wa.w + i];
+        let w4 = w[wb.x + i];
+        let w5 = w[wb.y + i];
+        let w6 = w[wb.z + i];
+        let w7 = w[wb.w + i];
+        let x = q4i_x(chunks, gshift, xb, i);
+        let p0 = q4i_pairs(pa.x, x.g);
+        let p1 = q4i_pairs(pa.y, x.g);
+        let p2 = q4i_pairs(pa.z, x.g);
+        let p3 = q4i_pairs(pa.w, x.g);
+        let p4 = q4i_pairs(pb.x, x.g);
+        let p5 = q4i_pairs(pb.y, x.g);
+        let p6 = q4i_pairs(pb.z, x.g);
+        let p7 = q4i_pairs(pb.w, x.g);
+        acc.a.x += q4i_part(w0, p0, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.a.y += q4i_part(w1, p1, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.a.z += q4i_part(w2, p2, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.a.w += q4i_part(w3, p3, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.b.x += q4i_part(w4, p4, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.b.y += q4i_part(w5, p5, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.b.z += q4i_part(w6, p6, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.b.w += q4i_part(w7, p7, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
     }
     return acc;
 }

@@ -135,7 +135,7 @@ pub struct Gpu {
 }
 
 /// Dispatches per submission unless `SLOTSTREAM_WGPU_FLUSH_EVERY` says otherwise.
-const DEFAULT_FLUSH_EVERY: u32 = 48;
+const DEFAULT_FLUSH_EVERY: u32 = 16;
 
 /// Small uploads served from the ring (larger ones get a buffer of their own).
 const RING_MAX_BYTES: usize = 1 << 20;
