@@ -26,10 +26,12 @@ struct Args {
     reps: usize,
     prompt: usize,
     decode: usize,
+    /// `SLOTSTREAM_WGPU_FLUSH_EVERY` values to time decode with (after).
+    flushes: Vec<u32>,
 }
 
 fn parse_args() -> Result<Args> {
-    let mut a = Args { adapter: AdapterChoice::auto(), model: None, copy_mib: 1024, rows: 65536, cols: 8192, reps: 50, prompt: 256, decode: 64 };
+    let mut a = Args { adapter: AdapterChoice::auto(), model: None, copy_mib: 1024, rows: 65536, cols: 8192, reps: 50, prompt: 256, decode: 64, flushes: vec![0, 8, 12, 24, 16] };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
@@ -42,6 +44,7 @@ fn parse_args() -> Result<Args> {
             "--reps" => a.reps = value()?.parse()?,
             "--prompt" => a.prompt = value()?.parse()?,
             "--decode" => a.decode = value()?.parse()?,
+            "--flush" => a.flushes = value()?.split(',').map(|v| v.trim().parse()).collect::<Result<_, _>>()?,
             other => bail!("unknown flag {other}"),
         }
     }
@@ -135,8 +138,19 @@ fn open(args: &Args, checked: bool) -> Result<WgpuBackend> {
     })
 }
 
-fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool) -> Result<()> {
-    println!("== decode, kernels {} bounds checks", if checked { "with" } else { "without" });
+/// The 4-bit weight layout of weights loaded from now on: "mlx" (the MLX
+/// order, the kernel before interleaving) or "interleaved" (the default).
+fn set_layout(layout: &str) {
+    if layout == "mlx" {
+        std::env::set_var("SLOTSTREAM_WGPU_Q4_LAYOUT", "mlx");
+    } else {
+        std::env::remove_var("SLOTSTREAM_WGPU_Q4_LAYOUT");
+    }
+}
+
+fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool, layout: &str, flushes: &[u32]) -> Result<()> {
+    println!("== decode, kernels {} bounds checks, 4-bit layout {layout}", if checked { "with" } else { "without" });
+    set_layout(layout);
     let gpu = open(args, checked)?;
     let handle = gpu.clone();
     let t = Instant::now();
@@ -162,26 +176,32 @@ fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool
     for _ in 0..8 {
         step(&mut next, &mut state)?;
     }
-    e.model.experts.lock().map_err(|_| anyhow::anyhow!("expert cache poisoned"))?.reset_stats();
-    let t = Instant::now();
-    for _ in 0..args.decode {
+    let mut last_tps = 0.0;
+    for &flush in flushes {
+        handle.set_flush_every(flush);
         step(&mut next, &mut state)?;
+        e.model.experts.lock().map_err(|_| anyhow::anyhow!("expert cache poisoned"))?.reset_stats();
+        let t = Instant::now();
+        for _ in 0..args.decode {
+            step(&mut next, &mut state)?;
+        }
+        let secs = t.elapsed().as_secs_f64();
+        let stats = e.expert_stats()?;
+        let tps = args.decode as f64 / secs;
+        let limit = copy_gbs * 1e9 / per_token as f64;
+        println!(
+            "decode (flush every {flush} dispatches): {tps:.1} tok/s ({:.2} ms/token) over {} tokens; {:.1} MB read per token -> {:.0} GB/s effective; \
+             bandwidth limit {limit:.0} tok/s -> {:.2}% of it; expert hit rate {:.3} ({} misses)",
+            1e3 / tps,
+            args.decode,
+            per_token as f64 / 1e6,
+            per_token as f64 * tps / 1e9,
+            100.0 * tps / limit,
+            stats.total.hit_rate(),
+            stats.total.misses
+        );
+        last_tps = tps;
     }
-    let secs = t.elapsed().as_secs_f64();
-    let stats = e.expert_stats()?;
-    let tps = args.decode as f64 / secs;
-    let limit = copy_gbs * 1e9 / per_token as f64;
-    println!(
-        "decode: {tps:.1} tok/s ({:.2} ms/token) over {} tokens; {:.1} MB read per token -> {:.0} GB/s effective; \
-         bandwidth limit {limit:.0} tok/s -> {:.1}% of it; expert hit rate {:.3} ({} misses)",
-        1e3 / tps,
-        args.decode,
-        per_token as f64 / 1e6,
-        per_token as f64 * tps / 1e9,
-        100.0 * tps / limit,
-        stats.total.hit_rate(),
-        stats.total.misses
-    );
     handle.set_profiling(true)?;
     let n = args.decode.min(16);
     for _ in 0..n {
@@ -190,7 +210,7 @@ fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool
     let prof = handle.kernel_profile();
     handle.set_profiling(false)?;
     let total: f64 = prof.iter().map(|(_, t)| t.seconds).sum();
-    println!("kernel time per token by family ({n} tokens, timestamp queries; wall per token {:.2} ms):", 1e3 / tps);
+    println!("kernel time per token by family ({n} tokens, timestamp queries; wall per token {:.2} ms untimed):", 1e3 / last_tps);
     println!("  {:<14} {:>10} {:>12} {:>7}", "family", "ms/token", "dispatches", "share");
     for (family, t) in &prof {
         println!(
@@ -220,24 +240,52 @@ fn main() -> Result<()> {
         None => copy_engine,
     };
     drop(b);
-    // The same number of weight bytes in three shapes: long rows, the default, short rows.
-    let shapes = [(4, args.rows, args.cols), (4, args.rows / 4, args.cols * 4), (4, args.rows * 4, args.cols / 4), (8, args.rows, args.cols)];
+    // The same number of weight bytes in three shapes (the default, long rows,
+    // short rows), 4-bit in the MLX order (before) and interleaved (after),
+    // then 8-bit; and the small shapes of the decode benchmark's model.
+    let (r, c) = (args.rows, args.cols);
+    let shapes = [
+        (4, "mlx", r, c),
+        (4, "interleaved", r, c),
+        (4, "mlx", r / 4, c * 4),
+        (4, "interleaved", r / 4, c * 4),
+        (4, "mlx", r * 4, c / 4),
+        (4, "interleaved", r * 4, c / 4),
+        (8, "mlx", r, c),
+        (4, "mlx", 151936, 2048),
+        (4, "interleaved", 151936, 2048),
+        (4, "mlx", 3072, 2048),
+        (4, "interleaved", 3072, 2048),
+        (4, "mlx", 512, 2048),
+        (4, "interleaved", 512, 2048),
+    ];
     for checked in [true, false] {
         let b = open(&args, checked)?;
-        for (bits, rows, cols) in shapes {
-            let (wall, kernel, mb) = matvec_bandwidth(&b, bits, rows, cols, args.reps)?;
+        for (bits, layout, rows, cols) in shapes {
+            set_layout(layout);
+            // Small matrices sit in L2: time them with more repetitions.
+            let reps = if rows * cols < 1 << 24 { args.reps * 4 } else { args.reps };
+            let (wall, kernel, mb) = matvec_bandwidth(&b, bits, rows, cols, reps)?;
             println!(
-                "matvec q{bits} g64 [{rows} x {cols}] ({mb:.0} MB, bounds checks {}): {wall:.0} GB/s wall ({:.1}% of copy), \
-                 {kernel:.0} GB/s kernel-only ({:.1}% of copy)",
+                "matvec q{bits} g64 {layout} [{rows} x {cols}] ({mb:.1} MB, bounds checks {}): {wall:.0} GB/s wall ({:.1}% of copy), \
+                 {kernel:.0} GB/s kernel-only ({:.1}% of copy), {:.1} us/dispatch",
                 if checked { "on" } else { "off" },
                 100.0 * wall / copy,
-                100.0 * kernel / copy
+                100.0 * kernel / copy,
+                mb * 1e6 / (kernel * 1e9) * 1e6
             );
         }
     }
+    set_layout("interleaved");
     if let Some(dir) = &args.model {
-        decode_bench(&args, dir, copy, true)?;
-        decode_bench(&args, dir, copy, false)?;
+        // Before: MLX order, one submission per host read; after: interleaved,
+        // several flush intervals (the last one listed is profiled, and used without bounds checks).
+        if std::env::var("BENCH_SKIP_BEFORE").is_err() {
+            decode_bench(&args, dir, copy, true, "mlx", &[0])?;
+        }
+        decode_bench(&args, dir, copy, true, "interleaved", &args.flushes)?;
+        let best = *args.flushes.last().unwrap_or(&16);
+        decode_bench(&args, dir, copy, false, "interleaved", &[best])?;
     }
     Ok(())
 }

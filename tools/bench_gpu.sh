@@ -5,10 +5,16 @@
 #   (b) decode tok/s of a synthetic qwen3_next-shaped model fully resident on
 #       the GPU, against copy bandwidth / bytes read per token;
 #   (c) GPU time per decoded token by kernel family (timestamp queries).
+# (a) times 4-bit weights in the MLX order (before) and interleaved (after);
+# (b)/(c) run before (MLX order, one submission per host read), after with
+# several flush intervals (--flush, default 0,8,12,24,16), and after without
+# bounds checks.
 #
 # usage: tools/bench_gpu.sh [path/to/bench_gpu]   (default: builds it in release)
 # env:   MODEL_DIR (default /tmp/synth-qwen3-next, written by tools/synth.py if absent),
-#        ADAPTER (auto | software | part of an adapter name; default auto)
+#        ADAPTER (auto | software | part of an adapter name; default auto),
+#        BENCH_ARGS (more flags for bench_gpu, e.g. "--flush 0,16"),
+#        BENCH_SKIP_BEFORE=1 (skip the MLX-order decode run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-}
@@ -49,4 +55,4 @@ PY
     export REFERENCE_COPY_GBS
 fi
 "$BIN" --adapter "${ADAPTER:-auto}" --model "$MODEL" --copy-mib 1024 --rows 65536 --cols 8192 \
-    --reps ${REPS:-1000} --prompt 256 --decode 64
+    --reps ${REPS:-1000} --prompt 256 --decode 64 ${BENCH_ARGS:-}

@@ -9,6 +9,14 @@
 //   scales, biases (affine only), from u32 word `scales_off` / `biases_off`:
 //           `rows * cols / group_size` values each, f32 (scale_kind 0), f16 (1)
 //           or bf16 (2), two 16-bit values per word; `w = scale * q + bias`.
+//
+// fmt 4: 4-bit affine with 16-bit scales, rows interleaved for coalesced x
+// reads (see `interleave_q4_row` in backends/wgpu/src/weights.rs). A row's
+// 16-byte chunks form tiles of 32 (the last tile has `t` <= 32); word k of
+// chunk v of tile j holds columns 1024j + 8tk + 8v .. +8 (nibble m: column
+// +m), so chunk v of every word reads x right after chunk v-1. Scales and
+// biases are one u32 per group from `scales_off` (= `biases_off`): the scale
+// in the low 16 bits, the bias in the high 16.
 
 struct WeightDesc {
     fmt: u32,
@@ -43,16 +51,41 @@ fn packed_float(base: u32, idx: u32, kind: u32) -> f32 {
     return bitcast<f32>(h << 16u);
 }
 
+// (scale, bias) of an fmt-4 group from its packed pair word.
+fn sb_pair(word: u32, kind: u32) -> vec2<f32> {
+    if (kind == 1u) {
+        return unpack2x16float(word);
+    }
+    return vec2<f32>(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u));
+}
+
 fn w_scale(d: WeightDesc, g: u32) -> f32 {
+    if (d.fmt == 4u) {
+        return sb_pair(w_word(d.scales_off + g), d.scale_kind).x;
+    }
     return packed_float(d.scales_off, g, d.scale_kind);
 }
 
 fn w_bias(d: WeightDesc, g: u32) -> f32 {
+    if (d.fmt == 4u) {
+        return sb_pair(w_word(d.scales_off + g), d.scale_kind).y;
+    }
     return packed_float(d.biases_off, g, d.scale_kind);
 }
 
 // Dequantized element (row, col) of the shard.
 fn w_value(d: WeightDesc, row: u32, col: u32) -> f32 {
+    if (d.fmt == 4u) {
+        let chunks = d.row_words / 4u;
+        let src = col >> 3u;
+        let j = src >> 7u;
+        let r = src & 127u;
+        let t = min(32u, chunks - 32u * j);
+        let word = w_word(row * d.row_words + 128u * j + 4u * (r % t) + r / t);
+        let q = (word >> ((col & 7u) * 4u)) & 15u;
+        let sb = sb_pair(w_word(d.scales_off + (row * d.cols + col) / d.group_size), d.scale_kind);
+        return sb.x * f32(q) + sb.y;
+    }
     if (d.fmt == 3u) {
         let per_word = 32u / d.bits;
         let word = w_word(row * d.row_words + col / per_word);

@@ -86,6 +86,14 @@ struct Pending {
     slots_used: u64,
     arenas: Vec<wgpu::Buffer>,
     timing: Option<Timing>,
+    /// Dispatches recorded since the last submission.
+    since_submit: u32,
+    /// Small per-call storage inputs (token ids, expert assignments, routing
+    /// weights, rope tables): entry i of the ring serves the i-th such input
+    /// of a submission and is written with the submission's parameters, so
+    /// steady-state decoding creates no buffers (and reuses bind groups).
+    ring: Vec<wgpu::Buffer>,
+    ring_data: Vec<Vec<u8>>,
 }
 
 /// Time spent in one kernel family, summed over submissions.
@@ -114,11 +122,23 @@ pub struct Gpu {
     error: Arc<Mutex<Option<String>>>,
     profile: Mutex<Option<HashMap<&'static str, FamilyTime>>>,
     can_time: bool,
+    /// Submissions the host asked for (downloads, pool writes, flushes); the
+    /// periodic ones of `flush_every` are not counted.
     pub submissions: Arc<std::sync::atomic::AtomicU64>,
     /// A smaller binding size to shard to than the adapter allows (0: none),
     /// so tests can exercise sharding with small weights.
     pub binding_cap: std::sync::atomic::AtomicU64,
+    /// Submit recorded work after this many dispatches (0: only when the host
+    /// needs data back), so the GPU starts on a layer while the host is still
+    /// recording it. `SLOTSTREAM_WGPU_FLUSH_EVERY` sets the initial value.
+    pub flush_every: std::sync::atomic::AtomicU32,
 }
+
+/// Dispatches per submission unless `SLOTSTREAM_WGPU_FLUSH_EVERY` says otherwise.
+const DEFAULT_FLUSH_EVERY: u32 = 16;
+
+/// Small uploads served from the ring (larger ones get a buffer of their own).
+const RING_MAX_BYTES: usize = 1 << 20;
 
 impl Gpu {
     pub fn open(adapter: wgpu::Adapter, bounds_checks: bool) -> Result<Gpu> {
@@ -198,6 +218,9 @@ impl Gpu {
             can_time,
             submissions: Arc::default(),
             binding_cap: std::sync::atomic::AtomicU64::new(0),
+            flush_every: std::sync::atomic::AtomicU32::new(
+                std::env::var("SLOTSTREAM_WGPU_FLUSH_EVERY").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_FLUSH_EVERY),
+            ),
         };
         gpu.check_errors("compiling the WGSL kernels")?;
         Ok(gpu)
@@ -267,6 +290,36 @@ impl Gpu {
         }
         buffer.unmap();
         buffer
+    }
+
+    /// A read-only storage buffer holding `bytes` for the ops recorded next
+    /// (until the next submission): a ring entry written just before that
+    /// submission, or a new buffer for large inputs.
+    pub fn small_input(&self, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer> {
+        if bytes.len() > RING_MAX_BYTES {
+            return Ok(self.buffer_with(label, bytes, wgpu::BufferUsages::STORAGE));
+        }
+        let mut guard = self.pending()?;
+        let p = &mut *guard;
+        let i = p.ring_data.len();
+        let size = (bytes.len() as u64).max(16).div_ceil(16) * 16;
+        if p.ring.len() <= i || p.ring[i].size() < size {
+            let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("small inputs"),
+                size: size.next_power_of_two().max(256),
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            if p.ring.len() <= i {
+                p.ring.push(buffer);
+            } else {
+                p.ring[i] = buffer;
+            }
+        }
+        let mut data = bytes.to_vec();
+        data.resize(size as usize, 0);
+        p.ring_data.push(data);
+        Ok(p.ring[i].clone())
     }
 
     /// A pooled activation buffer holding `bytes`.
@@ -404,6 +457,12 @@ impl Gpu {
         pass.set_pipeline(&kernel.pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        p.since_submit += 1;
+        let every = self.flush_every.load(std::sync::atomic::Ordering::Relaxed);
+        if every > 0 && p.since_submit >= every {
+            drop(guard);
+            return self.submit_inner(false, |_| {});
+        }
         Ok(())
     }
 
@@ -420,6 +479,13 @@ impl Gpu {
     /// Submits everything recorded so far (after `extra`, which may add copies),
     /// and returns the submission.
     fn submit_with(&self, extra: impl FnOnce(&mut wgpu::CommandEncoder)) -> Result<()> {
+        self.submit_inner(true, extra)
+    }
+
+    /// `counted`: whether the submission counts in `submissions` (the host
+    /// asked for it: a download, a pool write, a flush) rather than being one
+    /// of the periodic submissions `flush_every` adds.
+    fn submit_inner(&self, counted: bool, extra: impl FnOnce(&mut wgpu::CommandEncoder)) -> Result<()> {
         let mut guard = self.pending()?;
         let p = &mut *guard;
         p.pass = None;
@@ -438,6 +504,10 @@ impl Gpu {
         }
         p.slots_used = 0;
         p.params.clear();
+        for (buffer, data) in p.ring.iter().zip(p.ring_data.drain(..)) {
+            self.queue.write_buffer(buffer, 0, &data);
+        }
+        p.since_submit = 0;
         let timing = p.timing.take();
         let staging = timing.as_ref().filter(|t| !t.families.is_empty()).map(|t| {
             let n = t.families.len() as u32 * 2;
@@ -452,7 +522,9 @@ impl Gpu {
             staging
         });
         self.queue.submit([encoder.finish()]);
-        self.submissions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if counted {
+            self.submissions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         if let Some(t) = timing {
             if let Some(staging) = staging {
                 let ticks = self.read_back(&staging)?;

@@ -33,6 +33,18 @@ use weights::{GpuPool, GpuWeight};
 /// longer inputs use the tiled kernel.
 const MATVEC_MAX_TOKENS: usize = 8;
 
+/// Interleaved 4-bit weights of at least this many rows take one subgroup per
+/// eight rows in the one-token matvec (fewer: four, for more parallelism).
+/// `SLOTSTREAM_WGPU_Q4_EIGHT_ROWS_FROM` overrides it (tests set 1).
+const Q4_EIGHT_ROWS_FROM: usize = 8192;
+
+fn q4_eight_rows_from() -> usize {
+    static FROM: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *FROM.get_or_init(|| {
+        std::env::var("SLOTSTREAM_WGPU_Q4_EIGHT_ROWS_FROM").ok().and_then(|v| v.parse().ok()).unwrap_or(Q4_EIGHT_ROWS_FROM)
+    })
+}
+
 /// Groups at least this long are normalised by a whole workgroup each.
 const WIDE_NORM_DIM: usize = 1024;
 
@@ -196,7 +208,15 @@ impl WgpuBackend {
         self.gpu.profile()
     }
 
-    /// Counts command submissions (for counting round trips); stays valid
+    /// Submits recorded work after every `n` dispatches (0: only when the
+    /// host reads data back or writes the expert pool).
+    pub fn set_flush_every(&self, n: u32) {
+        self.gpu.flush_every.store(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Counts command submissions the host asked for (downloads, pool writes,
+    /// flushes; not the periodic ones of [`WgpuBackend::set_flush_every`]),
+    /// i.e. the round trips; stays valid
     /// after the backend is moved into an engine.
     pub fn submission_counter(&self) -> Arc<std::sync::atomic::AtomicU64> {
         self.gpu.submissions.clone()
@@ -233,10 +253,16 @@ impl WgpuBackend {
         let total_rows = w.experts * w.rows;
         for s in &w.shards {
             if tokens <= MATVEC_MAX_TOKENS {
+                let group_rows = if s.rows >= q4_eight_rows_from() { 8 } else { 4 };
                 let mut params = s.desc.to_vec();
-                params.extend([u(s.rows), u(tokens), u(total_rows), u(s.row_start), u(w.cols), 0, 0, 0]);
-                // One token: a subgroup per four rows; more: a subgroup per row.
-                let items = if tokens == 1 { s.rows.div_ceil(4) } else { s.rows };
+                params.extend([u(s.rows), u(tokens), u(total_rows), u(s.row_start), u(w.cols), u(group_rows), 0, 0]);
+                // One token: a subgroup per four rows (eight for interleaved
+                // 4-bit); more: a subgroup per row.
+                let items = match (tokens, s.desc[0]) {
+                    (1, 4) => s.rows.div_ceil(group_rows),
+                    (1, _) => s.rows.div_ceil(4),
+                    _ => s.rows,
+                };
                 let groups = [self.subgroup_grid(items, 128), u(tokens.div_ceil(4)), 1];
                 self.gpu.dispatch("matvec", &params, &[(1, &s.buffer), (6, &s.buffer), (2, x), (3, out)], groups)?;
             } else {
@@ -414,7 +440,7 @@ impl Backend for WgpuBackend {
             return Err(shape_error("embed", format!("{} tokens in one call (at most {})", ids.len(), gpu::MAX_GROUPS)));
         }
         let (out, ob) = self.new_tensor(ids.len() * w.cols, vec![ids.len(), w.cols])?;
-        let id_buf = self.gpu.buffer_with("token ids", bytemuck::cast_slice(ids), wgpu::BufferUsages::STORAGE);
+        let id_buf = self.gpu.small_input("token ids", bytemuck::cast_slice(ids))?;
         for s in &w.shards {
             let mut params = s.desc.to_vec();
             params.extend([u(ids.len()), u(s.row_start), u(s.rows), 0]);
@@ -514,7 +540,7 @@ impl Backend for WgpuBackend {
                 table.push((pos * f).sin() as f32);
             }
         }
-        let cs = self.gpu.buffer_with("rope angles", bytemuck::cast_slice(&table), wgpu::BufferUsages::STORAGE);
+        let cs = self.gpu.small_input("rope angles", bytemuck::cast_slice(&table))?;
         let n = x.numel();
         let (out, ob) = self.new_tensor(n, x.shape().to_vec())?;
         let params = [u(n), u(heads), u(head_dim), u(half), 0, 0, 0, 0];
@@ -603,7 +629,7 @@ impl Backend for WgpuBackend {
             }
             Some(sel) => {
                 let (words, most_keys) = selection_rows(sel, past, tokens);
-                let sel_buf = self.gpu.buffer_with("key selection", bytemuck::cast_slice(&words), wgpu::BufferUsages::STORAGE);
+                let sel_buf = self.gpu.small_input("key selection", bytemuck::cast_slice(&words))?;
                 let scratch = self.gpu.alloc(4 * (tokens * heads * most_keys) as u64)?;
                 let params = [
                     u(tokens), u(heads), u(kvh), u(hd), u(past), u(most_keys), f(scale), u(sel.block), u(sel.per_query + 1), 0, 0, 0,
@@ -723,7 +749,7 @@ impl Backend for WgpuBackend {
         let mut sorted = assignments.to_vec();
         sorted.sort_by_key(|a| a.slot as usize / p.per_shard);
         let words: Vec<u32> = sorted.iter().flat_map(|a| [a.token, a.rank, a.slot, 0]).collect();
-        let asg = self.gpu.buffer_with("expert assignments", bytemuck::cast_slice(&words), wgpu::BufferUsages::STORAGE);
+        let asg = self.gpu.small_input("expert assignments", bytemuck::cast_slice(&words))?;
         let n = sorted.len();
         let gate_out = self.gpu.alloc(4 * (n * inter) as u64)?;
         let act = self.gpu.alloc(4 * (n * inter) as u64)?;
@@ -759,7 +785,7 @@ impl Backend for WgpuBackend {
         if weights.len() != tokens * top_k || outputs.rows() != tokens * top_k {
             return Err(shape_error("moe_combine", format!("outputs {:?}, {} weights, top {top_k}", outputs.shape(), weights.len())));
         }
-        let wb = self.gpu.buffer_with("routing weights", bytemuck::cast_slice(weights), wgpu::BufferUsages::STORAGE);
+        let wb = self.gpu.small_input("routing weights", bytemuck::cast_slice(weights))?;
         let n = tokens * hidden;
         let (out, ob) = self.new_tensor(n, vec![tokens, hidden])?;
         self.elementwise("moe_combine", [u(n), u(hidden), 0, 0, 0, u(top_k), 0, 0], &[(2, buf(outputs)?), (4, &wb), (3, ob.buffer())], n)?;

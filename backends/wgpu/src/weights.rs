@@ -75,14 +75,31 @@ impl RowLayout {
         Ok(layout)
     }
 
+    /// The layout of a standalone weight (not an expert pool slot): 4-bit
+    /// affine rows with 16-bit scales are stored interleaved (fmt 4, see
+    /// `wgsl/weights.wgsl`) unless `SLOTSTREAM_WGPU_Q4_LAYOUT=mlx` keeps the
+    /// MLX order (for comparing the two).
+    pub fn for_weight(format: MatrixFormat, cols: usize) -> Result<RowLayout> {
+        let mut layout = RowLayout::new(format, cols)?;
+        let keep_mlx = std::env::var("SLOTSTREAM_WGPU_Q4_LAYOUT").is_ok_and(|v| v == "mlx");
+        if layout.fmt == 3 && layout.bits == 4 && matches!(layout.scale_kind, 1 | 2) && !keep_mlx {
+            layout.fmt = 4;
+        }
+        Ok(layout)
+    }
+
     /// Bytes one row takes in a shard, padding aside.
     fn row_bytes(&self) -> usize {
         self.value_bytes + 2 * self.scale_bytes
     }
 
-    /// Offsets (in u32 words) of the scales and biases in a shard of `rows` rows.
+    /// Offsets (in u32 words) of the scales and biases in a shard of `rows`
+    /// rows (fmt 4: both the offset of the (scale, bias) pairs).
     fn offsets(&self, rows: usize) -> (usize, usize) {
         let values = rows * self.value_bytes;
+        if self.fmt == 4 {
+            return (values / 4, values / 4);
+        }
         let scales = pad16(rows * self.scale_bytes);
         (values / 4, (values + scales) / 4)
     }
@@ -133,11 +150,42 @@ fn host_parts<'a>(m: &'a HostMatrix<'_>) -> (&'a [u8], &'a [u8], &'a [u8]) {
     }
 }
 
+/// The interleaved (fmt 4) order of one 4-bit row's u32 words: destination
+/// word `4c + k` of 16-byte chunk `c` (tile `j = c / 32`, lane `v = c % 32`,
+/// `t` chunks in the tile) holds MLX word `128j + t*k + v`, i.e. columns
+/// `1024j + 8tk + 8v .. +8`. Consecutive chunks then cover consecutive runs of
+/// 8 columns, so the lanes of a subgroup that read one chunk each read x
+/// contiguously.
+pub fn interleave_q4_row(src: &[u8], dst: &mut Vec<u8>) {
+    let chunks = src.len() / 16;
+    for c in 0..chunks {
+        let (j, v) = (c / 32, c % 32);
+        let t = 32.min(chunks - 32 * j);
+        for k in 0..4 {
+            let w = 128 * j + t * k + v;
+            dst.extend_from_slice(&src[4 * w..4 * w + 4]);
+        }
+    }
+}
+
 /// Shard bytes for rows `[r0, r1)` of `m`.
 fn shard_image(layout: &RowLayout, m: &HostMatrix<'_>, r0: usize, r1: usize) -> Vec<u8> {
     let (values, scales, biases) = host_parts(m);
     let rows = r1 - r0;
     let mut out = Vec::with_capacity(layout.shard_bytes(rows));
+    if layout.fmt == 4 {
+        let vb = layout.value_bytes;
+        for r in r0..r1 {
+            interleave_q4_row(&values[r * vb..(r + 1) * vb], &mut out);
+        }
+        // (scale, bias) pairs, one u32 per group: the scale in the low half.
+        let (sc, bi) = (&scales[r0 * layout.scale_bytes..r1 * layout.scale_bytes], &biases[r0 * layout.scale_bytes..r1 * layout.scale_bytes]);
+        for (s, b) in sc.chunks_exact(2).zip(bi.chunks_exact(2)) {
+            out.extend_from_slice(&[s[0], s[1], b[0], b[1]]);
+        }
+        out.resize(pad16(out.len()), 0);
+        return out;
+    }
     out.extend_from_slice(&values[r0 * layout.value_bytes..r1 * layout.value_bytes]);
     if layout.scale_bytes > 0 {
         for part in [scales, biases] {
@@ -151,7 +199,7 @@ fn shard_image(layout: &RowLayout, m: &HostMatrix<'_>, r0: usize, r1: usize) -> 
 impl GpuWeight {
     pub fn upload(gpu: &Gpu, m: &HostMatrix<'_>) -> Result<GpuWeight> {
         m.validate()?;
-        let layout = RowLayout::new(MatrixFormat::of(m), m.cols)?;
+        let layout = RowLayout::for_weight(MatrixFormat::of(m), m.cols)?;
         let total_rows = m.experts * m.rows;
         let per_shard = (gpu.max_shard() as usize - 64) / layout.row_bytes().max(1);
         if per_shard == 0 {

@@ -150,6 +150,32 @@ fn matvec_long_rows() {
     }
 }
 
+/// 4-bit rows are stored interleaved in tiles of 1024 columns; a row of 1280
+/// ends in a partial tile of 256, and 5 rows leave the last row octet short.
+#[test]
+fn matvec_partial_tile() {
+    let mut rng = Rng::new(19);
+    let (rows, cols) = (13, 1280);
+    let m = matrix(&mut rng, affine(4, 64), 1, rows, cols);
+    for tokens in [1usize, 2, 9] {
+        let x = rng.vec(tokens * cols, 2.0);
+        check(&format!("matvec_partial_tile_t{tokens}"), TOL, |b| {
+            let w = b.load_weight(&m).expect("load_weight");
+            b.matmul(&up(b, &x, &[tokens, cols]), &w).expect("matmul")
+        });
+    }
+    let m16 = matrix(&mut rng, MatrixFormat::Affine { bits: 4, group_size: 128, scale_dtype: DType::F16 }, 1, rows, cols);
+    let x = rng.vec(cols, 2.0);
+    check("matvec_partial_tile_f16_scales", TOL, |b| {
+        let w = b.load_weight(&m16).expect("load_weight");
+        b.matmul(&up(b, &x, &[1, cols]), &w).expect("matmul")
+    });
+    check("embed_partial_tile", 0.0, |b| {
+        let w = b.load_weight(&m).expect("load_weight");
+        b.embed(&w, &[12, 0, 5]).expect("embed")
+    });
+}
+
 #[test]
 fn embed_rows_dequantized() {
     for format in [affine(4, 64), affine(8, 32), MatrixFormat::Dense(DType::BF16)] {
