@@ -60,10 +60,11 @@ struct MemoryArgs {
 /// Which compute backend runs the model.
 #[derive(Args, Clone)]
 struct BackendArgs {
-    /// `auto` (a real GPU through wgpu if there is one, else the CPU), `cpu`,
-    /// `wgpu` (a real GPU or fail), `wgpu:software` (allow a software
-    /// rasterizer such as lavapipe, for tests) or `wgpu:NAME` (an adapter whose
-    /// name contains NAME).
+    /// `auto` (a real GPU through wgpu if there is one, else the CPU), `cpu`
+    /// (int8 activations for 4-bit weights, like llama.cpp), `cpu:exact` (f32
+    /// activations everywhere: the reference the oracle tests use), `wgpu` (a
+    /// real GPU or fail), `wgpu:software` (allow a software rasterizer such as
+    /// lavapipe, for tests) or `wgpu:NAME` (an adapter whose name contains NAME).
     #[arg(long, default_value = "auto")]
     backend: String,
 }
@@ -74,6 +75,7 @@ impl BackendArgs {
         let spec = self.backend.trim();
         match spec {
             "cpu" => Ok(Box::new(slotstream_cpu::CpuBackend::new())),
+            "cpu:exact" => Ok(Box::new(slotstream_cpu::CpuBackend::exact())),
             "auto" => match WgpuBackend::new(&AdapterChoice::auto()) {
                 Ok(b) => Ok(Box::new(b)),
                 Err(e) => {
@@ -87,7 +89,7 @@ impl BackendArgs {
                     let choice: AdapterChoice = choice.parse().context("--backend")?;
                     Ok(Box::new(WgpuBackend::new(&choice).with_context(|| format!("--backend {other}"))?))
                 }
-                None => anyhow::bail!("--backend {other}: expected auto, cpu, wgpu, wgpu:software or wgpu:NAME"),
+                None => anyhow::bail!("--backend {other}: expected auto, cpu, cpu:exact, wgpu, wgpu:software or wgpu:NAME"),
             },
         }
     }
