@@ -268,3 +268,25 @@ fn loader_accepts_the_published_flagship_tensor_by_tensor() {
     let attention = m.layers.iter().filter(|l| matches!(l.mixer, model::Mixer::Attention(_))).count();
     assert_eq!(attention, 12);
 }
+
+/// `doctor` plans the flagship from its known sizes, without any weights:
+/// expert records, the resident trunk, the n-gram row cache and the MTP head.
+#[test]
+fn doctor_plans_the_flagship_without_its_weights() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_slotstream"))
+        .args(["doctor", "--model", "qwen3.8-flash-next:4bit", "--sim-ram", "48", "--sim-available", "40", "--json"])
+        .output()
+        .expect("running slotstream doctor");
+    assert!(out.status.success(), "doctor failed: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("doctor --json prints JSON");
+    let m = &v["model"];
+    assert_eq!(m["expert_record_bytes"], 2_764_800);
+    assert_eq!(m["resident_bytes"], 2_924_005_400u64);
+    assert_eq!(m["moe_layers"], 48);
+    assert_eq!(m["experts_per_layer"], 512);
+    assert_eq!(m["extra_bytes"], (model::DEFAULT_NGRAM_CACHE_BYTES as u64));
+    assert_eq!(m["mtp_bytes"], 1_470_955_171u64);
+    let plan = &v["plan"];
+    assert_eq!(plan["mtp"], true, "48 GB has room for the MTP head: {plan}");
+    assert!(plan["peak_bytes"].as_u64().unwrap() < 48_000_000_000 * 7 / 10);
+}
