@@ -35,21 +35,42 @@ pub struct Indexer {
 }
 
 /// The indexer's per-sequence memory: raw keys of every position and the
-/// compressed key of every complete block.
-#[derive(Clone, Debug, Default)]
+/// compressed key of every complete block. While every query is still dense
+/// the projections stay where the backend computed them (`pending`, no
+/// GPU-to-CPU read); they come to the host the first time a query needs scores.
+#[derive(Clone, Default)]
 pub struct IndexerState {
     raw: Vec<f32>,
+    /// Projections `[rows, (heads+1)*head_dim]` not yet on the host, with how
+    /// many of their rows are still part of the sequence.
+    pending: Vec<(Tensor, usize)>,
     blocks: Vec<f32>,
 }
 
 impl IndexerState {
     pub fn bytes(&self) -> usize {
-        4 * (self.raw.len() + self.blocks.len())
+        4 * (self.raw.len() + self.blocks.len() + self.pending.iter().map(|(t, _)| t.numel()).sum::<usize>())
+    }
+
+    /// Positions recorded.
+    fn len(&self, head_dim: usize) -> usize {
+        self.raw.len() / head_dim + self.pending.iter().map(|(_, n)| n).sum::<usize>()
     }
 
     /// Forgets every position from `len` on.
     pub fn truncate(&mut self, len: usize, head_dim: usize, ratio: usize) {
-        self.raw.truncate(len * head_dim);
+        let on_host = self.raw.len() / head_dim;
+        if len <= on_host {
+            self.raw.truncate(len * head_dim);
+            self.pending.clear();
+        } else {
+            let mut left = len - on_host;
+            for (_, rows) in self.pending.iter_mut() {
+                *rows = (*rows).min(left);
+                left -= *rows;
+            }
+            self.pending.retain(|(_, rows)| *rows > 0);
+        }
         self.blocks.truncate(len / ratio * head_dim);
     }
 }
@@ -71,16 +92,27 @@ impl Indexer {
     pub fn select(&self, b: &dyn Backend, x: &Tensor, st: &mut IndexerState, start: usize) -> Result<Option<KeySelection>> {
         let hd = self.head_dim;
         let tokens = x.rows();
-        if st.raw.len() != start * hd {
-            bail!("the QSA indexer holds {} keys but the call starts at position {start}", st.raw.len() / hd);
+        if st.len(hd) != start {
+            bail!("the QSA indexer holds {} keys but the call starts at position {start}", st.len(hd));
         }
-        let qk = b.download(&b.matmul(x, &self.qk_proj)?)?;
+        let projected = b.matmul(x, &self.qk_proj)?;
         let qk_row = (self.heads + 1) * hd;
+        if !(0..tokens).any(|t| self.sparse_at(start + t)) {
+            st.pending.push((projected, tokens));
+            return Ok(None);
+        }
+        // The first sparse call brings the earlier projections over, in one read.
+        let pending = std::mem::take(&mut st.pending);
+        if !pending.is_empty() {
+            let parts = pending.iter().map(|(t, rows)| b.slice_rows(t, 0, *rows)).collect::<Result<Vec<_>, _>>()?;
+            let earlier = b.download(&b.concat_rows(&parts.iter().collect::<Vec<_>>())?)?;
+            for row in earlier.chunks_exact(qk_row) {
+                st.raw.extend_from_slice(&row[self.heads * hd..]);
+            }
+        }
+        let qk = b.download(&projected)?;
         for t in 0..tokens {
             st.raw.extend_from_slice(&qk[t * qk_row + self.heads * hd..(t + 1) * qk_row]);
-        }
-        if !(0..tokens).any(|t| self.sparse_at(start + t)) {
-            return Ok(None);
         }
         // Compressed keys of blocks completed since the last call.
         let complete = (start + tokens) / self.ratio;
