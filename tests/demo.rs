@@ -66,3 +66,42 @@ fn run_without_a_model_uses_the_demo_and_prints_english() {
     let hits = words.iter().filter(|w| common.contains(w)).count();
     assert!(words.len() >= 15 && hits * 6 >= words.len(), "does not read as English: {text:?}");
 }
+
+/// The trained qwen4_exp model (tools/demo_qwen4): perplexity equals the numpy
+/// oracle's on the same held-out windows, and its trained MTP head drafts
+/// tokens the model accepts, without changing the greedy output.
+#[test]
+fn trained_qwen4_exp_matches_its_oracle_and_its_mtp_head_is_accepted() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = root.join("tools/demo_qwen4/model");
+    let golden: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("tools/demo_qwen4/oracle_perplexity.json")).unwrap()).unwrap();
+    let opts = slotstream::model::LoadOptions { mtp: true, ..Default::default() };
+    let e = Engine::load(&dir, Box::new(slotstream_cpu::CpuBackend::exact()), &opts).expect("loading the qwen4_exp demo");
+    let text = std::fs::read_to_string(root.join("tools/demo/heldout_sample.txt")).unwrap();
+    let ids = e.codec.encode(&text, false).unwrap();
+    let p = e.perplexity(&ids, golden["window"].as_u64().unwrap() as usize, usize::MAX).unwrap();
+    assert_eq!(p.predicted_tokens as u64, golden["predicted_tokens"].as_u64().unwrap(), "same windows as the oracle");
+    let want = golden["perplexity"].as_f64().unwrap();
+    let rel = (p.perplexity - want).abs() / want;
+    // f32 against the oracle's float64 on the same stored weights.
+    assert!(rel < 1e-4, "perplexity {} vs oracle {want} (rel {rel:.2e})", p.perplexity);
+
+    let prompt = e.codec.encode("The sea was calm, and the ship", false).unwrap();
+    let req = slotstream::generate::GenerateRequest {
+        prompt_ids: prompt.clone(),
+        max_tokens: 64,
+        sampling: Default::default(),
+        stop: vec![],
+        ignore_eos: true,
+    };
+    let with = e.generate(&req, |_| std::ops::ControlFlow::Continue(())).unwrap();
+    let plain = Engine::load(&dir, Box::new(slotstream_cpu::CpuBackend::exact()), &Default::default()).unwrap();
+    let without = plain.generate(&req, |_| std::ops::ControlFlow::Continue(())).unwrap();
+    assert_eq!(with.generated_ids, without.generated_ids, "MTP changed the greedy output");
+    let m = with.stats.mtp.expect("MTP stats");
+    eprintln!("qwen4_exp demo: perplexity {:.4} (oracle {want:.4}); MTP {m:?}, acceptance {:.0}%", p.perplexity, 100.0 * m.acceptance());
+    assert!(m.acceptance() > 0.3 && !m.paused, "the trained head should be accepted often: {m:?}");
+    let words: Vec<&str> = with.text.split(|c: char| !c.is_alphabetic()).filter(|w| !w.is_empty()).collect();
+    assert!(words.len() >= 20, "expected English words: {:?}", with.text);
+}
