@@ -38,6 +38,12 @@ impl ModelCosts {
         self.moe_layers * self.experts_per_layer
     }
 
+    /// Weight bytes one decoded token reads: the resident trunk and its
+    /// routed experts.
+    pub fn active_bytes_per_token(&self) -> u64 {
+        self.resident_bytes + (self.top_k * self.moe_layers) as u64 * self.expert_record_bytes
+    }
+
     pub fn routed_expert_bytes(&self) -> u64 {
         self.total_experts() as u64 * self.expert_record_bytes
     }

@@ -57,6 +57,12 @@ impl std::str::FromStr for MtpMode {
 /// routes two tokens, so a small pool would pay for drafts in expert reads.
 pub const MTP_MIN_EXPERTS_PER_LAYER: usize = 2 * FLOOR_EXPERTS_PER_LAYER;
 
+/// Auto turns MTP on only for models whose tokens read at least this many
+/// bytes of weights: speculative decoding pays by reading the weights once
+/// for two tokens, which saves nothing when they sit in the CPU's caches
+/// (measured in BENCHMARKS.md on 12 MB and 1.5 MB models: 0.8x and 0.97x).
+pub const MTP_MIN_ACTIVE_BYTES: u64 = 256_000_000;
+
 /// [`MTP_MIN_EXPERTS_PER_LAYER`], or half the experts of a model with few.
 fn mtp_min_experts_per_layer(model: &ModelCosts) -> f64 {
     MTP_MIN_EXPERTS_PER_LAYER.min(model.experts_per_layer / 2) as f64
@@ -134,6 +140,15 @@ pub fn plan(model: &ModelCosts, machine: &MachineMemory, req: &PlanRequest) -> R
         MtpMode::On if model.mtp_bytes == 0 => Err(PlanError::NoMtpHead),
         MtpMode::On => plan_with(model, machine, req, true),
         MtpMode::Auto if model.mtp_bytes == 0 => plan_with(model, machine, req, false),
+        MtpMode::Auto if model.active_bytes_per_token() < MTP_MIN_ACTIVE_BYTES => {
+            let mut p = plan_with(model, machine, req, false)?;
+            p.notes.push(format!(
+                "MTP off: a token reads only {:.0} MB of weights, so verifying two tokens at once saves little \
+                 and drafting costs more than it gains (--mtp on forces it)",
+                model.active_bytes_per_token() as f64 / 1e6
+            ));
+            Ok(p)
+        }
         MtpMode::Auto => {
             let with = plan_with(model, machine, req, true);
             match with {

@@ -104,6 +104,11 @@ fn mtp_follows_the_request_and_the_room_left() {
     let busy = mac(16.0, 6.5);
     assert!(!plan(&flagship, &busy, &req(MtpMode::Auto)).unwrap().mtp);
     assert!(plan(&flagship, &busy, &req(MtpMode::On)).unwrap().mtp);
+    // A model whose tokens read few bytes: auto leaves MTP off, on forces it.
+    let small = ModelCosts { resident_bytes: 10_000_000, expert_record_bytes: 100_000, ..flagship.clone() };
+    let p = plan(&small, &mac(48.0, 40.0), &req(MtpMode::Auto)).unwrap();
+    assert!(!p.mtp && p.notes.iter().any(|n| n.contains("MTP off")), "{p:?}");
+    assert!(plan(&small, &mac(48.0, 40.0), &req(MtpMode::On)).unwrap().mtp);
     // No head: on is an error, auto is off.
     let none = ModelCosts { mtp_bytes: 0, ..flagship };
     assert_eq!(plan(&none, &busy, &req(MtpMode::On)).unwrap_err(), PlanError::NoMtpHead);
