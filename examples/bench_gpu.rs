@@ -148,9 +148,20 @@ fn set_layout(layout: &str) {
     }
 }
 
-fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool, layout: &str, flushes: &[u32]) -> Result<()> {
-    println!("== decode, kernels {} bounds checks, 4-bit layout {layout}", if checked { "with" } else { "without" });
+/// `fused`: projections over one input concatenated into one matmul and
+/// one-row column slices as views (the default); off: one matmul per
+/// projection and a copy per slice (the code before).
+#[allow(clippy::too_many_arguments)]
+fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool, layout: &str, flushes: &[u32], fused: bool) -> Result<()> {
+    println!(
+        "== decode, kernels {} bounds checks, 4-bit layout {layout}, {}",
+        if checked { "with" } else { "without" },
+        if fused { "fused projections + views" } else { "separate projections + slice copies" }
+    );
     set_layout(layout);
+    let flag = if fused { "1" } else { "0" };
+    std::env::set_var("SLOTSTREAM_FUSED_PROJECTIONS", flag);
+    std::env::set_var("SLOTSTREAM_WGPU_VIEWS", flag);
     let gpu = open(args, checked)?;
     let handle = gpu.clone();
     let t = Instant::now();
@@ -280,12 +291,17 @@ fn main() -> Result<()> {
     if let Some(dir) = &args.model {
         // Before: MLX order, one submission per host read; after: interleaved,
         // several flush intervals (the last one listed is profiled, and used without bounds checks).
-        if std::env::var("BENCH_SKIP_BEFORE").is_err() {
-            decode_bench(&args, dir, copy, true, "mlx", &[0])?;
-        }
-        decode_bench(&args, dir, copy, true, "interleaved", &args.flushes)?;
+        // Before: separate projections and slice copies; after: fused
+        // projections and views; each with and without bounds checks.
         let best = *args.flushes.last().unwrap_or(&16);
-        decode_bench(&args, dir, copy, false, "interleaved", &[best])?;
+        if std::env::var("BENCH_SKIP_BEFORE").is_err() {
+            decode_bench(&args, dir, copy, true, "interleaved", &[best], false)?;
+        }
+        decode_bench(&args, dir, copy, true, "interleaved", &args.flushes, true)?;
+        if std::env::var("BENCH_SKIP_BEFORE").is_err() {
+            decode_bench(&args, dir, copy, false, "interleaved", &[best], false)?;
+        }
+        decode_bench(&args, dir, copy, false, "interleaved", &[best], true)?;
     }
     Ok(())
 }

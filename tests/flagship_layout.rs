@@ -68,6 +68,9 @@ impl Backend for ShapeOnly {
     fn silu(&self, _: &Tensor) -> Result<Tensor> {
         Err(no("silu"))
     }
+    fn add_sigmoid_mul(&self, _: &Tensor, _: &Tensor, _: &Tensor) -> Result<Tensor> {
+        Err(no("add_sigmoid_mul"))
+    }
     fn scale(&self, _: &Tensor, _: f32) -> Result<Tensor> {
         Err(no("scale"))
     }
@@ -118,6 +121,9 @@ impl Backend for ShapeOnly {
     }
     fn causal_conv1d(&self, _: &Tensor, _: &Tensor, _: &mut State) -> Result<Tensor> {
         Err(no("causal_conv1d"))
+    }
+    fn causal_conv1d_silu(&self, _: &Tensor, _: &Tensor, _: &mut State) -> Result<Tensor> {
+        Err(no("causal_conv1d_silu"))
     }
     fn new_recurrent_state(&self, _: usize, _: usize, _: usize) -> Result<State> {
         Err(no("new_recurrent_state"))

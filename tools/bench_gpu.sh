@@ -6,15 +6,17 @@
 #       the GPU, against copy bandwidth / bytes read per token;
 #   (c) GPU time per decoded token by kernel family (timestamp queries).
 # (a) times 4-bit weights in the MLX order (before) and interleaved (after);
-# (b)/(c) run before (MLX order, one submission per host read), after with
-# several flush intervals (--flush, default 0,8,12,24,16), and after without
+# (b)/(c) run before (separate projection matmuls and slice copies:
+# SLOTSTREAM_FUSED_PROJECTIONS=0 SLOTSTREAM_WGPU_VIEWS=0) at the last flush
+# interval, after (fused projections, one-row slices as views) with each
+# flush interval (--flush, default 0,8,12,24,16), then both again without
 # bounds checks.
 #
 # usage: tools/bench_gpu.sh [path/to/bench_gpu]   (default: builds it in release)
 # env:   MODEL_DIR (default /tmp/synth-qwen3-next, written by tools/synth.py if absent),
 #        ADAPTER (auto | software | part of an adapter name; default auto),
 #        BENCH_ARGS (more flags for bench_gpu, e.g. "--flush 0,16"),
-#        BENCH_SKIP_BEFORE=1 (skip the MLX-order decode run)
+#        BENCH_SKIP_BEFORE=1 (skip the "before" decode runs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-}

@@ -2,6 +2,7 @@
 // `dilation` steps apart, so the window holds the last hist = (kernel-1)*dilation
 // inputs.
 //   conv1d:      out[t, c] = sum_j w[c, j] * seq[t + j*dilation, c], seq = window ++ x,
+//                then silu(out) when act = 1,
 //                one thread per output value
 //   conv_window: new_window[r, c] = seq[tokens + r, c] for r < hist
 //
@@ -15,7 +16,8 @@ struct Params {
     kernel: u32,
     n: u32,
     dilation: u32,
-    _pad0: u32,
+    // conv1d: 1 applies silu to the output (causal_conv1d_silu).
+    act: u32,
     _pad1: u32,
     _pad2: u32,
 }
@@ -45,6 +47,10 @@ fn conv1d(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     var acc = 0.0;
     for (var j = 0u; j < p.kernel; j++) {
         acc += w[c * p.kernel + j] * seq(t + j * p.dilation, c);
+    }
+    if (p.act == 1u) {
+        // silu as in elementwise.wgsl.
+        acc = acc * (1.0 / (1.0 + exp(-acc)));
     }
     out[i] = acc;
 }

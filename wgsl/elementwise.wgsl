@@ -2,6 +2,7 @@
 // `(workgroup_id.y * num_workgroups.x + workgroup_id.x) * 256 + local index`.
 //   add:         out = a + b
 //   sigmoid_mul: out = a * sigmoid(b[i]) (b same shape) or sigmoid(b[i / cols]) (one per row, b_per_row = 1)
+//   add_sigmoid_mul: out = c + a * sigmoid(b[i]) (b as in sigmoid_mul)
 //   silu_mul:    out = silu(a) * b
 //   silu:        out = silu(a)
 //   scale:       out = a * factor
@@ -67,6 +68,18 @@ fn sigmoid_mul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
             j = i / p.cols;
         }
         out[i] = a[i] * sigmoid(b[j]);
+    }
+}
+
+@compute @workgroup_size(256)
+fn add_sigmoid_mul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let i = flat_index(wid, nwg, li);
+    if (i < p.n) {
+        var j = i;
+        if (p.b_per_row == 1u) {
+            j = i / p.cols;
+        }
+        out[i] = c[i] + a[i] * sigmoid(b[j]);
     }
 }
 

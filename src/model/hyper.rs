@@ -112,7 +112,7 @@ impl Ple {
         let query = b.rms_norm(h, Some(&self.norm_query), d, self.eps)?;
         let gated = b.ple_gate(&key, &query, &value, self.streams)?;
         let conv_in = b.rms_norm(&gated, Some(&self.norm_conv), d, self.eps)?;
-        let conv = b.silu(&b.causal_conv1d(&conv_in, &self.conv, &mut st.conv)?)?;
+        let conv = b.causal_conv1d_silu(&conv_in, &self.conv, &mut st.conv)?;
         Ok(b.add(&gated, &conv)?)
     }
 }

@@ -3,7 +3,9 @@
 //! and the routed-expert block with an optional sigmoid-gated shared expert.
 
 use anyhow::{Context, Result};
-use slotstream_backend::{Backend, GateAct, HostMatrix, State, Tensor, TokenRoute, Weight};
+use std::borrow::Cow;
+
+use slotstream_backend::{Backend, GateAct, HostMatrix, MatrixData, MatrixFormat, State, Tensor, TokenRoute, Weight};
 
 use crate::checkpoint::Checkpoint;
 use crate::experts::ExpertCache;
@@ -25,6 +27,121 @@ pub fn vector(b: &dyn Backend, ck: &Checkpoint, name: &str, len: usize, shift: f
         v.iter_mut().for_each(|x| *x += shift);
     }
     Ok(b.upload(&v, &[len])?)
+}
+
+/// Whether several linear layers over one input are concatenated into one
+/// weight (one matmul) at load time; `SLOTSTREAM_FUSED_PROJECTIONS=0` keeps
+/// them apart (for before/after measurements).
+fn fuse_projections() -> bool {
+    std::env::var("SLOTSTREAM_FUSED_PROJECTIONS").map_or(true, |v| v != "0")
+}
+
+/// Rows of single matrices of one format (same columns) one after another.
+pub fn concat_rows(parts: &[&HostMatrix<'_>]) -> Result<HostMatrix<'static>> {
+    let first = parts.first().context("concat_rows: no parts")?;
+    let mut rows = 0;
+    let mut data = match &first.data {
+        MatrixData::Dense { dtype, .. } => MatrixData::Dense { dtype: *dtype, bytes: Cow::Owned(Vec::new()) },
+        MatrixData::Affine { bits, group_size, scale_dtype, .. } => MatrixData::Affine {
+            bits: *bits,
+            group_size: *group_size,
+            words: Cow::Owned(Vec::new()),
+            scale_dtype: *scale_dtype,
+            scales: Cow::Owned(Vec::new()),
+            biases: Cow::Owned(Vec::new()),
+        },
+    };
+    for p in parts {
+        if p.experts != 1 || p.cols != first.cols || MatrixFormat::of(p) != MatrixFormat::of(first) {
+            anyhow::bail!("concat_rows: parts differ in shape or format");
+        }
+        rows += p.rows;
+        match (&mut data, &p.data) {
+            (MatrixData::Dense { bytes, .. }, MatrixData::Dense { bytes: b, .. }) => bytes.to_mut().extend_from_slice(b),
+            (
+                MatrixData::Affine { words, scales, biases, .. },
+                MatrixData::Affine { words: pw, scales: ps, biases: pb, .. },
+            ) => {
+                words.to_mut().extend_from_slice(pw);
+                scales.to_mut().extend_from_slice(ps);
+                biases.to_mut().extend_from_slice(pb);
+            }
+            _ => anyhow::bail!("concat_rows: parts differ in format"),
+        }
+    }
+    let m = HostMatrix { experts: 1, rows, cols: first.cols, data };
+    m.validate()?;
+    Ok(m)
+}
+
+/// Linear layers that read the same input (q/k/v, gate/up, ...). Consecutive
+/// parts stored alike are concatenated into one weight at load time, so one
+/// matmul computes them; each part is then a column slice of its output (a
+/// view, not a copy, on backends that can for one-token inputs).
+pub struct Projections {
+    /// Each weight with the (rows) of the parts it holds, in order.
+    groups: Vec<(Weight, Vec<usize>)>,
+}
+
+impl Projections {
+    pub fn load(b: &dyn Backend, parts: &[(HostMatrix<'_>, String)]) -> Result<Projections> {
+        let mut groups = Vec::new();
+        let mut i = 0;
+        while i < parts.len() {
+            let mut j = i + 1;
+            while fuse_projections()
+                && j < parts.len()
+                && parts[j].0.experts == 1
+                && parts[i].0.experts == 1
+                && parts[j].0.cols == parts[i].0.cols
+                && MatrixFormat::of(&parts[j].0) == MatrixFormat::of(&parts[i].0)
+            {
+                j += 1;
+            }
+            let names: Vec<&str> = parts[i..j].iter().map(|p| p.1.as_str()).collect();
+            let weight = if j - i == 1 {
+                upload(b, &parts[i].0, &parts[i].1)?
+            } else {
+                let refs: Vec<&HostMatrix<'_>> = parts[i..j].iter().map(|p| &p.0).collect();
+                upload(b, &concat_rows(&refs)?, &names.join(" + "))?
+            };
+            groups.push((weight, parts[i..j].iter().map(|p| p.0.rows).collect()));
+            i = j;
+        }
+        Ok(Projections { groups })
+    }
+
+    /// Loads `(prefix, rows, cols)` linear layers.
+    pub fn linears(b: &dyn Backend, ck: &Checkpoint, specs: &[(String, usize, usize)]) -> Result<Projections> {
+        let parts = specs
+            .iter()
+            .map(|(p, r, c)| Ok((ck.matrix(p, &[], *r, *c)?, p.clone())))
+            .collect::<Result<Vec<_>>>()?;
+        Projections::load(b, &parts)
+    }
+
+    /// Every part's output `[tokens, rows]`, in load order.
+    pub fn forward(&self, b: &dyn Backend, x: &Tensor) -> Result<Vec<Tensor>> {
+        let mut out = Vec::new();
+        for (w, rows) in &self.groups {
+            let y = b.matmul(x, w)?;
+            if rows.len() == 1 {
+                out.push(y);
+                continue;
+            }
+            let mut at = 0;
+            for &r in rows {
+                out.push(b.slice_cols(&y, at, r)?);
+                at += r;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Matmuls per forward.
+    pub fn weights(&self) -> usize {
+        self.groups.len()
+    }
 }
 
 /// Row order that turns per-group interleaved blocks into contiguous blocks.
@@ -58,10 +175,8 @@ impl RmsNorm {
 /// Full (softmax) attention with q/k RMSNorm, (partial) RoPE, GQA and an
 /// optional sigmoid output gate.
 pub struct Attention {
-    /// Projects to queries, followed by the gate when `gated`.
-    pub q_proj: Weight,
-    pub k_proj: Weight,
-    pub v_proj: Weight,
+    /// q (followed by the gate when `gated`), k and v projections.
+    pub qkv: Projections,
     pub o_proj: Weight,
     pub q_norm: RmsNorm,
     pub k_norm: RmsNorm,
@@ -97,14 +212,13 @@ impl Attention {
             _ => anyhow::bail!("attention layer and its state disagree about the QSA indexer"),
         };
         let (h, kvh, hd) = (self.heads, self.kv_heads, self.head_dim);
-        let projected = b.matmul(x, &self.q_proj)?;
+        let [projected, k, v]: [Tensor; 3] =
+            self.qkv.forward(b, x)?.try_into().map_err(|_| anyhow::anyhow!("attention needs q, k and v projections"))?;
         let (q, gate) = if self.gated {
             (b.slice_cols(&projected, 0, h * hd)?, Some(b.slice_cols(&projected, h * hd, h * hd)?))
         } else {
             (projected, None)
         };
-        let k = b.matmul(x, &self.k_proj)?;
-        let v = b.matmul(x, &self.v_proj)?;
         let q = self.q_norm.forward(b, &q)?;
         let k = self.k_norm.forward(b, &k)?;
         if b.kv_len(cache)? != start {
@@ -126,9 +240,9 @@ impl Attention {
 pub enum DeltaProjections {
     /// qwen3_next: `[q | k | v | z]` and `[b | a]`, loaded with their rows
     /// regrouped so that each part is one contiguous block.
-    Fused { qkvz: Weight, ba: Weight },
-    /// qwen4_exp: one projection per part.
-    Split { qkv: Weight, z: Weight, b: Weight, a: Weight },
+    Fused(Projections),
+    /// qwen4_exp: `qkv`, `z`, `b`, `a`, one projection each.
+    Split(Projections),
 }
 
 /// Gated DeltaNet linear attention (qwen3_next, qwen4_exp).
@@ -172,9 +286,9 @@ impl GatedDeltaNet {
         let value_total = self.value_heads * self.value_dim;
         let channels = self.conv_channels();
         let (mixed, z, beta_raw, a) = match &self.projections {
-            DeltaProjections::Fused { qkvz, ba } => {
-                let qkvz = b.matmul(x, qkvz)?;
-                let ba = b.matmul(x, ba)?;
+            DeltaProjections::Fused(p) => {
+                let [qkvz, ba]: [Tensor; 2] =
+                    p.forward(b, x)?.try_into().map_err(|_| anyhow::anyhow!("expected qkvz and ba projections"))?;
                 (
                     b.slice_cols(&qkvz, 0, channels)?,
                     b.slice_cols(&qkvz, channels, value_total)?,
@@ -182,11 +296,13 @@ impl GatedDeltaNet {
                     b.slice_cols(&ba, self.value_heads, self.value_heads)?,
                 )
             }
-            DeltaProjections::Split { qkv, z, b: pb, a } => {
-                (b.matmul(x, qkv)?, b.matmul(x, z)?, b.matmul(x, pb)?, b.matmul(x, a)?)
+            DeltaProjections::Split(p) => {
+                let [qkv, z, beta_raw, a]: [Tensor; 4] =
+                    p.forward(b, x)?.try_into().map_err(|_| anyhow::anyhow!("expected qkv, z, b and a projections"))?;
+                (qkv, z, beta_raw, a)
             }
         };
-        let conv = b.silu(&b.causal_conv1d(&mixed, &self.conv_weight, &mut st.conv)?)?;
+        let conv = b.causal_conv1d_silu(&mixed, &self.conv_weight, &mut st.conv)?;
         let q = b.slice_cols(&conv, 0, key_total)?;
         let k = b.slice_cols(&conv, key_total, key_total)?;
         let v = b.slice_cols(&conv, 2 * key_total, value_total)?;
@@ -202,23 +318,32 @@ impl GatedDeltaNet {
 
 /// SwiGLU feed-forward: `down(silu(gate x) * up x)`.
 pub struct Mlp {
-    pub gate: Weight,
-    pub up: Weight,
+    /// gate and up projections.
+    pub gate_up: Projections,
     pub down: Weight,
 }
 
 impl Mlp {
     pub fn load(b: &dyn Backend, ck: &Checkpoint, prefix: &str, hidden: usize, inter: usize) -> Result<Mlp> {
         Ok(Mlp {
-            gate: linear(b, ck, &format!("{prefix}.gate_proj"), inter, hidden)?,
-            up: linear(b, ck, &format!("{prefix}.up_proj"), inter, hidden)?,
+            gate_up: Projections::linears(
+                b,
+                ck,
+                &[(format!("{prefix}.gate_proj"), inter, hidden), (format!("{prefix}.up_proj"), inter, hidden)],
+            )?,
             down: linear(b, ck, &format!("{prefix}.down_proj"), hidden, inter)?,
         })
     }
 
     pub fn forward(&self, b: &dyn Backend, x: &Tensor) -> Result<Tensor> {
-        let act = b.silu_mul(&b.matmul(x, &self.gate)?, &b.matmul(x, &self.up)?)?;
-        Ok(b.matmul(&act, &self.down)?)
+        let [gate, up]: [Tensor; 2] =
+            self.gate_up.forward(b, x)?.try_into().map_err(|_| anyhow::anyhow!("expected gate and up projections"))?;
+        self.finish(b, &gate, &up)
+    }
+
+    /// `down(silu(gate) * up)` from already projected gate and up.
+    pub fn finish(&self, b: &dyn Backend, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+        Ok(b.matmul(&b.silu_mul(gate, up)?, &self.down)?)
     }
 }
 
@@ -226,12 +351,17 @@ impl Mlp {
 /// output is scaled by `sigmoid(shared_gate x)`. The experts themselves live in
 /// the model's [`ExpertCache`], addressed by `moe_index`.
 pub struct MoeBlock {
-    pub router: Weight,
+    /// The router, preceded by the shared expert's gate and up projections
+    /// and followed by its one-row output gate when there is a shared expert.
+    pub inputs: Projections,
+    /// Experts (router rows).
+    pub experts: usize,
     /// Index of this block among the model's MoE layers.
     pub moe_index: usize,
     pub top_k: usize,
     pub norm_topk_prob: bool,
-    pub shared: Option<(Mlp, Weight)>,
+    /// The shared expert's down projection.
+    pub shared_down: Option<Weight>,
 }
 
 /// Softmax over all router logits, keep the `k` largest probabilities
@@ -253,17 +383,49 @@ pub fn route(logits: &[f32], k: usize, normalize: bool) -> TokenRoute {
 }
 
 impl MoeBlock {
+    /// Loads `{m}.gate` (the router) and, when `shared_inter > 0`, the
+    /// sigmoid-gated shared expert `{m}.shared_expert{,_gate}`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn load(b: &dyn Backend, ck: &Checkpoint, m: &str, hidden: usize, experts: usize, shared_inter: usize,
+        moe_index: usize, top_k: usize, norm_topk_prob: bool) -> Result<MoeBlock> {
+        let router = (format!("{m}.gate"), experts, hidden);
+        let (specs, shared_down) = if shared_inter > 0 {
+            let s = format!("{m}.shared_expert");
+            (
+                vec![
+                    (format!("{s}.gate_proj"), shared_inter, hidden),
+                    (format!("{s}.up_proj"), shared_inter, hidden),
+                    router,
+                    (format!("{m}.shared_expert_gate"), 1, hidden),
+                ],
+                Some(linear(b, ck, &format!("{s}.down_proj"), hidden, shared_inter)?),
+            )
+        } else {
+            (vec![router], None)
+        };
+        Ok(MoeBlock {
+            inputs: Projections::linears(b, ck, &specs)?,
+            experts,
+            moe_index,
+            top_k,
+            norm_topk_prob,
+            shared_down,
+        })
+    }
+
     pub fn forward(&self, b: &dyn Backend, x: &Tensor, experts: &mut ExpertCache) -> Result<Tensor> {
+        let parts = self.inputs.forward(b, x)?;
+        let router = if self.shared_down.is_some() { &parts[2] } else { &parts[0] };
         // The one GPU-to-CPU read of a MoE layer: the router's choice decides
         // which experts the cache must hold.
-        let logits = b.download(&b.matmul(x, &self.router)?)?;
-        let n = self.router.rows;
+        let logits = b.download(router)?;
+        let n = self.experts;
         let routes: Vec<TokenRoute> =
             logits.chunks_exact(n).map(|l| route(l, self.top_k, self.norm_topk_prob)).collect();
         let mut y = experts.run_layer(b, self.moe_index, x, &routes, self.top_k)?;
-        if let Some((mlp, gate)) = &self.shared {
-            let shared = b.sigmoid_mul(&mlp.forward(b, x)?, &b.matmul(x, gate)?)?;
-            y = b.add(&y, &shared)?;
+        if let Some(down) = &self.shared_down {
+            let act = b.silu_mul(&parts[0], &parts[1])?;
+            y = b.add_sigmoid_mul(&y, &b.matmul(&act, down)?, &parts[3])?;
         }
         Ok(y)
     }

@@ -6,7 +6,7 @@ use anyhow::Result;
 use slotstream_backend::Backend;
 
 use super::config::MoeConfig;
-use super::layers::{linear, vector, Attention, Mlp, MoeBlock, RmsNorm};
+use super::layers::{linear, vector, Attention, Mlp, MoeBlock, Projections, RmsNorm};
 use super::{assemble, load_trunk, LoadOptions, DecoderLayer, DecoderModel, Residual, FeedForward, Layout, Mixer};
 use crate::checkpoint::Checkpoint;
 
@@ -24,9 +24,15 @@ pub fn load(config: &serde_json::Value, ck: &Checkpoint, b: &dyn Backend, opts: 
         let p = format!("model.layers.{i}");
         let a = format!("{p}.self_attn");
         let attention = Attention {
-            q_proj: linear(b, ck, &format!("{a}.q_proj"), heads * hd, h)?,
-            k_proj: linear(b, ck, &format!("{a}.k_proj"), kvh * hd, h)?,
-            v_proj: linear(b, ck, &format!("{a}.v_proj"), kvh * hd, h)?,
+            qkv: Projections::linears(
+                b,
+                ck,
+                &[
+                    (format!("{a}.q_proj"), heads * hd, h),
+                    (format!("{a}.k_proj"), kvh * hd, h),
+                    (format!("{a}.v_proj"), kvh * hd, h),
+                ],
+            )?,
             o_proj: linear(b, ck, &format!("{a}.o_proj"), h, heads * hd)?,
             q_norm: norm(&format!("{a}.q_norm.weight"), hd)?,
             k_norm: norm(&format!("{a}.k_norm.weight"), hd)?,
@@ -40,13 +46,17 @@ pub fn load(config: &serde_json::Value, ck: &Checkpoint, b: &dyn Backend, opts: 
         };
         let ffn = if c.is_moe_layer(i) {
             let m = format!("{p}.mlp");
-            FeedForward::Moe(MoeBlock {
-                router: linear(b, ck, &format!("{m}.gate"), c.num_experts, h)?,
-                moe_index: moe_prefixes.len(),
-                top_k: c.num_experts_per_tok,
-                norm_topk_prob: c.norm_topk_prob,
-                shared: None,
-            })
+            FeedForward::Moe(MoeBlock::load(
+                b,
+                ck,
+                &m,
+                h,
+                c.num_experts,
+                0,
+                moe_prefixes.len(),
+                c.num_experts_per_tok,
+                c.norm_topk_prob,
+            )?)
         } else {
             FeedForward::Dense(Mlp::load(b, ck, &format!("{p}.mlp"), h, c.dense_intermediate(i)?)?)
         };

@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use slotstream_backend::{Backend, GateAct};
 
 use super::config::MoeConfig;
-use super::layers::{deinterleave_rows, linear, upload, vector, Attention, DeltaProjections, GatedDeltaNet, Mlp, MoeBlock, RmsNorm};
+use super::layers::{deinterleave_rows, linear, vector, Attention, DeltaProjections, GatedDeltaNet, Mlp, MoeBlock, Projections, RmsNorm};
 use super::{assemble, load_trunk, LoadOptions, DecoderLayer, DecoderModel, Residual, FeedForward, Layout, Mixer};
 use crate::checkpoint::Checkpoint;
 
@@ -58,9 +58,14 @@ pub fn load(config: &serde_json::Value, ck: &Checkpoint, b: &dyn Backend, opts: 
             let q = ck.matrix(&format!("{a}.q_proj"), &[], heads * 2 * hd, h)?;
             let q = q.permute_rows(&deinterleave_rows(heads, &[hd, hd]))?;
             Mixer::Attention(Attention {
-                q_proj: upload(b, &q, &format!("{a}.q_proj"))?,
-                k_proj: linear(b, ck, &format!("{a}.k_proj"), kvh * hd, h)?,
-                v_proj: linear(b, ck, &format!("{a}.v_proj"), kvh * hd, h)?,
+                qkv: Projections::load(
+                    b,
+                    &[
+                        (q, format!("{a}.q_proj")),
+                        (ck.matrix(&format!("{a}.k_proj"), &[], kvh * hd, h)?, format!("{a}.k_proj")),
+                        (ck.matrix(&format!("{a}.v_proj"), &[], kvh * hd, h)?, format!("{a}.v_proj")),
+                    ],
+                )?,
                 o_proj: linear(b, ck, &format!("{a}.o_proj"), h, heads * hd)?,
                 q_norm: norm(&format!("{a}.q_norm.weight"), hd)?,
                 k_norm: norm(&format!("{a}.k_norm.weight"), hd)?,
@@ -91,10 +96,10 @@ pub fn load(config: &serde_json::Value, ck: &Checkpoint, b: &dyn Backend, opts: 
             }
             let conv = ck.f32_tensor(&conv_name, &conv_shape)?;
             Mixer::Delta(GatedDeltaNet {
-                projections: DeltaProjections::Fused {
-                    qkvz: upload(b, &qkvz, &format!("{l}.in_proj_qkvz"))?,
-                    ba: upload(b, &ba, &format!("{l}.in_proj_ba"))?,
-                },
+                projections: DeltaProjections::Fused(Projections::load(
+                    b,
+                    &[(qkvz, format!("{l}.in_proj_qkvz")), (ba, format!("{l}.in_proj_ba"))],
+                )?),
                 gate_act: GateAct::Silu,
                 conv_weight: b.upload(&conv, &[channels, k])?,
                 a_log: vector(b, ck, &format!("{l}.A_log"), nv, 0.0)?,
@@ -111,21 +116,17 @@ pub fn load(config: &serde_json::Value, ck: &Checkpoint, b: &dyn Backend, opts: 
         };
         let ffn = if c.is_moe_layer(i) {
             let m = format!("{p}.mlp");
-            let shared = if c.shared_expert_intermediate_size > 0 {
-                Some((
-                    Mlp::load(b, ck, &format!("{m}.shared_expert"), h, c.shared_expert_intermediate_size)?,
-                    linear(b, ck, &format!("{m}.shared_expert_gate"), 1, h)?,
-                ))
-            } else {
-                None
-            };
-            FeedForward::Moe(MoeBlock {
-                router: linear(b, ck, &format!("{m}.gate"), c.num_experts, h)?,
-                moe_index: moe_prefixes.len(),
-                top_k: c.num_experts_per_tok,
-                norm_topk_prob: c.norm_topk_prob,
-                shared,
-            })
+            FeedForward::Moe(MoeBlock::load(
+                b,
+                ck,
+                &m,
+                h,
+                c.num_experts,
+                c.shared_expert_intermediate_size,
+                moe_prefixes.len(),
+                c.num_experts_per_tok,
+                c.norm_topk_prob,
+            )?)
         } else {
             FeedForward::Dense(Mlp::load(b, ck, &format!("{p}.mlp"), h, c.dense_intermediate(i)?)?)
         };

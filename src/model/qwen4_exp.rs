@@ -20,7 +20,7 @@ use slotstream_backend::{Backend, GateAct};
 
 use super::config::MoeConfig;
 use super::hyper::{HyperMixer, Ple};
-use super::layers::{deinterleave_rows, linear, upload, vector, Attention, DeltaProjections, GatedDeltaNet, Mlp, MoeBlock, RmsNorm};
+use super::layers::{deinterleave_rows, linear, vector, Attention, DeltaProjections, GatedDeltaNet, MoeBlock, Projections, RmsNorm};
 use super::mtp::MtpHead;
 use super::ngram::NgramStore;
 use super::qsa::Indexer;
@@ -139,9 +139,14 @@ fn attention(b: &dyn Backend, ck: &Checkpoint, a: &str, c: &MoeConfig, q: &Qwen4
         eps: c.rms_norm_eps,
     };
     Ok(Attention {
-        q_proj: upload(b, &qp, &format!("{a}.q_proj"))?,
-        k_proj: linear(b, ck, &format!("{a}.k_proj"), kvh * hd, h)?,
-        v_proj: linear(b, ck, &format!("{a}.v_proj"), kvh * hd, h)?,
+        qkv: Projections::load(
+            b,
+            &[
+                (qp, format!("{a}.q_proj")),
+                (ck.matrix(&format!("{a}.k_proj"), &[], kvh * hd, h)?, format!("{a}.k_proj")),
+                (ck.matrix(&format!("{a}.v_proj"), &[], kvh * hd, h)?, format!("{a}.v_proj")),
+            ],
+        )?,
         o_proj: linear(b, ck, &format!("{a}.o_proj"), h, heads * hd)?,
         q_norm: norm(&format!("{a}.q_norm.weight"), hd)?,
         k_norm: norm(&format!("{a}.k_norm.weight"), hd)?,
@@ -168,12 +173,16 @@ fn delta_net(b: &dyn Backend, ck: &Checkpoint, l: &str, c: &MoeConfig, q: &Qwen4
     let channels = 2 * nk * dk + nv * dv;
     let k = c.linear_conv_kernel_dim;
     Ok(GatedDeltaNet {
-        projections: DeltaProjections::Split {
-            qkv: linear(b, ck, &format!("{l}.in_proj_qkv"), channels, h)?,
-            z: linear(b, ck, &format!("{l}.in_proj_z"), nv * dv, h)?,
-            b: linear(b, ck, &format!("{l}.in_proj_b"), nv, h)?,
-            a: linear(b, ck, &format!("{l}.in_proj_a"), nv, h)?,
-        },
+        projections: DeltaProjections::Split(Projections::linears(
+            b,
+            ck,
+            &[
+                (format!("{l}.in_proj_qkv"), channels, h),
+                (format!("{l}.in_proj_z"), nv * dv, h),
+                (format!("{l}.in_proj_b"), nv, h),
+                (format!("{l}.in_proj_a"), nv, h),
+            ],
+        )?),
         gate_act: q.gate_act()?,
         conv_weight: conv_weight(b, ck, &format!("{l}.conv1d.weight"), channels, k)?,
         a_log: vector(b, ck, &format!("{l}.A_log"), nv, 0.0)?,
@@ -193,17 +202,8 @@ fn delta_net(b: &dyn Backend, ck: &Checkpoint, l: &str, c: &MoeConfig, q: &Qwen4
 /// sigmoid-gated shared expert.
 fn moe(b: &dyn Backend, ck: &Checkpoint, m: &str, c: &MoeConfig, moe_index: usize) -> Result<MoeBlock> {
     let h = c.hidden_size;
-    Ok(MoeBlock {
-        router: linear(b, ck, &format!("{m}.gate"), c.num_experts, h)?,
-        moe_index,
-        top_k: c.num_experts_per_tok,
-        // A softmax over the selected logits equals the full softmax renormalised.
-        norm_topk_prob: true,
-        shared: Some((
-            Mlp::load(b, ck, &format!("{m}.shared_expert"), h, c.shared_expert_intermediate_size)?,
-            linear(b, ck, &format!("{m}.shared_expert_gate"), 1, h)?,
-        )),
-    })
+    // A softmax over the selected logits equals the full softmax renormalised.
+    MoeBlock::load(b, ck, m, h, c.num_experts, c.shared_expert_intermediate_size, moe_index, c.num_experts_per_tok, true)
 }
 
 #[allow(clippy::too_many_arguments)]

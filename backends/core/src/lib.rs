@@ -274,6 +274,10 @@ pub trait Backend: Send + Sync {
     /// `silu(gate) * up`.
     fn silu_mul(&self, gate: &Tensor, up: &Tensor) -> Result<Tensor>;
     fn silu(&self, x: &Tensor) -> Result<Tensor>;
+    /// `y + x * sigmoid(gate)` (`gate` as in [`Backend::sigmoid_mul`]): a
+    /// gated branch added to a residual in one op; equal to
+    /// `add(y, sigmoid_mul(x, gate))`.
+    fn add_sigmoid_mul(&self, y: &Tensor, x: &Tensor, gate: &Tensor) -> Result<Tensor>;
     /// `x * s`.
     fn scale(&self, x: &Tensor, s: f32) -> Result<Tensor>;
 
@@ -340,6 +344,8 @@ pub trait Backend: Send + Sync {
     /// (tap `kernel-1` multiplies the current input). It continues from (and
     /// updates) the window of the last `(kernel-1)*dilation` inputs in `state`.
     fn causal_conv1d(&self, x: &Tensor, weight: &Tensor, state: &mut State) -> Result<Tensor>;
+    /// `silu(causal_conv1d(x, weight, state))` in one op.
+    fn causal_conv1d_silu(&self, x: &Tensor, weight: &Tensor, state: &mut State) -> Result<Tensor>;
     fn new_recurrent_state(&self, heads: usize, key_dim: usize, value_dim: usize) -> Result<State>;
     /// Gates from the raw projections: `g = exp(-exp(a_log) * softplus(a + dt_bias))`,
     /// `beta = sigmoid(b)`, all `[tokens, heads]`.

@@ -290,6 +290,11 @@ impl Backend for CpuBackend {
         Ok(tensor(out, gate.shape().to_vec()))
     }
 
+    fn add_sigmoid_mul(&self, y: &Tensor, x: &Tensor, gate: &Tensor) -> Result<Tensor> {
+        let gated = self.sigmoid_mul(x, gate)?;
+        self.add(y, &gated)
+    }
+
     fn silu(&self, x: &Tensor) -> Result<Tensor> {
         Ok(tensor(data(x)?.iter().map(|v| silu(*v)).collect(), x.shape().to_vec()))
     }
@@ -537,6 +542,11 @@ impl Backend for CpuBackend {
         }
         let window = vec![0.0; (kernel - 1) * dilation * channels];
         Ok(State::new(Box::new(ConvState { channels, kernel, dilation, window })))
+    }
+
+    fn causal_conv1d_silu(&self, x: &Tensor, w: &Tensor, state: &mut State) -> Result<Tensor> {
+        let conv = self.causal_conv1d(x, w, state)?;
+        self.silu(&conv)
     }
 
     fn causal_conv1d(&self, x: &Tensor, w: &Tensor, state: &mut State) -> Result<Tensor> {

@@ -35,7 +35,21 @@ fn device_error(what: &str, e: impl std::fmt::Display) -> BackendError {
 /// holds its buffers alive, so it is cleared when it grows past this.
 const MAX_CACHED_BIND_GROUPS: usize = 16384;
 
-type BindKey = (&'static str, u64, Vec<(u32, wgpu::Buffer)>);
+type BindKey = (&'static str, u64, Vec<(u32, wgpu::Buffer, u64, u64)>);
+
+/// A storage binding: a whole buffer (`size` 0) or `size` bytes from `offset`
+/// (a view, e.g. columns of a one-row tensor; see `slice_cols`).
+#[derive(Clone, Copy)]
+pub struct Bind<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    pub offset: u64,
+    pub size: u64,
+}
+
+/// The whole of `buffer` as a binding.
+pub fn whole(buffer: &wgpu::Buffer) -> Bind<'_> {
+    Bind { buffer, offset: 0, size: 0 }
+}
 
 /// Buffers freed by dropped tensors, by size, for reuse.
 type FreeList = Arc<Mutex<HashMap<u64, Vec<wgpu::Buffer>>>>;
@@ -52,6 +66,9 @@ impl GpuBuf {
     pub fn buffer(&self) -> &wgpu::Buffer {
         // Only `Drop` takes the buffer out.
         self.buffer.as_ref().expect("GpuBuf used after drop")
+    }
+    pub fn bind(&self) -> Bind<'_> {
+        whole(self.buffer())
     }
 }
 
@@ -108,6 +125,9 @@ pub struct Gpu {
     pub queue: wgpu::Queue,
     pub info: wgpu::AdapterInfo,
     pub limits: wgpu::Limits,
+    /// Whether `slice_cols` of one row may return a view instead of a copy
+    /// (`SLOTSTREAM_WGPU_VIEWS=0` turns views off, for measurements).
+    pub views: bool,
     /// Largest subgroup the adapter may run: dispatch sizes assume it so that
     /// one subgroup per row never leaves rows unassigned.
     pub subgroup_max: u32,
@@ -205,6 +225,7 @@ impl Gpu {
             queue,
             info,
             limits,
+            views: std::env::var("SLOTSTREAM_WGPU_VIEWS").map_or(true, |v| v != "0"),
             subgroup_max,
             subgroup_min,
             mapped_primary,
@@ -368,7 +389,7 @@ impl Gpu {
 
     /// Records one dispatch of `entry` with `params` (u32 words, at most 64)
     /// at binding 0 and `binds` (binding index, buffer) as the rest.
-    pub fn dispatch(&self, entry: &str, params: &[u32], binds: &[(u32, &wgpu::Buffer)], groups: [u32; 3]) -> Result<()> {
+    pub fn dispatch(&self, entry: &str, params: &[u32], binds: &[(u32, Bind<'_>)], groups: [u32; 3]) -> Result<()> {
         if groups.contains(&0) {
             return Ok(());
         }
@@ -398,7 +419,7 @@ impl Gpu {
         for (i, word) in params.iter().enumerate() {
             p.params[start + 4 * i..start + 4 * i + 4].copy_from_slice(&word.to_le_bytes());
         }
-        let key: BindKey = (entry, slot, binds.iter().map(|(i, b)| (*i, (*b).clone())).collect());
+        let key: BindKey = (entry, slot, binds.iter().map(|(i, b)| (*i, b.buffer.clone(), b.offset, b.size)).collect());
         let mut cache = self.bind_groups.lock().map_err(|_| BackendError::Device("bind group cache poisoned".into()))?;
         if cache.len() >= MAX_CACHED_BIND_GROUPS {
             cache.clear();
@@ -414,8 +435,17 @@ impl Gpu {
                         size: NonZeroU64::new(PARAM_SLOT),
                     }),
                 }];
-                for (binding, buffer) in binds {
-                    entries.push(wgpu::BindGroupEntry { binding: *binding, resource: buffer.as_entire_binding() });
+                for (binding, b) in binds {
+                    let resource = if b.size == 0 {
+                        b.buffer.as_entire_binding()
+                    } else {
+                        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: b.buffer,
+                            offset: b.offset,
+                            size: NonZeroU64::new(b.size),
+                        })
+                    };
+                    entries.push(wgpu::BindGroupEntry { binding: *binding, resource });
                 }
                 let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
                     label: Some(entry),
@@ -555,7 +585,7 @@ impl Gpu {
 
     /// Copies `bytes` bytes of `src` back to the host: submits all recorded
     /// work and waits for it (the one kind of GPU-to-CPU sync).
-    pub fn download(&self, src: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+    pub fn download(&self, src: Bind<'_>, bytes: u64) -> Result<Vec<u8>> {
         let size = bytes.max(4).div_ceil(4) * 4;
         let mut slot = self.staging.lock().map_err(|_| BackendError::Device("staging buffer poisoned".into()))?;
         if slot.as_ref().is_none_or(|b| b.size() < size) {
@@ -569,7 +599,7 @@ impl Gpu {
         let Some(staging) = slot.as_ref() else {
             return Err(BackendError::Device("no staging buffer".into()));
         };
-        self.submit_with(|enc| enc.copy_buffer_to_buffer(src, 0, staging, 0, size))?;
+        self.submit_with(|enc| enc.copy_buffer_to_buffer(src.buffer, src.offset, staging, 0, size))?;
         let mut out = self.read_range(staging, size)?;
         out.truncate(bytes as usize);
         Ok(out)

@@ -61,7 +61,7 @@ impl Module {
             Module::Moe => &["moe_gate", "moe_up", "moe_down"],
             Module::Embed => &["embed"],
             Module::Elementwise => {
-                &["add", "sigmoid_mul", "silu_mul", "silu_only", "scale", "copy_cols", "delta_gates", "moe_combine"]
+                &["add", "sigmoid_mul", "add_sigmoid_mul", "silu_mul", "silu_only", "scale", "copy_cols", "delta_gates", "moe_combine"]
             }
             Module::Norm => &["rms_norm", "rms_norm_gated", "l2_normalize", "rms_norm_wide"],
             Module::Rope => &["rope"],

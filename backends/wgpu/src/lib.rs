@@ -26,7 +26,7 @@ pub use device::AdapterChoice;
 pub use gpu::FamilyTime;
 /// The wgpu version this backend is built on (for `device_type` and similar).
 pub use wgpu;
-use gpu::{Gpu, GpuBuf};
+use gpu::{whole, Bind, Gpu, GpuBuf};
 use weights::{GpuPool, GpuWeight};
 
 /// Tokens up to which `matmul` uses the row-per-subgroup matvec kernel;
@@ -64,10 +64,25 @@ fn u(x: usize) -> u32 {
     x as u32
 }
 
-fn buf(t: &Tensor) -> Result<&wgpu::Buffer> {
-    t.buffer::<GpuBuf>()
-        .map(|b| b.buffer())
-        .ok_or_else(|| BackendError::Device("tensor does not belong to the wgpu backend".into()))
+/// A tensor's storage binding: its whole buffer, or the bytes a view
+/// (`GpuView`, from `slice_cols`) covers.
+fn buf(t: &Tensor) -> Result<Bind<'_>> {
+    if let Some(b) = t.buffer::<GpuBuf>() {
+        return Ok(whole(b.buffer()));
+    }
+    if let Some(v) = t.buffer::<GpuView>() {
+        let b = v.base.buffer::<GpuBuf>().ok_or_else(|| BackendError::Device("view of a non-wgpu tensor".into()))?;
+        return Ok(Bind { buffer: b.buffer(), offset: v.offset, size: v.bytes });
+    }
+    Err(BackendError::Device("tensor does not belong to the wgpu backend".into()))
+}
+
+/// Columns of a one-row tensor, shared with it rather than copied: `bytes`
+/// from byte `offset` of `base`'s buffer (`base` is never itself a view).
+struct GpuView {
+    base: Tensor,
+    offset: u64,
+    bytes: u64,
 }
 
 fn weight(w: &Weight) -> Result<&GpuWeight> {
@@ -238,7 +253,7 @@ impl WgpuBackend {
     }
 
     /// A one-thread-per-value elementwise kernel over `n` outputs.
-    fn elementwise(&self, entry: &str, params: [u32; 8], binds: &[(u32, &wgpu::Buffer)], n: usize) -> Result<()> {
+    fn elementwise(&self, entry: &str, params: [u32; 8], binds: &[(u32, Bind<'_>)], n: usize) -> Result<()> {
         self.gpu.dispatch(entry, &params, binds, Gpu::grid((n as u64).div_ceil(256)))
     }
 
@@ -249,7 +264,29 @@ impl WgpuBackend {
         items.div_ceil(per_wg).clamp(1, gpu::MAX_GROUPS as usize) as u32
     }
 
-    fn matmul_into(&self, x: &wgpu::Buffer, tokens: usize, w: &GpuWeight, out: &wgpu::Buffer) -> Result<()> {
+    /// `causal_conv1d`, then `silu` when `silu`.
+    fn conv(&self, x: &Tensor, w: &Tensor, state: &mut State, silu: bool) -> Result<Tensor> {
+        let st = state.get_mut::<GpuConvState>().ok_or_else(|| BackendError::Device("not a wgpu conv state".into()))?;
+        let (c, kk, dil) = (st.channels, st.kernel, st.dilation);
+        if x.cols() != c || w.numel() != c * kk {
+            return Err(shape_error("causal_conv1d", format!("x {:?}, weight {:?}, {c} channels x {kk}", x.shape(), w.shape())));
+        }
+        let tokens = x.rows();
+        let n = tokens * c;
+        let (out, ob) = self.new_tensor(n, vec![tokens, c])?;
+        let xb = buf(x)?;
+        let params = [u(tokens), u(c), u(kk), u(n), u(dil), u(silu as usize), 0, 0];
+        self.elementwise("conv1d", params, &[(2, xb), (3, ob.bind()), (4, buf(w)?), (5, whole(&st.window))], n)?;
+        let hist = (kk - 1) * dil * c;
+        if hist > 0 {
+            let params = [u(tokens), u(c), u(kk), u(hist), u(dil), 0, 0, 0];
+            self.elementwise("conv_window", params, &[(2, xb), (3, whole(&st.spare)), (5, whole(&st.window))], hist)?;
+            std::mem::swap(&mut st.window, &mut st.spare);
+        }
+        Ok(out)
+    }
+
+    fn matmul_into(&self, x: Bind<'_>, tokens: usize, w: &GpuWeight, out: Bind<'_>) -> Result<()> {
         let total_rows = w.experts * w.rows;
         for s in &w.shards {
             if tokens <= MATVEC_MAX_TOKENS {
@@ -264,12 +301,12 @@ impl WgpuBackend {
                     _ => s.rows,
                 };
                 let groups = [self.subgroup_grid(items, 128), u(tokens.div_ceil(4)), 1];
-                self.gpu.dispatch("matvec", &params, &[(1, &s.buffer), (6, &s.buffer), (2, x), (3, out)], groups)?;
+                self.gpu.dispatch("matvec", &params, &[(1, whole(&s.buffer)), (6, whole(&s.buffer)), (2, x), (3, out)], groups)?;
             } else {
                 let mut params = s.desc.to_vec();
                 params.extend([u(s.rows), u(tokens), u(total_rows), u(s.row_start), 0, 0, 0, 0]);
                 let groups = [u(s.rows.div_ceil(32)), u(tokens.div_ceil(32)), 1];
-                self.gpu.dispatch("matmul_tiled", &params, &[(6, &s.buffer), (2, x), (3, out)], groups)?;
+                self.gpu.dispatch("matmul_tiled", &params, &[(6, whole(&s.buffer)), (2, x), (3, out)], groups)?;
             }
         }
         Ok(())
@@ -307,9 +344,26 @@ impl Backend for WgpuBackend {
         if start + len > cols {
             return Err(shape_error("slice_cols", format!("[{start}, {}) of {cols} columns", start + len)));
         }
+        if start == 0 && len == cols {
+            return x.reshape(&[rows, len]);
+        }
+        // One row: the columns are contiguous, so a view replaces the copy
+        // when its offset suits the adapter's binding alignment (the size a
+        // whole number of vec4s, which some kernels bind x as).
+        let xb = buf(x)?;
+        let offset = xb.offset + 4 * start as u64;
+        let align = self.gpu.limits.min_storage_buffer_offset_alignment as u64;
+        if self.gpu.views && rows == 1 && len > 0 && offset % align.max(4) == 0 && len % 4 == 0 {
+            let base = match x.buffer::<GpuView>() {
+                Some(v) => v.base.clone(),
+                None => x.clone(),
+            };
+            let view = GpuView { base, offset, bytes: 4 * len as u64 };
+            return Ok(Tensor::from_buffer(Arc::new(view), vec![rows, len]));
+        }
         let (out, ob) = self.new_tensor(rows * len, vec![rows, len])?;
         let n = rows * len;
-        self.elementwise("copy_cols", [u(n), u(len), u(cols), u(start), 0, 0, 0, 0], &[(2, buf(x)?), (3, ob.buffer())], n)?;
+        self.elementwise("copy_cols", [u(n), u(len), u(cols), u(start), 0, 0, 0, 0], &[(2, buf(x)?), (3, ob.bind())], n)?;
         Ok(out)
     }
 
@@ -319,7 +373,8 @@ impl Backend for WgpuBackend {
             return Err(shape_error("slice_rows", format!("[{start}, {}) of {rows} rows", start + len)));
         }
         let (out, ob) = self.new_tensor(len * cols, vec![len, cols])?;
-        self.gpu.copy(buf(x)?, 4 * (start * cols) as u64, ob.buffer(), 0, 4 * (len * cols) as u64)?;
+        let xb = buf(x)?;
+        self.gpu.copy(xb.buffer, xb.offset + 4 * (start * cols) as u64, ob.buffer(), 0, 4 * (len * cols) as u64)?;
         Ok(out)
     }
 
@@ -333,7 +388,8 @@ impl Backend for WgpuBackend {
         let mut at = 0u64;
         for p in parts {
             let bytes = 4 * p.numel() as u64;
-            self.gpu.copy(buf(p)?, 0, ob.buffer(), at, bytes)?;
+            let pb = buf(p)?;
+            self.gpu.copy(pb.buffer, pb.offset, ob.buffer(), at, bytes)?;
             at += bytes;
         }
         Ok(out)
@@ -343,7 +399,7 @@ impl Backend for WgpuBackend {
         same_shape("add", a, b)?;
         let n = a.numel();
         let (out, ob) = self.new_tensor(n, a.shape().to_vec())?;
-        self.elementwise("add", [u(n), 0, 0, 0, 0, 0, 0, 0], &[(2, buf(a)?), (4, buf(b)?), (3, ob.buffer())], n)?;
+        self.elementwise("add", [u(n), 0, 0, 0, 0, 0, 0, 0], &[(2, buf(a)?), (4, buf(b)?), (3, ob.bind())], n)?;
         Ok(out)
     }
 
@@ -358,7 +414,7 @@ impl Backend for WgpuBackend {
         };
         let (out, ob) = self.new_tensor(n, x.shape().to_vec())?;
         let params = [u(n), u(x.cols()), 0, 0, per_row, 0, 0, 0];
-        self.elementwise("sigmoid_mul", params, &[(2, buf(x)?), (4, buf(gate)?), (3, ob.buffer())], n)?;
+        self.elementwise("sigmoid_mul", params, &[(2, buf(x)?), (4, buf(gate)?), (3, ob.bind())], n)?;
         Ok(out)
     }
 
@@ -366,21 +422,38 @@ impl Backend for WgpuBackend {
         same_shape("silu_mul", gate, up)?;
         let n = gate.numel();
         let (out, ob) = self.new_tensor(n, gate.shape().to_vec())?;
-        self.elementwise("silu_mul", [u(n), 0, 0, 0, 0, 0, 0, 0], &[(2, buf(gate)?), (4, buf(up)?), (3, ob.buffer())], n)?;
+        self.elementwise("silu_mul", [u(n), 0, 0, 0, 0, 0, 0, 0], &[(2, buf(gate)?), (4, buf(up)?), (3, ob.bind())], n)?;
+        Ok(out)
+    }
+
+    fn add_sigmoid_mul(&self, y: &Tensor, x: &Tensor, gate: &Tensor) -> Result<Tensor> {
+        same_shape("add_sigmoid_mul", y, x)?;
+        let n = x.numel();
+        let per_row = if gate.numel() == n {
+            0
+        } else if gate.numel() == x.rows() {
+            1
+        } else {
+            return Err(shape_error("add_sigmoid_mul", format!("x {:?}, gate {:?}", x.shape(), gate.shape())));
+        };
+        let (out, ob) = self.new_tensor(n, x.shape().to_vec())?;
+        let params = [u(n), u(x.cols()), 0, 0, per_row, 0, 0, 0];
+        let binds = [(2, buf(x)?), (4, buf(gate)?), (5, buf(y)?), (3, ob.bind())];
+        self.elementwise("add_sigmoid_mul", params, &binds, n)?;
         Ok(out)
     }
 
     fn silu(&self, x: &Tensor) -> Result<Tensor> {
         let n = x.numel();
         let (out, ob) = self.new_tensor(n, x.shape().to_vec())?;
-        self.elementwise("silu_only", [u(n), 0, 0, 0, 0, 0, 0, 0], &[(2, buf(x)?), (3, ob.buffer())], n)?;
+        self.elementwise("silu_only", [u(n), 0, 0, 0, 0, 0, 0, 0], &[(2, buf(x)?), (3, ob.bind())], n)?;
         Ok(out)
     }
 
     fn scale(&self, x: &Tensor, s: f32) -> Result<Tensor> {
         let n = x.numel();
         let (out, ob) = self.new_tensor(n, x.shape().to_vec())?;
-        self.elementwise("scale", [u(n), 0, 0, 0, 0, 0, f(s), 0], &[(2, buf(x)?), (3, ob.buffer())], n)?;
+        self.elementwise("scale", [u(n), 0, 0, 0, 0, 0, f(s), 0], &[(2, buf(x)?), (3, ob.bind())], n)?;
         Ok(out)
     }
 
@@ -388,7 +461,7 @@ impl Backend for WgpuBackend {
         let (rows, d) = (x.rows(), x.cols());
         let total = rows * n * d;
         let (out, ob) = self.new_tensor(total, vec![rows, n * d])?;
-        self.elementwise("repeat_cols", [u(total), u(d), u(n), 0, 0, 0, 0, 0], &[(2, buf(x)?), (3, ob.buffer())], total)?;
+        self.elementwise("repeat_cols", [u(total), u(d), u(n), 0, 0, 0, 0, 0], &[(2, buf(x)?), (3, ob.bind())], total)?;
         Ok(out)
     }
 
@@ -400,7 +473,7 @@ impl Backend for WgpuBackend {
         let (rows, d) = (normed.rows(), normed.cols() / streams);
         let n = rows * d;
         let (out, ob) = self.new_tensor(n, vec![rows, d])?;
-        let binds = [(2, buf(normed)?), (4, buf(mix)?), (3, ob.buffer())];
+        let binds = [(2, buf(normed)?), (4, buf(mix)?), (3, ob.bind())];
         self.elementwise("hc_mix", [u(n), u(d), u(streams), 0, 0, 0, 0, 0], &binds, n)?;
         Ok(out)
     }
@@ -412,7 +485,7 @@ impl Backend for WgpuBackend {
         }
         let n = h.numel();
         let (out, ob) = self.new_tensor(n, h.shape().to_vec())?;
-        let binds = [(2, buf(h)?), (4, buf(x)?), (5, buf(logits)?), (3, ob.buffer())];
+        let binds = [(2, buf(h)?), (4, buf(x)?), (5, buf(logits)?), (3, ob.bind())];
         self.elementwise("hc_inject", [u(n), u(d), u(streams), 0, f(logit_scale), 0, 0, 0], &binds, n)?;
         Ok(out)
     }
@@ -426,7 +499,7 @@ impl Backend for WgpuBackend {
         let groups = rows * streams;
         let (out, ob) = self.new_tensor(groups * d, vec![rows, streams * d])?;
         let params = [0, u(d), u(streams), u(groups), f(1.0 / (d as f32).sqrt()), 0, 0, 0];
-        let binds = [(2, buf(key)?), (4, buf(query)?), (5, buf(value)?), (3, ob.buffer())];
+        let binds = [(2, buf(key)?), (4, buf(query)?), (5, buf(value)?), (3, ob.bind())];
         self.gpu.dispatch("ple_gate", &params, &binds, [self.subgroup_grid(groups, 64), 1, 1])?;
         Ok(out)
     }
@@ -445,7 +518,7 @@ impl Backend for WgpuBackend {
             let mut params = s.desc.to_vec();
             params.extend([u(ids.len()), u(s.row_start), u(s.rows), 0]);
             let groups = [u(w.cols.div_ceil(64)), u(ids.len()), 1];
-            self.gpu.dispatch("embed", &params, &[(6, &s.buffer), (3, ob.buffer()), (4, &id_buf)], groups)?;
+            self.gpu.dispatch("embed", &params, &[(6, whole(&s.buffer)), (3, ob.bind()), (4, whole(&id_buf))], groups)?;
         }
         Ok(out)
     }
@@ -460,7 +533,7 @@ impl Backend for WgpuBackend {
         }
         let tokens = x.rows();
         let (out, ob) = self.new_tensor(tokens * gw.rows, vec![tokens, gw.rows])?;
-        self.matmul_into(buf(x)?, tokens, gw, ob.buffer())?;
+        self.matmul_into(buf(x)?, tokens, gw, ob.bind())?;
         Ok(out)
     }
 
@@ -483,7 +556,7 @@ impl Backend for WgpuBackend {
             None => xb,
         };
         let params = [u(groups), u(dim), u(w.is_some() as usize), u(weight_len), f(eps), f(1.0), 0, 0];
-        let binds = [(2, xb), (3, ob.buffer()), (4, wb)];
+        let binds = [(2, xb), (3, ob.bind()), (4, wb)];
         if dim >= WIDE_NORM_DIM {
             self.gpu.dispatch("rms_norm_wide", &params, &binds, Gpu::grid(groups as u64))?;
         } else {
@@ -506,7 +579,7 @@ impl Backend for WgpuBackend {
         };
         let params = [u(groups), u(dim), 1, u(dim), f(eps), f(1.0), gate_act, 0];
         let grid = [self.subgroup_grid(groups, 64), 1, 1];
-        let binds = [(2, buf(x)?), (3, ob.buffer()), (4, buf(w)?), (5, buf(z)?)];
+        let binds = [(2, buf(x)?), (3, ob.bind()), (4, buf(w)?), (5, buf(z)?)];
         self.gpu.dispatch("rms_norm_gated", &params, &binds, grid)?;
         Ok(out)
     }
@@ -517,7 +590,7 @@ impl Backend for WgpuBackend {
         let (out, ob) = self.new_tensor(x.numel(), x.shape().to_vec())?;
         let params = [u(groups), u(dim), 0, u(dim), f(eps), f(scale), 0, 0];
         let grid = [self.subgroup_grid(groups, 64), 1, 1];
-        self.gpu.dispatch("l2_normalize", &params, &[(2, buf(x)?), (3, ob.buffer())], grid)?;
+        self.gpu.dispatch("l2_normalize", &params, &[(2, buf(x)?), (3, ob.bind())], grid)?;
         Ok(out)
     }
 
@@ -544,7 +617,7 @@ impl Backend for WgpuBackend {
         let n = x.numel();
         let (out, ob) = self.new_tensor(n, x.shape().to_vec())?;
         let params = [u(n), u(heads), u(head_dim), u(half), 0, 0, 0, 0];
-        self.elementwise("rope", params, &[(2, buf(x)?), (3, ob.buffer()), (4, &cs)], n)?;
+        self.elementwise("rope", params, &[(2, buf(x)?), (3, ob.bind()), (4, whole(&cs))], n)?;
         Ok(out)
     }
 
@@ -613,8 +686,9 @@ impl Backend for WgpuBackend {
             self.gpu.copy(&c.values, 0, &values, 0, row * past as u64)?;
             (c.keys, c.values, c.capacity) = (keys, values, capacity);
         }
-        self.gpu.copy(buf(k)?, 0, &c.keys, row * past as u64, row * tokens as u64)?;
-        self.gpu.copy(buf(v)?, 0, &c.values, row * past as u64, row * tokens as u64)?;
+        let (kb, vb) = (buf(k)?, buf(v)?);
+        self.gpu.copy(kb.buffer, kb.offset, &c.keys, row * past as u64, row * tokens as u64)?;
+        self.gpu.copy(vb.buffer, vb.offset, &c.values, row * past as u64, row * tokens as u64)?;
         c.len += tokens;
         let (out, ob) = self.new_tensor(tokens * heads * hd, vec![tokens, heads * hd])?;
         let grid = Gpu::grid((tokens * heads) as u64);
@@ -624,7 +698,7 @@ impl Backend for WgpuBackend {
                 let visible = past + tokens;
                 let scratch = self.gpu.alloc(4 * (tokens * heads * visible) as u64)?;
                 let params = [u(tokens), u(heads), u(kvh), u(hd), u(past), u(visible), f(scale), 0];
-                let binds = [(2, buf(q)?), (3, ob.buffer()), (4, &c.keys), (5, &c.values), (6, scratch.buffer())];
+                let binds = [(2, buf(q)?), (3, ob.bind()), (4, whole(&c.keys)), (5, whole(&c.values)), (6, scratch.bind())];
                 self.gpu.dispatch("attention", &params, &binds, grid)?;
             }
             Some(sel) => {
@@ -635,7 +709,7 @@ impl Backend for WgpuBackend {
                     u(tokens), u(heads), u(kvh), u(hd), u(past), u(most_keys), f(scale), u(sel.block), u(sel.per_query + 1), 0, 0, 0,
                 ];
                 let binds =
-                    [(2, buf(q)?), (3, ob.buffer()), (4, &c.keys), (5, &c.values), (6, scratch.buffer()), (7, &sel_buf)];
+                    [(2, buf(q)?), (3, ob.bind()), (4, whole(&c.keys)), (5, whole(&c.values)), (6, scratch.bind()), (7, whole(&sel_buf))];
                 self.gpu.dispatch("attention_sparse", &params, &binds, grid)?;
             }
         }
@@ -653,24 +727,11 @@ impl Backend for WgpuBackend {
     }
 
     fn causal_conv1d(&self, x: &Tensor, w: &Tensor, state: &mut State) -> Result<Tensor> {
-        let st = state.get_mut::<GpuConvState>().ok_or_else(|| BackendError::Device("not a wgpu conv state".into()))?;
-        let (c, kk, dil) = (st.channels, st.kernel, st.dilation);
-        if x.cols() != c || w.numel() != c * kk {
-            return Err(shape_error("causal_conv1d", format!("x {:?}, weight {:?}, {c} channels x {kk}", x.shape(), w.shape())));
-        }
-        let tokens = x.rows();
-        let n = tokens * c;
-        let (out, ob) = self.new_tensor(n, vec![tokens, c])?;
-        let xb = buf(x)?;
-        let params = [u(tokens), u(c), u(kk), u(n), u(dil), 0, 0, 0];
-        self.elementwise("conv1d", params, &[(2, xb), (3, ob.buffer()), (4, buf(w)?), (5, &st.window)], n)?;
-        let hist = (kk - 1) * dil * c;
-        if hist > 0 {
-            let params = [u(tokens), u(c), u(kk), u(hist), u(dil), 0, 0, 0];
-            self.elementwise("conv_window", params, &[(2, xb), (3, &st.spare), (5, &st.window)], hist)?;
-            std::mem::swap(&mut st.window, &mut st.spare);
-        }
-        Ok(out)
+        self.conv(x, w, state, false)
+    }
+
+    fn causal_conv1d_silu(&self, x: &Tensor, w: &Tensor, state: &mut State) -> Result<Tensor> {
+        self.conv(x, w, state, true)
     }
 
     fn new_recurrent_state(&self, heads: usize, key_dim: usize, value_dim: usize) -> Result<State> {
@@ -693,7 +754,7 @@ impl Backend for WgpuBackend {
         let n = a.numel();
         let (g, gb) = self.new_tensor(n, a.shape().to_vec())?;
         let (beta, bb) = self.new_tensor(n, b.shape().to_vec())?;
-        let binds = [(2, buf(a)?), (4, buf(b)?), (5, buf(a_log)?), (6, buf(dt_bias)?), (3, gb.buffer()), (7, bb.buffer())];
+        let binds = [(2, buf(a)?), (4, buf(b)?), (5, buf(a_log)?), (6, buf(dt_bias)?), (3, gb.bind()), (7, bb.bind())];
         self.elementwise("delta_gates", [u(n), u(heads), 0, 0, 0, 0, 0, 0], &binds, n)?;
         Ok((g, beta))
     }
@@ -712,7 +773,7 @@ impl Backend for WgpuBackend {
         }
         let (out, ob) = self.new_tensor(tokens * h * dv, vec![tokens, h * dv])?;
         let params = [u(tokens), u(h), u(key_heads), u(dk), u(dv), 0, 0, 0];
-        let binds = [(2, buf(q)?), (4, buf(k)?), (5, buf(v)?), (6, buf(g)?), (7, buf(beta)?), (8, &st.s), (3, ob.buffer())];
+        let binds = [(2, buf(q)?), (4, buf(k)?), (5, buf(v)?), (6, buf(g)?), (7, buf(beta)?), (8, whole(&st.s)), (3, ob.bind())];
         self.gpu.dispatch("gated_delta", &params, &binds, [self.subgroup_grid(h * dv, 64), 1, 1])?;
         Ok(out)
     }
@@ -764,16 +825,16 @@ impl Backend for WgpuBackend {
             let slot_base = u(shard * p.per_shard);
             let count = u(end - start);
             let shard_rows = p.shard_slots(shard);
-            let run = |entry: &str, m: &weights::PoolMatrix, x_cols: usize, out_cols: usize, binds: &[(u32, &wgpu::Buffer)]| {
+            let run = |entry: &str, m: &weights::PoolMatrix, x_cols: usize, out_cols: usize, binds: &[(u32, Bind<'_>)]| {
                 let mut params = m.layout.desc(shard_rows * m.rows).to_vec();
                 params.extend([u(m.rows), u(start), slot_base, u(x_cols), u(out_cols), u(top_k), 0, 0]);
-                let mut all = vec![(1, &m.buffers[shard]), (6, &m.buffers[shard])];
+                let mut all = vec![(1, whole(&m.buffers[shard])), (6, whole(&m.buffers[shard]))];
                 all.extend_from_slice(binds);
                 self.gpu.dispatch(entry, &params, &all, [self.subgroup_grid(m.rows.div_ceil(4), 128), count, 1])
             };
-            run("moe_gate", &p.gate, hidden, inter, &[(2, xb), (3, gate_out.buffer()), (4, &asg)])?;
-            run("moe_up", &p.up, hidden, inter, &[(2, xb), (3, act.buffer()), (4, &asg), (5, gate_out.buffer())])?;
-            run("moe_down", &p.down, inter, hidden, &[(2, act.buffer()), (3, ob.buffer()), (4, &asg)])?;
+            run("moe_gate", &p.gate, hidden, inter, &[(2, xb), (3, gate_out.bind()), (4, whole(&asg))])?;
+            run("moe_up", &p.up, hidden, inter, &[(2, xb), (3, act.bind()), (4, whole(&asg)), (5, gate_out.bind())])?;
+            run("moe_down", &p.down, inter, hidden, &[(2, act.bind()), (3, ob.bind()), (4, whole(&asg))])?;
             start = end;
         }
         Ok(out)
@@ -788,7 +849,7 @@ impl Backend for WgpuBackend {
         let wb = self.gpu.small_input("routing weights", bytemuck::cast_slice(weights))?;
         let n = tokens * hidden;
         let (out, ob) = self.new_tensor(n, vec![tokens, hidden])?;
-        self.elementwise("moe_combine", [u(n), u(hidden), 0, 0, 0, u(top_k), 0, 0], &[(2, buf(outputs)?), (4, &wb), (3, ob.buffer())], n)?;
+        self.elementwise("moe_combine", [u(n), u(hidden), 0, 0, 0, u(top_k), 0, 0], &[(2, buf(outputs)?), (4, whole(&wb)), (3, ob.bind())], n)?;
         Ok(out)
     }
 

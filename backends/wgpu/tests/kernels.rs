@@ -200,6 +200,29 @@ fn elementwise_ops() {
     check("scale", 0.0, |b| b.scale(&up(b, &a, &[6, 40]), -0.37).unwrap());
     check("slice_cols", 0.0, |b| b.slice_cols(&up(b, &a, &[6, 40]), 7, 20).unwrap());
     check("slice_rows", 0.0, |b| b.slice_rows(&up(b, &a, &[6, 40]), 2, 3).unwrap());
+    check("add_sigmoid_mul", TOL, |b| {
+        b.add_sigmoid_mul(&up(b, &bv, &[6, 40]), &up(b, &a, &[6, 40]), &up(b, &row_gate, &[6, 1])).unwrap()
+    });
+    // One-row slices (views on wgpu where aligned, copies otherwise) fed to
+    // ops, including a slice of a slice and a one-column gate.
+    check("one_row_slice_views", TOL, |b| {
+        let x = up(b, &a, &[1, 240]);
+        let (g, u) = (b.slice_cols(&x, 0, 96).unwrap(), b.slice_cols(&x, 96, 96).unwrap());
+        let inner = b.slice_cols(&u, 16, 32).unwrap();
+        let gate = b.slice_cols(&x, 237, 1).unwrap();
+        let odd = b.slice_cols(&x, 5, 7).unwrap();
+        let y = b.silu_mul(&g, &u).unwrap();
+        let z = b.add_sigmoid_mul(&b.slice_cols(&y, 0, 32).unwrap(), &inner, &gate).unwrap();
+        let w = b.download(&b.slice_cols(&x, 192, 48).unwrap()).unwrap();
+        let w = up(b, &w, &[1, 48]);
+        let odd = b.download(&odd).unwrap();
+        let odd = up(b, &odd, &[1, 7]);
+        let flat: Vec<&Tensor> = vec![&y, &z, &w, &odd];
+        let parts: Vec<Vec<f32>> = flat.iter().map(|t| b.download(t).unwrap()).collect();
+        let all: Vec<f32> = parts.concat();
+        let n = all.len();
+        up(b, &all, &[1, n])
+    });
     check("concat_rows", 0.0, |b| {
         let (x, y) = (up(b, &a, &[6, 40]), up(b, &bv, &[6, 40]));
         b.concat_rows(&[&x, &y]).unwrap()
@@ -304,6 +327,22 @@ fn causal_conv_carries_window() {
         let mut st2 = cloned;
         let extra = b.causal_conv1d(&up(b, &parts[0].1, &[5, c]), &wt, &mut st2).unwrap();
         let all: Vec<&Tensor> = outs.iter().chain(std::iter::once(&extra)).collect();
+        b.concat_rows(&all).unwrap()
+    });
+}
+
+#[test]
+fn causal_conv_silu_fused() {
+    let mut rng = Rng::new(16);
+    let (c, k) = (48, 4);
+    let w = rng.vec(c * k, 1.0);
+    let parts: Vec<(usize, Vec<f32>)> = [5usize, 1, 2].iter().map(|&t| (t, rng.vec(t * c, 2.0))).collect();
+    check("causal_conv1d_silu", TOL, |b| {
+        let mut st = b.new_conv_state(c, k, 1).unwrap();
+        let wt = up(b, &w, &[c, k]);
+        let outs: Vec<Tensor> =
+            parts.iter().map(|(t, x)| b.causal_conv1d_silu(&up(b, x, &[*t, c]), &wt, &mut st).unwrap()).collect();
+        let all: Vec<&Tensor> = outs.iter().collect();
         b.concat_rows(&all).unwrap()
     });
 }
