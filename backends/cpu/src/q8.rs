@@ -161,116 +161,171 @@ unsafe fn prefetch(wb: *const u8, block: usize, c: usize) {
 
 const PF_BLOCKS: usize = 2;
 
+/// Tokens per outer block: their int8 activations (`TOKEN_BLOCK * k` bytes)
+/// stay in L2 while every row block of the task streams past them.
+const TOKEN_BLOCK: usize = 64;
+
+/// `sum_g b[g] * xs[g]`, eight lanes at a time (fixed order: the result for a
+/// token never depends on which tile or call it was computed in).
+#[inline(always)]
+unsafe fn bias_dot(b: *const f32, xs: *const f32, groups: usize) -> f32 {
+    let mut v = _mm256_setzero_ps();
+    let mut g = 0;
+    while g + 8 <= groups {
+        v = _mm256_fmadd_ps(_mm256_loadu_ps(b.add(g)), _mm256_loadu_ps(xs.add(g)), v);
+        g += 8;
+    }
+    let mut s = hsum(v);
+    while g < groups {
+        s += *b.add(g) * *xs.add(g);
+        g += 1;
+    }
+    s
+}
+
 impl<S: ScaleRead + ?Sized> Q4Job<'_, S> {
-    /// Dot products of `R` consecutive rows from `row0` with token `t`.
+    /// A register tile: `R` consecutive rows from `row0` against `T` tokens
+    /// from `t0`. Each 64-element weight chunk is loaded and unpacked once
+    /// and used for all `T` tokens. `bf` holds the `R` rows' biases as f32
+    /// (`[R, groups]`). Output (row `i`, token `t`) goes to
+    /// `out[t * ld + col0 + i]`. The arithmetic for one (row, token) is the
+    /// same whatever `T` is.
     #[inline(always)]
-    unsafe fn rows<const R: usize, D: IDot>(&self, row0: usize, t: usize, out: &mut [f32; R]) {
+    unsafe fn tile<const R: usize, const T: usize, D: IDot>(
+        &self,
+        row0: usize,
+        t0: usize,
+        bf: &[f32],
+        out: *mut f32,
+        ld: usize,
+        col0: usize,
+    ) {
         let (k, gs) = (self.k, self.group_size);
         let groups = k / gs;
         let row_bytes = k / 2;
         let wb = (self.words.as_ptr() as *const u8).add(row0 * row_bytes);
         debug_assert!((row0 + R) * k / 8 <= self.words.len());
-        let qx = self.x.q.as_ptr().add(t * k);
-        let d8 = self.x.d8.as_ptr().add(t * k / 8);
+        debug_assert!(t0 + T <= self.tokens);
+        let qx = self.x.q.as_ptr().add(t0 * k);
+        let d8 = self.x.d8.as_ptr().add(t0 * k / 8);
         let mask = _mm256_set1_epi8(0x0F);
-        let mut acc = [_mm256_setzero_ps(); R];
-        if gs == 32 {
-            for c in 0..k / 64 {
-                let xe = _mm256_loadu_si256(qx.add(64 * c) as *const __m256i);
-                let xo = _mm256_loadu_si256(qx.add(64 * c + 32) as *const __m256i);
-                let dx = _mm256_loadu_ps(d8.add(8 * c));
-                prefetch(wb, R * row_bytes, c);
-                for r in 0..R {
-                    let wv = _mm256_loadu_si256(wb.add(r * row_bytes + 32 * c) as *const __m256i);
-                    let lo = _mm256_and_si256(wv, mask);
-                    let hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), mask);
-                    let isum = D::dot(lo, hi, xe, xo);
+        let mut acc = [[_mm256_setzero_ps(); T]; R];
+        let cpg = gs / 64;
+        for c in 0..k / 64 {
+            prefetch(wb, R * row_bytes, c);
+            let mut lo = [_mm256_setzero_si256(); R];
+            let mut hi = [_mm256_setzero_si256(); R];
+            let mut sv = [_mm256_setzero_ps(); R];
+            for r in 0..R {
+                let wv = _mm256_loadu_si256(wb.add(r * row_bytes + 32 * c) as *const __m256i);
+                lo[r] = _mm256_and_si256(wv, mask);
+                hi[r] = _mm256_and_si256(_mm256_srli_epi16(wv, 4), mask);
+                sv[r] = if gs == 32 {
                     let gi = (row0 + r) * groups + 2 * c;
-                    let sv = _mm256_set_m128(_mm_set1_ps(self.scales.get(gi + 1)), _mm_set1_ps(self.scales.get(gi)));
-                    acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(isum), dx), sv, acc[r]);
-                }
+                    _mm256_set_m128(_mm_set1_ps(self.scales.get(gi + 1)), _mm_set1_ps(self.scales.get(gi)))
+                } else {
+                    _mm256_set1_ps(self.scales.get((row0 + r) * groups + c / cpg))
+                };
             }
-        } else {
-            let cpg = gs / 64;
-            for g in 0..groups {
-                let mut sv = [_mm256_setzero_ps(); R];
+            for j in 0..T {
+                let xe = _mm256_loadu_si256(qx.add(j * k + 64 * c) as *const __m256i);
+                let xo = _mm256_loadu_si256(qx.add(j * k + 64 * c + 32) as *const __m256i);
+                let dx = _mm256_loadu_ps(d8.add(j * k / 8 + 8 * c));
                 for r in 0..R {
-                    sv[r] = _mm256_set1_ps(self.scales.get((row0 + r) * groups + g));
-                }
-                for c in g * cpg..(g + 1) * cpg {
-                    let xe = _mm256_loadu_si256(qx.add(64 * c) as *const __m256i);
-                    let xo = _mm256_loadu_si256(qx.add(64 * c + 32) as *const __m256i);
-                    let dx = _mm256_loadu_ps(d8.add(8 * c));
-                    prefetch(wb, R * row_bytes, c);
-                    for r in 0..R {
-                        let wv = _mm256_loadu_si256(wb.add(r * row_bytes + 32 * c) as *const __m256i);
-                        let lo = _mm256_and_si256(wv, mask);
-                        let hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), mask);
-                        let isum = D::dot(lo, hi, xe, xo);
-                        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(isum), dx), sv[r], acc[r]);
-                    }
+                    let isum = D::dot(lo[r], hi[r], xe, xo);
+                    acc[r][j] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(isum), dx), sv[r], acc[r][j]);
                 }
             }
         }
-        let xs = &self.xsums[t * groups..(t + 1) * groups];
         for r in 0..R {
-            let base = (row0 + r) * groups;
-            let mut b = 0.0f32;
-            for (g, s) in xs.iter().enumerate() {
-                b += self.biases.get(base + g) * s;
+            for j in 0..T {
+                let xs = self.xsums.as_ptr().add((t0 + j) * groups);
+                let b = bias_dot(bf.as_ptr().add(r * groups), xs, groups);
+                *out.add((t0 + j) * ld + col0 + r) = hsum(acc[r][j]) + b;
             }
-            out[r] = hsum(acc[r]) + b;
         }
     }
 
-    /// Rows `row0..row0 + n` against every token; `out` is `[n, tokens]`.
+    /// Rows `row0 .. row0 + R` against tokens `tb..te`, `T` at a time.
     #[inline(always)]
-    unsafe fn run<D: IDot>(&self, row0: usize, n: usize, out: &mut [f32]) {
+    unsafe fn row_block<const R: usize, const T: usize, D: IDot>(
+        &self,
+        row0: usize,
+        tb: usize,
+        te: usize,
+        bf: &mut [f32],
+        out: *mut f32,
+        ld: usize,
+        col0: usize,
+    ) {
+        let groups = self.k / self.group_size;
+        for r in 0..R {
+            for g in 0..groups {
+                bf[r * groups + g] = self.biases.get((row0 + r) * groups + g);
+            }
+        }
+        let mut t = tb;
+        while t + T <= te {
+            self.tile::<R, T, D>(row0, t, bf, out, ld, col0);
+            t += T;
+        }
+        while t < te {
+            self.tile::<R, 1, D>(row0, t, bf, out, ld, col0);
+            t += 1;
+        }
+    }
+
+    /// Rows `row0..row0 + n` against every token; output (row `row0 + i`,
+    /// token `t`) goes to `out[t * ld + col0 + i]`.
+    #[inline(always)]
+    unsafe fn run<const T: usize, D: IDot>(&self, row0: usize, n: usize, out: *mut f32, ld: usize, col0: usize) {
         const R: usize = 4;
         let tokens = self.tokens;
-        let mut i = 0;
-        while i + R <= n {
-            for t in 0..tokens {
-                let mut o = [0.0f32; R];
-                self.rows::<R, D>(row0 + i, t, &mut o);
-                for r in 0..R {
-                    out[(i + r) * tokens + t] = o[r];
-                }
+        let groups = self.k / self.group_size;
+        let mut bf = vec![0.0f32; R * groups];
+        let mut tb = 0;
+        while tb < tokens {
+            let te = (tb + TOKEN_BLOCK).min(tokens);
+            let mut i = 0;
+            while i + R <= n {
+                self.row_block::<R, T, D>(row0 + i, tb, te, &mut bf, out, ld, col0 + i);
+                i += R;
             }
-            i += R;
-        }
-        while i < n {
-            for t in 0..tokens {
-                let mut o = [0.0f32; 1];
-                self.rows::<1, D>(row0 + i, t, &mut o);
-                out[i * tokens + t] = o[0];
+            while i < n {
+                self.row_block::<1, T, D>(row0 + i, tb, te, &mut bf, out, ld, col0 + i);
+                i += 1;
             }
-            i += 1;
+            tb = te;
         }
     }
 
     #[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512vnni")]
-    unsafe fn run_vnni(&self, row0: usize, n: usize, out: &mut [f32]) {
-        self.run::<Vnni>(row0, n, out)
+    unsafe fn run_vnni(&self, row0: usize, n: usize, out: *mut f32, ld: usize, col0: usize) {
+        self.run::<4, Vnni>(row0, n, out, ld, col0)
     }
 
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn run_avx2(&self, row0: usize, n: usize, out: &mut [f32]) {
-        self.run::<Avx2>(row0, n, out)
+    unsafe fn run_avx2(&self, row0: usize, n: usize, out: *mut f32, ld: usize, col0: usize) {
+        self.run::<2, Avx2>(row0, n, out, ld, col0)
     }
 
-    /// Rows `row0..row0 + n` (global indices) against every token into `out`
-    /// (`[n, tokens]`), with the best kernel this CPU has.
-    pub fn rows_into(&self, row0: usize, n: usize, out: &mut [f32], vnni: bool) {
-        assert!(self.k % 64 == 0 && out.len() == n * self.tokens);
+    /// Rows `row0..row0 + n` (global indices) against every token, with the
+    /// best kernel this CPU has. Output (row `row0 + i`, token `t`) goes to
+    /// `out[t * ld + col0 + i]`.
+    ///
+    /// # Safety
+    /// `out` must be valid for writes at every such index, and no other
+    /// thread may write those elements meanwhile.
+    pub unsafe fn rows_into(&self, row0: usize, n: usize, out: *mut f32, ld: usize, col0: usize, vnni: bool) {
+        assert!(self.k % 64 == 0 && self.group_size % 32 == 0);
         assert!((row0 + n) * self.k / 8 <= self.words.len());
+        assert!(self.x.q.len() >= self.tokens * self.k && self.xsums.len() >= self.tokens * (self.k / self.group_size));
+        assert!(col0 + n <= ld);
         // SAFETY: features checked by `kernel()`; bounds asserted above.
-        unsafe {
-            if vnni {
-                self.run_vnni(row0, n, out)
-            } else {
-                self.run_avx2(row0, n, out)
-            }
+        if vnni {
+            self.run_vnni(row0, n, out, ld, col0)
+        } else {
+            self.run_avx2(row0, n, out, ld, col0)
         }
     }
 }
