@@ -181,6 +181,109 @@ impl AttnHead<'_> {
     }
 }
 
+/// The query heads that share one KV head, at one token: they see the same
+/// keys, so each key and value row is loaded once for all of them. Per query
+/// the arithmetic is the same however many are batched together.
+#[cfg(target_arch = "x86_64")]
+struct AttnGroup<'a> {
+    /// `[heads_in_group, hd]` queries.
+    q: &'a [f32],
+    keys: &'a [f32],
+    values: &'a [f32],
+    stride: usize,
+    offset: usize,
+    visible: usize,
+    only: Option<&'a [usize]>,
+    scale: f32,
+    hd: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl AttnGroup<'_> {
+    /// Queries `q0..q0 + Q` of the group into `o` (`[Q, hd]`, zeroed);
+    /// `scores` is scratch.
+    #[inline(always)]
+    unsafe fn run_q<const Q: usize>(&self, q0: usize, o: &mut [f32], scores: &mut Vec<f32>) {
+        use std::arch::x86_64::*;
+        let hd = self.hd;
+        let count = self.only.map_or(self.visible, |o| o.len());
+        debug_assert!(hd % 8 == 0 && o.len() == Q * hd);
+        assert!(self.q.len() >= (q0 + Q) * hd);
+        scores.clear();
+        scores.resize(Q * count, 0.0);
+        let qp = self.q.as_ptr().add(q0 * hd);
+        let row = |n: usize| self.only.map_or(n, |o| o[n]) * self.stride + self.offset;
+        if let Some(only) = self.only {
+            assert!(only.iter().all(|&j| j < self.visible));
+        }
+        assert!((self.visible - 1) * self.stride + self.offset + hd <= self.keys.len().min(self.values.len()));
+        let kp = self.keys.as_ptr();
+        for n in 0..count {
+            let kr = kp.add(row(n));
+            let mut acc = [_mm256_setzero_ps(); Q];
+            let mut d = 0;
+            while d < hd {
+                let kv = _mm256_loadu_ps(kr.add(d));
+                for (i, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(i * hd + d)), kv, *a);
+                }
+                d += 8;
+            }
+            for (i, a) in acc.iter().enumerate() {
+                let s = _mm_add_ps(_mm256_castps256_ps128(*a), _mm256_extractf128_ps(*a, 1));
+                let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+                let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+                scores[i * count + n] = _mm_cvtss_f32(s) * self.scale;
+            }
+        }
+        let mut inv = [0.0f32; Q];
+        for (i, sc) in scores.chunks_exact_mut(count).enumerate() {
+            let max = sc.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let mut total = 0.0;
+            for s in sc.iter_mut() {
+                *s = (*s - max).exp();
+                total += *s;
+            }
+            inv[i] = 1.0 / total;
+        }
+        let vp = self.values.as_ptr();
+        let op = o.as_mut_ptr();
+        for n in 0..count {
+            let vr = vp.add(row(n));
+            let mut w = [_mm256_setzero_ps(); Q];
+            for (i, wv) in w.iter_mut().enumerate() {
+                *wv = _mm256_set1_ps(scores[i * count + n] * inv[i]);
+            }
+            let mut d = 0;
+            while d < hd {
+                let v = _mm256_loadu_ps(vr.add(d));
+                for (i, wv) in w.iter().enumerate() {
+                    let p = op.add(i * hd + d);
+                    _mm256_storeu_ps(p, _mm256_fmadd_ps(*wv, v, _mm256_loadu_ps(p)));
+                }
+                d += 8;
+            }
+        }
+    }
+
+    /// Every query of the group into `o` (`[heads_in_group, hd]`, zeroed).
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn run(&self, o: &mut [f32]) {
+        let hd = self.hd;
+        let n = self.q.len() / hd;
+        let mut scores = Vec::new();
+        let mut i = 0;
+        while i + 4 <= n {
+            self.run_q::<4>(i, &mut o[i * hd..(i + 4) * hd], &mut scores);
+            i += 4;
+        }
+        while i < n {
+            self.run_q::<1>(i, &mut o[i * hd..(i + 1) * hd], &mut scores);
+            i += 1;
+        }
+    }
+}
+
 /// The last `(kernel-1)*dilation` inputs of a causal convolution, `[.., channels]`.
 pub struct ConvState {
     channels: usize,
@@ -512,6 +615,28 @@ impl Backend for CpuBackend {
         let mut out = vec![0.0f32; tokens * heads * hd];
         let avx2 = matmul::has_avx2_fma();
         let work = tokens * heads * (past + tokens) * hd * 2;
+        #[cfg(target_arch = "x86_64")]
+        if avx2 && hd % 8 == 0 {
+            // One piece per (token, KV head): the group's query heads are
+            // consecutive in q and in the output.
+            for_each_piece(&mut out, group * hd, work, |i, o| {
+                let (t, g) = (i / kvh, i % kvh);
+                let ag = AttnGroup {
+                    q: &qd[(t * heads + g * group) * hd..(t * heads + (g + 1) * group) * hd],
+                    keys,
+                    values,
+                    stride: kvh * hd,
+                    offset: g * hd,
+                    visible: past + t + 1,
+                    only: selected.as_ref().map(|s| s[t].as_slice()),
+                    scale,
+                    hd,
+                };
+                // SAFETY: the CPU supports AVX2 and FMA (checked at run time).
+                unsafe { ag.run(o) };
+            });
+            return Ok(tensor(out, vec![tokens, heads * hd]));
+        }
         for_each_piece(&mut out, hd, work, |i, o| {
             let (t, h) = (i / heads, i % heads);
             let head = AttnHead {
