@@ -196,10 +196,151 @@ struct AttnGroup<'a> {
     only: Option<&'a [usize]>,
     scale: f32,
     hd: usize,
+    /// This KV head's keys transposed in blocks of 8 positions,
+    /// `[blocks, hd, 8]` (zero-padded), when every visible key is used.
+    kt: Option<&'a [f32]>,
+}
+
+/// Keys of KV head `g` (`[positions, stride]` at `offset`) transposed into
+/// blocks of 8 positions: `[ceil(positions / 8), hd, 8]`, zero-padded.
+#[cfg(target_arch = "x86_64")]
+fn transpose_keys(keys: &[f32], positions: usize, stride: usize, offset: usize, hd: usize) -> Vec<f32> {
+    let blocks = positions.div_ceil(8);
+    let mut kt = vec![0.0f32; blocks * hd * 8];
+    for p in 0..positions {
+        let (b, l) = (p / 8, p % 8);
+        let row = &keys[p * stride + offset..p * stride + offset + hd];
+        for (d, v) in row.iter().enumerate() {
+            kt[(b * hd + d) * 8 + l] = *v;
+        }
+    }
+    kt
 }
 
 #[cfg(target_arch = "x86_64")]
 impl AttnGroup<'_> {
+    /// Scores of queries `q0..q0 + Q` against every visible key from the
+    /// transposed keys: each lane (key) is one FMA chain over `d`, the same
+    /// whatever `Q` or the block pairing. `scores` is `[Q, blocks * 8]`.
+    #[inline(always)]
+    unsafe fn scores_t<const Q: usize>(&self, kt: &[f32], q0: usize, count: usize, scores: &mut [f32]) {
+        use std::arch::x86_64::*;
+        let hd = self.hd;
+        let blocks = count.div_ceil(8);
+        let cpad = blocks * 8;
+        assert!(kt.len() >= blocks * hd * 8 && scores.len() >= Q * cpad && self.q.len() >= (q0 + Q) * hd);
+        let qp = self.q.as_ptr().add(q0 * hd);
+        let kp = kt.as_ptr();
+        let sp = scores.as_mut_ptr();
+        let scale = _mm256_set1_ps(self.scale);
+        let mut b = 0;
+        while b + 2 <= blocks {
+            let mut acc = [[_mm256_setzero_ps(); 2]; Q];
+            let (k0p, k1p) = (kp.add(b * hd * 8), kp.add((b + 1) * hd * 8));
+            for d in 0..hd {
+                let k0 = _mm256_loadu_ps(k0p.add(d * 8));
+                let k1 = _mm256_loadu_ps(k1p.add(d * 8));
+                for (i, a) in acc.iter_mut().enumerate() {
+                    let qb = _mm256_set1_ps(*qp.add(i * hd + d));
+                    a[0] = _mm256_fmadd_ps(qb, k0, a[0]);
+                    a[1] = _mm256_fmadd_ps(qb, k1, a[1]);
+                }
+            }
+            for (i, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(sp.add(i * cpad + b * 8), _mm256_mul_ps(a[0], scale));
+                _mm256_storeu_ps(sp.add(i * cpad + b * 8 + 8), _mm256_mul_ps(a[1], scale));
+            }
+            b += 2;
+        }
+        if b < blocks {
+            let mut acc = [_mm256_setzero_ps(); Q];
+            let k0p = kp.add(b * hd * 8);
+            for d in 0..hd {
+                let k0 = _mm256_loadu_ps(k0p.add(d * 8));
+                for (i, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(_mm256_set1_ps(*qp.add(i * hd + d)), k0, *a);
+                }
+            }
+            for (i, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(sp.add(i * cpad + b * 8), _mm256_mul_ps(*a, scale));
+            }
+        }
+    }
+
+    /// `o[i] = sum_n p[i][n] * v[n]` for `Q` queries (`p` rows `cpad` apart,
+    /// already normalised), `DV` vectors of `hd` at a time held in registers.
+    #[inline(always)]
+    unsafe fn weighted_values<const Q: usize, const DV: usize>(&self, p: &[f32], cpad: usize, count: usize, o: &mut [f32]) {
+        use std::arch::x86_64::*;
+        let hd = self.hd;
+        assert!(p.len() >= (Q - 1) * cpad + count && o.len() >= Q * hd && hd % (8 * DV) == 0);
+        assert!(count == 0 || (count - 1) * self.stride + self.offset + hd <= self.values.len());
+        let vp = self.values.as_ptr().add(self.offset);
+        let pp = p.as_ptr();
+        let op = o.as_mut_ptr();
+        let mut d0 = 0;
+        while d0 < hd {
+            let mut acc = [[_mm256_setzero_ps(); DV]; Q];
+            for n in 0..count {
+                let vr = vp.add(n * self.stride + d0);
+                let mut v = [_mm256_setzero_ps(); DV];
+                for (j, vv) in v.iter_mut().enumerate() {
+                    *vv = _mm256_loadu_ps(vr.add(8 * j));
+                }
+                for (i, a) in acc.iter_mut().enumerate() {
+                    let w = _mm256_set1_ps(*pp.add(i * cpad + n));
+                    for j in 0..DV {
+                        a[j] = _mm256_fmadd_ps(w, v[j], a[j]);
+                    }
+                }
+            }
+            for (i, a) in acc.iter().enumerate() {
+                for j in 0..DV {
+                    _mm256_storeu_ps(op.add(i * hd + d0 + 8 * j), a[j]);
+                }
+            }
+            d0 += 8 * DV;
+        }
+    }
+
+    /// Queries `q0..q0 + Q` over all visible keys via the transposed keys.
+    #[inline(always)]
+    unsafe fn run_t<const Q: usize>(&self, kt: &[f32], q0: usize, o: &mut [f32], scores: &mut Vec<f32>) {
+        let count = self.visible;
+        let cpad = count.div_ceil(8) * 8;
+        scores.clear();
+        scores.resize(Q * cpad, 0.0);
+        self.scores_t::<Q>(kt, q0, count, scores);
+        for sc in scores.chunks_exact_mut(cpad) {
+            let sc = &mut sc[..count];
+            let max = sc.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let mut total = 0.0;
+            for s in sc.iter_mut() {
+                *s = (*s - max).exp();
+                total += *s;
+            }
+            let inv = 1.0 / total;
+            for s in sc.iter_mut() {
+                *s *= inv;
+            }
+        }
+        if self.hd % 32 == 0 {
+            // Two queries x 4 vectors = 8 accumulators at a time.
+            let mut i = 0;
+            while i + 2 <= Q {
+                self.weighted_values::<2, 4>(&scores[i * cpad..], cpad, count, &mut o[i * self.hd..]);
+                i += 2;
+            }
+            if i < Q {
+                self.weighted_values::<1, 4>(&scores[i * cpad..], cpad, count, &mut o[i * self.hd..]);
+            }
+        } else {
+            for i in 0..Q {
+                self.weighted_values::<1, 1>(&scores[i * cpad..], cpad, count, &mut o[i * self.hd..]);
+            }
+        }
+    }
+
     /// Queries `q0..q0 + Q` of the group into `o` (`[Q, hd]`, zeroed);
     /// `scores` is scratch.
     #[inline(always)]
@@ -273,6 +414,17 @@ impl AttnGroup<'_> {
         let n = self.q.len() / hd;
         let mut scores = Vec::new();
         let mut i = 0;
+        if let Some(kt) = self.kt {
+            while i + 4 <= n {
+                self.run_t::<4>(kt, i, &mut o[i * hd..(i + 4) * hd], &mut scores);
+                i += 4;
+            }
+            while i < n {
+                self.run_t::<1>(kt, i, &mut o[i * hd..(i + 1) * hd], &mut scores);
+                i += 1;
+            }
+            return;
+        }
         while i + 4 <= n {
             self.run_q::<4>(i, &mut o[i * hd..(i + 4) * hd], &mut scores);
             i += 4;
@@ -617,6 +769,14 @@ impl Backend for CpuBackend {
         let work = tokens * heads * (past + tokens) * hd * 2;
         #[cfg(target_arch = "x86_64")]
         if avx2 && hd % 8 == 0 {
+            // Keys transposed once per call for the full-visibility kernel
+            // (prefill; at decode a single query reads each key once anyway).
+            let total = past + tokens;
+            let kts: Vec<Vec<f32>> = if selected.is_none() && tokens > 1 {
+                (0..kvh).map(|g| transpose_keys(keys, total, kvh * hd, g * hd, hd)).collect()
+            } else {
+                Vec::new()
+            };
             // One piece per (token, KV head): the group's query heads are
             // consecutive in q and in the output.
             for_each_piece(&mut out, group * hd, work, |i, o| {
@@ -631,6 +791,7 @@ impl Backend for CpuBackend {
                     only: selected.as_ref().map(|s| s[t].as_slice()),
                     scale,
                     hd,
+                    kt: kts.get(g).map(|v| v.as_slice()),
                 };
                 // SAFETY: the CPU supports AVX2 and FMA (checked at run time).
                 unsafe { ag.run(o) };
