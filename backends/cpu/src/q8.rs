@@ -191,11 +191,12 @@ impl<S: ScaleRead + ?Sized> Q4Job<'_, S> {
     /// `out[t * ld + col0 + i]`. The arithmetic for one (row, token) is the
     /// same whatever `T` is.
     #[inline(always)]
-    unsafe fn tile<const R: usize, const T: usize, D: IDot>(
+    unsafe fn tile<const R: usize, const T: usize, const PRE: bool, D: IDot>(
         &self,
         row0: usize,
         t0: usize,
         bf: &[f32],
+        sv8: &[f32],
         out: *mut f32,
         ld: usize,
         col0: usize,
@@ -206,12 +207,14 @@ impl<S: ScaleRead + ?Sized> Q4Job<'_, S> {
         let wb = (self.words.as_ptr() as *const u8).add(row0 * row_bytes);
         debug_assert!((row0 + R) * k / 8 <= self.words.len());
         debug_assert!(t0 + T <= self.tokens);
+        debug_assert!((!PRE || sv8.len() >= R * k / 8) && bf.len() >= R * groups);
         let qx = self.x.q.as_ptr().add(t0 * k);
         let d8 = self.x.d8.as_ptr().add(t0 * k / 8);
         let mask = _mm256_set1_epi8(0x0F);
         let mut acc = [[_mm256_setzero_ps(); T]; R];
-        let cpg = gs / 64;
-        for c in 0..k / 64 {
+        let chunks = k / 64;
+        let svp = sv8.as_ptr();
+        for c in 0..chunks {
             prefetch(wb, R * row_bytes, c);
             let mut lo = [_mm256_setzero_si256(); R];
             let mut hi = [_mm256_setzero_si256(); R];
@@ -220,11 +223,12 @@ impl<S: ScaleRead + ?Sized> Q4Job<'_, S> {
                 let wv = _mm256_loadu_si256(wb.add(r * row_bytes + 32 * c) as *const __m256i);
                 lo[r] = _mm256_and_si256(wv, mask);
                 hi[r] = _mm256_and_si256(_mm256_srli_epi16(wv, 4), mask);
-                sv[r] = if gs == 32 {
-                    let gi = (row0 + r) * groups + 2 * c;
-                    _mm256_set_m128(_mm_set1_ps(self.scales.get(gi + 1)), _mm_set1_ps(self.scales.get(gi)))
+                sv[r] = if PRE {
+                    _mm256_loadu_ps(svp.add((r * chunks + c) * 8))
                 } else {
-                    _mm256_set1_ps(self.scales.get((row0 + r) * groups + c / cpg))
+                    let gi = (row0 + r) * groups;
+                    let (s0, s1) = (self.scales.get(gi + 64 * c / gs), self.scales.get(gi + (64 * c + 32) / gs));
+                    _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0))
                 };
             }
             for j in 0..T {
@@ -254,23 +258,46 @@ impl<S: ScaleRead + ?Sized> Q4Job<'_, S> {
         tb: usize,
         te: usize,
         bf: &mut [f32],
+        sv8: &mut [f32],
         out: *mut f32,
         ld: usize,
         col0: usize,
     ) {
-        let groups = self.k / self.group_size;
+        let (k, gs) = (self.k, self.group_size);
+        let groups = k / gs;
+        let chunks = k / 64;
+        let pre = te - tb >= 2;
+        assert!((!pre || sv8.len() >= R * chunks * 8) && bf.len() >= R * groups);
         for r in 0..R {
             for g in 0..groups {
                 bf[r * groups + g] = self.biases.get((row0 + r) * groups + g);
             }
+            // Per 64-element chunk the scales of its two 32-blocks, 4 lanes each.
+            // With several tokens, each chunk's scale vector is built once
+            // here rather than once per token tile.
+            if pre {
+                let gi = (row0 + r) * groups;
+                for c in 0..chunks {
+                    let (s0, s1) = (self.scales.get(gi + 64 * c / gs), self.scales.get(gi + (64 * c + 32) / gs));
+                    let v = _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0));
+                    _mm256_storeu_ps(sv8.as_mut_ptr().add((r * chunks + c) * 8), v);
+                }
+            }
         }
         let mut t = tb;
+        if !pre {
+            while t < te {
+                self.tile::<R, 1, false, D>(row0, t, bf, sv8, out, ld, col0);
+                t += 1;
+            }
+            return;
+        }
         while t + T <= te {
-            self.tile::<R, T, D>(row0, t, bf, out, ld, col0);
+            self.tile::<R, T, true, D>(row0, t, bf, sv8, out, ld, col0);
             t += T;
         }
         while t < te {
-            self.tile::<R, 1, D>(row0, t, bf, out, ld, col0);
+            self.tile::<R, 1, true, D>(row0, t, bf, sv8, out, ld, col0);
             t += 1;
         }
     }
@@ -283,16 +310,17 @@ impl<S: ScaleRead + ?Sized> Q4Job<'_, S> {
         let tokens = self.tokens;
         let groups = self.k / self.group_size;
         let mut bf = vec![0.0f32; R * groups];
+        let mut sv8 = vec![0.0f32; R * self.k / 8];
         let mut tb = 0;
         while tb < tokens {
             let te = (tb + TOKEN_BLOCK).min(tokens);
             let mut i = 0;
             while i + R <= n {
-                self.row_block::<R, T, D>(row0 + i, tb, te, &mut bf, out, ld, col0 + i);
+                self.row_block::<R, T, D>(row0 + i, tb, te, &mut bf, &mut sv8, out, ld, col0 + i);
                 i += R;
             }
             while i < n {
-                self.row_block::<1, T, D>(row0 + i, tb, te, &mut bf, out, ld, col0 + i);
+                self.row_block::<1, T, D>(row0 + i, tb, te, &mut bf, &mut sv8, out, ld, col0 + i);
                 i += 1;
             }
             tb = te;
@@ -301,7 +329,7 @@ impl<S: ScaleRead + ?Sized> Q4Job<'_, S> {
 
     #[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512vnni")]
     unsafe fn run_vnni(&self, row0: usize, n: usize, out: *mut f32, ld: usize, col0: usize) {
-        self.run::<4, Vnni>(row0, n, out, ld, col0)
+        self.run::<3, Vnni>(row0, n, out, ld, col0)
     }
 
     #[target_feature(enable = "avx2,fma")]
