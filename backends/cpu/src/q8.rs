@@ -45,7 +45,7 @@ pub fn has_vnni() -> bool {
         && std::is_x86_feature_detected!("avx512f")
 }
 
-#[inline(always)]
+#[cfg(test)]
 fn quantize_into(x: &[f32], q: &mut [i8], d8: &mut [f32]) {
     for ((xc, qc), dc) in x.chunks_exact(64).zip(q.chunks_exact_mut(64)).zip(d8.chunks_exact_mut(8)) {
         let mut inv = [0.0f32; 2];
@@ -64,9 +64,51 @@ fn quantize_into(x: &[f32], q: &mut [i8], d8: &mut [f32]) {
     }
 }
 
+/// Even (`EVEN`) or odd elements of the 16 i32s `a, b`, in order.
+#[inline(always)]
+unsafe fn pick<const EVEN: bool>(a: __m256i, b: __m256i) -> __m256i {
+    let (a, b) = (_mm256_castsi256_ps(a), _mm256_castsi256_ps(b));
+    // Per 128-bit lane: [a0, a2, b0, b2] (or odds); then quads reordered.
+    let s = if EVEN { _mm256_shuffle_ps::<0b10_00_10_00>(a, b) } else { _mm256_shuffle_ps::<0b11_01_11_01>(a, b) };
+    _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_castps_si256(s))
+}
+
+/// 16 i32s (`a` then `b`, each within i8 range) as 16 bytes, in order.
+#[inline(always)]
+unsafe fn narrow(a: __m256i, b: __m256i) -> __m128i {
+    let w = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(a, b));
+    _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256::<1>(w))
+}
+
+/// `quantize_into` with AVX2: the same values (max is exact; `cvtps` rounds
+/// to nearest even like `round_ties_even`; packing saturates like `as i8`).
 #[target_feature(enable = "avx2,fma")]
 unsafe fn quantize_avx2(x: &[f32], q: &mut [i8], d8: &mut [f32]) {
-    quantize_into(x, q, d8)
+    assert!(x.len() % 64 == 0 && q.len() >= x.len() && d8.len() >= x.len() / 8);
+    let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+    for c in 0..x.len() / 64 {
+        let xp = x.as_ptr().add(64 * c);
+        let qp = q.as_mut_ptr().add(64 * c);
+        for b in 0..2 {
+            let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(xp.add(32 * b + 8 * i)));
+            let m = _mm256_max_ps(
+                _mm256_max_ps(_mm256_and_ps(v[0], abs), _mm256_and_ps(v[1], abs)),
+                _mm256_max_ps(_mm256_and_ps(v[2], abs), _mm256_and_ps(v[3], abs)),
+            );
+            let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+            let d = amax / 127.0;
+            let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+            d8[8 * c + 4 * b..8 * c + 4 * b + 4].fill(d);
+            let s = _mm256_set1_ps(inv);
+            let i: [__m256i; 4] = std::array::from_fn(|j| _mm256_cvtps_epi32(_mm256_mul_ps(v[j], s)));
+            let e = narrow(pick::<true>(i[0], i[1]), pick::<true>(i[2], i[3]));
+            let o = narrow(pick::<false>(i[0], i[1]), pick::<false>(i[2], i[3]));
+            _mm_storeu_si128(qp.add(16 * b) as *mut __m128i, e);
+            _mm_storeu_si128(qp.add(32 + 16 * b) as *mut __m128i, o);
+        }
+    }
 }
 
 /// Quantizes `[tokens, k]` activations (`k` a multiple of 64).
@@ -370,4 +412,24 @@ pub fn kernel() -> Option<bool> {
             _ => Some(has_vnni()),
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn quantize_avx2_matches_scalar() {
+        if !super::available() {
+            return;
+        }
+        let k = 256;
+        let x: Vec<f32> = (0..3 * k).map(|i| (((i * 7919) % 113) as f32 / 113.0 - 0.5) * if i % 97 == 0 { 8.0 } else { 1.0 }).collect();
+        let mut x = x;
+        x[64..96].fill(0.0);
+        let (mut q1, mut d1) = (vec![0i8; x.len()], vec![0.0f32; x.len() / 8]);
+        let (mut q2, mut d2) = (q1.clone(), d1.clone());
+        super::quantize_into(&x, &mut q1, &mut d1);
+        unsafe { super::quantize_avx2(&x, &mut q2, &mut d2) };
+        assert_eq!(q1, q2);
+        assert_eq!(d1, d2);
+    }
 }
