@@ -496,20 +496,30 @@ pub enum MatmulMode {
     Int8,
 }
 
-/// Runs `f(row0, out_chunk)` over `[n, tokens]` output rows, split into tasks
-/// of whole multiples of `align` rows, in parallel when the matrix is large
-/// enough to pay for waking the thread pool.
-fn par_rows(n: usize, tokens: usize, row_bytes: usize, align: usize, parallel: bool, out: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync) {
+/// Splits `n` rows into tasks of whole multiples of `align` rows and runs
+/// `f(row0, rows)` on each, in parallel when the matrix is large enough to pay
+/// for waking the thread pool.
+fn par_row_ranges(n: usize, tokens: usize, row_bytes: usize, align: usize, parallel: bool, f: impl Fn(usize, usize) + Sync) {
     let threads = rayon::current_num_threads().max(1);
     let total = n * row_bytes * tokens.max(1);
     if !parallel || threads == 1 || total < serial_bytes() {
-        f(0, out);
+        f(0, n);
         return;
     }
     let tasks = threads * TASKS_PER_THREAD;
     let chunk = (n.div_ceil(tasks)).max(MIN_TASK_BYTES.div_ceil(row_bytes * tokens.max(1))).div_ceil(align) * align;
-    out.par_chunks_mut(chunk * tokens).enumerate().for_each(|(c, o)| f(c * chunk, o));
+    (0..n.div_ceil(chunk)).into_par_iter().for_each(|c| {
+        let r0 = c * chunk;
+        f(r0, chunk.min(n - r0))
+    });
 }
+
+/// A raw output pointer shared by tasks that write disjoint elements.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: only used for writes to disjoint elements (one row range per task).
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
 
 /// Matrices below this many weight bytes (times tokens) run on the calling
 /// thread. `SLOTSTREAM_CPU_SERIAL_KB` overrides it (for measurements).
@@ -538,14 +548,20 @@ fn matmul_q8(x: &[f32], tokens: usize, w: &CpuWeight, expert: usize, vnni: bool,
     }
     let qx = quantize(x, tokens, k);
     let xsums: Vec<f32> = x.chunks_exact(gs).map(|c| c.iter().sum()).collect();
-    let mut out_nt = vec![0.0f32; n * tokens];
-    fn go<S: ScaleRead + ?Sized>(job: Q4Job<'_, S>, base: usize, n: usize, out: &mut [f32], vnni: bool, parallel: bool) {
-        par_rows(n, job.tokens, job.k / 2, 4, parallel, out, |r0, o| job.rows_into(base + r0, o.len() / job.tokens, o, vnni));
+    let mut out = vec![0.0f32; tokens * n];
+    let ptr = OutPtr(out.as_mut_ptr());
+    fn go<S: ScaleRead + ?Sized>(job: Q4Job<'_, S>, base: usize, n: usize, out: OutPtr, vnni: bool, parallel: bool) {
+        par_row_ranges(n, job.tokens, job.k / 2, 4, parallel, |r0, rows| {
+            let o = out;
+            // SAFETY: `out` is `[tokens, n]`; each task writes only columns
+            // `r0..r0 + rows`, disjoint from every other task's.
+            unsafe { job.rows_into(base + r0, rows, o.0, n, r0, vnni) }
+        });
     }
     let base = expert * n;
     macro_rules! job {
         ($s:expr, $b:expr) => {
-            go(Q4Job { words, scales: $s, biases: $b, k, group_size: gs, tokens, x: &qx, xsums: &xsums }, base, n, &mut out_nt, vnni, parallel)
+            go(Q4Job { words, scales: $s, biases: $b, k, group_size: gs, tokens, x: &qx, xsums: &xsums }, base, n, ptr, vnni, parallel)
         };
     }
     match (scales, biases) {
@@ -554,17 +570,23 @@ fn matmul_q8(x: &[f32], tokens: usize, w: &CpuWeight, expert: usize, vnni: bool,
         (Scales::F32(s), Scales::F32(b)) => job!(s.as_slice(), b.as_slice()),
         _ => return None,
     }
-    Some(transpose_out(out_nt, n, tokens))
+    Some(out)
 }
 
 fn transpose_out(out_nt: Vec<f32>, n: usize, tokens: usize) -> Vec<f32> {
     if tokens == 1 {
         return out_nt;
     }
+    // 16 x 16 tiles: both sides touch whole cache lines.
+    const B: usize = 16;
     let mut out = vec![0.0f32; tokens * n];
-    for r in 0..n {
-        for t in 0..tokens {
-            out[t * n + r] = out_nt[r * tokens + t];
+    for r0 in (0..n).step_by(B) {
+        for t0 in (0..tokens).step_by(B) {
+            for r in r0..(r0 + B).min(n) {
+                for t in t0..(t0 + B).min(tokens) {
+                    out[t * n + r] = out_nt[r * tokens + t];
+                }
+            }
         }
     }
     out
@@ -669,7 +691,7 @@ mod tests {
             let host = quantized(4, group, rows, cols);
             let w = CpuWeight::from_host(&host);
             let Store::Affine { scales, .. } = &w.store else { unreachable!() };
-            for tokens in [1, 3] {
+            for tokens in [1, 3, 9] {
                 let x: Vec<f32> = (0..tokens * cols)
                     .map(|i| (((i * 7919) % 113) as f32 / 113.0 - 0.5) * if i % 97 == 0 { 8.0 } else { 1.0 })
                     .collect();
@@ -699,6 +721,33 @@ mod tests {
                     }
                     let rel = (num / den).sqrt();
                     assert!(rel <= 3e-2, "group {group} tokens {tokens} vnni {vnni}: relative L2 {rel}");
+                }
+            }
+        }
+    }
+
+    /// A token's int8 result must not depend on the other tokens of the call
+    /// (the kernels tile tokens; each (row, token) must be computed the same way).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn int8_rows_independent_of_token_count() {
+        if crate::q8::kernel().is_none() {
+            return;
+        }
+        let mut kernels = vec![false];
+        if crate::q8::has_vnni() {
+            kernels.push(true);
+        }
+        for group in [32, 64] {
+            let (rows, cols) = (37, 512);
+            let w = CpuWeight::from_host(&quantized(4, group, rows, cols));
+            let tokens = 70;
+            let x: Vec<f32> = (0..tokens * cols).map(|i| ((i * 7919) % 113) as f32 / 113.0 - 0.5).collect();
+            for &vnni in &kernels {
+                let all = matmul_q8(&x, tokens, &w, 0, vnni, true).unwrap();
+                for t in [0, 1, 5, 63, 64, 69] {
+                    let one = matmul_q8(&x[t * cols..(t + 1) * cols], 1, &w, 0, vnni, true).unwrap();
+                    assert_eq!(&all[t * rows..(t + 1) * rows], &one[..], "group {group} vnni {vnni} token {t}");
                 }
             }
         }

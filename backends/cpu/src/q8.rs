@@ -45,7 +45,7 @@ pub fn has_vnni() -> bool {
         && std::is_x86_feature_detected!("avx512f")
 }
 
-#[inline(always)]
+#[cfg(test)]
 fn quantize_into(x: &[f32], q: &mut [i8], d8: &mut [f32]) {
     for ((xc, qc), dc) in x.chunks_exact(64).zip(q.chunks_exact_mut(64)).zip(d8.chunks_exact_mut(8)) {
         let mut inv = [0.0f32; 2];
@@ -64,9 +64,51 @@ fn quantize_into(x: &[f32], q: &mut [i8], d8: &mut [f32]) {
     }
 }
 
+/// Even (`EVEN`) or odd elements of the 16 i32s `a, b`, in order.
+#[inline(always)]
+unsafe fn pick<const EVEN: bool>(a: __m256i, b: __m256i) -> __m256i {
+    let (a, b) = (_mm256_castsi256_ps(a), _mm256_castsi256_ps(b));
+    // Per 128-bit lane: [a0, a2, b0, b2] (or odds); then quads reordered.
+    let s = if EVEN { _mm256_shuffle_ps::<0b10_00_10_00>(a, b) } else { _mm256_shuffle_ps::<0b11_01_11_01>(a, b) };
+    _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_castps_si256(s))
+}
+
+/// 16 i32s (`a` then `b`, each within i8 range) as 16 bytes, in order.
+#[inline(always)]
+unsafe fn narrow(a: __m256i, b: __m256i) -> __m128i {
+    let w = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(a, b));
+    _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256::<1>(w))
+}
+
+/// `quantize_into` with AVX2: the same values (max is exact; `cvtps` rounds
+/// to nearest even like `round_ties_even`; packing saturates like `as i8`).
 #[target_feature(enable = "avx2,fma")]
 unsafe fn quantize_avx2(x: &[f32], q: &mut [i8], d8: &mut [f32]) {
-    quantize_into(x, q, d8)
+    assert!(x.len() % 64 == 0 && q.len() >= x.len() && d8.len() >= x.len() / 8);
+    let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+    for c in 0..x.len() / 64 {
+        let xp = x.as_ptr().add(64 * c);
+        let qp = q.as_mut_ptr().add(64 * c);
+        for b in 0..2 {
+            let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(xp.add(32 * b + 8 * i)));
+            let m = _mm256_max_ps(
+                _mm256_max_ps(_mm256_and_ps(v[0], abs), _mm256_and_ps(v[1], abs)),
+                _mm256_max_ps(_mm256_and_ps(v[2], abs), _mm256_and_ps(v[3], abs)),
+            );
+            let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+            let d = amax / 127.0;
+            let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+            d8[8 * c + 4 * b..8 * c + 4 * b + 4].fill(d);
+            let s = _mm256_set1_ps(inv);
+            let i: [__m256i; 4] = std::array::from_fn(|j| _mm256_cvtps_epi32(_mm256_mul_ps(v[j], s)));
+            let e = narrow(pick::<true>(i[0], i[1]), pick::<true>(i[2], i[3]));
+            let o = narrow(pick::<false>(i[0], i[1]), pick::<false>(i[2], i[3]));
+            _mm_storeu_si128(qp.add(16 * b) as *mut __m128i, e);
+            _mm_storeu_si128(qp.add(32 + 16 * b) as *mut __m128i, o);
+        }
+    }
 }
 
 /// Quantizes `[tokens, k]` activations (`k` a multiple of 64).
@@ -161,116 +203,199 @@ unsafe fn prefetch(wb: *const u8, block: usize, c: usize) {
 
 const PF_BLOCKS: usize = 2;
 
+/// Tokens per outer block: their int8 activations (`TOKEN_BLOCK * k` bytes)
+/// stay in L2 while every row block of the task streams past them.
+const TOKEN_BLOCK: usize = 64;
+
+/// `sum_g b[g] * xs[g]`, eight lanes at a time (fixed order: the result for a
+/// token never depends on which tile or call it was computed in).
+#[inline(always)]
+unsafe fn bias_dot(b: *const f32, xs: *const f32, groups: usize) -> f32 {
+    let mut v = _mm256_setzero_ps();
+    let mut g = 0;
+    while g + 8 <= groups {
+        v = _mm256_fmadd_ps(_mm256_loadu_ps(b.add(g)), _mm256_loadu_ps(xs.add(g)), v);
+        g += 8;
+    }
+    let mut s = hsum(v);
+    while g < groups {
+        s += *b.add(g) * *xs.add(g);
+        g += 1;
+    }
+    s
+}
+
 impl<S: ScaleRead + ?Sized> Q4Job<'_, S> {
-    /// Dot products of `R` consecutive rows from `row0` with token `t`.
+    /// A register tile: `R` consecutive rows from `row0` against `T` tokens
+    /// from `t0`. Each 64-element weight chunk is loaded and unpacked once
+    /// and used for all `T` tokens. `bf` holds the `R` rows' biases as f32
+    /// (`[R, groups]`). Output (row `i`, token `t`) goes to
+    /// `out[t * ld + col0 + i]`. The arithmetic for one (row, token) is the
+    /// same whatever `T` is.
     #[inline(always)]
-    unsafe fn rows<const R: usize, D: IDot>(&self, row0: usize, t: usize, out: &mut [f32; R]) {
+    unsafe fn tile<const R: usize, const T: usize, const PRE: bool, D: IDot>(
+        &self,
+        row0: usize,
+        t0: usize,
+        bf: &[f32],
+        sv8: &[f32],
+        out: *mut f32,
+        ld: usize,
+        col0: usize,
+    ) {
         let (k, gs) = (self.k, self.group_size);
         let groups = k / gs;
         let row_bytes = k / 2;
         let wb = (self.words.as_ptr() as *const u8).add(row0 * row_bytes);
         debug_assert!((row0 + R) * k / 8 <= self.words.len());
-        let qx = self.x.q.as_ptr().add(t * k);
-        let d8 = self.x.d8.as_ptr().add(t * k / 8);
+        debug_assert!(t0 + T <= self.tokens);
+        debug_assert!((!PRE || sv8.len() >= R * k / 8) && bf.len() >= R * groups);
+        let qx = self.x.q.as_ptr().add(t0 * k);
+        let d8 = self.x.d8.as_ptr().add(t0 * k / 8);
         let mask = _mm256_set1_epi8(0x0F);
-        let mut acc = [_mm256_setzero_ps(); R];
-        if gs == 32 {
-            for c in 0..k / 64 {
-                let xe = _mm256_loadu_si256(qx.add(64 * c) as *const __m256i);
-                let xo = _mm256_loadu_si256(qx.add(64 * c + 32) as *const __m256i);
-                let dx = _mm256_loadu_ps(d8.add(8 * c));
-                prefetch(wb, R * row_bytes, c);
-                for r in 0..R {
-                    let wv = _mm256_loadu_si256(wb.add(r * row_bytes + 32 * c) as *const __m256i);
-                    let lo = _mm256_and_si256(wv, mask);
-                    let hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), mask);
-                    let isum = D::dot(lo, hi, xe, xo);
-                    let gi = (row0 + r) * groups + 2 * c;
-                    let sv = _mm256_set_m128(_mm_set1_ps(self.scales.get(gi + 1)), _mm_set1_ps(self.scales.get(gi)));
-                    acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(isum), dx), sv, acc[r]);
-                }
+        let mut acc = [[_mm256_setzero_ps(); T]; R];
+        let chunks = k / 64;
+        let svp = sv8.as_ptr();
+        for c in 0..chunks {
+            prefetch(wb, R * row_bytes, c);
+            let mut lo = [_mm256_setzero_si256(); R];
+            let mut hi = [_mm256_setzero_si256(); R];
+            let mut sv = [_mm256_setzero_ps(); R];
+            for r in 0..R {
+                let wv = _mm256_loadu_si256(wb.add(r * row_bytes + 32 * c) as *const __m256i);
+                lo[r] = _mm256_and_si256(wv, mask);
+                hi[r] = _mm256_and_si256(_mm256_srli_epi16(wv, 4), mask);
+                sv[r] = if PRE {
+                    _mm256_loadu_ps(svp.add((r * chunks + c) * 8))
+                } else {
+                    let gi = (row0 + r) * groups;
+                    let (s0, s1) = (self.scales.get(gi + 64 * c / gs), self.scales.get(gi + (64 * c + 32) / gs));
+                    _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0))
+                };
             }
-        } else {
-            let cpg = gs / 64;
-            for g in 0..groups {
-                let mut sv = [_mm256_setzero_ps(); R];
+            for j in 0..T {
+                let xe = _mm256_loadu_si256(qx.add(j * k + 64 * c) as *const __m256i);
+                let xo = _mm256_loadu_si256(qx.add(j * k + 64 * c + 32) as *const __m256i);
+                let dx = _mm256_loadu_ps(d8.add(j * k / 8 + 8 * c));
                 for r in 0..R {
-                    sv[r] = _mm256_set1_ps(self.scales.get((row0 + r) * groups + g));
-                }
-                for c in g * cpg..(g + 1) * cpg {
-                    let xe = _mm256_loadu_si256(qx.add(64 * c) as *const __m256i);
-                    let xo = _mm256_loadu_si256(qx.add(64 * c + 32) as *const __m256i);
-                    let dx = _mm256_loadu_ps(d8.add(8 * c));
-                    prefetch(wb, R * row_bytes, c);
-                    for r in 0..R {
-                        let wv = _mm256_loadu_si256(wb.add(r * row_bytes + 32 * c) as *const __m256i);
-                        let lo = _mm256_and_si256(wv, mask);
-                        let hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), mask);
-                        let isum = D::dot(lo, hi, xe, xo);
-                        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(isum), dx), sv[r], acc[r]);
-                    }
+                    let isum = D::dot(lo[r], hi[r], xe, xo);
+                    acc[r][j] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(isum), dx), sv[r], acc[r][j]);
                 }
             }
         }
-        let xs = &self.xsums[t * groups..(t + 1) * groups];
         for r in 0..R {
-            let base = (row0 + r) * groups;
-            let mut b = 0.0f32;
-            for (g, s) in xs.iter().enumerate() {
-                b += self.biases.get(base + g) * s;
+            for j in 0..T {
+                let xs = self.xsums.as_ptr().add((t0 + j) * groups);
+                let b = bias_dot(bf.as_ptr().add(r * groups), xs, groups);
+                *out.add((t0 + j) * ld + col0 + r) = hsum(acc[r][j]) + b;
             }
-            out[r] = hsum(acc[r]) + b;
         }
     }
 
-    /// Rows `row0..row0 + n` against every token; `out` is `[n, tokens]`.
+    /// Rows `row0 .. row0 + R` against tokens `tb..te`, `T` at a time.
     #[inline(always)]
-    unsafe fn run<D: IDot>(&self, row0: usize, n: usize, out: &mut [f32]) {
-        const R: usize = 4;
-        let tokens = self.tokens;
-        let mut i = 0;
-        while i + R <= n {
-            for t in 0..tokens {
-                let mut o = [0.0f32; R];
-                self.rows::<R, D>(row0 + i, t, &mut o);
-                for r in 0..R {
-                    out[(i + r) * tokens + t] = o[r];
+    unsafe fn row_block<const R: usize, const T: usize, D: IDot>(
+        &self,
+        row0: usize,
+        tb: usize,
+        te: usize,
+        bf: &mut [f32],
+        sv8: &mut [f32],
+        out: *mut f32,
+        ld: usize,
+        col0: usize,
+    ) {
+        let (k, gs) = (self.k, self.group_size);
+        let groups = k / gs;
+        let chunks = k / 64;
+        let pre = te - tb >= 2;
+        assert!((!pre || sv8.len() >= R * chunks * 8) && bf.len() >= R * groups);
+        for r in 0..R {
+            for g in 0..groups {
+                bf[r * groups + g] = self.biases.get((row0 + r) * groups + g);
+            }
+            // Per 64-element chunk the scales of its two 32-blocks, 4 lanes each.
+            // With several tokens, each chunk's scale vector is built once
+            // here rather than once per token tile.
+            if pre {
+                let gi = (row0 + r) * groups;
+                for c in 0..chunks {
+                    let (s0, s1) = (self.scales.get(gi + 64 * c / gs), self.scales.get(gi + (64 * c + 32) / gs));
+                    let v = _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0));
+                    _mm256_storeu_ps(sv8.as_mut_ptr().add((r * chunks + c) * 8), v);
                 }
             }
-            i += R;
         }
-        while i < n {
-            for t in 0..tokens {
-                let mut o = [0.0f32; 1];
-                self.rows::<1, D>(row0 + i, t, &mut o);
-                out[i * tokens + t] = o[0];
+        let mut t = tb;
+        if !pre {
+            while t < te {
+                self.tile::<R, 1, false, D>(row0, t, bf, sv8, out, ld, col0);
+                t += 1;
             }
-            i += 1;
+            return;
+        }
+        while t + T <= te {
+            self.tile::<R, T, true, D>(row0, t, bf, sv8, out, ld, col0);
+            t += T;
+        }
+        while t < te {
+            self.tile::<R, 1, true, D>(row0, t, bf, sv8, out, ld, col0);
+            t += 1;
+        }
+    }
+
+    /// Rows `row0..row0 + n` against every token; output (row `row0 + i`,
+    /// token `t`) goes to `out[t * ld + col0 + i]`.
+    #[inline(always)]
+    unsafe fn run<const T: usize, D: IDot>(&self, row0: usize, n: usize, out: *mut f32, ld: usize, col0: usize) {
+        const R: usize = 4;
+        let tokens = self.tokens;
+        let groups = self.k / self.group_size;
+        let mut bf = vec![0.0f32; R * groups];
+        let mut sv8 = vec![0.0f32; R * self.k / 8];
+        let mut tb = 0;
+        while tb < tokens {
+            let te = (tb + TOKEN_BLOCK).min(tokens);
+            let mut i = 0;
+            while i + R <= n {
+                self.row_block::<R, T, D>(row0 + i, tb, te, &mut bf, &mut sv8, out, ld, col0 + i);
+                i += R;
+            }
+            while i < n {
+                self.row_block::<1, T, D>(row0 + i, tb, te, &mut bf, &mut sv8, out, ld, col0 + i);
+                i += 1;
+            }
+            tb = te;
         }
     }
 
     #[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512vnni")]
-    unsafe fn run_vnni(&self, row0: usize, n: usize, out: &mut [f32]) {
-        self.run::<Vnni>(row0, n, out)
+    unsafe fn run_vnni(&self, row0: usize, n: usize, out: *mut f32, ld: usize, col0: usize) {
+        self.run::<3, Vnni>(row0, n, out, ld, col0)
     }
 
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn run_avx2(&self, row0: usize, n: usize, out: &mut [f32]) {
-        self.run::<Avx2>(row0, n, out)
+    unsafe fn run_avx2(&self, row0: usize, n: usize, out: *mut f32, ld: usize, col0: usize) {
+        self.run::<2, Avx2>(row0, n, out, ld, col0)
     }
 
-    /// Rows `row0..row0 + n` (global indices) against every token into `out`
-    /// (`[n, tokens]`), with the best kernel this CPU has.
-    pub fn rows_into(&self, row0: usize, n: usize, out: &mut [f32], vnni: bool) {
-        assert!(self.k % 64 == 0 && out.len() == n * self.tokens);
+    /// Rows `row0..row0 + n` (global indices) against every token, with the
+    /// best kernel this CPU has. Output (row `row0 + i`, token `t`) goes to
+    /// `out[t * ld + col0 + i]`.
+    ///
+    /// # Safety
+    /// `out` must be valid for writes at every such index, and no other
+    /// thread may write those elements meanwhile.
+    pub unsafe fn rows_into(&self, row0: usize, n: usize, out: *mut f32, ld: usize, col0: usize, vnni: bool) {
+        assert!(self.k % 64 == 0 && self.group_size % 32 == 0);
         assert!((row0 + n) * self.k / 8 <= self.words.len());
+        assert!(self.x.q.len() >= self.tokens * self.k && self.xsums.len() >= self.tokens * (self.k / self.group_size));
+        assert!(col0 + n <= ld);
         // SAFETY: features checked by `kernel()`; bounds asserted above.
-        unsafe {
-            if vnni {
-                self.run_vnni(row0, n, out)
-            } else {
-                self.run_avx2(row0, n, out)
-            }
+        if vnni {
+            self.run_vnni(row0, n, out, ld, col0)
+        } else {
+            self.run_avx2(row0, n, out, ld, col0)
         }
     }
 }
@@ -287,4 +412,24 @@ pub fn kernel() -> Option<bool> {
             _ => Some(has_vnni()),
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn quantize_avx2_matches_scalar() {
+        if !super::available() {
+            return;
+        }
+        let k = 256;
+        let x: Vec<f32> = (0..3 * k).map(|i| (((i * 7919) % 113) as f32 / 113.0 - 0.5) * if i % 97 == 0 { 8.0 } else { 1.0 }).collect();
+        let mut x = x;
+        x[64..96].fill(0.0);
+        let (mut q1, mut d1) = (vec![0i8; x.len()], vec![0.0f32; x.len() / 8]);
+        let (mut q2, mut d2) = (q1.clone(), d1.clone());
+        super::quantize_into(&x, &mut q1, &mut d1);
+        unsafe { super::quantize_avx2(&x, &mut q2, &mut d2) };
+        assert_eq!(q1, q2);
+        assert_eq!(d1, d2);
+    }
 }
