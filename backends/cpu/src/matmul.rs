@@ -499,6 +499,7 @@ pub enum MatmulMode {
 /// Splits `n` rows into tasks of whole multiples of `align` rows and runs
 /// `f(row0, rows)` on each, in parallel when the matrix is large enough to pay
 /// for waking the thread pool.
+#[cfg(target_arch = "x86_64")] // used by the int8 path only
 fn par_row_ranges(n: usize, tokens: usize, row_bytes: usize, align: usize, parallel: bool, f: impl Fn(usize, usize) + Sync) {
     let threads = rayon::current_num_threads().max(1);
     let total = n * row_bytes * tokens.max(1);
@@ -515,14 +516,18 @@ fn par_row_ranges(n: usize, tokens: usize, row_bytes: usize, align: usize, paral
 }
 
 /// A raw output pointer shared by tasks that write disjoint elements.
+#[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
 // SAFETY: only used for writes to disjoint elements (one row range per task).
+#[cfg(target_arch = "x86_64")]
 unsafe impl Send for OutPtr {}
+#[cfg(target_arch = "x86_64")]
 unsafe impl Sync for OutPtr {}
 
 /// Matrices below this many weight bytes (times tokens) run on the calling
 /// thread. `SLOTSTREAM_CPU_SERIAL_KB` overrides it (for measurements).
+#[cfg(target_arch = "x86_64")]
 fn serial_bytes() -> usize {
     static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *V.get_or_init(|| {
@@ -533,8 +538,11 @@ fn serial_bytes() -> usize {
 /// Measured on the 2-core dev VM (BENCHMARKS.md, CPU section): at 32 KB the
 /// demo model's decode ran at 620-800 tok/s on 2 threads against 1230 on one;
 /// at 256 KB, 1200-1240, with no loss on the 432M-parameter models.
+#[cfg(target_arch = "x86_64")]
 const SERIAL_BYTES: usize = 256 << 10;
+#[cfg(target_arch = "x86_64")]
 const TASKS_PER_THREAD: usize = 4;
+#[cfg(target_arch = "x86_64")]
 const MIN_TASK_BYTES: usize = 16 << 10;
 
 /// The int8-activation path for 4-bit affine weights, when it applies.
