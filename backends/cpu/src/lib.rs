@@ -460,6 +460,10 @@ impl AttnGroup<'_> {
     /// Every query of the group into `o` (`[heads_in_group, hd]`, zeroed).
     #[target_feature(enable = "avx2,fma")]
     unsafe fn run(&self, o: &mut [f32]) {
+        if self.only.map_or(self.visible, |keys| keys.len()) == 0 {
+            // A query a key selection leaves with no keys attends to nothing.
+            return;
+        }
         let hd = self.hd;
         let n = self.q.len() / hd;
         let mut scores = Vec::new();
