@@ -12,6 +12,7 @@ use anyhow::{bail, Context, Result};
 use slotstream_backend::{Backend, GateAct};
 
 use super::config::MoeConfig;
+use super::qsa::Indexer;
 use super::layers::{deinterleave_rows, linear, vector, Attention, DeltaProjections, GatedDeltaNet, Mlp, MoeBlock, Projections, RmsNorm};
 use super::{assemble, load_trunk, LoadOptions, DecoderLayer, DecoderModel, Residual, FeedForward, Layout, Mixer};
 use crate::checkpoint::Checkpoint;
@@ -29,9 +30,46 @@ fn is_full_attention(c: &MoeConfig, i: usize) -> Result<bool> {
     }
 }
 
+/// Gated full attention (qwen3_next, qwen4_exp): `q_proj` interleaves per head
+/// [query(hd), gate(hd)] and is regrouped to [queries | gates]; q/k norms get
+/// `norm_shift`; partial RoPE. `indexer` adds qwen4_exp's QSA.
+pub(crate) fn gated_attention(
+    b: &dyn Backend,
+    ck: &Checkpoint,
+    a: &str,
+    c: &MoeConfig,
+    norm_shift: f32,
+    indexer: Option<Indexer>,
+) -> Result<Attention> {
+    let (h, hd, heads, kvh) = (c.hidden_size, c.head_dim(), c.num_attention_heads, c.kv_heads());
+    let norm = |name: &str| -> Result<RmsNorm> { Ok(RmsNorm { weight: vector(b, ck, name, hd, norm_shift)?, eps: c.rms_norm_eps }) };
+    let q = ck.matrix(&format!("{a}.q_proj"), &[], heads * 2 * hd, h)?;
+    let q = q.permute_rows(&deinterleave_rows(heads, &[hd, hd]))?;
+    Ok(Attention {
+        qkv: Projections::load(
+            b,
+            &[
+                (q, format!("{a}.q_proj")),
+                (ck.matrix(&format!("{a}.k_proj"), &[], kvh * hd, h)?, format!("{a}.k_proj")),
+                (ck.matrix(&format!("{a}.v_proj"), &[], kvh * hd, h)?, format!("{a}.v_proj")),
+            ],
+        )?,
+        o_proj: linear(b, ck, &format!("{a}.o_proj"), h, heads * hd)?,
+        q_norm: norm(&format!("{a}.q_norm.weight"))?,
+        k_norm: norm(&format!("{a}.k_norm.weight"))?,
+        heads,
+        kv_heads: kvh,
+        head_dim: hd,
+        rotary_dim: (hd as f32 * c.partial_rotary_factor()) as usize,
+        rope_theta: c.rope_theta(),
+        gated: true,
+        indexer,
+    })
+}
+
 pub fn load(config: &serde_json::Value, ck: &Checkpoint, b: &dyn Backend, opts: &LoadOptions) -> Result<DecoderModel> {
     let c = MoeConfig::parse(config)?;
-    let (h, hd, heads, kvh) = (c.hidden_size, c.head_dim(), c.num_attention_heads, c.kv_heads());
+    let h = c.hidden_size;
     let need = |v: Option<usize>, name: &str| v.with_context(|| format!("config.json is missing '{name}'"));
     let nk = need(c.linear_num_key_heads, "linear_num_key_heads")?;
     let nv = need(c.linear_num_value_heads, "linear_num_value_heads")?;
@@ -47,36 +85,12 @@ pub fn load(config: &serde_json::Value, ck: &Checkpoint, b: &dyn Backend, opts: 
     let norm = |name: &str, len: usize| -> Result<RmsNorm> {
         Ok(RmsNorm { weight: vector(b, ck, name, len, shift)?, eps: c.rms_norm_eps })
     };
-    let rotary_dim = (hd as f32 * c.partial_rotary_factor()) as usize;
     let mut layers = Vec::with_capacity(c.num_hidden_layers);
     let mut moe_prefixes = Vec::new();
     for i in 0..c.num_hidden_layers {
         let p = format!("model.layers.{i}");
         let mixer = if is_full_attention(&c, i)? {
-            let a = format!("{p}.self_attn");
-            // q_proj interleaves per head [query(hd), gate(hd)]; regroup to [queries | gates].
-            let q = ck.matrix(&format!("{a}.q_proj"), &[], heads * 2 * hd, h)?;
-            let q = q.permute_rows(&deinterleave_rows(heads, &[hd, hd]))?;
-            Mixer::Attention(Attention {
-                qkv: Projections::load(
-                    b,
-                    &[
-                        (q, format!("{a}.q_proj")),
-                        (ck.matrix(&format!("{a}.k_proj"), &[], kvh * hd, h)?, format!("{a}.k_proj")),
-                        (ck.matrix(&format!("{a}.v_proj"), &[], kvh * hd, h)?, format!("{a}.v_proj")),
-                    ],
-                )?,
-                o_proj: linear(b, ck, &format!("{a}.o_proj"), h, heads * hd)?,
-                q_norm: norm(&format!("{a}.q_norm.weight"), hd)?,
-                k_norm: norm(&format!("{a}.k_norm.weight"), hd)?,
-                heads,
-                kv_heads: kvh,
-                head_dim: hd,
-                rotary_dim,
-                rope_theta: c.rope_theta(),
-                gated: true,
-                indexer: None,
-            })
+            Mixer::Attention(gated_attention(b, ck, &format!("{p}.self_attn"), &c, shift, None)?)
         } else {
             let l = format!("{p}.linear_attn");
             let r = nv / nk;

@@ -20,7 +20,7 @@ use slotstream_backend::{Backend, GateAct};
 
 use super::config::MoeConfig;
 use super::hyper::{HyperMixer, Ple};
-use super::layers::{deinterleave_rows, linear, vector, Attention, DeltaProjections, GatedDeltaNet, MoeBlock, Projections, RmsNorm};
+use super::layers::{linear, vector, Attention, DeltaProjections, GatedDeltaNet, MoeBlock, Projections, RmsNorm};
 use super::mtp::MtpHead;
 use super::ngram::NgramStore;
 use super::qsa::Indexer;
@@ -116,18 +116,13 @@ fn conv_weight(b: &dyn Backend, ck: &Checkpoint, name: &str, channels: usize, k:
     Ok(b.upload(&ck.f32_tensor(name, &shape)?, &[channels, k])?)
 }
 
-/// Full attention with its QSA indexer.
+/// Gated full attention with its QSA indexer.
 fn attention(b: &dyn Backend, ck: &Checkpoint, a: &str, c: &MoeConfig, q: &Qwen4Config) -> Result<Attention> {
-    let (h, hd, heads, kvh) = (c.hidden_size, c.head_dim(), c.num_attention_heads, c.kv_heads());
-    let norm = |name: &str, len: usize| -> Result<RmsNorm> { Ok(RmsNorm { weight: vector(b, ck, name, len, 0.0)?, eps: c.rms_norm_eps }) };
-    let rotary_dim = (hd as f32 * c.partial_rotary_factor()) as usize;
-    // q_proj interleaves per head [query(hd), gate(hd)]; regroup to [queries | gates].
-    let qp = ck.matrix(&format!("{a}.q_proj"), &[], heads * 2 * hd, h)?;
-    let qp = qp.permute_rows(&deinterleave_rows(heads, &[hd, hd]))?;
+    let rotary_dim = (c.head_dim() as f32 * c.partial_rotary_factor()) as usize;
     let ihd = q.indexer_head_dim;
     let ix = format!("{a}.indexer");
     let indexer = Indexer {
-        qk_proj: linear(b, ck, &format!("{ix}.index_qk_proj"), (q.indexer_n_heads + q.indexer_kv_heads) * ihd, h)?,
+        qk_proj: linear(b, ck, &format!("{ix}.index_qk_proj"), (q.indexer_n_heads + q.indexer_kv_heads) * ihd, c.hidden_size)?,
         q_norm: ck.f32_tensor(&format!("{ix}.q_layernorm.weight"), &[ihd])?,
         k_norm: ck.f32_tensor(&format!("{ix}.k_layernorm.weight"), &[ihd])?,
         heads: q.indexer_n_heads,
@@ -138,26 +133,7 @@ fn attention(b: &dyn Backend, ck: &Checkpoint, a: &str, c: &MoeConfig, q: &Qwen4
         rope_theta: c.rope_theta(),
         eps: c.rms_norm_eps,
     };
-    Ok(Attention {
-        qkv: Projections::load(
-            b,
-            &[
-                (qp, format!("{a}.q_proj")),
-                (ck.matrix(&format!("{a}.k_proj"), &[], kvh * hd, h)?, format!("{a}.k_proj")),
-                (ck.matrix(&format!("{a}.v_proj"), &[], kvh * hd, h)?, format!("{a}.v_proj")),
-            ],
-        )?,
-        o_proj: linear(b, ck, &format!("{a}.o_proj"), h, heads * hd)?,
-        q_norm: norm(&format!("{a}.q_norm.weight"), hd)?,
-        k_norm: norm(&format!("{a}.k_norm.weight"), hd)?,
-        heads,
-        kv_heads: kvh,
-        head_dim: hd,
-        rotary_dim,
-        rope_theta: c.rope_theta(),
-        gated: true,
-        indexer: Some(indexer),
-    })
+    super::qwen3_next::gated_attention(b, ck, a, c, 0.0, Some(indexer))
 }
 
 fn delta_net(b: &dyn Backend, ck: &Checkpoint, l: &str, c: &MoeConfig, q: &Qwen4Config) -> Result<GatedDeltaNet> {
