@@ -189,7 +189,7 @@ impl Engine {
         let first = state.position;
         let h = self.model.hidden(b, chunk, state)?;
         if let (Some(head), Some(mtp)) = (&self.model.mtp, state.mtp.as_mut()) {
-            mtp.record(b, first, &h)?;
+            mtp.record(first, &h);
             let known_end = known_start + known.len();
             let last = (first + chunk.len()).min(known_end.saturating_sub(1));
             if last > 0 {
@@ -367,16 +367,15 @@ impl Engine {
         let h = self.model.hidden(b, &fed, state)?;
         let logits = self.backend.download(&self.logits_of_last(&h, 2)?)?;
         let vocab = logits.len() / 2;
-        // Rows of the known tokens are right whatever the draft was.
-        if let Some(mtp) = state.mtp.as_mut() {
-            mtp.record(b, p, &b.slice_rows(&h, 0, fed.len() - 1)?)?;
-        }
         let sampled = sampler.sample(&logits[..vocab], history);
+        // The known tokens' rows are right whatever the draft was; the draft's
+        // row only when the draft is accepted.
+        let right = if sampled == draft { h.clone() } else { b.slice_rows(&h, 0, fed.len() - 1)? };
+        if let Some(mtp) = state.mtp.as_mut() {
+            mtp.record(p, &right);
+        }
         if sampled == draft {
             stats.accepted += 1;
-            if let Some(mtp) = state.mtp.as_mut() {
-                mtp.record(b, p + fed.len() - 1, &b.slice_rows(&h, fed.len() - 1, 1)?)?;
-            }
             let mut extended = history.to_vec();
             extended.push(draft);
             let after = sampler.sample(&logits[vocab..], &extended);

@@ -145,7 +145,7 @@ fn check_mtp_head(e: &Engine) {
         let mut state = e.new_state().unwrap();
         let h = e.model.hidden(b, ids, &mut state).unwrap();
         let mut mtp = head.new_state(b).unwrap();
-        mtp.record(b, 0, &h).unwrap();
+        mtp.record(0, &h);
         let logits = head.feed(b, &e.model, &mut mtp, ids, 0, ids.len() - 2).unwrap().unwrap();
         let logits = b.download(&logits).unwrap();
         let err = rel_l2(&logits, &case.mtp.last_logits);
@@ -153,7 +153,7 @@ fn check_mtp_head(e: &Engine) {
         // Entry by entry (the head's own KV cache), the same drafts.
         if !case.mtp.argmax_ids.is_empty() {
             let mut mtp = head.new_state(b).unwrap();
-            mtp.record(b, 0, &h).unwrap();
+            mtp.record(0, &h);
             let drafts: Vec<u32> = (0..ids.len() - 1)
                 .map(|i| {
                     let l = head.feed(b, &e.model, &mut mtp, ids, 0, i).unwrap().unwrap();

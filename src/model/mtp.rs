@@ -47,18 +47,42 @@ pub struct MtpHead {
 pub struct MtpState {
     pub layer: LayerState,
     pub len: usize,
+    /// Hidden states as the forward passes produced them: first position ->
+    /// `[n, streams*hidden]`. Overlapping chunks hold equal rows (both come
+    /// from the same known tokens); lookups take the newest.
     pub rows: BTreeMap<usize, Tensor>,
 }
 
 impl MtpState {
     /// Keeps the main model's hidden rows `h` (`[n, streams*hidden]`) of positions `first..first+n`.
-    pub fn record(&mut self, b: &dyn Backend, first: usize, h: &Tensor) -> Result<()> {
-        for i in 0..h.rows() {
-            if first + i >= self.len {
-                self.rows.insert(first + i, b.slice_rows(h, i, 1)?);
+    pub fn record(&mut self, first: usize, h: &Tensor) {
+        if first + h.rows() > self.len {
+            self.rows.insert(first, h.clone());
+        }
+    }
+
+    /// The chunk holding position `p` and the row of `p` in it.
+    fn row_of(&self, p: usize) -> Option<(&Tensor, usize)> {
+        self.rows.range(..=p).rev().find(|(&start, t)| p < start + t.rows()).map(|(&start, t)| (t, p - start))
+    }
+
+    /// Rows of positions `first..=last`, `[n, streams*hidden]`.
+    fn gather(&self, b: &dyn Backend, first: usize, last: usize) -> Result<Tensor> {
+        let mut runs: Vec<(&Tensor, usize, usize)> = Vec::new();
+        for p in first..=last {
+            let (t, r) = self.row_of(p).with_context(|| format!("internal: the MTP head has no hidden state for position {p}"))?;
+            match runs.last_mut() {
+                Some((rt, start, len)) if std::ptr::eq(*rt, t) && *start + *len == r => *len += 1,
+                _ => runs.push((t, r, 1)),
             }
         }
-        Ok(())
+        if let [(t, 0, n)] = runs[..] {
+            if n == t.rows() {
+                return Ok(t.clone());
+            }
+        }
+        let parts = runs.iter().map(|&(t, start, len)| b.slice_rows(t, start, len)).collect::<Result<Vec<_>, _>>()?;
+        Ok(b.concat_rows(&parts.iter().collect::<Vec<_>>())?)
     }
 
     pub fn clone_with(&self, b: &dyn Backend, model: &DecoderModel) -> Result<MtpState> {
@@ -95,14 +119,11 @@ impl MtpHead {
             return Ok(None);
         }
         let first = st.len;
-        let rows: Vec<&Tensor> = (first..=last)
-            .map(|i| st.rows.get(&i).with_context(|| format!("internal: the MTP head has no hidden state for position {i}")))
-            .collect::<Result<_>>()?;
         let next = (first + 1).checked_sub(tokens_start).and_then(|a| tokens.get(a..=last + 1 - tokens_start));
         let next = next.context("internal: the MTP head was fed tokens it was not given")?;
         let n = next.len();
         let (hc, d) = (self.streams, self.hidden);
-        let hidden = b.concat_rows(&rows)?;
+        let hidden = st.gather(b, first, last)?;
         let e = self.norm_embedding.forward(b, &b.embed(&model.embed, next)?)?;
         let e = b.matmul(&e, &self.fc_embedding)?;
         let hm = b.rms_norm(&hidden, Some(&self.norm_hidden), hc * d, self.eps)?;
@@ -113,7 +134,7 @@ impl MtpHead {
         drop(experts);
         st.len = last + 1;
         // The last two rows stay: `trim` may drop the entries they fed.
-        st.rows.retain(|&p, _| p + 1 >= last);
+        st.rows.retain(|&start, t| start + t.rows() >= last);
         let x = self.head.mix(b, &b.slice_rows(&out, n - 1, 1)?)?.0;
         Ok(Some(b.matmul(&x, &model.lm_head)?))
     }
@@ -123,7 +144,7 @@ impl MtpHead {
     /// before `position - 1` stay.
     pub fn trim(&self, b: &dyn Backend, st: &mut MtpState, position: usize) -> Result<()> {
         let keep = position.saturating_sub(1);
-        st.rows.retain(|&p, _| p < position);
+        st.rows.retain(|&start, _| start < position);
         if st.len > keep {
             if let (LayerState::Attention(cache, idx), Mixer::Attention(a)) = (&mut st.layer, &self.layer.mixer) {
                 b.kv_truncate(cache, keep)?;
