@@ -761,6 +761,7 @@ mod tests {
         }
     }
 
+    #[cfg(target_arch = "x86_64")]
     fn words_of(w: &CpuWeight) -> &[u32] {
         match &w.store {
             Store::Affine { words, .. } => words,
