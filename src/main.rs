@@ -417,7 +417,7 @@ fn load_planned(model: &std::path::Path, memory: &MemoryArgs, backend: &BackendA
     eprintln!("{}", plan.banner(&costs, &machine));
     let backend = backend.create()?;
     eprintln!("  backend: {}", backend.name());
-    let opts = LoadOptions { expert_slots: ExpertSlots::Count(plan.slots), mtp: plan.mtp, ..Default::default() };
+    let opts = LoadOptions { expert_slots: ExpertSlots::Count(plan.slots), mtp: plan.mtp, preload_experts: true, ..Default::default() };
     let engine = Engine::load(model, backend, &opts)?;
     Ok((engine, plan, costs))
 }

@@ -162,6 +162,27 @@ impl ExpertCache {
         self.per_layer.iter_mut().for_each(|c| *c = CacheCounters::default());
     }
 
+    /// Reads every expert into its own slot (the pool must have one for
+    /// each). Counted as load, not in the hit/miss counters.
+    pub fn load_all(&mut self, b: &dyn Backend) -> Result<()> {
+        let experts = self.store.experts_per_layer;
+        if self.owner.len() < self.store.layers * experts {
+            bail!("{} slots cannot hold all {} experts", self.owner.len(), self.store.layers * experts);
+        }
+        let all: Vec<u32> = (0..experts as u32).collect();
+        for (layer, some) in (0..self.store.layers).flat_map(|l| all.chunks(16).map(move |c| (l, c))) {
+            let (records, _) = self.store.read_many(layer, some)?;
+            for (e, record) in some.iter().zip(&records) {
+                let key = self.key(layer, *e);
+                let s = key as usize;
+                b.write_expert(&mut self.pool, s, &self.store.host_expert(record))?;
+                self.owner[s] = Some(key);
+                self.slot_of.insert(key, key);
+            }
+        }
+        Ok(())
+    }
+
     fn key(&self, layer: usize, expert: u32) -> u32 {
         (layer * self.store.experts_per_layer) as u32 + expert
     }

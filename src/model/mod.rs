@@ -123,6 +123,20 @@ pub enum Logits {
     All,
 }
 
+/// Runs `f` on a thread of the compute pool (rayon's global pool, which the
+/// CPU backend splits its work over). A forward pass issues dozens of parallel
+/// operations; started from a thread outside the pool, each one would hand its
+/// work over and sleep until it is done (two context switches, and one thread
+/// more than cores while the pool spins). From a pool thread the work is
+/// shared by work-stealing instead. Called from a pool thread, `f` just runs.
+pub fn on_compute_threads<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    if rayon::current_thread_index().is_some() {
+        f()
+    } else {
+        rayon::scope(|_| f())
+    }
+}
+
 impl DecoderModel {
     pub fn new_state(&self, b: &dyn Backend) -> Result<SequenceState> {
         let layers = self
@@ -144,15 +158,21 @@ impl DecoderModel {
         if ids.is_empty() {
             bail!("forward called with no tokens");
         }
-        let x = self.hidden(b, ids, state)?;
-        let x = if which == Logits::Last && ids.len() > 1 { b.slice_rows(&x, ids.len() - 1, 1)? } else { x };
-        let x = self.collapse(b, &x)?;
-        Ok(b.matmul(&x, &self.lm_head)?)
+        on_compute_threads(|| {
+            let x = self.hidden(b, ids, state)?;
+            let x = if which == Logits::Last && ids.len() > 1 { b.slice_rows(&x, ids.len() - 1, 1)? } else { x };
+            let x = self.collapse(b, &x)?;
+            Ok(b.matmul(&x, &self.lm_head)?)
+        })
     }
 
     /// Runs the layers over `ids`, extending `state`; returns the last hidden
     /// state `[ids.len(), streams*hidden]` before the head.
     pub fn hidden(&self, b: &dyn Backend, ids: &[u32], state: &mut SequenceState) -> Result<Tensor> {
+        on_compute_threads(|| self.hidden_here(b, ids, state))
+    }
+
+    fn hidden_here(&self, b: &dyn Backend, ids: &[u32], state: &mut SequenceState) -> Result<Tensor> {
         if ids.is_empty() {
             bail!("forward called with no tokens");
         }
@@ -362,6 +382,9 @@ pub struct LoadOptions {
     pub mtp: bool,
     /// Bound of the dequantized n-gram row cache (qwen4_exp's PLE).
     pub ngram_cache_bytes: usize,
+    /// When the pool has a slot for every expert, read them all at load, so
+    /// that a resident model's first tokens wait on no reads.
+    pub preload_experts: bool,
 }
 
 /// Default bound of the n-gram row cache.
@@ -369,7 +392,7 @@ pub const DEFAULT_NGRAM_CACHE_BYTES: usize = 64 << 20;
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { expert_slots: ExpertSlots::All, mtp: false, ngram_cache_bytes: DEFAULT_NGRAM_CACHE_BYTES }
+        LoadOptions { expert_slots: ExpertSlots::All, mtp: false, ngram_cache_bytes: DEFAULT_NGRAM_CACHE_BYTES, preload_experts: false }
     }
 }
 
@@ -424,7 +447,11 @@ pub(crate) fn expert_cache(
             n.min(total)
         }
     };
-    ExpertCache::new(b, store, slots.max(1))
+    let mut cache = ExpertCache::new(b, store, slots.max(1))?;
+    if opts.preload_experts && slots >= total {
+        cache.load_all(b)?;
+    }
+    Ok(cache)
 }
 
 /// Reads `config.json`, opens the checkpoint and builds the model on `backend`.

@@ -8,7 +8,10 @@ machine falls on both sides alike.
   (a) model resident, CPU, 2 threads: prefill and decode tok/s, peak RSS.
       ours: `slotstream run` with a ~512-token prompt and 128 generated tokens, every
       expert resident (--experts-per-layer = experts);
-      peer: `llama-bench -p 512 -n 128 -t 2` (its defaults: mmap, CPU weight repacking).
+      peer: `llama-bench -p 512 -n 128 -d 0,P -t 2` (its defaults: mmap, CPU weight
+      repacking), P = our prompt's token count: prefill is read at depth 0 and
+      decode at depth P, so both sides decode against the same KV cache length
+      (decode at depth 0 is reported beside it as decode_at_0).
   (b) model ~3x larger than a cgroup v1 memory limit that holds both processes:
       ours: `--memory-gb` at the limit (expert slots streamed with O_DIRECT);
       peer: `llama-bench -p 0 -n N -t 2 --repack 0 -lm mmap` (weights stay in the
@@ -121,7 +124,12 @@ def ours(a, model, prompt, max_tokens, mem_args, cg=None, tag="ours"):
     return res
 
 
-def peer(a, gguf, p, n, extra, cg=None, tag="peer", timeout=None):
+def peer(a, gguf, p, n, extra, cg=None, tag="peer", timeout=None, decode_depth=0):
+    """llama-bench: prefill of `p` tokens from an empty context; decode of `n`
+    tokens after `decode_depth` tokens of context (llama-bench's `-d`), so that
+    it reads the same KV cache as our decode after a `decode_depth`-token prompt."""
+    if decode_depth:
+        extra = extra + ["-d", f"0,{decode_depth}"]
     cmd = [os.path.join(a.llama_bin, "llama-bench"), "-m", gguf, "-p", str(p), "-n", str(n),
            "-t", str(a.threads), "-o", "json"] + extra
     if cg:
@@ -133,10 +141,13 @@ def peer(a, gguf, p, n, extra, cg=None, tag="peer", timeout=None):
     try:
         rows = json.loads(r["stdout"][r["stdout"].index("["):])
         for row in rows:
-            if row["n_prompt"] and not row["n_gen"]:
+            depth = row.get("n_depth", 0)
+            if row["n_prompt"] and not row["n_gen"] and depth == 0:
                 res.update(prefill=row["avg_ts"], prefill_sd=row["stddev_ts"], prompt_tokens=row["n_prompt"])
-            if row["n_gen"] and not row["n_prompt"]:
-                res.update(decode=row["avg_ts"], decode_sd=row["stddev_ts"], gen_tokens=row["n_gen"])
+            if row["n_gen"] and not row["n_prompt"] and depth == decode_depth:
+                res.update(decode=row["avg_ts"], decode_sd=row["stddev_ts"], gen_tokens=row["n_gen"], decode_depth=depth)
+            if row["n_gen"] and not row["n_prompt"] and depth == 0 and decode_depth:
+                res.update(decode_at_0=row["avg_ts"])
     except Exception as ex:  # noqa: BLE001
         if r["status"] in (0, None):
             res["error"] = f"{ex}: rc={r['rc']} {r['stderr'][-400:]}"
@@ -207,11 +218,12 @@ def main():
             o = ours(a, model, prompt, 128, ["--experts-per-layer", str(experts)], tag=f"{label}_ours_{rnd}")
             results.append((label, rnd, o))
             print(json.dumps({k: v for k, v in o.items() if k != "cmd"}), flush=True)
-            p = peer(a, gguf, 512, 128, ["-r", "3"], tag=f"{label}_peer_{rnd}")
+            depth = o.get("prompt_tokens", 512)
+            p = peer(a, gguf, 512, 128, ["-r", "3"], tag=f"{label}_peer_{rnd}", decode_depth=depth)
             results.append((label, rnd, p))
             print(json.dumps({k: v for k, v in p.items() if k != "cmd"}), flush=True)
             # How much of llama.cpp's speed is its CPU weight repacking (Q4_0 -> interleaved rows).
-            p = peer(a, gguf, 512, 128, ["-r", "3", "--repack", "0"], tag=f"{label}_peer_norepack_{rnd}")
+            p = peer(a, gguf, 512, 128, ["-r", "3", "--repack", "0"], tag=f"{label}_peer_norepack_{rnd}", decode_depth=depth)
             results.append((f"{label} no-repack", rnd, p))
             print(json.dumps({k: v for k, v in p.items() if k != "cmd"}), flush=True)
 
@@ -272,6 +284,8 @@ def main():
             notes.append(f"{x['slots']} slots, hit {100 * x['hit']:.0f}%, read {x['read_gb']:.2f} GB, self-reported peak RSS {gb(x.get('peak_rss_self'))}")
         if "decode_sd" in x:
             notes.append(f"±{x['decode_sd']:.1f} decode sd")
+        if x.get("decode_depth"):
+            notes.append(f"decode after {x['decode_depth']} tokens of context; {fmt(x.get('decode_at_0'), 2)} tok/s from an empty one")
         if x.get("status") not in (0, None):
             notes.append(f"exit: {x['status']}")
         if "error" in x:
