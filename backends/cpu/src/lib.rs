@@ -348,6 +348,11 @@ impl AttnGroup<'_> {
             let mut acc = [[_mm256_setzero_ps(); DV]; Q];
             for n in 0..count {
                 let vr = vp.add(n * self.stride + d0);
+                // Rows `stride` apart: fetch ahead (a prefetch never faults).
+                let ahead = vr.wrapping_add(16 * self.stride) as *const i8;
+                for line in (0..DV * 32).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line));
+                }
                 let mut v = [_mm256_setzero_ps(); DV];
                 for (j, vv) in v.iter_mut().enumerate() {
                     *vv = _mm256_loadu_ps(vr.add(8 * j));
@@ -414,7 +419,19 @@ impl AttnGroup<'_> {
         }
         assert!((self.visible - 1) * self.stride + self.offset + hd <= self.keys.len().min(self.values.len()));
         let kp = self.keys.as_ptr();
+        // Rows are `stride` floats apart (KV heads interleaved), which the
+        // hardware prefetcher follows poorly: fetch a few rows ahead.
+        const AHEAD: usize = 16;
+        let prefetch_row = |base: *const f32, n: usize| {
+            if n < count {
+                let r = base.wrapping_add(row(n)) as *const i8;
+                for line in (0..hd * 4).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(r.wrapping_add(line));
+                }
+            }
+        };
         for n in 0..count {
+            prefetch_row(kp, n + AHEAD);
             let kr = kp.add(row(n));
             let mut acc = [_mm256_setzero_ps(); Q];
             let mut d = 0;
@@ -437,9 +454,26 @@ impl AttnGroup<'_> {
             softmax_avx2(sc);
             inv[i] = 1.0;
         }
+        if self.only.is_none() && hd % 32 == 0 {
+            // Accumulators in registers: two queries x 32 dimensions at a time.
+            let vp = self.values.as_ptr();
+            for n in 0..AHEAD.min(count) {
+                prefetch_row(vp, n);
+            }
+            let mut i = 0;
+            while i + 2 <= Q {
+                self.weighted_values::<2, 4>(&scores[i * count..], count, count, &mut o[i * hd..]);
+                i += 2;
+            }
+            if i < Q {
+                self.weighted_values::<1, 4>(&scores[i * count..], count, count, &mut o[i * hd..]);
+            }
+            return;
+        }
         let vp = self.values.as_ptr();
         let op = o.as_mut_ptr();
         for n in 0..count {
+            prefetch_row(vp, n + AHEAD);
             let vr = vp.add(row(n));
             let mut w = [_mm256_setzero_ps(); Q];
             for (i, wv) in w.iter_mut().enumerate() {
