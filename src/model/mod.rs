@@ -158,8 +158,13 @@ impl DecoderModel {
         if ids.is_empty() {
             bail!("forward called with no tokens");
         }
+        // The expert cache is locked before the pool is entered: a pool
+        // thread waiting inside one pass may pick up another caller's pass,
+        // which must not then block on a lock held further down its own stack.
+        let mut guard = experts_lock(&self.experts)?;
+        let experts = &mut *guard;
         on_compute_threads(|| {
-            let x = self.hidden(b, ids, state)?;
+            let x = self.hidden_locked(b, ids, state, experts)?;
             let x = if which == Logits::Last && ids.len() > 1 { b.slice_rows(&x, ids.len() - 1, 1)? } else { x };
             let x = self.collapse(b, &x)?;
             Ok(b.matmul(&x, &self.lm_head)?)
@@ -169,10 +174,12 @@ impl DecoderModel {
     /// Runs the layers over `ids`, extending `state`; returns the last hidden
     /// state `[ids.len(), streams*hidden]` before the head.
     pub fn hidden(&self, b: &dyn Backend, ids: &[u32], state: &mut SequenceState) -> Result<Tensor> {
-        on_compute_threads(|| self.hidden_here(b, ids, state))
+        let mut guard = experts_lock(&self.experts)?;
+        let experts = &mut *guard;
+        on_compute_threads(|| self.hidden_locked(b, ids, state, experts))
     }
 
-    fn hidden_here(&self, b: &dyn Backend, ids: &[u32], state: &mut SequenceState) -> Result<Tensor> {
+    fn hidden_locked(&self, b: &dyn Backend, ids: &[u32], state: &mut SequenceState, experts: &mut ExpertCache) -> Result<Tensor> {
         if ids.is_empty() {
             bail!("forward called with no tokens");
         }
@@ -180,7 +187,6 @@ impl DecoderModel {
         if self.streams > 1 {
             x = b.repeat_cols(&x, self.streams)?;
         }
-        let mut experts = experts_lock(&self.experts)?;
         let ple_layers: Vec<&Ple> = self.layers.iter().filter_map(|l| l.ple.as_ref()).collect();
         if ple_layers.len() != state.ple.len() {
             bail!("the sequence state has {} PLE states for {} PLE layers", state.ple.len(), ple_layers.len());
@@ -208,7 +214,7 @@ impl DecoderModel {
                     }
                     None => None,
                 };
-                x = layer_forward(b, layer, &x, ids, start, st, ple, &mut experts).with_context(|| format!("layer {i}"))?;
+                x = layer_forward(b, layer, &x, ids, start, st, ple, experts).with_context(|| format!("layer {i}"))?;
             }
             Ok(())
         })?;

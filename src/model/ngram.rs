@@ -67,6 +67,9 @@ pub struct NgramStore {
     heads_per_ngram: usize,
     eos: u32,
     cache: Mutex<RowCache>,
+    /// Threads for row reads: they wait on the disk, and they run while the
+    /// compute pool is busy with layer 0, so they must not be its threads.
+    io: rayon::ThreadPool,
 }
 
 /// Bytes of one row of `cols` values stored as `format`: (weight, scales+biases each).
@@ -140,7 +143,13 @@ impl NgramStore {
         if offsets.iter().any(|&o| o < 0) || end > total_rows {
             bail!("n-gram head offsets and sizes reach row {end}, beyond the {total_rows} rows of the {shards} shards");
         }
+        let io = rayon::ThreadPoolBuilder::new()
+            .num_threads(8)
+            .thread_name(|i| format!("ngram-read-{i}"))
+            .build()
+            .context("starting the n-gram row read threads")?;
         Ok(NgramStore {
+            io,
             files,
             shards: shard_pieces,
             rows_per_shard: rows_per_shard as u64,
@@ -232,7 +241,7 @@ impl NgramStore {
             missing
         };
         let fetched: Vec<(u64, Arc<[f32]>)> =
-            missing.par_iter().map(|&r| Ok((r, self.read_row(r)?))).collect::<Result<Vec<_>>>()?;
+            self.io.install(|| missing.par_iter().map(|&r| Ok((r, self.read_row(r)?))).collect::<Result<Vec<_>>>())?;
         let mut out = Vec::with_capacity(row_ids.len() * self.head_dim);
         let mut c = self.lock()?;
         c.stats.misses += row_ids.iter().filter(|r| missing.binary_search(r).is_ok()).count() as u64;

@@ -7,6 +7,7 @@
 //! error); [`CpuBackend::exact`] or `SLOTSTREAM_CPU_MATMUL=exact` keeps f32
 //! activations everywhere, which the oracle parity tests use.
 
+mod attention;
 mod delta;
 mod matmul;
 mod q8;
@@ -19,6 +20,7 @@ use slotstream_backend::{
     HostMatrix, KeySelection, Result, State, Tensor, Weight,
 };
 
+pub use attention::KvCache;
 pub use matmul::{CpuWeight, MatmulMode, Store};
 
 /// Multi-threaded CPU implementation of the backend trait.
@@ -121,408 +123,6 @@ fn softplus(x: f32) -> f32 {
     }
 }
 
-/// Keys and values of one attention layer, `[positions, kv_heads*head_dim]`.
-pub struct KvCache {
-    kv_heads: usize,
-    head_dim: usize,
-    keys: Vec<f32>,
-    values: Vec<f32>,
-}
-
-impl KvCache {
-    fn len(&self) -> usize {
-        self.keys.len() / (self.kv_heads * self.head_dim)
-    }
-}
-
-/// One query head's attention over the visible keys and values: positions
-/// `0..visible`, or only those listed in `only` (QSA).
-struct AttnHead<'a> {
-    q: &'a [f32],
-    keys: &'a [f32],
-    values: &'a [f32],
-    stride: usize,
-    offset: usize,
-    visible: usize,
-    only: Option<&'a [usize]>,
-    scale: f32,
-}
-
-impl AttnHead<'_> {
-    #[inline(always)]
-    fn run(&self, o: &mut [f32]) {
-        let hd = self.q.len();
-        let at = |m: &[f32], j: usize| -> std::ops::Range<usize> {
-            let _ = m;
-            j * self.stride + self.offset..j * self.stride + self.offset + hd
-        };
-        let key = |n: usize| self.only.map_or(n, |o| o[n]);
-        let count = self.only.map_or(self.visible, |o| o.len());
-        let mut scores: Vec<f32> =
-            (0..count).map(|n| matmul::dot(self.q, &self.keys[at(self.keys, key(n))]) * self.scale).collect();
-        let max = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-        let mut total = 0.0;
-        for s in scores.iter_mut() {
-            *s = (*s - max).exp();
-            total += *s;
-        }
-        let inv = 1.0 / total;
-        for (n, s) in scores.iter().enumerate() {
-            let w = s * inv;
-            let vv = &self.values[at(self.values, key(n))];
-            o.iter_mut().zip(vv).for_each(|(o, v)| *o += w * v);
-        }
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn run_avx2(&self, o: &mut [f32]) {
-        self.run(o)
-    }
-}
-
-/// The query heads that share one KV head, at one token: they see the same
-/// keys, so each key and value row is loaded once for all of them. Per query
-/// the arithmetic is the same however many are batched together.
-#[cfg(target_arch = "x86_64")]
-struct AttnGroup<'a> {
-    /// `[heads_in_group, hd]` queries.
-    q: &'a [f32],
-    keys: &'a [f32],
-    values: &'a [f32],
-    stride: usize,
-    offset: usize,
-    visible: usize,
-    only: Option<&'a [usize]>,
-    scale: f32,
-    hd: usize,
-    /// This KV head's keys transposed in blocks of 8 positions,
-    /// `[blocks, hd, 8]` (zero-padded), when every visible key is used.
-    kt: Option<&'a [f32]>,
-}
-
-/// `e^x` for eight lanes (Cephes' `expf`: range reduction by ln 2 in two
-/// parts, degree-5 polynomial; relative error ~1e-7). Inputs below -87.3
-/// give ~1e-38 instead of underflowing to 0.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn exp_avx2(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
-    use std::arch::x86_64::*;
-    let x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3)), _mm256_set1_ps(88.3));
-    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)));
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375), x);
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4), r);
-    let mut y = _mm256_set1_ps(1.9875691500e-4);
-    for c in [1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1] {
-        y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
-    }
-    let y = _mm256_add_ps(_mm256_fmadd_ps(y, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0));
-    let p = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)));
-    _mm256_mul_ps(y, _mm256_castsi256_ps(p))
-}
-
-/// In-place softmax of one query's scores, eight lanes at a time.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn softmax_avx2(sc: &mut [f32]) {
-    use std::arch::x86_64::*;
-    let n = sc.len();
-    let p = sc.as_mut_ptr();
-    let full = n / 8 * 8;
-    let mut mv = _mm256_set1_ps(f32::NEG_INFINITY);
-    let mut i = 0;
-    while i < full {
-        mv = _mm256_max_ps(mv, _mm256_loadu_ps(p.add(i)));
-        i += 8;
-    }
-    let mut lanes = [0.0f32; 8];
-    _mm256_storeu_ps(lanes.as_mut_ptr(), mv);
-    let max = lanes.iter().chain(&sc[full..]).cloned().fold(f32::NEG_INFINITY, f32::max);
-    let m = _mm256_set1_ps(max);
-    let mut tv = _mm256_setzero_ps();
-    let mut i = 0;
-    while i < full {
-        let e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), m));
-        _mm256_storeu_ps(p.add(i), e);
-        tv = _mm256_add_ps(tv, e);
-        i += 8;
-    }
-    let mut tail = [max; 8];
-    tail[..n - full].copy_from_slice(&sc[full..]);
-    let e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(tail.as_ptr()), m));
-    _mm256_storeu_ps(tail.as_mut_ptr(), e);
-    sc[full..].copy_from_slice(&tail[..n - full]);
-    _mm256_storeu_ps(lanes.as_mut_ptr(), tv);
-    let total: f32 = lanes.iter().sum::<f32>() + tail[..n - full].iter().sum::<f32>();
-    let inv = _mm256_set1_ps(1.0 / total);
-    let mut i = 0;
-    while i < full {
-        _mm256_storeu_ps(p.add(i), _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), inv));
-        i += 8;
-    }
-    let inv = 1.0 / total;
-    for s in &mut sc[full..] {
-        *s *= inv;
-    }
-}
-
-/// Keys of KV head `g` (`[positions, stride]` at `offset`) transposed into
-/// blocks of 8 positions: `[ceil(positions / 8), hd, 8]`, zero-padded.
-#[cfg(target_arch = "x86_64")]
-fn transpose_keys(keys: &[f32], positions: usize, stride: usize, offset: usize, hd: usize) -> Vec<f32> {
-    let blocks = positions.div_ceil(8);
-    let mut kt = vec![0.0f32; blocks * hd * 8];
-    for p in 0..positions {
-        let (b, l) = (p / 8, p % 8);
-        let row = &keys[p * stride + offset..p * stride + offset + hd];
-        for (d, v) in row.iter().enumerate() {
-            kt[(b * hd + d) * 8 + l] = *v;
-        }
-    }
-    kt
-}
-
-#[cfg(target_arch = "x86_64")]
-impl AttnGroup<'_> {
-    /// Scores of queries `q0..q0 + Q` against every visible key from the
-    /// transposed keys: each lane (key) is one FMA chain over `d`, the same
-    /// whatever `Q` or the block pairing. `scores` is `[Q, blocks * 8]`.
-    #[inline(always)]
-    unsafe fn scores_t<const Q: usize>(&self, kt: &[f32], q0: usize, count: usize, scores: &mut [f32]) {
-        use std::arch::x86_64::*;
-        let hd = self.hd;
-        let blocks = count.div_ceil(8);
-        let cpad = blocks * 8;
-        assert!(kt.len() >= blocks * hd * 8 && scores.len() >= Q * cpad && self.q.len() >= (q0 + Q) * hd);
-        let qp = self.q.as_ptr().add(q0 * hd);
-        let kp = kt.as_ptr();
-        let sp = scores.as_mut_ptr();
-        let scale = _mm256_set1_ps(self.scale);
-        let mut b = 0;
-        while b + 2 <= blocks {
-            let mut acc = [[_mm256_setzero_ps(); 2]; Q];
-            let (k0p, k1p) = (kp.add(b * hd * 8), kp.add((b + 1) * hd * 8));
-            for d in 0..hd {
-                let k0 = _mm256_loadu_ps(k0p.add(d * 8));
-                let k1 = _mm256_loadu_ps(k1p.add(d * 8));
-                for (i, a) in acc.iter_mut().enumerate() {
-                    let qb = _mm256_set1_ps(*qp.add(i * hd + d));
-                    a[0] = _mm256_fmadd_ps(qb, k0, a[0]);
-                    a[1] = _mm256_fmadd_ps(qb, k1, a[1]);
-                }
-            }
-            for (i, a) in acc.iter().enumerate() {
-                _mm256_storeu_ps(sp.add(i * cpad + b * 8), _mm256_mul_ps(a[0], scale));
-                _mm256_storeu_ps(sp.add(i * cpad + b * 8 + 8), _mm256_mul_ps(a[1], scale));
-            }
-            b += 2;
-        }
-        if b < blocks {
-            let mut acc = [_mm256_setzero_ps(); Q];
-            let k0p = kp.add(b * hd * 8);
-            for d in 0..hd {
-                let k0 = _mm256_loadu_ps(k0p.add(d * 8));
-                for (i, a) in acc.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(_mm256_set1_ps(*qp.add(i * hd + d)), k0, *a);
-                }
-            }
-            for (i, a) in acc.iter().enumerate() {
-                _mm256_storeu_ps(sp.add(i * cpad + b * 8), _mm256_mul_ps(*a, scale));
-            }
-        }
-    }
-
-    /// `o[i] = sum_n p[i][n] * v[n]` for `Q` queries (`p` rows `cpad` apart,
-    /// already normalised), `DV` vectors of `hd` at a time held in registers.
-    #[inline(always)]
-    unsafe fn weighted_values<const Q: usize, const DV: usize>(&self, p: &[f32], cpad: usize, count: usize, o: &mut [f32]) {
-        use std::arch::x86_64::*;
-        let hd = self.hd;
-        assert!(p.len() >= (Q - 1) * cpad + count && o.len() >= Q * hd && hd % (8 * DV) == 0);
-        assert!(count == 0 || (count - 1) * self.stride + self.offset + hd <= self.values.len());
-        let vp = self.values.as_ptr().add(self.offset);
-        let pp = p.as_ptr();
-        let op = o.as_mut_ptr();
-        let mut d0 = 0;
-        while d0 < hd {
-            let mut acc = [[_mm256_setzero_ps(); DV]; Q];
-            for n in 0..count {
-                let vr = vp.add(n * self.stride + d0);
-                // Rows `stride` apart: fetch ahead (a prefetch never faults).
-                let ahead = vr.wrapping_add(16 * self.stride) as *const i8;
-                for line in (0..DV * 32).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line));
-                }
-                let mut v = [_mm256_setzero_ps(); DV];
-                for (j, vv) in v.iter_mut().enumerate() {
-                    *vv = _mm256_loadu_ps(vr.add(8 * j));
-                }
-                for (i, a) in acc.iter_mut().enumerate() {
-                    let w = _mm256_set1_ps(*pp.add(i * cpad + n));
-                    for j in 0..DV {
-                        a[j] = _mm256_fmadd_ps(w, v[j], a[j]);
-                    }
-                }
-            }
-            for (i, a) in acc.iter().enumerate() {
-                for j in 0..DV {
-                    _mm256_storeu_ps(op.add(i * hd + d0 + 8 * j), a[j]);
-                }
-            }
-            d0 += 8 * DV;
-        }
-    }
-
-    /// Queries `q0..q0 + Q` over all visible keys via the transposed keys.
-    #[inline(always)]
-    unsafe fn run_t<const Q: usize>(&self, kt: &[f32], q0: usize, o: &mut [f32], scores: &mut Vec<f32>) {
-        let count = self.visible;
-        let cpad = count.div_ceil(8) * 8;
-        scores.clear();
-        scores.resize(Q * cpad, 0.0);
-        self.scores_t::<Q>(kt, q0, count, scores);
-        for sc in scores.chunks_exact_mut(cpad) {
-            softmax_avx2(&mut sc[..count]);
-        }
-        if self.hd % 32 == 0 {
-            // Two queries x 4 vectors = 8 accumulators at a time.
-            let mut i = 0;
-            while i + 2 <= Q {
-                self.weighted_values::<2, 4>(&scores[i * cpad..], cpad, count, &mut o[i * self.hd..]);
-                i += 2;
-            }
-            if i < Q {
-                self.weighted_values::<1, 4>(&scores[i * cpad..], cpad, count, &mut o[i * self.hd..]);
-            }
-        } else {
-            for i in 0..Q {
-                self.weighted_values::<1, 1>(&scores[i * cpad..], cpad, count, &mut o[i * self.hd..]);
-            }
-        }
-    }
-
-    /// Queries `q0..q0 + Q` of the group into `o` (`[Q, hd]`, zeroed);
-    /// `scores` is scratch.
-    #[inline(always)]
-    unsafe fn run_q<const Q: usize>(&self, q0: usize, o: &mut [f32], scores: &mut Vec<f32>) {
-        use std::arch::x86_64::*;
-        let hd = self.hd;
-        let count = self.only.map_or(self.visible, |o| o.len());
-        debug_assert!(hd % 8 == 0 && o.len() == Q * hd);
-        assert!(self.q.len() >= (q0 + Q) * hd);
-        scores.clear();
-        scores.resize(Q * count, 0.0);
-        let qp = self.q.as_ptr().add(q0 * hd);
-        let row = |n: usize| self.only.map_or(n, |o| o[n]) * self.stride + self.offset;
-        if let Some(only) = self.only {
-            assert!(only.iter().all(|&j| j < self.visible));
-        }
-        assert!((self.visible - 1) * self.stride + self.offset + hd <= self.keys.len().min(self.values.len()));
-        let kp = self.keys.as_ptr();
-        // Rows are `stride` floats apart (KV heads interleaved), which the
-        // hardware prefetcher follows poorly: fetch a few rows ahead.
-        const AHEAD: usize = 16;
-        let prefetch_row = |base: *const f32, n: usize| {
-            if n < count {
-                let r = base.wrapping_add(row(n)) as *const i8;
-                for line in (0..hd * 4).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(r.wrapping_add(line));
-                }
-            }
-        };
-        for n in 0..count {
-            prefetch_row(kp, n + AHEAD);
-            let kr = kp.add(row(n));
-            let mut acc = [_mm256_setzero_ps(); Q];
-            let mut d = 0;
-            while d < hd {
-                let kv = _mm256_loadu_ps(kr.add(d));
-                for (i, a) in acc.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(i * hd + d)), kv, *a);
-                }
-                d += 8;
-            }
-            for (i, a) in acc.iter().enumerate() {
-                let s = _mm_add_ps(_mm256_castps256_ps128(*a), _mm256_extractf128_ps(*a, 1));
-                let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-                let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-                scores[i * count + n] = _mm_cvtss_f32(s) * self.scale;
-            }
-        }
-        let mut inv = [0.0f32; Q];
-        for (i, sc) in scores.chunks_exact_mut(count).enumerate() {
-            softmax_avx2(sc);
-            inv[i] = 1.0;
-        }
-        if self.only.is_none() && hd % 32 == 0 {
-            // Accumulators in registers: two queries x 32 dimensions at a time.
-            let vp = self.values.as_ptr();
-            for n in 0..AHEAD.min(count) {
-                prefetch_row(vp, n);
-            }
-            let mut i = 0;
-            while i + 2 <= Q {
-                self.weighted_values::<2, 4>(&scores[i * count..], count, count, &mut o[i * hd..]);
-                i += 2;
-            }
-            if i < Q {
-                self.weighted_values::<1, 4>(&scores[i * count..], count, count, &mut o[i * hd..]);
-            }
-            return;
-        }
-        let vp = self.values.as_ptr();
-        let op = o.as_mut_ptr();
-        for n in 0..count {
-            prefetch_row(vp, n + AHEAD);
-            let vr = vp.add(row(n));
-            let mut w = [_mm256_setzero_ps(); Q];
-            for (i, wv) in w.iter_mut().enumerate() {
-                *wv = _mm256_set1_ps(scores[i * count + n] * inv[i]);
-            }
-            let mut d = 0;
-            while d < hd {
-                let v = _mm256_loadu_ps(vr.add(d));
-                for (i, wv) in w.iter().enumerate() {
-                    let p = op.add(i * hd + d);
-                    _mm256_storeu_ps(p, _mm256_fmadd_ps(*wv, v, _mm256_loadu_ps(p)));
-                }
-                d += 8;
-            }
-        }
-    }
-
-    /// Every query of the group into `o` (`[heads_in_group, hd]`, zeroed).
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn run(&self, o: &mut [f32]) {
-        if self.only.map_or(self.visible, |keys| keys.len()) == 0 {
-            // A query a key selection leaves with no keys attends to nothing.
-            return;
-        }
-        let hd = self.hd;
-        let n = self.q.len() / hd;
-        let mut scores = Vec::new();
-        let mut i = 0;
-        if let Some(kt) = self.kt {
-            while i + 4 <= n {
-                self.run_t::<4>(kt, i, &mut o[i * hd..(i + 4) * hd], &mut scores);
-                i += 4;
-            }
-            while i < n {
-                self.run_t::<1>(kt, i, &mut o[i * hd..(i + 1) * hd], &mut scores);
-                i += 1;
-            }
-            return;
-        }
-        while i + 4 <= n {
-            self.run_q::<4>(i, &mut o[i * hd..(i + 4) * hd], &mut scores);
-            i += 4;
-        }
-        while i < n {
-            self.run_q::<1>(i, &mut o[i * hd..(i + 1) * hd], &mut scores);
-            i += 1;
-        }
-    }
-}
 
 /// The last `(kernel-1)*dilation` inputs of a causal convolution, `[.., channels]`.
 pub struct ConvState {
@@ -811,7 +411,8 @@ impl Backend for CpuBackend {
     }
 
     fn new_kv_cache(&self, kv_heads: usize, head_dim: usize) -> Result<State> {
-        Ok(State::new(Box::new(KvCache { kv_heads, head_dim, keys: Vec::new(), values: Vec::new() })))
+        // f16 rows go with the int8 matmuls; the exact mode keeps f32.
+        Ok(State::new(Box::new(KvCache::new(kv_heads, head_dim, self.mode == MatmulMode::Int8))))
     }
 
     fn kv_len(&self, cache: &State) -> Result<usize> {
@@ -823,15 +424,13 @@ impl Backend for CpuBackend {
         if len > c.len() {
             return Err(shape_error("kv_truncate", format!("to {len} positions of {}", c.len())));
         }
-        let row = c.kv_heads * c.head_dim;
-        c.keys.truncate(len * row);
-        c.values.truncate(len * row);
+        c.truncate(len);
         Ok(())
     }
 
     fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, cache: &mut State, heads: usize, scale: f32, selection: Option<&KeySelection>) -> Result<Tensor> {
         let c = cache.get_mut::<KvCache>().ok_or_else(|| BackendError::Device("not a CPU KV cache".into()))?;
-        let (kvh, hd) = (c.kv_heads, c.head_dim);
+        let (kvh, hd) = (c.kv_heads(), c.head_dim());
         let tokens = q.rows();
         if q.cols() != heads * hd || k.cols() != kvh * hd || v.cols() != kvh * hd || k.rows() != tokens || heads % kvh != 0 {
             return Err(shape_error(
@@ -847,66 +446,8 @@ impl Backend for CpuBackend {
         let past = c.len();
         // The keys each query may see, once per query (not per head).
         let selected: Option<Vec<Vec<usize>>> = selection.map(|sel| (0..tokens).map(|t| sel.keys_of(t, past + t)).collect());
-        c.keys.extend_from_slice(data(k)?);
-        c.values.extend_from_slice(data(v)?);
-        let (keys, values) = (&c.keys, &c.values);
-        let qd = data(q)?;
-        let group = heads / kvh;
-        let mut out = vec![0.0f32; tokens * heads * hd];
-        let avx2 = matmul::has_avx2_fma();
-        let work = tokens * heads * (past + tokens) * hd * 2;
-        #[cfg(target_arch = "x86_64")]
-        if avx2 && hd % 8 == 0 {
-            // Keys transposed once per call for the full-visibility kernel
-            // (prefill; at decode a single query reads each key once anyway).
-            let total = past + tokens;
-            let kts: Vec<Vec<f32>> = if selected.is_none() && tokens > 1 {
-                (0..kvh).map(|g| transpose_keys(keys, total, kvh * hd, g * hd, hd)).collect()
-            } else {
-                Vec::new()
-            };
-            // One piece per (token, KV head): the group's query heads are
-            // consecutive in q and in the output.
-            for_each_piece(&mut out, group * hd, work, |i, o| {
-                let (t, g) = (i / kvh, i % kvh);
-                let ag = AttnGroup {
-                    q: &qd[(t * heads + g * group) * hd..(t * heads + (g + 1) * group) * hd],
-                    keys,
-                    values,
-                    stride: kvh * hd,
-                    offset: g * hd,
-                    visible: past + t + 1,
-                    only: selected.as_ref().map(|s| s[t].as_slice()),
-                    scale,
-                    hd,
-                    kt: kts.get(g).map(|v| v.as_slice()),
-                };
-                // SAFETY: the CPU supports AVX2 and FMA (checked at run time).
-                unsafe { ag.run(o) };
-            });
-            return Ok(tensor(out, vec![tokens, heads * hd]));
-        }
-        for_each_piece(&mut out, hd, work, |i, o| {
-            let (t, h) = (i / heads, i % heads);
-            let head = AttnHead {
-                q: &qd[(t * heads + h) * hd..(t * heads + h + 1) * hd],
-                keys,
-                values,
-                stride: kvh * hd,
-                offset: (h / group) * hd,
-                visible: past + t + 1,
-                only: selected.as_ref().map(|s| s[t].as_slice()),
-                scale,
-            };
-            #[cfg(target_arch = "x86_64")]
-            if avx2 {
-                // SAFETY: the CPU supports AVX2 and FMA (checked at run time).
-                unsafe { head.run_avx2(o) };
-                return;
-            }
-            let _ = avx2;
-            head.run(o);
-        });
+        c.append(data(k)?, data(v)?);
+        let out = c.attend(data(q)?, tokens, heads, scale, selected.as_deref());
         Ok(tensor(out, vec![tokens, heads * hd]))
     }
 
@@ -1070,7 +611,7 @@ impl Backend for CpuBackend {
 
     fn clone_state(&self, state: &State) -> Result<State> {
         if let Some(c) = state.get::<KvCache>() {
-            return Ok(State::new(Box::new(KvCache { kv_heads: c.kv_heads, head_dim: c.head_dim, keys: c.keys.clone(), values: c.values.clone() })));
+            return Ok(State::new(Box::new(c.duplicate())));
         }
         if let Some(c) = state.get::<ConvState>() {
             return Ok(State::new(Box::new(ConvState { channels: c.channels, kernel: c.kernel, dilation: c.dilation, window: c.window.clone() })));
@@ -1079,72 +620,5 @@ impl Backend for CpuBackend {
             return Ok(State::new(Box::new(RecurrentState { heads: r.heads, key_dim: r.key_dim, value_dim: r.value_dim, s: r.s.clone() })));
         }
         Err(BackendError::Device("state does not belong to the CPU backend".into()))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[cfg(target_arch = "x86_64")]
-    #[test]
-    fn exp_avx2_matches_expf() {
-        if !matmul::has_avx2_fma() {
-            return;
-        }
-        for i in 0..20000 {
-            let x = -87.0 + i as f32 * 0.0044;
-            let mut out = [0.0f32; 8];
-            // SAFETY: AVX2 and FMA checked above.
-            unsafe {
-                use std::arch::x86_64::*;
-                _mm256_storeu_ps(out.as_mut_ptr(), exp_avx2(_mm256_set1_ps(x)));
-            }
-            let want = x.exp();
-            assert!((out[0] - want).abs() <= 4e-7 * want, "exp({x}) = {} vs {want}", out[0]);
-        }
-    }
-
-    /// A prefill call's attention (many queries, transposed-key kernel) must
-    /// match feeding the same tokens one at a time, up to float rounding.
-    #[test]
-    fn attention_prefill_matches_token_by_token() {
-        let b = CpuBackend::new();
-        let (heads, kvh, hd, tokens) = (8, 2, 64, 21);
-        let gen = |n: usize, seed: usize| -> Vec<f32> { (0..n).map(|i| (((i + seed) * 7919) % 113) as f32 / 113.0 - 0.5).collect() };
-        let q = gen(tokens * heads * hd, 1);
-        let k = gen(tokens * kvh * hd, 2);
-        let v = gen(tokens * kvh * hd, 3);
-        let mut c1 = b.new_kv_cache(kvh, hd).unwrap();
-        let all = b
-            .attention(
-                &b.upload(&q, &[tokens, heads * hd]).unwrap(),
-                &b.upload(&k, &[tokens, kvh * hd]).unwrap(),
-                &b.upload(&v, &[tokens, kvh * hd]).unwrap(),
-                &mut c1,
-                heads,
-                0.125,
-                None,
-            )
-            .unwrap();
-        let all = b.download(&all).unwrap();
-        let mut c2 = b.new_kv_cache(kvh, hd).unwrap();
-        for t in 0..tokens {
-            let one = b
-                .attention(
-                    &b.upload(&q[t * heads * hd..(t + 1) * heads * hd], &[1, heads * hd]).unwrap(),
-                    &b.upload(&k[t * kvh * hd..(t + 1) * kvh * hd], &[1, kvh * hd]).unwrap(),
-                    &b.upload(&v[t * kvh * hd..(t + 1) * kvh * hd], &[1, kvh * hd]).unwrap(),
-                    &mut c2,
-                    heads,
-                    0.125,
-                    None,
-                )
-                .unwrap();
-            let one = b.download(&one).unwrap();
-            for (i, (a, o)) in all[t * heads * hd..(t + 1) * heads * hd].iter().zip(&one).enumerate() {
-                assert!((a - o).abs() <= 1e-5 * (1.0 + o.abs()), "token {t} element {i}: {a} vs {o}");
-            }
-        }
     }
 }
