@@ -105,3 +105,477 @@ fn matvec(
         }
     }
 }
+
+// ---- Benchmark variants of the one-token interleaved 4-bit kernel (temporary) ----
+
+fn q4_store8(row0: u32, nrows: u32, part: Acc8, lane: u32) {
+    let ta = subgroupAdd(part.a);
+    let tb = subgroupAdd(part.b);
+    if (lane == 0u) {
+        for (var r = 0u; r < nrows; r++) {
+            out[p.out_off + row0 + r] = select(tb[r & 3u], ta[r & 3u], r < 4u);
+        }
+    }
+}
+
+fn q4_store4(row0: u32, nrows: u32, part: vec4<f32>, lane: u32) {
+    let total = subgroupAdd(part);
+    if (lane == 0u) {
+        for (var r = 0u; r < nrows; r++) {
+            out[p.out_off + row0 + r] = total[r];
+        }
+    }
+}
+
+// Group of each of the four words of lane chunk i.
+fn q4i_g(chunks: u32, gshift: u32, i: u32) -> vec4<u32> {
+    let j = i >> 5u;
+    let v = i & 31u;
+    let t = min(32u, chunks - 32u * j);
+    let c0 = 1024u * j + 8u * v;
+    let c = vec4<u32>(c0, c0 + 8u * t, c0 + 16u * t, c0 + 24u * t);
+    return c >> vec4<u32>(gshift);
+}
+
+// The four pairs of chunk i when pairs are stored transposed per tile
+// (SLOTSTREAM_WGPU_Q4_PAIRS=vec4, cols % 1024 == 0, group size <= 256).
+fn q4i_pairs_v(pb: u32, i: u32, gshift: u32) -> vec4<u32> {
+    let j = i >> 5u;
+    let v = i & 31u;
+    return w[(pb + ((1024u * j) >> gshift) + 4u * ((8u * v) >> gshift)) >> 2u];
+}
+
+// v1: eight rows, next chunk's weights prefetched.
+fn rows8_pf(d: WeightDesc, row0: u32, nrows: u32, lane: u32, lanes: u32, f16s: bool) -> Acc8 {
+    var acc = Acc8(vec4<f32>(0.0), vec4<f32>(0.0));
+    let chunks = d.row_words / 4u;
+    let gshift = firstTrailingBit(d.group_size);
+    let gpr = d.cols >> gshift;
+    let last = row0 + nrows - 1u;
+    let ra = vec4<u32>(row0, min(row0 + 1u, last), min(row0 + 2u, last), min(row0 + 3u, last));
+    let rb = min(ra + vec4<u32>(4u), vec4<u32>(last));
+    let wa = ra * chunks;
+    let wb = rb * chunks;
+    let pa = d.scales_off + ra * gpr;
+    let pb = d.scales_off + rb * gpr;
+    let lastc = chunks - 1u;
+    let f = min(lane, lastc);
+    var n0 = w[wa.x + f];
+    var n1 = w[wa.y + f];
+    var n2 = w[wa.z + f];
+    var n3 = w[wa.w + f];
+    var n4 = w[wb.x + f];
+    var n5 = w[wb.y + f];
+    var n6 = w[wb.z + f];
+    var n7 = w[wb.w + f];
+    for (var i = lane; i < chunks; i += lanes) {
+        let w0 = n0;
+        let w1 = n1;
+        let w2 = n2;
+        let w3 = n3;
+        let w4 = n4;
+        let w5 = n5;
+        let w6 = n6;
+        let w7 = n7;
+        let nx = min(i + lanes, lastc);
+        n0 = w[wa.x + nx];
+        n1 = w[wa.y + nx];
+        n2 = w[wa.z + nx];
+        n3 = w[wa.w + nx];
+        n4 = w[wb.x + nx];
+        n5 = w[wb.y + nx];
+        n6 = w[wb.z + nx];
+        n7 = w[wb.w + nx];
+        let x = q4i_x(chunks, gshift, 0u, i);
+        let p0 = q4i_pairs(pa.x, x.g);
+        let p1 = q4i_pairs(pa.y, x.g);
+        let p2 = q4i_pairs(pa.z, x.g);
+        let p3 = q4i_pairs(pa.w, x.g);
+        let p4 = q4i_pairs(pb.x, x.g);
+        let p5 = q4i_pairs(pb.y, x.g);
+        let p6 = q4i_pairs(pb.z, x.g);
+        let p7 = q4i_pairs(pb.w, x.g);
+        acc.a.x += q4i_part(w0, p0, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.a.y += q4i_part(w1, p1, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.a.z += q4i_part(w2, p2, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.a.w += q4i_part(w3, p3, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.b.x += q4i_part(w4, p4, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.b.y += q4i_part(w5, p5, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.b.z += q4i_part(w6, p6, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.b.w += q4i_part(w7, p7, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+    }
+    return acc;
+}
+
+// v2: eight rows, next chunk's weights and pairs prefetched.
+fn rows8_pfp(d: WeightDesc, row0: u32, nrows: u32, lane: u32, lanes: u32, f16s: bool) -> Acc8 {
+    var acc = Acc8(vec4<f32>(0.0), vec4<f32>(0.0));
+    let chunks = d.row_words / 4u;
+    let gshift = firstTrailingBit(d.group_size);
+    let gpr = d.cols >> gshift;
+    let last = row0 + nrows - 1u;
+    let ra = vec4<u32>(row0, min(row0 + 1u, last), min(row0 + 2u, last), min(row0 + 3u, last));
+    let rb = min(ra + vec4<u32>(4u), vec4<u32>(last));
+    let wa = ra * chunks;
+    let wb = rb * chunks;
+    let pa = d.scales_off + ra * gpr;
+    let pb = d.scales_off + rb * gpr;
+    let lastc = chunks - 1u;
+    let f = min(lane, lastc);
+    var n0 = w[wa.x + f];
+    var n1 = w[wa.y + f];
+    var n2 = w[wa.z + f];
+    var n3 = w[wa.w + f];
+    var n4 = w[wb.x + f];
+    var n5 = w[wb.y + f];
+    var n6 = w[wb.z + f];
+    var n7 = w[wb.w + f];
+    let g = q4i_g(chunks, gshift, f);
+    var m0 = q4i_pairs(pa.x, g);
+    var m1 = q4i_pairs(pa.y, g);
+    var m2 = q4i_pairs(pa.z, g);
+    var m3 = q4i_pairs(pa.w, g);
+    var m4 = q4i_pairs(pb.x, g);
+    var m5 = q4i_pairs(pb.y, g);
+    var m6 = q4i_pairs(pb.z, g);
+    var m7 = q4i_pairs(pb.w, g);
+    for (var i = lane; i < chunks; i += lanes) {
+        let w0 = n0;
+        let w1 = n1;
+        let w2 = n2;
+        let w3 = n3;
+        let w4 = n4;
+        let w5 = n5;
+        let w6 = n6;
+        let w7 = n7;
+        let p0 = m0;
+        let p1 = m1;
+        let p2 = m2;
+        let p3 = m3;
+        let p4 = m4;
+        let p5 = m5;
+        let p6 = m6;
+        let p7 = m7;
+        let nx = min(i + lanes, lastc);
+        n0 = w[wa.x + nx];
+        n1 = w[wa.y + nx];
+        n2 = w[wa.z + nx];
+        n3 = w[wa.w + nx];
+        n4 = w[wb.x + nx];
+        n5 = w[wb.y + nx];
+        n6 = w[wb.z + nx];
+        n7 = w[wb.w + nx];
+        let gn = q4i_g(chunks, gshift, nx);
+        m0 = q4i_pairs(pa.x, gn);
+        m1 = q4i_pairs(pa.y, gn);
+        m2 = q4i_pairs(pa.z, gn);
+        m3 = q4i_pairs(pa.w, gn);
+        m4 = q4i_pairs(pb.x, gn);
+        m5 = q4i_pairs(pb.y, gn);
+        m6 = q4i_pairs(pb.z, gn);
+        m7 = q4i_pairs(pb.w, gn);
+        let x = q4i_x(chunks, gshift, 0u, i);
+        acc.a.x += q4i_part(w0, p0, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.a.y += q4i_part(w1, p1, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.a.z += q4i_part(w2, p2, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.a.w += q4i_part(w3, p3, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.b.x += q4i_part(w4, p4, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.b.y += q4i_part(w5, p5, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.b.z += q4i_part(w6, p6, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.b.w += q4i_part(w7, p7, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+    }
+    return acc;
+}
+
+// v3: four rows, next chunk's weights and pairs prefetched.
+fn rows4_pfp(d: WeightDesc, row0: u32, nrows: u32, lane: u32, lanes: u32, f16s: bool) -> vec4<f32> {
+    var acc = vec4<f32>(0.0);
+    let chunks = d.row_words / 4u;
+    let gshift = firstTrailingBit(d.group_size);
+    let gpr = d.cols >> gshift;
+    let last = row0 + nrows - 1u;
+    let ra = vec4<u32>(row0, min(row0 + 1u, last), min(row0 + 2u, last), min(row0 + 3u, last));
+    let wa = ra * chunks;
+    let pa = d.scales_off + ra * gpr;
+    let lastc = chunks - 1u;
+    let f = min(lane, lastc);
+    var n0 = w[wa.x + f];
+    var n1 = w[wa.y + f];
+    var n2 = w[wa.z + f];
+    var n3 = w[wa.w + f];
+    let g = q4i_g(chunks, gshift, f);
+    var m0 = q4i_pairs(pa.x, g);
+    var m1 = q4i_pairs(pa.y, g);
+    var m2 = q4i_pairs(pa.z, g);
+    var m3 = q4i_pairs(pa.w, g);
+    for (var i = lane; i < chunks; i += lanes) {
+        let w0 = n0;
+        let w1 = n1;
+        let w2 = n2;
+        let w3 = n3;
+        let p0 = m0;
+        let p1 = m1;
+        let p2 = m2;
+        let p3 = m3;
+        let nx = min(i + lanes, lastc);
+        n0 = w[wa.x + nx];
+        n1 = w[wa.y + nx];
+        n2 = w[wa.z + nx];
+        n3 = w[wa.w + nx];
+        let gn = q4i_g(chunks, gshift, nx);
+        m0 = q4i_pairs(pa.x, gn);
+        m1 = q4i_pairs(pa.y, gn);
+        m2 = q4i_pairs(pa.z, gn);
+        m3 = q4i_pairs(pa.w, gn);
+        let x = q4i_x(chunks, gshift, 0u, i);
+        acc.x += q4i_part(w0, p0, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.y += q4i_part(w1, p1, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.z += q4i_part(w2, p2, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.w += q4i_part(w3, p3, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+    }
+    return acc;
+}
+
+// v4: eight rows, pairs as one 16-byte load per row (transposed pairs).
+fn rows8_v(d: WeightDesc, row0: u32, nrows: u32, lane: u32, lanes: u32, f16s: bool) -> Acc8 {
+    var acc = Acc8(vec4<f32>(0.0), vec4<f32>(0.0));
+    if (nrows == 0u) {
+        // Never taken: keeps binding 6 in the layout.
+        acc.a.x = f32(w_words[0]);
+    }
+    let chunks = d.row_words / 4u;
+    let gshift = firstTrailingBit(d.group_size);
+    let gpr = d.cols >> gshift;
+    let last = row0 + nrows - 1u;
+    let ra = vec4<u32>(row0, min(row0 + 1u, last), min(row0 + 2u, last), min(row0 + 3u, last));
+    let rb = min(ra + vec4<u32>(4u), vec4<u32>(last));
+    let wa = ra * chunks;
+    let wb = rb * chunks;
+    let pa = d.scales_off + ra * gpr;
+    let pb = d.scales_off + rb * gpr;
+    for (var i = lane; i < chunks; i += lanes) {
+        let w0 = w[wa.x + i];
+        let w1 = w[wa.y + i];
+        let w2 = w[wa.z + i];
+        let w3 = w[wa.w + i];
+        let w4 = w[wb.x + i];
+        let w5 = w[wb.y + i];
+        let w6 = w[wb.z + i];
+        let w7 = w[wb.w + i];
+        let p0 = q4i_pairs_v(pa.x, i, gshift);
+        let p1 = q4i_pairs_v(pa.y, i, gshift);
+        let p2 = q4i_pairs_v(pa.z, i, gshift);
+        let p3 = q4i_pairs_v(pa.w, i, gshift);
+        let p4 = q4i_pairs_v(pb.x, i, gshift);
+        let p5 = q4i_pairs_v(pb.y, i, gshift);
+        let p6 = q4i_pairs_v(pb.z, i, gshift);
+        let p7 = q4i_pairs_v(pb.w, i, gshift);
+        let x = q4i_x(chunks, gshift, 0u, i);
+        acc.a.x += q4i_part(w0, p0, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.a.y += q4i_part(w1, p1, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.a.z += q4i_part(w2, p2, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.a.w += q4i_part(w3, p3, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.b.x += q4i_part(w4, p4, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.b.y += q4i_part(w5, p5, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.b.z += q4i_part(w6, p6, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.b.w += q4i_part(w7, p7, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+    }
+    return acc;
+}
+
+// v5: eight rows, transposed pairs, weights and pairs prefetched.
+fn rows8_pfv(d: WeightDesc, row0: u32, nrows: u32, lane: u32, lanes: u32, f16s: bool) -> Acc8 {
+    var acc = Acc8(vec4<f32>(0.0), vec4<f32>(0.0));
+    if (nrows == 0u) {
+        // Never taken: keeps binding 6 in the layout.
+        acc.a.x = f32(w_words[0]);
+    }
+    let chunks = d.row_words / 4u;
+    let gshift = firstTrailingBit(d.group_size);
+    let gpr = d.cols >> gshift;
+    let last = row0 + nrows - 1u;
+    let ra = vec4<u32>(row0, min(row0 + 1u, last), min(row0 + 2u, last), min(row0 + 3u, last));
+    let rb = min(ra + vec4<u32>(4u), vec4<u32>(last));
+    let wa = ra * chunks;
+    let wb = rb * chunks;
+    let pa = d.scales_off + ra * gpr;
+    let pb = d.scales_off + rb * gpr;
+    let lastc = chunks - 1u;
+    let f = min(lane, lastc);
+    var n0 = w[wa.x + f];
+    var n1 = w[wa.y + f];
+    var n2 = w[wa.z + f];
+    var n3 = w[wa.w + f];
+    var n4 = w[wb.x + f];
+    var n5 = w[wb.y + f];
+    var n6 = w[wb.z + f];
+    var n7 = w[wb.w + f];
+    var m0 = q4i_pairs_v(pa.x, f, gshift);
+    var m1 = q4i_pairs_v(pa.y, f, gshift);
+    var m2 = q4i_pairs_v(pa.z, f, gshift);
+    var m3 = q4i_pairs_v(pa.w, f, gshift);
+    var m4 = q4i_pairs_v(pb.x, f, gshift);
+    var m5 = q4i_pairs_v(pb.y, f, gshift);
+    var m6 = q4i_pairs_v(pb.z, f, gshift);
+    var m7 = q4i_pairs_v(pb.w, f, gshift);
+    for (var i = lane; i < chunks; i += lanes) {
+        let w0 = n0;
+        let w1 = n1;
+        let w2 = n2;
+        let w3 = n3;
+        let w4 = n4;
+        let w5 = n5;
+        let w6 = n6;
+        let w7 = n7;
+        let p0 = m0;
+        let p1 = m1;
+        let p2 = m2;
+        let p3 = m3;
+        let p4 = m4;
+        let p5 = m5;
+        let p6 = m6;
+        let p7 = m7;
+        let nx = min(i + lanes, lastc);
+        n0 = w[wa.x + nx];
+        n1 = w[wa.y + nx];
+        n2 = w[wa.z + nx];
+        n3 = w[wa.w + nx];
+        n4 = w[wb.x + nx];
+        n5 = w[wb.y + nx];
+        n6 = w[wb.z + nx];
+        n7 = w[wb.w + nx];
+        m0 = q4i_pairs_v(pa.x, nx, gshift);
+        m1 = q4i_pairs_v(pa.y, nx, gshift);
+        m2 = q4i_pairs_v(pa.z, nx, gshift);
+        m3 = q4i_pairs_v(pa.w, nx, gshift);
+        m4 = q4i_pairs_v(pb.x, nx, gshift);
+        m5 = q4i_pairs_v(pb.y, nx, gshift);
+        m6 = q4i_pairs_v(pb.z, nx, gshift);
+        m7 = q4i_pairs_v(pb.w, nx, gshift);
+        let x = q4i_x(chunks, gshift, 0u, i);
+        acc.a.x += q4i_part(w0, p0, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.a.y += q4i_part(w1, p1, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.a.z += q4i_part(w2, p2, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.a.w += q4i_part(w3, p3, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.b.x += q4i_part(w4, p4, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.b.y += q4i_part(w5, p5, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.b.z += q4i_part(w6, p6, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.b.w += q4i_part(w7, p7, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+    }
+    return acc;
+}
+
+@compute @workgroup_size(128)
+fn matvec_q4_pf8(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let sets = (p.rows + 7u) / 8u;
+    for (var si = wid.x * nsg + sg; si < sets; si += nwg.x * nsg) {
+        let row0 = si * 8u;
+        let nrows = min(8u, p.rows - row0);
+        var part: Acc8;
+        if (p.w.scale_kind == 1u) {
+            part = rows8_pf(p.w, row0, nrows, lane, lanes, true);
+        } else {
+            part = rows8_pf(p.w, row0, nrows, lane, lanes, false);
+        }
+        q4_store8(row0, nrows, part, lane);
+    }
+}
+
+@compute @workgroup_size(128)
+fn matvec_q4_pf8p(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let sets = (p.rows + 7u) / 8u;
+    for (var si = wid.x * nsg + sg; si < sets; si += nwg.x * nsg) {
+        let row0 = si * 8u;
+        let nrows = min(8u, p.rows - row0);
+        var part: Acc8;
+        if (p.w.scale_kind == 1u) {
+            part = rows8_pfp(p.w, row0, nrows, lane, lanes, true);
+        } else {
+            part = rows8_pfp(p.w, row0, nrows, lane, lanes, false);
+        }
+        q4_store8(row0, nrows, part, lane);
+    }
+}
+
+@compute @workgroup_size(128)
+fn matvec_q4_pf4p(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let sets = (p.rows + 3u) / 4u;
+    for (var si = wid.x * nsg + sg; si < sets; si += nwg.x * nsg) {
+        let row0 = si * 4u;
+        let nrows = min(4u, p.rows - row0);
+        var part: vec4<f32>;
+        if (p.w.scale_kind == 1u) {
+            part = rows4_pfp(p.w, row0, nrows, lane, lanes, true);
+        } else {
+            part = rows4_pfp(p.w, row0, nrows, lane, lanes, false);
+        }
+        q4_store4(row0, nrows, part, lane);
+    }
+}
+
+@compute @workgroup_size(128)
+fn matvec_q4_v8(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let sets = (p.rows + 7u) / 8u;
+    for (var si = wid.x * nsg + sg; si < sets; si += nwg.x * nsg) {
+        let row0 = si * 8u;
+        let nrows = min(8u, p.rows - row0);
+        var part: Acc8;
+        if (p.w.scale_kind == 1u) {
+            part = rows8_v(p.w, row0, nrows, lane, lanes, true);
+        } else {
+            part = rows8_v(p.w, row0, nrows, lane, lanes, false);
+        }
+        q4_store8(row0, nrows, part, lane);
+    }
+}
+
+@compute @workgroup_size(128)
+fn matvec_q4_pf8v(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let sets = (p.rows + 7u) / 8u;
+    for (var si = wid.x * nsg + sg; si < sets; si += nwg.x * nsg) {
+        let row0 = si * 8u;
+        let nrows = min(8u, p.rows - row0);
+        var part: Acc8;
+        if (p.w.scale_kind == 1u) {
+            part = rows8_pfv(p.w, row0, nrows, lane, lanes, true);
+        } else {
+            part = rows8_pfv(p.w, row0, nrows, lane, lanes, false);
+        }
+        q4_store8(row0, nrows, part, lane);
+    }
+}

@@ -45,6 +45,28 @@ fn q4_eight_rows_from() -> usize {
     })
 }
 
+/// Benchmark switch (temporary): the one-token interleaved 4-bit kernel
+/// variant (0 the default) and a cap on its workgroup count (0 none).
+static Q4_VARIANT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(u32::MAX);
+static Q4_GRID_CAP: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+#[doc(hidden)]
+pub fn set_q4_variant(variant: u32, grid_cap: u32) {
+    Q4_VARIANT.store(variant, std::sync::atomic::Ordering::Relaxed);
+    Q4_GRID_CAP.store(grid_cap, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn q4_variant() -> u32 {
+    use std::sync::atomic::Ordering::Relaxed;
+    let v = Q4_VARIANT.load(Relaxed);
+    if v != u32::MAX {
+        return v;
+    }
+    let v = std::env::var("SLOTSTREAM_WGPU_Q4_VARIANT").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    Q4_VARIANT.store(v, Relaxed);
+    v
+}
+
 /// Groups at least this long are normalised by a whole workgroup each.
 const WIDE_NORM_DIM: usize = 1024;
 
@@ -300,8 +322,26 @@ impl WgpuBackend {
                     (1, _) => s.rows.div_ceil(4),
                     _ => s.rows,
                 };
-                let groups = [self.subgroup_grid(items, 128), u(tokens.div_ceil(4)), 1];
-                self.gpu.dispatch("matvec", &params, &[(1, whole(&s.buffer)), (6, whole(&s.buffer)), (2, x), (3, out)], groups)?;
+                let mut groups = [self.subgroup_grid(items, 128), u(tokens.div_ceil(4)), 1];
+                let mut entry = "matvec";
+                if tokens == 1 && s.desc[0] == 4 {
+                    let v = q4_variant();
+                    let (name, per) = match v {
+                        1 => ("matvec_q4_pf8", 8),
+                        2 => ("matvec_q4_pf8p", 8),
+                        3 => ("matvec_q4_pf4p", 4),
+                        4 => ("matvec_q4_v8", 8),
+                        5 => ("matvec_q4_pf8v", 8),
+                        _ => ("matvec", group_rows),
+                    };
+                    entry = name;
+                    groups[0] = self.subgroup_grid(s.rows.div_ceil(per), 128);
+                    let cap = Q4_GRID_CAP.load(std::sync::atomic::Ordering::Relaxed);
+                    if cap > 0 {
+                        groups[0] = groups[0].min(cap);
+                    }
+                }
+                self.gpu.dispatch(entry, &params, &[(1, whole(&s.buffer)), (6, whole(&s.buffer)), (2, x), (3, out)], groups)?;
             } else {
                 let mut params = s.desc.to_vec();
                 params.extend([u(s.rows), u(tokens), u(total_rows), u(s.row_start), 0, 0, 0, 0]);
