@@ -161,6 +161,9 @@ fn sweep(b: &WgpuBackend, sweep: &[(u32, u32)], rows: usize, cols: usize, reps: 
     std::env::set_var("SLOTSTREAM_WGPU_Q4_PAIRS", "vec4");
     let w_vec = b.load_weight(&m)?;
     std::env::remove_var("SLOTSTREAM_WGPU_Q4_PAIRS");
+    std::env::set_var("SLOTSTREAM_WGPU_Q4_TILE8", "1");
+    let w_tile = b.load_weight(&m)?;
+    std::env::remove_var("SLOTSTREAM_WGPU_Q4_TILE8");
     let xv: Vec<f32> = (0..cols).map(|_| rng.unit()).collect();
     let x = b.upload(&xv, &[1, cols])?;
     let bytes = (w_plain.bytes + 4 * cols + 4 * rows) as f64;
@@ -168,7 +171,11 @@ fn sweep(b: &WgpuBackend, sweep: &[(u32, u32)], rows: usize, cols: usize, reps: 
     let reference = b.download(&b.matmul(&x, &w_plain)?)?;
     for &(v, cap) in sweep {
         slotstream_wgpu::set_q4_variant(v, cap);
-        let w = if matches!(v, 4 | 5) { &w_vec } else { &w_plain };
+        let w = match v {
+            4 | 5 => &w_vec,
+            9 | 10 => &w_tile,
+            _ => &w_plain,
+        };
         let got = b.download(&b.matmul(&x, w)?)?;
         let (mut num, mut den) = (0f64, 0f64);
         for (g, r) in got.iter().zip(&reference) {

@@ -579,3 +579,209 @@ fn matvec_q4_pf8v(
         q4_store8(row0, nrows, part, lane);
     }
 }
+
+// ---- Diagnostics (temporary) ----
+
+// v6: loads only, the access pattern of rows8_q4i.
+fn rows8_load(d: WeightDesc, row0: u32, nrows: u32, lane: u32, lanes: u32) -> Acc8 {
+    let chunks = d.row_words / 4u;
+    let last = row0 + nrows - 1u;
+    let ra = vec4<u32>(row0, min(row0 + 1u, last), min(row0 + 2u, last), min(row0 + 3u, last));
+    let rb = min(ra + vec4<u32>(4u), vec4<u32>(last));
+    let wa = ra * chunks;
+    let wb = rb * chunks;
+    var h = vec4<u32>(w_words[0]) ^ bitcast<vec4<u32>>(xin[0]);
+    for (var i = lane; i < chunks; i += lanes) {
+        h ^= w[wa.x + i] ^ w[wa.y + i] ^ w[wa.z + i] ^ w[wa.w + i] ^ w[wb.x + i] ^ w[wb.y + i] ^ w[wb.z + i] ^ w[wb.w + i];
+    }
+    return Acc8(vec4<f32>(h & vec4<u32>(255u)), vec4<f32>(0.0));
+}
+
+// v7: loads only, each subgroup reading its eight rows as one contiguous run
+// (eight consecutive 512-byte pieces per iteration).
+fn rows8_load_contig(d: WeightDesc, row0: u32, nrows: u32, lane: u32, lanes: u32) -> Acc8 {
+    let chunks = d.row_words / 4u;
+    let base = row0 * chunks;
+    let n = nrows * chunks;
+    var h = vec4<u32>(w_words[0]) ^ bitcast<vec4<u32>>(xin[0]);
+    for (var i = lane; i < n; i += 8u * lanes) {
+        let l = base + n - 1u;
+        h ^= w[min(base + i, l)] ^ w[min(base + i + lanes, l)] ^ w[min(base + i + 2u * lanes, l)] ^ w[min(base + i + 3u * lanes, l)]
+            ^ w[min(base + i + 4u * lanes, l)] ^ w[min(base + i + 5u * lanes, l)] ^ w[min(base + i + 6u * lanes, l)] ^ w[min(base + i + 7u * lanes, l)];
+    }
+    return Acc8(vec4<f32>(h & vec4<u32>(255u)), vec4<f32>(0.0));
+}
+
+// v8: the arithmetic of rows8_q4i with weights made up from the index (no weight loads).
+fn rows8_alu(d: WeightDesc, row0: u32, nrows: u32, lane: u32, lanes: u32, f16s: bool) -> Acc8 {
+    var acc = Acc8(vec4<f32>(0.0), vec4<f32>(0.0));
+    if (nrows == 0u) {
+        acc.a.x = f32(w[0].x);
+    }
+    let chunks = d.row_words / 4u;
+    let gshift = firstTrailingBit(d.group_size);
+    let gpr = d.cols >> gshift;
+    let last = row0 + nrows - 1u;
+    let ra = vec4<u32>(row0, min(row0 + 1u, last), min(row0 + 2u, last), min(row0 + 3u, last));
+    let rb = min(ra + vec4<u32>(4u), vec4<u32>(last));
+    let wa = ra * chunks;
+    let wb = rb * chunks;
+    let pa = d.scales_off + ra * gpr;
+    let pb = d.scales_off + rb * gpr;
+    let k = vec4<u32>(0x9E3779B9u, 0x85EBCA6Bu, 0xC2B2AE35u, 0x27D4EB2Fu);
+    for (var i = lane; i < chunks; i += lanes) {
+        let w0 = k * (wa.x + i);
+        let w1 = k * (wa.y + i);
+        let w2 = k * (wa.z + i);
+        let w3 = k * (wa.w + i);
+        let w4 = k * (wb.x + i);
+        let w5 = k * (wb.y + i);
+        let w6 = k * (wb.z + i);
+        let w7 = k * (wb.w + i);
+        let x = q4i_x(chunks, gshift, 0u, i);
+        let p0 = q4i_pairs(pa.x, x.g);
+        let p1 = q4i_pairs(pa.y, x.g);
+        let p2 = q4i_pairs(pa.z, x.g);
+        let p3 = q4i_pairs(pa.w, x.g);
+        let p4 = q4i_pairs(pb.x, x.g);
+        let p5 = q4i_pairs(pb.y, x.g);
+        let p6 = q4i_pairs(pb.z, x.g);
+        let p7 = q4i_pairs(pb.w, x.g);
+        acc.a.x += q4i_part(w0, p0, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.a.y += q4i_part(w1, p1, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.a.z += q4i_part(w2, p2, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.a.w += q4i_part(w3, p3, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.b.x += q4i_part(w4, p4, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.b.y += q4i_part(w5, p5, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.b.z += q4i_part(w6, p6, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.b.w += q4i_part(w7, p7, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+    }
+    return acc;
+}
+
+// v9: rows8_q4i over values stored tiled by row octets (SLOTSTREAM_WGPU_Q4_TILE8=1:
+// tile j of the eight rows of an octet are consecutive 512-byte runs; rows % 8 == 0,
+// cols % 1024 == 0): one iteration's eight loads read 4 KB contiguously.
+fn rows8_tiled(d: WeightDesc, row0: u32, nrows: u32, lane: u32, lanes: u32, f16s: bool) -> Acc8 {
+    var acc = Acc8(vec4<f32>(0.0), vec4<f32>(0.0));
+    let chunks = d.row_words / 4u;
+    let gshift = firstTrailingBit(d.group_size);
+    let gpr = d.cols >> gshift;
+    let last = row0 + nrows - 1u;
+    let ra = vec4<u32>(row0, min(row0 + 1u, last), min(row0 + 2u, last), min(row0 + 3u, last));
+    let rb = min(ra + vec4<u32>(4u), vec4<u32>(last));
+    let base = row0 * chunks;
+    let pa = d.scales_off + ra * gpr;
+    let pb = d.scales_off + rb * gpr;
+    for (var i = lane; i < chunks; i += lanes) {
+        let t = base + (i >> 5u) * 256u + (i & 31u);
+        let w0 = w[t];
+        let w1 = w[t + 32u];
+        let w2 = w[t + 64u];
+        let w3 = w[t + 96u];
+        let w4 = w[t + 128u];
+        let w5 = w[t + 160u];
+        let w6 = w[t + 192u];
+        let w7 = w[t + 224u];
+        let x = q4i_x(chunks, gshift, 0u, i);
+        let p0 = q4i_pairs(pa.x, x.g);
+        let p1 = q4i_pairs(pa.y, x.g);
+        let p2 = q4i_pairs(pa.z, x.g);
+        let p3 = q4i_pairs(pa.w, x.g);
+        let p4 = q4i_pairs(pb.x, x.g);
+        let p5 = q4i_pairs(pb.y, x.g);
+        let p6 = q4i_pairs(pb.z, x.g);
+        let p7 = q4i_pairs(pb.w, x.g);
+        acc.a.x += q4i_part(w0, p0, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.a.y += q4i_part(w1, p1, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.a.z += q4i_part(w2, p2, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.a.w += q4i_part(w3, p3, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.b.x += q4i_part(w4, p4, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.b.y += q4i_part(w5, p5, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.b.z += q4i_part(w6, p6, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.b.w += q4i_part(w7, p7, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+    }
+    return acc;
+}
+
+@compute @workgroup_size(128)
+fn matvec_q4_load(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let sets = (p.rows + 7u) / 8u;
+    for (var si = wid.x * nsg + sg; si < sets; si += nwg.x * nsg) {
+        let row0 = si * 8u;
+        let nrows = min(8u, p.rows - row0);
+        let part = rows8_load(p.w, row0, nrows, lane, lanes);
+        q4_store8(row0, nrows, part, lane);
+    }
+}
+
+@compute @workgroup_size(128)
+fn matvec_q4_loadc(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let sets = (p.rows + 7u) / 8u;
+    for (var si = wid.x * nsg + sg; si < sets; si += nwg.x * nsg) {
+        let row0 = si * 8u;
+        let nrows = min(8u, p.rows - row0);
+        let part = rows8_load_contig(p.w, row0, nrows, lane, lanes);
+        q4_store8(row0, nrows, part, lane);
+    }
+}
+
+@compute @workgroup_size(128)
+fn matvec_q4_alu(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let sets = (p.rows + 7u) / 8u;
+    for (var si = wid.x * nsg + sg; si < sets; si += nwg.x * nsg) {
+        let row0 = si * 8u;
+        let nrows = min(8u, p.rows - row0);
+        var part: Acc8;
+        if (p.w.scale_kind == 1u) {
+            part = rows8_alu(p.w, row0, nrows, lane, lanes, true);
+        } else {
+            part = rows8_alu(p.w, row0, nrows, lane, lanes, false);
+        }
+        q4_store8(row0, nrows, part, lane);
+    }
+}
+
+@compute @workgroup_size(128)
+fn matvec_q4_tiled(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let sets = (p.rows + 7u) / 8u;
+    for (var si = wid.x * nsg + sg; si < sets; si += nwg.x * nsg) {
+        let row0 = si * 8u;
+        let nrows = min(8u, p.rows - row0);
+        var part: Acc8;
+        if (p.w.scale_kind == 1u) {
+            part = rows8_tiled(p.w, row0, nrows, lane, lanes, true);
+        } else {
+            part = rows8_tiled(p.w, row0, nrows, lane, lanes, false);
+        }
+        q4_store8(row0, nrows, part, lane);
+    }
+}

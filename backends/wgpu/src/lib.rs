@@ -332,6 +332,10 @@ impl WgpuBackend {
                         3 => ("matvec_q4_pf4p", 4),
                         4 => ("matvec_q4_v8", 8),
                         5 => ("matvec_q4_pf8v", 8),
+                        6 => ("matvec_q4_load", 8),
+                        7 => ("matvec_q4_loadc", 8),
+                        8 => ("matvec_q4_alu", 8),
+                        9 => ("matvec_q4_tiled", 8),
                         _ => ("matvec", group_rows),
                     };
                     entry = name;

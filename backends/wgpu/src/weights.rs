@@ -178,6 +178,20 @@ fn shard_image(layout: &RowLayout, m: &HostMatrix<'_>, r0: usize, r1: usize) -> 
         for r in r0..r1 {
             interleave_q4_row(&values[r * vb..(r + 1) * vb], &mut out);
         }
+        // Benchmark switch (temporary): tiles of row octets stored consecutively.
+        if std::env::var("SLOTSTREAM_WGPU_Q4_TILE8").is_ok() && (r1 - r0) % 8 == 0 && vb % 512 == 0 {
+            let rows_img = out.clone();
+            let tiles = vb / 512;
+            for o in 0..(r1 - r0) / 8 {
+                for j in 0..tiles {
+                    for k in 0..8 {
+                        let src = (8 * o + k) * vb + 512 * j;
+                        let dst = 8 * o * vb + (j * 8 + k) * 512;
+                        out[dst..dst + 512].copy_from_slice(&rows_img[src..src + 512]);
+                    }
+                }
+            }
+        }
         // (scale, bias) pairs, one u32 per group: the scale in the low half.
         let (sc, bi) = (&scales[r0 * layout.scale_bytes..r1 * layout.scale_bytes], &biases[r0 * layout.scale_bytes..r1 * layout.scale_bytes]);
         let start = out.len();
