@@ -785,3 +785,459 @@ fn matvec_q4_tiled(
         q4_store8(row0, nrows, part, lane);
     }
 }
+
+// ---- Word-major variants (temporary): per iteration the weights of all rows
+// are loaded, then each of the chunk's four words is finished for every row
+// before the next word's x is loaded (fewer live registers). ----
+
+// sum_m q_m * s_m over the eight nibbles of `word`, as one fma chain.
+fn q8_chain(word: u32, s0: vec4<f32>, s1: vec4<f32>) -> f32 {
+    let m0 = magic4(word);
+    let m1 = magic4(word >> 16u);
+    var q = m0.x * s0.x;
+    q = fma(m0.y, s0.y, q);
+    q = fma(m0.z, s0.z, q);
+    q = fma(m0.w, s0.w, q);
+    q = fma(m1.x, s1.x, q);
+    q = fma(m1.y, s1.y, q);
+    q = fma(m1.z, s1.z, q);
+    q = fma(m1.w, s1.w, q);
+    return q;
+}
+
+// (scales, biases) of four pair words.
+fn sb4(pv: vec4<u32>, f16s: bool) -> array<vec4<f32>, 2> {
+    if (f16s) {
+        let h0 = unpack2x16float(pv.x);
+        let h1 = unpack2x16float(pv.y);
+        let h2 = unpack2x16float(pv.z);
+        let h3 = unpack2x16float(pv.w);
+        return array<vec4<f32>, 2>(vec4<f32>(h0.x, h1.x, h2.x, h3.x), vec4<f32>(h0.y, h1.y, h2.y, h3.y));
+    }
+    return array<vec4<f32>, 2>(bitcast<vec4<f32>>(pv << vec4<u32>(16u)), bitcast<vec4<f32>>(pv & vec4<u32>(0xffff0000u)));
+}
+
+// Word k (columns `col` .. +8) of four rows (words `wd`, pair words `pv`).
+fn wm_word4(acc: vec4<f32>, wd: vec4<u32>, pv: vec4<u32>, s0: vec4<f32>, s1: vec4<f32>, sx: f32, f16s: bool) -> vec4<f32> {
+    let q = vec4<f32>(q8_chain(wd.x, s0, s1), q8_chain(wd.y, s0, s1), q8_chain(wd.z, s0, s1), q8_chain(wd.w, s0, s1));
+    let sb = sb4(pv, f16s);
+    return fma(sb[0], q, fma(sb[1], vec4<f32>(sx), acc));
+}
+
+fn rows8_wm(d: WeightDesc, row0: u32, nrows: u32, lane: u32, lanes: u32, f16s: bool) -> Acc8 {
+    var aa = vec4<f32>(0.0);
+    var ab = vec4<f32>(0.0);
+    let ns = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
+    let chunks = d.row_words / 4u;
+    let gshift = firstTrailingBit(d.group_size);
+    let gpr = d.cols >> gshift;
+    let last = row0 + nrows - 1u;
+    let ra = vec4<u32>(row0, min(row0 + 1u, last), min(row0 + 2u, last), min(row0 + 3u, last));
+    let wa = ra * chunks;
+    let pa = d.scales_off + ra * gpr;
+    let rb = min(ra + vec4<u32>(4u), vec4<u32>(last));
+    let wb = rb * chunks;
+    let pb = d.scales_off + rb * gpr;
+    for (var i = lane; i < chunks; i += lanes) {
+        let w0 = w[wa.x + i];
+        let w1 = w[wa.y + i];
+        let w2 = w[wa.z + i];
+        let w3 = w[wa.w + i];
+        let w4 = w[wb.x + i];
+        let w5 = w[wb.y + i];
+        let w6 = w[wb.z + i];
+        let w7 = w[wb.w + i];
+        let j = i >> 5u;
+        let t = min(32u, chunks - 32u * j);
+        let c0 = 1024u * j + 8u * (i & 31u);
+        let g0 = (c0 + 0u * t) >> gshift;
+        let pa0 = vec4<u32>(w_words[pa.x + g0], w_words[pa.y + g0], w_words[pa.z + g0], w_words[pa.w + g0]);
+        let pb0 = vec4<u32>(w_words[pb.x + g0], w_words[pb.y + g0], w_words[pb.z + g0], w_words[pb.w + g0]);
+        let g1 = (c0 + 8u * t) >> gshift;
+        let pa1 = vec4<u32>(w_words[pa.x + g1], w_words[pa.y + g1], w_words[pa.z + g1], w_words[pa.w + g1]);
+        let pb1 = vec4<u32>(w_words[pb.x + g1], w_words[pb.y + g1], w_words[pb.z + g1], w_words[pb.w + g1]);
+        let g2 = (c0 + 16u * t) >> gshift;
+        let pa2 = vec4<u32>(w_words[pa.x + g2], w_words[pa.y + g2], w_words[pa.z + g2], w_words[pa.w + g2]);
+        let pb2 = vec4<u32>(w_words[pb.x + g2], w_words[pb.y + g2], w_words[pb.z + g2], w_words[pb.w + g2]);
+        let g3 = (c0 + 24u * t) >> gshift;
+        let pa3 = vec4<u32>(w_words[pa.x + g3], w_words[pa.y + g3], w_words[pa.z + g3], w_words[pa.w + g3]);
+        let pb3 = vec4<u32>(w_words[pb.x + g3], w_words[pb.y + g3], w_words[pb.z + g3], w_words[pb.w + g3]);
+        {
+            let xi = (c0 + 0u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.x, w1.x, w2.x, w3.x), pa0, s0, s1, sx, f16s);
+            ab = wm_word4(ab, vec4<u32>(w4.x, w5.x, w6.x, w7.x), pb0, s0, s1, sx, f16s);
+        }
+        {
+            let xi = (c0 + 8u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.y, w1.y, w2.y, w3.y), pa1, s0, s1, sx, f16s);
+            ab = wm_word4(ab, vec4<u32>(w4.y, w5.y, w6.y, w7.y), pb1, s0, s1, sx, f16s);
+        }
+        {
+            let xi = (c0 + 16u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.z, w1.z, w2.z, w3.z), pa2, s0, s1, sx, f16s);
+            ab = wm_word4(ab, vec4<u32>(w4.z, w5.z, w6.z, w7.z), pb2, s0, s1, sx, f16s);
+        }
+        {
+            let xi = (c0 + 24u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.w, w1.w, w2.w, w3.w), pa3, s0, s1, sx, f16s);
+            ab = wm_word4(ab, vec4<u32>(w4.w, w5.w, w6.w, w7.w), pb3, s0, s1, sx, f16s);
+        }
+    }
+    return Acc8(aa, ab);
+}
+
+fn rows8_wm_pf(d: WeightDesc, row0: u32, nrows: u32, lane: u32, lanes: u32, f16s: bool) -> Acc8 {
+    var aa = vec4<f32>(0.0);
+    var ab = vec4<f32>(0.0);
+    let ns = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
+    let chunks = d.row_words / 4u;
+    let gshift = firstTrailingBit(d.group_size);
+    let gpr = d.cols >> gshift;
+    let last = row0 + nrows - 1u;
+    let ra = vec4<u32>(row0, min(row0 + 1u, last), min(row0 + 2u, last), min(row0 + 3u, last));
+    let wa = ra * chunks;
+    let pa = d.scales_off + ra * gpr;
+    let rb = min(ra + vec4<u32>(4u), vec4<u32>(last));
+    let wb = rb * chunks;
+    let pb = d.scales_off + rb * gpr;
+    let lastc = chunks - 1u;
+    let f = min(lane, lastc);
+    var n0 = w[wa.x + f];
+    var n1 = w[wa.y + f];
+    var n2 = w[wa.z + f];
+    var n3 = w[wa.w + f];
+    var n4 = w[wb.x + f];
+    var n5 = w[wb.y + f];
+    var n6 = w[wb.z + f];
+    var n7 = w[wb.w + f];
+    for (var i = lane; i < chunks; i += lanes) {
+        let w0 = n0;
+        let w1 = n1;
+        let w2 = n2;
+        let w3 = n3;
+        let w4 = n4;
+        let w5 = n5;
+        let w6 = n6;
+        let w7 = n7;
+        let nx = min(i + lanes, lastc);
+        n0 = w[wa.x + nx];
+        n1 = w[wa.y + nx];
+        n2 = w[wa.z + nx];
+        n3 = w[wa.w + nx];
+        n4 = w[wb.x + nx];
+        n5 = w[wb.y + nx];
+        n6 = w[wb.z + nx];
+        n7 = w[wb.w + nx];
+        let j = i >> 5u;
+        let t = min(32u, chunks - 32u * j);
+        let c0 = 1024u * j + 8u * (i & 31u);
+        let g0 = (c0 + 0u * t) >> gshift;
+        let pa0 = vec4<u32>(w_words[pa.x + g0], w_words[pa.y + g0], w_words[pa.z + g0], w_words[pa.w + g0]);
+        let pb0 = vec4<u32>(w_words[pb.x + g0], w_words[pb.y + g0], w_words[pb.z + g0], w_words[pb.w + g0]);
+        let g1 = (c0 + 8u * t) >> gshift;
+        let pa1 = vec4<u32>(w_words[pa.x + g1], w_words[pa.y + g1], w_words[pa.z + g1], w_words[pa.w + g1]);
+        let pb1 = vec4<u32>(w_words[pb.x + g1], w_words[pb.y + g1], w_words[pb.z + g1], w_words[pb.w + g1]);
+        let g2 = (c0 + 16u * t) >> gshift;
+        let pa2 = vec4<u32>(w_words[pa.x + g2], w_words[pa.y + g2], w_words[pa.z + g2], w_words[pa.w + g2]);
+        let pb2 = vec4<u32>(w_words[pb.x + g2], w_words[pb.y + g2], w_words[pb.z + g2], w_words[pb.w + g2]);
+        let g3 = (c0 + 24u * t) >> gshift;
+        let pa3 = vec4<u32>(w_words[pa.x + g3], w_words[pa.y + g3], w_words[pa.z + g3], w_words[pa.w + g3]);
+        let pb3 = vec4<u32>(w_words[pb.x + g3], w_words[pb.y + g3], w_words[pb.z + g3], w_words[pb.w + g3]);
+        {
+            let xi = (c0 + 0u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.x, w1.x, w2.x, w3.x), pa0, s0, s1, sx, f16s);
+            ab = wm_word4(ab, vec4<u32>(w4.x, w5.x, w6.x, w7.x), pb0, s0, s1, sx, f16s);
+        }
+        {
+            let xi = (c0 + 8u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.y, w1.y, w2.y, w3.y), pa1, s0, s1, sx, f16s);
+            ab = wm_word4(ab, vec4<u32>(w4.y, w5.y, w6.y, w7.y), pb1, s0, s1, sx, f16s);
+        }
+        {
+            let xi = (c0 + 16u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.z, w1.z, w2.z, w3.z), pa2, s0, s1, sx, f16s);
+            ab = wm_word4(ab, vec4<u32>(w4.z, w5.z, w6.z, w7.z), pb2, s0, s1, sx, f16s);
+        }
+        {
+            let xi = (c0 + 24u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.w, w1.w, w2.w, w3.w), pa3, s0, s1, sx, f16s);
+            ab = wm_word4(ab, vec4<u32>(w4.w, w5.w, w6.w, w7.w), pb3, s0, s1, sx, f16s);
+        }
+    }
+    return Acc8(aa, ab);
+}
+
+fn rows4_wm(d: WeightDesc, row0: u32, nrows: u32, lane: u32, lanes: u32, f16s: bool) -> vec4<f32> {
+    var aa = vec4<f32>(0.0);
+    let ns = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
+    let chunks = d.row_words / 4u;
+    let gshift = firstTrailingBit(d.group_size);
+    let gpr = d.cols >> gshift;
+    let last = row0 + nrows - 1u;
+    let ra = vec4<u32>(row0, min(row0 + 1u, last), min(row0 + 2u, last), min(row0 + 3u, last));
+    let wa = ra * chunks;
+    let pa = d.scales_off + ra * gpr;
+    for (var i = lane; i < chunks; i += lanes) {
+        let w0 = w[wa.x + i];
+        let w1 = w[wa.y + i];
+        let w2 = w[wa.z + i];
+        let w3 = w[wa.w + i];
+        let j = i >> 5u;
+        let t = min(32u, chunks - 32u * j);
+        let c0 = 1024u * j + 8u * (i & 31u);
+        let g0 = (c0 + 0u * t) >> gshift;
+        let pa0 = vec4<u32>(w_words[pa.x + g0], w_words[pa.y + g0], w_words[pa.z + g0], w_words[pa.w + g0]);
+        let g1 = (c0 + 8u * t) >> gshift;
+        let pa1 = vec4<u32>(w_words[pa.x + g1], w_words[pa.y + g1], w_words[pa.z + g1], w_words[pa.w + g1]);
+        let g2 = (c0 + 16u * t) >> gshift;
+        let pa2 = vec4<u32>(w_words[pa.x + g2], w_words[pa.y + g2], w_words[pa.z + g2], w_words[pa.w + g2]);
+        let g3 = (c0 + 24u * t) >> gshift;
+        let pa3 = vec4<u32>(w_words[pa.x + g3], w_words[pa.y + g3], w_words[pa.z + g3], w_words[pa.w + g3]);
+        {
+            let xi = (c0 + 0u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.x, w1.x, w2.x, w3.x), pa0, s0, s1, sx, f16s);
+        }
+        {
+            let xi = (c0 + 8u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.y, w1.y, w2.y, w3.y), pa1, s0, s1, sx, f16s);
+        }
+        {
+            let xi = (c0 + 16u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.z, w1.z, w2.z, w3.z), pa2, s0, s1, sx, f16s);
+        }
+        {
+            let xi = (c0 + 24u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.w, w1.w, w2.w, w3.w), pa3, s0, s1, sx, f16s);
+        }
+    }
+    return aa;
+}
+
+fn rows4_wm_pf(d: WeightDesc, row0: u32, nrows: u32, lane: u32, lanes: u32, f16s: bool) -> vec4<f32> {
+    var aa = vec4<f32>(0.0);
+    let ns = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
+    let chunks = d.row_words / 4u;
+    let gshift = firstTrailingBit(d.group_size);
+    let gpr = d.cols >> gshift;
+    let last = row0 + nrows - 1u;
+    let ra = vec4<u32>(row0, min(row0 + 1u, last), min(row0 + 2u, last), min(row0 + 3u, last));
+    let wa = ra * chunks;
+    let pa = d.scales_off + ra * gpr;
+    let lastc = chunks - 1u;
+    let f = min(lane, lastc);
+    var n0 = w[wa.x + f];
+    var n1 = w[wa.y + f];
+    var n2 = w[wa.z + f];
+    var n3 = w[wa.w + f];
+    for (var i = lane; i < chunks; i += lanes) {
+        let w0 = n0;
+        let w1 = n1;
+        let w2 = n2;
+        let w3 = n3;
+        let nx = min(i + lanes, lastc);
+        n0 = w[wa.x + nx];
+        n1 = w[wa.y + nx];
+        n2 = w[wa.z + nx];
+        n3 = w[wa.w + nx];
+        let j = i >> 5u;
+        let t = min(32u, chunks - 32u * j);
+        let c0 = 1024u * j + 8u * (i & 31u);
+        let g0 = (c0 + 0u * t) >> gshift;
+        let pa0 = vec4<u32>(w_words[pa.x + g0], w_words[pa.y + g0], w_words[pa.z + g0], w_words[pa.w + g0]);
+        let g1 = (c0 + 8u * t) >> gshift;
+        let pa1 = vec4<u32>(w_words[pa.x + g1], w_words[pa.y + g1], w_words[pa.z + g1], w_words[pa.w + g1]);
+        let g2 = (c0 + 16u * t) >> gshift;
+        let pa2 = vec4<u32>(w_words[pa.x + g2], w_words[pa.y + g2], w_words[pa.z + g2], w_words[pa.w + g2]);
+        let g3 = (c0 + 24u * t) >> gshift;
+        let pa3 = vec4<u32>(w_words[pa.x + g3], w_words[pa.y + g3], w_words[pa.z + g3], w_words[pa.w + g3]);
+        {
+            let xi = (c0 + 0u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.x, w1.x, w2.x, w3.x), pa0, s0, s1, sx, f16s);
+        }
+        {
+            let xi = (c0 + 8u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.y, w1.y, w2.y, w3.y), pa1, s0, s1, sx, f16s);
+        }
+        {
+            let xi = (c0 + 16u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.z, w1.z, w2.z, w3.z), pa2, s0, s1, sx, f16s);
+        }
+        {
+            let xi = (c0 + 24u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.w, w1.w, w2.w, w3.w), pa3, s0, s1, sx, f16s);
+        }
+    }
+    return aa;
+}
+
+@compute @workgroup_size(128)
+fn matvec_q4_wm8(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let sets = (p.rows + 7u) / 8u;
+    for (var si = wid.x * nsg + sg; si < sets; si += nwg.x * nsg) {
+        let row0 = si * 8u;
+        let nrows = min(8u, p.rows - row0);
+        var part: Acc8;
+        if (p.w.scale_kind == 1u) {
+            part = rows8_wm(p.w, row0, nrows, lane, lanes, true);
+        } else {
+            part = rows8_wm(p.w, row0, nrows, lane, lanes, false);
+        }
+        q4_store8(row0, nrows, part, lane);
+    }
+}
+
+@compute @workgroup_size(128)
+fn matvec_q4_wm8p(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let sets = (p.rows + 7u) / 8u;
+    for (var si = wid.x * nsg + sg; si < sets; si += nwg.x * nsg) {
+        let row0 = si * 8u;
+        let nrows = min(8u, p.rows - row0);
+        var part: Acc8;
+        if (p.w.scale_kind == 1u) {
+            part = rows8_wm_pf(p.w, row0, nrows, lane, lanes, true);
+        } else {
+            part = rows8_wm_pf(p.w, row0, nrows, lane, lanes, false);
+        }
+        q4_store8(row0, nrows, part, lane);
+    }
+}
+
+@compute @workgroup_size(128)
+fn matvec_q4_wm4(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let sets = (p.rows + 3u) / 4u;
+    for (var si = wid.x * nsg + sg; si < sets; si += nwg.x * nsg) {
+        let row0 = si * 4u;
+        let nrows = min(4u, p.rows - row0);
+        var part: vec4<f32>;
+        if (p.w.scale_kind == 1u) {
+            part = rows4_wm(p.w, row0, nrows, lane, lanes, true);
+        } else {
+            part = rows4_wm(p.w, row0, nrows, lane, lanes, false);
+        }
+        q4_store4(row0, nrows, part, lane);
+    }
+}
+
+@compute @workgroup_size(128)
+fn matvec_q4_wm4p(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let sets = (p.rows + 3u) / 4u;
+    for (var si = wid.x * nsg + sg; si < sets; si += nwg.x * nsg) {
+        let row0 = si * 4u;
+        let nrows = min(4u, p.rows - row0);
+        var part: vec4<f32>;
+        if (p.w.scale_kind == 1u) {
+            part = rows4_wm_pf(p.w, row0, nrows, lane, lanes, true);
+        } else {
+            part = rows4_wm_pf(p.w, row0, nrows, lane, lanes, false);
+        }
+        q4_store4(row0, nrows, part, lane);
+    }
+}

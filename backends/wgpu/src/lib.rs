@@ -336,6 +336,10 @@ impl WgpuBackend {
                         7 => ("matvec_q4_loadc", 8),
                         8 => ("matvec_q4_alu", 8),
                         9 => ("matvec_q4_tiled", 8),
+                        10 => ("matvec_q4_wm8", 8),
+                        11 => ("matvec_q4_wm8p", 8),
+                        12 => ("matvec_q4_wm4", 4),
+                        13 => ("matvec_q4_wm4p", 4),
                         _ => ("matvec", group_rows),
                     };
                     entry = name;
