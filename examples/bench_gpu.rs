@@ -172,7 +172,7 @@ fn sweep(b: &WgpuBackend, sweep: &[(u32, u32)], rows: usize, cols: usize, reps: 
     for &(v, cap) in sweep {
         slotstream_wgpu::set_q4_variant(v, cap);
         let w = match v {
-            4 | 5 => &w_vec,
+            4 | 5 | 15 | 17 => &w_vec,
             9 | 10 => &w_tile,
             _ => &w_plain,
         };

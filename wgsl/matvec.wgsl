@@ -1241,3 +1241,677 @@ fn matvec_q4_wm4p(
         q4_store4(row0, nrows, part, lane);
     }
 }
+
+fn rows8_wm_pfp(d: WeightDesc, row0: u32, nrows: u32, lane: u32, lanes: u32, f16s: bool) -> Acc8 {
+    var aa = vec4<f32>(0.0);
+    var ab = vec4<f32>(0.0);
+    let ns = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
+    let chunks = d.row_words / 4u;
+    let gshift = firstTrailingBit(d.group_size);
+    let gpr = d.cols >> gshift;
+    let last = row0 + nrows - 1u;
+    let ra = vec4<u32>(row0, min(row0 + 1u, last), min(row0 + 2u, last), min(row0 + 3u, last));
+    let wa = ra * chunks;
+    let pa = d.scales_off + ra * gpr;
+    let rb = min(ra + vec4<u32>(4u), vec4<u32>(last));
+    let wb = rb * chunks;
+    let pb = d.scales_off + rb * gpr;
+    let lastc = chunks - 1u;
+    let f = min(lane, lastc);
+    var n0 = w[wa.x + f];
+    var n1 = w[wa.y + f];
+    var n2 = w[wa.z + f];
+    var n3 = w[wa.w + f];
+    var n4 = w[wb.x + f];
+    var n5 = w[wb.y + f];
+    var n6 = w[wb.z + f];
+    var n7 = w[wb.w + f];
+    let g = q4i_g(chunks, gshift, f);
+    var m0 = q4i_pairs(pa.x, g);
+    var m1 = q4i_pairs(pa.y, g);
+    var m2 = q4i_pairs(pa.z, g);
+    var m3 = q4i_pairs(pa.w, g);
+    var m4 = q4i_pairs(pb.x, g);
+    var m5 = q4i_pairs(pb.y, g);
+    var m6 = q4i_pairs(pb.z, g);
+    var m7 = q4i_pairs(pb.w, g);
+    for (var i = lane; i < chunks; i += lanes) {
+        let w0 = n0;
+        let w1 = n1;
+        let w2 = n2;
+        let w3 = n3;
+        let w4 = n4;
+        let w5 = n5;
+        let w6 = n6;
+        let w7 = n7;
+        let p0 = m0;
+        let p1 = m1;
+        let p2 = m2;
+        let p3 = m3;
+        let p4 = m4;
+        let p5 = m5;
+        let p6 = m6;
+        let p7 = m7;
+        let nx = min(i + lanes, lastc);
+        n0 = w[wa.x + nx];
+        n1 = w[wa.y + nx];
+        n2 = w[wa.z + nx];
+        n3 = w[wa.w + nx];
+        n4 = w[wb.x + nx];
+        n5 = w[wb.y + nx];
+        n6 = w[wb.z + nx];
+        n7 = w[wb.w + nx];
+        let gn = q4i_g(chunks, gshift, nx);
+        m0 = q4i_pairs(pa.x, gn);
+        m1 = q4i_pairs(pa.y, gn);
+        m2 = q4i_pairs(pa.z, gn);
+        m3 = q4i_pairs(pa.w, gn);
+        m4 = q4i_pairs(pb.x, gn);
+        m5 = q4i_pairs(pb.y, gn);
+        m6 = q4i_pairs(pb.z, gn);
+        m7 = q4i_pairs(pb.w, gn);
+        let j = i >> 5u;
+        let t = min(32u, chunks - 32u * j);
+        let c0 = 1024u * j + 8u * (i & 31u);
+        {
+            let xi = (c0 + 0u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.x, w1.x, w2.x, w3.x), vec4<u32>(p0.x, p1.x, p2.x, p3.x), s0, s1, sx, f16s);
+            ab = wm_word4(ab, vec4<u32>(w4.x, w5.x, w6.x, w7.x), vec4<u32>(p4.x, p5.x, p6.x, p7.x), s0, s1, sx, f16s);
+        }
+        {
+            let xi = (c0 + 8u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.y, w1.y, w2.y, w3.y), vec4<u32>(p0.y, p1.y, p2.y, p3.y), s0, s1, sx, f16s);
+            ab = wm_word4(ab, vec4<u32>(w4.y, w5.y, w6.y, w7.y), vec4<u32>(p4.y, p5.y, p6.y, p7.y), s0, s1, sx, f16s);
+        }
+        {
+            let xi = (c0 + 16u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.z, w1.z, w2.z, w3.z), vec4<u32>(p0.z, p1.z, p2.z, p3.z), s0, s1, sx, f16s);
+            ab = wm_word4(ab, vec4<u32>(w4.z, w5.z, w6.z, w7.z), vec4<u32>(p4.z, p5.z, p6.z, p7.z), s0, s1, sx, f16s);
+        }
+        {
+            let xi = (c0 + 24u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.w, w1.w, w2.w, w3.w), vec4<u32>(p0.w, p1.w, p2.w, p3.w), s0, s1, sx, f16s);
+            ab = wm_word4(ab, vec4<u32>(w4.w, w5.w, w6.w, w7.w), vec4<u32>(p4.w, p5.w, p6.w, p7.w), s0, s1, sx, f16s);
+        }
+    }
+    return Acc8(aa, ab);
+}
+
+fn rows8_wm_pfv(d: WeightDesc, row0: u32, nrows: u32, lane: u32, lanes: u32, f16s: bool) -> Acc8 {
+    var aa = vec4<f32>(0.0);
+    var ab = vec4<f32>(0.0);
+    if (nrows == 0u) {
+        aa.x = f32(w_words[0]);
+    }
+    let ns = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
+    let chunks = d.row_words / 4u;
+    let gshift = firstTrailingBit(d.group_size);
+    let gpr = d.cols >> gshift;
+    let last = row0 + nrows - 1u;
+    let ra = vec4<u32>(row0, min(row0 + 1u, last), min(row0 + 2u, last), min(row0 + 3u, last));
+    let wa = ra * chunks;
+    let pa = d.scales_off + ra * gpr;
+    let rb = min(ra + vec4<u32>(4u), vec4<u32>(last));
+    let wb = rb * chunks;
+    let pb = d.scales_off + rb * gpr;
+    let lastc = chunks - 1u;
+    let f = min(lane, lastc);
+    var n0 = w[wa.x + f];
+    var n1 = w[wa.y + f];
+    var n2 = w[wa.z + f];
+    var n3 = w[wa.w + f];
+    var n4 = w[wb.x + f];
+    var n5 = w[wb.y + f];
+    var n6 = w[wb.z + f];
+    var n7 = w[wb.w + f];
+    var m0 = q4i_pairs_v(pa.x, f, gshift);
+    var m1 = q4i_pairs_v(pa.y, f, gshift);
+    var m2 = q4i_pairs_v(pa.z, f, gshift);
+    var m3 = q4i_pairs_v(pa.w, f, gshift);
+    var m4 = q4i_pairs_v(pb.x, f, gshift);
+    var m5 = q4i_pairs_v(pb.y, f, gshift);
+    var m6 = q4i_pairs_v(pb.z, f, gshift);
+    var m7 = q4i_pairs_v(pb.w, f, gshift);
+    for (var i = lane; i < chunks; i += lanes) {
+        let w0 = n0;
+        let w1 = n1;
+        let w2 = n2;
+        let w3 = n3;
+        let w4 = n4;
+        let w5 = n5;
+        let w6 = n6;
+        let w7 = n7;
+        let p0 = m0;
+        let p1 = m1;
+        let p2 = m2;
+        let p3 = m3;
+        let p4 = m4;
+        let p5 = m5;
+        let p6 = m6;
+        let p7 = m7;
+        let nx = min(i + lanes, lastc);
+        n0 = w[wa.x + nx];
+        n1 = w[wa.y + nx];
+        n2 = w[wa.z + nx];
+        n3 = w[wa.w + nx];
+        n4 = w[wb.x + nx];
+        n5 = w[wb.y + nx];
+        n6 = w[wb.z + nx];
+        n7 = w[wb.w + nx];
+        m0 = q4i_pairs_v(pa.x, nx, gshift);
+        m1 = q4i_pairs_v(pa.y, nx, gshift);
+        m2 = q4i_pairs_v(pa.z, nx, gshift);
+        m3 = q4i_pairs_v(pa.w, nx, gshift);
+        m4 = q4i_pairs_v(pb.x, nx, gshift);
+        m5 = q4i_pairs_v(pb.y, nx, gshift);
+        m6 = q4i_pairs_v(pb.z, nx, gshift);
+        m7 = q4i_pairs_v(pb.w, nx, gshift);
+        let j = i >> 5u;
+        let t = min(32u, chunks - 32u * j);
+        let c0 = 1024u * j + 8u * (i & 31u);
+        {
+            let xi = (c0 + 0u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.x, w1.x, w2.x, w3.x), vec4<u32>(p0.x, p1.x, p2.x, p3.x), s0, s1, sx, f16s);
+            ab = wm_word4(ab, vec4<u32>(w4.x, w5.x, w6.x, w7.x), vec4<u32>(p4.x, p5.x, p6.x, p7.x), s0, s1, sx, f16s);
+        }
+        {
+            let xi = (c0 + 8u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.y, w1.y, w2.y, w3.y), vec4<u32>(p0.y, p1.y, p2.y, p3.y), s0, s1, sx, f16s);
+            ab = wm_word4(ab, vec4<u32>(w4.y, w5.y, w6.y, w7.y), vec4<u32>(p4.y, p5.y, p6.y, p7.y), s0, s1, sx, f16s);
+        }
+        {
+            let xi = (c0 + 16u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.z, w1.z, w2.z, w3.z), vec4<u32>(p0.z, p1.z, p2.z, p3.z), s0, s1, sx, f16s);
+            ab = wm_word4(ab, vec4<u32>(w4.z, w5.z, w6.z, w7.z), vec4<u32>(p4.z, p5.z, p6.z, p7.z), s0, s1, sx, f16s);
+        }
+        {
+            let xi = (c0 + 24u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.w, w1.w, w2.w, w3.w), vec4<u32>(p0.w, p1.w, p2.w, p3.w), s0, s1, sx, f16s);
+            ab = wm_word4(ab, vec4<u32>(w4.w, w5.w, w6.w, w7.w), vec4<u32>(p4.w, p5.w, p6.w, p7.w), s0, s1, sx, f16s);
+        }
+    }
+    return Acc8(aa, ab);
+}
+
+fn rows4_wm_pfp(d: WeightDesc, row0: u32, nrows: u32, lane: u32, lanes: u32, f16s: bool) -> vec4<f32> {
+    var aa = vec4<f32>(0.0);
+    var ab = vec4<f32>(0.0);
+    let ns = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
+    let chunks = d.row_words / 4u;
+    let gshift = firstTrailingBit(d.group_size);
+    let gpr = d.cols >> gshift;
+    let last = row0 + nrows - 1u;
+    let ra = vec4<u32>(row0, min(row0 + 1u, last), min(row0 + 2u, last), min(row0 + 3u, last));
+    let wa = ra * chunks;
+    let pa = d.scales_off + ra * gpr;
+    let lastc = chunks - 1u;
+    let f = min(lane, lastc);
+    var n0 = w[wa.x + f];
+    var n1 = w[wa.y + f];
+    var n2 = w[wa.z + f];
+    var n3 = w[wa.w + f];
+    let g = q4i_g(chunks, gshift, f);
+    var m0 = q4i_pairs(pa.x, g);
+    var m1 = q4i_pairs(pa.y, g);
+    var m2 = q4i_pairs(pa.z, g);
+    var m3 = q4i_pairs(pa.w, g);
+    for (var i = lane; i < chunks; i += lanes) {
+        let w0 = n0;
+        let w1 = n1;
+        let w2 = n2;
+        let w3 = n3;
+        let p0 = m0;
+        let p1 = m1;
+        let p2 = m2;
+        let p3 = m3;
+        let nx = min(i + lanes, lastc);
+        n0 = w[wa.x + nx];
+        n1 = w[wa.y + nx];
+        n2 = w[wa.z + nx];
+        n3 = w[wa.w + nx];
+        let gn = q4i_g(chunks, gshift, nx);
+        m0 = q4i_pairs(pa.x, gn);
+        m1 = q4i_pairs(pa.y, gn);
+        m2 = q4i_pairs(pa.z, gn);
+        m3 = q4i_pairs(pa.w, gn);
+        let j = i >> 5u;
+        let t = min(32u, chunks - 32u * j);
+        let c0 = 1024u * j + 8u * (i & 31u);
+        {
+            let xi = (c0 + 0u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.x, w1.x, w2.x, w3.x), vec4<u32>(p0.x, p1.x, p2.x, p3.x), s0, s1, sx, f16s);
+        }
+        {
+            let xi = (c0 + 8u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.y, w1.y, w2.y, w3.y), vec4<u32>(p0.y, p1.y, p2.y, p3.y), s0, s1, sx, f16s);
+        }
+        {
+            let xi = (c0 + 16u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.z, w1.z, w2.z, w3.z), vec4<u32>(p0.z, p1.z, p2.z, p3.z), s0, s1, sx, f16s);
+        }
+        {
+            let xi = (c0 + 24u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.w, w1.w, w2.w, w3.w), vec4<u32>(p0.w, p1.w, p2.w, p3.w), s0, s1, sx, f16s);
+        }
+    }
+    return aa;
+}
+
+fn rows8_wm_v(d: WeightDesc, row0: u32, nrows: u32, lane: u32, lanes: u32, f16s: bool) -> Acc8 {
+    var aa = vec4<f32>(0.0);
+    var ab = vec4<f32>(0.0);
+    if (nrows == 0u) {
+        aa.x = f32(w_words[0]);
+    }
+    let ns = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
+    let chunks = d.row_words / 4u;
+    let gshift = firstTrailingBit(d.group_size);
+    let gpr = d.cols >> gshift;
+    let last = row0 + nrows - 1u;
+    let ra = vec4<u32>(row0, min(row0 + 1u, last), min(row0 + 2u, last), min(row0 + 3u, last));
+    let wa = ra * chunks;
+    let pa = d.scales_off + ra * gpr;
+    let rb = min(ra + vec4<u32>(4u), vec4<u32>(last));
+    let wb = rb * chunks;
+    let pb = d.scales_off + rb * gpr;
+    let lastc = chunks - 1u;
+    let f = min(lane, lastc);
+    var n0 = w[wa.x + f];
+    var n1 = w[wa.y + f];
+    var n2 = w[wa.z + f];
+    var n3 = w[wa.w + f];
+    var n4 = w[wb.x + f];
+    var n5 = w[wb.y + f];
+    var n6 = w[wb.z + f];
+    var n7 = w[wb.w + f];
+    for (var i = lane; i < chunks; i += lanes) {
+        let w0 = n0;
+        let w1 = n1;
+        let w2 = n2;
+        let w3 = n3;
+        let w4 = n4;
+        let w5 = n5;
+        let w6 = n6;
+        let w7 = n7;
+        let nx = min(i + lanes, lastc);
+        n0 = w[wa.x + nx];
+        n1 = w[wa.y + nx];
+        n2 = w[wa.z + nx];
+        n3 = w[wa.w + nx];
+        n4 = w[wb.x + nx];
+        n5 = w[wb.y + nx];
+        n6 = w[wb.z + nx];
+        n7 = w[wb.w + nx];
+        let p0 = q4i_pairs_v(pa.x, i, gshift);
+        let p1 = q4i_pairs_v(pa.y, i, gshift);
+        let p2 = q4i_pairs_v(pa.z, i, gshift);
+        let p3 = q4i_pairs_v(pa.w, i, gshift);
+        let p4 = q4i_pairs_v(pb.x, i, gshift);
+        let p5 = q4i_pairs_v(pb.y, i, gshift);
+        let p6 = q4i_pairs_v(pb.z, i, gshift);
+        let p7 = q4i_pairs_v(pb.w, i, gshift);
+        let j = i >> 5u;
+        let t = min(32u, chunks - 32u * j);
+        let c0 = 1024u * j + 8u * (i & 31u);
+        {
+            let xi = (c0 + 0u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.x, w1.x, w2.x, w3.x), vec4<u32>(p0.x, p1.x, p2.x, p3.x), s0, s1, sx, f16s);
+            ab = wm_word4(ab, vec4<u32>(w4.x, w5.x, w6.x, w7.x), vec4<u32>(p4.x, p5.x, p6.x, p7.x), s0, s1, sx, f16s);
+        }
+        {
+            let xi = (c0 + 8u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.y, w1.y, w2.y, w3.y), vec4<u32>(p0.y, p1.y, p2.y, p3.y), s0, s1, sx, f16s);
+            ab = wm_word4(ab, vec4<u32>(w4.y, w5.y, w6.y, w7.y), vec4<u32>(p4.y, p5.y, p6.y, p7.y), s0, s1, sx, f16s);
+        }
+        {
+            let xi = (c0 + 16u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.z, w1.z, w2.z, w3.z), vec4<u32>(p0.z, p1.z, p2.z, p3.z), s0, s1, sx, f16s);
+            ab = wm_word4(ab, vec4<u32>(w4.z, w5.z, w6.z, w7.z), vec4<u32>(p4.z, p5.z, p6.z, p7.z), s0, s1, sx, f16s);
+        }
+        {
+            let xi = (c0 + 24u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.w, w1.w, w2.w, w3.w), vec4<u32>(p0.w, p1.w, p2.w, p3.w), s0, s1, sx, f16s);
+            ab = wm_word4(ab, vec4<u32>(w4.w, w5.w, w6.w, w7.w), vec4<u32>(p4.w, p5.w, p6.w, p7.w), s0, s1, sx, f16s);
+        }
+    }
+    return Acc8(aa, ab);
+}
+
+fn rows8_wm_pw(d: WeightDesc, row0: u32, nrows: u32, lane: u32, lanes: u32, f16s: bool) -> Acc8 {
+    var aa = vec4<f32>(0.0);
+    var ab = vec4<f32>(0.0);
+    let ns = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
+    let chunks = d.row_words / 4u;
+    let gshift = firstTrailingBit(d.group_size);
+    let gpr = d.cols >> gshift;
+    let last = row0 + nrows - 1u;
+    let ra = vec4<u32>(row0, min(row0 + 1u, last), min(row0 + 2u, last), min(row0 + 3u, last));
+    let wa = ra * chunks;
+    let pa = d.scales_off + ra * gpr;
+    let rb = min(ra + vec4<u32>(4u), vec4<u32>(last));
+    let wb = rb * chunks;
+    let pb = d.scales_off + rb * gpr;
+    let lastc = chunks - 1u;
+    let f = min(lane, lastc);
+    var n0 = w[wa.x + f];
+    var n1 = w[wa.y + f];
+    var n2 = w[wa.z + f];
+    var n3 = w[wa.w + f];
+    var n4 = w[wb.x + f];
+    var n5 = w[wb.y + f];
+    var n6 = w[wb.z + f];
+    var n7 = w[wb.w + f];
+    for (var i = lane; i < chunks; i += lanes) {
+        let w0 = n0;
+        let w1 = n1;
+        let w2 = n2;
+        let w3 = n3;
+        let w4 = n4;
+        let w5 = n5;
+        let w6 = n6;
+        let w7 = n7;
+        let nx = min(i + lanes, lastc);
+        n0 = w[wa.x + nx];
+        n1 = w[wa.y + nx];
+        n2 = w[wa.z + nx];
+        n3 = w[wa.w + nx];
+        n4 = w[wb.x + nx];
+        n5 = w[wb.y + nx];
+        n6 = w[wb.z + nx];
+        n7 = w[wb.w + nx];
+        let gi = q4i_g(chunks, gshift, i);
+        let p0 = q4i_pairs(pa.x, gi);
+        let p1 = q4i_pairs(pa.y, gi);
+        let p2 = q4i_pairs(pa.z, gi);
+        let p3 = q4i_pairs(pa.w, gi);
+        let p4 = q4i_pairs(pb.x, gi);
+        let p5 = q4i_pairs(pb.y, gi);
+        let p6 = q4i_pairs(pb.z, gi);
+        let p7 = q4i_pairs(pb.w, gi);
+        let j = i >> 5u;
+        let t = min(32u, chunks - 32u * j);
+        let c0 = 1024u * j + 8u * (i & 31u);
+        {
+            let xi = (c0 + 0u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.x, w1.x, w2.x, w3.x), vec4<u32>(p0.x, p1.x, p2.x, p3.x), s0, s1, sx, f16s);
+            ab = wm_word4(ab, vec4<u32>(w4.x, w5.x, w6.x, w7.x), vec4<u32>(p4.x, p5.x, p6.x, p7.x), s0, s1, sx, f16s);
+        }
+        {
+            let xi = (c0 + 8u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.y, w1.y, w2.y, w3.y), vec4<u32>(p0.y, p1.y, p2.y, p3.y), s0, s1, sx, f16s);
+            ab = wm_word4(ab, vec4<u32>(w4.y, w5.y, w6.y, w7.y), vec4<u32>(p4.y, p5.y, p6.y, p7.y), s0, s1, sx, f16s);
+        }
+        {
+            let xi = (c0 + 16u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.z, w1.z, w2.z, w3.z), vec4<u32>(p0.z, p1.z, p2.z, p3.z), s0, s1, sx, f16s);
+            ab = wm_word4(ab, vec4<u32>(w4.z, w5.z, w6.z, w7.z), vec4<u32>(p4.z, p5.z, p6.z, p7.z), s0, s1, sx, f16s);
+        }
+        {
+            let xi = (c0 + 24u * t) >> 2u;
+            let xa = xin[xi];
+            let xb = xin[xi + 1u];
+            let sx = dot(xa + xb, vec4<f32>(1.0));
+            let s0 = xa * ns;
+            let s1 = xb * ns;
+            aa = wm_word4(aa, vec4<u32>(w0.w, w1.w, w2.w, w3.w), vec4<u32>(p0.w, p1.w, p2.w, p3.w), s0, s1, sx, f16s);
+            ab = wm_word4(ab, vec4<u32>(w4.w, w5.w, w6.w, w7.w), vec4<u32>(p4.w, p5.w, p6.w, p7.w), s0, s1, sx, f16s);
+        }
+    }
+    return Acc8(aa, ab);
+}
+
+@compute @workgroup_size(128)
+fn matvec_q4_wm8pp(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let sets = (p.rows + 7u) / 8u;
+    for (var si = wid.x * nsg + sg; si < sets; si += nwg.x * nsg) {
+        let row0 = si * 8u;
+        let nrows = min(8u, p.rows - row0);
+        var part: Acc8;
+        if (p.w.scale_kind == 1u) {
+            part = rows8_wm_pfp(p.w, row0, nrows, lane, lanes, true);
+        } else {
+            part = rows8_wm_pfp(p.w, row0, nrows, lane, lanes, false);
+        }
+        q4_store8(row0, nrows, part, lane);
+    }
+}
+
+@compute @workgroup_size(128)
+fn matvec_q4_wm8pv(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let sets = (p.rows + 7u) / 8u;
+    for (var si = wid.x * nsg + sg; si < sets; si += nwg.x * nsg) {
+        let row0 = si * 8u;
+        let nrows = min(8u, p.rows - row0);
+        var part: Acc8;
+        if (p.w.scale_kind == 1u) {
+            part = rows8_wm_pfv(p.w, row0, nrows, lane, lanes, true);
+        } else {
+            part = rows8_wm_pfv(p.w, row0, nrows, lane, lanes, false);
+        }
+        q4_store8(row0, nrows, part, lane);
+    }
+}
+
+@compute @workgroup_size(128)
+fn matvec_q4_wm4pp(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let sets = (p.rows + 3u) / 4u;
+    for (var si = wid.x * nsg + sg; si < sets; si += nwg.x * nsg) {
+        let row0 = si * 4u;
+        let nrows = min(4u, p.rows - row0);
+        var part: vec4<f32>;
+        if (p.w.scale_kind == 1u) {
+            part = rows4_wm_pfp(p.w, row0, nrows, lane, lanes, true);
+        } else {
+            part = rows4_wm_pfp(p.w, row0, nrows, lane, lanes, false);
+        }
+        q4_store4(row0, nrows, part, lane);
+    }
+}
+
+@compute @workgroup_size(128)
+fn matvec_q4_wm8v(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let sets = (p.rows + 7u) / 8u;
+    for (var si = wid.x * nsg + sg; si < sets; si += nwg.x * nsg) {
+        let row0 = si * 8u;
+        let nrows = min(8u, p.rows - row0);
+        var part: Acc8;
+        if (p.w.scale_kind == 1u) {
+            part = rows8_wm_v(p.w, row0, nrows, lane, lanes, true);
+        } else {
+            part = rows8_wm_v(p.w, row0, nrows, lane, lanes, false);
+        }
+        q4_store8(row0, nrows, part, lane);
+    }
+}
+
+@compute @workgroup_size(256)
+fn matvec_q4_wm8p_256(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let sets = (p.rows + 7u) / 8u;
+    for (var si = wid.x * nsg + sg; si < sets; si += nwg.x * nsg) {
+        let row0 = si * 8u;
+        let nrows = min(8u, p.rows - row0);
+        var part: Acc8;
+        if (p.w.scale_kind == 1u) {
+            part = rows8_wm_pf(p.w, row0, nrows, lane, lanes, true);
+        } else {
+            part = rows8_wm_pf(p.w, row0, nrows, lane, lanes, false);
+        }
+        q4_store8(row0, nrows, part, lane);
+    }
+}
+
+@compute @workgroup_size(64)
+fn matvec_q4_wm8p_64(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let sets = (p.rows + 7u) / 8u;
+    for (var si = wid.x * nsg + sg; si < sets; si += nwg.x * nsg) {
+        let row0 = si * 8u;
+        let nrows = min(8u, p.rows - row0);
+        var part: Acc8;
+        if (p.w.scale_kind == 1u) {
+            part = rows8_wm_pf(p.w, row0, nrows, lane, lanes, true);
+        } else {
+            part = rows8_wm_pf(p.w, row0, nrows, lane, lanes, false);
+        }
+        q4_store8(row0, nrows, part, lane);
+    }
+}
+
+@compute @workgroup_size(128)
+fn matvec_q4_wm8pw(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let sets = (p.rows + 7u) / 8u;
+    for (var si = wid.x * nsg + sg; si < sets; si += nwg.x * nsg) {
+        let row0 = si * 8u;
+        let nrows = min(8u, p.rows - row0);
+        var part: Acc8;
+        if (p.w.scale_kind == 1u) {
+            part = rows8_wm_pw(p.w, row0, nrows, lane, lanes, true);
+        } else {
+            part = rows8_wm_pw(p.w, row0, nrows, lane, lanes, false);
+        }
+        q4_store8(row0, nrows, part, lane);
+    }
+}

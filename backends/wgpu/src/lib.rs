@@ -340,10 +340,22 @@ impl WgpuBackend {
                         11 => ("matvec_q4_wm8p", 8),
                         12 => ("matvec_q4_wm4", 4),
                         13 => ("matvec_q4_wm4p", 4),
+                        14 => ("matvec_q4_wm8pp", 8),
+                        15 => ("matvec_q4_wm8pv", 8),
+                        16 => ("matvec_q4_wm4pp", 4),
+                        17 => ("matvec_q4_wm8v", 8),
+                        18 => ("matvec_q4_wm8p_256", 8),
+                        19 => ("matvec_q4_wm8p_64", 8),
+                        20 => ("matvec_q4_wm8pw", 8),
                         _ => ("matvec", group_rows),
                     };
                     entry = name;
-                    groups[0] = self.subgroup_grid(s.rows.div_ceil(per), 128);
+                    let wg = match v {
+                        18 => 256,
+                        19 => 64,
+                        _ => 128,
+                    };
+                    groups[0] = self.subgroup_grid(s.rows.div_ceil(per), wg);
                     let cap = Q4_GRID_CAP.load(std::sync::atomic::Ordering::Relaxed);
                     if cap > 0 {
                         groups[0] = groups[0].min(cap);
