@@ -28,14 +28,10 @@ struct Args {
     decode: usize,
     /// `SLOTSTREAM_WGPU_FLUSH_EVERY` values to time decode with (after).
     flushes: Vec<u32>,
-    /// Temporary: (variant, grid cap) pairs of the one-token 4-bit kernel to sweep.
-    sweep: Vec<(u32, u32)>,
-    /// Temporary: shapes for the sweep.
-    sweep_shapes: Vec<(usize, usize)>,
 }
 
 fn parse_args() -> Result<Args> {
-    let mut a = Args { adapter: AdapterChoice::auto(), model: None, copy_mib: 1024, rows: 65536, cols: 8192, reps: 50, prompt: 256, decode: 64, flushes: vec![0, 8, 12, 24, 16], sweep: vec![], sweep_shapes: vec![] };
+    let mut a = Args { adapter: AdapterChoice::auto(), model: None, copy_mib: 1024, rows: 65536, cols: 8192, reps: 50, prompt: 256, decode: 64, flushes: vec![0, 8, 12, 24, 16] };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
@@ -49,24 +45,6 @@ fn parse_args() -> Result<Args> {
             "--prompt" => a.prompt = value()?.parse()?,
             "--decode" => a.decode = value()?.parse()?,
             "--flush" => a.flushes = value()?.split(',').map(|v| v.trim().parse()).collect::<Result<_, _>>()?,
-            "--sweep" => {
-                a.sweep = value()?
-                    .split(',')
-                    .map(|v| {
-                        let (a, b) = v.split_once(':').unwrap_or((v, "0"));
-                        Ok((a.trim().parse()?, b.trim().parse()?))
-                    })
-                    .collect::<Result<_>>()?
-            }
-            "--sweep-shapes" => {
-                a.sweep_shapes = value()?
-                    .split(',')
-                    .map(|v| {
-                        let (a, b) = v.split_once('x').context("shape RxC")?;
-                        Ok((a.trim().parse()?, b.trim().parse()?))
-                    })
-                    .collect::<Result<_>>()?
-            }
             other => bail!("unknown flag {other}"),
         }
     }
@@ -149,66 +127,6 @@ fn matvec_bandwidth(b: &WgpuBackend, bits: u32, rows: usize, cols: usize, reps: 
         Err(_) => f64::NAN,
     };
     Ok((bytes / wall / 1e9, bytes / kernel / 1e9, bytes / 1e6))
-}
-
-/// Temporary: times each (variant, grid cap) of the one-token interleaved
-/// 4-bit kernel on one shape, checking each output against variant 0's.
-fn sweep(b: &WgpuBackend, sweep: &[(u32, u32)], rows: usize, cols: usize, reps: usize, copy: f64) -> Result<()> {
-    let mut rng = Lcg(4);
-    let m = affine_matrix(&mut rng, 4, rows, cols);
-    set_layout("interleaved");
-    let w_plain = b.load_weight(&m)?;
-    std::env::set_var("SLOTSTREAM_WGPU_Q4_PAIRS", "vec4");
-    let w_vec = b.load_weight(&m)?;
-    std::env::remove_var("SLOTSTREAM_WGPU_Q4_PAIRS");
-    std::env::set_var("SLOTSTREAM_WGPU_Q4_TILE8", "1");
-    let w_tile = b.load_weight(&m)?;
-    std::env::remove_var("SLOTSTREAM_WGPU_Q4_TILE8");
-    let xv: Vec<f32> = (0..cols).map(|_| rng.unit()).collect();
-    let x = b.upload(&xv, &[1, cols])?;
-    let bytes = (w_plain.bytes + 4 * cols + 4 * rows) as f64;
-    slotstream_wgpu::set_q4_variant(0, 0);
-    let reference = b.download(&b.matmul(&x, &w_plain)?)?;
-    for &(v, cap) in sweep {
-        slotstream_wgpu::set_q4_variant(v, cap);
-        let w = match v {
-            4 | 5 | 15 | 17 => &w_vec,
-            9 | 10 => &w_tile,
-            _ => &w_plain,
-        };
-        let got = b.download(&b.matmul(&x, w)?)?;
-        let (mut num, mut den) = (0f64, 0f64);
-        for (g, r) in got.iter().zip(&reference) {
-            num += ((g - r) as f64).powi(2);
-            den += (*r as f64).powi(2);
-        }
-        let err = (num / den).sqrt();
-        b.sync()?;
-        let t = Instant::now();
-        for _ in 0..reps {
-            drop(b.matmul(&x, w)?);
-        }
-        b.sync()?;
-        let wall = t.elapsed().as_secs_f64() / reps as f64;
-        b.set_profiling(true)?;
-        for _ in 0..reps {
-            drop(b.matmul(&x, w)?);
-        }
-        b.sync()?;
-        let prof = b.kernel_profile();
-        b.set_profiling(false)?;
-        let kernel = prof.iter().find(|(f, _)| f == "matvec").map(|(_, t)| t.seconds / t.dispatches as f64).unwrap_or(f64::NAN);
-        println!(
-            "sweep [{rows} x {cols}] variant {v} cap {cap}: kernel {:.0} GB/s ({:.1}%), {:.1} us; wall {:.0} GB/s ({:.1}%); rel err vs v0 {err:.2e}",
-            bytes / kernel / 1e9,
-            100.0 * bytes / kernel / 1e9 / copy,
-            kernel * 1e6,
-            bytes / wall / 1e9,
-            100.0 * bytes / wall / 1e9 / copy
-        );
-    }
-    slotstream_wgpu::set_q4_variant(0, 0);
-    Ok(())
 }
 
 fn open(args: &Args, checked: bool) -> Result<WgpuBackend> {
@@ -333,15 +251,6 @@ fn main() -> Result<()> {
         None => copy_engine,
     };
     drop(b);
-    if !args.sweep.is_empty() {
-        let b = open(&args, true)?;
-        let shapes = if args.sweep_shapes.is_empty() { vec![(args.rows, args.cols)] } else { args.sweep_shapes.clone() };
-        for (rows, cols) in shapes {
-            let reps = if rows * cols < 1 << 24 { args.reps * 4 } else { args.reps };
-            sweep(&b, &args.sweep, rows, cols, reps, copy)?;
-        }
-        return Ok(());
-    }
     // The same number of weight bytes in three shapes (the default, long rows,
     // short rows), 4-bit in the MLX order (before) and interleaved (after),
     // then 8-bit; and the small shapes of the decode benchmark's model.

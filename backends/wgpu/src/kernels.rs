@@ -56,7 +56,7 @@ impl Module {
 
     pub fn entry_points(self) -> &'static [&'static str] {
         match self {
-            Module::Matvec => &["matvec", "matvec_q4_pf8", "matvec_q4_pf8p", "matvec_q4_pf4p", "matvec_q4_v8", "matvec_q4_pf8v", "matvec_q4_load", "matvec_q4_loadc", "matvec_q4_alu", "matvec_q4_tiled", "matvec_q4_wm8", "matvec_q4_wm8p", "matvec_q4_wm4", "matvec_q4_wm4p", "matvec_q4_wm8pp", "matvec_q4_wm8pv", "matvec_q4_wm4pp", "matvec_q4_wm8v", "matvec_q4_wm8p_256", "matvec_q4_wm8p_64", "matvec_q4_wm8pw"],
+            Module::Matvec => &["matvec"],
             Module::MatmulTiled => &["matmul_tiled"],
             Module::Moe => &["moe_gate", "moe_up", "moe_down"],
             Module::Embed => &["embed"],

@@ -33,40 +33,6 @@ use weights::{GpuPool, GpuWeight};
 /// longer inputs use the tiled kernel.
 const MATVEC_MAX_TOKENS: usize = 8;
 
-/// Interleaved 4-bit weights of at least this many rows take one subgroup per
-/// eight rows in the one-token matvec (fewer: four, for more parallelism).
-/// `SLOTSTREAM_WGPU_Q4_EIGHT_ROWS_FROM` overrides it (tests set 1).
-const Q4_EIGHT_ROWS_FROM: usize = 8192;
-
-fn q4_eight_rows_from() -> usize {
-    static FROM: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *FROM.get_or_init(|| {
-        std::env::var("SLOTSTREAM_WGPU_Q4_EIGHT_ROWS_FROM").ok().and_then(|v| v.parse().ok()).unwrap_or(Q4_EIGHT_ROWS_FROM)
-    })
-}
-
-/// Benchmark switch (temporary): the one-token interleaved 4-bit kernel
-/// variant (0 the default) and a cap on its workgroup count (0 none).
-static Q4_VARIANT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(u32::MAX);
-static Q4_GRID_CAP: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-
-#[doc(hidden)]
-pub fn set_q4_variant(variant: u32, grid_cap: u32) {
-    Q4_VARIANT.store(variant, std::sync::atomic::Ordering::Relaxed);
-    Q4_GRID_CAP.store(grid_cap, std::sync::atomic::Ordering::Relaxed);
-}
-
-fn q4_variant() -> u32 {
-    use std::sync::atomic::Ordering::Relaxed;
-    let v = Q4_VARIANT.load(Relaxed);
-    if v != u32::MAX {
-        return v;
-    }
-    let v = std::env::var("SLOTSTREAM_WGPU_Q4_VARIANT").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
-    Q4_VARIANT.store(v, Relaxed);
-    v
-}
-
 /// Groups at least this long are normalised by a whole workgroup each.
 const WIDE_NORM_DIM: usize = 1024;
 
@@ -312,56 +278,12 @@ impl WgpuBackend {
         let total_rows = w.experts * w.rows;
         for s in &w.shards {
             if tokens <= MATVEC_MAX_TOKENS {
-                let group_rows = if s.rows >= q4_eight_rows_from() { 8 } else { 4 };
                 let mut params = s.desc.to_vec();
-                params.extend([u(s.rows), u(tokens), u(total_rows), u(s.row_start), u(w.cols), u(group_rows), 0, 0]);
-                // One token: a subgroup per four rows (eight for interleaved
-                // 4-bit); more: a subgroup per row.
-                let items = match (tokens, s.desc[0]) {
-                    (1, 4) => s.rows.div_ceil(group_rows),
-                    (1, _) => s.rows.div_ceil(4),
-                    _ => s.rows,
-                };
-                let mut groups = [self.subgroup_grid(items, 128), u(tokens.div_ceil(4)), 1];
-                let mut entry = "matvec";
-                if tokens == 1 && s.desc[0] == 4 {
-                    let v = q4_variant();
-                    let (name, per) = match v {
-                        1 => ("matvec_q4_pf8", 8),
-                        2 => ("matvec_q4_pf8p", 8),
-                        3 => ("matvec_q4_pf4p", 4),
-                        4 => ("matvec_q4_v8", 8),
-                        5 => ("matvec_q4_pf8v", 8),
-                        6 => ("matvec_q4_load", 8),
-                        7 => ("matvec_q4_loadc", 8),
-                        8 => ("matvec_q4_alu", 8),
-                        9 => ("matvec_q4_tiled", 8),
-                        10 => ("matvec_q4_wm8", 8),
-                        11 => ("matvec_q4_wm8p", 8),
-                        12 => ("matvec_q4_wm4", 4),
-                        13 => ("matvec_q4_wm4p", 4),
-                        14 => ("matvec_q4_wm8pp", 8),
-                        15 => ("matvec_q4_wm8pv", 8),
-                        16 => ("matvec_q4_wm4pp", 4),
-                        17 => ("matvec_q4_wm8v", 8),
-                        18 => ("matvec_q4_wm8p_256", 8),
-                        19 => ("matvec_q4_wm8p_64", 8),
-                        20 => ("matvec_q4_wm8pw", 8),
-                        _ => ("matvec", group_rows),
-                    };
-                    entry = name;
-                    let wg = match v {
-                        18 => 256,
-                        19 => 64,
-                        _ => 128,
-                    };
-                    groups[0] = self.subgroup_grid(s.rows.div_ceil(per), wg);
-                    let cap = Q4_GRID_CAP.load(std::sync::atomic::Ordering::Relaxed);
-                    if cap > 0 {
-                        groups[0] = groups[0].min(cap);
-                    }
-                }
-                self.gpu.dispatch(entry, &params, &[(1, whole(&s.buffer)), (6, whole(&s.buffer)), (2, x), (3, out)], groups)?;
+                params.extend([u(s.rows), u(tokens), u(total_rows), u(s.row_start), u(w.cols), 0, 0, 0]);
+                // One token: a subgroup per four rows; more: a subgroup per row.
+                let items = if tokens == 1 { s.rows.div_ceil(4) } else { s.rows };
+                let groups = [self.subgroup_grid(items, 128), u(tokens.div_ceil(4)), 1];
+                self.gpu.dispatch("matvec", &params, &[(1, whole(&s.buffer)), (6, whole(&s.buffer)), (2, x), (3, out)], groups)?;
             } else {
                 let mut params = s.desc.to_vec();
                 params.extend([u(s.rows), u(tokens), u(total_rows), u(s.row_start), 0, 0, 0, 0]);

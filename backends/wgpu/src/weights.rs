@@ -178,44 +178,10 @@ fn shard_image(layout: &RowLayout, m: &HostMatrix<'_>, r0: usize, r1: usize) -> 
         for r in r0..r1 {
             interleave_q4_row(&values[r * vb..(r + 1) * vb], &mut out);
         }
-        // Benchmark switch (temporary): tiles of row octets stored consecutively.
-        if std::env::var("SLOTSTREAM_WGPU_Q4_TILE8").is_ok() && (r1 - r0) % 8 == 0 && vb % 512 == 0 {
-            let rows_img = out.clone();
-            let tiles = vb / 512;
-            for o in 0..(r1 - r0) / 8 {
-                for j in 0..tiles {
-                    for k in 0..8 {
-                        let src = (8 * o + k) * vb + 512 * j;
-                        let dst = 8 * o * vb + (j * 8 + k) * 512;
-                        out[dst..dst + 512].copy_from_slice(&rows_img[src..src + 512]);
-                    }
-                }
-            }
-        }
         // (scale, bias) pairs, one u32 per group: the scale in the low half.
         let (sc, bi) = (&scales[r0 * layout.scale_bytes..r1 * layout.scale_bytes], &biases[r0 * layout.scale_bytes..r1 * layout.scale_bytes]);
-        let start = out.len();
         for (s, b) in sc.chunks_exact(2).zip(bi.chunks_exact(2)) {
             out.extend_from_slice(&[s[0], s[1], b[0], b[1]]);
-        }
-        // Benchmark switch (temporary): pairs transposed within each tile of
-        // 1024 columns so that a chunk's four pairs are one 16-byte load.
-        let gs = layout.group_size as usize;
-        if std::env::var("SLOTSTREAM_WGPU_Q4_PAIRS").is_ok_and(|v| v == "vec4") && layout.cols % 1024 == 0 && 256 % gs == 0 {
-            let gpr = layout.cols / gs;
-            let (tg, step) = (1024 / gs, 256 / gs);
-            let pairs: Vec<[u8; 4]> = out[start..].chunks_exact(4).map(|c| [c[0], c[1], c[2], c[3]]).collect();
-            for r in 0..rows {
-                for j in 0..gpr / tg {
-                    let t0 = r * gpr + j * tg;
-                    for b in 0..step {
-                        for k in 0..4 {
-                            let dst = start + 4 * (t0 + 4 * b + k);
-                            out[dst..dst + 4].copy_from_slice(&pairs[t0 + b + k * step]);
-                        }
-                    }
-                }
-            }
         }
         out.resize(pad16(out.len()), 0);
         return out;
