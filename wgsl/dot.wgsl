@@ -237,33 +237,24 @@ fn rows_dot(d: WeightDesc, row0: u32, nrows: u32, xb: u32, lane: u32, lanes: u32
     return acc;
 }
 
-// sum_m q_m * s_m over the eight nibbles of `word` (see magic4; s0, s1 the x
-// of its low and high 16 bits, pre-scaled by 16^-k), as one fma chain.
-fn q4_word_dot(word: u32, s0: vec4<f32>, s1: vec4<f32>) -> f32 {
-    let m0 = magic4(word);
-    let m1 = magic4(word >> 16u);
-    var q = m0.x * s0.x;
-    q = fma(m0.y, s0.y, q);
-    q = fma(m0.z, s0.z, q);
-    q = fma(m0.w, s0.w, q);
-    q = fma(m1.x, s1.x, q);
-    q = fma(m1.y, s1.y, q);
-    q = fma(m1.z, s1.z, q);
-    q = fma(m1.w, s1.w, q);
-    return q;
+// Eight rows' partial sums (rows past the end repeat the last row; their
+// sums are never written).
+struct Acc8 {
+    a: vec4<f32>,
+    b: vec4<f32>,
 }
 
-// Word k of one interleaved 4-bit chunk (see weights.wgsl) for four rows:
-// `wd` the rows' words, `pv` their groups' (scale, bias) pair words, `col`
-// the column of the word's first value. x is read here, once for the four rows.
-fn q4i_word(acc: vec4<f32>, wd: vec4<u32>, pv: vec4<u32>, col: u32, f16s: bool) -> vec4<f32> {
-    let ns = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
-    let xa = xin[col >> 2u];
-    let xb = xin[(col >> 2u) + 1u];
-    let sx = dot(xa + xb, vec4<f32>(1.0));
-    let s0 = xa * ns;
-    let s1 = xb * ns;
-    let q = vec4<f32>(q4_word_dot(wd.x, s0, s1), q4_word_dot(wd.y, s0, s1), q4_word_dot(wd.z, s0, s1), q4_word_dot(wd.w, s0, s1));
+// One interleaved 4-bit chunk (see weights.wgsl) of one row, already loaded
+// (`wv`, and `pv` its four words' (scale, bias) pairs), against the
+// pre-scaled x of its four words (s0..s7) and their sums (sx).
+fn q4i_part(wv: vec4<u32>, pv: vec4<u32>, f16s: bool,
+    s0: vec4<f32>, s1: vec4<f32>, s2: vec4<f32>, s3: vec4<f32>,
+    s4: vec4<f32>, s5: vec4<f32>, s6: vec4<f32>, s7: vec4<f32>, sx: vec4<f32>) -> f32 {
+    let q = vec4<f32>(
+        dot(magic4(wv.x), s0) + dot(magic4(wv.x >> 16u), s1),
+        dot(magic4(wv.y), s2) + dot(magic4(wv.y >> 16u), s3),
+        dot(magic4(wv.z), s4) + dot(magic4(wv.z >> 16u), s5),
+        dot(magic4(wv.w), s6) + dot(magic4(wv.w >> 16u), s7));
     var sc: vec4<f32>;
     var bi: vec4<f32>;
     if (f16s) {
@@ -277,26 +268,48 @@ fn q4i_word(acc: vec4<f32>, wd: vec4<u32>, pv: vec4<u32>, col: u32, f16s: bool) 
         sc = bitcast<vec4<f32>>(pv << vec4<u32>(16u));
         bi = bitcast<vec4<f32>>(pv & vec4<u32>(0xffff0000u));
     }
-    return fma(sc, q, fma(bi, vec4<f32>(sx), acc));
+    return dot(sc, q) + dot(bi, sx);
 }
 
-// The (scale, bias) pair words of group `g` of four rows whose pairs start at words `pb`.
-fn q4i_pairs(pb: vec4<u32>, g: u32) -> vec4<u32> {
-    return vec4<u32>(w_words[pb.x + g], w_words[pb.y + g], w_words[pb.z + g], w_words[pb.w + g]);
+// The four (scale, bias) pair words of a chunk whose words are in groups `g`
+// of the row whose pairs start at word `pb`.
+fn q4i_pairs(pb: u32, g: vec4<u32>) -> vec4<u32> {
+    return vec4<u32>(w_words[pb + g.x], w_words[pb + g.y], w_words[pb + g.z], w_words[pb + g.w]);
+}
+
+// x of one interleaved chunk for the rows*_q4i loops: lane chunk `i`.
+struct XChunk {
+    s0: vec4<f32>, s1: vec4<f32>, s2: vec4<f32>, s3: vec4<f32>,
+    s4: vec4<f32>, s5: vec4<f32>, s6: vec4<f32>, s7: vec4<f32>,
+    sx: vec4<f32>,
+    g: vec4<u32>,
+}
+
+fn q4i_x(chunks: u32, gshift: u32, xb: u32, i: u32) -> XChunk {
+    let one = vec4<f32>(1.0);
+    let ns = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
+    let j = i >> 5u;
+    let v = i & 31u;
+    let t = min(32u, chunks - 32u * j);
+    // Column of word k's first value: 1024j + 8tk + 8v.
+    let c0 = 1024u * j + 8u * v;
+    let c = vec4<u32>(c0, c0 + 8u * t, c0 + 16u * t, c0 + 24u * t);
+    let xi = xb + (c >> vec4<u32>(2u));
+    let x0 = xin[xi.x];
+    let x1 = xin[xi.x + 1u];
+    let x2 = xin[xi.y];
+    let x3 = xin[xi.y + 1u];
+    let x4 = xin[xi.z];
+    let x5 = xin[xi.z + 1u];
+    let x6 = xin[xi.w];
+    let x7 = xin[xi.w + 1u];
+    let sx = vec4<f32>(dot(x0 + x1, one), dot(x2 + x3, one), dot(x4 + x5, one), dot(x6 + x7, one));
+    return XChunk(x0 * ns, x1 * ns, x2 * ns, x3 * ns, x4 * ns, x5 * ns, x6 * ns, x7 * ns, sx, c >> vec4<u32>(gshift));
 }
 
 // This lane's partial dot products of four consecutive interleaved 4-bit rows
-// (row0 .. row0 + nrows - 1, nrows <= 4; rows past the end repeat the last
-// row and their sums are never written) with the x row of one token. Lane i
-// of a subgroup takes chunk i (then i + lanes, ...): with 32 lanes that is
-// one tile, whose x the lanes read as one contiguous 1 KB run per word, and
-// whose weights they read as one contiguous 512-byte run per row.
-//
-// Word-major: all weight and pair loads of a chunk are issued first, then
-// each of its four words is finished for the four rows before the next
-// word's x is read, which keeps few values live (the kernel is bound by
-// arithmetic, not by memory; see BENCHMARKS.md, GPU (a)).
-fn rows4_q4i(d: WeightDesc, row0: u32, nrows: u32, lane: u32, lanes: u32, f16s: bool) -> vec4<f32> {
+// (for matrices too small to fill the GPU at eight rows per subgroup).
+fn rows4_q4i(d: WeightDesc, row0: u32, nrows: u32, xb: u32, lane: u32, lanes: u32, f16s: bool) -> vec4<f32> {
     var acc = vec4<f32>(0.0);
     let chunks = d.row_words / 4u;
     let gshift = firstTrailingBit(d.group_size);
@@ -310,20 +323,64 @@ fn rows4_q4i(d: WeightDesc, row0: u32, nrows: u32, lane: u32, lanes: u32, f16s: 
         let w1 = w[wb.y + i];
         let w2 = w[wb.z + i];
         let w3 = w[wb.w + i];
-        // Column of word k's first value: 1024j + 8tk + 8v (tile j, lane v, t chunks in the tile).
-        let j = i >> 5u;
-        let t = min(32u, chunks - 32u * j);
-        let c0 = 1024u * j + 8u * (i & 31u);
-        let c = vec4<u32>(c0, c0 + 8u * t, c0 + 16u * t, c0 + 24u * t);
-        let g = c >> vec4<u32>(gshift);
-        let p0 = q4i_pairs(pb, g.x);
-        let p1 = q4i_pairs(pb, g.y);
-        let p2 = q4i_pairs(pb, g.z);
-        let p3 = q4i_pairs(pb, g.w);
-        acc = q4i_word(acc, vec4<u32>(w0.x, w1.x, w2.x, w3.x), p0, c.x, f16s);
-        acc = q4i_word(acc, vec4<u32>(w0.y, w1.y, w2.y, w3.y), p1, c.y, f16s);
-        acc = q4i_word(acc, vec4<u32>(w0.z, w1.z, w2.z, w3.z), p2, c.z, f16s);
-        acc = q4i_word(acc, vec4<u32>(w0.w, w1.w, w2.w, w3.w), p3, c.w, f16s);
+        let x = q4i_x(chunks, gshift, xb, i);
+        let p0 = q4i_pairs(pb.x, x.g);
+        let p1 = q4i_pairs(pb.y, x.g);
+        let p2 = q4i_pairs(pb.z, x.g);
+        let p3 = q4i_pairs(pb.w, x.g);
+        acc.x += q4i_part(w0, p0, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.y += q4i_part(w1, p1, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.z += q4i_part(w2, p2, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.w += q4i_part(w3, p3, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+    }
+    return acc;
+}
+
+// This lane's partial dot products of eight consecutive interleaved 4-bit
+// rows (row0 .. row0 + nrows - 1, nrows <= 8) with the x row starting at vec4
+// index `xb`. Lane i of a subgroup takes chunk i (then i + lanes, ...): with
+// 32 lanes that is one tile, whose x the lanes read as one contiguous 1 KB
+// run per word, and whose weights they read as one contiguous 512-byte run
+// per row. x is loaded once per chunk for all eight rows.
+fn rows8_q4i(d: WeightDesc, row0: u32, nrows: u32, xb: u32, lane: u32, lanes: u32, f16s: bool) -> Acc8 {
+    var acc = Acc8(vec4<f32>(0.0), vec4<f32>(0.0));
+    let chunks = d.row_words / 4u;
+    let gshift = firstTrailingBit(d.group_size);
+    let gpr = d.cols >> gshift;
+    let last = row0 + nrows - 1u;
+    let ra = vec4<u32>(row0, min(row0 + 1u, last), min(row0 + 2u, last), min(row0 + 3u, last));
+    let rb = min(ra + vec4<u32>(4u), vec4<u32>(last));
+    let wa = ra * chunks;
+    let wb = rb * chunks;
+    let pa = d.scales_off + ra * gpr;
+    let pb = d.scales_off + rb * gpr;
+    for (var i = lane; i < chunks; i += lanes) {
+        // Every weight load of the chunk is issued before any is used.
+        let w0 = w[wa.x + i];
+        let w1 = w[wa.y + i];
+        let w2 = w[wa.z + i];
+        let w3 = w[wa.w + i];
+        let w4 = w[wb.x + i];
+        let w5 = w[wb.y + i];
+        let w6 = w[wb.z + i];
+        let w7 = w[wb.w + i];
+        let x = q4i_x(chunks, gshift, xb, i);
+        let p0 = q4i_pairs(pa.x, x.g);
+        let p1 = q4i_pairs(pa.y, x.g);
+        let p2 = q4i_pairs(pa.z, x.g);
+        let p3 = q4i_pairs(pa.w, x.g);
+        let p4 = q4i_pairs(pb.x, x.g);
+        let p5 = q4i_pairs(pb.y, x.g);
+        let p6 = q4i_pairs(pb.z, x.g);
+        let p7 = q4i_pairs(pb.w, x.g);
+        acc.a.x += q4i_part(w0, p0, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.a.y += q4i_part(w1, p1, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.a.z += q4i_part(w2, p2, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.a.w += q4i_part(w3, p3, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.b.x += q4i_part(w4, p4, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.b.y += q4i_part(w5, p5, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.b.z += q4i_part(w6, p6, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.b.w += q4i_part(w7, p7, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
     }
     return acc;
 }

@@ -1,8 +1,9 @@
 // matvec: `out[t, out_off + r] = sum_c W[r, c] * x[t, c]` for one weight shard,
 // any storage format (f32/f16/bf16, affine 2/4/8-bit; see weights.wgsl).
 // One token (decode): one subgroup per four weight rows, x loaded once per
-// chunk for all four (see rows_dot; interleaved 4-bit weights, fmt 4:
-// rows4_q4i). Two to four tokens per workgroup row
+// chunk for all four (see rows_dot); interleaved 4-bit weights (fmt 4): one
+// subgroup per eight rows (see rows8_q4i), or four for matrices of fewer
+// than 8192 rows (rows4_q4i), which need the parallelism more. Two to four tokens per workgroup row
 // (workgroup_id.y selects tokens 4y..4y+3): one subgroup per weight row, each
 // weight byte read once per four tokens. Grid-stride over rows along x.
 //
@@ -16,7 +17,8 @@ struct Params {
     out_cols: u32,
     out_off: u32,
     x_cols: u32,
-    _pad0: u32,
+    // Rows per subgroup for one token of interleaved 4-bit weights (4 or 8).
+    group_rows: u32,
     _pad1: u32,
     _pad2: u32,
 }
@@ -37,22 +39,44 @@ fn matvec(
     let t0 = wid.y * 4u;
     let ntok = min(4u, p.tokens - t0);
     let xstride = p.x_cols / 4u;
-    if (p.tokens == 1u && p.w.fmt == 4u) {
-        // Interleaved 4-bit: one subgroup per four rows.
+    if (p.tokens == 1u && p.w.fmt == 4u && p.group_rows == 4u) {
+        // Interleaved 4-bit, small matrices: one subgroup per four rows.
         let quads = (p.rows + 3u) / 4u;
         for (var qi = wid.x * nsg + sg; qi < quads; qi += nwg.x * nsg) {
             let row0 = qi * 4u;
             let nrows = min(4u, p.rows - row0);
             var part: vec4<f32>;
             if (p.w.scale_kind == 1u) {
-                part = rows4_q4i(p.w, row0, nrows, lane, lanes, true);
+                part = rows4_q4i(p.w, row0, nrows, 0u, lane, lanes, true);
             } else {
-                part = rows4_q4i(p.w, row0, nrows, lane, lanes, false);
+                part = rows4_q4i(p.w, row0, nrows, 0u, lane, lanes, false);
             }
             let total = subgroupAdd(part);
             if (lane == 0u) {
                 for (var r = 0u; r < nrows; r++) {
                     out[p.out_off + row0 + r] = total[r];
+                }
+            }
+        }
+        return;
+    }
+    if (p.tokens == 1u && p.w.fmt == 4u) {
+        // Interleaved 4-bit, large matrices: one subgroup per eight rows.
+        let octs = (p.rows + 7u) / 8u;
+        for (var oi = wid.x * nsg + sg; oi < octs; oi += nwg.x * nsg) {
+            let row0 = oi * 8u;
+            let nrows = min(8u, p.rows - row0);
+            var part: Acc8;
+            if (p.w.scale_kind == 1u) {
+                part = rows8_q4i(p.w, row0, nrows, 0u, lane, lanes, true);
+            } else {
+                part = rows8_q4i(p.w, row0, nrows, 0u, lane, lanes, false);
+            }
+            let ta = subgroupAdd(part.a);
+            let tb = subgroupAdd(part.b);
+            if (lane == 0u) {
+                for (var r = 0u; r < nrows; r++) {
+                    out[p.out_off + row0 + r] = select(tb[r & 3u], ta[r & 3u], r < 4u);
                 }
             }
         }

@@ -33,6 +33,18 @@ use weights::{GpuPool, GpuWeight};
 /// longer inputs use the tiled kernel.
 const MATVEC_MAX_TOKENS: usize = 8;
 
+/// Interleaved 4-bit weights of at least this many rows take one subgroup per
+/// eight rows in the one-token matvec (fewer: four, for more parallelism).
+/// `SLOTSTREAM_WGPU_Q4_EIGHT_ROWS_FROM` overrides it (tests set 1).
+const Q4_EIGHT_ROWS_FROM: usize = 8192;
+
+fn q4_eight_rows_from() -> usize {
+    static FROM: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *FROM.get_or_init(|| {
+        std::env::var("SLOTSTREAM_WGPU_Q4_EIGHT_ROWS_FROM").ok().and_then(|v| v.parse().ok()).unwrap_or(Q4_EIGHT_ROWS_FROM)
+    })
+}
+
 /// Groups at least this long are normalised by a whole workgroup each.
 const WIDE_NORM_DIM: usize = 1024;
 
@@ -278,10 +290,16 @@ impl WgpuBackend {
         let total_rows = w.experts * w.rows;
         for s in &w.shards {
             if tokens <= MATVEC_MAX_TOKENS {
+                let group_rows = if s.rows >= q4_eight_rows_from() { 8 } else { 4 };
                 let mut params = s.desc.to_vec();
-                params.extend([u(s.rows), u(tokens), u(total_rows), u(s.row_start), u(w.cols), 0, 0, 0]);
-                // One token: a subgroup per four rows; more: a subgroup per row.
-                let items = if tokens == 1 { s.rows.div_ceil(4) } else { s.rows };
+                params.extend([u(s.rows), u(tokens), u(total_rows), u(s.row_start), u(w.cols), u(group_rows), 0, 0]);
+                // One token: a subgroup per four rows (eight for interleaved
+                // 4-bit); more: a subgroup per row.
+                let items = match (tokens, s.desc[0]) {
+                    (1, 4) => s.rows.div_ceil(group_rows),
+                    (1, _) => s.rows.div_ceil(4),
+                    _ => s.rows,
+                };
                 let groups = [self.subgroup_grid(items, 128), u(tokens.div_ceil(4)), 1];
                 self.gpu.dispatch("matvec", &params, &[(1, whole(&s.buffer)), (6, whole(&s.buffer)), (2, x), (3, out)], groups)?;
             } else {
