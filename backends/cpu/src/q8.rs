@@ -269,8 +269,15 @@ impl<S: ScaleRead + ?Sized> Q4Job<'_, S> {
                     _mm256_loadu_ps(svp.add((r * chunks + c) * 8))
                 } else {
                     let gi = (row0 + r) * groups;
-                    let (s0, s1) = (self.scales.get(gi + 64 * c / gs), self.scales.get(gi + (64 * c + 32) / gs));
-                    _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0))
+                    if gs % 64 == 0 {
+                        // Both 32-blocks of the chunk in one group (no division:
+                        // group sizes are powers of two).
+                        let g = if gs.is_power_of_two() { (64 * c) >> gs.trailing_zeros() } else { 64 * c / gs };
+                        _mm256_set1_ps(self.scales.get(gi + g))
+                    } else {
+                        let (s0, s1) = (self.scales.get(gi + 64 * c / gs), self.scales.get(gi + (64 * c + 32) / gs));
+                        _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0))
+                    }
                 };
             }
             for j in 0..T {
