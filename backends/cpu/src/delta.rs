@@ -149,7 +149,15 @@ fn chunked_head(x: &HeadInputs, s: &mut [f32], dk: usize, dv: usize) -> Vec<f32>
             acc += x.g[start + t].ln();
             log_g.push(acc);
         }
-        let decay = |t: usize, s_: usize| (log_g[t] - log_g[s_]).exp();
+        // G_t/G_s for s <= t, each exp computed once (the forward pass, the
+        // outputs and the state update all use them).
+        let mut dec = vec![0.0f32; c * c];
+        for t in 0..c {
+            for s_ in 0..=t {
+                dec[t * c + s_] = (log_g[t] - log_g[s_]).exp();
+            }
+        }
+        let decay = |t: usize, s_: usize| dec[t * c + s_];
         // S_0 k_t and S_0 q_t for all t: [c, dv].
         let mut s0k = vec![0.0f32; c * dv];
         let mut s0q = vec![0.0f32; c * dv];
