@@ -67,3 +67,21 @@ fn stats_count_every_expert_use() {
     assert!(s.total.hits > 0);
     assert_eq!(s.total.bytes_read, 16 * e.model.experts.lock().unwrap().store().record_bytes);
 }
+
+/// A pool with a slot for every expert, preloaded at load: the same greedy
+/// tokens, and not one read while generating.
+#[test]
+fn preloaded_pool_reads_nothing_and_changes_nothing() {
+    for name in FIXTURES {
+        let case = case(name, "long");
+        let opts = LoadOptions { expert_slots: ExpertSlots::All, preload_experts: true, ..Default::default() };
+        let e = Engine::load(&fixture(name), Box::new(slotstream_cpu::CpuBackend::exact()), &opts)
+            .unwrap_or_else(|err| panic!("loading {name}: {err:#}"));
+        let ids = greedy(&e, &case.prompt_ids, case.greedy_ids.len(), None);
+        assert_eq!(ids, case.greedy_ids, "{name}: a preloaded pool differs from the oracle");
+        let stats = e.expert_stats().unwrap();
+        assert_eq!(stats.total.misses, 0, "{name}: a preloaded pool missed: {:?}", stats.total);
+        assert_eq!(stats.total.bytes_read, 0, "{name}: a preloaded pool read while generating");
+        assert!(stats.total.hits > 0, "{name}: no expert was used");
+    }
+}
