@@ -178,3 +178,80 @@ fn matvec_q8(
         }
     }
 }
+
+// Eight rows per subgroup (a measurement variant: each x entry serves eight rows).
+fn rows8_q4x8(d: WeightDesc, row0: u32, nrows: u32, lane: u32, lanes: u32, f16s: bool) -> array<vec4<f32>, 2> {
+    var a0 = vec4<f32>(0.0);
+    var a1 = vec4<f32>(0.0);
+    let chunks = d.row_words / 4u;
+    let gshift = firstTrailingBit(d.group_size);
+    let gpr = d.cols >> gshift;
+    let last = row0 + nrows - 1u;
+    let ra = min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last));
+    let rb = min(vec4<u32>(row0) + vec4<u32>(4u, 5u, 6u, 7u), vec4<u32>(last));
+    let wba = ra * chunks;
+    let wbb = rb * chunks;
+    let pba = d.scales_off + ra * gpr;
+    let pbb = d.scales_off + rb * gpr;
+    for (var i = lane; i < chunks; i += lanes) {
+        let w0 = w[wba.x + i];
+        let w1 = w[wba.y + i];
+        let w2 = w[wba.z + i];
+        let w3 = w[wba.w + i];
+        let w4 = w[wbb.x + i];
+        let w5 = w[wbb.y + i];
+        let w6 = w[wbb.z + i];
+        let w7 = w[wbb.w + i];
+        let j = i >> 5u;
+        let t = min(32u, chunks - 32u * j);
+        let c0 = 1024u * j + 8u * (i & 31u);
+        let c = vec4<u32>(c0, c0 + 8u * t, c0 + 16u * t, c0 + 24u * t);
+        let g = c >> vec4<u32>(gshift);
+        let e = c >> vec4<u32>(3u);
+        var x = xq[e.x];
+        a0 = q4x8_word(a0, vec4<u32>(w0.x, w1.x, w2.x, w3.x), q4x8_pairs(pba, g.x), x, f16s);
+        a1 = q4x8_word(a1, vec4<u32>(w4.x, w5.x, w6.x, w7.x), q4x8_pairs(pbb, g.x), x, f16s);
+        x = xq[e.y];
+        a0 = q4x8_word(a0, vec4<u32>(w0.y, w1.y, w2.y, w3.y), q4x8_pairs(pba, g.y), x, f16s);
+        a1 = q4x8_word(a1, vec4<u32>(w4.y, w5.y, w6.y, w7.y), q4x8_pairs(pbb, g.y), x, f16s);
+        x = xq[e.z];
+        a0 = q4x8_word(a0, vec4<u32>(w0.z, w1.z, w2.z, w3.z), q4x8_pairs(pba, g.z), x, f16s);
+        a1 = q4x8_word(a1, vec4<u32>(w4.z, w5.z, w6.z, w7.z), q4x8_pairs(pbb, g.z), x, f16s);
+        x = xq[e.w];
+        a0 = q4x8_word(a0, vec4<u32>(w0.w, w1.w, w2.w, w3.w), q4x8_pairs(pba, g.w), x, f16s);
+        a1 = q4x8_word(a1, vec4<u32>(w4.w, w5.w, w6.w, w7.w), q4x8_pairs(pbb, g.w), x, f16s);
+    }
+    return array<vec4<f32>, 2>(a0, a1);
+}
+
+@compute @workgroup_size(128)
+fn matvec_q8_rows8(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let octs = (p.rows + 7u) / 8u;
+    for (var oi = wid.x * nsg + sg; oi < octs; oi += nwg.x * nsg) {
+        let row0 = oi * 8u;
+        let nrows = min(8u, p.rows - row0);
+        var part: array<vec4<f32>, 2>;
+        if (p.w.scale_kind == 1u) {
+            part = rows8_q4x8(p.w, row0, nrows, lane, lanes, true);
+        } else {
+            part = rows8_q4x8(p.w, row0, nrows, lane, lanes, false);
+        }
+        let t0 = subgroupAdd(part[0]);
+        let t1 = subgroupAdd(part[1]);
+        if (lane == 0u) {
+            for (var r = 0u; r < min(nrows, 4u); r++) {
+                out[p.out_off + row0 + r] = t0[r];
+            }
+            for (var r = 4u; r < nrows; r++) {
+                out[p.out_off + row0 + r] = t1[r - 4u];
+            }
+        }
+    }
+}

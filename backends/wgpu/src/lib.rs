@@ -348,9 +348,11 @@ impl WgpuBackend {
             if let Some(xq) = &xq {
                 let mut params = s.desc.to_vec();
                 params.extend([u(s.rows), 1, u(total_rows), u(s.row_start), u(w.cols), 0, 0, 0]);
-                let groups = [self.subgroup_grid(s.rows.div_ceil(4), 128), 1, 1];
+                let rows8 = std::env::var("SLOTSTREAM_WGPU_Q8_ROWS").is_ok_and(|v| v == "8");
+                let (entry, per) = if rows8 { ("matvec_q8_rows8", 8) } else { ("matvec_q8", 4) };
+                let groups = [self.subgroup_grid(s.rows.div_ceil(per), 128), 1, 1];
                 let binds = [(1, whole(&s.buffer)), (6, whole(&s.buffer)), (4, xq.bind()), (3, out)];
-                self.gpu.dispatch("matvec_q8", &params, &binds, groups)?;
+                self.gpu.dispatch(entry, &params, &binds, groups)?;
             } else if tokens <= MATVEC_MAX_TOKENS {
                 let mut params = s.desc.to_vec();
                 params.extend([u(s.rows), u(tokens), u(total_rows), u(s.row_start), u(w.cols), 0, 0, 0]);
