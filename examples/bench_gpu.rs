@@ -1,7 +1,8 @@
 //! GPU benchmarks of the wgpu backend (run by `tools/bench_gpu.sh`):
 //!
 //! (a) effective bandwidth of the 4-bit (and 8-bit) matvec on a matrix far
-//!     larger than the L2 cache, against the device's measured copy bandwidth;
+//!     larger than the L2 cache, against the device's measured copy bandwidth,
+//!     with f32 activations (`MatmulMode::Exact`) and int8 ones (`Int8`);
 //! (b) decode tokens/s of a model resident on the GPU against its bandwidth
 //!     limit (copy bandwidth / bytes read per token);
 //! (c) GPU time per decoded token by kernel family (timestamp queries).
@@ -273,8 +274,9 @@ fn main() -> Result<()> {
     // The same number of weight bytes in three shapes (the default, long rows,
     // short rows), the lm_head and the small shapes of the decode benchmark's
     // model, 4-bit interleaved, each in exact mode (f32 activations, before)
-    // and int8 mode (after; four rows per subgroup, and eight as a variant),
-    // then 8-bit (exact kernel in both modes).
+    // and int8 mode (after; below INT8_MIN_BYTES that is the exact kernel, so
+    // those shapes also run with the int8 kernel forced), then 8-bit (the
+    // exact kernel in both modes).
     let (r, c) = (args.rows, args.cols);
     let shapes = [(4, r, c), (4, r / 4, c * 4), (4, r * 4, c / 4), (4, 151936, 2048), (4, 3072, 2048), (4, 512, 2048), (8, r, c)];
     for checked in [true, false] {
@@ -284,14 +286,17 @@ fn main() -> Result<()> {
             let reps = if rows * cols < 1 << 24 { args.reps * 4 } else { args.reps };
             let mv = matvec_case(&b, bits, rows, cols)?;
             let exact_out = b.download(&b.matmul(&mv.x, &mv.w)?)?;
-            let modes: &[(&str, MatmulMode, &str)] = if bits == 4 {
-                &[("exact", MatmulMode::Exact, "4"), ("int8", MatmulMode::Int8, "4"), ("int8 rows8", MatmulMode::Int8, "8")]
-            } else {
-                &[("exact", MatmulMode::Exact, "4")]
-            };
-            for &(label, mode, q8_rows) in modes {
-                std::env::set_var("SLOTSTREAM_WGPU_Q8_ROWS", q8_rows);
-                let bm = b.with_matmul_mode(mode);
+            // Int8 mode leaves weights under INT8_MIN_BYTES exact; "int8 forced" lowers that to 0.
+            let small = mv.w.bytes < slotstream_wgpu::INT8_MIN_BYTES;
+            let mut modes = vec![("exact", MatmulMode::Exact, slotstream_wgpu::INT8_MIN_BYTES)];
+            if bits == 4 {
+                modes.push(("int8", MatmulMode::Int8, slotstream_wgpu::INT8_MIN_BYTES));
+                if small {
+                    modes.push(("int8 forced", MatmulMode::Int8, 0));
+                }
+            }
+            for (label, mode, min_bytes) in modes {
+                let bm = b.with_matmul_mode(mode).with_int8_min_bytes(min_bytes);
                 let out = bm.download(&bm.matmul(&mv.x, &mv.w)?)?;
                 let (num, den) = out.iter().zip(&exact_out).fold((0.0f64, 0.0f64), |(n, d), (a, e)| {
                     (n + ((a - e) as f64).powi(2), d + (*e as f64).powi(2))
@@ -308,7 +313,6 @@ fn main() -> Result<()> {
                     (num / den.max(f64::MIN_POSITIVE)).sqrt()
                 );
             }
-            std::env::remove_var("SLOTSTREAM_WGPU_Q8_ROWS");
         }
     }
     set_layout("interleaved");

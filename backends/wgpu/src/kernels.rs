@@ -60,7 +60,7 @@ impl Module {
     pub fn entry_points(self) -> &'static [&'static str] {
         match self {
             Module::Matvec => &["matvec"],
-            Module::MatvecQ8 => &["quantize_x8", "matvec_q8", "matvec_q8_rows8"],
+            Module::MatvecQ8 => &["quantize_x8", "matvec_q8"],
             Module::MatmulTiled => &["matmul_tiled"],
             Module::Moe => &["moe_gate", "moe_up", "moe_down"],
             Module::Embed => &["embed"],

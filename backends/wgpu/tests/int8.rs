@@ -76,13 +76,13 @@ impl Q4 {
     }
 }
 
-/// The shared device in int8 mode, and a lock that keeps this file's tests
+/// The shared device in int8 mode for weights of any size, and a lock that keeps this file's tests
 /// one at a time (`int8_matvec_sharded` caps the shard size of the shared
 /// device while it runs).
 fn int8_gpu() -> Option<(WgpuBackend, std::sync::MutexGuard<'static, ()>)> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    gpu().map(|g| (g.with_matmul_mode(MatmulMode::Int8), guard))
+    gpu().map(|g| (g.with_matmul_mode(MatmulMode::Int8).with_int8_min_bytes(0), guard))
 }
 
 /// Checks the int8 GPU product of `w` and the one-row `x` against the CPU
@@ -226,6 +226,23 @@ fn int8_mode_leaves_other_matmuls_exact() {
         let rel = rel_l2(&got, &want);
         assert!(rel <= 1e-5, "{name}: rel L2 {rel:.3e} in int8 mode, expected the exact kernels");
     }
+}
+
+/// By default int8 mode leaves weights under `INT8_MIN_BYTES` exact (their
+/// products are bound by latency; the quantize dispatch would only add to it).
+#[test]
+fn int8_mode_keeps_small_weights_exact_by_default() {
+    let Some((g, _serial)) = int8_gpu() else { return };
+    let g = g.with_int8_min_bytes(slotstream_wgpu::INT8_MIN_BYTES);
+    let mut rng = Rng::new(29);
+    let (rows, cols) = (72, 512);
+    let w = Q4::new(&mut rng, rows, cols, 64, DType::BF16);
+    let x = input(&mut rng, cols, false);
+    let cpu = CpuBackend::exact();
+    let want = cpu.download(&cpu.matmul(&cpu.upload(&x, &[1, cols]).unwrap(), &cpu.load_weight(&w.m).unwrap()).unwrap()).unwrap();
+    let got = g.download(&g.matmul(&g.upload(&x, &[1, cols]).unwrap(), &g.load_weight(&w.m).unwrap()).unwrap()).unwrap();
+    let rel = rel_l2(&got, &want);
+    assert!(rel <= 1e-5, "rel L2 {rel:.3e}: a small weight took the int8 kernel");
 }
 
 /// The quantize kernel against a host reference: int8 values (round to
