@@ -1,7 +1,8 @@
 //! GPU benchmarks of the wgpu backend (run by `tools/bench_gpu.sh`):
 //!
 //! (a) effective bandwidth of the 4-bit (and 8-bit) matvec on a matrix far
-//!     larger than the L2 cache, against the device's measured copy bandwidth;
+//!     larger than the L2 cache, against the device's measured copy bandwidth,
+//!     with f32 activations (`MatmulMode::Exact`) and int8 ones (`Int8`);
 //! (b) decode tokens/s of a model resident on the GPU against its bandwidth
 //!     limit (copy bandwidth / bytes read per token);
 //! (c) GPU time per decoded token by kernel family (timestamp queries).
@@ -15,7 +16,7 @@ use slotstream::generate::Engine;
 use slotstream::model::{FeedForward, LoadOptions, Logits};
 use slotstream::sampling::argmax;
 use slotstream_backend::{Backend, DType, HostMatrix, MatrixData};
-use slotstream_wgpu::{AdapterChoice, WgpuBackend};
+use slotstream_wgpu::{AdapterChoice, MatmulMode, WgpuBackend};
 
 struct Args {
     adapter: AdapterChoice,
@@ -99,34 +100,50 @@ fn copy_bandwidth(b: &WgpuBackend, mib: usize, reps: usize) -> Result<f64> {
     Ok(2.0 * (rows * cols * 4) as f64 * reps as f64 / secs / 1e9)
 }
 
-/// (wall GB/s, kernel-only GB/s) of `x @ W^T` for one token.
-fn matvec_bandwidth(b: &WgpuBackend, bits: u32, rows: usize, cols: usize, reps: usize) -> Result<(f64, f64, f64)> {
+/// A one-token product: the weight, its input and the bytes counted per
+/// product (packed weights with scales and biases, x as f32, the output).
+struct Matvec {
+    w: slotstream_backend::Weight,
+    x: slotstream_backend::Tensor,
+    bytes: f64,
+}
+
+fn matvec_case(b: &WgpuBackend, bits: u32, rows: usize, cols: usize) -> Result<Matvec> {
     let mut rng = Lcg(bits as u64);
     let m = affine_matrix(&mut rng, bits, rows, cols);
     let w = b.load_weight(&m)?;
     let x = b.upload(&(0..cols).map(|_| rng.unit()).collect::<Vec<_>>(), &[1, cols])?;
     let bytes = (w.bytes + 4 * cols + 4 * rows) as f64;
-    drop(b.matmul(&x, &w)?);
+    Ok(Matvec { w, x, bytes })
+}
+
+/// (wall GB/s, kernel-only GB/s, dispatches per product) of `x @ W^T` for one
+/// token; kernel-only time is every kernel a product dispatches (int8 mode:
+/// quantizing x, then the matvec).
+fn matvec_bandwidth(b: &WgpuBackend, mv: &Matvec, reps: usize) -> Result<(f64, f64, f64)> {
+    drop(b.matmul(&mv.x, &mv.w)?);
     b.sync()?;
     let t = Instant::now();
     for _ in 0..reps {
-        drop(b.matmul(&x, &w)?);
+        drop(b.matmul(&mv.x, &mv.w)?);
     }
     b.sync()?;
     let wall = t.elapsed().as_secs_f64() / reps as f64;
-    let kernel = match b.set_profiling(true) {
+    let (kernel, dispatches) = match b.set_profiling(true) {
         Ok(()) => {
             for _ in 0..reps {
-                drop(b.matmul(&x, &w)?);
+                drop(b.matmul(&mv.x, &mv.w)?);
             }
             b.sync()?;
             let prof = b.kernel_profile();
             b.set_profiling(false)?;
-            prof.iter().find(|(f, _)| f == "matvec").map(|(_, t)| t.seconds / t.dispatches as f64).unwrap_or(f64::NAN)
+            let secs: f64 = prof.iter().map(|(_, t)| t.seconds).sum();
+            let n: u64 = prof.iter().map(|(_, t)| t.dispatches).sum();
+            (secs / reps as f64, n as f64 / reps as f64)
         }
-        Err(_) => f64::NAN,
+        Err(_) => (f64::NAN, f64::NAN),
     };
-    Ok((bytes / wall / 1e9, bytes / kernel / 1e9, bytes / 1e6))
+    Ok((mv.bytes / wall / 1e9, mv.bytes / kernel / 1e9, dispatches))
 }
 
 fn open(args: &Args, checked: bool) -> Result<WgpuBackend> {
@@ -162,7 +179,10 @@ fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool
     let flag = if fused { "1" } else { "0" };
     std::env::set_var("SLOTSTREAM_FUSED_PROJECTIONS", flag);
     std::env::set_var("SLOTSTREAM_WGPU_VIEWS", flag);
+    // Decode runs in the CLI's default mode for a GPU (SLOTSTREAM_WGPU_MATMUL overrides).
     let gpu = open(args, checked)?;
+    let gpu = gpu.with_matmul_mode(MatmulMode::from_env(MatmulMode::Int8));
+    println!("matmul mode: {:?}", gpu.matmul_mode());
     let handle = gpu.clone();
     let t = Instant::now();
     let e = Engine::load(dir, Box::new(gpu), &LoadOptions::default()).with_context(|| format!("loading {}", dir.display()))?;
@@ -252,39 +272,47 @@ fn main() -> Result<()> {
     };
     drop(b);
     // The same number of weight bytes in three shapes (the default, long rows,
-    // short rows), 4-bit in the MLX order (before) and interleaved (after),
-    // then 8-bit; and the small shapes of the decode benchmark's model.
+    // short rows), the lm_head and the small shapes of the decode benchmark's
+    // model, 4-bit interleaved, each in exact mode (f32 activations, before)
+    // and int8 mode (after; below INT8_MIN_BYTES that is the exact kernel, so
+    // those shapes also run with the int8 kernel forced), then 8-bit (the
+    // exact kernel in both modes).
     let (r, c) = (args.rows, args.cols);
-    let shapes = [
-        (4, "mlx", r, c),
-        (4, "interleaved", r, c),
-        (4, "mlx", r / 4, c * 4),
-        (4, "interleaved", r / 4, c * 4),
-        (4, "mlx", r * 4, c / 4),
-        (4, "interleaved", r * 4, c / 4),
-        (8, "mlx", r, c),
-        (4, "mlx", 151936, 2048),
-        (4, "interleaved", 151936, 2048),
-        (4, "mlx", 3072, 2048),
-        (4, "interleaved", 3072, 2048),
-        (4, "mlx", 512, 2048),
-        (4, "interleaved", 512, 2048),
-    ];
+    let shapes = [(4, r, c), (4, r / 4, c * 4), (4, r * 4, c / 4), (4, 151936, 2048), (4, 3072, 2048), (4, 512, 2048), (8, r, c)];
     for checked in [true, false] {
         let b = open(&args, checked)?;
-        for (bits, layout, rows, cols) in shapes {
-            set_layout(layout);
+        for (bits, rows, cols) in shapes {
             // Small matrices sit in L2: time them with more repetitions.
             let reps = if rows * cols < 1 << 24 { args.reps * 4 } else { args.reps };
-            let (wall, kernel, mb) = matvec_bandwidth(&b, bits, rows, cols, reps)?;
-            println!(
-                "matvec q{bits} g64 {layout} [{rows} x {cols}] ({mb:.1} MB, bounds checks {}): {wall:.0} GB/s wall ({:.1}% of copy), \
-                 {kernel:.0} GB/s kernel-only ({:.1}% of copy), {:.1} us/dispatch",
-                if checked { "on" } else { "off" },
-                100.0 * wall / copy,
-                100.0 * kernel / copy,
-                mb * 1e6 / (kernel * 1e9) * 1e6
-            );
+            let mv = matvec_case(&b, bits, rows, cols)?;
+            let exact_out = b.download(&b.matmul(&mv.x, &mv.w)?)?;
+            // Int8 mode leaves weights under INT8_MIN_BYTES exact; "int8 forced" lowers that to 0.
+            let small = mv.w.bytes < slotstream_wgpu::INT8_MIN_BYTES;
+            let mut modes = vec![("exact", MatmulMode::Exact, slotstream_wgpu::INT8_MIN_BYTES)];
+            if bits == 4 {
+                modes.push(("int8", MatmulMode::Int8, slotstream_wgpu::INT8_MIN_BYTES));
+                if small {
+                    modes.push(("int8 forced", MatmulMode::Int8, 0));
+                }
+            }
+            for (label, mode, min_bytes) in modes {
+                let bm = b.with_matmul_mode(mode).with_int8_min_bytes(min_bytes);
+                let out = bm.download(&bm.matmul(&mv.x, &mv.w)?)?;
+                let (num, den) = out.iter().zip(&exact_out).fold((0.0f64, 0.0f64), |(n, d), (a, e)| {
+                    (n + ((a - e) as f64).powi(2), d + (*e as f64).powi(2))
+                });
+                let (wall, kernel, dispatches) = matvec_bandwidth(&bm, &mv, reps)?;
+                println!(
+                    "matvec q{bits} g64 {label} [{rows} x {cols}] ({:.1} MB, bounds checks {}): {wall:.0} GB/s wall ({:.1}% of copy), \
+                     {kernel:.0} GB/s kernel-only ({:.1}% of copy), {:.1} us/product ({dispatches:.0} dispatches); rel L2 vs exact {:.2e}",
+                    mv.bytes / 1e6,
+                    if checked { "on" } else { "off" },
+                    100.0 * wall / copy,
+                    100.0 * kernel / copy,
+                    mv.bytes / (kernel * 1e9) * 1e6,
+                    (num / den.max(f64::MIN_POSITIVE)).sqrt()
+                );
+            }
         }
     }
     set_layout("interleaved");

@@ -65,6 +65,10 @@ struct BackendArgs {
     /// activations everywhere: the reference the oracle tests use), `wgpu` (a
     /// real GPU or fail), `wgpu:software` (allow a software rasterizer such as
     /// lavapipe, for tests) or `wgpu:NAME` (an adapter whose name contains NAME).
+    /// On a real GPU one-token 4-bit matmuls take int8 activations; a `:exact`
+    /// suffix (`wgpu:exact`, `wgpu:software:exact`, ...) or
+    /// `SLOTSTREAM_WGPU_MATMUL=exact` keeps f32 (a software rasterizer, only
+    /// used by tests, defaults to f32; `SLOTSTREAM_WGPU_MATMUL=int8` overrides).
     #[arg(long, default_value = "auto")]
     backend: String,
 }
@@ -72,24 +76,43 @@ struct BackendArgs {
 impl BackendArgs {
     fn create(&self) -> Result<Box<dyn Backend>> {
         use slotstream_wgpu::{AdapterChoice, WgpuBackend};
+        use slotstream_wgpu::MatmulMode;
         let spec = self.backend.trim();
+        // A wgpu spec with `:exact` keeps f32 activations; otherwise int8 on a
+        // real GPU (where it was measured faster, BENCHMARKS.md GPU (a)).
+        let (spec, exact) = match spec.strip_suffix(":exact") {
+            Some(rest) if rest.starts_with("wgpu") => (rest, true),
+            _ => (spec, false),
+        };
+        let mode = |b: WgpuBackend| -> WgpuBackend {
+            let mode = if exact {
+                MatmulMode::Exact
+            } else if b.device_type() == slotstream_wgpu::wgpu::DeviceType::Cpu {
+                MatmulMode::from_env(MatmulMode::Exact)
+            } else {
+                MatmulMode::from_env(MatmulMode::Int8)
+            };
+            b.with_matmul_mode(mode)
+        };
         match spec {
             "cpu" => Ok(Box::new(slotstream_cpu::CpuBackend::new())),
             "cpu:exact" => Ok(Box::new(slotstream_cpu::CpuBackend::exact())),
             "auto" => match WgpuBackend::new(&AdapterChoice::auto()) {
-                Ok(b) => Ok(Box::new(b)),
+                Ok(b) => Ok(Box::new(mode(b))),
                 Err(e) => {
                     eprintln!("note: no usable GPU ({e}); using the CPU backend");
                     Ok(Box::new(slotstream_cpu::CpuBackend::new()))
                 }
             },
-            "wgpu" => Ok(Box::new(WgpuBackend::new(&AdapterChoice::auto()).context("--backend wgpu")?)),
+            "wgpu" => Ok(Box::new(mode(WgpuBackend::new(&AdapterChoice::auto()).context("--backend wgpu")?))),
             other => match other.strip_prefix("wgpu:") {
                 Some(choice) => {
                     let choice: AdapterChoice = choice.parse().context("--backend")?;
-                    Ok(Box::new(WgpuBackend::new(&choice).with_context(|| format!("--backend {other}"))?))
+                    Ok(Box::new(mode(WgpuBackend::new(&choice).with_context(|| format!("--backend {other}"))?)))
                 }
-                None => anyhow::bail!("--backend {other}: expected auto, cpu, cpu:exact, wgpu, wgpu:software or wgpu:NAME"),
+                None => anyhow::bail!(
+                    "--backend {other}: expected auto, cpu, cpu:exact, wgpu, wgpu:software or wgpu:NAME (a wgpu spec may end in :exact)"
+                ),
             },
         }
     }

@@ -5,7 +5,9 @@
 #   (b) decode tok/s of a synthetic qwen3_next-shaped model fully resident on
 #       the GPU, against copy bandwidth / bytes read per token;
 #   (c) GPU time per decoded token by kernel family (timestamp queries).
-# (a) times 4-bit weights in the MLX order (before) and interleaved (after);
+# (a) times 4-bit weights with f32 activations (exact mode, before) and int8
+# ones (int8 mode, after; forced for matrices under INT8_MIN_BYTES);
+# decode runs in int8 mode unless SLOTSTREAM_WGPU_MATMUL=exact;
 # (b)/(c) run before (separate projection matmuls and slice copies:
 # SLOTSTREAM_FUSED_PROJECTIONS=0 SLOTSTREAM_WGPU_VIEWS=0) at the last flush
 # interval, after (fused projections, one-row slices as views) with each

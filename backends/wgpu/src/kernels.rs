@@ -10,6 +10,7 @@ const DOT: &str = include_str!("../../../wgsl/dot.wgsl");
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Module {
     Matvec,
+    MatvecQ8,
     MatmulTiled,
     Moe,
     Embed,
@@ -23,8 +24,9 @@ pub enum Module {
 }
 
 impl Module {
-    pub const ALL: [Module; 11] = [
+    pub const ALL: [Module; 12] = [
         Module::Matvec,
+        Module::MatvecQ8,
         Module::MatmulTiled,
         Module::Moe,
         Module::Embed,
@@ -41,6 +43,7 @@ impl Module {
     pub fn name(self) -> &'static str {
         match self {
             Module::Matvec => "matvec",
+            Module::MatvecQ8 => "matvec_q8",
             Module::MatmulTiled => "matmul_tiled",
             Module::Moe => "moe",
             Module::Embed => "embed",
@@ -57,6 +60,7 @@ impl Module {
     pub fn entry_points(self) -> &'static [&'static str] {
         match self {
             Module::Matvec => &["matvec"],
+            Module::MatvecQ8 => &["quantize_x8", "matvec_q8"],
             Module::MatmulTiled => &["matmul_tiled"],
             Module::Moe => &["moe_gate", "moe_up", "moe_down"],
             Module::Embed => &["embed"],
@@ -78,6 +82,7 @@ impl Module {
         let with_dot = |kernel: &str| format!("{WEIGHTS}\n{DOT}\n{kernel}");
         match self {
             Module::Matvec => with_dot(include_str!("../../../wgsl/matvec.wgsl")),
+            Module::MatvecQ8 => with_weights(include_str!("../../../wgsl/matvec_q8.wgsl")),
             Module::Moe => with_dot(include_str!("../../../wgsl/moe.wgsl")),
             Module::MatmulTiled => with_weights(include_str!("../../../wgsl/matmul_tiled.wgsl")),
             Module::Embed => with_weights(include_str!("../../../wgsl/embed.wgsl")),

@@ -48,12 +48,49 @@ fn q4_eight_rows_from() -> usize {
 /// Groups at least this long are normalised by a whole workgroup each.
 const WIDE_NORM_DIM: usize = 1024;
 
+/// Weights below this many bytes keep f32 activations in int8 mode. Their
+/// one-token products are bound by latency, not by arithmetic: on an H200 a
+/// 3.6 MB matrix takes 9.7 µs exact and 15.3 µs in int8 (the extra quantize
+/// dispatch costs ~5.6 µs), a 176 MB one 97.5 µs exact and 67.0 µs in int8;
+/// with int8 at ~0.6x the exact time plus 5.6 µs they break even near 27 MB
+/// (BENCHMARKS.md, GPU (a) int8).
+pub const INT8_MIN_BYTES: usize = 32 << 20;
+
+/// How one-token matmuls of 4-bit weights treat the activations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatmulMode {
+    /// f32 activations everywhere: the reference the kernel tests compare with
+    /// the CPU backend at 1e-5.
+    Exact,
+    /// One-token products with large interleaved 4-bit weights (resident
+    /// weights with 16-bit scales, at least [`INT8_MIN_BYTES`]; see
+    /// [`WgpuBackend::with_int8_min_bytes`]) quantize x to int8 per block of
+    /// 32 columns and use packed integer dot products (`wgsl/matvec_q8.wgsl`);
+    /// like the CPU backend's int8 activations this costs a few 1e-3 relative
+    /// error per matmul. Everything else is computed as in `Exact`.
+    Int8,
+}
+
+impl MatmulMode {
+    /// The mode `SLOTSTREAM_WGPU_MATMUL` asks for (`exact` or `int8`), else `default`.
+    pub fn from_env(default: MatmulMode) -> MatmulMode {
+        match std::env::var("SLOTSTREAM_WGPU_MATMUL").as_deref() {
+            Ok("exact") => MatmulMode::Exact,
+            Ok("int8") => MatmulMode::Int8,
+            _ => default,
+        }
+    }
+}
+
 /// The wgpu implementation of the backend trait. Clones share the device and
 /// its command recorder (so a benchmark can keep a handle for profiling after
 /// giving the backend to an engine).
 #[derive(Clone)]
 pub struct WgpuBackend {
     gpu: Arc<Gpu>,
+    mode: MatmulMode,
+    /// Int8 mode applies to weights of at least this many bytes.
+    int8_min_bytes: usize,
 }
 
 fn f(x: f32) -> u32 {
@@ -171,10 +208,45 @@ pub struct GpuRecurrentState {
 }
 
 impl WgpuBackend {
-    /// Opens the adapter `choice` selects (see [`AdapterChoice`]).
+    /// Opens the adapter `choice` selects (see [`AdapterChoice`]), in
+    /// [`MatmulMode::Exact`] (see [`WgpuBackend::with_matmul_mode`]).
     pub fn new(choice: &AdapterChoice) -> Result<WgpuBackend> {
         let adapter = device::select_adapter(choice)?;
-        Ok(WgpuBackend { gpu: Arc::new(Gpu::open(adapter, true)?) })
+        Ok(WgpuBackend { gpu: Arc::new(Gpu::open(adapter, true)?), mode: MatmulMode::Exact, int8_min_bytes: INT8_MIN_BYTES })
+    }
+
+    /// The same device with matmuls in `mode` (a clone: shares the device,
+    /// its pipelines and its command recorder).
+    pub fn with_matmul_mode(&self, mode: MatmulMode) -> WgpuBackend {
+        WgpuBackend { gpu: self.gpu.clone(), mode, int8_min_bytes: self.int8_min_bytes }
+    }
+
+    /// The same device with int8 mode applied to weights of at least `bytes`
+    /// bytes instead of [`INT8_MIN_BYTES`] (tests and benchmarks use 0 to
+    /// reach the int8 kernels with small matrices).
+    pub fn with_int8_min_bytes(&self, bytes: usize) -> WgpuBackend {
+        WgpuBackend { gpu: self.gpu.clone(), mode: self.mode, int8_min_bytes: bytes }
+    }
+
+    pub fn matmul_mode(&self) -> MatmulMode {
+        self.mode
+    }
+
+    /// The int8 form of a one-row `x` exactly as `matvec_q8` reads it, one
+    /// `[even bytes, odd bytes, sum bits, scale bits]` entry per 8 columns
+    /// (see `wgsl/matvec_q8.wgsl`): lets tests check the quantize kernel
+    /// against a host reference.
+    pub fn quantized_x8(&self, x: &Tensor) -> Result<Vec<[u32; 4]>> {
+        let cols = x.cols();
+        if x.rows() != 1 || cols % 32 != 0 {
+            return Err(shape_error("quantized_x8", format!("x {:?} (one row of a multiple of 32 columns)", x.shape())));
+        }
+        let xq = self.quantize_x8(buf(x)?, cols)?;
+        let bytes = self.gpu.download(xq.bind(), 2 * cols as u64)?;
+        Ok(bytes
+            .chunks_exact(16)
+            .map(|e| std::array::from_fn(|k| u32::from_le_bytes([e[4 * k], e[4 * k + 1], e[4 * k + 2], e[4 * k + 3]])))
+            .collect())
     }
 
     /// Like [`WgpuBackend::new`], but the kernels are compiled without the
@@ -186,7 +258,7 @@ impl WgpuBackend {
     /// memory; only use this with inputs the checked backend has run cleanly.
     pub unsafe fn new_unchecked(choice: &AdapterChoice) -> Result<WgpuBackend> {
         let adapter = device::select_adapter(choice)?;
-        Ok(WgpuBackend { gpu: Arc::new(Gpu::open(adapter, false)?) })
+        Ok(WgpuBackend { gpu: Arc::new(Gpu::open(adapter, false)?), mode: MatmulMode::Exact, int8_min_bytes: INT8_MIN_BYTES })
     }
 
     /// The adapter's type (a software rasterizer reports `Cpu`).
@@ -286,10 +358,34 @@ impl WgpuBackend {
         Ok(out)
     }
 
+    /// One x row quantized for `matvec_q8` (see `wgsl/matvec_q8.wgsl`):
+    /// `cols / 8` 16-byte entries.
+    fn quantize_x8(&self, x: Bind<'_>, cols: usize) -> Result<GpuBuf> {
+        let xq = self.gpu.alloc(2 * cols as u64)?;
+        let mut params = vec![0u32; 8];
+        params.extend([0, 1, 0, 0, u(cols), 0, 0, 0]);
+        self.gpu.dispatch("quantize_x8", &params, &[(2, x), (5, xq.bind())], [u((cols / 32).div_ceil(64)), 1, 1])?;
+        Ok(xq)
+    }
+
     fn matmul_into(&self, x: Bind<'_>, tokens: usize, w: &GpuWeight, out: Bind<'_>) -> Result<()> {
         let total_rows = w.experts * w.rows;
+        // Int8 mode: one token against a large interleaved 4-bit weight (every
+        // shard of a weight has the same layout) quantizes x once for all shards.
+        let int8 = self.mode == MatmulMode::Int8
+            && tokens == 1
+            && w.bytes >= self.int8_min_bytes
+            && w.cols % 32 == 0
+            && w.shards.iter().all(|s| s.desc[0] == 4);
+        let xq = if int8 { Some(self.quantize_x8(x, w.cols)?) } else { None };
         for s in &w.shards {
-            if tokens <= MATVEC_MAX_TOKENS {
+            if let Some(xq) = &xq {
+                let mut params = s.desc.to_vec();
+                params.extend([u(s.rows), 1, u(total_rows), u(s.row_start), u(w.cols), 0, 0, 0]);
+                let groups = [self.subgroup_grid(s.rows.div_ceil(4), 128), 1, 1];
+                let binds = [(1, whole(&s.buffer)), (6, whole(&s.buffer)), (4, xq.bind()), (3, out)];
+                self.gpu.dispatch("matvec_q8", &params, &binds, groups)?;
+            } else if tokens <= MATVEC_MAX_TOKENS {
                 let group_rows = if s.rows >= q4_eight_rows_from() { 8 } else { 4 };
                 let mut params = s.desc.to_vec();
                 params.extend([u(s.rows), u(tokens), u(total_rows), u(s.row_start), u(w.cols), u(group_rows), 0, 0]);
@@ -317,7 +413,11 @@ impl Backend for WgpuBackend {
     fn name(&self) -> String {
         let i = &self.gpu.info;
         let uploads = if self.gpu.mapped_primary { "mapped primary buffers" } else { "staging uploads" };
-        format!("wgpu ({}, {:?}; {uploads})", i.name, i.backend)
+        let mode = match self.mode {
+            MatmulMode::Exact => "",
+            MatmulMode::Int8 => ", int8 activations for large 4-bit matmuls",
+        };
+        format!("wgpu ({}, {:?}; {uploads}{mode})", i.name, i.backend)
     }
 
     fn upload(&self, data: &[f32], shape: &[usize]) -> Result<Tensor> {
