@@ -101,25 +101,6 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     crate::matmul::dot(a, b)
 }
 
-/// `(a.b, a.c)` in one pass over `a`, eight lanes each.
-#[inline(always)]
-fn dot2(a: &[f32], b: &[f32], c: &[f32]) -> (f32, f32) {
-    let (mut ab, mut ac) = ([0.0f32; 8], [0.0f32; 8]);
-    let n = a.len() / 8 * 8;
-    for ((x, y), z) in a[..n].chunks_exact(8).zip(b[..n].chunks_exact(8)).zip(c[..n].chunks_exact(8)) {
-        for j in 0..8 {
-            ab[j] += x[j] * y[j];
-            ac[j] += x[j] * z[j];
-        }
-    }
-    let (mut sb, mut sc): (f32, f32) = (ab.iter().sum(), ac.iter().sum());
-    for i in n..a.len() {
-        sb += a[i] * b[i];
-        sc += a[i] * c[i];
-    }
-    (sb, sc)
-}
-
 /// Either form compiled with AVX2 and FMA, so the dot products and row
 /// updates run eight lanes wide.
 #[cfg(target_arch = "x86_64")]
@@ -138,14 +119,11 @@ fn recurrent_head(x: &HeadInputs, s: &mut [f32], dk: usize, dv: usize) -> Vec<f3
     for t in 0..x.tokens {
         let (q, k, v) = (&x.q[t * dk..(t + 1) * dk], &x.k[t * dk..(t + 1) * dk], &x.v[t * dv..(t + 1) * dv]);
         let (g, beta) = (x.g[t], x.beta[t]);
-        // Two passes over each state row instead of four: with r the row
-        // before the step, r' = g r + delta k, so r'.q = g (r.q) + delta (k.q).
-        let kq = dot(k, q);
         for (i, row) in s.chunks_exact_mut(dk).enumerate() {
-            let (rk, rq) = dot2(row, k, q);
-            let delta = (v[i] - g * rk) * beta;
-            row.iter_mut().zip(k).for_each(|(e, k)| *e = g * *e + delta * k);
-            y[t * dv + i] = g * rq + delta * kq;
+            row.iter_mut().for_each(|e| *e *= g);
+            let delta = (v[i] - dot(row, k)) * beta;
+            row.iter_mut().zip(k).for_each(|(e, k)| *e += k * delta);
+            y[t * dv + i] = dot(row, q);
         }
     }
     y
