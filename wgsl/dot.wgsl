@@ -1,5 +1,5 @@
 // Row-times-vector products over a weight shard, one subgroup per weight row
-// (prepended, after weights.wgsl, to matvec.wgsl and moe.wgsl).
+// (prepended, after weights.wgsl, to matvec.wgsl, matvec_q8.wgsl and moe.wgsl).
 //
 // Needs binding 2, `xin: array<vec4<f32>>`, declared by the kernel file: input
 // rows of `cols` floats (cols a multiple of 4). Each lane takes every
@@ -244,6 +244,34 @@ struct Acc8 {
     b: vec4<f32>,
 }
 
+// Four (scale, bias) pair words (f16 pairs, or bf16 with the scale in the
+// low half) as f32 scales and biases.
+struct ScaleBias {
+    s: vec4<f32>,
+    b: vec4<f32>,
+}
+
+fn q4i_scale_bias(pv: vec4<u32>, f16s: bool) -> ScaleBias {
+    if (f16s) {
+        let h0 = unpack2x16float(pv.x);
+        let h1 = unpack2x16float(pv.y);
+        let h2 = unpack2x16float(pv.z);
+        let h3 = unpack2x16float(pv.w);
+        return ScaleBias(vec4<f32>(h0.x, h1.x, h2.x, h3.x), vec4<f32>(h0.y, h1.y, h2.y, h3.y));
+    }
+    return ScaleBias(bitcast<vec4<f32>>(pv << vec4<u32>(16u)), bitcast<vec4<f32>>(pv & vec4<u32>(0xffff0000u)));
+}
+
+// Columns of the first value of each of the four words of lane chunk `i` of
+// an interleaved row of `chunks` chunks: 1024j + 8tk + 8v for word k (tile j,
+// lane v, t chunks in the tile).
+fn q4i_cols(chunks: u32, i: u32) -> vec4<u32> {
+    let j = i >> 5u;
+    let t = min(32u, chunks - 32u * j);
+    let c0 = 1024u * j + 8u * (i & 31u);
+    return vec4<u32>(c0, c0 + 8u * t, c0 + 16u * t, c0 + 24u * t);
+}
+
 // One interleaved 4-bit chunk (see weights.wgsl) of one row, already loaded
 // (`wv`, and `pv` its four words' (scale, bias) pairs), against the
 // pre-scaled x of its four words (s0..s7) and their sums (sx).
@@ -255,20 +283,8 @@ fn q4i_part(wv: vec4<u32>, pv: vec4<u32>, f16s: bool,
         dot(magic4(wv.y), s2) + dot(magic4(wv.y >> 16u), s3),
         dot(magic4(wv.z), s4) + dot(magic4(wv.z >> 16u), s5),
         dot(magic4(wv.w), s6) + dot(magic4(wv.w >> 16u), s7));
-    var sc: vec4<f32>;
-    var bi: vec4<f32>;
-    if (f16s) {
-        let h0 = unpack2x16float(pv.x);
-        let h1 = unpack2x16float(pv.y);
-        let h2 = unpack2x16float(pv.z);
-        let h3 = unpack2x16float(pv.w);
-        sc = vec4<f32>(h0.x, h1.x, h2.x, h3.x);
-        bi = vec4<f32>(h0.y, h1.y, h2.y, h3.y);
-    } else {
-        sc = bitcast<vec4<f32>>(pv << vec4<u32>(16u));
-        bi = bitcast<vec4<f32>>(pv & vec4<u32>(0xffff0000u));
-    }
-    return dot(sc, q) + dot(bi, sx);
+    let sb = q4i_scale_bias(pv, f16s);
+    return dot(sb.s, q) + dot(sb.b, sx);
 }
 
 // The four (scale, bias) pair words of a chunk whose words are in groups `g`
@@ -288,12 +304,7 @@ struct XChunk {
 fn q4i_x(chunks: u32, gshift: u32, xb: u32, i: u32) -> XChunk {
     let one = vec4<f32>(1.0);
     let ns = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
-    let j = i >> 5u;
-    let v = i & 31u;
-    let t = min(32u, chunks - 32u * j);
-    // Column of word k's first value: 1024j + 8tk + 8v.
-    let c0 = 1024u * j + 8u * v;
-    let c = vec4<u32>(c0, c0 + 8u * t, c0 + 16u * t, c0 + 24u * t);
+    let c = q4i_cols(chunks, i);
     let xi = xb + (c >> vec4<u32>(2u));
     let x0 = xin[xi.x];
     let x1 = xin[xi.x + 1u];

@@ -90,22 +90,10 @@ fn q4x8_word(acc: vec4<f32>, wd: vec4<u32>, pv: vec4<u32>, xe: vec4<u32>, f16s: 
         dot4I8Packed(lo.z, xe.x) + dot4I8Packed(hi.z, xe.y),
         dot4I8Packed(lo.w, xe.x) + dot4I8Packed(hi.w, xe.y),
     );
-    var sc: vec4<f32>;
-    var bi: vec4<f32>;
-    if (f16s) {
-        let h0 = unpack2x16float(pv.x);
-        let h1 = unpack2x16float(pv.y);
-        let h2 = unpack2x16float(pv.z);
-        let h3 = unpack2x16float(pv.w);
-        sc = vec4<f32>(h0.x, h1.x, h2.x, h3.x);
-        bi = vec4<f32>(h0.y, h1.y, h2.y, h3.y);
-    } else {
-        sc = bitcast<vec4<f32>>(pv << vec4<u32>(16u));
-        bi = bitcast<vec4<f32>>(pv & vec4<u32>(0xffff0000u));
-    }
+    let sb = q4i_scale_bias(pv, f16s);
     let dx = bitcast<f32>(xe.w);
     let sx = bitcast<f32>(xe.z);
-    return fma(sc * dx, vec4<f32>(q), fma(bi, vec4<f32>(sx), acc));
+    return fma(sb.s * dx, vec4<f32>(q), fma(sb.b, vec4<f32>(sx), acc));
 }
 
 // The (scale, bias) pair words of group `g` of four rows whose pairs start at words `pb`.
@@ -133,10 +121,7 @@ fn rows4_q4x8(d: WeightDesc, row0: u32, nrows: u32, lane: u32, lanes: u32, f16s:
         let w1 = w[wb.y + i];
         let w2 = w[wb.z + i];
         let w3 = w[wb.w + i];
-        let j = i >> 5u;
-        let t = min(32u, chunks - 32u * j);
-        let c0 = 1024u * j + 8u * (i & 31u);
-        let c = vec4<u32>(c0, c0 + 8u * t, c0 + 16u * t, c0 + 24u * t);
+        let c = q4i_cols(chunks, i);
         let g = c >> vec4<u32>(gshift);
         let e = c >> vec4<u32>(3u);
         let p0 = q4x8_pairs(pb, g.x);

@@ -82,7 +82,7 @@ impl Module {
         let with_dot = |kernel: &str| format!("{WEIGHTS}\n{DOT}\n{kernel}");
         match self {
             Module::Matvec => with_dot(include_str!("../../../wgsl/matvec.wgsl")),
-            Module::MatvecQ8 => with_weights(include_str!("../../../wgsl/matvec_q8.wgsl")),
+            Module::MatvecQ8 => with_dot(include_str!("../../../wgsl/matvec_q8.wgsl")),
             Module::Moe => with_dot(include_str!("../../../wgsl/moe.wgsl")),
             Module::MatmulTiled => with_weights(include_str!("../../../wgsl/matmul_tiled.wgsl")),
             Module::Embed => with_weights(include_str!("../../../wgsl/embed.wgsl")),
