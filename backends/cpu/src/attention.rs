@@ -69,7 +69,7 @@ pub struct KvCache {
 impl KvCache {
     /// An empty cache; `half` stores f16 (where this CPU converts in hardware).
     pub(crate) fn new(kv_heads: usize, head_dim: usize, half: bool) -> KvCache {
-        let rows = if half && f16_supported() {
+        let rows = if half && simd_kernels() {
             Rows::F16 { keys: Vec::new(), values: Vec::new() }
         } else {
             Rows::F32 { keys: Vec::new(), values: Vec::new() }
@@ -156,7 +156,7 @@ impl KvCache {
         let past = self.len() - tokens;
         let group = heads / kvh;
         let mut out = vec![0.0f32; tokens * heads * hd];
-        let fast = f16_supported();
+        let fast = simd_kernels();
         let work = tokens * heads * (past + tokens) * hd * 2;
         #[cfg(target_arch = "x86_64")]
         if fast && hd % 8 == 0 {
@@ -215,7 +215,7 @@ impl KvCache {
 }
 
 /// Whether the SIMD kernels (AVX2, FMA, F16C) run here; f16 caches need them.
-fn f16_supported() -> bool {
+fn simd_kernels() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         matmul::has_avx2_fma() && std::is_x86_feature_detected!("f16c")
@@ -712,7 +712,7 @@ mod tests {
         let diff: Vec<f32> = exact.iter().zip(&half).map(|(a, b)| a - b).collect();
         let rel = norm(&diff) / norm(&exact);
         assert!(rel < 2e-3, "relative L2 {rel}");
-        if super::f16_supported() {
+        if super::simd_kernels() {
             assert!(rel > 0.0, "the int8 mode should cache f16");
         }
     }
