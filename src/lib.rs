@@ -3,6 +3,7 @@
 
 pub mod checkpoint;
 pub mod demo;
+pub mod direct_io;
 pub mod experts;
 pub mod generate;
 pub mod model;

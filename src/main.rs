@@ -450,14 +450,16 @@ fn resolve_named_model(spec: Option<&str>) -> Result<(PathBuf, String)> {
 
 /// Plans memory for a model directory, prints the plan banner and loads it.
 fn load_planned(model: &std::path::Path, memory: &MemoryArgs, backend: &BackendArgs) -> Result<(Engine, plan::Plan, ModelCosts)> {
-    let costs = ModelCosts::from_model_dir(model)?;
+    let arch = slotstream::model::ModelArch::read(model)?;
+    let backend = backend.create()?;
+    let costs = ModelCosts::of(&arch, backend.kv_cache_dtype())?;
     let machine = MachineMemory::detect();
     let plan = plan::plan(&costs, &machine, &memory.request())?;
     eprintln!("{}", plan.banner(&costs, &machine));
-    let backend = backend.create()?;
     eprintln!("  backend: {}", backend.name());
-    let opts = LoadOptions { expert_slots: ExpertSlots::Count(plan.slots), mtp: plan.mtp, preload_experts: true, ..Default::default() };
-    let engine = Engine::load(model, backend, &opts)?;
+    let opts = LoadOptions { expert_slots: ExpertSlots::Count(plan.slots), mtp: plan.mtp, preload_experts: true, ..Default::default() }
+        .with_env_overrides();
+    let engine = Engine::load_arch(&arch, backend, &opts)?;
     Ok((engine, plan, costs))
 }
 
@@ -472,7 +474,8 @@ fn doctor(args: DoctorArgs) -> Result<()> {
     let costs = if args.model == "qwen3.8-flash-next:4bit" || args.model == "qwen3.8-flash-next" {
         ModelCosts::flagship()
     } else {
-        ModelCosts::from_model_dir(std::path::Path::new(&args.model))?
+        // No backend is chosen here: plan for an f32 KV cache, the largest.
+        ModelCosts::from_model_dir(std::path::Path::new(&args.model), slotstream_backend::DType::F32)?
     };
     let simulated = args.sim_ram.is_some() || args.sim_available.is_some() || args.sim_working_set.is_some();
     let machine = if simulated {

@@ -1,5 +1,5 @@
 //! `config.json` as transformers and mlx-lm write it for the Qwen MoE families,
-//! accepting the key variants each tool uses.
+//! accepting the key variants each tool uses. Only [`super::arch`] reads it.
 
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
@@ -95,6 +95,12 @@ pub struct MoeConfig {
 
     pub eos_token_id: Option<TokenIds>,
     pub bos_token_id: Option<TokenIds>,
+
+    /// The trained context length (shown to clients).
+    pub max_position_embeddings: Option<u64>,
+    /// The dtype of unquantized weights (shown to clients).
+    #[serde(default)]
+    pub torch_dtype: Option<serde_json::Value>,
 }
 
 impl MoeConfig {

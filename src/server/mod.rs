@@ -95,7 +95,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl AppState {
     pub fn new(engine: Engine, model: ModelInfo, options: ServerOptions) -> Arc<AppState> {
-        let expert_stats = engine.model.experts.lock().map(|e| e.stats()).unwrap_or_default();
+        let expert_stats = engine.expert_stats().unwrap_or_default();
         let plan = options.plan.clone();
         let prefix_cache =
             options.prefix_cache.then(|| Mutex::new(PrefixCache::new(PREFIX_CACHE_ENTRIES, options.max_context)));
@@ -119,7 +119,7 @@ impl AppState {
             Some(c) => lock(c).stats(),
             None => PrefixCacheStats::default(),
         };
-        let resident = self.engine.model.resident_bytes as u64;
+        let resident = self.engine.resident_bytes();
         let pool = expert_cache.pool_bytes as u64;
         let states = self.cache_state_bytes.load(Ordering::Relaxed) as u64;
         MemoryReport {
@@ -381,7 +381,7 @@ fn render_prompt(engine: &Engine, prompt: PromptInput, think: Option<bool>) -> R
         }
         PromptInput::Ids(ids) => (ids, String::new()),
     };
-    let vocab = engine.model.vocab_size;
+    let vocab = engine.vocab_size();
     if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
         return Err(ApiError::bad_request(format!("token id {bad} is outside the model's vocabulary of {vocab}")));
     }
@@ -395,8 +395,7 @@ fn render_prompt(engine: &Engine, prompt: PromptInput, think: Option<bool>) -> R
 /// client went away.
 fn run_generation(app: &AppState, req: &GenerateRequest, tx: &mpsc::Sender<Piece>, arrived: Instant) -> Result<Option<Summary>> {
     let engine = &app.engine;
-    let backend = engine.backend.as_ref();
-    let copy = |s: &SequenceState| engine.model.clone_state(backend, s);
+    let copy = |s: &SequenceState| engine.clone_state(s);
     let ids = &req.prompt_ids;
     let started = Instant::now();
     let cached = match &app.prefix_cache {
@@ -411,14 +410,9 @@ fn run_generation(app: &AppState, req: &GenerateRequest, tx: &mpsc::Sender<Piece
     // Feed all but the last prompt token here, in chunks, so a client that
     // leaves during a long prefill is noticed, and so the prompt's state can be
     // kept for the next request.
-    let body_end = ids.len() - 1;
-    while state.position < body_end {
-        if tx.is_closed() {
-            eprintln!("generation: cancelled during prefill at token {} of {}", state.position, ids.len());
-            return Ok(None);
-        }
-        let end = body_end.min(state.position + engine.prefill_chunk.max(1));
-        engine.prefill(&ids[state.position..end], &mut state)?;
+    if !engine.prefill_until(ids, ids.len() - 1, &mut state, || tx.is_closed())? {
+        eprintln!("generation: cancelled during prefill at token {} of {}", state.position, ids.len());
+        return Ok(None);
     }
     let prefill_body = started.elapsed();
     if let Some(c) = &app.prefix_cache {
@@ -443,8 +437,8 @@ fn run_generation(app: &AppState, req: &GenerateRequest, tx: &mpsc::Sender<Piece
             return Err(e);
         }
     };
-    if let Ok(experts) = engine.model.experts.lock() {
-        *lock(&app.expert_stats) = experts.stats();
+    if let Ok(stats) = engine.expert_stats() {
+        *lock(&app.expert_stats) = stats;
     }
     if let Some(c) = &app.prefix_cache {
         let mut fed = out.prompt_ids.clone();
@@ -452,7 +446,7 @@ fn run_generation(app: &AppState, req: &GenerateRequest, tx: &mpsc::Sender<Piece
         fed.truncate(state.position);
         let mut cache = lock(c);
         cache.insert(fed, state);
-        let bytes: u64 = cache.states().map(|s| model_info::sequence_state_bytes(&engine.model, backend, s)).sum();
+        let bytes: u64 = cache.states().map(|s| engine.state_bytes(s)).sum();
         app.cache_state_bytes.store(bytes as usize, Ordering::Relaxed);
     }
     eprintln!(
@@ -595,7 +589,7 @@ pub struct ServeConfig {
 
 /// Loads the model and serves until Ctrl-C.
 pub fn serve(config: ServeConfig, engine: Engine) -> Result<()> {
-    let model = ModelInfo::describe(&config.model_dir, config.options.model_name.clone());
+    let model = ModelInfo::describe(engine.arch(), config.options.model_name.clone());
     let app = AppState::new(engine, model, config.options);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
