@@ -11,8 +11,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use slotstream_backend::DType;
 
-use super::config::MoeConfig;
-use super::qwen4_exp::Qwen4Config;
+use super::config::{MoeConfig, Qwen4Config};
 use crate::checkpoint::{Checkpoint, QuantConfig};
 
 /// The model families slotstream runs.

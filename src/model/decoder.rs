@@ -10,7 +10,7 @@ use super::arch::ModelArch;
 use super::blocks::attention::AttentionState;
 use super::blocks::delta::DeltaState;
 use super::layer::{DecoderLayer, Head, LayerState, MixerState, RowCacheStats};
-use super::speculative::{DraftHead, DraftState};
+use super::speculative::DraftState;
 use crate::experts::{CacheStats, ExpertCache};
 
 pub struct DecoderModel {
@@ -52,6 +52,27 @@ pub struct Snapshot {
     recent: Vec<u32>,
     delta: Vec<Option<DeltaState>>,
     residual: Vec<Vec<slotstream_backend::State>>,
+}
+
+/// A head that drafts tokens for speculative decoding from the main model's
+/// hidden states (qwen4_exp's MTP head). Entry `i` pairs the main model's hidden row of position `i`
+/// with the token at `i+1` and drafts the token at `i+2`. It only ever sees
+/// rows of tokens known to be correct, so its own state never needs rolling
+/// back; the main model's does ([`DecoderModel::rollback`]).
+pub trait DraftHead: Send + Sync {
+    /// Bytes of the head's weights.
+    fn bytes(&self) -> u64;
+    fn new_state(&self, b: &dyn Backend) -> Result<DraftState>;
+    /// Consumes entries `st.len..=last`; `tokens` holds the tokens from
+    /// position `tokens_start` on. Returns the draft logits `[1, vocab]` of
+    /// the last entry (`None` when there was nothing to feed).
+    #[allow(clippy::too_many_arguments)]
+    fn feed(&self, b: &dyn Backend, model: &DecoderModel, st: &mut DraftState, tokens: &[u32], tokens_start: usize, last: usize)
+        -> Result<Option<Tensor>>;
+    /// Forgets entries and rows a sequence cut back to `position` tokens can
+    /// no longer vouch for: entry `i` needs token `i+1`, so only entries
+    /// before `position - 1` stay.
+    fn trim(&self, b: &dyn Backend, st: &mut DraftState, position: usize) -> Result<()>;
 }
 
 /// Which positions' logits a forward pass returns.

@@ -3,7 +3,7 @@
 //!
 //! The wiring is a trait so that a family with its own (qwen4_exp's
 //! hyper-connections and n-gram embedding) keeps it in its own folder; the
-//! plain pre-norm wiring is [`super::blocks::norm::PreNorm`].
+//! plain pre-norm wiring is [`PreNorm`].
 
 use anyhow::{bail, Result};
 use serde::Serialize;
@@ -13,6 +13,7 @@ use super::blocks::attention::{Attention, AttentionState};
 use super::blocks::delta::{DeltaState, GatedDeltaNet};
 use super::blocks::mlp::Mlp;
 use super::blocks::moe::MoeBlock;
+use super::blocks::norm::RmsNorm;
 use crate::experts::ExpertCache;
 
 /// Token mixer of one decoder layer.
@@ -180,5 +181,35 @@ impl DecoderLayer {
         };
         let inputs = ResidualInputs { ids, state: residual, read_ahead };
         self.residual.forward(b, x, inputs, &mut block)
+    }
+}
+
+/// `h = x + mixer(input_norm(x)); h + ffn(post_norm(h))` (qwen3_moe, qwen3_next).
+pub struct PreNorm {
+    pub input: RmsNorm,
+    pub post: RmsNorm,
+}
+
+impl Residual for PreNorm {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn forward(
+        &self,
+        b: &dyn Backend,
+        x: &Tensor,
+        _inputs: ResidualInputs<'_>,
+        block: &mut dyn FnMut(Block, &Tensor) -> Result<Tensor>,
+    ) -> Result<Tensor> {
+        let h = b.add(x, &block(Block::Mixer, &self.input.forward(b, x)?)?)?;
+        let ff = block(Block::FeedForward, &self.post.forward(b, &h)?)?;
+        Ok(b.add(&h, &ff)?)
+    }
+}
+
+impl Head for RmsNorm {
+    fn collapse(&self, b: &dyn Backend, h: &Tensor) -> Result<Tensor> {
+        self.forward(b, h)
     }
 }

@@ -1,149 +1,19 @@
-//! Turning a checkpoint into a [`DecoderModel`]: the family registry, load
-//! options, and what every family's loader shares (weights by name, the
-//! trunk, the expert pool).
+//! What every family's loader shares besides reading weights: the expert
+//! layout, the trunk (embeddings, head, `lm_head`), the expert pool, and
+//! putting a [`DecoderModel`] together.
 
 use std::sync::Mutex;
 
-use anyhow::{bail, Context, Result};
-use slotstream_backend::{Backend, HostMatrix, Tensor, Weight};
+use anyhow::{bail, Result};
+use slotstream_backend::Weight;
 
-use super::arch::{Family, ModelArch};
-use super::blocks::norm::RmsNorm;
-use super::blocks::projections::{upload, ProjectionPart, Projections};
+use super::arch::ModelArch;
+use super::blocks::weights::LoadCx;
 use super::decoder::DecoderModel;
 use super::layer::{DecoderLayer, Head};
+use super::options::ExpertSlots;
 use crate::checkpoint::Checkpoint;
 use crate::experts::{ExpertCache, ExpertStore};
-
-/// How many expert slots to give the pool.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ExpertSlots {
-    /// One slot per expert of every layer: nothing is ever evicted.
-    All,
-    /// A fixed number of slots (at least one token's experts).
-    Count(usize),
-}
-
-/// Options for [`load`].
-#[derive(Clone, Debug)]
-pub struct LoadOptions {
-    pub expert_slots: ExpertSlots,
-    /// Load the MTP head when the checkpoint has one.
-    pub mtp: bool,
-    /// Bound of the dequantized n-gram row cache (qwen4_exp's PLE).
-    pub ngram_cache_bytes: usize,
-    /// When the pool has a slot for every expert, read them all at load, so
-    /// that a resident model's first tokens wait on no reads.
-    pub preload_experts: bool,
-    /// Concatenate linear layers over one input into one weight (one matmul).
-    /// Off only for before/after measurements.
-    pub fuse_projections: bool,
-}
-
-/// Default bound of the n-gram row cache.
-pub const DEFAULT_NGRAM_CACHE_BYTES: usize = 64 << 20;
-
-impl Default for LoadOptions {
-    fn default() -> Self {
-        LoadOptions {
-            expert_slots: ExpertSlots::All,
-            mtp: false,
-            ngram_cache_bytes: DEFAULT_NGRAM_CACHE_BYTES,
-            preload_experts: false,
-            fuse_projections: true,
-        }
-    }
-}
-
-impl LoadOptions {
-    /// Applies the measurement knob `SLOTSTREAM_FUSED_PROJECTIONS=0` (keep
-    /// projections apart). The only place it is read.
-    pub fn with_env_overrides(mut self) -> Self {
-        if std::env::var("SLOTSTREAM_FUSED_PROJECTIONS").is_ok_and(|v| v == "0") {
-            self.fuse_projections = false;
-        }
-        self
-    }
-}
-
-/// Builds the model `arch` describes on `backend`.
-pub fn load(arch: &ModelArch, backend: &dyn Backend, opts: &LoadOptions) -> Result<DecoderModel> {
-    let result = match arch.family {
-        Family::Qwen3Moe => super::qwen3_moe::load(arch, backend, opts),
-        Family::Qwen3Next => super::qwen3_next::load(arch, backend, opts),
-        Family::Qwen4Exp => super::qwen4_exp::load(arch, backend, opts),
-    };
-    result.with_context(|| format!("loading the {} model in {}", arch.family.model_type(), arch.dir.display()))
-}
-
-/// What a family's loader works with: the backend, the checkpoint, its
-/// description and the options; weights are fetched by name.
-#[derive(Clone, Copy)]
-pub struct LoadCx<'a> {
-    pub b: &'a dyn Backend,
-    pub ck: &'a Checkpoint,
-    pub arch: &'a ModelArch,
-    pub opts: &'a LoadOptions,
-}
-
-impl<'a> LoadCx<'a> {
-    /// The same, reading another checkpoint (the MTP head's file).
-    pub fn with_checkpoint<'b>(&self, ck: &'b Checkpoint) -> LoadCx<'b>
-    where
-        'a: 'b,
-    {
-        LoadCx { b: self.b, ck, arch: self.arch, opts: self.opts }
-    }
-
-    pub fn matrix(&self, prefix: &str, rows: usize, cols: usize) -> Result<HostMatrix<'a>> {
-        self.ck.matrix(prefix, &[], rows, cols)
-    }
-
-    /// `{prefix}` as a `[rows, cols]` linear layer.
-    pub fn linear(&self, prefix: &str, rows: usize, cols: usize) -> Result<Weight> {
-        upload(self.b, &self.matrix(prefix, rows, cols)?, prefix)
-    }
-
-    /// A 1-D float parameter, plus `shift` (for zero-centred norms).
-    pub fn vector(&self, name: &str, len: usize, shift: f32) -> Result<Tensor> {
-        let mut v = self.ck.f32_tensor(name, &[len])?;
-        if shift != 0.0 {
-            v.iter_mut().for_each(|x| *x += shift);
-        }
-        Ok(self.b.upload(&v, &[len])?)
-    }
-
-    pub fn rms_norm(&self, name: &str, len: usize, shift: f32) -> Result<RmsNorm> {
-        Ok(RmsNorm { weight: self.vector(name, len, shift)?, eps: self.arch.text.rms_norm_eps })
-    }
-
-    /// Matrices over one input, fused as the options allow.
-    pub fn projections(&self, parts: &[ProjectionPart<'_>]) -> Result<Projections> {
-        Projections::load(self.b, parts, self.opts.fuse_projections)
-    }
-
-    /// `(output, prefix, rows, cols)` linear layers over one input.
-    pub fn linears(&self, specs: &[(&'static str, String, usize, usize)]) -> Result<Projections> {
-        let parts = specs
-            .iter()
-            .map(|(out, p, r, c)| Ok(ProjectionPart::new(out, self.matrix(p, *r, *c)?, p.clone())))
-            .collect::<Result<Vec<_>>>()?;
-        self.projections(&parts)
-    }
-
-    /// A depthwise convolution weight stored `[channels, 1, kernel]`
-    /// (transformers) or `[channels, kernel, 1]` (mlx-lm), the same bytes in
-    /// both orders, as `[channels, kernel]`.
-    pub fn conv_weight(&self, name: &str, channels: usize, k: usize) -> Result<Tensor> {
-        let shape = self.ck.entry(name)?.shape.clone();
-        if shape != [channels, 1, k] && shape != [channels, k, 1] {
-            bail!(
-                "tensor '{name}' has shape {shape:?}, expected [{channels}, 1, {k}] (transformers) or [{channels}, {k}, 1] (mlx-lm)"
-            );
-        }
-        Ok(self.b.upload(&self.ck.f32_tensor(name, &shape)?, &[channels, k])?)
-    }
-}
 
 /// How a checkpoint stores its experts and norms.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,10 +9,11 @@ use super::arch::ModelArch;
 use super::blocks::attention::Attention;
 use super::blocks::mlp::Mlp;
 use super::blocks::moe::MoeBlock;
-use super::blocks::norm::PreNorm;
+use super::blocks::weights::LoadCx;
 use super::decoder::DecoderModel;
-use super::layer::{DecoderLayer, FeedForward, Mixer};
-use super::load::{assemble, Layout, LoadCx, LoadOptions, Trunk};
+use super::layer::{DecoderLayer, FeedForward, Mixer, PreNorm};
+use super::load::{assemble, Layout, Trunk};
+use super::options::LoadOptions;
 
 pub fn load(arch: &ModelArch, b: &dyn Backend, opts: &LoadOptions) -> Result<DecoderModel> {
     let ck = arch.open_checkpoint()?;

@@ -16,11 +16,12 @@ use super::blocks::attention::{Attention, KeySelector};
 use super::blocks::delta::GatedDeltaNet;
 use super::blocks::mlp::Mlp;
 use super::blocks::moe::MoeBlock;
-use super::blocks::norm::PreNorm;
 use super::blocks::projections::{deinterleave_rows, ProjectionPart};
+use super::blocks::weights::LoadCx;
 use super::decoder::DecoderModel;
-use super::layer::{DecoderLayer, FeedForward, Mixer};
-use super::load::{assemble, Layout, LoadCx, LoadOptions, Trunk};
+use super::layer::{DecoderLayer, FeedForward, Mixer, PreNorm};
+use super::load::{assemble, Layout, Trunk};
+use super::options::LoadOptions;
 
 /// Gated full attention (qwen3_next, qwen4_exp): `q_proj` interleaves per head
 /// [query(hd), gate(hd)] and is regrouped to [queries | gates]; q/k norms get

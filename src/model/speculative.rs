@@ -1,34 +1,12 @@
-//! What speculative decoding needs from a model: a head that drafts the next
-//! token from the main model's hidden states (qwen4_exp's MTP head), and the
-//! state such a head keeps per sequence.
+//! The state a draft head for speculative decoding keeps per sequence (the
+//! head itself is [`super::decoder::DraftHead`]).
 
 use std::collections::BTreeMap;
 
 use anyhow::{Context, Result};
 use slotstream_backend::{Backend, Tensor};
 
-use super::decoder::DecoderModel;
 use super::layer::LayerState;
-
-/// A draft head. Entry `i` pairs the main model's hidden row of position `i`
-/// with the token at `i+1` and drafts the token at `i+2`. It only ever sees
-/// rows of tokens known to be correct, so its own state never needs rolling
-/// back; the main model's does ([`DecoderModel::rollback`]).
-pub trait DraftHead: Send + Sync {
-    /// Bytes of the head's weights.
-    fn bytes(&self) -> u64;
-    fn new_state(&self, b: &dyn Backend) -> Result<DraftState>;
-    /// Consumes entries `st.len..=last`; `tokens` holds the tokens from
-    /// position `tokens_start` on. Returns the draft logits `[1, vocab]` of
-    /// the last entry (`None` when there was nothing to feed).
-    #[allow(clippy::too_many_arguments)]
-    fn feed(&self, b: &dyn Backend, model: &DecoderModel, st: &mut DraftState, tokens: &[u32], tokens_start: usize, last: usize)
-        -> Result<Option<Tensor>>;
-    /// Forgets entries and rows a sequence cut back to `position` tokens can
-    /// no longer vouch for: entry `i` needs token `i+1`, so only entries
-    /// before `position - 1` stay.
-    fn trim(&self, b: &dyn Backend, st: &mut DraftState, position: usize) -> Result<()>;
-}
 
 /// A draft head's per-sequence state: its layer's state, how many entries it
 /// has consumed, and main-model hidden rows of positions not yet consumed.

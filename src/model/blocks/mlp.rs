@@ -4,7 +4,7 @@ use anyhow::Result;
 use slotstream_backend::{Backend, Tensor, Weight};
 
 use super::projections::Projections;
-use crate::model::load::LoadCx;
+use super::weights::LoadCx;
 
 pub struct Mlp {
     /// Outputs `gate` and `up`.

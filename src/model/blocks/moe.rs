@@ -7,7 +7,7 @@ use slotstream_backend::{Backend, Tensor, TokenRoute, Weight};
 
 use super::projections::Projections;
 use crate::experts::ExpertCache;
-use crate::model::load::LoadCx;
+use super::weights::LoadCx;
 
 pub struct MoeBlock {
     /// Outputs `router`, and with a shared expert its `shared_gate` and

@@ -11,7 +11,7 @@ use slotstream_backend::{Backend, State, Tensor, Weight};
 
 use super::ple::Ple;
 use crate::model::layer::{Block, Head, ReadAhead, Residual, ResidualInputs, RowCacheStats};
-use crate::model::load::LoadCx;
+use crate::model::blocks::weights::LoadCx;
 
 /// One gated-residual block: `hc_norm`, `input_mix_weight_down/up` and (except
 /// for the final collapse) `block_inject_weight`.

@@ -13,7 +13,6 @@
 //! the vision tower is skipped. Norm weights are stored as the multiplier the
 //! model applies (the MLX conversion already added one), so none is shifted.
 
-pub mod config;
 pub mod hyper;
 pub mod mtp;
 pub mod ngram;
@@ -25,24 +24,19 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use slotstream_backend::Backend;
 
-pub use config::Qwen4Config;
+use super::config::Qwen4Config;
 use hyper::{HyperMixer, HyperResidual};
 use mtp::MtpHead;
 use ple::Ple;
-use qsa::Indexer;
 
 use super::arch::{LayerKind, ModelArch};
-use super::blocks::attention::Attention;
 use super::blocks::delta::GatedDeltaNet;
 use super::blocks::moe::MoeBlock;
 use super::decoder::DecoderModel;
 use super::layer::{DecoderLayer, FeedForward, Mixer};
-use super::load::{assemble, Layout, LoadCx, LoadOptions, Trunk};
-
-/// Gated full attention with its QSA indexer.
-fn attention(cx: &LoadCx<'_>, a: &str) -> Result<Attention> {
-    super::qwen3_next::gated_attention(cx, a, 0.0, Some(Box::new(Indexer::load(cx, a)?)))
-}
+use super::blocks::weights::LoadCx;
+use super::load::{assemble, Layout, Trunk};
+use super::options::LoadOptions;
 
 /// Gated DeltaNet with one projection per part and the configured output gate.
 fn delta_net(cx: &LoadCx<'_>, l: &str, q: &Qwen4Config) -> Result<GatedDeltaNet> {
@@ -86,7 +80,7 @@ pub fn load(arch: &ModelArch, b: &dyn Backend, opts: &LoadOptions) -> Result<Dec
     for i in 0..arch.layers() {
         let p = format!("model.layers.{i}");
         let mixer = match arch.layer_kind(i) {
-            LayerKind::FullAttention => Mixer::Attention(attention(&cx, &format!("{p}.self_attn"))?),
+            LayerKind::FullAttention => Mixer::Attention(qsa::gated_attention(&cx, &format!("{p}.self_attn"))?),
             LayerKind::LinearAttention => Mixer::Delta(delta_net(&cx, &format!("{p}.linear_attn"), q)?),
         };
         let ple = if q.ple_layer_ids.contains(&(i + 1)) { Some(Ple::load(&cx, &ck, &format!("{p}.ple"), eos)?) } else { None };

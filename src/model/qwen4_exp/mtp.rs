@@ -15,14 +15,17 @@ use anyhow::{bail, Context, Result};
 use slotstream_backend::{Backend, Tensor, Weight};
 
 use super::hyper::{HyperMixer, HyperResidual};
+use super::qsa::gated_attention;
 use crate::checkpoint::Checkpoint;
 use crate::experts::ExpertCache;
 use crate::model::blocks::moe::MoeBlock;
 use crate::model::blocks::norm::RmsNorm;
-use crate::model::decoder::{experts_lock, DecoderModel};
+use crate::model::blocks::weights::LoadCx;
+use crate::model::decoder::{experts_lock, DecoderModel, DraftHead};
 use crate::model::layer::{DecoderLayer, FeedForward, Mixer, MixerState};
-use crate::model::load::{expert_cache, ExpertSlots, Layout, LoadCx};
-use crate::model::speculative::{DraftHead, DraftState};
+use crate::model::load::{expert_cache, Layout};
+use crate::model::options::ExpertSlots;
+use crate::model::speculative::DraftState;
 
 pub struct MtpHead {
     pub fc_embedding: Weight,
@@ -51,7 +54,7 @@ impl MtpHead {
         let c = &cx.arch.text;
         let h = c.hidden_size;
         let hc = cx.arch.qwen4.as_ref().context("internal: an MTP head without qwen4_exp settings")?.hc_count;
-        let attention = super::attention(&cx, "layers.0.self_attn")?;
+        let attention = gated_attention(&cx, "layers.0.self_attn")?;
         let layer = DecoderLayer {
             residual: Box::new(HyperResidual {
                 attn: HyperMixer::load(&cx, "layers.0.attn_hyper_connection", true)?,

@@ -19,7 +19,7 @@ use anyhow::{bail, Context, Result};
 use rayon::prelude::*;
 use slotstream_backend::{HostMatrix, MatrixData, MatrixFormat};
 
-use super::config::Qwen4Config;
+use crate::model::config::Qwen4Config;
 use crate::checkpoint::Checkpoint;
 use crate::direct_io::DirectFile;
 use crate::model::layer::RowCacheStats;

@@ -10,7 +10,7 @@ use slotstream_backend::{Backend, State, Tensor, Weight};
 
 use super::ngram::NgramStore;
 use crate::checkpoint::Checkpoint;
-use crate::model::load::LoadCx;
+use crate::model::blocks::weights::LoadCx;
 
 pub struct Ple {
     pub store: NgramStore,

@@ -19,8 +19,8 @@ use anyhow::{bail, Context, Result};
 use rayon::prelude::*;
 use slotstream_backend::{Backend, KeySelection, Tensor, Weight};
 
-use crate::model::blocks::attention::{KeySelector, KeySelectorState};
-use crate::model::load::LoadCx;
+use crate::model::blocks::attention::{Attention, KeySelector, KeySelectorState};
+use crate::model::blocks::weights::LoadCx;
 
 /// Weights and settings of one layer's indexer.
 pub struct Indexer {
@@ -218,6 +218,11 @@ impl KeySelector for Indexer {
         let blocks = rows.concat();
         Ok(Some(KeySelection { block: self.ratio, per_query, blocks }))
     }
+}
+
+/// Gated full attention with its QSA indexer.
+pub fn gated_attention(cx: &LoadCx<'_>, a: &str) -> Result<Attention> {
+    crate::model::qwen3_next::gated_attention(cx, a, 0.0, Some(Box::new(Indexer::load(cx, a)?)))
 }
 
 fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
