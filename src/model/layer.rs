@@ -71,6 +71,9 @@ impl RowCacheStats {
     }
 }
 
+/// Runs one of a layer's blocks on its input.
+pub type RunBlock<'a> = &'a mut dyn FnMut(Block, &Tensor) -> Result<Tensor>;
+
 /// How a layer's blocks are wrapped around the residual stream.
 pub trait Residual: Send + Sync {
     /// Backend states kept per sequence (a convolution window, ...).
@@ -98,13 +101,7 @@ pub trait Residual: Send + Sync {
     fn as_any(&self) -> &dyn std::any::Any;
 
     /// The layer's output for `x`; `block` runs the mixer or feed-forward.
-    fn forward(
-        &self,
-        b: &dyn Backend,
-        x: &Tensor,
-        inputs: ResidualInputs<'_>,
-        block: &mut dyn FnMut(Block, &Tensor) -> Result<Tensor>,
-    ) -> Result<Tensor>;
+    fn forward(&self, b: &dyn Backend, x: &Tensor, inputs: ResidualInputs<'_>, block: RunBlock<'_>) -> Result<Tensor>;
 }
 
 /// What turns the last hidden state into the input of `lm_head`: a final
@@ -195,13 +192,7 @@ impl Residual for PreNorm {
         self
     }
 
-    fn forward(
-        &self,
-        b: &dyn Backend,
-        x: &Tensor,
-        _inputs: ResidualInputs<'_>,
-        block: &mut dyn FnMut(Block, &Tensor) -> Result<Tensor>,
-    ) -> Result<Tensor> {
+    fn forward(&self, b: &dyn Backend, x: &Tensor, _inputs: ResidualInputs<'_>, block: RunBlock<'_>) -> Result<Tensor> {
         let h = b.add(x, &block(Block::Mixer, &self.input.forward(b, x)?)?)?;
         let ff = block(Block::FeedForward, &self.post.forward(b, &h)?)?;
         Ok(b.add(&h, &ff)?)

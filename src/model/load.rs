@@ -10,7 +10,9 @@ use slotstream_backend::Weight;
 use super::arch::ModelArch;
 use super::blocks::weights::LoadCx;
 use super::decoder::DecoderModel;
-use super::layer::{DecoderLayer, Head};
+use super::blocks::mlp::Mlp;
+use super::blocks::moe::MoeBlock;
+use super::layer::{DecoderLayer, FeedForward, Head, PreNorm};
 use super::options::ExpertSlots;
 use crate::checkpoint::Checkpoint;
 use crate::experts::{ExpertCache, ExpertStore};
@@ -41,6 +43,29 @@ impl Layout {
             )
         }
     }
+}
+
+/// Layer `layer`'s feed-forward under `{prefix}.mlp`: routed experts (the
+/// block's prefix is added to `moe_prefixes`, in order) or a dense MLP.
+pub fn feed_forward(cx: &LoadCx<'_>, prefix: &str, layer: usize, shared_inter: usize, moe_prefixes: &mut Vec<String>)
+    -> Result<FeedForward> {
+    let c = &cx.arch.text;
+    let m = format!("{prefix}.mlp");
+    if !cx.arch.is_moe_layer(layer) {
+        return Ok(FeedForward::Dense(Mlp::load(cx, &m, c.hidden_size, c.dense_intermediate(layer)?)?));
+    }
+    let block = MoeBlock::load(cx, &m, shared_inter, moe_prefixes.len(), c.norm_topk_prob)?;
+    moe_prefixes.push(m);
+    Ok(FeedForward::Moe(block))
+}
+
+/// The pre-norm wiring of the layer under `prefix` (`shift` added to both norms).
+pub fn pre_norm(cx: &LoadCx<'_>, prefix: &str, shift: f32) -> Result<Box<PreNorm>> {
+    let h = cx.arch.text.hidden_size;
+    Ok(Box::new(PreNorm {
+        input: cx.rms_norm(&format!("{prefix}.input_layernorm.weight"), h, shift)?,
+        post: cx.rms_norm(&format!("{prefix}.post_attention_layernorm.weight"), h, shift)?,
+    }))
 }
 
 /// Embeddings, the head (final norm or stream collapse) and `lm_head`.

@@ -7,12 +7,10 @@ use slotstream_backend::Backend;
 
 use super::arch::ModelArch;
 use super::blocks::attention::Attention;
-use super::blocks::mlp::Mlp;
-use super::blocks::moe::MoeBlock;
 use super::blocks::weights::LoadCx;
 use super::decoder::DecoderModel;
-use super::layer::{DecoderLayer, FeedForward, Mixer, PreNorm};
-use super::load::{assemble, Layout, Trunk};
+use super::layer::{DecoderLayer, Mixer};
+use super::load::{assemble, feed_forward, pre_norm, Layout, Trunk};
 use super::options::LoadOptions;
 
 pub fn load(arch: &ModelArch, b: &dyn Backend, opts: &LoadOptions) -> Result<DecoderModel> {
@@ -44,19 +42,9 @@ pub fn load(arch: &ModelArch, b: &dyn Backend, opts: &LoadOptions) -> Result<Dec
             gated: false,
             selector: None,
         };
-        let m = format!("{p}.mlp");
-        let ffn = if arch.is_moe_layer(i) {
-            let block = MoeBlock::load(&cx, &m, 0, moe_prefixes.len(), c.norm_topk_prob)?;
-            moe_prefixes.push(m);
-            FeedForward::Moe(block)
-        } else {
-            FeedForward::Dense(Mlp::load(&cx, &m, h, c.dense_intermediate(i)?)?)
-        };
+        let ffn = feed_forward(&cx, &p, i, 0, &mut moe_prefixes)?;
         layers.push(DecoderLayer {
-            residual: Box::new(PreNorm {
-                input: cx.rms_norm(&format!("{p}.input_layernorm.weight"), h, 0.0)?,
-                post: cx.rms_norm(&format!("{p}.post_attention_layernorm.weight"), h, 0.0)?,
-            }),
+            residual: pre_norm(&cx, &p, 0.0)?,
             mixer: Mixer::Attention(attention),
             ffn,
         });

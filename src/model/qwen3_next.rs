@@ -14,13 +14,11 @@ use slotstream_backend::{Backend, GateAct};
 use super::arch::{LayerKind, ModelArch};
 use super::blocks::attention::{Attention, KeySelector};
 use super::blocks::delta::GatedDeltaNet;
-use super::blocks::mlp::Mlp;
-use super::blocks::moe::MoeBlock;
 use super::blocks::projections::{deinterleave_rows, ProjectionPart};
 use super::blocks::weights::LoadCx;
 use super::decoder::DecoderModel;
-use super::layer::{DecoderLayer, FeedForward, Mixer, PreNorm};
-use super::load::{assemble, Layout, Trunk};
+use super::layer::{DecoderLayer, Mixer};
+use super::load::{assemble, feed_forward, pre_norm, Layout, Trunk};
 use super::options::LoadOptions;
 
 /// Gated full attention (qwen3_next, qwen4_exp): `q_proj` interleaves per head
@@ -84,7 +82,6 @@ pub fn load(arch: &ModelArch, b: &dyn Backend, opts: &LoadOptions) -> Result<Dec
     let ck = arch.open_checkpoint()?;
     let cx = LoadCx { b, ck: &ck, arch, opts };
     let c = &arch.text;
-    let h = c.hidden_size;
     let layout = Layout::detect(&ck, arch.first_moe_layer())?;
     // transformers' zero-centred norms become plain weights by adding one.
     let shift = if layout == Layout::HuggingFace { 1.0 } else { 0.0 };
@@ -97,19 +94,9 @@ pub fn load(arch: &ModelArch, b: &dyn Backend, opts: &LoadOptions) -> Result<Dec
             LayerKind::FullAttention => Mixer::Attention(gated_attention(&cx, &format!("{p}.self_attn"), shift, None)?),
             LayerKind::LinearAttention => Mixer::Delta(delta_net(&cx, &format!("{p}.linear_attn"))?),
         };
-        let m = format!("{p}.mlp");
-        let ffn = if arch.is_moe_layer(i) {
-            let block = MoeBlock::load(&cx, &m, c.shared_expert_intermediate_size, moe_prefixes.len(), c.norm_topk_prob)?;
-            moe_prefixes.push(m);
-            FeedForward::Moe(block)
-        } else {
-            FeedForward::Dense(Mlp::load(&cx, &m, h, c.dense_intermediate(i)?)?)
-        };
+        let ffn = feed_forward(&cx, &p, i, c.shared_expert_intermediate_size, &mut moe_prefixes)?;
         layers.push(DecoderLayer {
-            residual: Box::new(PreNorm {
-                input: cx.rms_norm(&format!("{p}.input_layernorm.weight"), h, shift)?,
-                post: cx.rms_norm(&format!("{p}.post_attention_layernorm.weight"), h, shift)?,
-            }),
+            residual: pre_norm(&cx, &p, shift)?,
             mixer,
             ffn,
         });

@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use slotstream_backend::{Backend, State, Tensor, Weight};
 
 use super::ple::Ple;
-use crate::model::layer::{Block, Head, ReadAhead, Residual, ResidualInputs, RowCacheStats};
+use crate::model::layer::{Block, Head, ReadAhead, Residual, ResidualInputs, RowCacheStats, RunBlock};
 use crate::model::blocks::weights::LoadCx;
 
 /// One gated-residual block: `hc_norm`, `input_mix_weight_down/up` and (except
@@ -107,13 +107,7 @@ impl Residual for HyperResidual {
         self.ple.as_ref().map(|p| p.store.stats())
     }
 
-    fn forward(
-        &self,
-        b: &dyn Backend,
-        x: &Tensor,
-        inputs: ResidualInputs<'_>,
-        block: &mut dyn FnMut(Block, &Tensor) -> Result<Tensor>,
-    ) -> Result<Tensor> {
+    fn forward(&self, b: &dyn Backend, x: &Tensor, inputs: ResidualInputs<'_>, block: RunBlock<'_>) -> Result<Tensor> {
         let mut h = x.clone();
         if let Some(p) = &self.ple {
             let rows = inputs.read_ahead.context("internal: the PLE layer's n-gram rows were not read")?;
