@@ -17,6 +17,9 @@ const FILES: [(&str, &[u8]); 7] = [
     ("chat_template.jinja", include_bytes!("../tools/demo/model/chat_template.jinja")),
 ];
 
+/// The name clients use for the demo model (`serve`'s `model` field).
+pub const NAME: &str = "slotstream-demo";
+
 /// One line for users: what is running and how to get the real model.
 pub const NOTE: &str = "note: no model installed, running the bundled 24M-parameter demo model \
 (trained on public-domain English); run a qwen3_moe, qwen3_next or qwen4_exp checkpoint with \

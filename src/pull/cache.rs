@@ -97,8 +97,24 @@ impl RepoCache {
         self.dir.join(".slotstream")
     }
 
-    pub fn lock_path(&self) -> PathBuf {
-        self.state_dir().join("pull.lock")
+    /// Takes the repository's lock, held while the returned file stays open: one
+    /// `pull` per model at a time, since two would write the same partial files.
+    pub fn lock(&self) -> Result<fs::File> {
+        let path = self.state_dir().join("pull.lock");
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        match fs4::FileExt::try_lock(&file) {
+            Ok(()) => Ok(file),
+            Err(fs4::TryLockError::WouldBlock) => bail!(
+                "another slotstream pull is downloading into {}; wait for it to finish",
+                self.dir().display()
+            ),
+            Err(fs4::TryLockError::Error(e)) => Err(e).with_context(|| format!("locking {}", path.display())),
+        }
     }
 
     pub fn create_dirs(&self) -> Result<()> {
@@ -247,6 +263,16 @@ pub fn sync_dir(dir: &Path) {
     if let Ok(handle) = fs::File::open(dir) {
         let _ = handle.sync_all();
     }
+}
+
+/// Deletes a snapshot entry and, when it is a link into `blobs/`, the blob too.
+pub fn delete_snapshot_entry(local: &Path) -> Result<()> {
+    if let Ok(target) = fs::canonicalize(local) {
+        if target != local {
+            remove_if_present(&target)?;
+        }
+    }
+    remove_if_present(local)
 }
 
 pub fn remove_if_present(path: &Path) -> Result<()> {

@@ -1,0 +1,154 @@
+//! `--backend`: which compute backend runs the model, as the user names it
+//! (`auto`, `cpu`, `cpu:exact`, `wgpu`, `wgpu:software`, `wgpu:NAME`, a wgpu
+//! form optionally ending in `:exact`), and building that backend.
+
+use std::fmt;
+use std::str::FromStr;
+
+use anyhow::{Context, Result};
+use slotstream_backend::Backend;
+use slotstream_cpu::CpuBackend;
+use slotstream_wgpu::{AdapterChoice, MatmulMode, WgpuBackend};
+
+/// What a `--backend` value asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BackendSpec {
+    /// A real GPU through wgpu if there is one, else the CPU (never a
+    /// software rasterizer, which is slower than the CPU backend).
+    Auto,
+    /// The CPU backend: int8 activations for 4-bit weights, or f32 everywhere
+    /// when `exact` (the reference the oracle tests use).
+    Cpu { exact: bool },
+    /// The wgpu backend on the adapter `adapter` picks, failing when there is
+    /// none. `exact` keeps f32 activations in one-token 4-bit matmuls.
+    Wgpu { adapter: AdapterChoice, exact: bool },
+}
+
+/// The accepted forms: the whole error for a spec that is none of them
+/// (clap's message already quotes the value and the flag).
+const ACCEPTED: &str = "expected auto, cpu, cpu:exact, wgpu, wgpu:software or wgpu:NAME (a wgpu spec may end in :exact)";
+
+impl FromStr for BackendSpec {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<BackendSpec, String> {
+        let spec = text.trim();
+        match spec {
+            "auto" => return Ok(BackendSpec::Auto),
+            "cpu" => return Ok(BackendSpec::Cpu { exact: false }),
+            "cpu:exact" => return Ok(BackendSpec::Cpu { exact: true }),
+            _ => {}
+        }
+        let (wgpu, exact) = match spec.strip_suffix(":exact") {
+            Some(rest) => (rest, true),
+            None => (spec, false),
+        };
+        let adapter = match wgpu {
+            "wgpu" => AdapterChoice::auto(),
+            other => match other.strip_prefix("wgpu:") {
+                Some(choice) => choice.parse().map_err(|e| format!("{e}"))?,
+                None => return Err(ACCEPTED.to_string()),
+            },
+        };
+        Ok(BackendSpec::Wgpu { adapter, exact })
+    }
+}
+
+/// The canonical spelling, which parses back to the same spec.
+impl fmt::Display for BackendSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BackendSpec::Auto => f.write_str("auto"),
+            BackendSpec::Cpu { exact } => f.write_str(if *exact { "cpu:exact" } else { "cpu" }),
+            BackendSpec::Wgpu { adapter, exact } => {
+                f.write_str("wgpu")?;
+                if adapter.allow_software {
+                    f.write_str(":software")?;
+                } else if let Some(name) = &adapter.name_contains {
+                    write!(f, ":{name}")?;
+                }
+                if *exact {
+                    f.write_str(":exact")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl BackendSpec {
+    /// Builds the backend. `auto` without a usable GPU falls back to the CPU
+    /// with a note on stderr; an explicit wgpu spec fails instead.
+    pub fn create(&self) -> Result<Box<dyn Backend>> {
+        match self {
+            BackendSpec::Cpu { exact: false } => Ok(Box::new(CpuBackend::new())),
+            BackendSpec::Cpu { exact: true } => Ok(Box::new(CpuBackend::exact())),
+            BackendSpec::Auto => match WgpuBackend::new(&AdapterChoice::auto()) {
+                Ok(gpu) => Ok(Box::new(with_matmul_mode(gpu, false))),
+                Err(e) => {
+                    eprintln!("note: no usable GPU ({e}); using the CPU backend");
+                    Ok(Box::new(CpuBackend::new()))
+                }
+            },
+            BackendSpec::Wgpu { adapter, exact } => {
+                let gpu = WgpuBackend::new(adapter).with_context(|| format!("--backend {self}"))?;
+                Ok(Box::new(with_matmul_mode(gpu, *exact)))
+            }
+        }
+    }
+}
+
+/// Int8 activations on a real GPU, where they were measured faster
+/// (BENCHMARKS.md GPU (a)); f32 on a software rasterizer, which only tests
+/// use. `SLOTSTREAM_WGPU_MATMUL` overrides either default, `exact` overrides all.
+fn with_matmul_mode(gpu: WgpuBackend, exact: bool) -> WgpuBackend {
+    let mode = if exact {
+        MatmulMode::Exact
+    } else if gpu.device_type() == slotstream_wgpu::wgpu::DeviceType::Cpu {
+        MatmulMode::from_env(MatmulMode::Exact)
+    } else {
+        MatmulMode::from_env(MatmulMode::Int8)
+    };
+    gpu.with_matmul_mode(mode)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> BackendSpec {
+        text.parse().unwrap_or_else(|e| panic!("{text:?} should parse: {e}"))
+    }
+
+    fn named(name: &str) -> AdapterChoice {
+        AdapterChoice { name_contains: Some(name.into()), allow_software: false }
+    }
+
+    #[test]
+    fn every_documented_form_parses() {
+        assert_eq!(parse("auto"), BackendSpec::Auto);
+        assert_eq!(parse(" cpu "), BackendSpec::Cpu { exact: false });
+        assert_eq!(parse("cpu:exact"), BackendSpec::Cpu { exact: true });
+        assert_eq!(parse("wgpu"), BackendSpec::Wgpu { adapter: AdapterChoice::auto(), exact: false });
+        assert_eq!(parse("wgpu:exact"), BackendSpec::Wgpu { adapter: AdapterChoice::auto(), exact: true });
+        assert_eq!(parse("wgpu:software"), BackendSpec::Wgpu { adapter: AdapterChoice::allow_software(), exact: false });
+        assert_eq!(parse("wgpu:software:exact"), BackendSpec::Wgpu { adapter: AdapterChoice::allow_software(), exact: true });
+        assert_eq!(parse("wgpu:NVIDIA"), BackendSpec::Wgpu { adapter: named("nvidia"), exact: false });
+        assert_eq!(parse("wgpu:h200:exact"), BackendSpec::Wgpu { adapter: named("h200"), exact: true });
+    }
+
+    #[test]
+    fn the_canonical_spelling_parses_back() {
+        for text in ["auto", "cpu", "cpu:exact", "wgpu", "wgpu:exact", "wgpu:software", "wgpu:software:exact", "wgpu:h200:exact"] {
+            assert_eq!(parse(text).to_string(), text);
+        }
+    }
+
+    #[test]
+    fn an_unknown_spec_lists_the_accepted_forms() {
+        for bad in ["gpu", "cuda", "auto:exact", "cpu:exact:exact", "wgpux", ""] {
+            let error = bad.parse::<BackendSpec>().expect_err(bad);
+            assert!(error.contains("expected auto, cpu, cpu:exact, wgpu"), "{bad:?}: {error}");
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! `slotstream doctor`: this machine (or a simulated one) and a model, the
+//! memory plan, free disk and the expected decode speed at several cache
+//! sizes, built once as a [`DoctorReport`] that prints as JSON (serde) or as
+//! the table users read (`Display`).
+
+use std::fmt;
+use std::path::Path;
+
+use anyhow::Result;
+use serde::Serialize;
+
+use crate::disk;
+use crate::plan::{self, MachineMemory, ModelCosts, Plan, PlanRequest, GB};
+
+/// Names that mean the flagship, whose sizes are known without its weights.
+const FLAGSHIP_NAMES: [&str; 2] = ["qwen3.8-flash-next:4bit", "qwen3.8-flash-next"];
+
+/// Experts per layer the speed table shows, besides the model's minimum and
+/// all of its experts (the reference measurements' pool sizes).
+const TABLE_EXPERTS_PER_LAYER: [usize; 5] = [30, 60, 120, 150, 205];
+
+/// What `doctor` was asked about.
+#[derive(Clone, Debug, Default)]
+pub struct DoctorRequest {
+    /// A model directory, or a flagship name (see [`FLAGSHIP_NAMES`]).
+    pub model: String,
+    pub plan: PlanRequest,
+    pub machine: MachineOverrides,
+}
+
+/// Figures that replace this machine's (`--sim-*`), in GB; with any of them
+/// set the whole machine is simulated, with RAM defaulting to this one's.
+#[derive(Clone, Debug, Default)]
+pub struct MachineOverrides {
+    pub ram_gb: Option<f64>,
+    pub available_gb: Option<f64>,
+    pub working_set_gb: Option<f64>,
+}
+
+impl MachineOverrides {
+    fn machine(&self) -> MachineMemory {
+        let detected = MachineMemory::detect();
+        if self.ram_gb.is_none() && self.available_gb.is_none() && self.working_set_gb.is_none() {
+            return detected;
+        }
+        let ram_gb = self.ram_gb.unwrap_or(detected.total_ram as f64 / GB);
+        MachineMemory::simulated(ram_gb, self.available_gb, self.working_set_gb)
+    }
+}
+
+/// Everything `doctor` reports.
+#[derive(Clone, Debug, Serialize)]
+pub struct DoctorReport {
+    pub machine: MachineMemory,
+    pub model: ModelCosts,
+    /// Free space where the model lives (the working directory for a model
+    /// known by name); `None` where it cannot be measured.
+    pub disk_free_bytes: Option<u64>,
+    pub plan: Plan,
+    /// Expected speed by cache size, from the model's minimum to all experts.
+    pub expected: Vec<ExpectedSpeed>,
+}
+
+/// One row of the speed table.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct ExpectedSpeed {
+    pub experts_per_layer: usize,
+    pub pool_gb: f64,
+    /// The whole process at this pool size, for the planned context.
+    pub peak_gb: f64,
+    pub decode_tokens_per_second_estimate: f64,
+}
+
+impl DoctorReport {
+    /// Reads the model's costs (from its directory, or the flagship's known
+    /// sizes), the machine's memory and free disk, and plans.
+    pub fn build(request: &DoctorRequest) -> Result<DoctorReport> {
+        let model_path = Path::new(&request.model);
+        let model = if FLAGSHIP_NAMES.contains(&request.model.as_str()) {
+            ModelCosts::flagship()
+        } else {
+            // No backend is chosen here: plan for an f32 KV cache, the largest.
+            ModelCosts::from_model_dir(model_path, slotstream_backend::DType::F32)?
+        };
+        let machine = request.machine.machine();
+        let plan = plan::plan(&model, &machine, &request.plan)?;
+        let disk_path = if model_path.exists() { model_path } else { Path::new(".") };
+        // A file system that cannot say its free space leaves the line out of the report.
+        let disk_free_bytes = disk::free_bytes(disk_path).ok();
+        let expected = expected_speeds(&model, &machine, request.plan.context_tokens);
+        Ok(DoctorReport { machine, model, disk_free_bytes, plan, expected })
+    }
+}
+
+/// The speed table's rows: the model's minimum pool, the reference sizes
+/// that fit the model, and every expert.
+fn expected_speeds(model: &ModelCosts, machine: &MachineMemory, context_tokens: usize) -> Vec<ExpectedSpeed> {
+    let floor = plan::FLOOR_EXPERTS_PER_LAYER.max(model.top_k).min(model.experts_per_layer);
+    let mut sizes: Vec<usize> = std::iter::once(floor)
+        .chain(TABLE_EXPERTS_PER_LAYER)
+        .chain([model.experts_per_layer])
+        .filter(|&n| n >= floor && n <= model.experts_per_layer)
+        .collect();
+    sizes.dedup();
+    let fixed_bytes = model.fixed_bytes(context_tokens) + model.runtime_bytes();
+    sizes
+        .into_iter()
+        .map(|experts_per_layer| {
+            let slots = experts_per_layer * model.moe_layers;
+            let pool_bytes = slots as u64 * model.expert_record_bytes;
+            ExpectedSpeed {
+                experts_per_layer,
+                pool_gb: pool_bytes as f64 / GB,
+                peak_gb: (fixed_bytes + pool_bytes) as f64 / GB,
+                decode_tokens_per_second_estimate: model.estimate_decode_tokens_per_second(slots, machine),
+            }
+        })
+        .collect()
+}
+
+/// The report as users read it on a terminal.
+impl fmt::Display for DoctorReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let model = &self.model;
+        writeln!(f, "machine: {}", self.machine.describe())?;
+        writeln!(
+            f,
+            "model:   {} ({} MoE layers x {} experts, top-{}; {:.2} GB resident, {:.2} GB routed experts, {:.2} MB per expert)",
+            model.name,
+            model.moe_layers,
+            model.experts_per_layer,
+            model.top_k,
+            model.resident_bytes as f64 / GB,
+            model.routed_expert_bytes() as f64 / GB,
+            model.expert_record_bytes as f64 / 1e6
+        )?;
+        if model.extra_bytes > 0 || model.mtp_bytes > 0 {
+            let mtp = if model.mtp_bytes > 0 { format!("{:.2} GB", model.mtp_bytes as f64 / GB) } else { "none".to_string() };
+            writeln!(f, "         n-gram row cache {:.0} MB; MTP head {mtp}", model.extra_bytes as f64 / 1e6)?;
+        }
+        if let Some(free) = self.disk_free_bytes {
+            writeln!(f, "disk:    {:.1} GB free where the model lives", free as f64 / GB)?;
+        }
+        writeln!(f, "{}", self.plan.banner(model, &self.machine))?;
+        write!(f, "expected speed by cache size (estimates):")?;
+        for row in &self.expected {
+            write!(
+                f,
+                "\n  {} experts/layer  pool {:>6.1} GB  peak {:>6.1} GB  ~{:.1} tok/s",
+                row.experts_per_layer, row.pool_gb, row.peak_gb, row.decode_tokens_per_second_estimate
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flagship_on(ram_gb: f64) -> DoctorReport {
+        let request = DoctorRequest {
+            model: "qwen3.8-flash-next:4bit".into(),
+            plan: PlanRequest { context_tokens: 4096, ..Default::default() },
+            machine: MachineOverrides { ram_gb: Some(ram_gb), available_gb: Some(ram_gb * 0.8), working_set_gb: None },
+        };
+        DoctorReport::build(&request).expect("the flagship plans without its weights")
+    }
+
+    #[test]
+    fn the_speed_table_runs_from_the_floor_to_every_expert() {
+        let report = flagship_on(48.0);
+        let sizes: Vec<usize> = report.expected.iter().map(|row| row.experts_per_layer).collect();
+        assert_eq!(sizes, [14, 30, 60, 120, 150, 205, 512]);
+        assert!(report.expected.windows(2).all(|w| w[0].peak_gb < w[1].peak_gb), "peak grows with the pool");
+    }
+
+    #[test]
+    fn json_and_table_come_from_the_same_report() {
+        let report = flagship_on(48.0);
+        let json = serde_json::to_value(&report).expect("the report serializes");
+        for field in ["machine", "model", "disk_free_bytes", "plan", "expected"] {
+            assert!(json.get(field).is_some(), "doctor --json lost {field}: {json}");
+        }
+        assert_eq!(json["expected"][0]["experts_per_layer"], 14);
+        assert_eq!(json["machine"]["source"], "simulated");
+
+        let table = report.to_string();
+        assert!(table.starts_with("machine: 48.0 GB RAM, 38.4 GB reclaimable (simulated)\n"), "{table}");
+        assert!(table.contains("slotstream memory plan (auto)"), "{table}");
+        assert!(table.contains("\n  14 experts/layer  pool "), "{table}");
+        assert!(table.lines().last().is_some_and(|l| l.trim_start().starts_with("512 experts/layer")), "{table}");
+    }
+}

@@ -1,0 +1,128 @@
+//! `--model` for `run`, `serve` and `perplexity`: the directory a model name
+//! stands for (a directory, a known model or `hf:ORG/NAME[@REV]` in the
+//! Hugging Face cache, or with no name the default model, else the bundled
+//! demo), and the name clients use for it.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Result};
+
+use crate::{demo, pull};
+
+/// A model found on disk, ready to plan and load.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResolvedModel {
+    pub dir: PathBuf,
+    /// The name clients put in `model`: the directory's name, the known
+    /// model's name, `ORG/NAME` for `hf:` models, or [`demo::NAME`].
+    pub name: String,
+    /// Nothing was named and the default model is not installed, so the
+    /// bundled demo runs (callers tell the user, see [`demo::NOTE`]).
+    pub is_demo: bool,
+}
+
+impl ResolvedModel {
+    /// Resolves a `--model` value. A known or `hf:` model must be complete and
+    /// verified in the cache; otherwise the error says what is missing and
+    /// the `slotstream pull` command that completes it.
+    pub fn resolve(spec: Option<&str>) -> Result<ResolvedModel> {
+        resolve_with(spec, pull::locate_model, demo::model_dir)
+    }
+}
+
+/// [`ResolvedModel::resolve`] with the cache lookup and the demo's unpacking
+/// passed in, so tests need neither the user's cache nor the demo's files.
+fn resolve_with(
+    spec: Option<&str>,
+    locate: impl Fn(&str) -> Result<PathBuf>,
+    demo_dir: impl FnOnce() -> Result<PathBuf>,
+) -> Result<ResolvedModel> {
+    let found = |dir: PathBuf, name: &str| ResolvedModel { dir, name: name.to_string(), is_demo: false };
+    match spec {
+        Some(dir) if Path::new(dir).is_dir() => Ok(found(PathBuf::from(dir), &directory_name(Path::new(dir)))),
+        Some(spec) if spec.contains('/') && !spec.starts_with("hf:") => {
+            bail!("--model {spec}: no such directory (for a Hugging Face repo, write hf:{spec} and pull it first)")
+        }
+        Some(spec) => {
+            let repo = spec.strip_prefix("hf:").unwrap_or(spec);
+            let name = repo.split_once('@').map_or(repo, |(name, _revision)| name);
+            Ok(found(locate(spec)?, name))
+        }
+        // Any failure to find the default model (not downloaded, no cache at
+        // all) means "not installed": the demo keeps a fresh machine working.
+        None => match locate(pull::DEFAULT_MODEL) {
+            Ok(dir) => Ok(found(dir, pull::DEFAULT_MODEL)),
+            Err(_) => Ok(ResolvedModel { dir: demo_dir()?, name: demo::NAME.to_string(), is_demo: true }),
+        },
+    }
+}
+
+/// A model directory's own name (of its canonical path, so `.` works), or
+/// `model` where it has none.
+fn directory_name(dir: &Path) -> String {
+    dir.canonicalize()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "model".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anyhow::anyhow;
+
+    fn not_installed(spec: &str) -> Result<PathBuf> {
+        Err(anyhow!("{spec} is not downloaded"))
+    }
+
+    fn in_cache(spec: &str) -> Result<PathBuf> {
+        Ok(PathBuf::from("/cache").join(spec))
+    }
+
+    fn no_demo() -> Result<PathBuf> {
+        panic!("the demo model should not be used here")
+    }
+
+    #[test]
+    fn a_directory_is_named_after_itself() {
+        let parent = tempfile::tempdir().expect("creating a scratch folder");
+        let dir = parent.path().join("my-model");
+        std::fs::create_dir(&dir).expect("creating the model folder");
+        let model = resolve_with(dir.to_str(), not_installed, no_demo).expect("a directory resolves");
+        assert_eq!(model, ResolvedModel { dir: dir.clone(), name: "my-model".into(), is_demo: false });
+    }
+
+    #[test]
+    fn a_path_that_is_not_a_directory_suggests_the_hf_form() {
+        let error = resolve_with(Some("org/missing"), in_cache, no_demo).expect_err("no such directory");
+        assert!(format!("{error:#}").contains("write hf:org/missing"), "{error:#}");
+    }
+
+    #[test]
+    fn known_and_hub_models_are_found_in_the_cache_under_their_client_names() {
+        for (spec, name) in [
+            ("qwen3.8-flash-next:4bit", "qwen3.8-flash-next:4bit"),
+            ("hf:org/name", "org/name"),
+            ("hf:org/name@v1.0", "org/name"),
+        ] {
+            let model = resolve_with(Some(spec), in_cache, no_demo).expect("the cache has it");
+            assert_eq!(model, ResolvedModel { dir: PathBuf::from("/cache").join(spec), name: name.into(), is_demo: false });
+        }
+    }
+
+    #[test]
+    fn a_named_model_missing_from_the_cache_is_an_error_not_the_demo() {
+        let error = resolve_with(Some("hf:org/name"), not_installed, no_demo).expect_err("not downloaded");
+        assert!(format!("{error:#}").contains("hf:org/name is not downloaded"), "{error:#}");
+    }
+
+    #[test]
+    fn no_name_runs_the_default_model_when_installed_else_the_demo() {
+        let model = resolve_with(None, in_cache, no_demo).expect("the default model is installed");
+        assert_eq!(model.name, pull::DEFAULT_MODEL);
+        assert!(!model.is_demo);
+
+        let demo = resolve_with(None, not_installed, || Ok(PathBuf::from("/demo"))).expect("the demo is bundled");
+        assert_eq!(demo, ResolvedModel { dir: PathBuf::from("/demo"), name: demo::NAME.into(), is_demo: true });
+    }
+}

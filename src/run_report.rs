@@ -1,0 +1,133 @@
+//! What `slotstream run` reports after generating: one [`RunReport`] that
+//! prints as the `--json` object (serde) or as the summary lines written to
+//! stderr after the streamed text (`Display`).
+
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::experts::CacheStats;
+use crate::generate::GenerateOutput;
+use crate::model::RowCacheStats;
+use crate::plan::Plan;
+
+/// One generation with the state of the engine after it.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunReport<'a> {
+    /// Ids, text, finish reason and timings, at the top level of the JSON.
+    #[serde(flatten)]
+    pub output: &'a GenerateOutput,
+    /// The backend's name (it says when int8 activations are on).
+    pub backend: String,
+    pub experts: CacheStats,
+    /// The n-gram row cache, for models that have one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ngram_rows: Option<RowCacheStats>,
+    pub plan: &'a Plan,
+    /// `null` where the OS does not report it.
+    pub peak_rss_bytes: Option<u64>,
+}
+
+/// The summary lines (no trailing newline).
+impl fmt::Display for RunReport<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let stats = &self.output.stats;
+        write!(
+            f,
+            "prompt {} tokens, generated {} tokens, prefill {:.1} tok/s, decode {:.1} tok/s [{}]",
+            stats.prompt_tokens,
+            stats.generated_tokens,
+            stats.prefill_tokens_per_second,
+            stats.decode_tokens_per_second,
+            self.backend
+        )?;
+        if let Some(n) = &self.ngram_rows {
+            write!(
+                f,
+                "\nn-gram rows: {} hits, {} read ({:.1} KB), {} of {} cached",
+                n.hits,
+                n.misses,
+                n.bytes_read as f64 / 1e3,
+                n.cached_rows,
+                n.capacity_rows
+            )?;
+        }
+        if let Some(m) = &stats.mtp {
+            write!(
+                f,
+                "\nmtp: {} drafted, {} accepted ({:.0}%), {} decode passes for {} tokens{}",
+                m.drafted,
+                m.accepted,
+                100.0 * m.acceptance(),
+                m.forward_passes,
+                stats.generated_tokens,
+                if m.paused { "; drafting paused: too few drafts accepted" } else { "" }
+            )?;
+        }
+        let cache = &self.experts;
+        let total = &cache.total;
+        write!(
+            f,
+            "\nexperts: {} slots, hit rate {:.1}% ({} hits, {} misses), read {:.2} GB at {:.2} GB/s ({}), waited {:.2} s",
+            cache.slots,
+            100.0 * total.hit_rate(),
+            total.hits,
+            total.misses,
+            total.bytes_read as f64 / 1e9,
+            total.read_gb_per_second(),
+            if cache.direct_io { "direct I/O" } else { "buffered I/O" },
+            total.wait_seconds
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::generate::{FinishReason, GenerateStats};
+    use crate::plan::{MachineMemory, ModelCosts, PlanRequest};
+
+    fn output() -> GenerateOutput {
+        GenerateOutput {
+            prompt_ids: vec![1, 2],
+            generated_ids: vec![3],
+            text: "sea".into(),
+            finish_reason: FinishReason::Length,
+            stats: GenerateStats {
+                prompt_tokens: 2,
+                generated_tokens: 1,
+                mtp: None,
+                prefill_seconds: 0.5,
+                decode_seconds: 0.25,
+                prefill_tokens_per_second: 4.0,
+                decode_tokens_per_second: 4.0,
+            },
+        }
+    }
+
+    #[test]
+    fn the_json_keeps_the_output_at_the_top_level_and_leaves_out_absent_ngram_rows() {
+        let machine = MachineMemory::simulated(48.0, None, None);
+        let request = PlanRequest { context_tokens: 4096, ..Default::default() };
+        let plan = crate::plan::plan(&ModelCosts::flagship(), &machine, &request).expect("the flagship plans on 48 GB");
+        let output = output();
+        let report = RunReport {
+            output: &output,
+            backend: "cpu".into(),
+            experts: CacheStats::default(),
+            ngram_rows: None,
+            plan: &plan,
+            peak_rss_bytes: None,
+        };
+        let json = serde_json::to_value(&report).expect("the report serializes");
+        assert_eq!(json["generated_ids"], serde_json::json!([3]));
+        assert_eq!(json["finish_reason"], "length");
+        assert_eq!(json["stats"]["prompt_tokens"], 2);
+        assert_eq!(json["backend"], "cpu");
+        assert!(json["peak_rss_bytes"].is_null() && json["plan"]["slots"].is_u64(), "{json}");
+        assert!(json.get("ngram_rows").is_none(), "{json}");
+
+        let summary = report.to_string();
+        assert!(summary.starts_with("prompt 2 tokens, generated 1 tokens, prefill 4.0 tok/s, decode 4.0 tok/s [cpu]\nexperts: 0 slots"), "{summary}");
+    }
+}
