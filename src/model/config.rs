@@ -127,11 +127,35 @@ impl MoeConfig {
                 bail!("config.json rope_parameters.rope_type '{kind}' is not supported yet (only 'default')");
             }
         }
-        if self.num_attention_heads == 0 || self.num_attention_heads % self.kv_heads() != 0 {
+        if self.num_attention_heads == 0 || self.kv_heads() == 0 || self.num_attention_heads % self.kv_heads() != 0 {
             bail!("config.json: {} attention heads are not a multiple of {} KV heads", self.num_attention_heads, self.kv_heads());
         }
         if self.num_experts_per_tok == 0 || self.num_experts_per_tok > self.num_experts {
             bail!("config.json: {} experts per token of {} experts", self.num_experts_per_tok, self.num_experts);
+        }
+        // Sizes far past any published model are a corrupt file, not a model:
+        // refused before anything is planned or allocated from them.
+        for (name, value, most) in [
+            ("num_hidden_layers", self.num_hidden_layers, 1024),
+            ("hidden_size", self.hidden_size, 65536),
+            ("num_experts", self.num_experts, 65536),
+            ("vocab_size", self.vocab_size, 4 << 20),
+            ("moe_intermediate_size", self.moe_intermediate_size, 1 << 20),
+        ] {
+            if value == 0 || value > most {
+                bail!("config.json: {name} is {value} (expected 1 to {most})");
+            }
+        }
+        let theta = self.rope_theta();
+        if !(theta.is_finite() && theta > 0.0) {
+            bail!("config.json: rope_theta {theta} is not a positive number");
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0 && self.rms_norm_eps < 1.0) {
+            bail!("config.json: rms_norm_eps {} is not between 0 and 1", self.rms_norm_eps);
+        }
+        let factor = self.partial_rotary_factor();
+        if !(factor > 0.0 && factor <= 1.0) {
+            bail!("config.json: partial_rotary_factor {factor} is not in (0, 1]");
         }
         Ok(())
     }
