@@ -186,14 +186,14 @@ fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool
     let handle = gpu.clone();
     let t = Instant::now();
     let e = Engine::load(dir, Box::new(gpu), &LoadOptions::default()).with_context(|| format!("loading {}", dir.display()))?;
-    println!("model: {} ({}), loaded in {:.1} s", dir.display(), e.model.model_type, t.elapsed().as_secs_f64());
+    println!("model: {} ({}), loaded in {:.1} s", dir.display(), e.arch().text.model_type, t.elapsed().as_secs_f64());
     let moe_layers = e.model.layers.iter().filter(|l| matches!(l.ffn, FeedForward::Moe(_))).count();
     let record = e.model.experts.lock().map_err(|_| anyhow::anyhow!("expert cache poisoned"))?.store().record_bytes as usize;
     let embed_read = if std::ptr::eq(&e.model.embed, &e.model.lm_head) { 0 } else { e.model.embed.bytes };
-    let per_token = e.model.resident_bytes - embed_read + moe_layers * e.model.top_k * record;
+    let per_token = e.model.resident_bytes - embed_read + moe_layers * e.arch().text.num_experts_per_tok * record;
     // Warm up: a prompt long enough to bring (nearly) every expert into the pool.
     let mut rng = Lcg(7);
-    let prompt: Vec<u32> = (0..args.prompt).map(|_| rng.word() % e.model.vocab_size as u32).collect();
+    let prompt: Vec<u32> = (0..args.prompt).map(|_| rng.word() % e.vocab_size() as u32).collect();
     let mut state = e.new_state()?;
     let t = Instant::now();
     let logits = e.prefill(&prompt, &mut state)?;

@@ -64,7 +64,7 @@ fn main() -> Result<()> {
     let runs: [(&str, Option<usize>); 3] = [("mtp head", None), ("scripted: always right", Some(1)), ("scripted: right 3 in 5", Some(5))];
     for (name, script) in runs {
         let mut e = load(true)?;
-        if e.model.mtp.is_none() {
+        if e.model.draft.is_none() {
             bail!("{} has no mtp.safetensors", dir.display());
         }
         if let Some(period) = script {

@@ -79,7 +79,8 @@ impl DoctorReport {
         let model = if FLAGSHIP_NAMES.contains(&request.model.as_str()) {
             ModelCosts::flagship()
         } else {
-            ModelCosts::from_model_dir(model_path)?
+            // No backend is chosen here: plan for an f32 KV cache, the largest.
+            ModelCosts::from_model_dir(model_path, slotstream_backend::DType::F32)?
         };
         let machine = request.machine.machine();
         let plan = plan::plan(&model, &machine, &request.plan)?;

@@ -2,30 +2,36 @@
 //! this machine first (so its banner can be shown before the slow part), then
 //! the engine with the expert pool the plan sized.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::Result;
 use slotstream_backend::Backend;
 
 use crate::generate::Engine;
-use crate::model::{ExpertSlots, LoadOptions};
+use crate::model::{ExpertSlots, LoadOptions, ModelArch};
 use crate::plan::{self, MachineMemory, ModelCosts, Plan, PlanRequest};
 
 /// A model directory with the memory plan it will be loaded under.
 pub struct PlannedModel {
-    pub dir: PathBuf,
+    pub arch: ModelArch,
     pub costs: ModelCosts,
     pub machine: MachineMemory,
     pub plan: Plan,
 }
 
 impl PlannedModel {
-    /// Plans `request` for the model in `dir` on this machine as it is now.
-    pub fn new(dir: &Path, request: &PlanRequest) -> Result<PlannedModel> {
-        let costs = ModelCosts::from_model_dir(dir)?;
+    /// Plans `request` for the model in `dir` on this machine as it is now,
+    /// for `backend` (whose KV cache dtype sizes the context).
+    pub fn new(dir: &Path, request: &PlanRequest, backend: &dyn Backend) -> Result<PlannedModel> {
+        let arch = ModelArch::read(dir)?;
+        let costs = ModelCosts::of(&arch, backend.kv_cache_dtype())?;
         let machine = MachineMemory::detect();
         let plan = plan::plan(&costs, &machine, request)?;
-        Ok(PlannedModel { dir: dir.to_path_buf(), costs, machine, plan })
+        Ok(PlannedModel { arch, costs, machine, plan })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.arch.dir
     }
 
     /// The plan's banner, shown before loading.
@@ -41,7 +47,8 @@ impl PlannedModel {
             mtp: self.plan.mtp,
             preload_experts: true,
             ..Default::default()
-        };
-        Engine::load(&self.dir, backend, &options)
+        }
+        .with_env_overrides();
+        Engine::load_arch(&self.arch, backend, &options)
     }
 }

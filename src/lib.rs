@@ -4,6 +4,7 @@
 pub mod backend_spec;
 pub mod checkpoint;
 pub mod demo;
+pub mod direct_io;
 pub mod disk;
 pub mod doctor;
 pub mod experts;

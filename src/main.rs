@@ -441,9 +441,9 @@ fn resolve_model(spec: Option<&str>) -> Result<ResolvedModel> {
 
 /// Plans memory for a model, shows the plan and the backend, and loads it.
 fn load_planned(dir: &Path, request: &PlanRequest, backend: &BackendSpec) -> Result<(Engine, PlannedModel)> {
-    let planned = PlannedModel::new(dir, request)?;
-    eprintln!("{}", planned.banner());
     let backend = backend.create()?;
+    let planned = PlannedModel::new(dir, request, backend.as_ref())?;
+    eprintln!("{}", planned.banner());
     eprintln!("  backend: {}", backend.name());
     let engine = planned.load(backend)?;
     Ok((engine, planned))

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::experts::CacheStats;
 use crate::generate::GenerateOutput;
-use crate::model::ngram::NgramStats;
+use crate::model::RowCacheStats;
 use crate::plan::Plan;
 
 /// One generation with the state of the engine after it.
@@ -22,7 +22,7 @@ pub struct RunReport<'a> {
     pub experts: CacheStats,
     /// The n-gram row cache, for models that have one.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub ngram_rows: Option<NgramStats>,
+    pub ngram_rows: Option<RowCacheStats>,
     pub plan: &'a Plan,
     /// `null` where the OS does not report it.
     pub peak_rss_bytes: Option<u64>,

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::{json, Value};
+use slotstream::model::qwen4_exp::hyper::HyperResidual;
 use slotstream::model::{self, ExpertSlots, LoadOptions};
 use slotstream_backend::{
     Backend, BackendError, ExpertAssignment, ExpertLayout, ExpertPool, GateAct, HostExpert, HostMatrix, KeySelection,
@@ -257,8 +258,10 @@ fn loader_accepts_the_published_flagship_tensor_by_tensor() {
     let dir = tempfile::tempdir().unwrap();
     write_sparse_checkpoint(dir.path());
     let opts = LoadOptions { expert_slots: ExpertSlots::Count(10), ..Default::default() };
-    let m = model::load(dir.path(), &ShapeOnly, &opts).unwrap_or_else(|e| panic!("the loader rejected the flagship: {e:#}"));
-    assert_eq!(m.model_type, "qwen4_exp_text");
+    let m = model::ModelArch::read(dir.path())
+        .and_then(|arch| model::load(&arch, &ShapeOnly, &opts))
+        .unwrap_or_else(|e| panic!("the loader rejected the flagship: {e:#}"));
+    assert_eq!(m.arch.text.model_type, "qwen4_exp_text");
     assert_eq!(m.layers.len(), 48);
     assert_eq!(m.streams, 4);
     assert_eq!(m.unused_tensors, Vec::<String>::new(), "checkpoint tensors the loader never used");
@@ -267,7 +270,12 @@ fn loader_accepts_the_published_flagship_tensor_by_tensor() {
     let experts = m.experts.lock().unwrap();
     assert_eq!(experts.store().record_bytes, 2_764_800, "one expert record");
     drop(experts);
-    let ple: Vec<_> = m.layers.iter().enumerate().filter_map(|(i, l)| l.ple.as_ref().map(|p| (i, p))).collect();
+    let ple: Vec<_> = m
+        .layers
+        .iter()
+        .enumerate()
+        .filter_map(|(i, l)| l.residual.as_any().downcast_ref::<HyperResidual>()?.ple.as_ref().map(|p| (i, p)))
+        .collect();
     assert_eq!(ple.len(), 1);
     assert_eq!(ple[0].0, 1, "PLE sits at layer index 1");
     assert_eq!(ple[0].1.store.row_disk_bytes(), 100, "one n-gram row on disk");

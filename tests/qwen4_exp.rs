@@ -13,6 +13,7 @@ mod common;
 use common::{check_against_oracle, fixture, golden, rel_l2, MAX_REL_L2};
 use serde::Deserialize;
 use slotstream::generate::{Engine, GenerateRequest};
+use slotstream::model::qwen4_exp::hyper::HyperResidual;
 use slotstream::model::{ExpertSlots, LoadOptions};
 use slotstream::sampling::SamplingParams;
 
@@ -93,17 +94,22 @@ fn greedy(e: &Engine, prompt: &[u32], n: usize) -> slotstream::generate::Generat
 #[test]
 fn ngram_ids_match_the_oracle() {
     let e = engine(LoadOptions::default());
-    let ple = e.model.layers.iter().find_map(|l| l.ple.as_ref()).expect("the model has a PLE layer");
+    let ple = e
+        .model
+        .layers
+        .iter()
+        .find_map(|l| l.residual.as_any().downcast_ref::<HyperResidual>().and_then(|h| h.ple.as_ref()))
+        .expect("the model has a PLE layer");
     for case in extras() {
-        let ids = ple.store.ngram_ids(&ple.store.initial_context(), &case.prompt_ids);
+        let ids = ple.store.ngram_ids(&ple.store.context_from(&[]), &case.prompt_ids);
         let want: Vec<u64> = case.ngram_ids.concat();
         assert_eq!(ids, want, "{}: n-gram row ids", case.name);
         // Token by token, carrying the context, gives the same ids.
-        let mut ctx = ple.store.initial_context();
+        let mut seen = Vec::new();
         let mut stepwise = Vec::new();
         for &t in &case.prompt_ids {
-            stepwise.extend(ple.store.ngram_ids(&ctx, &[t]));
-            ctx = ple.store.next_context(&ctx, &[t]);
+            stepwise.extend(ple.store.ngram_ids(&ple.store.context_from(&seen), &[t]));
+            seen.push(t);
         }
         assert_eq!(stepwise, want, "{}: n-gram ids token by token", case.name);
     }
@@ -137,7 +143,7 @@ fn mtp_head_matches_the_oracle() {
 }
 
 fn check_mtp_head(e: &Engine) {
-    let head = e.model.mtp.as_ref().expect("mtp.safetensors was loaded");
+    let head = e.model.draft.as_ref().expect("mtp.safetensors was loaded");
     let b = e.backend.as_ref();
     for case in extras() {
         let ids = &case.prompt_ids;

@@ -59,7 +59,7 @@ fn start(setup: Setup) -> Server {
     if setup.no_eos {
         engine.codec.eos_ids.clear();
     }
-    let info = ModelInfo::describe(&dir, setup.fixture.to_string());
+    let info = ModelInfo::describe(engine.arch(), setup.fixture.to_string());
     let options = ServerOptions {
         model_name: setup.fixture.to_string(),
         max_context: setup.max_context,

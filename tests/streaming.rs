@@ -22,7 +22,7 @@ fn greedy(e: &Engine, prompt: &[u32], n: usize, resize_after: Option<(usize, usi
     for i in 0..n {
         if let Some((at, slots)) = resize_after {
             if i == at {
-                e.model.experts.lock().unwrap().resize(e.backend.as_ref(), slots).unwrap();
+                e.resize_expert_pool(slots).unwrap();
             }
         }
         let next = argmax(&logits);
@@ -39,7 +39,7 @@ fn minimum_pool_full_residency_and_live_resize_give_identical_greedy_tokens() {
         let case = case(name, "long");
         let n = case.greedy_ids.len();
         let full = engine(name, ExpertSlots::All);
-        let top_k = full.model.top_k;
+        let top_k = full.arch().text.num_experts_per_tok;
         let full_ids = greedy(&full, &case.prompt_ids, n, None);
         assert_eq!(full_ids, case.greedy_ids, "{name}: full residency differs from the oracle");
 

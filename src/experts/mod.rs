@@ -23,18 +23,6 @@ use serde::Serialize;
 use slotstream_backend::{Backend, ExpertAssignment, ExpertPool, Tensor, TokenRoute};
 
 pub use store::{ExpertRecord, ExpertStore};
-pub(crate) use store::UncachedFile;
-
-/// Whether a checkpoint tensor belongs to a routed expert (streamed, not resident).
-pub fn is_routed_expert_tensor(name: &str) -> bool {
-    name.contains(".switch_mlp.") || name.contains(".mlp.experts.")
-}
-
-/// Whether a tensor is read on demand rather than kept resident: routed
-/// experts and the n-gram embedding shards.
-pub fn is_streamed_tensor(name: &str) -> bool {
-    is_routed_expert_tensor(name) || crate::model::ngram::is_ngram_tensor(name)
-}
 
 /// Counters of one MoE layer (or of all of them).
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]

@@ -9,9 +9,6 @@
 //! summary says so.
 
 use std::borrow::Cow;
-use std::fs::File;
-use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -19,9 +16,7 @@ use rayon::prelude::*;
 use slotstream_backend::{ExpertLayout, HostExpert, HostMatrix, MatrixData, MatrixFormat};
 
 use crate::checkpoint::Checkpoint;
-
-/// Alignment for direct I/O: offsets, lengths and buffer addresses.
-const ALIGN: usize = 4096;
+use crate::direct_io::{DirectFile, RangeBuf};
 
 /// One contiguous byte range of one file.
 #[derive(Clone, Copy, Debug)]
@@ -39,28 +34,7 @@ struct ProjectionPieces {
 
 /// An expert read into memory: each piece in the buffer it was read into.
 pub struct ExpertRecord {
-    pieces: Vec<PieceBuf>,
-}
-
-/// One piece as read: the buffer and where the piece sits inside it (direct
-/// reads fetch the aligned span around the piece; nothing is copied out).
-struct PieceBuf {
-    buf: AlignedBuf,
-    skip: usize,
-    len: usize,
-}
-
-impl PieceBuf {
-    fn bytes(&self) -> &[u8] {
-        &self.buf.as_ref()[self.skip..self.skip + self.len]
-    }
-}
-
-/// A file opened for expert reads.
-struct ExpertFile {
-    path: PathBuf,
-    file: File,
-    direct: bool,
+    pieces: Vec<RangeBuf>,
 }
 
 /// Locations of all routed experts of a model and the means to read them.
@@ -68,48 +42,11 @@ pub struct ExpertStore {
     pub layout: ExpertLayout,
     pub experts_per_layer: usize,
     pub layers: usize,
-    files: Vec<ExpertFile>,
+    files: Vec<DirectFile>,
     /// `[layer][expert][projection]`, flattened.
     locations: Vec<ProjectionPieces>,
     io: rayon::ThreadPool,
     pub record_bytes: u64,
-}
-
-fn open_for_reads(path: &Path) -> Result<ExpertFile> {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        if let Ok(file) = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path) {
-            return Ok(ExpertFile { path: path.to_path_buf(), file, direct: true });
-        }
-    }
-    let file = File::open(path).with_context(|| format!("opening {} for expert reads", path.display()))?;
-    #[cfg(target_os = "macos")]
-    {
-        use std::os::unix::io::AsRawFd;
-        // SAFETY: fcntl on a descriptor we own; F_NOCACHE only changes caching.
-        let ok = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_NOCACHE, 1) } != -1;
-        return Ok(ExpertFile { path: path.to_path_buf(), file, direct: ok });
-    }
-    #[allow(unreachable_code)]
-    Ok(ExpertFile { path: path.to_path_buf(), file, direct: false })
-}
-
-/// A file read around the page cache like the experts' (the n-gram table's
-/// shards), so that reading rows does not grow the cache the memory budget
-/// cannot see.
-pub(crate) struct UncachedFile(ExpertFile);
-
-impl UncachedFile {
-    pub fn open(path: &Path) -> Result<UncachedFile> {
-        open_for_reads(path).map(UncachedFile)
-    }
-
-    /// `len` bytes at `offset`.
-    pub fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
-        let piece = Piece { file: 0, offset, len: len as u64 };
-        Ok(self.0.read_piece(&piece)?.bytes().to_vec())
-    }
 }
 
 fn per_proj_index(name: &str) -> usize {
@@ -117,58 +54,6 @@ fn per_proj_index(name: &str) -> usize {
         "gate_proj" => 0,
         "up_proj" => 1,
         _ => 2,
-    }
-}
-
-/// A heap buffer whose usable part starts at an `ALIGN` boundary.
-struct AlignedBuf {
-    raw: Vec<u8>,
-    start: usize,
-    len: usize,
-}
-
-impl AlignedBuf {
-    fn new(len: usize) -> AlignedBuf {
-        let raw = vec![0u8; len + ALIGN];
-        let start = raw.as_ptr().align_offset(ALIGN);
-        AlignedBuf { raw, start, len }
-    }
-    fn as_mut(&mut self) -> &mut [u8] {
-        &mut self.raw[self.start..self.start + self.len]
-    }
-    fn as_ref(&self) -> &[u8] {
-        &self.raw[self.start..self.start + self.len]
-    }
-}
-
-impl ExpertFile {
-    /// Reads one piece.
-    fn read_piece(&self, piece: &Piece) -> Result<PieceBuf> {
-        let fail = |e: std::io::Error| {
-            anyhow::anyhow!("reading {} bytes at offset {} of {}: {e}", piece.len, piece.offset, self.path.display())
-        };
-        let len = piece.len as usize;
-        if !self.direct {
-            let mut buf = AlignedBuf::new(len);
-            self.file.read_exact_at(buf.as_mut(), piece.offset).map_err(fail)?;
-            return Ok(PieceBuf { buf, skip: 0, len });
-        }
-        // Direct I/O wants aligned offsets and lengths: read the aligned span
-        // around the piece. Near the end of the file the span may run past it;
-        // read what exists.
-        let start = piece.offset / ALIGN as u64 * ALIGN as u64;
-        let end = (piece.offset + piece.len).div_ceil(ALIGN as u64) * ALIGN as u64;
-        let mut buf = AlignedBuf::new((end - start) as usize);
-        let mut filled = 0usize;
-        let want = (piece.offset + piece.len - start) as usize;
-        while filled < want {
-            let n = self.file.read_at(&mut buf.as_mut()[filled..], start + filled as u64).map_err(fail)?;
-            if n == 0 {
-                return Err(fail(std::io::ErrorKind::UnexpectedEof.into()));
-            }
-            filled += n;
-        }
-        Ok(PieceBuf { buf, skip: (piece.offset - start) as usize, len })
     }
 }
 
@@ -187,7 +72,7 @@ impl ExpertStore {
         hidden: usize,
         intermediate: usize,
     ) -> Result<ExpertStore> {
-        let mut files: Vec<ExpertFile> = Vec::new();
+        let mut files: Vec<DirectFile> = Vec::new();
         let mut file_index = std::collections::HashMap::new();
         let mut locations = Vec::with_capacity(layer_prefixes.len() * experts * 3);
         let mut layout: Option<ExpertLayout> = None;
@@ -239,7 +124,7 @@ impl ExpertStore {
                         let fi = match file_index.get(&path) {
                             Some(i) => *i,
                             None => {
-                                files.push(open_for_reads(&path)?);
+                                files.push(DirectFile::open(&path)?);
                                 file_index.insert(path.clone(), files.len() - 1);
                                 files.len() - 1
                             }
@@ -269,7 +154,7 @@ impl ExpertStore {
 
     /// Whether reads bypass the page cache.
     pub fn direct_io(&self) -> bool {
-        self.files.iter().all(|f| f.direct)
+        self.files.iter().all(|f| f.is_direct())
     }
 
     /// Reads several experts of one layer with many reads in flight (every
@@ -290,12 +175,12 @@ impl ExpertStore {
                 self.locations[base..base + 3].iter().flat_map(|p| &p.pieces).map(move |piece| (i, piece))
             })
             .collect();
-        let pieces: Vec<PieceBuf> = self.io.install(|| {
+        let pieces: Vec<RangeBuf> = self.io.install(|| {
             requests
                 .par_iter()
                 .map(|(i, piece)| {
                     self.files[piece.file as usize]
-                        .read_piece(piece)
+                        .read_range(piece.offset, piece.len as usize)
                         .with_context(|| format!("reading expert {} of MoE layer {layer}", experts[*i]))
                 })
                 .collect::<Result<Vec<_>>>()

@@ -1,8 +1,9 @@
 //! `config.json` as transformers and mlx-lm write it for the Qwen MoE families,
-//! accepting the key variants each tool uses.
+//! accepting the key variants each tool uses. Only [`super::arch`] reads it.
 
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
+use slotstream_backend::GateAct;
 
 fn default_eps() -> f32 {
     1e-6
@@ -95,6 +96,12 @@ pub struct MoeConfig {
 
     pub eos_token_id: Option<TokenIds>,
     pub bos_token_id: Option<TokenIds>,
+
+    /// The trained context length (shown to clients).
+    pub max_position_embeddings: Option<u64>,
+    /// The dtype of unquantized weights (shown to clients).
+    #[serde(default)]
+    pub torch_dtype: Option<serde_json::Value>,
 }
 
 impl MoeConfig {
@@ -120,11 +127,35 @@ impl MoeConfig {
                 bail!("config.json rope_parameters.rope_type '{kind}' is not supported yet (only 'default')");
             }
         }
-        if self.num_attention_heads == 0 || self.num_attention_heads % self.kv_heads() != 0 {
+        if self.num_attention_heads == 0 || self.kv_heads() == 0 || self.num_attention_heads % self.kv_heads() != 0 {
             bail!("config.json: {} attention heads are not a multiple of {} KV heads", self.num_attention_heads, self.kv_heads());
         }
         if self.num_experts_per_tok == 0 || self.num_experts_per_tok > self.num_experts {
             bail!("config.json: {} experts per token of {} experts", self.num_experts_per_tok, self.num_experts);
+        }
+        // Sizes far past any published model are a corrupt file, not a model:
+        // refused before anything is planned or allocated from them.
+        for (name, value, most) in [
+            ("num_hidden_layers", self.num_hidden_layers, 1024),
+            ("hidden_size", self.hidden_size, 65536),
+            ("num_experts", self.num_experts, 65536),
+            ("vocab_size", self.vocab_size, 4 << 20),
+            ("moe_intermediate_size", self.moe_intermediate_size, 1 << 20),
+        ] {
+            if value == 0 || value > most {
+                bail!("config.json: {name} is {value} (expected 1 to {most})");
+            }
+        }
+        let theta = self.rope_theta();
+        if !(theta.is_finite() && theta > 0.0) {
+            bail!("config.json: rope_theta {theta} is not a positive number");
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0 && self.rms_norm_eps < 1.0) {
+            bail!("config.json: rms_norm_eps {} is not between 0 and 1", self.rms_norm_eps);
+        }
+        let factor = self.partial_rotary_factor();
+        if !(factor > 0.0 && factor <= 1.0) {
+            bail!("config.json: partial_rotary_factor {factor} is not in (0, 1]");
         }
         Ok(())
     }
@@ -162,5 +193,66 @@ impl MoeConfig {
         self.intermediate_size.with_context(|| {
             format!("layer {layer} is a dense MLP layer but config.json has no intermediate_size")
         })
+    }
+}
+
+/// The qwen4_exp settings beyond the text config (hyper-connections, the QSA
+/// indexer, the n-gram embedding), from `text_config`.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Qwen4Config {
+    pub hc_count: usize,
+    pub hc_lowrank: usize,
+    pub indexer_n_heads: usize,
+    pub indexer_kv_heads: usize,
+    pub indexer_head_dim: usize,
+    pub indexer_budget: usize,
+    pub indexer_compress_ratio: usize,
+    pub ngram_size: usize,
+    pub heads_per_ngram: usize,
+    pub split_ngram_parts: usize,
+    pub ple_embed_dim: usize,
+    #[serde(default)]
+    pub ple_layer_ids: Vec<usize>,
+    pub ple_conv_kernel_size: usize,
+    #[serde(default = "sigmoid")]
+    pub output_gate_type: String,
+}
+
+fn sigmoid() -> String {
+    "sigmoid".into()
+}
+
+impl Qwen4Config {
+    /// From `text_config`.
+    pub fn parse(text: &serde_json::Value) -> Result<Qwen4Config> {
+        let q: Qwen4Config = serde_json::from_value(text.clone())
+            .context("config.json text_config is missing a qwen4_exp field (hyper-connection, indexer or n-gram settings)")?;
+        if q.hc_count == 0 || q.indexer_compress_ratio == 0 || q.ngram_size < 2 || q.heads_per_ngram == 0 {
+            bail!("config.json text_config: hc_count, indexer_compress_ratio and heads_per_ngram must be positive and ngram_size at least 2");
+        }
+        if q.indexer_kv_heads != 1 {
+            bail!("config.json text_config: indexer_kv_heads {} is not supported (the indexer has one key head)", q.indexer_kv_heads);
+        }
+        if q.indexer_budget % q.indexer_compress_ratio != 0 || q.indexer_budget == 0 {
+            bail!(
+                "config.json text_config: indexer_budget {} is not a positive multiple of indexer_compress_ratio {}",
+                q.indexer_budget, q.indexer_compress_ratio
+            );
+        }
+        q.gate_act()?;
+        Ok(q)
+    }
+
+    pub fn gate_act(&self) -> Result<GateAct> {
+        match self.output_gate_type.as_str() {
+            "sigmoid" => Ok(GateAct::Sigmoid),
+            "silu" | "swish" => Ok(GateAct::Silu),
+            other => bail!("config.json text_config: output_gate_type '{other}' is not supported (sigmoid or silu)"),
+        }
+    }
+
+    /// N-gram heads per token: every order from 2 to `ngram_size`, `heads_per_ngram` each.
+    pub fn ngram_heads(&self) -> usize {
+        (self.ngram_size - 1) * self.heads_per_ngram
     }
 }

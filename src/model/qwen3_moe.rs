@@ -5,73 +5,49 @@
 use anyhow::Result;
 use slotstream_backend::Backend;
 
-use super::config::MoeConfig;
-use super::layers::{linear, vector, Attention, Mlp, MoeBlock, Projections, RmsNorm};
-use super::{assemble, load_trunk, LoadOptions, DecoderLayer, DecoderModel, Residual, FeedForward, Layout, Mixer};
-use crate::checkpoint::Checkpoint;
+use super::arch::ModelArch;
+use super::blocks::attention::Attention;
+use super::blocks::weights::LoadCx;
+use super::decoder::DecoderModel;
+use super::layer::{DecoderLayer, Mixer};
+use super::load::{assemble, feed_forward, pre_norm, Layout, Trunk};
+use super::options::LoadOptions;
 
-pub fn load(config: &serde_json::Value, ck: &Checkpoint, b: &dyn Backend, opts: &LoadOptions) -> Result<DecoderModel> {
-    let c = MoeConfig::parse(config)?;
+pub fn load(arch: &ModelArch, b: &dyn Backend, opts: &LoadOptions) -> Result<DecoderModel> {
+    let ck = arch.open_checkpoint()?;
+    let cx = LoadCx { b, ck: &ck, arch, opts };
+    let c = &arch.text;
     let (h, hd, heads, kvh) = (c.hidden_size, c.head_dim(), c.num_attention_heads, c.kv_heads());
-    let layout = Layout::detect(ck, (0..c.num_hidden_layers).find(|&i| c.is_moe_layer(i)))?;
-    let trunk = load_trunk(b, ck, &c, 0.0)?;
-    let norm = |name: &str, len: usize| -> Result<RmsNorm> {
-        Ok(RmsNorm { weight: vector(b, ck, name, len, 0.0)?, eps: c.rms_norm_eps })
-    };
-    let mut layers = Vec::with_capacity(c.num_hidden_layers);
+    let layout = Layout::detect(&ck, arch.first_moe_layer())?;
+    let trunk = Trunk::with_final_norm(&cx, 0.0)?;
+    let mut layers = Vec::with_capacity(arch.layers());
     let mut moe_prefixes = Vec::new();
-    for i in 0..c.num_hidden_layers {
+    for i in 0..arch.layers() {
         let p = format!("model.layers.{i}");
         let a = format!("{p}.self_attn");
         let attention = Attention {
-            qkv: Projections::linears(
-                b,
-                ck,
-                &[
-                    (format!("{a}.q_proj"), heads * hd, h),
-                    (format!("{a}.k_proj"), kvh * hd, h),
-                    (format!("{a}.v_proj"), kvh * hd, h),
-                ],
-            )?,
-            o_proj: linear(b, ck, &format!("{a}.o_proj"), h, heads * hd)?,
-            q_norm: norm(&format!("{a}.q_norm.weight"), hd)?,
-            k_norm: norm(&format!("{a}.k_norm.weight"), hd)?,
+            qkv: cx.linears(&[
+                ("q", format!("{a}.q_proj"), heads * hd, h),
+                ("k", format!("{a}.k_proj"), kvh * hd, h),
+                ("v", format!("{a}.v_proj"), kvh * hd, h),
+            ])?,
+            o_proj: cx.linear(&format!("{a}.o_proj"), h, heads * hd)?,
+            q_norm: cx.rms_norm(&format!("{a}.q_norm.weight"), hd, 0.0)?,
+            k_norm: cx.rms_norm(&format!("{a}.k_norm.weight"), hd, 0.0)?,
             heads,
             kv_heads: kvh,
             head_dim: hd,
             rotary_dim: hd,
             rope_theta: c.rope_theta(),
             gated: false,
-            indexer: None,
+            selector: None,
         };
-        let ffn = if c.is_moe_layer(i) {
-            let m = format!("{p}.mlp");
-            FeedForward::Moe(MoeBlock::load(
-                b,
-                ck,
-                &m,
-                h,
-                c.num_experts,
-                0,
-                moe_prefixes.len(),
-                c.num_experts_per_tok,
-                c.norm_topk_prob,
-            )?)
-        } else {
-            FeedForward::Dense(Mlp::load(b, ck, &format!("{p}.mlp"), h, c.dense_intermediate(i)?)?)
-        };
-        if let FeedForward::Moe(_) = ffn {
-            moe_prefixes.push(format!("{p}.mlp"));
-        }
+        let ffn = feed_forward(&cx, &p, i, 0, &mut moe_prefixes)?;
         layers.push(DecoderLayer {
-            residual: Residual::PreNorm {
-                input: norm(&format!("{p}.input_layernorm.weight"), h)?,
-                post: norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
-            },
-            ple: None,
+            residual: pre_norm(&cx, &p, 0.0)?,
             mixer: Mixer::Attention(attention),
             ffn,
         });
     }
-    assemble(b, ck, &c, layout, trunk, layers, &moe_prefixes, opts)
+    assemble(&cx, layout, trunk, layers, &moe_prefixes)
 }

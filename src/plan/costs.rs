@@ -2,13 +2,12 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::Serialize;
+use slotstream_backend::DType;
 
 use super::MachineMemory;
-use crate::checkpoint::{Checkpoint, QuantConfig};
-use crate::experts::{is_routed_expert_tensor, is_streamed_tensor};
-use crate::model::config::MoeConfig;
+use crate::model::ModelArch;
 
 /// Per-model memory costs the planner works from.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -23,7 +22,8 @@ pub struct ModelCosts {
     pub experts_per_layer: usize,
     pub top_k: usize,
     pub hidden_size: usize,
-    /// KV cache bytes per token of context (f32 keys and values).
+    /// KV cache bytes per token of context (keys and values as the backend
+    /// stores them, plus QSA indexer keys).
     pub kv_bytes_per_token: u64,
     /// Recurrent and convolution state, independent of context length.
     pub state_bytes: u64,
@@ -57,7 +57,7 @@ impl ModelCosts {
     /// the activations of one prefill chunk (about 24 hidden-sized f32 rows
     /// per token through a layer, and the per-expert outputs of a MoE call).
     pub fn runtime_bytes(&self) -> u64 {
-        let chunk = crate::generate::DEFAULT_PREFILL_CHUNK as u64;
+        let chunk = super::DEFAULT_PREFILL_CHUNK as u64;
         let per_token = (24 + 3 * self.top_k as u64) * self.hidden_size as u64 * 4;
         super::RUNTIME_BASE_BYTES + chunk * per_token
     }
@@ -83,65 +83,46 @@ impl ModelCosts {
     }
 
     /// Costs of a model directory, from its config and safetensors headers (no
-    /// weights are read).
-    pub fn from_model_dir(dir: &Path) -> Result<ModelCosts> {
-        let config_path = dir.join("config.json");
-        let text = std::fs::read_to_string(&config_path).with_context(|| format!("reading {}", config_path.display()))?;
-        let value: serde_json::Value =
-            serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", config_path.display()))?;
-        crate::model::check_model_type(&value, &config_path)?;
-        let multimodal = value.get("text_config").is_some();
-        let c = MoeConfig::parse(value.get("text_config").unwrap_or(&value))?;
-        let mut ck = Checkpoint::open(dir, QuantConfig::from_config(&value)?)?;
-        if multimodal {
-            ck.keep_language_model();
-        }
-        let routed = ck.bytes_where(is_routed_expert_tensor);
+    /// weights are read), for a backend whose KV cache stores `kv`.
+    pub fn from_model_dir(dir: &Path, kv: DType) -> Result<ModelCosts> {
+        Self::of(&ModelArch::read(dir)?, kv)
+    }
+
+    /// Costs of the checkpoint `arch` describes.
+    pub fn of(arch: &ModelArch, kv: DType) -> Result<ModelCosts> {
+        let ck = arch.open_checkpoint()?;
+        let c = &arch.text;
+        let routed = ck.bytes_where(ModelArch::is_routed_expert_tensor);
         // n-gram rows are streamed too; what stays of them is the bounded row cache.
-        let ngram = ck.bytes_where(crate::model::ngram::is_ngram_tensor);
-        let resident = ck.bytes_where(|n| !is_streamed_tensor(n));
-        let moe_layers = (0..c.num_hidden_layers).filter(|&i| c.is_moe_layer(i)).count();
+        let ngram = ck.bytes_where(ModelArch::is_ngram_tensor);
+        let resident = ck.bytes_where(|n| !ModelArch::is_streamed_tensor(n));
+        let moe_layers = arch.moe_layers();
         let total = (moe_layers * c.num_experts).max(1) as u64;
-        let attention_layers = (0..c.num_hidden_layers)
-            .filter(|&i| match &c.layer_types {
-                Some(t) => t.get(i).map(|s| s == "full_attention").unwrap_or(true),
-                None if c.model_type == "qwen3_next" => (i + 1) % c.full_attention_interval.max(1) == 0,
-                None => true,
-            })
-            .count();
-        // QSA keeps the indexer's raw key of every position and one pooled key per block.
-        let indexer = value.get("text_config").and_then(|t| {
-            let d = t.get("indexer_head_dim")?.as_u64()?;
-            let r = t.get("indexer_compress_ratio")?.as_u64()?.max(1);
-            Some(d + d / r)
-        });
-        let kv = attention_layers as u64 * (2 * (c.kv_heads() * c.head_dim()) as u64 + indexer.unwrap_or(0)) * 4;
-        let delta_layers = c.num_hidden_layers - attention_layers;
-        let state = match (c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim, c.linear_num_key_heads) {
-            (Some(nv), Some(dk), Some(dv), Some(nk)) => {
-                let conv = (c.linear_conv_kernel_dim.saturating_sub(1) * (2 * nk * dk + nv * dv)) as u64;
-                delta_layers as u64 * ((nv * dk * dv) as u64 + conv) * 4
-            }
-            _ => 0,
-        };
+        let mtp_path = arch.dir.join("mtp.safetensors");
         Ok(ModelCosts {
-            name: dir.display().to_string(),
+            name: arch.dir.display().to_string(),
             resident_bytes: resident,
             expert_record_bytes: routed / total,
             moe_layers,
             experts_per_layer: c.num_experts,
             top_k: c.num_experts_per_tok,
             hidden_size: c.hidden_size,
-            kv_bytes_per_token: kv,
-            state_bytes: state,
+            kv_bytes_per_token: arch.context_bytes_per_token(kv),
+            state_bytes: arch.fixed_state_bytes(),
             extra_bytes: if ngram > 0 { crate::model::DEFAULT_NGRAM_CACHE_BYTES as u64 } else { 0 },
-            mtp_bytes: if multimodal { std::fs::metadata(dir.join("mtp.safetensors")).map(|m| m.len()).unwrap_or(0) } else { 0 },
+            mtp_bytes: if arch.qwen4.is_some() { std::fs::metadata(mtp_path).map(|m| m.len()).unwrap_or(0) } else { 0 },
         })
     }
 
     /// Qwen3.8-Flash-Next 4-bit, from the published checkpoint's tensor table
-    /// (../shared/reference/qwen3.8-flash-next; a test re-derives these).
+    /// (../shared/reference/qwen3.8-flash-next; a test re-derives these), with
+    /// an f32 KV cache (the GPU backends').
     pub fn flagship() -> ModelCosts {
+        Self::flagship_with_kv(DType::F32)
+    }
+
+    /// [`ModelCosts::flagship`] for a backend whose KV cache stores `kv`.
+    pub fn flagship_with_kv(kv: DType) -> ModelCosts {
         ModelCosts {
             name: "qwen3.8-flash-next:4bit".into(),
             // The text trunk; the 0.898 GB vision tower is never loaded and the
@@ -152,9 +133,9 @@ impl ModelCosts {
             experts_per_layer: 512,
             top_k: 10,
             hidden_size: 2560,
-            // 12 full-attention layers x (K and V x 2 KV heads x 256, plus the
-            // QSA indexer's 128-wide raw key and a quarter of a pooled key) x f32.
-            kv_bytes_per_token: 12 * (2 * 2 * 256 + 128 + 32) * 4,
+            // 12 full-attention layers x (K and V x 2 KV heads x 256 as `kv`,
+            // plus the QSA indexer's 128-wide raw key and a quarter of a pooled key in f32).
+            kv_bytes_per_token: 12 * ((2 * 2 * 256 * kv.size()) as u64 + (128 + 32) * 4),
             // 36 DeltaNet layers: 48 heads x 128 x 128 f32 state + a 3-step conv window.
             state_bytes: 36 * (48 * 128 * 128 + 3 * (2 * 16 * 128 + 48 * 128)) * 4,
             // The bounded n-gram row cache.

@@ -29,6 +29,10 @@ pub const FLOOR_EXPERTS_PER_LAYER: usize = 14;
 /// slack; activations come on top (see [`ModelCosts::runtime_bytes`]).
 pub const RUNTIME_BASE_BYTES: u64 = 200_000_000;
 
+/// Prompt tokens processed per forward pass during prefill (the engine's
+/// default; the planner sizes activations by it).
+pub const DEFAULT_PREFILL_CHUNK: usize = 256;
+
 /// Whether to load the MTP head for speculative decoding.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]

@@ -44,9 +44,7 @@ pub fn spawn(app: Arc<AppState>, elastic: Elastic) {
                 let slots = desired.slots;
                 let result = tokio::task::spawn_blocking(move || -> anyhow::Result<crate::experts::CacheStats> {
                     let _permit = permit;
-                    let mut experts = app2.engine.model.experts.lock().map_err(|_| anyhow::anyhow!("expert cache poisoned"))?;
-                    experts.resize(app2.engine.backend.as_ref(), slots)?;
-                    Ok(experts.stats())
+                    app2.engine.resize_expert_pool(slots)
                 })
                 .await;
                 match result {

@@ -11,6 +11,7 @@
 
 mod elastic;
 mod error;
+mod generation;
 mod model_info;
 mod ollama;
 mod openai;
@@ -18,11 +19,10 @@ mod prefix_cache;
 mod thinking;
 
 use std::net::{IpAddr, SocketAddr};
-use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::SystemTime;
 
 use anyhow::{Context, Result};
 use axum::body::Body;
@@ -32,19 +32,16 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use axum::Router;
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 
 use crate::experts::CacheStats;
-use crate::generate::{Engine, FinishReason, GenerateRequest};
-use crate::model::SequenceState;
-use crate::sampling::SamplingParams;
-use crate::tokenizer::ChatMessage;
+use crate::generate::Engine;
 
 pub use error::ApiError;
+pub use generation::{start_generation, Event, GenerationRequest, GenerationStream, PromptInput, Summary};
 use error::{OllamaError, OpenAiError};
 pub use model_info::{MemoryReport, ModelInfo};
 pub use prefix_cache::{PrefixCache, PrefixCacheStats};
-use thinking::{Split, ThinkingSplitter};
 
 /// Request bodies larger than this get 413.
 pub const MAX_BODY_BYTES: usize = 32 << 20;
@@ -95,7 +92,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl AppState {
     pub fn new(engine: Engine, model: ModelInfo, options: ServerOptions) -> Arc<AppState> {
-        let expert_stats = engine.model.experts.lock().map(|e| e.stats()).unwrap_or_default();
+        let expert_stats = engine.expert_stats().unwrap_or_default();
         let plan = options.plan.clone();
         let prefix_cache =
             options.prefix_cache.then(|| Mutex::new(PrefixCache::new(PREFIX_CACHE_ENTRIES, options.max_context)));
@@ -119,7 +116,7 @@ impl AppState {
             Some(c) => lock(c).stats(),
             None => PrefixCacheStats::default(),
         };
-        let resident = self.engine.model.resident_bytes as u64;
+        let resident = self.engine.resident_bytes();
         let pool = expert_cache.pool_bytes as u64;
         let states = self.cache_state_bytes.load(Ordering::Relaxed) as u64;
         MemoryReport {
@@ -143,342 +140,6 @@ impl AppState {
         }
         Ok(())
     }
-}
-
-/// What the prompt is made of.
-#[derive(Clone, Debug)]
-pub enum PromptInput {
-    /// Turns rendered through the model's chat template.
-    Chat(Vec<ChatMessage>),
-    /// One user message (and an optional system message) through the
-    /// template, or the text as-is when `raw`; `context` ids go first.
-    Text { text: String, system: Option<String>, raw: bool, context: Vec<u32> },
-    /// Token ids as-is.
-    Ids(Vec<u32>),
-}
-
-/// The one internal request both APIs translate into.
-#[derive(Clone, Debug)]
-pub struct GenerationRequest {
-    pub model: String,
-    pub prompt: PromptInput,
-    /// `None`: up to the context limit.
-    pub max_tokens: Option<usize>,
-    /// The request's own context window (Ollama `num_ctx`); at most the server's.
-    pub context_limit: Option<usize>,
-    pub sampling: SamplingParams,
-    pub stop: Vec<String>,
-    /// Thinking on/off for templates that support it; `Some(true)` also
-    /// splits the reasoning out of the answer.
-    pub think: Option<bool>,
-}
-
-/// How a generation ended, with its counts and timings.
-#[derive(Clone, Debug)]
-pub struct Summary {
-    pub prompt_tokens: usize,
-    /// Prompt tokens taken from the prefix cache instead of being fed.
-    pub cached_tokens: usize,
-    pub completion_tokens: usize,
-    pub finish: FinishReason,
-    /// Prompt plus generated ids (Ollama's `context`).
-    pub context: Vec<u32>,
-    pub prompt_eval: Duration,
-    pub eval: Duration,
-    /// From the request's arrival to the end, queueing included.
-    pub total: Duration,
-}
-
-/// What the engine thread sends.
-enum Piece {
-    Text(String),
-    Done(Summary),
-    Failed(ApiError),
-}
-
-/// What a handler reads from a running generation.
-pub enum Event {
-    Delta(Split),
-    Done(Summary),
-    Failed(ApiError),
-}
-
-/// The receiving end of a generation. Dropping it cancels the generation.
-pub struct GenerationStream {
-    rx: mpsc::Receiver<Piece>,
-    splitter: Option<ThinkingSplitter>,
-    done: Option<Summary>,
-    finished: bool,
-}
-
-impl GenerationStream {
-    pub async fn next(&mut self) -> Option<Event> {
-        loop {
-            if self.finished {
-                return None;
-            }
-            if let Some(done) = self.done.take() {
-                self.finished = true;
-                return Some(Event::Done(done));
-            }
-            match self.rx.recv().await {
-                Some(Piece::Text(t)) => {
-                    let split = match &mut self.splitter {
-                        Some(s) => s.push(&t),
-                        None => Split { thinking: String::new(), content: t },
-                    };
-                    if !split.thinking.is_empty() || !split.content.is_empty() {
-                        return Some(Event::Delta(split));
-                    }
-                }
-                Some(Piece::Done(summary)) => {
-                    self.done = Some(summary);
-                    let rest = self.splitter.as_mut().map(|s| s.finish()).unwrap_or_default();
-                    if !rest.thinking.is_empty() || !rest.content.is_empty() {
-                        return Some(Event::Delta(rest));
-                    }
-                }
-                Some(Piece::Failed(e)) => {
-                    self.finished = true;
-                    return Some(Event::Failed(e));
-                }
-                None => {
-                    self.finished = true;
-                    return Some(Event::Failed(ApiError::internal("the generation stopped unexpectedly")));
-                }
-            }
-        }
-    }
-
-    /// Waits for the whole answer.
-    pub async fn collect(mut self) -> Result<(Split, Summary), ApiError> {
-        let mut all = Split::default();
-        while let Some(ev) = self.next().await {
-            match ev {
-                Event::Delta(d) => {
-                    all.thinking.push_str(&d.thinking);
-                    all.content.push_str(&d.content);
-                }
-                Event::Done(s) => return Ok((all, s)),
-                Event::Failed(e) => return Err(e),
-            }
-        }
-        Err(ApiError::internal("the generation ended without a result"))
-    }
-}
-
-/// Decrements the waiting count when a queued request leaves (served or gone).
-struct Waiting<'a>(&'a AtomicUsize);
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// The single generation entry point.
-pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Result<GenerationStream, ApiError> {
-    let arrived = Instant::now();
-    app.check_model(&req.model)?;
-    req.sampling.validate().map_err(ApiError::bad_request)?;
-    let max_context = app.options.max_context;
-    let limit = req.context_limit.unwrap_or(max_context);
-    if limit > max_context {
-        return Err(ApiError::bad_request(format!(
-            "num_ctx {limit} is larger than this server's --max-context {max_context}"
-        )));
-    }
-    let engine = app.engine.clone();
-    let (prompt, think) = (req.prompt.clone(), req.think);
-    let (prompt_ids, opens_thinking) = tokio::task::spawn_blocking(move || render_prompt(&engine, prompt, think))
-        .await
-        .map_err(|e| ApiError::internal(format!("rendering the prompt failed: {e}")))??;
-    let prompt_len = prompt_ids.len();
-    if prompt_len >= limit {
-        return Err(ApiError::bad_request(format!(
-            "the prompt is {prompt_len} tokens, which leaves no room to generate within the context limit of {limit} tokens"
-        )));
-    }
-    let max_tokens = req.max_tokens.unwrap_or(limit - prompt_len);
-    if prompt_len.saturating_add(max_tokens) > limit {
-        return Err(ApiError::bad_request(format!(
-            "the prompt ({prompt_len} tokens) plus the requested {max_tokens} tokens exceeds the context limit of {limit} tokens"
-        )));
-    }
-
-    let permit = wait_turn(app).await?;
-    let (tx, rx) = mpsc::channel(64);
-    let job = GenerateRequest { prompt_ids, max_tokens, sampling: req.sampling, stop: req.stop, ignore_eos: false };
-    let app2 = app.clone();
-    tokio::task::spawn_blocking(move || {
-        let _permit = permit;
-        let piece = match run_generation(&app2, &job, &tx, arrived) {
-            Ok(Some(summary)) => Piece::Done(summary),
-            Ok(None) => return, // cancelled: nobody is listening
-            Err(e) => Piece::Failed(ApiError::internal(format!("generation failed: {e:#}"))),
-        };
-        let _ = tx.blocking_send(piece);
-    });
-    let splitter = (think == Some(true)).then(|| ThinkingSplitter::new(opens_thinking));
-    Ok(GenerationStream { rx, splitter, done: None, finished: false })
-}
-
-/// Waits for the generation slot in FIFO order, or refuses when the queue is full.
-async fn wait_turn(app: &Arc<AppState>) -> Result<OwnedSemaphorePermit, ApiError> {
-    if let Ok(p) = app.turn.clone().try_acquire_owned() {
-        return Ok(p);
-    }
-    let queued = app.waiting.fetch_add(1, Ordering::SeqCst) + 1;
-    let _waiting = Waiting(&app.waiting);
-    if queued > app.options.queue {
-        return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("the server is busy: {} requests are already waiting (--queue); retry later", app.options.queue),
-        ));
-    }
-    app.turn.clone().acquire_owned().await.map_err(|_| ApiError::internal("the server is shutting down"))
-}
-
-/// Turns the prompt into token ids; also says whether the rendered prompt
-/// already opens a `<think>` block.
-fn render_prompt(engine: &Engine, prompt: PromptInput, think: Option<bool>) -> Result<(Vec<u32>, bool), ApiError> {
-    let codec = &engine.codec;
-    let template = |messages: &[ChatMessage]| -> Result<String, ApiError> {
-        if think == Some(true) && !codec.chat_template().is_some_and(|t| t.contains("enable_thinking")) {
-            return Err(ApiError::bad_request(
-                "this model does not support thinking: its chat template has no enable_thinking switch",
-            ));
-        }
-        codec
-            .apply_chat_template(messages, true, think)
-            .map_err(|e| ApiError::bad_request(format!("{e:#}")))
-    };
-    let encode = |text: &str| codec.encode(text, false).map_err(|e| ApiError::bad_request(format!("{e:#}")));
-    let (ids, text) = match prompt {
-        PromptInput::Chat(messages) => {
-            if !codec.has_chat_template() {
-                return Err(ApiError::bad_request(
-                    "this model has no chat template; use /api/generate with \"raw\": true or /v1/completions",
-                ));
-            }
-            let text = template(&messages)?;
-            (encode(&text)?, text)
-        }
-        PromptInput::Text { text, system, raw, context } => {
-            let text = if raw || !codec.has_chat_template() {
-                text
-            } else {
-                let mut messages = Vec::new();
-                if let Some(s) = system.filter(|s| !s.is_empty()) {
-                    messages.push(ChatMessage { role: "system".into(), content: s });
-                }
-                messages.push(ChatMessage { role: "user".into(), content: text });
-                template(&messages)?
-            };
-            let mut ids = context;
-            ids.extend(encode(&text)?);
-            (ids, text)
-        }
-        PromptInput::Ids(ids) => (ids, String::new()),
-    };
-    let vocab = engine.model.vocab_size;
-    if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
-        return Err(ApiError::bad_request(format!("token id {bad} is outside the model's vocabulary of {vocab}")));
-    }
-    if ids.is_empty() {
-        return Err(ApiError::bad_request("the prompt is empty"));
-    }
-    Ok((ids, text.trim_end().ends_with("<think>")))
-}
-
-/// Runs one generation on the calling (blocking) thread. `Ok(None)`: the
-/// client went away.
-fn run_generation(app: &AppState, req: &GenerateRequest, tx: &mpsc::Sender<Piece>, arrived: Instant) -> Result<Option<Summary>> {
-    let engine = &app.engine;
-    let backend = engine.backend.as_ref();
-    let copy = |s: &SequenceState| engine.model.clone_state(backend, s);
-    let ids = &req.prompt_ids;
-    let started = Instant::now();
-    let cached = match &app.prefix_cache {
-        Some(c) => lock(c).lookup(ids, copy)?,
-        None => None,
-    };
-    let mut state = match cached {
-        Some(s) => s,
-        None => engine.new_state()?,
-    };
-    let cached_tokens = state.position;
-    // Feed all but the last prompt token here, in chunks, so a client that
-    // leaves during a long prefill is noticed, and so the prompt's state can be
-    // kept for the next request.
-    let body_end = ids.len() - 1;
-    while state.position < body_end {
-        if tx.is_closed() {
-            eprintln!("generation: cancelled during prefill at token {} of {}", state.position, ids.len());
-            return Ok(None);
-        }
-        let end = body_end.min(state.position + engine.prefill_chunk.max(1));
-        engine.prefill(&ids[state.position..end], &mut state)?;
-    }
-    let prefill_body = started.elapsed();
-    if let Some(c) = &app.prefix_cache {
-        if state.position > cached_tokens {
-            let snapshot = copy(&state)?;
-            lock(c).insert(ids[..state.position].to_vec(), snapshot);
-        }
-    }
-    let out = engine.generate_from(&mut state, req, |piece| {
-        if tx.blocking_send(Piece::Text(piece.to_string())).is_ok() {
-            ControlFlow::Continue(())
-        } else {
-            ControlFlow::Break(())
-        }
-    });
-    let out = match out {
-        Ok(o) => o,
-        Err(e) => {
-            if let Some(c) = &app.prefix_cache {
-                lock(c).clear();
-            }
-            return Err(e);
-        }
-    };
-    if let Ok(experts) = engine.model.experts.lock() {
-        *lock(&app.expert_stats) = experts.stats();
-    }
-    if let Some(c) = &app.prefix_cache {
-        let mut fed = out.prompt_ids.clone();
-        fed.extend(&out.generated_ids);
-        fed.truncate(state.position);
-        let mut cache = lock(c);
-        cache.insert(fed, state);
-        let bytes: u64 = cache.states().map(|s| model_info::sequence_state_bytes(&engine.model, backend, s)).sum();
-        app.cache_state_bytes.store(bytes as usize, Ordering::Relaxed);
-    }
-    eprintln!(
-        "generation: {} prompt tokens ({} reused), {} generated, {:?}, prefill {:.3}s, decode {:.3}s",
-        out.stats.prompt_tokens,
-        cached_tokens,
-        out.stats.generated_tokens,
-        out.finish_reason,
-        prefill_body.as_secs_f64() + out.stats.prefill_seconds,
-        out.stats.decode_seconds
-    );
-    if out.finish_reason == FinishReason::Cancelled {
-        return Ok(None);
-    }
-    let mut context = out.prompt_ids;
-    context.extend(&out.generated_ids);
-    Ok(Some(Summary {
-        prompt_tokens: out.stats.prompt_tokens,
-        cached_tokens,
-        completion_tokens: out.stats.generated_tokens,
-        finish: out.finish_reason,
-        context,
-        prompt_eval: prefill_body + Duration::from_secs_f64(out.stats.prefill_seconds),
-        eval: Duration::from_secs_f64(out.stats.decode_seconds),
-        total: arrived.elapsed(),
-    }))
 }
 
 /// Whether an `Origin` header names this machine.
@@ -595,7 +256,7 @@ pub struct ServeConfig {
 
 /// Loads the model and serves until Ctrl-C.
 pub fn serve(config: ServeConfig, engine: Engine) -> Result<()> {
-    let model = ModelInfo::describe(&config.model_dir, config.options.model_name.clone());
+    let model = ModelInfo::describe(engine.arch(), config.options.model_name.clone());
     let app = AppState::new(engine, model, config.options);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -7,10 +7,9 @@ use std::path::Path;
 use std::time::SystemTime;
 
 use serde::Serialize;
-use slotstream_backend::Backend;
 
 use crate::experts::CacheStats;
-use crate::model::{DecoderModel, LayerState, Mixer, SequenceState};
+use crate::model::ModelArch;
 
 use super::prefix_cache::PrefixCacheStats;
 
@@ -42,22 +41,16 @@ pub struct ModelInfo {
 }
 
 impl ModelInfo {
-    /// Reads `config.json` and the safetensors headers of `dir`; never fails on
-    /// odd files (details it cannot read stay empty).
-    pub fn describe(dir: &Path, name: String) -> ModelInfo {
-        let config: serde_json::Value = std::fs::read_to_string(dir.join("config.json"))
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or(serde_json::Value::Null);
-        let text_config = config.get("text_config").unwrap_or(&config);
-        let family = text_config.get("model_type").and_then(|v| v.as_str()).unwrap_or("unknown").to_string();
-        let bits = config.get("quantization").and_then(|q| q.get("bits")).and_then(|b| b.as_u64());
+    /// From the model's description and the safetensors headers of its
+    /// directory; never fails on odd files (details it cannot read stay empty).
+    pub fn describe(arch: &ModelArch, name: String) -> ModelInfo {
+        let dir = arch.dir.as_path();
+        let config = arch.raw.clone();
+        let family = arch.text.model_type.clone();
+        let bits = arch.quant_bits().map(u64::from);
         let (format, quantization_level) = match bits {
             Some(b) => ("mlx".to_string(), format!("{b}bit")),
-            None => (
-                "safetensors".to_string(),
-                text_config.get("torch_dtype").and_then(|v| v.as_str()).unwrap_or("unknown").to_uppercase(),
-            ),
+            None => ("safetensors".to_string(), arch.torch_dtype().unwrap_or("unknown").to_uppercase()),
         };
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         let mut parameter_count = 0u64;
@@ -94,7 +87,7 @@ impl ModelInfo {
             file_bytes,
             digest,
             modified_at,
-            context_length: text_config.get("max_position_embeddings").and_then(|v| v.as_u64()),
+            context_length: arch.context_length(),
             config,
         }
     }
@@ -160,7 +153,7 @@ pub struct MemoryReport {
     /// The routed-expert slot pool.
     pub expert_pool_bytes: u64,
     pub expert_slots: usize,
-    /// KV and recurrent state held by the prefix cache (f32 estimate).
+    /// KV and recurrent state held by the prefix cache.
     pub prefix_cache_state_bytes: u64,
     /// Everything above.
     pub total_bytes: u64,
@@ -168,30 +161,6 @@ pub struct MemoryReport {
     pub expert_cache: CacheStats,
     /// The memory plan in force (the governor may have resized it).
     pub plan: Option<crate::plan::Plan>,
-}
-
-/// Bytes of one sequence's state: KV rows of attention layers plus the
-/// fixed-size convolution and recurrent state of delta layers, all f32.
-pub fn sequence_state_bytes(model: &DecoderModel, backend: &dyn Backend, state: &SequenceState) -> u64 {
-    let f32_bytes = 4u64;
-    model
-        .layers
-        .iter()
-        .zip(&state.layers)
-        .map(|(layer, st)| match (&layer.mixer, st) {
-            (Mixer::Attention(a), LayerState::Attention(cache, indexer)) => {
-                let rows = backend.kv_len(cache).unwrap_or(0) as u64;
-                2 * rows * (a.kv_heads * a.head_dim) as u64 * f32_bytes + indexer.as_ref().map_or(0, |i| i.bytes() as u64)
-            }
-            (Mixer::Delta(d), LayerState::Delta(_)) => {
-                let conv_channels = (2 * d.key_heads * d.key_dim + d.value_heads * d.value_dim) as u64;
-                let conv = d.conv_kernel.saturating_sub(1) as u64 * conv_channels;
-                let recurrent = (d.value_heads * d.key_dim * d.value_dim) as u64;
-                (conv + recurrent) * f32_bytes
-            }
-            _ => 0,
-        })
-        .sum()
 }
 
 /// `2026-11-30T13:00:27.123456789Z`, as Ollama writes `created_at`.

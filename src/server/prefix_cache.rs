@@ -136,7 +136,7 @@ mod tests {
     use super::*;
 
     fn state(n: usize) -> SequenceState {
-        SequenceState { layers: Vec::new(), ple: Vec::new(), mtp: None, position: n }
+        SequenceState { layers: Vec::new(), recent: Vec::new(), draft: None, position: n }
     }
 
     fn copy(s: &SequenceState) -> Result<SequenceState> {

@@ -324,6 +324,10 @@ pub trait Backend: Send + Sync {
     fn rope(&self, x: &Tensor, head_dim: usize, rotary_dim: usize, theta: f32, start_pos: usize)
         -> Result<Tensor>;
     fn new_kv_cache(&self, kv_heads: usize, head_dim: usize) -> Result<State>;
+    /// How a KV cache stores keys and values (for sizing it before it exists).
+    fn kv_cache_dtype(&self) -> DType {
+        DType::F32
+    }
     /// Number of positions held in a KV cache.
     fn kv_len(&self, cache: &State) -> Result<usize>;
     /// Drops every position from `len` on (speculative decoding's rollback).

@@ -13,9 +13,14 @@
 //! split into calls. Scoring runs on the host: the compressed keys of a
 //! sequence are computed once per block and kept in [`IndexerState`].
 
-use anyhow::{bail, Result};
+use std::any::Any;
+
+use anyhow::{bail, Context, Result};
 use rayon::prelude::*;
 use slotstream_backend::{Backend, KeySelection, Tensor, Weight};
+
+use crate::model::blocks::attention::{Attention, KeySelector, KeySelectorState};
+use crate::model::blocks::weights::LoadCx;
 
 /// Weights and settings of one layer's indexer.
 pub struct Indexer {
@@ -38,8 +43,10 @@ pub struct Indexer {
 /// compressed key of every complete block. While every query is still dense
 /// the projections stay where the backend computed them (`pending`, no
 /// GPU-to-CPU read); they come to the host the first time a query needs scores.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct IndexerState {
+    head_dim: usize,
+    ratio: usize,
     raw: Vec<f32>,
     /// Projections `[rows, (heads+1)*head_dim]` not yet on the host, with how
     /// many of their rows are still part of the sequence.
@@ -48,20 +55,21 @@ pub struct IndexerState {
 }
 
 impl IndexerState {
-    pub fn bytes(&self) -> usize {
+    /// Positions recorded.
+    fn len(&self) -> usize {
+        self.raw.len() / self.head_dim + self.pending.iter().map(|(_, n)| n).sum::<usize>()
+    }
+}
+
+impl KeySelectorState for IndexerState {
+    fn bytes(&self) -> usize {
         4 * (self.raw.len() + self.blocks.len() + self.pending.iter().map(|(t, _)| t.numel()).sum::<usize>())
     }
 
-    /// Positions recorded.
-    fn len(&self, head_dim: usize) -> usize {
-        self.raw.len() / head_dim + self.pending.iter().map(|(_, n)| n).sum::<usize>()
-    }
-
-    /// Forgets every position from `len` on.
-    pub fn truncate(&mut self, len: usize, head_dim: usize, ratio: usize) {
-        let on_host = self.raw.len() / head_dim;
+    fn truncate(&mut self, len: usize) {
+        let on_host = self.raw.len() / self.head_dim;
         if len <= on_host {
-            self.raw.truncate(len * head_dim);
+            self.raw.truncate(len * self.head_dim);
             self.pending.clear();
         } else {
             let mut left = len - on_host;
@@ -71,11 +79,40 @@ impl IndexerState {
             }
             self.pending.retain(|(_, rows)| *rows > 0);
         }
-        self.blocks.truncate(len / ratio * head_dim);
+        self.blocks.truncate(len / self.ratio * self.head_dim);
+    }
+
+    fn clone_box(&self) -> Box<dyn KeySelectorState> {
+        Box::new(self.clone())
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
     }
 }
 
 impl Indexer {
+    /// The indexer of the attention module `a` (`{a}.indexer.*`).
+    pub fn load(cx: &LoadCx<'_>, a: &str) -> Result<Indexer> {
+        let c = &cx.arch.text;
+        let q = cx.arch.qwen4.as_ref().context("internal: a QSA indexer without qwen4_exp settings")?;
+        let rotary_dim = (c.head_dim() as f32 * c.partial_rotary_factor()) as usize;
+        let ihd = q.indexer_head_dim;
+        let ix = format!("{a}.indexer");
+        Ok(Indexer {
+            qk_proj: cx.linear(&format!("{ix}.index_qk_proj"), (q.indexer_n_heads + q.indexer_kv_heads) * ihd, c.hidden_size)?,
+            q_norm: cx.ck.f32_tensor(&format!("{ix}.q_layernorm.weight"), &[ihd])?,
+            k_norm: cx.ck.f32_tensor(&format!("{ix}.k_layernorm.weight"), &[ihd])?,
+            heads: q.indexer_n_heads,
+            head_dim: ihd,
+            budget: q.indexer_budget,
+            ratio: q.indexer_compress_ratio,
+            rotary_dim: rotary_dim.min(ihd),
+            rope_theta: c.rope_theta(),
+            eps: c.rms_norm_eps,
+        })
+    }
+
     /// Blocks a query keeps once sparse.
     pub fn top_blocks(&self) -> usize {
         self.budget / self.ratio
@@ -86,14 +123,26 @@ impl Indexer {
         (pos + 1) / self.ratio > self.top_blocks()
     }
 
-    /// Records the raw keys of `x` (the layer input, `[tokens, hidden]`, the
-    /// first token at `start`) and returns the key selection of its queries,
-    /// or `None` when all of them attend densely.
-    pub fn select(&self, b: &dyn Backend, x: &Tensor, st: &mut IndexerState, start: usize) -> Result<Option<KeySelection>> {
+}
+
+impl KeySelector for Indexer {
+    fn new_state(&self) -> Box<dyn KeySelectorState> {
+        Box::new(IndexerState {
+            head_dim: self.head_dim,
+            ratio: self.ratio,
+            raw: Vec::new(),
+            pending: Vec::new(),
+            blocks: Vec::new(),
+        })
+    }
+
+    /// Records the raw keys of `x` and scores the blocks each sparse query sees.
+    fn select(&self, b: &dyn Backend, x: &Tensor, st: &mut dyn KeySelectorState, start: usize) -> Result<Option<KeySelection>> {
+        let st = st.as_any_mut().downcast_mut::<IndexerState>().context("internal: a QSA indexer was given another selector's state")?;
         let hd = self.head_dim;
         let tokens = x.rows();
-        if st.len(hd) != start {
-            bail!("the QSA indexer holds {} keys but the call starts at position {start}", st.len(hd));
+        if st.len() != start {
+            bail!("the QSA indexer holds {} keys but the call starts at position {start}", st.len());
         }
         let projected = b.matmul(x, &self.qk_proj)?;
         let qk_row = (self.heads + 1) * hd;
@@ -169,6 +218,11 @@ impl Indexer {
         let blocks = rows.concat();
         Ok(Some(KeySelection { block: self.ratio, per_query, blocks }))
     }
+}
+
+/// Gated full attention with its QSA indexer.
+pub fn gated_attention(cx: &LoadCx<'_>, a: &str) -> Result<Attention> {
+    crate::model::qwen3_next::gated_attention(cx, a, 0.0, Some(Box::new(Indexer::load(cx, a)?)))
 }
 
 fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {

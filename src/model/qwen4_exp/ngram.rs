@@ -17,33 +17,19 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context, Result};
 use rayon::prelude::*;
-use serde::Serialize;
 use slotstream_backend::{HostMatrix, MatrixData, MatrixFormat};
 
+use crate::model::config::Qwen4Config;
 use crate::checkpoint::Checkpoint;
-use crate::experts::UncachedFile;
-
-/// Whether a checkpoint tensor is part of the streamed n-gram table.
-pub fn is_ngram_tensor(name: &str) -> bool {
-    name.contains(".ngram_embedding.shard_")
-}
-
-/// Row-cache counters.
-#[derive(Clone, Debug, Default, Serialize, PartialEq)]
-pub struct NgramStats {
-    pub hits: u64,
-    pub misses: u64,
-    pub bytes_read: u64,
-    pub cached_rows: usize,
-    pub capacity_rows: usize,
-}
+use crate::direct_io::DirectFile;
+use crate::model::layer::RowCacheStats;
 
 struct RowCache {
     rows: HashMap<u64, Arc<[f32]>>,
     /// Insertion order, for FIFO eviction.
     order: std::collections::VecDeque<u64>,
     capacity: usize,
-    stats: NgramStats,
+    stats: RowCacheStats,
 }
 
 /// Where one shard's pieces start: (file, byte offset) of the packed values,
@@ -55,7 +41,7 @@ struct ShardPieces {
 /// Hash parameters and on-disk location of one layer's n-gram table.
 pub struct NgramStore {
     /// The checkpoint files holding shards, opened for reads around the page cache.
-    files: Vec<UncachedFile>,
+    files: Vec<DirectFile>,
     shards: Vec<ShardPieces>,
     rows_per_shard: u64,
     format: MatrixFormat,
@@ -83,19 +69,15 @@ fn row_bytes(format: MatrixFormat, cols: usize) -> (usize, usize) {
 }
 
 impl NgramStore {
-    /// Opens the table under `prefix` (`model.layers.1.ple.ple_embedding`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn open(
-        ck: Arc<Checkpoint>,
-        prefix: &str,
-        shards: usize,
-        embed_dim: usize,
-        ngram_size: usize,
-        heads_per_ngram: usize,
-        eos: u32,
-        cache_rows: usize,
-    ) -> Result<NgramStore> {
-        let heads = (ngram_size.saturating_sub(1)) * heads_per_ngram;
+    /// Opens the table under `prefix` (`model.layers.1.ple.ple_embedding`),
+    /// shaped as `q` says; `eos` starts and separates n-gram contexts.
+    pub fn open(ck: Arc<Checkpoint>, prefix: &str, q: &Qwen4Config, eos: u32, cache_rows: usize) -> Result<NgramStore> {
+        let (shards, embed_dim, ngram_size, heads_per_ngram) =
+            (q.split_ngram_parts, q.ple_embed_dim, q.ngram_size, q.heads_per_ngram);
+        let heads = q.ngram_heads();
+        if shards == 0 {
+            bail!("config.json text_config: split_ngram_parts is 0 (the n-gram table needs at least one shard)");
+        }
         if heads == 0 || embed_dim % heads != 0 {
             bail!("config.json: ple_embed_dim {embed_dim} is not a multiple of {heads} n-gram heads");
         }
@@ -129,7 +111,7 @@ impl NgramStore {
                 let f = match file_index.get(&path) {
                     Some(&i) => i,
                     None => {
-                        files.push(UncachedFile::open(&path)?);
+                        files.push(DirectFile::open(&path)?);
                         file_index.insert(path, files.len() - 1);
                         files.len() - 1
                     }
@@ -165,7 +147,7 @@ impl NgramStore {
                 rows: HashMap::new(),
                 order: Default::default(),
                 capacity: cache_rows.max(1),
-                stats: NgramStats { capacity_rows: cache_rows.max(1), ..Default::default() },
+                stats: RowCacheStats { capacity_rows: cache_rows.max(1), ..Default::default() },
             }),
         })
     }
@@ -184,15 +166,19 @@ impl NgramStore {
         w + 2 * s
     }
 
-    /// The context before the first token: `ngram_size-1` EOS tokens.
-    pub fn initial_context(&self) -> Vec<u32> {
-        vec![self.eos; self.ngram_size - 1]
+    /// Tokens of history a row id depends on: `ngram_size-1`.
+    pub fn context_len(&self) -> usize {
+        self.ngram_size - 1
     }
 
-    /// The context after `ids`: the last `ngram_size-1` tokens of context + ids.
-    pub fn next_context(&self, context: &[u32], ids: &[u32]) -> Vec<u32> {
-        let all: Vec<u32> = context.iter().chain(ids).copied().collect();
-        all[all.len() - (self.ngram_size - 1)..].to_vec()
+    /// The hash context after the tokens `recent`: their last `ngram_size-1`,
+    /// EOS in place of any before the first token.
+    pub fn context_from(&self, recent: &[u32]) -> Vec<u32> {
+        let n = self.context_len();
+        let kept = &recent[recent.len().saturating_sub(n)..];
+        let mut context = vec![self.eos; n - kept.len()];
+        context.extend_from_slice(kept);
+        context
     }
 
     /// Global row ids `[ids.len() * heads]` of `ids`, which follow `context`.
@@ -269,7 +255,7 @@ impl NgramStore {
         Ok(out)
     }
 
-    pub fn stats(&self) -> NgramStats {
+    pub fn stats(&self) -> RowCacheStats {
         self.cache.lock().map(|c| c.stats.clone()).unwrap_or_default()
     }
 

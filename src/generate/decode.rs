@@ -1,0 +1,180 @@
+//! Decoding strategies over one step API: each call yields the next token.
+//! [`Plain`] runs one forward pass per token; [`Speculative`] lets the
+//! model's draft head propose a token and verifies it in the same pass that
+//! computes the next one (two tokens for one pass when the draft is right).
+//! Greedy output is identical either way.
+
+use std::collections::VecDeque;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+use super::Engine;
+use crate::model::{Logits, SequenceState};
+use crate::sampling::Sampler;
+
+/// Drafts judged before drafting may pause, and the acceptance it needs.
+const MTP_PROBE_DRAFTS: usize = 16;
+const MTP_MIN_ACCEPTANCE: f64 = 0.3;
+
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq)]
+pub struct MtpStats {
+    pub drafted: usize,
+    pub accepted: usize,
+    /// Forward passes of the main model during decode.
+    pub forward_passes: usize,
+    /// Drafting stopped for the rest of a request because too few drafts
+    /// were accepted to pay for themselves.
+    pub paused: bool,
+}
+
+impl MtpStats {
+    pub fn acceptance(&self) -> f64 {
+        if self.drafted == 0 {
+            0.0
+        } else {
+            self.accepted as f64 / self.drafted as f64
+        }
+    }
+}
+
+/// One way of producing tokens after the prompt.
+pub(super) trait DecodeStrategy {
+    /// The next token. `history` holds the prompt and every token returned so
+    /// far; `state` has consumed all of them but at most the last few.
+    fn next_token(&mut self, engine: &Engine, state: &mut SequenceState, history: &[u32], sampler: &mut Sampler) -> Result<u32>;
+    /// Tidies the state once generation ends.
+    fn finish(&mut self, _engine: &Engine, _state: &mut SequenceState) -> Result<()> {
+        Ok(())
+    }
+    fn mtp_stats(&self) -> Option<MtpStats> {
+        None
+    }
+}
+
+/// One forward pass per token.
+pub(super) struct Plain {
+    /// Logits to sample the next token from (the prefill's, at first).
+    logits: Option<Vec<f32>>,
+}
+
+impl Plain {
+    pub fn new(prefill_logits: Vec<f32>) -> Self {
+        Plain { logits: Some(prefill_logits) }
+    }
+}
+
+impl DecodeStrategy for Plain {
+    fn next_token(&mut self, engine: &Engine, state: &mut SequenceState, history: &[u32], sampler: &mut Sampler) -> Result<u32> {
+        let logits = match self.logits.take() {
+            Some(l) => l,
+            None => {
+                let last = *history.last().context("internal: decoding with an empty history")?;
+                let b = engine.backend.as_ref();
+                b.download(&engine.model.forward(b, &[last], state, Logits::Last)?)?
+            }
+        };
+        Ok(sampler.sample(&logits, history))
+    }
+}
+
+/// Speculative decoding with the model's draft head.
+pub(super) struct Speculative {
+    logits: Option<Vec<f32>>,
+    /// Tokens already decided, to be returned before any new pass.
+    ready: VecDeque<u32>,
+    stats: MtpStats,
+}
+
+impl Speculative {
+    pub fn new(prefill_logits: Vec<f32>) -> Self {
+        Speculative { logits: Some(prefill_logits), ready: VecDeque::new(), stats: MtpStats::default() }
+    }
+
+    /// One step after `history`'s last token was sampled (the state holds
+    /// every earlier token but at most one). Drafts the token after it, runs
+    /// the unfed tokens plus the draft through the model in one pass and
+    /// samples the real next token from the same logits plain decoding would
+    /// use. A matching draft yields two tokens (queued in `ready`); otherwise
+    /// the state is rolled back to before the pass and the sampled token is
+    /// queued. Returns logits to sample from when nothing was queued (a
+    /// catch-up pass without a draft).
+    fn step(&mut self, engine: &Engine, state: &mut SequenceState, history: &[u32], sampler: &mut Sampler) -> Result<Option<Vec<f32>>> {
+        let b = engine.backend.as_ref();
+        let model = &engine.model;
+        let head = model.draft.as_ref().context("internal: speculative decoding without a draft head")?;
+        let stats = &mut self.stats;
+        let q = history.len() - 1;
+        let p = state.position;
+        stats.forward_passes += 1;
+        if stats.drafted >= MTP_PROBE_DRAFTS && stats.acceptance() < MTP_MIN_ACCEPTANCE {
+            // The head stops following this sequence: its state is dropped,
+            // and decoding goes on as without a head.
+            stats.paused = true;
+            state.draft = None;
+        }
+        if q >= p + 2 || state.draft.is_none() {
+            // Two drafts in a row were rejected (catch up without a draft, so a
+            // pass never grows past three tokens), or drafting is paused.
+            let h = engine.forward_hidden(&history[p..], state, &history[p..], p)?;
+            return Ok(Some(b.download(&model.logits(b, &h, 1)?)?));
+        }
+        let draft_state = state.draft.as_mut().context("internal: the sequence has no draft state")?;
+        let draft_logits = head.feed(b, model, draft_state, history, 0, q - 1)?;
+        let draft_logits = b.download(&draft_logits.context("internal: the draft head had nothing to draft from")?)?;
+        let draft = match &engine.drafter {
+            Some(f) => f(history),
+            None => crate::sampling::argmax(&draft_logits),
+        };
+        stats.drafted += 1;
+        let snapshot = model.snapshot(b, state)?;
+        let mut fed: Vec<u32> = history[p..].to_vec();
+        fed.push(draft);
+        let h = model.hidden(b, &fed, state)?;
+        let logits = b.download(&model.logits(b, &h, 2)?)?;
+        let vocab = logits.len() / 2;
+        let sampled = sampler.sample(&logits[..vocab], history);
+        // The known tokens' rows are right whatever the draft was; the draft's
+        // row only when the draft is accepted.
+        let right = if sampled == draft { h.clone() } else { b.slice_rows(&h, 0, fed.len() - 1)? };
+        if let Some(d) = state.draft.as_mut() {
+            d.record(p, &right);
+        }
+        if sampled == draft {
+            stats.accepted += 1;
+            let mut extended = history.to_vec();
+            extended.push(draft);
+            let after = sampler.sample(&logits[vocab..], &extended);
+            self.ready.extend([draft, after]);
+        } else {
+            model.rollback(b, state, snapshot)?;
+            self.ready.push_back(sampled);
+        }
+        Ok(None)
+    }
+}
+
+impl DecodeStrategy for Speculative {
+    fn next_token(&mut self, engine: &Engine, state: &mut SequenceState, history: &[u32], sampler: &mut Sampler) -> Result<u32> {
+        loop {
+            if let Some(t) = self.ready.pop_front() {
+                return Ok(t);
+            }
+            if let Some(logits) = self.logits.take() {
+                return Ok(sampler.sample(&logits, history));
+            }
+            self.logits = self.step(engine, state, history, sampler)?;
+        }
+    }
+
+    fn finish(&mut self, engine: &Engine, state: &mut SequenceState) -> Result<()> {
+        if let (Some(head), Some(d)) = (&engine.model.draft, state.draft.as_mut()) {
+            head.trim(engine.backend.as_ref(), d, state.position)?;
+        }
+        Ok(())
+    }
+
+    fn mtp_stats(&self) -> Option<MtpStats> {
+        Some(self.stats)
+    }
+}

@@ -1,0 +1,334 @@
+//! The single entry point for generation: a loaded model plus its text codec,
+//! running chunked prefill and a decode loop (plain or speculative, see
+//! [`decode`]) with sampling, end-of-sequence and stop-string handling, and
+//! streaming text out as it is produced. The CLI and the server call the
+//! [`Engine`]'s methods and never reach into the model.
+
+mod decode;
+mod stop;
+
+use std::ops::ControlFlow;
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use serde::Serialize;
+use slotstream_backend::{Backend, Tensor};
+
+pub use decode::MtpStats;
+use decode::{DecodeStrategy, Plain, Speculative};
+use stop::StopMatcher;
+
+use crate::experts::CacheStats;
+use crate::model::{self, DecoderModel, Logits, ModelArch, SequenceState};
+pub use crate::plan::DEFAULT_PREFILL_CHUNK;
+use crate::sampling::{Sampler, SamplingParams};
+use crate::tokenizer::{StreamDecoder, TextCodec};
+
+/// Replaces the MTP head's draft: given the tokens so far, the token to
+/// propose next. The head still runs, so its state stays as in real use.
+pub type Drafter = Box<dyn Fn(&[u32]) -> u32 + Send + Sync>;
+
+/// A model ready to generate.
+pub struct Engine {
+    pub backend: Box<dyn Backend>,
+    pub model: DecoderModel,
+    pub codec: TextCodec,
+    pub prefill_chunk: usize,
+    /// For tests of speculative decoding's verification: drafts chosen by the
+    /// test instead of the head (accepted and rejected drafts on demand).
+    pub drafter: Option<Drafter>,
+}
+
+/// What to generate.
+#[derive(Clone, Debug)]
+pub struct GenerateRequest {
+    pub prompt_ids: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    /// Keep going past end-of-sequence tokens (for tests and benchmarks).
+    pub ignore_eos: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// An end-of-sequence token or a stop string.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+    /// The caller asked to stop.
+    Cancelled,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct GenerateStats {
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    /// Speculative decoding with the MTP head: tokens drafted and accepted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mtp: Option<MtpStats>,
+    pub prefill_seconds: f64,
+    pub decode_seconds: f64,
+    pub prefill_tokens_per_second: f64,
+    pub decode_tokens_per_second: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct GenerateOutput {
+    pub prompt_ids: Vec<u32>,
+    pub generated_ids: Vec<u32>,
+    pub text: String,
+    pub finish_reason: FinishReason,
+    pub stats: GenerateStats,
+}
+
+fn per_second(n: usize, secs: f64) -> f64 {
+    if secs > 0.0 {
+        n as f64 / secs
+    } else {
+        0.0
+    }
+}
+
+impl Engine {
+    /// Loads a model directory onto `backend`.
+    pub fn load(dir: &Path, backend: Box<dyn Backend>, opts: &model::LoadOptions) -> Result<Engine> {
+        Self::load_arch(&ModelArch::read(dir)?, backend, opts)
+    }
+
+    /// Loads the model `arch` describes onto `backend`.
+    pub fn load_arch(arch: &ModelArch, backend: Box<dyn Backend>, opts: &model::LoadOptions) -> Result<Engine> {
+        let model = model::load(arch, backend.as_ref(), opts)?;
+        let codec = TextCodec::load(&arch.dir, &arch.eos_ids())?;
+        Ok(Engine { backend, model, codec, prefill_chunk: DEFAULT_PREFILL_CHUNK, drafter: None })
+    }
+
+    /// The loaded checkpoint's description.
+    pub fn arch(&self) -> &ModelArch {
+        &self.model.arch
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.model.vocab_size()
+    }
+
+    /// Bytes of everything resident besides the expert pool.
+    pub fn resident_bytes(&self) -> u64 {
+        self.model.resident_bytes as u64
+    }
+
+    /// Expert cache statistics so far.
+    pub fn expert_stats(&self) -> Result<CacheStats> {
+        self.model.expert_stats()
+    }
+
+    /// Gives the expert pool `slots` slots (between generations); returns the new statistics.
+    pub fn resize_expert_pool(&self, slots: usize) -> Result<CacheStats> {
+        self.model.resize_expert_pool(self.backend.as_ref(), slots)
+    }
+
+    pub fn new_state(&self) -> Result<SequenceState> {
+        self.model.new_state(self.backend.as_ref())
+    }
+
+    /// Deep copy of a sequence's state (for a prefix cache).
+    pub fn clone_state(&self, state: &SequenceState) -> Result<SequenceState> {
+        self.model.clone_state(self.backend.as_ref(), state)
+    }
+
+    /// Bytes a sequence's state holds (KV rows in the backend's KV dtype,
+    /// recurrent state).
+    pub fn state_bytes(&self, state: &SequenceState) -> u64 {
+        self.model.state_bytes(self.backend.as_ref(), state)
+    }
+
+    /// Feeds `ids` in chunks and returns the last position's logits.
+    pub fn prefill(&self, ids: &[u32], state: &mut SequenceState) -> Result<Vec<f32>> {
+        if ids.is_empty() {
+            bail!("the prompt is empty: give at least one token");
+        }
+        let mut logits = Vec::new();
+        let start = state.position;
+        for chunk in ids.chunks(self.prefill_chunk.max(1)) {
+            let h = self.forward_hidden(chunk, state, ids, start)?;
+            logits = self.backend.download(&self.model.logits(self.backend.as_ref(), &h, 1)?)?;
+        }
+        Ok(logits)
+    }
+
+    /// Feeds `ids[state.position..end]` (`ids` starts at position 0) one
+    /// chunk at a time, asking `cancelled` before each chunk; returns `false`
+    /// when it said stop. Logits are not computed.
+    pub fn prefill_until(&self, ids: &[u32], end: usize, state: &mut SequenceState, cancelled: impl Fn() -> bool) -> Result<bool> {
+        if end > ids.len() {
+            bail!("internal: prefill up to {end} of {} tokens", ids.len());
+        }
+        while state.position < end {
+            if cancelled() {
+                return Ok(false);
+            }
+            let stop = end.min(state.position + self.prefill_chunk.max(1));
+            let from = state.position;
+            self.forward_hidden(&ids[from..stop], state, &ids[from..end], from)?;
+        }
+        Ok(true)
+    }
+
+    /// Runs `chunk` (the tokens from `state.position` on; `known` holds the
+    /// tokens from position `known_start` on, at least through the chunk) and
+    /// returns the hidden state `[chunk.len(), streams*hidden]`. With a draft
+    /// head, records the hidden rows and feeds the head every entry whose
+    /// next token is known.
+    pub(crate) fn forward_hidden(&self, chunk: &[u32], state: &mut SequenceState, known: &[u32], known_start: usize) -> Result<Tensor> {
+        let b = self.backend.as_ref();
+        let first = state.position;
+        let h = self.model.hidden(b, chunk, state)?;
+        if let (Some(head), Some(draft)) = (&self.model.draft, state.draft.as_mut()) {
+            draft.record(first, &h);
+            let known_end = known_start + known.len();
+            let last = (first + chunk.len()).min(known_end.saturating_sub(1));
+            if last > 0 {
+                head.feed(b, &self.model, draft, known, known_start, last - 1)?;
+            }
+        }
+        Ok(h)
+    }
+
+    /// Generates from a fresh state, calling `on_text` with each piece of text;
+    /// `on_text` returning `Break` cancels.
+    pub fn generate(&self, req: &GenerateRequest, on_text: impl FnMut(&str) -> ControlFlow<()>) -> Result<GenerateOutput> {
+        let mut state = self.new_state()?;
+        self.generate_from(&mut state, req, on_text)
+    }
+
+    /// Generates from `state`, which has already consumed the first
+    /// `state.position` tokens of `req.prompt_ids` (a reused prefix); feeds the
+    /// rest of the prompt, then decodes. Afterwards `state` holds the prompt and
+    /// the generated tokens that were fed back (all but a final one that ended
+    /// generation by length or stop string).
+    pub fn generate_from(
+        &self,
+        state: &mut SequenceState,
+        req: &GenerateRequest,
+        mut on_text: impl FnMut(&str) -> ControlFlow<()>,
+    ) -> Result<GenerateOutput> {
+        req.sampling.validate().map_err(anyhow::Error::msg)?;
+        if state.position >= req.prompt_ids.len() {
+            bail!(
+                "the state already holds {} tokens but the prompt has {}: at least one prompt token must be left to feed",
+                state.position,
+                req.prompt_ids.len()
+            );
+        }
+        let fed = req.prompt_ids.len() - state.position;
+        let start = Instant::now();
+        let logits = self.prefill(&req.prompt_ids[state.position..], state)?;
+        let prefill_seconds = start.elapsed().as_secs_f64();
+
+        let decode_start = Instant::now();
+        let mut strategy: Box<dyn DecodeStrategy> = match &self.model.draft {
+            Some(_) => Box::new(Speculative::new(logits)),
+            None => Box::new(Plain::new(logits)),
+        };
+        let mut sampler = Sampler::new(req.sampling.clone());
+        let mut history = req.prompt_ids.clone();
+        let mut generated = Vec::new();
+        let mut text = String::new();
+        let mut decoder = StreamDecoder::default();
+        let mut stops = StopMatcher::new(&req.stop);
+        let mut finish = FinishReason::Length;
+        let mut hit_stop_string = false;
+        let mut emit = |piece: &str, text: &mut String| -> ControlFlow<()> {
+            if piece.is_empty() {
+                return ControlFlow::Continue(());
+            }
+            text.push_str(piece);
+            on_text(piece)
+        };
+        while generated.len() < req.max_tokens {
+            let next = strategy.next_token(self, state, &history, &mut sampler)?;
+            if !req.ignore_eos && self.codec.eos_ids.contains(&next) {
+                finish = FinishReason::Stop;
+                break;
+            }
+            generated.push(next);
+            history.push(next);
+            let piece = decoder.push(&self.codec, next)?;
+            let (safe, stopped) = stops.push(&piece);
+            if emit(&safe, &mut text).is_break() {
+                finish = FinishReason::Cancelled;
+                break;
+            }
+            if stopped {
+                finish = FinishReason::Stop;
+                hit_stop_string = true;
+                break;
+            }
+        }
+        strategy.finish(self, state)?;
+        if !hit_stop_string {
+            // Flush an incomplete character and any text held back for stop matching.
+            let tail = decoder.finish(&self.codec)?;
+            let (safe, stopped) = stops.push(&tail);
+            let rest = if stopped { String::new() } else { stops.finish() };
+            if stopped {
+                finish = FinishReason::Stop;
+            }
+            let _ = emit(&(safe + &rest), &mut text);
+        }
+        let decode_seconds = decode_start.elapsed().as_secs_f64();
+        let stats = GenerateStats {
+            prompt_tokens: req.prompt_ids.len(),
+            generated_tokens: generated.len(),
+            mtp: strategy.mtp_stats(),
+            prefill_seconds,
+            decode_seconds,
+            prefill_tokens_per_second: per_second(fed, prefill_seconds),
+            // The first generated token comes from the prefill's logits.
+            decode_tokens_per_second: per_second(generated.len().saturating_sub(1), decode_seconds),
+        };
+        Ok(GenerateOutput { prompt_ids: req.prompt_ids.clone(), generated_ids: generated, text, finish_reason: finish, stats })
+    }
+}
+
+/// Perplexity of a text, evaluated in independent windows.
+#[derive(Clone, Debug, Serialize)]
+pub struct Perplexity {
+    pub windows: usize,
+    /// Tokens predicted (each window's first token has no prediction).
+    pub predicted_tokens: usize,
+    pub mean_nll: f64,
+    pub perplexity: f64,
+}
+
+impl Engine {
+    /// Splits `ids` into consecutive windows of `window` tokens and scores each
+    /// from an empty state: the mean negative log-likelihood of every token
+    /// given the ones before it in its window.
+    pub fn perplexity(&self, ids: &[u32], window: usize, max_windows: usize) -> Result<Perplexity> {
+        if window < 2 {
+            bail!("the perplexity window must be at least 2 tokens");
+        }
+        let vocab = self.model.vocab_size();
+        let (mut nll, mut n, mut windows) = (0.0f64, 0usize, 0usize);
+        for chunk in ids.chunks_exact(window).take(max_windows) {
+            let mut state = self.new_state()?;
+            let t = self.model.forward(self.backend.as_ref(), chunk, &mut state, Logits::All)?;
+            let logits = self.backend.download(&t)?;
+            for (i, row) in logits.chunks_exact(vocab).take(window - 1).enumerate() {
+                let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+                let log_sum = row.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln() + max;
+                nll += log_sum - row[chunk[i + 1] as usize] as f64;
+                n += 1;
+            }
+            windows += 1;
+        }
+        if n == 0 {
+            bail!("the text has fewer than {window} tokens: nothing to score");
+        }
+        let mean = nll / n as f64;
+        Ok(Perplexity { windows, predicted_tokens: n, mean_nll: mean, perplexity: mean.exp() })
+    }
+}

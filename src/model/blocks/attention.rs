@@ -1,0 +1,108 @@
+//! Full (softmax) attention with q/k RMSNorm, (partial) RoPE, GQA, an
+//! optional sigmoid output gate and an optional sparse key selection.
+
+use std::any::Any;
+
+use anyhow::{bail, Result};
+use slotstream_backend::{Backend, KeySelection, State, Tensor, Weight};
+
+use super::norm::RmsNorm;
+use super::projections::Projections;
+
+/// Chooses, per query, which earlier keys it attends to (sparse attention,
+/// e.g. qwen4_exp's QSA). Without one, attention is dense and causal.
+pub trait KeySelector: Send + Sync {
+    fn new_state(&self) -> Box<dyn KeySelectorState>;
+    /// Records what it needs of `x` (the layer input, `[tokens, hidden]`, the
+    /// first token at `start`) and returns the selection of its queries, or
+    /// `None` when every one of them attends densely.
+    fn select(&self, b: &dyn Backend, x: &Tensor, st: &mut dyn KeySelectorState, start: usize)
+        -> Result<Option<KeySelection>>;
+}
+
+/// A [`KeySelector`]'s memory of one sequence.
+pub trait KeySelectorState: Send + Sync {
+    /// Forgets every position from `len` on.
+    fn truncate(&mut self, len: usize);
+    fn clone_box(&self) -> Box<dyn KeySelectorState>;
+    fn bytes(&self) -> usize;
+    /// For the selector that made it to reach its own type.
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+pub struct Attention {
+    /// `q` (followed by the gate when `gated`), `k` and `v` projections.
+    pub qkv: Projections,
+    pub o_proj: Weight,
+    pub q_norm: RmsNorm,
+    pub k_norm: RmsNorm,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub rotary_dim: usize,
+    pub rope_theta: f32,
+    pub gated: bool,
+    pub selector: Option<Box<dyn KeySelector>>,
+}
+
+/// The KV cache of one attention layer, and its key selector's memory.
+pub struct AttentionState {
+    pub kv: State,
+    pub selector: Option<Box<dyn KeySelectorState>>,
+}
+
+impl AttentionState {
+    pub fn clone_with(&self, b: &dyn Backend) -> Result<AttentionState> {
+        Ok(AttentionState { kv: b.clone_state(&self.kv)?, selector: self.selector.as_ref().map(|s| s.clone_box()) })
+    }
+
+    /// Forgets every position from `len` on (speculative decoding's rollback).
+    pub fn truncate(&mut self, b: &dyn Backend, len: usize) -> Result<()> {
+        b.kv_truncate(&mut self.kv, len)?;
+        if let Some(s) = self.selector.as_mut() {
+            s.truncate(len);
+        }
+        Ok(())
+    }
+}
+
+impl Attention {
+    pub fn new_state(&self, b: &dyn Backend) -> Result<AttentionState> {
+        Ok(AttentionState {
+            kv: b.new_kv_cache(self.kv_heads, self.head_dim)?,
+            selector: self.selector.as_ref().map(|s| s.new_state()),
+        })
+    }
+
+    /// `x: [tokens, hidden]`, the first token at position `start`.
+    pub fn forward(&self, b: &dyn Backend, x: &Tensor, st: &mut AttentionState, start: usize) -> Result<Tensor> {
+        let tokens = x.rows();
+        let selection = match (&self.selector, st.selector.as_mut()) {
+            (Some(sel), Some(s)) => sel.select(b, x, s.as_mut(), start)?,
+            (None, None) => None,
+            _ => bail!("attention layer and its state disagree about the key selector"),
+        };
+        let (h, kvh, hd) = (self.heads, self.kv_heads, self.head_dim);
+        let p = self.qkv.forward(b, x)?;
+        let (projected, k, v) = (p.get("q")?, p.get("k")?, p.get("v")?);
+        let (q, gate) = if self.gated {
+            (b.slice_cols(projected, 0, h * hd)?, Some(b.slice_cols(projected, h * hd, h * hd)?))
+        } else {
+            (projected.clone(), None)
+        };
+        let q = self.q_norm.forward(b, &q)?;
+        let k = self.k_norm.forward(b, k)?;
+        if b.kv_len(&st.kv)? != start {
+            bail!("KV cache holds {} positions but the call starts at {start}", b.kv_len(&st.kv)?);
+        }
+        let q = b.rope(&q.reshape(&[tokens, h, hd])?, hd, self.rotary_dim, self.rope_theta, start)?;
+        let k = b.rope(&k.reshape(&[tokens, kvh, hd])?, hd, self.rotary_dim, self.rope_theta, start)?;
+        let q = q.reshape(&[tokens, h * hd])?;
+        let k = k.reshape(&[tokens, kvh * hd])?;
+        let mut out = b.attention(&q, &k, v, &mut st.kv, h, (hd as f32).powf(-0.5), selection.as_ref())?;
+        if let Some(gate) = gate {
+            out = b.sigmoid_mul(&out, &gate)?;
+        }
+        Ok(b.matmul(&out, &self.o_proj)?)
+    }
+}

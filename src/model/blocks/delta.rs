@@ -1,0 +1,64 @@
+//! Gated DeltaNet linear attention (qwen3_next, qwen4_exp): a causal
+//! convolution, then the gated delta rule over a fixed-size recurrent state.
+
+use anyhow::Result;
+use slotstream_backend::{Backend, GateAct, State, Tensor, Weight};
+
+use super::projections::Projections;
+use crate::model::arch::DeltaDims;
+
+/// Gated DeltaNet. Its projections name their outputs `qkv` (the
+/// convolution's input: q, k and v side by side), `z` (the output gate), `b`
+/// (beta) and `a` (the decay), however the checkpoint stores them.
+pub struct GatedDeltaNet {
+    pub projections: Projections,
+    /// Activation of the output gate `z`.
+    pub gate_act: GateAct,
+    pub conv_weight: Tensor,
+    pub a_log: Tensor,
+    pub dt_bias: Tensor,
+    pub norm: Tensor,
+    pub out_proj: Weight,
+    pub dims: DeltaDims,
+    pub eps: f32,
+}
+
+/// Conv window and recurrent matrix of one Gated DeltaNet layer.
+pub struct DeltaState {
+    pub conv: State,
+    pub recurrent: State,
+}
+
+impl DeltaState {
+    pub fn clone_with(&self, b: &dyn Backend) -> Result<DeltaState> {
+        Ok(DeltaState { conv: b.clone_state(&self.conv)?, recurrent: b.clone_state(&self.recurrent)? })
+    }
+}
+
+impl GatedDeltaNet {
+    pub fn new_state(&self, b: &dyn Backend) -> Result<DeltaState> {
+        let d = &self.dims;
+        Ok(DeltaState {
+            conv: b.new_conv_state(d.conv_channels(), d.conv_kernel, 1)?,
+            recurrent: b.new_recurrent_state(d.value_heads, d.key_dim, d.value_dim)?,
+        })
+    }
+
+    pub fn forward(&self, b: &dyn Backend, x: &Tensor, st: &mut DeltaState) -> Result<Tensor> {
+        let d = &self.dims;
+        let key_total = d.key_heads * d.key_dim;
+        let value_total = d.value_heads * d.value_dim;
+        let p = self.projections.forward(b, x)?;
+        let conv = b.causal_conv1d_silu(p.get("qkv")?, &self.conv_weight, &mut st.conv)?;
+        let q = b.slice_cols(&conv, 0, key_total)?;
+        let k = b.slice_cols(&conv, key_total, key_total)?;
+        let v = b.slice_cols(&conv, 2 * key_total, value_total)?;
+        // Unit-norm q and k; the readout scale 1/sqrt(key_dim) is folded into q.
+        let q = b.l2_normalize(&q, d.key_dim, 1e-6, (d.key_dim as f32).powf(-0.5))?;
+        let k = b.l2_normalize(&k, d.key_dim, 1e-6, 1.0)?;
+        let (g, beta) = b.delta_gates(p.get("a")?, p.get("b")?, &self.a_log, &self.dt_bias)?;
+        let y = b.gated_delta(&q, &k, &v, &g, &beta, d.key_heads, &mut st.recurrent)?;
+        let y = b.rms_norm_gated(&y, p.get("z")?, &self.norm, d.value_dim, self.eps, self.gate_act)?;
+        Ok(b.matmul(&y, &self.out_proj)?)
+    }
+}

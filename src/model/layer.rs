@@ -1,0 +1,206 @@
+//! One decoder layer: a token mixer and a feed-forward block, wired around
+//! the residual stream by a [`Residual`], and the per-sequence state it keeps.
+//!
+//! The wiring is a trait so that a family with its own (qwen4_exp's
+//! hyper-connections and n-gram embedding) keeps it in its own folder; the
+//! plain pre-norm wiring is [`PreNorm`].
+
+use anyhow::{bail, Result};
+use serde::Serialize;
+use slotstream_backend::{Backend, State, Tensor};
+
+use super::blocks::attention::{Attention, AttentionState};
+use super::blocks::delta::{DeltaState, GatedDeltaNet};
+use super::blocks::mlp::Mlp;
+use super::blocks::moe::MoeBlock;
+use super::blocks::norm::RmsNorm;
+use crate::experts::ExpertCache;
+
+/// Token mixer of one decoder layer.
+pub enum Mixer {
+    Attention(Attention),
+    Delta(GatedDeltaNet),
+}
+
+/// Feed-forward of one decoder layer.
+pub enum FeedForward {
+    Dense(Mlp),
+    Moe(MoeBlock),
+}
+
+/// Which of a layer's two blocks a [`Residual`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Block {
+    Mixer,
+    FeedForward,
+}
+
+/// What a [`Residual`] may use besides the hidden state.
+pub struct ResidualInputs<'a> {
+    /// The tokens of this call.
+    pub ids: &'a [u32],
+    /// The backend states this wiring keeps for the sequence ([`Residual::new_state`]).
+    pub state: &'a mut [State],
+    /// What [`Residual::read_ahead`] returned for this call.
+    pub read_ahead: Option<Vec<f32>>,
+}
+
+/// Work that depends on the token ids alone, run on its own thread while the
+/// layers below run.
+pub type ReadAhead<'a> = Box<dyn FnOnce() -> Result<Vec<f32>> + Send + 'a>;
+
+/// Counters of a cache of rows streamed from disk by token id.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct RowCacheStats {
+    pub hits: u64,
+    pub misses: u64,
+    pub bytes_read: u64,
+    pub cached_rows: usize,
+    pub capacity_rows: usize,
+}
+
+impl RowCacheStats {
+    pub fn plus(&self, o: &RowCacheStats) -> RowCacheStats {
+        RowCacheStats {
+            hits: self.hits + o.hits,
+            misses: self.misses + o.misses,
+            bytes_read: self.bytes_read + o.bytes_read,
+            cached_rows: self.cached_rows + o.cached_rows,
+            capacity_rows: self.capacity_rows + o.capacity_rows,
+        }
+    }
+}
+
+/// Runs one of a layer's blocks on its input.
+pub type RunBlock<'a> = &'a mut dyn FnMut(Block, &Tensor) -> Result<Tensor>;
+
+/// How a layer's blocks are wrapped around the residual stream.
+pub trait Residual: Send + Sync {
+    /// Backend states kept per sequence (a convolution window, ...).
+    fn new_state(&self, _b: &dyn Backend) -> Result<Vec<State>> {
+        Ok(Vec::new())
+    }
+
+    /// How many of the sequence's latest tokens [`Residual::read_ahead`] needs.
+    fn token_context(&self) -> usize {
+        0
+    }
+
+    /// Starts work on `ids` (which follow the tokens `recent`) that needs no
+    /// hidden state; its result comes back as [`ResidualInputs::read_ahead`].
+    fn read_ahead<'a>(&'a self, _ids: &'a [u32], _recent: &[u32]) -> Option<ReadAhead<'a>> {
+        None
+    }
+
+    /// Counters of a row cache this wiring streams through (n-gram rows).
+    fn row_cache_stats(&self) -> Option<RowCacheStats> {
+        None
+    }
+
+    /// For tests and tools that look inside a family's wiring.
+    fn as_any(&self) -> &dyn std::any::Any;
+
+    /// The layer's output for `x`; `block` runs the mixer or feed-forward.
+    fn forward(&self, b: &dyn Backend, x: &Tensor, inputs: ResidualInputs<'_>, block: RunBlock<'_>) -> Result<Tensor>;
+}
+
+/// What turns the last hidden state into the input of `lm_head`: a final
+/// norm, or a collapse of several residual streams.
+pub trait Head: Send + Sync {
+    fn collapse(&self, b: &dyn Backend, h: &Tensor) -> Result<Tensor>;
+}
+
+pub struct DecoderLayer {
+    pub residual: Box<dyn Residual>,
+    pub mixer: Mixer,
+    pub ffn: FeedForward,
+}
+
+/// A mixer's per-sequence state.
+pub enum MixerState {
+    Attention(AttentionState),
+    Delta(DeltaState),
+}
+
+/// Per-layer state of one sequence.
+pub struct LayerState {
+    pub mixer: MixerState,
+    /// The residual wiring's own states.
+    pub residual: Vec<State>,
+}
+
+impl LayerState {
+    pub fn clone_with(&self, b: &dyn Backend) -> Result<LayerState> {
+        let mixer = match &self.mixer {
+            MixerState::Attention(a) => MixerState::Attention(a.clone_with(b)?),
+            MixerState::Delta(d) => MixerState::Delta(d.clone_with(b)?),
+        };
+        let residual = self.residual.iter().map(|s| b.clone_state(s)).collect::<Result<Vec<_>, _>>()?;
+        Ok(LayerState { mixer, residual })
+    }
+}
+
+impl DecoderLayer {
+    pub fn new_state(&self, b: &dyn Backend) -> Result<LayerState> {
+        let mixer = match &self.mixer {
+            Mixer::Attention(a) => MixerState::Attention(a.new_state(b)?),
+            Mixer::Delta(d) => MixerState::Delta(d.new_state(b)?),
+        };
+        Ok(LayerState { mixer, residual: self.residual.new_state(b)? })
+    }
+
+    /// The layer over `x` (`[tokens, streams*hidden]`); `ids` are the tokens
+    /// of this call, the first at position `start`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        b: &dyn Backend,
+        x: &Tensor,
+        ids: &[u32],
+        start: usize,
+        st: &mut LayerState,
+        read_ahead: Option<Vec<f32>>,
+        experts: &mut ExpertCache,
+    ) -> Result<Tensor> {
+        let LayerState { mixer: mixer_state, residual } = st;
+        let mut block = |which: Block, input: &Tensor| -> Result<Tensor> {
+            match which {
+                Block::Mixer => match (&self.mixer, &mut *mixer_state) {
+                    (Mixer::Attention(a), MixerState::Attention(s)) => a.forward(b, input, s, start),
+                    (Mixer::Delta(d), MixerState::Delta(s)) => d.forward(b, input, s),
+                    _ => bail!("sequence state does not match the layer kind"),
+                },
+                Block::FeedForward => match &self.ffn {
+                    FeedForward::Dense(m) => m.forward(b, input),
+                    FeedForward::Moe(m) => m.forward(b, input, experts),
+                },
+            }
+        };
+        let inputs = ResidualInputs { ids, state: residual, read_ahead };
+        self.residual.forward(b, x, inputs, &mut block)
+    }
+}
+
+/// `h = x + mixer(input_norm(x)); h + ffn(post_norm(h))` (qwen3_moe, qwen3_next).
+pub struct PreNorm {
+    pub input: RmsNorm,
+    pub post: RmsNorm,
+}
+
+impl Residual for PreNorm {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn forward(&self, b: &dyn Backend, x: &Tensor, _inputs: ResidualInputs<'_>, block: RunBlock<'_>) -> Result<Tensor> {
+        let h = b.add(x, &block(Block::Mixer, &self.input.forward(b, x)?)?)?;
+        let ff = block(Block::FeedForward, &self.post.forward(b, &h)?)?;
+        Ok(b.add(&h, &ff)?)
+    }
+}
+
+impl Head for RmsNorm {
+    fn collapse(&self, b: &dyn Backend, h: &Tensor) -> Result<Tensor> {
+        self.forward(b, h)
+    }
+}

@@ -1,0 +1,52 @@
+//! How a model is loaded: the expert pool's size and what else to load or keep.
+
+/// How many expert slots to give the pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertSlots {
+    /// One slot per expert of every layer: nothing is ever evicted.
+    All,
+    /// A fixed number of slots (at least one token's experts).
+    Count(usize),
+}
+
+/// Options for [`load`].
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    pub expert_slots: ExpertSlots,
+    /// Load the MTP head when the checkpoint has one.
+    pub mtp: bool,
+    /// Bound of the dequantized n-gram row cache (qwen4_exp's PLE).
+    pub ngram_cache_bytes: usize,
+    /// When the pool has a slot for every expert, read them all at load, so
+    /// that a resident model's first tokens wait on no reads.
+    pub preload_experts: bool,
+    /// Concatenate linear layers over one input into one weight (one matmul).
+    /// Off only for before/after measurements.
+    pub fuse_projections: bool,
+}
+
+/// Default bound of the n-gram row cache.
+pub const DEFAULT_NGRAM_CACHE_BYTES: usize = 64 << 20;
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            expert_slots: ExpertSlots::All,
+            mtp: false,
+            ngram_cache_bytes: DEFAULT_NGRAM_CACHE_BYTES,
+            preload_experts: false,
+            fuse_projections: true,
+        }
+    }
+}
+
+impl LoadOptions {
+    /// Applies the measurement knob `SLOTSTREAM_FUSED_PROJECTIONS=0` (keep
+    /// projections apart). The only place it is read.
+    pub fn with_env_overrides(mut self) -> Self {
+        if std::env::var("SLOTSTREAM_FUSED_PROJECTIONS").is_ok_and(|v| v == "0") {
+            self.fuse_projections = false;
+        }
+        self
+    }
+}
