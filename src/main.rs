@@ -1,5 +1,4 @@
 //! The `slotstream` command line.
-
 //!
 //! Parses the flags into the library's option values, calls the library and
 //! prints what it returns; the work itself lives in the `slotstream` crate.
