@@ -36,7 +36,7 @@ impl HyperMixer {
         let normed = b.rms_norm(h, Some(&self.norm), self.hidden, self.eps)?;
         let low = b.silu(&b.scale(&b.matmul(&normed, &self.down)?, 1.0 / self.streams as f32)?)?;
         let mix = b.matmul(&low, &self.up)?;
-        let x = b.hc_mix(&normed, &mix, self.streams)?;
+        let x = b.sigmoid_weighted_stream_mean(&normed, &mix, self.streams)?;
         let inject = match &self.inject {
             Some(w) => Some(b.matmul(&normed, w)?),
             None => None,
@@ -49,7 +49,7 @@ impl HyperMixer {
         let (x, logits) = self.mix(b, h)?;
         let logits = logits.context("a hyper-connection block without injection weights wraps a layer")?;
         let y = block(&x)?;
-        Ok(b.hc_inject(h, &y, &logits, 1.0 / self.streams as f32)?)
+        Ok(b.add_gated_to_streams(h, &y, &logits, 1.0 / self.streams as f32)?)
     }
 }
 
@@ -110,7 +110,7 @@ impl Ple {
         let key = b.rms_norm(&b.matmul(&emb, &self.key_proj)?, Some(&self.norm_key), d, self.eps)?;
         let value = b.matmul(&emb, &self.value_proj)?;
         let query = b.rms_norm(h, Some(&self.norm_query), d, self.eps)?;
-        let gated = b.ple_gate(&key, &query, &value, self.streams)?;
+        let gated = b.stream_dot_gate(&key, &query, &value, self.streams)?;
         let conv_in = b.rms_norm(&gated, Some(&self.norm_conv), d, self.eps)?;
         let conv = b.causal_conv1d_silu(&conv_in, &self.conv, &mut st.conv)?;
         Ok(b.add(&gated, &conv)?)

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use slotstream_backend::{
     shape_error, Backend, BackendError, ExpertAssignment, ExpertLayout, ExpertPool, GateAct, HostExpert, HostMatrix,
-    KeySelection, Result, State, Tensor, Weight,
+    KeySelection, Result, State, Tensor, Weight, DType, DeviceState,
 };
 
 pub use device::AdapterChoice;
@@ -180,6 +180,7 @@ fn selection_rows(sel: &KeySelection, past: usize, tokens: usize) -> (Vec<u32>, 
 /// Keys and values of one attention layer, `[capacity, kv_heads*head_dim]`,
 /// grown by doubling.
 pub struct GpuKvCache {
+    gpu: Arc<Gpu>,
     kv_heads: usize,
     head_dim: usize,
     len: usize,
@@ -191,6 +192,7 @@ pub struct GpuKvCache {
 /// The last `(kernel-1)*dilation` inputs of a causal convolution,
 /// `[(kernel-1)*dilation, channels]`.
 pub struct GpuConvState {
+    gpu: Arc<Gpu>,
     channels: usize,
     kernel: usize,
     dilation: usize,
@@ -201,6 +203,7 @@ pub struct GpuConvState {
 
 /// Gated DeltaNet matrix state, `[heads, value_dim, key_dim]`.
 pub struct GpuRecurrentState {
+    gpu: Arc<Gpu>,
     heads: usize,
     key_dim: usize,
     value_dim: usize,
@@ -565,7 +568,7 @@ impl Backend for WgpuBackend {
         Ok(out)
     }
 
-    fn hc_mix(&self, normed: &Tensor, mix: &Tensor, streams: usize) -> Result<Tensor> {
+    fn sigmoid_weighted_stream_mean(&self, normed: &Tensor, mix: &Tensor, streams: usize) -> Result<Tensor> {
         same_shape("hc_mix", normed, mix)?;
         if streams == 0 || normed.cols() % streams != 0 {
             return Err(shape_error("hc_mix", format!("{:?} is not {streams} streams", normed.shape())));
@@ -578,7 +581,7 @@ impl Backend for WgpuBackend {
         Ok(out)
     }
 
-    fn hc_inject(&self, h: &Tensor, x: &Tensor, logits: &Tensor, logit_scale: f32) -> Result<Tensor> {
+    fn add_gated_to_streams(&self, h: &Tensor, x: &Tensor, logits: &Tensor, logit_scale: f32) -> Result<Tensor> {
         let (rows, streams, d) = (h.rows(), logits.cols(), x.cols());
         if x.rows() != rows || logits.rows() != rows || h.cols() != streams * d {
             return Err(shape_error("hc_inject", format!("h {:?}, x {:?}, logits {:?}", h.shape(), x.shape(), logits.shape())));
@@ -590,7 +593,7 @@ impl Backend for WgpuBackend {
         Ok(out)
     }
 
-    fn ple_gate(&self, key: &Tensor, query: &Tensor, value: &Tensor, streams: usize) -> Result<Tensor> {
+    fn stream_dot_gate(&self, key: &Tensor, query: &Tensor, value: &Tensor, streams: usize) -> Result<Tensor> {
         same_shape("ple_gate", key, query)?;
         let (rows, d) = (value.rows(), value.cols());
         if streams == 0 || key.rows() != rows || key.cols() != streams * d {
@@ -725,6 +728,7 @@ impl Backend for WgpuBackend {
         let capacity = 256;
         let row = 4 * (kv_heads * head_dim) as u64;
         Ok(State::new(Box::new(GpuKvCache {
+            gpu: self.gpu.clone(),
             kv_heads,
             head_dim,
             len: 0,
@@ -732,6 +736,10 @@ impl Backend for WgpuBackend {
             keys: self.gpu.zeroed("kv keys", row * capacity as u64),
             values: self.gpu.zeroed("kv values", row * capacity as u64),
         })))
+    }
+
+    fn kv_cache_dtype(&self) -> DType {
+        DType::F32
     }
 
     fn kv_len(&self, cache: &State) -> Result<usize> {
@@ -823,7 +831,7 @@ impl Backend for WgpuBackend {
         let bytes = 4 * ((kernel - 1) * dilation * channels) as u64;
         let window = self.gpu.zeroed("conv window", bytes);
         let spare = self.gpu.zeroed("conv window", bytes);
-        Ok(State::new(Box::new(GpuConvState { channels, kernel, dilation, window, spare })))
+        Ok(State::new(Box::new(GpuConvState { gpu: self.gpu.clone(), channels, kernel, dilation, window, spare })))
     }
 
     fn causal_conv1d(&self, x: &Tensor, w: &Tensor, state: &mut State) -> Result<Tensor> {
@@ -842,7 +850,7 @@ impl Backend for WgpuBackend {
             )));
         }
         let s = self.gpu.zeroed("recurrent state", 4 * (heads * key_dim * value_dim) as u64);
-        Ok(State::new(Box::new(GpuRecurrentState { heads, key_dim, value_dim, s })))
+        Ok(State::new(Box::new(GpuRecurrentState { gpu: self.gpu.clone(), heads, key_dim, value_dim, s })))
     }
 
     fn delta_gates(&self, a: &Tensor, b: &Tensor, a_log: &Tensor, dt_bias: &Tensor) -> Result<(Tensor, Tensor)> {
@@ -952,40 +960,55 @@ impl Backend for WgpuBackend {
         self.elementwise("moe_combine", [u(n), u(hidden), 0, 0, 0, u(top_k), 0, 0], &[(2, buf(outputs)?), (4, whole(&wb)), (3, ob.bind())], n)?;
         Ok(out)
     }
+}
 
-    fn clone_state(&self, state: &State) -> Result<State> {
-        let dup = |b: &wgpu::Buffer, label: &str| -> Result<wgpu::Buffer> {
-            let copy = self.gpu.zeroed(label, b.size());
-            self.gpu.copy(b, 0, &copy, 0, b.size())?;
-            Ok(copy)
-        };
-        if let Some(c) = state.get::<GpuKvCache>() {
-            return Ok(State::new(Box::new(GpuKvCache {
-                kv_heads: c.kv_heads,
-                head_dim: c.head_dim,
-                len: c.len,
-                capacity: c.capacity,
-                keys: dup(&c.keys, "kv keys")?,
-                values: dup(&c.values, "kv values")?,
-            })));
-        }
-        if let Some(c) = state.get::<GpuConvState>() {
-            return Ok(State::new(Box::new(GpuConvState {
-                channels: c.channels,
-                kernel: c.kernel,
-                dilation: c.dilation,
-                window: dup(&c.window, "conv window")?,
-                spare: self.gpu.zeroed("conv window", c.spare.size()),
-            })));
-        }
-        if let Some(r) = state.get::<GpuRecurrentState>() {
-            return Ok(State::new(Box::new(GpuRecurrentState {
-                heads: r.heads,
-                key_dim: r.key_dim,
-                value_dim: r.value_dim,
-                s: dup(&r.s, "recurrent state")?,
-            })));
-        }
-        Err(BackendError::Device("state does not belong to the wgpu backend".into()))
+/// A device copy of `b` (recorded in op order, after every earlier write).
+fn duplicate_buffer(gpu: &Gpu, b: &wgpu::Buffer, label: &str) -> Result<wgpu::Buffer> {
+    let copy = gpu.zeroed(label, b.size());
+    gpu.copy(b, 0, &copy, 0, b.size())?;
+    Ok(copy)
+}
+
+impl DeviceState for GpuKvCache {
+    fn duplicate(&self) -> Result<Box<dyn DeviceState>> {
+        Ok(Box::new(GpuKvCache {
+            gpu: self.gpu.clone(),
+            keys: duplicate_buffer(&self.gpu, &self.keys, "kv keys")?,
+            values: duplicate_buffer(&self.gpu, &self.values, "kv values")?,
+            ..*self
+        }))
+    }
+
+    fn bytes(&self) -> usize {
+        (self.keys.size() + self.values.size()) as usize
+    }
+}
+
+impl DeviceState for GpuConvState {
+    fn duplicate(&self) -> Result<Box<dyn DeviceState>> {
+        Ok(Box::new(GpuConvState {
+            gpu: self.gpu.clone(),
+            window: duplicate_buffer(&self.gpu, &self.window, "conv window")?,
+            spare: self.gpu.zeroed("conv window", self.spare.size()),
+            ..*self
+        }))
+    }
+
+    fn bytes(&self) -> usize {
+        (self.window.size() + self.spare.size()) as usize
+    }
+}
+
+impl DeviceState for GpuRecurrentState {
+    fn duplicate(&self) -> Result<Box<dyn DeviceState>> {
+        Ok(Box::new(GpuRecurrentState {
+            gpu: self.gpu.clone(),
+            s: duplicate_buffer(&self.gpu, &self.s, "recurrent state")?,
+            ..*self
+        }))
+    }
+
+    fn bytes(&self) -> usize {
+        self.s.size() as usize
     }
 }
