@@ -58,8 +58,10 @@ use weights::{GpuPool, GpuWeight};
 #[derive(Clone)]
 pub struct WgpuBackend {
     gpu: Arc<Gpu>,
-    /// The settings it was built with, `matmul` resolved for the adapter.
+    /// The settings it was built with.
     options: WgpuOptions,
+    /// `options.matmul`, or the adapter's default where that is `None`.
+    mode: MatmulMode,
 }
 
 impl WgpuBackend {
@@ -86,41 +88,42 @@ impl WgpuBackend {
         WgpuBackend::open(choice, WgpuOptions { matmul: Some(MatmulMode::Exact), ..WgpuOptions::from_env() }, false)
     }
 
-    fn open(choice: &AdapterChoice, mut options: WgpuOptions, bounds_checks: bool) -> Result<WgpuBackend> {
+    fn open(choice: &AdapterChoice, options: WgpuOptions, bounds_checks: bool) -> Result<WgpuBackend> {
         let adapter = device::select_adapter(choice)?;
         let gpu = Gpu::open(adapter, &options, bounds_checks)?;
         // Int8 was measured faster on real GPUs; a software rasterizer (tests) stays exact.
         let by_adapter =
             if gpu.info.device_type == wgpu::DeviceType::Cpu { MatmulMode::Exact } else { MatmulMode::Int8 };
-        options.matmul = Some(options.matmul.unwrap_or(by_adapter));
-        Ok(WgpuBackend { gpu: Arc::new(gpu), options })
+        let mode = options.matmul.unwrap_or(by_adapter);
+        Ok(WgpuBackend { gpu: Arc::new(gpu), options, mode })
     }
 
     /// The same device with matmuls in `mode` (a clone: shares the device,
     /// its pipelines and its command recorder).
     pub fn with_matmul_mode(&self, mode: MatmulMode) -> WgpuBackend {
-        WgpuBackend { gpu: self.gpu.clone(), options: WgpuOptions { matmul: Some(mode), ..self.options.clone() } }
+        WgpuBackend { mode, ..self.clone() }
     }
 
     /// The same device with int8 mode applied to weights of at least `bytes`
     /// bytes instead of [`INT8_MIN_BYTES`] (tests and benchmarks use 0 to
     /// reach the int8 kernels with small matrices).
     pub fn with_int8_min_bytes(&self, bytes: usize) -> WgpuBackend {
-        WgpuBackend { gpu: self.gpu.clone(), options: WgpuOptions { int8_min_bytes: bytes, ..self.options.clone() } }
+        WgpuBackend { options: WgpuOptions { int8_min_bytes: bytes, ..self.options.clone() }, ..self.clone() }
     }
 
     pub fn matmul_mode(&self) -> MatmulMode {
-        self.options.matmul.unwrap_or(MatmulMode::Exact)
+        self.mode
     }
 
-    /// The settings this backend runs with (`matmul` resolved for the adapter).
+    /// The settings this backend was built with (see [`WgpuBackend::matmul_mode`]
+    /// for the mode it runs in).
     pub fn options(&self) -> &WgpuOptions {
         &self.options
     }
 
     fn matmul_choice(&self) -> MatmulChoice {
         MatmulChoice {
-            mode: self.matmul_mode(),
+            mode: self.mode,
             int8_min_bytes: self.options.int8_min_bytes,
             q4_eight_rows_from: self.options.q4_eight_rows_from,
         }

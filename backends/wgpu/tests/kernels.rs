@@ -18,6 +18,7 @@ use common::{gpu, rel_l2, Rng};
 use half::{bf16, f16};
 use slotstream_backend::{Backend, DType, ExpertAssignment, ExpertLayout, GateAct, HostExpert, HostMatrix, KeySelection, MatrixData, MatrixFormat, Tensor};
 use slotstream_cpu::CpuBackend;
+use slotstream_wgpu::{AdapterChoice, MatmulMode, WgpuBackend, WgpuOptions};
 
 const TOL: f64 = 1e-5;
 
@@ -131,6 +132,32 @@ fn matmul_all_formats_decode_and_prefill() {
                 b.matmul(&up(b, &x, &[tokens, cols]), &w).expect("matmul")
             });
         }
+    }
+}
+
+/// One-token products of interleaved 4-bit weights take eight rows per
+/// subgroup only from `q4_eight_rows_from` rows on (8192 by default): a second
+/// backend with that option at 1 reaches the kernel with a small matrix.
+#[test]
+fn matvec_eight_rows_per_subgroup() {
+    if gpu().is_none() {
+        return;
+    }
+    let options = WgpuOptions { matmul: Some(MatmulMode::Exact), q4_eight_rows_from: 1, ..WgpuOptions::default() };
+    let g = WgpuBackend::with_options(&AdapterChoice::allow_software(), options).expect("opening a second wgpu backend");
+    let cpu = CpuBackend::exact();
+    let mut rng = Rng::new(21);
+    for format in [affine(4, 64), MatrixFormat::Affine { bits: 4, group_size: 32, scale_dtype: DType::F16 }] {
+        // 75 rows: the last subgroup's eight rows are partly past the end.
+        let (rows, cols) = (75, 512);
+        let m = matrix(&mut rng, format, 1, rows, cols);
+        let x = rng.vec(cols, 2.0);
+        let run = |b: &dyn Backend| {
+            let w = b.load_weight(&m).expect("load_weight");
+            b.download(&b.matmul(&up(b, &x, &[1, cols]), &w).expect("matmul")).expect("download")
+        };
+        let err = rel_l2(&run(&g), &run(&cpu));
+        assert!(err <= TOL, "{}: eight-row matvec differs from CPU, rel L2 {err:.3e}", format_name(format));
     }
 }
 
