@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use slotstream::model::qwen4_exp::hyper::HyperResidual;
 use slotstream::model::{self, ExpertSlots, LoadOptions};
 use slotstream_backend::{
-    Backend, BackendError, ExpertAssignment, ExpertLayout, ExpertPool, GateAct, HostExpert, HostMatrix, KeySelection,
+    Backend, BackendError, DType, ExpertAssignment, ExpertLayout, ExpertPool, GateAct, HostExpert, HostMatrix, KeySelection,
     Result, State, Tensor, Weight,
 };
 
@@ -78,14 +78,14 @@ impl Backend for ShapeOnly {
     fn repeat_cols(&self, _: &Tensor, _: usize) -> Result<Tensor> {
         Err(no("repeat_cols"))
     }
-    fn hc_mix(&self, _: &Tensor, _: &Tensor, _: usize) -> Result<Tensor> {
-        Err(no("hc_mix"))
+    fn sigmoid_weighted_stream_mean(&self, _: &Tensor, _: &Tensor, _: usize) -> Result<Tensor> {
+        Err(no("sigmoid_weighted_stream_mean"))
     }
-    fn hc_inject(&self, _: &Tensor, _: &Tensor, _: &Tensor, _: f32) -> Result<Tensor> {
-        Err(no("hc_inject"))
+    fn add_gated_to_streams(&self, _: &Tensor, _: &Tensor, _: &Tensor, _: f32) -> Result<Tensor> {
+        Err(no("add_gated_to_streams"))
     }
-    fn ple_gate(&self, _: &Tensor, _: &Tensor, _: &Tensor, _: usize) -> Result<Tensor> {
-        Err(no("ple_gate"))
+    fn stream_dot_gate(&self, _: &Tensor, _: &Tensor, _: &Tensor, _: usize) -> Result<Tensor> {
+        Err(no("stream_dot_gate"))
     }
     fn embed(&self, _: &Weight, _: &[u32]) -> Result<Tensor> {
         Err(no("embed"))
@@ -107,6 +107,9 @@ impl Backend for ShapeOnly {
     }
     fn new_kv_cache(&self, _: usize, _: usize) -> Result<State> {
         Err(no("new_kv_cache"))
+    }
+    fn kv_cache_dtype(&self) -> DType {
+        DType::F32
     }
     fn kv_len(&self, _: &State) -> Result<usize> {
         Err(no("kv_len"))

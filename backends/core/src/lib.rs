@@ -14,6 +14,7 @@
 use std::any::Any;
 use std::sync::Arc;
 
+pub mod checks;
 mod host;
 pub use host::{DType, HostMatrix, MatrixData};
 
@@ -108,21 +109,60 @@ impl Weight {
     }
 }
 
+/// What every per-sequence state a backend hands out (a KV cache, a
+/// convolution window, a recurrent matrix state) can do, whichever device
+/// holds it. The owning backend reaches its concrete type through
+/// [`State::get`] / [`State::get_mut`].
+pub trait DeviceState: AsAny + Send + Sync {
+    /// A deep copy (prefix caching, speculative rollback): later updates to
+    /// either copy leave the other as it was.
+    fn duplicate(&self) -> Result<Box<dyn DeviceState>>;
+    /// Bytes the state occupies on its device (for memory accounting).
+    fn bytes(&self) -> usize;
+}
+
+/// Access to a value's concrete type, implemented for every `'static` type so
+/// that a [`DeviceState`] need not write it out.
+pub trait AsAny {
+    fn as_any(&self) -> &dyn Any;
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+impl<T: Any> AsAny for T {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
 /// Mutable per-sequence state owned by a backend (a KV cache, a convolution
 /// window, a recurrent matrix state).
 pub struct State {
-    inner: Box<dyn Any + Send + Sync>,
+    inner: Box<dyn DeviceState>,
 }
 
 impl State {
-    pub fn new(inner: Box<dyn Any + Send + Sync>) -> Self {
+    pub fn new(inner: Box<dyn DeviceState>) -> Self {
         State { inner }
     }
+    /// The state as the backend's type `T`, or `None` when another backend
+    /// (or another kind of state) made it.
     pub fn get<T: 'static>(&self) -> Option<&T> {
-        self.inner.downcast_ref::<T>()
+        // Through the trait object: `self.inner.as_any()` would name the Box.
+        AsAny::as_any(&*self.inner).downcast_ref::<T>()
     }
     pub fn get_mut<T: 'static>(&mut self) -> Option<&mut T> {
-        self.inner.downcast_mut::<T>()
+        AsAny::as_any_mut(&mut *self.inner).downcast_mut::<T>()
+    }
+    /// A deep copy of the state (see [`DeviceState::duplicate`]).
+    pub fn duplicate(&self) -> Result<State> {
+        Ok(State { inner: self.inner.duplicate()? })
+    }
+    /// Bytes the state occupies on its device.
+    pub fn bytes(&self) -> usize {
+        self.inner.bytes()
     }
 }
 
@@ -202,13 +242,13 @@ impl ExpertPool {
 /// Activation applied to the gate of [`Backend::rms_norm_gated`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GateAct {
-    /// `silu(z)` (qwen3_next).
+    /// `silu(z)` (qwen3_next's gated norm).
     Silu,
     /// `sigmoid(z)` (qwen4_exp, `output_gate_type: sigmoid`).
     Sigmoid,
 }
 
-/// Which keys each query of an attention call may see (QSA sparse attention).
+/// Which keys each query of an attention call may see (block-sparse attention).
 ///
 /// Keys are grouped in blocks of `block` positions. Query `t` of the call has
 /// `per_query` entries `blocks[t*per_query..(t+1)*per_query]`:
@@ -281,20 +321,24 @@ pub trait Backend: Send + Sync {
     /// `x * s`.
     fn scale(&self, x: &Tensor, s: f32) -> Result<Tensor>;
 
-    // ---- hyper-connections (qwen4_exp) ----
+    // ---- multi-stream residuals ----
+    // A row of `[rows, streams*d]` holds `streams` streams of `d` values side
+    // by side; these ops move between one stream and several.
+
     /// `[rows, d]` -> `[rows, n*d]`: each row repeated `n` times side by side.
     fn repeat_cols(&self, x: &Tensor, n: usize) -> Result<Tensor>;
-    /// Collapses `streams` streams to one: `mean_s sigmoid(mix[s]) * normed[s]`
-    /// for `normed, mix: [rows, streams*d]`, giving `[rows, d]`.
-    fn hc_mix(&self, normed: &Tensor, mix: &Tensor, streams: usize) -> Result<Tensor>;
-    /// Adds a block's output to every stream with its injection weight:
-    /// `h[s] + 2*sigmoid(logit_scale*logits[s]) * x` for `h: [rows, streams*d]`,
-    /// `x: [rows, d]`, `logits: [rows, streams]`.
-    fn hc_inject(&self, h: &Tensor, x: &Tensor, logits: &Tensor, logit_scale: f32) -> Result<Tensor>;
-    /// The PLE gate: per stream `g = key[s].query[s] / sqrt(d)`, then
-    /// `g = sign(g)*sqrt(max(|g|, 1e-6))`, output `sigmoid(g) * value` for
-    /// `key, query: [rows, streams*d]`, `value: [rows, d]`; gives `[rows, streams*d]`.
-    fn ple_gate(&self, key: &Tensor, query: &Tensor, value: &Tensor, streams: usize) -> Result<Tensor>;
+    /// Collapses `streams` streams to one, `out = (1/streams) sum_s sigmoid(w[s]) * x[s]`
+    /// (summed in stream order) for `x, w: [rows, streams*d]`, giving `[rows, d]`.
+    fn sigmoid_weighted_stream_mean(&self, x: &Tensor, w: &Tensor, streams: usize) -> Result<Tensor>;
+    /// Adds `x: [rows, d]` to every stream of `h: [rows, streams*d]` with a
+    /// per-row, per-stream gate: `out[s] = h[s] + 2*sigmoid(logit_scale*logits[s]) * x`
+    /// for `logits: [rows, streams]`.
+    fn add_gated_to_streams(&self, h: &Tensor, x: &Tensor, logits: &Tensor, logit_scale: f32) -> Result<Tensor>;
+    /// Gates `value: [rows, d]` once per stream by how well `key` and `query`
+    /// (`[rows, streams*d]`) agree there: `g = key[s].query[s] / sqrt(d)`,
+    /// `g = sign(g)*sqrt(max(|g|, 1e-6))` (sign(0) = 0), `out[s] = sigmoid(g) * value`;
+    /// gives `[rows, streams*d]`.
+    fn stream_dot_gate(&self, key: &Tensor, query: &Tensor, value: &Tensor, streams: usize) -> Result<Tensor>;
 
     // ---- linear algebra ----
     /// Embedding rows for token ids: `[ids.len(), cols]`.
@@ -306,7 +350,7 @@ pub trait Backend: Send + Sync {
     /// RMSNorm over groups of `dim` values: `x / rms(x) * w`. The weight has
     /// `dim` values (the same for every group) or one value per column of `x`
     /// (several groups per row, each with its own slice of the weight: the
-    /// per-stream norm of hyper-connections).
+    /// per-stream norm of multi-stream residuals).
     fn rms_norm(&self, x: &Tensor, weight: Option<&Tensor>, dim: usize, eps: f32)
         -> Result<Tensor>;
     /// `rms_norm(x) * w * act(z)` over groups of `dim` values.
@@ -324,10 +368,10 @@ pub trait Backend: Send + Sync {
     fn rope(&self, x: &Tensor, head_dim: usize, rotary_dim: usize, theta: f32, start_pos: usize)
         -> Result<Tensor>;
     fn new_kv_cache(&self, kv_heads: usize, head_dim: usize) -> Result<State>;
-    /// How a KV cache stores keys and values (for sizing it before it exists).
-    fn kv_cache_dtype(&self) -> DType {
-        DType::F32
-    }
+    /// The element type a KV cache of this backend stores keys and values in
+    /// (what a planner sizes the cache by: `2 * layers * positions *
+    /// kv_heads * head_dim * size`).
+    fn kv_cache_dtype(&self) -> DType;
     /// Number of positions held in a KV cache.
     fn kv_len(&self, cache: &State) -> Result<usize>;
     /// Drops every position from `len` on (speculative decoding's rollback).
@@ -340,7 +384,7 @@ pub trait Backend: Send + Sync {
     fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, cache: &mut State, heads: usize, scale: f32,
         selection: Option<&KeySelection>) -> Result<Tensor>;
 
-    // ---- Gated DeltaNet ----
+    // ---- convolution and the gated delta rule (linear-attention layers) ----
     /// State of a causal convolution whose taps are `dilation` steps apart.
     fn new_conv_state(&self, channels: usize, kernel: usize, dilation: usize) -> Result<State>;
     /// Causal depthwise convolution over time of `x: [tokens, channels]` with
@@ -379,5 +423,7 @@ pub trait Backend: Send + Sync {
 
     // ---- state management ----
     /// Deep copy of a state (for prefix caching and speculative rollback).
-    fn clone_state(&self, state: &State) -> Result<State>;
+    fn clone_state(&self, state: &State) -> Result<State> {
+        state.duplicate()
+    }
 }

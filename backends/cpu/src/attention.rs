@@ -1,138 +1,14 @@
-//! Attention over the KV cache: decode and causal prefill, GQA, and QSA key
-//! selections. Keys and values are cached as f32, or as f16 with the fast
-//! (int8) matmuls, as llama.cpp's default cache: decode reads the whole cache
-//! every token, and f16 halves those bytes (rounding a key or value to f16 is
-//! a relative error of at most 2^-11, below the int8 activations' ~1e-3).
+//! Attention over the CPU KV cache: decode and causal prefill, grouped-query
+//! heads, and block-sparse key selections; AVX2 kernels where the CPU has
+//! them.
 
-#[cfg(target_arch = "x86_64")]
-use std::arch::x86_64::*;
-
-use half::f16;
-
-use crate::{for_each_piece, matmul};
-
-/// An element type of the KV cache.
-pub(crate) trait KvElem: Copy + Send + Sync + 'static {
-    fn to_f32(self) -> f32;
-    /// `sum q[i] * row[i]`.
-    fn dot(q: &[f32], row: &[Self]) -> f32;
-    /// Eight consecutive elements as f32 (needs AVX2 and F16C).
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn load8(p: *const Self) -> __m256;
-}
-
-impl KvElem for f32 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        self
-    }
-    #[inline(always)]
-    fn dot(q: &[f32], row: &[f32]) -> f32 {
-        matmul::dot(q, row)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn load8(p: *const f32) -> __m256 {
-        _mm256_loadu_ps(p)
-    }
-}
-
-impl KvElem for f16 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        f16::to_f32(self)
-    }
-    #[inline(always)]
-    fn dot(q: &[f32], row: &[f16]) -> f32 {
-        q.iter().zip(row).map(|(a, b)| a * b.to_f32()).sum()
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn load8(p: *const f16) -> __m256 {
-        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
-    }
-}
-
-/// Cached keys and values of one layer, `[positions, kv_heads*head_dim]`.
-enum Rows {
-    F32 { keys: Vec<f32>, values: Vec<f32> },
-    F16 { keys: Vec<f16>, values: Vec<f16> },
-}
-
-/// Keys and values of one attention layer.
-pub struct KvCache {
-    kv_heads: usize,
-    head_dim: usize,
-    rows: Rows,
-}
+use crate::for_each_piece;
+use crate::kv_cache::{simd_kernels, KvCache, KvElem, Rows};
 
 impl KvCache {
-    /// An empty cache; `half` stores f16 (where this CPU converts in hardware).
-    pub(crate) fn new(kv_heads: usize, head_dim: usize, half: bool) -> KvCache {
-        let rows = if half && simd_kernels() {
-            Rows::F16 { keys: Vec::new(), values: Vec::new() }
-        } else {
-            Rows::F32 { keys: Vec::new(), values: Vec::new() }
-        };
-        KvCache { kv_heads, head_dim, rows }
-    }
-
-    pub(crate) fn kv_heads(&self) -> usize {
-        self.kv_heads
-    }
-
-    pub(crate) fn head_dim(&self) -> usize {
-        self.head_dim
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        let n = match &self.rows {
-            Rows::F32 { keys, .. } => keys.len(),
-            Rows::F16 { keys, .. } => keys.len(),
-        };
-        n / (self.kv_heads * self.head_dim)
-    }
-
-    /// Keeps the first `len` positions (`len <= self.len()`).
-    pub(crate) fn truncate(&mut self, len: usize) {
-        let n = len * self.kv_heads * self.head_dim;
-        match &mut self.rows {
-            Rows::F32 { keys, values } => {
-                keys.truncate(n);
-                values.truncate(n);
-            }
-            Rows::F16 { keys, values } => {
-                keys.truncate(n);
-                values.truncate(n);
-            }
-        }
-    }
-
-    /// Appends rows of keys and values (`[tokens, kv_heads*head_dim]` each).
-    pub(crate) fn append(&mut self, k: &[f32], v: &[f32]) {
-        match &mut self.rows {
-            Rows::F32 { keys, values } => {
-                keys.extend_from_slice(k);
-                values.extend_from_slice(v);
-            }
-            Rows::F16 { keys, values } => {
-                keys.extend(k.iter().map(|&x| f16::from_f32(x)));
-                values.extend(v.iter().map(|&x| f16::from_f32(x)));
-            }
-        }
-    }
-
-    pub(crate) fn duplicate(&self) -> KvCache {
-        let rows = match &self.rows {
-            Rows::F32 { keys, values } => Rows::F32 { keys: keys.clone(), values: values.clone() },
-            Rows::F16 { keys, values } => Rows::F16 { keys: keys.clone(), values: values.clone() },
-        };
-        KvCache { kv_heads: self.kv_heads, head_dim: self.head_dim, rows }
-    }
-
     /// Attention of `tokens` queries (`q`, `[tokens, heads*head_dim]`, the
     /// last `tokens` positions of the cache, already appended) over the
-    /// cache; `selected[t]` lists the only keys query `t` may see (QSA).
+    /// cache; `selected[t]` lists the only keys query `t` may see (block-sparse attention).
     /// Returns `[tokens, heads*head_dim]`.
     pub(crate) fn attend(&self, q: &[f32], tokens: usize, heads: usize, scale: f32, selected: Option<&[Vec<usize>]>) -> Vec<f32> {
         match &self.rows {
@@ -214,20 +90,8 @@ impl KvCache {
     }
 }
 
-/// Whether the SIMD kernels (AVX2, FMA, F16C) run here; f16 caches need them.
-fn simd_kernels() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        matmul::has_avx2_fma() && std::is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 /// One query head's attention over the visible keys and values: positions
-/// `0..visible`, or only those listed in `only` (QSA).
+/// `0..visible`, or only those listed in `only` (block-sparse attention).
 struct AttnHead<'a, E> {
     q: &'a [f32],
     keys: &'a [E],
@@ -621,7 +485,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn exp_avx2_matches_expf() {
-        if !matmul::has_avx2_fma() {
+        if !crate::matmul::has_avx2_fma() {
             return;
         }
         for i in 0..20000 {

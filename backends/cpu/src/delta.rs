@@ -6,6 +6,31 @@
 //! `S_t = g_t S_{t-1} + beta_t (v_t - g_t S_{t-1} k_t) k_t^T`, `y_t = S_t q_t`.
 
 use rayon::prelude::*;
+use slotstream_backend::{DeviceState, Result};
+
+/// Gated DeltaNet matrix state, `[heads, value_dim, key_dim]`.
+pub struct RecurrentState {
+    pub(crate) heads: usize,
+    pub(crate) key_dim: usize,
+    pub(crate) value_dim: usize,
+    pub(crate) s: Vec<f32>,
+}
+
+impl RecurrentState {
+    pub(crate) fn new(heads: usize, key_dim: usize, value_dim: usize) -> RecurrentState {
+        RecurrentState { heads, key_dim, value_dim, s: vec![0.0; heads * key_dim * value_dim] }
+    }
+}
+
+impl DeviceState for RecurrentState {
+    fn duplicate(&self) -> Result<Box<dyn DeviceState>> {
+        Ok(Box::new(RecurrentState { s: self.s.clone(), ..*self }))
+    }
+
+    fn bytes(&self) -> usize {
+        4 * self.s.len()
+    }
+}
 
 pub struct DeltaInputs<'a> {
     pub q: &'a [f32],

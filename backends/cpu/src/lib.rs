@@ -4,28 +4,43 @@
 //!
 //! By default ([`CpuBackend::new`]) 4-bit affine weights are multiplied by
 //! int8-quantized activations (integer dot products, `q8.rs`; ~1e-3 relative
-//! error); [`CpuBackend::exact`] or `SLOTSTREAM_CPU_MATMUL=exact` keeps f32
-//! activations everywhere, which the oracle parity tests use.
+//! error); [`CpuBackend::exact`] ([`MatmulMode::Exact`]) keeps f32
+//! activations everywhere, which the oracle parity tests use. The settings
+//! are a [`CpuOptions`] value.
 
 mod attention;
+mod conv;
 mod delta;
+mod kv_cache;
 mod matmul;
+mod options;
+#[cfg(target_arch = "x86_64")]
 mod q8;
+mod streams;
+mod weight;
 
 use std::sync::Arc;
 
 use rayon::prelude::*;
 use slotstream_backend::{
-    shape_error, Backend, BackendError, ExpertAssignment, ExpertLayout, ExpertPool, GateAct, HostExpert,
+    checks, Backend, BackendError, DType, ExpertAssignment, ExpertLayout, ExpertPool, GateAct, HostExpert,
     HostMatrix, KeySelection, Result, State, Tensor, Weight,
 };
 
-pub use attention::KvCache;
-pub use matmul::{CpuWeight, MatmulMode, Store};
+pub use conv::ConvState;
+pub use delta::RecurrentState;
+pub use kv_cache::KvCache;
+pub use matmul::MatmulMode;
+pub use options::{CpuOptions, Int8Kernel};
+pub use weight::{CpuWeight, Store};
+
+use matmul::MatmulPlan;
 
 /// Multi-threaded CPU implementation of the backend trait.
 pub struct CpuBackend {
-    mode: MatmulMode,
+    options: CpuOptions,
+    /// `options` resolved for this CPU (which int8 kernel it has).
+    plan: MatmulPlan,
 }
 
 impl Default for CpuBackend {
@@ -35,28 +50,40 @@ impl Default for CpuBackend {
 }
 
 impl CpuBackend {
-    /// The fast backend: 4-bit affine weights use int8 activations
-    /// ([`MatmulMode::Int8`]). `SLOTSTREAM_CPU_MATMUL=exact` in the environment
-    /// selects [`CpuBackend::exact`] instead.
+    /// The backend [`CpuOptions::from_env`] describes: by default the fast
+    /// one, where 4-bit affine weights use int8 activations
+    /// ([`MatmulMode::Int8`]); `SLOTSTREAM_CPU_MATMUL=exact` selects f32.
     pub fn new() -> Self {
-        match std::env::var("SLOTSTREAM_CPU_MATMUL").as_deref() {
-            Ok("exact") => CpuBackend::exact(),
-            _ => CpuBackend::with_mode(MatmulMode::Int8),
-        }
+        CpuBackend::with_options(CpuOptions::from_env())
     }
 
     /// f32 activations everywhere: the reference the parity tests compare with
-    /// the oracle at 1e-4 relative L2.
+    /// the oracle at 1e-4 relative L2 (the other settings from the environment).
     pub fn exact() -> Self {
         CpuBackend::with_mode(MatmulMode::Exact)
     }
 
+    /// Matmuls in `mode`, the other settings from the environment.
     pub fn with_mode(mode: MatmulMode) -> Self {
-        CpuBackend { mode }
+        CpuBackend::with_options(CpuOptions { matmul: mode, ..CpuOptions::from_env() })
+    }
+
+    pub fn with_options(options: CpuOptions) -> Self {
+        let plan = MatmulPlan::new(&options);
+        CpuBackend { options, plan }
+    }
+
+    pub fn options(&self) -> &CpuOptions {
+        &self.options
     }
 
     pub fn mode(&self) -> MatmulMode {
-        self.mode
+        self.options.matmul
+    }
+
+    /// f16 KV rows go with the int8 matmuls; the exact mode keeps f32.
+    fn half_kv_cache(&self) -> bool {
+        self.options.matmul == MatmulMode::Int8
     }
 }
 
@@ -92,20 +119,6 @@ fn tensor(v: Vec<f32>, shape: Vec<usize>) -> Tensor {
     Tensor::from_buffer(Arc::new(v), shape)
 }
 
-fn same_shape(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
-    if a.numel() != b.numel() {
-        return Err(shape_error(op, format!("{:?} vs {:?}", a.shape(), b.shape())));
-    }
-    Ok(())
-}
-
-fn groups_of(op: &'static str, x: &Tensor, dim: usize) -> Result<()> {
-    if dim == 0 || x.numel() % dim != 0 {
-        return Err(shape_error(op, format!("{:?} is not a whole number of groups of {dim}", x.shape())));
-    }
-    Ok(())
-}
-
 fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
@@ -124,14 +137,6 @@ fn softplus(x: f32) -> f32 {
 }
 
 
-/// The last `(kernel-1)*dilation` inputs of a causal convolution, `[.., channels]`.
-pub struct ConvState {
-    channels: usize,
-    kernel: usize,
-    dilation: usize,
-    window: Vec<f32>,
-}
-
 /// The CPU's expert slot pool: three stacked weights with one matrix per slot.
 pub struct CpuExpertPool {
     gate: CpuWeight,
@@ -139,17 +144,17 @@ pub struct CpuExpertPool {
     down: CpuWeight,
 }
 
-/// Gated DeltaNet matrix state, `[heads, value_dim, key_dim]`.
-pub struct RecurrentState {
-    heads: usize,
-    key_dim: usize,
-    value_dim: usize,
-    s: Vec<f32>,
+fn not_ours(what: &str) -> BackendError {
+    BackendError::Device(format!("{what} does not belong to the CPU backend"))
+}
+
+fn kv_cache(state: &mut State) -> Result<&mut KvCache> {
+    state.get_mut::<KvCache>().ok_or_else(|| not_ours("the KV cache"))
 }
 
 impl Backend for CpuBackend {
     fn name(&self) -> String {
-        let m = match self.mode {
+        let m = match self.options.matmul {
             MatmulMode::Exact => "",
             MatmulMode::Int8 => ", int8 activations for 4-bit",
         };
@@ -157,9 +162,7 @@ impl Backend for CpuBackend {
     }
 
     fn upload(&self, values: &[f32], shape: &[usize]) -> Result<Tensor> {
-        if shape.iter().product::<usize>() != values.len() {
-            return Err(shape_error("upload", format!("{} values for shape {shape:?}", values.len())));
-        }
+        checks::upload(values.len(), shape)?;
         Ok(tensor(values.to_vec(), shape.to_vec()))
     }
 
@@ -175,10 +178,7 @@ impl Backend for CpuBackend {
     }
 
     fn slice_cols(&self, x: &Tensor, start: usize, len: usize) -> Result<Tensor> {
-        let (rows, cols) = (x.rows(), x.cols());
-        if start + len > cols {
-            return Err(shape_error("slice_cols", format!("[{start}, {}) of {cols} columns", start + len)));
-        }
+        let (rows, cols) = checks::slice_cols(x, start, len)?;
         let src = data(x)?;
         let mut out = Vec::with_capacity(rows * len);
         for r in 0..rows {
@@ -188,47 +188,39 @@ impl Backend for CpuBackend {
     }
 
     fn slice_rows(&self, x: &Tensor, start: usize, len: usize) -> Result<Tensor> {
-        let (rows, cols) = (x.rows(), x.cols());
-        if start + len > rows {
-            return Err(shape_error("slice_rows", format!("[{start}, {}) of {rows} rows", start + len)));
-        }
+        let cols = checks::slice_rows(x, start, len)?;
         Ok(tensor(data(x)?[start * cols..(start + len) * cols].to_vec(), vec![len, cols]))
     }
 
     fn concat_rows(&self, parts: &[&Tensor]) -> Result<Tensor> {
-        let cols = parts.first().map(|t| t.cols()).unwrap_or(0);
-        let mut out = Vec::new();
+        let shape = checks::stacked_rows(parts)?;
+        let mut out = Vec::with_capacity(shape[0] * shape[1]);
         for p in parts {
-            if p.cols() != cols {
-                return Err(shape_error("concat_rows", format!("{} vs {} columns", p.cols(), cols)));
-            }
             out.extend_from_slice(data(p)?);
         }
-        let rows = out.len() / cols.max(1);
-        Ok(tensor(out, vec![rows, cols]))
+        Ok(tensor(out, shape.to_vec()))
     }
 
     fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-        same_shape("add", a, b)?;
+        checks::same_shape("add", a, b)?;
         let out = data(a)?.iter().zip(data(b)?).map(|(x, y)| x + y).collect();
         Ok(tensor(out, a.shape().to_vec()))
     }
 
     fn sigmoid_mul(&self, x: &Tensor, gate: &Tensor) -> Result<Tensor> {
+        let per_row = checks::gate_per_row("sigmoid_mul", x, gate)?;
         let (xs, gs) = (data(x)?, data(gate)?);
-        let out = if gs.len() == xs.len() {
-            xs.iter().zip(gs).map(|(v, g)| v * sigmoid(*g)).collect()
-        } else if gs.len() == x.rows() {
+        let out = if per_row {
             let cols = x.cols();
             xs.iter().enumerate().map(|(i, v)| v * sigmoid(gs[i / cols])).collect()
         } else {
-            return Err(shape_error("sigmoid_mul", format!("x {:?}, gate {:?}", x.shape(), gate.shape())));
+            xs.iter().zip(gs).map(|(v, g)| v * sigmoid(*g)).collect()
         };
         Ok(tensor(out, x.shape().to_vec()))
     }
 
     fn silu_mul(&self, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-        same_shape("silu_mul", gate, up)?;
+        checks::same_shape("silu_mul", gate, up)?;
         let out = data(gate)?.iter().zip(data(up)?).map(|(g, u)| silu(*g) * u).collect();
         Ok(tensor(out, gate.shape().to_vec()))
     }
@@ -252,72 +244,28 @@ impl Backend for CpuBackend {
         Ok(tensor(out, vec![x.rows(), n * d]))
     }
 
-    fn hc_mix(&self, normed: &Tensor, mix: &Tensor, streams: usize) -> Result<Tensor> {
-        same_shape("hc_mix", normed, mix)?;
-        if streams == 0 || normed.cols() % streams != 0 {
-            return Err(shape_error("hc_mix", format!("{:?} is not {streams} streams", normed.shape())));
-        }
-        let (rows, d) = (normed.rows(), normed.cols() / streams);
-        let (nd, md) = (data(normed)?, data(mix)?);
-        let mut out = vec![0.0f32; rows * d];
-        out.par_chunks_mut(d).enumerate().for_each(|(r, o)| {
-            for s in 0..streams {
-                let base = r * streams * d + s * d;
-                for (j, o) in o.iter_mut().enumerate() {
-                    *o += sigmoid(md[base + j]) * nd[base + j];
-                }
-            }
-            o.iter_mut().for_each(|v| *v /= streams as f32);
-        });
-        Ok(tensor(out, vec![rows, d]))
+    fn sigmoid_weighted_stream_mean(&self, x: &Tensor, w: &Tensor, streams: usize) -> Result<Tensor> {
+        let (rows, d) = checks::stream_mean(x, w, streams)?;
+        Ok(tensor(streams::sigmoid_weighted_mean(data(x)?, data(w)?, rows, d, streams), vec![rows, d]))
     }
 
-    fn hc_inject(&self, h: &Tensor, x: &Tensor, logits: &Tensor, logit_scale: f32) -> Result<Tensor> {
-        let (rows, streams, d) = (h.rows(), logits.cols(), x.cols());
-        if x.rows() != rows || logits.rows() != rows || h.cols() != streams * d {
-            return Err(shape_error("hc_inject", format!("h {:?}, x {:?}, logits {:?}", h.shape(), x.shape(), logits.shape())));
-        }
-        let (xd, ld) = (data(x)?, data(logits)?);
-        let mut out = data(h)?.to_vec();
-        out.par_chunks_mut(streams * d).enumerate().for_each(|(r, o)| {
-            for (s, chunk) in o.chunks_exact_mut(d).enumerate() {
-                let w = 2.0 * sigmoid(logit_scale * ld[r * streams + s]);
-                chunk.iter_mut().zip(&xd[r * d..(r + 1) * d]).for_each(|(o, x)| *o += w * x);
-            }
-        });
+    fn add_gated_to_streams(&self, h: &Tensor, x: &Tensor, logits: &Tensor, logit_scale: f32) -> Result<Tensor> {
+        let (streams, d) = checks::gated_to_streams(h, x, logits)?;
+        let out = streams::add_gated(data(h)?, data(x)?, data(logits)?, logit_scale, streams, d);
         Ok(tensor(out, h.shape().to_vec()))
     }
 
-    fn ple_gate(&self, key: &Tensor, query: &Tensor, value: &Tensor, streams: usize) -> Result<Tensor> {
-        same_shape("ple_gate", key, query)?;
-        let (rows, d) = (value.rows(), value.cols());
-        if key.rows() != rows || key.cols() != streams * d {
-            return Err(shape_error("ple_gate", format!("key {:?}, value {:?}, {streams} streams", key.shape(), value.shape())));
-        }
-        let (kd, qd, vd) = (data(key)?, data(query)?, data(value)?);
-        let inv_sqrt_d = 1.0 / (d as f32).sqrt();
-        let mut out = vec![0.0f32; rows * streams * d];
-        out.par_chunks_mut(streams * d).enumerate().for_each(|(r, o)| {
-            for (s, chunk) in o.chunks_exact_mut(d).enumerate() {
-                let base = r * streams * d + s * d;
-                let g = kd[base..base + d].iter().zip(&qd[base..base + d]).map(|(k, q)| k * q).sum::<f32>() * inv_sqrt_d;
-                // sign(0) = 0, as in the reference (Rust's signum would give 1).
-                let sign = if g > 0.0 { 1.0 } else if g < 0.0 { -1.0 } else { 0.0 };
-                let g = sign * g.abs().max(1e-6).sqrt();
-                let w = sigmoid(g);
-                chunk.iter_mut().zip(&vd[r * d..(r + 1) * d]).for_each(|(o, v)| *o = w * v);
-            }
-        });
+    fn stream_dot_gate(&self, key: &Tensor, query: &Tensor, value: &Tensor, streams: usize) -> Result<Tensor> {
+        let (rows, d) = checks::stream_dot_gate(key, query, value, streams)?;
+        let out = streams::dot_gate(data(key)?, data(query)?, data(value)?, rows, d, streams);
         Ok(tensor(out, vec![rows, streams * d]))
     }
 
     fn embed(&self, table: &Weight, ids: &[u32]) -> Result<Tensor> {
         let w = weight(table)?;
+        checks::token_ids(ids, w.experts * w.rows)?;
         let mut out = vec![0.0f32; ids.len() * w.cols];
         for (row, &id) in out.chunks_exact_mut(w.cols).zip(ids) {
-            if id as usize >= w.rows {
-                return Err(shape_error("embed", format!("token id {id} >= vocabulary size {}", w.rows)));
-            }
             w.dequant_row(id as usize, row);
         }
         Ok(tensor(out, vec![ids.len(), w.cols]))
@@ -325,24 +273,15 @@ impl Backend for CpuBackend {
 
     fn matmul(&self, x: &Tensor, w: &Weight) -> Result<Tensor> {
         let cw = weight(w)?;
-        if x.cols() != cw.cols || cw.experts != 1 {
-            return Err(shape_error(
-                "matmul",
-                format!("x {:?} @ W[{} x {} x {}]^T", x.shape(), cw.experts, cw.rows, cw.cols),
-            ));
-        }
+        checks::matmul(x, cw.experts, cw.rows, cw.cols)?;
         let tokens = x.rows();
-        Ok(tensor(matmul::matmul(data(x)?, tokens, cw, 0, self.mode, true), vec![tokens, cw.rows]))
+        Ok(tensor(matmul::matmul(data(x)?, tokens, cw, 0, &self.plan, true), vec![tokens, cw.rows]))
     }
 
     fn rms_norm(&self, x: &Tensor, w: Option<&Tensor>, dim: usize, eps: f32) -> Result<Tensor> {
-        groups_of("rms_norm", x, dim)?;
-        let wv = match w {
-            Some(w) if w.numel() == dim || (w.numel() % dim == 0 && w.numel() == x.cols()) => Some(data(w)?),
-            Some(w) => return Err(shape_error("rms_norm", format!("weight {:?} for groups of {dim} in rows of {}", w.shape(), x.cols()))),
-            None => None,
-        };
-        let wlen = wv.map_or(dim, |w| w.len());
+        checks::groups_of("rms_norm", x, dim)?;
+        let wlen = checks::rms_norm_weight(x, w, dim)?;
+        let wv = w.map(data).transpose()?;
         let mut out = data(x)?.to_vec();
         let work = out.len();
         for_each_piece(&mut out, dim, work, |i, g| {
@@ -360,10 +299,7 @@ impl Backend for CpuBackend {
     }
 
     fn rms_norm_gated(&self, x: &Tensor, z: &Tensor, w: &Tensor, dim: usize, eps: f32, act: GateAct) -> Result<Tensor> {
-        same_shape("rms_norm_gated", x, z)?;
-        if w.numel() != dim {
-            return Err(shape_error("rms_norm_gated", format!("weight {:?} for groups of {dim}", w.shape())));
-        }
+        checks::rms_norm_gated(x, z, w, dim)?;
         let normed = self.rms_norm(x, Some(w), dim, eps)?;
         let gate = match act {
             GateAct::Silu => silu,
@@ -374,7 +310,7 @@ impl Backend for CpuBackend {
     }
 
     fn l2_normalize(&self, x: &Tensor, dim: usize, eps: f32, scale: f32) -> Result<Tensor> {
-        groups_of("l2_normalize", x, dim)?;
+        checks::groups_of("l2_normalize", x, dim)?;
         let mut out = data(x)?.to_vec();
         let work = out.len();
         for_each_piece(&mut out, dim, work, |_, g| {
@@ -385,12 +321,7 @@ impl Backend for CpuBackend {
     }
 
     fn rope(&self, x: &Tensor, head_dim: usize, rotary_dim: usize, theta: f32, start_pos: usize) -> Result<Tensor> {
-        groups_of("rope", x, head_dim)?;
-        if rotary_dim > head_dim || rotary_dim % 2 != 0 {
-            return Err(shape_error("rope", format!("rotary dim {rotary_dim} for head dim {head_dim}")));
-        }
-        let tokens = x.shape().first().copied().unwrap_or(0);
-        let heads_per_token = x.numel() / head_dim / tokens.max(1);
+        let (_, heads_per_token) = checks::rope(x, head_dim, rotary_dim)?;
         let half = rotary_dim / 2;
         let inv_freq: Vec<f64> =
             (0..half).map(|i| (theta as f64).powf(-((2 * i) as f64) / rotary_dim as f64)).collect();
@@ -411,38 +342,28 @@ impl Backend for CpuBackend {
     }
 
     fn new_kv_cache(&self, kv_heads: usize, head_dim: usize) -> Result<State> {
-        // f16 rows go with the int8 matmuls; the exact mode keeps f32.
-        Ok(State::new(Box::new(KvCache::new(kv_heads, head_dim, self.mode == MatmulMode::Int8))))
+        Ok(State::new(Box::new(KvCache::new(kv_heads, head_dim, self.half_kv_cache()))))
+    }
+
+    fn kv_cache_dtype(&self) -> DType {
+        KvCache::dtype(self.half_kv_cache())
     }
 
     fn kv_len(&self, cache: &State) -> Result<usize> {
-        cache.get::<KvCache>().map(|c| c.len()).ok_or_else(|| BackendError::Device("not a CPU KV cache".into()))
+        cache.get::<KvCache>().map(|c| c.len()).ok_or_else(|| not_ours("the KV cache"))
     }
 
     fn kv_truncate(&self, cache: &mut State, len: usize) -> Result<()> {
-        let c = cache.get_mut::<KvCache>().ok_or_else(|| BackendError::Device("not a CPU KV cache".into()))?;
-        if len > c.len() {
-            return Err(shape_error("kv_truncate", format!("to {len} positions of {}", c.len())));
-        }
+        let c = kv_cache(cache)?;
+        checks::kv_truncate(len, c.len())?;
         c.truncate(len);
         Ok(())
     }
 
     fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, cache: &mut State, heads: usize, scale: f32, selection: Option<&KeySelection>) -> Result<Tensor> {
-        let c = cache.get_mut::<KvCache>().ok_or_else(|| BackendError::Device("not a CPU KV cache".into()))?;
-        let (kvh, hd) = (c.kv_heads(), c.head_dim());
-        let tokens = q.rows();
-        if q.cols() != heads * hd || k.cols() != kvh * hd || v.cols() != kvh * hd || k.rows() != tokens || heads % kvh != 0 {
-            return Err(shape_error(
-                "attention",
-                format!("q {:?} k {:?} v {:?} for {heads} heads, {kvh} kv heads of {hd}", q.shape(), k.shape(), v.shape()),
-            ));
-        }
-        if let Some(sel) = selection {
-            if sel.block == 0 || sel.per_query == 0 || sel.blocks.len() != tokens * sel.per_query {
-                return Err(shape_error("attention", format!("key selection of {} entries ({} per query) for {tokens} queries", sel.blocks.len(), sel.per_query)));
-            }
-        }
+        let c = kv_cache(cache)?;
+        let hd = c.head_dim();
+        let tokens = checks::attention(q, k, v, heads, c.kv_heads(), hd, selection)?;
         let past = c.len();
         // The keys each query may see, once per query (not per head).
         let selected: Option<Vec<Vec<usize>>> = selection.map(|sel| (0..tokens).map(|t| sel.keys_of(t, past + t)).collect());
@@ -452,11 +373,8 @@ impl Backend for CpuBackend {
     }
 
     fn new_conv_state(&self, channels: usize, kernel: usize, dilation: usize) -> Result<State> {
-        if kernel == 0 || dilation == 0 {
-            return Err(shape_error("new_conv_state", format!("kernel size {kernel}, dilation {dilation}")));
-        }
-        let window = vec![0.0; (kernel - 1) * dilation * channels];
-        Ok(State::new(Box::new(ConvState { channels, kernel, dilation, window })))
+        checks::conv_state(kernel, dilation)?;
+        Ok(State::new(Box::new(ConvState::new(channels, kernel, dilation))))
     }
 
     fn causal_conv1d_silu(&self, x: &Tensor, w: &Tensor, state: &mut State) -> Result<Tensor> {
@@ -465,40 +383,18 @@ impl Backend for CpuBackend {
     }
 
     fn causal_conv1d(&self, x: &Tensor, w: &Tensor, state: &mut State) -> Result<Tensor> {
-        let st = state.get_mut::<ConvState>().ok_or_else(|| BackendError::Device("not a CPU conv state".into()))?;
-        let (c, kk, dil) = (st.channels, st.kernel, st.dilation);
-        if x.cols() != c || w.numel() != c * kk {
-            return Err(shape_error("causal_conv1d", format!("x {:?}, weight {:?}, {c} channels x {kk}", x.shape(), w.shape())));
-        }
-        let tokens = x.rows();
-        let wd = data(w)?;
-        // The window followed by the new inputs: [(kernel-1)*dilation+tokens, channels].
-        let mut seq = st.window.clone();
-        seq.extend_from_slice(data(x)?);
-        let mut out = vec![0.0f32; tokens * c];
-        for_each_piece(&mut out, c, tokens * c * kk, |t, o| {
-            for (ch, o) in o.iter_mut().enumerate() {
-                let mut acc = 0.0;
-                for j in 0..kk {
-                    acc += wd[ch * kk + j] * seq[(t + j * dil) * c + ch];
-                }
-                *o = acc;
-            }
-        });
-        st.window = seq[tokens * c..].to_vec();
-        Ok(tensor(out, vec![tokens, c]))
+        let st = state.get_mut::<ConvState>().ok_or_else(|| not_ours("the convolution state"))?;
+        let tokens = checks::causal_conv1d(x, w, st.channels, st.kernel)?;
+        let out = st.convolve(data(x)?, data(w)?, tokens);
+        Ok(tensor(out, vec![tokens, st.channels]))
     }
 
     fn new_recurrent_state(&self, heads: usize, key_dim: usize, value_dim: usize) -> Result<State> {
-        Ok(State::new(Box::new(RecurrentState { heads, key_dim, value_dim, s: vec![0.0; heads * key_dim * value_dim] })))
+        Ok(State::new(Box::new(RecurrentState::new(heads, key_dim, value_dim))))
     }
 
     fn delta_gates(&self, a: &Tensor, b: &Tensor, a_log: &Tensor, dt_bias: &Tensor) -> Result<(Tensor, Tensor)> {
-        same_shape("delta_gates", a, b)?;
-        let heads = a.cols();
-        if a_log.numel() != heads || dt_bias.numel() != heads {
-            return Err(shape_error("delta_gates", format!("{heads} heads, A_log {:?}, dt_bias {:?}", a_log.shape(), dt_bias.shape())));
-        }
+        let heads = checks::delta_gates(a, b, a_log, dt_bias)?;
         let (al, dt) = (data(a_log)?, data(dt_bias)?);
         let g = data(a)?
             .iter()
@@ -510,17 +406,10 @@ impl Backend for CpuBackend {
     }
 
     fn gated_delta(&self, q: &Tensor, k: &Tensor, v: &Tensor, g: &Tensor, beta: &Tensor, key_heads: usize, state: &mut State) -> Result<Tensor> {
-        let st = state.get_mut::<RecurrentState>().ok_or_else(|| BackendError::Device("not a CPU recurrent state".into()))?;
+        let st = state.get_mut::<RecurrentState>().ok_or_else(|| not_ours("the recurrent state"))?;
         let (h, dk, dv) = (st.heads, st.key_dim, st.value_dim);
-        let tokens = q.rows();
-        if key_heads == 0 || h % key_heads != 0 || q.cols() != key_heads * dk || k.cols() != key_heads * dk
-            || v.cols() != h * dv || g.cols() != h || beta.cols() != h || k.rows() != tokens || v.rows() != tokens
-        {
-            return Err(shape_error(
-                "gated_delta",
-                format!("q {:?} k {:?} v {:?} g {:?} for {h} heads ({key_heads} key heads) of {dk}/{dv}", q.shape(), k.shape(), v.shape(), g.shape()),
-            ));
-        }
+        let dims = checks::RecurrentDims { heads: h, key_dim: dk, value_dim: dv };
+        let tokens = checks::gated_delta([q, k, v, g, beta], key_heads, dims)?;
         let inputs = delta::DeltaInputs {
             q: data(q)?, k: data(k)?, v: data(v)?, g: data(g)?, beta: data(beta)?,
             tokens, heads: h, key_heads, key_dim: dk, value_dim: dv,
@@ -541,25 +430,20 @@ impl Backend for CpuBackend {
     }
 
     fn write_expert(&self, pool: &mut ExpertPool, slot: usize, e: &HostExpert<'_>) -> Result<()> {
-        let p = pool.get_mut::<CpuExpertPool>().ok_or_else(|| BackendError::Device("not a CPU expert pool".into()))?;
+        let p = pool.get_mut::<CpuExpertPool>().ok_or_else(|| not_ours("the expert pool"))?;
         p.gate.write_slot(slot, &e.gate)?;
         p.up.write_slot(slot, &e.up)?;
         p.down.write_slot(slot, &e.down)
     }
 
     fn moe_expert_outputs(&self, x: &Tensor, pool: &ExpertPool, assignments: &[ExpertAssignment], top_k: usize) -> Result<Tensor> {
-        let p = pool.get::<CpuExpertPool>().ok_or_else(|| BackendError::Device("not a CPU expert pool".into()))?;
+        let p = pool.get::<CpuExpertPool>().ok_or_else(|| not_ours("the expert pool"))?;
+        checks::moe_assignments(x, p.gate.cols, pool.slots, assignments, top_k)?;
         let (tokens, hidden) = (x.rows(), x.cols());
-        if hidden != p.gate.cols {
-            return Err(shape_error("moe_expert_outputs", format!("x {:?} for experts of hidden size {}", x.shape(), p.gate.cols)));
-        }
         let xd = data(x)?;
         // Group assignments by slot so each expert's weights are read once per call.
         let mut by_slot: std::collections::BTreeMap<u32, Vec<ExpertAssignment>> = Default::default();
         for a in assignments {
-            if a.slot as usize >= pool.slots || a.token as usize >= tokens || a.rank as usize >= top_k {
-                return Err(shape_error("moe_expert_outputs", format!("{a:?} with {} slots, {tokens} tokens, top {top_k}", pool.slots)));
-            }
             by_slot.entry(a.slot).or_default().push(*a);
         }
         let groups: Vec<(u32, Vec<ExpertAssignment>)> = by_slot.into_iter().collect();
@@ -568,10 +452,10 @@ impl Backend for CpuBackend {
             let xs: Vec<f32> =
                 users.iter().flat_map(|a| xd[a.token as usize * hidden..(a.token as usize + 1) * hidden].iter().copied()).collect();
             let n = users.len();
-            let g = matmul::matmul(&xs, n, &p.gate, s, self.mode, parallel);
-            let u = matmul::matmul(&xs, n, &p.up, s, self.mode, parallel);
+            let g = matmul::matmul(&xs, n, &p.gate, s, &self.plan, parallel);
+            let u = matmul::matmul(&xs, n, &p.up, s, &self.plan, parallel);
             let act: Vec<f32> = g.iter().zip(&u).map(|(g, u)| silu(*g) * u).collect();
-            matmul::matmul(&act, n, &p.down, s, self.mode, parallel)
+            matmul::matmul(&act, n, &p.down, s, &self.plan, parallel)
         };
         // At decode each expert's matrices are small (a few hundred KB): one
         // parallel region over the experts, each computed by one thread, costs
@@ -592,11 +476,7 @@ impl Backend for CpuBackend {
     }
 
     fn moe_combine(&self, outputs: &Tensor, weights: &[f32], top_k: usize) -> Result<Tensor> {
-        let hidden = outputs.cols();
-        let tokens = outputs.rows() / top_k.max(1);
-        if weights.len() != tokens * top_k || outputs.rows() != tokens * top_k {
-            return Err(shape_error("moe_combine", format!("outputs {:?}, {} weights, top {top_k}", outputs.shape(), weights.len())));
-        }
+        let (tokens, hidden) = checks::moe_combine(outputs, weights, top_k)?;
         let od = data(outputs)?;
         let mut out = vec![0.0f32; tokens * hidden];
         for_each_piece(&mut out, hidden, tokens * top_k * hidden, |t, o| {
@@ -607,18 +487,5 @@ impl Backend for CpuBackend {
             }
         });
         Ok(tensor(out, vec![tokens, hidden]))
-    }
-
-    fn clone_state(&self, state: &State) -> Result<State> {
-        if let Some(c) = state.get::<KvCache>() {
-            return Ok(State::new(Box::new(c.duplicate())));
-        }
-        if let Some(c) = state.get::<ConvState>() {
-            return Ok(State::new(Box::new(ConvState { channels: c.channels, kernel: c.kernel, dilation: c.dilation, window: c.window.clone() })));
-        }
-        if let Some(r) = state.get::<RecurrentState>() {
-            return Ok(State::new(Box::new(RecurrentState { heads: r.heads, key_dim: r.key_dim, value_dim: r.value_dim, s: r.s.clone() })));
-        }
-        Err(BackendError::Device("state does not belong to the CPU backend".into()))
     }
 }

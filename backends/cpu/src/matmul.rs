@@ -1,224 +1,13 @@
-//! Weight storage and `x @ W^T` kernels: f32/f16/bf16 and MLX affine 2/4/8-bit,
-//! f32 accumulation, rows split across threads.
+//! `x @ W^T` over every weight format of [`crate::weight`]: f32 accumulation,
+//! rows split across threads, AVX2 unpack-and-multiply loops where the CPU
+//! has them; 4-bit weights in int8 mode go to `q8.rs` instead.
 
-use half::{bf16, f16};
 use rayon::prelude::*;
-use slotstream_backend::{shape_error, DType, HostMatrix, MatrixData, MatrixFormat, Result};
 
-/// How a weight's values are stored on the CPU.
-pub enum Store {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
-    BF16(Vec<bf16>),
-    Affine { bits: u32, group_size: usize, words: Vec<u32>, scales: Scales, biases: Scales },
-}
-
-/// Quantization scales or biases, kept in their stored precision (halving the
-/// memory of f32 copies) and widened one group at a time.
-pub enum Scales {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
-    BF16(Vec<bf16>),
-}
-
-impl Scales {
-    fn from_bytes(dtype: DType, bytes: &[u8]) -> Scales {
-        match dtype {
-            DType::F32 => Scales::F32(DType::F32.to_f32(bytes)),
-            DType::F16 => Scales::F16(bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]])).collect()),
-            DType::BF16 => Scales::BF16(bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]])).collect()),
-        }
-    }
-
-    fn zeros(dtype: DType, n: usize) -> Scales {
-        match dtype {
-            DType::F32 => Scales::F32(vec![0.0; n]),
-            DType::F16 => Scales::F16(vec![f16::ZERO; n]),
-            DType::BF16 => Scales::BF16(vec![bf16::ZERO; n]),
-        }
-    }
-
-    #[inline(always)]
-    fn at(&self, i: usize) -> f32 {
-        match self {
-            Scales::F32(v) => v[i],
-            Scales::F16(v) => v[i].to_f32(),
-            Scales::BF16(v) => v[i].to_f32(),
-        }
-    }
-
-    fn bytes(&self) -> usize {
-        match self {
-            Scales::F32(v) => v.len() * 4,
-            Scales::F16(v) => v.len() * 2,
-            Scales::BF16(v) => v.len() * 2,
-        }
-    }
-
-    /// Overwrites `[start, start + n)` from stored bytes of the same dtype.
-    fn write(&mut self, start: usize, dtype: DType, bytes: &[u8]) -> Result<()> {
-        match (self, dtype) {
-            (Scales::F32(v), DType::F32) => v[start..start + bytes.len() / 4].copy_from_slice(&DType::F32.to_f32(bytes)),
-            (Scales::F16(v), DType::F16) => {
-                for (o, c) in v[start..].iter_mut().zip(bytes.chunks_exact(2)) {
-                    *o = f16::from_le_bytes([c[0], c[1]]);
-                }
-            }
-            (Scales::BF16(v), DType::BF16) => {
-                for (o, c) in v[start..].iter_mut().zip(bytes.chunks_exact(2)) {
-                    *o = bf16::from_le_bytes([c[0], c[1]]);
-                }
-            }
-            _ => return Err(shape_error("write_expert", "scale dtype differs from the pool's")),
-        }
-        Ok(())
-    }
-}
-
-/// A `[experts, rows, cols]` weight owned by the CPU backend.
-pub struct CpuWeight {
-    pub experts: usize,
-    pub rows: usize,
-    pub cols: usize,
-    pub store: Store,
-}
-
-fn le_u32(bytes: &[u8]) -> Vec<u32> {
-    bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
-}
+use crate::options::{CpuOptions, Int8Kernel};
+use crate::weight::{CpuWeight, Scales, Store};
 
 impl CpuWeight {
-    pub fn from_host(m: &HostMatrix<'_>) -> CpuWeight {
-        let store = match &m.data {
-            MatrixData::Dense { dtype: DType::F32, bytes } => Store::F32(DType::F32.to_f32(bytes)),
-            MatrixData::Dense { dtype: DType::F16, bytes } => Store::F16(
-                bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]])).collect(),
-            ),
-            MatrixData::Dense { dtype: DType::BF16, bytes } => Store::BF16(
-                bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]])).collect(),
-            ),
-            MatrixData::Affine { bits, group_size, words, scale_dtype, scales, biases } => {
-                Store::Affine {
-                    bits: *bits,
-                    group_size: *group_size,
-                    words: le_u32(words),
-                    scales: Scales::from_bytes(*scale_dtype, scales),
-                    biases: Scales::from_bytes(*scale_dtype, biases),
-                }
-            }
-        };
-        CpuWeight { experts: m.experts, rows: m.rows, cols: m.cols, store }
-    }
-
-    /// An all-zero stack of `experts` matrices in `format` (an expert pool).
-    pub fn zeros(experts: usize, rows: usize, cols: usize, format: MatrixFormat) -> CpuWeight {
-        let n = experts * rows * cols;
-        let store = match format {
-            MatrixFormat::Dense(DType::F32) => Store::F32(vec![0.0; n]),
-            MatrixFormat::Dense(DType::F16) => Store::F16(vec![f16::ZERO; n]),
-            MatrixFormat::Dense(DType::BF16) => Store::BF16(vec![bf16::ZERO; n]),
-            MatrixFormat::Affine { bits, group_size, scale_dtype } => Store::Affine {
-                bits,
-                group_size,
-                words: vec![0; n * bits as usize / 32],
-                scales: Scales::zeros(scale_dtype, n / group_size),
-                biases: Scales::zeros(scale_dtype, n / group_size),
-            },
-        };
-        CpuWeight { experts, rows, cols, store }
-    }
-
-    /// Overwrites matrix `slot` of the stack with a single host matrix of the
-    /// same shape and format.
-    pub fn write_slot(&mut self, slot: usize, m: &HostMatrix<'_>) -> Result<()> {
-        m.validate()?;
-        if slot >= self.experts || m.experts != 1 || m.rows != self.rows || m.cols != self.cols {
-            return Err(shape_error(
-                "write_expert",
-                format!("[{} x {}] into slot {slot} of [{} x {} x {}]", m.rows, m.cols, self.experts, self.rows, self.cols),
-            ));
-        }
-        let n = self.rows * self.cols;
-        let range = slot * n..(slot + 1) * n;
-        match (&mut self.store, &m.data) {
-            (Store::F32(v), MatrixData::Dense { dtype: DType::F32, bytes }) => {
-                v[range].copy_from_slice(&DType::F32.to_f32(bytes))
-            }
-            (Store::F16(v), MatrixData::Dense { dtype: DType::F16, bytes }) => {
-                for (o, c) in v[range].iter_mut().zip(bytes.chunks_exact(2)) {
-                    *o = f16::from_le_bytes([c[0], c[1]]);
-                }
-            }
-            (Store::BF16(v), MatrixData::Dense { dtype: DType::BF16, bytes }) => {
-                for (o, c) in v[range].iter_mut().zip(bytes.chunks_exact(2)) {
-                    *o = bf16::from_le_bytes([c[0], c[1]]);
-                }
-            }
-            (
-                Store::Affine { bits, group_size, words, scales, biases },
-                MatrixData::Affine { bits: b, group_size: g, words: w, scale_dtype, scales: s, biases: bi },
-            ) if (*bits, *group_size) == (*b, *g) => {
-                let per_word = 32 / *bits as usize;
-                let wr = slot * n / per_word..(slot + 1) * n / per_word;
-                for (o, c) in words[wr].iter_mut().zip(w.chunks_exact(4)) {
-                    *o = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                }
-                let gr = slot * n / *group_size..(slot + 1) * n / *group_size;
-                scales.write(gr.start, *scale_dtype, s)?;
-                biases.write(gr.start, *scale_dtype, bi)?;
-            }
-            _ => return Err(shape_error("write_expert", "the expert's storage format differs from the pool's")),
-        }
-        Ok(())
-    }
-
-    pub fn bytes(&self) -> usize {
-        match &self.store {
-            Store::F32(v) => v.len() * 4,
-            Store::F16(v) => v.len() * 2,
-            Store::BF16(v) => v.len() * 2,
-            Store::Affine { words, scales, biases, .. } => {
-                words.len() * 4 + scales.bytes() + biases.bytes()
-            }
-        }
-    }
-
-    /// Writes global row `row` (counting across experts) as f32 into `out`.
-    #[inline(always)]
-    pub fn dequant_row(&self, row: usize, out: &mut [f32]) {
-        let k = self.cols;
-        let range = row * k..(row + 1) * k;
-        match &self.store {
-            Store::F32(v) => out.copy_from_slice(&v[range]),
-            Store::F16(v) => {
-                for (o, w) in out.iter_mut().zip(&v[range]) {
-                    *o = w.to_f32();
-                }
-            }
-            Store::BF16(v) => {
-                for (o, w) in out.iter_mut().zip(&v[range]) {
-                    *o = w.to_f32();
-                }
-            }
-            Store::Affine { bits, group_size, words, scales, biases } => {
-                let per_word = (32 / bits) as usize;
-                let mask = (1u32 << bits) - 1;
-                let wrow = &words[row * k / per_word..(row + 1) * k / per_word];
-                let groups = k / group_size;
-                for g in 0..groups {
-                    let (s, b) = (scales.at(row * groups + g), biases.at(row * groups + g));
-                    let seg = &mut out[g * group_size..(g + 1) * group_size];
-                    let gw = &wrow[g * group_size / per_word..(g + 1) * group_size / per_word];
-                    for (chunk, w) in seg.chunks_exact_mut(per_word).zip(gw) {
-                        for (j, o) in chunk.iter_mut().enumerate() {
-                            *o = s * ((w >> (bits * j as u32)) & mask) as f32 + b;
-                        }
-                    }
-                }
-            }
-        }
-    }
-
     /// Dot product of global row `row` with one input vector. `xsums` holds the
     /// sum of `x` over each quantization group (only read for affine weights).
     #[inline(always)]
@@ -264,14 +53,8 @@ impl CpuWeight {
             }
         }
     }
-
-    fn group_size(&self) -> Option<usize> {
-        match &self.store {
-            Store::Affine { group_size, .. } => Some(*group_size),
-            _ => None,
-        }
-    }
 }
+
 
 #[inline(always)]
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -496,89 +279,31 @@ pub enum MatmulMode {
     Int8,
 }
 
-/// Splits `n` rows into tasks of whole multiples of `align` rows and runs
-/// `f(row0, rows)` on each, in parallel when the matrix is large enough to pay
-/// for waking the thread pool.
-#[cfg(target_arch = "x86_64")] // used by the int8 path only
-fn par_row_ranges(n: usize, tokens: usize, row_bytes: usize, align: usize, parallel: bool, f: impl Fn(usize, usize) + Sync) {
-    let threads = rayon::current_num_threads().max(1);
-    let total = n * row_bytes * tokens.max(1);
-    if !parallel || threads == 1 || total < serial_bytes() {
-        f(0, n);
-        return;
-    }
-    let tasks = threads * TASKS_PER_THREAD;
-    let chunk = (n.div_ceil(tasks)).max(MIN_TASK_BYTES.div_ceil(row_bytes * tokens.max(1))).div_ceil(align) * align;
-    (0..n.div_ceil(chunk)).into_par_iter().for_each(|c| {
-        let r0 = c * chunk;
-        f(r0, chunk.min(n - r0))
-    });
+/// How the backend runs its matmuls, fixed when it is built from [`CpuOptions`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MatmulPlan {
+    pub mode: MatmulMode,
+    /// The int8 kernel this CPU runs (`Some(true)`: VNNI, `Some(false)`:
+    /// AVX2), `None` where it has none (4-bit weights then take the f32 path).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub int8_vnni: Option<bool>,
+    /// Matrices below this many weight bytes (times tokens) run on the calling thread.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub serial_bytes: usize,
 }
 
-/// A raw output pointer shared by tasks that write disjoint elements.
-#[cfg(target_arch = "x86_64")]
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: only used for writes to disjoint elements (one row range per task).
-#[cfg(target_arch = "x86_64")]
-unsafe impl Send for OutPtr {}
-#[cfg(target_arch = "x86_64")]
-unsafe impl Sync for OutPtr {}
-
-/// Matrices below this many weight bytes (times tokens) run on the calling
-/// thread. `SLOTSTREAM_CPU_SERIAL_KB` overrides it (for measurements).
-#[cfg(target_arch = "x86_64")]
-fn serial_bytes() -> usize {
-    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
-        std::env::var("SLOTSTREAM_CPU_SERIAL_KB").ok().and_then(|v| v.parse::<usize>().ok()).map(|kb| kb << 10).unwrap_or(SERIAL_BYTES)
-    })
-}
-
-/// Measured on the 2-core dev VM (BENCHMARKS.md, CPU section): at 32 KB the
-/// demo model's decode ran at 620-800 tok/s on 2 threads against 1230 on one;
-/// at 256 KB, 1200-1240, with no loss on the 432M-parameter models.
-#[cfg(target_arch = "x86_64")]
-const SERIAL_BYTES: usize = 256 << 10;
-#[cfg(target_arch = "x86_64")]
-const TASKS_PER_THREAD: usize = 4;
-#[cfg(target_arch = "x86_64")]
-const MIN_TASK_BYTES: usize = 16 << 10;
-
-/// The int8-activation path for 4-bit affine weights, when it applies.
-#[cfg(target_arch = "x86_64")]
-fn matmul_q8(x: &[f32], tokens: usize, w: &CpuWeight, expert: usize, vnni: bool, parallel: bool) -> Option<Vec<f32>> {
-    use crate::q8::{quantize, Q4Job, ScaleRead};
-    let Store::Affine { bits: 4, group_size, words, scales, biases } = &w.store else { return None };
-    let (n, k, gs) = (w.rows, w.cols, *group_size);
-    if k % 64 != 0 || gs % 32 != 0 {
-        return None;
-    }
-    let qx = quantize(x, tokens, k);
-    let xsums: Vec<f32> = x.chunks_exact(gs).map(|c| c.iter().sum()).collect();
-    let mut out = vec![0.0f32; tokens * n];
-    let ptr = OutPtr(out.as_mut_ptr());
-    fn go<S: ScaleRead + ?Sized>(job: Q4Job<'_, S>, base: usize, n: usize, out: OutPtr, vnni: bool, parallel: bool) {
-        par_row_ranges(n, job.tokens, job.k / 2, 4, parallel, |r0, rows| {
-            let o = out;
-            // SAFETY: `out` is `[tokens, n]`; each task writes only columns
-            // `r0..r0 + rows`, disjoint from every other task's.
-            unsafe { job.rows_into(base + r0, rows, o.0, n, r0, vnni) }
-        });
-    }
-    let base = expert * n;
-    macro_rules! job {
-        ($s:expr, $b:expr) => {
-            go(Q4Job { words, scales: $s, biases: $b, k, group_size: gs, tokens, x: &qx, xsums: &xsums }, base, n, ptr, vnni, parallel)
+impl MatmulPlan {
+    pub(crate) fn new(options: &CpuOptions) -> MatmulPlan {
+        #[cfg(target_arch = "x86_64")]
+        let int8_vnni =
+            crate::q8::available().then(|| options.int8_kernel == Int8Kernel::Best && crate::q8::has_vnni());
+        #[cfg(not(target_arch = "x86_64"))]
+        let int8_vnni = {
+            let _ = Int8Kernel::Best;
+            None
         };
+        MatmulPlan { mode: options.matmul, int8_vnni, serial_bytes: options.serial_bytes }
     }
-    match (scales, biases) {
-        (Scales::BF16(s), Scales::BF16(b)) => job!(s.as_slice(), b.as_slice()),
-        (Scales::F16(s), Scales::F16(b)) => job!(s.as_slice(), b.as_slice()),
-        (Scales::F32(s), Scales::F32(b)) => job!(s.as_slice(), b.as_slice()),
-        _ => return None,
-    }
-    Some(out)
 }
 
 fn transpose_out(out_nt: Vec<f32>, n: usize, tokens: usize) -> Vec<f32> {
@@ -603,14 +328,14 @@ fn transpose_out(out_nt: Vec<f32>, n: usize, tokens: usize) -> Vec<f32> {
 /// `x @ W_e^T` for expert `expert` of `w`: `x` is `[tokens, cols]`, the result
 /// `[tokens, rows]`. `parallel`: split the rows across the thread pool (when
 /// the matrix is large enough to be worth it).
-pub fn matmul(x: &[f32], tokens: usize, w: &CpuWeight, expert: usize, mode: MatmulMode, parallel: bool) -> Vec<f32> {
+pub(crate) fn matmul(x: &[f32], tokens: usize, w: &CpuWeight, expert: usize, plan: &MatmulPlan, parallel: bool) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
-    if mode == MatmulMode::Int8 {
-        if let Some(out) = crate::q8::kernel().and_then(|vnni| matmul_q8(x, tokens, w, expert, vnni, parallel)) {
+    if plan.mode == MatmulMode::Int8 {
+        let int8 = plan.int8_vnni.and_then(|vnni| crate::q8::matmul_q8(x, tokens, w, expert, vnni, plan.serial_bytes, parallel));
+        if let Some(out) = int8 {
             return out;
         }
     }
-    let _ = mode;
     let (n, k) = (w.rows, w.cols);
     let base = expert * n;
     // Per-token group sums let affine kernels apply the bias once per group.
@@ -645,35 +370,7 @@ pub fn matmul(x: &[f32], tokens: usize, w: &CpuWeight, expert: usize, mode: Matm
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::borrow::Cow;
-
-    fn quantized(bits: u32, group: usize, rows: usize, cols: usize) -> HostMatrix<'static> {
-        let per_word = 32 / bits as usize;
-        let mut words = Vec::new();
-        let mut state = 12345u32;
-        for _ in 0..rows * cols / per_word {
-            state = state.wrapping_mul(1664525).wrapping_add(1013904223);
-            words.extend_from_slice(&state.to_le_bytes());
-        }
-        let groups = rows * cols / group;
-        let scales: Vec<u8> =
-            (0..groups).flat_map(|i| (0.01f32 * (1 + i % 7) as f32).to_le_bytes()).collect();
-        let biases: Vec<u8> =
-            (0..groups).flat_map(|i| (-0.05f32 + 0.01 * (i % 5) as f32).to_le_bytes()).collect();
-        HostMatrix {
-            experts: 1,
-            rows,
-            cols,
-            data: MatrixData::Affine {
-                bits,
-                group_size: group,
-                words: Cow::Owned(words),
-                scale_dtype: DType::F32,
-                scales: Cow::Owned(scales),
-                biases: Cow::Owned(biases),
-            },
-        }
-    }
+    use crate::weight::test_matrix as quantized;
 
     /// The int8 path against the exact one. Its only approximation is rounding
     /// x to 8 bits per block of 32 (step d = max|x|/127 of the block), so each
@@ -687,7 +384,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn int8_matches_exact_within_tolerance() {
-        if crate::q8::kernel().is_none() {
+        if !crate::q8::available() {
             return;
         }
         let mut kernels = vec![false];
@@ -703,9 +400,9 @@ mod tests {
                 let x: Vec<f32> = (0..tokens * cols)
                     .map(|i| (((i * 7919) % 113) as f32 / 113.0 - 0.5) * if i % 97 == 0 { 8.0 } else { 1.0 })
                     .collect();
-                let exact = matmul(&x, tokens, &w, 0, MatmulMode::Exact, true);
+                let exact = matmul(&x, tokens, &w, 0, &exact(), true);
                 for &vnni in &kernels {
-                    let got = matmul_q8(&x, tokens, &w, 0, vnni, true).unwrap();
+                    let got = crate::q8::matmul_q8(&x, tokens, &w, 0, vnni, 0, true).unwrap();
                     let (mut num, mut den) = (0.0f64, 0.0f64);
                     for t in 0..tokens {
                         let xt = &x[t * cols..(t + 1) * cols];
@@ -739,7 +436,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn int8_rows_independent_of_token_count() {
-        if crate::q8::kernel().is_none() {
+        if !crate::q8::available() {
             return;
         }
         let mut kernels = vec![false];
@@ -752,13 +449,17 @@ mod tests {
             let tokens = 70;
             let x: Vec<f32> = (0..tokens * cols).map(|i| ((i * 7919) % 113) as f32 / 113.0 - 0.5).collect();
             for &vnni in &kernels {
-                let all = matmul_q8(&x, tokens, &w, 0, vnni, true).unwrap();
+                let all = crate::q8::matmul_q8(&x, tokens, &w, 0, vnni, 0, true).unwrap();
                 for t in [0, 1, 5, 63, 64, 69] {
-                    let one = matmul_q8(&x[t * cols..(t + 1) * cols], 1, &w, 0, vnni, true).unwrap();
+                    let one = crate::q8::matmul_q8(&x[t * cols..(t + 1) * cols], 1, &w, 0, vnni, 0, true).unwrap();
                     assert_eq!(&all[t * rows..(t + 1) * rows], &one[..], "group {group} vnni {vnni} token {t}");
                 }
             }
         }
+    }
+
+    fn exact() -> MatmulPlan {
+        MatmulPlan::new(&CpuOptions { matmul: MatmulMode::Exact, ..CpuOptions::default() })
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -780,7 +481,7 @@ mod tests {
             for tokens in [1, 3] {
                 let x: Vec<f32> =
                     (0..tokens * cols).map(|i| ((i * 7919) % 113) as f32 / 113.0 - 0.5).collect();
-                let got = matmul(&x, tokens, &w, 0, MatmulMode::Exact, true);
+                let got = matmul(&x, tokens, &w, 0, &exact(), true);
                 for t in 0..tokens {
                     for r in 0..rows {
                         let want: f32 = (0..cols)

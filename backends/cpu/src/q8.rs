@@ -1,6 +1,6 @@
 //! Int8 activations for 4-bit MLX-affine weights (the default CPU matmul for
-//! 4-bit weights; `CpuBackend::exact()` / `SLOTSTREAM_CPU_MATMUL=exact` keep the
-//! f32 path).
+//! 4-bit weights; `MatmulMode::Exact` (`CpuBackend::exact()`) keeps the f32
+//! path).
 //!
 //! MLX affine 4-bit stores, per row and group of G inputs, nibbles q in 0..15
 //! (element i of a u32 word at bits 4i) and a scale s and bias b: w = s*q + b.
@@ -25,7 +25,10 @@
 #![cfg(target_arch = "x86_64")]
 
 use half::{bf16, f16};
+use rayon::prelude::*;
 use std::arch::x86_64::*;
+
+use crate::weight::{CpuWeight, Scales, Store};
 
 /// `tokens` activation rows quantized to int8 in the chunk order above.
 pub struct QuantizedX {
@@ -398,7 +401,8 @@ impl<S: ScaleRead + ?Sized> Q4Job<'_, S> {
         assert!((row0 + n) * self.k / 8 <= self.words.len());
         assert!(self.x.q.len() >= self.tokens * self.k && self.xsums.len() >= self.tokens * (self.k / self.group_size));
         assert!(col0 + n <= ld);
-        // SAFETY: features checked by `kernel()`; bounds asserted above.
+        // SAFETY: features checked when the backend was built (`MatmulPlan::new`:
+        // `available()`, and `has_vnni()` for VNNI); bounds asserted above.
         if vnni {
             self.run_vnni(row0, n, out, ld, col0)
         } else {
@@ -407,18 +411,77 @@ impl<S: ScaleRead + ?Sized> Q4Job<'_, S> {
     }
 }
 
-/// Which int8 kernel to use: `Some(true)` VNNI, `Some(false)` AVX2, `None` none.
-pub fn kernel() -> Option<bool> {
-    static K: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    *K.get_or_init(|| {
-        if !available() {
-            return None;
-        }
-        match std::env::var("SLOTSTREAM_CPU_INT8_KERNEL").as_deref() {
-            Ok("avx2") => Some(false),
-            _ => Some(has_vnni()),
-        }
-    })
+/// Splits `n` rows into tasks of whole multiples of `align` rows and runs
+/// `f(row0, rows)` on each, in parallel when the matrix is large enough to pay
+/// for waking the thread pool.
+fn par_row_ranges(n: usize, tokens: usize, row_bytes: usize, align: usize, serial_bytes: usize, parallel: bool, f: impl Fn(usize, usize) + Sync) {
+    let threads = rayon::current_num_threads().max(1);
+    let total = n * row_bytes * tokens.max(1);
+    if !parallel || threads == 1 || total < serial_bytes {
+        f(0, n);
+        return;
+    }
+    let tasks = threads * TASKS_PER_THREAD;
+    let chunk = (n.div_ceil(tasks)).max(MIN_TASK_BYTES.div_ceil(row_bytes * tokens.max(1))).div_ceil(align) * align;
+    (0..n.div_ceil(chunk)).into_par_iter().for_each(|c| {
+        let r0 = c * chunk;
+        f(r0, chunk.min(n - r0))
+    });
+}
+
+/// A raw output pointer shared by tasks that write disjoint elements.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: only used for writes to disjoint elements (one row range per task).
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+const TASKS_PER_THREAD: usize = 4;
+const MIN_TASK_BYTES: usize = 16 << 10;
+
+/// The int8-activation path for 4-bit affine weights, when it applies.
+///
+/// `vnni` picks the kernel; matrices below `serial_bytes` weight bytes (times
+/// tokens) run on the calling thread.
+pub(crate) fn matmul_q8(
+    x: &[f32],
+    tokens: usize,
+    w: &CpuWeight,
+    expert: usize,
+    vnni: bool,
+    serial_bytes: usize,
+    parallel: bool,
+) -> Option<Vec<f32>> {
+    let Store::Affine { bits: 4, group_size, words, scales, biases } = &w.store else { return None };
+    let (n, k, gs) = (w.rows, w.cols, *group_size);
+    if k % 64 != 0 || gs % 32 != 0 {
+        return None;
+    }
+    let qx = quantize(x, tokens, k);
+    let xsums: Vec<f32> = x.chunks_exact(gs).map(|c| c.iter().sum()).collect();
+    let mut out = vec![0.0f32; tokens * n];
+    let ptr = OutPtr(out.as_mut_ptr());
+    fn go<S: ScaleRead + ?Sized>(job: Q4Job<'_, S>, base: usize, n: usize, out: OutPtr, vnni: bool, serial: usize, parallel: bool) {
+        par_row_ranges(n, job.tokens, job.k / 2, 4, serial, parallel, |r0, rows| {
+            let o = out;
+            // SAFETY: `out` is `[tokens, n]`; each task writes only columns
+            // `r0..r0 + rows`, disjoint from every other task's.
+            unsafe { job.rows_into(base + r0, rows, o.0, n, r0, vnni) }
+        });
+    }
+    let base = expert * n;
+    macro_rules! job {
+        ($s:expr, $b:expr) => {
+            go(Q4Job { words, scales: $s, biases: $b, k, group_size: gs, tokens, x: &qx, xsums: &xsums }, base, n, ptr, vnni, serial_bytes, parallel)
+        };
+    }
+    match (scales, biases) {
+        (Scales::BF16(s), Scales::BF16(b)) => job!(s.as_slice(), b.as_slice()),
+        (Scales::F16(s), Scales::F16(b)) => job!(s.as_slice(), b.as_slice()),
+        (Scales::F32(s), Scales::F32(b)) => job!(s.as_slice(), b.as_slice()),
+        _ => return None,
+    }
+    Some(out)
 }
 
 #[cfg(test)]

@@ -8,20 +8,26 @@
 //! "arena" buffers that are filled with one `write_buffer` per arena just
 //! before the submission they belong to.
 
+mod buffers;
+mod profile;
+
 use std::collections::HashMap;
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex};
 
 use slotstream_backend::{BackendError, Result};
 
-use crate::kernels::Module;
+use crate::kernels::{Module, Params};
+use crate::options::WgpuOptions;
+pub use buffers::{whole, Bind, GpuBuf};
+use buffers::FreeList;
+pub use profile::FamilyTime;
+use profile::Timing;
 
 /// Bytes of one dispatch's parameter slot (the uniform offset alignment).
 const PARAM_SLOT: u64 = 256;
 /// Parameter slots per arena buffer.
 const ARENA_SLOTS: u64 = 256;
-/// Dispatches timed per submission when profiling.
-const MAX_TIMED: u32 = 2048;
 /// Workgroups per dispatch dimension guaranteed by WebGPU.
 pub const MAX_GROUPS: u32 = 65535;
 
@@ -37,60 +43,10 @@ const MAX_CACHED_BIND_GROUPS: usize = 16384;
 
 type BindKey = (&'static str, u64, Vec<(u32, wgpu::Buffer, u64, u64)>);
 
-/// A storage binding: a whole buffer (`size` 0) or `size` bytes from `offset`
-/// (a view, e.g. columns of a one-row tensor; see `slice_cols`).
-#[derive(Clone, Copy)]
-pub struct Bind<'a> {
-    pub buffer: &'a wgpu::Buffer,
-    pub offset: u64,
-    pub size: u64,
-}
-
-/// The whole of `buffer` as a binding.
-pub fn whole(buffer: &wgpu::Buffer) -> Bind<'_> {
-    Bind { buffer, offset: 0, size: 0 }
-}
-
-/// Buffers freed by dropped tensors, by size, for reuse.
-type FreeList = Arc<Mutex<HashMap<u64, Vec<wgpu::Buffer>>>>;
-
-/// A device buffer holding an activation tensor. Returned to the free list
-/// when the last tensor sharing it is dropped; reuse is safe because every
-/// later write is recorded after every earlier read in the same queue.
-pub struct GpuBuf {
-    buffer: Option<wgpu::Buffer>,
-    free: FreeList,
-}
-
-impl GpuBuf {
-    pub fn buffer(&self) -> &wgpu::Buffer {
-        // Only `Drop` takes the buffer out.
-        self.buffer.as_ref().expect("GpuBuf used after drop")
-    }
-    pub fn bind(&self) -> Bind<'_> {
-        whole(self.buffer())
-    }
-}
-
-impl Drop for GpuBuf {
-    fn drop(&mut self) {
-        if let (Some(b), Ok(mut free)) = (self.buffer.take(), self.free.lock()) {
-            free.entry(b.size()).or_default().push(b);
-        }
-    }
-}
-
 struct Kernel {
     pipeline: wgpu::ComputePipeline,
     layout: wgpu::BindGroupLayout,
     family: &'static str,
-}
-
-/// Timestamps of the dispatches of one submission.
-struct Timing {
-    queries: wgpu::QuerySet,
-    resolve: wgpu::Buffer,
-    families: Vec<&'static str>,
 }
 
 #[derive(Default)]
@@ -113,20 +69,13 @@ struct Pending {
     ring_data: Vec<Vec<u8>>,
 }
 
-/// Time spent in one kernel family, summed over submissions.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct FamilyTime {
-    pub dispatches: u64,
-    pub seconds: f64,
-}
-
 pub struct Gpu {
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
     pub info: wgpu::AdapterInfo,
     pub limits: wgpu::Limits,
     /// Whether `slice_cols` of one row may return a view instead of a copy
-    /// (`SLOTSTREAM_WGPU_VIEWS=0` turns views off, for measurements).
+    /// ([`WgpuOptions::views`]).
     pub views: bool,
     /// Largest subgroup the adapter may run: dispatch sizes assume it so that
     /// one subgroup per row never leaves rows unassigned.
@@ -150,18 +99,15 @@ pub struct Gpu {
     pub binding_cap: std::sync::atomic::AtomicU64,
     /// Submit recorded work after this many dispatches (0: only when the host
     /// needs data back), so the GPU starts on a layer while the host is still
-    /// recording it. `SLOTSTREAM_WGPU_FLUSH_EVERY` sets the initial value.
+    /// recording it. [`WgpuOptions::flush_every`] sets the initial value.
     pub flush_every: std::sync::atomic::AtomicU32,
 }
 
-/// Dispatches per submission unless `SLOTSTREAM_WGPU_FLUSH_EVERY` says otherwise.
-const DEFAULT_FLUSH_EVERY: u32 = 16;
-
-/// Small uploads served from the ring (larger ones get a buffer of their own).
-const RING_MAX_BYTES: usize = 1 << 20;
 
 impl Gpu {
-    pub fn open(adapter: wgpu::Adapter, bounds_checks: bool) -> Result<Gpu> {
+    /// Opens a device on `adapter` and compiles every kernel (with wgpu's
+    /// bounds checks unless `bounds_checks` is false).
+    pub fn open(adapter: wgpu::Adapter, options: &WgpuOptions, bounds_checks: bool) -> Result<Gpu> {
         let info = adapter.get_info();
         let limits = adapter.limits();
         let features = adapter.features();
@@ -225,7 +171,7 @@ impl Gpu {
             queue,
             info,
             limits,
-            views: std::env::var("SLOTSTREAM_WGPU_VIEWS").map_or(true, |v| v != "0"),
+            views: options.views,
             subgroup_max,
             subgroup_min,
             mapped_primary,
@@ -239,9 +185,7 @@ impl Gpu {
             can_time,
             submissions: Arc::default(),
             binding_cap: std::sync::atomic::AtomicU64::new(0),
-            flush_every: std::sync::atomic::AtomicU32::new(
-                std::env::var("SLOTSTREAM_WGPU_FLUSH_EVERY").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_FLUSH_EVERY),
-            ),
+            flush_every: std::sync::atomic::AtomicU32::new(options.flush_every),
         };
         gpu.check_errors("compiling the WGSL kernels")?;
         Ok(gpu)
@@ -272,97 +216,6 @@ impl Gpu {
         }
     }
 
-    /// An uninitialised activation buffer of at least `bytes` bytes.
-    pub fn alloc(&self, bytes: u64) -> Result<GpuBuf> {
-        let size = bytes.max(16).div_ceil(16) * 16;
-        let limit = self.max_binding();
-        if size > limit {
-            return Err(BackendError::Device(format!(
-                "an activation of {size} bytes exceeds the adapter's {limit} byte storage binding limit"
-            )));
-        }
-        let reused = self.free.lock().ok().and_then(|mut f| f.get_mut(&size).and_then(|v| v.pop()));
-        let buffer = reused.unwrap_or_else(|| {
-            self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("activation"),
-                size,
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            })
-        });
-        Ok(GpuBuf { buffer: Some(buffer), free: self.free.clone() })
-    }
-
-    /// A new buffer holding `bytes` (padded to 16 bytes), written at creation,
-    /// so it never races with recorded work.
-    pub fn buffer_with(&self, label: &str, bytes: &[u8], usage: wgpu::BufferUsages) -> wgpu::Buffer {
-        let size = (bytes.len() as u64).max(16).div_ceil(16) * 16;
-        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size,
-            usage,
-            mapped_at_creation: true,
-        });
-        {
-            // A buffer mapped at creation is always mappable in full.
-            if let Ok(mut view) = buffer.slice(..).get_mapped_range_mut() {
-                view.slice(..bytes.len()).copy_from_slice(bytes);
-            }
-        }
-        buffer.unmap();
-        buffer
-    }
-
-    /// A read-only storage buffer holding `bytes` for the ops recorded next
-    /// (until the next submission): a ring entry written just before that
-    /// submission, or a new buffer for large inputs.
-    pub fn small_input(&self, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer> {
-        if bytes.len() > RING_MAX_BYTES {
-            return Ok(self.buffer_with(label, bytes, wgpu::BufferUsages::STORAGE));
-        }
-        let mut guard = self.pending()?;
-        let p = &mut *guard;
-        let i = p.ring_data.len();
-        let size = (bytes.len() as u64).max(16).div_ceil(16) * 16;
-        if p.ring.len() <= i || p.ring[i].size() < size {
-            let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("small inputs"),
-                size: size.next_power_of_two().max(256),
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
-            if p.ring.len() <= i {
-                p.ring.push(buffer);
-            } else {
-                p.ring[i] = buffer;
-            }
-        }
-        let mut data = bytes.to_vec();
-        data.resize(size as usize, 0);
-        p.ring_data.push(data);
-        Ok(p.ring[i].clone())
-    }
-
-    /// A pooled activation buffer holding `bytes`.
-    pub fn upload_activation(&self, bytes: &[u8]) -> Result<GpuBuf> {
-        let buffer = self.buffer_with(
-            "upload",
-            bytes,
-            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-        );
-        Ok(GpuBuf { buffer: Some(buffer), free: self.free.clone() })
-    }
-
-    /// A zero-filled buffer that lives outside the pool (states).
-    pub fn zeroed(&self, label: &str, bytes: u64) -> wgpu::Buffer {
-        self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size: bytes.max(16).div_ceil(16) * 16,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        })
-    }
-
     fn encoder<'a>(&self, p: &'a mut Pending) -> &'a mut wgpu::CommandEncoder {
         p.pass = None;
         p.encoder.get_or_insert_with(|| {
@@ -387,9 +240,11 @@ impl Gpu {
         Ok(())
     }
 
-    /// Records one dispatch of `entry` with `params` (u32 words, at most 64)
-    /// at binding 0 and `binds` (binding index, buffer) as the rest.
-    pub fn dispatch(&self, entry: &str, params: &[u32], binds: &[(u32, Bind<'_>)], groups: [u32; 3]) -> Result<()> {
+    /// Records one dispatch of `entry` with `params` (its module's parameter
+    /// struct) at binding 0 and `binds` (binding index, buffer) as the rest.
+    /// Only the typed kernel calls of the family modules call this.
+    pub(crate) fn dispatch<P: Params>(&self, entry: &str, params: &P, binds: &[(u32, Bind<'_>)], groups: [u32; 3]) -> Result<()> {
+        let params = bytemuck::bytes_of(params);
         if groups.contains(&0) {
             return Ok(());
         }
@@ -416,9 +271,10 @@ impl Gpu {
         }
         let start = (slot * PARAM_SLOT) as usize;
         p.params.resize(start + PARAM_SLOT as usize, 0);
-        for (i, word) in params.iter().enumerate() {
-            p.params[start + 4 * i..start + 4 * i + 4].copy_from_slice(&word.to_le_bytes());
-        }
+        let Some(slot_bytes) = p.params.get_mut(start..start + params.len()) else {
+            return Err(BackendError::Device(format!("{entry}: {} parameter bytes exceed a {PARAM_SLOT}-byte slot", params.len())));
+        };
+        slot_bytes.copy_from_slice(params);
         let key: BindKey = (entry, slot, binds.iter().map(|(i, b)| (*i, b.buffer.clone(), b.offset, b.size)).collect());
         let mut cache = self.bind_groups.lock().map_err(|_| BackendError::Device("bind group cache poisoned".into()))?;
         if cache.len() >= MAX_CACHED_BIND_GROUPS {
@@ -457,21 +313,7 @@ impl Gpu {
             }
         };
         drop(cache);
-        let timing_index = match &mut p.timing {
-            Some(t) if (t.families.len() as u32) < MAX_TIMED => {
-                t.families.push(kernel.family);
-                Some(t.families.len() as u32 - 1)
-            }
-            _ => None,
-        };
-        let timestamp_writes = match (&p.timing, timing_index) {
-            (Some(t), Some(i)) => Some(wgpu::ComputePassTimestampWrites {
-                query_set: &t.queries,
-                beginning_of_pass_write_index: Some(2 * i),
-                end_of_pass_write_index: Some(2 * i + 1),
-            }),
-            _ => None,
-        };
+        let timestamp_writes = p.timing.as_mut().and_then(|t| t.next_pass(kernel.family));
         if timestamp_writes.is_some() || p.pass.is_none() {
             // Timed dispatches get a pass each (timestamps are written per pass).
             p.pass = None;
@@ -494,6 +336,13 @@ impl Gpu {
             return self.submit_inner(false, |_| {});
         }
         Ok(())
+    }
+
+    /// Workgroups for kernels that give each of `items` one subgroup, in
+    /// workgroups of `wg` invocations.
+    pub fn subgroup_grid(&self, items: usize, wg: u32) -> u32 {
+        let per_wg = (wg / self.subgroup_max).max(1) as usize;
+        items.div_ceil(per_wg).clamp(1, MAX_GROUPS as usize) as u32
     }
 
     /// A 1-D dispatch of `n` workgroups, folded into two dimensions when needed.
@@ -539,38 +388,16 @@ impl Gpu {
         }
         p.since_submit = 0;
         let timing = p.timing.take();
-        let staging = timing.as_ref().filter(|t| !t.families.is_empty()).map(|t| {
-            let n = t.families.len() as u32 * 2;
-            encoder.resolve_query_set(&t.queries, 0..n, &t.resolve, 0);
-            let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("timestamps"),
-                size: n as u64 * 8,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
-            encoder.copy_buffer_to_buffer(&t.resolve, 0, &staging, 0, n as u64 * 8);
-            staging
-        });
+        let staging = timing.as_ref().and_then(|t| t.resolve(&self.device, &mut encoder));
         self.queue.submit([encoder.finish()]);
         if counted {
             self.submissions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         if let Some(t) = timing {
             if let Some(staging) = staging {
-                let ticks = self.read_back(&staging)?;
-                let period = self.queue.get_timestamp_period() as f64 * 1e-9;
-                if let Ok(mut prof) = self.profile.lock() {
-                    if let Some(prof) = prof.as_mut() {
-                        for (i, family) in t.families.iter().enumerate() {
-                            let (a, b) = (ticks_at(&ticks, 2 * i), ticks_at(&ticks, 2 * i + 1));
-                            let e = prof.entry(family).or_default();
-                            e.dispatches += 1;
-                            e.seconds += b.saturating_sub(a) as f64 * period;
-                        }
-                    }
-                }
+                self.record_timings(&t, &staging)?;
             }
-            p.timing = Some(Timing { families: Vec::new(), ..t });
+            p.timing = Some(t.restart());
         }
         self.check_errors("running kernels")
     }
@@ -655,46 +482,4 @@ impl Gpu {
         Ok(())
     }
 
-    /// Starts (or stops) timing every dispatch by kernel family.
-    pub fn set_profiling(&self, on: bool) -> Result<()> {
-        if on && !self.can_time {
-            return Err(BackendError::Unsupported(format!("{} has no timestamp queries", self.info.name)));
-        }
-        self.flush()?;
-        let mut p = self.pending()?;
-        p.timing = on.then(|| Timing {
-            queries: self.device.create_query_set(&wgpu::QuerySetDescriptor {
-                label: Some("kernel timing"),
-                ty: wgpu::QueryType::Timestamp,
-                count: 2 * MAX_TIMED,
-            }),
-            resolve: self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("kernel timing"),
-                size: 2 * MAX_TIMED as u64 * 8,
-                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: false,
-            }),
-            families: Vec::new(),
-        });
-        if let Ok(mut prof) = self.profile.lock() {
-            *prof = on.then(HashMap::new);
-        }
-        Ok(())
-    }
-
-    /// Kernel time by family since profiling started.
-    pub fn profile(&self) -> Vec<(String, FamilyTime)> {
-        let mut v: Vec<(String, FamilyTime)> = self
-            .profile
-            .lock()
-            .ok()
-            .and_then(|p| p.as_ref().map(|m| m.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()))
-            .unwrap_or_default();
-        v.sort_by(|a, b| b.1.seconds.total_cmp(&a.1.seconds));
-        v
-    }
-}
-
-fn ticks_at(bytes: &[u8], i: usize) -> u64 {
-    bytes.get(i * 8..i * 8 + 8).map(|b| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])).unwrap_or(0)
 }

@@ -1,7 +1,56 @@
-//! The WGSL kernel sources (files in `wgsl/` at the repository root) and the
-//! modules they are assembled into. Kernels that read weight matrices share
+//! The WGSL kernel sources (files in `wgsl/` at the repository root), the
+//! modules they are assembled into, and the Rust mirror of each module's
+//! uniform `Params` struct. Kernels that read weight matrices share
 //! `weights.wgsl` (and the row-dot helpers in `dot.wgsl`), which are prepended
 //! to the kernel file.
+//!
+//! Each kernel family's Rust module (`elementwise.rs`, `norm.rs`, ...)
+//! declares its parameter struct with [`params!`], field for field as the
+//! WGSL declares it (the shader tests compare the two), and one typed
+//! function per entry point.
+
+/// A kernel family's uniform parameters, laid out as its WGSL `Params` struct.
+pub trait Params: bytemuck::Pod {
+    /// The field names in order, as the WGSL struct names them.
+    const FIELDS: &'static [&'static str];
+}
+
+/// Declares a `#[repr(C)]` parameter struct of u32/f32 fields (and nested
+/// parameter structs) with its [`Params`] field list.
+macro_rules! params {
+    ($(#[$meta:meta])* pub struct $name:ident { $($(#[$fmeta:meta])* $field:ident: $ty:ty,)* }) => {
+        $(#[$meta])*
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+        pub struct $name {
+            $($(#[$fmeta])* pub $field: $ty,)*
+        }
+
+        impl $crate::kernels::Params for $name {
+            const FIELDS: &'static [&'static str] = &[$(stringify!($field)),*];
+        }
+    };
+}
+pub(crate) use params;
+
+/// What the shader tests compare a module's WGSL `Params` struct with.
+#[derive(Clone, Copy, Debug)]
+pub struct ParamsLayout {
+    pub fields: &'static [&'static str],
+    pub bytes: usize,
+}
+
+impl ParamsLayout {
+    fn of<P: Params>() -> ParamsLayout {
+        ParamsLayout { fields: P::FIELDS, bytes: std::mem::size_of::<P>() }
+    }
+}
+
+/// The layout of `WeightDesc` (`wgsl/weights.wgsl`), nested as field `w` in
+/// the parameters of every kernel that reads a weight.
+pub fn weight_desc_layout() -> ParamsLayout {
+    ParamsLayout::of::<crate::weights::WeightDesc>()
+}
 
 const WEIGHTS: &str = include_str!("../../../wgsl/weights.wgsl");
 const DOT: &str = include_str!("../../../wgsl/dot.wgsl");
@@ -20,7 +69,7 @@ pub enum Module {
     Attention,
     Conv,
     GatedDelta,
-    Hyper,
+    Streams,
 }
 
 impl Module {
@@ -36,7 +85,7 @@ impl Module {
         Module::Attention,
         Module::Conv,
         Module::GatedDelta,
-        Module::Hyper,
+        Module::Streams,
     ];
 
     /// The kernel family's file name in `wgsl/` (also its name in profiles).
@@ -53,7 +102,7 @@ impl Module {
             Module::Attention => "attention",
             Module::Conv => "conv",
             Module::GatedDelta => "gated_delta",
-            Module::Hyper => "hyper",
+            Module::Streams => "streams",
         }
     }
 
@@ -72,7 +121,26 @@ impl Module {
             Module::Attention => &["attention", "attention_sparse"],
             Module::Conv => &["conv1d", "conv_window"],
             Module::GatedDelta => &["gated_delta"],
-            Module::Hyper => &["repeat_cols", "hc_mix", "hc_inject", "ple_gate"],
+            Module::Streams => &["repeat_cols", "stream_mean", "add_gated_to_streams", "stream_dot_gate"],
+        }
+    }
+
+    /// The Rust mirror of the module's `Params` struct.
+    pub fn params(self) -> ParamsLayout {
+        use crate::{attention, elementwise, matmul, moe, norm, recurrent, streams};
+        match self {
+            Module::Matvec => ParamsLayout::of::<matmul::MatvecParams>(),
+            Module::MatvecQ8 => ParamsLayout::of::<matmul::MatvecQ8Params>(),
+            Module::MatmulTiled => ParamsLayout::of::<matmul::TiledParams>(),
+            Module::Moe => ParamsLayout::of::<moe::MoeParams>(),
+            Module::Embed => ParamsLayout::of::<matmul::EmbedParams>(),
+            Module::Elementwise => ParamsLayout::of::<elementwise::ElementwiseParams>(),
+            Module::Norm => ParamsLayout::of::<norm::NormParams>(),
+            Module::Rope => ParamsLayout::of::<attention::RopeParams>(),
+            Module::Attention => ParamsLayout::of::<attention::AttentionParams>(),
+            Module::Conv => ParamsLayout::of::<recurrent::ConvParams>(),
+            Module::GatedDelta => ParamsLayout::of::<recurrent::GatedDeltaParams>(),
+            Module::Streams => ParamsLayout::of::<streams::StreamParams>(),
         }
     }
 
@@ -92,7 +160,7 @@ impl Module {
             Module::Attention => include_str!("../../../wgsl/attention.wgsl").to_string(),
             Module::Conv => include_str!("../../../wgsl/conv.wgsl").to_string(),
             Module::GatedDelta => include_str!("../../../wgsl/gated_delta.wgsl").to_string(),
-            Module::Hyper => include_str!("../../../wgsl/hyper.wgsl").to_string(),
+            Module::Streams => include_str!("../../../wgsl/streams.wgsl").to_string(),
         }
     }
 }

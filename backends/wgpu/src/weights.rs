@@ -9,6 +9,35 @@
 use slotstream_backend::{shape_error, BackendError, DType, HostMatrix, MatrixData, MatrixFormat, Result};
 
 use crate::gpu::Gpu;
+use crate::kernels::params;
+use crate::options::Q4Layout;
+
+params! {
+    /// `WeightDesc` of `wgsl/weights.wgsl`: how a kernel decodes one weight shard.
+    pub struct WeightDesc {
+        /// 0 f32, 1 f16, 2 bf16, 3 MLX affine, 4 interleaved 4-bit affine.
+        fmt: u32,
+        bits: u32,
+        group_size: u32,
+        /// Scale and bias type: 0 f32, 1 f16, 2 bf16.
+        scale_kind: u32,
+        cols: u32,
+        /// u32 words per row of values.
+        row_words: u32,
+        scales_off: u32,
+        biases_off: u32,
+    }
+}
+
+/// `fmt` of interleaved 4-bit rows (see `wgsl/weights.wgsl`).
+const FMT_Q4_INTERLEAVED: u32 = 4;
+
+impl WeightDesc {
+    /// Whether the shard holds interleaved 4-bit rows (the int8 and eight-row kernels' format).
+    pub fn is_interleaved_q4(&self) -> bool {
+        self.fmt == FMT_Q4_INTERLEAVED
+    }
+}
 
 fn dtype_code(d: DType) -> u32 {
     match d {
@@ -77,13 +106,11 @@ impl RowLayout {
 
     /// The layout of a standalone weight (not an expert pool slot): 4-bit
     /// affine rows with 16-bit scales are stored interleaved (fmt 4, see
-    /// `wgsl/weights.wgsl`) unless `SLOTSTREAM_WGPU_Q4_LAYOUT=mlx` keeps the
-    /// MLX order (for comparing the two).
-    pub fn for_weight(format: MatrixFormat, cols: usize) -> Result<RowLayout> {
+    /// `wgsl/weights.wgsl`) unless `q4` asks for the MLX order.
+    pub fn for_weight(format: MatrixFormat, cols: usize, q4: Q4Layout) -> Result<RowLayout> {
         let mut layout = RowLayout::new(format, cols)?;
-        let keep_mlx = std::env::var("SLOTSTREAM_WGPU_Q4_LAYOUT").is_ok_and(|v| v == "mlx");
-        if layout.fmt == 3 && layout.bits == 4 && matches!(layout.scale_kind, 1 | 2) && !keep_mlx {
-            layout.fmt = 4;
+        if layout.fmt == 3 && layout.bits == 4 && matches!(layout.scale_kind, 1 | 2) && q4 == Q4Layout::Interleaved {
+            layout.fmt = FMT_Q4_INTERLEAVED;
         }
         Ok(layout)
     }
@@ -97,7 +124,7 @@ impl RowLayout {
     /// rows (fmt 4: both the offset of the (scale, bias) pairs).
     fn offsets(&self, rows: usize) -> (usize, usize) {
         let values = rows * self.value_bytes;
-        if self.fmt == 4 {
+        if self.fmt == FMT_Q4_INTERLEAVED {
             return (values / 4, values / 4);
         }
         let scales = pad16(rows * self.scale_bytes);
@@ -108,19 +135,19 @@ impl RowLayout {
         rows * self.value_bytes + 2 * pad16(rows * self.scale_bytes)
     }
 
-    /// The `WeightDesc` of `wgsl/weights.wgsl` for a shard of `rows` rows.
-    pub fn desc(&self, rows: usize) -> [u32; 8] {
+    /// The `WeightDesc` of a shard of `rows` rows.
+    pub fn desc(&self, rows: usize) -> WeightDesc {
         let (s, b) = self.offsets(rows);
-        [
-            self.fmt,
-            self.bits,
-            self.group_size,
-            self.scale_kind,
-            self.cols as u32,
-            (self.value_bytes / 4) as u32,
-            s as u32,
-            b as u32,
-        ]
+        WeightDesc {
+            fmt: self.fmt,
+            bits: self.bits,
+            group_size: self.group_size,
+            scale_kind: self.scale_kind,
+            cols: self.cols as u32,
+            row_words: (self.value_bytes / 4) as u32,
+            scales_off: s as u32,
+            biases_off: b as u32,
+        }
     }
 }
 
@@ -129,7 +156,7 @@ pub struct Shard {
     pub buffer: wgpu::Buffer,
     pub row_start: usize,
     pub rows: usize,
-    pub desc: [u32; 8],
+    pub desc: WeightDesc,
 }
 
 /// A `[experts, rows, cols]` weight owned by the wgpu backend; rows of all
@@ -173,7 +200,7 @@ fn shard_image(layout: &RowLayout, m: &HostMatrix<'_>, r0: usize, r1: usize) -> 
     let (values, scales, biases) = host_parts(m);
     let rows = r1 - r0;
     let mut out = Vec::with_capacity(layout.shard_bytes(rows));
-    if layout.fmt == 4 {
+    if layout.fmt == FMT_Q4_INTERLEAVED {
         let vb = layout.value_bytes;
         for r in r0..r1 {
             interleave_q4_row(&values[r * vb..(r + 1) * vb], &mut out);
@@ -197,9 +224,9 @@ fn shard_image(layout: &RowLayout, m: &HostMatrix<'_>, r0: usize, r1: usize) -> 
 }
 
 impl GpuWeight {
-    pub fn upload(gpu: &Gpu, m: &HostMatrix<'_>) -> Result<GpuWeight> {
+    pub fn upload(gpu: &Gpu, m: &HostMatrix<'_>, q4: Q4Layout) -> Result<GpuWeight> {
         m.validate()?;
-        let layout = RowLayout::for_weight(MatrixFormat::of(m), m.cols)?;
+        let layout = RowLayout::for_weight(MatrixFormat::of(m), m.cols, q4)?;
         let total_rows = m.experts * m.rows;
         let per_shard = (gpu.max_shard() as usize - 64) / layout.row_bytes().max(1);
         if per_shard == 0 {

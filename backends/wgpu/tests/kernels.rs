@@ -18,6 +18,7 @@ use common::{gpu, rel_l2, Rng};
 use half::{bf16, f16};
 use slotstream_backend::{Backend, DType, ExpertAssignment, ExpertLayout, GateAct, HostExpert, HostMatrix, KeySelection, MatrixData, MatrixFormat, Tensor};
 use slotstream_cpu::CpuBackend;
+use slotstream_wgpu::{AdapterChoice, MatmulMode, WgpuBackend, WgpuOptions};
 
 const TOL: f64 = 1e-5;
 
@@ -131,6 +132,32 @@ fn matmul_all_formats_decode_and_prefill() {
                 b.matmul(&up(b, &x, &[tokens, cols]), &w).expect("matmul")
             });
         }
+    }
+}
+
+/// One-token products of interleaved 4-bit weights take eight rows per
+/// subgroup only from `q4_eight_rows_from` rows on (8192 by default): a second
+/// backend with that option at 1 reaches the kernel with a small matrix.
+#[test]
+fn matvec_eight_rows_per_subgroup() {
+    if gpu().is_none() {
+        return;
+    }
+    let options = WgpuOptions { matmul: Some(MatmulMode::Exact), q4_eight_rows_from: 1, ..WgpuOptions::default() };
+    let g = WgpuBackend::with_options(&AdapterChoice::allow_software(), options).expect("opening a second wgpu backend");
+    let cpu = CpuBackend::exact();
+    let mut rng = Rng::new(21);
+    for format in [affine(4, 64), MatrixFormat::Affine { bits: 4, group_size: 32, scale_dtype: DType::F16 }] {
+        // 75 rows: the last subgroup's eight rows are partly past the end.
+        let (rows, cols) = (75, 512);
+        let m = matrix(&mut rng, format, 1, rows, cols);
+        let x = rng.vec(cols, 2.0);
+        let run = |b: &dyn Backend| {
+            let w = b.load_weight(&m).expect("load_weight");
+            b.download(&b.matmul(&up(b, &x, &[1, cols]), &w).expect("matmul")).expect("download")
+        };
+        let err = rel_l2(&run(&g), &run(&cpu));
+        assert!(err <= TOL, "{}: eight-row matvec differs from CPU, rel L2 {err:.3e}", format_name(format));
     }
 }
 
@@ -249,7 +276,7 @@ fn normalisation() {
     check("rms_norm_wide", TOL, |b| b.rms_norm(&up(b, &xw, &[3, 2048]), Some(&up(b, &ww, &[2048])), 2048, 1e-6).unwrap());
     check("rms_norm_wide_no_weight", TOL, |b| b.rms_norm(&up(b, &xw, &[3, 2048]), None, 1024, 1e-6).unwrap());
     // One weight value per column: each group of a row with its own slice
-    // (the per-stream norm of hyper-connections), subgroup and wide kernels.
+    // (the per-stream norm of multi-stream residuals), subgroup and wide kernels.
     check("rms_norm_per_stream", TOL, |b| b.rms_norm(&up(b, &x, &[5, 256]), Some(&up(b, &w, &[256])), 64, 1e-6).unwrap());
     check("rms_norm_wide_per_stream", TOL, |b| {
         b.rms_norm(&up(b, &xw, &[3, 2048]), Some(&up(b, &ww, &[2048])), 1024, 1e-6).unwrap()
@@ -261,7 +288,7 @@ fn normalisation() {
 }
 
 #[test]
-fn hyper_connections_and_ple_gate() {
+fn multi_stream_residual_ops() {
     let mut rng = Rng::new(14);
     let (rows, streams, d) = (5, 4, 96);
     let x = rng.vec(rows * d, 3.0);
@@ -270,15 +297,15 @@ fn hyper_connections_and_ple_gate() {
     let logits = rng.vec(rows * streams, 4.0);
     let sd = [rows, streams * d];
     check("repeat_cols", 0.0, |b| b.repeat_cols(&up(b, &x, &[rows, d]), streams).unwrap());
-    check("hc_mix", TOL, |b| b.hc_mix(&up(b, &h, &sd), &up(b, &mix, &sd), streams).unwrap());
-    check("hc_inject", TOL, |b| b.hc_inject(&up(b, &h, &sd), &up(b, &x, &[rows, d]), &up(b, &logits, &[rows, streams]), 0.7).unwrap());
+    check("sigmoid_weighted_stream_mean", TOL, |b| b.sigmoid_weighted_stream_mean(&up(b, &h, &sd), &up(b, &mix, &sd), streams).unwrap());
+    check("add_gated_to_streams", TOL, |b| b.add_gated_to_streams(&up(b, &h, &sd), &up(b, &x, &[rows, d]), &up(b, &logits, &[rows, streams]), 0.7).unwrap());
     // Stream 2 of every row has a tiny key: |g| falls below the 1e-6 floor.
     let mut key = rng.vec(rows * streams * d, 2.0);
     for r in 0..rows {
         key[(r * streams + 2) * d..(r * streams + 3) * d].iter_mut().for_each(|v| *v *= 1e-5);
     }
     let query = rng.vec(rows * streams * d, 2.0);
-    check("ple_gate", TOL, |b| b.ple_gate(&up(b, &key, &sd), &up(b, &query, &sd), &up(b, &x, &[rows, d]), streams).unwrap());
+    check("stream_dot_gate", TOL, |b| b.stream_dot_gate(&up(b, &key, &sd), &up(b, &query, &sd), &up(b, &x, &[rows, d]), streams).unwrap());
 }
 
 #[test]

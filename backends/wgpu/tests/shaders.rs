@@ -60,3 +60,30 @@ fn every_wgsl_file_is_used_and_documented() {
         assert!(sources.iter().any(|s| s.contains(&text)), "{} is not part of any kernel module", path.display());
     }
 }
+
+/// The members of the struct named `name` in a parsed module, and its size in bytes.
+fn wgsl_struct(module: &naga::Module, name: &str) -> Option<(Vec<String>, u32)> {
+    module.types.iter().find_map(|(_, ty)| match &ty.inner {
+        naga::TypeInner::Struct { members, span } if ty.name.as_deref() == Some(name) => {
+            Some((members.iter().map(|m| m.name.clone().unwrap_or_default()).collect(), *span))
+        }
+        _ => None,
+    })
+}
+
+#[test]
+fn every_params_struct_matches_its_rust_mirror() {
+    let weight_desc = slotstream_wgpu::kernels::weight_desc_layout();
+    for module in Module::ALL {
+        let (parsed, _) = parse_and_validate(module);
+        let rust = module.params();
+        let (fields, bytes) =
+            wgsl_struct(&parsed, "Params").unwrap_or_else(|| panic!("{}.wgsl declares no `Params` struct", module.name()));
+        assert_eq!(fields, rust.fields, "{}.wgsl: `Params` fields vs. the Rust parameter struct", module.name());
+        assert_eq!(bytes as usize, rust.bytes, "{}.wgsl: `Params` size vs. the Rust parameter struct", module.name());
+        if let Some((fields, bytes)) = wgsl_struct(&parsed, "WeightDesc") {
+            assert_eq!(fields, weight_desc.fields, "{}: `WeightDesc` fields vs. the Rust struct", module.name());
+            assert_eq!(bytes as usize, weight_desc.bytes, "{}: `WeightDesc` size vs. the Rust struct", module.name());
+        }
+    }
+}

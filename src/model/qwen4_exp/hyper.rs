@@ -50,7 +50,7 @@ impl HyperMixer {
         let normed = b.rms_norm(h, Some(&self.norm), self.hidden, self.eps)?;
         let low = b.silu(&b.scale(&b.matmul(&normed, &self.down)?, 1.0 / self.streams as f32)?)?;
         let mix = b.matmul(&low, &self.up)?;
-        let x = b.hc_mix(&normed, &mix, self.streams)?;
+        let x = b.sigmoid_weighted_stream_mean(&normed, &mix, self.streams)?;
         let inject = match &self.inject {
             Some(w) => Some(b.matmul(&normed, w)?),
             None => None,
@@ -63,7 +63,7 @@ impl HyperMixer {
         let (x, logits) = self.mix(b, h)?;
         let logits = logits.context("a hyper-connection block without injection weights wraps a layer")?;
         let y = block(&x)?;
-        Ok(b.hc_inject(h, &y, &logits, 1.0 / self.streams as f32)?)
+        Ok(b.add_gated_to_streams(h, &y, &logits, 1.0 / self.streams as f32)?)
     }
 }
 

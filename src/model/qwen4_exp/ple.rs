@@ -87,7 +87,7 @@ impl Ple {
         let key = b.rms_norm(&b.matmul(&emb, &self.key_proj)?, Some(&self.norm_key), d, self.eps)?;
         let value = b.matmul(&emb, &self.value_proj)?;
         let query = b.rms_norm(h, Some(&self.norm_query), d, self.eps)?;
-        let gated = b.ple_gate(&key, &query, &value, self.streams)?;
+        let gated = b.stream_dot_gate(&key, &query, &value, self.streams)?;
         let conv_in = b.rms_norm(&gated, Some(&self.norm_conv), d, self.eps)?;
         let conv = b.causal_conv1d_silu(&conv_in, &self.conv, conv_state)?;
         Ok(b.add(&gated, &conv)?)

@@ -1,22 +1,23 @@
-// Hyper-connections and the PLE gate (qwen4_exp): a row holds `streams`
-// streams of `d` values side by side, `[rows, streams*d]`.
-//   repeat_cols: out[r, s*d + j] = a[r, j]                       (one thread per output)
-//   hc_mix:      out[r, j] = (sum_s sigmoid(b[r, s*d + j]) * a[r, s*d + j]) / streams,
-//                summed in stream order                          (one thread per output)
-//   hc_inject:   out[r, s*d + j] = a[r, s*d + j] + 2*sigmoid(factor * c[r, s]) * b[r, j]
-//                                                                (one thread per output)
-//   ple_gate:    g = (a[r, s*d..][..d] . b[r, s*d..][..d]) * factor (factor = 1/sqrt(d)),
-//                g = sign(g) * sqrt(max(|g|, 1e-6)) (sign(0) = 0, as in the reference),
-//                out[r, s*d + j] = sigmoid(g) * c[r, j]
-//                one subgroup per (row, stream) group, grid-stride over groups
-//                along workgroup_id.x.
+// Multi-stream residual ops: a row holds `streams` streams of `d` values side
+// by side, `[rows, streams*d]`.
+//   repeat_cols:          out[r, s*d + j] = a[r, j]                       (one thread per output)
+//   stream_mean:          out[r, j] = (sum_s sigmoid(b[r, s*d + j]) * a[r, s*d + j]) / streams,
+//                         summed in stream order                          (one thread per output)
+//   add_gated_to_streams: out[r, s*d + j] = a[r, s*d + j] + 2*sigmoid(factor * c[r, s]) * b[r, j]
+//                                                                         (one thread per output)
+//   stream_dot_gate:      g = (a[r, s*d..][..d] . b[r, s*d..][..d]) * factor (factor = 1/sqrt(d)),
+//                         g = sign(g) * sqrt(max(|g|, 1e-6)) (sign(0) = 0, as in the reference),
+//                         out[r, s*d + j] = sigmoid(g) * c[r, j]
+//                         one subgroup per (row, stream) group, grid-stride over groups
+//                         along workgroup_id.x.
 // Elementwise kernels index `(workgroup_id.y * num_workgroups.x + workgroup_id.x) * 256
 // + local index`, `n` outputs.
 //
-// Bindings: 0 uniform Params; 2 a (repeat_cols: x [rows, d]; hc_mix: normed;
-// hc_inject: h; ple_gate: key); 3 out (read-write); 4 b (hc_mix: mix;
-// hc_inject: x [rows, d]; ple_gate: query); 5 c (hc_inject: logits
-// [rows, streams]; ple_gate: value [rows, d]). All f32.
+// Bindings: 0 uniform Params; 2 a (repeat_cols: x [rows, d]; stream_mean: x;
+// add_gated_to_streams: h; stream_dot_gate: key); 3 out (read-write); 4 b
+// (stream_mean: w; add_gated_to_streams: x [rows, d]; stream_dot_gate: query);
+// 5 c (add_gated_to_streams: logits [rows, streams]; stream_dot_gate: value
+// [rows, d]). All f32.
 
 struct Params {
     n: u32,
@@ -53,7 +54,7 @@ fn repeat_cols(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
 }
 
 @compute @workgroup_size(256)
-fn hc_mix(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+fn stream_mean(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let i = flat_index(wid, nwg, li);
     if (i < p.n) {
         let r = i / p.d;
@@ -68,7 +69,7 @@ fn hc_mix(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
 }
 
 @compute @workgroup_size(256)
-fn hc_inject(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+fn add_gated_to_streams(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let i = flat_index(wid, nwg, li);
     if (i < p.n) {
         let row = p.streams * p.d;
@@ -80,7 +81,7 @@ fn hc_inject(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
 }
 
 @compute @workgroup_size(64)
-fn ple_gate(
+fn stream_dot_gate(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(subgroup_id) sg: u32,

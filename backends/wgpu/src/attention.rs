@@ -1,0 +1,174 @@
+//! Typed calls of `wgsl/rope.wgsl` and `wgsl/attention.wgsl`: rotary
+//! embedding, and causal (optionally block-sparse) attention against a KV
+//! cache the new keys and values were already appended to (`state.rs`).
+
+use slotstream_backend::{KeySelection, Result};
+
+use crate::gpu::{whole, Bind, Gpu};
+use crate::kernels::params;
+use crate::state::GpuKvCache;
+
+params! {
+    /// `Params` of `wgsl/rope.wgsl`.
+    pub struct RopeParams {
+        n: u32,
+        heads: u32,
+        head_dim: u32,
+        /// Rotated pairs per head (half the rotary dim).
+        half: u32,
+    }
+}
+
+params! {
+    /// `Params` of `wgsl/attention.wgsl`.
+    pub struct AttentionParams {
+        tokens: u32,
+        heads: u32,
+        kv_heads: u32,
+        head_dim: u32,
+        /// Cached positions before this call's tokens.
+        past: u32,
+        /// Floats of scratch per (token, head): the most keys a query sees.
+        scratch_stride: u32,
+        scale: f32,
+        /// `attention_sparse`: keys per block.
+        block: u32,
+        /// `attention_sparse`: words per query in the selection.
+        sel_stride: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
+}
+
+// Bindings of rope.wgsl.
+const ROPE_X: u32 = 2;
+const ROPE_OUT: u32 = 3;
+const ROPE_ANGLES: u32 = 4;
+
+// Bindings of attention.wgsl.
+const Q: u32 = 2;
+const OUT: u32 = 3;
+const KEYS: u32 = 4;
+const VALUES: u32 = 5;
+const SCRATCH: u32 = 6;
+const SELECTION: u32 = 7;
+
+/// Rotary embedding of the `values` values of `x: [tokens, heads, head_dim]`
+/// on the first `rotary_dim` values of each head, token `t` at position
+/// `start_pos + t`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rope(
+    gpu: &Gpu,
+    x: Bind<'_>,
+    out: Bind<'_>,
+    values: usize,
+    [tokens, heads, head_dim]: [usize; 3],
+    rotary_dim: usize,
+    theta: f32,
+    start_pos: usize,
+) -> Result<()> {
+    let half = rotary_dim / 2;
+    // Angles in f64 on the host, exactly as the CPU backend computes them.
+    let inv_freq: Vec<f64> = (0..half).map(|i| (theta as f64).powf(-((2 * i) as f64) / rotary_dim as f64)).collect();
+    let mut table = Vec::with_capacity(tokens * half * 2);
+    for t in 0..tokens {
+        let pos = (start_pos + t) as f64;
+        for f in &inv_freq {
+            table.push((pos * f).cos() as f32);
+            table.push((pos * f).sin() as f32);
+        }
+    }
+    let angles = gpu.small_input("rope angles", bytemuck::cast_slice(&table))?;
+    let n = values;
+    let params = RopeParams { n: n as u32, heads: heads as u32, head_dim: head_dim as u32, half: half as u32 };
+    let binds = [(ROPE_X, x), (ROPE_OUT, out), (ROPE_ANGLES, whole(&angles))];
+    gpu.dispatch("rope", &params, &binds, Gpu::grid((n as u64).div_ceil(256)))
+}
+
+/// Attention of the last `tokens` positions of `cache` (queries `q`) over
+/// the cache, into `out: [tokens, heads*head_dim]`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend(
+    gpu: &Gpu,
+    cache: &GpuKvCache,
+    q: Bind<'_>,
+    out: Bind<'_>,
+    tokens: usize,
+    heads: usize,
+    scale: f32,
+    selection: Option<&KeySelection>,
+) -> Result<()> {
+    let past = cache.len - tokens;
+    let params = AttentionParams {
+        tokens: tokens as u32,
+        heads: heads as u32,
+        kv_heads: cache.kv_heads as u32,
+        head_dim: cache.head_dim as u32,
+        past: past as u32,
+        scale,
+        ..Default::default()
+    };
+    let grid = Gpu::grid((tokens * heads) as u64);
+    let kv = [(KEYS, whole(&cache.keys)), (VALUES, whole(&cache.values))];
+    // A selection whose every query is dense is plain causal attention.
+    match selection.filter(|sel| sel.blocks.chunks_exact(sel.per_query).any(|r| r[0] != KeySelection::DENSE)) {
+        None => {
+            let visible = past + tokens;
+            let scratch = gpu.alloc(4 * (tokens * heads * visible) as u64)?;
+            let params = AttentionParams { scratch_stride: visible as u32, ..params };
+            let binds = [(Q, q), (OUT, out), kv[0], kv[1], (SCRATCH, scratch.bind())];
+            gpu.dispatch("attention", &params, &binds, grid)
+        }
+        Some(sel) => {
+            let (words, most_keys) = selection_rows(sel, past, tokens);
+            let sel_buf = gpu.small_input("key selection", bytemuck::cast_slice(&words))?;
+            let scratch = gpu.alloc(4 * (tokens * heads * most_keys) as u64)?;
+            let params = AttentionParams {
+                scratch_stride: most_keys as u32,
+                block: sel.block as u32,
+                sel_stride: (sel.per_query + 1) as u32,
+                ..params
+            };
+            let binds = [(Q, q), (OUT, out), kv[0], kv[1], (SCRATCH, scratch.bind()), (SELECTION, whole(&sel_buf))];
+            gpu.dispatch("attention_sparse", &params, &binds, grid)
+        }
+    }
+}
+
+/// Query rows of a key selection as `attention_sparse` reads them, `per_query + 1`
+/// words each: `[DENSE, ..]`, or `[count, blocks..]` with the listed blocks that
+/// add keys to [`KeySelection::keys_of`]'s set beyond the query's own trailing
+/// partial block: UNUSED entries, repeats and blocks not wholly before that
+/// partial block are dropped. Also returns the most keys any query sees.
+fn selection_rows(sel: &KeySelection, past: usize, tokens: usize) -> (Vec<u32>, usize) {
+    let (block, per) = (sel.block, sel.per_query);
+    let mut words = vec![0u32; tokens * (per + 1)];
+    let mut seen = vec![0u64; ((past + tokens) / block).div_ceil(64).max(1)];
+    let mut most = 0;
+    for (t, (entries, row)) in sel.blocks.chunks_exact(per).zip(words.chunks_exact_mut(per + 1)).enumerate() {
+        let pos = past + t;
+        if entries[0] == KeySelection::DENSE {
+            row[0] = KeySelection::DENSE;
+            most = most.max(pos + 1);
+            continue;
+        }
+        let own = (pos + 1) / block;
+        let mut count = 0;
+        for &b in entries {
+            let bi = b as usize;
+            if b == KeySelection::UNUSED || bi >= own || seen[bi / 64] & (1 << (bi % 64)) != 0 {
+                continue;
+            }
+            seen[bi / 64] |= 1 << (bi % 64);
+            count += 1;
+            row[count] = b;
+        }
+        for &b in &row[1..=count] {
+            seen[b as usize / 64] = 0;
+        }
+        row[0] = count as u32;
+        most = most.max(count * block + pos + 1 - own * block);
+    }
+    (words, most)
+}

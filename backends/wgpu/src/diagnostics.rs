@@ -1,0 +1,88 @@
+//! Hooks for tests, benchmarks and profiling: what the adapter offers, kernel
+//! timings, submission counts, and knobs that reach code paths small test
+//! inputs would not.
+
+use std::sync::Arc;
+
+use slotstream_backend::{shape_error, BackendError, Result, Tensor};
+
+use crate::gpu::FamilyTime;
+use crate::tensors::buf;
+use crate::{matmul, WgpuBackend};
+
+impl WgpuBackend {
+    /// The int8 form of a one-row `x` exactly as `matvec_q8` reads it, one
+    /// `[even bytes, odd bytes, sum bits, scale bits]` entry per 8 columns
+    /// (see `wgsl/matvec_q8.wgsl`): lets tests check the quantize kernel
+    /// against a host reference.
+    pub fn quantized_x8(&self, x: &Tensor) -> Result<Vec<[u32; 4]>> {
+        let cols = x.cols();
+        if x.rows() != 1 || cols % 32 != 0 {
+            return Err(shape_error("quantized_x8", format!("x {:?} (one row of a multiple of 32 columns)", x.shape())));
+        }
+        let xq = matmul::quantize_x8(&self.gpu, buf(x)?, cols)?;
+        let bytes = self.gpu.download(xq.bind(), 2 * cols as u64)?;
+        Ok(bytes
+            .chunks_exact(16)
+            .map(|e| std::array::from_fn(|k| u32::from_le_bytes([e[4 * k], e[4 * k + 1], e[4 * k + 2], e[4 * k + 3]])))
+            .collect())
+    }
+
+    /// The adapter's type (a software rasterizer reports `Cpu`).
+    pub fn device_type(&self) -> wgpu::DeviceType {
+        self.gpu.info.device_type
+    }
+
+    /// Shards weights and expert pools to at most `bytes` per buffer (instead
+    /// of the adapter's binding limit) from now on: lets tests exercise
+    /// sharding with small matrices. 0 restores the adapter's limit.
+    pub fn cap_shard_bytes(&self, bytes: u64) {
+        self.gpu.binding_cap.store(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Smallest and largest subgroup size the adapter reports.
+    pub fn subgroup_sizes(&self) -> (u32, u32) {
+        (self.gpu.subgroup_min, self.gpu.subgroup_max)
+    }
+
+    /// Whether uploads into the expert pool map the (unified-memory) buffers
+    /// directly instead of going through staging copies.
+    pub fn uses_mapped_primary_buffers(&self) -> bool {
+        self.gpu.mapped_primary
+    }
+
+    /// Starts or stops timing each kernel dispatch (needs timestamp queries).
+    /// While on, every submission waits for its timings.
+    pub fn set_profiling(&self, on: bool) -> Result<()> {
+        self.gpu.set_profiling(on)
+    }
+
+    /// GPU time by kernel family (the `wgsl/` file) since profiling started.
+    pub fn kernel_profile(&self) -> Vec<(String, FamilyTime)> {
+        self.gpu.profile()
+    }
+
+    /// Submits recorded work after every `n` dispatches (0: only when the
+    /// host reads data back or writes the expert pool).
+    pub fn set_flush_every(&self, n: u32) {
+        self.gpu.flush_every.store(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Counts command submissions the host asked for (downloads, pool writes,
+    /// flushes; not the periodic ones of [`WgpuBackend::set_flush_every`]),
+    /// i.e. the round trips; stays valid after the backend is moved into an
+    /// engine.
+    pub fn submission_counter(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.gpu.submissions.clone()
+    }
+
+    /// Submits recorded work and waits until the GPU is idle.
+    pub fn sync(&self) -> Result<()> {
+        self.gpu.flush()?;
+        self.gpu
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| BackendError::Device(format!("waiting for the GPU: {e}")))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,148 @@
+//! Device buffers: bindings, pooled activation buffers, the ring of small
+//! per-call inputs, and buffers that live outside the pool (weights, states).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use slotstream_backend::{BackendError, Result};
+
+use super::Gpu;
+
+/// Small uploads served from the ring (larger ones get a buffer of their own).
+const RING_MAX_BYTES: usize = 1 << 20;
+
+/// A storage binding: a whole buffer (`size` 0) or `size` bytes from `offset`
+/// (a view, e.g. columns of a one-row tensor; see `slice_cols`).
+#[derive(Clone, Copy)]
+pub struct Bind<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    pub offset: u64,
+    pub size: u64,
+}
+
+/// The whole of `buffer` as a binding.
+pub fn whole(buffer: &wgpu::Buffer) -> Bind<'_> {
+    Bind { buffer, offset: 0, size: 0 }
+}
+
+/// Buffers freed by dropped tensors, by size, for reuse.
+pub(super) type FreeList = Arc<Mutex<HashMap<u64, Vec<wgpu::Buffer>>>>;
+
+/// A device buffer holding an activation tensor. Returned to the free list
+/// when the last tensor sharing it is dropped; reuse is safe because every
+/// later write is recorded after every earlier read in the same queue.
+pub struct GpuBuf {
+    buffer: Option<wgpu::Buffer>,
+    free: FreeList,
+}
+
+impl GpuBuf {
+    pub fn buffer(&self) -> &wgpu::Buffer {
+        // Only `Drop` takes the buffer out.
+        self.buffer.as_ref().expect("GpuBuf used after drop")
+    }
+    pub fn bind(&self) -> Bind<'_> {
+        whole(self.buffer())
+    }
+}
+
+impl Drop for GpuBuf {
+    fn drop(&mut self) {
+        if let (Some(b), Ok(mut free)) = (self.buffer.take(), self.free.lock()) {
+            free.entry(b.size()).or_default().push(b);
+        }
+    }
+}
+
+impl Gpu {
+    /// An uninitialised activation buffer of at least `bytes` bytes.
+    pub fn alloc(&self, bytes: u64) -> Result<GpuBuf> {
+        let size = bytes.max(16).div_ceil(16) * 16;
+        let limit = self.max_binding();
+        if size > limit {
+            return Err(BackendError::Device(format!(
+                "an activation of {size} bytes exceeds the adapter's {limit} byte storage binding limit"
+            )));
+        }
+        let reused = self.free.lock().ok().and_then(|mut f| f.get_mut(&size).and_then(|v| v.pop()));
+        let buffer = reused.unwrap_or_else(|| {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("activation"),
+                size,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        });
+        Ok(GpuBuf { buffer: Some(buffer), free: self.free.clone() })
+    }
+
+    /// A new buffer holding `bytes` (padded to 16 bytes), written at creation,
+    /// so it never races with recorded work.
+    pub fn buffer_with(&self, label: &str, bytes: &[u8], usage: wgpu::BufferUsages) -> wgpu::Buffer {
+        let size = (bytes.len() as u64).max(16).div_ceil(16) * 16;
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage,
+            mapped_at_creation: true,
+        });
+        {
+            // A buffer mapped at creation is always mappable in full.
+            if let Ok(mut view) = buffer.slice(..).get_mapped_range_mut() {
+                view.slice(..bytes.len()).copy_from_slice(bytes);
+            }
+        }
+        buffer.unmap();
+        buffer
+    }
+
+    /// A read-only storage buffer holding `bytes` for the ops recorded next
+    /// (until the next submission): a ring entry written just before that
+    /// submission, or a new buffer for large inputs.
+    pub fn small_input(&self, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer> {
+        if bytes.len() > RING_MAX_BYTES {
+            return Ok(self.buffer_with(label, bytes, wgpu::BufferUsages::STORAGE));
+        }
+        let mut guard = self.pending()?;
+        let p = &mut *guard;
+        let i = p.ring_data.len();
+        let size = (bytes.len() as u64).max(16).div_ceil(16) * 16;
+        if p.ring.len() <= i || p.ring[i].size() < size {
+            let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("small inputs"),
+                size: size.next_power_of_two().max(256),
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            if p.ring.len() <= i {
+                p.ring.push(buffer);
+            } else {
+                p.ring[i] = buffer;
+            }
+        }
+        let mut data = bytes.to_vec();
+        data.resize(size as usize, 0);
+        p.ring_data.push(data);
+        Ok(p.ring[i].clone())
+    }
+
+    /// A pooled activation buffer holding `bytes`.
+    pub fn upload_activation(&self, bytes: &[u8]) -> Result<GpuBuf> {
+        let buffer = self.buffer_with(
+            "upload",
+            bytes,
+            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+        );
+        Ok(GpuBuf { buffer: Some(buffer), free: self.free.clone() })
+    }
+
+    /// A zero-filled buffer that lives outside the pool (states).
+    pub fn zeroed(&self, label: &str, bytes: u64) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: bytes.max(16).div_ceil(16) * 16,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+}

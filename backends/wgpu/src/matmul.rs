@@ -1,0 +1,208 @@
+//! Typed calls of the weight-reading kernels but the experts':
+//! `wgsl/matvec.wgsl` (a few tokens), `wgsl/matvec_q8.wgsl` (int8 mode),
+//! `wgsl/matmul_tiled.wgsl` (prefill) and `wgsl/embed.wgsl`, and the choice
+//! between them for one `x @ W^T`.
+
+use slotstream_backend::Result;
+
+use crate::gpu::{whole, Bind, Gpu, GpuBuf};
+use crate::kernels::params;
+use crate::options::MatmulMode;
+use crate::weights::{GpuWeight, Shard, WeightDesc};
+
+params! {
+    /// `Params` of `wgsl/matvec.wgsl`.
+    pub struct MatvecParams {
+        w: WeightDesc,
+        /// Rows of the shard.
+        rows: u32,
+        tokens: u32,
+        /// Columns of the output (rows of the whole weight).
+        out_cols: u32,
+        /// The shard's first output column.
+        out_off: u32,
+        x_cols: u32,
+        /// Rows per subgroup for one token of interleaved 4-bit weights (4 or 8).
+        group_rows: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
+}
+
+params! {
+    /// `Params` of `wgsl/matvec_q8.wgsl`.
+    pub struct MatvecQ8Params {
+        w: WeightDesc,
+        rows: u32,
+        tokens: u32,
+        out_cols: u32,
+        out_off: u32,
+        x_cols: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
+}
+
+params! {
+    /// `Params` of `wgsl/matmul_tiled.wgsl`.
+    pub struct TiledParams {
+        w: WeightDesc,
+        rows: u32,
+        tokens: u32,
+        out_cols: u32,
+        out_off: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
+        _pad3: u32,
+    }
+}
+
+params! {
+    /// `Params` of `wgsl/embed.wgsl`.
+    pub struct EmbedParams {
+        w: WeightDesc,
+        /// Token ids.
+        count: u32,
+        /// The shard's first row.
+        row_start: u32,
+        shard_rows: u32,
+        _pad0: u32,
+    }
+}
+
+// Bindings shared by the weight-reading kernels (`wgsl/weights.wgsl`): the
+// shard as 16-byte words and as single words.
+const W: u32 = 1;
+const W_WORDS: u32 = 6;
+// Bindings of the matvec, matvec_q8 and matmul_tiled kernels.
+const X: u32 = 2;
+const OUT: u32 = 3;
+const XQ: u32 = 4;
+const XQ_OUT: u32 = 5;
+// Bindings of embed.wgsl.
+const EMBED_OUT: u32 = 3;
+const EMBED_IDS: u32 = 4;
+
+/// Tokens up to which a matmul uses the row-per-subgroup matvec kernel;
+/// longer inputs use the tiled kernel.
+const MATVEC_MAX_TOKENS: usize = 8;
+
+/// How [`matmul_into`] chooses its kernels (from the backend's options).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MatmulChoice {
+    pub mode: MatmulMode,
+    /// Int8 mode applies to weights of at least this many bytes.
+    pub int8_min_bytes: usize,
+    /// Interleaved 4-bit shards of at least this many rows take eight rows per
+    /// subgroup in one-token matvecs.
+    pub q4_eight_rows_from: usize,
+}
+
+/// One x row quantized for `matvec_q8` (see `wgsl/matvec_q8.wgsl`):
+/// `cols / 8` 16-byte entries.
+pub(crate) fn quantize_x8(gpu: &Gpu, x: Bind<'_>, cols: usize) -> Result<GpuBuf> {
+    let xq = gpu.alloc(2 * cols as u64)?;
+    let params = MatvecQ8Params { tokens: 1, x_cols: cols as u32, ..Default::default() };
+    gpu.dispatch("quantize_x8", &params, &[(X, x), (XQ_OUT, xq.bind())], [((cols / 32).div_ceil(64)) as u32, 1, 1])?;
+    Ok(xq)
+}
+
+/// `out[t, out_off + r] = W[r] . x8[t]` for one interleaved 4-bit shard and a
+/// quantized one-token x.
+fn matvec_q8(gpu: &Gpu, s: &Shard, xq: &GpuBuf, out: Bind<'_>, total_rows: usize, cols: usize) -> Result<()> {
+    let params = MatvecQ8Params {
+        w: s.desc,
+        rows: s.rows as u32,
+        tokens: 1,
+        out_cols: total_rows as u32,
+        out_off: s.row_start as u32,
+        x_cols: cols as u32,
+        ..Default::default()
+    };
+    let groups = [gpu.subgroup_grid(s.rows.div_ceil(4), 128), 1, 1];
+    let binds = [(W, whole(&s.buffer)), (W_WORDS, whole(&s.buffer)), (XQ, xq.bind()), (OUT, out)];
+    gpu.dispatch("matvec_q8", &params, &binds, groups)
+}
+
+/// `out[t, out_off + r] = W[r] . x[t]` for one shard and up to
+/// [`MATVEC_MAX_TOKENS`] tokens.
+#[allow(clippy::too_many_arguments)]
+fn matvec(gpu: &Gpu, s: &Shard, x: Bind<'_>, out: Bind<'_>, tokens: usize, total_rows: usize, cols: usize, eight_rows_from: usize) -> Result<()> {
+    let group_rows = if s.rows >= eight_rows_from { 8 } else { 4 };
+    let params = MatvecParams {
+        w: s.desc,
+        rows: s.rows as u32,
+        tokens: tokens as u32,
+        out_cols: total_rows as u32,
+        out_off: s.row_start as u32,
+        x_cols: cols as u32,
+        group_rows: group_rows as u32,
+        ..Default::default()
+    };
+    // One token: a subgroup per four rows (eight for interleaved 4-bit); more:
+    // a subgroup per row.
+    let items = match (tokens, s.desc.is_interleaved_q4()) {
+        (1, true) => s.rows.div_ceil(group_rows),
+        (1, false) => s.rows.div_ceil(4),
+        _ => s.rows,
+    };
+    let groups = [gpu.subgroup_grid(items, 128), tokens.div_ceil(4) as u32, 1];
+    gpu.dispatch("matvec", &params, &[(W, whole(&s.buffer)), (W_WORDS, whole(&s.buffer)), (X, x), (OUT, out)], groups)
+}
+
+/// `out[t, out_off + r] = W[r] . x[t]` for one shard and many tokens, in
+/// 32 x 32 tiles.
+fn matmul_tiled(gpu: &Gpu, s: &Shard, x: Bind<'_>, out: Bind<'_>, tokens: usize, total_rows: usize) -> Result<()> {
+    let params = TiledParams {
+        w: s.desc,
+        rows: s.rows as u32,
+        tokens: tokens as u32,
+        out_cols: total_rows as u32,
+        out_off: s.row_start as u32,
+        ..Default::default()
+    };
+    let groups = [s.rows.div_ceil(32) as u32, tokens.div_ceil(32) as u32, 1];
+    gpu.dispatch("matmul_tiled", &params, &[(W_WORDS, whole(&s.buffer)), (X, x), (OUT, out)], groups)
+}
+
+/// `out = x @ W^T` for `x: [tokens, w.cols]`, shard by shard.
+pub(crate) fn matmul_into(gpu: &Gpu, choice: &MatmulChoice, x: Bind<'_>, tokens: usize, w: &GpuWeight, out: Bind<'_>) -> Result<()> {
+    let total_rows = w.experts * w.rows;
+    // Int8 mode: one token against a large interleaved 4-bit weight (every
+    // shard of a weight has the same layout) quantizes x once for all shards.
+    let int8 = choice.mode == MatmulMode::Int8
+        && tokens == 1
+        && w.bytes >= choice.int8_min_bytes
+        && w.cols % 32 == 0
+        && w.shards.iter().all(|s| s.desc.is_interleaved_q4());
+    let xq = if int8 { Some(quantize_x8(gpu, x, w.cols)?) } else { None };
+    for s in &w.shards {
+        if let Some(xq) = &xq {
+            matvec_q8(gpu, s, xq, out, total_rows, w.cols)?;
+        } else if tokens <= MATVEC_MAX_TOKENS {
+            matvec(gpu, s, x, out, tokens, total_rows, w.cols, choice.q4_eight_rows_from)?;
+        } else {
+            matmul_tiled(gpu, s, x, out, tokens, total_rows)?;
+        }
+    }
+    Ok(())
+}
+
+/// Dequantized rows of `table` for token ids `ids` (already uploaded as
+/// `id_buf`) into `out: [ids, cols]`, shard by shard.
+pub(crate) fn embed(gpu: &Gpu, table: &GpuWeight, id_buf: &wgpu::Buffer, ids: usize, out: Bind<'_>) -> Result<()> {
+    for s in &table.shards {
+        let params = EmbedParams {
+            w: s.desc,
+            count: ids as u32,
+            row_start: s.row_start as u32,
+            shard_rows: s.rows as u32,
+            ..Default::default()
+        };
+        let groups = [table.cols.div_ceil(64) as u32, ids as u32, 1];
+        gpu.dispatch("embed", &params, &[(W_WORDS, whole(&s.buffer)), (EMBED_OUT, out), (EMBED_IDS, whole(id_buf))], groups)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,105 @@
+//! Typed calls of `wgsl/norm.wgsl`: normalisation over groups of `dim`
+//! values, one subgroup per group (one workgroup for long groups).
+
+use slotstream_backend::{GateAct, Result};
+
+use crate::gpu::{Bind, Gpu};
+use crate::kernels::params;
+
+params! {
+    /// `Params` of `wgsl/norm.wgsl`.
+    pub struct NormParams {
+        groups: u32,
+        dim: u32,
+        /// 1: multiply by the weight (`rms_norm`).
+        has_weight: u32,
+        /// Values of the weight: `dim`, or a row's worth (one slice per group of a row).
+        weight_len: u32,
+        eps: f32,
+        /// `l2_normalize`'s multiplier.
+        scale: f32,
+        /// `rms_norm_gated`: 0 silu, 1 sigmoid.
+        gate_act: u32,
+        _pad0: u32,
+    }
+}
+
+// Bindings.
+const X: u32 = 2;
+const OUT: u32 = 3;
+const WEIGHT: u32 = 4;
+const Z: u32 = 5;
+
+/// Groups at least this long are normalised by a whole workgroup each.
+const WIDE_NORM_DIM: usize = 1024;
+
+/// Workgroups of 64 giving each of `groups` groups one subgroup.
+fn subgroup_grid(gpu: &Gpu, groups: usize) -> [u32; 3] {
+    [gpu.subgroup_grid(groups, 64), 1, 1]
+}
+
+/// `out = x / rms(x) * weight` per group of `dim` (without a weight: `x`
+/// itself binds as the unused weight).
+pub(crate) fn rms_norm(
+    gpu: &Gpu,
+    x: Bind<'_>,
+    weight: Option<Bind<'_>>,
+    out: Bind<'_>,
+    groups: usize,
+    dim: usize,
+    weight_len: usize,
+    eps: f32,
+) -> Result<()> {
+    let params = NormParams {
+        groups: groups as u32,
+        dim: dim as u32,
+        has_weight: weight.is_some() as u32,
+        weight_len: weight_len as u32,
+        eps,
+        scale: 1.0,
+        ..Default::default()
+    };
+    let binds = [(X, x), (OUT, out), (WEIGHT, weight.unwrap_or(x))];
+    if dim >= WIDE_NORM_DIM {
+        gpu.dispatch("rms_norm_wide", &params, &binds, Gpu::grid(groups as u64))
+    } else {
+        gpu.dispatch("rms_norm", &params, &binds, subgroup_grid(gpu, groups))
+    }
+}
+
+/// `out = act(z) * (x / rms(x) * weight)` per group of `dim`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rms_norm_gated(
+    gpu: &Gpu,
+    x: Bind<'_>,
+    z: Bind<'_>,
+    weight: Bind<'_>,
+    out: Bind<'_>,
+    groups: usize,
+    dim: usize,
+    eps: f32,
+    act: GateAct,
+) -> Result<()> {
+    let gate_act = match act {
+        GateAct::Silu => 0,
+        GateAct::Sigmoid => 1,
+    };
+    let params = NormParams {
+        groups: groups as u32,
+        dim: dim as u32,
+        has_weight: 1,
+        weight_len: dim as u32,
+        eps,
+        scale: 1.0,
+        gate_act,
+        ..Default::default()
+    };
+    let binds = [(X, x), (OUT, out), (WEIGHT, weight), (Z, z)];
+    gpu.dispatch("rms_norm_gated", &params, &binds, subgroup_grid(gpu, groups))
+}
+
+/// `out = x * scale / sqrt(sum x^2 + eps)` per group of `dim`.
+pub(crate) fn l2_normalize(gpu: &Gpu, x: Bind<'_>, out: Bind<'_>, groups: usize, dim: usize, eps: f32, scale: f32) -> Result<()> {
+    let params = NormParams { groups: groups as u32, dim: dim as u32, weight_len: dim as u32, eps, scale, ..Default::default() };
+    gpu.dispatch("l2_normalize", &params, &[(X, x), (OUT, out)], subgroup_grid(gpu, groups))
+}

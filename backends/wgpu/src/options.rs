@@ -1,0 +1,117 @@
+//! The wgpu backend's settings: one value built in code or, once, from the
+//! `SLOTSTREAM_WGPU_*` environment variables (for measurements and the CLI);
+//! nothing below the backend's constructor reads the environment.
+
+/// How one-token matmuls of 4-bit weights treat the activations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatmulMode {
+    /// f32 activations everywhere: the reference the kernel tests compare with
+    /// the CPU backend at 1e-5.
+    Exact,
+    /// One-token products with large interleaved 4-bit weights (resident
+    /// weights with 16-bit scales, at least [`WgpuOptions::int8_min_bytes`])
+    /// quantize x to int8 per block of 32 columns and use packed integer dot
+    /// products (`wgsl/matvec_q8.wgsl`); like the CPU backend's int8
+    /// activations this costs a few 1e-3 relative error per matmul.
+    /// Everything else is computed as in `Exact`.
+    Int8,
+}
+
+impl MatmulMode {
+    /// The mode `SLOTSTREAM_WGPU_MATMUL` asks for (`exact` or `int8`), else
+    /// `default` (read through [`WgpuOptions::from_env`]).
+    pub fn from_env(default: MatmulMode) -> MatmulMode {
+        WgpuOptions::from_env().matmul.unwrap_or(default)
+    }
+}
+
+/// How standalone 4-bit weights with 16-bit scales are laid out on the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Q4Layout {
+    /// Rows interleaved for coalesced x reads (fmt 4 of `wgsl/weights.wgsl`).
+    Interleaved,
+    /// The MLX order, as stored in the checkpoint (for comparing the two).
+    Mlx,
+}
+
+/// Weights below this many bytes keep f32 activations in int8 mode. Their
+/// one-token products are bound by latency, not by arithmetic: on an H200 a
+/// 3.6 MB matrix takes 9.7 µs exact and 15.3 µs in int8 (the extra quantize
+/// dispatch costs ~5.6 µs), a 176 MB one 97.5 µs exact and 67.0 µs in int8;
+/// with int8 at ~0.6x the exact time plus 5.6 µs they break even near 27 MB
+/// (BENCHMARKS.md, GPU (a) int8).
+pub const INT8_MIN_BYTES: usize = 32 << 20;
+
+/// Interleaved 4-bit weights of at least this many rows take one subgroup per
+/// eight rows in the one-token matvec (fewer: four, for more parallelism).
+const Q4_EIGHT_ROWS_FROM: usize = 8192;
+
+/// Dispatches per submission by default.
+const FLUSH_EVERY: u32 = 16;
+
+/// Settings of a [`crate::WgpuBackend`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WgpuOptions {
+    /// How one-token 4-bit matmuls treat the activations
+    /// (`SLOTSTREAM_WGPU_MATMUL=exact|int8`); `None` lets the backend choose
+    /// by adapter: int8 on a real GPU (measured faster, BENCHMARKS.md GPU
+    /// (a)), exact on a software rasterizer.
+    pub matmul: Option<MatmulMode>,
+    /// Int8 mode applies to weights of at least this many bytes
+    /// ([`INT8_MIN_BYTES`]; tests and benchmarks use 0 to reach the int8
+    /// kernels with small matrices).
+    pub int8_min_bytes: usize,
+    /// Whether `slice_cols` of one row may return a view instead of a copy
+    /// (`SLOTSTREAM_WGPU_VIEWS=0` turns views off, for measurements).
+    pub views: bool,
+    /// Submit recorded work after this many dispatches (0: only when the host
+    /// needs data back), so the GPU starts on a layer while the host is still
+    /// recording it (`SLOTSTREAM_WGPU_FLUSH_EVERY`).
+    pub flush_every: u32,
+    /// Layout of standalone 4-bit weights (`SLOTSTREAM_WGPU_Q4_LAYOUT=mlx`
+    /// selects [`Q4Layout::Mlx`]).
+    pub q4_layout: Q4Layout,
+    /// Interleaved 4-bit weights of at least this many rows use eight rows per
+    /// subgroup in one-token matvecs (`SLOTSTREAM_WGPU_Q4_EIGHT_ROWS_FROM`;
+    /// 1 reaches that kernel with small test matrices).
+    pub q4_eight_rows_from: usize,
+}
+
+impl Default for WgpuOptions {
+    fn default() -> Self {
+        WgpuOptions {
+            matmul: None,
+            int8_min_bytes: INT8_MIN_BYTES,
+            views: true,
+            flush_every: FLUSH_EVERY,
+            q4_layout: Q4Layout::Interleaved,
+            q4_eight_rows_from: Q4_EIGHT_ROWS_FROM,
+        }
+    }
+}
+
+impl WgpuOptions {
+    /// The defaults, overridden by whichever `SLOTSTREAM_WGPU_*` variables are
+    /// set: the one place the wgpu backend reads the environment.
+    pub fn from_env() -> Self {
+        let var = |name: &str| std::env::var(name).ok();
+        let defaults = WgpuOptions::default();
+        WgpuOptions {
+            matmul: match var("SLOTSTREAM_WGPU_MATMUL").as_deref() {
+                Some("exact") => Some(MatmulMode::Exact),
+                Some("int8") => Some(MatmulMode::Int8),
+                _ => defaults.matmul,
+            },
+            int8_min_bytes: defaults.int8_min_bytes,
+            views: var("SLOTSTREAM_WGPU_VIEWS").map_or(defaults.views, |v| v != "0"),
+            flush_every: var("SLOTSTREAM_WGPU_FLUSH_EVERY").and_then(|v| v.parse().ok()).unwrap_or(defaults.flush_every),
+            q4_layout: match var("SLOTSTREAM_WGPU_Q4_LAYOUT").as_deref() {
+                Some("mlx") => Q4Layout::Mlx,
+                _ => defaults.q4_layout,
+            },
+            q4_eight_rows_from: var("SLOTSTREAM_WGPU_Q4_EIGHT_ROWS_FROM")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(defaults.q4_eight_rows_from),
+        }
+    }
+}

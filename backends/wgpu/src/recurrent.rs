@@ -1,0 +1,110 @@
+//! Typed calls of `wgsl/conv.wgsl` and `wgsl/gated_delta.wgsl`: the causal
+//! convolution with its carried window and the gated delta rule, the two
+//! state-carrying ops of linear-attention layers (states in `state.rs`).
+
+use slotstream_backend::Result;
+
+use crate::gpu::{whole, Bind, Gpu};
+use crate::kernels::params;
+use crate::state::{GpuConvState, GpuRecurrentState};
+
+params! {
+    /// `Params` of `wgsl/conv.wgsl`.
+    pub struct ConvParams {
+        tokens: u32,
+        channels: u32,
+        kernel: u32,
+        /// Values written (one thread each): outputs, or window values.
+        n: u32,
+        dilation: u32,
+        /// `conv1d`: 1 applies silu to the output.
+        act: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
+}
+
+params! {
+    /// `Params` of `wgsl/gated_delta.wgsl`.
+    pub struct GatedDeltaParams {
+        tokens: u32,
+        heads: u32,
+        key_heads: u32,
+        key_dim: u32,
+        value_dim: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
+}
+
+// Bindings of conv.wgsl.
+const CONV_X: u32 = 2;
+const CONV_OUT: u32 = 3;
+const CONV_WEIGHT: u32 = 4;
+const CONV_WINDOW: u32 = 5;
+
+// Bindings of gated_delta.wgsl.
+const Q: u32 = 2;
+const OUT: u32 = 3;
+const K: u32 = 4;
+const V: u32 = 5;
+const G: u32 = 6;
+const BETA: u32 = 7;
+const STATE: u32 = 8;
+
+/// `out = conv(x)` (then `silu` when `silu`) continuing from the window of
+/// `st`, which then holds the latest inputs.
+pub(crate) fn causal_conv1d(
+    gpu: &Gpu,
+    st: &mut GpuConvState,
+    x: Bind<'_>,
+    weight: Bind<'_>,
+    out: Bind<'_>,
+    tokens: usize,
+    silu: bool,
+) -> Result<()> {
+    let (c, kk, dil) = (st.channels, st.kernel, st.dilation);
+    let n = tokens * c;
+    let params = ConvParams {
+        tokens: tokens as u32,
+        channels: c as u32,
+        kernel: kk as u32,
+        n: n as u32,
+        dilation: dil as u32,
+        act: silu as u32,
+        ..Default::default()
+    };
+    let binds = [(CONV_X, x), (CONV_OUT, out), (CONV_WEIGHT, weight), (CONV_WINDOW, whole(&st.window))];
+    gpu.dispatch("conv1d", &params, &binds, Gpu::grid((n as u64).div_ceil(256)))?;
+    let hist = (kk - 1) * dil * c;
+    if hist > 0 {
+        let params = ConvParams { n: hist as u32, act: 0, ..params };
+        let binds = [(CONV_X, x), (CONV_OUT, whole(&st.spare)), (CONV_WINDOW, whole(&st.window))];
+        gpu.dispatch("conv_window", &params, &binds, Gpu::grid((hist as u64).div_ceil(256)))?;
+        std::mem::swap(&mut st.window, &mut st.spare);
+    }
+    Ok(())
+}
+
+/// The gated delta rule over `tokens` steps, updating `st`; `[q, k, v, g, beta]`
+/// as the trait's `gated_delta` takes them.
+pub(crate) fn gated_delta(
+    gpu: &Gpu,
+    st: &GpuRecurrentState,
+    [q, k, v, g, beta]: [Bind<'_>; 5],
+    out: Bind<'_>,
+    tokens: usize,
+    key_heads: usize,
+) -> Result<()> {
+    let params = GatedDeltaParams {
+        tokens: tokens as u32,
+        heads: st.heads as u32,
+        key_heads: key_heads as u32,
+        key_dim: st.key_dim as u32,
+        value_dim: st.value_dim as u32,
+        ..Default::default()
+    };
+    let binds = [(Q, q), (K, k), (V, v), (G, g), (BETA, beta), (STATE, whole(&st.s)), (OUT, out)];
+    gpu.dispatch("gated_delta", &params, &binds, [gpu.subgroup_grid(st.heads * st.value_dim, 64), 1, 1])
+}

@@ -1,0 +1,152 @@
+//! Per-sequence state on the device: the KV cache (grown by doubling), the
+//! window of a causal convolution and the gated delta rule's matrix state.
+//! Each holds the device it lives on, so it can copy itself.
+
+use std::sync::Arc;
+
+use slotstream_backend::{BackendError, DeviceState, Result};
+
+use crate::gpu::{Bind, Gpu};
+
+/// Positions a new KV cache has room for before it first grows.
+const KV_INITIAL_CAPACITY: usize = 256;
+
+/// A device copy of `b` (recorded in op order, after every earlier write).
+fn duplicate_buffer(gpu: &Gpu, b: &wgpu::Buffer, label: &str) -> Result<wgpu::Buffer> {
+    let copy = gpu.zeroed(label, b.size());
+    gpu.copy(b, 0, &copy, 0, b.size())?;
+    Ok(copy)
+}
+
+/// Keys and values of one attention layer, f32 `[capacity, kv_heads*head_dim]`,
+/// grown by doubling.
+pub struct GpuKvCache {
+    gpu: Arc<Gpu>,
+    pub(crate) kv_heads: usize,
+    pub(crate) head_dim: usize,
+    pub(crate) len: usize,
+    capacity: usize,
+    pub(crate) keys: wgpu::Buffer,
+    pub(crate) values: wgpu::Buffer,
+}
+
+impl GpuKvCache {
+    pub(crate) fn new(gpu: &Arc<Gpu>, kv_heads: usize, head_dim: usize) -> GpuKvCache {
+        let capacity = KV_INITIAL_CAPACITY;
+        let row = 4 * (kv_heads * head_dim) as u64;
+        GpuKvCache {
+            gpu: gpu.clone(),
+            kv_heads,
+            head_dim,
+            len: 0,
+            capacity,
+            keys: gpu.zeroed("kv keys", row * capacity as u64),
+            values: gpu.zeroed("kv values", row * capacity as u64),
+        }
+    }
+
+    /// Records appending `tokens` rows of keys `k` and values `v`
+    /// (`[tokens, kv_heads*head_dim]` each), growing the cache first if needed.
+    pub(crate) fn append(&mut self, k: Bind<'_>, v: Bind<'_>, tokens: usize) -> Result<()> {
+        let row = 4 * (self.kv_heads * self.head_dim) as u64;
+        let past = self.len;
+        if past + tokens > self.capacity {
+            let capacity = (2 * self.capacity).max(past + tokens);
+            if row * capacity as u64 > self.gpu.max_binding() {
+                return Err(BackendError::Unsupported(format!(
+                    "a KV cache of {capacity} positions exceeds the adapter's storage binding limit"
+                )));
+            }
+            let keys = self.gpu.zeroed("kv keys", row * capacity as u64);
+            let values = self.gpu.zeroed("kv values", row * capacity as u64);
+            self.gpu.copy(&self.keys, 0, &keys, 0, row * past as u64)?;
+            self.gpu.copy(&self.values, 0, &values, 0, row * past as u64)?;
+            (self.keys, self.values, self.capacity) = (keys, values, capacity);
+        }
+        self.gpu.copy(k.buffer, k.offset, &self.keys, row * past as u64, row * tokens as u64)?;
+        self.gpu.copy(v.buffer, v.offset, &self.values, row * past as u64, row * tokens as u64)?;
+        self.len += tokens;
+        Ok(())
+    }
+}
+
+impl DeviceState for GpuKvCache {
+    fn duplicate(&self) -> Result<Box<dyn DeviceState>> {
+        Ok(Box::new(GpuKvCache {
+            gpu: self.gpu.clone(),
+            keys: duplicate_buffer(&self.gpu, &self.keys, "kv keys")?,
+            values: duplicate_buffer(&self.gpu, &self.values, "kv values")?,
+            ..*self
+        }))
+    }
+
+    fn bytes(&self) -> usize {
+        (self.keys.size() + self.values.size()) as usize
+    }
+}
+
+/// The last `(kernel-1)*dilation` inputs of a causal convolution,
+/// `[(kernel-1)*dilation, channels]`.
+pub struct GpuConvState {
+    gpu: Arc<Gpu>,
+    pub(crate) channels: usize,
+    pub(crate) kernel: usize,
+    pub(crate) dilation: usize,
+    pub(crate) window: wgpu::Buffer,
+    /// The buffer the next call writes the new window into (then swapped).
+    pub(crate) spare: wgpu::Buffer,
+}
+
+impl GpuConvState {
+    pub(crate) fn new(gpu: &Arc<Gpu>, channels: usize, kernel: usize, dilation: usize) -> GpuConvState {
+        let bytes = 4 * ((kernel - 1) * dilation * channels) as u64;
+        let window = gpu.zeroed("conv window", bytes);
+        let spare = gpu.zeroed("conv window", bytes);
+        GpuConvState { gpu: gpu.clone(), channels, kernel, dilation, window, spare }
+    }
+}
+
+impl DeviceState for GpuConvState {
+    fn duplicate(&self) -> Result<Box<dyn DeviceState>> {
+        Ok(Box::new(GpuConvState {
+            gpu: self.gpu.clone(),
+            window: duplicate_buffer(&self.gpu, &self.window, "conv window")?,
+            spare: self.gpu.zeroed("conv window", self.spare.size()),
+            ..*self
+        }))
+    }
+
+    fn bytes(&self) -> usize {
+        (self.window.size() + self.spare.size()) as usize
+    }
+}
+
+/// Gated DeltaNet matrix state, `[heads, value_dim, key_dim]`.
+pub struct GpuRecurrentState {
+    gpu: Arc<Gpu>,
+    pub(crate) heads: usize,
+    pub(crate) key_dim: usize,
+    pub(crate) value_dim: usize,
+    pub(crate) s: wgpu::Buffer,
+}
+
+impl GpuRecurrentState {
+    pub(crate) fn new(gpu: &Arc<Gpu>, heads: usize, key_dim: usize, value_dim: usize) -> GpuRecurrentState {
+        let s = gpu.zeroed("recurrent state", 4 * (heads * key_dim * value_dim) as u64);
+        GpuRecurrentState { gpu: gpu.clone(), heads, key_dim, value_dim, s }
+    }
+}
+
+impl DeviceState for GpuRecurrentState {
+    fn duplicate(&self) -> Result<Box<dyn DeviceState>> {
+        Ok(Box::new(GpuRecurrentState {
+            gpu: self.gpu.clone(),
+            s: duplicate_buffer(&self.gpu, &self.s, "recurrent state")?,
+            ..*self
+        }))
+    }
+
+    fn bytes(&self) -> usize {
+        self.s.size() as usize
+    }
+}
