@@ -427,3 +427,29 @@ pub trait Backend: Send + Sync {
         state.duplicate()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Counter(Vec<u32>);
+
+    impl DeviceState for Counter {
+        fn duplicate(&self) -> Result<Box<dyn DeviceState>> {
+            Ok(Box::new(Counter(self.0.clone())))
+        }
+        fn bytes(&self) -> usize {
+            4 * self.0.len()
+        }
+    }
+
+    #[test]
+    fn state_reaches_its_type_and_duplicates_deeply() {
+        let mut st = State::new(Box::new(Counter(vec![1, 2])));
+        assert!(st.get::<u32>().is_none(), "a state must not pass for another type");
+        let copy = st.duplicate().expect("duplicate");
+        st.get_mut::<Counter>().expect("the state's own type").0.push(3);
+        assert_eq!(copy.get::<Counter>().map(|c| c.0.clone()), Some(vec![1, 2]), "the copy changed with the original");
+        assert_eq!((st.bytes(), copy.bytes()), (12, 8));
+    }
+}

@@ -478,13 +478,13 @@ impl<E: KvElem> AttnGroup<'_, E> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use crate::CpuBackend;
     use slotstream_backend::Backend;
 
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn exp_avx2_matches_expf() {
+        use super::exp_avx2;
         if !crate::matmul::has_avx2_fma() {
             return;
         }

@@ -5,7 +5,9 @@
 use rayon::prelude::*;
 
 use crate::options::{CpuOptions, Int8Kernel};
-use crate::weight::{CpuWeight, Scales, Store};
+#[cfg(target_arch = "x86_64")]
+use crate::weight::Scales;
+use crate::weight::{CpuWeight, Store};
 
 impl CpuWeight {
     /// Dot product of global row `row` with one input vector. `xsums` holds the
@@ -281,28 +283,29 @@ pub enum MatmulMode {
 
 /// How the backend runs its matmuls, fixed when it is built from [`CpuOptions`].
 #[derive(Clone, Copy, Debug)]
+// Only x86 has int8 kernels; elsewhere every matmul takes the f32 path.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) struct MatmulPlan {
-    pub mode: MatmulMode,
-    /// The int8 kernel this CPU runs (`Some(true)`: VNNI, `Some(false)`:
-    /// AVX2), `None` where it has none (4-bit weights then take the f32 path).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    /// The int8 kernel 4-bit weights use (`Some(true)`: VNNI, `Some(false)`:
+    /// AVX2), `None` for the f32 path: in exact mode, or where this CPU has no
+    /// int8 kernel.
     pub int8_vnni: Option<bool>,
-    /// Matrices below this many weight bytes (times tokens) run on the calling thread.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    /// Int8 matmuls below this many weight bytes (times tokens) run on the
+    /// calling thread.
     pub serial_bytes: usize,
 }
 
 impl MatmulPlan {
     pub(crate) fn new(options: &CpuOptions) -> MatmulPlan {
         #[cfg(target_arch = "x86_64")]
-        let int8_vnni =
-            crate::q8::available().then(|| options.int8_kernel == Int8Kernel::Best && crate::q8::has_vnni());
+        let int8_vnni = (options.matmul == MatmulMode::Int8 && crate::q8::available())
+            .then(|| options.int8_kernel == Int8Kernel::Best && crate::q8::has_vnni());
         #[cfg(not(target_arch = "x86_64"))]
         let int8_vnni = {
-            let _ = Int8Kernel::Best;
+            let _ = (options.matmul, Int8Kernel::Best);
             None
         };
-        MatmulPlan { mode: options.matmul, int8_vnni, serial_bytes: options.serial_bytes }
+        MatmulPlan { int8_vnni, serial_bytes: options.serial_bytes }
     }
 }
 
@@ -330,12 +333,11 @@ fn transpose_out(out_nt: Vec<f32>, n: usize, tokens: usize) -> Vec<f32> {
 /// the matrix is large enough to be worth it).
 pub(crate) fn matmul(x: &[f32], tokens: usize, w: &CpuWeight, expert: usize, plan: &MatmulPlan, parallel: bool) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
-    if plan.mode == MatmulMode::Int8 {
-        let int8 = plan.int8_vnni.and_then(|vnni| crate::q8::matmul_q8(x, tokens, w, expert, vnni, plan.serial_bytes, parallel));
-        if let Some(out) = int8 {
-            return out;
-        }
+    if let Some(out) = plan.int8_vnni.and_then(|vnni| crate::q8::matmul_q8(x, tokens, w, expert, vnni, plan.serial_bytes, parallel)) {
+        return out;
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = plan;
     let (n, k) = (w.rows, w.cols);
     let base = expert * n;
     // Per-token group sums let affine kernels apply the bias once per group.

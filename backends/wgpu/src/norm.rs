@@ -40,6 +40,7 @@ fn subgroup_grid(gpu: &Gpu, groups: usize) -> [u32; 3] {
 
 /// `out = x / rms(x) * weight` per group of `dim` (without a weight: `x`
 /// itself binds as the unused weight).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn rms_norm(
     gpu: &Gpu,
     x: Bind<'_>,
