@@ -8,7 +8,7 @@ use std::str::FromStr;
 use anyhow::{Context, Result};
 use slotstream_backend::Backend;
 use slotstream_cpu::CpuBackend;
-use slotstream_wgpu::{AdapterChoice, MatmulMode, WgpuBackend};
+use slotstream_wgpu::{AdapterChoice, MatmulMode, WgpuBackend, WgpuOptions};
 
 /// What a `--backend` value asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,38 +78,30 @@ impl fmt::Display for BackendSpec {
 
 impl BackendSpec {
     /// Builds the backend. `auto` without a usable GPU falls back to the CPU
-    /// with a note on stderr; an explicit wgpu spec fails instead.
+    /// with a note on stderr; an explicit wgpu spec fails instead. The wgpu
+    /// backend picks its matmul mode by adapter unless `SLOTSTREAM_WGPU_MATMUL`
+    /// or an `:exact` spec decides.
     pub fn create(&self) -> Result<Box<dyn Backend>> {
         match self {
             BackendSpec::Cpu { exact: false } => Ok(Box::new(CpuBackend::new())),
             BackendSpec::Cpu { exact: true } => Ok(Box::new(CpuBackend::exact())),
-            BackendSpec::Auto => match WgpuBackend::new(&AdapterChoice::auto()) {
-                Ok(gpu) => Ok(Box::new(with_matmul_mode(gpu, false))),
+            BackendSpec::Auto => match WgpuBackend::with_options(&AdapterChoice::auto(), WgpuOptions::from_env()) {
+                Ok(gpu) => Ok(Box::new(gpu)),
                 Err(e) => {
                     eprintln!("note: no usable GPU ({e}); using the CPU backend");
                     Ok(Box::new(CpuBackend::new()))
                 }
             },
             BackendSpec::Wgpu { adapter, exact } => {
-                let gpu = WgpuBackend::new(adapter).with_context(|| format!("--backend {self}"))?;
-                Ok(Box::new(with_matmul_mode(gpu, *exact)))
+                let mut options = WgpuOptions::from_env();
+                if *exact {
+                    options.matmul = Some(MatmulMode::Exact);
+                }
+                let gpu = WgpuBackend::with_options(adapter, options).with_context(|| format!("--backend {self}"))?;
+                Ok(Box::new(gpu))
             }
         }
     }
-}
-
-/// Int8 activations on a real GPU, where they were measured faster
-/// (BENCHMARKS.md GPU (a)); f32 on a software rasterizer, which only tests
-/// use. `SLOTSTREAM_WGPU_MATMUL` overrides either default, `exact` overrides all.
-fn with_matmul_mode(gpu: WgpuBackend, exact: bool) -> WgpuBackend {
-    let mode = if exact {
-        MatmulMode::Exact
-    } else if gpu.device_type() == slotstream_wgpu::wgpu::DeviceType::Cpu {
-        MatmulMode::from_env(MatmulMode::Exact)
-    } else {
-        MatmulMode::from_env(MatmulMode::Int8)
-    };
-    gpu.with_matmul_mode(mode)
 }
 
 #[cfg(test)]

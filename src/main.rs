@@ -423,7 +423,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         max_context: args.max_context,
         prefix_cache: !args.no_prefix_cache,
         queue: args.queue,
-        elastic: elastic.then(|| server::Elastic { costs: planned.costs, request }),
+        elastic: elastic.then_some(server::Elastic { costs: planned.costs, request }),
         plan: Some(planned.plan),
     };
     let config = server::ServeConfig { model_dir: model.dir, host: args.host, port: args.port, options };
