@@ -1,7 +1,7 @@
-//! Typed calls of the weight-reading kernels but the experts':
-//! `wgsl/matvec.wgsl` (a few tokens), `wgsl/matvec_q8.wgsl` (int8 mode),
-//! `wgsl/matmul_tiled.wgsl` (prefill) and `wgsl/embed.wgsl`, and the choice
-//! between them for one `x @ W^T`.
+//! Typed calls of the kernels that read standalone weights (the expert pool's
+//! are in `moe.rs`): `wgsl/matvec.wgsl` (a few tokens), `wgsl/matvec_q8.wgsl`
+//! (int8 mode), `wgsl/matmul_tiled.wgsl` (prefill) and `wgsl/embed.wgsl`, and
+//! the choice between them for one `x @ W^T`.
 
 use slotstream_backend::Result;
 
