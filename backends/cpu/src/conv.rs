@@ -26,11 +26,12 @@ impl ConvState {
         let mut seq = self.window.clone();
         seq.extend_from_slice(x);
         let mut out = vec![0.0f32; tokens * c];
+        let seq_ref = &seq;
         for_each_piece(&mut out, c, tokens * c * kk, |t, o| {
-            for (ch, o) in o.iter_mut().enumerate() {
+            for ((ch, o), taps) in o.iter_mut().enumerate().zip(wd.chunks_exact(kk)) {
                 let mut acc = 0.0;
-                for j in 0..kk {
-                    acc += wd[ch * kk + j] * seq[(t + j * dil) * c + ch];
+                for (j, w) in taps.iter().enumerate() {
+                    acc += w * seq_ref[(t + j * dil) * c + ch];
                 }
                 *o = acc;
             }
