@@ -163,53 +163,29 @@ impl<'a> HostMatrix<'a> {
     /// Stacks single matrices of one format into `[parts.len(), rows, cols]`.
     pub fn stack(parts: &[HostMatrix<'_>]) -> Result<HostMatrix<'static>> {
         let first = parts.first().ok_or_else(|| shape_error("stack", "nothing to stack"))?;
-        let mut out = match &first.data {
-            MatrixData::Dense { dtype, .. } => {
-                MatrixData::Dense { dtype: *dtype, bytes: Cow::Owned(Vec::new()) }
-            }
-            MatrixData::Affine { bits, group_size, scale_dtype, .. } => MatrixData::Affine {
-                bits: *bits,
-                group_size: *group_size,
-                words: Cow::Owned(Vec::new()),
-                scale_dtype: *scale_dtype,
-                scales: Cow::Owned(Vec::new()),
-                biases: Cow::Owned(Vec::new()),
-            },
-        };
-        let mut experts = 0;
-        for p in parts {
-            if (p.rows, p.cols) != (first.rows, first.cols) {
-                return Err(shape_error(
-                    "stack",
-                    format!("[{} x {}] vs [{} x {}]", p.rows, p.cols, first.rows, first.cols),
-                ));
-            }
-            experts += p.experts;
-            match (&mut out, &p.data) {
-                (MatrixData::Dense { dtype, bytes }, MatrixData::Dense { dtype: d, bytes: b })
-                    if dtype == d =>
-                {
-                    bytes.to_mut().extend_from_slice(b)
-                }
-                (
-                    MatrixData::Affine { bits, group_size, words, scale_dtype, scales, biases },
-                    MatrixData::Affine {
-                        bits: pb,
-                        group_size: pg,
-                        words: pw,
-                        scale_dtype: psd,
-                        scales: ps,
-                        biases: pbi,
-                    },
-                ) if (*bits, *group_size, *scale_dtype) == (*pb, *pg, *psd) => {
-                    words.to_mut().extend_from_slice(pw);
-                    scales.to_mut().extend_from_slice(ps);
-                    biases.to_mut().extend_from_slice(pbi);
-                }
-                _ => return Err(shape_error("stack", "parts are stored in different formats")),
-            }
+        if let Some(p) = parts.iter().find(|p| (p.rows, p.cols) != (first.rows, first.cols)) {
+            return Err(shape_error("stack", format!("[{} x {}] vs [{} x {}]", p.rows, p.cols, first.rows, first.cols)));
         }
-        let m = HostMatrix { experts, rows: first.rows, cols: first.cols, data: out };
+        let refs: Vec<&HostMatrix<'_>> = parts.iter().collect();
+        let data = concat_bytes("stack", &refs)?;
+        let experts = parts.iter().map(|p| p.experts).sum();
+        let m = HostMatrix { experts, rows: first.rows, cols: first.cols, data };
+        m.validate()?;
+        Ok(m)
+    }
+
+    /// The rows of single matrices of one format (same columns) one after
+    /// another: `[sum of rows, cols]` (several projections fused into one weight).
+    pub fn concat_rows(parts: &[&HostMatrix<'_>]) -> Result<HostMatrix<'static>> {
+        let first = parts.first().ok_or_else(|| shape_error("concat_rows", "nothing to concatenate"))?;
+        if let Some(p) = parts.iter().find(|p| p.experts != 1 || p.cols != first.cols) {
+            return Err(shape_error(
+                "concat_rows",
+                format!("[{} x {} x {}] vs {} columns of single matrices", p.experts, p.rows, p.cols, first.cols),
+            ));
+        }
+        let data = concat_bytes("concat_rows", parts)?;
+        let m = HostMatrix { experts: 1, rows: parts.iter().map(|p| p.rows).sum(), cols: first.cols, data };
         m.validate()?;
         Ok(m)
     }
@@ -237,6 +213,40 @@ impl<'a> HostMatrix<'a> {
             }
         }
     }
+}
+
+/// The stored bytes of `parts` one after another, in the first part's format
+/// (every part must share it).
+fn concat_bytes(op: &'static str, parts: &[&HostMatrix<'_>]) -> Result<MatrixData<'static>> {
+    let first = parts.first().ok_or_else(|| shape_error(op, "no parts"))?;
+    let mut out = match &first.data {
+        MatrixData::Dense { dtype, .. } => MatrixData::Dense { dtype: *dtype, bytes: Cow::Owned(Vec::new()) },
+        MatrixData::Affine { bits, group_size, scale_dtype, .. } => MatrixData::Affine {
+            bits: *bits,
+            group_size: *group_size,
+            words: Cow::Owned(Vec::new()),
+            scale_dtype: *scale_dtype,
+            scales: Cow::Owned(Vec::new()),
+            biases: Cow::Owned(Vec::new()),
+        },
+    };
+    for p in parts {
+        match (&mut out, &p.data) {
+            (MatrixData::Dense { dtype, bytes }, MatrixData::Dense { dtype: d, bytes: b }) if dtype == d => {
+                bytes.to_mut().extend_from_slice(b)
+            }
+            (
+                MatrixData::Affine { bits, group_size, words, scale_dtype, scales, biases },
+                MatrixData::Affine { bits: pb, group_size: pg, words: pw, scale_dtype: psd, scales: ps, biases: pbi },
+            ) if (*bits, *group_size, *scale_dtype) == (*pb, *pg, *psd) => {
+                words.to_mut().extend_from_slice(pw);
+                scales.to_mut().extend_from_slice(ps);
+                biases.to_mut().extend_from_slice(pbi);
+            }
+            _ => return Err(shape_error(op, "parts are stored in different formats")),
+        }
+    }
+    Ok(out)
 }
 
 /// Value `i` of a packed little-endian bit stream of `bits`-bit values.

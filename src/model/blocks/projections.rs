@@ -2,48 +2,8 @@
 //! shared expert's inputs, ...), fused into as few matmuls as their storage
 //! allows, with each output reached by its name.
 
-use std::borrow::Cow;
-
 use anyhow::{bail, Context, Result};
-use slotstream_backend::{Backend, HostMatrix, MatrixData, MatrixFormat, Tensor, Weight};
-
-/// Rows of single matrices of one format (same columns) one after another.
-pub fn concat_rows(parts: &[&HostMatrix<'_>]) -> Result<HostMatrix<'static>> {
-    let first = parts.first().context("concat_rows: no parts")?;
-    let mut rows = 0;
-    let mut data = match &first.data {
-        MatrixData::Dense { dtype, .. } => MatrixData::Dense { dtype: *dtype, bytes: Cow::Owned(Vec::new()) },
-        MatrixData::Affine { bits, group_size, scale_dtype, .. } => MatrixData::Affine {
-            bits: *bits,
-            group_size: *group_size,
-            words: Cow::Owned(Vec::new()),
-            scale_dtype: *scale_dtype,
-            scales: Cow::Owned(Vec::new()),
-            biases: Cow::Owned(Vec::new()),
-        },
-    };
-    for p in parts {
-        if p.experts != 1 || p.cols != first.cols || MatrixFormat::of(p) != MatrixFormat::of(first) {
-            bail!("concat_rows: parts differ in shape or format");
-        }
-        rows += p.rows;
-        match (&mut data, &p.data) {
-            (MatrixData::Dense { bytes, .. }, MatrixData::Dense { bytes: b, .. }) => bytes.to_mut().extend_from_slice(b),
-            (
-                MatrixData::Affine { words, scales, biases, .. },
-                MatrixData::Affine { words: pw, scales: ps, biases: pb, .. },
-            ) => {
-                words.to_mut().extend_from_slice(pw);
-                scales.to_mut().extend_from_slice(ps);
-                biases.to_mut().extend_from_slice(pb);
-            }
-            _ => bail!("concat_rows: parts differ in format"),
-        }
-    }
-    let m = HostMatrix { experts: 1, rows, cols: first.cols, data };
-    m.validate()?;
-    Ok(m)
-}
+use slotstream_backend::{Backend, HostMatrix, MatrixFormat, Tensor, Weight};
 
 /// Row order that turns per-group interleaved blocks into contiguous blocks.
 /// The input holds `groups` groups, each the concatenation of blocks of the
@@ -133,7 +93,7 @@ impl Projections {
             } else {
                 let names: Vec<&str> = group.iter().map(|p| p.module.as_str()).collect();
                 let refs: Vec<&HostMatrix<'_>> = group.iter().map(|p| &p.matrix).collect();
-                upload(b, &concat_rows(&refs)?, &names.join(" + "))?
+                upload(b, &HostMatrix::concat_rows(&refs)?, &names.join(" + "))?
             };
             groups.push((weight, group.iter().flat_map(|p| p.outputs.iter().copied()).collect()));
             i = j;
