@@ -149,11 +149,16 @@ impl Engine {
         if ids.is_empty() {
             bail!("the prompt is empty: give at least one token");
         }
-        let mut logits = Vec::new();
         let start = state.position;
-        for chunk in ids.chunks(self.prefill_chunk.max(1)) {
+        let chunks = ids.chunks(self.prefill_chunk.max(1));
+        let last = chunks.len() - 1;
+        let mut logits = Vec::new();
+        for (i, chunk) in chunks.enumerate() {
             let h = self.forward_hidden(chunk, state, ids, start)?;
-            logits = self.backend.download(&self.model.logits(self.backend.as_ref(), &h, 1)?)?;
+            // Only the last position's logits are wanted: earlier chunks skip `lm_head`.
+            if i == last {
+                logits = self.backend.download(&self.model.logits(self.backend.as_ref(), &h, 1)?)?;
+            }
         }
         Ok(logits)
     }
