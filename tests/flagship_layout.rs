@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use slotstream::model::qwen4_exp::hyper::HyperResidual;
 use slotstream::model::{self, ExpertSlots, LoadOptions};
 use slotstream_backend::{
-    Backend, BackendError, DType, ExpertAssignment, ExpertLayout, ExpertPool, GateAct, HostExpert, HostMatrix, KeySelection,
+    Backend, BackendError, DType, ExpertLayout, ExpertPool, GateAct, Gating, HostExpert, HostMatrix, KeySelection, Routes,
     Result, State, Tensor, Weight,
 };
 
@@ -138,16 +138,22 @@ impl Backend for ShapeOnly {
     fn gated_delta(&self, _: &Tensor, _: &Tensor, _: &Tensor, _: &Tensor, _: &Tensor, _: usize, _: &mut State) -> Result<Tensor> {
         Err(no("gated_delta"))
     }
-    fn new_expert_pool(&self, layout: &ExpertLayout, slots: usize) -> Result<ExpertPool> {
-        Ok(ExpertPool::new(Box::new(()), *layout, slots, 0))
+    fn route(&self, _: &Tensor, _: Gating) -> Result<Routes> {
+        Err(no("route"))
+    }
+    fn new_expert_pool(&self, layout: &ExpertLayout, slots: usize, keys: usize) -> Result<ExpertPool> {
+        Ok(ExpertPool::new(Box::new(()), *layout, slots, keys, 0))
+    }
+    fn map_experts(&self, _: &mut ExpertPool, _: &[(u32, Option<u32>)]) -> Result<()> {
+        Err(no("map_experts"))
     }
     fn write_expert(&self, _: &mut ExpertPool, _: usize, _: &HostExpert<'_>) -> Result<()> {
         Err(no("write_expert"))
     }
-    fn moe_expert_outputs(&self, _: &Tensor, _: &ExpertPool, _: &[ExpertAssignment], _: usize) -> Result<Tensor> {
+    fn moe_expert_outputs(&self, _: &Tensor, _: &ExpertPool, _: &Routes, _: usize) -> Result<Tensor> {
         Err(no("moe_expert_outputs"))
     }
-    fn moe_combine(&self, _: &Tensor, _: &[f32], _: usize) -> Result<Tensor> {
+    fn moe_combine(&self, _: &Tensor, _: &Routes) -> Result<Tensor> {
         Err(no("moe_combine"))
     }
     fn clone_state(&self, _: &State) -> Result<State> {

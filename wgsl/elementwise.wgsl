@@ -8,7 +8,6 @@
 //   scale:       out = a * factor
 //   copy_cols:   out[r, c] = a[r * src_cols + start + c] for c < cols (slice_cols)
 //   delta_gates: out = exp(-exp(c[h]) * softplus(a + d[h])), out2 = sigmoid(b), h = i % cols
-//   moe_combine: out[t, j] = sum_r b[t*top_k + r] * a[(t*top_k + r)*cols + j], in rank order
 //
 // Bindings: 0 uniform Params; 2 a; 3 out (read-write); 4 b; 5 c; 6 d; 7 out2 (read-write).
 // All f32; `n` is the number of output values.
@@ -19,7 +18,7 @@ struct Params {
     src_cols: u32,
     start: u32,
     b_per_row: u32,
-    top_k: u32,
+    _pad1: u32,
     factor: f32,
     _pad0: u32,
 }
@@ -123,20 +122,5 @@ fn delta_gates(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         let h = i % p.cols;
         out[i] = exp(-exp(c[h]) * softplus(a[i] + d[h]));
         out2[i] = sigmoid(b[i]);
-    }
-}
-
-@compute @workgroup_size(256)
-fn moe_combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let i = flat_index(wid, nwg, li);
-    if (i < p.n) {
-        let t = i / p.cols;
-        let j = i % p.cols;
-        var acc = 0.0;
-        for (var r = 0u; r < p.top_k; r++) {
-            let row = t * p.top_k + r;
-            acc += b[row] * a[row * p.cols + j];
-        }
-        out[i] = acc;
     }
 }

@@ -1,56 +1,220 @@
-// Expert FFN over pool slot indices: `down(silu(gate x) * up x)` for each
-// (token, rank, slot) assignment, one subgroup per four weight rows (see
-// rows_dot), one workgroup row (workgroup_id.y) per assignment. Three dispatches per pool shard:
-//   moe_gate:   out[a, r] = gate[slot] row r . x[token]
-//   moe_up:     out[a, r] = silu(aux[a, r]) * (up[slot] row r . x[token])
-//   moe_down:   out[token*top_k + rank, r] = down[slot] row r . x[a]  (x = activations)
-// `a` = asg_off + workgroup_id.y indexes the call's assignment list.
+// Mixture of experts on the device: routing, the pool's slot table, and the
+// expert FFN `down(silu(gate x) * up x)` read straight from the slot pool.
+//
+//   moe_route:   one workgroup per token: softmax over the token's `experts`
+//                router logits (vals), the `top_k` largest kept (highest logit
+//                first, ties to the lower id), renormalised when `normalize`;
+//                writes routes[t] = top_k ids, then top_k weights (f32 bits).
+//   moe_map:     table[entries[i].x] = entries[i].y for i < n (the slot table).
+//   moe_gate:    out[a, r] = gate[slot] row r . x[token]
+//   moe_up:      out[a, r] = silu(aux[a, r]) * (up[slot] row r . x[token])
+//   moe_down:    out[a, r] = down[slot] row r . x[a]  (x = activations)
+//   moe_combine: out[t, j] = sum_r weight[t, r] * vals[(t*top_k + r)*out_cols + j], rank order
+// For the FFN kernels, assignment a = asg_off + workgroup_id.y is token
+// a / top_k's rank a % top_k; its slot is table[key_base + id] for the routed
+// id, and the workgroup does nothing when that is not a slot of this dispatch's
+// pool shard [slot_base, slot_end) (or the id is not an expert).
 //
 // Bindings: 0 uniform Params; 1 w and 6 w_words (one pool shard of gate, up or down; slot s of
 // the shard is rows [s*rows, (s+1)*rows)); 2 xin f32 rows of x_cols; 3 out f32
-// (read-write); 4 asg array<vec4<u32>> (token, rank, slot, 0); 5 aux f32 (moe_up).
+// (read-write); 4 routes u32 [tokens, 2*top_k]; 5 aux f32 (moe_up);
+// 7 table u32 (read-write for moe_map); 8 entries vec2<u32> (moe_map); 9 vals f32
+// (moe_route's logits, moe_combine's expert outputs).
 
 struct Params {
     w: WeightDesc,
     rows: u32,
     asg_off: u32,
     slot_base: u32,
+    slot_end: u32,
     x_cols: u32,
     out_cols: u32,
     top_k: u32,
+    experts: u32,
+    key_base: u32,
+    normalize: u32,
+    n: u32,
     _pad0: u32,
-    _pad1: u32,
 }
+
+const NO_SLOT: u32 = 0xffffffffu;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> xin: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
-@group(0) @binding(4) var<storage, read> asg: array<vec4<u32>>;
+@group(0) @binding(4) var<storage, read_write> routes: array<u32>;
 @group(0) @binding(5) var<storage, read> aux: array<f32>;
+@group(0) @binding(7) var<storage, read_write> table: array<u32>;
+@group(0) @binding(8) var<storage, read> entries: array<vec2<u32>>;
+@group(0) @binding(9) var<storage, read> vals: array<f32>;
 
 fn silu(v: f32) -> f32 {
     return v / (1.0 + exp(-v));
 }
 
+var<workgroup> red_v: array<f32, 256>;
+var<workgroup> red_i: array<u32, 256>;
+var<workgroup> chosen: array<u32, 64>;
+var<workgroup> chosen_w: array<f32, 64>;
+var<workgroup> wg_slot: u32;
+
+fn logit(t: u32, e: u32) -> f32 {
+    return vals[t * p.experts + e];
+}
+
+// Whether candidate (v, i) beats (v0, i0): a real id beats none, then the
+// larger value, then the lower id.
+fn better(v: f32, i: u32, v0: f32, i0: u32) -> bool {
+    if (i == NO_SLOT) {
+        return false;
+    }
+    return i0 == NO_SLOT || v > v0 || (v == v0 && i < i0);
+}
+
+// Workgroup-wide (value, id) reduction: the largest value, ties to the lower
+// id (ids of NO_SLOT lose to any real id). `red_v`/`red_i` hold each
+// invocation's candidate; the winner ends in slot 0.
+fn reduce_best(li: u32) {
+    for (var s = 128u; s > 0u; s >>= 1u) {
+        workgroupBarrier();
+        if (li < s) {
+            let v = red_v[li + s];
+            let i = red_i[li + s];
+            if (better(v, i, red_v[li], red_i[li])) {
+                red_v[li] = v;
+                red_i[li] = i;
+            }
+        }
+    }
+    workgroupBarrier();
+}
+
+fn reduce_sum(li: u32) {
+    for (var s = 128u; s > 0u; s >>= 1u) {
+        workgroupBarrier();
+        if (li < s) {
+            red_v[li] += red_v[li + s];
+        }
+    }
+    workgroupBarrier();
+}
+
+@compute @workgroup_size(256)
+fn moe_route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let t = wid.y * nwg.x + wid.x;
+    if (t >= p.n) {
+        return;
+    }
+    // Softmax denominator: max, then the sum of exp(l - max).
+    var m = -3.4028235e38;
+    for (var e = li; e < p.experts; e += 256u) {
+        m = max(m, logit(t, e));
+    }
+    red_v[li] = m;
+    red_i[li] = 0u;
+    reduce_best(li);
+    let mx = red_v[0];
+    workgroupBarrier();
+    var s = 0.0;
+    for (var e = li; e < p.experts; e += 256u) {
+        s += exp(logit(t, e) - mx);
+    }
+    red_v[li] = s;
+    reduce_sum(li);
+    let total = red_v[0];
+    for (var j = 0u; j < p.top_k; j++) {
+        workgroupBarrier();
+        var bv = -3.4028235e38;
+        var bi = NO_SLOT;
+        for (var e = li; e < p.experts; e += 256u) {
+            var taken = false;
+            for (var c = 0u; c < j; c++) {
+                taken = taken || chosen[c] == e;
+            }
+            let v = logit(t, e);
+            if (!taken && better(v, e, bv, bi)) {
+                bv = v;
+                bi = e;
+            }
+        }
+        red_v[li] = bv;
+        red_i[li] = bi;
+        reduce_best(li);
+        if (li == 0u) {
+            chosen[j] = red_i[0];
+            chosen_w[j] = exp(red_v[0] - mx) / total;
+        }
+    }
+    workgroupBarrier();
+    if (li == 0u) {
+        var sum = 0.0;
+        for (var j = 0u; j < p.top_k; j++) {
+            sum += chosen_w[j];
+        }
+        let base = t * 2u * p.top_k;
+        for (var j = 0u; j < p.top_k; j++) {
+            var wj = chosen_w[j];
+            if (p.normalize != 0u) {
+                wj = wj / sum;
+            }
+            routes[base + j] = chosen[j];
+            routes[base + p.top_k + j] = bitcast<u32>(wj);
+        }
+    }
+}
+
+@compute @workgroup_size(64)
+fn moe_map(@builtin(global_invocation_id) gid: vec3<u32>) {
+    if (gid.x < p.n) {
+        let e = entries[gid.x];
+        table[e.x] = e.y;
+    }
+}
+
+// The slot of assignment `a`, local to this dispatch's shard, or NO_SLOT;
+// uniform across the workgroup.
+fn assignment_slot(a: u32, li: u32) -> u32 {
+    if (li == 0u) {
+        let t = a / p.top_k;
+        let id = routes[t * 2u * p.top_k + a % p.top_k];
+        var slot = NO_SLOT;
+        if (id < p.experts) {
+            slot = table[p.key_base + id];
+        }
+        if (slot < p.slot_base || slot >= p.slot_end) {
+            slot = NO_SLOT;
+        }
+        wg_slot = slot;
+    }
+    let slot = workgroupUniformLoad(&wg_slot);
+    if (slot == NO_SLOT) {
+        return NO_SLOT;
+    }
+    return slot - p.slot_base;
+}
 
 @compute @workgroup_size(128)
 fn moe_gate(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
     @builtin(subgroup_id) sg: u32,
     @builtin(num_subgroups) nsg: u32,
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(subgroup_size) lanes: u32,
 ) {
     let a = p.asg_off + wid.y;
-    let e = asg[a];
-    let xstride = p.x_cols / 4u;
-    let base = (e.z - p.slot_base) * p.rows;
+    let slot = assignment_slot(a, li);
+    if (slot == NO_SLOT) {
+        return;
+    }
+    let xb = (a / p.top_k) * (p.x_cols / 4u);
+    let base = slot * p.rows;
     let quads = (p.rows + 3u) / 4u;
     for (var qi = wid.x * nsg + sg; qi < quads; qi += nwg.x * nsg) {
         let row0 = qi * 4u;
         let nrows = min(4u, p.rows - row0);
-        let total = subgroupAdd(rows_dot(p.w, base + row0, nrows, e.x * xstride, lane, lanes));
+        let total = subgroupAdd(rows_dot(p.w, base + row0, nrows, xb, lane, lanes));
         if (lane == 0u) {
             for (var r = 0u; r < nrows; r++) {
                 out[a * p.rows + row0 + r] = total[r];
@@ -63,20 +227,24 @@ fn moe_gate(
 fn moe_up(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
     @builtin(subgroup_id) sg: u32,
     @builtin(num_subgroups) nsg: u32,
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(subgroup_size) lanes: u32,
 ) {
     let a = p.asg_off + wid.y;
-    let e = asg[a];
-    let xstride = p.x_cols / 4u;
-    let base = (e.z - p.slot_base) * p.rows;
+    let slot = assignment_slot(a, li);
+    if (slot == NO_SLOT) {
+        return;
+    }
+    let xb = (a / p.top_k) * (p.x_cols / 4u);
+    let base = slot * p.rows;
     let quads = (p.rows + 3u) / 4u;
     for (var qi = wid.x * nsg + sg; qi < quads; qi += nwg.x * nsg) {
         let row0 = qi * 4u;
         let nrows = min(4u, p.rows - row0);
-        let total = subgroupAdd(rows_dot(p.w, base + row0, nrows, e.x * xstride, lane, lanes));
+        let total = subgroupAdd(rows_dot(p.w, base + row0, nrows, xb, lane, lanes));
         if (lane == 0u) {
             for (var r = 0u; r < nrows; r++) {
                 let i = a * p.rows + row0 + r;
@@ -90,25 +258,45 @@ fn moe_up(
 fn moe_down(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
     @builtin(subgroup_id) sg: u32,
     @builtin(num_subgroups) nsg: u32,
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(subgroup_size) lanes: u32,
 ) {
     let a = p.asg_off + wid.y;
-    let e = asg[a];
-    let xstride = p.x_cols / 4u;
-    let base = (e.z - p.slot_base) * p.rows;
-    let dst = (e.x * p.top_k + e.y) * p.out_cols;
+    let slot = assignment_slot(a, li);
+    if (slot == NO_SLOT) {
+        return;
+    }
+    let xb = a * (p.x_cols / 4u);
+    let base = slot * p.rows;
+    let dst = a * p.out_cols;
     let quads = (p.rows + 3u) / 4u;
     for (var qi = wid.x * nsg + sg; qi < quads; qi += nwg.x * nsg) {
         let row0 = qi * 4u;
         let nrows = min(4u, p.rows - row0);
-        let total = subgroupAdd(rows_dot(p.w, base + row0, nrows, a * xstride, lane, lanes));
+        let total = subgroupAdd(rows_dot(p.w, base + row0, nrows, xb, lane, lanes));
         if (lane == 0u) {
             for (var r = 0u; r < nrows; r++) {
                 out[dst + row0 + r] = total[r];
             }
         }
+    }
+}
+
+@compute @workgroup_size(256)
+fn moe_combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let i = (wid.y * nwg.x + wid.x) * 256u + li;
+    if (i < p.n) {
+        let t = i / p.out_cols;
+        let j = i % p.out_cols;
+        var acc = 0.0;
+        for (var r = 0u; r < p.top_k; r++) {
+            let wr = bitcast<f32>(routes[t * 2u * p.top_k + p.top_k + r]);
+            let k = (t * p.top_k + r) * p.out_cols + j;
+            acc += wr * vals[k];
+        }
+        out[i] = acc;
     }
 }

@@ -1,13 +1,16 @@
 //! Routed experts streamed from disk into a fixed pool of slots shared by all
 //! layers.
 //!
-//! Per MoE call: collect the layer's distinct experts, pin the ones already in
-//! a slot (hits), choose victims for the rest with CLOCK (a reference bit per
-//! slot, pinned slots skipped), read the misses with many reads in flight, and
-//! compute over slot indices. When a call needs more experts than there are
-//! slots (a long prefill touches nearly every expert), the experts are taken in
-//! batches that fit, hits first, and the next batch's reads overlap the current
-//! batch's compute.
+//! The router's logits are routed where they were computed (a kernel on a
+//! GPU), and the pool's slot table (expert -> slot) lives there too. When the
+//! pool holds every expert, a MoE call never leaves the device. Otherwise,
+//! per MoE call: read back the routed expert ids, pin the layer's experts
+//! already in a slot (hits), choose victims for the rest with CLOCK (a
+//! reference bit per slot, pinned slots skipped), read the misses with many
+//! reads in flight, update the slot table, and compute. When a call needs more
+//! experts than there are slots (a long prefill touches nearly every expert),
+//! the experts are taken in batches that fit, hits first, and the next
+//! batch's reads overlap the current batch's compute.
 //!
 //! Output never depends on the pool size: each (token, expert) output is
 //! computed the same way wherever the expert sits, batches write disjoint rows,
@@ -20,13 +23,16 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use serde::Serialize;
-use slotstream_backend::{Backend, ExpertAssignment, ExpertPool, Tensor, TokenRoute};
+use slotstream_backend::{Backend, ExpertPool, Gating, Tensor};
 
 pub use store::{ExpertRecord, ExpertStore};
 
 /// Counters of one MoE layer (or of all of them).
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct CacheCounters {
+    /// Experts found in the pool: distinct experts per call while the pool
+    /// streams; once it holds every expert, routing no longer comes back to
+    /// the host and each routed (token, expert) pair counts as a hit.
     pub hits: u64,
     pub misses: u64,
     pub bytes_read: u64,
@@ -95,7 +101,7 @@ impl ExpertCache {
         if slots == 0 {
             bail!("the expert pool needs at least one slot");
         }
-        let pool = backend.new_expert_pool(&store.layout, slots)?;
+        let pool = backend.new_expert_pool(&store.layout, slots, store.layers * store.experts_per_layer)?;
         let layers = store.layers;
         Ok(ExpertCache {
             pool,
@@ -123,8 +129,9 @@ impl ExpertCache {
             bail!("the expert pool needs at least one slot");
         }
         // Free the old pool before allocating the new one.
-        self.pool = backend.new_expert_pool(&self.store.layout, 1)?;
-        self.pool = backend.new_expert_pool(&self.store.layout, slots)?;
+        let keys = self.store.layers * self.store.experts_per_layer;
+        self.pool = backend.new_expert_pool(&self.store.layout, 1, 1)?;
+        self.pool = backend.new_expert_pool(&self.store.layout, slots, keys)?;
         self.owner = vec![None; slots];
         self.slot_of.clear();
         self.referenced = vec![false; slots];
@@ -168,7 +175,14 @@ impl ExpertCache {
                 self.slot_of.insert(key, key);
             }
         }
+        let table: Vec<(u32, Option<u32>)> = (0..(self.store.layers * experts) as u32).map(|k| (k, Some(k))).collect();
+        b.map_experts(&mut self.pool, &table)?;
         Ok(())
+    }
+
+    /// Whether every expert of the model sits in a slot.
+    fn holds_all(&self) -> bool {
+        self.slot_of.len() == self.store.layers * self.store.experts_per_layer
     }
 
     fn key(&self, layer: usize, expert: u32) -> u32 {
@@ -192,10 +206,21 @@ impl ExpertCache {
         }
     }
 
-    /// Routed-expert output of one MoE layer for `x` (`[tokens, hidden]`).
-    pub fn run_layer(&mut self, b: &dyn Backend, layer: usize, x: &Tensor, routes: &[TokenRoute], top_k: usize) -> Result<Tensor> {
+    /// Routed-expert output of one MoE layer for `x` (`[tokens, hidden]`)
+    /// with router logits `logits` (`[tokens, experts]`).
+    pub fn run_layer(&mut self, b: &dyn Backend, layer: usize, x: &Tensor, logits: &Tensor, gating: Gating) -> Result<Tensor> {
         let experts = self.store.experts_per_layer;
-        let mut needed: Vec<u32> = routes.iter().flat_map(|r| r.experts.iter().copied()).collect();
+        if gating.experts != experts {
+            bail!("a router over {} experts for a store of {experts} per layer", gating.experts);
+        }
+        let routes = b.route(logits, gating)?;
+        let key_base = layer * experts;
+        if self.holds_all() {
+            // Every expert in its slot and the table in step: nothing comes back.
+            self.per_layer[layer].hits += (routes.tokens() * gating.top_k) as u64;
+            return Ok(b.moe(x, &self.pool, &routes, key_base)?);
+        }
+        let mut needed = b.routed_experts(&routes)?;
         needed.sort_unstable();
         needed.dedup();
         if let Some(&e) = needed.iter().find(|&&e| e as usize >= experts) {
@@ -231,10 +256,12 @@ impl ExpertCache {
                     slot_for.insert(e, s);
                 }
             }
+            let mut table: Vec<(u32, Option<u32>)> = Vec::new();
             for (e, record) in record_misses.iter().zip(&records) {
                 let s = self.victim(&pinned);
                 if let Some(old) = self.owner[s as usize].take() {
                     self.slot_of.remove(&old);
+                    table.push((old, None));
                 }
                 b.write_expert(&mut self.pool, s as usize, &self.store.host_expert(record))?;
                 counters.bytes_read += self.store.record_bytes;
@@ -244,24 +271,25 @@ impl ExpertCache {
                 self.referenced[s as usize] = true;
                 pinned.insert(s);
                 slot_for.insert(*e, s);
+                table.push((key, Some(s)));
             }
-            let assignments: Vec<ExpertAssignment> = routes
-                .iter()
-                .enumerate()
-                .flat_map(|(t, r)| {
-                    r.experts.iter().enumerate().filter_map(move |(rank, e)| Some((t, rank, *e)))
-                })
-                .filter_map(|(t, rank, e)| {
-                    slot_for.get(&e).map(|&slot| ExpertAssignment { token: t as u32, rank: rank as u32, slot })
-                })
-                .collect();
+            if batches.len() > 1 {
+                // Only this batch's experts may run now: the layer's other
+                // entries say "no slot" until the call ends.
+                table.extend((0..experts as u32).map(|e| (self.key(layer, e), slot_for.get(&e).copied())));
+            }
+            b.map_experts(&mut self.pool, &table)?;
+            if batches.len() == 1 {
+                self.per_layer[layer].add(&counters);
+                return Ok(b.moe(x, &self.pool, &routes, key_base)?);
+            }
             // Read the next batch while this one computes.
             let next_misses = batches.get(i + 1).map(|bt| misses_of(self, bt)).unwrap_or_default();
             let store = &self.store;
             let pool = &self.pool;
             let (out, next) = std::thread::scope(|scope| {
                 let reader = (!next_misses.is_empty()).then(|| scope.spawn(|| store.read_many(layer, &next_misses)));
-                let out = b.moe_expert_outputs(x, pool, &assignments, top_k);
+                let out = b.moe_expert_outputs(x, pool, &routes, key_base);
                 let wait = Instant::now();
                 let next = reader.map(|h| h.join());
                 (out, next.map(|n| (n, wait.elapsed().as_secs_f64())))
@@ -283,19 +311,15 @@ impl ExpertCache {
             }
             record_misses = next_misses;
         }
+        // The table back in step with the pool for this layer.
+        let table: Vec<(u32, Option<u32>)> =
+            (0..experts as u32).map(|e| self.key(layer, e)).map(|k| (k, self.slot_of.get(&k).copied())).collect();
+        b.map_experts(&mut self.pool, &table)?;
         self.per_layer[layer].add(&counters);
-        let weights: Vec<f32> = routes
-            .iter()
-            .flat_map(|r| {
-                let mut w = r.weights.clone();
-                w.resize(top_k, 0.0);
-                w
-            })
-            .collect();
         let outputs = match total {
             Some(t) => t,
             None => bail!("a MoE call with no tokens"),
         };
-        Ok(b.moe_combine(&outputs, &weights, top_k)?)
+        Ok(b.moe_combine(&outputs, &routes)?)
     }
 }

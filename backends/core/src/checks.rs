@@ -3,7 +3,7 @@
 //! about the ones they refuse. Each check returns the sizes the op goes on to
 //! use; an error names the op and the shapes it was given.
 
-use crate::{shape_error, ExpertAssignment, KeySelection, Result, Tensor};
+use crate::{shape_error, Gating, KeySelection, Result, Routes, Tensor};
 
 /// `a` and `b` hold the same number of values.
 pub fn same_shape(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
@@ -271,37 +271,56 @@ pub fn gated_delta(
     Ok(tokens)
 }
 
-/// `x: [tokens, hidden]` against experts of `hidden` columns in a pool of
-/// `slots`, and every assignment's token, rank and slot in range.
-pub fn moe_assignments(
-    x: &Tensor,
-    hidden: usize,
-    slots: usize,
-    assignments: &[ExpertAssignment],
-    top_k: usize,
-) -> Result<()> {
-    let tokens = x.rows();
+/// `logits: [tokens, gating.experts]`, and a top-k the experts can fill;
+/// returns the token count.
+pub fn route(logits: &Tensor, g: Gating) -> Result<usize> {
+    if g.experts == 0 || logits.cols() != g.experts {
+        return Err(shape_error("route", format!("logits {:?} for {} experts", logits.shape(), g.experts)));
+    }
+    if g.top_k == 0 || g.top_k > g.experts || g.top_k > MAX_TOP_K {
+        return Err(shape_error("route", format!("top {} of {} experts (1 to {MAX_TOP_K})", g.top_k, g.experts)));
+    }
+    Ok(logits.rows())
+}
+
+/// The most experts a token may use (the routing kernels keep them in
+/// workgroup memory).
+pub const MAX_TOP_K: usize = 64;
+
+/// `x: [tokens, hidden]` against experts of `hidden` columns, routes for the
+/// same tokens, and the layer's keys `key_base..key_base + experts` inside a
+/// slot table of `keys`; returns `(tokens, top_k)`.
+pub fn moe_routes(x: &Tensor, hidden: usize, routes: &Routes, key_base: usize, keys: usize) -> Result<(usize, usize)> {
+    let (tokens, k) = (x.rows(), routes.gating.top_k);
     if x.cols() != hidden {
         return Err(shape_error("moe_expert_outputs", format!("x {:?} for experts of hidden size {hidden}", x.shape())));
     }
-    if let Some(a) =
-        assignments.iter().find(|a| a.slot as usize >= slots || a.token as usize >= tokens || a.rank as usize >= top_k)
-    {
-        return Err(shape_error("moe_expert_outputs", format!("{a:?} with {slots} slots, {tokens} tokens, top {top_k}")));
+    if routes.tensor.shape() != [tokens, 2 * k] {
+        return Err(shape_error("moe_expert_outputs", format!("routes {:?} for {tokens} tokens, top {k}", routes.tensor.shape())));
+    }
+    if key_base + routes.gating.experts > keys {
+        return Err(shape_error(
+            "moe_expert_outputs",
+            format!("experts {key_base}..{} past a slot table of {keys}", key_base + routes.gating.experts),
+        ));
+    }
+    Ok((tokens, k))
+}
+
+/// Slot table entries inside a table of `keys` and a pool of `slots`.
+pub fn map_experts(entries: &[(u32, Option<u32>)], keys: usize, slots: usize) -> Result<()> {
+    if let Some(e) = entries.iter().find(|(k, s)| *k as usize >= keys || s.is_some_and(|s| s as usize >= slots)) {
+        return Err(shape_error("map_experts", format!("entry {e:?} in a table of {keys} keys over {slots} slots")));
     }
     Ok(())
 }
 
-/// `outputs: [tokens*top_k, hidden]` and `tokens*top_k` routing weights;
-/// returns `(tokens, hidden)`.
-pub fn moe_combine(outputs: &Tensor, weights: &[f32], top_k: usize) -> Result<(usize, usize)> {
-    let hidden = outputs.cols();
-    let tokens = outputs.rows() / top_k.max(1);
-    if weights.len() != tokens * top_k || outputs.rows() != tokens * top_k {
-        return Err(shape_error(
-            "moe_combine",
-            format!("outputs {:?}, {} weights, top {top_k}", outputs.shape(), weights.len()),
-        ));
+/// `outputs: [tokens, top_k, hidden]` for the routes' tokens; returns
+/// `(tokens, hidden)`.
+pub fn moe_combine(outputs: &Tensor, routes: &Routes) -> Result<(usize, usize)> {
+    let (hidden, k, tokens) = (outputs.cols(), routes.gating.top_k, routes.tokens());
+    if outputs.rows() != tokens * k || routes.tensor.cols() != 2 * k {
+        return Err(shape_error("moe_combine", format!("outputs {:?}, routes {:?}, top {k}", outputs.shape(), routes.tensor.shape())));
     }
     Ok((tokens, hidden))
 }

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 pub mod checks;
 mod host;
+pub mod routing;
 pub use host::{DType, HostMatrix, MatrixData};
 
 /// Errors a backend reports. Shape errors are bugs in model code or a malformed
@@ -166,20 +167,31 @@ impl State {
     }
 }
 
-/// Which experts one token uses and with what weight, best first.
-#[derive(Clone, Debug, PartialEq)]
-pub struct TokenRoute {
-    pub experts: Vec<u32>,
-    pub weights: Vec<f32>,
+/// How a MoE router's logits choose each token's experts: a softmax over all
+/// `experts` logits, of which the `top_k` largest are kept (highest logit
+/// first, ties to the lower id), their probabilities renormalised to sum to
+/// one when `normalize`. [`routing::route_row`] is the host reference.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gating {
+    pub experts: usize,
+    pub top_k: usize,
+    pub normalize: bool,
 }
 
-/// One (token, expert) pair of a MoE call: token `token`'s `rank`-th expert,
-/// whose weights sit in pool slot `slot`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ExpertAssignment {
-    pub token: u32,
-    pub rank: u32,
-    pub slot: u32,
+/// The routing of a MoE call, kept on the device that computed it:
+/// `tensor` is `[tokens, 2 * top_k]`, each row the token's expert ids (u32
+/// bit patterns, best first) and then their weights. Only a streaming pool
+/// reads the ids back ([`Backend::routed_experts`]).
+#[derive(Clone)]
+pub struct Routes {
+    pub tensor: Tensor,
+    pub gating: Gating,
+}
+
+impl Routes {
+    pub fn tokens(&self) -> usize {
+        self.tensor.rows()
+    }
 }
 
 /// How one matrix of an expert record is stored.
@@ -218,18 +230,23 @@ pub struct HostExpert<'a> {
     pub down: HostMatrix<'a>,
 }
 
-/// A fixed pool of expert slots owned by a backend, shared by all layers.
+/// A fixed pool of expert slots owned by a backend, shared by all layers,
+/// with its slot table: for each of `keys` experts (key `layer * experts +
+/// expert`), the slot that holds it or none. The table lives on the device
+/// ([`Backend::map_experts`] keeps it in step with the slots), so MoE calls
+/// find their experts without the host.
 pub struct ExpertPool {
     inner: Box<dyn Any + Send + Sync>,
     pub layout: ExpertLayout,
     pub slots: usize,
+    pub keys: usize,
     /// Bytes the pool occupies in the backend.
     pub bytes: usize,
 }
 
 impl ExpertPool {
-    pub fn new(inner: Box<dyn Any + Send + Sync>, layout: ExpertLayout, slots: usize, bytes: usize) -> Self {
-        ExpertPool { inner, layout, slots, bytes }
+    pub fn new(inner: Box<dyn Any + Send + Sync>, layout: ExpertLayout, slots: usize, keys: usize, bytes: usize) -> Self {
+        ExpertPool { inner, layout, slots, keys, bytes }
     }
     pub fn get<T: 'static>(&self) -> Option<&T> {
         self.inner.downcast_ref::<T>()
@@ -408,18 +425,37 @@ pub trait Backend: Send + Sync {
         key_heads: usize, state: &mut State) -> Result<Tensor>;
 
     // ---- mixture of experts ----
-    /// Allocates a pool of `slots` expert records of `layout`.
-    fn new_expert_pool(&self, layout: &ExpertLayout, slots: usize) -> Result<ExpertPool>;
+    /// Routes every token of `logits: [tokens, gating.experts]` (see [`Gating`]).
+    fn route(&self, logits: &Tensor, gating: Gating) -> Result<Routes>;
+    /// Every token's expert ids, `[tokens * top_k]` (best first): what a
+    /// streaming pool reads back to fetch its misses.
+    fn routed_experts(&self, routes: &Routes) -> Result<Vec<u32>> {
+        let k = routes.gating.top_k;
+        let rows = self.download(&routes.tensor)?;
+        Ok(rows.chunks_exact(2 * k).flat_map(|r| r[..k].iter().map(|v| v.to_bits())).collect())
+    }
+    /// Allocates a pool of `slots` expert records of `layout`, with a slot
+    /// table of `keys` entries that all say "not in the pool".
+    fn new_expert_pool(&self, layout: &ExpertLayout, slots: usize, keys: usize) -> Result<ExpertPool>;
     /// Copies one expert's weights into slot `slot`.
     fn write_expert(&self, pool: &mut ExpertPool, slot: usize, expert: &HostExpert<'_>) -> Result<()>;
-    /// Unweighted outputs `down(silu(gate x_t) * up x_t)` of the assigned experts,
-    /// as `[tokens, top_k, hidden]`: row `(token, rank)` holds that assignment's
-    /// output and rows with no assignment are zero, so outputs of several calls
-    /// over disjoint assignments add up exactly.
-    fn moe_expert_outputs(&self, x: &Tensor, pool: &ExpertPool, assignments: &[ExpertAssignment], top_k: usize)
-        -> Result<Tensor>;
-    /// `sum_r weights[t*top_k + r] * outputs[t, r, :]`, summed in rank order.
-    fn moe_combine(&self, outputs: &Tensor, weights: &[f32], top_k: usize) -> Result<Tensor>;
+    /// Sets slot table entries `(key, slot)` (`None`: not in the pool), in op
+    /// order: MoE calls recorded before see the old table, later ones the new.
+    fn map_experts(&self, pool: &mut ExpertPool, entries: &[(u32, Option<u32>)]) -> Result<()>;
+    /// Unweighted outputs `down(silu(gate x_t) * up x_t)` of every token's
+    /// routed experts, as `[tokens, top_k, hidden]`: row `(token, rank)` holds
+    /// the output of expert `key_base + id` from the slot the table gives it,
+    /// and is zero when the table has none, so outputs of calls over disjoint
+    /// tables add up exactly.
+    fn moe_expert_outputs(&self, x: &Tensor, pool: &ExpertPool, routes: &Routes, key_base: usize) -> Result<Tensor>;
+    /// `sum_r weight[t, r] * outputs[t, r, :]` with the routes' weights, summed in rank order.
+    fn moe_combine(&self, outputs: &Tensor, routes: &Routes) -> Result<Tensor>;
+    /// The routed experts' weighted output, `[tokens, hidden]`: equal to
+    /// `moe_combine(moe_expert_outputs(..))`, which a backend may fuse.
+    fn moe(&self, x: &Tensor, pool: &ExpertPool, routes: &Routes, key_base: usize) -> Result<Tensor> {
+        let outputs = self.moe_expert_outputs(x, pool, routes, key_base)?;
+        self.moe_combine(&outputs, routes)
+    }
 
     // ---- state management ----
     /// Deep copy of a state (for prefix caching and speculative rollback).

@@ -23,8 +23,8 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 use slotstream_backend::{
-    checks, Backend, BackendError, DType, ExpertAssignment, ExpertLayout, ExpertPool, GateAct, HostExpert,
-    HostMatrix, KeySelection, Result, State, Tensor, Weight,
+    checks, routing, Backend, BackendError, DType, ExpertLayout, ExpertPool, GateAct, Gating, HostExpert,
+    HostMatrix, KeySelection, Result, Routes, State, Tensor, Weight,
 };
 
 pub use conv::ConvState;
@@ -142,7 +142,11 @@ pub struct CpuExpertPool {
     gate: CpuWeight,
     up: CpuWeight,
     down: CpuWeight,
+    /// The slot table: slot of each key, or `NO_SLOT`.
+    table: Vec<u32>,
 }
+
+const NO_SLOT: u32 = u32::MAX;
 
 fn not_ours(what: &str) -> BackendError {
     BackendError::Device(format!("{what} does not belong to the CPU backend"))
@@ -418,15 +422,22 @@ impl Backend for CpuBackend {
         Ok(tensor(out, vec![tokens, h * dv]))
     }
 
-    fn new_expert_pool(&self, layout: &ExpertLayout, slots: usize) -> Result<ExpertPool> {
+    fn route(&self, logits: &Tensor, gating: Gating) -> Result<Routes> {
+        let tokens = checks::route(logits, gating)?;
+        let rows = routing::route_rows(data(logits)?, gating);
+        Ok(Routes { tensor: tensor(rows, vec![tokens, 2 * gating.top_k]), gating })
+    }
+
+    fn new_expert_pool(&self, layout: &ExpertLayout, slots: usize, keys: usize) -> Result<ExpertPool> {
         let (h, i) = (layout.hidden, layout.intermediate);
         let pool = CpuExpertPool {
             gate: CpuWeight::zeros(slots, i, h, layout.gate),
             up: CpuWeight::zeros(slots, i, h, layout.up),
             down: CpuWeight::zeros(slots, h, i, layout.down),
+            table: vec![NO_SLOT; keys],
         };
         let bytes = pool.gate.bytes() + pool.up.bytes() + pool.down.bytes();
-        Ok(ExpertPool::new(Box::new(pool), *layout, slots, bytes))
+        Ok(ExpertPool::new(Box::new(pool), *layout, slots, keys, bytes))
     }
 
     fn write_expert(&self, pool: &mut ExpertPool, slot: usize, e: &HostExpert<'_>) -> Result<()> {
@@ -436,21 +447,36 @@ impl Backend for CpuBackend {
         p.down.write_slot(slot, &e.down)
     }
 
-    fn moe_expert_outputs(&self, x: &Tensor, pool: &ExpertPool, assignments: &[ExpertAssignment], top_k: usize) -> Result<Tensor> {
-        let p = pool.get::<CpuExpertPool>().ok_or_else(|| not_ours("the expert pool"))?;
-        checks::moe_assignments(x, p.gate.cols, pool.slots, assignments, top_k)?;
-        let (tokens, hidden) = (x.rows(), x.cols());
-        let xd = data(x)?;
-        // Group assignments by slot so each expert's weights are read once per call.
-        let mut by_slot: std::collections::BTreeMap<u32, Vec<ExpertAssignment>> = Default::default();
-        for a in assignments {
-            by_slot.entry(a.slot).or_default().push(*a);
+    fn map_experts(&self, pool: &mut ExpertPool, entries: &[(u32, Option<u32>)]) -> Result<()> {
+        checks::map_experts(entries, pool.keys, pool.slots)?;
+        let p = pool.get_mut::<CpuExpertPool>().ok_or_else(|| not_ours("the expert pool"))?;
+        for &(key, slot) in entries {
+            p.table[key as usize] = slot.unwrap_or(NO_SLOT);
         }
-        let groups: Vec<(u32, Vec<ExpertAssignment>)> = by_slot.into_iter().collect();
-        let run = |(slot, users): &(u32, Vec<ExpertAssignment>), parallel: bool| {
+        Ok(())
+    }
+
+    fn moe_expert_outputs(&self, x: &Tensor, pool: &ExpertPool, routes: &Routes, key_base: usize) -> Result<Tensor> {
+        let p = pool.get::<CpuExpertPool>().ok_or_else(|| not_ours("the expert pool"))?;
+        let (tokens, top_k) = checks::moe_routes(x, p.gate.cols, routes, key_base, pool.keys)?;
+        let hidden = x.cols();
+        let xd = data(x)?;
+        let rd = data(&routes.tensor)?;
+        // (token, rank) of each slot's users, so each expert's weights are read once per call.
+        let mut by_slot: std::collections::BTreeMap<u32, Vec<(usize, usize)>> = Default::default();
+        for t in 0..tokens {
+            for r in 0..top_k {
+                let id = rd[t * 2 * top_k + r].to_bits() as usize;
+                let slot = if id < routes.gating.experts { p.table[key_base + id] } else { NO_SLOT };
+                if slot != NO_SLOT {
+                    by_slot.entry(slot).or_default().push((t, r));
+                }
+            }
+        }
+        let groups: Vec<(u32, Vec<(usize, usize)>)> = by_slot.into_iter().collect();
+        let run = |(slot, users): &(u32, Vec<(usize, usize)>), parallel: bool| {
             let s = *slot as usize;
-            let xs: Vec<f32> =
-                users.iter().flat_map(|a| xd[a.token as usize * hidden..(a.token as usize + 1) * hidden].iter().copied()).collect();
+            let xs: Vec<f32> = users.iter().flat_map(|&(t, _)| xd[t * hidden..(t + 1) * hidden].iter().copied()).collect();
             let n = users.len();
             let g = matmul::matmul(&xs, n, &p.gate, s, &self.plan, parallel);
             let u = matmul::matmul(&xs, n, &p.up, s, &self.plan, parallel);
@@ -467,21 +493,23 @@ impl Backend for CpuBackend {
         };
         let mut out = vec![0.0f32; tokens * top_k * hidden];
         for ((_, users), y) in groups.iter().zip(&results) {
-            for (i, a) in users.iter().enumerate() {
-                let row = a.token as usize * top_k + a.rank as usize;
+            for (i, &(t, r)) in users.iter().enumerate() {
+                let row = t * top_k + r;
                 out[row * hidden..(row + 1) * hidden].copy_from_slice(&y[i * hidden..(i + 1) * hidden]);
             }
         }
         Ok(tensor(out, vec![tokens, top_k, hidden]))
     }
 
-    fn moe_combine(&self, outputs: &Tensor, weights: &[f32], top_k: usize) -> Result<Tensor> {
-        let (tokens, hidden) = checks::moe_combine(outputs, weights, top_k)?;
+    fn moe_combine(&self, outputs: &Tensor, routes: &Routes) -> Result<Tensor> {
+        let (tokens, hidden) = checks::moe_combine(outputs, routes)?;
+        let top_k = routes.gating.top_k;
+        let rd = data(&routes.tensor)?;
         let od = data(outputs)?;
         let mut out = vec![0.0f32; tokens * hidden];
         for_each_piece(&mut out, hidden, tokens * top_k * hidden, |t, o| {
             for r in 0..top_k {
-                let w = weights[t * top_k + r];
+                let w = rd[t * 2 * top_k + top_k + r];
                 let row = &od[(t * top_k + r) * hidden..(t * top_k + r + 1) * hidden];
                 o.iter_mut().zip(row).for_each(|(o, y)| *o += w * y);
             }

@@ -11,7 +11,7 @@ params! {
         /// Output values.
         n: u32,
         /// Values per row of the output (`sigmoid_mul`'s per-row gate,
-        /// `copy_cols`, heads of `delta_gates`, `moe_combine`'s hidden size).
+        /// `copy_cols`, heads of `delta_gates`).
         cols: u32,
         /// Values per row of the input of `copy_cols`.
         src_cols: u32,
@@ -19,7 +19,7 @@ params! {
         start: u32,
         /// 1: the sigmoid gate has one value per row.
         b_per_row: u32,
-        top_k: u32,
+        _pad1: u32,
         /// `scale`'s multiplier.
         factor: f32,
         _pad0: u32,
@@ -106,18 +106,4 @@ pub(crate) fn delta_gates(
 ) -> Result<()> {
     let params = ElementwiseParams { cols: heads as u32, ..n(values) };
     run(gpu, "delta_gates", params, &[(A, a), (B, b), (C, a_log), (D, dt_bias), (OUT, g), (OUT2, beta)])
-}
-
-/// `out[t, j] = sum_r weights[t*top_k + r] * outputs[t*top_k + r, j]`, in rank order.
-pub(crate) fn moe_combine(
-    gpu: &Gpu,
-    outputs: Bind<'_>,
-    weights: Bind<'_>,
-    out: Bind<'_>,
-    tokens: usize,
-    hidden: usize,
-    top_k: usize,
-) -> Result<()> {
-    let params = ElementwiseParams { cols: hidden as u32, top_k: top_k as u32, ..n(tokens * hidden) };
-    run(gpu, "moe_combine", params, &[(A, outputs), (B, weights), (OUT, out)])
 }

@@ -36,8 +36,8 @@ mod weights;
 use std::sync::Arc;
 
 use slotstream_backend::{
-    checks, shape_error, Backend, BackendError, DType, ExpertAssignment, ExpertLayout, ExpertPool, GateAct, HostExpert, HostMatrix,
-    KeySelection, Result, State, Tensor, Weight,
+    checks, shape_error, Backend, BackendError, DType, ExpertLayout, ExpertPool, GateAct, Gating, HostExpert, HostMatrix,
+    KeySelection, Result, Routes, State, Tensor, Weight,
 };
 
 pub use device::AdapterChoice;
@@ -47,7 +47,7 @@ pub use state::{GpuConvState, GpuKvCache, GpuRecurrentState};
 /// The wgpu version this backend is built on (for `device_type` and similar).
 pub use wgpu;
 
-use gpu::{whole, Gpu, MAX_GROUPS};
+use gpu::{Gpu, MAX_GROUPS};
 use matmul::MatmulChoice;
 use tensors::{buf, new_tensor, weight};
 use weights::{GpuPool, GpuWeight};
@@ -399,10 +399,18 @@ impl Backend for WgpuBackend {
         Ok(out)
     }
 
-    fn new_expert_pool(&self, layout: &ExpertLayout, slots: usize) -> Result<ExpertPool> {
-        let pool = GpuPool::new(&self.gpu, layout.hidden, layout.intermediate, [layout.gate, layout.up, layout.down], slots)?;
+    fn route(&self, logits: &Tensor, gating: Gating) -> Result<Routes> {
+        let tokens = checks::route(logits, gating)?;
+        let (tensor, rb) = self.output(vec![tokens, 2 * gating.top_k])?;
+        moe::route(&self.gpu, buf(logits)?, rb.bind(), tokens, gating)?;
+        Ok(Routes { tensor, gating })
+    }
+
+    fn new_expert_pool(&self, layout: &ExpertLayout, slots: usize, keys: usize) -> Result<ExpertPool> {
+        let formats = [layout.gate, layout.up, layout.down];
+        let pool = GpuPool::new(&self.gpu, layout.hidden, layout.intermediate, formats, slots, keys)?;
         let bytes = pool.bytes();
-        Ok(ExpertPool::new(Box::new(pool), *layout, slots, bytes))
+        Ok(ExpertPool::new(Box::new(pool), *layout, slots, keys, bytes))
     }
 
     fn write_expert(&self, pool: &mut ExpertPool, slot: usize, e: &HostExpert<'_>) -> Result<()> {
@@ -410,19 +418,26 @@ impl Backend for WgpuBackend {
         p.write(&self.gpu, slot, &e.gate, &e.up, &e.down)
     }
 
-    fn moe_expert_outputs(&self, x: &Tensor, pool: &ExpertPool, assignments: &[ExpertAssignment], top_k: usize) -> Result<Tensor> {
+    fn map_experts(&self, pool: &mut ExpertPool, entries: &[(u32, Option<u32>)]) -> Result<()> {
+        checks::map_experts(entries, pool.keys, pool.slots)?;
         let p = pool.get::<GpuPool>().ok_or_else(|| not_ours("the expert pool"))?;
-        checks::moe_assignments(x, p.gate.layout_cols(), p.slots, assignments, top_k)?;
-        let (out, ob) = self.output(vec![x.rows(), top_k, x.cols()])?;
-        moe::expert_outputs(&self.gpu, p, buf(x)?, assignments, top_k, ob.buffer())?;
+        let words: Vec<[u32; 2]> = entries.iter().map(|&(k, s)| [k, s.unwrap_or(moe::NO_SLOT)]).collect();
+        moe::map(&self.gpu, &p.table, &words)
+    }
+
+    fn moe_expert_outputs(&self, x: &Tensor, pool: &ExpertPool, routes: &Routes, key_base: usize) -> Result<Tensor> {
+        let p = pool.get::<GpuPool>().ok_or_else(|| not_ours("the expert pool"))?;
+        let (tokens, top_k) = checks::moe_routes(x, p.gate.layout_cols(), routes, key_base, pool.keys)?;
+        let (out, ob) = self.output(vec![tokens, top_k, x.cols()])?;
+        let call = moe::Call { pool: p, x: buf(x)?, routes: buf(&routes.tensor)?, tokens, gating: routes.gating, key_base };
+        moe::expert_outputs(&self.gpu, &call, ob.buffer())?;
         Ok(out)
     }
 
-    fn moe_combine(&self, outputs: &Tensor, weights: &[f32], top_k: usize) -> Result<Tensor> {
-        let (tokens, hidden) = checks::moe_combine(outputs, weights, top_k)?;
-        let wb = self.gpu.small_input("routing weights", bytemuck::cast_slice(weights))?;
+    fn moe_combine(&self, outputs: &Tensor, routes: &Routes) -> Result<Tensor> {
+        let (tokens, hidden) = checks::moe_combine(outputs, routes)?;
         let (out, ob) = self.output(vec![tokens, hidden])?;
-        elementwise::moe_combine(&self.gpu, buf(outputs)?, whole(&wb), ob.bind(), tokens, hidden, top_k)?;
+        moe::combine(&self.gpu, buf(outputs)?, buf(&routes.tensor)?, ob.bind(), tokens, hidden, routes.gating.top_k)?;
         Ok(out)
     }
 }

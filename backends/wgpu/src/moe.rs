@@ -1,7 +1,9 @@
-//! Typed calls of `wgsl/moe.wgsl`: the expert FFN `down(silu(gate x) * up x)`
-//! of every (token, rank, slot) assignment, straight from the slot pool.
+//! Typed calls of `wgsl/moe.wgsl`: routing in a kernel, the pool's slot
+//! table, and the expert FFN `down(silu(gate x) * up x)` of every token's
+//! routed experts, straight from the slot pool. Nothing here reads back to
+//! the host.
 
-use slotstream_backend::{ExpertAssignment, Result};
+use slotstream_backend::{Gating, Result};
 
 use crate::gpu::{whole, Bind, Gpu, MAX_GROUPS};
 use crate::kernels::params;
@@ -13,92 +15,137 @@ params! {
         w: WeightDesc,
         /// Rows of one expert matrix.
         rows: u32,
-        /// This dispatch's first assignment in the list.
+        /// This dispatch's first assignment (token * top_k + rank).
         asg_off: u32,
-        /// The shard's first slot.
+        /// The shard's slots: `slot_base..slot_end`.
         slot_base: u32,
+        slot_end: u32,
         x_cols: u32,
         out_cols: u32,
         top_k: u32,
+        /// Experts per layer (router logits per token).
+        experts: u32,
+        /// The layer's first key in the slot table.
+        key_base: u32,
+        /// 1: renormalise the top-k weights.
+        normalize: u32,
+        /// Tokens (`moe_route`), entries (`moe_map`) or output values (`moe_combine`).
+        n: u32,
         _pad0: u32,
-        _pad1: u32,
     }
 }
 
 // Bindings.
 const W: u32 = 1;
-const W_WORDS: u32 = 6;
 const X: u32 = 2;
 const OUT: u32 = 3;
-const ASSIGNMENTS: u32 = 4;
+const ROUTES: u32 = 4;
 const AUX: u32 = 5;
+const W_WORDS: u32 = 6;
+const TABLE: u32 = 7;
+const ENTRIES: u32 = 8;
+const VALS: u32 = 9;
 
-/// Unweighted expert outputs into `out: [tokens, top_k, hidden]` (zeroed
-/// here: rows without an assignment stay zero).
-pub(crate) fn expert_outputs(
-    gpu: &Gpu,
-    pool: &GpuPool,
-    x: Bind<'_>,
-    assignments: &[ExpertAssignment],
-    top_k: usize,
-    out: &wgpu::Buffer,
-) -> Result<()> {
-    gpu.clear(out)?;
-    if assignments.is_empty() {
-        return Ok(());
-    }
-    let (hidden, inter) = (pool.gate.layout_cols(), pool.gate.rows);
-    // Assignments grouped by pool shard, each group one run of the list.
-    let mut sorted = assignments.to_vec();
-    sorted.sort_by_key(|a| a.slot as usize / pool.per_shard);
-    let words: Vec<u32> = sorted.iter().flat_map(|a| [a.token, a.rank, a.slot, 0]).collect();
-    let asg = gpu.small_input("expert assignments", bytemuck::cast_slice(&words))?;
-    let n = sorted.len();
-    let gate_out = gpu.alloc(4 * (n * inter) as u64)?;
-    let act = gpu.alloc(4 * (n * inter) as u64)?;
-    let mut start = 0;
-    while start < n {
-        let shard = sorted[start].slot as usize / pool.per_shard;
-        let mut end = start;
-        while end < n && sorted[end].slot as usize / pool.per_shard == shard && end - start < MAX_GROUPS as usize {
-            end += 1;
-        }
-        let run = Run { gpu, shard, shard_rows: pool.shard_slots(shard), slot_base: shard * pool.per_shard, start, count: end - start, top_k };
-        run.dispatch("moe_gate", &pool.gate, hidden, inter, &[(X, x), (OUT, gate_out.bind()), (ASSIGNMENTS, whole(&asg))])?;
-        let up_binds = [(X, x), (OUT, act.bind()), (ASSIGNMENTS, whole(&asg)), (AUX, gate_out.bind())];
-        run.dispatch("moe_up", &pool.up, hidden, inter, &up_binds)?;
-        run.dispatch("moe_down", &pool.down, inter, hidden, &[(X, act.bind()), (OUT, whole(out)), (ASSIGNMENTS, whole(&asg))])?;
-        start = end;
+/// A slot table entry that names no slot.
+pub const NO_SLOT: u32 = u32::MAX;
+
+/// Routes `tokens` rows of router logits into `routes: [tokens, 2 * top_k]`.
+pub(crate) fn route(gpu: &Gpu, logits: Bind<'_>, routes: Bind<'_>, tokens: usize, g: Gating) -> Result<()> {
+    let params = MoeParams {
+        experts: g.experts as u32,
+        top_k: g.top_k as u32,
+        normalize: g.normalize as u32,
+        n: tokens as u32,
+        ..Default::default()
+    };
+    gpu.dispatch("moe_route", &params, &[(VALS, logits), (ROUTES, routes)], Gpu::grid(tokens as u64))
+}
+
+/// Sets slot table entries `(key, slot or NO_SLOT)`, in op order.
+pub(crate) fn map(gpu: &Gpu, table: &wgpu::Buffer, entries: &[[u32; 2]]) -> Result<()> {
+    for chunk in entries.chunks(64 * MAX_GROUPS as usize) {
+        let list = gpu.small_input("slot table entries", bytemuck::cast_slice(chunk))?;
+        let params = MoeParams { n: chunk.len() as u32, ..Default::default() };
+        let groups = [chunk.len().div_ceil(64) as u32, 1, 1];
+        gpu.dispatch("moe_map", &params, &[(TABLE, whole(table)), (ENTRIES, whole(&list))], groups)?;
     }
     Ok(())
 }
 
-/// One run of assignments that share a pool shard.
+/// What the FFN kernels of one MoE call share.
+pub(crate) struct Call<'a> {
+    pub pool: &'a GpuPool,
+    pub x: Bind<'a>,
+    pub routes: Bind<'a>,
+    pub tokens: usize,
+    pub gating: Gating,
+    pub key_base: usize,
+}
+
+/// Unweighted expert outputs into `out: [tokens, top_k, hidden]` (zeroed
+/// here: rows whose expert has no slot stay zero).
+pub(crate) fn expert_outputs(gpu: &Gpu, c: &Call<'_>, out: &wgpu::Buffer) -> Result<()> {
+    gpu.clear(out)?;
+    let pool = c.pool;
+    let (hidden, inter) = (pool.gate.layout_cols(), pool.gate.rows);
+    let n = c.tokens * c.gating.top_k;
+    if n == 0 {
+        return Ok(());
+    }
+    let gate_out = gpu.alloc(4 * (n * inter) as u64)?;
+    let act = gpu.alloc(4 * (n * inter) as u64)?;
+    let table = whole(&pool.table);
+    for shard in 0..pool.gate.buffers.len() {
+        let mut start = 0;
+        while start < n {
+            let count = (n - start).min(MAX_GROUPS as usize);
+            let run = Run { gpu, c, shard, start, count };
+            run.dispatch("moe_gate", &pool.gate, hidden, inter, &[(X, c.x), (OUT, gate_out.bind()), (TABLE, table)])?;
+            let up_binds = [(X, c.x), (OUT, act.bind()), (TABLE, table), (AUX, gate_out.bind())];
+            run.dispatch("moe_up", &pool.up, hidden, inter, &up_binds)?;
+            run.dispatch("moe_down", &pool.down, inter, hidden, &[(X, act.bind()), (OUT, whole(out)), (TABLE, table)])?;
+            start += count;
+        }
+    }
+    Ok(())
+}
+
+/// `out[t] = sum_r weight[t, r] * outputs[t, r]` with the routes' weights.
+pub(crate) fn combine(gpu: &Gpu, outputs: Bind<'_>, routes: Bind<'_>, out: Bind<'_>, tokens: usize, hidden: usize, top_k: usize) -> Result<()> {
+    let params = MoeParams { out_cols: hidden as u32, top_k: top_k as u32, n: (tokens * hidden) as u32, ..Default::default() };
+    let groups = Gpu::grid((tokens * hidden).div_ceil(256) as u64);
+    gpu.dispatch("moe_combine", &params, &[(VALS, outputs), (ROUTES, routes), (OUT, out)], groups)
+}
+
+/// One pool shard's share of a run of assignments.
 struct Run<'a> {
     gpu: &'a Gpu,
+    c: &'a Call<'a>,
     shard: usize,
-    /// Slots in the shard.
-    shard_rows: usize,
-    slot_base: usize,
     start: usize,
     count: usize,
-    top_k: usize,
 }
 
 impl Run<'_> {
     /// One of the three projections of every assignment of the run.
     fn dispatch(&self, entry: &str, m: &PoolMatrix, x_cols: usize, out_cols: usize, binds: &[(u32, Bind<'_>)]) -> Result<()> {
+        let pool = self.c.pool;
+        let base = self.shard * pool.per_shard;
+        let shard_slots = pool.shard_slots(self.shard);
         let params = MoeParams {
-            w: m.layout.desc(self.shard_rows * m.rows),
+            w: m.layout.desc(shard_slots * m.rows),
             rows: m.rows as u32,
             asg_off: self.start as u32,
-            slot_base: self.slot_base as u32,
+            slot_base: base as u32,
+            slot_end: (base + shard_slots) as u32,
             x_cols: x_cols as u32,
             out_cols: out_cols as u32,
-            top_k: self.top_k as u32,
+            top_k: self.c.gating.top_k as u32,
+            experts: self.c.gating.experts as u32,
+            key_base: self.c.key_base as u32,
             ..Default::default()
         };
-        let mut all = vec![(W, whole(&m.buffers[self.shard])), (W_WORDS, whole(&m.buffers[self.shard]))];
+        let mut all = vec![(W, whole(&m.buffers[self.shard])), (W_WORDS, whole(&m.buffers[self.shard])), (ROUTES, self.c.routes)];
         all.extend_from_slice(binds);
         let groups = [self.gpu.subgroup_grid(m.rows.div_ceil(4), 128), self.count as u32, 1];
         self.gpu.dispatch(entry, &params, &all, groups)

@@ -322,10 +322,12 @@ pub struct GpuPool {
     pub slots: usize,
     /// Slots per shard (the last shard may hold fewer).
     pub per_shard: usize,
+    /// The slot table: u32 slot of each key, `moe::NO_SLOT` for none.
+    pub table: wgpu::Buffer,
 }
 
 impl GpuPool {
-    pub fn new(gpu: &Gpu, hidden: usize, inter: usize, formats: [MatrixFormat; 3], slots: usize) -> Result<GpuPool> {
+    pub fn new(gpu: &Gpu, hidden: usize, inter: usize, formats: [MatrixFormat; 3], slots: usize, keys: usize) -> Result<GpuPool> {
         let probe = [
             RowLayout::new(formats[0], hidden)?,
             RowLayout::new(formats[1], hidden)?,
@@ -344,6 +346,11 @@ impl GpuPool {
             down: PoolMatrix::new(gpu, formats[2], hidden, inter, slots, per_shard)?,
             slots,
             per_shard,
+            table: gpu.buffer_with(
+                "slot table",
+                &vec![0xff; 4 * keys.max(1)],
+                wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            ),
         })
     }
 

@@ -12,97 +12,11 @@
 
 mod common;
 
-use std::borrow::Cow;
-
+use common::check::{affine, check, format_name, matrix, up, TOL};
 use common::{gpu, rel_l2, Rng};
-use half::{bf16, f16};
-use slotstream_backend::{Backend, DType, ExpertAssignment, ExpertLayout, GateAct, HostExpert, HostMatrix, KeySelection, MatrixData, MatrixFormat, Tensor};
+use slotstream_backend::{Backend, DType, GateAct, KeySelection, MatrixFormat, Tensor};
 use slotstream_cpu::CpuBackend;
 use slotstream_wgpu::{AdapterChoice, MatmulMode, WgpuBackend, WgpuOptions};
-
-const TOL: f64 = 1e-5;
-
-/// `v` rounded to `digits` significant digits.
-fn significant(v: f64, digits: i32) -> f64 {
-    if v == 0.0 || !v.is_finite() {
-        return v;
-    }
-    let scale = 10f64.powi(digits - 1 - v.abs().log10().floor() as i32);
-    (v * scale).round() / scale
-}
-
-fn snapshot(name: &str, values: &[f32]) {
-    let rounded: Vec<f64> = values.iter().take(24).map(|v| significant(*v as f64, 4)).collect();
-    let l2: f64 = values.iter().map(|v| (*v as f64).powi(2)).sum::<f64>().sqrt();
-    let summary = serde_json::json!({ "len": values.len(), "l2": (l2 * 1e3).round() / 1e3, "first": rounded });
-    insta::with_settings!({ snapshot_path => "../../../snapshots", prepend_module_to_snapshot => false }, {
-        insta::assert_json_snapshot!(format!("wgpu_{name}"), summary);
-    });
-}
-
-/// Runs `op` on both backends, checks agreement within `tol` and snapshots the GPU output.
-fn check(name: &str, tol: f64, op: impl Fn(&dyn Backend) -> Tensor) {
-    let Some(g) = gpu() else { return };
-    let cpu = CpuBackend::exact();
-    let want = cpu.download(&op(&cpu)).expect("cpu download");
-    let got = g.download(&op(g)).expect("gpu download");
-    let err = rel_l2(&got, &want);
-    assert!(err <= tol, "{name}: GPU differs from CPU, rel L2 {err:.3e} > {tol:e}");
-    snapshot(name, &got);
-}
-
-fn up(b: &dyn Backend, v: &[f32], shape: &[usize]) -> Tensor {
-    b.upload(v, shape).expect("upload")
-}
-
-/// A random `[experts, rows, cols]` matrix in `format`.
-fn matrix(rng: &mut Rng, format: MatrixFormat, experts: usize, rows: usize, cols: usize) -> HostMatrix<'static> {
-    let n = experts * rows * cols;
-    let data = match format {
-        MatrixFormat::Dense(DType::F32) => MatrixData::Dense { dtype: DType::F32, bytes: Cow::Owned(bytemuck::cast_slice(&rng.vec(n, 1.0)).to_vec()) },
-        MatrixFormat::Dense(DType::F16) => MatrixData::Dense {
-            dtype: DType::F16,
-            bytes: Cow::Owned(rng.vec(n, 1.0).iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect()),
-        },
-        MatrixFormat::Dense(DType::BF16) => MatrixData::Dense {
-            dtype: DType::BF16,
-            bytes: Cow::Owned(rng.vec(n, 1.0).iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect()),
-        },
-        MatrixFormat::Affine { bits, group_size, scale_dtype } => {
-            let groups = n / group_size;
-            let words: Vec<u8> = (0..n * bits as usize / 32).flat_map(|_| rng.bits().to_le_bytes()).collect();
-            let scales: Vec<f32> = rng.vec(groups, 0.02);
-            let biases: Vec<f32> = rng.vec(groups, 0.2);
-            let enc = |v: &[f32]| -> Vec<u8> {
-                match scale_dtype {
-                    DType::F32 => bytemuck::cast_slice(v).to_vec(),
-                    DType::F16 => v.iter().flat_map(|x| f16::from_f32(*x).to_le_bytes()).collect(),
-                    DType::BF16 => v.iter().flat_map(|x| bf16::from_f32(*x).to_le_bytes()).collect(),
-                }
-            };
-            MatrixData::Affine {
-                bits,
-                group_size,
-                words: Cow::Owned(words),
-                scale_dtype,
-                scales: Cow::Owned(enc(&scales)),
-                biases: Cow::Owned(enc(&biases)),
-            }
-        }
-    };
-    HostMatrix { experts, rows, cols, data }
-}
-
-fn affine(bits: u32, group_size: usize) -> MatrixFormat {
-    MatrixFormat::Affine { bits, group_size, scale_dtype: DType::BF16 }
-}
-
-fn format_name(f: MatrixFormat) -> String {
-    match f {
-        MatrixFormat::Dense(d) => format!("{d:?}").to_lowercase(),
-        MatrixFormat::Affine { bits, group_size, scale_dtype } => format!("q{bits}g{group_size}_{}", format!("{scale_dtype:?}").to_lowercase()),
-    }
-}
 
 #[test]
 fn matmul_all_formats_decode_and_prefill() {
@@ -477,91 +391,10 @@ fn gated_delta_rule_recurrent() {
 }
 
 #[test]
-fn expert_ffn_over_slots() {
-    let (hidden, inter, top_k, tokens) = (128, 64, 2, 3);
-    for format in [affine(4, 64), affine(8, 64), MatrixFormat::Dense(DType::BF16)] {
-        let mut rng = Rng::new(21);
-        let layout = ExpertLayout { hidden, intermediate: inter, gate: format, up: format, down: format };
-        let experts: Vec<[HostMatrix<'static>; 3]> = (0..3)
-            .map(|_| [matrix(&mut rng, format, 1, inter, hidden), matrix(&mut rng, format, 1, inter, hidden), matrix(&mut rng, format, 1, hidden, inter)])
-            .collect();
-        let x = rng.vec(tokens * hidden, 2.0);
-        // Token 1's rank-1 expert is left out: its row must stay zero.
-        let assignments = [(0, 0, 2), (0, 1, 0), (1, 0, 1), (2, 0, 0), (2, 1, 2)]
-            .map(|(token, rank, slot)| ExpertAssignment { token, rank, slot });
-        let weights = [0.6, 0.4, 0.7, 0.3, 0.5, 0.5];
-        check(&format!("moe_expert_outputs_{}", format_name(format)), TOL, |b| {
-            let mut pool = b.new_expert_pool(&layout, 3).unwrap();
-            for (slot, [g, u, d]) in experts.iter().enumerate() {
-                let e = HostExpert { gate: g.clone(), up: u.clone(), down: d.clone() };
-                b.write_expert(&mut pool, slot, &e).unwrap();
-            }
-            b.moe_expert_outputs(&up(b, &x, &[tokens, hidden]), &pool, &assignments, top_k).unwrap()
-        });
-        check(&format!("moe_combine_{}", format_name(format)), TOL, |b| {
-            let mut pool = b.new_expert_pool(&layout, 3).unwrap();
-            for (slot, [g, u, d]) in experts.iter().enumerate() {
-                let e = HostExpert { gate: g.clone(), up: u.clone(), down: d.clone() };
-                b.write_expert(&mut pool, slot, &e).unwrap();
-            }
-            let outs = b.moe_expert_outputs(&up(b, &x, &[tokens, hidden]), &pool, &assignments, top_k).unwrap();
-            let outs = outs.reshape(&[tokens * top_k, hidden]).unwrap();
-            b.moe_combine(&outs, &weights, top_k).unwrap()
-        });
-    }
-}
-
-#[test]
 fn backend_name_reports_upload_path() {
     let Some(g) = gpu() else { return };
     let name = g.name();
     assert!(name.starts_with("wgpu ("), "{name}");
     let path = if g.uses_mapped_primary_buffers() { "mapped primary buffers" } else { "staging uploads" };
     assert!(name.contains(path), "name '{name}' should say '{path}'");
-}
-
-/// Weights and expert pools larger than one storage binding are split into
-/// shards (here forced small): results must not change.
-#[test]
-fn sharded_weights_and_pool_match_cpu() {
-    let Some(g) = gpu() else { return };
-    let cpu = CpuBackend::exact();
-    let mut rng = Rng::new(31);
-    let (rows, cols) = (100, 256);
-    let m = matrix(&mut rng, affine(4, 64), 1, rows, cols);
-    let x = rng.vec(2 * cols, 2.0);
-    let (hidden, inter) = (128, 64);
-    let format = affine(4, 64);
-    let layout = ExpertLayout { hidden, intermediate: inter, gate: format, up: format, down: format };
-    let experts: Vec<HostExpert<'static>> = (0..5)
-        .map(|_| HostExpert {
-            gate: matrix(&mut rng, format, 1, inter, hidden),
-            up: matrix(&mut rng, format, 1, inter, hidden),
-            down: matrix(&mut rng, format, 1, hidden, inter),
-        })
-        .collect();
-    let xe = rng.vec(2 * hidden, 2.0);
-    let assignments = [(0, 0, 4), (0, 1, 1), (1, 0, 0), (1, 1, 3)].map(|(token, rank, slot)| ExpertAssignment { token, rank, slot });
-    let run = |b: &dyn Backend| -> Vec<f32> {
-        let w = b.load_weight(&m).unwrap();
-        let mut out = b.download(&b.matmul(&up(b, &x[..cols], &[1, cols]), &w).unwrap()).unwrap();
-        out.extend(b.download(&b.matmul(&up(b, &x, &[2, cols]), &w).unwrap()).unwrap());
-        out.extend(b.download(&b.embed(&w, &[99, 0, 57]).unwrap()).unwrap());
-        let mut pool = b.new_expert_pool(&layout, 5).unwrap();
-        for (slot, e) in experts.iter().enumerate() {
-            let e = HostExpert { gate: e.gate.clone(), up: e.up.clone(), down: e.down.clone() };
-            b.write_expert(&mut pool, slot, &e).unwrap();
-        }
-        out.extend(b.download(&b.moe_expert_outputs(&up(b, &xe, &[2, hidden]), &pool, &assignments, 2).unwrap()).unwrap());
-        out
-    };
-    let want = run(&cpu);
-    // 6 KiB shards: 42 rows of 144 bytes per weight shard (3 shards), one
-    // 4.6 KB expert matrix per pool shard (5 shards). Other tests running
-    // meanwhile get sharded weights too, which must not change their results.
-    g.cap_shard_bytes(6 * 1024);
-    let got = run(g);
-    g.cap_shard_bytes(0);
-    let err = rel_l2(&got, &want);
-    assert!(err <= TOL, "sharded weights differ from the CPU backend: rel L2 {err:.3e}");
 }

@@ -4,6 +4,8 @@
 // Each test binary uses a different part of this module.
 #![allow(dead_code)]
 
+pub mod check;
+
 use slotstream_wgpu::{AdapterChoice, WgpuBackend};
 
 /// The backend under test (opened once per test binary), or `None` when

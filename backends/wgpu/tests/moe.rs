@@ -1,0 +1,184 @@
+//! The MoE kernels against the CPU backend: routing, the slot table and the
+//! expert FFN over it (see `kernels.rs` for the tolerance and snapshots).
+
+mod common;
+
+use common::check::{affine, check, format_name, matrix, up, TOL};
+use common::{gpu, rel_l2, Rng};
+use slotstream_backend::{routing, Backend, DType, ExpertLayout, ExpertPool, Gating, HostExpert, MatrixFormat, Routes};
+use slotstream_cpu::CpuBackend;
+use slotstream_wgpu::{AdapterChoice, WgpuBackend};
+
+/// Router logits that pick, for token `t`, the experts `picks[t]` in that
+/// order (the rest far below), with a spread of weights.
+fn logits_picking(experts: usize, picks: &[&[u32]]) -> Vec<f32> {
+    let mut v = vec![-4.0f32; experts * picks.len()];
+    for (t, ids) in picks.iter().enumerate() {
+        for (rank, &e) in ids.iter().enumerate() {
+            v[t * experts + e as usize] = 2.0 - 0.5 * rank as f32 + 0.1 * t as f32;
+        }
+    }
+    v
+}
+
+/// A pool of 3 slots and a slot table of 2 layers x 4 experts, with layer 1
+/// (keys 4..8) mapped as expert 0 -> slot 2, 1 -> 0, 2 -> 1, 3 -> none.
+fn layer1_pool(b: &dyn Backend, layout: &ExpertLayout, experts: &[HostExpert<'static>]) -> ExpertPool {
+    let mut pool = b.new_expert_pool(layout, 3, 8).unwrap();
+    for (slot, e) in experts.iter().enumerate() {
+        let e = HostExpert { gate: e.gate.clone(), up: e.up.clone(), down: e.down.clone() };
+        b.write_expert(&mut pool, slot, &e).unwrap();
+    }
+    // Layer 0's entries point at slots too: they must not leak into layer 1.
+    let entries = [(0, Some(0)), (1, Some(1)), (4, Some(2)), (5, Some(0)), (6, Some(1)), (7, None)];
+    b.map_experts(&mut pool, &entries).unwrap();
+    pool
+}
+
+fn random_experts(rng: &mut Rng, format: MatrixFormat, hidden: usize, inter: usize, n: usize) -> Vec<HostExpert<'static>> {
+    (0..n)
+        .map(|_| HostExpert {
+            gate: matrix(rng, format, 1, inter, hidden),
+            up: matrix(rng, format, 1, inter, hidden),
+            down: matrix(rng, format, 1, hidden, inter),
+        })
+        .collect()
+}
+
+#[test]
+fn routing_kernel_matches_the_host_reference() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(17);
+    for (experts, top_k, normalize) in [(40, 3, true), (512, 10, true), (16, 8, false), (300, 1, true)] {
+        let tokens = 5;
+        let mut logits = rng.vec(tokens * experts, 3.0);
+        // Exact ties: the lower id must win on both sides.
+        logits[7] = logits[3];
+        logits[experts + 1] = 9.0;
+        logits[experts + 2] = 9.0;
+        let gating = Gating { experts, top_k, normalize };
+        let want = routing::route_rows(&logits, gating);
+        let routes = g.route(&up(g, &logits, &[tokens, experts]), gating).unwrap();
+        assert_eq!(routes.tensor.shape(), [tokens, 2 * top_k]);
+        let got = g.download(&routes.tensor).unwrap();
+        let ids = |v: &[f32]| -> Vec<u32> { v.chunks(2 * top_k).flat_map(|r| r[..top_k].iter().map(|x| x.to_bits())).collect() };
+        let weights = |v: &[f32]| -> Vec<f32> { v.chunks(2 * top_k).flat_map(|r| r[top_k..].to_vec()).collect() };
+        assert_eq!(ids(&got), ids(&want), "experts {experts}, top {top_k}");
+        assert_eq!(g.routed_experts(&routes).unwrap(), ids(&want));
+        let err = rel_l2(&weights(&got), &weights(&want));
+        assert!(err <= TOL, "routing weights differ: rel L2 {err:.3e}");
+    }
+}
+
+#[test]
+fn expert_ffn_over_the_slot_table() {
+    let (hidden, inter, top_k, tokens) = (128, 64, 2, 3);
+    for format in [affine(4, 64), affine(8, 64), MatrixFormat::Dense(DType::BF16)] {
+        let mut rng = Rng::new(21);
+        let layout = ExpertLayout { hidden, intermediate: inter, gate: format, up: format, down: format };
+        let experts = random_experts(&mut rng, format, hidden, inter, 3);
+        let x = rng.vec(tokens * hidden, 2.0);
+        // Token 1's rank-1 expert (3) has no slot: its row must stay zero.
+        let logits = logits_picking(4, &[&[0, 1], &[2, 3], &[1, 0]]);
+        let gating = Gating { experts: 4, top_k, normalize: true };
+        let routes = |b: &dyn Backend| -> Routes { b.route(&up(b, &logits, &[tokens, 4]), gating).unwrap() };
+        check(&format!("moe_expert_outputs_{}", format_name(format)), TOL, |b| {
+            let pool = layer1_pool(b, &layout, &experts);
+            b.moe_expert_outputs(&up(b, &x, &[tokens, hidden]), &pool, &routes(b), 4).unwrap()
+        });
+        check(&format!("moe_combine_{}", format_name(format)), TOL, |b| {
+            let pool = layer1_pool(b, &layout, &experts);
+            let r = routes(b);
+            let outs = b.moe_expert_outputs(&up(b, &x, &[tokens, hidden]), &pool, &r, 4).unwrap();
+            b.moe_combine(&outs, &r).unwrap()
+        });
+        check(&format!("moe_{}", format_name(format)), TOL, |b| {
+            let pool = layer1_pool(b, &layout, &experts);
+            b.moe(&up(b, &x, &[tokens, hidden]), &pool, &routes(b), 4).unwrap()
+        });
+    }
+}
+
+/// A table update lands in op order: a MoE call recorded before it sees the
+/// old slots, one recorded after sees the new.
+#[test]
+fn slot_table_updates_are_ordered_with_moe_calls() {
+    let Some(g) = gpu() else { return };
+    let (hidden, inter) = (128, 64);
+    let format = affine(4, 64);
+    let mut rng = Rng::new(5);
+    let layout = ExpertLayout { hidden, intermediate: inter, gate: format, up: format, down: format };
+    let experts = random_experts(&mut rng, format, hidden, inter, 3);
+    let x = rng.vec(hidden, 2.0);
+    let logits = logits_picking(4, &[&[1]]);
+    let gating = Gating { experts: 4, top_k: 1, normalize: true };
+    let mut pool = layer1_pool(g, &layout, &experts);
+    let xt = up(g, &x, &[1, hidden]);
+    let routes = g.route(&up(g, &logits, &[1, 4]), gating).unwrap();
+    let before = g.moe(&xt, &pool, &routes, 4).unwrap();
+    g.map_experts(&mut pool, &[(5, Some(1))]).unwrap();
+    let after = g.moe(&xt, &pool, &routes, 4).unwrap();
+    g.map_experts(&mut pool, &[(5, None)]).unwrap();
+    let missing = g.moe(&xt, &pool, &routes, 4).unwrap();
+    let (before, after, missing) = (g.download(&before).unwrap(), g.download(&after).unwrap(), g.download(&missing).unwrap());
+    let cpu = CpuBackend::exact();
+    let want = |slot: usize| -> Vec<f32> {
+        let mut pool = cpu.new_expert_pool(&layout, 3, 8).unwrap();
+        let e = &experts[slot];
+        cpu.write_expert(&mut pool, 0, &HostExpert { gate: e.gate.clone(), up: e.up.clone(), down: e.down.clone() }).unwrap();
+        cpu.map_experts(&mut pool, &[(5, Some(0))]).unwrap();
+        let r = cpu.route(&up(&cpu, &logits, &[1, 4]), gating).unwrap();
+        cpu.download(&cpu.moe(&up(&cpu, &x, &[1, hidden]), &pool, &r, 4).unwrap()).unwrap()
+    };
+    assert!(rel_l2(&before, &want(0)) <= TOL, "the call before the update must use slot 0");
+    assert!(rel_l2(&after, &want(1)) <= TOL, "the call after the update must use slot 1");
+    assert!(missing.iter().all(|v| *v == 0.0), "an expert with no slot must contribute nothing");
+    assert!(g.map_experts(&mut pool, &[(8, Some(0))]).is_err(), "a key past the table must be refused");
+    assert!(g.map_experts(&mut pool, &[(0, Some(3))]).is_err(), "a slot past the pool must be refused");
+}
+
+/// Weights and expert pools larger than one storage binding are split into
+/// shards (here forced small): results must not change.
+#[test]
+fn sharded_weights_and_pool_match_cpu() {
+    if gpu().is_none() {
+        return;
+    }
+    // A backend of its own: the shard cap must not reach the other tests.
+    let g = &WgpuBackend::new(&AdapterChoice::allow_software()).expect("GPU adapter");
+    let cpu = CpuBackend::exact();
+    let mut rng = Rng::new(31);
+    let (rows, cols) = (100, 256);
+    let m = matrix(&mut rng, affine(4, 64), 1, rows, cols);
+    let x = rng.vec(2 * cols, 2.0);
+    let (hidden, inter) = (128, 64);
+    let format = affine(4, 64);
+    let layout = ExpertLayout { hidden, intermediate: inter, gate: format, up: format, down: format };
+    let experts = random_experts(&mut rng, format, hidden, inter, 5);
+    let xe = rng.vec(2 * hidden, 2.0);
+    // Token 0 uses experts 4 and 1, token 1 experts 0 and 3 (expert e in slot e).
+    let logits = logits_picking(5, &[&[4, 1], &[0, 3]]);
+    let gating = Gating { experts: 5, top_k: 2, normalize: true };
+    let run = |b: &dyn Backend| -> Vec<f32> {
+        let w = b.load_weight(&m).unwrap();
+        let mut out = b.download(&b.matmul(&up(b, &x[..cols], &[1, cols]), &w).unwrap()).unwrap();
+        out.extend(b.download(&b.matmul(&up(b, &x, &[2, cols]), &w).unwrap()).unwrap());
+        out.extend(b.download(&b.embed(&w, &[99, 0, 57]).unwrap()).unwrap());
+        let mut pool = b.new_expert_pool(&layout, 5, 5).unwrap();
+        for (slot, e) in experts.iter().enumerate() {
+            let e = HostExpert { gate: e.gate.clone(), up: e.up.clone(), down: e.down.clone() };
+            b.write_expert(&mut pool, slot, &e).unwrap();
+        }
+        b.map_experts(&mut pool, &(0..5).map(|e| (e, Some(e))).collect::<Vec<_>>()).unwrap();
+        let routes = b.route(&up(b, &logits, &[2, 5]), gating).unwrap();
+        out.extend(b.download(&b.moe_expert_outputs(&up(b, &xe, &[2, hidden]), &pool, &routes, 0).unwrap()).unwrap());
+        out
+    };
+    let want = run(&cpu);
+    // 6 KiB shards: 42 rows of 144 bytes per weight shard (3 shards), one
+    // 4.6 KB expert matrix per pool shard (5 shards).
+    g.cap_shard_bytes(6 * 1024);
+    let got = run(g);
+    let err = rel_l2(&got, &want);
+    assert!(err <= TOL, "sharded weights differ from the CPU backend: rel L2 {err:.3e}");
+}
