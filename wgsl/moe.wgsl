@@ -6,10 +6,13 @@
 //                first, ties to the lower id), renormalised when `normalize`;
 //                writes routes[t] = top_k ids, then top_k weights (f32 bits).
 //   moe_map:     table[entries[i].x] = entries[i].y for i < n (the slot table).
-//   moe_gate:    out[a, r] = gate[slot] row r . x[token]
-//   moe_up:      out[a, r] = silu(aux[a, r]) * (up[slot] row r . x[token])
+//   moe_gate_up: out[a, r] = silu(gate[slot] row r . x[token]) * (up[slot] row r . x[token]),
+//                gate and up side by side in one pool matrix: gate rows 0..rows, up rows rows..2*rows
 //   moe_down:    out[a, r] = down[slot] row r . x[a]  (x = activations)
 //   moe_combine: out[t, j] = sum_r weight[t, r] * vals[(t*top_k + r)*out_cols + j], rank order
+//   moe_down_combine: out[t, r] = sum_k weight[t, k] * (down[slot of (t, k)] row r . x[t*top_k + k]),
+//                in rank order: moe_down then moe_combine in one dispatch (one pool shard;
+//                workgroup_id.y is the token)
 // For the FFN kernels, assignment a = asg_off + workgroup_id.y is token
 // a / top_k's rank a % top_k; its slot is table[key_base + id] for the routed
 // id, and the workgroup does nothing when that is not a slot of this dispatch's
@@ -43,7 +46,6 @@ const NO_SLOT: u32 = 0xffffffffu;
 @group(0) @binding(2) var<storage, read> xin: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 @group(0) @binding(4) var<storage, read_write> routes: array<u32>;
-@group(0) @binding(5) var<storage, read> aux: array<f32>;
 @group(0) @binding(7) var<storage, read_write> table: array<u32>;
 @group(0) @binding(8) var<storage, read> entries: array<vec2<u32>>;
 @group(0) @binding(9) var<storage, read> vals: array<f32>;
@@ -57,6 +59,7 @@ var<workgroup> red_i: array<u32, 256>;
 var<workgroup> chosen: array<u32, 64>;
 var<workgroup> chosen_w: array<f32, 64>;
 var<workgroup> wg_slot: u32;
+var<workgroup> wg_slots: array<u32, 64>;
 
 fn logit(t: u32, e: u32) -> f32 {
     return vals[t * p.experts + e];
@@ -194,7 +197,7 @@ fn assignment_slot(a: u32, li: u32) -> u32 {
 }
 
 @compute @workgroup_size(128)
-fn moe_gate(
+fn moe_gate_up(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) li: u32,
@@ -209,46 +212,16 @@ fn moe_gate(
         return;
     }
     let xb = (a / p.top_k) * (p.x_cols / 4u);
-    let base = slot * p.rows;
+    let base = slot * 2u * p.rows;
     let quads = (p.rows + 3u) / 4u;
     for (var qi = wid.x * nsg + sg; qi < quads; qi += nwg.x * nsg) {
         let row0 = qi * 4u;
         let nrows = min(4u, p.rows - row0);
-        let total = subgroupAdd(rows_dot(p.w, base + row0, nrows, xb, lane, lanes));
+        let g = subgroupAdd(rows_dot(p.w, base + row0, nrows, xb, lane, lanes));
+        let u = subgroupAdd(rows_dot(p.w, base + p.rows + row0, nrows, xb, lane, lanes));
         if (lane == 0u) {
             for (var r = 0u; r < nrows; r++) {
-                out[a * p.rows + row0 + r] = total[r];
-            }
-        }
-    }
-}
-
-@compute @workgroup_size(128)
-fn moe_up(
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) li: u32,
-    @builtin(subgroup_id) sg: u32,
-    @builtin(num_subgroups) nsg: u32,
-    @builtin(subgroup_invocation_id) lane: u32,
-    @builtin(subgroup_size) lanes: u32,
-) {
-    let a = p.asg_off + wid.y;
-    let slot = assignment_slot(a, li);
-    if (slot == NO_SLOT) {
-        return;
-    }
-    let xb = (a / p.top_k) * (p.x_cols / 4u);
-    let base = slot * p.rows;
-    let quads = (p.rows + 3u) / 4u;
-    for (var qi = wid.x * nsg + sg; qi < quads; qi += nwg.x * nsg) {
-        let row0 = qi * 4u;
-        let nrows = min(4u, p.rows - row0);
-        let total = subgroupAdd(rows_dot(p.w, base + row0, nrows, xb, lane, lanes));
-        if (lane == 0u) {
-            for (var r = 0u; r < nrows; r++) {
-                let i = a * p.rows + row0 + r;
-                out[i] = silu(aux[i]) * total[r];
+                out[a * p.rows + row0 + r] = silu(g[r]) * u[r];
             }
         }
     }
@@ -298,5 +271,51 @@ fn moe_combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
             acc += wr * vals[k];
         }
         out[i] = acc;
+    }
+}
+
+@compute @workgroup_size(128)
+fn moe_down_combine(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let t = p.asg_off + wid.y;
+    let rbase = t * 2u * p.top_k;
+    if (li < p.top_k) {
+        let id = routes[rbase + li];
+        var slot = NO_SLOT;
+        if (id < p.experts) {
+            slot = table[p.key_base + id];
+        }
+        if (slot < p.slot_base || slot >= p.slot_end) {
+            slot = NO_SLOT;
+        }
+        wg_slots[li] = slot;
+    }
+    workgroupBarrier();
+    let quads = (p.rows + 3u) / 4u;
+    for (var qi = wid.x * nsg + sg; qi < quads; qi += nwg.x * nsg) {
+        let row0 = qi * 4u;
+        let nrows = min(4u, p.rows - row0);
+        var acc = vec4<f32>(0.0);
+        for (var k = 0u; k < p.top_k; k++) {
+            // The same for every invocation (written before the barrier).
+            let slot = wg_slots[k];
+            if (slot != NO_SLOT) {
+                let a = t * p.top_k + k;
+                let d = subgroupAdd(rows_dot(p.w, (slot - p.slot_base) * p.rows + row0, nrows, a * (p.x_cols / 4u), lane, lanes));
+                acc += bitcast<f32>(routes[rbase + p.top_k + k]) * d;
+            }
+        }
+        if (lane == 0u) {
+            for (var r = 0u; r < nrows; r++) {
+                out[t * p.out_cols + row0 + r] = acc[r];
+            }
+        }
     }
 }

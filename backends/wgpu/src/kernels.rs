@@ -111,7 +111,7 @@ impl Module {
             Module::Matvec => &["matvec"],
             Module::MatvecQ8 => &["quantize_x8", "matvec_q8"],
             Module::MatmulTiled => &["matmul_tiled"],
-            Module::Moe => &["moe_route", "moe_map", "moe_gate", "moe_up", "moe_down", "moe_combine"],
+            Module::Moe => &["moe_route", "moe_map", "moe_gate_up", "moe_down", "moe_combine", "moe_down_combine"],
             Module::Embed => &["embed"],
             Module::Elementwise => {
                 &["add", "sigmoid_mul", "add_sigmoid_mul", "silu_mul", "silu_only", "scale", "copy_cols", "delta_gates"]

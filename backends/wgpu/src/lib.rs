@@ -427,11 +427,25 @@ impl Backend for WgpuBackend {
 
     fn moe_expert_outputs(&self, x: &Tensor, pool: &ExpertPool, routes: &Routes, key_base: usize) -> Result<Tensor> {
         let p = pool.get::<GpuPool>().ok_or_else(|| not_ours("the expert pool"))?;
-        let (tokens, top_k) = checks::moe_routes(x, p.gate.layout_cols(), routes, key_base, pool.keys)?;
+        let (tokens, top_k) = checks::moe_routes(x, p.gate_up.layout_cols(), routes, key_base, pool.keys)?;
         let (out, ob) = self.output(vec![tokens, top_k, x.cols()])?;
         let call = moe::Call { pool: p, x: buf(x)?, routes: buf(&routes.tensor)?, tokens, gating: routes.gating, key_base };
         moe::expert_outputs(&self.gpu, &call, ob.buffer())?;
         Ok(out)
+    }
+
+    fn moe(&self, x: &Tensor, pool: &ExpertPool, routes: &Routes, key_base: usize) -> Result<Tensor> {
+        let p = pool.get::<GpuPool>().ok_or_else(|| not_ours("the expert pool"))?;
+        let (tokens, _) = checks::moe_routes(x, p.gate_up.layout_cols(), routes, key_base, pool.keys)?;
+        let (out, ob) = self.output(vec![tokens, x.cols()])?;
+        let call = moe::Call { pool: p, x: buf(x)?, routes: buf(&routes.tensor)?, tokens, gating: routes.gating, key_base };
+        match moe::fused(&self.gpu, &call, ob.bind())? {
+            Some(()) => Ok(out),
+            None => {
+                let outputs = self.moe_expert_outputs(x, pool, routes, key_base)?;
+                self.moe_combine(&outputs, routes)
+            }
+        }
     }
 
     fn moe_combine(&self, outputs: &Tensor, routes: &Routes) -> Result<Tensor> {

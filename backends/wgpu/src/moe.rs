@@ -5,7 +5,7 @@
 
 use slotstream_backend::{Gating, Result};
 
-use crate::gpu::{whole, Bind, Gpu, MAX_GROUPS};
+use crate::gpu::{whole, Bind, Gpu, GpuBuf, MAX_GROUPS};
 use crate::kernels::params;
 use crate::weights::{GpuPool, PoolMatrix, WeightDesc};
 
@@ -40,7 +40,6 @@ const W: u32 = 1;
 const X: u32 = 2;
 const OUT: u32 = 3;
 const ROUTES: u32 = 4;
-const AUX: u32 = 5;
 const W_WORDS: u32 = 6;
 const TABLE: u32 = 7;
 const ENTRIES: u32 = 8;
@@ -82,32 +81,66 @@ pub(crate) struct Call<'a> {
     pub key_base: usize,
 }
 
+/// `silu(gate x) * up x` of every assignment, `[tokens * top_k, inter]`
+/// (rows whose expert has no slot are left unwritten: nothing reads them).
+fn activations(gpu: &Gpu, c: &Call<'_>) -> Result<GpuBuf> {
+    let pool = c.pool;
+    let (hidden, inter) = (pool.gate_up.layout_cols(), pool.intermediate);
+    let n = c.tokens * c.gating.top_k;
+    let act = gpu.alloc(4 * (n * inter).max(1) as u64)?;
+    for shard in 0..pool.shards() {
+        for (start, count) in runs(n) {
+            let run = Run { gpu, c, shard, start, count };
+            run.dispatch("moe_gate_up", &pool.gate_up, inter, hidden, inter, &[(X, c.x), (OUT, act.bind())])?;
+        }
+    }
+    Ok(act)
+}
+
+/// `(start, count)` runs of at most `MAX_GROUPS` of `n` workgroup rows.
+fn runs(n: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..n).step_by(MAX_GROUPS as usize).map(move |s| (s, (n - s).min(MAX_GROUPS as usize)))
+}
+
 /// Unweighted expert outputs into `out: [tokens, top_k, hidden]` (zeroed
 /// here: rows whose expert has no slot stay zero).
 pub(crate) fn expert_outputs(gpu: &Gpu, c: &Call<'_>, out: &wgpu::Buffer) -> Result<()> {
     gpu.clear(out)?;
     let pool = c.pool;
-    let (hidden, inter) = (pool.gate.layout_cols(), pool.gate.rows);
+    let (hidden, inter) = (pool.gate_up.layout_cols(), pool.intermediate);
     let n = c.tokens * c.gating.top_k;
     if n == 0 {
         return Ok(());
     }
-    let gate_out = gpu.alloc(4 * (n * inter) as u64)?;
-    let act = gpu.alloc(4 * (n * inter) as u64)?;
-    let table = whole(&pool.table);
-    for shard in 0..pool.gate.buffers.len() {
-        let mut start = 0;
-        while start < n {
-            let count = (n - start).min(MAX_GROUPS as usize);
+    let act = activations(gpu, c)?;
+    for shard in 0..pool.shards() {
+        for (start, count) in runs(n) {
             let run = Run { gpu, c, shard, start, count };
-            run.dispatch("moe_gate", &pool.gate, hidden, inter, &[(X, c.x), (OUT, gate_out.bind()), (TABLE, table)])?;
-            let up_binds = [(X, c.x), (OUT, act.bind()), (TABLE, table), (AUX, gate_out.bind())];
-            run.dispatch("moe_up", &pool.up, hidden, inter, &up_binds)?;
-            run.dispatch("moe_down", &pool.down, inter, hidden, &[(X, act.bind()), (OUT, whole(out)), (TABLE, table)])?;
-            start += count;
+            run.dispatch("moe_down", &pool.down, hidden, inter, hidden, &[(X, act.bind()), (OUT, whole(out))])?;
         }
     }
     Ok(())
+}
+
+/// The weighted sum of the routed experts' outputs, `out: [tokens, hidden]`,
+/// when the pool is one shard: two dispatches (gate and up, then down with
+/// the weighted sum); `None` for a sharded pool (the caller runs
+/// [`expert_outputs`] and [`combine`]).
+pub(crate) fn fused(gpu: &Gpu, c: &Call<'_>, out: Bind<'_>) -> Result<Option<()>> {
+    let pool = c.pool;
+    if pool.shards() != 1 {
+        return Ok(None);
+    }
+    if c.tokens == 0 {
+        return Ok(Some(()));
+    }
+    let (hidden, inter) = (pool.gate_up.layout_cols(), pool.intermediate);
+    let act = activations(gpu, c)?;
+    for (start, count) in runs(c.tokens) {
+        let run = Run { gpu, c, shard: 0, start, count };
+        run.dispatch("moe_down_combine", &pool.down, hidden, inter, hidden, &[(X, act.bind()), (OUT, out)])?;
+    }
+    Ok(Some(()))
 }
 
 /// `out[t] = sum_r weight[t, r] * outputs[t, r]` with the routes' weights.
@@ -127,14 +160,15 @@ struct Run<'a> {
 }
 
 impl Run<'_> {
-    /// One of the three projections of every assignment of the run.
-    fn dispatch(&self, entry: &str, m: &PoolMatrix, x_cols: usize, out_cols: usize, binds: &[(u32, Bind<'_>)]) -> Result<()> {
+    /// One kernel over the run's workgroup rows (assignments, or tokens for
+    /// `moe_down_combine`) on matrix `m`: `rows` output rows per expert.
+    fn dispatch(&self, entry: &str, m: &PoolMatrix, rows: usize, x_cols: usize, out_cols: usize, binds: &[(u32, Bind<'_>)]) -> Result<()> {
         let pool = self.c.pool;
         let base = self.shard * pool.per_shard;
         let shard_slots = pool.shard_slots(self.shard);
         let params = MoeParams {
             w: m.layout.desc(shard_slots * m.rows),
-            rows: m.rows as u32,
+            rows: rows as u32,
             asg_off: self.start as u32,
             slot_base: base as u32,
             slot_end: (base + shard_slots) as u32,
@@ -145,9 +179,10 @@ impl Run<'_> {
             key_base: self.c.key_base as u32,
             ..Default::default()
         };
-        let mut all = vec![(W, whole(&m.buffers[self.shard])), (W_WORDS, whole(&m.buffers[self.shard])), (ROUTES, self.c.routes)];
+        let table = whole(&pool.table);
+        let mut all = vec![(W, whole(&m.buffers[self.shard])), (W_WORDS, whole(&m.buffers[self.shard])), (ROUTES, self.c.routes), (TABLE, table)];
         all.extend_from_slice(binds);
-        let groups = [self.gpu.subgroup_grid(m.rows.div_ceil(4), 128), self.count as u32, 1];
+        let groups = [self.gpu.subgroup_grid(rows.div_ceil(4), 128), self.count as u32, 1];
         self.gpu.dispatch(entry, &params, &all, groups)
     }
 }

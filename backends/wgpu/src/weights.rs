@@ -290,11 +290,13 @@ impl PoolMatrix {
         self.rows * self.layout.row_bytes()
     }
 
-    /// Writes one expert's matrix into `slot` (local to shard `shard` of `shard_slots` slots).
-    fn write(&self, gpu: &Gpu, shard: usize, local: usize, shard_slots: usize, m: &HostMatrix<'_>) -> Result<()> {
+    /// Writes one expert's matrix into `slot` (local to shard `shard` of
+    /// `shard_slots` slots) from its row `row_off` on (the up half of a
+    /// gate-and-up matrix starts at `rows / 2`).
+    fn write(&self, gpu: &Gpu, shard: usize, local: usize, shard_slots: usize, m: &HostMatrix<'_>, row_off: usize) -> Result<()> {
         m.validate()?;
         let format = RowLayout::new(MatrixFormat::of(m), m.cols)?;
-        if format != self.layout || m.rows != self.rows || m.experts != 1 {
+        if format != self.layout || row_off + m.rows > self.rows || m.experts != 1 {
             return Err(shape_error(
                 "write_expert",
                 format!("a [{} x {}] {:?} matrix does not fit the pool's [{} x {}] {:?} slots", m.rows, m.cols, MatrixFormat::of(m), self.rows, self.layout.cols, self.layout),
@@ -304,9 +306,10 @@ impl PoolMatrix {
         let (values, scales, biases) = host_parts(m);
         let rows_in_shard = shard_slots * self.rows;
         let (s_off, b_off) = self.layout.offsets(rows_in_shard);
-        gpu.write(buffer, (local * self.rows * self.layout.value_bytes) as u64, values)?;
+        let first_row = local * self.rows + row_off;
+        gpu.write(buffer, (first_row * self.layout.value_bytes) as u64, values)?;
         if self.layout.scale_bytes > 0 {
-            let at = (local * self.rows * self.layout.scale_bytes) as u64;
+            let at = (first_row * self.layout.scale_bytes) as u64;
             gpu.write(buffer, s_off as u64 * 4 + at, scales)?;
             gpu.write(buffer, b_off as u64 * 4 + at, biases)?;
         }
@@ -314,11 +317,14 @@ impl PoolMatrix {
     }
 }
 
-/// The wgpu backend's expert slot pool.
+/// The wgpu backend's expert slot pool. Each slot's gate and up matrices
+/// sit side by side in one matrix (`gate_up`: gate rows, then up rows), so
+/// one dispatch computes both and their SwiGLU product.
 pub struct GpuPool {
-    pub gate: PoolMatrix,
-    pub up: PoolMatrix,
+    pub gate_up: PoolMatrix,
     pub down: PoolMatrix,
+    /// Rows of one expert's gate (and of its up) matrix.
+    pub intermediate: usize,
     pub slots: usize,
     /// Slots per shard (the last shard may hold fewer).
     pub per_shard: usize,
@@ -328,12 +334,15 @@ pub struct GpuPool {
 
 impl GpuPool {
     pub fn new(gpu: &Gpu, hidden: usize, inter: usize, formats: [MatrixFormat; 3], slots: usize, keys: usize) -> Result<GpuPool> {
-        let probe = [
-            RowLayout::new(formats[0], hidden)?,
-            RowLayout::new(formats[1], hidden)?,
-            RowLayout::new(formats[2], inter)?,
-        ];
-        let largest = (probe[0].row_bytes() * inter).max(probe[1].row_bytes() * inter).max(probe[2].row_bytes() * hidden);
+        if formats[0] != formats[1] {
+            return Err(BackendError::Unsupported(format!(
+                "the experts' gate and up projections are stored differently ({:?} and {:?}); the wgpu backend \
+                 keeps them in one matrix and needs them alike (--backend cpu runs such checkpoints)",
+                formats[0], formats[1]
+            )));
+        }
+        let probe = [RowLayout::new(formats[0], hidden)?, RowLayout::new(formats[2], inter)?];
+        let largest = (probe[0].row_bytes() * 2 * inter).max(probe[1].row_bytes() * hidden);
         let per_shard = ((gpu.max_shard() as usize - 64) / largest.max(1)).min(slots.max(1));
         if per_shard == 0 {
             return Err(BackendError::Unsupported(format!(
@@ -341,9 +350,9 @@ impl GpuPool {
             )));
         }
         Ok(GpuPool {
-            gate: PoolMatrix::new(gpu, formats[0], inter, hidden, slots, per_shard)?,
-            up: PoolMatrix::new(gpu, formats[1], inter, hidden, slots, per_shard)?,
+            gate_up: PoolMatrix::new(gpu, formats[0], 2 * inter, hidden, slots, per_shard)?,
             down: PoolMatrix::new(gpu, formats[2], hidden, inter, slots, per_shard)?,
+            intermediate: inter,
             slots,
             per_shard,
             table: gpu.buffer_with(
@@ -355,7 +364,7 @@ impl GpuPool {
     }
 
     pub fn bytes(&self) -> usize {
-        (self.gate.slot_bytes() + self.up.slot_bytes() + self.down.slot_bytes()) * self.slots
+        (self.gate_up.slot_bytes() + self.down.slot_bytes()) * self.slots
     }
 
     /// Slots held by shard `shard`.
@@ -363,15 +372,25 @@ impl GpuPool {
         self.per_shard.min(self.slots - shard * self.per_shard)
     }
 
+    pub fn shards(&self) -> usize {
+        self.down.buffers.len()
+    }
+
     pub fn write(&self, gpu: &Gpu, slot: usize, gate: &HostMatrix<'_>, up: &HostMatrix<'_>, down: &HostMatrix<'_>) -> Result<()> {
         if slot >= self.slots {
             return Err(shape_error("write_expert", format!("slot {slot} of a pool of {}", self.slots)));
         }
+        if gate.rows != self.intermediate || up.rows != self.intermediate {
+            return Err(shape_error(
+                "write_expert",
+                format!("gate and up of {} and {} rows for experts of {}", gate.rows, up.rows, self.intermediate),
+            ));
+        }
         let (shard, local) = (slot / self.per_shard, slot % self.per_shard);
         let n = self.shard_slots(shard);
-        self.gate.write(gpu, shard, local, n, gate)?;
-        self.up.write(gpu, shard, local, n, up)?;
-        self.down.write(gpu, shard, local, n, down)
+        self.gate_up.write(gpu, shard, local, n, gate, 0)?;
+        self.gate_up.write(gpu, shard, local, n, up, self.intermediate)?;
+        self.down.write(gpu, shard, local, n, down, 0)
     }
 }
 

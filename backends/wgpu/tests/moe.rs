@@ -171,13 +171,15 @@ fn sharded_weights_and_pool_match_cpu() {
         }
         b.map_experts(&mut pool, &(0..5).map(|e| (e, Some(e))).collect::<Vec<_>>()).unwrap();
         let routes = b.route(&up(b, &logits, &[2, 5]), gating).unwrap();
-        out.extend(b.download(&b.moe_expert_outputs(&up(b, &xe, &[2, hidden]), &pool, &routes, 0).unwrap()).unwrap());
+        let xt = up(b, &xe, &[2, hidden]);
+        out.extend(b.download(&b.moe_expert_outputs(&xt, &pool, &routes, 0).unwrap()).unwrap());
+        out.extend(b.download(&b.moe(&xt, &pool, &routes, 0).unwrap()).unwrap());
         out
     };
     let want = run(&cpu);
-    // 6 KiB shards: 42 rows of 144 bytes per weight shard (3 shards), one
-    // 4.6 KB expert matrix per pool shard (5 shards).
-    g.cap_shard_bytes(6 * 1024);
+    // 10 KiB shards: 70 rows of 144 bytes per weight shard (2 shards), one
+    // expert's 9.2 KB gate-and-up matrix per pool shard (5 shards).
+    g.cap_shard_bytes(10 * 1024);
     let got = run(g);
     let err = rel_l2(&got, &want);
     assert!(err <= TOL, "sharded weights differ from the CPU backend: rel L2 {err:.3e}");
