@@ -6,13 +6,15 @@
 //   rms_norm_gated: out = act(z) * (x / sqrt(mean(x^2) + eps) * w),
 //                   act = silu (gate_act 0) or sigmoid (gate_act 1)
 //   l2_normalize:   out = x * scale / sqrt(sum(x^2) + eps)
+//   add_rms_norm:   sum = x + z, out = rms_norm(sum) (with the weight), one workgroup per
+//                   group as rms_norm_wide
 // The weight has `weight_len` values: `dim` (one slice shared by every group)
 // or a row's worth (a multiple of dim: the per-stream norm of hyper-connections);
 // group g uses w = weight[(g * dim) % weight_len ..][..dim].
 //
 // Bindings: 0 uniform Params; 2 x [groups * dim]; 3 out (read-write);
 // 4 weight [weight_len] (rms_norm, rms_norm_wide, rms_norm_gated);
-// 5 z [groups * dim] (rms_norm_gated).
+// 5 z [groups * dim] (rms_norm_gated, add_rms_norm); 6 sum (read-write; add_rms_norm).
 
 struct Params {
     groups: u32,
@@ -30,6 +32,7 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 @group(0) @binding(4) var<storage, read> weight: array<f32>;
 @group(0) @binding(5) var<storage, read> z: array<f32>;
+@group(0) @binding(6) var<storage, read_write> sum: array<f32>;
 
 fn sum_squares(base: u32, lane: u32, lanes: u32) -> f32 {
     var s = 0.0;
@@ -152,5 +155,41 @@ fn rms_norm_wide(
             v = v * weight[wb + i];
         }
         out[base + i] = v;
+    }
+}
+
+@compute @workgroup_size(256)
+fn add_rms_norm(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+) {
+    let g = wid.y * nwg.x + wid.x;
+    if (g >= p.groups) {
+        return;
+    }
+    let base = g * p.dim;
+    var s = 0.0;
+    for (var i = li; i < p.dim; i += 256u) {
+        let v = x[base + i] + z[base + i];
+        sum[base + i] = v;
+        s += v * v;
+    }
+    s = subgroupAdd(s);
+    if (lane == 0u) {
+        partial[sg] = s;
+    }
+    workgroupBarrier();
+    var total = 0.0;
+    for (var k = 0u; k < nsg; k++) {
+        total += partial[k];
+    }
+    let r = 1.0 / sqrt(total / f32(p.dim) + p.eps);
+    let wb = weight_base(g);
+    for (var i = li; i < p.dim; i += 256u) {
+        out[base + i] = (x[base + i] + z[base + i]) * r * weight[wb + i];
     }
 }

@@ -193,8 +193,9 @@ impl Residual for PreNorm {
     }
 
     fn forward(&self, b: &dyn Backend, x: &Tensor, _inputs: ResidualInputs<'_>, block: RunBlock<'_>) -> Result<Tensor> {
-        let h = b.add(x, &block(Block::Mixer, &self.input.forward(b, x)?)?)?;
-        let ff = block(Block::FeedForward, &self.post.forward(b, &h)?)?;
+        let mixed = block(Block::Mixer, &self.input.forward(b, x)?)?;
+        let (h, normed) = self.post.add_forward(b, x, &mixed)?;
+        let ff = block(Block::FeedForward, &normed)?;
         Ok(b.add(&h, &ff)?)
     }
 }

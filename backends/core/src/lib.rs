@@ -370,6 +370,13 @@ pub trait Backend: Send + Sync {
     /// per-stream norm of multi-stream residuals).
     fn rms_norm(&self, x: &Tensor, weight: Option<&Tensor>, dim: usize, eps: f32)
         -> Result<Tensor>;
+    /// `(x + y, rms_norm(x + y, weight))` in one op: a residual add and the
+    /// norm that follows it; equal to `add` then `rms_norm`.
+    fn add_rms_norm(&self, x: &Tensor, y: &Tensor, weight: &Tensor, dim: usize, eps: f32) -> Result<(Tensor, Tensor)> {
+        let sum = self.add(x, y)?;
+        let normed = self.rms_norm(&sum, Some(weight), dim, eps)?;
+        Ok((sum, normed))
+    }
     /// `rms_norm(x) * w * act(z)` over groups of `dim` values.
     #[allow(clippy::too_many_arguments)]
     fn rms_norm_gated(&self, x: &Tensor, z: &Tensor, weight: &Tensor, dim: usize, eps: f32, act: GateAct)

@@ -302,6 +302,16 @@ impl Backend for WgpuBackend {
         Ok(out)
     }
 
+    fn add_rms_norm(&self, x: &Tensor, y: &Tensor, w: &Tensor, dim: usize, eps: f32) -> Result<(Tensor, Tensor)> {
+        checks::same_shape("add_rms_norm", x, y)?;
+        let groups = checks::groups_of("add_rms_norm", x, dim)?;
+        let weight_len = checks::rms_norm_weight(x, Some(w), dim)?;
+        let (sum, sb) = self.output(x.shape().to_vec())?;
+        let (out, ob) = self.output(x.shape().to_vec())?;
+        norm::add_rms_norm(&self.gpu, buf(x)?, buf(y)?, buf(w)?, sb.bind(), ob.bind(), groups, dim, weight_len, eps)?;
+        Ok((sum, out))
+    }
+
     fn rms_norm_gated(&self, x: &Tensor, z: &Tensor, w: &Tensor, dim: usize, eps: f32, act: GateAct) -> Result<Tensor> {
         let groups = checks::rms_norm_gated(x, z, w, dim)?;
         let (out, ob) = self.output(x.shape().to_vec())?;

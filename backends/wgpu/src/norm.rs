@@ -29,6 +29,7 @@ const X: u32 = 2;
 const OUT: u32 = 3;
 const WEIGHT: u32 = 4;
 const Z: u32 = 5;
+const SUM: u32 = 6;
 
 /// Groups at least this long are normalised by a whole workgroup each.
 const WIDE_NORM_DIM: usize = 1024;
@@ -66,6 +67,34 @@ pub(crate) fn rms_norm(
     } else {
         gpu.dispatch("rms_norm", &params, &binds, subgroup_grid(gpu, groups))
     }
+}
+
+/// `sum = x + y`, `out = sum / rms(sum) * weight` per group of `dim`, one
+/// workgroup per group.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn add_rms_norm(
+    gpu: &Gpu,
+    x: Bind<'_>,
+    y: Bind<'_>,
+    weight: Bind<'_>,
+    sum: Bind<'_>,
+    out: Bind<'_>,
+    groups: usize,
+    dim: usize,
+    weight_len: usize,
+    eps: f32,
+) -> Result<()> {
+    let params = NormParams {
+        groups: groups as u32,
+        dim: dim as u32,
+        has_weight: 1,
+        weight_len: weight_len as u32,
+        eps,
+        scale: 1.0,
+        ..Default::default()
+    };
+    let binds = [(X, x), (Z, y), (WEIGHT, weight), (SUM, sum), (OUT, out)];
+    gpu.dispatch("add_rms_norm", &params, &binds, Gpu::grid(groups as u64))
 }
 
 /// `out = act(z) * (x / rms(x) * weight)` per group of `dim`.

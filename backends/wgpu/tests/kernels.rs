@@ -199,6 +199,12 @@ fn normalisation() {
         b.rms_norm_gated(&up(b, &x, &[5, 256]), &up(b, &z, &[5, 256]), &up(b, &w[..64], &[64]), 64, 1e-6, GateAct::Sigmoid).unwrap()
     });
     check("l2_normalize", TOL, |b| b.l2_normalize(&up(b, &x, &[5, 256]), 32, 1e-6, 0.17).unwrap());
+    // The residual add and the norm after it, both outputs (sum rows, then normed rows).
+    let yw = rng.vec(3 * 2048, 3.0);
+    check("add_rms_norm", TOL, |b| {
+        let (sum, normed) = b.add_rms_norm(&up(b, &xw, &[3, 2048]), &up(b, &yw, &[3, 2048]), &up(b, &ww, &[2048]), 2048, 1e-6).unwrap();
+        b.concat_rows(&[&sum, &normed]).unwrap()
+    });
 }
 
 #[test]
