@@ -305,6 +305,20 @@ impl KeySelection {
     }
 }
 
+/// The raw inputs of one Gated DeltaNet step ([`Backend::gated_delta_step`]):
+/// `q, k: [tokens, key_heads*key_dim]`, `v: [tokens, heads*value_dim]`, the
+/// gate projections `a, b: [tokens, heads]` and the per-head `a_log`, `dt_bias`.
+#[derive(Clone, Copy)]
+pub struct DeltaInputs<'a> {
+    pub q: &'a Tensor,
+    pub k: &'a Tensor,
+    pub v: &'a Tensor,
+    pub a: &'a Tensor,
+    pub b: &'a Tensor,
+    pub a_log: &'a Tensor,
+    pub dt_bias: &'a Tensor,
+}
+
 /// The operations model code needs. Every method is pure with respect to its
 /// tensor inputs (new tensors come back) except where a `&mut State` is passed.
 pub trait Backend: Send + Sync {
@@ -430,6 +444,19 @@ pub trait Backend: Send + Sync {
     #[allow(clippy::too_many_arguments)]
     fn gated_delta(&self, q: &Tensor, k: &Tensor, v: &Tensor, g: &Tensor, beta: &Tensor,
         key_heads: usize, state: &mut State) -> Result<Tensor>;
+
+    /// One Gated DeltaNet step from raw projections: `q` and `k` scaled to
+    /// unit L2 norm per key head of `key_dim` (`eps` as in
+    /// [`Backend::l2_normalize`]; `q` then multiplied by `q_scale`), the gates
+    /// from `a, b` as [`Backend::delta_gates`], then [`Backend::gated_delta`].
+    /// Equal to those four ops in sequence.
+    fn gated_delta_step(&self, x: DeltaInputs<'_>, key_heads: usize, q_scale: f32, eps: f32, state: &mut State) -> Result<Tensor> {
+        let key_dim = x.q.cols() / key_heads.max(1);
+        let q = self.l2_normalize(x.q, key_dim, eps, q_scale)?;
+        let k = self.l2_normalize(x.k, key_dim, eps, 1.0)?;
+        let (g, beta) = self.delta_gates(x.a, x.b, x.a_log, x.dt_bias)?;
+        self.gated_delta(&q, &k, x.v, &g, &beta, key_heads, state)
+    }
 
     // ---- mixture of experts ----
     /// Routes every token of `logits: [tokens, gating.experts]` (see [`Gating`]).

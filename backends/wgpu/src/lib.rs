@@ -36,7 +36,7 @@ mod weights;
 use std::sync::Arc;
 
 use slotstream_backend::{
-    checks, shape_error, Backend, BackendError, DType, ExpertLayout, ExpertPool, GateAct, Gating, HostExpert, HostMatrix,
+    checks, shape_error, Backend, BackendError, DType, DeltaInputs, ExpertLayout, ExpertPool, GateAct, Gating, HostExpert, HostMatrix,
     KeySelection, Result, Routes, State, Tensor, Weight,
 };
 
@@ -406,6 +406,18 @@ impl Backend for WgpuBackend {
         let (out, ob) = self.output(vec![tokens, st.heads * st.value_dim])?;
         let inputs = [buf(q)?, buf(k)?, buf(v)?, buf(g)?, buf(beta)?];
         recurrent::gated_delta(&self.gpu, st, inputs, ob.bind(), tokens, key_heads)?;
+        Ok(out)
+    }
+
+    fn gated_delta_step(&self, x: DeltaInputs<'_>, key_heads: usize, q_scale: f32, eps: f32, state: &mut State) -> Result<Tensor> {
+        let st = state.get_mut::<GpuRecurrentState>().ok_or_else(|| not_ours("the recurrent state"))?;
+        let dims = checks::RecurrentDims { heads: st.heads, key_dim: st.key_dim, value_dim: st.value_dim };
+        let tokens = checks::gated_delta([x.q, x.k, x.v, x.a, x.b], key_heads, dims)?;
+        checks::delta_gates(x.a, x.b, x.a_log, x.dt_bias)?;
+        let (out, ob) = self.output(vec![tokens, st.heads * st.value_dim])?;
+        let inputs = [buf(x.q)?, buf(x.k)?, buf(x.v)?, buf(x.a)?, buf(x.b)?];
+        let per_head = [buf(x.a_log)?, buf(x.dt_bias)?];
+        recurrent::gated_delta_step(&self.gpu, st, inputs, per_head, ob.bind(), tokens, key_heads, q_scale, eps)?;
         Ok(out)
     }
 

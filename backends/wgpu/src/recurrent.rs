@@ -32,9 +32,11 @@ params! {
         key_heads: u32,
         key_dim: u32,
         value_dim: u32,
+        /// `gated_delta_step`: q's multiplier after its L2 norm.
+        q_scale: f32,
+        /// `gated_delta_step`: the L2 norms' epsilon.
+        eps: f32,
         _pad0: u32,
-        _pad1: u32,
-        _pad2: u32,
     }
 }
 
@@ -52,6 +54,8 @@ const V: u32 = 5;
 const G: u32 = 6;
 const BETA: u32 = 7;
 const STATE: u32 = 8;
+const A_LOG: u32 = 9;
+const DT_BIAS: u32 = 10;
 
 /// `out = conv(x)` (then `silu` when `silu`) continuing from the window of
 /// `st`, which then holds the latest inputs.
@@ -107,4 +111,32 @@ pub(crate) fn gated_delta(
     };
     let binds = [(Q, q), (K, k), (V, v), (G, g), (BETA, beta), (STATE, whole(&st.s)), (OUT, out)];
     gpu.dispatch("gated_delta", &params, &binds, [gpu.subgroup_grid(st.heads * st.value_dim, 64), 1, 1])
+}
+
+/// [`gated_delta`] from raw inputs: `[q, k, v, a, b]` with `q, k` not yet
+/// normalised and the raw gate projections `a, b`, plus `a_log`, `dt_bias`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gated_delta_step(
+    gpu: &Gpu,
+    st: &GpuRecurrentState,
+    [q, k, v, a, b]: [Bind<'_>; 5],
+    [a_log, dt_bias]: [Bind<'_>; 2],
+    out: Bind<'_>,
+    tokens: usize,
+    key_heads: usize,
+    q_scale: f32,
+    eps: f32,
+) -> Result<()> {
+    let params = GatedDeltaParams {
+        tokens: tokens as u32,
+        heads: st.heads as u32,
+        key_heads: key_heads as u32,
+        key_dim: st.key_dim as u32,
+        value_dim: st.value_dim as u32,
+        q_scale,
+        eps,
+        ..Default::default()
+    };
+    let binds = [(Q, q), (K, k), (V, v), (G, a), (BETA, b), (A_LOG, a_log), (DT_BIAS, dt_bias), (STATE, whole(&st.s)), (OUT, out)];
+    gpu.dispatch("gated_delta_step", &params, &binds, [gpu.subgroup_grid(st.heads * st.value_dim, 64), 1, 1])
 }

@@ -396,6 +396,31 @@ fn gated_delta_rule_recurrent() {
     }
 }
 
+/// The whole step from raw projections (L2 norms and gates inside the
+/// kernel) against the CPU backend's four separate ops.
+#[test]
+fn gated_delta_step_from_raw_inputs() {
+    let mut rng = Rng::new(13);
+    let (heads, key_heads, dk, dv) = (4, 2, 32, 32);
+    for tokens in [1usize, 20] {
+        let q = rng.vec(tokens * key_heads * dk, 2.0);
+        let k = rng.vec(tokens * key_heads * dk, 2.0);
+        let v = rng.vec(tokens * heads * dv, 4.0);
+        let (a, bb) = (rng.vec(tokens * heads, 3.0), rng.vec(tokens * heads, 3.0));
+        let (a_log, dt_bias) = (rng.vec(heads, 1.0), rng.vec(heads, 1.0));
+        check(&format!("gated_delta_step_t{tokens}"), 2e-5, |b| {
+            let mut st = b.new_recurrent_state(heads, dk, dv).unwrap();
+            let t = |v: &[f32], cols: usize| up(b, v, &[v.len() / cols, cols]);
+            let (qt, kt, vt, at, bt) = (t(&q, key_heads * dk), t(&k, key_heads * dk), t(&v, heads * dv), t(&a, heads), t(&bb, heads));
+            let (lt, dtt) = (up(b, &a_log, &[heads]), up(b, &dt_bias, &[heads]));
+            let x = slotstream_backend::DeltaInputs { q: &qt, k: &kt, v: &vt, a: &at, b: &bt, a_log: &lt, dt_bias: &dtt };
+            let first = b.gated_delta_step(x, key_heads, 0.17, 1e-6, &mut st).unwrap();
+            let second = b.gated_delta_step(x, key_heads, 0.17, 1e-6, &mut st).unwrap();
+            b.concat_rows(&[&first, &second]).unwrap()
+        });
+    }
+}
+
 #[test]
 fn backend_name_reports_upload_path() {
     let Some(g) = gpu() else { return };

@@ -2,7 +2,7 @@
 //! convolution, then the gated delta rule over a fixed-size recurrent state.
 
 use anyhow::Result;
-use slotstream_backend::{Backend, GateAct, State, Tensor, Weight};
+use slotstream_backend::{Backend, DeltaInputs, GateAct, State, Tensor, Weight};
 
 use super::projections::Projections;
 use crate::model::arch::DeltaDims;
@@ -54,10 +54,9 @@ impl GatedDeltaNet {
         let k = b.slice_cols(&conv, key_total, key_total)?;
         let v = b.slice_cols(&conv, 2 * key_total, value_total)?;
         // Unit-norm q and k; the readout scale 1/sqrt(key_dim) is folded into q.
-        let q = b.l2_normalize(&q, d.key_dim, 1e-6, (d.key_dim as f32).powf(-0.5))?;
-        let k = b.l2_normalize(&k, d.key_dim, 1e-6, 1.0)?;
-        let (g, beta) = b.delta_gates(p.get("a")?, p.get("b")?, &self.a_log, &self.dt_bias)?;
-        let y = b.gated_delta(&q, &k, &v, &g, &beta, d.key_heads, &mut st.recurrent)?;
+        let inputs =
+            DeltaInputs { q: &q, k: &k, v: &v, a: p.get("a")?, b: p.get("b")?, a_log: &self.a_log, dt_bias: &self.dt_bias };
+        let y = b.gated_delta_step(inputs, d.key_heads, (d.key_dim as f32).powf(-0.5), 1e-6, &mut st.recurrent)?;
         let y = b.rms_norm_gated(&y, p.get("z")?, &self.norm, d.value_dim, self.eps, self.gate_act)?;
         Ok(b.matmul(&y, &self.out_proj)?)
     }
