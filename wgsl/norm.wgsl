@@ -8,13 +8,17 @@
 //   l2_normalize:   out = x * scale / sqrt(sum(x^2) + eps)
 //   add_rms_norm:   sum = x + z, out = rms_norm(sum) (with the weight), one workgroup per
 //                   group as rms_norm_wide
+//   rms_norm_rope:  n = rms_norm(x) * w per head (group), then rotate-half rotary
+//                   embedding of its first 2*half values with the angles of the group's
+//                   token (g / heads), as rope.wgsl
 // The weight has `weight_len` values: `dim` (one slice shared by every group)
 // or a row's worth (a multiple of dim: the per-stream norm of hyper-connections);
 // group g uses w = weight[(g * dim) % weight_len ..][..dim].
 //
 // Bindings: 0 uniform Params; 2 x [groups * dim]; 3 out (read-write);
 // 4 weight [weight_len] (rms_norm, rms_norm_wide, rms_norm_gated);
-// 5 z [groups * dim] (rms_norm_gated, add_rms_norm); 6 sum (read-write; add_rms_norm).
+// 5 z [groups * dim] (rms_norm_gated, add_rms_norm); 6 sum (read-write; add_rms_norm);
+// 7 cs [tokens, half, 2] (rms_norm_rope).
 
 struct Params {
     groups: u32,
@@ -24,7 +28,11 @@ struct Params {
     eps: f32,
     scale: f32,
     gate_act: u32,
+    half: u32,
+    heads: u32,
     _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -33,6 +41,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read> weight: array<f32>;
 @group(0) @binding(5) var<storage, read> z: array<f32>;
 @group(0) @binding(6) var<storage, read_write> sum: array<f32>;
+@group(0) @binding(7) var<storage, read> cs: array<f32>;
 
 fn sum_squares(base: u32, lane: u32, lanes: u32) -> f32 {
     var s = 0.0;
@@ -191,5 +200,35 @@ fn add_rms_norm(
     let wb = weight_base(g);
     for (var i = li; i < p.dim; i += 256u) {
         out[base + i] = (x[base + i] + z[base + i]) * r * weight[wb + i];
+    }
+}
+
+@compute @workgroup_size(64)
+fn rms_norm_rope(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    for (var g = wid.x * nsg + sg; g < p.groups; g += nwg.x * nsg) {
+        let base = g * p.dim;
+        let r = 1.0 / sqrt(sum_squares(base, lane, lanes) / f32(p.dim) + p.eps);
+        let t = g / p.heads;
+        for (var i = lane; i < p.dim; i += lanes) {
+            let v = x[base + i] * r * weight[i];
+            var o = v;
+            if (i < p.half) {
+                let j = i + p.half;
+                let a = (t * p.half + i) * 2u;
+                o = v * cs[a] - x[base + j] * r * weight[j] * cs[a + 1u];
+            } else if (i < 2u * p.half) {
+                let j = i - p.half;
+                let a = (t * p.half + j) * 2u;
+                o = v * cs[a] + x[base + j] * r * weight[j] * cs[a + 1u];
+            }
+            out[base + i] = o;
+        }
     }
 }

@@ -405,6 +405,17 @@ pub trait Backend: Send + Sync {
     /// position `start_pos + i`.
     fn rope(&self, x: &Tensor, head_dim: usize, rotary_dim: usize, theta: f32, start_pos: usize)
         -> Result<Tensor>;
+    /// Per-head RMSNorm (weight of `head_dim` values) and then [`Backend::rope`]
+    /// on `x: [tokens, heads*head_dim]`: the q/k norm of attention and its
+    /// rotary embedding in one op; equal to `rope(rms_norm(x))`. Returns
+    /// `[tokens, heads, head_dim]`.
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm_rope(&self, x: &Tensor, weight: &Tensor, head_dim: usize, eps: f32, rotary_dim: usize, theta: f32, start_pos: usize)
+        -> Result<Tensor> {
+        let normed = self.rms_norm(x, Some(weight), head_dim, eps)?;
+        let heads = x.cols() / head_dim.max(1);
+        self.rope(&normed.reshape(&[x.rows(), heads, head_dim])?, head_dim, rotary_dim, theta, start_pos)
+    }
     fn new_kv_cache(&self, kv_heads: usize, head_dim: usize) -> Result<State>;
     /// The element type a KV cache of this backend stores keys and values in
     /// (what a planner sizes the cache by: `2 * layers * positions *

@@ -69,6 +69,17 @@ pub(crate) fn rope(
     start_pos: usize,
 ) -> Result<()> {
     let half = rotary_dim / 2;
+    let angles = rope_angles(gpu, tokens, rotary_dim, theta, start_pos)?;
+    let n = values;
+    let params = RopeParams { n: n as u32, heads: heads as u32, head_dim: head_dim as u32, half: half as u32 };
+    let binds = [(ROPE_X, x), (ROPE_OUT, out), (ROPE_ANGLES, whole(&angles))];
+    gpu.dispatch("rope", &params, &binds, Gpu::grid((n as u64).div_ceil(256)))
+}
+
+/// The rotary table `[tokens, rotary_dim / 2, (cos, sin)]` for positions
+/// `start_pos..start_pos + tokens`, as a small input of the next submission.
+pub(crate) fn rope_angles(gpu: &Gpu, tokens: usize, rotary_dim: usize, theta: f32, start_pos: usize) -> Result<wgpu::Buffer> {
+    let half = rotary_dim / 2;
     // Angles in f64 on the host, exactly as the CPU backend computes them.
     let inv_freq: Vec<f64> = (0..half).map(|i| (theta as f64).powf(-((2 * i) as f64) / rotary_dim as f64)).collect();
     let mut table = Vec::with_capacity(tokens * half * 2);
@@ -79,11 +90,7 @@ pub(crate) fn rope(
             table.push((pos * f).sin() as f32);
         }
     }
-    let angles = gpu.small_input("rope angles", bytemuck::cast_slice(&table))?;
-    let n = values;
-    let params = RopeParams { n: n as u32, heads: heads as u32, head_dim: head_dim as u32, half: half as u32 };
-    let binds = [(ROPE_X, x), (ROPE_OUT, out), (ROPE_ANGLES, whole(&angles))];
-    gpu.dispatch("rope", &params, &binds, Gpu::grid((n as u64).div_ceil(256)))
+    gpu.small_input("rope angles", bytemuck::cast_slice(&table))
 }
 
 /// Attention of the last `tokens` positions of `cache` (queries `q`) over

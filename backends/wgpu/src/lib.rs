@@ -47,7 +47,7 @@ pub use state::{GpuConvState, GpuKvCache, GpuRecurrentState};
 /// The wgpu version this backend is built on (for `device_type` and similar).
 pub use wgpu;
 
-use gpu::{Gpu, MAX_GROUPS};
+use gpu::{whole, Gpu, MAX_GROUPS};
 use matmul::MatmulChoice;
 use tensors::{buf, new_tensor, weight};
 use weights::{GpuPool, GpuWeight};
@@ -331,6 +331,22 @@ impl Backend for WgpuBackend {
         let (out, ob) = self.output(x.shape().to_vec())?;
         let dims = [tokens, heads, head_dim];
         attention::rope(&self.gpu, buf(x)?, ob.bind(), x.numel(), dims, rotary_dim, theta, start_pos)?;
+        Ok(out)
+    }
+
+    fn rms_norm_rope(&self, x: &Tensor, w: &Tensor, head_dim: usize, eps: f32, rotary_dim: usize, theta: f32, start_pos: usize)
+        -> Result<Tensor> {
+        checks::rms_norm_weight(x, Some(w), head_dim)?;
+        let heads = checks::groups_of("rms_norm_rope", x, head_dim)? / x.rows().max(1);
+        let shaped = x.reshape(&[x.rows(), heads, head_dim])?;
+        let (tokens, _) = checks::rope(&shaped, head_dim, rotary_dim)?;
+        if w.numel() != head_dim {
+            return Err(shape_error("rms_norm_rope", format!("a weight of {} values for heads of {head_dim}", w.numel())));
+        }
+        let (out, ob) = self.output(vec![tokens, heads, head_dim])?;
+        let angles = attention::rope_angles(&self.gpu, tokens, rotary_dim, theta, start_pos)?;
+        let dims = [tokens, heads, head_dim];
+        norm::rms_norm_rope(&self.gpu, buf(&shaped)?, buf(w)?, whole(&angles), ob.bind(), dims, eps, rotary_dim)?;
         Ok(out)
     }
 

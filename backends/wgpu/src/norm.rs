@@ -20,7 +20,13 @@ params! {
         scale: f32,
         /// `rms_norm_gated`: 0 silu, 1 sigmoid.
         gate_act: u32,
+        /// `rms_norm_rope`: rotated pairs per head (half the rotary dim).
+        half: u32,
+        /// `rms_norm_rope`: heads (groups) per token.
+        heads: u32,
         _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
     }
 }
 
@@ -30,6 +36,7 @@ const OUT: u32 = 3;
 const WEIGHT: u32 = 4;
 const Z: u32 = 5;
 const SUM: u32 = 6;
+const ANGLES: u32 = 7;
 
 /// Groups at least this long are normalised by a whole workgroup each.
 const WIDE_NORM_DIM: usize = 1024;
@@ -95,6 +102,35 @@ pub(crate) fn add_rms_norm(
     };
     let binds = [(X, x), (Z, y), (WEIGHT, weight), (SUM, sum), (OUT, out)];
     gpu.dispatch("add_rms_norm", &params, &binds, Gpu::grid(groups as u64))
+}
+
+/// Per-head RMSNorm of `x: [tokens, heads, dim]` with `weight` (`dim`
+/// values), then the rotary embedding of `angles` (see
+/// `attention::rope_angles`) on the first `rotary_dim` values of each head.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rms_norm_rope(
+    gpu: &Gpu,
+    x: Bind<'_>,
+    weight: Bind<'_>,
+    angles: Bind<'_>,
+    out: Bind<'_>,
+    [tokens, heads, dim]: [usize; 3],
+    eps: f32,
+    rotary_dim: usize,
+) -> Result<()> {
+    let params = NormParams {
+        groups: (tokens * heads) as u32,
+        dim: dim as u32,
+        has_weight: 1,
+        weight_len: dim as u32,
+        eps,
+        scale: 1.0,
+        half: (rotary_dim / 2) as u32,
+        heads: heads as u32,
+        ..Default::default()
+    };
+    let binds = [(X, x), (WEIGHT, weight), (ANGLES, angles), (OUT, out)];
+    gpu.dispatch("rms_norm_rope", &params, &binds, subgroup_grid(gpu, tokens * heads))
 }
 
 /// `out = act(z) * (x / rms(x) * weight)` per group of `dim`.

@@ -234,6 +234,10 @@ fn rope_partial_and_full() {
     let x = rng.vec(3 * 4 * 64, 2.0);
     check("rope_partial", TOL, |b| b.rope(&up(b, &x, &[3, 4, 64]), 64, 16, 1e7, 1000).unwrap());
     check("rope_full", TOL, |b| b.rope(&up(b, &x, &[3, 4, 64]), 64, 64, 1e6, 5).unwrap());
+    // The q/k norm and the rotation in one op.
+    let w = rng.vec(64, 1.0);
+    check("rms_norm_rope_partial", TOL, |b| b.rms_norm_rope(&up(b, &x, &[3, 256]), &up(b, &w, &[64]), 64, 1e-6, 16, 1e7, 1000).unwrap());
+    check("rms_norm_rope_full", TOL, |b| b.rms_norm_rope(&up(b, &x, &[3, 256]), &up(b, &w, &[64]), 64, 1e-6, 64, 1e6, 5).unwrap());
 }
 
 #[test]

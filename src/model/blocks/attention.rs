@@ -90,13 +90,12 @@ impl Attention {
         } else {
             (projected.clone(), None)
         };
-        let q = self.q_norm.forward(b, &q)?;
-        let k = self.k_norm.forward(b, k)?;
         if b.kv_len(&st.kv)? != start {
             bail!("KV cache holds {} positions but the call starts at {start}", b.kv_len(&st.kv)?);
         }
-        let q = b.rope(&q.reshape(&[tokens, h, hd])?, hd, self.rotary_dim, self.rope_theta, start)?;
-        let k = b.rope(&k.reshape(&[tokens, kvh, hd])?, hd, self.rotary_dim, self.rope_theta, start)?;
+        let (rd, theta) = (self.rotary_dim, self.rope_theta);
+        let q = b.rms_norm_rope(&q, &self.q_norm.weight, hd, self.q_norm.eps, rd, theta, start)?;
+        let k = b.rms_norm_rope(k, &self.k_norm.weight, hd, self.k_norm.eps, rd, theta, start)?;
         let q = q.reshape(&[tokens, h * hd])?;
         let k = k.reshape(&[tokens, kvh * hd])?;
         let mut out = b.attention(&q, &k, v, &mut st.kv, h, (hd as f32).powf(-0.5), selection.as_ref())?;
