@@ -62,30 +62,32 @@ var<workgroup> q_sh: array<f32, 512>;
 var<workgroup> weight_sh: array<f32, 256>;
 var<workgroup> key_sh: array<u32, 256>;
 
-fn reduce_max(v: f32, li: u32) -> f32 {
-    red[li] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (li < s) {
-            red[li] = max(red[li], red[li + s]);
-        }
-        workgroupBarrier();
+// Workgroup-wide max and sum: within each subgroup, then over the
+// subgroups' results in workgroup memory (two barriers).
+fn reduce_max(v: f32, sg: u32, nsg: u32, lane: u32) -> f32 {
+    let s = subgroupMax(v);
+    if (lane == 0u) {
+        red[sg] = s;
     }
-    let r = red[0];
+    workgroupBarrier();
+    var r = red[0];
+    for (var i = 1u; i < nsg; i++) {
+        r = max(r, red[i]);
+    }
     workgroupBarrier();
     return r;
 }
 
-fn reduce_sum(v: f32, li: u32) -> f32 {
-    red[li] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (li < s) {
-            red[li] = red[li] + red[li + s];
-        }
-        workgroupBarrier();
+fn reduce_sum(v: f32, sg: u32, nsg: u32, lane: u32) -> f32 {
+    let s = subgroupAdd(v);
+    if (lane == 0u) {
+        red[sg] = s;
     }
-    let r = red[0];
+    workgroupBarrier();
+    var r = red[0];
+    for (var i = 1u; i < nsg; i++) {
+        r += red[i];
+    }
     workgroupBarrier();
     return r;
 }
@@ -166,7 +168,7 @@ fn attend_chunk(g: u32, li: u32, sg: u32, nsg: u32, lane: u32, lanes: u32) -> Pa
         for (var k = li; k < n; k += WG) {
             tile_max = max(tile_max, weight_sh[k]);
         }
-        let m_new = max(m, reduce_max(tile_max, li));
+        let m_new = max(m, reduce_max(tile_max, sg, nsg, lane));
         var tile_sum = 0.0;
         for (var k = li; k < n; k += WG) {
             let e = exp(weight_sh[k] - m_new);
@@ -175,7 +177,7 @@ fn attend_chunk(g: u32, li: u32, sg: u32, nsg: u32, lane: u32, lanes: u32) -> Pa
         }
         // reduce_sum's barriers also publish the exponentials.
         let rescale = exp(m - m_new);
-        l = l * rescale + reduce_sum(tile_sum, li);
+        l = l * rescale + reduce_sum(tile_sum, sg, nsg, lane);
         m = m_new;
 
         acc0 *= rescale;
