@@ -1,26 +1,32 @@
-// attention: causal grouped-query softmax attention against the KV cache, one
-// 256-wide workgroup per (token, head); the new keys/values are already appended.
-// Query t (at position past + t) sees cache positions 0..=past + t; head h
-// reads kv head h / (heads / kv_heads). Scores go to a scratch row of
-// `scratch_stride` floats per (token, head); three phases: scores (one
-// subgroup per key, lanes over the head dim, q staged in workgroup memory),
-// exponentials and sum, weighted sum of values (one thread per head-dim
-// value). Serves decode (tokens = 1) and causal prefill alike; head_dim <= 512.
+// attention: causal grouped-query softmax attention against the KV cache,
+// split over the key range ("flash-decoding"); the new keys/values are
+// already appended. Query t (at position past + t) sees the keys its row of
+// `sel` names (below); head h reads kv head h / (heads / kv_heads).
 //
-// attention_sparse: the same for QSA key selection; only the selected keys are
-// visited. Query t's row of `sel` (`sel_stride` words at t * sel_stride) is
-// either [DENSE, ..] (attend causally to every key, as `attention`) or
-// [count, b_0 .. b_{count-1}, ..]: `count` distinct blocks of `block` keys,
-// each wholly before the query's own block (the host drops UNUSED entries,
-// duplicates and blocks that are not), followed by the query's trailing
-// partial block, keys ((pos+1)/block)*block ..= pos. Score slot i of the
-// scratch row holds key b_{i/block}*block + i%block for i < count*block, then
-// the trailing keys in order. A query that sees no key gives zeros.
+// The keys of each (token, head) are cut into `splits` chunks of `chunk`
+// keys; workgroup g (256 wide) takes chunk g % splits of pair g / splits and
+// walks it in tiles of 256 keys with an online softmax: scores (one subgroup
+// per key, lanes over the head dim, q staged in workgroup memory), the tile's
+// max and exponentials, then the weighted values (thread d, or threads d,
+// hd + d, .. when the head dim leaves threads over, sum a share of the keys).
+// `attention` (splits = 1) writes the normalised output; `attention_split`
+// writes a partial [max, sum of exp, unnormalised weighted values] per
+// workgroup, and `attention_merge` (one workgroup per pair) rescales and sums
+// the splits. A query that sees no key gives zeros. head_dim <= 512.
+//
+// Key selection: query t's row of `sel` (`sel_stride` words at t * sel_stride;
+// stride 0: one row shared by all) is either [DENSE, ..] (every key
+// 0..=pos, plain causal attention) or [count, b_0 .. b_{count-1}, ..]:
+// `count` distinct blocks of `block` keys, each wholly before the query's own
+// block (the host drops UNUSED entries, duplicates and blocks that are not),
+// followed by the query's trailing partial block, keys
+// ((pos+1)/block)*block ..= pos. Key slot i (what the chunks cut) is key
+// b_{i/block}*block + i%block for i < count*block, then the trailing keys.
 //
 // Bindings: 0 uniform Params; 2 q [tokens, heads*head_dim]; 3 out (read-write,
 // same shape); 4 keys, 5 values [positions, kv_heads*head_dim];
-// 6 scratch [tokens*heads, scratch_stride] (read-write);
-// 7 sel [tokens, sel_stride] u32 (attention_sparse).
+// 6 partials [tokens*heads*splits, head_dim + 2] (read-write;
+// attention_split writes, attention_merge reads); 7 sel u32.
 
 struct Params {
     tokens: u32,
@@ -28,13 +34,13 @@ struct Params {
     kv_heads: u32,
     head_dim: u32,
     past: u32,
-    scratch_stride: u32,
+    chunk: u32,
     scale: f32,
     block: u32,
     sel_stride: u32,
+    splits: u32,
     _pad0: u32,
     _pad1: u32,
-    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -42,122 +48,66 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 @group(0) @binding(4) var<storage, read> keys: array<f32>;
 @group(0) @binding(5) var<storage, read> values: array<f32>;
-@group(0) @binding(6) var<storage, read_write> scratch: array<f32>;
+@group(0) @binding(6) var<storage, read_write> partials: array<f32>;
 @group(0) @binding(7) var<storage, read> sel: array<u32>;
 
 const DENSE: u32 = 0xfffffffeu;
+// Below any score: exp(NO_SCORE - m) is 0 for every real max m.
+const NO_SCORE: f32 = -3.0e38;
 
 const WG: u32 = 256u;
+const TILE: u32 = 256u;
 var<workgroup> red: array<f32, 256>;
 var<workgroup> q_sh: array<f32, 512>;
+var<workgroup> weight_sh: array<f32, 256>;
+var<workgroup> key_sh: array<u32, 256>;
 
-fn reduce_max(v: f32, li: u32) -> f32 {
-    red[li] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (li < s) {
-            red[li] = max(red[li], red[li + s]);
-        }
-        workgroupBarrier();
+// Workgroup-wide max and sum: within each subgroup, then over the
+// subgroups' results in workgroup memory (two barriers).
+fn reduce_max(v: f32, sg: u32, nsg: u32, lane: u32) -> f32 {
+    let s = subgroupMax(v);
+    if (lane == 0u) {
+        red[sg] = s;
     }
-    let r = red[0];
     workgroupBarrier();
-    return r;
-}
-
-fn reduce_sum(v: f32, li: u32) -> f32 {
-    red[li] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (li < s) {
-            red[li] = red[li] + red[li + s];
-        }
-        workgroupBarrier();
+    var r = red[0];
+    for (var i = 1u; i < nsg; i++) {
+        r = max(r, red[i]);
     }
-    let r = red[0];
     workgroupBarrier();
     return r;
 }
 
-@compute @workgroup_size(256)
-fn attention(
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) li: u32,
-    @builtin(subgroup_id) sg: u32,
-    @builtin(num_subgroups) nsg: u32,
-    @builtin(subgroup_invocation_id) lane: u32,
-    @builtin(subgroup_size) lanes: u32,
-) {
-    let th = wid.y * nwg.x + wid.x;
-    if (th >= p.tokens * p.heads) {
-        return;
-    }
-    let t = th / p.heads;
-    let h = th % p.heads;
-    let kh = h / (p.heads / p.kv_heads);
-    let hd = p.head_dim;
-    let kv_cols = p.kv_heads * hd;
-    let visible = p.past + t + 1u;
-    let qb = (t * p.heads + h) * hd;
-    let sb = th * p.scratch_stride;
-    for (var d = li; d < hd; d += WG) {
-        q_sh[d] = q[qb + d];
+fn reduce_sum(v: f32, sg: u32, nsg: u32, lane: u32) -> f32 {
+    let s = subgroupAdd(v);
+    if (lane == 0u) {
+        red[sg] = s;
     }
     workgroupBarrier();
-
-    for (var j = sg; j < visible; j += nsg) {
-        let kb = j * kv_cols + kh * hd;
-        var s = 0.0;
-        for (var d = lane; d < hd; d += lanes) {
-            s += q_sh[d] * keys[kb + d];
-        }
-        s = subgroupAdd(s);
-        if (lane == 0u) {
-            scratch[sb + j] = s * p.scale;
-        }
+    var r = red[0];
+    for (var i = 1u; i < nsg; i++) {
+        r += red[i];
     }
-    storageBarrier();
     workgroupBarrier();
-
-    var m = -3.0e38;
-    for (var j = li; j < visible; j += WG) {
-        m = max(m, scratch[sb + j]);
-    }
-    m = reduce_max(m, li);
-
-    var total = 0.0;
-    for (var j = li; j < visible; j += WG) {
-        let e = exp(scratch[sb + j] - m);
-        scratch[sb + j] = e;
-        total += e;
-    }
-    total = reduce_sum(total, li);
-    storageBarrier();
-
-    for (var d = li; d < hd; d += WG) {
-        var acc = 0.0;
-        for (var j = 0u; j < visible; j++) {
-            acc += scratch[sb + j] * values[j * kv_cols + kh * hd + d];
-        }
-        out[qb + d] = acc / total;
-    }
+    return r;
 }
 
-@compute @workgroup_size(256)
-fn attention_sparse(
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) li: u32,
-    @builtin(subgroup_id) sg: u32,
-    @builtin(num_subgroups) nsg: u32,
-    @builtin(subgroup_invocation_id) lane: u32,
-    @builtin(subgroup_size) lanes: u32,
-) {
-    let th = wid.y * nwg.x + wid.x;
-    if (th >= p.tokens * p.heads) {
-        return;
-    }
+// One workgroup's share of a (token, head): running max `m`, sum of
+// exponentials `l`, and, for this thread, the unnormalised weighted values at
+// dims d0 (when d0_valid) and d0 + WG (when d1_valid).
+struct Partial {
+    m: f32,
+    l: f32,
+    acc0: f32,
+    acc1: f32,
+    d0: u32,
+    d0_valid: bool,
+    d1_valid: bool,
+}
+
+fn attend_chunk(g: u32, li: u32, sg: u32, nsg: u32, lane: u32, lanes: u32) -> Partial {
+    let th = g / p.splits;
+    let c = g % p.splits;
     let t = th / p.heads;
     let h = th % p.heads;
     let kh = h / (p.heads / p.kv_heads);
@@ -174,61 +124,168 @@ fn attention_sparse(
     }
     let listed = count * p.block;
     let n_keys = listed + pos + 1u - tail;
+    let first = min(c * p.chunk, n_keys);
+    let end = min(first + p.chunk, n_keys);
     let qb = (t * p.heads + h) * hd;
-    let sb = th * p.scratch_stride;
     for (var d = li; d < hd; d += WG) {
         q_sh[d] = q[qb + d];
     }
     workgroupBarrier();
 
-    for (var i = sg; i < n_keys; i += nsg) {
-        var j = tail + i - listed;
-        if (i < listed) {
-            j = sel[row + 1u + i / p.block] * p.block + i % p.block;
-        }
-        let kb = j * kv_cols + kh * hd;
-        var s = 0.0;
-        for (var d = lane; d < hd; d += lanes) {
-            s += q_sh[d] * keys[kb + d];
-        }
-        s = subgroupAdd(s);
-        if (lane == 0u) {
-            scratch[sb + i] = s * p.scale;
-        }
-    }
-    storageBarrier();
-    workgroupBarrier();
-
-    var m = -3.0e38;
-    for (var i = li; i < n_keys; i += WG) {
-        m = max(m, scratch[sb + i]);
-    }
-    m = reduce_max(m, li);
-
-    var total = 0.0;
-    for (var i = li; i < n_keys; i += WG) {
-        let e = exp(scratch[sb + i] - m);
-        scratch[sb + i] = e;
-        total += e;
-    }
-    total = reduce_sum(total, li);
-    storageBarrier();
-
-    for (var d = li; d < hd; d += WG) {
-        let vd = kh * hd + d;
-        var acc = 0.0;
-        var i = 0u;
-        for (var e = 0u; e < count; e++) {
-            let k0 = sel[row + 1u + e] * p.block;
-            for (var o = 0u; o < p.block; o++) {
-                acc += scratch[sb + i] * values[(k0 + o) * kv_cols + vd];
-                i++;
+    // Threads over (dim, share of the keys): `parts` threads per dim when the
+    // head dim is at most half the workgroup.
+    let parts = max(1u, WG / hd);
+    let d0 = li % hd;
+    let part = li / hd;
+    let d0_valid = part < parts;
+    let d1_valid = li + WG < hd;
+    var m = NO_SCORE;
+    var l = 0.0;
+    var acc0 = 0.0;
+    var acc1 = 0.0;
+    for (var i0 = first; i0 < end; i0 += TILE) {
+        let n = min(TILE, end - i0);
+        for (var k = sg; k < n; k += nsg) {
+            let i = i0 + k;
+            var j = tail + i - listed;
+            if (i < listed) {
+                j = sel[row + 1u + i / p.block] * p.block + i % p.block;
+            }
+            let kb = j * kv_cols + kh * hd;
+            var s = 0.0;
+            for (var d = lane; d < hd; d += lanes) {
+                s += q_sh[d] * keys[kb + d];
+            }
+            s = subgroupAdd(s);
+            if (lane == 0u) {
+                weight_sh[k] = s * p.scale;
+                key_sh[k] = j;
             }
         }
-        for (var j = tail; j <= pos; j++) {
-            acc += scratch[sb + i] * values[j * kv_cols + vd];
-            i++;
+        workgroupBarrier();
+
+        var tile_max = NO_SCORE;
+        for (var k = li; k < n; k += WG) {
+            tile_max = max(tile_max, weight_sh[k]);
         }
-        out[qb + d] = select(acc / total, 0.0, n_keys == 0u);
+        let m_new = max(m, reduce_max(tile_max, sg, nsg, lane));
+        var tile_sum = 0.0;
+        for (var k = li; k < n; k += WG) {
+            let e = exp(weight_sh[k] - m_new);
+            weight_sh[k] = e;
+            tile_sum += e;
+        }
+        // reduce_sum's barriers also publish the exponentials.
+        let rescale = exp(m - m_new);
+        l = l * rescale + reduce_sum(tile_sum, sg, nsg, lane);
+        m = m_new;
+
+        acc0 *= rescale;
+        acc1 *= rescale;
+        let vb = kh * hd;
+        if (d0_valid) {
+            for (var k = part; k < n; k += parts) {
+                acc0 += weight_sh[k] * values[key_sh[k] * kv_cols + vb + d0];
+            }
+        }
+        if (d1_valid) {
+            for (var k = 0u; k < n; k++) {
+                acc1 += weight_sh[k] * values[key_sh[k] * kv_cols + vb + d0 + WG];
+            }
+        }
+        workgroupBarrier();
+    }
+
+    if (parts > 1u) {
+        red[li] = select(0.0, acc0, d0_valid);
+        workgroupBarrier();
+        if (part == 0u) {
+            for (var k = 1u; k < parts; k++) {
+                acc0 += red[k * hd + d0];
+            }
+        }
+    }
+    return Partial(m, l, acc0, acc1, d0, part == 0u, d1_valid);
+}
+
+@compute @workgroup_size(256)
+fn attention(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let g = wid.y * nwg.x + wid.x;
+    if (g >= p.tokens * p.heads) {
+        return;
+    }
+    let r = attend_chunk(g, li, sg, nsg, lane, lanes);
+    let ob = g * p.head_dim;
+    if (r.d0_valid) {
+        out[ob + r.d0] = select(r.acc0 / r.l, 0.0, r.l == 0.0);
+    }
+    if (r.d1_valid) {
+        out[ob + r.d0 + WG] = select(r.acc1 / r.l, 0.0, r.l == 0.0);
+    }
+}
+
+@compute @workgroup_size(256)
+fn attention_split(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let g = wid.y * nwg.x + wid.x;
+    if (g >= p.tokens * p.heads * p.splits) {
+        return;
+    }
+    let r = attend_chunk(g, li, sg, nsg, lane, lanes);
+    let pb = g * (p.head_dim + 2u);
+    if (li == 0u) {
+        partials[pb] = r.m;
+        partials[pb + 1u] = r.l;
+    }
+    if (r.d0_valid) {
+        partials[pb + 2u + r.d0] = r.acc0;
+    }
+    if (r.d1_valid) {
+        partials[pb + 2u + r.d0 + WG] = r.acc1;
+    }
+}
+
+@compute @workgroup_size(128)
+fn attention_merge(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
+    let th = wid.y * nwg.x + wid.x;
+    if (th >= p.tokens * p.heads) {
+        return;
+    }
+    let stride = p.head_dim + 2u;
+    let first = th * p.splits * stride;
+    var m = NO_SCORE;
+    for (var c = 0u; c < p.splits; c++) {
+        m = max(m, partials[first + c * stride]);
+    }
+    var l = 0.0;
+    for (var c = 0u; c < p.splits; c++) {
+        l += partials[first + c * stride + 1u] * exp(partials[first + c * stride] - m);
+    }
+    for (var d = li; d < p.head_dim; d += 128u) {
+        var acc = 0.0;
+        for (var c = 0u; c < p.splits; c++) {
+            let pb = first + c * stride;
+            acc += partials[pb + 2u + d] * exp(partials[pb] - m);
+        }
+        out[th * p.head_dim + d] = select(acc / l, 0.0, l == 0.0);
     }
 }

@@ -28,16 +28,17 @@ params! {
         head_dim: u32,
         /// Cached positions before this call's tokens.
         past: u32,
-        /// Floats of scratch per (token, head): the most keys a query sees.
-        scratch_stride: u32,
+        /// Keys per chunk: what one workgroup of `attention_split` attends to.
+        chunk: u32,
         scale: f32,
-        /// `attention_sparse`: keys per block.
+        /// Keys per block of a key selection.
         block: u32,
-        /// `attention_sparse`: words per query in the selection.
+        /// Words per query in the key selection (0: one row shared by all).
         sel_stride: u32,
+        /// Chunks per (token, head); 1 for `attention`.
+        splits: u32,
         _pad0: u32,
         _pad1: u32,
-        _pad2: u32,
     }
 }
 
@@ -51,8 +52,16 @@ const Q: u32 = 2;
 const OUT: u32 = 3;
 const KEYS: u32 = 4;
 const VALUES: u32 = 5;
-const SCRATCH: u32 = 6;
+const PARTIALS: u32 = 6;
 const SELECTION: u32 = 7;
+
+/// Workgroups an attention call aims for: about eight resident 256-wide
+/// workgroups on each of an H200's 132 SMs, so that decode (a few (token,
+/// head) pairs, each a long key range) fills the GPU even with few heads.
+const TARGET_WORKGROUPS: usize = 1024;
+/// Fewest keys worth a workgroup of their own (below this the partials and
+/// the merge cost more than the split saves).
+const MIN_CHUNK: usize = 64;
 
 /// Rotary embedding of the `values` values of `x: [tokens, heads, head_dim]`
 /// on the first `rotary_dim` values of each head, token `t` at position
@@ -94,7 +103,9 @@ pub(crate) fn rope_angles(gpu: &Gpu, tokens: usize, rotary_dim: usize, theta: f3
 }
 
 /// Attention of the last `tokens` positions of `cache` (queries `q`) over
-/// the cache, into `out: [tokens, heads*head_dim]`.
+/// the cache, into `out: [tokens, heads*head_dim]`: `attention` when one
+/// workgroup per (token, head) already fills the GPU (prefill, short
+/// contexts), else `attention_split` over key chunks and `attention_merge`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attend(
     gpu: &Gpu,
@@ -107,43 +118,53 @@ pub(crate) fn attend(
     selection: Option<&KeySelection>,
 ) -> Result<()> {
     let past = cache.len - tokens;
+    // A selection whose every query is dense is plain causal attention: one
+    // shared [DENSE] row.
+    let (words, most_keys, block, sel_stride) =
+        match selection.filter(|sel| sel.blocks.chunks_exact(sel.per_query).any(|r| r[0] != KeySelection::DENSE)) {
+            None => (vec![KeySelection::DENSE], past + tokens, 0, 0),
+            Some(sel) => {
+                let (words, most_keys) = selection_rows(sel, past, tokens);
+                (words, most_keys, sel.block, sel.per_query + 1)
+            }
+        };
+    let sel_buf = gpu.small_input("key selection", bytemuck::cast_slice(&words))?;
+    let pairs = tokens * heads;
+    let (chunk, splits) = split_keys(pairs, most_keys);
     let params = AttentionParams {
         tokens: tokens as u32,
         heads: heads as u32,
         kv_heads: cache.kv_heads as u32,
         head_dim: cache.head_dim as u32,
         past: past as u32,
+        chunk: chunk as u32,
         scale,
+        block: block as u32,
+        sel_stride: sel_stride as u32,
+        splits: splits as u32,
         ..Default::default()
     };
-    let grid = Gpu::grid((tokens * heads) as u64);
-    let kv = [(KEYS, whole(&cache.keys)), (VALUES, whole(&cache.values))];
-    // A selection whose every query is dense is plain causal attention.
-    match selection.filter(|sel| sel.blocks.chunks_exact(sel.per_query).any(|r| r[0] != KeySelection::DENSE)) {
-        None => {
-            let visible = past + tokens;
-            let scratch = gpu.alloc(4 * (tokens * heads * visible) as u64)?;
-            let params = AttentionParams { scratch_stride: visible as u32, ..params };
-            let binds = [(Q, q), (OUT, out), kv[0], kv[1], (SCRATCH, scratch.bind())];
-            gpu.dispatch("attention", &params, &binds, grid)
-        }
-        Some(sel) => {
-            let (words, most_keys) = selection_rows(sel, past, tokens);
-            let sel_buf = gpu.small_input("key selection", bytemuck::cast_slice(&words))?;
-            let scratch = gpu.alloc(4 * (tokens * heads * most_keys) as u64)?;
-            let params = AttentionParams {
-                scratch_stride: most_keys as u32,
-                block: sel.block as u32,
-                sel_stride: (sel.per_query + 1) as u32,
-                ..params
-            };
-            let binds = [(Q, q), (OUT, out), kv[0], kv[1], (SCRATCH, scratch.bind()), (SELECTION, whole(&sel_buf))];
-            gpu.dispatch("attention_sparse", &params, &binds, grid)
-        }
+    let (keys, values, sel) = ((KEYS, whole(&cache.keys)), (VALUES, whole(&cache.values)), (SELECTION, whole(&sel_buf)));
+    if splits == 1 {
+        return gpu.dispatch("attention", &params, &[(Q, q), (OUT, out), keys, values, sel], Gpu::grid(pairs as u64));
     }
+    let partials = gpu.alloc(4 * (pairs * splits * (cache.head_dim + 2)) as u64)?;
+    let binds = [(Q, q), keys, values, (PARTIALS, partials.bind()), sel];
+    gpu.dispatch("attention_split", &params, &binds, Gpu::grid((pairs * splits) as u64))?;
+    gpu.dispatch("attention_merge", &params, &[(OUT, out), (PARTIALS, partials.bind())], Gpu::grid(pairs as u64))
 }
 
-/// Query rows of a key selection as `attention_sparse` reads them, `per_query + 1`
+/// Keys per chunk and chunks per (token, head) for `pairs` (token, head)
+/// pairs whose longest key range is `most_keys`: enough chunks for about
+/// [`TARGET_WORKGROUPS`] workgroups, none shorter than [`MIN_CHUNK`] keys
+/// (so at most `TARGET_WORKGROUPS + pairs` workgroups and partials).
+fn split_keys(pairs: usize, most_keys: usize) -> (usize, usize) {
+    let wanted = TARGET_WORKGROUPS.div_ceil(pairs.max(1));
+    let chunk = most_keys.div_ceil(wanted).max(MIN_CHUNK);
+    (chunk, most_keys.div_ceil(chunk).max(1))
+}
+
+/// Query rows of a key selection as `attention.wgsl` reads them, `per_query + 1`
 /// words each: `[DENSE, ..]`, or `[count, blocks..]` with the listed blocks that
 /// add keys to [`KeySelection::keys_of`]'s set beyond the query's own trailing
 /// partial block: UNUSED entries, repeats and blocks not wholly before that
@@ -178,4 +199,26 @@ fn selection_rows(sel: &KeySelection, past: usize, tokens: usize) -> (Vec<u32>, 
         most = most.max(count * block + pos + 1 - own * block);
     }
     (words, most)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decode_is_split_prefill_is_not() {
+        // Decode at 4k keys with 16 heads (Qwen3-Next's 16/2): 64 chunks of 64.
+        assert_eq!(split_keys(16, 4096), (64, 64));
+        // One head over 100k keys: about TARGET_WORKGROUPS chunks.
+        let (chunk, splits) = split_keys(1, 100_000);
+        assert!(splits <= TARGET_WORKGROUPS && splits > TARGET_WORKGROUPS / 2 && chunk * splits >= 100_000);
+        // Short contexts and long prefills stay in one workgroup per (token, head).
+        assert_eq!(split_keys(32, 40), (64, 1));
+        assert_eq!(split_keys(512 * 32, 4096), (4096, 1));
+        // Chunks cover the keys and none is empty.
+        for (pairs, keys) in [(8, 1037), (3, 65), (128, 5000), (1, 1)] {
+            let (chunk, splits) = split_keys(pairs, keys);
+            assert!(chunk * splits >= keys && chunk * (splits - 1) < keys, "{pairs} pairs, {keys} keys");
+        }
+    }
 }

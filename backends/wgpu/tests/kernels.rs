@@ -342,6 +342,73 @@ fn sparse_attention_prefill_then_decode_gqa() {
     }
 }
 
+/// Runs attention calls of `steps` (tokens, q, k, v, selection) on one cache
+/// and returns the outputs of steps `from..` as one tensor.
+fn attention_steps(b: &dyn Backend, [heads, kvh, hd]: [usize; 3], steps: &[AttentionStep], from: usize) -> Tensor {
+    let mut cache = b.new_kv_cache(kvh, hd).unwrap();
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut outs = Vec::new();
+    for (t, q, k, v, sel) in steps {
+        let (q, k, v) = (up(b, q, &[*t, heads * hd]), up(b, k, &[*t, kvh * hd]), up(b, v, &[*t, kvh * hd]));
+        outs.push(b.attention(&q, &k, &v, &mut cache, heads, scale, sel.as_ref()).unwrap());
+    }
+    b.concat_rows(&outs[from..].iter().collect::<Vec<_>>()).unwrap()
+}
+
+type AttentionStep = (usize, Vec<f32>, Vec<f32>, Vec<f32>, Option<KeySelection>);
+
+/// Long contexts, where decode splits the key range over workgroups: a
+/// 1037-key prefill (one workgroup per query, several key tiles), then one,
+/// three and forty queries, whose chunks (64 keys, then 271 keys in two
+/// tiles) do not divide the key count; GQA down to one KV head, and head
+/// dims that leave threads idle (80), split the keys (128) or exceed the
+/// workgroup (320).
+#[test]
+fn attention_long_context_split_gqa() {
+    for (i, dims) in [[8, 1, 128], [4, 2, 80], [2, 1, 320]].into_iter().enumerate() {
+        let [heads, kvh, hd] = dims;
+        let mut rng = Rng::new(40 + i as u64);
+        let steps: Vec<AttentionStep> = [1037usize, 1, 3, 40]
+            .iter()
+            .map(|&t| (t, rng.vec(t * heads * hd, 3.0), rng.vec(t * kvh * hd, 3.0), rng.vec(t * kvh * hd, 2.0), None))
+            .collect();
+        check(&format!("attention_long_prefill{i}"), 2e-5, |b| attention_steps(b, dims, &steps[..1], 0));
+        check(&format!("attention_long_decode{i}"), 2e-5, |b| attention_steps(b, dims, &steps, 1));
+    }
+}
+
+/// QSA key selection at a long context: dense and selected queries mixed,
+/// so a decode query sees either all 1100+ keys (split in chunks) or eight
+/// listed blocks and its trailing partial block (a few chunks, the last
+/// short, listed and trailing keys in one chunk), or none.
+#[test]
+fn sparse_attention_long_context_split() {
+    let mut rng = Rng::new(47);
+    let dims @ [heads, kvh, hd] = [8, 2, 64];
+    let (block, per_query) = (16, 8);
+    let mut past = 0;
+    let mut steps: Vec<AttentionStep> = Vec::new();
+    for t in [1100usize, 1, 1, 4] {
+        let mut blocks = Vec::new();
+        for pos in past..past + t {
+            let own = ((pos + 1) / block) as u32;
+            if pos == 1103 {
+                // Nothing listed and an empty trailing block: no keys at all, in a split call.
+                blocks.extend(std::iter::repeat_n(KeySelection::UNUSED, per_query));
+            } else if pos < 4 * block || pos % 5 == 0 {
+                blocks.extend([KeySelection::DENSE].into_iter().chain(std::iter::repeat_n(0, per_query - 1)));
+            } else {
+                blocks.extend((0..per_query).map(|_| rng.bits() % own));
+            }
+        }
+        let sel = KeySelection { block, per_query, blocks };
+        steps.push((t, rng.vec(t * heads * hd, 3.0), rng.vec(t * kvh * hd, 3.0), rng.vec(t * kvh * hd, 2.0), Some(sel)));
+        past += t;
+    }
+    check("attention_sparse_long_prefill", 2e-5, |b| attention_steps(b, dims, &steps[..1], 0));
+    check("attention_sparse_long_decode", 2e-5, |b| attention_steps(b, dims, &steps, 1));
+}
+
 #[test]
 fn dilated_causal_conv_carries_window() {
     let mut rng = Rng::new(16);
