@@ -260,7 +260,7 @@ def _slow_body(stream):
 def _hang_up_after(body, seconds):
     s = connect()
     data = json.dumps(body).encode()
-    s.sendall(f"POST /api/generate HTTP/1.1\r\nHost: x\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+    s.sendall(f"POST /api/generate HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
     time.sleep(seconds)
     s.close()
 
@@ -277,7 +277,7 @@ case("disconnect during a non-streaming prefill")(lambda: _disconnect(False))
 
 def _half_request():
     s = connect()
-    s.sendall(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"model\":")
+    s.sendall(b"POST /api/chat HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1000\r\n\r\n{\"model\":")
     s.close()
     assert _quick_generate() < 30
 
