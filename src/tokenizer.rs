@@ -155,8 +155,9 @@ impl TextCodec {
         let input_bytes: usize = messages.iter().map(|m| m.content.len() + m.role.len()).sum();
         let limit = TEMPLATE_OUTPUT_BASE_BYTES + 2 * input_bytes;
         let mut out = BoundedText { text: Vec::new(), limit };
-        match tmpl.render_captured_to(ctx, &mut out) {
-            Ok(_) => String::from_utf8(out.text).context("the chat template rendered text that is not UTF-8"),
+        let rendered = tmpl.render_captured_to(ctx, &mut out).map(|_| ());
+        match rendered {
+            Ok(()) => String::from_utf8(out.text).context("the chat template rendered text that is not UTF-8"),
             Err(e) if out.text.len() >= limit => Err(anyhow!(
                 "the chat template wrote over {limit} bytes for {input_bytes} bytes of messages; it is broken or hostile ({e})"
             )),

@@ -315,7 +315,7 @@ impl PieceSender {
             Ok(()) => true,
             Err(mpsc::error::TrySendError::Closed(_)) => false,
             Err(mpsc::error::TrySendError::Full(piece)) => {
-                let sent = self.runtime.block_on(tokio::time::timeout(self.timeout, self.tx.send(piece)));
+                let sent = self.runtime.block_on(async { tokio::time::timeout(self.timeout, self.tx.send(piece)).await });
                 matches!(sent, Ok(Ok(())))
             }
         }

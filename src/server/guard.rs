@@ -51,7 +51,14 @@ fn is_loopback_host(host: &str, bound: IpAddr) -> bool {
         return false;
     }
     let Ok(authority) = host.parse::<Authority>() else { return false };
-    is_loopback_name(authority.host()) || ip_of(authority.host()).is_some_and(|ip| ip == bound)
+    has_valid_port(&authority)
+        && (is_loopback_name(authority.host()) || ip_of(authority.host()).is_some_and(|ip| ip == bound))
+}
+
+/// Whether what follows the host is nothing or `:` and a port number.
+fn has_valid_port(authority: &Authority) -> bool {
+    let rest = authority.as_str().get(authority.host().len()..).unwrap_or("x");
+    rest.is_empty() || rest.strip_prefix(':').is_some_and(|port| port.parse::<u16>().is_ok())
 }
 
 /// `localhost`, a `.localhost` name, or a loopback address (IPv6 in brackets or not).
@@ -87,7 +94,7 @@ pub(super) fn is_loopback_origin(origin: &str) -> bool {
     let Some(authority) = uri.authority() else { return false };
     let scheme_ok = matches!(uri.scheme_str(), Some("http" | "https"));
     let path_ok = uri.path_and_query().is_none_or(|p| p.as_str().is_empty() || p.as_str() == "/");
-    scheme_ok && path_ok && !authority.as_str().contains('@') && is_loopback_name(authority.host())
+    scheme_ok && path_ok && !authority.as_str().contains('@') && has_valid_port(authority) && is_loopback_name(authority.host())
 }
 
 #[cfg(test)]
