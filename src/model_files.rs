@@ -113,10 +113,10 @@ mod tests {
     #[test]
     fn text_over_its_limit_is_refused_by_name() {
         let dir = tempfile::tempdir().expect("creating a scratch folder");
-        let path = dir.path().join("config.json");
+        let path = dir.path().join("tokenizer_config.json");
         fs::write(&path, "x".repeat(2048)).expect("writing a file");
         let error = read_text(&path, 1024).expect_err("over the limit");
-        assert!(format!("{error:#}").contains("config.json is over"), "{error:#}");
+        assert!(format!("{error:#}").contains("tokenizer_config.json is over"), "{error:#}");
         assert_eq!(read_text(&path, 4096).expect("under the limit").len(), 2048);
         assert_eq!(read_text_if_present(&dir.path().join("absent.json"), 10).expect("absent is fine"), None);
     }
@@ -132,9 +132,9 @@ mod tests {
         let error = read_text(&fifo, 1 << 20).expect_err("a FIFO is not a model file");
         assert!(format!("{error:#}").contains("tokenizer.json is a FIFO"), "{error:#}");
 
-        let zero = dir.path().join("config.json");
+        let zero = dir.path().join("generation_config.json");
         std::os::unix::fs::symlink("/dev/zero", &zero).expect("linking /dev/zero");
         let error = read_text(&zero, 1 << 20).expect_err("a device is not a model file");
-        assert!(format!("{error:#}").contains("config.json is a device"), "{error:#}");
+        assert!(format!("{error:#}").contains("generation_config.json is a device"), "{error:#}");
     }
 }

@@ -287,7 +287,7 @@ impl Engine {
             }
         }
         strategy.finish(self, state)?;
-        if !hit_stop_string {
+        if !hit_stop_string && finish != FinishReason::Cancelled {
             // Flush an incomplete character and any text held back for stop matching.
             let tail = decoder.finish(&self.codec)?;
             let (safe, stopped) = stops.push(&tail);
