@@ -469,6 +469,9 @@ fn doctor(args: DoctorArgs) -> Result<()> {
 
 fn serve(args: ServeArgs) -> Result<()> {
     let timeouts = args.timeouts()?;
+    if let Some(name) = &args.name {
+        server::check_model_name(name)?; // before the slow part, loading
+    }
     process::set_compute_threads(args.threads)?;
     let model = resolve_model(args.model.as_deref())?;
     let request = args.memory.request();

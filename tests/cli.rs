@@ -143,3 +143,26 @@ fn doctor_refuses_simulated_sizes_that_are_not_sizes() {
         assert!(stderr.contains("--sim-ram") && stderr.contains("is not a size in GB"), "{stderr}");
     }
 }
+
+#[test]
+fn serve_refuses_a_name_clients_cannot_send() {
+    let mut child = slotstream()
+        .args(["serve", "--name", "", "--port", "0", "--backend", "cpu", "--model"])
+        .arg(fixture())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting slotstream serve");
+    let started = std::time::Instant::now();
+    while child.try_wait().expect("polling the server").is_none() {
+        if started.elapsed() > std::time::Duration::from_secs(20) {
+            let _ = child.kill();
+            panic!("serve --name \"\" started serving a model no client can name");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let output = child.wait_with_output().expect("reading the server's output");
+    let stderr = stderr_of(&output);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("is not a name clients can send"), "{stderr}");
+}

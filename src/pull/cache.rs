@@ -132,18 +132,15 @@ impl RepoCache {
             return Ok(Some(revision.to_string()));
         }
         let path = self.ref_path(revision)?;
-        let mut record = Vec::new();
-        match fs::File::open(&path) {
-            Ok(file) => {
-                if !file.metadata().with_context(|| format!("reading {}", path.display()))?.is_file() {
-                    bail!("{} is not a regular file; delete it and pull again", path.display());
-                }
-                // A commit hash and a newline; anything longer is not a ref record.
-                file.take(64).read_to_end(&mut record).with_context(|| format!("reading {}", path.display()))?;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        if fs::symlink_metadata(&path).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
+            return Ok(None);
         }
+        // A commit hash and a newline; anything longer is not a ref record.
+        let mut record = Vec::new();
+        crate::model_files::open_regular(&path)?
+            .take(64)
+            .read_to_end(&mut record)
+            .with_context(|| format!("reading {}", path.display()))?;
         let commit = String::from_utf8_lossy(&record).trim().to_string();
         if !super::manifest::is_commit_hash(&commit) {
             bail!("{} does not hold a commit hash; delete it and pull again", path.display());

@@ -80,15 +80,21 @@ impl ServerOptions {
     /// cannot send (empty, or with spaces around it, which requests lose when
     /// they are trimmed), or no context at all.
     pub fn check(&self) -> Result<()> {
-        let name = &self.model_name;
-        if name.trim().is_empty() || name.trim() != name || name.chars().any(char::is_control) {
-            anyhow::bail!("--name {name:?} is not a name clients can send: give a non-empty name without surrounding spaces");
-        }
+        check_model_name(&self.model_name)?;
         if self.max_context == 0 {
             anyhow::bail!("--max-context must be at least 1 token");
         }
         Ok(())
     }
+}
+
+/// Refuses a model name clients cannot send: empty, with spaces around it
+/// (requests lose them when they are trimmed) or control characters.
+pub fn check_model_name(name: &str) -> Result<()> {
+    if name.trim().is_empty() || name.trim() != name || name.chars().any(char::is_control) {
+        anyhow::bail!("--name {name:?} is not a name clients can send: give a non-empty name without surrounding spaces");
+    }
+    Ok(())
 }
 
 /// Everything handlers share.
