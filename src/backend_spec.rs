@@ -10,6 +10,8 @@ use slotstream_backend::Backend;
 use slotstream_cpu::CpuBackend;
 use slotstream_wgpu::{AdapterChoice, MatmulMode, WgpuBackend, WgpuOptions};
 
+use crate::note;
+
 /// What a `--backend` value asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BackendSpec {
@@ -88,7 +90,7 @@ impl BackendSpec {
             BackendSpec::Auto => match WgpuBackend::with_options(&AdapterChoice::auto(), WgpuOptions::from_env()) {
                 Ok(gpu) => Ok(Box::new(gpu)),
                 Err(e) => {
-                    eprintln!("note: no usable GPU ({e}); using the CPU backend");
+                    note!("note: no usable GPU ({e}); using the CPU backend");
                     Ok(Box::new(CpuBackend::new()))
                 }
             },

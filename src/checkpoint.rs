@@ -17,6 +17,8 @@ use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensorError, SafeTensors};
 use slotstream_backend::{DType, HostMatrix, MatrixData, MatrixFormat};
 
+use crate::model_files;
+
 /// Where one tensor lives.
 #[derive(Clone, Debug)]
 pub struct TensorEntry {
@@ -145,8 +147,7 @@ impl Checkpoint {
     pub fn open(dir: &Path, quant: QuantConfig) -> Result<Checkpoint> {
         let index_path = dir.join("model.safetensors.index.json");
         let shard_names: Vec<String> = if index_path.exists() {
-            let text = std::fs::read_to_string(&index_path)
-                .with_context(|| format!("reading {}", index_path.display()))?;
+            let text = model_files::read_text(&index_path, model_files::INDEX_MAX_BYTES)?;
             let index: serde_json::Value = serde_json::from_str(&text)
                 .with_context(|| format!("{} is not valid JSON", index_path.display()))?;
             let map = index
@@ -186,7 +187,7 @@ impl Checkpoint {
     }
 
     fn add_file(&mut self, path: &Path) -> Result<()> {
-        let file = File::open(path).with_context(|| {
+        let file = model_files::open_regular(path).with_context(|| {
             format!("opening {} (listed by the checkpoint but missing or unreadable; re-download the model)", path.display())
         })?;
         // SAFETY: the map is read-only; a checkpoint changed underneath a running

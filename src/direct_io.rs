@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
+use crate::model_files;
+
 /// Alignment for direct I/O: offsets, lengths and buffer addresses.
 const ALIGN: usize = 4096;
 
@@ -59,6 +61,9 @@ impl RangeBuf {
 
 impl DirectFile {
     pub fn open(path: &Path) -> Result<DirectFile> {
+        // Opening a FIFO would block; a device would read without end.
+        let meta = std::fs::metadata(path).with_context(|| format!("opening {} for streamed reads", path.display()))?;
+        model_files::check_regular(path, &meta)?;
         #[cfg(target_os = "linux")]
         {
             use std::os::unix::fs::OpenOptionsExt;

@@ -6,7 +6,7 @@
 use std::fmt;
 use std::path::Path;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use serde::Serialize;
 
 use crate::disk;
@@ -38,13 +38,26 @@ pub struct MachineOverrides {
 }
 
 impl MachineOverrides {
-    fn machine(&self) -> MachineMemory {
+    fn machine(&self) -> Result<MachineMemory> {
+        for (flag, value, zero_allowed) in [
+            ("--sim-ram", self.ram_gb, false),
+            ("--sim-available", self.available_gb, true),
+            ("--sim-working-set", self.working_set_gb, false),
+        ] {
+            if let Some(gb) = value {
+                let least_ok = if zero_allowed { gb >= 0.0 } else { gb > 0.0 };
+                if !(gb.is_finite() && least_ok && gb <= 1e6) {
+                    let least = if zero_allowed { "0" } else { "a number above 0" };
+                    bail!("{flag} {gb} is not a size in GB: expected {least} to 1000000");
+                }
+            }
+        }
         let detected = MachineMemory::detect();
         if self.ram_gb.is_none() && self.available_gb.is_none() && self.working_set_gb.is_none() {
-            return detected;
+            return Ok(detected);
         }
         let ram_gb = self.ram_gb.unwrap_or(detected.total_ram as f64 / GB);
-        MachineMemory::simulated(ram_gb, self.available_gb, self.working_set_gb)
+        Ok(MachineMemory::simulated(ram_gb, self.available_gb, self.working_set_gb))
     }
 }
 
@@ -82,7 +95,7 @@ impl DoctorReport {
             // No backend is chosen here: plan for an f32 KV cache, the largest.
             ModelCosts::from_model_dir(model_path, slotstream_backend::DType::F32)?
         };
-        let machine = request.machine.machine();
+        let machine = request.machine.machine()?;
         let plan = plan::plan(&model, &machine, &request.plan)?;
         let disk_path = if model_path.exists() { model_path } else { Path::new(".") };
         // A file system that cannot say its free space leaves the line out of the report.
@@ -165,6 +178,24 @@ mod tests {
             machine: MachineOverrides { ram_gb: Some(ram_gb), available_gb: Some(ram_gb * 0.8), working_set_gb: None },
         };
         DoctorReport::build(&request).expect("the flagship plans without its weights")
+    }
+
+    #[test]
+    fn simulated_sizes_must_be_positive_finite_gigabytes() {
+        for (ram, available, says) in [
+            (Some(-1.0), None, "--sim-ram -1 is not a size in GB"),
+            (Some(f64::NAN), None, "--sim-ram NaN is not a size in GB"),
+            (Some(0.0), None, "--sim-ram 0 is not a size in GB"),
+            (Some(16.0), Some(f64::INFINITY), "--sim-available inf is not a size in GB"),
+        ] {
+            let request = DoctorRequest {
+                model: "qwen3.8-flash-next:4bit".into(),
+                machine: MachineOverrides { ram_gb: ram, available_gb: available, working_set_gb: None },
+                ..Default::default()
+            };
+            let error = DoctorReport::build(&request).expect_err(says);
+            assert!(error.to_string().contains(says), "{error}");
+        }
     }
 
     #[test]

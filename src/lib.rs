@@ -3,6 +3,7 @@
 
 pub mod backend_spec;
 pub mod checkpoint;
+pub mod console;
 pub mod demo;
 pub mod direct_io;
 pub mod disk;
@@ -11,6 +12,7 @@ pub mod experts;
 pub mod generate;
 pub mod launch;
 pub mod model;
+pub mod model_files;
 pub mod model_ref;
 pub mod plan;
 pub mod process;

@@ -3,7 +3,6 @@
 //! Parses the flags into the library's option values, calls the library and
 //! prints what it returns; the work itself lives in the `slotstream` crate.
 
-use std::io::Write;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -13,7 +12,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use slotstream::backend_spec::BackendSpec;
 use slotstream::doctor::{DoctorReport, DoctorRequest, MachineOverrides};
-use slotstream::generate::{Engine, GenerateRequest};
+use slotstream::generate::{self, Engine, GenerateRequest};
 use slotstream::launch::PlannedModel;
 use slotstream::model_ref::ResolvedModel;
 use slotstream::plan::{self, PlanRequest};
@@ -21,7 +20,7 @@ use slotstream::pull::{NetworkSettings, PullOptions, TransferSettings, DEFAULT_M
 use slotstream::run_report::RunReport;
 use slotstream::sampling::SamplingParams;
 use slotstream::tokenizer::ChatMessage;
-use slotstream::{demo, process, server};
+use slotstream::{console, demo, note, process, server};
 
 #[derive(Parser)]
 #[command(name = "slotstream", version, about = "Run Mixture-of-Experts language models larger than memory")]
@@ -57,7 +56,8 @@ struct MemoryArgs {
     /// Keep the whole process within this many GB.
     #[arg(long)]
     memory_gb: Option<f64>,
-    /// Context length the KV cache is planned for.
+    /// Context length the KV cache is planned for; `run` generates no
+    /// further than this (or the model's own context, if shorter).
     #[arg(long, default_value_t = 4096)]
     plan_context: usize,
     /// Speculative decoding with the model's MTP head: auto (on when the
@@ -167,8 +167,39 @@ struct ServeArgs {
     /// Keep an auto-sized expert pool fixed instead of following free memory.
     #[arg(long)]
     no_elastic: bool,
+    /// Seconds a client may take to send a request head (and an idle
+    /// keep-alive connection stays open).
+    #[arg(long, default_value_t = 30.0)]
+    header_timeout_secs: f64,
+    /// Seconds a client may take to send a request body.
+    #[arg(long, default_value_t = 60.0)]
+    body_timeout_secs: f64,
+    /// Seconds a client may read nothing of a response before it is dropped
+    /// (and its generation cancelled).
+    #[arg(long, default_value_t = 60.0)]
+    write_timeout_secs: f64,
+    /// Seconds open requests get to finish after Ctrl-C or SIGTERM.
+    #[arg(long, default_value_t = 10.0)]
+    shutdown_grace_secs: f64,
     #[command(flatten)]
     backend: BackendArgs,
+}
+
+impl ServeArgs {
+    fn timeouts(&self) -> Result<server::Timeouts> {
+        let secs = |flag: &str, value: f64| {
+            Duration::try_from_secs_f64(value)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .with_context(|| format!("--{flag} {value} is not a positive number of seconds"))
+        };
+        Ok(server::Timeouts {
+            header: secs("header-timeout-secs", self.header_timeout_secs)?,
+            body: secs("body-timeout-secs", self.body_timeout_secs)?,
+            write: secs("write-timeout-secs", self.write_timeout_secs)?,
+            shutdown_grace: secs("shutdown-grace-secs", self.shutdown_grace_secs)?,
+        })
+    }
 }
 
 #[derive(Args)]
@@ -303,10 +334,32 @@ impl RunArgs {
         engine.codec.apply_chat_template(&messages, true, self.think)
     }
 
-    fn generate_request(&self, prompt_ids: Vec<u32>) -> GenerateRequest {
+    /// The request, with `--max-tokens` cut to what fits in the context the
+    /// memory was planned for (`--plan-context`, at most the model's).
+    fn bounded_request(&self, prompt_ids: Vec<u32>, model_context: usize) -> Result<GenerateRequest> {
+        let (context, what) = if self.memory.plan_context < model_context {
+            (self.memory.plan_context, "the planned context (--plan-context)")
+        } else {
+            (model_context, "the model's context (max_position_embeddings)")
+        };
+        let max_tokens = match generate::tokens_within_context(prompt_ids.len(), self.max_tokens, context, what) {
+            Ok(n) => n,
+            Err(e) if model_context == usize::MAX => anyhow::bail!("{e}, or raise --plan-context"),
+            Err(e) if context < model_context => {
+                anyhow::bail!("{e}, or raise --plan-context (the model takes up to {model_context} tokens)")
+            }
+            Err(e) => return Err(e),
+        };
+        if max_tokens < self.max_tokens {
+            note!("note: generating at most {max_tokens} tokens, the rest of {what} of {context} tokens");
+        }
+        Ok(self.generate_request(prompt_ids, max_tokens))
+    }
+
+    fn generate_request(&self, prompt_ids: Vec<u32>, max_tokens: usize) -> GenerateRequest {
         GenerateRequest {
             prompt_ids,
-            max_tokens: self.max_tokens,
+            max_tokens,
             sampling: SamplingParams {
                 temperature: self.temperature,
                 top_k: self.top_k,
@@ -350,8 +403,10 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of our output left (`| head`): nothing more to say.
+        Err(e) if console::is_closed_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            note!("error: {e:#}");
             ExitCode::FAILURE
         }
     }
@@ -362,17 +417,21 @@ fn run(args: RunArgs) -> Result<()> {
     let model = resolve_model(args.model.as_deref())?;
     let (engine, planned) = load_planned(&model.dir, &args.memory.request(), &args.backend.backend)?;
     let prompt_ids = engine.codec.encode(&args.prompt_text(&engine)?, false)?;
-    let stdout = std::io::stdout();
-    let out = engine.generate(&args.generate_request(prompt_ids), |piece| {
-        if !args.json {
-            let mut lock = stdout.lock();
-            // A closed stdout (e.g. piped into `head`) ends generation quietly.
-            if lock.write_all(piece.as_bytes()).and_then(|_| lock.flush()).is_err() {
+    let request = args.bounded_request(prompt_ids, engine.context_length())?;
+    // A write error ends generation; it is reported once the engine returns.
+    let mut write_error = None;
+    let out = engine.generate(&request, |piece| {
+        if !args.json && !piece.is_empty() {
+            if let Err(e) = console::print(piece) {
+                write_error = Some(e);
                 return ControlFlow::Break(());
             }
         }
         ControlFlow::Continue(())
     })?;
+    if let Some(e) = write_error {
+        return Err(e);
+    }
     let report = RunReport {
         output: &out,
         backend: engine.backend.name(),
@@ -381,14 +440,13 @@ fn run(args: RunArgs) -> Result<()> {
         plan: &planned.plan,
         peak_rss_bytes: process::peak_rss_bytes(),
     };
-    // A closed stdout is the reader's choice, not an error worth a panic.
     if args.json {
-        let _ = writeln!(std::io::stdout(), "{}", serde_json::to_string(&report)?);
+        console::print_line(serde_json::to_string(&report)?)
     } else {
-        let _ = writeln!(std::io::stdout());
-        eprintln!("{report}");
+        console::print_line("")?;
+        note!("{report}");
+        Ok(())
     }
-    Ok(())
 }
 
 fn perplexity(args: PerplexityArgs) -> Result<()> {
@@ -397,21 +455,23 @@ fn perplexity(args: PerplexityArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
     let ids = engine.codec.encode(&text, false)?;
     let perplexity = engine.perplexity(&ids, args.window, args.max_windows)?;
-    let _ = writeln!(std::io::stdout(), "{}", serde_json::to_string(&perplexity)?);
-    Ok(())
+    console::print_line(serde_json::to_string(&perplexity)?)
 }
 
 fn doctor(args: DoctorArgs) -> Result<()> {
     let report = DoctorReport::build(&args.request())?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        console::print_line(serde_json::to_string_pretty(&report)?)
     } else {
-        println!("{report}");
+        console::print_line(&report)
     }
-    Ok(())
 }
 
 fn serve(args: ServeArgs) -> Result<()> {
+    let timeouts = args.timeouts()?;
+    if let Some(name) = &args.name {
+        server::check_model_name(name)?; // before the slow part, loading
+    }
     process::set_compute_threads(args.threads)?;
     let model = resolve_model(args.model.as_deref())?;
     let request = args.memory.request();
@@ -425,6 +485,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         queue: args.queue,
         elastic: elastic.then_some(server::Elastic { costs: planned.costs, request }),
         plan: Some(planned.plan),
+        timeouts,
     };
     let config = server::ServeConfig { model_dir: model.dir, host: args.host, port: args.port, options };
     server::serve(config, engine)
@@ -434,7 +495,7 @@ fn serve(args: ServeArgs) -> Result<()> {
 fn resolve_model(spec: Option<&str>) -> Result<ResolvedModel> {
     let model = ResolvedModel::resolve(spec)?;
     if model.is_demo {
-        eprintln!("{}", demo::NOTE);
+        note!("{}", demo::NOTE);
     }
     Ok(model)
 }
@@ -443,8 +504,8 @@ fn resolve_model(spec: Option<&str>) -> Result<ResolvedModel> {
 fn load_planned(dir: &Path, request: &PlanRequest, backend: &BackendSpec) -> Result<(Engine, PlannedModel)> {
     let backend = backend.create()?;
     let planned = PlannedModel::new(dir, request, backend.as_ref())?;
-    eprintln!("{}", planned.banner());
-    eprintln!("  backend: {}", backend.name());
+    note!("{}", planned.banner());
+    note!("  backend: {}", backend.name());
     let engine = planned.load(backend)?;
     Ok((engine, planned))
 }

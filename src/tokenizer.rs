@@ -7,6 +7,8 @@ use std::path::Path;
 use anyhow::{anyhow, Context, Result};
 use serde::Serialize;
 
+use crate::model_files;
+
 /// One chat turn.
 #[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
 pub struct ChatMessage {
@@ -22,6 +24,9 @@ pub struct TextCodec {
     eos_token: Option<String>,
     /// Token ids that end generation.
     pub eos_ids: Vec<u32>,
+    /// The longest token's text in bytes (as the vocabulary spells it, which
+    /// is never shorter than the text it stands for).
+    max_token_bytes: usize,
 }
 
 /// `bos_token`/`eos_token` are either strings or `{"content": ...}` objects.
@@ -41,18 +46,18 @@ impl TextCodec {
         if !tok_path.exists() {
             anyhow::bail!("{} is missing: the model directory needs its tokenizer.json", tok_path.display());
         }
-        let tokenizer = tokenizers::Tokenizer::from_file(&tok_path)
+        let tokenizer_text = model_files::read_text(&tok_path, model_files::TOKENIZER_MAX_BYTES)?;
+        let tokenizer = tokenizers::Tokenizer::from_bytes(tokenizer_text.as_bytes())
             .map_err(|e| anyhow!("reading {}: {e}", tok_path.display()))?;
+        drop(tokenizer_text);
         let cfg_path = dir.join("tokenizer_config.json");
-        let cfg: serde_json::Value = if cfg_path.exists() {
-            let text = std::fs::read_to_string(&cfg_path).with_context(|| format!("reading {}", cfg_path.display()))?;
-            serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", cfg_path.display()))?
-        } else {
-            serde_json::Value::Null
+        let cfg: serde_json::Value = match model_files::read_text_if_present(&cfg_path, model_files::CONFIG_MAX_BYTES)? {
+            Some(text) => serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", cfg_path.display()))?,
+            None => serde_json::Value::Null,
         };
         let template_file = dir.join("chat_template.jinja");
-        let chat_template = if template_file.exists() {
-            Some(std::fs::read_to_string(&template_file).with_context(|| format!("reading {}", template_file.display()))?)
+        let chat_template = if let Some(text) = model_files::read_text_if_present(&template_file, model_files::TEMPLATE_MAX_BYTES)? {
+            Some(text)
         } else {
             match cfg.get("chat_template") {
                 Some(serde_json::Value::String(s)) => Some(s.clone()),
@@ -71,7 +76,7 @@ impl TextCodec {
         let eos_token = special_token(&cfg, "eos_token");
         let mut eos_ids: Vec<u32> = config_eos.to_vec();
         let gen_path = dir.join("generation_config.json");
-        if let Ok(text) = std::fs::read_to_string(&gen_path) {
+        if let Some(text) = model_files::read_text_if_present(&gen_path, model_files::CONFIG_MAX_BYTES)? {
             let gen: serde_json::Value =
                 serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", gen_path.display()))?;
             match gen.get("eos_token_id") {
@@ -85,7 +90,8 @@ impl TextCodec {
         }
         eos_ids.sort();
         eos_ids.dedup();
-        Ok(TextCodec { tokenizer, chat_template, bos_token, eos_token, eos_ids })
+        let max_token_bytes = tokenizer.get_vocab(true).keys().map(String::len).max().unwrap_or(1).max(1);
+        Ok(TextCodec { tokenizer, chat_template, bos_token, eos_token, eos_ids, max_token_bytes })
     }
 
     /// Token ids of `text`; `special` adds the tokenizer's own BOS/EOS wrapping.
@@ -96,6 +102,13 @@ impl TextCodec {
 
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.tokenizer.decode(ids, true).map_err(|e| anyhow!("decoding tokens: {e}"))
+    }
+
+    /// The fewest tokens `bytes` bytes of text can encode to, known without
+    /// encoding them: a prompt that is surely too long is refused before
+    /// tokenizing it costs time and memory.
+    pub fn fewest_tokens(&self, bytes: usize) -> usize {
+        bytes / self.max_token_bytes
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -122,6 +135,7 @@ impl TextCodec {
         // As transformers renders chat templates.
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
+        env.set_fuel(Some(TEMPLATE_FUEL_BASE + TEMPLATE_FUEL_PER_MESSAGE * messages.len() as u64));
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
@@ -138,7 +152,50 @@ impl TextCodec {
         if let Some(t) = enable_thinking {
             ctx.insert("enable_thinking", t.into());
         }
-        tmpl.render(ctx).context("rendering the chat template")
+        let input_bytes: usize = messages.iter().map(|m| m.content.len() + m.role.len()).sum();
+        let limit = TEMPLATE_OUTPUT_BASE_BYTES + 2 * input_bytes;
+        let mut out = BoundedText { text: Vec::new(), limit };
+        let rendered = tmpl.render_captured_to(ctx, &mut out).map(|_| ());
+        match rendered {
+            Ok(()) => String::from_utf8(out.text).context("the chat template rendered text that is not UTF-8"),
+            Err(e) if out.text.len() >= limit => Err(anyhow!(
+                "the chat template wrote over {limit} bytes for {input_bytes} bytes of messages; it is broken or hostile ({e})"
+            )),
+            Err(e) if e.kind() == minijinja::ErrorKind::OutOfFuel => Err(anyhow!(
+                "the chat template did more work than {messages} message(s) can need and was stopped; it is broken or hostile",
+                messages = messages.len()
+            )),
+            Err(e) => Err(e).context("rendering the chat template"),
+        }
+    }
+}
+
+/// Work a chat template may do: a base plus an allowance per message (real
+/// templates take a few hundred instructions per message; a template that
+/// loops without end is stopped within about a second).
+const TEMPLATE_FUEL_BASE: u64 = 2_000_000;
+const TEMPLATE_FUEL_PER_MESSAGE: u64 = 10_000;
+/// Bytes a chat template may write beyond twice its messages' size.
+const TEMPLATE_OUTPUT_BASE_BYTES: usize = 1 << 20;
+
+/// A rendered template, refusing to grow past `limit` bytes.
+struct BoundedText {
+    text: Vec<u8>,
+    limit: usize,
+}
+
+impl std::io::Write for BoundedText {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        if self.text.len() + bytes.len() > self.limit {
+            self.text.extend_from_slice(&bytes[..self.limit - self.text.len()]);
+            return Err(std::io::Error::other("the chat template's output is over its limit"));
+        }
+        self.text.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -200,5 +257,52 @@ impl StreamDecoder {
         self.prefix = self.ids.len();
         self.read = self.ids.len();
         Ok(now.get(before.len()..).unwrap_or("").to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fixture's tokenizer with `template` as its chat template.
+    fn codec_with_template(template: &str) -> (tempfile::TempDir, TextCodec) {
+        let dir = tempfile::tempdir().expect("creating a scratch folder");
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_moe_mlx4/tokenizer.json");
+        std::fs::copy(fixture, dir.path().join("tokenizer.json")).expect("copying the fixture's tokenizer");
+        std::fs::write(dir.path().join("chat_template.jinja"), template).expect("writing a template");
+        let codec = TextCodec::load(dir.path(), &[]).expect("loading the tokenizer");
+        (dir, codec)
+    }
+
+    /// Renders on a thread, failing the test (instead of hanging it) after 20 s.
+    fn render_within_seconds(codec: TextCodec) -> Result<String> {
+        let (sender, receiver) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let messages = [ChatMessage { role: "user".into(), content: "hi".into() }];
+            let _ = sender.send(codec.apply_chat_template(&messages, true, None));
+        });
+        receiver.recv_timeout(std::time::Duration::from_secs(20)).expect("the chat template ran without a limit")
+    }
+
+    #[test]
+    fn a_template_that_loops_without_end_is_stopped() {
+        let (_dir, codec) = codec_with_template(
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}{{ messages[0].content }}",
+        );
+        let error = render_within_seconds(codec).expect_err("out of fuel");
+        assert!(error.to_string().contains("did more work than 1 message(s) can need"), "{error:#}");
+    }
+
+    #[test]
+    fn a_template_that_writes_without_end_is_stopped() {
+        let (_dir, codec) = codec_with_template("{% for i in range(100000) %}{{ 'x' * 1000000 }}{% endfor %}");
+        let error = render_within_seconds(codec).expect_err("too much output");
+        assert!(error.to_string().contains("the chat template wrote over"), "{error:#}");
+    }
+
+    #[test]
+    fn an_ordinary_template_renders() {
+        let (_dir, codec) = codec_with_template("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}");
+        assert_eq!(render_within_seconds(codec).expect("renders"), "<user>hi");
     }
 }

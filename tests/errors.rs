@@ -163,3 +163,91 @@ fn truncated_mtp_head_names_the_file_when_mtp_is_on() {
     // Without MTP the head is never opened and the model loads.
     assert!(Engine::load(dir.path(), Box::new(slotstream_cpu::CpuBackend::new()), &Default::default()).is_ok());
 }
+
+/// [`load_error`], failing the test (instead of hanging it) when loading blocks.
+fn load_error_within_seconds(dir: &Path) -> String {
+    let (sender, receiver) = std::sync::mpsc::channel();
+    let dir = dir.to_path_buf();
+    std::thread::spawn(move || {
+        let _ = sender.send(load_error(&dir));
+    });
+    receiver.recv_timeout(std::time::Duration::from_secs(20)).expect("loading blocked on a special file")
+}
+
+#[cfg(unix)]
+fn make_fifo(path: &Path) {
+    let _ = std::fs::remove_file(path);
+    let c_path = std::ffi::CString::new(path.to_string_lossy().as_bytes()).expect("a path without NUL");
+    // SAFETY: mkfifo reads a NUL-terminated path we own.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0, "making a FIFO at {}", path.display());
+}
+
+#[cfg(unix)]
+#[test]
+fn special_files_in_a_model_directory_are_refused_by_name() {
+    for name in ["config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors"] {
+        let dir = copy_fixture("qwen3_moe_mlx4");
+        let path = if name == "model.safetensors" { first_shard(dir.path()) } else { dir.path().join(name) };
+        let file_name = path.file_name().expect("a file name").to_string_lossy().into_owned();
+        make_fifo(&path);
+        let err = load_error_within_seconds(dir.path());
+        assert!(err.contains(&format!("{file_name} is a FIFO")), "{name}: {err}");
+    }
+    let dir = copy_fixture("qwen3_moe_mlx4");
+    let tokenizer = dir.path().join("tokenizer.json");
+    std::fs::remove_file(&tokenizer).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &tokenizer).unwrap();
+    let err = load_error_within_seconds(dir.path());
+    assert!(err.contains("tokenizer.json is a device"), "{err}");
+}
+
+#[test]
+fn an_oversized_config_is_refused_before_it_is_parsed() {
+    let dir = copy_fixture("qwen3_moe_mlx4");
+    let config = std::fs::read_to_string(dir.path().join("config.json")).unwrap();
+    std::fs::write(dir.path().join("config.json"), format!("{config}{}", " ".repeat(17 << 20))).unwrap();
+    let err = load_error(dir.path());
+    assert!(err.contains("config.json is over 16 MiB"), "{err}");
+}
+
+#[test]
+fn generation_stops_at_the_models_context() {
+    let dir = copy_fixture("qwen3_moe_mlx4");
+    edit_config(dir.path(), |v| v["max_position_embeddings"] = 12.into());
+    let engine = Engine::load(dir.path(), Box::new(slotstream_cpu::CpuBackend::new()), &Default::default()).unwrap();
+    let request = |prompt_ids: Vec<u32>| slotstream::generate::GenerateRequest {
+        prompt_ids,
+        max_tokens: 100,
+        sampling: Default::default(),
+        stop: Vec::new(),
+        ignore_eos: true,
+    };
+    let out = engine.generate(&request(vec![1, 2, 3, 4]), |_| std::ops::ControlFlow::Continue(())).unwrap();
+    assert_eq!(out.generated_ids.len(), 8, "4 prompt tokens leave 8 of a 12-token context");
+    let err = engine.generate(&request(vec![1; 12]), |_| std::ops::ControlFlow::Continue(())).unwrap_err();
+    assert!(format!("{err:#}").contains("max_position_embeddings"), "{err:#}");
+}
+
+#[test]
+fn a_caller_can_cancel_at_every_step_while_text_is_held_back() {
+    let engine = Engine::load(&fixture("qwen3_moe_mlx4"), Box::new(slotstream_cpu::CpuBackend::new()), &Default::default()).unwrap();
+    let request = |stop: Vec<String>| slotstream::generate::GenerateRequest {
+        prompt_ids: vec![1, 2, 3, 4],
+        max_tokens: 12,
+        sampling: slotstream::sampling::SamplingParams { temperature: 0.0, ..Default::default() },
+        stop,
+        ignore_eos: true,
+    };
+    let free = engine.generate(&request(Vec::new()), |_| std::ops::ControlFlow::Continue(())).unwrap();
+    // A stop string the whole output is a prefix of: every piece is held back.
+    let held = request(vec![format!("{}\u{1}never", free.text)]);
+    let mut calls = 0;
+    let out = engine
+        .generate(&held, |_| {
+            calls += 1;
+            std::ops::ControlFlow::Break(())
+        })
+        .unwrap();
+    assert_eq!((out.generated_ids.len(), calls), (1, 1), "cancelled at the first token, not after {}", out.generated_ids.len());
+    assert_eq!(out.finish_reason, slotstream::generate::FinishReason::Cancelled);
+}

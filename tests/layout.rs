@@ -183,3 +183,23 @@ fn slotstream_environment_is_read_only_by_options_structs() {
         .collect();
     assert!(readers.is_empty(), "SLOTSTREAM_* read outside the options structs: {readers:?}");
 }
+
+/// `println!` and `eprintln!` panic on a closed pipe or a full disk
+/// (`slotstream doctor | head -1`, `> /dev/full`); the library and the command
+/// line print through `console`, which reports stdout's write errors and never
+/// panics on stderr's. Test code (after `#[cfg(test)]`) may print freely.
+#[test]
+fn printing_goes_through_console() {
+    let (src, files) = src_files();
+    let printers: Vec<String> = files
+        .iter()
+        .filter(|f| !f.ends_with("console.rs") && !f.ends_with("tests.rs"))
+        .filter(|f| {
+            let text = std::fs::read_to_string(f).expect("reading a source file");
+            let code = code_of(text.split("#[cfg(test)]").next().unwrap_or(""));
+            ["println!", "print!(", "eprint!(", "writeln!(std::io::std"].iter().any(|m| code.contains(m))
+        })
+        .map(|f| f.strip_prefix(&src).unwrap_or(f).display().to_string())
+        .collect();
+    assert!(printers.is_empty(), "print through slotstream::console (note!, console::print_line): {printers:?}");
+}

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use slotstream::generate::{Engine, GenerateRequest};
 use slotstream::sampling::SamplingParams;
-use slotstream::server::{AppState, ModelInfo, ServerOptions};
+use slotstream::server::{AppState, ModelInfo, ServerOptions, Timeouts};
 use slotstream::tokenizer::ChatMessage;
 
 const MODEL: &str = "qwen3_moe_mlx4";
@@ -43,15 +43,34 @@ struct Setup {
     no_eos: bool,
     /// Load the MTP head (speculative decoding) when the model has one.
     mtp: bool,
+    timeouts: Timeouts,
 }
 
 impl Default for Setup {
     fn default() -> Self {
-        Setup { fixture: MODEL, dir: None, prefix_cache: true, queue: 16, max_context: 32768, no_eos: false, mtp: false }
+        Setup {
+            fixture: MODEL,
+            dir: None,
+            prefix_cache: true,
+            queue: 16,
+            max_context: 32768,
+            no_eos: false,
+            mtp: false,
+            timeouts: Timeouts::default(),
+        }
     }
 }
 
 fn start(setup: Setup) -> Server {
+    start_until(setup, std::future::pending()).0
+}
+
+/// A server that shuts down when `shutdown` resolves; the receiver hears
+/// when `serve_on` has returned.
+fn start_until(
+    setup: Setup,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> (Server, std::sync::mpsc::Receiver<()>) {
     let dir = setup.dir.clone().unwrap_or_else(|| fixture(setup.fixture));
     let opts = slotstream::model::LoadOptions { mtp: setup.mtp, ..Default::default() };
     let mut engine = Engine::load(&dir, Box::new(slotstream_cpu::CpuBackend::exact()), &opts)
@@ -67,19 +86,23 @@ fn start(setup: Setup) -> Server {
         queue: setup.queue,
         plan: None,
         elastic: None,
+        timeouts: setup.timeouts,
     };
     let app = AppState::new(engine, info, options);
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding an ephemeral port");
     let addr = listener.local_addr().expect("reading the bound address");
     listener.set_nonblocking(true).expect("making the listener non-blocking");
+    let (served, returned) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(listener).expect("adopting the listener");
-            slotstream::server::serve_on(listener, app, std::future::pending()).await.expect("serving");
+            slotstream::server::serve_on(listener, app, shutdown).await.expect("serving");
         });
+        let _ = served.send(());
+        rt.shutdown_background();
     });
-    Server { addr }
+    (Server { addr }, returned)
 }
 
 struct Reply {
@@ -318,9 +341,9 @@ fn foreign_origins_and_huge_bodies_are_refused() {
     assert_eq!(preflight.status, 204);
     assert_eq!(preflight.header("access-control-allow-headers"), Some("content-type"));
 
-    let huge = vec![b' '; (32 << 20) + 10];
-    let r = s.request("POST", "/api/chat", &[], &huge);
-    assert_eq!(r.status, 413);
+    // Refused from its length alone, before the client has sent it.
+    let huge = format!("POST /api/chat HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n\r\n", (32 << 20) + 10);
+    assert!(status_of_head(&s, &huge).contains(" 413 "));
     assert_eq!(s.get("/api/version").status, 200, "still serving");
 }
 
@@ -328,7 +351,7 @@ fn foreign_origins_and_huge_bodies_are_refused() {
 fn open_stream(s: &Server, body: &Value) -> TcpStream {
     let mut t = TcpStream::connect(s.addr).expect("connecting");
     let body = body.to_string();
-    let req = format!("POST /api/generate HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+    let req = format!("POST /api/generate HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n\r\n{body}", body.len());
     t.write_all(req.as_bytes()).expect("sending");
     t.set_read_timeout(Some(Duration::from_secs(60))).expect("timeout");
     let mut buf = [0u8; 4096];
@@ -451,4 +474,102 @@ fn thinking_follows_the_template() {
     let off = ask(false);
     let count = |v: &Value| v["prompt_eval_count"].as_u64().unwrap_or(0);
     assert!(count(&off) > count(&on), "think=false should add the empty think block: {} vs {}", count(&off), count(&on));
+}
+
+/// Sends `head` (a request head without its body) and reads the reply's status
+/// line, waiting at most a few seconds.
+fn status_of_head(s: &Server, head: &str) -> String {
+    let mut t = TcpStream::connect(s.addr).expect("connecting");
+    t.set_read_timeout(Some(Duration::from_secs(5))).expect("setting a timeout");
+    t.write_all(head.as_bytes()).expect("sending the head");
+    let mut got = Vec::new();
+    let mut byte = [0u8; 1];
+    while !got.ends_with(b"\r\n") {
+        match t.read(&mut byte) {
+            Ok(1) => got.push(byte[0]),
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&got).trim().to_string()
+}
+
+#[test]
+fn dns_rebinding_and_smuggled_origins_are_refused() {
+    let s = start(Setup::default());
+    for path in ["/api/tags", "/api/ps", "/v1/models", "/api/version"] {
+        let r = s.raw(format!("GET {path} HTTP/1.1\r\nHost: evil.com\r\nConnection: close\r\n\r\n").as_bytes());
+        assert_eq!(r.status, 403, "{path} answered Host: evil.com");
+    }
+    let no_host = s.raw(b"GET /api/tags HTTP/1.1\r\nConnection: close\r\n\r\n");
+    assert_eq!(no_host.status, 400, "HTTP/1.1 without Host");
+    let local = s.raw(b"GET /api/tags HTTP/1.1\r\nHost: localhost:11434\r\nConnection: close\r\n\r\n");
+    assert_eq!(local.status, 200);
+
+    let userinfo = s.request("GET", "/api/tags", &[("Origin", "http://localhost:80@evil.com")], b"");
+    assert_eq!(userinfo.status, 403, "an origin whose host is evil.com");
+    assert_eq!(userinfo.header("access-control-allow-origin"), None);
+    let two = s.request("GET", "/api/tags", &[("Origin", "http://localhost:3000"), ("Origin", "https://evil.example")], b"");
+    assert_eq!(two.status, 403, "two Origin headers");
+}
+
+#[test]
+fn a_body_declared_over_the_limit_is_refused_before_it_is_read() {
+    let s = start(Setup::default());
+    let head = "POST /api/chat HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+                Content-Length: 40000000\r\nExpect: 100-continue\r\n\r\n";
+    let status = status_of_head(&s, head);
+    assert!(status.contains(" 413 "), "expected 413 at once, got {status:?}");
+}
+
+#[test]
+fn a_bad_max_tokens_is_refused_even_beside_max_completion_tokens() {
+    let s = start(Setup::default());
+    let msgs = json!([{"role": "user", "content": "Hi"}]);
+    let r = s.post("/v1/chat/completions", &json!({"model": MODEL, "messages": msgs, "max_tokens": -5, "max_completion_tokens": 4}));
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.error().contains("max_tokens must be at least 1"), "{}", r.error());
+}
+
+#[test]
+fn idle_and_slow_connections_are_closed_on_time() {
+    let timeouts = Timeouts { header: Duration::from_secs(1), body: Duration::from_secs(1), ..Timeouts::default() };
+    let s = start(Setup { timeouts, ..Setup::default() });
+    let t = Instant::now();
+    let mut idle = TcpStream::connect(s.addr).expect("connecting");
+    idle.set_read_timeout(Some(Duration::from_secs(10))).expect("setting a timeout");
+    let mut rest = Vec::new();
+    let _ = idle.read_to_end(&mut rest);
+    assert!(t.elapsed() < Duration::from_secs(5), "an idle connection stayed open {:?}", t.elapsed());
+    let head = "POST /api/chat HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n{\"model\":";
+    let status = status_of_head(&s, head);
+    assert!(status.contains(" 408 "), "a body that never arrives: {status:?}");
+}
+
+#[test]
+fn shutdown_ends_streams_with_a_final_chunk_within_its_grace() {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let timeouts = Timeouts { shutdown_grace: Duration::from_secs(2), ..Timeouts::default() };
+    let setup = Setup { no_eos: true, timeouts, ..Setup::default() };
+    let (s, returned) = start_until(setup, async move {
+        let _ = stopped.await;
+    });
+    let mut stream = open_stream(&s, &json!({"model": MODEL, "prompt": "Go on", "options": {"num_predict": 4000}}));
+    let _idle = TcpStream::connect(s.addr).expect("connecting");
+    let t = Instant::now();
+    stop.send(()).expect("signalling shutdown");
+    returned.recv_timeout(Duration::from_secs(10)).expect("serve_on returned");
+    assert!(t.elapsed() < Duration::from_secs(5), "shutdown took {:?}", t.elapsed());
+    let mut rest = Vec::new();
+    let _ = stream.read_to_end(&mut rest);
+    assert!(String::from_utf8_lossy(&rest).contains("\"done\":true"), "no final chunk: {}", String::from_utf8_lossy(&rest));
+}
+
+#[test]
+fn a_prompt_surely_too_long_is_refused_by_its_size_before_tokenizing() {
+    let s = start(Setup { max_context: 256, ..Setup::default() });
+    let t = Instant::now();
+    let r = s.post("/api/generate", &json!({"model": MODEL, "prompt": "hello world ".repeat(400_000), "raw": true}));
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.error().contains("judged by its size in bytes"), "{}", r.error());
+    assert!(t.elapsed() < Duration::from_secs(5), "took {:?}", t.elapsed());
 }

@@ -236,6 +236,39 @@ case("origin null")(lambda: _origin("null", want=403))
 case("loopback origin")(lambda: _origin("http://localhost:5173"))
 case("loopback preflight")(lambda: _origin("http://127.0.0.1:3000", "OPTIONS", 204, {"Access-Control-Request-Method": "POST"}))
 case("foreign preflight")(lambda: _origin("http://192.168.1.5", "OPTIONS", 403, {"Access-Control-Request-Method": "POST"}))
+case("origin with user information")(lambda: _origin("http://localhost:80@evil.com", want=403))
+
+
+def _raw_status(head):
+    """Sends a request head alone and returns the status of the first answer line."""
+    s = connect(10)
+    try:
+        s.sendall(head.encode())
+        line = b""
+        while not line.endswith(b"\r\n"):
+            c = s.recv(1)
+            if not c:
+                break
+            line += c
+        return int(line.split(b" ")[1]) if line.count(b" ") >= 2 else 0
+    finally:
+        s.close()
+
+
+def _raw_expect(head, want):
+    got = _raw_status(head)
+    assert got == want, f"status {got}, want {want}"
+
+
+case("two Origin headers")(lambda: _raw_expect(
+    "GET /api/tags HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: http://localhost\r\nOrigin: https://evil.example\r\nConnection: close\r\n\r\n", 403))
+case("Host of a DNS-rebinding page")(lambda: _raw_expect(
+    "GET /api/ps HTTP/1.1\r\nHost: evil.com\r\nConnection: close\r\n\r\n", 403))
+case("HTTP/1.1 without Host")(lambda: _raw_expect("GET /api/tags HTTP/1.1\r\nConnection: close\r\n\r\n", 400))
+case("Content-Length over the limit, refused before 100-continue")(lambda: _raw_expect(
+    "POST /api/chat HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 40000000\r\nExpect: 100-continue\r\n\r\n", 413))
+case("OpenAI max_tokens -5 beside max_completion_tokens")(lambda: _post_expect(
+    "/v1/chat/completions", {"model": m(), "messages": MSGS, "max_tokens": -5, "max_completion_tokens": 4}, 400, "max_tokens"))
 
 # --- over-long prompts --------------------------------------------------------------
 case("prompt over max context")(lambda: _post_expect("/api/generate", {"model": m(), "prompt": "hello " * 40000, "raw": True}, 400, "context"))
@@ -260,7 +293,7 @@ def _slow_body(stream):
 def _hang_up_after(body, seconds):
     s = connect()
     data = json.dumps(body).encode()
-    s.sendall(f"POST /api/generate HTTP/1.1\r\nHost: x\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+    s.sendall(f"POST /api/generate HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
     time.sleep(seconds)
     s.close()
 
@@ -277,7 +310,7 @@ case("disconnect during a non-streaming prefill")(lambda: _disconnect(False))
 
 def _half_request():
     s = connect()
-    s.sendall(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"model\":")
+    s.sendall(b"POST /api/chat HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1000\r\n\r\n{\"model\":")
     s.close()
     assert _quick_generate() < 30
 
@@ -338,7 +371,8 @@ def main():
     p.add_argument("--url", default="http://127.0.0.1:11434")
     p.add_argument("--model", default="qwen3_moe_mlx4")
     p.add_argument("--queue", type=int, default=16, help="the server's --queue")
-    p.add_argument("--slow-words", type=int, default=1200, help="prompt words for a prefill that takes seconds")
+    p.add_argument("--slow-words", type=int, default=900,
+                   help="prompt words for a prefill that takes seconds (within the model's context)")
     ARGS = p.parse_args()
     # Time a slow prefill once, so the disconnect cases know what "prompt" means.
     t = time.time()

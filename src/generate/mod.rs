@@ -110,6 +110,12 @@ impl Engine {
         &self.model.arch
     }
 
+    /// Most tokens (prompt and generated) one sequence may hold: the model's
+    /// trained context, or unbounded when its config does not state one.
+    pub fn context_length(&self) -> usize {
+        self.arch().context_length().map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX))
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.model.vocab_size()
     }
@@ -201,8 +207,10 @@ impl Engine {
         Ok(h)
     }
 
-    /// Generates from a fresh state, calling `on_text` with each piece of text;
-    /// `on_text` returning `Break` cancels.
+    /// Generates from a fresh state, calling `on_text` once per generated
+    /// token with the text it made ready (empty while text is held back) and
+    /// once at the end with what was still held; `on_text` returning `Break`
+    /// cancels.
     pub fn generate(&self, req: &GenerateRequest, on_text: impl FnMut(&str) -> ControlFlow<()>) -> Result<GenerateOutput> {
         let mut state = self.new_state()?;
         self.generate_from(&mut state, req, on_text)
@@ -227,6 +235,12 @@ impl Engine {
                 req.prompt_ids.len()
             );
         }
+        let max_tokens = tokens_within_context(
+            req.prompt_ids.len(),
+            req.max_tokens,
+            self.context_length(),
+            "the model's context (max_position_embeddings)",
+        )?;
         let fed = req.prompt_ids.len() - state.position;
         let start = Instant::now();
         let logits = self.prefill(&req.prompt_ids[state.position..], state)?;
@@ -245,14 +259,14 @@ impl Engine {
         let mut stops = StopMatcher::new(&req.stop);
         let mut finish = FinishReason::Length;
         let mut hit_stop_string = false;
+        // Called for every token, with an empty piece while text is held back
+        // (a possible stop string, an incomplete character), so the caller can
+        // cancel at every step whatever is shown.
         let mut emit = |piece: &str, text: &mut String| -> ControlFlow<()> {
-            if piece.is_empty() {
-                return ControlFlow::Continue(());
-            }
             text.push_str(piece);
             on_text(piece)
         };
-        while generated.len() < req.max_tokens {
+        while generated.len() < max_tokens {
             let next = strategy.next_token(self, state, &history, &mut sampler)?;
             if !req.ignore_eos && self.codec.eos_ids.contains(&next) {
                 finish = FinishReason::Stop;
@@ -273,7 +287,7 @@ impl Engine {
             }
         }
         strategy.finish(self, state)?;
-        if !hit_stop_string {
+        if !hit_stop_string && finish != FinishReason::Cancelled {
             // Flush an incomplete character and any text held back for stop matching.
             let tail = decoder.finish(&self.codec)?;
             let (safe, stopped) = stops.push(&tail);
@@ -298,6 +312,20 @@ impl Engine {
     }
 }
 
+/// How many of the `max_tokens` asked for fit after a prompt of `prompt_len`
+/// tokens within `context` tokens (`what` names that limit in the error): all
+/// of them, fewer when the context ends first, and an error when the prompt
+/// leaves no room at all.
+pub fn tokens_within_context(prompt_len: usize, max_tokens: usize, context: usize, what: &str) -> Result<usize> {
+    if prompt_len >= context {
+        bail!(
+            "the prompt is {prompt_len} tokens, which leaves no room to generate within {what} of {context} tokens; \
+             shorten the prompt"
+        );
+    }
+    Ok(max_tokens.min(context - prompt_len))
+}
+
 /// Perplexity of a text, evaluated in independent windows.
 #[derive(Clone, Debug, Serialize)]
 pub struct Perplexity {
@@ -315,6 +343,9 @@ impl Engine {
     pub fn perplexity(&self, ids: &[u32], window: usize, max_windows: usize) -> Result<Perplexity> {
         if window < 2 {
             bail!("the perplexity window must be at least 2 tokens");
+        }
+        if window > self.context_length() {
+            bail!("the perplexity window of {window} tokens is over the model's context of {} tokens", self.context_length());
         }
         let vocab = self.model.vocab_size();
         let (mut nll, mut n, mut windows) = (0.0f64, 0usize, 0usize);
@@ -335,5 +366,18 @@ impl Engine {
         }
         let mean = nll / n as f64;
         Ok(Perplexity { windows, predicted_tokens: n, mean_nll: mean, perplexity: mean.exp() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tokens_within_context;
+
+    #[test]
+    fn generation_is_bounded_by_the_context() {
+        assert_eq!(tokens_within_context(10, 5, 100, "the context").expect("fits"), 5);
+        assert_eq!(tokens_within_context(10, usize::MAX, 100, "the context").expect("clamped"), 90);
+        let error = tokens_within_context(100, 1, 100, "the model's context").expect_err("no room");
+        assert!(error.to_string().contains("the prompt is 100 tokens") && error.to_string().contains("the model's context of 100"), "{error}");
     }
 }

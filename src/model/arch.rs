@@ -13,6 +13,7 @@ use slotstream_backend::DType;
 
 use super::config::{MoeConfig, Qwen4Config};
 use crate::checkpoint::{Checkpoint, QuantConfig};
+use crate::model_files;
 
 /// The model families slotstream runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,7 +109,7 @@ impl ModelArch {
     /// Reads and checks `dir/config.json`.
     pub fn read(dir: &Path) -> Result<ModelArch> {
         let config_path = dir.join("config.json");
-        let text = std::fs::read_to_string(&config_path)
+        let text = model_files::read_text(&config_path, model_files::CONFIG_MAX_BYTES)
             .with_context(|| format!("reading {} (is {} a model directory?)", config_path.display(), dir.display()))?;
         let raw: serde_json::Value =
             serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", config_path.display()))?;
@@ -347,6 +348,50 @@ mod tests {
             ("partial_rotary_factor", serde_json::json!(-1.0), "partial_rotary_factor"),
         ] {
             let e = arch(hybrid(serde_json::json!({ key: value }))).unwrap_err();
+            assert!(format!("{e:#}").contains(says), "{key}: {e:#}");
+        }
+    }
+
+    #[test]
+    fn every_size_and_rate_is_checked_against_its_range_by_name() {
+        for (key, value, says) in [
+            ("full_attention_interval", serde_json::json!(0), "full_attention_interval is 0 (expected 1 to 1024)"),
+            ("linear_conv_kernel_dim", serde_json::json!(100_000), "linear_conv_kernel_dim is 100000"),
+            ("num_attention_heads", serde_json::json!(1_000_000_000u64), "num_attention_heads is 1000000000"),
+            ("head_dim", serde_json::json!(0), "head_dim is 0"),
+            ("head_dim", serde_json::json!(3), "3 rotary dimensions"),
+            ("intermediate_size", serde_json::json!(0), "intermediate_size is 0"),
+            ("linear_key_head_dim", serde_json::json!(1 << 30), "linear_key_head_dim is 1073741824"),
+            ("max_position_embeddings", serde_json::json!(0), "max_position_embeddings is 0"),
+            ("rms_norm_eps", serde_json::json!(1e39), "rms_norm_eps"),
+            ("rope_theta", serde_json::json!(0.0), "rope_theta"),
+            ("num_experts_per_tok", serde_json::json!(0), "experts per token"),
+        ] {
+            let e = arch(hybrid(serde_json::json!({ key: value }))).expect_err(key);
+            assert!(format!("{e:#}").contains(says), "{key}: {e:#}");
+        }
+    }
+
+    #[test]
+    fn qwen4_exp_settings_are_checked_against_their_ranges_by_name() {
+        let config = |key: &str, value: serde_json::Value| {
+            let mut text = hybrid(serde_json::json!({
+                "head_dim": 4, "hc_count": 4, "hc_lowrank": 8, "indexer_n_heads": 2, "indexer_kv_heads": 1,
+                "indexer_head_dim": 4, "indexer_budget": 8, "indexer_compress_ratio": 4, "ngram_size": 3,
+                "heads_per_ngram": 2, "split_ngram_parts": 2, "ple_embed_dim": 8, "ple_conv_kernel_size": 4
+            }));
+            text[key] = value;
+            serde_json::json!({ "model_type": "qwen4_exp", "text_config": text })
+        };
+        arch(config("ple_embed_dim", serde_json::json!(8))).expect("the base config is valid");
+        for (key, value, says) in [
+            ("split_ngram_parts", serde_json::json!(0), "split_ngram_parts is 0 (expected 1 to 65536)"),
+            ("ngram_size", serde_json::json!(1000), "ngram_size is 1000"),
+            ("hc_count", serde_json::json!(1 << 20), "hc_count is 1048576"),
+            ("ple_conv_kernel_size", serde_json::json!(0), "ple_conv_kernel_size is 0"),
+            ("indexer_head_dim", serde_json::json!(0), "indexer_head_dim is 0"),
+        ] {
+            let e = arch(config(key, value)).expect_err(key);
             assert!(format!("{e:#}").contains(says), "{key}: {e:#}");
         }
     }

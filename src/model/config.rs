@@ -141,9 +141,32 @@ impl MoeConfig {
             ("num_experts", self.num_experts, 65536),
             ("vocab_size", self.vocab_size, 4 << 20),
             ("moe_intermediate_size", self.moe_intermediate_size, 1 << 20),
+            ("num_attention_heads", self.num_attention_heads, 1024),
+            ("num_experts_per_tok", self.num_experts_per_tok, 1024),
+            ("decoder_sparse_step", self.decoder_sparse_step, 1024),
+            ("full_attention_interval", self.full_attention_interval, 1024),
+            ("linear_conv_kernel_dim", self.linear_conv_kernel_dim, 64),
         ] {
-            if value == 0 || value > most {
-                bail!("config.json: {name} is {value} (expected 1 to {most})");
+            check_range(name, value, 1, most)?;
+        }
+        for (name, value, most) in [
+            ("num_key_value_heads", self.num_key_value_heads, 1024),
+            ("head_dim", self.head_dim, 4096),
+            ("intermediate_size", self.intermediate_size, 1 << 20),
+            ("linear_num_value_heads", self.linear_num_value_heads, 1024),
+            ("linear_num_key_heads", self.linear_num_key_heads, 1024),
+            ("linear_key_head_dim", self.linear_key_head_dim, 4096),
+            ("linear_value_head_dim", self.linear_value_head_dim, 4096),
+        ] {
+            if let Some(value) = value {
+                check_range(name, value, 1, most)?;
+            }
+        }
+        check_range("shared_expert_intermediate_size", self.shared_expert_intermediate_size, 0, 1 << 20)?;
+        check_range("head_dim", self.head_dim(), 1, 4096)?;
+        if let Some(context) = self.max_position_embeddings {
+            if !(1..=1 << 24).contains(&context) {
+                bail!("config.json: max_position_embeddings is {context} (expected 1 to {})", 1u64 << 24);
             }
         }
         let theta = self.rope_theta();
@@ -156,6 +179,14 @@ impl MoeConfig {
         let factor = self.partial_rotary_factor();
         if !(factor > 0.0 && factor <= 1.0) {
             bail!("config.json: partial_rotary_factor {factor} is not in (0, 1]");
+        }
+        let rotary = (self.head_dim() as f32 * factor) as usize;
+        if rotary < 2 || rotary % 2 != 0 {
+            bail!(
+                "config.json: head_dim {} x partial_rotary_factor {factor} gives {rotary} rotary dimensions \
+                 (expected a positive even number)",
+                self.head_dim()
+            );
         }
         Ok(())
     }
@@ -196,6 +227,14 @@ impl MoeConfig {
     }
 }
 
+/// Refuses a value outside `least..=most`, naming the key and the range.
+fn check_range(name: &str, value: usize, least: usize, most: usize) -> Result<()> {
+    if !(least..=most).contains(&value) {
+        bail!("config.json: {name} is {value} (expected {least} to {most})");
+    }
+    Ok(())
+}
+
 /// The qwen4_exp settings beyond the text config (hyper-connections, the QSA
 /// indexer, the n-gram embedding), from `text_config`.
 #[derive(Clone, Debug, Deserialize)]
@@ -229,6 +268,21 @@ impl Qwen4Config {
             .context("config.json text_config is missing a qwen4_exp field (hyper-connection, indexer or n-gram settings)")?;
         if q.hc_count == 0 || q.indexer_compress_ratio == 0 || q.ngram_size < 2 || q.heads_per_ngram == 0 {
             bail!("config.json text_config: hc_count, indexer_compress_ratio and heads_per_ngram must be positive and ngram_size at least 2");
+        }
+        for (name, value, least, most) in [
+            ("hc_count", q.hc_count, 1, 64),
+            ("hc_lowrank", q.hc_lowrank, 1, 65536),
+            ("indexer_n_heads", q.indexer_n_heads, 1, 1024),
+            ("indexer_head_dim", q.indexer_head_dim, 1, 4096),
+            ("indexer_budget", q.indexer_budget, 1, 1 << 24),
+            ("indexer_compress_ratio", q.indexer_compress_ratio, 1, 4096),
+            ("ngram_size", q.ngram_size, 2, 16),
+            ("heads_per_ngram", q.heads_per_ngram, 1, 256),
+            ("split_ngram_parts", q.split_ngram_parts, 1, 65536),
+            ("ple_embed_dim", q.ple_embed_dim, 1, 65536),
+            ("ple_conv_kernel_size", q.ple_conv_kernel_size, 1, 64),
+        ] {
+            check_range(name, value, least, most).context("in text_config")?;
         }
         if q.indexer_kv_heads != 1 {
             bail!("config.json text_config: indexer_kv_heads {} is not supported (the indexer has one key head)", q.indexer_kv_heads);

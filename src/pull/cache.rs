@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
@@ -125,21 +125,44 @@ impl RepoCache {
     }
 
     /// The commit `revision` resolves to locally: itself if it is a commit hash, else
-    /// what `refs/<revision>` records.
-    pub fn resolve_revision(&self, revision: &str) -> Option<String> {
+    /// what `refs/<revision>` records (`None` when nothing does). A record that is not
+    /// a commit hash is an error that does not repeat what the file holds.
+    pub fn resolve_revision(&self, revision: &str) -> Result<Option<String>> {
         if super::manifest::is_commit_hash(revision) {
-            return Some(revision.to_string());
+            return Ok(Some(revision.to_string()));
         }
-        let commit = fs::read_to_string(self.dir.join("refs").join(revision)).ok()?;
-        Some(commit.trim().to_string())
+        let path = self.ref_path(revision)?;
+        if fs::symlink_metadata(&path).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
+            return Ok(None);
+        }
+        // A commit hash and a newline; anything longer is not a ref record.
+        let mut record = Vec::new();
+        crate::model_files::open_regular(&path)?
+            .take(64)
+            .read_to_end(&mut record)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let commit = String::from_utf8_lossy(&record).trim().to_string();
+        if !super::manifest::is_commit_hash(&commit) {
+            bail!("{} does not hold a commit hash; delete it and pull again", path.display());
+        }
+        Ok(Some(commit))
     }
 
     pub fn write_ref(&self, revision: &str, commit: &str) -> Result<()> {
-        let path = self.dir.join("refs").join(revision);
+        let path = self.ref_path(revision)?;
         if let Some(parent) = path.parent() {
             fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
         }
         write_atomically(&path, commit.as_bytes())
+    }
+
+    /// `refs/<revision>`, for a revision that is a valid git ref name (so never an
+    /// absolute path or one that leaves `refs/`).
+    fn ref_path(&self, revision: &str) -> Result<PathBuf> {
+        super::manifest::check_revision(revision)?;
+        let mut path = self.dir.join("refs");
+        path.extend(revision.split('/'));
+        Ok(path)
     }
 
     /// Points `snapshots/<commit>/<path>` at `blobs/<blob>` with a relative symlink, as
@@ -304,5 +327,24 @@ mod tests {
         assert_eq!(repo.dir(), Path::new("/c/models--org--name"));
         assert_eq!(repo.snapshot_file("abc", "sub/x.json"), Path::new("/c/models--org--name/snapshots/abc/sub/x.json"));
         assert_eq!(repo.blob_path("ff"), Path::new("/c/models--org--name/blobs/ff"));
+    }
+
+    #[test]
+    fn a_revision_is_never_joined_as_a_path_and_a_bad_ref_is_not_echoed() {
+        let scratch = tempfile::tempdir().expect("creating a scratch folder");
+        let secret = scratch.path().join("secret.txt");
+        fs::write(&secret, "top secret contents").expect("writing the secret");
+        let repo = RepoCache::new(&scratch.path().join("hub"), "org/name");
+        let absolute = secret.to_string_lossy().into_owned();
+        let error = repo.resolve_revision(&absolute).expect_err("an absolute path is not a revision");
+        assert!(!format!("{error:#}").contains("top secret"), "{error:#}");
+        repo.write_ref(&absolute, "0123456789abcdef0123456789abcdef01234567").expect_err("not a revision");
+        assert_eq!(fs::read_to_string(&secret).expect("reading the secret"), "top secret contents");
+
+        fs::create_dir_all(repo.dir().join("refs")).expect("creating refs/");
+        fs::write(repo.dir().join("refs/main"), "top secret contents").expect("writing a bad ref");
+        let error = repo.resolve_revision("main").expect_err("a ref that holds no commit");
+        assert!(!format!("{error:#}").contains("top secret") && format!("{error:#}").contains("refs/main"), "{error:#}");
+        assert_eq!(repo.resolve_revision("v2").expect("no such ref is not an error"), None);
     }
 }

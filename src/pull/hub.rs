@@ -17,6 +17,7 @@ use ureq::http::{HeaderMap, Response};
 use ureq::Body;
 
 use super::cache::hf_home;
+use crate::note;
 
 const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
 
@@ -263,7 +264,7 @@ impl HubClient {
                         )));
                     }
                     let wait = self.backoff(failures, retry_after);
-                    eprintln!("  retry: {what}: {e:#}; trying again in {:.1} s", wait.as_secs_f64());
+                    note!("  retry: {what}: {e:#}; trying again in {:.1} s", wait.as_secs_f64());
                     std::thread::sleep(wait);
                 }
             }

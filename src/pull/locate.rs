@@ -63,7 +63,7 @@ pub(super) fn local_manifest(spec: &ModelSpec, repo: &RepoCache, pull_command: &
         ModelSpec::Hub { revision, .. } => revision,
     };
     let name = spec.display_name();
-    let Some(commit) = repo.resolve_revision(revision) else {
+    let Some(commit) = repo.resolve_revision(revision)? else {
         bail!("{name} is not downloaded (nothing in {}). Download it with:\n  {pull_command}", repo.dir().display());
     };
     match repo.load_manifest(&commit)? {

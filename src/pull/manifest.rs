@@ -87,9 +87,7 @@ impl ModelSpec {
                 None => (rest, "main"),
             };
             check_repo_id(repo).with_context(|| format!("reading the model name {spec:?}"))?;
-            if revision.is_empty() || revision.contains("..") {
-                bail!("the revision in {spec:?} is empty or invalid; use hf:ORG/NAME@REVISION");
-            }
+            check_revision(revision).with_context(|| format!("reading the model name {spec:?}"))?;
             return Ok(ModelSpec::Hub { repo: repo.to_string(), revision: revision.to_string() });
         }
         for (name, json) in KNOWN_MODELS {
@@ -135,6 +133,32 @@ fn check_repo_id(repo: &str) -> Result<()> {
         Some((org, name)) if valid_part(org) && valid_part(name) => Ok(()),
         _ => bail!("{repo:?} is not a Hugging Face repository id; expected ORG/NAME"),
     }
+}
+
+/// Refuses a revision that is neither a commit hash nor a valid git ref name (the
+/// rules of `git check-ref-format`), so a revision can never climb out of the
+/// cache's `refs/` folder or name an absolute path when it is joined onto it.
+pub fn check_revision(revision: &str) -> Result<()> {
+    if is_commit_hash(revision) {
+        return Ok(());
+    }
+    let bad_char = |c: char| c.is_ascii_control() || " ~^:?*[\\".contains(c);
+    let bad_part = |part: &str| part.is_empty() || part.starts_with('.') || part.ends_with(".lock");
+    let valid = !revision.is_empty()
+        && revision.len() <= 255
+        && revision != "@"
+        && !revision.ends_with('.')
+        && !revision.contains("..")
+        && !revision.contains("@{")
+        && !revision.chars().any(bad_char)
+        && !revision.split('/').any(bad_part);
+    if !valid {
+        bail!(
+            "the revision {revision:?} is not a branch, tag or commit: use a 40-hex commit hash or a git ref \
+             name (letters, digits, '-', '_', '.', '/'; no '..', no leading '/' or '.'), as in hf:ORG/NAME@main"
+        );
+    }
+    Ok(())
 }
 
 /// A commit hash, as opposed to a branch or tag name.
@@ -210,6 +234,24 @@ mod tests {
         );
         for bad in ["hf:org", "hf:/name", "hf:org/na/me", "hf:../x", "hf:org/name@", "nope"] {
             assert!(ModelSpec::parse(bad).is_err(), "{bad} should be rejected");
+        }
+    }
+
+    #[test]
+    fn revisions_are_commits_or_git_ref_names_never_paths() {
+        let commit = "0123456789abcdef0123456789abcdef01234567";
+        for good in ["main", "v1.0", "refs/pr/1", "release-2024_01", commit] {
+            let spec = format!("hf:org/name@{good}");
+            assert!(ModelSpec::parse(&spec).is_ok(), "{spec} should be accepted");
+        }
+        for bad in [
+            "/etc/passwd", "/tmp/x", "../x", "a/../../b", "a//b", "a/", ".hidden", "a/.b", "x.lock",
+            "a\\b", "a b", "a:b", "a~1", "a^", "a?", "a*", "a[", "a@{1}", "@", "ends.", "tab\t", "nul\0",
+            "C:\\Windows",
+        ] {
+            let spec = format!("hf:org/name@{bad}");
+            let error = ModelSpec::parse(&spec).expect_err(&spec);
+            assert!(format!("{error:#}").contains("is not a branch, tag or commit"), "{spec}: {error:#}");
         }
     }
 }

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use indicatif::{HumanBytes, HumanDuration, ProgressBar, ProgressStyle};
 
+use crate::note;
+
 /// Plain mode prints at most one progress line this often.
 const PLAIN_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -58,7 +60,7 @@ impl Progress {
                 let Ok(mut last) = self.last_plain_line.try_lock() else { return };
                 if last.elapsed() >= PLAIN_INTERVAL {
                     *last = Instant::now();
-                    eprintln!("{}", self.summary(done));
+                    note!("{}", self.summary(done));
                 }
             }
         }
@@ -68,7 +70,7 @@ impl Progress {
     pub fn println(&self, line: &str) {
         match &self.bar {
             Some(bar) => bar.println(line),
-            None => eprintln!("{line}"),
+            None => note!("{line}"),
         }
     }
 
@@ -82,7 +84,7 @@ impl Progress {
         }
         let done = self.done.load(Ordering::Relaxed);
         if done > self.initial {
-            eprintln!("{}", self.summary(done));
+            note!("{}", self.summary(done));
         }
     }
 

@@ -19,6 +19,7 @@ use super::progress::Progress;
 use super::transfer::{self, Download, TransferSettings};
 use super::verify::{self, FileCheck};
 use crate::disk;
+use crate::{console, note};
 
 /// Hub metadata fetched while listing an `hf:` model, by file path.
 type MetadataByPath = HashMap<String, (Source, FileMetadata)>;
@@ -84,7 +85,7 @@ impl Puller {
                 LocalState::Unverified => unverified.push((file.clone(), local)),
                 LocalState::Missing => absent.push(file.clone()),
                 LocalState::WrongSize(_) => {
-                    eprintln!("{}: the copy in the cache is partial or damaged; fetching it again", file.path);
+                    note!("{}: the copy in the cache is partial or damaged; fetching it again", file.path);
                     self.delete_local(&local)?;
                     absent.push(file.clone());
                 }
@@ -104,7 +105,7 @@ impl Puller {
                     Ok(meta) if meta.len() == file.size => blobs_present.push(plan),
                     _ => planned.push(plan),
                 },
-                None => eprintln!("{}: optional, not available from any source; skipped", file.path),
+                None => note!("{}: optional, not available from any source; skipped", file.path),
             }
         }
         let blob_checks = blobs_present
@@ -144,7 +145,7 @@ impl Puller {
                 self.name
             );
         }
-        println!("{} is ready in {}", self.name, self.repo.snapshot_dir(self.commit()).display());
+        console::print_line(format_args!("{} is ready in {}", self.name, self.repo.snapshot_dir(self.commit()).display()))?;
         Ok(())
     }
 
@@ -164,7 +165,7 @@ impl Puller {
             .map(|(file, local)| FileCheck { label: file.path.clone(), path: local.clone(), digest: file.digest.clone() })
             .collect();
         let total = files.iter().map(|(f, _)| f.size).sum();
-        eprintln!("checking {} file(s) already in the cache ({})", files.len(), HumanBytes(total));
+        note!("checking {} file(s) already in the cache ({})", files.len(), HumanBytes(total));
         let progress = Progress::new("checked", total, 0);
         let results = verify::hash_all(&checks, threads, &progress);
         progress.finish();
@@ -174,7 +175,7 @@ impl Puller {
             if actual == file.digest.hex() {
                 self.record_verified(&local, &file.digest)?;
             } else {
-                eprintln!(
+                note!(
                     "{}: the copy in the cache does not match its pinned {} ({}, expected {}); deleted it, fetching it again",
                     file.path,
                     file.digest.algorithm(),
@@ -248,7 +249,7 @@ impl Puller {
         let total: u64 = downloads.iter().map(|d| d.size).sum();
         let on_disk: u64 = downloads.iter().map(transfer::bytes_already_done).sum();
         check_free_space(&self.repo.blobs_dir(), total - on_disk)?;
-        eprintln!(
+        note!(
             "downloading {} file(s) of {}: {} to fetch{}, {} connection(s)",
             downloads.len(),
             self.name,
@@ -330,7 +331,7 @@ fn manifest_from_hub(
     if !is_commit_hash(&info.sha) {
         bail!("the hub answered commit {:?} for {repo}@{revision}, which is not a commit hash", info.sha);
     }
-    eprintln!("{repo}@{revision} is commit {}: {} file(s)", info.sha, info.siblings.len());
+    note!("{repo}@{revision} is commit {}: {} file(s)", info.sha, info.siblings.len());
     let source = Source { repo: repo.to_string(), revision: info.sha.clone() };
     let mut files = Vec::new();
     let mut metadata = HashMap::new();

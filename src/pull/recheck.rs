@@ -8,6 +8,7 @@ use anyhow::{bail, Result};
 use indicatif::HumanBytes;
 
 use super::cache::{delete_snapshot_entry, RepoCache};
+use crate::{console, note};
 use super::locate::local_manifest;
 use super::manifest::ModelSpec;
 use super::progress::Progress;
@@ -35,17 +36,17 @@ pub(super) fn verify_copy(spec: &ModelSpec, root: &Path, threads: usize) -> Resu
             }),
             Ok(meta) => {
                 bad += 1;
-                println!("PARTIAL   {}: {} of {} bytes", file.path, meta.len(), file.size);
+                console::print_line(format_args!("PARTIAL   {}: {} of {} bytes", file.path, meta.len(), file.size))?;
             }
-            Err(_) if file.optional => println!("absent    {} (optional)", file.path),
+            Err(_) if file.optional => console::print_line(format_args!("absent    {} (optional)", file.path))?,
             Err(_) => {
                 bad += 1;
-                println!("MISSING   {}", file.path);
+                console::print_line(format_args!("MISSING   {}", file.path))?;
             }
         }
     }
     let total = checks.iter().map(|c| fs::metadata(&c.path).map(|m| m.len()).unwrap_or(0)).sum();
-    eprintln!("hashing {} file(s) of {name} ({}) in {}", checks.len(), HumanBytes(total), repo.snapshot_dir(commit).display());
+    note!("hashing {} file(s) of {name} ({}) in {}", checks.len(), HumanBytes(total), repo.snapshot_dir(commit).display());
     let progress = Progress::new("hashed", total, 0);
     let results = verify::hash_all(&checks, threads, &progress);
     progress.finish();
@@ -53,22 +54,22 @@ pub(super) fn verify_copy(spec: &ModelSpec, root: &Path, threads: usize) -> Resu
         match result {
             Ok(actual) if actual == check.digest.hex() => {
                 verified.mark_verified(&check.path, &check.digest);
-                println!("ok        {}", check.label);
+                console::print_line(format_args!("ok        {}", check.label))?;
             }
             Ok(actual) => {
                 bad += 1;
                 verified.forget(&check.path);
                 delete_snapshot_entry(&check.path)?;
-                println!(
+                console::print_line(format_args!(
                     "MISMATCH  {}: {} is {actual}, pinned {}; deleted",
                     check.label,
                     check.digest.algorithm(),
                     check.digest.hex()
-                );
+                ))?;
             }
             Err(e) => {
                 bad += 1;
-                println!("ERROR     {}: {e:#}", check.label);
+                console::print_line(format_args!("ERROR     {}: {e:#}", check.label))?;
             }
         }
     }
@@ -78,7 +79,7 @@ pub(super) fn verify_copy(spec: &ModelSpec, root: &Path, threads: usize) -> Resu
     if bad > 0 {
         bail!("{bad} of {} files of {name} are missing or damaged; download them again with:\n  {pull_command}", manifest.files.len());
     }
-    println!("all {} files of {name} verified", checks.len());
+    console::print_line(format_args!("all {} files of {name} verified", checks.len()))?;
     Ok(())
 }
 

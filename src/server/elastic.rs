@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::plan::governor::{Decision, Governor};
 use crate::plan::{self, MachineMemory, ModelCosts, PlanRequest};
+use crate::note;
 
 use super::{lock, AppState};
 
@@ -34,7 +35,7 @@ pub fn spawn(app: Arc<AppState>, elastic: Elastic) {
             let desired = match plan::plan(&elastic.costs, &machine, &elastic.request) {
                 Ok(p) => p,
                 Err(e) => {
-                    eprintln!("governor: re-planning failed: {e}");
+                    note!("governor: re-planning failed: {e}");
                     continue;
                 }
             };
@@ -49,7 +50,7 @@ pub fn spawn(app: Arc<AppState>, elastic: Elastic) {
                 .await;
                 match result {
                     Ok(Ok(stats)) => {
-                        eprintln!(
+                        note!(
                             "governor: expert pool {:.2} GB -> {:.2} GB ({} slots, {:.1} GB reclaimable)",
                             from_bytes as f64 / 1e9,
                             to_bytes as f64 / 1e9,
@@ -59,8 +60,8 @@ pub fn spawn(app: Arc<AppState>, elastic: Elastic) {
                         *lock(&app.expert_stats) = stats;
                         *lock(&app.plan) = Some(desired);
                     }
-                    Ok(Err(e)) => eprintln!("governor: resize failed: {e:#}"),
-                    Err(e) => eprintln!("governor: resize task failed: {e}"),
+                    Ok(Err(e)) => note!("governor: resize failed: {e:#}"),
+                    Err(e) => note!("governor: resize task failed: {e}"),
                 }
             }
         }

@@ -14,6 +14,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use super::thinking::{Split, ThinkingSplitter};
 use super::{lock, ApiError, AppState};
 use crate::generate::{Engine, FinishReason, GenerateRequest};
+use crate::note;
 use crate::model::SequenceState;
 use crate::sampling::SamplingParams;
 use crate::tokenizer::ChatMessage;
@@ -28,6 +29,19 @@ pub enum PromptInput {
     Text { text: String, system: Option<String>, raw: bool, context: Vec<u32> },
     /// Token ids as-is.
     Ids(Vec<u32>),
+}
+
+impl PromptInput {
+    /// The fewest tokens this prompt can be, before the template adds any.
+    fn fewest_tokens(&self, codec: &crate::tokenizer::TextCodec) -> usize {
+        match self {
+            PromptInput::Chat(messages) => codec.fewest_tokens(messages.iter().map(|m| m.content.len()).sum()),
+            PromptInput::Text { text, system, context, .. } => {
+                context.len() + codec.fewest_tokens(text.len() + system.as_ref().map_or(0, String::len))
+            }
+            PromptInput::Ids(ids) => ids.len(),
+        }
+    }
 }
 
 /// The one internal request both APIs translate into.
@@ -161,15 +175,35 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
             "num_ctx {limit} is larger than this server's --max-context {max_context}"
         )));
     }
+    let fewest = req.prompt.fewest_tokens(&app.engine.codec);
+    if fewest >= limit {
+        return Err(ApiError::bad_request(format!(
+            "the prompt is at least {fewest} tokens (judged by its size in bytes), which leaves no room to generate \
+             within the context limit of {limit} tokens"
+        )));
+    }
     let engine = app.engine.clone();
     let (prompt, think) = (req.prompt.clone(), req.think);
+    // Rendering and tokenizing take a CPU and memory in proportion to the
+    // prompt: a few at a time, whatever the number of clients.
+    let working = app.prompt_work.acquire().await.map_err(|_| ApiError::internal("the server is shutting down"))?;
     let (prompt_ids, opens_thinking) = tokio::task::spawn_blocking(move || render_prompt(&engine, prompt, think))
         .await
         .map_err(|e| ApiError::internal(format!("rendering the prompt failed: {e}")))??;
+    drop(working);
     let prompt_len = prompt_ids.len();
     if prompt_len >= limit {
         return Err(ApiError::bad_request(format!(
             "the prompt is {prompt_len} tokens, which leaves no room to generate within the context limit of {limit} tokens"
+        )));
+    }
+    // The model's own context bounds every request, whatever --max-context
+    // says: a prompt that fills it is refused here, and the engine ends a
+    // longer generation there (finish reason "length").
+    let model_context = app.engine.context_length();
+    if prompt_len >= model_context {
+        return Err(ApiError::bad_request(format!(
+            "the prompt is {prompt_len} tokens, which fills the model's context of {model_context} tokens (max_position_embeddings)"
         )));
     }
     let max_tokens = req.max_tokens.unwrap_or(limit - prompt_len);
@@ -183,14 +217,15 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
     let (tx, rx) = mpsc::channel(64);
     let job = GenerateRequest { prompt_ids, max_tokens, sampling: req.sampling, stop: req.stop, ignore_eos: false };
     let app2 = app.clone();
+    let sender = PieceSender { tx, runtime: tokio::runtime::Handle::current(), timeout: app.options.timeouts.write };
     tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        let piece = match run_generation(&app2, &job, &tx, arrived) {
+        let piece = match run_generation(&app2, &job, &sender, arrived) {
             Ok(Some(summary)) => Piece::Done(summary),
             Ok(None) => return, // cancelled: nobody is listening
             Err(e) => Piece::Failed(ApiError::internal(format!("generation failed: {e:#}"))),
         };
-        let _ = tx.blocking_send(piece);
+        sender.send(piece);
     });
     let splitter = (think == Some(true)).then(|| ThinkingSplitter::new(opens_thinking));
     Ok(GenerationStream { rx, splitter, done: None, finished: false })
@@ -264,9 +299,36 @@ fn render_prompt(engine: &Engine, prompt: PromptInput, think: Option<bool>) -> R
     Ok((ids, text.trim_end().ends_with("<think>")))
 }
 
+/// The engine thread's end of a generation's channel.
+struct PieceSender {
+    tx: mpsc::Sender<Piece>,
+    runtime: tokio::runtime::Handle,
+    /// How long a piece may wait for room: a client that reads nothing for
+    /// this long has let go of the generation, and its turn goes to the next.
+    timeout: Duration,
+}
+
+impl PieceSender {
+    /// Sends `piece`; false when the client is gone or stopped reading.
+    fn send(&self, piece: Piece) -> bool {
+        match self.tx.try_send(piece) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+            Err(mpsc::error::TrySendError::Full(piece)) => {
+                let sent = self.runtime.block_on(async { tokio::time::timeout(self.timeout, self.tx.send(piece)).await });
+                matches!(sent, Ok(Ok(())))
+            }
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+}
+
 /// Runs one generation on the calling (blocking) thread. `Ok(None)`: the
 /// client went away.
-fn run_generation(app: &AppState, req: &GenerateRequest, tx: &mpsc::Sender<Piece>, arrived: Instant) -> Result<Option<Summary>> {
+fn run_generation(app: &AppState, req: &GenerateRequest, tx: &PieceSender, arrived: Instant) -> Result<Option<Summary>> {
     let engine = &app.engine;
     let copy = |s: &SequenceState| engine.clone_state(s);
     let ids = &req.prompt_ids;
@@ -283,8 +345,8 @@ fn run_generation(app: &AppState, req: &GenerateRequest, tx: &mpsc::Sender<Piece
     // Feed all but the last prompt token here, in chunks, so a client that
     // leaves during a long prefill is noticed, and so the prompt's state can be
     // kept for the next request.
-    if !engine.prefill_until(ids, ids.len() - 1, &mut state, || tx.is_closed())? {
-        eprintln!("generation: cancelled during prefill at token {} of {}", state.position, ids.len());
+    if !engine.prefill_until(ids, ids.len() - 1, &mut state, || tx.is_closed() || app.stopping())? {
+        note!("generation: cancelled during prefill at token {} of {}", state.position, ids.len());
         return Ok(None);
     }
     let prefill_body = started.elapsed();
@@ -295,7 +357,14 @@ fn run_generation(app: &AppState, req: &GenerateRequest, tx: &mpsc::Sender<Piece
         }
     }
     let out = engine.generate_from(&mut state, req, |piece| {
-        if tx.blocking_send(Piece::Text(piece.to_string())).is_ok() {
+        if app.stopping() {
+            return ControlFlow::Break(());
+        }
+        if piece.is_empty() {
+            // Nothing to send this step; still stop for a client that left.
+            return if tx.is_closed() { ControlFlow::Break(()) } else { ControlFlow::Continue(()) };
+        }
+        if tx.send(Piece::Text(piece.to_string())) {
             ControlFlow::Continue(())
         } else {
             ControlFlow::Break(())
@@ -322,7 +391,7 @@ fn run_generation(app: &AppState, req: &GenerateRequest, tx: &mpsc::Sender<Piece
         let bytes: u64 = cache.states().map(|s| engine.state_bytes(s)).sum();
         app.cache_state_bytes.store(bytes as usize, Ordering::Relaxed);
     }
-    eprintln!(
+    note!(
         "generation: {} prompt tokens ({} reused), {} generated, {:?}, prefill {:.3}s, decode {:.3}s",
         out.stats.prompt_tokens,
         cached_tokens,
@@ -331,7 +400,8 @@ fn run_generation(app: &AppState, req: &GenerateRequest, tx: &mpsc::Sender<Piece
         prefill_body.as_secs_f64() + out.stats.prefill_seconds,
         out.stats.decode_seconds
     );
-    if out.finish_reason == FinishReason::Cancelled {
+    // Cancelled by a shutdown, the stream still ends with its summary.
+    if out.finish_reason == FinishReason::Cancelled && !app.stopping() {
         return Ok(None);
     }
     let mut context = out.prompt_ids;
@@ -346,4 +416,26 @@ fn run_generation(app: &AppState, req: &GenerateRequest, tx: &mpsc::Sender<Piece
         eval: Duration::from_secs_f64(out.stats.decode_seconds),
         total: arrived.elapsed(),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_that_reads_nothing_lets_go_after_the_write_timeout() {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("a runtime");
+        let (tx, mut rx) = mpsc::channel(1);
+        let sender = PieceSender { tx, runtime: runtime.handle().clone(), timeout: Duration::from_millis(200) };
+        let worker = std::thread::spawn(move || {
+            let first = sender.send(Piece::Text("read".into()));
+            let started = Instant::now();
+            let second = sender.send(Piece::Text("never read".into()));
+            (first, second, started.elapsed())
+        });
+        let (first, second, waited) = worker.join().expect("the sending thread");
+        assert!(first && !second, "the second piece has no room and nobody reads");
+        assert!(waited < Duration::from_secs(5), "waited {waited:?}");
+        assert!(matches!(runtime.block_on(rx.recv()), Some(Piece::Text(t)) if t == "read"));
+    }
 }

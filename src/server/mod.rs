@@ -12,6 +12,8 @@
 mod elastic;
 mod error;
 mod generation;
+mod guard;
+mod listen;
 mod model_info;
 mod ollama;
 mod openai;
@@ -20,7 +22,7 @@ mod thinking;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
@@ -36,6 +38,7 @@ use tokio::sync::Semaphore;
 
 use crate::experts::CacheStats;
 use crate::generate::Engine;
+use crate::note;
 
 pub use error::ApiError;
 pub use generation::{start_generation, Event, GenerationRequest, GenerationStream, PromptInput, Summary};
@@ -48,8 +51,12 @@ pub const MAX_BODY_BYTES: usize = 32 << 20;
 /// Entries the prefix cache keeps (each request adds up to two: its prompt and
 /// its prompt plus answer).
 pub const PREFIX_CACHE_ENTRIES: usize = 6;
+/// Prompts rendered and tokenized at once; more wait their turn, so many large
+/// prompts arriving together cost the memory of a few.
+pub const PROMPT_WORKERS: usize = 2;
 
 pub use elastic::Elastic;
+pub use listen::{serve_on, Timeouts};
 
 /// How the server runs.
 #[derive(Clone, Debug)]
@@ -65,6 +72,29 @@ pub struct ServerOptions {
     pub plan: Option<crate::plan::Plan>,
     /// Re-plan and resize the expert pool as free memory changes (auto-sized only).
     pub elastic: Option<elastic::Elastic>,
+    pub timeouts: Timeouts,
+}
+
+impl ServerOptions {
+    /// Refuses settings the server could not honour: a model name clients
+    /// cannot send (empty, or with spaces around it, which requests lose when
+    /// they are trimmed), or no context at all.
+    pub fn check(&self) -> Result<()> {
+        check_model_name(&self.model_name)?;
+        if self.max_context == 0 {
+            anyhow::bail!("--max-context must be at least 1 token");
+        }
+        Ok(())
+    }
+}
+
+/// Refuses a model name clients cannot send: empty, with spaces around it
+/// (requests lose them when they are trimmed) or control characters.
+pub fn check_model_name(name: &str) -> Result<()> {
+    if name.trim().is_empty() || name.trim() != name || name.chars().any(char::is_control) {
+        anyhow::bail!("--name {name:?} is not a name clients can send: give a non-empty name without surrounding spaces");
+    }
+    Ok(())
 }
 
 /// Everything handlers share.
@@ -84,6 +114,10 @@ pub struct AppState {
     /// The live memory plan (updated by the governor).
     plan: Mutex<Option<crate::plan::Plan>>,
     loaded_at: SystemTime,
+    /// Set on shutdown: running generations stop at their next token.
+    stopping: AtomicBool,
+    /// Prompts being rendered and tokenized at once (see `PROMPT_WORKERS`).
+    prompt_work: Semaphore,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -107,7 +141,20 @@ impl AppState {
             cache_state_bytes: AtomicUsize::new(0),
             plan: Mutex::new(plan),
             loaded_at: SystemTime::now(),
+            stopping: AtomicBool::new(false),
+            prompt_work: Semaphore::new(PROMPT_WORKERS),
         })
+    }
+
+    /// Cancels running generations (their streams still end with a summary)
+    /// and refuses new ones: the server is shutting down.
+    pub fn stop_generations(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        self.turn.close();
+    }
+
+    fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
     }
 
     pub fn memory(&self) -> MemoryReport {
@@ -142,31 +189,13 @@ impl AppState {
     }
 }
 
-/// Whether an `Origin` header names this machine.
-fn is_loopback_origin(origin: &str) -> bool {
-    let Some((scheme, rest)) = origin.split_once("://") else { return false };
-    if !matches!(scheme, "http" | "https") {
-        return false;
-    }
-    let authority = rest.split('/').next().unwrap_or("");
-    let host = if let Some(v6) = authority.strip_prefix('[') {
-        v6.split(']').next().unwrap_or("")
-    } else {
-        authority.split(':').next().unwrap_or("")
-    };
-    let host = host.to_ascii_lowercase();
-    if host == "localhost" || host.ends_with(".localhost") {
-        return true;
-    }
-    host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
-}
-
 /// CORS: loopback origins are allowed (and preflights answered); any other
 /// origin is refused with 403 before the request reaches a handler.
 async fn cors(req: Request, next: Next) -> Response {
-    let origin = req.headers().get(header::ORIGIN).cloned();
-    let Some(origin) = origin else { return next.run(req).await };
-    let allowed = origin.to_str().is_ok_and(is_loopback_origin);
+    let origins: Vec<HeaderValue> = req.headers().get_all(header::ORIGIN).iter().cloned().collect();
+    let Some(origin) = origins.first().cloned() else { return next.run(req).await };
+    // Two origins are no origin: which one the browser meant cannot be known.
+    let allowed = origins.len() == 1 && origin.to_str().is_ok_and(guard::is_loopback_origin);
     if !allowed {
         let e = ApiError::new(
             StatusCode::FORBIDDEN,
@@ -213,8 +242,9 @@ async fn root() -> &'static str {
     "Ollama is running"
 }
 
-/// The full router over `app`.
-pub fn router(app: Arc<AppState>) -> Router {
+/// The full router over `app`, served on `bound`.
+pub fn router(app: Arc<AppState>, bound: SocketAddr) -> Router {
+    let body_timeout = app.options.timeouts.body;
     Router::new()
         .route("/", get(root))
         .route("/api/version", get(ollama::version))
@@ -232,17 +262,11 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/v1/embeddings", any(embeddings_refused))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn_with_state(body_timeout, listen::read_body_within))
+        .layer(axum::middleware::from_fn(guard::check_length))
         .layer(axum::middleware::from_fn(cors))
+        .layer(axum::middleware::from_fn_with_state(bound, guard::check_host))
         .with_state(app)
-}
-
-/// Serves `app` on `listener` until the process ends or `shutdown` resolves.
-pub async fn serve_on(
-    listener: tokio::net::TcpListener,
-    app: Arc<AppState>,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<()> {
-    axum::serve(listener, router(app)).with_graceful_shutdown(shutdown).await.context("serving HTTP")
 }
 
 /// How `slotstream serve` was asked to run.
@@ -256,6 +280,7 @@ pub struct ServeConfig {
 
 /// Loads the model and serves until Ctrl-C.
 pub fn serve(config: ServeConfig, engine: Engine) -> Result<()> {
+    config.options.check()?;
     let model = ModelInfo::describe(engine.arch(), config.options.model_name.clone());
     let app = AppState::new(engine, model, config.options);
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -270,15 +295,44 @@ pub fn serve(config: ServeConfig, engine: Engine) -> Result<()> {
             .await
             .with_context(|| format!("binding {addr} (is another server, e.g. Ollama, already using the port? try --port)"))?;
         let bound = listener.local_addr().unwrap_or(addr);
-        eprintln!("slotstream serving '{}' on http://{bound}", app.model.name);
+        note!("slotstream serving '{}' on http://{bound}", app.model.name);
         if let Some(e) = app.options.elastic.clone() {
             elastic::spawn(app.clone(), e);
         }
-        let shutdown = async {
-            let _ = tokio::signal::ctrl_c().await;
+        // The first SIGINT or SIGTERM shuts down gracefully (bounded by
+        // --shutdown-grace); a second one exits at once.
+        let (first_sender, first) = tokio::sync::oneshot::channel::<()>();
+        let signals = async move {
+            shutdown_signal().await;
+            note!("shutting down: finishing open requests (a second Ctrl-C exits at once)");
+            let _ = first_sender.send(());
+            shutdown_signal().await;
+            note!("exiting now");
         };
-        serve_on(listener, app, shutdown).await
-    })
+        tokio::select! {
+            served = serve_on(listener, app, async move { let _ = first.await; }) => served,
+            () = signals => Ok(()),
+        }
+    })?;
+    // Generation threads were told to stop; do not wait for one stuck in a forward pass.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    Ok(())
+}
+
+/// SIGINT (Ctrl-C) or SIGTERM.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut terminate) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = terminate.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
 }
 
 /// Whether a request asked for streaming, with each API's default.
@@ -316,12 +370,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn loopback_origins() {
-        for ok in ["http://localhost", "http://localhost:3000", "https://127.0.0.1:8080", "http://[::1]:5173", "http://app.localhost"] {
-            assert!(is_loopback_origin(ok), "{ok} should be allowed");
-        }
-        for bad in ["http://example.com", "null", "file://", "http://localhost.evil.com", "http://10.0.0.1", "ftp://localhost", ""] {
-            assert!(!is_loopback_origin(bad), "{bad} should be refused");
+    fn a_model_name_clients_cannot_send_is_refused() {
+        let options = |name: &str| ServerOptions {
+            model_name: name.to_string(),
+            max_context: 4096,
+            prefix_cache: true,
+            queue: 16,
+            plan: None,
+            elastic: None,
+            timeouts: Timeouts::default(),
+        };
+        options("my-model").check().expect("a plain name is fine");
+        for bad in ["", " ", " padded ", "tab\there"] {
+            let error = options(bad).check().expect_err(bad);
+            assert!(error.to_string().contains("is not a name clients can send"), "{error}");
         }
     }
 }

@@ -100,7 +100,8 @@ impl ModelInfo {
 }
 
 fn read_safetensors_header(path: &Path) -> Option<serde_json::Value> {
-    let mut f = std::fs::File::open(path).ok()?;
+    // A special file named *.safetensors must not block the server's start.
+    let mut f = crate::model_files::open_regular(path).ok()?;
     let mut len = [0u8; 8];
     f.read_exact(&mut len).ok()?;
     let len = u64::from_le_bytes(len);

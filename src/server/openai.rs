@@ -348,7 +348,9 @@ pub async fn chat_completions(State(app): State<Arc<AppState>>, body: Body) -> R
     if messages.is_empty() {
         return Err(ApiError::bad_request("'messages' must hold at least one message").into());
     }
-    let max = max_tokens(b.max_completion_tokens.or(b.max_tokens), "max_tokens")?;
+    // Both are checked, though max_completion_tokens wins: a bad value is never ignored.
+    let legacy_max = max_tokens(b.max_tokens, "max_tokens")?;
+    let max = max_tokens(b.max_completion_tokens, "max_completion_tokens")?.or(legacy_max);
     let include_usage = b.common.stream_options.as_ref().is_some_and(|o| o.include_usage);
     let shaper = Shaper::new(Kind::Chat, b.common.model.clone(), include_usage);
     let req = GenerationRequest {

@@ -1,0 +1,196 @@
+//! The accept loop: every connection gets a deadline for each request head
+//! (an idle keep-alive connection included), one for its body and one for
+//! each write, so idle or slow sockets cannot pile up; on shutdown no new
+//! connection is taken, generations are cancelled (their streams still end
+//! with a final chunk), open connections are asked to finish, and after a
+//! grace period the loop returns whatever is still open.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::Response;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Sleep;
+
+use super::{error_for_path, router, ApiError, AppState, MAX_BODY_BYTES};
+use crate::note;
+
+/// How long a connection may take over each part of its life.
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts {
+    /// To send a request head, counted from when the server is ready for it
+    /// (so also how long an idle keep-alive connection stays open).
+    pub header: Duration,
+    /// To send a request body.
+    pub body: Duration,
+    /// For the client to take any byte of a response; a generation whose
+    /// client reads nothing for this long is cancelled and frees its turn.
+    pub write: Duration,
+    /// After a shutdown signal, how long open connections may take to finish.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            header: Duration::from_secs(30),
+            body: Duration::from_secs(60),
+            write: Duration::from_secs(60),
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves, then shuts down as
+/// the module's comment says.
+pub async fn serve_on(
+    listener: tokio::net::TcpListener,
+    app: Arc<AppState>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    let bound = listener.local_addr().context("reading the address the server is bound to")?;
+    let timeouts = app.options.timeouts;
+    let service = TowerToHyperService::new(router(app.clone(), bound));
+    let (stop_sender, stop) = tokio::sync::watch::channel(false);
+    let mut connections = tokio::task::JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        // Out of descriptors, say: wait for connections to close.
+                        note!("accepting a connection failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                let (service, mut stop) = (service.clone(), stop.clone());
+                connections.spawn(async move {
+                    let io = TokioIo::new(WriteDeadline::new(stream, timeouts.write));
+                    let connection = hyper::server::conn::http1::Builder::new()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(timeouts.header)
+                        .serve_connection(io, service);
+                    tokio::pin!(connection);
+                    tokio::select! {
+                        _ = connection.as_mut() => {}
+                        _ = stop.changed() => {
+                            connection.as_mut().graceful_shutdown();
+                            let _ = connection.await;
+                        }
+                    }
+                });
+            }
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            () = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    app.stop_generations();
+    let _ = stop_sender.send(true);
+    let all_closed = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(timeouts.shutdown_grace, all_closed).await.is_err() {
+        note!("shutdown: {} connection(s) still open after {:?}; closing them", connections.len(), timeouts.shutdown_grace);
+        connections.abort_all();
+    }
+    Ok(())
+}
+
+/// Reads the whole request body within the body timeout (and the size
+/// limit), so a slow body cannot hold a connection open.
+pub(super) async fn read_body_within(State(timeout): State<Duration>, req: Request, next: Next) -> Response {
+    let path = req.uri().path().to_string();
+    let (parts, body) = req.into_parts();
+    match tokio::time::timeout(timeout, axum::body::to_bytes(body, MAX_BODY_BYTES)).await {
+        Ok(Ok(bytes)) => next.run(Request::from_parts(parts, axum::body::Body::from(bytes))).await,
+        Ok(Err(e)) => error_for_path(&path, ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("reading the request body: {e}"))),
+        Err(_) => error_for_path(
+            &path,
+            ApiError::new(StatusCode::REQUEST_TIMEOUT, format!("the request body did not arrive within {timeout:?}")),
+        ),
+    }
+}
+
+/// A connection whose writes fail once one has waited longer than `limit`
+/// for the client to take bytes.
+struct WriteDeadline<T> {
+    inner: T,
+    limit: Duration,
+    /// Set while a write is pending.
+    deadline: Option<Pin<Box<Sleep>>>,
+}
+
+impl<T> WriteDeadline<T> {
+    fn new(inner: T, limit: Duration) -> Self {
+        WriteDeadline { inner, limit, deadline: None }
+    }
+
+    /// `Pending` from the inner write: an error once the deadline has passed.
+    fn pending<R>(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<R>> {
+        let limit = self.limit;
+        let deadline = self.deadline.get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match deadline.as_mut().poll(cx) {
+            Poll::Ready(()) => {
+                Poll::Ready(Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "the client took no bytes in time")))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn done<R>(&mut self, result: Poll<std::io::Result<R>>, cx: &mut Context<'_>) -> Poll<std::io::Result<R>> {
+        match result {
+            Poll::Pending => self.pending(cx),
+            ready => {
+                self.deadline = None;
+                ready
+            }
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for WriteDeadline<T> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<T> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bytes: &[u8]) -> Poll<std::io::Result<usize>> {
+        let result = Pin::new(&mut self.inner).poll_write(cx, bytes);
+        self.done(result, cx)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let result = Pin::new(&mut self.inner).poll_flush(cx);
+        self.done(result, cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let result = Pin::new(&mut self.inner).poll_shutdown(cx);
+        self.done(result, cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let result = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.done(result, cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}

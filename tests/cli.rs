@@ -1,0 +1,168 @@
+//! The command line's promises, through the real binary: output that cannot be
+//! written is an error with a non-zero exit (a reader that left is a quiet
+//! exit, never a panic), `run` stays within the context it planned, and
+//! flags and model names are checked before they are used.
+
+use std::fs::File;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+fn slotstream() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_slotstream"));
+    command.stdin(Stdio::null());
+    command
+}
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_moe_mlx4")
+}
+
+/// `run` on the fixture model, with `extra` flags.
+fn run_command(extra: &[&str]) -> Command {
+    let mut command = slotstream();
+    command.arg("run").arg("--model").arg(fixture());
+    command.args(["--prompt", "The sea was calm", "--raw", "--backend", "cpu"]).args(extra);
+    command
+}
+
+fn dev_full() -> Stdio {
+    Stdio::from(File::options().write(true).open("/dev/full").expect("opening /dev/full"))
+}
+
+/// The write end of a pipe whose read end is already closed.
+fn closed_pipe() -> OwnedFd {
+    let mut fds = [0; 2];
+    // SAFETY: pipe fills two descriptors we then own.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0, "making a pipe");
+    // SAFETY: both descriptors were just created and are owned here.
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    drop(read);
+    write
+}
+
+fn stderr_of(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn output_into_a_full_disk_is_an_error_with_a_message() {
+    let cases: [(&str, Command); 4] = [
+        ("doctor", {
+            let mut c = slotstream();
+            c.arg("doctor");
+            c
+        }),
+        ("doctor --json", {
+            let mut c = slotstream();
+            c.args(["doctor", "--json"]);
+            c
+        }),
+        ("run", run_command(&["--max-tokens", "3"])),
+        ("run --json", run_command(&["--max-tokens", "3", "--json"])),
+    ];
+    for (what, mut command) in cases {
+        let output = command.stdout(dev_full()).output().expect("running slotstream");
+        let stderr = stderr_of(&output);
+        assert_eq!(output.status.code(), Some(1), "{what} > /dev/full: {stderr}");
+        assert!(stderr.contains("writing to stdout") && !stderr.contains("panicked"), "{what}: {stderr}");
+    }
+}
+
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    let cases: [(&str, Command); 2] = [
+        ("doctor", {
+            let mut c = slotstream();
+            c.arg("doctor");
+            c
+        }),
+        ("run", run_command(&["--max-tokens", "3"])),
+    ];
+    for (what, mut command) in cases {
+        let pipe = closed_pipe();
+        let output = command
+            .stdout(Stdio::from(pipe.try_clone().expect("duplicating the pipe")))
+            .stderr(Stdio::from(pipe))
+            .output()
+            .expect("running slotstream");
+        assert_eq!(output.status.code(), Some(0), "{what} 2>&1 | head: {:?}", output.status);
+    }
+}
+
+#[test]
+fn run_generates_no_further_than_the_planned_context() {
+    let output = run_command(&["--max-tokens", "100", "--ignore-eos", "--plan-context", "16", "--json"])
+        .output()
+        .expect("running slotstream");
+    assert!(output.status.success(), "{}", stderr_of(&output));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("one JSON object");
+    let prompt = report["prompt_ids"].as_array().expect("prompt ids").len();
+    let generated = report["generated_ids"].as_array().expect("generated ids").len();
+    assert_eq!(prompt + generated, 16, "{report}");
+    assert!(stderr_of(&output).contains("generating at most"), "{}", stderr_of(&output));
+
+    let output = run_command(&["--plan-context", "2"]).output().expect("running slotstream");
+    let stderr = stderr_of(&output);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("leaves no room to generate") && stderr.contains("raise --plan-context"), "{stderr}");
+}
+
+#[test]
+fn a_revision_that_is_a_path_is_refused_without_reading_it() {
+    let scratch = tempfile::tempdir().expect("creating a scratch folder");
+    let secret = scratch.path().join("secret.txt");
+    std::fs::write(&secret, "top secret contents").expect("writing a file");
+    let spec = format!("hf:org/name@{}", secret.display());
+    let run = slotstream()
+        .args(["run", "--model", &spec, "--prompt", "hi"])
+        .env("HF_HUB_CACHE", scratch.path().join("hub"))
+        .output()
+        .expect("running slotstream");
+    let pull = slotstream()
+        .args(["pull", &spec])
+        .env("HF_HUB_CACHE", scratch.path().join("hub"))
+        .env("HF_ENDPOINT", "http://127.0.0.1:9")
+        .output()
+        .expect("running slotstream");
+    for (what, output) in [("run", run), ("pull", pull)] {
+        let stderr = stderr_of(&output);
+        assert_eq!(output.status.code(), Some(1), "{what}: {stderr}");
+        assert!(stderr.contains("is not a branch, tag or commit") && !stderr.contains("top secret"), "{what}: {stderr}");
+    }
+    assert_eq!(std::fs::read_to_string(&secret).expect("reading the file"), "top secret contents");
+}
+
+#[test]
+fn doctor_refuses_simulated_sizes_that_are_not_sizes() {
+    for value in ["-1", "NaN", "0"] {
+        let flag = format!("--sim-ram={value}");
+        let output = slotstream().args(["doctor", &flag]).output().expect("running slotstream");
+        let stderr = stderr_of(&output);
+        assert_eq!(output.status.code(), Some(1), "--sim-ram {value}: {stderr}");
+        assert!(stderr.contains("--sim-ram") && stderr.contains("is not a size in GB"), "{stderr}");
+    }
+}
+
+#[test]
+fn serve_refuses_a_name_clients_cannot_send() {
+    let mut child = slotstream()
+        .args(["serve", "--name", "", "--port", "0", "--backend", "cpu", "--model"])
+        .arg(fixture())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting slotstream serve");
+    let started = std::time::Instant::now();
+    while child.try_wait().expect("polling the server").is_none() {
+        if started.elapsed() > std::time::Duration::from_secs(20) {
+            let _ = child.kill();
+            panic!("serve --name \"\" started serving a model no client can name");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let output = child.wait_with_output().expect("reading the server's output");
+    let stderr = stderr_of(&output);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("is not a name clients can send"), "{stderr}");
+}
