@@ -52,6 +52,11 @@ def import_gguf(path):
         if p and os.path.isdir(p):
             sys.path.insert(0, p)
             break
+    try:
+        import yaml  # noqa: F401  (gguf.metadata imports it; nothing here uses it)
+    except ImportError:
+        import types
+        sys.modules["yaml"] = types.ModuleType("yaml")
     import gguf  # noqa: E402
     return gguf
 
