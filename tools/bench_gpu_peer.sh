@@ -33,13 +33,17 @@
 #   B    Qwen3-Next-80B-A3B's trunk: qwen3_next, top-10 of 16 experts 512 wide + shared expert
 #        512 wide, 16/2 heads of 256 (~2.2 GB)
 #   A64, B64  the same trunks with 64 experts per layer (~9.6 / ~6.0 GB), our pool holding 16 per
-#        layer (25%), routers skewed (synth.py --router-skew $ROUTER_SKEW, default 0.4: the
-#        busiest quarter of the experts takes ~47% of the routed tokens instead of 26%);
-#        our GPU and CPU backends only (PEER_STREAMING=1 adds llama.cpp with all 64 resident).
+#        layer (25%); our GPU and CPU backends only (PEER_STREAMING=1 adds llama.cpp with all 64
+#        resident).
+#   Routing (all models; see tools/synth.py): random weights send nearly every token to the same
+#   few experts (attention adds the context's mean to every position); --mixer-out-scale 0.1
+#   keeps router inputs token-specific (near-uniform choice) and --router-skew $ROUTER_SKEW
+#   (default 0.4) makes some experts busier, as in trained models: ~28% decode hits for a
+#   16-of-64 pool, instead of ~90% with plain random weights.
 #
 # env (run): MODELS (default A,B,A64,B64), SMALL=1, ROUNDS (ours, default 3), PEER_REPS (3),
 #   CPU=all|streaming|none (our CPU backend on which models, default all), PEER_STREAMING=1,
-#   ROUTER_SKEW, GPU_BACKEND (default wgpu; e.g. wgpu:software for lavapipe), KEEP=1 (keep
+#   ROUTER_SKEW, MIXER_OUT_SCALE (0.1), GPU_BACKEND (default wgpu; e.g. wgpu:software for lavapipe), KEEP=1 (keep
 #   models), WORK (models and unpacked binaries, default /tmp/gpu-peer), RESULTS (default
 #   $OUT/gpu-peer if $OUT is set, else $WORK/results), JOBS (default nproc).
 # env (prepare): CARGO_BUILD_JOBS (default 1), JOBS/NICE for llama.cpp (2/10), FORCE=1 (rebuild
@@ -96,11 +100,17 @@ run_phase() {
         echo "missing $CARRY/slotstream.xz or llama-vulkan.tar.xz: run 'tools/bench_gpu_peer.sh prepare' first and carry $CARRY" >&2
         exit 1
     }
-    xz -dc "$CARRY/slotstream.xz" > "$work/bin/slotstream"
-    chmod +x "$work/bin/slotstream"
     rm -rf "$work/llama"
-    mkdir -p "$work/llama"
-    tar -C "$work/llama" -xJf "$CARRY/llama-vulkan.tar.xz"
+    # Python's lzma and tarfile: no xz tool needed there.
+    python3 - "$CARRY" "$work" <<'PY'
+import lzma, os, shutil, sys, tarfile
+carry, work = sys.argv[1:]
+with lzma.open(os.path.join(carry, "slotstream.xz")) as src, open(os.path.join(work, "bin", "slotstream"), "wb") as dst:
+    shutil.copyfileobj(src, dst)
+os.chmod(os.path.join(work, "bin", "slotstream"), 0o755)
+with tarfile.open(os.path.join(carry, "llama-vulkan.tar.xz"), "r:xz") as t:
+    t.extractall(os.path.join(work, "llama"))
+PY
     if ! ldconfig -p 2>/dev/null | grep -q 'libvulkan.so.1 '; then
         if [ "$(id -u)" = 0 ] && ls .gl/*.deb >/dev/null 2>&1; then
             for f in .gl/*.deb; do dpkg -x "$f" /; done
@@ -123,7 +133,7 @@ run_phase() {
     echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GB RAM, $(df -h "$work" | awk 'NR==2{print $4}') free under $work"
     local args=(--slotstream "$work/bin/slotstream" --llama "$work/llama" --work "$work" --results "$results"
         --models "${MODELS:-A,B,A64,B64}" --rounds "${ROUNDS:-3}" --peer-reps "${PEER_REPS:-3}" --cpu "${CPU:-all}"
-        --router-skew "${ROUTER_SKEW:-0.4}" --gpu-backend "${GPU_BACKEND:-wgpu}" --jobs "${JOBS:-$(nproc)}"
+        --router-skew "${ROUTER_SKEW:-0.4}" --mixer-out-scale "${MIXER_OUT_SCALE:-0.1}" --gpu-backend "${GPU_BACKEND:-wgpu}" --jobs "${JOBS:-$(nproc)}"
         --commit "$commit")
     [ -n "${SMALL:-}" ] && args+=(--small)
     [ -n "${KEEP:-}" ] && args+=(--keep)

@@ -15,22 +15,31 @@ Options for the GPU peer benchmark (tools/bench_gpu_peer.sh):
                    generator, seeded by (seed, tensor index): different weights than
                    --jobs 1, the same for every N > 1). Files are laid out first, then
                    filled in place, so multi-GB models take seconds on many cores.
-  --symmetric      biases = -2^(bits-1) * scales, i.e. w = scale * (q - 8) at 4 bits:
-                   every 4-bit g64 tensor is then exactly a llama.cpp Q4_0 tensor (one
+  --symmetric      biases = -2^(bits-1) * scales, i.e. w = scale * (q - 8) at 4 bits, and
+                   level 0 replaced by 8 so that the weights have mean zero (levels 1-15,
+                   8 twice as often): every 4-bit g64 tensor is then exactly a llama.cpp Q4_0 tensor (one
                    fp16 scale per 32 values, no offset), so tools/peer/to_gguf.py
                    --outtype q4_0 repacks the bits instead of requantizing (the same
                    weights on both engines, bit for bit).
-  --router-skew S  routing closer to a trained model's: random routers spread tokens
-                   almost uniformly over the experts (each expert's logit is an
-                   independent random projection of the token; a 16-of-64 pool then
-                   hits ~21%, see BENCHMARKS.md), while trained routers favour some
-                   experts. Each router row is scaled by exp(S * z), z ~ N(0, 1) per
-                   expert and layer: the choice stays input-dependent, but larger rows
-                   win more often. With Gaussian logits, top-8 of 64: S = 0.4 gives the
-                   busiest quarter of the experts ~47% of the routed tokens (0: 26%) and
-                   an LRU pool of 16 experts per layer a ~29% hit rate (0: ~20%). It
-                   does not model the token-to-token locality of real text, so hit rates
-                   stay a lower bound of a trained model's.
+  --mixer-out-scale F, --router-skew S: routing like a trained model's. With random weights,
+                   attention is nearly uniform, so each attention layer adds about the same
+                   vector (the context's mean) to every position; over the layers this common
+                   part outgrows the token-specific one, every router sees nearly the same
+                   input, and a few experts take most tokens (measured with the numpy
+                   reference forward, hidden 256, 12 layers, 64 experts top-8: by layer 5 the
+                   busiest quarter of the experts takes 91% of the routed tokens and a
+                   16-expert LRU pool hits 93%; greedy decoding repeats one token).
+                   --mixer-out-scale 0.1 scales the attention (and Gated DeltaNet) output
+                   projections by F, so the residual stream stays token-specific: the
+                   common/specific ratio of the router input stays ~0.1 through 48 layers,
+                   the busiest quarter takes ~33% (uniform: 25%), the LRU pool hits ~21%,
+                   and greedy tokens vary. --router-skew S then scales each router row by
+                   exp(S * z), z ~ N(0, 1) per expert and layer: the choice stays
+                   input-dependent, but larger rows win more often, as some experts are
+                   busier in trained models. S = 0.4 (top-8 of 64, simulated and measured):
+                   the busiest quarter takes ~47%, a 16-of-64 LRU pool hits ~28-29% in
+                   decode. Neither models the token-to-token locality of real text, so hit
+                   rates stay a lower bound of a trained model's.
 """
 
 import argparse
@@ -165,6 +174,7 @@ def main():
     p.add_argument("--jobs", type=int, default=1, help="processes writing tensors (see above)")
     p.add_argument("--symmetric", action="store_true", help="biases = -2^(bits-1) * scales (exact Q4_0, see above)")
     p.add_argument("--router-skew", type=float, default=0.0, help="log-normal spread of router row norms (see above)")
+    p.add_argument("--mixer-out-scale", type=float, default=1.0, help="attention/DeltaNet output projections x this (see above)")
     a = p.parse_args()
 
     rng = np.random.default_rng(a.seed)
@@ -180,7 +190,7 @@ def main():
         amp = np.sqrt(3.0 / cols)  # uniform(-amp, amp) has variance 1/cols
         wcols = cols * bits // 32
         w.add(f"{name}.weight", "U32", lead + [rows, wcols], n * wcols * 4,
-              lambda r: r.integers(0, 2**32, size=n * wcols, dtype=np.uint32).astype("<u4").tobytes())
+              lambda r: words(r, n * wcols, bits))
         g = n * (cols // group)
         levels = 2**bits - 1
         # Per-row factors (router skew), repeated over each row's groups.
@@ -198,6 +208,20 @@ def main():
               lambda r: bf16_bytes(np.full(g, 2 * amp / levels) * r.uniform(0.8, 1.2, g) * rs))
         w.add(f"{name}.biases", "BF16", lead + [rows, cols // group], g * 2,
               lambda r: bf16_bytes(np.full(g, -amp) * r.uniform(0.8, 1.2, g) * rs))
+
+    def words(r, count, bits):
+        x = r.integers(0, 2**32, size=count, dtype=np.uint32)
+        if a.symmetric:
+            # w = s * (q - 2^(bits-1)) with q uniform would have mean -s/2: every row a common
+            # offset along the all-ones input direction, which pulls all hidden states (and the
+            # routers' choices, and greedy tokens) the same way. Level 0 becomes the middle level
+            # (zero): q then has mean exactly 2^(bits-1), w mean 0.
+            t = x.copy()
+            for j in range(1, bits):
+                t |= x >> j
+            lows = sum(1 << (bits * k) for k in range(32 // bits))
+            x |= (~t & lows) << (bits - 1)
+        return x.astype("<u4").tobytes()
 
     def vector(name, n, value=1.0, jitter=0.1):
         w.add(name, "BF16", [n], n * 2, lambda r: bf16_bytes(value + jitter * r.standard_normal(n)))
@@ -234,6 +258,7 @@ def main():
             "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
             "partial_rotary_factor": 0.25, "shared_expert_intermediate_size": a.shared_inter,
         })
+    mix = np.full(h, a.mixer_out_scale) if a.mixer_out_scale != 1 else None
     for l in range(a.layers):
         p_ = f"model.layers.{l}"
         vector(f"{p_}.input_layernorm.weight", h)
@@ -244,7 +269,7 @@ def main():
             quantized(f"{p_}.self_attn.q_proj", [], qrows, h)
             quantized(f"{p_}.self_attn.k_proj", [], kvh * hd, h)
             quantized(f"{p_}.self_attn.v_proj", [], kvh * hd, h)
-            quantized(f"{p_}.self_attn.o_proj", [], h, heads * hd)
+            quantized(f"{p_}.self_attn.o_proj", [], h, heads * hd, row_scale=mix)
             vector(f"{p_}.self_attn.q_norm.weight", hd)
             vector(f"{p_}.self_attn.k_norm.weight", hd)
         else:
@@ -257,7 +282,7 @@ def main():
             vector(f"{la}.A_log", nv, 0.0, 0.5)
             vector(f"{la}.dt_bias", nv, 1.0, 0.1)
             vector(f"{la}.norm.weight", dv)
-            quantized(f"{la}.out_proj", [], h, nv * dv)
+            quantized(f"{la}.out_proj", [], h, nv * dv, row_scale=mix)
         m = f"{p_}.mlp"
         # Routers stay at 8 bits, as mlx-lm's converters leave them.
         config["quantization"][f"{m}.gate"] = {"group_size": 64, "bits": 8}

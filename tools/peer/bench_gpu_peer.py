@@ -93,7 +93,11 @@ def run(cmd, tag, a, env=None, timeout=None):
     with open(outp, "w") as fo, open(errp, "w") as fe, GpuMemory() as gm:
         fe.write(" ".join(cmd) + "\n")
         fe.flush()
-        p = subprocess.Popen(cmd, stdout=fo, stderr=fe, env=env, start_new_session=True)
+        try:
+            p = subprocess.Popen(cmd, stdout=fo, stderr=fe, env=env, start_new_session=True)
+        except OSError as e:
+            log(f"  [{tag}] cannot start: {e}")
+            return {"rc": 127, "stdout": "", "stderr": str(e), "wall_s": 0, "rss_bytes": None, "gpu_mib": None}
         killer = threading.Timer(timeout or a.timeout, lambda: os.killpg(p.pid, 9))
         killer.start()
         _, status, ru = os.wait4(p.pid, 0)
@@ -205,9 +209,11 @@ def calibrate_prompt(a, target):
             sys.exit(f"calibration run failed: {r.stderr[-800:]}")
         return json.loads(r.stdout.strip().splitlines()[-1])["stats"]["prompt_tokens"]
 
-    lo, hi = 1, len(text)
-    if count(hi) < target:
-        sys.exit(f"the calibration text has fewer than {target} tokens")
+    lo, hi = 1, min(len(text), 4 * target)
+    while count(hi) < target:
+        if hi >= len(text):
+            sys.exit(f"the calibration text has fewer than {target} tokens")
+        lo, hi = hi, min(len(text), 2 * hi)
     while lo < hi:  # smallest prefix with >= target tokens
         mid = (lo + hi) // 2
         if count(mid) >= target:
@@ -229,8 +235,7 @@ def make_model(a, key, family, experts, args, streaming):
     cmd = [sys.executable, os.path.join(REPO, "tools", "synth.py"), "--family", family, "--out", out,
            "--experts", str(experts), "--bits", "4", "--group", "64", "--symmetric", "--jobs", str(a.jobs),
            "--seed", "1"] + args.split()
-    if streaming and a.router_skew:
-        cmd += ["--router-skew", str(a.router_skew)]
+    cmd += ["--mixer-out-scale", str(a.mixer_out_scale), "--router-skew", str(a.router_skew)]
     stamp = os.path.join(out, "synth-args.txt")
     t = {}
     if not (os.path.exists(stamp) and open(stamp).read() == " ".join(cmd[2:])):
@@ -240,6 +245,8 @@ def make_model(a, key, family, experts, args, streaming):
         if r.returncode:
             sys.exit(f"synth failed: {r.stderr[-2000:]}")
         open(stamp, "w").write(" ".join(cmd[2:]))
+        if streaming:
+            os.sync()  # our expert reads use O_DIRECT: no dirty pages left for them to wait on
         t["synth_s"] = round(time.time() - t0, 1)
         log(f"  synth {name}: {t['synth_s']} s, {json.loads(r.stdout.strip().splitlines()[-1])['total_bytes'] / 1e9:.2f} GB")
     return name, out, t
@@ -342,7 +349,8 @@ def table(a, meta, results):
     L.append(f"slotstream `{meta['commit']}`, {meta['date']}; GPU: {meta['gpu']}, driver {meta['driver']}; "
              f"host: {meta['cpus']} cores; ours: `{meta['ours_backend']}`; llama.cpp: {meta['peer_build']} "
              f"({meta['peer_device']}). Prompt {meta['prompt_tokens']} tokens, {a.decode} decode passes; "
-             f"llama-bench `-ngl 99 -p 256 -n {a.decode} -d {a.depth} -r {a.peer_reps}`; ours: median of {a.rounds} runs."
+             f"llama-bench `-ngl 99 -p 256 -n {a.decode} -d {a.depth} -r {a.peer_reps}`; ours: median of {a.rounds} runs. "
+             f"Models: tools/synth.py --symmetric --mixer-out-scale {a.mixer_out_scale} --router-skew {a.router_skew}."
              + (" SMALL models (local test, not a measurement)." if a.small else ""))
     L.append("")
     res = [r for r in results if not r["streaming"]]
@@ -361,7 +369,7 @@ def table(a, meta, results):
         L.append("")
     res = [r for r in results if r["streaming"]]
     if res:
-        L.append(f"| streamed: 64 experts per layer, pool 16 per layer (25%), router skew {a.router_skew} | "
+        L.append(f"| streamed: 64 experts per layer, pool 16 per layer (25%) | "
                  + " | ".join(LABEL.get(r["key"][:-2], r["key"]) for r in res) + " |")
         L.append("|---|" + "---:|" * len(res))
         rows = [
@@ -405,6 +413,7 @@ def main():
     ap.add_argument("--cpu", choices=["all", "streaming", "none"], default="all")
     ap.add_argument("--peer-streaming", action="store_true", help="also llama.cpp on the 64-expert models (all resident)")
     ap.add_argument("--router-skew", type=float, default=0.4)
+    ap.add_argument("--mixer-out-scale", type=float, default=0.1)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--keep", action="store_true", help="keep models and GGUFs (default: delete after each model)")
     ap.add_argument("--timeout", type=int, default=900)
