@@ -7,7 +7,9 @@
 #   tools/bench_gpu_peer.sh run         # there (GPU machine): synthesize, convert, run both
 #
 # prepare (minutes; ~7 min for llama.cpp on 2 cores, more with our release build beside it):
-#   - our release binary, stripped, xz-compressed     -> .devbin/gpu-peer/slotstream.xz
+#   - our release binary, stripped, xz-compressed without the demo model it embeds (the
+#     working tree holds that file; tools/peer/pack_binary.py splices it back, sha256-checked)
+#                                                      -> .devbin/gpu-peer/slotstream.xz(.json)
 #   - llama.cpp's Vulkan backend from the llama-cpp-python 0.3.36 sdist (PEERS.md), shared
 #     libraries, only llama-bench and llama-quantize, stripped, with gguf-py, xz tarball
 #     (tools/peer/build_llama_cpp_vulkan.sh; drops the VK_EXT_layer_settings block that
@@ -63,7 +65,10 @@ prepare() {
     local target=${CARGO_TARGET_DIR:-target}
     nice -n 5 cargo build --release --bin slotstream
     strip -o "$CARRY/slotstream" "$target/release/slotstream"
-    xz -T2 -9 -f "$CARRY/slotstream"
+    # The binary embeds the demo model, which the working tree carries anyway: cut it out here,
+    # splice it back there (sha256-checked).
+    python3 tools/peer/pack_binary.py pack "$CARRY/slotstream" "$CARRY/slotstream.xz" tools/demo/model/model.safetensors
+    rm -f "$CARRY/slotstream"
     if [ -n "${FORCE:-}" ] || [ ! -f "$CARRY/llama-vulkan.tar.xz" ]; then
         tools/peer/build_llama_cpp_vulkan.sh "$CARRY/llama-vulkan.tar.xz"
     fi
@@ -103,11 +108,11 @@ run_phase() {
     rm -rf "$work/llama"
     # Python's lzma and tarfile: no xz tool needed there.
     python3 - "$CARRY" "$work" <<'PY'
-import lzma, os, shutil, sys, tarfile
+import os, sys, tarfile
+sys.path.insert(0, "tools/peer")
+import pack_binary
 carry, work = sys.argv[1:]
-with lzma.open(os.path.join(carry, "slotstream.xz")) as src, open(os.path.join(work, "bin", "slotstream"), "wb") as dst:
-    shutil.copyfileobj(src, dst)
-os.chmod(os.path.join(work, "bin", "slotstream"), 0o755)
+pack_binary.unpack(os.path.join(carry, "slotstream.xz"), os.path.join(work, "bin", "slotstream"), ".")
 with tarfile.open(os.path.join(carry, "llama-vulkan.tar.xz"), "r:xz") as t:
     t.extractall(os.path.join(work, "llama"))
 PY
