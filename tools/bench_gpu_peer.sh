@@ -51,6 +51,10 @@
 # env (prepare): CARGO_BUILD_JOBS (default 1), JOBS/NICE for llama.cpp (2/10), FORCE=1 (rebuild
 #   llama.cpp), VK_PEER_DIR (its source and build tree, default /tmp/slotstream-peer-vk).
 #
+# Local test without a GPU (lavapipe; both engines, tiny models, ~10 minutes on 2 cores):
+#   SMALL=1 ROUNDS=1 PEER_REPS=1 GPU_BACKEND=wgpu:software \
+#     VK_DRIVER_FILES=/usr/share/vulkan/icd.d/lvp_icd.x86_64.json tools/bench_gpu_peer.sh run
+#
 # Budget on the GPU machine (30 min of device time per session): with 16 cores, synthesis and
 # GGUF repacking run at disk speed (a few GB/s); the runs themselves take seconds each (model
 # loads dominate). MODELS=A,B is the resident comparison alone.
@@ -129,6 +133,8 @@ PY
         export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
     fi
     export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
+    # llama.cpp skips CPU-type Vulkan devices (lavapipe) unless told which device to use.
+    case "${GPU_BACKEND:-wgpu}" in *software*) export GGML_VK_VISIBLE_DEVICES=${GGML_VK_VISIBLE_DEVICES:-0} ;; esac
     local commit
     commit=$(head -1 "$CARRY/COMMIT" 2>/dev/null || git rev-parse --short=9 HEAD 2>/dev/null || echo unknown)
     [ "$(sed -n 2p "$CARRY/COMMIT" 2>/dev/null)" = dirty ] && commit="$commit (+ uncommitted changes)"
