@@ -58,32 +58,44 @@ def log(*a):
 
 
 class GpuMemory:
-    """Samples nvidia-smi memory.used (MiB) while a run lasts; peak minus the first reading."""
+    """Polls nvidia-smi's memory.used (MiB) from a thread while a run lasts (a query every
+    ~100 ms; `-lms` output through a pipe is block-buffered and lost when it is stopped);
+    peak minus the reading before the run."""
 
     def __init__(self):
         self.ok = shutil.which("nvidia-smi") is not None
-        self.p = None
+        self.peak_mib = None
 
-    def query(self):
-        r = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
-                           capture_output=True, text=True)
-        return int(r.stdout.split()[0]) if r.returncode == 0 and r.stdout.strip() else None
+    @staticmethod
+    def query():
+        try:
+            r = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+                               capture_output=True, text=True, timeout=10)
+            return int(r.stdout.split()[0]) if r.returncode == 0 and r.stdout.strip() else None
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            return None
+
+    def _poll(self):
+        while not self.stop.is_set():
+            v = self.query()
+            if v is not None:
+                self.vals.append(v)
+            self.stop.wait(0.1)
 
     def __enter__(self):
         if self.ok:
             self.base = self.query()
-            self.p = subprocess.Popen(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
-                                       "-i", "0", "-lms", "100"], stdout=subprocess.PIPE, text=True)
+            self.vals, self.stop = [], threading.Event()
+            self.t = threading.Thread(target=self._poll, daemon=True)
+            self.t.start()
         return self
 
     def __exit__(self, *exc):
-        if self.p:
-            self.p.terminate()
-            out, _ = self.p.communicate()
-            vals = [int(x) for x in out.split() if x.isdigit()]
-            self.peak_mib = (max(vals) - self.base) if vals and self.base is not None else None
-        else:
-            self.peak_mib = None
+        if self.ok:
+            self.stop.set()
+            self.t.join()
+            if self.vals and self.base is not None:
+                self.peak_mib = max(self.vals) - self.base
 
 
 def run(cmd, tag, a, env=None, timeout=None):
