@@ -47,7 +47,8 @@
 #   CPU=all|streaming|none (our CPU backend on which models, default all), PEER_STREAMING=1,
 #   ROUTER_SKEW, MIXER_OUT_SCALE (0.1), GPU_BACKEND (default wgpu; e.g. wgpu:software for lavapipe), KEEP=1 (keep
 #   models), WORK (models and unpacked binaries, default /tmp/gpu-peer), RESULTS (default
-#   $OUT/gpu-peer if $OUT is set, else $WORK/results), JOBS (default nproc).
+#   $WORK/results; where $OUT is set, table.md, results.json and gpu-peer-logs.tar.xz are
+#   copied there too), JOBS (default nproc).
 # env (prepare): CARGO_BUILD_JOBS (default 1), JOBS/NICE for llama.cpp (2/10), FORCE=1 (rebuild
 #   llama.cpp), VK_PEER_DIR (its source and build tree, default /tmp/slotstream-peer-vk).
 #
@@ -102,8 +103,7 @@ prepare() {
 
 run_phase() {
     local work=${WORK:-/tmp/gpu-peer}
-    local results=${RESULTS:-${OUT:+$OUT/gpu-peer}}
-    results=${results:-$work/results}
+    local results=${RESULTS:-$work/results}
     mkdir -p "$work/bin" "$work/llama" "$results"
     [ -f "$CARRY/slotstream.xz" ] && [ -f "$CARRY/llama-vulkan.tar.xz" ] || {
         echo "missing $CARRY/slotstream.xz or llama-vulkan.tar.xz: run 'tools/bench_gpu_peer.sh prepare' first and carry $CARRY" >&2
@@ -149,7 +149,14 @@ PY
     [ -n "${SMALL:-}" ] && args+=(--small)
     [ -n "${KEEP:-}" ] && args+=(--keep)
     [ -n "${PEER_STREAMING:-}" ] && args+=(--peer-streaming)
-    PYTHONUNBUFFERED=1 python3 tools/peer/bench_gpu_peer.py "${args[@]}"
+    local rc=0
+    PYTHONUNBUFFERED=1 python3 tools/peer/bench_gpu_peer.py "${args[@]}" || rc=$?
+    # The device tool brings back at most 8 files from $OUT: the table, the JSON, and every log in one tarball.
+    if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+        cp "$results"/table.md "$results"/results.json "$OUT"/ 2>/dev/null || true
+        tar -C "$results" -cJf "$OUT/gpu-peer-logs.tar.xz" . || true
+    fi
+    return $rc
 }
 
 case "$phase" in
