@@ -47,7 +47,7 @@
 #   CPU=all|streaming|none (our CPU backend on which models, default all), PEER_STREAMING=1,
 #   ROUTER_SKEW, MIXER_OUT_SCALE (0.1), GPU_BACKEND (default wgpu; e.g. wgpu:software for lavapipe), KEEP=1 (keep
 #   models), WORK (models and unpacked binaries, default /tmp/gpu-peer), RESULTS (default
-#   $WORK/results; where $OUT is set, table.md, results.json and gpu-peer-logs.tar.xz are
+#   $WORK/results; where $OUT is set, table.md, results.json and gpu-peer-logs.tar.gz are
 #   copied there too), JOBS (default nproc).
 # env (prepare): CARGO_BUILD_JOBS (default 1), JOBS/NICE for llama.cpp (2/10), FORCE=1 (rebuild
 #   llama.cpp), VK_PEER_DIR (its source and build tree, default /tmp/slotstream-peer-vk).
@@ -154,7 +154,7 @@ PY
     # The device tool brings back at most 8 files from $OUT: the table, the JSON, and every log in one tarball.
     if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
         cp "$results"/table.md "$results"/results.json "$OUT"/ 2>/dev/null || true
-        tar -C "$results" -cJf "$OUT/gpu-peer-logs.tar.xz" . || true
+        tar -C "$results" -czf "$OUT/gpu-peer-logs.tar.gz" . || true
     fi
     return $rc
 }
