@@ -151,7 +151,14 @@ def peer(a, gguf, tag):
     res = {"cmd": " ".join(["llama-bench"] + cmd[1:2] + [os.path.basename(gguf)] + cmd[3:]),
            "rss_bytes": r["rss_bytes"], "gpu_mib": r["gpu_mib"], "wall_s": r["wall_s"]}
     try:
-        rows = json.loads(r["stdout"][r["stdout"].index("["):])
+        text = r["stdout"][r["stdout"].index("["):]
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError:
+            # Stopped part way (a crash): keep the tests it finished.
+            rows = json.loads(text[:text.rindex("}") + 1] + "]")
+            res["partial"] = f"llama-bench rc={r['rc']} after {len(rows)} tests"
+            log(f"  {res['partial']}")
         for row in rows:
             d = row.get("n_depth", 0)
             kind = "prefill" if row["n_prompt"] and not row["n_gen"] else "decode"
@@ -372,8 +379,11 @@ def table(a, meta, results):
         for r in res:
             o, p = r["ours_gpu"], r.get("peer", {})
             lab = LABEL.get(r["key"], r["key"]) + f", {r['experts']} experts"
-            L.append(f"| {lab}: decode tok/s (tg{a.decode} @ d{a.depth}) | {f1(o['decode'])} | {f1(p.get('decode'))} | {ratio(o['decode'], p.get('decode'))} |")
-            L.append(f"| {lab}: prefill tok/s (ours: {o['prompt_tokens']}-token prompt; theirs: pp256 @ d{a.depth}) | {f1(o['prefill'])} | {f1(p.get('prefill'))} | {ratio(o['prefill'], p.get('prefill'))} |")
+            pd, pp, note = p.get("decode"), p.get("prefill"), ""
+            if pd is None and p.get("decode_d0") is not None:
+                pd, pp, note = p.get("decode_d0"), p.get("prefill_d0"), f" (theirs at depth 0: {p.get('partial', 'no depth run')})"
+            L.append(f"| {lab}: decode tok/s (tg{a.decode} @ d{a.depth}){note} | {f1(o['decode'])} | {f1(pd)} | {ratio(o['decode'], pd)} |")
+            L.append(f"| {lab}: prefill tok/s (ours: {o['prompt_tokens']}-token prompt; theirs: pp256 @ d{a.depth}){note} | {f1(o['prefill'])} | {f1(pp)} | {ratio(o['prefill'], pp)} |")
             L.append(f"| {lab}: peak GPU memory MiB | {o['gpu_mib'] if o['gpu_mib'] is not None else '—'} | {p.get('gpu_mib') if p.get('gpu_mib') is not None else '—'} | |")
             L.append(f"| {lab}: peak host RSS MiB | {mib(o['rss_bytes'])} | {mib(p.get('rss_bytes'))} | |")
             if r.get("ours_cpu"):
