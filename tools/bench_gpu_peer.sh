@@ -34,7 +34,7 @@
 #        32/4 heads of 128, vocab 151936 (MLX 4-bit g64 ~2.9 GB, Q4_0 GGUF the same)
 #   B    Qwen3-Next-80B-A3B's trunk: qwen3_next, top-10 of 16 experts 512 wide + shared expert
 #        512 wide, 16/2 heads of 256 (~2.2 GB)
-#   A64, B64  the same trunks with 64 experts per layer (~9.6 / ~6.0 GB), our pool holding 16 per
+#   A64, B64  the same trunks with 64 experts per layer (~9.0 / ~6.0 GB), our pool holding 16 per
 #        layer (25%); our GPU and CPU backends only (PEER_STREAMING=1 adds llama.cpp with all 64
 #        resident).
 #   Routing (all models; see tools/synth.py): random weights send nearly every token to the same
