@@ -9,10 +9,42 @@ data), streaming one tensor at a time so multi-GB models need little memory.
 
     python3 tools/synth.py --family qwen3_moe --out /tmp/synth-moe \
         --hidden 2048 --layers 8 --experts 64 --top-k 8 --moe-inter 768
+
+Options for the GPU peer benchmark (tools/bench_gpu_peer.sh):
+  --jobs N         write tensors from N processes (each tensor then draws from its own
+                   generator, seeded by (seed, tensor index): different weights than
+                   --jobs 1, the same for every N > 1). Files are laid out first, then
+                   filled in place, so multi-GB models take seconds on many cores.
+  --symmetric      biases = -2^(bits-1) * scales, i.e. w = scale * (q - 8) at 4 bits, and
+                   level 0 replaced by 8 so that the weights have mean zero (levels 1-15,
+                   8 twice as often): every 4-bit g64 tensor is then exactly a llama.cpp Q4_0 tensor (one
+                   fp16 scale per 32 values, no offset), so tools/peer/to_gguf.py
+                   --outtype q4_0 repacks the bits instead of requantizing (the same
+                   weights on both engines, bit for bit).
+  --mixer-out-scale F, --router-skew S: routing like a trained model's. With random weights,
+                   attention is nearly uniform, so each attention layer adds about the same
+                   vector (the context's mean) to every position; over the layers this common
+                   part outgrows the token-specific one, every router sees nearly the same
+                   input, and a few experts take most tokens (measured with the numpy
+                   reference forward, hidden 256, 12 layers, 64 experts top-8: by layer 5 the
+                   busiest quarter of the experts takes 91% of the routed tokens and a
+                   16-expert LRU pool hits 93%; greedy decoding repeats one token).
+                   --mixer-out-scale 0.1 scales the attention (and Gated DeltaNet) output
+                   projections by F, so the residual stream stays token-specific: the
+                   common/specific ratio of the router input stays ~0.1 through 48 layers,
+                   the busiest quarter takes ~33% (uniform: 25%), the LRU pool hits ~21%,
+                   and greedy tokens vary. --router-skew S then scales each router row by
+                   exp(S * z), z ~ N(0, 1) per expert and layer: the choice stays
+                   input-dependent, but larger rows win more often, as some experts are
+                   busier in trained models. S = 0.4 (top-8 of 64, simulated and measured):
+                   the busiest quarter takes ~47%, a 16-of-64 LRU pool hits ~28-29% in
+                   decode. Neither models the token-to-token locality of real text, so hit
+                   rates stay a lower bound of a trained model's.
 """
 
 import argparse
 import json
+import multiprocessing
 import os
 import shutil
 import struct
@@ -22,6 +54,12 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURE_TOKENIZER = os.path.join(HERE, "..", "tests", "fixtures", "qwen3_moe_mlx4")
+
+
+def bf16_round(a):
+    """float32 values rounded to the nearest bf16 (as float32)."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    return (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
 
 
 def bf16_bytes(a):
@@ -34,10 +72,11 @@ def bf16_bytes(a):
 class ShardWriter:
     """Collects (name, dtype, shape, producer) and writes safetensors shards."""
 
-    def __init__(self, out_dir, shard_bytes):
+    def __init__(self, out_dir, shard_bytes, rng, seed=0, jobs=1):
         self.out_dir = out_dir
         self.shard_bytes = shard_bytes
-        self.pending = []  # (name, dtype, shape, nbytes, producer)
+        self.pending = []  # (name, dtype, shape, nbytes, producer(rng) -> bytes)
+        self.rng, self.seed, self.jobs = rng, seed, jobs
 
     def add(self, name, dtype, shape, nbytes, producer):
         self.pending.append((name, dtype, list(shape), nbytes, producer))
@@ -54,6 +93,8 @@ class ShardWriter:
             shards.append(cur)
         weight_map, total = {}, 0
         n = len(shards)
+        tasks = []  # (index in pending, file, absolute offset)
+        index = {t[0]: i for i, t in enumerate(self.pending)}
         for i, shard in enumerate(shards):
             fname = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
             header, off = {}, 0
@@ -64,18 +105,52 @@ class ShardWriter:
             header["__metadata__"] = {"format": "mlx"}
             hb = json.dumps(header, separators=(",", ":")).encode()
             hb += b" " * ((8 - len(hb) % 8) % 8)
-            with open(os.path.join(self.out_dir, fname), "wb") as f:
+            path = os.path.join(self.out_dir, fname)
+            with open(path, "wb") as f:
                 f.write(struct.pack("<Q", len(hb)))
                 f.write(hb)
-                for name, _, _, nbytes, producer in shard:
-                    data = producer()
-                    assert len(data) == nbytes, (name, len(data), nbytes)
-                    f.write(data)
+                if self.jobs <= 1:
+                    # One generator, drawn from in file order (the original stream).
+                    for name, _, _, nbytes, producer in shard:
+                        data = producer(self.rng)
+                        assert len(data) == nbytes, (name, len(data), nbytes)
+                        f.write(data)
+                else:
+                    base = 8 + len(hb)
+                    f.truncate(base + off)
+                    pos = base
+                    for name, _, _, nbytes, _ in shard:
+                        tasks.append((index[name], path, pos))
+                        pos += nbytes
             total += off
-            print(f"  wrote {fname} ({off / 1e9:.2f} GB)", file=sys.stderr)
+            print(f"  laid out {fname} ({off / 1e9:.2f} GB)", file=sys.stderr)
+        if tasks:
+            global _WRITER
+            _WRITER = self
+            # Biggest first, so the pool does not end on one long tensor.
+            tasks.sort(key=lambda t: -self.pending[t[0]][3])
+            with multiprocessing.get_context("fork").Pool(self.jobs) as pool:
+                for _ in pool.imap_unordered(_write_one, tasks):
+                    pass
         with open(os.path.join(self.out_dir, "model.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
         return total
+
+
+_WRITER = None
+
+
+def _write_one(task):
+    """Pool worker: tensor `i` from its own generator, written in place."""
+    i, path, pos = task
+    w = _WRITER
+    name, _, _, nbytes, producer = w.pending[i]
+    data = producer(np.random.default_rng([w.seed, i]))
+    assert len(data) == nbytes, (name, len(data), nbytes)
+    with open(path, "r+b") as f:
+        f.seek(pos)
+        f.write(data)
+    return i
 
 
 def main():
@@ -96,30 +171,60 @@ def main():
     p.add_argument("--group", type=int, default=64, choices=[32, 64, 128])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shard-gb", type=float, default=2.0)
+    p.add_argument("--jobs", type=int, default=1, help="processes writing tensors (see above)")
+    p.add_argument("--symmetric", action="store_true", help="biases = -2^(bits-1) * scales (exact Q4_0, see above)")
+    p.add_argument("--router-skew", type=float, default=0.0, help="log-normal spread of router row norms (see above)")
+    p.add_argument("--mixer-out-scale", type=float, default=1.0, help="attention/DeltaNet output projections x this (see above)")
     a = p.parse_args()
 
     rng = np.random.default_rng(a.seed)
     os.makedirs(a.out, exist_ok=True)
-    w = ShardWriter(a.out, int(a.shard_gb * 1e9))
+    w = ShardWriter(a.out, int(a.shard_gb * 1e9), rng, a.seed, a.jobs)
     h, bits, group = a.hidden, a.bits, a.group
+    counter = [0]
 
-    def quantized(name, lead, rows, cols, bits=bits, group=group):
+    def quantized(name, lead, rows, cols, bits=bits, group=group, row_scale=None):
         if cols % group:
             sys.exit(f"{name}: {cols} columns are not a multiple of group size {group}")
         n = int(np.prod(lead or [1])) * rows
         amp = np.sqrt(3.0 / cols)  # uniform(-amp, amp) has variance 1/cols
         wcols = cols * bits // 32
         w.add(f"{name}.weight", "U32", lead + [rows, wcols], n * wcols * 4,
-              lambda: rng.integers(0, 2**32, size=n * wcols, dtype=np.uint32).astype("<u4").tobytes())
+              lambda r: words(r, n * wcols, bits))
         g = n * (cols // group)
         levels = 2**bits - 1
+        # Per-row factors (router skew), repeated over each row's groups.
+        rs = 1.0 if row_scale is None else np.tile(np.repeat(row_scale, cols // group), n // rows)
+        if a.symmetric:
+            # Scales from a generator of their own, so the biases producer sees the same ones.
+            counter[0] += 1
+            seed = [a.seed, 7, counter[0]]
+            sc = lambda: bf16_round(np.full(g, 2 * amp / levels) * np.random.default_rng(seed).uniform(0.8, 1.2, g) * rs)
+            w.add(f"{name}.scales", "BF16", lead + [rows, cols // group], g * 2, lambda r: bf16_bytes(sc()))
+            w.add(f"{name}.biases", "BF16", lead + [rows, cols // group], g * 2,
+                  lambda r: bf16_bytes(-float(2 ** (bits - 1)) * sc()))
+            return
         w.add(f"{name}.scales", "BF16", lead + [rows, cols // group], g * 2,
-              lambda: bf16_bytes(np.full(g, 2 * amp / levels) * rng.uniform(0.8, 1.2, g)))
+              lambda r: bf16_bytes(np.full(g, 2 * amp / levels) * r.uniform(0.8, 1.2, g) * rs))
         w.add(f"{name}.biases", "BF16", lead + [rows, cols // group], g * 2,
-              lambda: bf16_bytes(np.full(g, -amp) * rng.uniform(0.8, 1.2, g)))
+              lambda r: bf16_bytes(np.full(g, -amp) * r.uniform(0.8, 1.2, g) * rs))
+
+    def words(r, count, bits):
+        x = r.integers(0, 2**32, size=count, dtype=np.uint32)
+        if a.symmetric:
+            # w = s * (q - 2^(bits-1)) with q uniform would have mean -s/2: every row a common
+            # offset along the all-ones input direction, which pulls all hidden states (and the
+            # routers' choices, and greedy tokens) the same way. Level 0 becomes the middle level
+            # (zero): q then has mean exactly 2^(bits-1), w mean 0.
+            t = x.copy()
+            for j in range(1, bits):
+                t |= x >> j
+            lows = sum(1 << (bits * k) for k in range(32 // bits))
+            x |= (~t & lows) << (bits - 1)
+        return x.astype("<u4").tobytes()
 
     def vector(name, n, value=1.0, jitter=0.1):
-        w.add(name, "BF16", [n], n * 2, lambda: bf16_bytes(value + jitter * rng.standard_normal(n)))
+        w.add(name, "BF16", [n], n * 2, lambda r: bf16_bytes(value + jitter * r.standard_normal(n)))
 
     hd, heads, kvh = a.head_dim, a.heads, a.kv_heads
     quantized("model.embed_tokens", [], a.vocab, h)
@@ -153,6 +258,7 @@ def main():
             "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
             "partial_rotary_factor": 0.25, "shared_expert_intermediate_size": a.shared_inter,
         })
+    mix = np.full(h, a.mixer_out_scale) if a.mixer_out_scale != 1 else None
     for l in range(a.layers):
         p_ = f"model.layers.{l}"
         vector(f"{p_}.input_layernorm.weight", h)
@@ -163,7 +269,7 @@ def main():
             quantized(f"{p_}.self_attn.q_proj", [], qrows, h)
             quantized(f"{p_}.self_attn.k_proj", [], kvh * hd, h)
             quantized(f"{p_}.self_attn.v_proj", [], kvh * hd, h)
-            quantized(f"{p_}.self_attn.o_proj", [], h, heads * hd)
+            quantized(f"{p_}.self_attn.o_proj", [], h, heads * hd, row_scale=mix)
             vector(f"{p_}.self_attn.q_norm.weight", hd)
             vector(f"{p_}.self_attn.k_norm.weight", hd)
         else:
@@ -172,15 +278,18 @@ def main():
             quantized(f"{la}.in_proj_qkvz", [], 2 * nk * dk + 2 * nv * dv, h)
             quantized(f"{la}.in_proj_ba", [], 2 * nv, h)
             w.add(f"{la}.conv1d.weight", "BF16", [conv, 4, 1], conv * 8,
-                  lambda: bf16_bytes(0.5 * rng.standard_normal(conv * 4)))
+                  lambda r: bf16_bytes(0.5 * r.standard_normal(conv * 4)))
             vector(f"{la}.A_log", nv, 0.0, 0.5)
             vector(f"{la}.dt_bias", nv, 1.0, 0.1)
             vector(f"{la}.norm.weight", dv)
-            quantized(f"{la}.out_proj", [], h, nv * dv)
+            quantized(f"{la}.out_proj", [], h, nv * dv, row_scale=mix)
         m = f"{p_}.mlp"
         # Routers stay at 8 bits, as mlx-lm's converters leave them.
         config["quantization"][f"{m}.gate"] = {"group_size": 64, "bits": 8}
-        quantized(f"{m}.gate", [], a.experts, h, bits=8, group=64)
+        skew = None
+        if a.router_skew:
+            skew = np.exp(a.router_skew * np.random.default_rng([a.seed, 11, l]).standard_normal(a.experts))
+        quantized(f"{m}.gate", [], a.experts, h, bits=8, group=64, row_scale=skew)
         if a.family == "qwen3_next":
             config["quantization"][f"{m}.shared_expert_gate"] = {"group_size": 64, "bits": 8}
             quantized(f"{m}.shared_expert_gate", [], 1, h, bits=8, group=64)

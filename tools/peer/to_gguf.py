@@ -12,6 +12,14 @@ Quantize the result with llama.cpp's own tool afterwards, e.g.
     python3 tools/peer/to_gguf.py --model /tmp/synth-moe --out /tmp/m-f16.gguf
     llama-quantize --pure /tmp/m-f16.gguf /tmp/m-q4_0.gguf Q4_0
 
+or write Q4_0 directly (`--outtype q4_0`, what `llama-quantize --pure ... Q4_0` would
+produce for these tensors: every 2-D/3-D weight in Q4_0, norms, routers, the conv
+and 1-D tensors in F32). A 4-bit MLX tensor with group 64 whose biases are exactly
+-8 x its scales (tools/synth.py --symmetric) holds w = s * (q - 8), which is Q4_0 with
+d = s for both 32-value halves of each group: its bits are repacked, in parallel
+(`--jobs`), without dequantizing. Any other tensor is dequantized and quantized with
+gguf-py's numpy Q4_0 (slow: for small models or a few tensors).
+
 What llama.cpp expects (learned from its convert_hf_to_gguf.py / conversion/qwen.py
 and src/models/qwen3moe.cpp; nothing copied):
   * architecture "qwen3moe"; keys qwen3moe.{block_count, context_length,
@@ -44,6 +52,11 @@ def import_gguf(path):
         if p and os.path.isdir(p):
             sys.path.insert(0, p)
             break
+    try:
+        import yaml  # noqa: F401  (gguf.metadata imports it; nothing here uses it)
+    except ImportError:
+        import types
+        sys.modules["yaml"] = types.ModuleType("yaml")
     import gguf  # noqa: E402
     return gguf
 
@@ -173,6 +186,19 @@ class Stack:
         return np.stack([self.ld.get(b) for b in self.bases])
 
 
+class Rows:
+    """Some rows of module `base`, in the order of `idx` (a fused projection split)."""
+
+    def __init__(self, ld, base, idx):
+        self.ld, self.base, self.idx = ld, base, np.asarray(idx)
+
+    def shape(self):
+        return (len(self.idx),) + tuple(self.ld.shape(self.base)[1:])
+
+    def __call__(self):
+        return self.ld.get(self.base)[self.idx]
+
+
 class Fn:
     """A derived tensor: a shape and a function of the checkpoint."""
 
@@ -215,17 +241,16 @@ def next_plan(ck, ld, cfg, n_layer, nk, nv, dk, dv):
             la = f"{p}.linear_attn"
             per = [dk, dk, r * dv, r * dv]
 
-            def qkvz(la=la):
-                # rows grouped per key head [q k v z] -> [all q | all k | all v] and [all z]
-                w = ld.get(f"{la}.in_proj_qkvz").reshape(nk, sum(per), h)
-                q, k, v, z = np.split(w, np.cumsum(per)[:-1], axis=1)
-                return np.concatenate([x.reshape(-1, h) for x in (q, k, v)]), z.reshape(-1, h)
+            # rows grouped per key head [q k v z] -> [all q | all k | all v] and [all z]
+            rows = np.arange(nk * sum(per)).reshape(nk, sum(per))
+            q, k, v, z = np.split(rows, np.cumsum(per)[:-1], axis=1)
+            qkv_rows = np.concatenate([x.reshape(-1) for x in (q, k, v)])
 
             conv_dim = 2 * nk * dk + nv * dv
             kk = cfg["linear_conv_kernel_dim"]
             plan += [
-                (f"{b}.attn_qkv.weight", Fn((conv_dim, h), lambda f=qkvz: f()[0]), False),
-                (f"{b}.attn_gate.weight", Fn((nv * dv, h), lambda f=qkvz: f()[1]), False),
+                (f"{b}.attn_qkv.weight", Rows(ld, f"{la}.in_proj_qkvz", qkv_rows), False),
+                (f"{b}.attn_gate.weight", Rows(ld, f"{la}.in_proj_qkvz", z.reshape(-1)), False),
                 (f"{b}.ssm_ba.weight", T(ld, f"{la}.in_proj_ba"), False),
                 (f"{b}.ssm_conv1d.weight", Fn((conv_dim, kk), lambda la=la: ld.get(f"{la}.conv1d.weight").reshape(conv_dim, kk)), True),
                 (f"{b}.ssm_dt.bias", T(ld, f"{la}.dt_bias"), True),
@@ -296,7 +321,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="checkpoint directory (config.json, *.safetensors, tokenizer.json)")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--outtype", choices=["f16", "f32"], default="f16")
+    ap.add_argument("--outtype", choices=["f16", "f32", "q4_0"], default="f16")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes repacking Q4_0 tensors")
     ap.add_argument("--gguf-py", default=None, help="path of llama.cpp's gguf-py (default: $GGUF_PY or /tmp/slotstream-peer/llama.cpp/gguf-py)")
     ap.add_argument("--visible-pad", action="store_true",
                     help="mark the [PADn] tokens NORMAL so generated text shows them (for comparing greedy ids)")
@@ -311,7 +337,8 @@ def main():
     ck = Checkpoint(a.model)
     ld = Loader(ck, cfg)
     wdt = np.float16 if a.outtype == "f16" else np.float32
-    ftype = gguf.LlamaFileType.MOSTLY_F16 if a.outtype == "f16" else gguf.LlamaFileType.ALL_F32
+    ftype = {"f16": gguf.LlamaFileType.MOSTLY_F16, "f32": gguf.LlamaFileType.ALL_F32,
+             "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}[a.outtype]
 
     n_layer = cfg["num_hidden_layers"]
     h = cfg["hidden_size"]
@@ -348,7 +375,8 @@ def main():
         w.add_ssm_inner_size(dv * nv)
         w.add_full_attention_interval(cfg.get("full_attention_interval", 4))
         w.add_rope_dimension_count(int(head_dim * cfg.get("partial_rotary_factor", 0.25)))
-        return write_tensors(w, a, next_plan(ck, ld, cfg, n_layer, nk, nv, dk, dv), wdt)
+        plan = next_plan(ck, ld, cfg, n_layer, nk, nv, dk, dv)
+        return write_q4_0(w, a, plan, gguf, ck, ld) if a.outtype == "q4_0" else write_tensors(w, a, plan, wdt)
 
     # (gguf name, producer, keep f32)
     plan = [("token_embd.weight", T(ld, "model.embed_tokens"), False)]
@@ -376,7 +404,144 @@ def main():
     if ck.has("lm_head.weight"):
         plan.append(("output.weight", T(ld, "lm_head"), False))
 
+    if a.outtype == "q4_0":
+        return write_q4_0(w, a, plan, gguf, ck, ld)
     write_tensors(w, a, plan, wdt)
+
+
+# ---------------------------------------------------------------- Q4_0, written directly
+
+Q4_BLOCK, Q4_BYTES = 32, 18  # values per block; bytes per block (fp16 d + 16 bytes of nibbles)
+
+
+def q4_source(ck, ld, fn):
+    """(base, row index or None) when `fn` is a 4-bit MLX tensor (or some of its rows)
+    with group 64 and biases == -8 * scales, whose bits can be repacked; else None."""
+    if isinstance(fn, T):
+        base, idx = fn.base, None
+    elif isinstance(fn, Rows):
+        base, idx = fn.base, fn.idx
+    else:
+        return None
+    if not ck.has(base + ".scales") or ld._bits_group(base) != (4, 64):
+        return None
+    s, _ = ck.raw(base + ".scales")
+    bb, _ = ck.raw(base + ".biases")
+    # bf16 bits: -8 * s is s with the sign set and 3 added to the exponent (s normal, non-zero).
+    s = s.reshape(-1)
+    bb = bb.reshape(-1)
+    step = 1 << 24
+    for i in range(0, len(s), step):
+        si = s[i:i + step].astype(np.uint32)
+        want = (si + (3 << 7)) | 0x8000
+        if not np.array_equal(want.astype(np.uint16), bb[i:i + step]):
+            return None
+    return base, idx
+
+
+def repack_rows(ck, base, rows):
+    """Q4_0 blocks (uint8 [n, cols / 32 * 18]) of the given rows of an exact-Q4_0 MLX tensor."""
+    w, _ = ck.raw(base + ".weight")
+    sc, _ = ck.raw(base + ".scales")
+    w2 = w.reshape(-1, w.shape[-1])
+    s2 = sc.reshape(-1, sc.shape[-1])
+    wb = np.ascontiguousarray(w2[rows]).view(np.uint8)           # [n, cols / 2]: byte k = values 2k (low), 2k+1 (high)
+    n, half = wb.shape
+    nblk = half // 16
+    blk = wb.reshape(n, nblk, 16)
+    lo, hi = blk[:, :, :8], blk[:, :, 8:]                          # values 0..15 and 16..31 of each block
+    out = np.empty((n, nblk, Q4_BYTES), dtype=np.uint8)
+    qs = np.empty((n, nblk, 8, 2), dtype=np.uint8)
+    qs[..., 0] = (lo & 0x0F) | (hi << 4)                           # Q4_0 byte j: value j (low), value j + 16 (high)
+    qs[..., 1] = (lo >> 4) | (hi & 0xF0)
+    out[:, :, 2:] = qs.reshape(n, nblk, 16)
+    d = (s2[rows].astype(np.uint32) << 16).view(np.float32).astype(np.float16)   # one scale per 64 = two blocks
+    out[:, :, :2] = np.repeat(d, 2, axis=1).reshape(n, nblk, 1).view(np.uint8)
+    return out.reshape(n, nblk * Q4_BYTES)
+
+
+_Q4 = {}
+
+
+def _q4_task(task):
+    path, off, base, rows, src_dir = task
+    ck = _Q4.get(src_dir)
+    if ck is None:
+        ck = _Q4[src_dir] = Checkpoint(src_dir)
+    blocks = repack_rows(ck, base, rows)
+    with open(path, "r+b") as f:
+        f.seek(off)
+        f.write(blocks.tobytes())
+    return blocks.nbytes
+
+
+def write_q4_0(w, a, plan, gguf, ck, ld):
+    """Header through gguf-py; data laid out at the writer's offsets and filled in place,
+    exact-Q4_0 tensors repacked by a process pool."""
+    import multiprocessing
+    Q = gguf.GGMLQuantizationType.Q4_0
+    items = []  # (name, fn, kind, shape, nbytes, source)
+    for name, fn, keep32 in plan:
+        shape = tuple(fn.shape())
+        quant = not keep32 and len(shape) >= 2 and shape[-1] % Q4_BLOCK == 0
+        if quant:
+            nbytes = int(np.prod(shape[:-1])) * shape[-1] // Q4_BLOCK * Q4_BYTES
+            w.add_tensor_info(name, shape[:-1] + (shape[-1] // Q4_BLOCK * Q4_BYTES,), np.dtype(np.uint8), nbytes, raw_dtype=Q)
+            items.append((name, fn, "q4", shape, nbytes, q4_source(ck, ld, fn)))
+        else:
+            nbytes = int(np.prod(shape)) * 4
+            w.add_tensor_info(name, shape, np.dtype(np.float32), nbytes)
+            items.append((name, fn, "f32", shape, nbytes, None))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    fout = w.fout[0]
+    fout.flush()
+    align = w.data_alignment
+    pad = lambda n: (n + align - 1) // align * align
+    start = pad(fout.tell())
+    w.close()
+    offsets, off = [], start
+    for it in items:
+        offsets.append(off)
+        off += pad(it[4])
+    with open(a.out, "r+b") as f:
+        f.truncate(off)
+    tasks, slow, n_params = [], [], 0
+    with open(a.out, "r+b") as f:
+        for (name, fn, kind, shape, nbytes, src), o in zip(items, offsets):
+            n_params += int(np.prod(shape))
+            if kind == "f32":
+                f.seek(o)
+                f.write(np.ascontiguousarray(fn().astype(np.float32, copy=False)).reshape(shape).tobytes())
+            elif src is not None:
+                base, idx = src
+                nrows = int(np.prod(shape[:-1]))
+                row_bytes = shape[-1] // Q4_BLOCK * Q4_BYTES
+                step = max(1, (8 << 20) // row_bytes)  # ~8 MB of output per task
+                for r in range(0, nrows, step):
+                    rows = np.arange(r, min(nrows, r + step)) if idx is None else idx[r:r + step]
+                    if idx is None:
+                        rows = slice(r, min(nrows, r + step))
+                    tasks.append((a.out, o + r * row_bytes, base, rows, a.model))
+            else:
+                slow.append(name)
+                arr = fn().astype(np.float32, copy=False).reshape(-1, shape[-1])
+                f.seek(o)
+                f.write(gguf.quants.quantize(arr, Q).tobytes())
+    if slow:
+        print(f"requantized with numpy (not exact Q4_0 in the checkpoint): {', '.join(slow[:6])}"
+              f"{' ...' if len(slow) > 6 else ''} ({len(slow)} tensors)", file=sys.stderr)
+    tasks.sort(key=lambda t: -(t[3].stop - t[3].start if isinstance(t[3], slice) else len(t[3])))
+    if a.jobs > 1 and len(tasks) > 1:
+        with multiprocessing.get_context("fork").Pool(a.jobs) as pool:
+            for _ in pool.imap_unordered(_q4_task, tasks, chunksize=4):
+                pass
+    else:
+        for t in tasks:
+            _q4_task(t)
+    print(json.dumps({"out": a.out, "bytes": os.path.getsize(a.out), "params": n_params,
+                      "repacked_tensors": sum(1 for it in items if it[5] is not None), "requantized_tensors": len(slow)}))
 
 
 def write_tensors(w, a, plan, wdt):

@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# slotstream's wgpu backend vs llama.cpp's Vulkan backend on the same weights, in one run on
+# one GPU machine (issue 14, item 5). Two phases, because the GPU machine has no network and
+# receives only the repository plus at most 64 MiB of carried, git-ignored files:
+#
+#   tools/bench_gpu_peer.sh prepare     # here (dev machine): build and pack what travels
+#   tools/bench_gpu_peer.sh run         # there (GPU machine): synthesize, convert, run both
+#
+# prepare (minutes; ~7 min for llama.cpp on 2 cores, more with our release build beside it):
+#   - our release binary, stripped, xz-compressed without the demo model it embeds (the
+#     working tree holds that file; tools/peer/pack_binary.py splices it back, sha256-checked)
+#                                                      -> .devbin/gpu-peer/slotstream.xz(.json)
+#   - llama.cpp's Vulkan backend from the llama-cpp-python 0.3.36 sdist (PEERS.md), shared
+#     libraries, only llama-bench and llama-quantize, stripped, with gguf-py, xz tarball
+#     (tools/peer/build_llama_cpp_vulkan.sh; drops the VK_EXT_layer_settings block that
+#     Debian 12's 1.3.239 headers lack)                -> .devbin/gpu-peer/llama-vulkan.tar.xz
+#   - the commit measured                              -> .devbin/gpu-peer/COMMIT
+#   - the Vulkan loader .deb (libvulkan1), for a GPU machine without one -> .gl/
+#   then prints the sizes against the 64 MiB budget (the working tree counts too).
+#   Carry: .devbin/gpu-peer and .gl (both git-ignored).
+#
+# run (on the GPU machine, from the repository root; `run` never builds anything):
+#   unpacks the two artifacts under $WORK, installs the loader from .gl/*.deb when
+#   `ldconfig -p` has no libvulkan (root only), points VK_DRIVER_FILES at NVIDIA's ICD where the
+#   machine keeps it outside the loader's search path, then tools/peer/bench_gpu_peer.py: for
+#   each model in $MODELS it writes the model (tools/synth.py --symmetric --jobs $(nproc)), the
+#   Q4_0 GGUF (tools/peer/to_gguf.py --outtype q4_0: the same bits repacked, as
+#   `llama-quantize --pure Q4_0` lays them out), runs llama-bench and ours, deletes both files,
+#   and at the end prints one markdown table for BENCHMARKS.md (also $RESULTS/table.md, with
+#   results.json and every log).
+#
+# Models (full size; SMALL=1: hidden 256, 4 layers, vocab 4096, same expert counts, for tests):
+#   A    Qwen3-30B-A3B's trunk: qwen3_moe, hidden 2048, 48 layers, top-8 of 16 experts 768 wide,
+#        32/4 heads of 128, vocab 151936 (MLX 4-bit g64 ~2.9 GB, Q4_0 GGUF the same)
+#   B    Qwen3-Next-80B-A3B's trunk: qwen3_next, top-10 of 16 experts 512 wide + shared expert
+#        512 wide, 16/2 heads of 256 (~2.2 GB)
+#   A64, B64  the same trunks with 64 experts per layer (~9.0 / ~6.0 GB), our pool holding 16 per
+#        layer (25%); our GPU and CPU backends only (PEER_STREAMING=1 adds llama.cpp with all 64
+#        resident).
+#   Routing (all models; see tools/synth.py): random weights send nearly every token to the same
+#   few experts (attention adds the context's mean to every position); --mixer-out-scale 0.1
+#   keeps router inputs token-specific (near-uniform choice) and --router-skew $ROUTER_SKEW
+#   (default 0.4) makes some experts busier, as in trained models: ~28% decode hits for a
+#   16-of-64 pool, instead of ~90% with plain random weights.
+#
+# env (run): MODELS (default A,B,A64,B64), SMALL=1, ROUNDS (ours, default 3), PEER_REPS (3),
+#   CPU=all|streaming|none (our CPU backend on which models, default all), PEER_STREAMING=1,
+#   ROUTER_SKEW, MIXER_OUT_SCALE (0.1), GPU_BACKEND (default wgpu; e.g. wgpu:software for lavapipe), KEEP=1 (keep
+#   models), WORK (models and unpacked binaries, default /tmp/gpu-peer), RESULTS (default
+#   $WORK/results; where $OUT is set, table.md, results.json and gpu-peer-logs.tar.gz are
+#   copied there too), JOBS (default nproc).
+# env (prepare): CARGO_BUILD_JOBS (default 1), JOBS/NICE for llama.cpp (2/10), FORCE=1 (rebuild
+#   llama.cpp), VK_PEER_DIR (its source and build tree, default /tmp/slotstream-peer-vk).
+#
+# Local test without a GPU (lavapipe; both engines, tiny models, ~10 minutes on 2 cores):
+#   SMALL=1 ROUNDS=1 PEER_REPS=1 GPU_BACKEND=wgpu:software \
+#     VK_DRIVER_FILES=/usr/share/vulkan/icd.d/lvp_icd.x86_64.json tools/bench_gpu_peer.sh run
+#
+# Budget on the GPU machine (30 min of device time per session): with 16 cores, synthesis and
+# GGUF repacking run at disk speed (a few GB/s); the runs themselves take seconds each (model
+# loads dominate). MODELS=A,B is the resident comparison alone.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CARRY=.devbin/gpu-peer
+phase=${1:-}
+
+prepare() {
+    mkdir -p "$CARRY"
+    export CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-1}
+    local target=${CARGO_TARGET_DIR:-target}
+    nice -n 5 cargo build --release --bin slotstream
+    strip -o "$CARRY/slotstream" "$target/release/slotstream"
+    # The binary embeds the demo model, which the working tree carries anyway: cut it out here,
+    # splice it back there (sha256-checked).
+    python3 tools/peer/pack_binary.py pack "$CARRY/slotstream" "$CARRY/slotstream.xz" tools/demo/model/model.safetensors
+    rm -f "$CARRY/slotstream"
+    if [ -n "${FORCE:-}" ] || [ ! -f "$CARRY/llama-vulkan.tar.xz" ]; then
+        tools/peer/build_llama_cpp_vulkan.sh "$CARRY/llama-vulkan.tar.xz"
+    fi
+    {
+        git rev-parse --short=9 HEAD
+        git status --porcelain --untracked-files=no | grep -q . && echo dirty || echo clean
+        date -u +%Y-%m-%dT%H:%MZ
+    } > "$CARRY/COMMIT"
+    if ! ls .gl/libvulkan1_*.deb >/dev/null 2>&1; then
+        mkdir -p .gl
+        (cd .gl && apt-get download libvulkan1:amd64) || echo "warning: could not download libvulkan1 into .gl/" >&2
+    fi
+    local tree carry gl
+    tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+    carry=$(du -cb "$CARRY" | tail -1 | cut -f1)
+    gl=$(du -cb .gl | tail -1 | cut -f1)
+    ls -l "$CARRY" .gl
+    printf 'working tree %.1f MiB + %s %.1f MiB + .gl %.1f MiB = %.1f MiB of the 64 MiB budget\n' \
+        "$(echo "$tree / 1048576" | bc -l)" "$CARRY" "$(echo "$carry / 1048576" | bc -l)" \
+        "$(echo "$gl / 1048576" | bc -l)" "$(echo "($tree + $carry + $gl) / 1048576" | bc -l)"
+    if [ $((tree + carry + gl)) -gt $((64 << 20)) ]; then
+        echo "over the 64 MiB budget" >&2
+        exit 1
+    fi
+    echo "carry: $CARRY .gl; on the GPU machine: tools/bench_gpu_peer.sh run"
+}
+
+run_phase() {
+    local work=${WORK:-/tmp/gpu-peer}
+    local results=${RESULTS:-$work/results}
+    mkdir -p "$work/bin" "$work/llama" "$results"
+    [ -f "$CARRY/slotstream.xz" ] && [ -f "$CARRY/llama-vulkan.tar.xz" ] || {
+        echo "missing $CARRY/slotstream.xz or llama-vulkan.tar.xz: run 'tools/bench_gpu_peer.sh prepare' first and carry $CARRY" >&2
+        exit 1
+    }
+    rm -rf "$work/llama"
+    # Python's lzma and tarfile: no xz tool needed there.
+    python3 - "$CARRY" "$work" <<'PY'
+import os, sys, tarfile
+sys.path.insert(0, "tools/peer")
+import pack_binary
+carry, work = sys.argv[1:]
+pack_binary.unpack(os.path.join(carry, "slotstream.xz"), os.path.join(work, "bin", "slotstream"), ".")
+with tarfile.open(os.path.join(carry, "llama-vulkan.tar.xz"), "r:xz") as t:
+    t.extractall(os.path.join(work, "llama"))
+PY
+    if ! ldconfig -p 2>/dev/null | grep -q 'libvulkan.so.1 '; then
+        if [ "$(id -u)" = 0 ] && ls .gl/*.deb >/dev/null 2>&1; then
+            for f in .gl/*.deb; do dpkg -x "$f" /; done
+            ldconfig
+        else
+            echo "warning: no libvulkan.so.1 and no .gl/*.deb to install it from" >&2
+        fi
+    fi
+    if [ -z "${VK_DRIVER_FILES:-}${VK_ICD_FILENAMES:-}" ] && [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ] \
+        && ! ls /usr/share/vulkan/icd.d/nvidia_icd*.json /etc/vulkan/icd.d/nvidia_icd*.json >/dev/null 2>&1; then
+        export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+    fi
+    export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
+    # llama.cpp skips CPU-type Vulkan devices (lavapipe) unless told which device to use.
+    case "${GPU_BACKEND:-wgpu}" in *software*) export GGML_VK_VISIBLE_DEVICES=${GGML_VK_VISIBLE_DEVICES:-0} ;; esac
+    local commit
+    commit=$(head -1 "$CARRY/COMMIT" 2>/dev/null || git rev-parse --short=9 HEAD 2>/dev/null || echo unknown)
+    [ "$(sed -n 2p "$CARRY/COMMIT" 2>/dev/null)" = dirty ] && commit="$commit (+ uncommitted changes)"
+    if command -v nvidia-smi >/dev/null; then
+        nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$results/nvidia-smi.csv"
+    fi
+    echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GB RAM, $(df -h "$work" | awk 'NR==2{print $4}') free under $work"
+    local args=(--slotstream "$work/bin/slotstream" --llama "$work/llama" --work "$work" --results "$results"
+        --models "${MODELS:-A,B,A64,B64}" --rounds "${ROUNDS:-3}" --peer-reps "${PEER_REPS:-3}" --cpu "${CPU:-all}"
+        --router-skew "${ROUTER_SKEW:-0.4}" --mixer-out-scale "${MIXER_OUT_SCALE:-0.1}" --gpu-backend "${GPU_BACKEND:-wgpu}" --jobs "${JOBS:-$(nproc)}"
+        --commit "$commit")
+    [ -n "${SMALL:-}" ] && args+=(--small)
+    [ -n "${KEEP:-}" ] && args+=(--keep)
+    [ -n "${PEER_STREAMING:-}" ] && args+=(--peer-streaming)
+    local rc=0
+    PYTHONUNBUFFERED=1 python3 tools/peer/bench_gpu_peer.py "${args[@]}" || rc=$?
+    # The device tool brings back at most 8 files from $OUT: the table, the JSON, and every log in one tarball.
+    if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+        cp "$results"/table.md "$results"/results.json "$OUT"/ 2>/dev/null || true
+        tar -C "$results" -czf "$OUT/gpu-peer-logs.tar.gz" . || true
+    fi
+    return $rc
+}
+
+case "$phase" in
+    prepare) prepare ;;
+    run) run_phase ;;
+    *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac

@@ -1,0 +1,479 @@
+#!/usr/bin/env python3
+"""slotstream's wgpu backend vs llama.cpp's Vulkan backend on the same weights, one GPU,
+one run (issue 14, item 5). Driven by tools/bench_gpu_peer.sh (its `run` phase); prints one
+markdown table for BENCHMARKS.md and writes results.json, table.md and every log to --results.
+
+Per model (written here by tools/synth.py, MLX 4-bit g64 with --symmetric, so that
+tools/peer/to_gguf.py --outtype q4_0 repacks the same bits into a Q4_0 GGUF: what
+`llama-quantize --pure Q4_0` would give, without its rounding):
+  llama.cpp: llama-bench -ngl 99 -p 256 -n 64 -d 0,432 -r 3 (prefill pp256, decode tg64, both
+             read at depth 432; depth 0 kept in results.json);
+  ours:      slotstream run --backend wgpu --raw --ignore-eos, a prompt of 432 tokens then 65
+             tokens (64 decode passes: the first token comes from the prefill's logits), so decode
+             runs from depth 432, as llama-bench's tg64 @ d432; `stats` of --json give prefill
+             and decode tok/s (median of --rounds runs);
+  both:      peak GPU memory (nvidia-smi memory.used sampled every 100 ms, minus the reading before
+             the run) and peak host RSS (the child's rusage);
+  streaming models (64 experts per layer, --experts-per-layer 16 = 25% of them, routers skewed):
+             our GPU and CPU backends; the expert counters of a prefill-only run (--max-tokens 1)
+             are subtracted from the full run's, giving decode-only hit rate, bytes read per token
+             and read-wait; the disk's O_DIRECT read rate is measured on the model's own files, and
+             the disk-bound limit is that rate / bytes read per token.
+"""
+
+import argparse
+import json
+import mmap
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+
+FULL = {
+    # Qwen3-30B-A3B's trunk, 16 experts per layer (every expert resident).
+    "A": ("qwen3_moe", 16, "--hidden 2048 --layers 48 --top-k 8 --moe-inter 768 --heads 32 --kv-heads 4 "
+                           "--head-dim 128 --vocab 151936"),
+    # Qwen3-Next-80B-A3B's trunk.
+    "B": ("qwen3_next", 16, "--hidden 2048 --layers 48 --top-k 10 --moe-inter 512 --shared-inter 512 --heads 16 "
+                            "--kv-heads 2 --head-dim 256 --vocab 151936"),
+}
+SMALL = {
+    "A": ("qwen3_moe", 16, "--hidden 256 --layers 4 --top-k 8 --moe-inter 128 --heads 4 --kv-heads 2 --head-dim 64 --vocab 4096"),
+    "B": ("qwen3_next", 16, "--hidden 256 --layers 4 --top-k 10 --moe-inter 128 --shared-inter 128 --heads 4 "
+                            "--kv-heads 2 --head-dim 64 --vocab 4096"),
+}
+STREAM_EXPERTS, POOL_PER_LAYER = 64, 16
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+class GpuMemory:
+    """Polls nvidia-smi's memory.used (MiB) from a thread while a run lasts (a query every
+    ~100 ms; `-lms` output through a pipe is block-buffered and lost when it is stopped);
+    peak minus the reading before the run."""
+
+    def __init__(self):
+        self.ok = shutil.which("nvidia-smi") is not None
+        self.peak_mib = None
+
+    @staticmethod
+    def query():
+        try:
+            r = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+                               capture_output=True, text=True, timeout=10)
+            return int(r.stdout.split()[0]) if r.returncode == 0 and r.stdout.strip() else None
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            return None
+
+    def _poll(self):
+        while not self.stop.is_set():
+            v = self.query()
+            if v is not None:
+                self.vals.append(v)
+            self.stop.wait(0.1)
+
+    def __enter__(self):
+        if self.ok:
+            self.base = self.query()
+            self.vals, self.stop = [], threading.Event()
+            self.t = threading.Thread(target=self._poll, daemon=True)
+            self.t.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.ok:
+            self.stop.set()
+            self.t.join()
+            if self.vals and self.base is not None:
+                self.peak_mib = max(self.vals) - self.base
+
+
+def run(cmd, tag, a, env=None, timeout=None):
+    """Runs `cmd`; returns rc, stdout, stderr, wall, peak RSS (bytes, from rusage), peak GPU MiB."""
+    outp, errp = os.path.join(a.results, f"{tag}.out"), os.path.join(a.results, f"{tag}.err")
+    t0 = time.time()
+    with open(outp, "w") as fo, open(errp, "w") as fe, GpuMemory() as gm:
+        fe.write(" ".join(cmd) + "\n")
+        fe.flush()
+        try:
+            p = subprocess.Popen(cmd, stdout=fo, stderr=fe, env=env, start_new_session=True)
+        except OSError as e:
+            log(f"  [{tag}] cannot start: {e}")
+            return {"rc": 127, "stdout": "", "stderr": str(e), "wall_s": 0, "rss_bytes": None, "gpu_mib": None}
+        killer = threading.Timer(timeout or a.timeout, lambda: os.killpg(p.pid, 9))
+        killer.start()
+        _, status, ru = os.wait4(p.pid, 0)
+        killer.cancel()
+        p.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.time() - t0
+    r = {"rc": p.returncode, "stdout": open(outp).read(), "stderr": open(errp).read(), "wall_s": round(wall, 2),
+         "rss_bytes": ru.ru_maxrss * 1024, "gpu_mib": gm.peak_mib}
+    log(f"  [{tag}] rc={r['rc']} {wall:.1f} s, RSS {r['rss_bytes'] / 2**20:.0f} MiB, GPU {r['gpu_mib']} MiB")
+    return r
+
+
+def ours(a, model, backend, prompt, max_tokens, experts_per_layer, tag):
+    cmd = [a.slotstream, "run", "--model", model, "--backend", backend, "--raw", "--ignore-eos",
+           "--max-tokens", str(max_tokens), "--prompt", prompt, "--json", "--experts-per-layer", str(experts_per_layer)]
+    r = run(cmd, tag, a)
+    shown = [("'<%d-token prompt>'" % a.depth) if c == prompt else c for c in cmd]
+    res = {"cmd": " ".join(shown), "rss_bytes": r["rss_bytes"],
+           "gpu_mib": r["gpu_mib"], "wall_s": r["wall_s"]}
+    try:
+        o = json.loads(r["stdout"].strip().splitlines()[-1])
+        s, e = o["stats"], o["experts"]
+        res.update(backend_name=o["backend"], prompt_tokens=s["prompt_tokens"], generated=s["generated_tokens"],
+                   prefill=s["prefill_tokens_per_second"], decode=s["decode_tokens_per_second"],
+                   prefill_s=s["prefill_seconds"], decode_s=s["decode_seconds"], slots=e["slots"],
+                   pool_bytes=e["pool_bytes"], direct_io=e["direct_io"], counters=e["total"],
+                   ids=o["generated_ids"])
+    except Exception as ex:  # noqa: BLE001
+        res["error"] = f"{type(ex).__name__}: {ex}; rc={r['rc']}; {r['stderr'][-600:]}"
+        log("  " + res["error"])
+    return res
+
+
+def peer(a, gguf, tag):
+    cmd = [os.path.join(a.llama, "bin", "llama-bench"), "-m", gguf, "-ngl", "99", "-p", "256", "-n", "64",
+           "-d", f"0,{a.depth}", "-r", str(a.peer_reps), "-o", "json"]
+    env = dict(os.environ, LD_LIBRARY_PATH=os.path.join(a.llama, "bin") + ":" + os.environ.get("LD_LIBRARY_PATH", ""))
+    r = run(cmd, tag, a, env=env)
+    res = {"cmd": " ".join(["llama-bench"] + cmd[1:2] + [os.path.basename(gguf)] + cmd[3:]),
+           "rss_bytes": r["rss_bytes"], "gpu_mib": r["gpu_mib"], "wall_s": r["wall_s"]}
+    try:
+        text = r["stdout"][r["stdout"].index("["):]
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError:
+            # Stopped part way (a crash): keep the tests it finished.
+            rows = json.loads(text[:text.rindex("}") + 1] + "]")
+            res["partial"] = f"llama-bench rc={r['rc']} after {len(rows)} tests"
+            log(f"  {res['partial']}")
+        for row in rows:
+            d = row.get("n_depth", 0)
+            kind = "prefill" if row["n_prompt"] and not row["n_gen"] else "decode"
+            key = kind if d == a.depth else f"{kind}_d{d}"
+            res[key] = row["avg_ts"]
+            res[key + "_sd"] = row["stddev_ts"]
+        first = rows[0]
+        res.update(gpu_info=first.get("gpu_info"), backends=first.get("backends"), build=first.get("build_commit"),
+                   flash_attn=first.get("flash_attn"), n_threads=first.get("n_threads"),
+                   model_size=first.get("model_size"), model_n_params=first.get("model_n_params"))
+        m = re.search(r"ggml_vulkan: 0 = (.*)", r["stderr"])
+        if m:
+            res["vulkan_device"] = m.group(1).strip()
+    except Exception as ex:  # noqa: BLE001
+        res["error"] = f"{type(ex).__name__}: {ex}; rc={r['rc']}; {r['stderr'][-600:]}"
+        log("  " + res["error"])
+    return res
+
+
+def disk_read_gbs(paths, total_bytes=2 << 30, chunk=4 << 20, threads=16):
+    """O_DIRECT read rate (GB/s) over the model's files, `threads` reads of `chunk` in flight."""
+    jobs = []
+    for p in paths:
+        size = os.path.getsize(p) // chunk * chunk
+        jobs += [(p, off) for off in range(0, size, chunk)]
+    jobs = jobs[: max(1, total_bytes // chunk)]
+    if not jobs:
+        return None
+    local = threading.local()
+
+    def read(job):
+        p, off = job
+        if not hasattr(local, "buf"):
+            local.buf = mmap.mmap(-1, chunk)
+            local.fds = {}
+        fd = local.fds.get(p)
+        if fd is None:
+            fd = local.fds[p] = os.open(p, os.O_RDONLY | os.O_DIRECT)
+        return os.preadv(fd, [local.buf], off)
+
+    try:
+        t0 = time.time()
+        with ThreadPoolExecutor(threads) as ex:
+            n = sum(ex.map(read, jobs))
+        return n / (time.time() - t0) / 1e9
+    except OSError as e:
+        log(f"  disk read test failed: {e}")
+        return None
+
+
+def calibrate_prompt(a, target):
+    """A prefix of a repository text that our tokenizer encodes to `target` tokens (every
+    synthetic model has the same tokenizer), found with a tiny model on the CPU backend."""
+    text = ""
+    for f in ["ARCHITECTURE.md", "README.md", "BENCHMARKS.md"]:
+        text += open(os.path.join(REPO, f), encoding="utf-8").read() + "\n"
+    tiny = os.path.join(a.work, "calibrate")
+    if not os.path.exists(os.path.join(tiny, "config.json")):
+        subprocess.run([sys.executable, os.path.join(REPO, "tools", "synth.py"), "--out", tiny, "--hidden", "64",
+                        "--layers", "1", "--experts", "4", "--top-k", "2", "--moe-inter", "64", "--heads", "2",
+                        "--kv-heads", "1", "--head-dim", "32", "--vocab", "4096"], check=True, capture_output=True)
+
+    def count(n):
+        r = subprocess.run([a.slotstream, "run", "--model", tiny, "--backend", "cpu", "--raw", "--max-tokens", "1",
+                            "--prompt", text[:n], "--json"], capture_output=True, text=True)
+        if r.returncode:
+            sys.exit(f"calibration run failed: {r.stderr[-800:]}")
+        return json.loads(r.stdout.strip().splitlines()[-1])["stats"]["prompt_tokens"]
+
+    lo, hi = 1, min(len(text), 4 * target)
+    while count(hi) < target:
+        if hi >= len(text):
+            sys.exit(f"the calibration text has fewer than {target} tokens")
+        lo, hi = hi, min(len(text), 2 * hi)
+    while lo < hi:  # smallest prefix with >= target tokens
+        mid = (lo + hi) // 2
+        if count(mid) >= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    n = count(lo)
+    log(f"prompt: {lo} characters -> {n} tokens")
+    return text[:lo], n
+
+
+def model_files(d):
+    return sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith(".safetensors"))
+
+
+def make_model(a, key, family, experts, args, streaming):
+    name = f"{key}{'64' if streaming else ''}"
+    out = os.path.join(a.work, name)
+    cmd = [sys.executable, os.path.join(REPO, "tools", "synth.py"), "--family", family, "--out", out,
+           "--experts", str(experts), "--bits", "4", "--group", "64", "--symmetric", "--jobs", str(a.jobs),
+           "--seed", "1"] + args.split()
+    cmd += ["--mixer-out-scale", str(a.mixer_out_scale), "--router-skew", str(a.router_skew)]
+    stamp = os.path.join(out, "synth-args.txt")
+    t = {}
+    if not (os.path.exists(stamp) and open(stamp).read() == " ".join(cmd[2:])):
+        shutil.rmtree(out, ignore_errors=True)
+        t0 = time.time()
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode:
+            sys.exit(f"synth failed: {r.stderr[-2000:]}")
+        open(stamp, "w").write(" ".join(cmd[2:]))
+        if streaming:
+            os.sync()  # our expert reads use O_DIRECT: no dirty pages left for them to wait on
+        t["synth_s"] = round(time.time() - t0, 1)
+        log(f"  synth {name}: {t['synth_s']} s, {json.loads(r.stdout.strip().splitlines()[-1])['total_bytes'] / 1e9:.2f} GB")
+    return name, out, t
+
+
+def make_gguf(a, name, model):
+    gguf = os.path.join(a.work, f"{name}-Q4_0.gguf")
+    stamp = gguf + ".from"
+    src = open(os.path.join(model, "synth-args.txt")).read()
+    if os.path.exists(gguf) and os.path.exists(stamp) and open(stamp).read() == src:
+        return gguf, {}
+    t0 = time.time()
+    r = subprocess.run([sys.executable, os.path.join(HERE, "to_gguf.py"), "--model", model, "--out", gguf,
+                        "--outtype", "q4_0", "--jobs", str(a.jobs), "--gguf-py", os.path.join(a.llama, "gguf-py")],
+                       capture_output=True, text=True)
+    if r.returncode:
+        sys.exit(f"to_gguf failed: {r.stderr[-2000:]}")
+    info = json.loads(r.stdout.strip().splitlines()[-1])
+    if info.get("requantized_tensors"):
+        log(f"  warning: {info['requantized_tensors']} tensors requantized, not repacked")
+    open(stamp, "w").write(src)
+    t = {"convert_s": round(time.time() - t0, 1)}
+    log(f"  gguf {name}: {t['convert_s']} s, {info['bytes'] / 1e9:.2f} GB")
+    return gguf, t
+
+
+def median(rs, key):
+    v = [r[key] for r in rs if r.get(key) is not None]
+    return statistics.median(v) if v else None
+
+
+def subtract(full, pre):
+    f, p = full.get("counters"), pre.get("counters")
+    if not f or not p:
+        return {}
+    d = {k: f[k] - p[k] for k in ("hits", "misses", "bytes_read", "read_seconds", "wait_seconds")}
+    passes = max(1, full["generated"] - 1)
+    n = d["hits"] + d["misses"]
+    return {"decode_hit_rate": d["hits"] / n if n else None, "decode_bytes_per_token": d["bytes_read"] / passes,
+            "decode_wait_s_per_token": d["wait_seconds"] / passes,
+            "decode_read_gbs": d["bytes_read"] / d["read_seconds"] / 1e9 if d["read_seconds"] > 0 else None,
+            "total_hit_rate": f["hits"] / max(1, f["hits"] + f["misses"])}
+
+
+def bench_model(a, key, streaming, prompt):
+    family, experts, args = (SMALL if a.small else FULL)[key]
+    if streaming:
+        experts = STREAM_EXPERTS
+    name, model, times = make_model(a, key, family, experts, args, streaming)
+    res = {"key": name, "family": family, "experts": experts, "streaming": streaming, "synth_args": args, **times}
+    pool = POOL_PER_LAYER if streaming else experts
+    res["pool_per_layer"] = pool
+    if not streaming or a.peer_streaming:
+        gguf, t = make_gguf(a, name, model)
+        res.update(t)
+        res["peer"] = peer(a, gguf, f"{name}_llama")
+        if not a.keep:
+            os.remove(gguf)
+    gpu = [ours(a, model, a.gpu_backend, prompt, a.decode + 1, pool, f"{name}_ours_gpu_{i}") for i in range(a.rounds)]
+    res["ours_gpu_runs"] = gpu
+    res["ours_gpu"] = {"prefill": median(gpu, "prefill"), "decode": median(gpu, "decode"),
+                       "rss_bytes": max((r["rss_bytes"] for r in gpu), default=None),
+                       "gpu_mib": max((r["gpu_mib"] for r in gpu if r["gpu_mib"] is not None), default=None),
+                       "backend_name": next((r.get("backend_name") for r in gpu if r.get("backend_name")), None),
+                       "prompt_tokens": gpu[0].get("prompt_tokens")}
+    if streaming:
+        pre = ours(a, model, a.gpu_backend, prompt, 1, pool, f"{name}_ours_gpu_prefill_only")
+        res["ours_gpu"].update(subtract(gpu[-1], pre))
+        res["disk_read_gbs"] = disk_read_gbs(model_files(model))
+        bpt = res["ours_gpu"].get("decode_bytes_per_token")
+        if res["disk_read_gbs"] and bpt:
+            res["disk_limit_tps"] = res["disk_read_gbs"] * 1e9 / bpt
+    if a.cpu == "all" or (a.cpu == "streaming" and streaming):
+        c = ours(a, model, "cpu", prompt, a.decode + 1, pool, f"{name}_ours_cpu")
+        res["ours_cpu"] = {k: c.get(k) for k in ("prefill", "decode", "rss_bytes", "backend_name", "error")}
+        if streaming and c.get("counters"):
+            res["ours_cpu"]["total_hit_rate"] = c["counters"]["hits"] / max(1, c["counters"]["hits"] + c["counters"]["misses"])
+    if not a.keep:
+        shutil.rmtree(model, ignore_errors=True)
+    return res
+
+
+def f1(x, nd=1):
+    return "—" if x is None else f"{x:.{nd}f}"
+
+
+def ratio(x, y):
+    return "—" if not x or not y else f"**{x / y:.2f}x**"
+
+
+def mib(b):
+    return "—" if not b else f"{b / 2**20:,.0f}"
+
+
+LABEL = {"A": "qwen3_moe (Qwen3-30B-A3B trunk)", "B": "qwen3_next (Qwen3-Next-80B-A3B trunk)"}
+
+
+def table(a, meta, results):
+    L = []
+    L.append(f"slotstream `{meta['commit']}`, {meta['date']}; GPU: {meta['gpu']}, driver {meta['driver']}; "
+             f"host: {meta['cpus']} cores; ours: `{meta['ours_backend']}`; llama.cpp: {meta['peer_build']} "
+             f"({meta['peer_device']}). Prompt {meta['prompt_tokens']} tokens, {a.decode} decode passes; "
+             f"llama-bench `-ngl 99 -p 256 -n {a.decode} -d {a.depth} -r {a.peer_reps}`; ours: median of {a.rounds} runs. "
+             f"Models: tools/synth.py --symmetric --mixer-out-scale {a.mixer_out_scale} --router-skew {a.router_skew}."
+             + (" SMALL models (local test, not a measurement)." if a.small else ""))
+    L.append("")
+    res = [r for r in results if not r["streaming"]]
+    if res:
+        L.append(f"| all experts resident, {meta['prompt_tokens']}-token context | slotstream wgpu | llama.cpp Vulkan | ours / theirs |")
+        L.append("|---|---:|---:|---:|")
+        for r in res:
+            o, p = r["ours_gpu"], r.get("peer", {})
+            lab = LABEL.get(r["key"], r["key"]) + f", {r['experts']} experts"
+            pd, pp, note = p.get("decode"), p.get("prefill"), ""
+            if pd is None and p.get("decode_d0") is not None:
+                pd, pp, note = p.get("decode_d0"), p.get("prefill_d0"), f" (theirs at depth 0: {p.get('partial', 'no depth run')})"
+            L.append(f"| {lab}: decode tok/s (tg{a.decode} @ d{a.depth}){note} | {f1(o['decode'])} | {f1(pd)} | {ratio(o['decode'], pd)} |")
+            L.append(f"| {lab}: prefill tok/s (ours: {o['prompt_tokens']}-token prompt; theirs: pp256 @ d{a.depth}){note} | {f1(o['prefill'])} | {f1(pp)} | {ratio(o['prefill'], pp)} |")
+            L.append(f"| {lab}: peak GPU memory MiB | {o['gpu_mib'] if o['gpu_mib'] is not None else '—'} | {p.get('gpu_mib') if p.get('gpu_mib') is not None else '—'} | |")
+            L.append(f"| {lab}: peak host RSS MiB | {mib(o['rss_bytes'])} | {mib(p.get('rss_bytes'))} | |")
+            if r.get("ours_cpu"):
+                L.append(f"| {lab}: our CPU backend decode / prefill tok/s | {f1(r['ours_cpu'].get('decode'))} / {f1(r['ours_cpu'].get('prefill'))} | | |")
+        L.append("")
+    res = [r for r in results if r["streaming"]]
+    if res:
+        L.append(f"| streamed: 64 experts per layer, pool 16 per layer (25%) | "
+                 + " | ".join(LABEL.get(r["key"][:-2], r["key"]) for r in res) + " |")
+        L.append("|---|" + "---:|" * len(res))
+        rows = [
+            ("GPU decode tok/s", lambda r: f1(r["ours_gpu"]["decode"])),
+            ("CPU decode tok/s (same pool)", lambda r: f1((r.get("ours_cpu") or {}).get("decode"))),
+            ("GPU / CPU decode", lambda r: ratio(r["ours_gpu"]["decode"], (r.get("ours_cpu") or {}).get("decode"))),
+            ("decode hit rate", lambda r: f1(100 * r["ours_gpu"]["decode_hit_rate"], 1) + "%" if r["ours_gpu"].get("decode_hit_rate") is not None else "—"),
+            ("MB read per decoded token", lambda r: f1((r["ours_gpu"].get("decode_bytes_per_token") or 0) / 1e6, 1)),
+            ("expert reads GB/s (ours, decode)", lambda r: f1(r["ours_gpu"].get("decode_read_gbs"), 2)),
+            ("read wait ms per decoded token", lambda r: f1(1e3 * r["ours_gpu"]["decode_wait_s_per_token"], 1) if r["ours_gpu"].get("decode_wait_s_per_token") is not None else "—"),
+            ("disk O_DIRECT GB/s (4 MiB x 16)", lambda r: f1(r.get("disk_read_gbs"), 2)),
+            ("disk-bound limit tok/s", lambda r: f1(r.get("disk_limit_tps"))),
+            ("GPU decode / disk-bound limit", lambda r: ratio(r["ours_gpu"]["decode"], r.get("disk_limit_tps"))),
+            ("GPU prefill tok/s", lambda r: f1(r["ours_gpu"]["prefill"])),
+            ("peak GPU memory MiB / host RSS MiB", lambda r: f"{r['ours_gpu']['gpu_mib'] if r['ours_gpu']['gpu_mib'] is not None else '—'} / {mib(r['ours_gpu']['rss_bytes'])}"),
+        ]
+        if any(r.get("peer") for r in res):
+            rows.append(("llama.cpp Vulkan, all 64 resident: decode / prefill tok/s",
+                         lambda r: f"{f1(r['peer'].get('decode'))} / {f1(r['peer'].get('prefill'))}" if r.get("peer") else "—"))
+        for lab, fn in rows:
+            L.append(f"| {lab} | " + " | ".join(fn(r) for r in res) + " |")
+        L.append("")
+    t = [f"{r['key']}: synth {r.get('synth_s', 0)} s" + (f", GGUF {r['convert_s']} s" if r.get("convert_s") else "") for r in results]
+    L.append(f"Time on the machine: {meta['elapsed_s']:.0f} s in all ({'; '.join(t)}).")
+    return "\n".join(L)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--slotstream", required=True)
+    ap.add_argument("--llama", required=True, help="unpacked llama.cpp tarball (bin/, gguf-py/)")
+    ap.add_argument("--work", required=True, help="where models are written")
+    ap.add_argument("--results", required=True)
+    ap.add_argument("--models", default="A,B,A64,B64")
+    ap.add_argument("--small", action="store_true")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--peer-reps", type=int, default=3)
+    ap.add_argument("--depth", type=int, default=432)
+    ap.add_argument("--decode", type=int, default=64)
+    ap.add_argument("--gpu-backend", default="wgpu")
+    ap.add_argument("--cpu", choices=["all", "streaming", "none"], default="all")
+    ap.add_argument("--peer-streaming", action="store_true", help="also llama.cpp on the 64-expert models (all resident)")
+    ap.add_argument("--router-skew", type=float, default=0.4)
+    ap.add_argument("--mixer-out-scale", type=float, default=0.1)
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--keep", action="store_true", help="keep models and GGUFs (default: delete after each model)")
+    ap.add_argument("--timeout", type=int, default=900)
+    ap.add_argument("--commit", default="unknown")
+    a = ap.parse_args()
+    t_start = time.time()
+    os.makedirs(a.work, exist_ok=True)
+    os.makedirs(a.results, exist_ok=True)
+    gpu, driver = "unknown", "unknown"
+    if shutil.which("nvidia-smi"):
+        r = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader", "-i", "0"],
+                           capture_output=True, text=True)
+        if r.returncode == 0 and "," in r.stdout:
+            gpu, driver = [x.strip() for x in r.stdout.strip().split(",", 1)]
+    prompt, n_prompt = calibrate_prompt(a, a.depth)
+    results = []
+    for key in [k.strip() for k in a.models.split(",") if k.strip()]:
+        base, streaming = key.rstrip("64") or key, key.endswith("64")
+        if base not in FULL:
+            sys.exit(f"unknown model {key} (A, B, A64, B64)")
+        log(f"== {key}")
+        results.append(bench_model(a, base, streaming, prompt))
+        json.dump(results, open(os.path.join(a.results, "results.json"), "w"), indent=1, default=str)
+    peers = [r["peer"] for r in results if r.get("peer") and not r["peer"].get("error")]
+    ours_name = next((r["ours_gpu"]["backend_name"] for r in results if r["ours_gpu"].get("backend_name")), "?")
+    if gpu == "unknown":
+        m = re.search(r"\((.*?),", ours_name)
+        gpu = m.group(1) if m else "?"
+    meta = {"commit": a.commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": gpu, "driver": driver,
+            "cpus": os.cpu_count(), "ours_backend": ours_name,
+            "peer_build": f"build {peers[0].get('build')}, {peers[0].get('backends')}, flash_attn {peers[0].get('flash_attn')}" if peers else "not run",
+            "peer_device": peers[0].get("vulkan_device") or peers[0].get("gpu_info") if peers else "—",
+            "prompt_tokens": n_prompt, "elapsed_s": time.time() - t_start}
+    md = table(a, meta, results)
+    json.dump({"meta": meta, "results": results}, open(os.path.join(a.results, "results.json"), "w"), indent=1, default=str)
+    open(os.path.join(a.results, "table.md"), "w").write(md + "\n")
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
