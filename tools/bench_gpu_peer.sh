@@ -15,7 +15,8 @@
 #     (tools/peer/build_llama_cpp_vulkan.sh; drops the VK_EXT_layer_settings block that
 #     Debian 12's 1.3.239 headers lack)                -> .devbin/gpu-peer/llama-vulkan.tar.xz
 #   - the commit measured                              -> .devbin/gpu-peer/COMMIT
-#   - the Vulkan loader .deb (libvulkan1), for a GPU machine without one -> .gl/
+#   - the Vulkan loader and libglvnd .debs (NVIDIA's Vulkan driver needs libGLdispatch), for a
+#     GPU machine without them                        -> .gl/
 #   then prints the sizes against the 64 MiB budget (the working tree counts too).
 #   Carry: .devbin/gpu-peer and .gl (both git-ignored).
 #
@@ -82,9 +83,14 @@ prepare() {
         git status --porcelain --untracked-files=no | grep -q . && echo dirty || echo clean
         date -u +%Y-%m-%dT%H:%MZ
     } > "$CARRY/COMMIT"
-    if ! ls .gl/libvulkan1_*.deb >/dev/null 2>&1; then
-        mkdir -p .gl
-        (cd .gl && apt-get download libvulkan1:amd64) || echo "warning: could not download libvulkan1 into .gl/" >&2
+    if ! ls .gl/libvulkan1_*.deb .gl/libglvnd0_*.deb >/dev/null 2>&1; then
+        # The Vulkan loader, and the GL dispatch libraries NVIDIA's Vulkan driver
+        # (libGLX_nvidia) needs to create an instance.
+        mkdir -p .gl /tmp/amd64/partial
+        local o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
+        # shellcheck disable=SC2086
+        apt-get $o update >/dev/null && (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2) \
+            || echo "warning: could not download the Vulkan loader and GL dispatch libraries into .gl/" >&2
     fi
     local tree carry gl
     tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
@@ -120,12 +126,13 @@ pack_binary.unpack(os.path.join(carry, "slotstream.xz"), os.path.join(work, "bin
 with tarfile.open(os.path.join(carry, "llama-vulkan.tar.xz"), "r:xz") as t:
     t.extractall(os.path.join(work, "llama"))
 PY
-    if ! ldconfig -p 2>/dev/null | grep -q 'libvulkan.so.1 '; then
+    # NVIDIA's Vulkan driver needs libglvnd's dispatch library beside the loader.
+    if ! ldconfig -p 2>/dev/null | grep -q 'libvulkan.so.1 ' || ! ldconfig -p 2>/dev/null | grep -q 'libGLdispatch.so.0 '; then
         if [ "$(id -u)" = 0 ] && ls .gl/*.deb >/dev/null 2>&1; then
             for f in .gl/*.deb; do dpkg -x "$f" /; done
             ldconfig
         else
-            echo "warning: no libvulkan.so.1 and no .gl/*.deb to install it from" >&2
+            echo "warning: no libvulkan.so.1 or libGLdispatch.so.0, and no .gl/*.deb to install them from" >&2
         fi
     fi
     if [ -z "${VK_DRIVER_FILES:-}${VK_ICD_FILENAMES:-}" ] && [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ] \
