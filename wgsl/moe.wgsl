@@ -59,6 +59,9 @@ var<workgroup> red_i: array<u32, 256>;
 var<workgroup> chosen: array<u32, 64>;
 var<workgroup> chosen_w: array<f32, 64>;
 var<workgroup> wg_slot: u32;
+// moe_route: the token's logits, when there are at most ROW_CACHE experts.
+const ROW_CACHE: u32 = 1024u;
+var<workgroup> row: array<f32, 1024>;
 var<workgroup> wg_slots: array<u32, 64>;
 
 fn logit(t: u32, e: u32) -> f32 {
@@ -125,27 +128,35 @@ fn moe_route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     red_v[li] = s;
     reduce_sum(li);
     let total = red_v[0];
-    for (var j = 0u; j < p.top_k; j++) {
-        workgroupBarrier();
-        var bv = -3.4028235e38;
-        var bi = NO_SLOT;
-        for (var e = li; e < p.experts; e += 256u) {
-            var taken = false;
-            for (var c = 0u; c < j; c++) {
-                taken = taken || chosen[c] == e;
+    let cached = p.experts <= ROW_CACHE;
+    for (var e = li; e < min(p.experts, ROW_CACHE); e += 256u) {
+        row[e] = logit(t, e);
+    }
+    if (li < p.top_k) {
+        // Stays "no expert" where NaN logits leave a rank unfilled.
+        chosen[li] = NO_SLOT;
+        chosen_w[li] = 0.0;
+    }
+    workgroupBarrier();
+    // Each expert's rank is the number of experts that beat it (a strict
+    // order: larger logit, then lower id), so the top k place themselves.
+    for (var e = li; e < p.experts; e += 256u) {
+        let v = logit(t, e);
+        var rank = 0u;
+        for (var o = 0u; o < p.experts && rank < p.top_k; o++) {
+            var lo = 0.0;
+            if (cached) {
+                lo = row[o];
+            } else {
+                lo = logit(t, o);
             }
-            let v = logit(t, e);
-            if (!taken && better(v, e, bv, bi)) {
-                bv = v;
-                bi = e;
+            if (better(lo, o, v, e)) {
+                rank++;
             }
         }
-        red_v[li] = bv;
-        red_i[li] = bi;
-        reduce_best(li);
-        if (li == 0u) {
-            chosen[j] = red_i[0];
-            chosen_w[j] = exp(red_v[0] - mx) / total;
+        if (rank < p.top_k) {
+            chosen[rank] = e;
+            chosen_w[rank] = exp(v - mx) / total;
         }
     }
     workgroupBarrier();

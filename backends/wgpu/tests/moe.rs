@@ -49,7 +49,7 @@ fn random_experts(rng: &mut Rng, format: MatrixFormat, hidden: usize, inter: usi
 fn routing_kernel_matches_the_host_reference() {
     let Some(g) = gpu() else { return };
     let mut rng = Rng::new(17);
-    for (experts, top_k, normalize) in [(40, 3, true), (512, 10, true), (16, 8, false), (300, 1, true)] {
+    for (experts, top_k, normalize) in [(40, 3, true), (512, 10, true), (16, 8, false), (300, 1, true), (1100, 4, true)] {
         let tokens = 5;
         let mut logits = rng.vec(tokens * experts, 3.0);
         // Exact ties: the lower id must win on both sides.
