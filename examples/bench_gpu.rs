@@ -5,7 +5,7 @@
 //!     with f32 activations (`MatmulMode::Exact`) and int8 ones (`Int8`);
 //! (b) decode tokens/s of a model resident on the GPU against its bandwidth
 //!     limit (copy bandwidth / bytes read per token);
-//! (c) GPU time per decoded token by kernel family (timestamp queries).
+//! (c) GPU time per decoded token by kernel (entry point) (timestamp queries).
 //!
 //!     cargo run --release --example bench_gpu -- [--adapter auto] [--model DIR]
 
@@ -241,11 +241,11 @@ fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool
     let prof = handle.kernel_profile();
     handle.set_profiling(false)?;
     let total: f64 = prof.iter().map(|(_, t)| t.seconds).sum();
-    println!("kernel time per token by family ({n} tokens, timestamp queries; wall per token {:.2} ms untimed):", 1e3 / last_tps);
-    println!("  {:<14} {:>10} {:>12} {:>7}", "family", "ms/token", "dispatches", "share");
+    println!("kernel time per token by kernel ({n} tokens, timestamp queries; wall per token {:.2} ms untimed):", 1e3 / last_tps);
+    println!("  {:<18} {:>10} {:>12} {:>7}", "kernel", "ms/token", "dispatches", "share");
     for (family, t) in &prof {
         println!(
-            "  {family:<14} {:>10.3} {:>12} {:>6.1}%",
+            "  {family:<18} {:>10.3} {:>12} {:>6.1}%",
             1e3 * t.seconds / n as f64,
             t.dispatches / n as u64,
             100.0 * t.seconds / total

@@ -46,6 +46,7 @@ type BindKey = (&'static str, u64, Vec<(u32, wgpu::Buffer, u64, u64)>);
 struct Kernel {
     pipeline: wgpu::ComputePipeline,
     layout: wgpu::BindGroupLayout,
+    /// What profiles sum the kernel's time under: its entry point.
     family: &'static str,
 }
 
@@ -162,7 +163,7 @@ impl Gpu {
                     cache: None,
                 });
                 let layout = pipeline.get_bind_group_layout(0);
-                kernels.insert(entry, Kernel { pipeline, layout, family: module.name() });
+                kernels.insert(entry, Kernel { pipeline, layout, family: entry });
             }
         }
         let (subgroup_min, subgroup_max) = (info.subgroup_min_size.max(1), info.subgroup_max_size.max(1));

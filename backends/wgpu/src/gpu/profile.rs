@@ -1,6 +1,6 @@
 //! Kernel timing: while profiling is on, every dispatch gets its own compute
 //! pass with timestamps, and each submission's timings are read back and
-//! summed by kernel family (the `wgsl/` file).
+//! summed by kernel (entry point).
 
 use std::collections::HashMap;
 
