@@ -11,8 +11,8 @@
 //   moe_down:    out[a, r] = down[slot] row r . x[a]  (x = activations)
 //   moe_combine: out[t, j] = sum_r weight[t, r] * vals[(t*top_k + r)*out_cols + j], rank order
 //   moe_down_combine: out[t, r] = sum_k weight[t, k] * (down[slot of (t, k)] row r . x[t*top_k + k]),
-//                in rank order: moe_down then moe_combine in one dispatch (one pool shard;
-//                workgroup_id.y is the token)
+//                moe_down then moe_combine in one dispatch (one pool shard; workgroup_id.y
+//                is the token, each workgroup one quad of rows, its subgroups sharing the ranks)
 // For the FFN kernels, assignment a = asg_off + workgroup_id.y is token
 // a / top_k's rank a % top_k; its slot is table[key_base + id] for the routed
 // id, and the workgroup does nothing when that is not a slot of this dispatch's
@@ -63,6 +63,8 @@ var<workgroup> wg_slot: u32;
 const ROW_CACHE: u32 = 1024u;
 var<workgroup> row: array<f32, 1024>;
 var<workgroup> wg_slots: array<u32, 64>;
+// moe_down_combine: each subgroup's weighted partial sums of one quad of rows.
+var<workgroup> partial4: array<vec4<f32>, 128>;
 
 fn logit(t: u32, e: u32) -> f32 {
     return vals[t * p.experts + e];
@@ -309,13 +311,16 @@ fn moe_down_combine(
         wg_slots[li] = slot;
     }
     workgroupBarrier();
+    // One quad of output rows per workgroup; its subgroups share the ranks
+    // (subgroup s takes ranks s, s + nsg, ...) and their weighted partial
+    // sums are added in subgroup order.
     let quads = (p.rows + 3u) / 4u;
-    for (var qi = wid.x * nsg + sg; qi < quads; qi += nwg.x * nsg) {
+    for (var qi = wid.x; qi < quads; qi += nwg.x) {
         let row0 = qi * 4u;
         let nrows = min(4u, p.rows - row0);
         var acc = vec4<f32>(0.0);
-        for (var k = 0u; k < p.top_k; k++) {
-            // The same for every invocation (written before the barrier).
+        for (var k = sg; k < p.top_k; k += nsg) {
+            // The same for every invocation of the subgroup (written before the barrier).
             let slot = wg_slots[k];
             if (slot != NO_SLOT) {
                 let a = t * p.top_k + k;
@@ -324,9 +329,18 @@ fn moe_down_combine(
             }
         }
         if (lane == 0u) {
+            partial4[sg] = acc;
+        }
+        workgroupBarrier();
+        if (li == 0u) {
+            var total = vec4<f32>(0.0);
+            for (var j = 0u; j < nsg; j++) {
+                total += partial4[j];
+            }
             for (var r = 0u; r < nrows; r++) {
-                out[t * p.out_cols + row0 + r] = acc[r];
+                out[t * p.out_cols + row0 + r] = total[r];
             }
         }
+        workgroupBarrier();
     }
 }

@@ -182,7 +182,10 @@ impl Run<'_> {
         let table = whole(&pool.table);
         let mut all = vec![(W, whole(&m.buffers[self.shard])), (W_WORDS, whole(&m.buffers[self.shard])), (ROUTES, self.c.routes), (TABLE, table)];
         all.extend_from_slice(binds);
-        let groups = [self.gpu.subgroup_grid(rows.div_ceil(4), 128), self.count as u32, 1];
+        let quads = rows.div_ceil(4);
+        // moe_down_combine: one quad of rows per workgroup (its subgroups share the ranks).
+        let x_groups = if entry == "moe_down_combine" { quads.min(MAX_GROUPS as usize) as u32 } else { self.gpu.subgroup_grid(quads, 128) };
+        let groups = [x_groups, self.count as u32, 1];
         self.gpu.dispatch(entry, &params, &all, groups)
     }
 }
