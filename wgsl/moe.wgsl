@@ -13,8 +13,7 @@
 //   moe_down_combine: out[t, r] = sum_k weight[t, k] * (down[slot of (t, k)] row r . x[t*top_k + k]),
 //                moe_down then moe_combine in one dispatch (one pool shard; workgroup_id.y
 //                is the token, each workgroup one quad of rows, its subgroups sharing the ranks)
-// The FFN kernels give each subgroup (moe_down_combine: each workgroup) a group of
-// `group_rows` (1 to 4) consecutive output rows. For them, assignment a = asg_off + workgroup_id.y is token
+// For the FFN kernels, assignment a = asg_off + workgroup_id.y is token
 // a / top_k's rank a % top_k; its slot is table[key_base + id] for the routed
 // id, and the workgroup does nothing when that is not a slot of this dispatch's
 // pool shard [slot_base, slot_end) (or the id is not an expert).
@@ -38,7 +37,7 @@ struct Params {
     key_base: u32,
     normalize: u32,
     n: u32,
-    group_rows: u32,
+    _pad0: u32,
 }
 
 const NO_SLOT: u32 = 0xffffffffu;
@@ -227,10 +226,10 @@ fn moe_gate_up(
     }
     let xb = (a / p.top_k) * (p.x_cols / 4u);
     let base = slot * 2u * p.rows;
-    let quads = (p.rows + p.group_rows - 1u) / p.group_rows;
+    let quads = (p.rows + 3u) / 4u;
     for (var qi = wid.x * nsg + sg; qi < quads; qi += nwg.x * nsg) {
-        let row0 = qi * p.group_rows;
-        let nrows = min(p.group_rows, p.rows - row0);
+        let row0 = qi * 4u;
+        let nrows = min(4u, p.rows - row0);
         let g = subgroupAdd(rows_dot(p.w, base + row0, nrows, xb, lane, lanes));
         let u = subgroupAdd(rows_dot(p.w, base + p.rows + row0, nrows, xb, lane, lanes));
         if (lane == 0u) {
@@ -259,10 +258,10 @@ fn moe_down(
     let xb = a * (p.x_cols / 4u);
     let base = slot * p.rows;
     let dst = a * p.out_cols;
-    let quads = (p.rows + p.group_rows - 1u) / p.group_rows;
+    let quads = (p.rows + 3u) / 4u;
     for (var qi = wid.x * nsg + sg; qi < quads; qi += nwg.x * nsg) {
-        let row0 = qi * p.group_rows;
-        let nrows = min(p.group_rows, p.rows - row0);
+        let row0 = qi * 4u;
+        let nrows = min(4u, p.rows - row0);
         let total = subgroupAdd(rows_dot(p.w, base + row0, nrows, xb, lane, lanes));
         if (lane == 0u) {
             for (var r = 0u; r < nrows; r++) {
@@ -315,10 +314,10 @@ fn moe_down_combine(
     // One quad of output rows per workgroup; its subgroups share the ranks
     // (subgroup s takes ranks s, s + nsg, ...) and their weighted partial
     // sums are added in subgroup order.
-    let quads = (p.rows + p.group_rows - 1u) / p.group_rows;
+    let quads = (p.rows + 3u) / 4u;
     for (var qi = wid.x; qi < quads; qi += nwg.x) {
-        let row0 = qi * p.group_rows;
-        let nrows = min(p.group_rows, p.rows - row0);
+        let row0 = qi * 4u;
+        let nrows = min(4u, p.rows - row0);
         var acc = vec4<f32>(0.0);
         for (var k = sg; k < p.top_k; k += nsg) {
             // The same for every invocation of the subgroup (written before the barrier).

@@ -31,8 +31,7 @@ params! {
         normalize: u32,
         /// Tokens (`moe_route`), entries (`moe_map`) or output values (`moe_combine`).
         n: u32,
-        /// Output rows per subgroup (`moe_down_combine`: per workgroup), 1 to 4.
-        group_rows: u32,
+        _pad0: u32,
     }
 }
 
@@ -167,18 +166,6 @@ impl Run<'_> {
         let pool = self.c.pool;
         let base = self.shard * pool.per_shard;
         let shard_slots = pool.shard_slots(self.shard);
-        // Few rows per subgroup at decode, where a MoE call is a handful of
-        // small matrices and more subgroups in flight hide more memory
-        // latency; four (x read once for four rows) when many workgroup rows
-        // (prefill) keep the GPU busy anyway. moe_down_combine: rows per
-        // workgroup, its subgroups sharing the ranks.
-        let combine = entry == "moe_down_combine";
-        let group_rows = match (self.count > 32, combine) {
-            (true, _) => 4,
-            (false, true) => 2,
-            (false, false) => 1,
-        };
-        let groups_needed = rows.div_ceil(group_rows);
         let params = MoeParams {
             w: m.layout.desc(shard_slots * m.rows),
             rows: rows as u32,
@@ -190,13 +177,14 @@ impl Run<'_> {
             top_k: self.c.gating.top_k as u32,
             experts: self.c.gating.experts as u32,
             key_base: self.c.key_base as u32,
-            group_rows: group_rows as u32,
             ..Default::default()
         };
         let table = whole(&pool.table);
         let mut all = vec![(W, whole(&m.buffers[self.shard])), (W_WORDS, whole(&m.buffers[self.shard])), (ROUTES, self.c.routes), (TABLE, table)];
         all.extend_from_slice(binds);
-        let x_groups = if combine { groups_needed.min(MAX_GROUPS as usize) as u32 } else { self.gpu.subgroup_grid(groups_needed, 128) };
+        let quads = rows.div_ceil(4);
+        // moe_down_combine: one quad of rows per workgroup (its subgroups share the ranks).
+        let x_groups = if entry == "moe_down_combine" { quads.min(MAX_GROUPS as usize) as u32 } else { self.gpu.subgroup_grid(quads, 128) };
         let groups = [x_groups, self.count as u32, 1];
         self.gpu.dispatch(entry, &params, &all, groups)
     }
