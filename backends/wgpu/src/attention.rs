@@ -61,7 +61,7 @@ const SELECTION: u32 = 7;
 const TARGET_WORKGROUPS: usize = 1024;
 /// Fewest keys worth a workgroup of their own (below this the partials and
 /// the merge cost more than the split saves).
-const MIN_CHUNK: usize = 64;
+pub(crate) const MIN_CHUNK: usize = 64;
 
 /// Rotary embedding of the `values` values of `x: [tokens, heads, head_dim]`
 /// on the first `rotary_dim` values of each head, token `t` at position
@@ -130,7 +130,7 @@ pub(crate) fn attend(
         };
     let sel_buf = gpu.small_input("key selection", bytemuck::cast_slice(&words))?;
     let pairs = tokens * heads;
-    let (chunk, splits) = split_keys(pairs, most_keys);
+    let (chunk, splits) = split_keys(pairs, most_keys, gpu.attention_min_chunk);
     let params = AttentionParams {
         tokens: tokens as u32,
         heads: heads as u32,
@@ -156,11 +156,12 @@ pub(crate) fn attend(
 
 /// Keys per chunk and chunks per (token, head) for `pairs` (token, head)
 /// pairs whose longest key range is `most_keys`: enough chunks for about
-/// [`TARGET_WORKGROUPS`] workgroups, none shorter than [`MIN_CHUNK`] keys
-/// (so at most `TARGET_WORKGROUPS + pairs` workgroups and partials).
-fn split_keys(pairs: usize, most_keys: usize) -> (usize, usize) {
+/// [`TARGET_WORKGROUPS`] workgroups, none shorter than `min_chunk` keys
+/// ([`MIN_CHUNK`] unless the options say otherwise; so at most
+/// `TARGET_WORKGROUPS + pairs` workgroups and partials).
+fn split_keys(pairs: usize, most_keys: usize, min_chunk: usize) -> (usize, usize) {
     let wanted = TARGET_WORKGROUPS.div_ceil(pairs.max(1));
-    let chunk = most_keys.div_ceil(wanted).max(MIN_CHUNK);
+    let chunk = most_keys.div_ceil(wanted).max(min_chunk.max(1));
     (chunk, most_keys.div_ceil(chunk).max(1))
 }
 
@@ -208,16 +209,16 @@ mod tests {
     #[test]
     fn decode_is_split_prefill_is_not() {
         // Decode at 4k keys with 16 heads (Qwen3-Next's 16/2): 64 chunks of 64.
-        assert_eq!(split_keys(16, 4096), (64, 64));
+        assert_eq!(split_keys(16, 4096, MIN_CHUNK), (64, 64));
         // One head over 100k keys: about TARGET_WORKGROUPS chunks.
-        let (chunk, splits) = split_keys(1, 100_000);
+        let (chunk, splits) = split_keys(1, 100_000, MIN_CHUNK);
         assert!(splits <= TARGET_WORKGROUPS && splits > TARGET_WORKGROUPS / 2 && chunk * splits >= 100_000);
         // Short contexts and long prefills stay in one workgroup per (token, head).
-        assert_eq!(split_keys(32, 40), (64, 1));
-        assert_eq!(split_keys(512 * 32, 4096), (4096, 1));
+        assert_eq!(split_keys(32, 40, MIN_CHUNK), (64, 1));
+        assert_eq!(split_keys(512 * 32, 4096, MIN_CHUNK), (4096, 1));
         // Chunks cover the keys and none is empty.
         for (pairs, keys) in [(8, 1037), (3, 65), (128, 5000), (1, 1)] {
-            let (chunk, splits) = split_keys(pairs, keys);
+            let (chunk, splits) = split_keys(pairs, keys, MIN_CHUNK);
             assert!(chunk * splits >= keys && chunk * (splits - 1) < keys, "{pairs} pairs, {keys} keys");
         }
     }

@@ -78,6 +78,8 @@ pub struct Gpu {
     /// Whether `slice_cols` of one row may return a view instead of a copy
     /// ([`WgpuOptions::views`]).
     pub views: bool,
+    /// Decode attention's smallest key chunk ([`WgpuOptions::attention_min_chunk`]).
+    pub attention_min_chunk: usize,
     /// Largest subgroup the adapter may run: dispatch sizes assume it so that
     /// one subgroup per row never leaves rows unassigned.
     pub subgroup_max: u32,
@@ -173,6 +175,7 @@ impl Gpu {
             info,
             limits,
             views: options.views,
+            attention_min_chunk: options.attention_min_chunk,
             subgroup_max,
             subgroup_min,
             mapped_primary,

@@ -75,6 +75,9 @@ pub struct WgpuOptions {
     /// subgroup in one-token matvecs (`SLOTSTREAM_WGPU_Q4_EIGHT_ROWS_FROM`;
     /// 1 reaches that kernel with small test matrices).
     pub q4_eight_rows_from: usize,
+    /// Decode attention splits a query's keys into chunks of at least this
+    /// many keys (`SLOTSTREAM_WGPU_ATTENTION_MIN_CHUNK`, for measurements).
+    pub attention_min_chunk: usize,
 }
 
 impl Default for WgpuOptions {
@@ -86,6 +89,7 @@ impl Default for WgpuOptions {
             flush_every: FLUSH_EVERY,
             q4_layout: Q4Layout::Interleaved,
             q4_eight_rows_from: Q4_EIGHT_ROWS_FROM,
+            attention_min_chunk: crate::attention::MIN_CHUNK,
         }
     }
 }
@@ -112,6 +116,10 @@ impl WgpuOptions {
             q4_eight_rows_from: var("SLOTSTREAM_WGPU_Q4_EIGHT_ROWS_FROM")
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(defaults.q4_eight_rows_from),
+            attention_min_chunk: var("SLOTSTREAM_WGPU_ATTENTION_MIN_CHUNK")
+                .and_then(|v| v.parse().ok())
+                .filter(|&n: &usize| n > 0)
+                .unwrap_or(defaults.attention_min_chunk),
         }
     }
 }
