@@ -60,8 +60,10 @@ const SELECTION: u32 = 7;
 /// head) pairs, each a long key range) fills the GPU even with few heads.
 const TARGET_WORKGROUPS: usize = 1024;
 /// Fewest keys worth a workgroup of their own (below this the partials and
-/// the merge cost more than the split saves).
-pub(crate) const MIN_CHUNK: usize = 64;
+/// the merge cost more than the split saves). Measured on an H200 (qwen3_moe
+/// trunk, 32 heads, ~460 keys, bounds checks on; BENCHMARKS.md): split plus
+/// merge took 1.73 ms per token at 32, 1.89 at 16, 2.08 at 64, 3.27 at 128.
+pub(crate) const MIN_CHUNK: usize = 32;
 
 /// Rotary embedding of the `values` values of `x: [tokens, heads, head_dim]`
 /// on the first `rotary_dim` values of each head, token `t` at position
@@ -210,11 +212,13 @@ mod tests {
     fn decode_is_split_prefill_is_not() {
         // Decode at 4k keys with 16 heads (Qwen3-Next's 16/2): 64 chunks of 64.
         assert_eq!(split_keys(16, 4096, MIN_CHUNK), (64, 64));
+        // Decode at 460 keys with 32 heads: chunks of the smallest size.
+        assert_eq!(split_keys(32, 460, MIN_CHUNK), (32, 15));
         // One head over 100k keys: about TARGET_WORKGROUPS chunks.
         let (chunk, splits) = split_keys(1, 100_000, MIN_CHUNK);
         assert!(splits <= TARGET_WORKGROUPS && splits > TARGET_WORKGROUPS / 2 && chunk * splits >= 100_000);
         // Short contexts and long prefills stay in one workgroup per (token, head).
-        assert_eq!(split_keys(32, 40, MIN_CHUNK), (64, 1));
+        assert_eq!(split_keys(32, 30, MIN_CHUNK), (32, 1));
         assert_eq!(split_keys(512 * 32, 4096, MIN_CHUNK), (4096, 1));
         // Chunks cover the keys and none is empty.
         for (pairs, keys) in [(8, 1037), (3, 65), (128, 5000), (1, 1)] {

@@ -359,7 +359,7 @@ type AttentionStep = (usize, Vec<f32>, Vec<f32>, Vec<f32>, Option<KeySelection>)
 
 /// Long contexts, where decode splits the key range over workgroups: a
 /// 1037-key prefill (one workgroup per query, several key tiles), then one,
-/// three and forty queries, whose chunks (64 keys, then 271 keys in two
+/// three and forty queries, whose chunks (32 keys, then 271 keys in two
 /// tiles) do not divide the key count; GQA down to one KV head, and head
 /// dims that leave threads idle (80), split the keys (128) or exceed the
 /// workgroup (320).
