@@ -5,14 +5,15 @@
 // Value head h reads key head h / (heads / key_heads). Lanes hold elements
 // lane + m*lanes of the row (m < 16, so key_dim <= 16 * subgroup size).
 //
-// gated_delta_step: the same from raw inputs: q and k scaled to unit L2 norm per
-// key head (q then by q_scale), g = exp(-exp(a_log[h]) * softplus(a + dt_bias[h]))
-// and beta = sigmoid(b) from the raw gate projections (bindings 6, 7 hold a, b).
+// With `raw` = 1 (the backend's gated_delta_step) the inputs are raw: q and k are
+// scaled to unit L2 norm per key head here (q then by q_scale), and
+// g = exp(-exp(a_log[h]) * softplus(a + dt_bias[h])), beta = sigmoid(b) come from
+// the raw gate projections (bindings 6, 7 hold a, b).
 //
 // Bindings: 0 uniform Params; 2 q, 4 k [tokens, key_heads*key_dim];
 // 5 v [tokens, heads*value_dim]; 6 g (or a), 7 beta (or b) [tokens, heads];
 // 8 state [heads, value_dim, key_dim] (read-write); 3 out [tokens, heads*value_dim] (read-write);
-// 9 a_log, 10 dt_bias [heads] (gated_delta_step).
+// 9 a_log, 10 dt_bias [heads] (read when raw).
 
 struct Params {
     tokens: u32,
@@ -22,7 +23,7 @@ struct Params {
     value_dim: u32,
     q_scale: f32,
     eps: f32,
-    _pad0: u32,
+    raw: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -71,81 +72,28 @@ fn gated_delta(
             }
         }
         for (var t = 0u; t < p.tokens; t++) {
-            let gt = g[t * p.heads + h];
-            let bt = beta[t * p.heads + h];
+            var gt = g[t * p.heads + h];
+            var bt = beta[t * p.heads + h];
             let kb = t * kcols + kh * dk;
-            var sk = 0.0;
-            for (var m = 0u; m < MAX_PER_LANE; m++) {
-                let e = lane + m * lanes;
-                if (e < dk) {
-                    s[m] = s[m] * gt;
-                    sk += s[m] * k[kb + e];
+            // Multipliers of k and q: 1 for prepared inputs (exact), their
+            // inverse L2 norms for raw ones.
+            var rk = 1.0;
+            var rq = 1.0;
+            if (p.raw == 1u) {
+                gt = exp(-exp(a_log[h]) * softplus(gt + dt_bias[h]));
+                bt = 1.0 / (1.0 + exp(-bt));
+                var kk = 0.0;
+                var qq = 0.0;
+                for (var m = 0u; m < MAX_PER_LANE; m++) {
+                    let e = lane + m * lanes;
+                    if (e < dk) {
+                        kk += k[kb + e] * k[kb + e];
+                        qq += q[kb + e] * q[kb + e];
+                    }
                 }
+                rk = 1.0 / sqrt(subgroupAdd(kk) + p.eps);
+                rq = p.q_scale / sqrt(subgroupAdd(qq) + p.eps);
             }
-            sk = subgroupAdd(sk);
-            let delta = (v[t * vcols + h * dv + i] - sk) * bt;
-            var sq = 0.0;
-            for (var m = 0u; m < MAX_PER_LANE; m++) {
-                let e = lane + m * lanes;
-                if (e < dk) {
-                    s[m] = s[m] + k[kb + e] * delta;
-                    sq += s[m] * q[kb + e];
-                }
-            }
-            sq = subgroupAdd(sq);
-            if (lane == 0u) {
-                out[t * vcols + h * dv + i] = sq;
-            }
-        }
-        for (var m = 0u; m < MAX_PER_LANE; m++) {
-            let e = lane + m * lanes;
-            if (e < dk) {
-                state[row * dk + e] = s[m];
-            }
-        }
-    }
-}
-
-@compute @workgroup_size(64)
-fn gated_delta_step(
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(subgroup_id) sg: u32,
-    @builtin(num_subgroups) nsg: u32,
-    @builtin(subgroup_invocation_id) lane: u32,
-    @builtin(subgroup_size) lanes: u32,
-) {
-    let dk = p.key_dim;
-    let dv = p.value_dim;
-    let kcols = p.key_heads * dk;
-    let vcols = p.heads * dv;
-    for (var row = wid.x * nsg + sg; row < p.heads * dv; row += nwg.x * nsg) {
-        let h = row / dv;
-        let i = row % dv;
-        let kh = h / (p.heads / p.key_heads);
-        var s: array<f32, 16>;
-        for (var m = 0u; m < MAX_PER_LANE; m++) {
-            let e = lane + m * lanes;
-            s[m] = 0.0;
-            if (e < dk) {
-                s[m] = state[row * dk + e];
-            }
-        }
-        for (var t = 0u; t < p.tokens; t++) {
-            let gt = exp(-exp(a_log[h]) * softplus(g[t * p.heads + h] + dt_bias[h]));
-            let bt = 1.0 / (1.0 + exp(-beta[t * p.heads + h]));
-            let kb = t * kcols + kh * dk;
-            var kk = 0.0;
-            var qq = 0.0;
-            for (var m = 0u; m < MAX_PER_LANE; m++) {
-                let e = lane + m * lanes;
-                if (e < dk) {
-                    kk += k[kb + e] * k[kb + e];
-                    qq += q[kb + e] * q[kb + e];
-                }
-            }
-            let rk = 1.0 / sqrt(subgroupAdd(kk) + p.eps);
-            let rq = p.q_scale / sqrt(subgroupAdd(qq) + p.eps);
             var sk = 0.0;
             for (var m = 0u; m < MAX_PER_LANE; m++) {
                 let e = lane + m * lanes;

@@ -128,6 +128,20 @@ fn l2_normalize(
 
 var<workgroup> partial: array<f32, 64>;
 
+// The sum of every invocation's `s` over the workgroup (rms_norm_wide, add_rms_norm).
+fn workgroup_sum(s: f32, lane: u32, sg: u32, nsg: u32) -> f32 {
+    let t = subgroupAdd(s);
+    if (lane == 0u) {
+        partial[sg] = t;
+    }
+    workgroupBarrier();
+    var total = 0.0;
+    for (var k = 0u; k < nsg; k++) {
+        total += partial[k];
+    }
+    return total;
+}
+
 @compute @workgroup_size(256)
 fn rms_norm_wide(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -147,16 +161,7 @@ fn rms_norm_wide(
         let v = x[base + i];
         s += v * v;
     }
-    s = subgroupAdd(s);
-    if (lane == 0u) {
-        partial[sg] = s;
-    }
-    workgroupBarrier();
-    var total = 0.0;
-    for (var k = 0u; k < nsg; k++) {
-        total += partial[k];
-    }
-    let r = 1.0 / sqrt(total / f32(p.dim) + p.eps);
+    let r = 1.0 / sqrt(workgroup_sum(s, lane, sg, nsg) / f32(p.dim) + p.eps);
     let wb = weight_base(g);
     for (var i = li; i < p.dim; i += 256u) {
         var v = x[base + i] * r;
@@ -187,16 +192,7 @@ fn add_rms_norm(
         sum[base + i] = v;
         s += v * v;
     }
-    s = subgroupAdd(s);
-    if (lane == 0u) {
-        partial[sg] = s;
-    }
-    workgroupBarrier();
-    var total = 0.0;
-    for (var k = 0u; k < nsg; k++) {
-        total += partial[k];
-    }
-    let r = 1.0 / sqrt(total / f32(p.dim) + p.eps);
+    let r = 1.0 / sqrt(workgroup_sum(s, lane, sg, nsg) / f32(p.dim) + p.eps);
     let wb = weight_base(g);
     for (var i = li; i < p.dim; i += 256u) {
         out[base + i] = (x[base + i] + z[base + i]) * r * weight[wb + i];

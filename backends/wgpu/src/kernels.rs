@@ -120,7 +120,7 @@ impl Module {
             Module::Rope => &["rope"],
             Module::Attention => &["attention", "attention_split", "attention_merge"],
             Module::Conv => &["conv1d", "conv_window"],
-            Module::GatedDelta => &["gated_delta", "gated_delta_step"],
+            Module::GatedDelta => &["gated_delta"],
             Module::Streams => &["repeat_cols", "stream_mean", "add_gated_to_streams", "stream_dot_gate"],
         }
     }

@@ -421,7 +421,7 @@ impl Backend for WgpuBackend {
         let tokens = checks::gated_delta([q, k, v, g, beta], key_heads, dims)?;
         let (out, ob) = self.output(vec![tokens, st.heads * st.value_dim])?;
         let inputs = [buf(q)?, buf(k)?, buf(v)?, buf(g)?, buf(beta)?];
-        recurrent::gated_delta(&self.gpu, st, inputs, ob.bind(), tokens, key_heads)?;
+        recurrent::gated_delta(&self.gpu, st, inputs, None, ob.bind(), tokens, key_heads)?;
         Ok(out)
     }
 
@@ -433,7 +433,7 @@ impl Backend for WgpuBackend {
         let (out, ob) = self.output(vec![tokens, st.heads * st.value_dim])?;
         let inputs = [buf(x.q)?, buf(x.k)?, buf(x.v)?, buf(x.a)?, buf(x.b)?];
         let per_head = [buf(x.a_log)?, buf(x.dt_bias)?];
-        recurrent::gated_delta_step(&self.gpu, st, inputs, per_head, ob.bind(), tokens, key_heads, q_scale, eps)?;
+        recurrent::gated_delta(&self.gpu, st, inputs, Some((per_head, q_scale, eps)), ob.bind(), tokens, key_heads)?;
         Ok(out)
     }
 

@@ -36,7 +36,8 @@ params! {
         q_scale: f32,
         /// `gated_delta_step`: the L2 norms' epsilon.
         eps: f32,
-        _pad0: u32,
+        /// 1: raw inputs (`gated_delta_step`): norms and gates in the kernel.
+        raw: u32,
     }
 }
 
@@ -91,42 +92,22 @@ pub(crate) fn causal_conv1d(
     Ok(())
 }
 
-/// The gated delta rule over `tokens` steps, updating `st`; `[q, k, v, g, beta]`
-/// as the trait's `gated_delta` takes them.
+/// The gated delta rule over `tokens` steps, updating `st`. `[q, k, v, g, beta]`
+/// as the trait's `gated_delta` takes them; with `raw`, the trait's
+/// `gated_delta_step` inputs instead (`q, k` not yet normalised, the raw gate
+/// projections `a, b` in place of `g, beta`) plus `[a_log, dt_bias]`, `q_scale`
+/// and `eps`.
 pub(crate) fn gated_delta(
     gpu: &Gpu,
     st: &GpuRecurrentState,
     [q, k, v, g, beta]: [Bind<'_>; 5],
+    raw: Option<([Bind<'_>; 2], f32, f32)>,
     out: Bind<'_>,
     tokens: usize,
     key_heads: usize,
 ) -> Result<()> {
-    let params = GatedDeltaParams {
-        tokens: tokens as u32,
-        heads: st.heads as u32,
-        key_heads: key_heads as u32,
-        key_dim: st.key_dim as u32,
-        value_dim: st.value_dim as u32,
-        ..Default::default()
-    };
-    let binds = [(Q, q), (K, k), (V, v), (G, g), (BETA, beta), (STATE, whole(&st.s)), (OUT, out)];
-    gpu.dispatch("gated_delta", &params, &binds, [gpu.subgroup_grid(st.heads * st.value_dim, 64), 1, 1])
-}
-
-/// [`gated_delta`] from raw inputs: `[q, k, v, a, b]` with `q, k` not yet
-/// normalised and the raw gate projections `a, b`, plus `a_log`, `dt_bias`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn gated_delta_step(
-    gpu: &Gpu,
-    st: &GpuRecurrentState,
-    [q, k, v, a, b]: [Bind<'_>; 5],
-    [a_log, dt_bias]: [Bind<'_>; 2],
-    out: Bind<'_>,
-    tokens: usize,
-    key_heads: usize,
-    q_scale: f32,
-    eps: f32,
-) -> Result<()> {
+    // Prepared inputs bind g and beta where the per-head vectors would go (unread).
+    let ([a_log, dt_bias], q_scale, eps) = raw.unwrap_or(([g, beta], 1.0, 0.0));
     let params = GatedDeltaParams {
         tokens: tokens as u32,
         heads: st.heads as u32,
@@ -135,8 +116,8 @@ pub(crate) fn gated_delta_step(
         value_dim: st.value_dim as u32,
         q_scale,
         eps,
-        ..Default::default()
+        raw: raw.is_some() as u32,
     };
-    let binds = [(Q, q), (K, k), (V, v), (G, a), (BETA, b), (A_LOG, a_log), (DT_BIAS, dt_bias), (STATE, whole(&st.s)), (OUT, out)];
-    gpu.dispatch("gated_delta_step", &params, &binds, [gpu.subgroup_grid(st.heads * st.value_dim, 64), 1, 1])
+    let binds = [(Q, q), (K, k), (V, v), (G, g), (BETA, beta), (A_LOG, a_log), (DT_BIAS, dt_bias), (STATE, whole(&st.s)), (OUT, out)];
+    gpu.dispatch("gated_delta", &params, &binds, [gpu.subgroup_grid(st.heads * st.value_dim, 64), 1, 1])
 }
