@@ -100,6 +100,36 @@ fn copy_bandwidth(b: &WgpuBackend, mib: usize, reps: usize) -> Result<f64> {
     Ok(2.0 * (rows * cols * 4) as f64 * reps as f64 / secs / 1e9)
 }
 
+/// What one small dispatch costs: `n` dependent adds of `[1, cols]` rows in a
+/// row (each reads the previous one's output), for the default flush interval
+/// and for one submission; host recording time and wall time per dispatch.
+fn dispatch_floor(b: &WgpuBackend, cols: usize, n: usize) -> Result<()> {
+    let y = b.upload(&vec![1e-3; cols], &[1, cols])?;
+    for flush in [16u32, 0] {
+        b.set_flush_every(flush);
+        let mut x = b.upload(&vec![0.0; cols], &[1, cols])?;
+        b.sync()?;
+        b.take_host_time();
+        let t = Instant::now();
+        for _ in 0..n {
+            x = b.add(&x, &y)?;
+        }
+        let recorded = t.elapsed().as_secs_f64();
+        b.sync()?;
+        let wall = t.elapsed().as_secs_f64();
+        let (record, submit, submits) = b.take_host_time();
+        println!(
+            "dispatch floor (flush every {flush}): {n} dependent adds of {cols} floats: {:.2} us wall per dispatch; host {:.2} us recording + {:.2} us submitting per dispatch ({submits} submissions, all recorded after {:.1} ms)",
+            1e6 * wall / n as f64,
+            1e6 * record / n as f64,
+            1e6 * submit / n as f64,
+            1e3 * recorded
+        );
+    }
+    b.set_flush_every(16);
+    Ok(())
+}
+
 /// A one-token product: the weight, its input and the bytes counted per
 /// product (packed weights with scales and biases, x as f32, the output).
 struct Matvec {
@@ -199,8 +229,12 @@ fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool
     let logits = e.prefill(&prompt, &mut state)?;
     println!("prefill: {} tokens in {:.2} s", prompt.len(), t.elapsed().as_secs_f64());
     let mut next = argmax(&logits);
+    // Host seconds until `forward` returns (recording and submitting the token).
+    let forward_secs = std::cell::Cell::new(0.0f64);
     let step = |next: &mut u32, state: &mut slotstream::model::SequenceState| -> Result<()> {
+        let t0 = Instant::now();
         let t = e.model.forward(e.backend.as_ref(), &[*next], state, Logits::Last)?;
+        forward_secs.set(forward_secs.get() + t0.elapsed().as_secs_f64());
         *next = argmax(&e.backend.download(&t)?);
         Ok(())
     };
@@ -212,6 +246,8 @@ fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool
         handle.set_flush_every(flush);
         step(&mut next, &mut state)?;
         e.model.experts.lock().map_err(|_| anyhow::anyhow!("expert cache poisoned"))?.reset_stats();
+        handle.take_host_time();
+        forward_secs.set(0.0);
         let t = Instant::now();
         for _ in 0..args.decode {
             step(&mut next, &mut state)?;
@@ -231,6 +267,15 @@ fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool
             stats.total.hit_rate(),
             stats.total.misses
         );
+        let (record, submit, submits) = handle.take_host_time();
+        let per = |x: f64| 1e3 * x / args.decode as f64;
+        println!(
+            "  host per token: forward returns after {:.2} ms; recording dispatches {:.2} ms, submitting {:.2} ms ({:.1} submissions)",
+            per(forward_secs.get()),
+            per(record),
+            per(submit),
+            submits as f64 / args.decode as f64
+        );
         last_tps = tps;
     }
     handle.set_profiling(true)?;
@@ -240,10 +285,40 @@ fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool
     }
     let prof = handle.kernel_profile();
     handle.set_profiling(false)?;
-    let total: f64 = prof.iter().map(|(_, t)| t.seconds).sum();
     println!("kernel time per token by kernel ({n} tokens, timestamp queries; wall per token {:.2} ms untimed):", 1e3 / last_tps);
-    println!("  {:<18} {:>10} {:>12} {:>7}", "kernel", "ms/token", "dispatches", "share");
-    for (family, t) in &prof {
+    print_profile(&prof, n, "ms/token");
+    // Prefill of the same prompt in a fresh sequence: untimed, then by kernel.
+    let mut fresh = e.new_state()?;
+    handle.sync()?;
+    handle.take_host_time();
+    let t = Instant::now();
+    let logits = e.prefill(&prompt, &mut fresh)?;
+    let secs = t.elapsed().as_secs_f64();
+    let (record, submit, submits) = handle.take_host_time();
+    println!(
+        "prefill again: {} tokens in {:.3} s = {:.0} tok/s; host recording {:.1} ms, submitting {:.1} ms ({submits} submissions)",
+        prompt.len(),
+        secs,
+        prompt.len() as f64 / secs,
+        1e3 * record,
+        1e3 * submit
+    );
+    drop(logits);
+    let mut fresh = e.new_state()?;
+    handle.set_profiling(true)?;
+    drop(e.prefill(&prompt, &mut fresh)?);
+    let prof = handle.kernel_profile();
+    handle.set_profiling(false)?;
+    println!("kernel time of one {}-token prefill by kernel (timestamp queries):", prompt.len());
+    print_profile(&prof, 1, "ms");
+    Ok(())
+}
+
+/// The kernel table of a profile over `n` units (tokens, or one prefill).
+fn print_profile(prof: &[(String, slotstream_wgpu::FamilyTime)], n: usize, unit: &str) {
+    let total: f64 = prof.iter().map(|(_, t)| t.seconds).sum();
+    println!("  {:<18} {:>10} {:>12} {:>7}", "kernel", unit, "dispatches", "share");
+    for (family, t) in prof {
         println!(
             "  {family:<18} {:>10.3} {:>12} {:>6.1}%",
             1e3 * t.seconds / n as f64,
@@ -252,7 +327,6 @@ fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool
         );
     }
     println!("  {:<14} {:>10.3}", "all kernels", 1e3 * total / n as f64);
-    Ok(())
 }
 
 fn main() -> Result<()> {
@@ -270,6 +344,7 @@ fn main() -> Result<()> {
         }
         None => copy_engine,
     };
+    dispatch_floor(&b, 2048, 2000)?;
     drop(b);
     // The same number of weight bytes in three shapes (the default, long rows,
     // short rows), the lm_head and the small shapes of the decode benchmark's

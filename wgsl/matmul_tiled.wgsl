@@ -1,73 +1,348 @@
-// matmul_tiled: `out[t, out_off + r] = sum_c W[r, c] * x[t, c]` for prefill
-// shapes (many tokens), any storage format (see weights.wgsl). Each 16x16
-// workgroup computes a 32-row x 32-token tile, staging 32-column slices of the
-// dequantized weights and of x in workgroup memory, so each weight value is
-// decoded once per 32 tokens.
+// Prefill-sized products in 64 x 64 output tiles, any weight format (see
+// weights.wgsl): each workgroup stages 32-column slices of 64 dequantized
+// weight rows and of 64 x rows in workgroup memory (16 KiB), and each of its
+// 256 invocations accumulates a 4 x 4 block of outputs, so a weight value is
+// decoded once per 64 rows of x and every workgroup-memory load feeds four
+// multiply-adds.
 //
-// Bindings: 0 uniform Params; 6 w_words (weight shard, see weights.wgsl); 2 xf [tokens, w.cols] f32;
-// 3 out [tokens, out_cols] f32 (read-write).
+//   matmul_tiled:     out[t, out_off + r] = sum_c W[r, c] * x[t, c]   (dense weights)
+//   moe_sort:         one workgroup: groups the (token, rank) pairs of one MoE call
+//                     by expert (only experts with a slot in this pool shard), and
+//                     lists the call's tiles: up to 64 pairs of one expert each
+//   moe_gate_up_tiled: act[pair, i] = silu(gate row i . x[token]) * (up row i . x[token])
+//                     over the tile list (gate and up of the expert's slot, side by
+//                     side in one pool matrix as in moe.wgsl)
+//   moe_down_tiled:   vals[pair, r] = down row r . act[pair] over the tile list
+// The MoE forms give each expert's weights to whole tiles of its pairs, so a
+// pool row is read once per 64 of them instead of once per pair; the weighted
+// sum over ranks is moe.wgsl's moe_combine.
+//
+// Bindings: 0 uniform Params; 6 w_words (a weight shard or pool shard, see weights.wgsl);
+// 2 xf f32 rows of x_cols; 3 out f32 (read-write); 4 routes u32 [tokens, 2 * top_k];
+// 7 table u32 (the pool's slot table); 10 sort (moe_sort's output, atomics) and
+// 11 groups (the same buffer, read by the tiled kernels): word 0 the number of
+// tiles, then `experts` cursors, then `max_tiles` tiles (expert, first sorted
+// position << 7 | pairs), then the sorted pair indices.
 
 struct Params {
     w: WeightDesc,
+    // Dense: rows of the shard. MoE: rows of one expert matrix (of gate, of down).
     rows: u32,
+    // Dense: tokens. MoE: pairs (tokens * top_k).
     tokens: u32,
     out_cols: u32,
     out_off: u32,
+    // Columns of x (the weights' columns).
+    x_cols: u32,
+    top_k: u32,
+    experts: u32,
+    // The layer's first key in the slot table.
+    key_base: u32,
+    // The pool shard's slots: slot_base..slot_end.
+    slot_base: u32,
+    slot_end: u32,
+    // Tiles the tile list has room for (ceil(pairs / 64) + experts).
+    max_tiles: u32,
     _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-    _pad3: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> xf: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<storage, read> routes: array<u32>;
+@group(0) @binding(7) var<storage, read> table: array<u32>;
+@group(0) @binding(10) var<storage, read_write> sort: array<atomic<u32>>;
+@group(0) @binding(11) var<storage, read> groups: array<u32>;
 
-const TILE: u32 = 32u;
-var<workgroup> w_tile: array<array<f32, 33>, 32>;
-var<workgroup> x_tile: array<array<f32, 33>, 32>;
+const NO_SLOT: u32 = 0xffffffffu;
+const TM: u32 = 64u;
+const TN: u32 = 64u;
+const TK: u32 = 32u;
+// Workgroup tiles, column-major in 4-row (4-token) vectors: wt[k * 16 + m / 4][m % 4]
+// is weight row m of the tile at column k0 + k.
+var<workgroup> wt: array<vec4<f32>, 512>;
+var<workgroup> xt: array<vec4<f32>, 512>;
 
-@compute @workgroup_size(16, 16)
-fn matmul_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let row0 = wid.x * TILE;
-    let tok0 = wid.y * TILE;
-    let li = lid.y * 16u + lid.x;
-    let cols = p.w.cols;
-    var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
-    for (var k0 = 0u; k0 < cols; k0 += TILE) {
-        for (var i = 0u; i < 4u; i++) {
-            let e = li * 4u + i;
-            let r = e / TILE;
-            let k = e % TILE;
-            var wv = 0.0;
-            if (row0 + r < p.rows && k0 + k < cols) {
-                wv = w_value(p.w, row0 + r, k0 + k);
-            }
-            w_tile[r][k] = wv;
-            var xv = 0.0;
-            if (tok0 + r < p.tokens && k0 + k < cols) {
-                xv = xf[(tok0 + r) * cols + k0 + k];
-            }
-            x_tile[r][k] = xv;
+// Weight (row, col .. col + 7), zero past the matrix's columns; one word and
+// one scale load for 4-bit weights (fmt 3 and 4) when the 8 columns are whole.
+fn w_load8(d: WeightDesc, row: u32, col: u32) -> array<f32, 8> {
+    var v: array<f32, 8>;
+    if (d.bits == 4u && (d.fmt == 3u || d.fmt == 4u) && col + 8u <= d.cols && d.group_size % 8u == 0u) {
+        var word = 0u;
+        var sb = vec2<f32>(0.0);
+        let g = (row * d.cols + col) / d.group_size;
+        if (d.fmt == 4u) {
+            let chunks = d.row_words / 4u;
+            let src = col >> 3u;
+            let j = src >> 7u;
+            let r = src & 127u;
+            let t = min(32u, chunks - 32u * j);
+            word = w_word(row * d.row_words + 128u * j + 4u * (r % t) + r / t);
+            sb = sb_pair(w_word(d.scales_off + g), d.scale_kind);
+        } else {
+            word = w_word(row * d.row_words + col / 8u);
+            sb = vec2<f32>(w_scale(d, g), w_bias(d, g));
         }
+        for (var m = 0u; m < 8u; m++) {
+            v[m] = sb.x * f32((word >> (4u * m)) & 15u) + sb.y;
+        }
+        return v;
+    }
+    for (var m = 0u; m < 8u; m++) {
+        if (col + m < d.cols) {
+            v[m] = w_value(d, row, col + m);
+        } else {
+            v[m] = 0.0;
+        }
+    }
+    return v;
+}
+
+// Stages weight row `row` (if `valid`) as tile row `m` and x row `xrow` (if
+// `xvalid`) as tile column `n`, for columns k0 + 8 * cg .. + 8.
+fn stage(row: u32, valid: bool, m: u32, xrow: u32, xvalid: bool, n: u32, k0: u32, cg: u32) {
+    let c = k0 + 8u * cg;
+    var wv: array<f32, 8>;
+    if (valid) {
+        wv = w_load8(p.w, row, c);
+    }
+    for (var j = 0u; j < 8u; j++) {
+        wt[(8u * cg + j) * 16u + m / 4u][m % 4u] = wv[j];
+        var xv = 0.0;
+        if (xvalid && c + j < p.x_cols) {
+            xv = xf[xrow * p.x_cols + c + j];
+        }
+        xt[(8u * cg + j) * 16u + n / 4u][n % 4u] = xv;
+    }
+}
+
+// acc[j][c]: tile row 4 * tx + c against tile column 4 * ty + j, over one staged slice.
+fn accumulate(acc: ptr<function, array<vec4<f32>, 4>>, tx: u32, ty: u32) {
+    for (var k = 0u; k < TK; k++) {
+        let a = wt[k * 16u + tx];
+        let b = xt[k * 16u + ty];
+        (*acc)[0] += a * b.x;
+        (*acc)[1] += a * b.y;
+        (*acc)[2] += a * b.z;
+        (*acc)[3] += a * b.w;
+    }
+}
+
+@compute @workgroup_size(256)
+fn matmul_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let row0 = wid.x * TM;
+    let tok0 = wid.y * TN;
+    let m = li % 64u;
+    let cg = li / 64u;
+    let tx = li % 16u;
+    let ty = li / 16u;
+    var acc: array<vec4<f32>, 4>;
+    for (var k0 = 0u; k0 < p.x_cols; k0 += TK) {
+        stage(row0 + m, row0 + m < p.rows, m, tok0 + m, tok0 + m < p.tokens, m, k0, cg);
         workgroupBarrier();
-        for (var k = 0u; k < TILE; k++) {
-            let w0 = w_tile[lid.x][k];
-            let w1 = w_tile[lid.x + 16u][k];
-            let x0 = x_tile[lid.y][k];
-            let x1 = x_tile[lid.y + 16u][k];
-            acc[0] += w0 * x0;
-            acc[1] += w1 * x0;
-            acc[2] += w0 * x1;
-            acc[3] += w1 * x1;
-        }
+        accumulate(&acc, tx, ty);
         workgroupBarrier();
     }
-    for (var i = 0u; i < 4u; i++) {
-        let r = row0 + lid.x + 16u * (i & 1u);
-        let t = tok0 + lid.y + 16u * (i >> 1u);
-        if (r < p.rows && t < p.tokens) {
-            out[t * p.out_cols + p.out_off + r] = acc[i];
+    for (var j = 0u; j < 4u; j++) {
+        let t = tok0 + 4u * ty + j;
+        for (var c = 0u; c < 4u; c++) {
+            let r = row0 + 4u * tx + c;
+            if (r < p.rows && t < p.tokens) {
+                out[t * p.out_cols + p.out_off + r] = acc[j][c];
+            }
+        }
+    }
+}
+
+// moe_sort's layout of the sort/groups buffer.
+fn cursor_at(e: u32) -> u32 {
+    return 1u + e;
+}
+fn tile_at(i: u32) -> u32 {
+    return 1u + p.experts + 2u * i;
+}
+fn sorted_at(i: u32) -> u32 {
+    return 1u + p.experts + 2u * p.max_tiles + i;
+}
+
+// The expert of pair `q` when it has a slot in this shard, else NO_SLOT.
+fn pair_expert(q: u32) -> u32 {
+    let t = q / p.top_k;
+    let e = routes[t * 2u * p.top_k + q % p.top_k];
+    if (e >= p.experts) {
+        return NO_SLOT;
+    }
+    let slot = table[p.key_base + e];
+    if (slot < p.slot_base || slot >= p.slot_end) {
+        return NO_SLOT;
+    }
+    return e;
+}
+
+var<workgroup> part_pairs: array<u32, 256>;
+var<workgroup> part_tiles: array<u32, 256>;
+
+@compute @workgroup_size(256)
+fn moe_sort(@builtin(local_invocation_index) li: u32) {
+    for (var e = li; e < p.experts; e += 256u) {
+        atomicStore(&sort[cursor_at(e)], 0u);
+    }
+    storageBarrier();
+    workgroupBarrier();
+    for (var q = li; q < p.tokens; q += 256u) {
+        let e = pair_expert(q);
+        if (e != NO_SLOT) {
+            atomicAdd(&sort[cursor_at(e)], 1u);
+        }
+    }
+    storageBarrier();
+    workgroupBarrier();
+    // Each invocation owns a run of experts: its pairs and tiles, then an
+    // exclusive scan over the invocations.
+    let per = (p.experts + 255u) / 256u;
+    let e0 = min(li * per, p.experts);
+    let e1 = min(e0 + per, p.experts);
+    var pairs = 0u;
+    var tiles = 0u;
+    for (var e = e0; e < e1; e++) {
+        let n = atomicLoad(&sort[cursor_at(e)]);
+        pairs += n;
+        tiles += (n + TN - 1u) / TN;
+    }
+    part_pairs[li] = pairs;
+    part_tiles[li] = tiles;
+    workgroupBarrier();
+    if (li == 0u) {
+        var sp = 0u;
+        var st = 0u;
+        for (var i = 0u; i < 256u; i++) {
+            let np = part_pairs[i];
+            let nt = part_tiles[i];
+            part_pairs[i] = sp;
+            part_tiles[i] = st;
+            sp += np;
+            st += nt;
+        }
+        atomicStore(&sort[0], st);
+    }
+    workgroupBarrier();
+    var pos = part_pairs[li];
+    var tile = part_tiles[li];
+    for (var e = e0; e < e1; e++) {
+        let n = atomicLoad(&sort[cursor_at(e)]);
+        for (var s = 0u; s < n; s += TN) {
+            atomicStore(&sort[tile_at(tile)], e);
+            atomicStore(&sort[tile_at(tile) + 1u], ((pos + s) << 7u) | min(TN, n - s));
+            tile++;
+        }
+        atomicStore(&sort[cursor_at(e)], pos);
+        pos += n;
+    }
+    storageBarrier();
+    workgroupBarrier();
+    for (var q = li; q < p.tokens; q += 256u) {
+        let e = pair_expert(q);
+        if (e != NO_SLOT) {
+            let at = atomicAdd(&sort[cursor_at(e)], 1u);
+            atomicStore(&sort[sorted_at(at)], q);
+        }
+    }
+}
+
+// The tile list entry of workgroup row `y`: (expert's slot in the shard,
+// first sorted position, pairs); pairs 0 past the last tile. Uniform across
+// the workgroup.
+var<workgroup> wg_tile: vec4<u32>;
+fn tile_of(y: u32, li: u32) -> vec4<u32> {
+    if (li == 0u) {
+        var t = vec4<u32>(0u);
+        if (y < groups[0]) {
+            let e = groups[tile_at(y)];
+            let packed = groups[tile_at(y) + 1u];
+            t = vec4<u32>(table[p.key_base + e] - p.slot_base, packed >> 7u, packed & 127u, 0u);
+        }
+        wg_tile = t;
+    }
+    return workgroupUniformLoad(&wg_tile);
+}
+
+fn silu(v: f32) -> f32 {
+    return v / (1.0 + exp(-v));
+}
+
+@compute @workgroup_size(256)
+fn moe_gate_up_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let tile = tile_of(wid.y, li);
+    if (tile.z == 0u) {
+        return;
+    }
+    // Tile row m: gate (even m) or up (odd m) row i0 + m / 2 of the expert.
+    let i0 = wid.x * (TM / 2u);
+    let m = li % 64u;
+    let cg = li / 64u;
+    let i = i0 + m / 2u;
+    let row = tile.x * 2u * p.rows + (m % 2u) * p.rows + i;
+    var pair = 0u;
+    if (m < tile.z) {
+        pair = groups[sorted_at(tile.y + m)];
+    }
+    let tx = li % 16u;
+    let ty = li / 16u;
+    var acc: array<vec4<f32>, 4>;
+    for (var k0 = 0u; k0 < p.x_cols; k0 += TK) {
+        stage(row, i < p.rows, m, pair / p.top_k, m < tile.z, m, k0, cg);
+        workgroupBarrier();
+        accumulate(&acc, tx, ty);
+        workgroupBarrier();
+    }
+    // acc[j] = (gate i, up i, gate i + 1, up i + 1) for i = i0 + 2 * tx.
+    for (var j = 0u; j < 4u; j++) {
+        let n = 4u * ty + j;
+        if (n < tile.z) {
+            let q = groups[sorted_at(tile.y + n)];
+            let a = i0 + 2u * tx;
+            if (a < p.rows) {
+                out[q * p.out_cols + a] = silu(acc[j].x) * acc[j].y;
+            }
+            if (a + 1u < p.rows) {
+                out[q * p.out_cols + a + 1u] = silu(acc[j].z) * acc[j].w;
+            }
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn moe_down_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let tile = tile_of(wid.y, li);
+    if (tile.z == 0u) {
+        return;
+    }
+    let row0 = wid.x * TM;
+    let m = li % 64u;
+    let cg = li / 64u;
+    var pair = 0u;
+    if (m < tile.z) {
+        pair = groups[sorted_at(tile.y + m)];
+    }
+    let tx = li % 16u;
+    let ty = li / 16u;
+    var acc: array<vec4<f32>, 4>;
+    for (var k0 = 0u; k0 < p.x_cols; k0 += TK) {
+        stage(tile.x * p.rows + row0 + m, row0 + m < p.rows, m, pair, m < tile.z, m, k0, cg);
+        workgroupBarrier();
+        accumulate(&acc, tx, ty);
+        workgroupBarrier();
+    }
+    for (var j = 0u; j < 4u; j++) {
+        let n = 4u * ty + j;
+        if (n < tile.z) {
+            let q = groups[sorted_at(tile.y + n)];
+            for (var c = 0u; c < 4u; c++) {
+                let r = row0 + 4u * tx + c;
+                if (r < p.rows) {
+                    out[q * p.out_cols + r] = acc[j][c];
+                }
+            }
         }
     }
 }

@@ -76,6 +76,15 @@ impl WgpuBackend {
         self.gpu.submissions.clone()
     }
 
+    /// Host seconds spent recording dispatches and submitting them, and the
+    /// number of submissions, since the last call (which resets them).
+    pub fn take_host_time(&self) -> (f64, f64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let t = &self.gpu.host_time;
+        let ns = |a: &std::sync::atomic::AtomicU64| a.swap(0, Relaxed) as f64 * 1e-9;
+        (ns(&t.record_ns), ns(&t.submit_ns), t.submits.swap(0, Relaxed))
+    }
+
     /// Submits recorded work and waits until the GPU is idle.
     pub fn sync(&self) -> Result<()> {
         self.gpu.flush()?;

@@ -104,6 +104,18 @@ pub struct Gpu {
     /// needs data back), so the GPU starts on a layer while the host is still
     /// recording it. [`WgpuOptions::flush_every`] sets the initial value.
     pub flush_every: std::sync::atomic::AtomicU32,
+    /// Host time spent recording dispatches and submitting them (ns), for
+    /// benchmarks: whether a token is bound by the host or by the GPU.
+    pub host_time: HostTime,
+}
+
+/// Nanoseconds the host spent in [`Gpu::dispatch`] (recording) and in
+/// `queue.submit` with its parameter uploads (submitting).
+#[derive(Default)]
+pub struct HostTime {
+    pub record_ns: std::sync::atomic::AtomicU64,
+    pub submit_ns: std::sync::atomic::AtomicU64,
+    pub submits: std::sync::atomic::AtomicU64,
 }
 
 
@@ -190,6 +202,7 @@ impl Gpu {
             submissions: Arc::default(),
             binding_cap: std::sync::atomic::AtomicU64::new(0),
             flush_every: std::sync::atomic::AtomicU32::new(options.flush_every),
+            host_time: HostTime::default(),
         };
         gpu.check_errors("compiling the WGSL kernels")?;
         Ok(gpu)
@@ -248,9 +261,19 @@ impl Gpu {
     /// struct) at binding 0 and `binds` (binding index, buffer) as the rest.
     /// Only the typed kernel calls of the family modules call this.
     pub(crate) fn dispatch<P: Params>(&self, entry: &str, params: &P, binds: &[(u32, Bind<'_>)], groups: [u32; 3]) -> Result<()> {
-        let params = bytemuck::bytes_of(params);
+        let start = std::time::Instant::now();
+        let flush = self.record(entry, bytemuck::bytes_of(params), binds, groups)?;
+        self.host_time.record_ns.fetch_add(start.elapsed().as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
+        if flush {
+            return self.submit_inner(false, |_| {});
+        }
+        Ok(())
+    }
+
+    /// Records one dispatch; true when `flush_every` asks for a submission now.
+    fn record(&self, entry: &str, params: &[u8], binds: &[(u32, Bind<'_>)], groups: [u32; 3]) -> Result<bool> {
         if groups.contains(&0) {
-            return Ok(());
+            return Ok(false);
         }
         if groups.iter().any(|&g| g > self.limits.max_compute_workgroups_per_dimension) {
             return Err(BackendError::Device(format!("{entry}: {groups:?} workgroups exceed the adapter's limit")));
@@ -335,11 +358,7 @@ impl Gpu {
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         p.since_submit += 1;
         let every = self.flush_every.load(std::sync::atomic::Ordering::Relaxed);
-        if every > 0 && p.since_submit >= every {
-            drop(guard);
-            return self.submit_inner(false, |_| {});
-        }
-        Ok(())
+        Ok(every > 0 && p.since_submit >= every)
     }
 
     /// Workgroups for kernels that give each of `items` one subgroup, in
@@ -369,6 +388,7 @@ impl Gpu {
     /// asked for it: a download, a pool write, a flush) rather than being one
     /// of the periodic submissions `flush_every` adds.
     fn submit_inner(&self, counted: bool, extra: impl FnOnce(&mut wgpu::CommandEncoder)) -> Result<()> {
+        let start = std::time::Instant::now();
         let mut guard = self.pending()?;
         let p = &mut *guard;
         p.pass = None;
@@ -394,6 +414,8 @@ impl Gpu {
         let timing = p.timing.take();
         let staging = timing.as_ref().and_then(|t| t.resolve(&self.device, &mut encoder));
         self.queue.submit([encoder.finish()]);
+        self.host_time.submit_ns.fetch_add(start.elapsed().as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
+        self.host_time.submits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if counted {
             self.submissions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }

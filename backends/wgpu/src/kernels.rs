@@ -110,7 +110,7 @@ impl Module {
         match self {
             Module::Matvec => &["matvec"],
             Module::MatvecQ8 => &["quantize_x8", "matvec_q8"],
-            Module::MatmulTiled => &["matmul_tiled"],
+            Module::MatmulTiled => &["matmul_tiled", "moe_sort", "moe_gate_up_tiled", "moe_down_tiled"],
             Module::Moe => &["moe_route", "moe_map", "moe_gate_up", "moe_down", "moe_combine", "moe_down_combine"],
             Module::Embed => &["embed"],
             Module::Elementwise => {

@@ -45,17 +45,25 @@ params! {
 }
 
 params! {
-    /// `Params` of `wgsl/matmul_tiled.wgsl`.
+    /// `Params` of `wgsl/matmul_tiled.wgsl` (the dense product and the MoE
+    /// tiles over experts, see `moe.rs`).
     pub struct TiledParams {
         w: WeightDesc,
+        /// Dense: rows of the shard. MoE: rows of one expert matrix.
         rows: u32,
+        /// Dense: tokens. MoE: (token, rank) pairs.
         tokens: u32,
         out_cols: u32,
         out_off: u32,
+        x_cols: u32,
+        top_k: u32,
+        experts: u32,
+        key_base: u32,
+        slot_base: u32,
+        slot_end: u32,
+        /// Room in the MoE tile list.
+        max_tiles: u32,
         _pad0: u32,
-        _pad1: u32,
-        _pad2: u32,
-        _pad3: u32,
     }
 }
 
@@ -152,8 +160,11 @@ fn matvec(gpu: &Gpu, s: &Shard, x: Bind<'_>, out: Bind<'_>, tokens: usize, total
     gpu.dispatch("matvec", &params, &[(W, whole(&s.buffer)), (W_WORDS, whole(&s.buffer)), (X, x), (OUT, out)], groups)
 }
 
+/// Rows and tokens of one output tile of `wgsl/matmul_tiled.wgsl`.
+pub(crate) const TILE: usize = 64;
+
 /// `out[t, out_off + r] = W[r] . x[t]` for one shard and many tokens, in
-/// 32 x 32 tiles.
+/// 64 x 64 tiles.
 fn matmul_tiled(gpu: &Gpu, s: &Shard, x: Bind<'_>, out: Bind<'_>, tokens: usize, total_rows: usize) -> Result<()> {
     let params = TiledParams {
         w: s.desc,
@@ -161,9 +172,10 @@ fn matmul_tiled(gpu: &Gpu, s: &Shard, x: Bind<'_>, out: Bind<'_>, tokens: usize,
         tokens: tokens as u32,
         out_cols: total_rows as u32,
         out_off: s.row_start as u32,
+        x_cols: s.desc.cols,
         ..Default::default()
     };
-    let groups = [s.rows.div_ceil(32) as u32, tokens.div_ceil(32) as u32, 1];
+    let groups = [s.rows.div_ceil(TILE) as u32, tokens.div_ceil(TILE) as u32, 1];
     gpu.dispatch("matmul_tiled", &params, &[(W_WORDS, whole(&s.buffer)), (X, x), (OUT, out)], groups)
 }
 

@@ -7,6 +7,7 @@ use slotstream_backend::{Gating, Result};
 
 use crate::gpu::{whole, Bind, Gpu, GpuBuf, MAX_GROUPS};
 use crate::kernels::params;
+use crate::matmul::{TiledParams, TILE};
 use crate::weights::{GpuPool, PoolMatrix, WeightDesc};
 
 params! {
@@ -44,6 +45,10 @@ const W_WORDS: u32 = 6;
 const TABLE: u32 = 7;
 const ENTRIES: u32 = 8;
 const VALS: u32 = 9;
+// Bindings of the tiled kernels (`wgsl/matmul_tiled.wgsl`): the sort buffer
+// as moe_sort writes it and as the tiles read it.
+const SORT: u32 = 10;
+const GROUPS: u32 = 11;
 
 /// A slot table entry that names no slot.
 pub const NO_SLOT: u32 = u32::MAX;
@@ -102,6 +107,11 @@ fn runs(n: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..n).step_by(MAX_GROUPS as usize).map(move |s| (s, (n - s).min(MAX_GROUPS as usize)))
 }
 
+/// Tokens from which an MoE call runs as tiles of up to 64 pairs of one
+/// expert (`wgsl/matmul_tiled.wgsl`), each pool row read once per tile,
+/// instead of one workgroup row per pair.
+const TILED_MIN_TOKENS: usize = 9;
+
 /// Unweighted expert outputs into `out: [tokens, top_k, hidden]` (zeroed
 /// here: rows whose expert has no slot stay zero).
 pub(crate) fn expert_outputs(gpu: &Gpu, c: &Call<'_>, out: &wgpu::Buffer) -> Result<()> {
@@ -111,6 +121,9 @@ pub(crate) fn expert_outputs(gpu: &Gpu, c: &Call<'_>, out: &wgpu::Buffer) -> Res
     let n = c.tokens * c.gating.top_k;
     if n == 0 {
         return Ok(());
+    }
+    if c.tokens >= TILED_MIN_TOKENS {
+        return tiled_outputs(gpu, c, out);
     }
     let act = activations(gpu, c)?;
     for shard in 0..pool.shards() {
@@ -123,9 +136,9 @@ pub(crate) fn expert_outputs(gpu: &Gpu, c: &Call<'_>, out: &wgpu::Buffer) -> Res
 }
 
 /// The weighted sum of the routed experts' outputs, `out: [tokens, hidden]`,
-/// when the pool is one shard: two dispatches (gate and up, then down with
-/// the weighted sum); `None` for a sharded pool (the caller runs
-/// [`expert_outputs`] and [`combine`]).
+/// when the pool is one shard and the call is decode-sized: two dispatches
+/// (gate and up, then down with the weighted sum); `None` for a sharded pool
+/// or a prefill-sized call (the caller runs [`expert_outputs`] and [`combine`]).
 pub(crate) fn fused(gpu: &Gpu, c: &Call<'_>, out: Bind<'_>) -> Result<Option<()>> {
     let pool = c.pool;
     if pool.shards() != 1 {
@@ -134,6 +147,9 @@ pub(crate) fn fused(gpu: &Gpu, c: &Call<'_>, out: Bind<'_>) -> Result<Option<()>
     if c.tokens == 0 {
         return Ok(Some(()));
     }
+    if c.tokens >= TILED_MIN_TOKENS {
+        return Ok(None);
+    }
     let (hidden, inter) = (pool.gate_up.layout_cols(), pool.intermediate);
     let act = activations(gpu, c)?;
     for (start, count) in runs(c.tokens) {
@@ -141,6 +157,49 @@ pub(crate) fn fused(gpu: &Gpu, c: &Call<'_>, out: Bind<'_>) -> Result<Option<()>
         run.dispatch("moe_down_combine", &pool.down, hidden, inter, hidden, &[(X, act.bind()), (OUT, out)])?;
     }
     Ok(Some(()))
+}
+
+/// [`expert_outputs`] for many tokens: per pool shard, the pairs grouped by
+/// expert (`moe_sort`), then gate and up, then down, each over the tile list
+/// (`out` is already zeroed).
+fn tiled_outputs(gpu: &Gpu, c: &Call<'_>, out: &wgpu::Buffer) -> Result<()> {
+    let pool = c.pool;
+    let (hidden, inter) = (pool.gate_up.layout_cols(), pool.intermediate);
+    let pairs = c.tokens * c.gating.top_k;
+    let experts = c.gating.experts;
+    let max_tiles = pairs.div_ceil(TILE) + experts.min(pairs);
+    let sort = gpu.alloc(4 * (1 + experts + 2 * max_tiles + pairs) as u64)?;
+    let act = gpu.alloc(4 * (pairs * inter) as u64)?;
+    let table = whole(&pool.table);
+    for shard in 0..pool.shards() {
+        let base = shard * pool.per_shard;
+        let shard_slots = pool.shard_slots(shard);
+        let params = |m: &PoolMatrix, rows: usize, x_cols: usize, out_cols: usize| TiledParams {
+            w: m.layout.desc(shard_slots * m.rows),
+            rows: rows as u32,
+            tokens: pairs as u32,
+            out_cols: out_cols as u32,
+            x_cols: x_cols as u32,
+            top_k: c.gating.top_k as u32,
+            experts: experts as u32,
+            key_base: c.key_base as u32,
+            slot_base: base as u32,
+            slot_end: (base + shard_slots) as u32,
+            max_tiles: max_tiles as u32,
+            ..Default::default()
+        };
+        let sort_params = params(&pool.gate_up, inter, hidden, inter);
+        gpu.dispatch("moe_sort", &sort_params, &[(ROUTES, c.routes), (TABLE, table), (SORT, sort.bind())], [1, 1, 1])?;
+        let gate_up = whole(&pool.gate_up.buffers[shard]);
+        let binds = [(W_WORDS, gate_up), (X, c.x), (OUT, act.bind()), (TABLE, table), (GROUPS, sort.bind())];
+        let groups = [inter.div_ceil(TILE / 2) as u32, max_tiles as u32, 1];
+        gpu.dispatch("moe_gate_up_tiled", &sort_params, &binds, groups)?;
+        let down = whole(&pool.down.buffers[shard]);
+        let binds = [(W_WORDS, down), (X, act.bind()), (OUT, whole(out)), (TABLE, table), (GROUPS, sort.bind())];
+        let groups = [hidden.div_ceil(TILE) as u32, max_tiles as u32, 1];
+        gpu.dispatch("moe_down_tiled", &params(&pool.down, hidden, inter, hidden), &binds, groups)?;
+    }
+    Ok(())
 }
 
 /// `out[t] = sum_r weight[t, r] * outputs[t, r]` with the routes' weights.

@@ -184,3 +184,48 @@ fn sharded_weights_and_pool_match_cpu() {
     let err = rel_l2(&got, &want);
     assert!(err <= TOL, "sharded weights differ from the CPU backend: rel L2 {err:.3e}");
 }
+
+/// Prefill-sized calls take the tiled kernels (pairs grouped by expert, 64 to
+/// a tile; `wgsl/matmul_tiled.wgsl`): many pairs per expert, tiles cut short,
+/// an expert with no slot, every pool format, and a pool in several shards.
+#[test]
+fn tiled_expert_ffn_for_many_tokens() {
+    if gpu().is_none() {
+        return;
+    }
+    let (hidden, inter, tokens) = (192, 128, 100);
+    let gating = Gating { experts: 4, top_k: 2, normalize: true };
+    for format in [affine(4, 64), affine(8, 64), MatrixFormat::Dense(DType::BF16)] {
+        let mut rng = Rng::new(41);
+        let layout = ExpertLayout { hidden, intermediate: inter, gate: format, up: format, down: format };
+        let experts = random_experts(&mut rng, format, hidden, inter, 3);
+        let x = rng.vec(tokens * hidden, 2.0);
+        let logits = rng.vec(tokens * 4, 3.0);
+        let run = |b: &dyn Backend| -> Vec<f32> {
+            let pool = layer1_pool(b, &layout, &experts);
+            let routes = b.route(&up(b, &logits, &[tokens, 4]), gating).unwrap();
+            let xt = up(b, &x, &[tokens, hidden]);
+            let mut out = b.download(&b.moe_expert_outputs(&xt, &pool, &routes, 4).unwrap()).unwrap();
+            out.extend(b.download(&b.moe(&xt, &pool, &routes, 4).unwrap()).unwrap());
+            out
+        };
+        let want = run(&CpuBackend::exact());
+        let name = format_name(format);
+        let got = run(gpu().unwrap());
+        let err = rel_l2(&got, &want);
+        assert!(err <= TOL, "{name}: tiled MoE differs from the CPU backend: rel L2 {err:.3e}");
+        // Expert 3 (no slot) leaves its pairs' rows zero.
+        assert!(got.iter().take(tokens * 2 * hidden).any(|v| *v == 0.0), "{name}: rows of the unmapped expert must stay zero");
+        // A backend of its own with one slot per pool shard.
+        let sharded = WgpuBackend::new(&AdapterChoice::allow_software()).expect("GPU adapter");
+        let bits = match format {
+            MatrixFormat::Affine { bits, .. } => bits as usize,
+            _ => 16,
+        };
+        // One gate-and-up matrix (plus its scales) per shard.
+        sharded.cap_shard_bytes((2 * inter * hidden * bits / 8 * 6 / 5) as u64);
+        let got = run(&sharded);
+        let err = rel_l2(&got, &want);
+        assert!(err <= TOL, "{name}: tiled MoE over a sharded pool differs from the CPU backend: rel L2 {err:.3e}");
+    }
+}
