@@ -159,14 +159,19 @@ impl Gpu {
                 label: Some(module.name()),
                 source: wgpu::ShaderSource::Wgsl(source.into()),
             };
-            let shader = if bounds_checks {
-                device.create_shader_module(desc)
-            } else {
-                // SAFETY: the caller of `WgpuBackend::new_unchecked` vouches
-                // that every index the kernels compute stays in bounds, which
-                // the shape checks in lib.rs establish for well-formed inputs.
-                unsafe { device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) }
-            };
+            // Loops are never forced to a bounded trip count: that counter
+            // keeps drivers from unrolling the kernels' fixed-length inner
+            // loops, which then index their register arrays through memory
+            // (the tiled prefill kernels ran 6x slower on an H200).
+            let checks = wgpu::ShaderRuntimeChecks { bounds_checks, ..wgpu::ShaderRuntimeChecks::unchecked() };
+            // SAFETY: every loop in wgsl/ is a `for` whose counter moves by a
+            // positive step (or halves) towards a bound it reaches, which
+            // `tests/shaders.rs::every_loop_terminates` checks of the sources;
+            // with `bounds_checks` off, the caller of
+            // `WgpuBackend::new_unchecked` also vouches that every index the
+            // kernels compute stays in bounds, which the shape checks in
+            // lib.rs establish for well-formed inputs.
+            let shader = unsafe { device.create_shader_module_trusted(desc, checks) };
             for &entry in module.entry_points() {
                 let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                     label: Some(entry),

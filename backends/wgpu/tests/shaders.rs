@@ -87,3 +87,55 @@ fn every_params_struct_matches_its_rust_mirror() {
         }
     }
 }
+
+/// The kernels are compiled without forced loop bounding (see
+/// `Gpu::open`), which is sound only if every loop ends by itself: each is a
+/// `for` whose counter rises by a positive step to an upper bound, or halves
+/// down to zero; no `loop` or `while`. The steps are the subgroup size,
+/// workgroup counts and sizes, and positive constants.
+#[test]
+fn every_loop_terminates() {
+    const STEPS: &[&str] = &["lanes", "nwg.x * nsg", "nwg.x", "nsg", "parts", "256u", "128u", "TK", "TN", "WG", "TILE"];
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../wgsl");
+    let mut loops = 0;
+    for entry in std::fs::read_dir(&dir).expect("reading wgsl/") {
+        let path = entry.expect("listing wgsl/").path();
+        if path.extension().and_then(|e| e.to_str()) != Some("wgsl") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("reading a kernel file");
+        let code: String = text.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n");
+        let name = path.display();
+        for word in code.split(|c: char| !c.is_alphanumeric() && c != '_') {
+            assert!(word != "loop" && word != "while", "{name}: `{word}` loops are not allowed (only bounded `for` loops)");
+        }
+        let mut rest = code.as_str();
+        while let Some(at) = rest.find("for (") {
+            let body = &rest[at + 5..];
+            let mut depth = 1;
+            let end = body
+                .char_indices()
+                .find(|&(_, c)| {
+                    depth += match c {
+                        '(' => 1,
+                        ')' => -1,
+                        _ => 0,
+                    };
+                    depth == 0
+                })
+                .map(|(i, _)| i)
+                .unwrap_or_else(|| panic!("{name}: unclosed `for (`"));
+            let header = &body[..end];
+            let parts: Vec<&str> = header.split(';').map(str::trim).collect();
+            assert_eq!(parts.len(), 3, "{name}: `for ({header})`");
+            let var = parts[0].strip_prefix("var ").and_then(|v| v.split_whitespace().next()).unwrap_or_else(|| panic!("{name}: `for ({header})` must declare its counter"));
+            let (cond, step) = (parts[1], parts[2]);
+            let rising = cond.starts_with(&format!("{var} < ")) && (step == format!("{var}++") || STEPS.iter().any(|s| step == format!("{var} += {s}")));
+            let halving = cond == format!("{var} > 0u") && step == format!("{var} >>= 1u");
+            assert!(rising || halving, "{name}: `for ({header})` is not a loop known to end");
+            loops += 1;
+            rest = &body[end..];
+        }
+    }
+    assert!(loops > 50, "found only {loops} loops: the scan is broken");
+}
