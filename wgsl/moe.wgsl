@@ -1,5 +1,7 @@
 // Mixture of experts on the device: routing, the pool's slot table, and the
-// expert FFN `down(silu(gate x) * up x)` read straight from the slot pool.
+// expert FFN `down(silu(gate x) * up x)` read straight from the slot pool
+// (4-bit slots with 16-bit scales interleaved as standalone weights are, see
+// weights.wgsl).
 //
 //   moe_route:   one workgroup per token: softmax over the token's `experts`
 //                router logits (vals), the `top_k` largest kept (highest logit
@@ -65,6 +67,19 @@ var<workgroup> row: array<f32, 1024>;
 var<workgroup> wg_slots: array<u32, 64>;
 // moe_down_combine: each subgroup's weighted partial sums of one quad of rows.
 var<workgroup> partial4: array<vec4<f32>, 128>;
+
+// This lane's partial dot products of four consecutive pool rows with the x
+// row at vec4 index `xb`: interleaved 4-bit slots (fmt 4) by rows4_q4i, the
+// rest by rows_dot.
+fn pool_rows4(d: WeightDesc, row0: u32, nrows: u32, xb: u32, lane: u32, lanes: u32) -> vec4<f32> {
+    if (d.fmt == 4u) {
+        if (d.scale_kind == 1u) {
+            return rows4_q4i(d, row0, nrows, xb, lane, lanes, true);
+        }
+        return rows4_q4i(d, row0, nrows, xb, lane, lanes, false);
+    }
+    return rows_dot(d, row0, nrows, xb, lane, lanes);
+}
 
 fn logit(t: u32, e: u32) -> f32 {
     return vals[t * p.experts + e];
@@ -230,8 +245,8 @@ fn moe_gate_up(
     for (var qi = wid.x * nsg + sg; qi < quads; qi += nwg.x * nsg) {
         let row0 = qi * 4u;
         let nrows = min(4u, p.rows - row0);
-        let g = subgroupAdd(rows_dot(p.w, base + row0, nrows, xb, lane, lanes));
-        let u = subgroupAdd(rows_dot(p.w, base + p.rows + row0, nrows, xb, lane, lanes));
+        let g = subgroupAdd(pool_rows4(p.w, base + row0, nrows, xb, lane, lanes));
+        let u = subgroupAdd(pool_rows4(p.w, base + p.rows + row0, nrows, xb, lane, lanes));
         if (lane == 0u) {
             for (var r = 0u; r < nrows; r++) {
                 out[a * p.rows + row0 + r] = silu(g[r]) * u[r];
@@ -262,7 +277,7 @@ fn moe_down(
     for (var qi = wid.x * nsg + sg; qi < quads; qi += nwg.x * nsg) {
         let row0 = qi * 4u;
         let nrows = min(4u, p.rows - row0);
-        let total = subgroupAdd(rows_dot(p.w, base + row0, nrows, xb, lane, lanes));
+        let total = subgroupAdd(pool_rows4(p.w, base + row0, nrows, xb, lane, lanes));
         if (lane == 0u) {
             for (var r = 0u; r < nrows; r++) {
                 out[dst + row0 + r] = total[r];
@@ -324,7 +339,7 @@ fn moe_down_combine(
             let slot = wg_slots[k];
             if (slot != NO_SLOT) {
                 let a = t * p.top_k + k;
-                let d = subgroupAdd(rows_dot(p.w, (slot - p.slot_base) * p.rows + row0, nrows, a * (p.x_cols / 4u), lane, lanes));
+                let d = subgroupAdd(pool_rows4(p.w, (slot - p.slot_base) * p.rows + row0, nrows, a * (p.x_cols / 4u), lane, lanes));
                 acc += bitcast<f32>(routes[rbase + p.top_k + k]) * d;
             }
         }

@@ -446,7 +446,7 @@ impl Backend for WgpuBackend {
 
     fn new_expert_pool(&self, layout: &ExpertLayout, slots: usize, keys: usize) -> Result<ExpertPool> {
         let formats = [layout.gate, layout.up, layout.down];
-        let pool = GpuPool::new(&self.gpu, layout.hidden, layout.intermediate, formats, slots, keys)?;
+        let pool = GpuPool::new(&self.gpu, layout.hidden, layout.intermediate, formats, slots, keys, self.options.q4_layout)?;
         let bytes = pool.bytes();
         Ok(ExpertPool::new(Box::new(pool), *layout, slots, keys, bytes))
     }

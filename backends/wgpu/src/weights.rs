@@ -259,8 +259,8 @@ pub struct PoolMatrix {
 }
 
 impl PoolMatrix {
-    fn new(gpu: &Gpu, format: MatrixFormat, rows: usize, cols: usize, slots: usize, per_shard: usize) -> Result<PoolMatrix> {
-        let layout = RowLayout::new(format, cols)?;
+    fn new(gpu: &Gpu, format: MatrixFormat, rows: usize, cols: usize, slots: usize, per_shard: usize, q4: Q4Layout) -> Result<PoolMatrix> {
+        let layout = RowLayout::for_weight(format, cols, q4)?;
         if (rows * layout.scale_bytes) % 4 != 0 {
             return Err(BackendError::Unsupported(format!(
                 "expert matrices of {rows} rows with {} scale bytes per row do not fill whole words",
@@ -295,7 +295,8 @@ impl PoolMatrix {
     /// gate-and-up matrix starts at `rows / 2`).
     fn write(&self, gpu: &Gpu, shard: usize, local: usize, shard_slots: usize, m: &HostMatrix<'_>, row_off: usize) -> Result<()> {
         m.validate()?;
-        let format = RowLayout::new(MatrixFormat::of(m), m.cols)?;
+        let q4 = if self.layout.fmt == FMT_Q4_INTERLEAVED { Q4Layout::Interleaved } else { Q4Layout::Mlx };
+        let format = RowLayout::for_weight(MatrixFormat::of(m), m.cols, q4)?;
         if format != self.layout || row_off + m.rows > self.rows || m.experts != 1 {
             return Err(shape_error(
                 "write_expert",
@@ -307,6 +308,14 @@ impl PoolMatrix {
         let rows_in_shard = shard_slots * self.rows;
         let (s_off, b_off) = self.layout.offsets(rows_in_shard);
         let first_row = local * self.rows + row_off;
+        if self.layout.fmt == FMT_Q4_INTERLEAVED {
+            // Interleaved rows, then one (scale, bias) pair word per group (as `shard_image`).
+            let image = shard_image(&self.layout, m, 0, m.rows);
+            let (vals, pairs) = image.split_at(m.rows * self.layout.value_bytes);
+            gpu.write(buffer, (first_row * self.layout.value_bytes) as u64, vals)?;
+            let pairs = &pairs[..2 * m.rows * self.layout.scale_bytes];
+            return gpu.write(buffer, s_off as u64 * 4 + (2 * first_row * self.layout.scale_bytes) as u64, pairs);
+        }
         gpu.write(buffer, (first_row * self.layout.value_bytes) as u64, values)?;
         if self.layout.scale_bytes > 0 {
             let at = (first_row * self.layout.scale_bytes) as u64;
@@ -333,7 +342,9 @@ pub struct GpuPool {
 }
 
 impl GpuPool {
-    pub fn new(gpu: &Gpu, hidden: usize, inter: usize, formats: [MatrixFormat; 3], slots: usize, keys: usize) -> Result<GpuPool> {
+    /// A pool of `slots` experts; 4-bit matrices with 16-bit scales are kept
+    /// interleaved (fmt 4, as standalone weights) unless `q4` asks for the MLX order.
+    pub fn new(gpu: &Gpu, hidden: usize, inter: usize, formats: [MatrixFormat; 3], slots: usize, keys: usize, q4: Q4Layout) -> Result<GpuPool> {
         if formats[0] != formats[1] {
             return Err(BackendError::Unsupported(format!(
                 "the experts' gate and up projections are stored differently ({:?} and {:?}); the wgpu backend \
@@ -350,8 +361,8 @@ impl GpuPool {
             )));
         }
         Ok(GpuPool {
-            gate_up: PoolMatrix::new(gpu, formats[0], 2 * inter, hidden, slots, per_shard)?,
-            down: PoolMatrix::new(gpu, formats[2], hidden, inter, slots, per_shard)?,
+            gate_up: PoolMatrix::new(gpu, formats[0], 2 * inter, hidden, slots, per_shard, q4)?,
+            down: PoolMatrix::new(gpu, formats[2], hidden, inter, slots, per_shard, q4)?,
             intermediate: inter,
             slots,
             per_shard,
