@@ -126,6 +126,41 @@ fn dispatch_floor(b: &WgpuBackend, cols: usize, n: usize) -> Result<()> {
             1e3 * recorded
         );
     }
+    // Independent adds into distinct outputs (kept alive): no barrier between them.
+    b.set_flush_every(16);
+    b.sync()?;
+    b.take_host_time();
+    let t = Instant::now();
+    let outs: Vec<_> = (0..n).map(|_| b.add(&y, &y)).collect::<Result<_, _>>()?;
+    b.sync()?;
+    let wall = t.elapsed().as_secs_f64();
+    let (record, submit, _) = b.take_host_time();
+    println!(
+        "dispatch floor (flush every 16): {n} independent adds: {:.2} us wall per dispatch; host {:.2} us recording + {:.2} us submitting",
+        1e6 * wall / n as f64,
+        1e6 * record / n as f64,
+        1e6 * submit / n as f64
+    );
+    drop(outs);
+    for flush in [64u32, 256] {
+        b.set_flush_every(flush);
+        let mut x = b.upload(&vec![0.0; cols], &[1, cols])?;
+        b.sync()?;
+        b.take_host_time();
+        let t = Instant::now();
+        for _ in 0..n {
+            x = b.add(&x, &y)?;
+        }
+        b.sync()?;
+        let wall = t.elapsed().as_secs_f64();
+        let (record, submit, _) = b.take_host_time();
+        println!(
+            "dispatch floor (flush every {flush}): dependent adds: {:.2} us wall per dispatch; host {:.2} us recording + {:.2} us submitting",
+            1e6 * wall / n as f64,
+            1e6 * record / n as f64,
+            1e6 * submit / n as f64
+        );
+    }
     b.set_flush_every(16);
     Ok(())
 }

@@ -10,7 +10,8 @@
 //                   group as rms_norm_wide
 //   rms_norm_rope:  n = rms_norm(x) * w per head (group), then rotate-half rotary
 //                   embedding of its first 2*half values with the angles of the group's
-//                   token (g / heads), as rope.wgsl
+//                   token (g / heads), as rope.wgsl; and, when groups2 > 0, the same
+//                   for a second set (keys: z, weight2, eps2, heads2) into sum
 // The weight has `weight_len` values: `dim` (one slice shared by every group)
 // or a row's worth (a multiple of dim: the per-stream norm of hyper-connections);
 // group g uses w = weight[(g * dim) % weight_len ..][..dim].
@@ -18,7 +19,7 @@
 // Bindings: 0 uniform Params; 2 x [groups * dim]; 3 out (read-write);
 // 4 weight [weight_len] (rms_norm, rms_norm_wide, rms_norm_gated);
 // 5 z [groups * dim] (rms_norm_gated, add_rms_norm); 6 sum (read-write; add_rms_norm);
-// 7 cs [tokens, half, 2] (rms_norm_rope).
+// 7 cs [tokens, half, 2] (rms_norm_rope); 8 weight2 (rms_norm_rope's second set).
 
 struct Params {
     groups: u32,
@@ -30,9 +31,9 @@ struct Params {
     gate_act: u32,
     half: u32,
     heads: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
+    groups2: u32,
+    heads2: u32,
+    eps2: f32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -42,6 +43,7 @@ struct Params {
 @group(0) @binding(5) var<storage, read> z: array<f32>;
 @group(0) @binding(6) var<storage, read_write> sum: array<f32>;
 @group(0) @binding(7) var<storage, read> cs: array<f32>;
+@group(0) @binding(8) var<storage, read> weight2: array<f32>;
 
 fn sum_squares(base: u32, lane: u32, lanes: u32) -> f32 {
     var s = 0.0;
@@ -199,6 +201,22 @@ fn add_rms_norm(
     }
 }
 
+// rms_norm_rope's input value `i`: q groups read x, k groups (the second
+// set, g >= groups) read z.
+fn nr_x(second: bool, i: u32) -> f32 {
+    if (second) {
+        return z[i];
+    }
+    return x[i];
+}
+
+fn nr_w(second: bool, i: u32) -> f32 {
+    if (second) {
+        return weight2[i];
+    }
+    return weight[i];
+}
+
 @compute @workgroup_size(64)
 fn rms_norm_rope(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -208,23 +226,41 @@ fn rms_norm_rope(
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(subgroup_size) lanes: u32,
 ) {
-    for (var g = wid.x * nsg + sg; g < p.groups; g += nwg.x * nsg) {
-        let base = g * p.dim;
-        let r = 1.0 / sqrt(sum_squares(base, lane, lanes) / f32(p.dim) + p.eps);
-        let t = g / p.heads;
+    for (var g = wid.x * nsg + sg; g < p.groups + p.groups2; g += nwg.x * nsg) {
+        let second = g >= p.groups;
+        var gl = g;
+        var heads = p.heads;
+        var eps = p.eps;
+        if (second) {
+            gl = g - p.groups;
+            heads = p.heads2;
+            eps = p.eps2;
+        }
+        let base = gl * p.dim;
+        var s = 0.0;
         for (var i = lane; i < p.dim; i += lanes) {
-            let v = x[base + i] * r * weight[i];
+            let v = nr_x(second, base + i);
+            s += v * v;
+        }
+        let r = 1.0 / sqrt(subgroupAdd(s) / f32(p.dim) + eps);
+        let t = gl / heads;
+        for (var i = lane; i < p.dim; i += lanes) {
+            let v = nr_x(second, base + i) * r * nr_w(second, i);
             var o = v;
             if (i < p.half) {
                 let j = i + p.half;
                 let a = (t * p.half + i) * 2u;
-                o = v * cs[a] - x[base + j] * r * weight[j] * cs[a + 1u];
+                o = v * cs[a] - nr_x(second, base + j) * r * nr_w(second, j) * cs[a + 1u];
             } else if (i < 2u * p.half) {
                 let j = i - p.half;
                 let a = (t * p.half + j) * 2u;
-                o = v * cs[a] + x[base + j] * r * weight[j] * cs[a + 1u];
+                o = v * cs[a] + nr_x(second, base + j) * r * nr_w(second, j) * cs[a + 1u];
             }
-            out[base + i] = o;
+            if (second) {
+                sum[base + i] = o;
+            } else {
+                out[base + i] = o;
+            }
         }
     }
 }

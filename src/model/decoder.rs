@@ -9,7 +9,7 @@ use slotstream_backend::{Backend, Tensor, Weight};
 use super::arch::ModelArch;
 use super::blocks::attention::AttentionState;
 use super::blocks::delta::DeltaState;
-use super::layer::{DecoderLayer, Head, LayerState, MixerState, RowCacheStats};
+use super::layer::{DecoderLayer, Head, Hidden, LayerState, MixerState, RowCacheStats};
 use super::speculative::DraftState;
 use crate::experts::{CacheStats, ExpertCache};
 
@@ -165,6 +165,8 @@ impl DecoderModel {
         if self.streams > 1 {
             x = b.repeat_cols(&x, self.streams)?;
         }
+        // Each layer may leave its last add to the next one's norm.
+        let mut x = Some(Hidden::from(x));
         let start = state.position;
         let SequenceState { layers: layer_states, recent, .. } = state;
         std::thread::scope(|scope| -> Result<()> {
@@ -182,7 +184,8 @@ impl DecoderModel {
                     }
                     None => None,
                 };
-                x = layer.forward(b, &x, ids, start, st, read, experts).with_context(|| format!("layer {i}"))?;
+                let input = x.take().context("no hidden state between layers")?;
+                x = Some(layer.forward_hidden(b, input, ids, start, st, read, experts).with_context(|| format!("layer {i}"))?);
             }
             Ok(())
         })?;
@@ -192,7 +195,7 @@ impl DecoderModel {
             recent.drain(..excess);
         }
         state.position += ids.len();
-        Ok(x)
+        x.context("no hidden state after the layers")?.form(b)
     }
 
     /// Saves what [`DecoderModel::rollback`] needs to return `s` to its current position.

@@ -416,6 +416,15 @@ pub trait Backend: Send + Sync {
         let heads = x.cols() / head_dim.max(1);
         self.rope(&normed.reshape(&[x.rows(), heads, head_dim])?, head_dim, rotary_dim, theta, start_pos)
     }
+    /// [`Backend::rms_norm_rope`] of the queries `q` and of the keys `k` of
+    /// the same tokens (each with its own norm weight and eps) in one op.
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm_rope_pair(&self, q: &Tensor, k: &Tensor, weights: [&Tensor; 2], head_dim: usize, eps: [f32; 2], rotary_dim: usize, theta: f32, start_pos: usize)
+        -> Result<(Tensor, Tensor)> {
+        let q = self.rms_norm_rope(q, weights[0], head_dim, eps[0], rotary_dim, theta, start_pos)?;
+        let k = self.rms_norm_rope(k, weights[1], head_dim, eps[1], rotary_dim, theta, start_pos)?;
+        Ok((q, k))
+    }
     fn new_kv_cache(&self, kv_heads: usize, head_dim: usize) -> Result<State>;
     /// The element type a KV cache of this backend stores keys and values in
     /// (what a planner sizes the cache by: `2 * layers * positions *

@@ -350,6 +350,32 @@ impl Backend for WgpuBackend {
         Ok(out)
     }
 
+    fn rms_norm_rope_pair(&self, q: &Tensor, k: &Tensor, weights: [&Tensor; 2], head_dim: usize, eps: [f32; 2], rotary_dim: usize, theta: f32, start_pos: usize)
+        -> Result<(Tensor, Tensor)> {
+        let mut sets = Vec::with_capacity(2);
+        for (x, w) in [(q, weights[0]), (k, weights[1])] {
+            checks::rms_norm_weight(x, Some(w), head_dim)?;
+            let heads = checks::groups_of("rms_norm_rope_pair", x, head_dim)? / x.rows().max(1);
+            let shaped = x.reshape(&[x.rows(), heads, head_dim])?;
+            checks::rope(&shaped, head_dim, rotary_dim)?;
+            if w.numel() != head_dim {
+                return Err(shape_error("rms_norm_rope_pair", format!("a weight of {} values for heads of {head_dim}", w.numel())));
+            }
+            sets.push((shaped, heads));
+        }
+        let tokens = q.rows();
+        if k.rows() != tokens {
+            return Err(shape_error("rms_norm_rope_pair", format!("{tokens} query rows and {} key rows", k.rows())));
+        }
+        let (qo, qb) = self.output(vec![tokens, sets[0].1, head_dim])?;
+        let (ko, kb) = self.output(vec![tokens, sets[1].1, head_dim])?;
+        let angles = attention::rope_angles(&self.gpu, tokens, rotary_dim, theta, start_pos)?;
+        let first = norm::NormRope { x: buf(&sets[0].0)?, weight: buf(weights[0])?, out: qb.bind(), heads: sets[0].1, eps: eps[0] };
+        let second = norm::NormRope { x: buf(&sets[1].0)?, weight: buf(weights[1])?, out: kb.bind(), heads: sets[1].1, eps: eps[1] };
+        norm::rms_norm_rope_sets(&self.gpu, first, Some(second), whole(&angles), tokens, head_dim, rotary_dim)?;
+        Ok((qo, ko))
+    }
+
     fn new_kv_cache(&self, kv_heads: usize, head_dim: usize) -> Result<State> {
         Ok(State::new(Box::new(GpuKvCache::new(&self.gpu, kv_heads, head_dim))))
     }

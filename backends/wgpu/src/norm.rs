@@ -24,9 +24,10 @@ params! {
         half: u32,
         /// `rms_norm_rope`: heads (groups) per token.
         heads: u32,
-        _pad0: u32,
-        _pad1: u32,
-        _pad2: u32,
+        /// `rms_norm_rope`: groups, heads per token and eps of the second set (keys).
+        groups2: u32,
+        heads2: u32,
+        eps2: f32,
     }
 }
 
@@ -37,6 +38,7 @@ const WEIGHT: u32 = 4;
 const Z: u32 = 5;
 const SUM: u32 = 6;
 const ANGLES: u32 = 7;
+const WEIGHT2: u32 = 8;
 
 /// Groups at least this long are normalised by a whole workgroup each.
 const WIDE_NORM_DIM: usize = 1024;
@@ -118,19 +120,50 @@ pub(crate) fn rms_norm_rope(
     eps: f32,
     rotary_dim: usize,
 ) -> Result<()> {
+    let one = NormRope { x, weight, out, heads, eps };
+    rms_norm_rope_sets(gpu, one, None, angles, tokens, dim, rotary_dim)
+}
+
+/// One set of heads for [`rms_norm_rope_sets`].
+#[derive(Clone, Copy)]
+pub(crate) struct NormRope<'a> {
+    pub x: Bind<'a>,
+    pub weight: Bind<'a>,
+    pub out: Bind<'a>,
+    pub heads: usize,
+    pub eps: f32,
+}
+
+/// `rms_norm_rope` of one or two sets of heads (queries and keys) of the
+/// same tokens, in one dispatch.
+pub(crate) fn rms_norm_rope_sets(
+    gpu: &Gpu,
+    first: NormRope<'_>,
+    second: Option<NormRope<'_>>,
+    angles: Bind<'_>,
+    tokens: usize,
+    dim: usize,
+    rotary_dim: usize,
+) -> Result<()> {
+    let (groups2, heads2, eps2) = second.as_ref().map_or((0, 0, 0.0), |s| (tokens * s.heads, s.heads, s.eps));
     let params = NormParams {
-        groups: (tokens * heads) as u32,
+        groups: (tokens * first.heads) as u32,
         dim: dim as u32,
         has_weight: 1,
         weight_len: dim as u32,
-        eps,
+        eps: first.eps,
         scale: 1.0,
         half: (rotary_dim / 2) as u32,
-        heads: heads as u32,
+        heads: first.heads as u32,
+        groups2: groups2 as u32,
+        heads2: heads2 as u32,
+        eps2,
         ..Default::default()
     };
-    let binds = [(X, x), (WEIGHT, weight), (ANGLES, angles), (OUT, out)];
-    gpu.dispatch("rms_norm_rope", &params, &binds, subgroup_grid(gpu, tokens * heads))
+    // Without a second set its bindings repeat the first's (nothing reads them).
+    let s = second.unwrap_or(first);
+    let binds = [(X, first.x), (WEIGHT, first.weight), (OUT, first.out), (Z, s.x), (WEIGHT2, s.weight), (SUM, s.out), (ANGLES, angles)];
+    gpu.dispatch("rms_norm_rope", &params, &binds, subgroup_grid(gpu, tokens * first.heads + groups2))
 }
 
 /// `out = act(z) * (x / rms(x) * weight)` per group of `dim`.

@@ -342,9 +342,14 @@ pub struct GpuPool {
 }
 
 impl GpuPool {
-    /// A pool of `slots` experts; 4-bit matrices with 16-bit scales are kept
-    /// interleaved (fmt 4, as standalone weights) unless `q4` asks for the MLX order.
+    /// A pool of `slots` experts for a slot table of `keys` (layers x
+    /// experts). When it holds every expert, 4-bit matrices with 16-bit scales
+    /// are kept interleaved (fmt 4, as standalone weights; faster to read)
+    /// unless `q4` asks for the MLX order. A streaming pool keeps the MLX order:
+    /// its slots are rewritten on every miss, and interleaving costs the host
+    /// a permuting copy of every byte read from disk.
     pub fn new(gpu: &Gpu, hidden: usize, inter: usize, formats: [MatrixFormat; 3], slots: usize, keys: usize, q4: Q4Layout) -> Result<GpuPool> {
+        let q4 = if slots >= keys { q4 } else { Q4Layout::Mlx };
         if formats[0] != formats[1] {
             return Err(BackendError::Unsupported(format!(
                 "the experts' gate and up projections are stored differently ({:?} and {:?}); the wgpu backend \

@@ -238,6 +238,17 @@ fn rope_partial_and_full() {
     let w = rng.vec(64, 1.0);
     check("rms_norm_rope_partial", TOL, |b| b.rms_norm_rope(&up(b, &x, &[3, 256]), &up(b, &w, &[64]), 64, 1e-6, 16, 1e7, 1000).unwrap());
     check("rms_norm_rope_full", TOL, |b| b.rms_norm_rope(&up(b, &x, &[3, 256]), &up(b, &w, &[64]), 64, 1e-6, 64, 1e6, 5).unwrap());
+    // Queries and keys (fewer heads, their own weight and eps) in one op;
+    // the keys are a column slice of the same rows, as from a fused projection.
+    let wk = rng.vec(64, 1.0);
+    let qk = rng.vec(3 * 384, 2.0);
+    check("rms_norm_rope_pair", TOL, |b| {
+        let t = up(b, &qk, &[3, 384]);
+        let (q, k) = (b.slice_cols(&t, 0, 256).unwrap(), b.slice_cols(&t, 256, 128).unwrap());
+        let (q, k) = b.rms_norm_rope_pair(&q, &k, [&up(b, &w, &[64]), &up(b, &wk, &[64])], 64, [1e-6, 1e-5], 32, 1e6, 7).unwrap();
+        let (q, k) = (q.reshape(&[3, 256]).unwrap(), k.reshape(&[3, 128]).unwrap());
+        b.concat_rows(&[&q.reshape(&[12, 64]).unwrap(), &k.reshape(&[6, 64]).unwrap()]).unwrap()
+    });
 }
 
 #[test]

@@ -229,3 +229,34 @@ fn tiled_expert_ffn_for_many_tokens() {
         assert!(err <= TOL, "{name}: tiled MoE over a sharded pool differs from the CPU backend: rel L2 {err:.3e}");
     }
 }
+
+/// A pool that holds every expert keeps 4-bit slots interleaved (fmt 4, as
+/// standalone weights): decode-sized and prefill-sized calls over it, with
+/// bf16 and f16 scales, against the CPU backend.
+#[test]
+fn resident_pool_of_interleaved_slots() {
+    if gpu().is_none() {
+        return;
+    }
+    let (hidden, inter, experts) = (2048, 64, 4);
+    let gating = Gating { experts, top_k: 2, normalize: true };
+    let formats = [affine(4, 64), MatrixFormat::Affine { bits: 4, group_size: 64, scale_dtype: DType::F16 }];
+    for format in formats {
+        let mut rng = Rng::new(43);
+        let layout = ExpertLayout { hidden, intermediate: inter, gate: format, up: format, down: format };
+        let weights = random_experts(&mut rng, format, hidden, inter, experts);
+        for tokens in [1usize, 3, 20] {
+            let x = rng.vec(tokens * hidden, 2.0);
+            let logits = rng.vec(tokens * experts, 3.0);
+            check(&format!("moe_resident_{}_t{tokens}", format_name(format)), TOL, |b| {
+                let mut pool = b.new_expert_pool(&layout, experts, experts).unwrap();
+                for (slot, e) in weights.iter().enumerate() {
+                    b.write_expert(&mut pool, slot, &HostExpert { gate: e.gate.clone(), up: e.up.clone(), down: e.down.clone() }).unwrap();
+                }
+                b.map_experts(&mut pool, &(0..experts as u32).map(|e| (e, Some(e))).collect::<Vec<_>>()).unwrap();
+                let routes = b.route(&up(b, &logits, &[tokens, experts]), gating).unwrap();
+                b.moe(&up(b, &x, &[tokens, hidden]), &pool, &routes, 0).unwrap()
+            });
+        }
+    }
+}

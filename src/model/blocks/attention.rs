@@ -94,8 +94,8 @@ impl Attention {
             bail!("KV cache holds {} positions but the call starts at {start}", b.kv_len(&st.kv)?);
         }
         let (rd, theta) = (self.rotary_dim, self.rope_theta);
-        let q = b.rms_norm_rope(&q, &self.q_norm.weight, hd, self.q_norm.eps, rd, theta, start)?;
-        let k = b.rms_norm_rope(k, &self.k_norm.weight, hd, self.k_norm.eps, rd, theta, start)?;
+        let weights = [&self.q_norm.weight, &self.k_norm.weight];
+        let (q, k) = b.rms_norm_rope_pair(&q, k, weights, hd, [self.q_norm.eps, self.k_norm.eps], rd, theta, start)?;
         let q = q.reshape(&[tokens, h * hd])?;
         let k = k.reshape(&[tokens, kvh * hd])?;
         let mut out = b.attention(&q, &k, v, &mut st.kv, h, (hd as f32).powf(-0.5), selection.as_ref())?;
