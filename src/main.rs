@@ -31,7 +31,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Generate text from a prompt.
+    /// Generate text from a prompt, or chat when no prompt is given on a terminal.
+    #[command(alias = "chat")]
     Run(RunArgs),
     /// Check this machine and a model: memory, disk, the plan, expected speed.
     Doctor(DoctorArgs),
@@ -335,23 +336,32 @@ impl RunArgs {
         engine.codec.apply_chat_template(&messages, true, self.think)
     }
 
-    /// `--prompt`, or stdin for `--prompt -` or a piped stdin.
-    fn read_prompt(&self) -> Result<String> {
+    /// `--prompt`, or stdin for `--prompt -` or a piped stdin; `None`: no
+    /// prompt on a terminal, so a chat.
+    fn read_prompt(&self) -> Result<Option<String>> {
         use std::io::{IsTerminal, Read};
-        let from_stdin = match self.prompt.as_deref() {
-            Some("-") => true,
-            Some(_) => false,
-            None if std::io::stdin().is_terminal() => {
-                anyhow::bail!("give the prompt with --prompt TEXT, or pipe it in (echo TEXT | slotstream run)")
-            }
-            None => true,
-        };
-        if !from_stdin {
-            return Ok(self.prompt.clone().unwrap_or_default());
+        match self.prompt.as_deref() {
+            Some("-") => {}
+            Some(prompt) => return Ok(Some(prompt.to_string())),
+            None if std::io::stdin().is_terminal() => return Ok(None),
+            None => {}
         }
         let mut text = String::new();
         std::io::stdin().read_to_string(&mut text).context("reading the prompt from stdin (as UTF-8 text)")?;
-        Ok(text.trim_end_matches(['\n', '\r']).to_string())
+        Ok(Some(text.trim_end_matches(['\n', '\r']).to_string()))
+    }
+
+    /// The chat's settings: the sampling flags, and the context the memory
+    /// was planned for (at most the model's).
+    fn chat_settings(&self, engine: &Engine) -> slotstream::chat::ChatSettings {
+        slotstream::chat::ChatSettings {
+            sampling: self.generate_request(Vec::new(), self.max_tokens).sampling,
+            max_tokens: self.max_tokens,
+            system: self.system.clone(),
+            think: self.think,
+            stop: self.stop.clone(),
+            context: self.memory.plan_context.min(engine.context_length()),
+        }
     }
 
     /// The request, with `--max-tokens` cut to what fits in the context the
@@ -438,6 +448,9 @@ fn run(args: RunArgs) -> Result<()> {
     let prompt = args.read_prompt()?;
     let model = resolve_model(args.model.as_deref())?;
     let (engine, planned) = load_planned(&model.dir, &args.memory.request(), &args.backend.backend)?;
+    let Some(prompt) = prompt else {
+        return slotstream::chat::run_chat(&engine, args.chat_settings(&engine));
+    };
     let prompt_ids = engine.codec.encode(&args.prompt_text(&engine, &prompt)?, false)?;
     let request = args.bounded_request(prompt_ids, engine.context_length())?;
     // Ctrl-C from here on stops the answer, and the summary still comes.

@@ -93,3 +93,9 @@ pub fn ensure_runtime_dir() {
         }
     }
 }
+
+/// Forgets a Ctrl-C that has been dealt with (the chat's answer stopped), so
+/// the next one stops the next answer instead of exiting.
+pub fn clear_interrupt() {
+    INTERRUPTED.store(false, std::sync::atomic::Ordering::SeqCst);
+}
