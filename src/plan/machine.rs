@@ -78,13 +78,13 @@ pub mod linux {
 
     /// Weight bytes per second one core's int8 matmuls get through at decode,
     /// and the most memory bandwidth gives all of them.
-    pub const CORE_WEIGHT_GBPS: f64 = 3.0;
+    pub const CORE_WEIGHT_GBPS: f64 = 6.0;
     pub const MEMORY_GBPS: f64 = 20.0;
     /// Direct-I/O expert reads and their latency, measured on the reference
     /// machine (a cloud VM's SSD; a local NVMe drive reads faster).
     pub const DISK_GBPS: f64 = 0.7;
     pub const READ_LATENCY_MS: f64 = 0.4;
-    pub const LAYER_OVERHEAD_MS: f64 = 0.03;
+    pub const LAYER_OVERHEAD_MS: f64 = 0.1;
     /// Cores of the machine the rates were measured on (a simulated machine's).
     pub const REFERENCE_CORES: usize = 2;
 
