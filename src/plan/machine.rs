@@ -74,7 +74,6 @@ impl MachineMemory {
 /// Linux figures (and the rates a simulated machine without a GPU working
 /// set gets).
 pub mod linux {
-    use super::MachineMemory;
 
     /// Weight bytes per second one core's int8 matmuls get through at decode,
     /// and the most memory bandwidth gives all of them.
@@ -152,7 +151,7 @@ pub mod linux {
     }
 
     #[cfg(not(target_os = "macos"))]
-    pub fn detect() -> MachineMemory {
+    pub fn detect() -> super::MachineMemory {
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
         let (mut total, mut available) = parse_meminfo(&meminfo).unwrap_or((8_000_000_000, 4_000_000_000));
         let mut source = "/proc/meminfo".to_string();
@@ -164,7 +163,7 @@ pub mod linux {
                 source = format!("cgroup memory limit {:.1} GB", limit as f64 / 1e9);
             }
         }
-        MachineMemory {
+        super::MachineMemory {
             total_ram: total,
             available,
             gpu_working_set: None,
