@@ -90,7 +90,9 @@ impl BackendSpec {
             BackendSpec::Auto => match WgpuBackend::with_options(&AdapterChoice::auto(), WgpuOptions::from_env()) {
                 Ok(gpu) => Ok(Box::new(gpu)),
                 Err(e) => {
-                    note!("note: no usable GPU ({e}); using the CPU backend");
+                    // The backend's reason names its own setting; users set it with a flag.
+                    let why = format!("{e:#}").replace("allow it with allow_software", "--backend wgpu:software uses it");
+                    note!("note: no usable GPU, so the CPU runs the model (--backend cpu chooses it without looking for one): {why}");
                     Ok(Box::new(CpuBackend::new()))
                 }
             },

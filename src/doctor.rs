@@ -9,7 +9,7 @@ use std::path::Path;
 use anyhow::{bail, Result};
 use serde::Serialize;
 
-use crate::disk;
+use crate::{disk, pull};
 use crate::plan::{self, MachineMemory, ModelCosts, Plan, PlanRequest, GB};
 
 /// Names that mean the flagship, whose sizes are known without its weights.
@@ -69,6 +69,9 @@ pub struct DoctorReport {
     /// Free space where the model lives (the working directory for a model
     /// known by name); `None` where it cannot be measured.
     pub disk_free_bytes: Option<u64>,
+    /// For a model known by name: whether it is downloaded, and whether it
+    /// would fit on the disk that holds the cache.
+    pub install: Option<pull::InstallStatus>,
     pub plan: Plan,
     /// Expected speed by cache size, from the model's minimum to all experts.
     pub expected: Vec<ExpectedSpeed>,
@@ -89,7 +92,8 @@ impl DoctorReport {
     /// sizes), the machine's memory and free disk, and plans.
     pub fn build(request: &DoctorRequest) -> Result<DoctorReport> {
         let model_path = Path::new(&request.model);
-        let model = if FLAGSHIP_NAMES.contains(&request.model.as_str()) {
+        let known = FLAGSHIP_NAMES.contains(&request.model.as_str());
+        let model = if known {
             ModelCosts::flagship()
         } else {
             // No backend is chosen here: plan for an f32 KV cache, the largest.
@@ -97,11 +101,14 @@ impl DoctorReport {
         };
         let machine = request.machine.machine()?;
         let plan = plan::plan(&model, &machine, &request.plan)?;
-        let disk_path = if model_path.exists() { model_path } else { Path::new(".") };
+        let install = if known { Some(pull::InstallStatus::of_known(pull::DEFAULT_MODEL)?) } else { None };
         // A file system that cannot say its free space leaves the line out of the report.
-        let disk_free_bytes = disk::free_bytes(disk_path).ok();
+        let disk_free_bytes = match &install {
+            Some(status) => status.cache_free_bytes,
+            None => disk::free_bytes(model_path).ok(),
+        };
         let expected = expected_speeds(&model, &machine, request.plan.context_tokens);
-        Ok(DoctorReport { machine, model, disk_free_bytes, plan, expected })
+        Ok(DoctorReport { machine, model, disk_free_bytes, install, plan, expected })
     }
 }
 
@@ -151,8 +158,13 @@ impl fmt::Display for DoctorReport {
             let mtp = if model.mtp_bytes > 0 { format!("{:.2} GB", model.mtp_bytes as f64 / GB) } else { "none".to_string() };
             writeln!(f, "         n-gram row cache {:.0} MB; MTP head {mtp}", model.extra_bytes as f64 / 1e6)?;
         }
-        if let Some(free) = self.disk_free_bytes {
-            writeln!(f, "disk:    {:.1} GB free where the model lives", free as f64 / GB)?;
+        match &self.install {
+            Some(status) => writeln!(f, "install: {}", describe_install(status))?,
+            None => {
+                if let Some(free) = self.disk_free_bytes {
+                    writeln!(f, "disk:    {:.1} GB free where the model lives", free as f64 / GB)?;
+                }
+            }
         }
         writeln!(f, "{}", self.plan.banner(model, &self.machine))?;
         write!(f, "expected speed by cache size (estimates):")?;
@@ -165,6 +177,31 @@ impl fmt::Display for DoctorReport {
         }
         Ok(())
     }
+}
+
+/// One line: where the model is, or what downloading it would take.
+fn describe_install(status: &pull::InstallStatus) -> String {
+    if let Some(dir) = &status.installed_at {
+        return format!("installed in {}", dir.display());
+    }
+    let size = status.download_bytes as f64 / GB;
+    let mut s = format!(
+        "not installed: `slotstream pull {}` downloads {size:.1} GB into {}",
+        status.model,
+        status.cache.display()
+    );
+    match status.cache_free_bytes {
+        Some(free) if free >= status.download_bytes => s += &format!(" ({:.1} GB free: it fits)", free as f64 / GB),
+        Some(free) => {
+            s += &format!(
+                " ({:.1} GB free: it would NOT fit; free {:.1} GB more, or point HF_HUB_CACHE at a larger disk)",
+                free as f64 / GB,
+                size - free as f64 / GB
+            )
+        }
+        None => s += " (free space unknown)",
+    }
+    s
 }
 
 #[cfg(test)]
@@ -207,10 +244,26 @@ mod tests {
     }
 
     #[test]
+    fn the_install_line_says_whether_the_download_would_fit() {
+        let status = |free: Option<u64>, installed: Option<&str>| pull::InstallStatus {
+            model: "qwen3.8-flash-next:4bit".into(),
+            installed_at: installed.map(Into::into),
+            cache: "/cache".into(),
+            download_bytes: 103_800_000_000,
+            cache_free_bytes: free,
+        };
+        let small = describe_install(&status(Some(79_000_000_000), None));
+        assert!(small.starts_with("not installed") && small.contains("would NOT fit") && small.contains("24.8 GB more"), "{small}");
+        let large = describe_install(&status(Some(200_000_000_000), None));
+        assert!(large.contains("it fits"), "{large}");
+        assert_eq!(describe_install(&status(None, Some("/cache/snap"))), "installed in /cache/snap");
+    }
+
+    #[test]
     fn json_and_table_come_from_the_same_report() {
         let report = flagship_on(48.0);
         let json = serde_json::to_value(&report).expect("the report serializes");
-        for field in ["machine", "model", "disk_free_bytes", "plan", "expected"] {
+        for field in ["machine", "model", "disk_free_bytes", "install", "plan", "expected"] {
             assert!(json.get(field).is_some(), "doctor --json lost {field}: {json}");
         }
         assert_eq!(json["expected"][0]["experts_per_layer"], 14);

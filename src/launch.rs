@@ -3,6 +3,7 @@
 //! the engine with the expert pool the plan sized.
 
 use std::path::Path;
+use std::time::Duration;
 
 use anyhow::Result;
 use slotstream_backend::Backend;
@@ -49,6 +50,46 @@ impl PlannedModel {
             ..Default::default()
         }
         .with_env_overrides();
+        let bytes = self.costs.resident_bytes + self.plan.pool_bytes;
+        let _shown = LoadIndicator::start(format!("loading {:.2} GB of weights", bytes as f64 / 1e9));
         Engine::load_arch(&self.arch, backend, &options)
+    }
+}
+
+/// A spinner with the elapsed time on a terminal's stderr, shown once
+/// loading has taken a second (a quick load stays silent); it clears when
+/// dropped.
+struct LoadIndicator {
+    done: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl LoadIndicator {
+    fn start(message: String) -> LoadIndicator {
+        let (done, finished) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            use std::sync::mpsc::RecvTimeoutError;
+            if finished.recv_timeout(Duration::from_secs(1)) != Err(RecvTimeoutError::Timeout) {
+                return;
+            }
+            // Hidden by indicatif when stderr is not a terminal.
+            let spinner = indicatif::ProgressBar::new_spinner().with_message(message);
+            if let Ok(style) = indicatif::ProgressStyle::with_template("{spinner} {msg} ({elapsed})") {
+                spinner.set_style(style);
+            }
+            spinner.enable_steady_tick(Duration::from_millis(120));
+            let _ = finished.recv();
+            spinner.finish_and_clear();
+        });
+        LoadIndicator { done: Some(done), thread: Some(thread) }
+    }
+}
+
+impl Drop for LoadIndicator {
+    fn drop(&mut self) {
+        drop(self.done.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }

@@ -2,6 +2,7 @@
 //! with the routed experts streamed from disk into a fixed pool of cache slots.
 
 pub mod backend_spec;
+pub mod chat;
 pub mod checkpoint;
 pub mod console;
 pub mod demo;

@@ -31,7 +31,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Generate text from a prompt.
+    /// Generate text from a prompt, or chat when no prompt is given on a terminal.
+    #[command(alias = "chat")]
     Run(RunArgs),
     /// Check this machine and a model: memory, disk, the plan, expected speed.
     Doctor(DoctorArgs),
@@ -106,9 +107,9 @@ struct PerplexityArgs {
     /// Tokens per window.
     #[arg(long, default_value_t = 256)]
     window: usize,
-    /// Score at most this many windows.
-    #[arg(long, default_value_t = usize::MAX)]
-    max_windows: usize,
+    /// Score at most this many windows (default: every whole window).
+    #[arg(long)]
+    max_windows: Option<usize>,
     #[command(flatten)]
     memory: MemoryArgs,
     #[command(flatten)]
@@ -209,9 +210,10 @@ struct RunArgs {
     /// installed, else the bundled demo model.
     #[arg(long)]
     model: Option<String>,
-    /// The prompt (a user message, unless --raw).
+    /// The prompt (a user message, unless --raw); `-`, or no --prompt with
+    /// stdin not a terminal, reads it from stdin.
     #[arg(long)]
-    prompt: String,
+    prompt: Option<String>,
     /// System message for the chat template.
     #[arg(long)]
     system: Option<String>,
@@ -322,16 +324,44 @@ impl PullArgs {
 impl RunArgs {
     /// The prompt as the model reads it: the chat template around the user's
     /// message (and system message), or the text as-is with `--raw`.
-    fn prompt_text(&self, engine: &Engine) -> Result<String> {
+    fn prompt_text(&self, engine: &Engine, prompt: &str) -> Result<String> {
         if self.raw {
-            return Ok(self.prompt.clone());
+            return Ok(prompt.to_string());
         }
         let mut messages = Vec::new();
         if let Some(system) = &self.system {
             messages.push(ChatMessage { role: "system".into(), content: system.clone() });
         }
-        messages.push(ChatMessage { role: "user".into(), content: self.prompt.clone() });
+        messages.push(ChatMessage { role: "user".into(), content: prompt.to_string() });
         engine.codec.apply_chat_template(&messages, true, self.think)
+    }
+
+    /// `--prompt`, or stdin for `--prompt -` or a piped stdin; `None`: no
+    /// prompt on a terminal, so a chat.
+    fn read_prompt(&self) -> Result<Option<String>> {
+        use std::io::{IsTerminal, Read};
+        match self.prompt.as_deref() {
+            Some("-") => {}
+            Some(prompt) => return Ok(Some(prompt.to_string())),
+            None if std::io::stdin().is_terminal() => return Ok(None),
+            None => {}
+        }
+        let mut text = String::new();
+        std::io::stdin().read_to_string(&mut text).context("reading the prompt from stdin (as UTF-8 text)")?;
+        Ok(Some(text.trim_end_matches(['\n', '\r']).to_string()))
+    }
+
+    /// The chat's settings: the sampling flags, and the context the memory
+    /// was planned for (at most the model's).
+    fn chat_settings(&self, engine: &Engine) -> slotstream::chat::ChatSettings {
+        slotstream::chat::ChatSettings {
+            sampling: self.generate_request(Vec::new(), self.max_tokens).sampling,
+            max_tokens: self.max_tokens,
+            system: self.system.clone(),
+            think: self.think,
+            stop: self.stop.clone(),
+            context: self.memory.plan_context.min(engine.context_length()),
+        }
     }
 
     /// The request, with `--max-tokens` cut to what fits in the context the
@@ -393,6 +423,7 @@ impl DoctorArgs {
 
 fn main() -> ExitCode {
     process::tune_allocator();
+    process::ensure_runtime_dir();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run(args),
@@ -414,13 +445,22 @@ fn main() -> ExitCode {
 
 fn run(args: RunArgs) -> Result<()> {
     process::set_compute_threads(args.threads)?;
+    let prompt = args.read_prompt()?;
     let model = resolve_model(args.model.as_deref())?;
     let (engine, planned) = load_planned(&model.dir, &args.memory.request(), &args.backend.backend)?;
-    let prompt_ids = engine.codec.encode(&args.prompt_text(&engine)?, false)?;
+    let Some(prompt) = prompt else {
+        return slotstream::chat::run_chat(&engine, args.chat_settings(&engine));
+    };
+    let prompt_ids = engine.codec.encode(&args.prompt_text(&engine, &prompt)?, false)?;
     let request = args.bounded_request(prompt_ids, engine.context_length())?;
+    // Ctrl-C from here on stops the answer, and the summary still comes.
+    process::catch_interrupt()?;
     // A write error ends generation; it is reported once the engine returns.
     let mut write_error = None;
     let out = engine.generate(&request, |piece| {
+        if process::interrupted() {
+            return ControlFlow::Break(());
+        }
         if !args.json && !piece.is_empty() {
             if let Err(e) = console::print(piece) {
                 write_error = Some(e);
@@ -441,12 +481,15 @@ fn run(args: RunArgs) -> Result<()> {
         peak_rss_bytes: process::peak_rss_bytes(),
     };
     if args.json {
-        console::print_line(serde_json::to_string(&report)?)
+        console::print_line(serde_json::to_string(&report)?)?;
     } else {
         console::print_line("")?;
         note!("{report}");
-        Ok(())
     }
+    if process::interrupted() {
+        note!("interrupted (Ctrl-C)");
+    }
+    Ok(())
 }
 
 fn perplexity(args: PerplexityArgs) -> Result<()> {
@@ -454,7 +497,15 @@ fn perplexity(args: PerplexityArgs) -> Result<()> {
     let (engine, _) = load_planned(&model.dir, &args.memory.request(), &args.backend.backend)?;
     let text = std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
     let ids = engine.codec.encode(&text, false)?;
-    let perplexity = engine.perplexity(&ids, args.window, args.max_windows)?;
+    if ids.len() < args.window {
+        anyhow::bail!(
+            "{} has {} tokens, fewer than one window of {} (--window): nothing to score; give a longer text or a smaller --window",
+            args.file.display(),
+            ids.len(),
+            args.window
+        );
+    }
+    let perplexity = engine.perplexity(&ids, args.window, args.max_windows.unwrap_or(usize::MAX))?;
     console::print_line(serde_json::to_string(&perplexity)?)
 }
 
@@ -473,6 +524,8 @@ fn serve(args: ServeArgs) -> Result<()> {
         server::check_model_name(name)?; // before the slow part, loading
     }
     process::set_compute_threads(args.threads)?;
+    // Bound first: a port in use is found before the slow part, loading.
+    let listener = server::bind(&args.host, args.port)?;
     let model = resolve_model(args.model.as_deref())?;
     let request = args.memory.request();
     let (engine, planned) = load_planned(&model.dir, &request, &args.backend.backend)?;
@@ -487,7 +540,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         plan: Some(planned.plan),
         timeouts,
     };
-    let config = server::ServeConfig { model_dir: model.dir, host: args.host, port: args.port, options };
+    let config = server::ServeConfig { model_dir: model.dir, listener, options };
     server::serve(config, engine)
 }
 

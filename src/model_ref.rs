@@ -40,8 +40,11 @@ fn resolve_with(
     let found = |dir: PathBuf, name: &str| ResolvedModel { dir, name: name.to_string(), is_demo: false };
     match spec {
         Some(dir) if Path::new(dir).is_dir() => Ok(found(PathBuf::from(dir), &directory_name(Path::new(dir)))),
-        Some(spec) if spec.contains('/') && !spec.starts_with("hf:") => {
+        Some(spec) if looks_like_a_repo(spec) && !Path::new(spec).exists() => {
             bail!("--model {spec}: no such directory (for a Hugging Face repo, write hf:{spec} and pull it first)")
+        }
+        Some(spec) if spec.contains('/') && !spec.starts_with("hf:") => {
+            bail!("--model {spec}: no such directory (give the folder that holds the model's config.json)")
         }
         Some(spec) => {
             let repo = spec.strip_prefix("hf:").unwrap_or(spec);
@@ -57,13 +60,31 @@ fn resolve_with(
     }
 }
 
-/// A model directory's own name (of its canonical path, so `.` works), or
-/// `model` where it has none.
+/// `ORG/NAME` as Hugging Face spells a repository: two plain names, not a path.
+fn looks_like_a_repo(spec: &str) -> bool {
+    let mut parts = spec.split('/');
+    let plain = |p: Option<&str>| {
+        p.is_some_and(|p| !p.is_empty() && !p.starts_with('.') && !p.starts_with('~') && !p.contains('@'))
+    };
+    !spec.starts_with("hf:") && plain(parts.next()) && plain(parts.next()) && parts.next().is_none()
+}
+
+/// Folder names that say nothing about which model is inside; such a folder
+/// is named after its parent (`tools/demo/model` is `demo`).
+const GENERIC_DIRECTORY_NAMES: [&str; 4] = ["model", "models", "weights", "checkpoint"];
+
+/// A model directory's own name (of its canonical path, so `.` works), its
+/// parent's when its own is generic, or `model` where it has none.
 fn directory_name(dir: &Path) -> String {
-    dir.canonicalize()
-        .ok()
-        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .unwrap_or_else(|| "model".to_string())
+    let Ok(path) = dir.canonicalize() else { return "model".to_string() };
+    let name = |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned());
+    match name(&path) {
+        Some(own) if GENERIC_DIRECTORY_NAMES.contains(&own.to_lowercase().as_str()) => {
+            path.parent().and_then(name).unwrap_or(own)
+        }
+        Some(own) => own,
+        None => "model".to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -96,6 +117,24 @@ mod tests {
     fn a_path_that_is_not_a_directory_suggests_the_hf_form() {
         let error = resolve_with(Some("org/missing"), in_cache, no_demo).expect_err("no such directory");
         assert!(format!("{error:#}").contains("write hf:org/missing"), "{error:#}");
+    }
+
+    #[test]
+    fn a_missing_path_is_not_taken_for_a_repo() {
+        for spec in ["/no/such/model", "./missing/model", "../missing", "a/b/c", "~/models/x"] {
+            let error = resolve_with(Some(spec), in_cache, no_demo).expect_err("no such directory");
+            let message = format!("{error:#}");
+            assert!(message.contains("no such directory") && !message.contains("hf:"), "{spec}: {message}");
+        }
+    }
+
+    #[test]
+    fn a_folder_with_a_generic_name_is_named_after_its_parent() {
+        let parent = tempfile::tempdir().expect("creating a scratch folder");
+        let dir = parent.path().join("tiny-moe").join("model");
+        std::fs::create_dir_all(&dir).expect("creating the model folder");
+        let model = resolve_with(dir.to_str(), not_installed, no_demo).expect("a directory resolves");
+        assert_eq!(model.name, "tiny-moe");
     }
 
     #[test]

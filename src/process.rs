@@ -35,3 +35,67 @@ pub fn peak_rss_bytes() -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
 }
+
+/// Set by the first Ctrl-C after [`catch_interrupt`]: the run stops its
+/// answer and reports what it did.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_interrupt(_signal: libc::c_int) {
+    use std::sync::atomic::Ordering;
+    if INTERRUPTED.swap(true, Ordering::SeqCst) {
+        // A second Ctrl-C: the user wants out now.
+        // SAFETY: _exit is async-signal-safe.
+        unsafe { libc::_exit(130) }
+    }
+}
+
+/// From now on, the first Ctrl-C (SIGINT) sets the flag [`interrupted`]
+/// reads instead of killing the process; a second exits at once.
+pub fn catch_interrupt() -> Result<()> {
+    #[cfg(unix)]
+    {
+        let handler = on_interrupt as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        // SAFETY: the handler only touches an atomic and calls _exit.
+        let previous = unsafe { libc::signal(libc::SIGINT, handler) };
+        if previous == libc::SIG_ERR {
+            anyhow::bail!("installing the Ctrl-C handler: {}", std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Whether Ctrl-C was pressed since [`catch_interrupt`].
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// Gives the Vulkan loader's window-system layers a runtime directory when
+/// the session has none (a server, a container, ssh without a login
+/// session): without one, libwayland prints `error: XDG_RUNTIME_DIR is
+/// invalid or not set` each time a GPU instance is created, although
+/// nothing is wrong. A private folder under the temporary directory serves.
+/// Call it before any thread starts (it sets an environment variable).
+pub fn ensure_runtime_dir() {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        let usable = std::env::var_os("XDG_RUNTIME_DIR").is_some_and(|d| std::path::Path::new(&d).is_dir());
+        if usable {
+            return;
+        }
+        // SAFETY: getuid cannot fail.
+        let uid = unsafe { libc::getuid() };
+        let dir = std::env::temp_dir().join(format!("slotstream-runtime-{uid}"));
+        let made = std::fs::DirBuilder::new().mode(0o700).create(&dir);
+        if made.is_ok() || dir.is_dir() {
+            // Single-threaded still (see above), so no reader races this write.
+            std::env::set_var("XDG_RUNTIME_DIR", &dir);
+        }
+    }
+}
+
+/// Forgets a Ctrl-C that has been dealt with (the chat's answer stopped), so
+/// the next one stops the next answer instead of exiting.
+pub fn clear_interrupt() {
+    INTERRUPTED.store(false, std::sync::atomic::Ordering::SeqCst);
+}

@@ -67,19 +67,24 @@ impl ModelCosts {
         self.resident_bytes + self.extra_bytes + self.state_bytes + self.kv_bytes_per_token * context_tokens as u64
     }
 
-    /// A rough decode-speed estimate: a token reads its active weights from
-    /// memory and the experts it misses from disk, and pays a fixed cost per
-    /// layer (dispatch and synchronisation, calibrated on the demo model). The hit rate grows with the
-    /// cached share of each layer's experts as a power law (expert popularity is
-    /// skewed), fitted loosely to the reference measurements.
+    /// A decode-speed estimate from the machine's measured rates: a token
+    /// runs its active weights (trunk and routed experts) at the rate the
+    /// backend gets through weights, pays a fixed cost per layer, and reads
+    /// the experts it misses from disk (at the read rate, plus one read
+    /// latency per layer that misses any: a layer's misses are read together).
+    /// The hit rate grows with the cached share of each layer's experts as a
+    /// power law (expert popularity is skewed), fitted loosely to the
+    /// reference measurements and a synthetic model's (BENCHMARKS.md).
     pub fn estimate_decode_tokens_per_second(&self, slots: usize, machine: &MachineMemory) -> f64 {
         let share = (slots as f64 / self.total_experts().max(1) as f64).clamp(0.0, 1.0);
         let hit_rate = share.powf(0.6);
         let active = self.top_k as f64 * self.moe_layers as f64 * self.expert_record_bytes as f64;
         let compute = (self.resident_bytes as f64 + active) / (machine.memory_gbps * 1e9);
-        let reads = (1.0 - hit_rate) * active / (machine.disk_gbps * 1e9);
         let overhead = self.moe_layers as f64 * machine.layer_overhead_ms / 1e3;
-        1.0 / (compute + reads + overhead)
+        let bandwidth = (1.0 - hit_rate) * active / (machine.disk_gbps * 1e9);
+        let layers_missing = self.moe_layers as f64 * (1.0 - hit_rate.powi(self.top_k.min(64) as i32));
+        let latency = layers_missing * machine.read_latency_ms / 1e3;
+        1.0 / (compute + overhead + bandwidth + latency)
     }
 
     /// Costs of a model directory, from its config and safetensors headers (no

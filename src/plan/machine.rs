@@ -16,9 +16,15 @@ pub struct MachineMemory {
     pub available: u64,
     /// GPU working-set limit on unified-memory machines.
     pub gpu_working_set: Option<u64>,
-    /// Assumed bandwidths for speed estimates (GB/s).
+    /// Rates for speed estimates, measured on a reference machine of the
+    /// kind (BENCHMARKS.md, "Plan estimates"). Weight bytes a decode step gets
+    /// through per second (GB/s): memory bandwidth on a GPU, the cores' int8
+    /// matmul rate on the CPU.
     pub memory_gbps: f64,
+    /// Expert reads through direct I/O (GB/s).
     pub disk_gbps: f64,
+    /// Time to the first byte of a batch of expert reads, milliseconds.
+    pub read_latency_ms: f64,
     /// Fixed cost per layer per token (dispatch, synchronisation), milliseconds.
     pub layer_overhead_ms: f64,
     /// Where the figures came from.
@@ -44,9 +50,10 @@ impl MachineMemory {
             total_ram: (ram_gb * 1e9) as u64,
             available: (available_gb.unwrap_or(ram_gb * 0.8) * 1e9) as u64,
             gpu_working_set: working_set_gb.map(|g| (g * 1e9) as u64),
-            memory_gbps: if working_set_gb.is_some() { 200.0 } else { 20.0 },
-            disk_gbps: if working_set_gb.is_some() { 17.0 } else { 2.0 },
-            layer_overhead_ms: if working_set_gb.is_some() { 0.2 } else { 1.0 },
+            memory_gbps: if working_set_gb.is_some() { 200.0 } else { linux::cpu_weight_gbps(linux::REFERENCE_CORES) },
+            disk_gbps: if working_set_gb.is_some() { 17.0 } else { linux::DISK_GBPS },
+            read_latency_ms: if working_set_gb.is_some() { 0.1 } else { linux::READ_LATENCY_MS },
+            layer_overhead_ms: if working_set_gb.is_some() { 0.2 } else { linux::LAYER_OVERHEAD_MS },
             source: "simulated".into(),
         }
     }
@@ -64,9 +71,26 @@ impl MachineMemory {
     }
 }
 
-#[cfg(not(target_os = "macos"))]
+/// Linux figures (and the rates a simulated machine without a GPU working
+/// set gets).
 pub mod linux {
-    use super::MachineMemory;
+
+    /// Weight bytes per second one core's int8 matmuls get through at decode,
+    /// and the most memory bandwidth gives all of them.
+    pub const CORE_WEIGHT_GBPS: f64 = 6.0;
+    pub const MEMORY_GBPS: f64 = 20.0;
+    /// Direct-I/O expert reads and their latency, measured on the reference
+    /// machine (a cloud VM's SSD; a local NVMe drive reads faster).
+    pub const DISK_GBPS: f64 = 0.7;
+    pub const READ_LATENCY_MS: f64 = 0.4;
+    pub const LAYER_OVERHEAD_MS: f64 = 0.1;
+    /// Cores of the machine the rates were measured on (a simulated machine's).
+    pub const REFERENCE_CORES: usize = 2;
+
+    /// What `cores` CPU threads get through, bounded by memory bandwidth.
+    pub fn cpu_weight_gbps(cores: usize) -> f64 {
+        (CORE_WEIGHT_GBPS * cores.max(1) as f64).min(MEMORY_GBPS)
+    }
 
     fn meminfo_kb(text: &str, key: &str) -> Option<u64> {
         text.lines()
@@ -126,7 +150,8 @@ pub mod linux {
         None
     }
 
-    pub fn detect() -> MachineMemory {
+    #[cfg(not(target_os = "macos"))]
+    pub fn detect() -> super::MachineMemory {
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
         let (mut total, mut available) = parse_meminfo(&meminfo).unwrap_or((8_000_000_000, 4_000_000_000));
         let mut source = "/proc/meminfo".to_string();
@@ -138,13 +163,15 @@ pub mod linux {
                 source = format!("cgroup memory limit {:.1} GB", limit as f64 / 1e9);
             }
         }
-        MachineMemory {
+        super::MachineMemory {
             total_ram: total,
             available,
             gpu_working_set: None,
-            memory_gbps: 20.0,
-            disk_gbps: 2.0,
-            layer_overhead_ms: 1.0,
+            // The compute pool's threads (`--threads`, else every core).
+            memory_gbps: cpu_weight_gbps(rayon::current_num_threads()),
+            disk_gbps: DISK_GBPS,
+            read_latency_ms: READ_LATENCY_MS,
+            layer_overhead_ms: LAYER_OVERHEAD_MS,
             source,
         }
     }
@@ -210,6 +237,7 @@ pub mod macos {
             gpu_working_set: Some(working_set),
             memory_gbps: 200.0,
             disk_gbps: 7.0,
+            read_latency_ms: 0.1,
             layer_overhead_ms: 0.2,
             source: "macOS vm statistics".into(),
         }

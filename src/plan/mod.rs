@@ -3,10 +3,12 @@
 //! Costs come from the model's own byte sizes ([`ModelCosts`]); the machine's
 //! memory from the OS ([`machine`]) or from simulated figures (`doctor
 //! --sim-*`). Precedence of explicit knobs: `--experts-per-layer` >
-//! `--pool-gb` > `--memory-gb` > auto. Auto aims at the knee (where more cache
-//! stopped making decode faster), at most 70% of RAM and the GPU working-set
-//! limit less 2 GB, then clamps to what is reclaimable now less a safety margin,
-//! and never goes below the model's minimum.
+//! `--pool-gb` > `--memory-gb` > auto. Auto may use at most 70% of RAM, the
+//! GPU working-set limit less 2 GB and what is reclaimable now less a safety
+//! margin. When every expert fits within that, the pool holds them all (the
+//! fastest plan: no reads after loading); otherwise it stops at the knee
+//! (where more cache stopped making decode faster) or lower, and never goes
+//! below the model's minimum.
 
 pub mod costs;
 pub mod governor;
@@ -107,6 +109,9 @@ impl PlanMode {
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Plan {
     pub mode: PlanMode,
+    /// Why the pool has this size: every expert fits (resident), or the model
+    /// is larger than the memory auto may use (streaming), or an explicit knob.
+    pub reason: String,
     /// Memory the process is planned to stay within.
     pub target_bytes: u64,
     pub slots: usize,
@@ -155,7 +160,17 @@ pub fn plan(model: &ModelCosts, machine: &MachineMemory, req: &PlanRequest) -> R
         }
         MtpMode::Auto => {
             let with = plan_with(model, machine, req, true);
+            let all = model.total_experts();
             match with {
+                // Holding every expert beats drafting: no head if only that keeps the model resident.
+                Ok(p) if p.slots < all && plan_with(model, machine, req, false).is_ok_and(|off| off.slots == all) => {
+                    let mut off = plan_with(model, machine, req, false)?;
+                    off.notes.push(format!(
+                        "MTP off: with its {:.2} GB head not every expert would fit, and holding them all is faster (--mtp on forces it)",
+                        gb(model.mtp_bytes)
+                    ));
+                    Ok(off)
+                }
                 Ok(p) if p.experts_per_layer >= mtp_min_experts_per_layer(model) => Ok(p),
                 _ => {
                     let mut p = plan_with(model, machine, req, false)?;
@@ -181,6 +196,7 @@ fn plan_with(model: &ModelCosts, machine: &MachineMemory, req: &PlanRequest, mtp
     let bytes_for = |slots: usize| fixed + slots as u64 * record;
     let slots_within = |bytes: u64| (bytes.saturating_sub(fixed) / record) as usize;
     let mut notes = Vec::new();
+    let mut reason = String::new();
 
     let (mode, slots, target) = if let Some(n) = req.experts_per_layer {
         if n == 0 {
@@ -201,35 +217,12 @@ fn plan_with(model: &ModelCosts, machine: &MachineMemory, req: &PlanRequest, mtp
         let target = (g * GB) as u64;
         (PlanMode::MemoryGb, slots_within(target).min(total_experts), target)
     } else {
-        let knee_slots = ((model.experts_per_layer as f64 * KNEE_FRACTION).ceil() as usize) * model.moe_layers;
-        let knee = bytes_for(knee_slots.min(total_experts));
-        let mut target = knee.min((0.7 * machine.total_ram as f64) as u64);
-        if let Some(ws) = machine.gpu_working_set {
-            target = target.min(ws.saturating_sub(2_000_000_000));
-        }
-        let margin = 1_500_000_000u64.max(machine.total_ram / 20);
-        let reclaimable = machine.available.saturating_sub(margin);
-        if reclaimable < target {
-            notes.push(format!(
-                "only {:.1} GB is reclaimable now (keeping {:.1} GB free): planning for that",
-                gb(machine.available),
-                gb(margin)
-            ));
-            target = reclaimable;
-        }
-        let floor = bytes_for(floor_slots);
-        if target < floor {
-            if reclaimable < floor {
-                notes.push(format!(
-                    "this machine has less free memory than the model's minimum ({:.1} GB); running at the minimum and relying on the OS to page",
-                    gb(floor)
-                ));
-            }
-            target = floor;
-        }
+        let (target, why) = auto_target(model, machine, bytes_for(total_experts), bytes_for(floor_slots), &mut notes, |epl| {
+            bytes_for((epl * model.moe_layers).min(total_experts))
+        });
+        reason = why;
         (PlanMode::Auto, slots_within(target).clamp(floor_slots.min(total_experts), total_experts), target)
     };
-
     if mode != PlanMode::Auto {
         if slots < engine_min {
             let (knob, value) = match mode {
@@ -264,8 +257,12 @@ fn plan_with(model: &ModelCosts, machine: &MachineMemory, req: &PlanRequest, mtp
     }
     let pool_bytes = slots as u64 * record;
     let peak = bytes_for(slots);
+    if mode != PlanMode::Auto {
+        reason = format!("{} sets the pool: {} of {} experts per layer", mode.label(), slots / model.moe_layers.max(1), model.experts_per_layer);
+    }
     Ok(Plan {
         mode,
+        reason,
         target_bytes: if mode == PlanMode::MemoryGb || mode == PlanMode::Auto { target } else { peak },
         slots,
         pool_bytes,
@@ -279,12 +276,87 @@ fn plan_with(model: &ModelCosts, machine: &MachineMemory, req: &PlanRequest, mtp
     })
 }
 
+/// The memory auto may use on `machine`, and what sets it: 70% of RAM, the
+/// GPU working set less 2 GB, or what is reclaimable now less a margin.
+fn auto_limit(machine: &MachineMemory) -> (u64, String) {
+    let mut limit = (0.7 * machine.total_ram as f64) as u64;
+    let mut what = format!("70% of {:.1} GB RAM", gb(machine.total_ram));
+    if let Some(ws) = machine.gpu_working_set {
+        let gpu = ws.saturating_sub(2_000_000_000);
+        if gpu < limit {
+            (limit, what) = (gpu, format!("the GPU working set of {:.1} GB less 2 GB", gb(ws)));
+        }
+    }
+    let margin = 1_500_000_000u64.max(machine.total_ram / 20);
+    let reclaimable = machine.available.saturating_sub(margin);
+    if reclaimable < limit {
+        (limit, what) = (reclaimable, format!("{:.1} GB reclaimable now, keeping {:.1} GB free", gb(machine.available), gb(margin)));
+    }
+    (limit, what)
+}
+
+/// Auto's target and why: the whole model when every expert fits within
+/// [`auto_limit`] (no expert is read after loading, the fastest plan);
+/// otherwise the knee, or less when the limit is lower; never below `floor`.
+fn auto_target(
+    model: &ModelCosts,
+    machine: &MachineMemory,
+    all: u64,
+    floor: u64,
+    notes: &mut Vec<String>,
+    bytes_for_experts_per_layer: impl Fn(usize) -> u64,
+) -> (u64, String) {
+    let (limit, what) = auto_limit(machine);
+    if all <= limit {
+        let why = format!(
+            "resident: all {} experts per layer fit ({:.1} GB peak, within {:.1} GB: {what}), so none is read from disk after loading",
+            model.experts_per_layer,
+            gb(all),
+            gb(limit)
+        );
+        return (all, why);
+    }
+    let knee_per_layer = (model.experts_per_layer as f64 * KNEE_FRACTION).ceil() as usize;
+    let knee = bytes_for_experts_per_layer(knee_per_layer);
+    let mut why = format!(
+        "streaming: all {} experts per layer need {:.1} GB, over the {:.1} GB auto may use ({what})",
+        model.experts_per_layer,
+        gb(all),
+        gb(limit)
+    );
+    let mut target = if knee <= limit {
+        why += &format!(
+            "; the pool stops at the knee ({knee_per_layer} per layer, {:.0}%), where more cache stopped making decode faster",
+            KNEE_FRACTION * 100.0
+        );
+        knee
+    } else if limit >= floor {
+        why += "; the pool takes what that leaves";
+        limit
+    } else {
+        why += "; the pool runs at the model's minimum";
+        limit
+    };
+    if target < floor {
+        if limit < floor {
+            notes.push(format!(
+                "auto may use only {:.1} GB ({what}), less than the model's minimum ({:.1} GB); running at the minimum and relying on the OS to page",
+                gb(limit),
+                gb(floor)
+            ));
+        }
+        target = floor;
+    }
+    (target, why)
+}
+
 impl Plan {
     /// The banner printed at the start of `run` and `serve`.
     pub fn banner(&self, model: &ModelCosts, machine: &MachineMemory) -> String {
         let mut s = format!("slotstream memory plan ({})\n", self.mode.label());
         s += &format!("  device: {}\n", machine.describe());
         s += &format!("  target: {:.1} GB\n", gb(self.target_bytes));
+        s += &format!("  why:    {}\n", self.reason);
         s += &format!(
             "  cache:  ~{:.0} of {} experts per layer, {} slots = {:.2} GB pool\n",
             self.experts_per_layer,

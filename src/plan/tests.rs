@@ -7,6 +7,7 @@ fn summary(p: &Plan) -> serde_json::Value {
     let r = |b: u64| (b as f64 / 1e8).round() / 10.0;
     serde_json::json!({
         "mode": p.mode.label(),
+        "reason": p.reason,
         "target_gb": r(p.target_bytes),
         "slots": p.slots,
         "experts_per_layer": (p.experts_per_layer * 10.0).round() / 10.0,
@@ -62,10 +63,68 @@ fn flagship_8gb() {
 }
 
 #[test]
-fn flagship_128gb_stops_at_the_knee() {
+fn flagship_128gb_holds_every_expert() {
     let p = case("128gb", mac(128.0, 110.0), PlanRequest::default());
-    let knee = plan(&ModelCosts::flagship(), &mac(48.0, 40.0), &PlanRequest { context_tokens: 4096, ..Default::default() }).unwrap();
-    assert_eq!(p.slots, knee.slots, "more memory than the knee does not make decode faster");
+    assert_eq!(p.slots, 48 * 512, "the whole model fits in 128 GB: no expert should stream");
+    assert!(p.reason.starts_with("resident:"), "{}", p.reason);
+}
+
+/// The case: `doctor --sim-ram 128 --sim-available 120` chose the knee
+/// although its own table showed every expert fitting.
+#[test]
+fn a_model_that_fits_is_resident_and_one_that_does_not_streams_at_the_knee() {
+    let flagship = ModelCosts::flagship();
+    let req = PlanRequest { context_tokens: 4096, ..Default::default() };
+    let roomy = plan(&flagship, &MachineMemory::simulated(128.0, Some(120.0), None), &req).unwrap();
+    assert_eq!(roomy.slots, flagship.total_experts(), "{roomy:?}");
+    assert!(roomy.reason.starts_with("resident:"), "{}", roomy.reason);
+    let tight = plan(&flagship, &MachineMemory::simulated(64.0, Some(60.0), None), &req).unwrap();
+    assert_eq!(tight.slots, 48 * 205, "{tight:?}");
+    assert!(tight.reason.starts_with("streaming:") && tight.reason.contains("knee"), "{}", tight.reason);
+
+    // A 2.5 GB synthetic qwen3_moe (the issue's: 64 experts per layer, top-8).
+    let synthetic = ModelCosts {
+        name: "synthetic".into(),
+        resident_bytes: 120_000_000,
+        expert_record_bytes: 2_654_208,
+        moe_layers: 14,
+        experts_per_layer: 64,
+        top_k: 8,
+        hidden_size: 2048,
+        kv_bytes_per_token: 14 * 2 * 4 * 128 * 2,
+        state_bytes: 0,
+        extra_bytes: 0,
+        mtp_bytes: 0,
+    };
+    let fits = plan(&synthetic, &MachineMemory::simulated(24.0, Some(23.0), None), &req).unwrap();
+    assert_eq!(fits.slots, 14 * 64, "a 2.5 GB model on a 24 GB machine: {fits:?}");
+    let over = plan(&synthetic, &MachineMemory::simulated(4.0, Some(3.4), None), &req).unwrap();
+    assert!(over.slots < 14 * 64 && over.slots >= 14 * FLOOR_EXPERTS_PER_LAYER, "{over:?}");
+    assert!(over.reason.starts_with("streaming:"), "{}", over.reason);
+    assert!(over.peak_bytes <= 3_400_000_000 - 1_500_000_000 + 1, "within what is reclaimable: {over:?}");
+}
+
+/// The bundled demo model (13.5 MB) is resident on any machine that runs it.
+#[test]
+fn the_demo_model_is_resident() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/demo/model");
+    let demo = ModelCosts::from_model_dir(&dir, slotstream_backend::DType::F32).expect("the demo model's costs");
+    let p = plan(&demo, &MachineMemory::simulated(4.0, Some(3.0), None), &PlanRequest { context_tokens: 4096, ..Default::default() })
+        .unwrap();
+    assert_eq!(p.slots, demo.total_experts(), "{p:?}");
+    assert!(p.reason.starts_with("resident:"), "{}", p.reason);
+}
+
+/// MTP's head is left out when only that keeps every expert resident.
+#[test]
+fn auto_mtp_never_costs_residency() {
+    let flagship = ModelCosts::flagship();
+    let req = PlanRequest { context_tokens: 4096, mtp: MtpMode::Auto, ..Default::default() };
+    // Without the head the model needs ~71.6 GB; give auto ~72 GB.
+    let machine = MachineMemory::simulated(110.0, Some(78.0), None);
+    let p = plan(&flagship, &machine, &req).unwrap();
+    assert_eq!(p.slots, flagship.total_experts(), "{p:?}");
+    assert!(!p.mtp && p.notes.iter().any(|n| n.contains("holding them all is faster")), "{p:?}");
 }
 
 #[test]

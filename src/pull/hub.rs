@@ -8,6 +8,7 @@
 //! of which ranges are already on disk. So the cache layout (`cache`) and the transfer
 //! (`transfer`) are our own, on `ureq`, a small blocking HTTP client.
 
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -32,11 +33,15 @@ pub struct NetworkSettings {
     /// First backoff delay; doubles on each retry up to `max_backoff`.
     pub first_backoff: Duration,
     pub max_backoff: Duration,
+    /// Longest wait to resolve the host's name and connect: a machine without
+    /// a network finds out in seconds.
+    pub connect_timeout: Duration,
 }
 
 impl Default for NetworkSettings {
     fn default() -> Self {
         NetworkSettings {
+            connect_timeout: Duration::from_secs(5),
             stall_timeout: Duration::from_secs(30),
             max_attempts: 10,
             first_backoff: Duration::from_millis(500),
@@ -85,7 +90,18 @@ pub struct HubClient {
     token: Option<String>,
     agent: ureq::Agent,
     pub settings: NetworkSettings,
+    /// Whether any request has reached a server yet: until one has, a host
+    /// that cannot be found or connected to means no network (or a wrong
+    /// `HF_ENDPOINT`), which retrying for minutes would not mend.
+    reached: AtomicBool,
+    /// Failures to reach it so far (see [`UNREACHABLE_ATTEMPTS`]).
+    unreachable: AtomicU32,
 }
+
+/// Tries to reach a hub that no request has reached yet, before saying the
+/// network is down: a name lookup or a connection that fails this many times
+/// in a row (a second apart at most) will not mend in the next minutes.
+const UNREACHABLE_ATTEMPTS: u32 = 3;
 
 impl HubClient {
     /// Honours `HF_ENDPOINT` and `HF_TOKEN` (else the token `huggingface-cli login`
@@ -117,13 +133,21 @@ impl HubClient {
             .http_status_as_error(false)
             // The CDN a `resolve` URL redirects to must not see the token.
             .redirect_auth_headers(RedirectAuthHeaders::SameHost)
-            .timeout_connect(Some(settings.stall_timeout))
+            .timeout_resolve(Some(settings.connect_timeout))
+            .timeout_connect(Some(settings.connect_timeout.min(settings.stall_timeout)))
             .timeout_recv_response(Some(settings.stall_timeout))
             .timeout_per_read(Some(settings.stall_timeout))
             .user_agent(concat!("slotstream/", env!("CARGO_PKG_VERSION")))
             .build()
             .into();
-        HubClient { endpoint: endpoint.trim_end_matches('/').to_string(), token, agent, settings }
+        HubClient {
+            endpoint: endpoint.trim_end_matches('/').to_string(),
+            token,
+            agent,
+            settings,
+            reached: AtomicBool::new(false),
+            unreachable: AtomicU32::new(0),
+        }
     }
 
     /// URL of a file at a revision; the hub answers it with the file or a redirect to it.
@@ -219,7 +243,22 @@ impl HubClient {
             }
             _ => request,
         };
-        request.call().map_err(|e| {
+        let result = request.call();
+        if result.is_ok() {
+            self.reached.store(true, Ordering::Relaxed);
+        }
+        result.map_err(|e| {
+            let never_reached = !self.reached.load(Ordering::Relaxed) && is_unreachable(&e);
+            if never_reached && self.unreachable.fetch_add(1, Ordering::Relaxed) + 1 < UNREACHABLE_ATTEMPTS {
+                return Failure::Retry(anyhow!(e), None);
+            }
+            if never_reached {
+                return Failure::Fatal(anyhow!(
+                    "cannot reach {} ({e}): this machine seems to have no network connection, or HF_ENDPOINT \
+                     names a host that does not answer. Check the network and run the command again",
+                    self.endpoint
+                ));
+            }
             // Network trouble may pass; a bad URL or a certificate error will not.
             let transient = matches!(
                 e,
@@ -286,6 +325,17 @@ impl HubClient {
             Some(wait) => jittered.max(wait.min(s.max_backoff)),
             None => jittered,
         }
+    }
+}
+
+/// A name that does not resolve or a host that cannot be connected to (the
+/// standard library reports a failed lookup as a plain I/O error, so before
+/// any request has reached the hub every I/O error counts).
+fn is_unreachable(e: &ureq::Error) -> bool {
+    match e {
+        ureq::Error::HostNotFound | ureq::Error::ConnectionFailed | ureq::Error::Io(_) => true,
+        ureq::Error::Timeout(t) => matches!(t, ureq::Timeout::Resolve | ureq::Timeout::Connect),
+        _ => false,
     }
 }
 

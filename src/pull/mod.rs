@@ -56,3 +56,45 @@ pub fn run_pull(options: &PullOptions) -> Result<()> {
     let hub = hub::HubClient::from_env(options.network.clone());
     Puller::new(&spec, &root, hub, options.skip_optional)?.pull(&options.transfer)
 }
+
+/// Whether a known model is in the cache, and whether the rest of it would
+/// fit on the disk that holds the cache (for `doctor`).
+#[derive(Clone, Debug, serde::Serialize, PartialEq)]
+pub struct InstallStatus {
+    pub model: String,
+    /// The complete, verified copy, if there is one.
+    pub installed_at: Option<std::path::PathBuf>,
+    /// Where it would be downloaded to.
+    pub cache: std::path::PathBuf,
+    /// Every file of the model (optional ones included).
+    pub download_bytes: u64,
+    /// Free space in the cache's file system; `None` where it cannot be measured.
+    pub cache_free_bytes: Option<u64>,
+}
+
+impl InstallStatus {
+    /// The status of `name`, a model with a compiled-in manifest.
+    pub fn of_known(name: &str) -> Result<InstallStatus> {
+        let ModelSpec::Known { manifest, .. } = ModelSpec::parse(name)? else {
+            anyhow::bail!("{name} is not a model with a compiled-in manifest");
+        };
+        let cache = hub_cache_root()?;
+        // Measured on the cache or, before it exists, on the folder it would be made in.
+        let measured = cache.ancestors().find(|p| p.exists()).unwrap_or(&cache).to_path_buf();
+        Ok(InstallStatus {
+            model: name.to_string(),
+            installed_at: locate_model_in(&cache, name).ok(),
+            download_bytes: manifest.files.iter().map(|f| f.size).sum(),
+            cache_free_bytes: crate::disk::free_bytes(&measured).ok(),
+            cache,
+        })
+    }
+
+    /// Whether a download would fit (`None`: installed already, or unknown).
+    pub fn would_fit(&self) -> Option<bool> {
+        match (&self.installed_at, self.cache_free_bytes) {
+            (None, Some(free)) => Some(free >= self.download_bytes),
+            _ => None,
+        }
+    }
+}

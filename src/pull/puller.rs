@@ -92,6 +92,12 @@ impl Puller {
             }
         }
         absent.extend(self.adopt_existing(unverified, settings.connections)?);
+        // Sizes are known before any request (pinned, or listed by the hub):
+        // a download that cannot fit is refused before the first byte moves.
+        let absent_bytes: u64 = absent.iter().map(|f| f.size).sum();
+        if absent_bytes > 0 {
+            check_free_space(&self.repo.blobs_dir(), absent_bytes.saturating_sub(partial_bytes_on_disk(&self.repo.blobs_dir())))?;
+        }
 
         // What the hub has for the rest; a blob that is already there is checked, not fetched.
         let mut planned = Vec::new();
@@ -359,6 +365,29 @@ fn manifest_from_hub(
     Ok((Manifest { primary: source, mirrors: Vec::new(), files }, metadata))
 }
 
+/// Space partial downloads already take in `blobs` (allocated blocks, so a
+/// sparse partial file counts only what it holds).
+fn partial_bytes_on_disk(blobs: &Path) -> u64 {
+    let Ok(entries) = fs::read_dir(blobs) else { return 0 };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".slotstream-partial"))
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| allocated_bytes(&m))
+        .sum()
+}
+
+#[cfg(unix)]
+fn allocated_bytes(meta: &fs::Metadata) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    (meta.blocks() * 512).min(meta.len())
+}
+
+#[cfg(not(unix))]
+fn allocated_bytes(meta: &fs::Metadata) -> u64 {
+    meta.len()
+}
+
 /// Refuses to start moving bytes that cannot fit.
 fn check_free_space(dir: &Path, needed: u64) -> Result<()> {
     let available = disk::free_bytes(dir)?;
@@ -397,6 +426,7 @@ mod tests {
             max_attempts: 3,
             first_backoff: Duration::from_millis(10),
             max_backoff: Duration::from_millis(50),
+            connect_timeout: Duration::from_millis(500),
         }
     }
 

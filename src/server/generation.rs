@@ -166,6 +166,8 @@ impl Drop for Waiting<'_> {
 /// The single generation entry point.
 pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Result<GenerationStream, ApiError> {
     let arrived = Instant::now();
+    let log = super::request_log::RequestLog::current();
+    log.model(&req.model);
     app.check_model(&req.model)?;
     req.sampling.validate().map_err(ApiError::bad_request)?;
     let max_context = app.options.max_context;
@@ -221,7 +223,10 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
     tokio::task::spawn_blocking(move || {
         let _permit = permit;
         let piece = match run_generation(&app2, &job, &sender, arrived) {
-            Ok(Some(summary)) => Piece::Done(summary),
+            Ok(Some(summary)) => {
+                log.finished(&summary);
+                Piece::Done(summary)
+            }
             Ok(None) => return, // cancelled: nobody is listening
             Err(e) => Piece::Failed(ApiError::internal(format!("generation failed: {e:#}"))),
         };
@@ -391,15 +396,6 @@ fn run_generation(app: &AppState, req: &GenerateRequest, tx: &PieceSender, arriv
         let bytes: u64 = cache.states().map(|s| engine.state_bytes(s)).sum();
         app.cache_state_bytes.store(bytes as usize, Ordering::Relaxed);
     }
-    note!(
-        "generation: {} prompt tokens ({} reused), {} generated, {:?}, prefill {:.3}s, decode {:.3}s",
-        out.stats.prompt_tokens,
-        cached_tokens,
-        out.stats.generated_tokens,
-        out.finish_reason,
-        prefill_body.as_secs_f64() + out.stats.prefill_seconds,
-        out.stats.decode_seconds
-    );
     // Cancelled by a shutdown, the stream still ends with its summary.
     if out.finish_reason == FinishReason::Cancelled && !app.stopping() {
         return Ok(None);

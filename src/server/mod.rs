@@ -18,6 +18,7 @@ mod model_info;
 mod ollama;
 mod openai;
 mod prefix_cache;
+mod request_log;
 mod thinking;
 
 use std::net::{IpAddr, SocketAddr};
@@ -266,19 +267,31 @@ pub fn router(app: Arc<AppState>, bound: SocketAddr) -> Router {
         .layer(axum::middleware::from_fn(guard::check_length))
         .layer(axum::middleware::from_fn(cors))
         .layer(axum::middleware::from_fn_with_state(bound, guard::check_host))
+        .layer(axum::middleware::from_fn(request_log::log_requests))
         .with_state(app)
 }
 
 /// How `slotstream serve` was asked to run.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct ServeConfig {
     pub model_dir: PathBuf,
-    pub host: String,
-    pub port: u16,
+    /// Bound before the model loads (see [`bind`]), so a port in use is
+    /// found at once.
+    pub listener: std::net::TcpListener,
     pub options: ServerOptions,
 }
 
-/// Loads the model and serves until Ctrl-C.
+/// Binds `host:port` for [`serve`].
+pub fn bind(host: &str, port: u16) -> Result<std::net::TcpListener> {
+    let ip: IpAddr = host.parse().with_context(|| format!("--host {host} is not an IP address"))?;
+    let addr = SocketAddr::new(ip, port);
+    let listener = std::net::TcpListener::bind(addr)
+        .with_context(|| format!("binding {addr} (is another server, e.g. Ollama, already using the port? try --port)"))?;
+    listener.set_nonblocking(true).context("making the listening socket non-blocking")?;
+    Ok(listener)
+}
+
+/// Serves the loaded model until Ctrl-C or SIGTERM.
 pub fn serve(config: ServeConfig, engine: Engine) -> Result<()> {
     config.options.check()?;
     let model = ModelInfo::describe(engine.arch(), config.options.model_name.clone());
@@ -289,22 +302,24 @@ pub fn serve(config: ServeConfig, engine: Engine) -> Result<()> {
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async move {
-        let ip: IpAddr = config.host.parse().with_context(|| format!("--host {} is not an IP address", config.host))?;
-        let addr = SocketAddr::new(ip, config.port);
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding {addr} (is another server, e.g. Ollama, already using the port? try --port)"))?;
-        let bound = listener.local_addr().unwrap_or(addr);
+        let listener = tokio::net::TcpListener::from_std(config.listener).context("listening on the bound socket")?;
+        let bound = listener.local_addr().context("reading the address the server is bound to")?;
         note!("slotstream serving '{}' on http://{bound}", app.model.name);
         if let Some(e) = app.options.elastic.clone() {
             elastic::spawn(app.clone(), e);
         }
-        // The first SIGINT or SIGTERM shuts down gracefully (bounded by
-        // --shutdown-grace); a second one exits at once.
+        // The first SIGINT or SIGTERM cancels the running and waiting
+        // generations and shuts down (open connections get --shutdown-grace
+        // to take their last chunk); a second one exits at once.
         let (first_sender, first) = tokio::sync::oneshot::channel::<()>();
+        let watched = app.clone();
         let signals = async move {
             shutdown_signal().await;
-            note!("shutting down: finishing open requests (a second Ctrl-C exits at once)");
+            let running = usize::from(watched.turn.available_permits() == 0);
+            let waiting = watched.waiting.load(Ordering::SeqCst);
+            note!(
+                "shutting down: cancelling {running} running and {waiting} waiting generation(s) (a second Ctrl-C exits at once)"
+            );
             let _ = first_sender.send(());
             shutdown_signal().await;
             note!("exiting now");

@@ -1,0 +1,137 @@
+//! One line on stderr per request, once its response has been sent (or its
+//! client left): method, path, status, model, tokens and time, e.g.
+//! `POST /api/chat 200 slotstream-demo 12+64 tokens (8 reused, Stop) 1.234s`.
+//!
+//! The middleware opens a slot for the request in a task-local; the
+//! generation entry point, which runs inside the handler's task, takes the
+//! slot and fills in the model and, at the end, the token counts.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use axum::body::{Body, Bytes};
+use axum::extract::Request;
+use axum::middleware::Next;
+use axum::response::Response;
+use http_body::{Frame, SizeHint};
+
+use super::{lock, Summary};
+use crate::note;
+
+tokio::task_local! {
+    static CURRENT: RequestLog;
+}
+
+/// What a generation adds to its request's line.
+#[derive(Clone, Debug, Default)]
+struct Details {
+    model: Option<String>,
+    summary: Option<Summary>,
+}
+
+/// A request's slot in the log, shared with its generation thread.
+#[derive(Clone, Default)]
+pub struct RequestLog(Arc<Mutex<Details>>);
+
+impl RequestLog {
+    /// The slot of the request being handled on this task; a detached one
+    /// (whose details are dropped) outside a request.
+    pub fn current() -> RequestLog {
+        CURRENT.try_with(RequestLog::clone).unwrap_or_default()
+    }
+
+    pub fn model(&self, model: &str) {
+        lock(&self.0).model = Some(model.to_string());
+    }
+
+    pub fn finished(&self, summary: &Summary) {
+        lock(&self.0).summary = Some(summary.clone());
+    }
+}
+
+/// Middleware: runs the request with a fresh slot and logs its line when the
+/// response body ends or is dropped.
+pub(super) async fn log_requests(req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let head = format!("{} {}", req.method(), req.uri().path());
+    let log = RequestLog::default();
+    let response = CURRENT.scope(log.clone(), next.run(req)).await;
+    let status = response.status().as_u16();
+    let line = Line { head, status, log, started };
+    response.map(|inner| Body::new(LoggedBody { inner, line: Some(line) }))
+}
+
+struct Line {
+    head: String,
+    status: u16,
+    log: RequestLog,
+    started: Instant,
+}
+
+impl Line {
+    /// The line as printed; `complete` is false when the client left before
+    /// the body was sent.
+    fn render(&self, complete: bool) -> String {
+        let details = lock(&self.log.0).clone();
+        let mut s = format!("{} {}", self.head, self.status);
+        if let Some(model) = &details.model {
+            s += &format!(" {model}");
+        }
+        if let Some(summary) = &details.summary {
+            s += &format!(
+                " {}+{} tokens ({} reused, {:?})",
+                summary.prompt_tokens, summary.completion_tokens, summary.cached_tokens, summary.finish
+            );
+        }
+        s += &format!(" {:.3}s", self.started.elapsed().as_secs_f64());
+        if !complete {
+            s += " (client left)";
+        }
+        s
+    }
+}
+
+/// A response body that logs its request's line once.
+struct LoggedBody {
+    inner: Body,
+    line: Option<Line>,
+}
+
+impl LoggedBody {
+    fn finish(&mut self, complete: bool) {
+        if let Some(line) = self.line.take() {
+            note!("{}", line.render(complete));
+        }
+    }
+}
+
+impl http_body::Body for LoggedBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(None) = polled {
+            self.finish(true);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for LoggedBody {
+    fn drop(&mut self) {
+        // A body hyper never polled to its end: empty (HEAD, 204) or abandoned.
+        let complete = http_body::Body::is_end_stream(&self.inner);
+        self.finish(complete);
+    }
+}
