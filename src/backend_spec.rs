@@ -91,7 +91,7 @@ impl BackendSpec {
                 Ok(gpu) => Ok(Box::new(gpu)),
                 Err(e) => {
                     // The backend's reason names its own setting; users set it with a flag.
-                    let why = format!("{e:#}").replace("allow it with allow_software", "--backend wgpu:software uses it");
+                    let why = format!("{e:#}").replace("the adapter choice `software` accepts it", "--backend wgpu:software uses it");
                     note!("note: no usable GPU, so the CPU runs the model (--backend cpu chooses it without looking for one): {why}");
                     Ok(Box::new(CpuBackend::new()))
                 }

@@ -83,7 +83,7 @@ pub fn select_adapter(choice: &AdapterChoice) -> Result<wgpu::Adapter> {
             }
         }
         if info.device_type == wgpu::DeviceType::Cpu && !choice.allow_software {
-            passed_over.push(format!("{}: software rasterizer (allow it with allow_software)", describe(&info)));
+            passed_over.push(format!("{}: software rasterizer (the adapter choice `software` accepts it)", describe(&info)));
             continue;
         }
         if !a.features().contains(wgpu::Features::SUBGROUP) {
