@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""Soak test of `slotstream serve`: mixed requests for a long time, with
+clients that leave mid-stream, while the server's memory and descriptors are
+sampled. Standard library only.
+
+    tools/soak.py --minutes 30 [--model tools/demo/model] [--backend cpu] [--clients 3]
+    tools/soak.py --url http://127.0.0.1:11434 --pid PID --minutes 30   # a running server
+
+Each client loops over: a streamed /api/generate read to the end; a streamed
+/api/chat dropped after a few chunks (the socket closed under the server); a
+non-streamed /v1/chat/completions; a streamed /v1/completions dropped after the
+headers; /api/tags; and a greedy reference request (temperature 0, fixed seed)
+whose text must never change. Every --sample seconds the server's RSS and open
+descriptors are read from /proc. At the end it checks that the greedy text
+never changed, that nothing but the expected disconnects failed, and that RSS
+and descriptors stayed flat (the last tenth of the run against the first
+tenth after warm-up), and prints a JSON summary (also written to --out).
+Exit status 1 if any check fails.
+"""
+
+import argparse
+import http.client
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROMPTS = ["The sea was calm, and the ship", "Once upon a time", "The old house on the hill",
+           "She opened the letter and", "In the morning the village"]
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def proc_sample(pid):
+    rss = 0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) * 1024
+    fds = len(os.listdir(f"/proc/{pid}/fd"))
+    return rss, fds
+
+
+class Client:
+    def __init__(self, host, port, model, stats, lock, reference):
+        self.host, self.port, self.model = host, port, model
+        self.stats, self.lock, self.reference = stats, lock, reference
+
+    def count(self, key, n=1):
+        with self.lock:
+            self.stats[key] = self.stats.get(key, 0) + n
+
+    def conn(self):
+        return http.client.HTTPConnection(self.host, self.port, timeout=120)
+
+    def post(self, path, body):
+        c = self.conn()
+        c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        return c, c.getresponse()
+
+    def streamed_generate(self, rng):
+        c, r = self.post("/api/generate", {"model": self.model, "prompt": rng.choice(PROMPTS), "stream": True,
+                                           "options": {"num_predict": rng.randint(4, 48), "temperature": 0.8, "seed": rng.randint(0, 9999)}})
+        done = False
+        for line in r:
+            if line.strip() and json.loads(line).get("done"):
+                done = True
+        c.close()
+        self.count("generate_done" if done and r.status == 200 else "generate_bad")
+
+    def dropped_chat(self, rng):
+        c, r = self.post("/api/chat", {"model": self.model, "stream": True, "messages": [{"role": "user", "content": rng.choice(PROMPTS)}],
+                                       "options": {"num_predict": 200}})
+        for _ in range(rng.randint(1, 4)):
+            if not r.readline():
+                break
+        # Leave without reading the rest: the server must notice and free the slot.
+        c.sock.close() if c.sock else None
+        c.close()
+        self.count("chat_dropped")
+
+    def openai_chat(self, rng):
+        c, r = self.post("/v1/chat/completions", {"model": self.model, "max_tokens": rng.randint(4, 32),
+                                                  "messages": [{"role": "user", "content": rng.choice(PROMPTS)}]})
+        body = json.loads(r.read())
+        c.close()
+        ok = r.status == 200 and body.get("choices")
+        self.count("openai_ok" if ok else "openai_bad")
+
+    def dropped_after_headers(self, rng):
+        c, r = self.post("/v1/completions", {"model": self.model, "prompt": rng.choice(PROMPTS), "max_tokens": 300, "stream": True})
+        c.sock.close() if c.sock else None
+        c.close()
+        self.count("completion_dropped" if r.status == 200 else "completion_bad")
+
+    def tags(self, rng):
+        c = self.conn()
+        c.request("GET", "/api/tags")
+        r = c.getresponse()
+        r.read()
+        c.close()
+        self.count("tags_ok" if r.status == 200 else "tags_bad")
+
+    def greedy(self, rng):
+        c, r = self.post("/api/generate", {"model": self.model, "prompt": PROMPTS[0], "stream": False,
+                                           "options": {"num_predict": 24, "temperature": 0, "seed": 7}})
+        text = json.loads(r.read()).get("response")
+        c.close()
+        with self.lock:
+            if self.reference.get("text") is None:
+                self.reference["text"] = text
+            elif text != self.reference["text"]:
+                self.stats["greedy_changed"] = self.stats.get("greedy_changed", 0) + 1
+                self.reference.setdefault("changed_to", text)
+        self.count("greedy_ok")
+
+    def run(self, until, seed):
+        rng = random.Random(seed)
+        ops = [self.streamed_generate, self.dropped_chat, self.openai_chat, self.dropped_after_headers, self.tags, self.greedy]
+        while time.time() < until:
+            op = rng.choice(ops)
+            try:
+                op(rng)
+            except (OSError, http.client.HTTPException, json.JSONDecodeError) as e:
+                self.count("errors")
+                with self.lock:
+                    self.stats.setdefault("error_kinds", {})
+                    k = f"{op.__name__}: {type(e).__name__}"
+                    self.stats["error_kinds"][k] = self.stats["error_kinds"].get(k, 0) + 1
+
+
+def flat(samples, key, warm, tolerance, slack):
+    """Last tenth against the first tenth after warm-up: (ok, first, last)."""
+    rest = [s for s in samples if s["t"] >= warm] or samples
+    n = max(1, len(rest) // 10)
+    first = max(s[key] for s in rest[:n])
+    last = max(s[key] for s in rest[-n:])
+    return last <= first * (1 + tolerance) + slack, first, last
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--minutes", type=float, default=30.0)
+    ap.add_argument("--model", default=os.path.join(REPO, "tools", "demo", "model"))
+    ap.add_argument("--backend", default="cpu")
+    ap.add_argument("--binary", default=os.path.join(REPO, "target", "release", "slotstream"))
+    ap.add_argument("--url", help="a running server instead of starting one (needs --pid)")
+    ap.add_argument("--pid", type=int)
+    ap.add_argument("--clients", type=int, default=3)
+    ap.add_argument("--sample", type=float, default=10.0, help="seconds between RSS/descriptor samples")
+    ap.add_argument("--out", help="write the JSON summary here too")
+    a = ap.parse_args()
+    server = None
+    if a.url:
+        if not a.pid:
+            sys.exit("--url needs --pid (the server's process, for RSS and descriptors)")
+        host, port = a.url.split("//", 1)[-1].rsplit(":", 1)
+        port, pid = int(port.rstrip("/")), a.pid
+    else:
+        host, port = "127.0.0.1", free_port()
+        server = subprocess.Popen([a.binary, "serve", "--model", a.model, "--backend", a.backend, "--port", str(port)],
+                                  stdout=subprocess.DEVNULL, stderr=open(os.devnull, "w"))
+        pid = server.pid
+    model = None
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            c = http.client.HTTPConnection(host, port, timeout=5)
+            c.request("GET", "/api/tags")
+            model = json.loads(c.getresponse().read())["models"][0]["name"]
+            break
+        except (OSError, KeyError, IndexError, ValueError, http.client.HTTPException):
+            if server and server.poll() is not None:
+                sys.exit(f"the server exited with {server.returncode} before answering")
+            time.sleep(0.5)
+    if model is None:
+        sys.exit("the server did not answer /api/tags within 120 s")
+    stats, lock, reference, samples = {}, threading.Lock(), {}, []
+    start = time.time()
+    until = start + 60 * a.minutes
+    threads = [threading.Thread(target=Client(host, port, model, stats, lock, reference).run, args=(until, i), daemon=True)
+               for i in range(a.clients)]
+    for t in threads:
+        t.start()
+    while time.time() < until:
+        rss, fds = proc_sample(pid)
+        samples.append({"t": round(time.time() - start, 1), "rss": rss, "fds": fds})
+        time.sleep(min(a.sample, max(0.0, until - time.time())))
+    for t in threads:
+        t.join(timeout=180)
+    # Let the server finish dropped streams, then sample once more at rest.
+    time.sleep(5)
+    rss, fds = proc_sample(pid)
+    samples.append({"t": round(time.time() - start, 1), "rss": rss, "fds": fds})
+    warm = min(120.0, 60 * a.minutes / 5)
+    rss_ok, rss_first, rss_last = flat(samples, "rss", warm, 0.10, 16 << 20)
+    fds_ok, fds_first, fds_last = flat(samples, "fds", warm, 0.0, 4)
+    expected_errors = 0
+    summary = {
+        "minutes": a.minutes, "clients": a.clients, "model": model, "backend": a.backend,
+        "requests": {k: v for k, v in stats.items() if k != "error_kinds"}, "error_kinds": stats.get("error_kinds", {}),
+        "rss_mb_first_tenth": round(rss_first / 2**20, 1), "rss_mb_last_tenth": round(rss_last / 2**20, 1),
+        "rss_mb_max": round(max(s["rss"] for s in samples) / 2**20, 1),
+        "fds_first_tenth": fds_first, "fds_last_tenth": fds_last, "fds_at_rest": fds,
+        "greedy_text": reference.get("text"), "greedy_changed": stats.get("greedy_changed", 0),
+        "checks": {"rss_flat": rss_ok, "fds_flat": fds_ok, "greedy_unchanged": stats.get("greedy_changed", 0) == 0,
+                   "no_errors": stats.get("errors", 0) <= expected_errors, "greedy_ran": stats.get("greedy_ok", 0) > 0},
+        "samples": samples,
+    }
+    if server:
+        server.send_signal(signal.SIGINT)
+        try:
+            summary["server_exit"] = server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            summary["server_exit"] = "killed after 10 s"
+        summary["checks"]["clean_exit"] = summary["server_exit"] == 0
+    text = json.dumps(summary, indent=1)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+    short = {k: v for k, v in summary.items() if k != "samples"}
+    print(json.dumps(short, indent=1))
+    sys.exit(0 if all(summary["checks"].values()) else 1)
+
+
+if __name__ == "__main__":
+    main()
