@@ -16,6 +16,28 @@ pub struct ChatMessage {
     pub content: String,
 }
 
+/// One chat turn with the fields chat templates read for tool calling, as
+/// transformers' `apply_chat_template` passes them: an assistant turn's
+/// `tool_calls` (`{"id", "type": "function", "function": {"name",
+/// "arguments": {...}}}`), a tool result's `tool_call_id` and `name`.
+#[derive(Clone, Debug, Serialize, PartialEq, Default)]
+pub struct ChatTurn {
+    pub role: String,
+    pub content: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl From<ChatMessage> for ChatTurn {
+    fn from(m: ChatMessage) -> ChatTurn {
+        ChatTurn { role: m.role, content: m.content, ..ChatTurn::default() }
+    }
+}
+
 /// A model's tokenizer, chat template and special tokens.
 pub struct TextCodec {
     tokenizer: tokenizers::Tokenizer,
@@ -115,6 +137,11 @@ impl TextCodec {
         self.tokenizer.get_vocab_size(true)
     }
 
+    /// A token's text including special tokens (`<|im_end|>`), if it has one.
+    pub fn decode_special(&self, id: u32) -> Option<String> {
+        self.tokenizer.id_to_token(id)
+    }
+
     pub fn has_chat_template(&self) -> bool {
         self.chat_template.is_some()
     }
@@ -127,6 +154,25 @@ impl TextCodec {
     /// Renders the chat template. `enable_thinking` is passed through for
     /// templates that support switching reasoning on and off.
     pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool, enable_thinking: Option<bool>) -> Result<String> {
+        let turns: Vec<ChatTurn> = messages.iter().cloned().map(ChatTurn::from).collect();
+        self.render_chat(&turns, &[], add_generation_prompt, enable_thinking)
+    }
+
+    /// Whether the chat template renders `tools` (transformers' convention).
+    pub fn template_supports_tools(&self) -> bool {
+        self.chat_template.as_deref().is_some_and(|t| t.contains("tools"))
+    }
+
+    /// Renders the chat template over turns that may carry tool calls and
+    /// results, with `tools` (`{"type": "function", "function": {...}}`
+    /// objects) passed as the template's `tools` when there are any.
+    pub fn render_chat(
+        &self,
+        messages: &[ChatTurn],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+        enable_thinking: Option<bool>,
+    ) -> Result<String> {
         let template = self
             .chat_template
             .as_deref()
@@ -135,7 +181,7 @@ impl TextCodec {
         // As transformers renders chat templates.
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
-        env.set_fuel(Some(TEMPLATE_FUEL_BASE + TEMPLATE_FUEL_PER_MESSAGE * messages.len() as u64));
+        env.set_fuel(Some(TEMPLATE_FUEL_BASE + TEMPLATE_FUEL_PER_MESSAGE * (messages.len() + tools.len()) as u64));
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
@@ -152,7 +198,15 @@ impl TextCodec {
         if let Some(t) = enable_thinking {
             ctx.insert("enable_thinking", t.into());
         }
-        let input_bytes: usize = messages.iter().map(|m| m.content.len() + m.role.len()).sum();
+        if !tools.is_empty() {
+            ctx.insert("tools", minijinja::Value::from_serialize(tools));
+        }
+        let json_bytes = |v: &serde_json::Value| v.to_string().len();
+        let input_bytes: usize = messages
+            .iter()
+            .map(|m| m.content.len() + m.role.len() + m.tool_calls.iter().map(json_bytes).sum::<usize>())
+            .sum::<usize>()
+            + tools.iter().map(json_bytes).sum::<usize>();
         let limit = TEMPLATE_OUTPUT_BASE_BYTES + 2 * input_bytes;
         let mut out = BoundedText { text: Vec::new(), limit };
         let rendered = tmpl.render_captured_to(ctx, &mut out).map(|_| ());
@@ -298,6 +352,33 @@ mod tests {
         let (_dir, codec) = codec_with_template("{% for i in range(100000) %}{{ 'x' * 1000000 }}{% endfor %}");
         let error = render_within_seconds(codec).expect_err("too much output");
         assert!(error.to_string().contains("the chat template wrote over"), "{error:#}");
+    }
+
+    #[test]
+    fn tools_calls_and_results_reach_the_template_as_transformers_passes_them() {
+        let template = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tools/chat_template.jinja"))
+            .expect("the test's tool template");
+        let (_dir, codec) = codec_with_template(&template);
+        assert!(codec.template_supports_tools());
+        let tool = serde_json::json!({"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}});
+        let call = serde_json::json!({"id": "c1", "type": "function", "function": {"name": "add", "arguments": {"a": 2}}});
+        let turns = [
+            ChatTurn { role: "user".into(), content: "2+?".into(), ..ChatTurn::default() },
+            ChatTurn { role: "assistant".into(), tool_calls: vec![call], ..ChatTurn::default() },
+            ChatTurn { role: "tool".into(), content: "5".into(), tool_call_id: Some("c1".into()), name: Some("add".into()), ..ChatTurn::default() },
+        ];
+        let text = codec.render_chat(&turns, &[tool], true, None).expect("renders");
+        let want = "<|im_start|>system\nFunctions you can call, one JSON signature per line:\n<tools>\n\
+            {\"function\": {\"name\": \"add\", \"parameters\": {\"type\": \"object\"}}, \"type\": \"function\"}\n</tools>\n\
+            To call one, answer with\n<tool_call>\n{\"name\": \"<function name>\", \"arguments\": {<arguments as JSON>}}\n</tool_call><|im_end|>\n\
+            <|im_start|>user\n2+?<|im_end|>\n\
+            <|im_start|>assistant\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 2}}\n</tool_call><|im_end|>\n\
+            <|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n\
+            <|im_start|>assistant\n";
+        assert_eq!(text, want);
+        // Without tools the template leaves the system turn out.
+        let plain = codec.render_chat(&turns[..1], &[], true, None).expect("renders");
+        assert_eq!(plain, "<|im_start|>user\n2+?<|im_end|>\n<|im_start|>assistant\n");
     }
 
     #[test]

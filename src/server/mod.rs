@@ -19,6 +19,7 @@ mod ollama;
 mod openai;
 mod prefix_cache;
 mod thinking;
+mod tools;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -41,7 +42,7 @@ use crate::generate::Engine;
 use crate::note;
 
 pub use error::ApiError;
-pub use generation::{start_generation, Event, GenerationRequest, GenerationStream, PromptInput, Summary};
+pub use generation::{start_generation, Answer, Event, GenerationRequest, GenerationStream, OutputConstraint, PromptInput, Summary};
 use error::{OllamaError, OpenAiError};
 pub use model_info::{MemoryReport, ModelInfo};
 pub use prefix_cache::{PrefixCache, PrefixCacheStats};
@@ -118,6 +119,9 @@ pub struct AppState {
     stopping: AtomicBool,
     /// Prompts being rendered and tokenized at once (see `PROMPT_WORKERS`).
     prompt_work: Semaphore,
+    /// The grammar engine over the model's vocabulary, built on the first
+    /// request with a constrained output (or why it cannot be).
+    grammars: std::sync::OnceLock<Result<Arc<crate::constrain::Grammars>, String>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -143,6 +147,7 @@ impl AppState {
             loaded_at: SystemTime::now(),
             stopping: AtomicBool::new(false),
             prompt_work: Semaphore::new(PROMPT_WORKERS),
+            grammars: std::sync::OnceLock::new(),
         })
     }
 
