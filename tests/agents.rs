@@ -46,6 +46,7 @@ fn start(dir: &Path) -> Server {
         plan: None,
         elastic: None,
         timeouts: Timeouts::default(),
+        origins: Vec::new(),
     };
     let app = AppState::new(engine, info, options);
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding an ephemeral port");

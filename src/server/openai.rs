@@ -182,8 +182,7 @@ fn parse_response_format(rf: Option<Value>) -> Result<Option<OutputConstraint>, 
 
 /// A call as OpenAI writes it: an id, and arguments as a JSON string.
 fn openai_call(call: &ToolCall, id: &str) -> Value {
-    let arguments = Value::Object(call.arguments.clone()).to_string();
-    json!({"id": id, "type": "function", "function": {"name": call.name, "arguments": arguments}})
+    json!({"id": id, "type": "function", "function": {"name": call.name, "arguments": call.arguments_json}})
 }
 
 fn usage(s: &Summary) -> Value {

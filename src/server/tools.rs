@@ -189,19 +189,24 @@ pub fn check_tool_results(turns: &mut [ChatTurn]) -> Result<(), ApiError> {
 pub struct ToolCall {
     pub name: String,
     pub arguments: Map<String, Value>,
+    /// The arguments exactly as the model wrote them (a 30-digit integer
+    /// stays an integer, which a round trip through `f64` would not keep).
+    pub arguments_json: String,
 }
 
 impl ToolCall {
     /// `{"name": ..., "arguments": {...}}`, as the model writes it.
     fn parse(body: &str) -> Option<ToolCall> {
-        let v: Value = serde_json::from_str(body.trim()).ok()?;
-        let name = v.get("name")?.as_str()?.to_string();
-        let arguments = match v.get("arguments") {
-            Some(Value::Object(a)) => a.clone(),
-            None => Map::new(),
-            Some(_) => return None,
-        };
-        Some(ToolCall { name, arguments })
+        #[derive(serde::Deserialize)]
+        struct Written<'a> {
+            name: String,
+            #[serde(borrow)]
+            arguments: Option<&'a serde_json::value::RawValue>,
+        }
+        let written: Written = serde_json::from_str(body.trim()).ok()?;
+        let arguments_json = written.arguments.map_or("{}", |raw| raw.get()).to_string();
+        let Ok(Value::Object(arguments)) = serde_json::from_str(&arguments_json) else { return None };
+        Some(ToolCall { name: written.name, arguments, arguments_json })
     }
 }
 
@@ -306,7 +311,17 @@ mod tests {
     }
 
     fn call(name: &str, arguments: Value) -> Part {
-        Part::Call(ToolCall { name: name.into(), arguments: arguments.as_object().cloned().unwrap_or_default() })
+        let arguments_json = arguments.to_string().replace(':', ": ");
+        Part::Call(ToolCall { name: name.into(), arguments: arguments.as_object().cloned().unwrap_or_default(), arguments_json })
+    }
+
+    #[test]
+    fn arguments_keep_the_numbers_the_model_wrote() {
+        let big = "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 155777777157777780000000001}}\n</tool_call>";
+        match split(&[big]).as_slice() {
+            [Part::Call(c)] => assert_eq!(c.arguments_json, "{\"a\": 155777777157777780000000001}"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -62,7 +62,7 @@ def test_ollama_multi_turn_uses_context(ol):
     "kwargs, needle",
     [
         ({"tools": [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {}}}]}, "does not support tools"),
-        ({"format": "yaml"}, "format must be"),
+        ({"format": {"type": "no-such-type"}}, "'format' cannot be compiled"),
         ({"messages": [{"role": "user", "content": "x", "images": ["aGVsbG8="]}]}, "images"),
     ],
 )
