@@ -137,6 +137,33 @@ impl TextCodec {
         self.tokenizer.get_vocab_size(true)
     }
 
+    /// The fill-in-the-middle tokens (prefix, suffix, middle), when the
+    /// vocabulary has a known set: Qwen's `<|fim_prefix|>`..., StarCoder's
+    /// `<fim_prefix>`..., DeepSeek-Coder's `<｜fim▁begin｜>`...
+    pub fn fim_tokens(&self) -> Option<[u32; 3]> {
+        const KNOWN: [[&str; 3]; 3] = [
+            ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"],
+            ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"],
+            ["<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"],
+        ];
+        KNOWN.iter().find_map(|names| {
+            let [p, s, m] = names.map(|n| self.tokenizer.token_to_id(n));
+            Some([p?, s?, m?])
+        })
+    }
+
+    /// The prompt that asks for the text between `prefix` and `suffix`
+    /// (prefix-suffix-middle order); `None` without FIM tokens.
+    pub fn fill_in_the_middle(&self, prefix: &str, suffix: &str) -> Result<Option<Vec<u32>>> {
+        let Some([p, s, m]) = self.fim_tokens() else { return Ok(None) };
+        let mut ids = vec![p];
+        ids.extend(self.encode(prefix, false)?);
+        ids.push(s);
+        ids.extend(self.encode(suffix, false)?);
+        ids.push(m);
+        Ok(Some(ids))
+    }
+
     /// A token's text including special tokens (`<|im_end|>`), if it has one.
     pub fn decode_special(&self, id: u32) -> Option<String> {
         self.tokenizer.id_to_token(id)
@@ -379,6 +406,32 @@ mod tests {
         // Without tools the template leaves the system turn out.
         let plain = codec.render_chat(&turns[..1], &[], true, None).expect("renders");
         assert_eq!(plain, "<|im_start|>user\n2+?<|im_end|>\n<|im_start|>assistant\n");
+    }
+
+    #[test]
+    fn fill_in_the_middle_uses_the_vocabulary_s_fim_tokens() {
+        let (_dir, plain) = codec_with_template("");
+        assert_eq!(plain.fim_tokens(), None);
+        assert_eq!(plain.fill_in_the_middle("a", "b").expect("no error"), None);
+        // The fixture's tokenizer with Qwen's FIM tokens added after its vocabulary.
+        let dir = tempfile::tempdir().expect("a scratch folder");
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_moe_mlx4/tokenizer.json");
+        let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture).expect("the tokenizer")).expect("JSON");
+        let added = json["added_tokens"].as_array_mut().expect("added tokens");
+        for (i, name) in ["<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>"].iter().enumerate() {
+            added.push(serde_json::json!({"id": 512 + i, "content": name, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": true}));
+        }
+        std::fs::write(dir.path().join("tokenizer.json"), json.to_string()).expect("writing");
+        let codec = TextCodec::load(dir.path(), &[]).expect("loading");
+        assert_eq!(codec.fim_tokens(), Some([512, 514, 513]));
+        let ids = codec.fill_in_the_middle("def f(", "):\n").expect("encodes").expect("has FIM");
+        let mut want = vec![512];
+        want.extend(codec.encode("def f(", false).expect("encodes"));
+        want.push(514);
+        want.extend(codec.encode("):\n", false).expect("encodes"));
+        want.push(513);
+        assert_eq!(ids, want);
     }
 
     #[test]

@@ -261,4 +261,11 @@ fn bad_tools_schemas_and_results_get_400_naming_the_field() {
     let plain = start(&fixture(MODEL));
     let e = plain.error("/api/chat", &json!({"model": MODEL, "messages": user("x"), "tools": tools()}));
     assert!(e.contains("does not support tools"), "{e}");
+    // Nor has its vocabulary fill-in-the-middle tokens.
+    let e = plain.error("/api/generate", &json!({"model": MODEL, "prompt": "def f(", "suffix": "):"}));
+    assert!(e.contains("does not support insert"), "{e}");
+    let e = plain.error("/v1/completions", &json!({"model": MODEL, "prompt": "def f(", "suffix": "):"}));
+    assert!(e.contains("does not support insert"), "{e}");
+    let e = plain.error("/v1/completions", &json!({"model": MODEL, "prompt": [1, 2], "suffix": "):"}));
+    assert!(e.contains("'suffix' needs 'prompt' as text"), "{e}");
 }

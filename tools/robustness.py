@@ -195,6 +195,8 @@ case("OpenAI n = 2")(lambda: _post_expect("/v1/chat/completions", {"model": m(),
 case("OpenAI image content")(lambda: _post_expect("/v1/chat/completions", {"model": m(), "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]}, 400, "images"))
 case("OpenAI embeddings")(lambda: _post_expect("/v1/embeddings", {"model": m(), "input": "x"}, 400, "embeddings"))
 case("Ollama embed")(lambda: _post_expect("/api/embed", {"model": m(), "input": "x"}, 400, "embeddings"))
+case("Ollama suffix on a model without FIM tokens")(lambda: _post_expect("/api/generate", {"model": m(), "prompt": "def f(", "suffix": "):"}, 400, "does not support insert"))
+case("OpenAI suffix on a model without FIM tokens")(lambda: _post_expect("/v1/completions", {"model": m(), "prompt": "def f(", "suffix": "):"}, 400, "does not support insert"))
 case("OpenAI completions echo")(lambda: _post_expect("/v1/completions", {"model": m(), "prompt": "x", "echo": True}, 400, "echo"))
 
 # --- unknown models and routes ----------------------------------------------------

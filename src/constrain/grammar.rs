@@ -51,6 +51,33 @@ fn styled(schema: &Value) -> Result<Value> {
     Ok(schema)
 }
 
+/// A call's arguments carry only the parameters its tool declares: an object
+/// schema that lists `properties` and says nothing of others gets
+/// `additionalProperties: false`, here and in nested objects. Every call
+/// still validates against the tool's own schema; it just never invents
+/// arguments the function would not take (which a small model otherwise
+/// does, until its tokens run out).
+fn declared_only(schema: &mut Value) {
+    match schema {
+        Value::Object(obj) => {
+            let open = obj.contains_key("properties")
+                && !obj.contains_key("additionalProperties")
+                && !obj.contains_key("patternProperties")
+                && !obj.contains_key("unevaluatedProperties");
+            if open {
+                obj.insert("additionalProperties".into(), false.into());
+            }
+            for (key, child) in obj.iter_mut() {
+                if !matches!(key.as_str(), "const" | "enum" | "default" | "examples") {
+                    declared_only(child);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(declared_only),
+        _ => {}
+    }
+}
+
 /// The schema of one call's JSON: its name and its arguments, in that order.
 fn call_schema(tools: &[ToolSpec]) -> Result<Value> {
     let mut each = Vec::with_capacity(tools.len());
@@ -58,9 +85,11 @@ fn call_schema(tools: &[ToolSpec]) -> Result<Value> {
         if !tool.parameters.is_object() {
             bail!("the parameters of tool '{}' are not a JSON schema (an object)", tool.name);
         }
+        let mut arguments = tool.parameters.clone();
+        declared_only(&mut arguments);
         each.push(json!({
             "type": "object",
-            "properties": {"name": {"const": tool.name}, "arguments": tool.parameters},
+            "properties": {"name": {"const": tool.name}, "arguments": arguments},
             "required": ["name", "arguments"],
             "additionalProperties": false,
         }));

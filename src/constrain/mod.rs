@@ -22,7 +22,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
-use llguidance::api::{ParserLimits, TopLevelGrammar};
+use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
 use llguidance::{Matcher, ParserFactory};
 
@@ -74,7 +74,6 @@ impl Grammars {
         let env: TokEnv = Arc::new(ApproximateTokEnv::new(trie.clone()));
         let mut factory = ParserFactory::new_simple(&env)?;
         factory.quiet();
-        *factory.limits_mut() = ParserLimits { max_grammar_size: 200_000, ..ParserLimits::default() };
         Ok(Grammars { factory, trie: Arc::new(trie) })
     }
 

@@ -145,6 +145,21 @@ fn schemas_the_engine_cannot_compile_are_refused_with_a_reason() {
 }
 
 #[test]
+fn tool_arguments_carry_only_declared_parameters() {
+    let grammars = fixture_grammars();
+    // No additionalProperties: the call may still only use `a`.
+    let open = json!({"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"]});
+    let spec = ConstraintSpec::ToolCalls { tools: vec![ToolSpec { name: "f".into(), parameters: open }], forced: true, parallel: false };
+    for seed in 0..4 {
+        let mut c = grammars.constraint(&spec).expect("compiles");
+        let text = generate(&grammars, &mut c, "", seed);
+        let calls = parse_calls(&text);
+        let args = calls[0]["arguments"].as_object().expect("an object");
+        assert!(args.len() == 1 && args["a"].is_boolean(), "{text}");
+    }
+}
+
+#[test]
 fn the_trigger_is_found_across_token_boundaries() {
     let mut t = Trigger::new("<tool_call>".into());
     assert_eq!(t.push(b"Sure <tool"), None);

@@ -33,6 +33,9 @@ pub enum PromptInput {
     Text { text: String, system: Option<String>, raw: bool, context: Vec<u32> },
     /// Token ids as-is.
     Ids(Vec<u32>),
+    /// The text between `prefix` and `suffix` (fill-in-the-middle), asked
+    /// for with the vocabulary's FIM tokens; `context` ids go first.
+    Fill { prefix: String, suffix: String, context: Vec<u32> },
 }
 
 impl PromptInput {
@@ -44,6 +47,7 @@ impl PromptInput {
                 context.len() + codec.fewest_tokens(text.len() + system.as_ref().map_or(0, String::len))
             }
             PromptInput::Ids(ids) => ids.len(),
+            PromptInput::Fill { prefix, suffix, context } => context.len() + codec.fewest_tokens(prefix.len() + suffix.len()),
         }
     }
 }
@@ -376,6 +380,16 @@ fn render_prompt(
             (ids, text)
         }
         PromptInput::Ids(ids) => (ids, String::new()),
+        PromptInput::Fill { prefix, suffix, mut context } => {
+            let ids = codec.fill_in_the_middle(&prefix, &suffix).map_err(|e| ApiError::bad_request(format!("{e:#}")))?;
+            let Some(ids) = ids else {
+                return Err(ApiError::bad_request(
+                    "this model does not support insert ('suffix', fill-in-the-middle): its vocabulary has no FIM tokens",
+                ));
+            };
+            context.extend(ids);
+            (context, String::new())
+        }
     };
     let vocab = engine.vocab_size();
     if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {

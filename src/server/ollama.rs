@@ -276,9 +276,6 @@ pub async fn generate(State(app): State<Arc<AppState>>, body: Body) -> Reply {
     let b: GenerateBody = parse_body(body)?;
     refuse_unsupported(&b.images, b.logprobs)?;
     let format = parse_format(b.format)?;
-    if b.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
-        return Err(ApiError::unsupported("suffixes (fill-in-the-middle, 'suffix')").into());
-    }
     if b.template.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::unsupported("custom prompt templates ('template')").into());
     }
@@ -293,7 +290,10 @@ pub async fn generate(State(app): State<Arc<AppState>>, body: Body) -> Reply {
             &json!({"model": model, "created_at": now(), "response": "", "done": true, "done_reason": "load"}),
         ));
     }
-    let prompt = PromptInput::Text { text: b.prompt, system: b.system, raw: b.raw, context };
+    let prompt = match b.suffix.filter(|s| !s.is_empty()) {
+        Some(suffix) => PromptInput::Fill { prefix: b.prompt, suffix, context },
+        None => PromptInput::Text { text: b.prompt, system: b.system, raw: b.raw, context },
+    };
     let req = generation_request(model.clone(), prompt, b.options, think, format)?;
     let gen = start_generation(&app, req).await?;
     let object = move |ev: Event| -> Value {
@@ -477,6 +477,9 @@ pub async fn show(State(app): State<Arc<AppState>>, body: Body) -> Reply {
     }
     if template.contains("enable_thinking") {
         capabilities.push("thinking");
+    }
+    if codec.fim_tokens().is_some() {
+        capabilities.push("insert");
     }
     // Ollama's `parameters`: one `name value` per line, the values the
     // server uses unless a request says otherwise.

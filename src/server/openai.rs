@@ -458,14 +458,15 @@ pub async fn completions(State(app): State<Arc<AppState>>, body: Body) -> Reply 
     if b.echo == Some(true) {
         return Err(ApiError::unsupported("echoed prompts ('echo')").into());
     }
-    if b.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
-        return Err(ApiError::unsupported("suffixes (fill-in-the-middle, 'suffix')").into());
-    }
     if b.best_of.is_some_and(|n| n > 1) {
         return Err(ApiError::unsupported("multiple choices (best_of > 1)").into());
     }
     let (sampling, stop) = map_common(&mut b.common)?;
-    let prompt = completion_prompt(b.prompt)?;
+    let prompt = match (completion_prompt(b.prompt)?, b.suffix.filter(|s| !s.is_empty())) {
+        (PromptInput::Text { text, .. }, Some(suffix)) => PromptInput::Fill { prefix: text, suffix, context: Vec::new() },
+        (_, Some(_)) => return Err(ApiError::bad_request("'suffix' needs 'prompt' as text, not token ids").into()),
+        (prompt, None) => prompt,
+    };
     // OpenAI's default for completions is 16 tokens.
     let max = max_tokens(b.max_tokens, "max_tokens")?.unwrap_or(16);
     let include_usage = b.common.stream_options.as_ref().is_some_and(|o| o.include_usage);

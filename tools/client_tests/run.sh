@@ -14,9 +14,11 @@ fixture="${1:-qwen3_moe_mlx4}"
 venv="$here/.venv"
 queue=2
 
-if [ ! -x "$venv/bin/pytest" ]; then
-    python3 -m venv "$venv"
+# (Re)install when requirements.txt changed since the venv was made.
+if ! cmp -s "$here/requirements.txt" "$venv/requirements.installed" 2>/dev/null; then
+    [ -x "$venv/bin/pip" ] || python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet -r "$here/requirements.txt"
+    cp "$here/requirements.txt" "$venv/requirements.installed"
 fi
 
 cargo build --quiet --manifest-path "$root/Cargo.toml" --bin slotstream
@@ -67,7 +69,7 @@ tools_url="$url" tools_server="$server"
 
 status=0
 SLOTSTREAM_URL="$plain_url" SLOTSTREAM_MODEL="$fixture" "$venv/bin/pytest" -q "$here/test_clients.py" || status=1
-SLOTSTREAM_TOOLS_URL="$tools_url" SLOTSTREAM_MODEL="$fixture" "$venv/bin/pytest" -q "$here/test_agents.py" || status=1
+SLOTSTREAM_TOOLS_URL="$tools_url" SLOTSTREAM_MODEL="$fixture" "$venv/bin/pytest" -q "$here/test_agents.py" "$here/test_langchain.py" || status=1
 "$venv/bin/python" "$root/tools/robustness.py" --url "$plain_url" --model "$fixture" --queue "$queue" || status=1
 check_alive "$plain_server" "$fixture" || status=1
 check_alive "$tools_server" "$fixture with tools" || status=1
