@@ -38,6 +38,15 @@ impl From<ChatMessage> for ChatTurn {
     }
 }
 
+/// How a chat template writes a tool call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToolCallForm {
+    /// `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Hermes, Qwen).
+    Json,
+    /// `<tool_call><function=NAME><parameter=P>value</parameter></function></tool_call>` (Qwen3-Coder).
+    XmlParameters,
+}
+
 /// A model's tokenizer, chat template and special tokens.
 pub struct TextCodec {
     tokenizer: tokenizers::Tokenizer,
@@ -185,9 +194,17 @@ impl TextCodec {
         self.render_chat(&turns, &[], add_generation_prompt, enable_thinking)
     }
 
-    /// Whether the chat template renders `tools` (transformers' convention).
+    /// Whether the chat template renders `tools` (transformers' convention)
+    /// with calls in the Hermes / Qwen JSON form this server reads back.
     pub fn template_supports_tools(&self) -> bool {
-        self.chat_template.as_deref().is_some_and(|t| t.contains("tools"))
+        self.tool_call_form() == Some(ToolCallForm::Json)
+    }
+
+    /// How the chat template writes tool calls; `None` when it never reads `tools`.
+    pub fn tool_call_form(&self) -> Option<ToolCallForm> {
+        let template = self.chat_template.as_deref().filter(|t| t.contains("tools"))?;
+        // Qwen3-Coder-style templates write `<function=NAME><parameter=P>`.
+        Some(if template.contains("<function=") { ToolCallForm::XmlParameters } else { ToolCallForm::Json })
     }
 
     /// Renders the chat template over turns that may carry tool calls and
@@ -403,6 +420,12 @@ mod tests {
             <|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n\
             <|im_start|>assistant\n";
         assert_eq!(text, want);
+        assert_eq!(codec.tool_call_form(), Some(ToolCallForm::Json));
+        let (_dir, xml) = codec_with_template("{% if tools %}<tool_call>\n<function={{ tools[0].function.name }}>{% endif %}");
+        assert_eq!(xml.tool_call_form(), Some(ToolCallForm::XmlParameters));
+        assert!(!xml.template_supports_tools());
+        let (_dir, none) = codec_with_template("{{ messages[0].content }}");
+        assert_eq!(none.tool_call_form(), None);
         // Without tools the template leaves the system turn out.
         let plain = codec.render_chat(&turns[..1], &[], true, None).expect("renders");
         assert_eq!(plain, "<|im_start|>user\n2+?<|im_end|>\n<|im_start|>assistant\n");

@@ -21,7 +21,7 @@ use crate::generate::{Engine, FinishReason, GenerateRequest, TokenConstraint};
 use crate::note;
 use crate::model::SequenceState;
 use crate::sampling::SamplingParams;
-use crate::tokenizer::{ChatMessage, ChatTurn};
+use crate::tokenizer::{ChatMessage, ChatTurn, ToolCallForm};
 
 /// What the prompt is made of.
 #[derive(Clone, Debug)]
@@ -346,10 +346,20 @@ fn render_prompt(
             ));
         }
         let with_tools = !tools.is_empty() || messages.iter().any(|m| !m.tool_calls.is_empty() || m.role == "tool");
-        if with_tools && !codec.template_supports_tools() {
-            return Err(ApiError::bad_request(
-                "this model does not support tools: its chat template never reads 'tools'; remove 'tools' and tool messages",
-            ));
+        match codec.tool_call_form() {
+            _ if !with_tools => {}
+            Some(ToolCallForm::Json) => {}
+            Some(ToolCallForm::XmlParameters) => {
+                return Err(ApiError::bad_request(
+                    "this model's chat template writes tool calls in the Qwen3-Coder XML form (<function=...><parameter=...>), \
+                     which slotstream does not read yet; remove 'tools' and tool messages",
+                ))
+            }
+            None => {
+                return Err(ApiError::bad_request(
+                    "this model does not support tools: its chat template never reads 'tools'; remove 'tools' and tool messages",
+                ))
+            }
         }
         codec.render_chat(messages, tools, true, think).map_err(|e| ApiError::bad_request(format!("{e:#}")))
     };
