@@ -4,6 +4,7 @@
 pub mod backend_spec;
 pub mod chat;
 pub mod checkpoint;
+pub mod constrain;
 pub mod console;
 pub mod demo;
 pub mod direct_io;

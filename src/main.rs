@@ -147,10 +147,12 @@ struct ServeArgs {
     /// Name clients use for the model (default: the directory's name).
     #[arg(long)]
     name: Option<String>,
-    #[arg(long, default_value = "127.0.0.1")]
-    host: String,
-    #[arg(long, default_value_t = 11434)]
-    port: u16,
+    /// Address to listen on (default: from OLLAMA_HOST, else 127.0.0.1).
+    #[arg(long)]
+    host: Option<String>,
+    /// Port (default: from OLLAMA_HOST, else 11434).
+    #[arg(long)]
+    port: Option<u16>,
     /// Most prompt plus completion tokens per request.
     #[arg(long, default_value_t = 32768)]
     max_context: usize,
@@ -520,12 +522,14 @@ fn doctor(args: DoctorArgs) -> Result<()> {
 
 fn serve(args: ServeArgs) -> Result<()> {
     let timeouts = args.timeouts()?;
+    let ollama_env = server::OllamaEnv::from_env();
+    let (host, port) = ollama_env.bind_address(args.host.as_deref(), args.port)?;
     if let Some(name) = &args.name {
         server::check_model_name(name)?; // before the slow part, loading
     }
     process::set_compute_threads(args.threads)?;
     // Bound first: a port in use is found before the slow part, loading.
-    let listener = server::bind(&args.host, args.port)?;
+    let listener = server::bind(&host.to_string(), port)?;
     let model = resolve_model(args.model.as_deref())?;
     let request = args.memory.request();
     let (engine, planned) = load_planned(&model.dir, &request, &args.backend.backend)?;
@@ -539,6 +543,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         elastic: elastic.then_some(server::Elastic { costs: planned.costs, request }),
         plan: Some(planned.plan),
         timeouts,
+        origins: ollama_env.origins(),
     };
     let config = server::ServeConfig { model_dir: model.dir, listener, options };
     server::serve(config, engine)

@@ -16,6 +16,37 @@ pub struct ChatMessage {
     pub content: String,
 }
 
+/// One chat turn with the fields chat templates read for tool calling, as
+/// transformers' `apply_chat_template` passes them: an assistant turn's
+/// `tool_calls` (`{"id", "type": "function", "function": {"name",
+/// "arguments": {...}}}`), a tool result's `tool_call_id` and `name`.
+#[derive(Clone, Debug, Serialize, PartialEq, Default)]
+pub struct ChatTurn {
+    pub role: String,
+    pub content: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl From<ChatMessage> for ChatTurn {
+    fn from(m: ChatMessage) -> ChatTurn {
+        ChatTurn { role: m.role, content: m.content, ..ChatTurn::default() }
+    }
+}
+
+/// How a chat template writes a tool call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToolCallForm {
+    /// `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Hermes, Qwen).
+    Json,
+    /// `<tool_call><function=NAME><parameter=P>value</parameter></function></tool_call>` (Qwen3-Coder).
+    XmlParameters,
+}
+
 /// A model's tokenizer, chat template and special tokens.
 pub struct TextCodec {
     tokenizer: tokenizers::Tokenizer,
@@ -115,6 +146,38 @@ impl TextCodec {
         self.tokenizer.get_vocab_size(true)
     }
 
+    /// The fill-in-the-middle tokens (prefix, suffix, middle), when the
+    /// vocabulary has a known set: Qwen's `<|fim_prefix|>`..., StarCoder's
+    /// `<fim_prefix>`..., DeepSeek-Coder's `<｜fim▁begin｜>`...
+    pub fn fim_tokens(&self) -> Option<[u32; 3]> {
+        const KNOWN: [[&str; 3]; 3] = [
+            ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"],
+            ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"],
+            ["<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"],
+        ];
+        KNOWN.iter().find_map(|names| {
+            let [p, s, m] = names.map(|n| self.tokenizer.token_to_id(n));
+            Some([p?, s?, m?])
+        })
+    }
+
+    /// The prompt that asks for the text between `prefix` and `suffix`
+    /// (prefix-suffix-middle order); `None` without FIM tokens.
+    pub fn fill_in_the_middle(&self, prefix: &str, suffix: &str) -> Result<Option<Vec<u32>>> {
+        let Some([p, s, m]) = self.fim_tokens() else { return Ok(None) };
+        let mut ids = vec![p];
+        ids.extend(self.encode(prefix, false)?);
+        ids.push(s);
+        ids.extend(self.encode(suffix, false)?);
+        ids.push(m);
+        Ok(Some(ids))
+    }
+
+    /// A token's text including special tokens (`<|im_end|>`), if it has one.
+    pub fn decode_special(&self, id: u32) -> Option<String> {
+        self.tokenizer.id_to_token(id)
+    }
+
     pub fn has_chat_template(&self) -> bool {
         self.chat_template.is_some()
     }
@@ -127,6 +190,33 @@ impl TextCodec {
     /// Renders the chat template. `enable_thinking` is passed through for
     /// templates that support switching reasoning on and off.
     pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool, enable_thinking: Option<bool>) -> Result<String> {
+        let turns: Vec<ChatTurn> = messages.iter().cloned().map(ChatTurn::from).collect();
+        self.render_chat(&turns, &[], add_generation_prompt, enable_thinking)
+    }
+
+    /// Whether the chat template renders `tools` (transformers' convention)
+    /// with calls in the Hermes / Qwen JSON form this server reads back.
+    pub fn template_supports_tools(&self) -> bool {
+        self.tool_call_form() == Some(ToolCallForm::Json)
+    }
+
+    /// How the chat template writes tool calls; `None` when it never reads `tools`.
+    pub fn tool_call_form(&self) -> Option<ToolCallForm> {
+        let template = self.chat_template.as_deref().filter(|t| t.contains("tools"))?;
+        // Qwen3-Coder-style templates write `<function=NAME><parameter=P>`.
+        Some(if template.contains("<function=") { ToolCallForm::XmlParameters } else { ToolCallForm::Json })
+    }
+
+    /// Renders the chat template over turns that may carry tool calls and
+    /// results, with `tools` (`{"type": "function", "function": {...}}`
+    /// objects) passed as the template's `tools` when there are any.
+    pub fn render_chat(
+        &self,
+        messages: &[ChatTurn],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+        enable_thinking: Option<bool>,
+    ) -> Result<String> {
         let template = self
             .chat_template
             .as_deref()
@@ -135,7 +225,7 @@ impl TextCodec {
         // As transformers renders chat templates.
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
-        env.set_fuel(Some(TEMPLATE_FUEL_BASE + TEMPLATE_FUEL_PER_MESSAGE * messages.len() as u64));
+        env.set_fuel(Some(TEMPLATE_FUEL_BASE + TEMPLATE_FUEL_PER_MESSAGE * (messages.len() + tools.len()) as u64));
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
@@ -152,7 +242,15 @@ impl TextCodec {
         if let Some(t) = enable_thinking {
             ctx.insert("enable_thinking", t.into());
         }
-        let input_bytes: usize = messages.iter().map(|m| m.content.len() + m.role.len()).sum();
+        if !tools.is_empty() {
+            ctx.insert("tools", minijinja::Value::from_serialize(tools));
+        }
+        let json_bytes = |v: &serde_json::Value| v.to_string().len();
+        let input_bytes: usize = messages
+            .iter()
+            .map(|m| m.content.len() + m.role.len() + m.tool_calls.iter().map(json_bytes).sum::<usize>())
+            .sum::<usize>()
+            + tools.iter().map(json_bytes).sum::<usize>();
         let limit = TEMPLATE_OUTPUT_BASE_BYTES + 2 * input_bytes;
         let mut out = BoundedText { text: Vec::new(), limit };
         let rendered = tmpl.render_captured_to(ctx, &mut out).map(|_| ());
@@ -298,6 +396,65 @@ mod tests {
         let (_dir, codec) = codec_with_template("{% for i in range(100000) %}{{ 'x' * 1000000 }}{% endfor %}");
         let error = render_within_seconds(codec).expect_err("too much output");
         assert!(error.to_string().contains("the chat template wrote over"), "{error:#}");
+    }
+
+    #[test]
+    fn tools_calls_and_results_reach_the_template_as_transformers_passes_them() {
+        let template = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tools/chat_template.jinja"))
+            .expect("the test's tool template");
+        let (_dir, codec) = codec_with_template(&template);
+        assert!(codec.template_supports_tools());
+        let tool = serde_json::json!({"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}});
+        let call = serde_json::json!({"id": "c1", "type": "function", "function": {"name": "add", "arguments": {"a": 2}}});
+        let turns = [
+            ChatTurn { role: "user".into(), content: "2+?".into(), ..ChatTurn::default() },
+            ChatTurn { role: "assistant".into(), tool_calls: vec![call], ..ChatTurn::default() },
+            ChatTurn { role: "tool".into(), content: "5".into(), tool_call_id: Some("c1".into()), name: Some("add".into()), ..ChatTurn::default() },
+        ];
+        let text = codec.render_chat(&turns, &[tool], true, None).expect("renders");
+        let want = "<|im_start|>system\nFunctions you can call, one JSON signature per line:\n<tools>\n\
+            {\"function\": {\"name\": \"add\", \"parameters\": {\"type\": \"object\"}}, \"type\": \"function\"}\n</tools>\n\
+            To call one, answer with\n<tool_call>\n{\"name\": \"<function name>\", \"arguments\": {<arguments as JSON>}}\n</tool_call><|im_end|>\n\
+            <|im_start|>user\n2+?<|im_end|>\n\
+            <|im_start|>assistant\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 2}}\n</tool_call><|im_end|>\n\
+            <|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n\
+            <|im_start|>assistant\n";
+        assert_eq!(text, want);
+        assert_eq!(codec.tool_call_form(), Some(ToolCallForm::Json));
+        let (_dir, xml) = codec_with_template("{% if tools %}<tool_call>\n<function={{ tools[0].function.name }}>{% endif %}");
+        assert_eq!(xml.tool_call_form(), Some(ToolCallForm::XmlParameters));
+        assert!(!xml.template_supports_tools());
+        let (_dir, none) = codec_with_template("{{ messages[0].content }}");
+        assert_eq!(none.tool_call_form(), None);
+        // Without tools the template leaves the system turn out.
+        let plain = codec.render_chat(&turns[..1], &[], true, None).expect("renders");
+        assert_eq!(plain, "<|im_start|>user\n2+?<|im_end|>\n<|im_start|>assistant\n");
+    }
+
+    #[test]
+    fn fill_in_the_middle_uses_the_vocabulary_s_fim_tokens() {
+        let (_dir, plain) = codec_with_template("");
+        assert_eq!(plain.fim_tokens(), None);
+        assert_eq!(plain.fill_in_the_middle("a", "b").expect("no error"), None);
+        // The fixture's tokenizer with Qwen's FIM tokens added after its vocabulary.
+        let dir = tempfile::tempdir().expect("a scratch folder");
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_moe_mlx4/tokenizer.json");
+        let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture).expect("the tokenizer")).expect("JSON");
+        let added = json["added_tokens"].as_array_mut().expect("added tokens");
+        for (i, name) in ["<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>"].iter().enumerate() {
+            added.push(serde_json::json!({"id": 512 + i, "content": name, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": true}));
+        }
+        std::fs::write(dir.path().join("tokenizer.json"), json.to_string()).expect("writing");
+        let codec = TextCodec::load(dir.path(), &[]).expect("loading");
+        assert_eq!(codec.fim_tokens(), Some([512, 514, 513]));
+        let ids = codec.fill_in_the_middle("def f(", "):\n").expect("encodes").expect("has FIM");
+        let mut want = vec![512];
+        want.extend(codec.encode("def f(", false).expect("encodes"));
+        want.push(514);
+        want.extend(codec.encode("):\n", false).expect("encodes"));
+        want.push(513);
+        assert_eq!(ids, want);
     }
 
     #[test]

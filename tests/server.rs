@@ -87,6 +87,7 @@ fn start_until(
         plan: None,
         elastic: None,
         timeouts: setup.timeouts,
+        origins: Vec::new(),
     };
     let app = AppState::new(engine, info, options);
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding an ephemeral port");
@@ -300,10 +301,10 @@ fn unsupported_features_and_bad_requests_answer_400() {
     let cases: Vec<(&str, Value, &str)> = vec![
         ("/api/chat", json!({"model": MODEL, "messages": msgs, "tools": [{"type": "function", "function": {"name": "f"}}]}), "tools"),
         ("/api/chat", json!({"model": MODEL, "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}), "images"),
-        ("/api/generate", json!({"model": MODEL, "prompt": "x", "format": "json"}), "JSON"),
+        ("/api/generate", json!({"model": MODEL, "prompt": "x", "format": "yaml"}), "format must be"),
         ("/v1/chat/completions", json!({"model": MODEL, "messages": msgs, "n": 2}), "n > 1"),
         ("/v1/chat/completions", json!({"model": MODEL, "messages": msgs, "logprobs": true}), "logprobs"),
-        ("/v1/chat/completions", json!({"model": MODEL, "messages": msgs, "response_format": {"type": "json_object"}}), "JSON"),
+        ("/v1/chat/completions", json!({"model": MODEL, "messages": msgs, "response_format": {"type": "json_schema"}}), "json_schema.schema"),
         ("/v1/chat/completions", json!({"model": MODEL, "messages": msgs, "tools": [{"type": "function"}]}), "tools"),
         ("/v1/embeddings", json!({"model": MODEL, "input": "x"}), "embeddings"),
         ("/api/chat", json!({"model": MODEL, "messages": msgs, "options": {"temperature": "hot"}}), "invalid"),

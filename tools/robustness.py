@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Sixty hostile or awkward requests against a running `slotstream serve`.
+"""Sixty-odd hostile or awkward requests against a running `slotstream serve`.
 
 Malformed bodies, wrong types, unsupported features, unknown models, huge
 bodies, foreign origins, over-long prompts, clients that hang up, and
@@ -179,19 +179,24 @@ case("unknown role")(lambda: _post_expect("/api/chat", {"model": m(), "messages"
 
 # --- unsupported features -------------------------------------------------------
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {}}}
-case("Ollama tools")(lambda: _post_expect("/api/chat", {"model": m(), "messages": MSGS, "tools": [TOOL]}, 400, "tools"))
+case("Ollama tools on a template without them")(lambda: _post_expect("/api/chat", {"model": m(), "messages": MSGS, "tools": [TOOL]}, 400, "does not support tools"))
 case("Ollama chat images")(lambda: _post_expect("/api/chat", {"model": m(), "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, 400, "images"))
 case("Ollama generate images")(lambda: _post_expect("/api/generate", {"model": m(), "prompt": "x", "images": ["aGk="]}, 400, "images"))
-case("Ollama format json")(lambda: _post_expect("/api/generate", {"model": m(), "prompt": "x", "format": "json"}, 400, "JSON"))
-case("Ollama format schema")(lambda: _post_expect("/api/chat", {"model": m(), "messages": MSGS, "format": {"type": "object"}}, 400, "JSON"))
-case("OpenAI tools")(lambda: _post_expect("/v1/chat/completions", {"model": m(), "messages": MSGS, "tools": [TOOL]}, 400, "tools"))
+case("Ollama format that is no schema")(lambda: _post_expect("/api/generate", {"model": m(), "prompt": "x", "format": "yaml"}, 400, "format"))
+case("Ollama schema the grammar engine cannot compile")(lambda: _post_expect("/api/chat", {"model": m(), "messages": MSGS, "format": {"type": "no-such-type"}}, 400, "'format' cannot be compiled"))
+case("OpenAI tools on a template without them")(lambda: _post_expect("/v1/chat/completions", {"model": m(), "messages": MSGS, "tools": [TOOL]}, 400, "does not support tools"))
+case("OpenAI tool_choice naming no tool")(lambda: _post_expect("/v1/chat/completions", {"model": m(), "messages": MSGS, "tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "g"}}}, 400, "not in 'tools'"))
+case("OpenAI tool parameters that are no schema")(lambda: _post_expect("/v1/chat/completions", {"model": m(), "messages": MSGS, "tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]}, 400, "not a JSON schema"))
+case("OpenAI tool result answering no call")(lambda: _post_expect("/v1/chat/completions", {"model": m(), "messages": MSGS + [{"role": "tool", "tool_call_id": "call_1", "content": "5"}]}, 400, "answers no tool call"))
 case("OpenAI functions")(lambda: _post_expect("/v1/chat/completions", {"model": m(), "messages": MSGS, "functions": [{"name": "f"}]}, 400, "functions"))
-case("OpenAI json_schema output")(lambda: _post_expect("/v1/chat/completions", {"model": m(), "messages": MSGS, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, 400, "JSON"))
+case("OpenAI json_schema without a schema")(lambda: _post_expect("/v1/chat/completions", {"model": m(), "messages": MSGS, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, 400, "json_schema.schema"))
 case("OpenAI logprobs")(lambda: _post_expect("/v1/chat/completions", {"model": m(), "messages": MSGS, "logprobs": True}, 400, "logprobs"))
 case("OpenAI n = 2")(lambda: _post_expect("/v1/chat/completions", {"model": m(), "messages": MSGS, "n": 2}, 400, "n > 1"))
 case("OpenAI image content")(lambda: _post_expect("/v1/chat/completions", {"model": m(), "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]}, 400, "images"))
 case("OpenAI embeddings")(lambda: _post_expect("/v1/embeddings", {"model": m(), "input": "x"}, 400, "embeddings"))
 case("Ollama embed")(lambda: _post_expect("/api/embed", {"model": m(), "input": "x"}, 400, "embeddings"))
+case("Ollama suffix on a model without FIM tokens")(lambda: _post_expect("/api/generate", {"model": m(), "prompt": "def f(", "suffix": "):"}, 400, "does not support insert"))
+case("OpenAI suffix on a model without FIM tokens")(lambda: _post_expect("/v1/completions", {"model": m(), "prompt": "def f(", "suffix": "):"}, 400, "does not support insert"))
 case("OpenAI completions echo")(lambda: _post_expect("/v1/completions", {"model": m(), "prompt": "x", "echo": True}, 400, "echo"))
 
 # --- unknown models and routes ----------------------------------------------------

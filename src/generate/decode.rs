@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use super::Engine;
+use super::{Engine, TokenConstraint};
 use crate::model::{Logits, SequenceState};
 use crate::sampling::Sampler;
 
@@ -41,8 +41,16 @@ impl MtpStats {
 /// One way of producing tokens after the prompt.
 pub(super) trait DecodeStrategy {
     /// The next token. `history` holds the prompt and every token returned so
-    /// far; `state` has consumed all of them but at most the last few.
-    fn next_token(&mut self, engine: &Engine, state: &mut SequenceState, history: &[u32], sampler: &mut Sampler) -> Result<u32>;
+    /// far; `state` has consumed all of them but at most the last few. `None`:
+    /// the constraint allows no token (only [`Plain`] takes one).
+    fn next_token(
+        &mut self,
+        engine: &Engine,
+        state: &mut SequenceState,
+        history: &[u32],
+        sampler: &mut Sampler,
+        constraint: Option<&mut dyn TokenConstraint>,
+    ) -> Result<Option<u32>>;
     /// Tidies the state once generation ends.
     fn finish(&mut self, _engine: &Engine, _state: &mut SequenceState) -> Result<()> {
         Ok(())
@@ -65,8 +73,15 @@ impl Plain {
 }
 
 impl DecodeStrategy for Plain {
-    fn next_token(&mut self, engine: &Engine, state: &mut SequenceState, history: &[u32], sampler: &mut Sampler) -> Result<u32> {
-        let logits = match self.logits.take() {
+    fn next_token(
+        &mut self,
+        engine: &Engine,
+        state: &mut SequenceState,
+        history: &[u32],
+        sampler: &mut Sampler,
+        constraint: Option<&mut dyn TokenConstraint>,
+    ) -> Result<Option<u32>> {
+        let mut logits = match self.logits.take() {
             Some(l) => l,
             None => {
                 let last = *history.last().context("internal: decoding with an empty history")?;
@@ -74,7 +89,12 @@ impl DecodeStrategy for Plain {
                 b.download(&engine.model.forward(b, &[last], state, Logits::Last)?)?
             }
         };
-        Ok(sampler.sample(&logits, history))
+        if let Some(c) = constraint {
+            if !c.mask(&mut logits)? {
+                return Ok(None);
+            }
+        }
+        Ok(Some(sampler.sample(&logits, history)))
     }
 }
 
@@ -155,13 +175,23 @@ impl Speculative {
 }
 
 impl DecodeStrategy for Speculative {
-    fn next_token(&mut self, engine: &Engine, state: &mut SequenceState, history: &[u32], sampler: &mut Sampler) -> Result<u32> {
+    fn next_token(
+        &mut self,
+        engine: &Engine,
+        state: &mut SequenceState,
+        history: &[u32],
+        sampler: &mut Sampler,
+        constraint: Option<&mut dyn TokenConstraint>,
+    ) -> Result<Option<u32>> {
+        if constraint.is_some() {
+            anyhow::bail!("internal: speculative decoding cannot follow a constraint");
+        }
         loop {
             if let Some(t) = self.ready.pop_front() {
-                return Ok(t);
+                return Ok(Some(t));
             }
             if let Some(logits) = self.logits.take() {
-                return Ok(sampler.sample(&logits, history));
+                return Ok(Some(sampler.sample(&logits, history)));
             }
             self.logits = self.step(engine, state, history, sampler)?;
         }

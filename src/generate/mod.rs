@@ -40,6 +40,17 @@ pub struct Engine {
     pub drafter: Option<Drafter>,
 }
 
+/// Limits which tokens may come next (a JSON schema, a tool call's grammar).
+/// The engine asks it before sampling each token and tells it which token was
+/// chosen; a request without one pays nothing for the hook.
+pub trait TokenConstraint: Send {
+    /// Sets the logits of tokens that may not come next to negative infinity;
+    /// returns false when no token may come next (the output is complete).
+    fn mask(&mut self, logits: &mut [f32]) -> Result<bool>;
+    /// Records the chosen token; returns true when nothing more may follow it.
+    fn commit(&mut self, token: u32) -> Result<bool>;
+}
+
 /// What to generate.
 #[derive(Clone, Debug)]
 pub struct GenerateRequest {
@@ -225,6 +236,18 @@ impl Engine {
         &self,
         state: &mut SequenceState,
         req: &GenerateRequest,
+        on_text: impl FnMut(&str) -> ControlFlow<()>,
+    ) -> Result<GenerateOutput> {
+        self.generate_constrained(state, req, None, on_text)
+    }
+
+    /// [`Engine::generate_from`] with every token limited by `constraint`
+    /// (decoded one token per pass: a draft head's guesses are not masked).
+    pub fn generate_constrained(
+        &self,
+        state: &mut SequenceState,
+        req: &GenerateRequest,
+        mut constraint: Option<&mut dyn TokenConstraint>,
         mut on_text: impl FnMut(&str) -> ControlFlow<()>,
     ) -> Result<GenerateOutput> {
         req.sampling.validate().map_err(anyhow::Error::msg)?;
@@ -248,8 +271,8 @@ impl Engine {
 
         let decode_start = Instant::now();
         let mut strategy: Box<dyn DecodeStrategy> = match &self.model.draft {
-            Some(_) => Box::new(Speculative::new(logits)),
-            None => Box::new(Plain::new(logits)),
+            Some(_) if constraint.is_none() => Box::new(Speculative::new(logits)),
+            _ => Box::new(Plain::new(logits)),
         };
         let mut sampler = Sampler::new(req.sampling.clone());
         let mut history = req.prompt_ids.clone();
@@ -267,11 +290,19 @@ impl Engine {
             on_text(piece)
         };
         while generated.len() < max_tokens {
-            let next = strategy.next_token(self, state, &history, &mut sampler)?;
+            let Some(next) = strategy.next_token(self, state, &history, &mut sampler, constraint.as_mut().map(|c| &mut **c as _))? else {
+                // The constraint allows nothing more: the output is complete.
+                finish = FinishReason::Stop;
+                break;
+            };
             if !req.ignore_eos && self.codec.eos_ids.contains(&next) {
                 finish = FinishReason::Stop;
                 break;
             }
+            let complete = match constraint.as_mut() {
+                Some(c) => c.commit(next)?,
+                None => false,
+            };
             generated.push(next);
             history.push(next);
             let piece = decoder.push(&self.codec, next)?;
@@ -283,6 +314,10 @@ impl Engine {
             if stopped {
                 finish = FinishReason::Stop;
                 hit_stop_string = true;
+                break;
+            }
+            if complete {
+                finish = FinishReason::Stop;
                 break;
             }
         }

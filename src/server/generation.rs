@@ -11,24 +11,31 @@ use anyhow::Result;
 use axum::http::StatusCode;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
+use std::collections::VecDeque;
+
 use super::thinking::{Split, ThinkingSplitter};
+use super::tools::{Part, ToolCall, ToolCallSplitter};
 use super::{lock, ApiError, AppState};
-use crate::generate::{Engine, FinishReason, GenerateRequest};
+use crate::constrain::{ConstraintSpec, GrammarConstraint};
+use crate::generate::{Engine, FinishReason, GenerateRequest, TokenConstraint};
 use crate::note;
 use crate::model::SequenceState;
 use crate::sampling::SamplingParams;
-use crate::tokenizer::ChatMessage;
+use crate::tokenizer::{ChatMessage, ChatTurn, ToolCallForm};
 
 /// What the prompt is made of.
 #[derive(Clone, Debug)]
 pub enum PromptInput {
     /// Turns rendered through the model's chat template.
-    Chat(Vec<ChatMessage>),
+    Chat(Vec<ChatTurn>),
     /// One user message (and an optional system message) through the
     /// template, or the text as-is when `raw`; `context` ids go first.
     Text { text: String, system: Option<String>, raw: bool, context: Vec<u32> },
     /// Token ids as-is.
     Ids(Vec<u32>),
+    /// The text between `prefix` and `suffix` (fill-in-the-middle), asked
+    /// for with the vocabulary's FIM tokens; `context` ids go first.
+    Fill { prefix: String, suffix: String, context: Vec<u32> },
 }
 
 impl PromptInput {
@@ -40,6 +47,7 @@ impl PromptInput {
                 context.len() + codec.fewest_tokens(text.len() + system.as_ref().map_or(0, String::len))
             }
             PromptInput::Ids(ids) => ids.len(),
+            PromptInput::Fill { prefix, suffix, context } => context.len() + codec.fewest_tokens(prefix.len() + suffix.len()),
         }
     }
 }
@@ -58,6 +66,20 @@ pub struct GenerationRequest {
     /// Thinking on/off for templates that support it; `Some(true)` also
     /// splits the reasoning out of the answer.
     pub think: Option<bool>,
+    /// Tools for the chat template (`{"type": "function", "function": {...}}`).
+    pub tools: Vec<serde_json::Value>,
+    /// Cut tool calls out of the answer (as [`Event::ToolCall`]).
+    pub parse_tool_calls: bool,
+    /// What the output must follow, if anything.
+    pub constraint: Option<OutputConstraint>,
+}
+
+/// A constraint on the output and the request field it came from (named
+/// when the grammar engine cannot compile it).
+#[derive(Clone, Debug)]
+pub struct OutputConstraint {
+    pub spec: ConstraintSpec,
+    pub field: &'static str,
 }
 
 /// How a generation ended, with its counts and timings.
@@ -86,6 +108,8 @@ enum Piece {
 /// What a handler reads from a running generation.
 pub enum Event {
     Delta(Split),
+    /// A whole tool call, cut out of the answer.
+    ToolCall(ToolCall),
     Done(Summary),
     Failed(ApiError),
 }
@@ -94,13 +118,44 @@ pub enum Event {
 pub struct GenerationStream {
     rx: mpsc::Receiver<Piece>,
     splitter: Option<ThinkingSplitter>,
+    tool_calls: Option<ToolCallSplitter>,
+    /// Events split out of one piece, waiting to be read.
+    ready: VecDeque<Event>,
     done: Option<Summary>,
     finished: bool,
 }
 
 impl GenerationStream {
+    /// Queues the events of a split piece: reasoning, then the answer's text
+    /// and tool calls in order.
+    fn queue(&mut self, split: Split, last: bool) {
+        if !split.thinking.is_empty() {
+            self.ready.push_back(Event::Delta(Split { thinking: split.thinking, content: String::new() }));
+        }
+        let parts = match &mut self.tool_calls {
+            Some(calls) => {
+                let mut parts = calls.push(&split.content);
+                if last {
+                    parts.extend(calls.finish());
+                }
+                parts
+            }
+            None => vec![Part::Text(split.content)],
+        };
+        for part in parts {
+            match part {
+                Part::Text(t) if t.is_empty() => {}
+                Part::Text(t) => self.ready.push_back(Event::Delta(Split { thinking: String::new(), content: t })),
+                Part::Call(call) => self.ready.push_back(Event::ToolCall(call)),
+            }
+        }
+    }
+
     pub async fn next(&mut self) -> Option<Event> {
         loop {
+            if let Some(ev) = self.ready.pop_front() {
+                return Some(ev);
+            }
             if self.finished {
                 return None;
             }
@@ -114,16 +169,12 @@ impl GenerationStream {
                         Some(s) => s.push(&t),
                         None => Split { thinking: String::new(), content: t },
                     };
-                    if !split.thinking.is_empty() || !split.content.is_empty() {
-                        return Some(Event::Delta(split));
-                    }
+                    self.queue(split, false);
                 }
                 Some(Piece::Done(summary)) => {
                     self.done = Some(summary);
                     let rest = self.splitter.as_mut().map(|s| s.finish()).unwrap_or_default();
-                    if !rest.thinking.is_empty() || !rest.content.is_empty() {
-                        return Some(Event::Delta(rest));
-                    }
+                    self.queue(rest, true);
                 }
                 Some(Piece::Failed(e)) => {
                     self.finished = true;
@@ -138,20 +189,29 @@ impl GenerationStream {
     }
 
     /// Waits for the whole answer.
-    pub async fn collect(mut self) -> Result<(Split, Summary), ApiError> {
-        let mut all = Split::default();
+    pub async fn collect(mut self) -> Result<(Answer, Summary), ApiError> {
+        let mut all = Answer::default();
         while let Some(ev) = self.next().await {
             match ev {
                 Event::Delta(d) => {
                     all.thinking.push_str(&d.thinking);
                     all.content.push_str(&d.content);
                 }
+                Event::ToolCall(call) => all.tool_calls.push(call),
                 Event::Done(s) => return Ok((all, s)),
                 Event::Failed(e) => return Err(e),
             }
         }
         Err(ApiError::internal("the generation ended without a result"))
     }
+}
+
+/// A whole answer: reasoning, text and tool calls.
+#[derive(Default)]
+pub struct Answer {
+    pub thinking: String,
+    pub content: String,
+    pub tool_calls: Vec<ToolCall>,
 }
 
 /// Decrements the waiting count when a queued request leaves (served or gone).
@@ -184,14 +244,18 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
              within the context limit of {limit} tokens"
         )));
     }
-    let engine = app.engine.clone();
-    let (prompt, think) = (req.prompt.clone(), req.think);
+    let (prompt, think, tools, wanted) = (req.prompt.clone(), req.think, req.tools.clone(), req.constraint.clone());
     // Rendering and tokenizing take a CPU and memory in proportion to the
     // prompt: a few at a time, whatever the number of clients.
     let working = app.prompt_work.acquire().await.map_err(|_| ApiError::internal("the server is shutting down"))?;
-    let (prompt_ids, opens_thinking) = tokio::task::spawn_blocking(move || render_prompt(&engine, prompt, think))
-        .await
-        .map_err(|e| ApiError::internal(format!("rendering the prompt failed: {e}")))??;
+    let app1 = app.clone();
+    let prepared = tokio::task::spawn_blocking(move || -> Result<_, ApiError> {
+        let rendered = render_prompt(&app1.engine, prompt, &tools, think)?;
+        let constraint = wanted.map(|w| output_constraint(&app1, &w)).transpose()?;
+        Ok((rendered, constraint))
+    });
+    let ((prompt_ids, opens_thinking), constraint) =
+        prepared.await.map_err(|e| ApiError::internal(format!("rendering the prompt failed: {e}")))??;
     drop(working);
     let prompt_len = prompt_ids.len();
     if prompt_len >= limit {
@@ -222,7 +286,7 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
     let sender = PieceSender { tx, runtime: tokio::runtime::Handle::current(), timeout: app.options.timeouts.write };
     tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        let piece = match run_generation(&app2, &job, &sender, arrived) {
+        let piece = match run_generation(&app2, &job, constraint, &sender, arrived) {
             Ok(Some(summary)) => {
                 log.finished(&summary);
                 Piece::Done(summary)
@@ -233,7 +297,26 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
         sender.send(piece);
     });
     let splitter = (think == Some(true)).then(|| ThinkingSplitter::new(opens_thinking));
-    Ok(GenerationStream { rx, splitter, done: None, finished: false })
+    let tool_calls = req.parse_tool_calls.then(ToolCallSplitter::default);
+    Ok(GenerationStream { rx, splitter, tool_calls, ready: VecDeque::new(), done: None, finished: false })
+}
+
+/// The grammar for `wanted` over this model's vocabulary (the vocabulary's
+/// trie is built on the first request that asks for one).
+fn output_constraint(app: &AppState, wanted: &OutputConstraint) -> Result<GrammarConstraint, ApiError> {
+    let grammars = app
+        .grammars
+        .get_or_init(|| {
+            let engine = &app.engine;
+            crate::constrain::Grammars::load(&engine.arch().dir, engine.vocab_size(), &engine.codec.eos_ids)
+                .map(Arc::new)
+                .map_err(|e| format!("{e:#}"))
+        })
+        .as_ref()
+        .map_err(|e| ApiError::bad_request(format!("'{}' cannot be followed with this model: {e}", wanted.field)))?;
+    grammars
+        .constraint(&wanted.spec)
+        .map_err(|e| ApiError::bad_request(format!("'{}' cannot be compiled into a grammar: {e:#}", wanted.field)))
 }
 
 /// Waits for the generation slot in FIFO order, or refuses when the queue is full.
@@ -254,17 +337,36 @@ async fn wait_turn(app: &Arc<AppState>) -> Result<OwnedSemaphorePermit, ApiError
 
 /// Turns the prompt into token ids; also says whether the rendered prompt
 /// already opens a `<think>` block.
-fn render_prompt(engine: &Engine, prompt: PromptInput, think: Option<bool>) -> Result<(Vec<u32>, bool), ApiError> {
+fn render_prompt(
+    engine: &Engine,
+    prompt: PromptInput,
+    tools: &[serde_json::Value],
+    think: Option<bool>,
+) -> Result<(Vec<u32>, bool), ApiError> {
     let codec = &engine.codec;
-    let template = |messages: &[ChatMessage]| -> Result<String, ApiError> {
+    let template = |messages: &[ChatTurn]| -> Result<String, ApiError> {
         if think == Some(true) && !codec.chat_template().is_some_and(|t| t.contains("enable_thinking")) {
             return Err(ApiError::bad_request(
                 "this model does not support thinking: its chat template has no enable_thinking switch",
             ));
         }
-        codec
-            .apply_chat_template(messages, true, think)
-            .map_err(|e| ApiError::bad_request(format!("{e:#}")))
+        let with_tools = !tools.is_empty() || messages.iter().any(|m| !m.tool_calls.is_empty() || m.role == "tool");
+        match codec.tool_call_form() {
+            _ if !with_tools => {}
+            Some(ToolCallForm::Json) => {}
+            Some(ToolCallForm::XmlParameters) => {
+                return Err(ApiError::bad_request(
+                    "this model's chat template writes tool calls in the Qwen3-Coder XML form (<function=...><parameter=...>), \
+                     which slotstream does not read yet; remove 'tools' and tool messages",
+                ))
+            }
+            None => {
+                return Err(ApiError::bad_request(
+                    "this model does not support tools: its chat template never reads 'tools'; remove 'tools' and tool messages",
+                ))
+            }
+        }
+        codec.render_chat(messages, tools, true, think).map_err(|e| ApiError::bad_request(format!("{e:#}")))
     };
     let encode = |text: &str| codec.encode(text, false).map_err(|e| ApiError::bad_request(format!("{e:#}")));
     let (ids, text) = match prompt {
@@ -283,9 +385,9 @@ fn render_prompt(engine: &Engine, prompt: PromptInput, think: Option<bool>) -> R
             } else {
                 let mut messages = Vec::new();
                 if let Some(s) = system.filter(|s| !s.is_empty()) {
-                    messages.push(ChatMessage { role: "system".into(), content: s });
+                    messages.push(ChatTurn::from(ChatMessage { role: "system".into(), content: s }));
                 }
-                messages.push(ChatMessage { role: "user".into(), content: text });
+                messages.push(ChatTurn::from(ChatMessage { role: "user".into(), content: text }));
                 template(&messages)?
             };
             let mut ids = context;
@@ -293,6 +395,16 @@ fn render_prompt(engine: &Engine, prompt: PromptInput, think: Option<bool>) -> R
             (ids, text)
         }
         PromptInput::Ids(ids) => (ids, String::new()),
+        PromptInput::Fill { prefix, suffix, mut context } => {
+            let ids = codec.fill_in_the_middle(&prefix, &suffix).map_err(|e| ApiError::bad_request(format!("{e:#}")))?;
+            let Some(ids) = ids else {
+                return Err(ApiError::bad_request(
+                    "this model does not support insert ('suffix', fill-in-the-middle): its vocabulary has no FIM tokens",
+                ));
+            };
+            context.extend(ids);
+            (context, String::new())
+        }
     };
     let vocab = engine.vocab_size();
     if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
@@ -333,7 +445,13 @@ impl PieceSender {
 
 /// Runs one generation on the calling (blocking) thread. `Ok(None)`: the
 /// client went away.
-fn run_generation(app: &AppState, req: &GenerateRequest, tx: &PieceSender, arrived: Instant) -> Result<Option<Summary>> {
+fn run_generation(
+    app: &AppState,
+    req: &GenerateRequest,
+    mut constraint: Option<GrammarConstraint>,
+    tx: &PieceSender,
+    arrived: Instant,
+) -> Result<Option<Summary>> {
     let engine = &app.engine;
     let copy = |s: &SequenceState| engine.clone_state(s);
     let ids = &req.prompt_ids;
@@ -361,7 +479,8 @@ fn run_generation(app: &AppState, req: &GenerateRequest, tx: &PieceSender, arriv
             lock(c).insert(ids[..state.position].to_vec(), snapshot);
         }
     }
-    let out = engine.generate_from(&mut state, req, |piece| {
+    let constraint = constraint.as_mut().map(|c| c as &mut dyn TokenConstraint);
+    let out = engine.generate_constrained(&mut state, req, constraint, |piece| {
         if app.stopping() {
             return ControlFlow::Break(());
         }

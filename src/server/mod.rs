@@ -16,10 +16,12 @@ mod guard;
 mod listen;
 mod model_info;
 mod ollama;
+mod ollama_env;
 mod openai;
 mod prefix_cache;
 mod request_log;
 mod thinking;
+mod tools;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -29,7 +31,7 @@ use std::time::SystemTime;
 
 use anyhow::{Context, Result};
 use axum::body::Body;
-use axum::extract::{DefaultBodyLimit, Request};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -42,9 +44,10 @@ use crate::generate::Engine;
 use crate::note;
 
 pub use error::ApiError;
-pub use generation::{start_generation, Event, GenerationRequest, GenerationStream, PromptInput, Summary};
+pub use generation::{start_generation, Answer, Event, GenerationRequest, GenerationStream, OutputConstraint, PromptInput, Summary};
 use error::{OllamaError, OpenAiError};
 pub use model_info::{MemoryReport, ModelInfo};
+pub use ollama_env::OllamaEnv;
 pub use prefix_cache::{PrefixCache, PrefixCacheStats};
 
 /// Request bodies larger than this get 413.
@@ -74,6 +77,9 @@ pub struct ServerOptions {
     /// Re-plan and resize the expert pool as free memory changes (auto-sized only).
     pub elastic: Option<elastic::Elastic>,
     pub timeouts: Timeouts,
+    /// Browser origins allowed besides the loopback ones (`OLLAMA_ORIGINS`:
+    /// exact, or with one `*` wildcard).
+    pub origins: Vec<String>,
 }
 
 impl ServerOptions {
@@ -119,6 +125,9 @@ pub struct AppState {
     stopping: AtomicBool,
     /// Prompts being rendered and tokenized at once (see `PROMPT_WORKERS`).
     prompt_work: Semaphore,
+    /// The grammar engine over the model's vocabulary, built on the first
+    /// request with a constrained output (or why it cannot be).
+    grammars: std::sync::OnceLock<Result<Arc<crate::constrain::Grammars>, String>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -144,6 +153,7 @@ impl AppState {
             loaded_at: SystemTime::now(),
             stopping: AtomicBool::new(false),
             prompt_work: Semaphore::new(PROMPT_WORKERS),
+            grammars: std::sync::OnceLock::new(),
         })
     }
 
@@ -190,13 +200,15 @@ impl AppState {
     }
 }
 
-/// CORS: loopback origins are allowed (and preflights answered); any other
-/// origin is refused with 403 before the request reaches a handler.
-async fn cors(req: Request, next: Next) -> Response {
+/// CORS: loopback origins and those `OLLAMA_ORIGINS` names are allowed (and
+/// preflights answered); any other origin is refused with 403 before the
+/// request reaches a handler.
+async fn cors(State(extra): State<Arc<Vec<String>>>, req: Request, next: Next) -> Response {
     let origins: Vec<HeaderValue> = req.headers().get_all(header::ORIGIN).iter().cloned().collect();
     let Some(origin) = origins.first().cloned() else { return next.run(req).await };
     // Two origins are no origin: which one the browser meant cannot be known.
-    let allowed = origins.len() == 1 && origin.to_str().is_ok_and(guard::is_loopback_origin);
+    let allowed = origins.len() == 1
+        && origin.to_str().is_ok_and(|o| guard::is_loopback_origin(o) || ollama_env::origin_allowed(o, &extra));
     if !allowed {
         let e = ApiError::new(
             StatusCode::FORBIDDEN,
@@ -246,6 +258,7 @@ async fn root() -> &'static str {
 /// The full router over `app`, served on `bound`.
 pub fn router(app: Arc<AppState>, bound: SocketAddr) -> Router {
     let body_timeout = app.options.timeouts.body;
+    let origins = Arc::new(app.options.origins.clone());
     Router::new()
         .route("/", get(root))
         .route("/api/version", get(ollama::version))
@@ -265,7 +278,7 @@ pub fn router(app: Arc<AppState>, bound: SocketAddr) -> Router {
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn_with_state(body_timeout, listen::read_body_within))
         .layer(axum::middleware::from_fn(guard::check_length))
-        .layer(axum::middleware::from_fn(cors))
+        .layer(axum::middleware::from_fn_with_state(origins, cors))
         .layer(axum::middleware::from_fn_with_state(bound, guard::check_host))
         .layer(axum::middleware::from_fn(request_log::log_requests))
         .with_state(app)
@@ -394,6 +407,7 @@ mod tests {
             plan: None,
             elastic: None,
             timeouts: Timeouts::default(),
+            origins: Vec::new(),
         };
         options("my-model").check().expect("a plain name is fine");
         for bad in ["", " ", " padded ", "tab\there"] {

@@ -38,6 +38,9 @@ pub struct ModelInfo {
     pub modified_at: SystemTime,
     pub config: serde_json::Value,
     pub context_length: Option<u64>,
+    /// `/api/show`'s `model_info`: `general.*` and `<family>.*` keys as
+    /// Ollama names them (context length, layers, heads, experts).
+    pub model_info: serde_json::Map<String, serde_json::Value>,
 }
 
 impl ModelInfo {
@@ -73,6 +76,25 @@ impl ModelInfo {
         config.to_string().hash(&mut hasher);
         let h = hasher.finish();
         let digest = format!("{h:016x}").repeat(4);
+        let t = &arch.text;
+        let mut model_info = serde_json::Map::new();
+        model_info.insert("general.architecture".into(), family.clone().into());
+        model_info.insert("general.parameter_count".into(), parameter_count.into());
+        let mut put = |key: &str, value: Option<u64>| {
+            if let Some(v) = value {
+                model_info.insert(format!("{family}.{key}"), v.into());
+            }
+        };
+        put("context_length", arch.context_length());
+        put("embedding_length", Some(t.hidden_size as u64));
+        put("block_count", Some(t.num_hidden_layers as u64));
+        put("attention.head_count", Some(t.num_attention_heads as u64));
+        put("attention.head_count_kv", t.num_key_value_heads.map(|n| n as u64));
+        put("attention.key_length", t.head_dim.map(|n| n as u64));
+        put("expert_count", Some(t.num_experts as u64));
+        put("expert_used_count", Some(t.num_experts_per_tok as u64));
+        put("expert_feed_forward_length", Some(t.moe_intermediate_size as u64));
+        put("vocab_size", Some(t.vocab_size as u64));
         ModelInfo {
             name,
             details: ModelDetails {
@@ -88,6 +110,7 @@ impl ModelInfo {
             digest,
             modified_at,
             context_length: arch.context_length(),
+            model_info,
             config,
         }
     }

@@ -14,10 +14,15 @@ use serde_json::{json, Value};
 
 use super::error::{json_response, OllamaError};
 use super::model_info::rfc3339;
-use super::{parse_body, start_generation, stream_body, streaming, ApiError, AppState, Event, GenerationRequest, PromptInput, Summary};
+use super::tools::{self, ToolCall, ToolChoice};
+use super::{
+    parse_body, start_generation, stream_body, streaming, ApiError, AppState, Event, GenerationRequest, OutputConstraint, PromptInput,
+    Summary,
+};
+use crate::constrain::ConstraintSpec;
 use crate::generate::FinishReason;
 use crate::sampling::SamplingParams;
-use crate::tokenizer::ChatMessage;
+use crate::tokenizer::ChatTurn;
 
 type Body = Result<Bytes, BytesRejection>;
 type Reply = Result<Response, OllamaError>;
@@ -112,13 +117,22 @@ fn parse_think(v: Option<Value>) -> Result<Option<bool>, ApiError> {
     }
 }
 
-/// Refuses `format` (JSON mode or a schema), images, tools and logprobs.
-fn refuse_unsupported(format: &Option<Value>, images: &Option<Value>, logprobs: Option<bool>) -> Result<(), ApiError> {
-    match format {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) if s.is_empty() => {}
-        Some(_) => return Err(ApiError::unsupported("JSON and JSON-schema outputs ('format')")),
-    }
+/// `format`: `"json"` (any JSON object) or a JSON schema.
+fn parse_format(format: Option<Value>) -> Result<Option<OutputConstraint>, ApiError> {
+    let spec = match format {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(s)) if s.is_empty() => return Ok(None),
+        Some(Value::String(s)) if s == "json" => ConstraintSpec::JsonObject,
+        Some(schema @ Value::Object(_)) => ConstraintSpec::JsonSchema(schema),
+        Some(other) => {
+            return Err(ApiError::bad_request(format!("format must be \"json\" or a JSON schema object, got {other}")))
+        }
+    };
+    Ok(Some(OutputConstraint { spec, field: "format" }))
+}
+
+/// Refuses images and logprobs.
+fn refuse_unsupported(images: &Option<Value>, logprobs: Option<bool>) -> Result<(), ApiError> {
     if is_present(images) {
         return Err(ApiError::unsupported("images"));
     }
@@ -166,6 +180,10 @@ struct Message {
     content: String,
     images: Option<Value>,
     tool_calls: Option<Value>,
+    /// A tool result's function (Ollama's name for it).
+    tool_name: Option<String>,
+    /// Accepted as OpenAI spells it too.
+    tool_call_id: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -232,6 +250,7 @@ fn generation_request(
     prompt: PromptInput,
     options: Option<Options>,
     think: Option<bool>,
+    constraint: Option<OutputConstraint>,
 ) -> Result<GenerationRequest, ApiError> {
     let m = map_options(options)?;
     Ok(GenerationRequest {
@@ -242,15 +261,21 @@ fn generation_request(
         sampling: m.sampling,
         stop: m.stop,
         think,
+        tools: Vec::new(),
+        parse_tool_calls: false,
+        constraint,
     })
+}
+
+/// A call as Ollama writes it: arguments as an object.
+fn ollama_call(call: &ToolCall, index: usize) -> Value {
+    json!({"function": {"index": index, "name": call.name, "arguments": call.arguments}})
 }
 
 pub async fn generate(State(app): State<Arc<AppState>>, body: Body) -> Reply {
     let b: GenerateBody = parse_body(body)?;
-    refuse_unsupported(&b.format, &b.images, b.logprobs)?;
-    if b.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
-        return Err(ApiError::unsupported("suffixes (fill-in-the-middle, 'suffix')").into());
-    }
+    refuse_unsupported(&b.images, b.logprobs)?;
+    let format = parse_format(b.format)?;
     if b.template.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::unsupported("custom prompt templates ('template')").into());
     }
@@ -265,14 +290,22 @@ pub async fn generate(State(app): State<Arc<AppState>>, body: Body) -> Reply {
             &json!({"model": model, "created_at": now(), "response": "", "done": true, "done_reason": "load"}),
         ));
     }
-    let prompt = PromptInput::Text { text: b.prompt, system: b.system, raw: b.raw, context };
-    let req = generation_request(model.clone(), prompt, b.options, think)?;
+    let prompt = match b.suffix.filter(|s| !s.is_empty()) {
+        Some(suffix) => PromptInput::Fill { prefix: b.prompt, suffix, context },
+        None => PromptInput::Text { text: b.prompt, system: b.system, raw: b.raw, context },
+    };
+    let req = generation_request(model.clone(), prompt, b.options, think, format)?;
     let gen = start_generation(&app, req).await?;
     let object = move |ev: Event| -> Value {
         let mut obj = serde_json::Map::new();
         obj.insert("model".into(), model.clone().into());
         obj.insert("created_at".into(), now().into());
         match ev {
+            // Generate parses no calls; none can arrive.
+            Event::ToolCall(_) => {
+                obj.insert("response".into(), "".into());
+                obj.insert("done".into(), false.into());
+            }
             Event::Delta(d) => {
                 obj.insert("response".into(), d.content.into());
                 if !d.thinking.is_empty() {
@@ -303,9 +336,11 @@ pub async fn generate(State(app): State<Arc<AppState>>, body: Body) -> Reply {
 
 pub async fn chat(State(app): State<Arc<AppState>>, body: Body) -> Reply {
     let b: ChatBody = parse_body(body)?;
-    refuse_unsupported(&b.format, &None, b.logprobs)?;
-    if is_present(&b.tools) {
-        return Err(ApiError::unsupported("tools (function calling)").into());
+    refuse_unsupported(&None, b.logprobs)?;
+    let format = parse_format(b.format)?;
+    let tools = tools::parse_tools(b.tools)?;
+    if format.is_some() && !tools.specs.is_empty() {
+        return Err(ApiError::bad_request("'format' together with 'tools' is not supported; send one or the other").into());
     }
     let think = parse_think(b.think)?;
     let mut messages = Vec::with_capacity(b.messages.len());
@@ -313,20 +348,17 @@ pub async fn chat(State(app): State<Arc<AppState>>, body: Body) -> Reply {
         if is_present(&m.images) {
             return Err(ApiError::unsupported("images").into());
         }
-        if is_present(&m.tool_calls) {
-            return Err(ApiError::unsupported("tool calls").into());
+        if !matches!(m.role.as_str(), "system" | "user" | "assistant" | "tool") {
+            return Err(ApiError::bad_request(format!("messages[{i}].role is '{}'; expected system, user, assistant or tool", m.role)).into());
         }
-        match m.role.as_str() {
-            "system" | "user" | "assistant" => messages.push(ChatMessage { role: m.role, content: m.content }),
-            "tool" => return Err(ApiError::unsupported("tool messages (function calling)").into()),
-            other => {
-                return Err(ApiError::bad_request(format!(
-                    "messages[{i}].role is '{other}'; expected system, user or assistant"
-                ))
-                .into())
-            }
+        let tool_calls = tools::history_calls(m.tool_calls, &format!("messages[{i}].tool_calls"))?;
+        if !tool_calls.is_empty() && m.role != "assistant" {
+            return Err(ApiError::bad_request(format!("messages[{i}] has tool_calls but is not an assistant message")).into());
         }
+        let (tool_call_id, name) = if m.role == "tool" { (m.tool_call_id, m.tool_name) } else { (None, None) };
+        messages.push(ChatTurn { role: m.role, content: m.content, tool_calls, tool_call_id, name });
     }
+    tools::check_tool_results(&mut messages)?;
     let model = b.model.clone();
     if messages.is_empty() {
         app.check_model(&model)?;
@@ -336,13 +368,26 @@ pub async fn chat(State(app): State<Arc<AppState>>, body: Body) -> Reply {
                     "message": {"role": "assistant", "content": ""}, "done": true, "done_reason": "load"}),
         ));
     }
-    let req = generation_request(model.clone(), PromptInput::Chat(messages), b.options, think)?;
+    // Ollama has no tool_choice: the model decides, and a call it opens is
+    // held to its tool's schema.
+    let constraint = tools::tool_constraint(&tools, &ToolChoice::Auto, true)
+        .map(|spec| OutputConstraint { spec, field: "tools" })
+        .or(format);
+    let mut req = generation_request(model.clone(), PromptInput::Chat(messages), b.options, think, constraint)?;
+    req.parse_tool_calls = !tools.specs.is_empty();
+    req.tools = tools.wire;
     let gen = start_generation(&app, req).await?;
+    let calls_sent = std::sync::atomic::AtomicUsize::new(0);
     let object = move |ev: Event| -> Value {
         let mut obj = serde_json::Map::new();
         obj.insert("model".into(), model.clone().into());
         obj.insert("created_at".into(), now().into());
         match ev {
+            Event::ToolCall(call) => {
+                let index = calls_sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                obj.insert("message".into(), json!({"role": "assistant", "content": "", "tool_calls": [ollama_call(&call, index)]}));
+                obj.insert("done".into(), false.into());
+            }
             Event::Delta(d) => {
                 let mut message = json!({"role": "assistant", "content": d.content});
                 if !d.thinking.is_empty() {
@@ -368,11 +413,19 @@ pub async fn chat(State(app): State<Arc<AppState>>, body: Body) -> Reply {
     if !all.thinking.is_empty() {
         v["message"]["thinking"] = all.thinking.into();
     }
+    if !all.tool_calls.is_empty() {
+        v["message"]["tool_calls"] = all.tool_calls.iter().enumerate().map(|(i, c)| ollama_call(c, i)).collect();
+    }
     Ok(json_response(StatusCode::OK, &v))
 }
 
+/// The Ollama API version this server speaks: clients gate features on it
+/// (VS Code's agent mode wants at least 0.6.4; tool calling, structured
+/// outputs and `/api/show` capabilities are all there by this one).
+pub const OLLAMA_API_VERSION: &str = "0.12.0";
+
 pub async fn version() -> Response {
-    json_response(StatusCode::OK, &json!({"version": env!("CARGO_PKG_VERSION")}))
+    json_response(StatusCode::OK, &json!({"version": OLLAMA_API_VERSION, "slotstream": env!("CARGO_PKG_VERSION")}))
 }
 
 fn model_entry(app: &AppState) -> serde_json::Map<String, Value> {
@@ -416,25 +469,31 @@ pub async fn show(State(app): State<Arc<AppState>>, body: Body) -> Reply {
     let requested = b.model.or(b.name).unwrap_or_default();
     app.check_model(&requested)?;
     let m = &app.model;
-    let template = app.engine.codec.chat_template().unwrap_or("").to_string();
+    let codec = &app.engine.codec;
+    let template = codec.chat_template().unwrap_or("").to_string();
     let mut capabilities = vec!["completion"];
+    if codec.template_supports_tools() {
+        capabilities.push("tools");
+    }
     if template.contains("enable_thinking") {
         capabilities.push("thinking");
     }
-    let family = &m.details.family;
-    let mut model_info = serde_json::Map::new();
-    model_info.insert("general.architecture".into(), family.clone().into());
-    model_info.insert("general.parameter_count".into(), m.parameter_count.into());
-    if let Some(n) = m.context_length {
-        model_info.insert(format!("{family}.context_length"), n.into());
+    if codec.fim_tokens().is_some() {
+        capabilities.push("insert");
+    }
+    // Ollama's `parameters`: one `name value` per line, the values the
+    // server uses unless a request says otherwise.
+    let mut parameters = format!("num_ctx {}", app.options.max_context);
+    for stop in codec.eos_ids.iter().filter_map(|&id| codec.decode_special(id)) {
+        parameters.push_str(&format!("\nstop {}", json!(stop)));
     }
     let v = json!({
         "license": "",
         "modelfile": format!("# served by slotstream {}\nFROM {}\n", env!("CARGO_PKG_VERSION"), m.name),
-        "parameters": "",
+        "parameters": parameters,
         "template": template,
         "details": m.details,
-        "model_info": model_info,
+        "model_info": m.model_info,
         "capabilities": capabilities,
         "modified_at": rfc3339(m.modified_at),
         "config": m.config,

@@ -16,10 +16,15 @@ use serde_json::{json, Value};
 
 use super::error::{json_response, OpenAiError};
 use super::ollama::{is_present, StringOrList};
-use super::{parse_body, start_generation, stream_body, streaming, ApiError, AppState, Event, GenerationRequest, PromptInput, Summary};
+use super::tools::{self, ToolCall};
+use super::{
+    parse_body, start_generation, stream_body, streaming, ApiError, AppState, Event, GenerationRequest, OutputConstraint, PromptInput,
+    Summary,
+};
+use crate::constrain::ConstraintSpec;
 use crate::generate::FinishReason;
 use crate::sampling::SamplingParams;
-use crate::tokenizer::ChatMessage;
+use crate::tokenizer::ChatTurn;
 
 type Body = Result<Bytes, BytesRejection>;
 type Reply = Result<Response, OpenAiError>;
@@ -63,6 +68,7 @@ struct ChatBody {
     top_logprobs: Option<i64>,
     tools: Option<Value>,
     tool_choice: Option<Value>,
+    parallel_tool_calls: Option<bool>,
     functions: Option<Value>,
     function_call: Option<Value>,
     response_format: Option<Value>,
@@ -76,6 +82,7 @@ struct Message {
     role: String,
     content: Option<Value>,
     tool_calls: Option<Value>,
+    tool_call_id: Option<String>,
     function_call: Option<Value>,
 }
 
@@ -150,11 +157,32 @@ fn message_text(content: Option<Value>, i: usize) -> Result<String, ApiError> {
     }
 }
 
-fn finish_reason(f: FinishReason) -> &'static str {
+fn finish_reason(f: FinishReason, called: bool) -> &'static str {
     match f {
+        _ if called => "tool_calls",
         FinishReason::Length => "length",
         FinishReason::Stop | FinishReason::Cancelled => "stop",
     }
+}
+
+/// `response_format`: text, `json_object`, or `json_schema` with its schema.
+fn parse_response_format(rf: Option<Value>) -> Result<Option<OutputConstraint>, ApiError> {
+    let Some(rf) = rf.filter(|v| !v.is_null()) else { return Ok(None) };
+    let spec = match rf.get("type").and_then(Value::as_str) {
+        Some("text") => return Ok(None),
+        Some("json_object") => ConstraintSpec::JsonObject,
+        Some("json_schema") => match rf.get("json_schema").and_then(|j| j.get("schema")) {
+            Some(schema @ Value::Object(_)) => ConstraintSpec::JsonSchema(schema.clone()),
+            _ => return Err(ApiError::bad_request("response_format.json_schema.schema must be a JSON schema object")),
+        },
+        _ => return Err(ApiError::bad_request("response_format.type must be text, json_object or json_schema")),
+    };
+    Ok(Some(OutputConstraint { spec, field: "response_format" }))
+}
+
+/// A call as OpenAI writes it: an id, and arguments as a JSON string.
+fn openai_call(call: &ToolCall, id: &str) -> Value {
+    json!({"id": id, "type": "function", "function": {"name": call.name, "arguments": call.arguments_json}})
 }
 
 fn usage(s: &Summary) -> Value {
@@ -191,12 +219,18 @@ struct Shaper {
     created: u64,
     model: String,
     include_usage: bool,
+    /// Tool calls streamed so far.
+    calls: usize,
 }
 
 impl Shaper {
     fn new(kind: Kind, model: String, include_usage: bool) -> Shaper {
         let id = new_id(if kind == Kind::Chat { "chatcmpl" } else { "cmpl" });
-        Shaper { kind, id, created: unix_now(), model, include_usage }
+        Shaper { kind, id, created: unix_now(), model, include_usage, calls: 0 }
+    }
+
+    fn call_id(&self, index: usize) -> String {
+        format!("call_{}_{index}", self.id.trim_start_matches("chatcmpl-"))
     }
 
     fn object(&self, streaming: bool) -> &'static str {
@@ -240,12 +274,22 @@ impl Shaper {
     }
 
     /// The SSE text for one event; the stream ends after `Done` or `Failed`.
-    fn sse(&self, ev: Event) -> String {
+    fn sse(&mut self, ev: Event) -> String {
         let data = |v: &Value| format!("data: {v}\n\n");
         match ev {
             Event::Delta(d) => data(&self.chunk(&d.content, &d.thinking, false, None)),
+            Event::ToolCall(call) => {
+                // One delta carries the whole call: clients concatenate
+                // `arguments` pieces, and one piece is a valid split.
+                let index = self.calls;
+                self.calls += 1;
+                let mut entry = openai_call(&call, &self.call_id(index));
+                entry["index"] = index.into();
+                let choice = json!({"index": 0, "delta": {"tool_calls": [entry]}, "logprobs": null, "finish_reason": null});
+                data(&self.envelope(true, json!([choice])))
+            }
             Event::Done(s) => {
-                let mut out = data(&self.chunk("", "", false, Some(finish_reason(s.finish))));
+                let mut out = data(&self.chunk("", "", false, Some(finish_reason(s.finish, self.calls > 0))));
                 if self.include_usage {
                     let mut last = self.envelope(true, json!([]));
                     last["usage"] = usage(&s);
@@ -257,17 +301,24 @@ impl Shaper {
         }
     }
 
-    fn full(&self, content: String, thinking: String, s: &Summary) -> Value {
+    fn full(&self, answer: super::Answer, s: &Summary) -> Value {
+        let called = !answer.tool_calls.is_empty();
         let choice = match self.kind {
             Kind::Chat => {
+                let content = if called && answer.content.is_empty() { Value::Null } else { answer.content.into() };
                 let mut message = json!({"role": "assistant", "content": content});
-                if !thinking.is_empty() {
-                    message["reasoning"] = thinking.into();
+                if !answer.thinking.is_empty() {
+                    message["reasoning"] = answer.thinking.into();
                 }
-                json!({"index": 0, "message": message, "logprobs": null, "finish_reason": finish_reason(s.finish)})
+                if called {
+                    let calls: Vec<Value> =
+                        answer.tool_calls.iter().enumerate().map(|(i, c)| openai_call(c, &self.call_id(i))).collect();
+                    message["tool_calls"] = calls.into();
+                }
+                json!({"index": 0, "message": message, "logprobs": null, "finish_reason": finish_reason(s.finish, called)})
             }
             Kind::Completion => {
-                json!({"index": 0, "text": content, "logprobs": null, "finish_reason": finish_reason(s.finish)})
+                json!({"index": 0, "text": answer.content, "logprobs": null, "finish_reason": finish_reason(s.finish, false)})
             }
         };
         let mut v = self.envelope(false, json!([choice]));
@@ -281,10 +332,10 @@ async fn respond(app: &Arc<AppState>, req: GenerationRequest, shaper: Shaper, st
     let gen = start_generation(app, req).await?;
     if !stream {
         let (all, summary) = gen.collect().await?;
-        return Ok(json_response(StatusCode::OK, &shaper.full(all.content, all.thinking, &summary)));
+        return Ok(json_response(StatusCode::OK, &shaper.full(all, &summary)));
     }
     let opening = (shaper.kind == Kind::Chat).then(|| format!("data: {}\n\n", shaper.chunk("", "", true, None)));
-    let events = futures_util::stream::unfold((Some(gen), shaper, opening), |(gen, shaper, opening)| async move {
+    let events = futures_util::stream::unfold((Some(gen), shaper, opening), |(gen, mut shaper, opening)| async move {
         if let Some(first) = opening {
             return Some((Bytes::from(first), (gen, shaper, None)));
         }
@@ -304,21 +355,21 @@ async fn respond(app: &Arc<AppState>, req: GenerationRequest, shaper: Shaper, st
 
 pub async fn chat_completions(State(app): State<Arc<AppState>>, body: Body) -> Reply {
     let mut b: ChatBody = parse_body(body)?;
-    if is_present(&b.tools) || is_present(&b.functions) || is_present(&b.function_call) {
-        return Err(ApiError::unsupported("tools and functions").into());
+    if is_present(&b.functions) || is_present(&b.function_call) {
+        return Err(ApiError::unsupported("legacy functions ('functions', 'function_call'); send 'tools'").into());
     }
-    if b.tool_choice.as_ref().is_some_and(|c| c != &Value::Null && c != "none") {
-        return Err(ApiError::unsupported("tools and functions ('tool_choice')").into());
-    }
+    let tools = tools::parse_tools(b.tools.take())?;
+    let choice = tools::parse_tool_choice(b.tool_choice.take(), &tools)?;
     if b.logprobs == Some(true) || b.top_logprobs.is_some() {
         return Err(ApiError::unsupported("logprobs").into());
     }
-    if let Some(rf) = &b.response_format {
-        let kind = rf.get("type").and_then(|t| t.as_str());
-        if !(rf.is_null() || kind == Some("text")) {
-            return Err(ApiError::unsupported("JSON and JSON-schema outputs ('response_format')").into());
-        }
+    let format = parse_response_format(b.response_format.take())?;
+    let calls = tools::tool_constraint(&tools, &choice, b.parallel_tool_calls.unwrap_or(true));
+    if calls.is_some() && format.is_some() {
+        return Err(ApiError::bad_request("'response_format' together with 'tools' is not supported; send one or the other").into());
     }
+    let parse_tool_calls = calls.is_some();
+    let constraint = calls.map(|spec| OutputConstraint { spec, field: "tools" }).or(format);
     if is_present(&b.audio) || b.modalities.as_ref().is_some_and(|m| m.as_array().is_none_or(|a| a.iter().any(|x| x != "text"))) {
         return Err(ApiError::unsupported("audio outputs").into());
     }
@@ -331,20 +382,30 @@ pub async fn chat_completions(State(app): State<Arc<AppState>>, body: Body) -> R
     };
     let mut messages = Vec::with_capacity(b.messages.len());
     for (i, m) in b.messages.into_iter().enumerate() {
-        if is_present(&m.tool_calls) || is_present(&m.function_call) {
-            return Err(ApiError::unsupported("tool calls").into());
+        if is_present(&m.function_call) {
+            return Err(ApiError::unsupported("legacy function calls ('function_call'); send 'tool_calls'").into());
         }
         let role = match m.role.as_str() {
             "system" | "developer" => "system",
             "user" => "user",
             "assistant" => "assistant",
-            "tool" | "function" => return Err(ApiError::unsupported("tool messages (function calling)").into()),
+            "tool" => "tool",
+            "function" => return Err(ApiError::unsupported("legacy function messages (role 'function'); send role 'tool'").into()),
             other => {
-                return Err(ApiError::bad_request(format!("messages[{i}].role '{other}' is not system, developer, user or assistant")).into())
+                return Err(ApiError::bad_request(format!("messages[{i}].role '{other}' is not system, developer, user, assistant or tool")).into())
             }
         };
-        messages.push(ChatMessage { role: role.into(), content: message_text(m.content, i)? });
+        let tool_calls = tools::history_calls(m.tool_calls, &format!("messages[{i}].tool_calls"))?;
+        if !tool_calls.is_empty() && role != "assistant" {
+            return Err(ApiError::bad_request(format!("messages[{i}] has tool_calls but is not an assistant message")).into());
+        }
+        if role == "tool" && m.tool_call_id.is_none() {
+            return Err(ApiError::bad_request(format!("messages[{i}] is a tool result without 'tool_call_id'")).into());
+        }
+        let tool_call_id = if role == "tool" { m.tool_call_id } else { None };
+        messages.push(ChatTurn { role: role.into(), content: message_text(m.content, i)?, tool_calls, tool_call_id, name: None });
     }
+    tools::check_tool_results(&mut messages)?;
     if messages.is_empty() {
         return Err(ApiError::bad_request("'messages' must hold at least one message").into());
     }
@@ -361,6 +422,9 @@ pub async fn chat_completions(State(app): State<Arc<AppState>>, body: Body) -> R
         sampling,
         stop,
         think,
+        tools: tools.wire,
+        parse_tool_calls,
+        constraint,
     };
     respond(&app, req, shaper, streaming(b.common.stream, false)).await
 }
@@ -394,14 +458,15 @@ pub async fn completions(State(app): State<Arc<AppState>>, body: Body) -> Reply 
     if b.echo == Some(true) {
         return Err(ApiError::unsupported("echoed prompts ('echo')").into());
     }
-    if b.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
-        return Err(ApiError::unsupported("suffixes (fill-in-the-middle, 'suffix')").into());
-    }
     if b.best_of.is_some_and(|n| n > 1) {
         return Err(ApiError::unsupported("multiple choices (best_of > 1)").into());
     }
     let (sampling, stop) = map_common(&mut b.common)?;
-    let prompt = completion_prompt(b.prompt)?;
+    let prompt = match (completion_prompt(b.prompt)?, b.suffix.filter(|s| !s.is_empty())) {
+        (PromptInput::Text { text, .. }, Some(suffix)) => PromptInput::Fill { prefix: text, suffix, context: Vec::new() },
+        (_, Some(_)) => return Err(ApiError::bad_request("'suffix' needs 'prompt' as text, not token ids").into()),
+        (prompt, None) => prompt,
+    };
     // OpenAI's default for completions is 16 tokens.
     let max = max_tokens(b.max_tokens, "max_tokens")?.unwrap_or(16);
     let include_usage = b.common.stream_options.as_ref().is_some_and(|o| o.include_usage);
@@ -414,6 +479,9 @@ pub async fn completions(State(app): State<Arc<AppState>>, body: Body) -> Reply 
         sampling,
         stop,
         think: None,
+        tools: Vec::new(),
+        parse_tool_calls: false,
+        constraint: None,
     };
     respond(&app, req, shaper, streaming(b.common.stream, false)).await
 }

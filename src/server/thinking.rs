@@ -93,7 +93,7 @@ impl ThinkingSplitter {
 }
 
 /// Length of the longest suffix of `text` that is a proper prefix of `tag`.
-fn partial_suffix(text: &str, tag: &str) -> usize {
+pub(super) fn partial_suffix(text: &str, tag: &str) -> usize {
     (1..tag.len().min(text.len() + 1))
         .rev()
         .find(|&n| text.is_char_boundary(text.len() - n) && tag.starts_with(&text[text.len() - n..]))

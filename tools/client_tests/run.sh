@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Real clients against a real server: builds slotstream, serves a fixture model
 # on a free port, runs the official `ollama` and `openai` Python packages
-# (test_clients.py) and the 60-case robustness script, then stops the server.
+# (test_clients.py) and the robustness script, then stops the server. A second
+# server runs the same weights with a tool-calling chat template
+# (tests/fixtures/tools) for tool calling and structured output (test_agents.py).
 #
 #   tools/client_tests/run.sh [fixture]    (default: qwen3_moe_mlx4)
 set -euo pipefail
@@ -12,39 +14,63 @@ fixture="${1:-qwen3_moe_mlx4}"
 venv="$here/.venv"
 queue=2
 
-if [ ! -x "$venv/bin/pytest" ]; then
-    python3 -m venv "$venv"
+# (Re)install when requirements.txt changed since the venv was made.
+if ! cmp -s "$here/requirements.txt" "$venv/requirements.installed" 2>/dev/null; then
+    [ -x "$venv/bin/pip" ] || python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet -r "$here/requirements.txt"
+    cp "$here/requirements.txt" "$venv/requirements.installed"
 fi
 
 cargo build --quiet --manifest-path "$root/Cargo.toml" --bin slotstream
 bin="${CARGO_TARGET_DIR:-$root/target}/debug/slotstream"
 
-port="$("$venv/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-log="$(mktemp)"
-"$bin" serve --model "$root/tests/fixtures/$fixture" --port "$port" --queue "$queue" >"$log" 2>&1 &
-server=$!
-trap 'kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; rm -f "$log"' EXIT
+scratch="$(mktemp -d)"
+servers=()
+trap 'for p in "${servers[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; rm -rf "$scratch"' EXIT
 
-url="http://127.0.0.1:$port"
-for _ in $(seq 1 100); do
-    if "$venv/bin/python" -c "import urllib.request; urllib.request.urlopen('$url/api/version')" 2>/dev/null; then
-        break
+# Serves the model directory $1 as $fixture; sets $url and $server.
+start_server() {
+    local port log
+    port="$("$venv/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+    log="$(mktemp -p "$scratch")"
+    "$bin" serve --model "$1" --name "$fixture" --port "$port" --queue "$queue" >"$log" 2>&1 &
+    server=$!
+    servers+=("$server")
+    url="http://127.0.0.1:$port"
+    for _ in $(seq 1 100); do
+        if "$venv/bin/python" -c "import urllib.request; urllib.request.urlopen('$url/api/version')" 2>/dev/null; then
+            return 0
+        fi
+        if ! kill -0 "$server" 2>/dev/null; then
+            echo "slotstream serve exited:" >&2
+            cat "$log" >&2
+            exit 1
+        fi
+        sleep 0.2
+    done
+}
+
+# Fails when a server died during the tests.
+check_alive() {
+    if ! kill -0 "$1" 2>/dev/null; then
+        echo "the server for $2 died during the tests" >&2
+        return 1
     fi
-    if ! kill -0 "$server" 2>/dev/null; then
-        echo "slotstream serve exited:" >&2
-        cat "$log" >&2
-        exit 1
-    fi
-    sleep 0.2
-done
+}
+
+start_server "$root/tests/fixtures/$fixture"
+plain_url="$url" plain_server="$server"
+tools_model="$scratch/$fixture"
+mkdir "$tools_model"
+cp "$root/tests/fixtures/$fixture"/* "$tools_model/"
+cp "$root/tests/fixtures/tools/chat_template.jinja" "$tools_model/"
+start_server "$tools_model"
+tools_url="$url" tools_server="$server"
 
 status=0
-SLOTSTREAM_URL="$url" SLOTSTREAM_MODEL="$fixture" "$venv/bin/pytest" -q "$here/test_clients.py" || status=1
-"$venv/bin/python" "$root/tools/robustness.py" --url "$url" --model "$fixture" --queue "$queue" || status=1
-if ! kill -0 "$server" 2>/dev/null; then
-    echo "the server died during the tests:" >&2
-    cat "$log" >&2
-    status=1
-fi
+SLOTSTREAM_URL="$plain_url" SLOTSTREAM_MODEL="$fixture" "$venv/bin/pytest" -q "$here/test_clients.py" || status=1
+SLOTSTREAM_TOOLS_URL="$tools_url" SLOTSTREAM_MODEL="$fixture" "$venv/bin/pytest" -q "$here/test_agents.py" "$here/test_langchain.py" || status=1
+"$venv/bin/python" "$root/tools/robustness.py" --url "$plain_url" --model "$fixture" --queue "$queue" || status=1
+check_alive "$plain_server" "$fixture" || status=1
+check_alive "$tools_server" "$fixture with tools" || status=1
 exit "$status"

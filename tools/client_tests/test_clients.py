@@ -61,8 +61,8 @@ def test_ollama_multi_turn_uses_context(ol):
 @pytest.mark.parametrize(
     "kwargs, needle",
     [
-        ({"tools": [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {}}}]}, "tools"),
-        ({"format": "json"}, "JSON"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {}}}]}, "does not support tools"),
+        ({"format": {"type": "no-such-type"}}, "'format' cannot be compiled"),
         ({"messages": [{"role": "user", "content": "x", "images": ["aGVsbG8="]}]}, "images"),
     ],
 )
@@ -108,8 +108,8 @@ def test_openai_completions(oa):
 @pytest.mark.parametrize(
     "kwargs, needle",
     [
-        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
-        ({"response_format": {"type": "json_object"}}, "JSON"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "does not support tools"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "json_schema.schema"),
         ({"logprobs": True}, "logprobs"),
         ({"n": 2}, "n > 1"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]}, "images"),

@@ -23,7 +23,9 @@ pub fn significant(v: f64, digits: i32) -> f64 {
 pub fn snapshot(name: &str, values: &[f32]) {
     let rounded: Vec<f64> = values.iter().take(24).map(|v| significant(*v as f64, 4)).collect();
     let l2: f64 = values.iter().map(|v| (*v as f64).powi(2)).sum::<f64>().sqrt();
-    let summary = serde_json::json!({ "len": values.len(), "l2": (l2 * 1e3).round() / 1e3, "first": rounded });
+    // Keys in alphabetical order: the same text whether or not serde_json
+    // keeps insertion order (the workspace turns `preserve_order` on).
+    let summary = serde_json::json!({ "first": rounded, "l2": (l2 * 1e3).round() / 1e3, "len": values.len() });
     insta::with_settings!({ snapshot_path => "../../../../snapshots", prepend_module_to_snapshot => false }, {
         insta::assert_json_snapshot!(format!("wgpu_{name}"), summary);
     });

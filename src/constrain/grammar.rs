@@ -1,0 +1,127 @@
+//! What a request may constrain its output to, written as the Lark grammar
+//! llguidance compiles (JSON schemas embedded with `%json`).
+
+use anyhow::{bail, Result};
+use serde_json::{json, Value};
+
+/// Opens a tool call in the Hermes / Qwen chat format.
+pub const TOOL_CALL_OPEN: &str = "<tool_call>";
+/// Closes it.
+pub const TOOL_CALL_CLOSE: &str = "</tool_call>";
+
+/// One function the model may call: its name and its arguments' JSON schema.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolSpec {
+    pub name: String,
+    pub parameters: Value,
+}
+
+/// What the output must be.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ConstraintSpec {
+    /// Any JSON object (JSON mode).
+    JsonObject,
+    /// A JSON value that validates against this schema.
+    JsonSchema(Value),
+    /// Calls of `tools` in the Hermes / Qwen format
+    /// (`<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`).
+    /// `forced`: the output starts with a call; otherwise it is free until the
+    /// model opens one, and from there the call must parse. `parallel`: more
+    /// calls may follow the first.
+    ToolCalls { tools: Vec<ToolSpec>, forced: bool, parallel: bool },
+}
+
+/// How JSON is written: compact separators as Python's `json.dumps` writes
+/// them (as chat templates render earlier calls), no free whitespace (a
+/// small model could otherwise spend its tokens on blanks).
+fn json_style() -> Value {
+    json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
+}
+
+/// The schema with the JSON style attached.
+fn styled(schema: &Value) -> Result<Value> {
+    let mut schema = match schema {
+        Value::Bool(true) => json!({}),
+        Value::Object(_) => schema.clone(),
+        _ => bail!("a JSON schema must be an object"),
+    };
+    if let Some(obj) = schema.as_object_mut() {
+        obj.insert("x-guidance".into(), json_style());
+    }
+    Ok(schema)
+}
+
+/// A call's arguments carry only the parameters its tool declares: an object
+/// schema that lists `properties` and says nothing of others gets
+/// `additionalProperties: false`, here and in nested objects. Every call
+/// still validates against the tool's own schema; it just never invents
+/// arguments the function would not take (which a small model otherwise
+/// does, until its tokens run out).
+fn declared_only(schema: &mut Value) {
+    match schema {
+        Value::Object(obj) => {
+            let open = obj.contains_key("properties")
+                && !obj.contains_key("additionalProperties")
+                && !obj.contains_key("patternProperties")
+                && !obj.contains_key("unevaluatedProperties");
+            if open {
+                obj.insert("additionalProperties".into(), false.into());
+            }
+            for (key, child) in obj.iter_mut() {
+                if !matches!(key.as_str(), "const" | "enum" | "default" | "examples") {
+                    declared_only(child);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(declared_only),
+        _ => {}
+    }
+}
+
+/// The schema of one call's JSON: its name and its arguments, in that order.
+fn call_schema(tools: &[ToolSpec]) -> Result<Value> {
+    let mut each = Vec::with_capacity(tools.len());
+    for tool in tools {
+        if !tool.parameters.is_object() {
+            bail!("the parameters of tool '{}' are not a JSON schema (an object)", tool.name);
+        }
+        let mut arguments = tool.parameters.clone();
+        declared_only(&mut arguments);
+        each.push(json!({
+            "type": "object",
+            "properties": {"name": {"const": tool.name}, "arguments": arguments},
+            "required": ["name", "arguments"],
+            "additionalProperties": false,
+        }));
+    }
+    match each.len() {
+        0 => bail!("no tools to call"),
+        1 => Ok(each.remove(0)),
+        _ => Ok(json!({"anyOf": each})),
+    }
+}
+
+/// The Lark grammar for `spec`, and the text that must be generated before
+/// it applies (`None`: from the first token).
+pub fn lark(spec: &ConstraintSpec) -> Result<(String, Option<String>)> {
+    let json_rule = |schema: &Value| -> Result<String> { Ok(format!("%json {}", styled(schema)?)) };
+    match spec {
+        ConstraintSpec::JsonObject => Ok((format!("start: {}\n", json_rule(&json!({"type": "object"}))?), None)),
+        ConstraintSpec::JsonSchema(schema) => Ok((format!("start: {}\n", json_rule(schema)?), None)),
+        ConstraintSpec::ToolCalls { tools, forced, parallel } => {
+            let open = lark_string(&format!("{TOOL_CALL_OPEN}\n"));
+            let close = lark_string(&format!("\n{TOOL_CALL_CLOSE}"));
+            // Triggered, the opening tag is already there when the grammar starts.
+            let first = if *forced { format!("{open} call {close}") } else { format!("\"\\n\" call {close}") };
+            let more = if *parallel { format!(" (\"\\n\" {open} call {close})*") } else { String::new() };
+            let grammar = format!("start: {first}{more}\ncall: {}\n", json_rule(&call_schema(tools)?)?);
+            let trigger = (!forced).then(|| TOOL_CALL_OPEN.to_string());
+            Ok((grammar, trigger))
+        }
+    }
+}
+
+/// A Lark string literal (JSON's escaping is a subset Lark reads).
+fn lark_string(s: &str) -> String {
+    Value::String(s.to_string()).to_string()
+}

@@ -1,0 +1,170 @@
+//! The grammar engine over a real (fixture) vocabulary: whatever the logits
+//! say, the constrained output parses and follows its schema.
+
+use std::path::Path;
+
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Value};
+
+use super::*;
+
+fn fixture_grammars() -> Grammars {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_moe_mlx4");
+    // The fixture's logits have 512 rows; its end-of-text token is 509.
+    Grammars::load(&dir, 512, &[509, 511]).expect("building the vocabulary trie")
+}
+
+/// Drives `constraint` with random logits (a stand-in for any model) and
+/// returns the text it allowed, stopping at an end-of-sequence token.
+fn generate(grammars: &Grammars, constraint: &mut GrammarConstraint, free_text: &str, seed: u64) -> String {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let mut out = Vec::new();
+    let eos = [509u32, 511];
+    // Free text first (as a model writes before opening a call).
+    for id in grammars.trie.greedy_tokenize(free_text.as_bytes()) {
+        assert!(!constraint.commit(id).expect("free text commits"));
+        out.extend_from_slice(grammars.trie.token(id));
+    }
+    for _ in 0..400 {
+        let mut logits: Vec<f32> = (0..512).map(|_| rng.random_range(-4.0..4.0)).collect();
+        if !constraint.mask(&mut logits).expect("a mask") {
+            break;
+        }
+        let next = crate::sampling::argmax(&logits);
+        if eos.contains(&next) {
+            break;
+        }
+        out.extend_from_slice(grammars.trie.token(next));
+        if constraint.commit(next).expect("the chosen token is allowed") {
+            break;
+        }
+    }
+    String::from_utf8(out).expect("constrained output is UTF-8")
+}
+
+#[test]
+fn json_schema_output_always_parses_and_validates() {
+    let grammars = fixture_grammars();
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 12},
+            "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            "unit": {"enum": ["celsius", "fahrenheit"]},
+        },
+        "required": ["city", "days", "unit"],
+        "additionalProperties": false,
+    });
+    for seed in 0..8 {
+        let mut c = grammars.constraint(&ConstraintSpec::JsonSchema(schema.clone())).expect("the schema compiles");
+        let text = generate(&grammars, &mut c, "", seed);
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("seed {seed}: {text:?} is not JSON: {e}"));
+        assert!(v["city"].as_str().is_some_and(|c| c.chars().count() <= 12), "{text}");
+        assert!(v["days"].as_i64().is_some_and(|d| (1..=7).contains(&d)), "{text}");
+        assert!(v["unit"] == "celsius" || v["unit"] == "fahrenheit", "{text}");
+        assert_eq!(v.as_object().map(|o| o.len()), Some(3), "{text}");
+    }
+}
+
+#[test]
+fn json_mode_gives_an_object() {
+    let grammars = fixture_grammars();
+    let mut c = grammars.constraint(&ConstraintSpec::JsonObject).expect("JSON mode compiles");
+    // Bounded by the token budget, an object may stay open: it must at least start as one.
+    let text = generate(&grammars, &mut c, "", 3);
+    assert!(text.starts_with('{'), "{text:?}");
+}
+
+fn weather_tools() -> Vec<ToolSpec> {
+    let args = |prop: &str| {
+        json!({"type": "object", "properties": {prop: {"type": "integer", "minimum": -1000, "maximum": 1000}},
+               "required": [prop], "additionalProperties": false})
+    };
+    vec![
+        ToolSpec { name: "get_weather".into(), parameters: args("day") },
+        ToolSpec { name: "add".into(), parameters: args("a") },
+    ]
+}
+
+fn parse_calls(text: &str) -> Vec<Value> {
+    text.split(TOOL_CALL_OPEN)
+        .skip(1)
+        .map(|part| {
+            let body = part.split(TOOL_CALL_CLOSE).next().expect("a closed call");
+            serde_json::from_str(body.trim()).unwrap_or_else(|e| panic!("{body:?} is not JSON: {e}"))
+        })
+        .collect()
+}
+
+#[test]
+fn a_forced_tool_call_parses_and_names_a_tool() {
+    let grammars = fixture_grammars();
+    let spec = ConstraintSpec::ToolCalls { tools: weather_tools(), forced: true, parallel: false };
+    for seed in 0..6 {
+        let mut c = grammars.constraint(&spec).expect("the tools compile");
+        let text = generate(&grammars, &mut c, "", seed);
+        assert!(text.starts_with("<tool_call>\n") && text.ends_with("\n</tool_call>"), "{text:?}");
+        let calls = parse_calls(&text);
+        assert_eq!(calls.len(), 1, "{text}");
+        let name = calls[0]["name"].as_str().expect("a name");
+        let key = if name == "get_weather" { "day" } else { "a" };
+        assert!(name == "get_weather" || name == "add", "{text}");
+        assert!(calls[0]["arguments"][key].is_i64(), "{text}");
+    }
+}
+
+#[test]
+fn a_call_opened_after_free_text_is_constrained_from_the_tag_on() {
+    let grammars = fixture_grammars();
+    let spec = ConstraintSpec::ToolCalls { tools: weather_tools(), forced: false, parallel: true };
+    let mut c = grammars.constraint(&spec).expect("the tools compile");
+    // Before the tag nothing is masked.
+    let mut logits = vec![1.0f32; 512];
+    assert!(c.mask(&mut logits).expect("a mask"));
+    assert!(logits.iter().all(|&l| l == 1.0), "free text is not masked");
+    let text = generate(&grammars, &mut c, "Let me check. <tool_call>", 5);
+    let calls = parse_calls(&text);
+    assert!(!calls.is_empty(), "{text}");
+    assert!(calls.iter().all(|c| c["arguments"].is_object()), "{text}");
+}
+
+#[test]
+fn schemas_the_engine_cannot_compile_are_refused_with_a_reason() {
+    let grammars = fixture_grammars();
+    let error = grammars.constraint(&ConstraintSpec::JsonSchema(json!({"type": "no-such-type"}))).err().expect("refused");
+    assert!(!error.to_string().is_empty());
+    let error = grammars.constraint(&ConstraintSpec::JsonSchema(json!(["not", "a", "schema"]))).err().expect("refused");
+    assert!(error.to_string().contains("must be an object"), "{error}");
+    let bad_tool = ConstraintSpec::ToolCalls {
+        tools: vec![ToolSpec { name: "f".into(), parameters: json!("string") }],
+        forced: true,
+        parallel: false,
+    };
+    let error = grammars.constraint(&bad_tool).err().expect("refused");
+    assert!(error.to_string().contains("parameters of tool 'f' are not a JSON schema"), "{error}");
+}
+
+#[test]
+fn tool_arguments_carry_only_declared_parameters() {
+    let grammars = fixture_grammars();
+    // No additionalProperties: the call may still only use `a`.
+    let open = json!({"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"]});
+    let spec = ConstraintSpec::ToolCalls { tools: vec![ToolSpec { name: "f".into(), parameters: open }], forced: true, parallel: false };
+    for seed in 0..4 {
+        let mut c = grammars.constraint(&spec).expect("compiles");
+        let text = generate(&grammars, &mut c, "", seed);
+        let calls = parse_calls(&text);
+        let args = calls[0]["arguments"].as_object().expect("an object");
+        assert!(args.len() == 1 && args["a"].is_boolean(), "{text}");
+    }
+}
+
+#[test]
+fn the_trigger_is_found_across_token_boundaries() {
+    let mut t = Trigger::new("<tool_call>".into());
+    assert_eq!(t.push(b"Sure <tool"), None);
+    assert_eq!(t.push(b"_ca"), None);
+    assert_eq!(t.push(b"ll>\n{"), Some(b"\n{".to_vec()));
+    let mut t = Trigger::new("<tool_call>".into());
+    assert_eq!(t.push(b"<tool_call>"), Some(Vec::new()));
+}

@@ -1,0 +1,143 @@
+//! The Ollama environment variables `serve` honours as Ollama does, read in
+//! this one place: `OLLAMA_HOST` (where to listen, when `--host`/`--port`
+//! do not say) and `OLLAMA_ORIGINS` (browser origins allowed besides the
+//! loopback ones).
+
+use std::net::IpAddr;
+
+use anyhow::{bail, Context, Result};
+
+/// Ollama's default port.
+pub const DEFAULT_PORT: u16 = 11434;
+
+/// What the environment says, unparsed until asked.
+#[derive(Clone, Debug, Default)]
+pub struct OllamaEnv {
+    pub host: Option<String>,
+    pub origins: Option<String>,
+}
+
+impl OllamaEnv {
+    pub fn from_env() -> OllamaEnv {
+        let read = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+        OllamaEnv { host: read("OLLAMA_HOST"), origins: read("OLLAMA_ORIGINS") }
+    }
+
+    /// The address to listen on: the flags first, then `OLLAMA_HOST`
+    /// (`HOST`, `HOST:PORT`, `:PORT`, `[V6]:PORT`, an `http://` or
+    /// `https://` scheme, whose default ports are 80 and 443), then
+    /// 127.0.0.1:11434.
+    pub fn bind_address(&self, host: Option<&str>, port: Option<u16>) -> Result<(IpAddr, u16)> {
+        let (env_host, env_port) = match &self.host {
+            Some(value) => parse_host(value).with_context(|| format!("OLLAMA_HOST={value:?}"))?,
+            None => (None, None),
+        };
+        let host = match host {
+            Some(h) => ip_of(h).with_context(|| format!("--host {h}"))?,
+            None => env_host.unwrap_or(IpAddr::from([127, 0, 0, 1])),
+        };
+        Ok((host, port.or(env_port).unwrap_or(DEFAULT_PORT)))
+    }
+
+    /// `OLLAMA_ORIGINS`: comma-separated origins, each exact or with one `*`
+    /// wildcard (`chrome-extension://*`, `https://*.example.com`, `*`).
+    pub fn origins(&self) -> Vec<String> {
+        self.origins
+            .as_deref()
+            .unwrap_or("")
+            .split(',')
+            .map(str::trim)
+            .filter(|o| !o.is_empty())
+            .map(String::from)
+            .collect()
+    }
+}
+
+/// An IP address, or `localhost`.
+fn ip_of(host: &str) -> Result<IpAddr> {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.eq_ignore_ascii_case("localhost") {
+        return Ok(IpAddr::from([127, 0, 0, 1]));
+    }
+    host.parse().map_err(|_| anyhow::anyhow!("{host:?} is not an IP address (or localhost)"))
+}
+
+/// `OLLAMA_HOST` as Ollama reads it: the address part (empty means the
+/// default) and the port, when either is given.
+fn parse_host(value: &str) -> Result<(Option<IpAddr>, Option<u16>)> {
+    let (scheme_port, rest) = match value.split_once("://") {
+        Some(("http", rest)) => (Some(80), rest),
+        Some(("https", rest)) => (Some(443), rest),
+        Some((scheme, _)) => bail!("the scheme {scheme:?} is not http or https"),
+        None => (None, value),
+    };
+    let rest = rest.trim_end_matches('/');
+    let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
+        let (addr, after) = v6.split_once(']').context("an IPv6 address needs its closing ']'")?;
+        (addr, after.strip_prefix(':'))
+    } else if rest.matches(':').count() > 1 {
+        (rest, None) // a bare IPv6 address
+    } else {
+        match rest.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (rest, None),
+        }
+    };
+    let port = match port {
+        Some(p) => Some(p.parse::<u16>().map_err(|_| anyhow::anyhow!("the port {p:?} is not a number from 0 to 65535"))?),
+        None => scheme_port,
+    };
+    let host = if host.is_empty() { None } else { Some(ip_of(host)?) };
+    Ok((host, port))
+}
+
+/// Whether `origin` matches one of `patterns` (exact, or one `*` standing
+/// for any text).
+pub fn origin_allowed(origin: &str, patterns: &[String]) -> bool {
+    patterns.iter().any(|p| match p.split_once('*') {
+        Some((prefix, suffix)) => {
+            origin.len() >= prefix.len() + suffix.len() && origin.starts_with(prefix) && origin.ends_with(suffix)
+        }
+        None => p == origin,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(host: &str) -> OllamaEnv {
+        OllamaEnv { host: Some(host.to_string()), origins: None }
+    }
+
+    #[test]
+    fn ollama_host_is_read_as_ollama_reads_it() {
+        let at = |h: &str| env(h).bind_address(None, None).map(|(ip, port)| format!("{ip} {port}")).expect(h);
+        assert_eq!(at("0.0.0.0"), "0.0.0.0 11434");
+        assert_eq!(at("0.0.0.0:8080"), "0.0.0.0 8080");
+        assert_eq!(at(":9000"), "127.0.0.1 9000");
+        assert_eq!(at("http://127.0.0.1"), "127.0.0.1 80");
+        assert_eq!(at("https://localhost:8443/"), "127.0.0.1 8443");
+        assert_eq!(at("[::1]:7000"), "::1 7000");
+        assert_eq!(at("::1"), "::1 11434");
+        let flags = env("0.0.0.0:8080").bind_address(Some("127.0.0.1"), Some(1234)).expect("flags win");
+        assert_eq!(flags, (IpAddr::from([127, 0, 0, 1]), 1234));
+        assert_eq!(OllamaEnv::default().bind_address(None, None).expect("default"), (IpAddr::from([127, 0, 0, 1]), 11434));
+        for bad in ["example.com", "127.0.0.1:port", "ftp://127.0.0.1", "[::1"] {
+            let error = env(bad).bind_address(None, None).expect_err(bad);
+            assert!(format!("{error:#}").contains("OLLAMA_HOST"), "{error:#}");
+        }
+    }
+
+    #[test]
+    fn ollama_origins_allow_exact_and_wildcard_origins() {
+        let e = OllamaEnv { host: None, origins: Some(" https://app.example.com, chrome-extension://* ,".into()) };
+        let patterns = e.origins();
+        assert_eq!(patterns.len(), 2);
+        assert!(origin_allowed("https://app.example.com", &patterns));
+        assert!(origin_allowed("chrome-extension://abcdef", &patterns));
+        assert!(!origin_allowed("https://evil.example.com", &patterns));
+        assert!(!origin_allowed("https://app.example.com.evil", &patterns));
+        assert!(origin_allowed("anything", &["*".to_string()]));
+    }
+}

@@ -1,0 +1,395 @@
+//! Tool calling on the wire: the `tools` both APIs send (checked, then
+//! handed to the chat template as transformers does), `tool_choice`, the
+//! tool calls and results in a chat's history, and the calls parsed back out
+//! of the model's output (the Hermes / Qwen `<tool_call>{json}</tool_call>`
+//! form, which the grammar in `constrain` guarantees parses).
+
+use serde_json::{json, Map, Value};
+
+use super::thinking::partial_suffix;
+use super::ApiError;
+use crate::constrain::{ConstraintSpec, ToolSpec, TOOL_CALL_CLOSE, TOOL_CALL_OPEN};
+use crate::tokenizer::ChatTurn;
+
+/// The tools of a request: as the template gets them, and as the grammar does.
+#[derive(Clone, Debug, Default)]
+pub struct Tools {
+    pub wire: Vec<Value>,
+    pub specs: Vec<ToolSpec>,
+}
+
+/// Reads `tools` (`[{"type": "function", "function": {"name", "description",
+/// "parameters"}}]`, the same in both APIs).
+pub fn parse_tools(v: Option<Value>) -> Result<Tools, ApiError> {
+    let list = match v {
+        None | Some(Value::Null) => return Ok(Tools::default()),
+        Some(Value::Array(list)) => list,
+        Some(_) => return Err(ApiError::bad_request("'tools' must be a list of {\"type\": \"function\", \"function\": {...}} objects")),
+    };
+    let mut tools = Tools::default();
+    for (i, tool) in list.into_iter().enumerate() {
+        let kind = tool.get("type").and_then(Value::as_str).unwrap_or("function");
+        if kind != "function" {
+            return Err(ApiError::bad_request(format!("tools[{i}].type is '{kind}'; only \"function\" tools are supported")));
+        }
+        let Some(function) = tool.get("function").and_then(Value::as_object) else {
+            return Err(ApiError::bad_request(format!("tools[{i}].function must be an object with a 'name'")));
+        };
+        let name = match function.get("name").and_then(Value::as_str) {
+            Some(n) if !n.trim().is_empty() && !n.chars().any(char::is_control) => n.to_string(),
+            _ => return Err(ApiError::bad_request(format!("tools[{i}].function.name must be a non-empty string"))),
+        };
+        if tools.specs.iter().any(|t| t.name == name) {
+            return Err(ApiError::bad_request(format!("tools[{i}].function.name '{name}' is given twice")));
+        }
+        let parameters = match function.get("parameters") {
+            None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
+            Some(p @ Value::Object(o)) if o.get("type").is_none_or(|t| t.is_string() || t.is_array()) => p.clone(),
+            Some(_) => {
+                return Err(ApiError::bad_request(format!(
+                    "tools[{i}].function.parameters is not a JSON schema: give an object such as {{\"type\": \"object\", \"properties\": {{...}}}}"
+                )))
+            }
+        };
+        let mut function = function.clone();
+        function.insert("parameters".into(), parameters.clone());
+        tools.wire.push(json!({"type": "function", "function": function}));
+        tools.specs.push(ToolSpec { name, parameters });
+    }
+    Ok(tools)
+}
+
+/// Whether and which tool the model must call.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ToolChoice {
+    Auto,
+    None,
+    Required,
+    Named(String),
+}
+
+/// OpenAI's `tool_choice`: "auto", "none", "required" or
+/// `{"type": "function", "function": {"name": ...}}` naming one of `tools`.
+pub fn parse_tool_choice(v: Option<Value>, tools: &Tools) -> Result<ToolChoice, ApiError> {
+    let choice = match &v {
+        None | Some(Value::Null) => ToolChoice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => ToolChoice::Auto,
+            "none" => ToolChoice::None,
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(ApiError::bad_request(format!("tool_choice '{other}' is not auto, none, required or a named function")))
+            }
+        },
+        Some(obj) => match obj.get("function").and_then(|f| f.get("name")).and_then(Value::as_str) {
+            Some(name) => ToolChoice::Named(name.to_string()),
+            None => return Err(ApiError::bad_request("tool_choice must be a string or {\"type\": \"function\", \"function\": {\"name\": ...}}")),
+        },
+    };
+    match &choice {
+        ToolChoice::Named(name) if !tools.specs.iter().any(|t| &t.name == name) => {
+            Err(ApiError::bad_request(format!("tool_choice names the function '{name}', which is not in 'tools'")))
+        }
+        ToolChoice::Required | ToolChoice::Named(_) if tools.specs.is_empty() => {
+            Err(ApiError::bad_request("tool_choice asks for a tool call but the request has no 'tools'"))
+        }
+        _ => Ok(choice),
+    }
+}
+
+/// The constraint for a tool choice (`None`: no tools, or calls not wanted).
+pub fn tool_constraint(tools: &Tools, choice: &ToolChoice, parallel: bool) -> Option<ConstraintSpec> {
+    if tools.specs.is_empty() {
+        return None;
+    }
+    match choice {
+        ToolChoice::None => None,
+        ToolChoice::Auto => Some(ConstraintSpec::ToolCalls { tools: tools.specs.clone(), forced: false, parallel }),
+        ToolChoice::Required => Some(ConstraintSpec::ToolCalls { tools: tools.specs.clone(), forced: true, parallel }),
+        ToolChoice::Named(name) => {
+            let specs = tools.specs.iter().filter(|t| &t.name == name).cloned().collect();
+            Some(ConstraintSpec::ToolCalls { tools: specs, forced: true, parallel: false })
+        }
+    }
+}
+
+/// An assistant turn's calls as chat templates read them. `arguments` may
+/// be an object (Ollama) or a JSON string holding one (OpenAI); `field`
+/// names the list in errors.
+pub fn history_calls(calls: Option<Value>, field: &str) -> Result<Vec<Value>, ApiError> {
+    let list = match calls {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(list)) => list,
+        Some(_) => return Err(ApiError::bad_request(format!("{field} must be a list"))),
+    };
+    let mut out = Vec::with_capacity(list.len());
+    for (j, call) in list.iter().enumerate() {
+        let function = call.get("function").and_then(Value::as_object);
+        let name = function.and_then(|f| f.get("name")).and_then(Value::as_str);
+        let (Some(function), Some(name)) = (function, name) else {
+            return Err(ApiError::bad_request(format!("{field}[{j}] needs function.name")));
+        };
+        let arguments = match function.get("arguments") {
+            None | Some(Value::Null) => json!({}),
+            Some(Value::String(s)) => serde_json::from_str::<Value>(s)
+                .ok()
+                .filter(Value::is_object)
+                .ok_or_else(|| ApiError::bad_request(format!("{field}[{j}].function.arguments is not a JSON object")))?,
+            Some(v @ Value::Object(_)) => v.clone(),
+            Some(_) => return Err(ApiError::bad_request(format!("{field}[{j}].function.arguments is not a JSON object"))),
+        };
+        let mut entry = json!({"type": "function", "function": {"name": name, "arguments": arguments}});
+        if let Some(id) = call.get("id").and_then(Value::as_str) {
+            entry["id"] = id.into();
+        }
+        out.push(entry);
+    }
+    Ok(out)
+}
+
+/// Checks that every tool result answers a call made before it: by id
+/// (OpenAI's `tool_call_id`) or, without one, by name (Ollama's
+/// `tool_name`), or at least that a call was made. Fills in the result's
+/// `name` from its call where the client left it out.
+pub fn check_tool_results(turns: &mut [ChatTurn]) -> Result<(), ApiError> {
+    let mut calls: Vec<(Option<String>, String)> = Vec::new();
+    for (i, turn) in turns.iter_mut().enumerate() {
+        for call in &turn.tool_calls {
+            let id = call.get("id").and_then(Value::as_str).map(String::from);
+            let name = call["function"]["name"].as_str().unwrap_or_default().to_string();
+            calls.push((id, name));
+        }
+        if turn.role != "tool" {
+            continue;
+        }
+        let matched = match (&turn.tool_call_id, &turn.name) {
+            (Some(id), _) => calls.iter().find(|(cid, _)| cid.as_deref() == Some(id.as_str())),
+            (None, Some(name)) => calls.iter().find(|(_, cname)| cname == name),
+            (None, None) => calls.last(),
+        };
+        let Some((_, name)) = matched else {
+            let what = match (&turn.tool_call_id, &turn.name) {
+                (Some(id), _) => format!("tool_call_id '{id}'"),
+                (None, Some(name)) => format!("tool_name '{name}'"),
+                (None, None) => "a tool result".to_string(),
+            };
+            return Err(ApiError::bad_request(format!(
+                "messages[{i}] is {what}, which answers no tool call made earlier in 'messages'"
+            )));
+        };
+        if turn.name.is_none() {
+            turn.name = Some(name.clone());
+        }
+    }
+    Ok(())
+}
+
+/// A call the model made.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolCall {
+    pub name: String,
+    pub arguments: Map<String, Value>,
+    /// The arguments exactly as the model wrote them (a 30-digit integer
+    /// stays an integer, which a round trip through `f64` would not keep).
+    pub arguments_json: String,
+}
+
+impl ToolCall {
+    /// `{"name": ..., "arguments": {...}}`, as the model writes it.
+    fn parse(body: &str) -> Option<ToolCall> {
+        #[derive(serde::Deserialize)]
+        struct Written<'a> {
+            name: String,
+            #[serde(borrow)]
+            arguments: Option<&'a serde_json::value::RawValue>,
+        }
+        let written: Written = serde_json::from_str(body.trim()).ok()?;
+        let arguments_json = written.arguments.map_or("{}", |raw| raw.get()).to_string();
+        let Ok(Value::Object(arguments)) = serde_json::from_str(&arguments_json) else { return None };
+        Some(ToolCall { name: written.name, arguments, arguments_json })
+    }
+}
+
+/// A piece of the answer: text, or a whole call.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Part {
+    Text(String),
+    Call(ToolCall),
+}
+
+/// Splits streamed answer text into text and tool calls. Text that might
+/// open a call is held back until it is known; blank text around calls is
+/// dropped; a call that never closes (the length ran out) stays text.
+#[derive(Default)]
+pub struct ToolCallSplitter {
+    pending: String,
+    inside: bool,
+    /// Blank text waiting to learn whether a call or more text follows.
+    blank: String,
+    saw_call: bool,
+}
+
+impl ToolCallSplitter {
+    pub fn push(&mut self, piece: &str) -> Vec<Part> {
+        self.pending.push_str(piece);
+        let mut out = Vec::new();
+        loop {
+            if self.inside {
+                let Some(at) = self.pending.find(TOOL_CALL_CLOSE) else { return out };
+                let body = self.pending[..at].to_string();
+                self.pending.drain(..at + TOOL_CALL_CLOSE.len());
+                self.inside = false;
+                match ToolCall::parse(&body) {
+                    Some(call) => {
+                        self.blank.clear();
+                        self.saw_call = true;
+                        out.push(Part::Call(call));
+                    }
+                    None => self.text(format!("{TOOL_CALL_OPEN}{body}{TOOL_CALL_CLOSE}"), &mut out),
+                }
+                continue;
+            }
+            if let Some(at) = self.pending.find(TOOL_CALL_OPEN) {
+                let before: String = self.pending.drain(..at + TOOL_CALL_OPEN.len()).take(at).collect();
+                self.text(before, &mut out);
+                self.inside = true;
+                continue;
+            }
+            let keep = partial_suffix(&self.pending, TOOL_CALL_OPEN);
+            let ready: String = self.pending.drain(..self.pending.len() - keep).collect();
+            self.text(ready, &mut out);
+            return out;
+        }
+    }
+
+    /// Whatever is still held back, as text.
+    pub fn finish(&mut self) -> Vec<Part> {
+        let mut out = Vec::new();
+        let mut rest = std::mem::take(&mut self.pending);
+        if self.inside {
+            rest.insert_str(0, TOOL_CALL_OPEN);
+            self.inside = false;
+        }
+        self.text(rest, &mut out);
+        if !self.saw_call && !self.blank.is_empty() {
+            out.push(Part::Text(std::mem::take(&mut self.blank)));
+        }
+        out
+    }
+
+    fn text(&mut self, text: String, out: &mut Vec<Part>) {
+        if text.is_empty() {
+            return;
+        }
+        if text.trim().is_empty() {
+            self.blank.push_str(&text);
+            return;
+        }
+        let mut all = std::mem::take(&mut self.blank);
+        all.push_str(&text);
+        out.push(Part::Text(all));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The parts of `pieces`, neighbouring texts joined (streaming may cut text anywhere).
+    fn split(pieces: &[&str]) -> Vec<Part> {
+        let mut s = ToolCallSplitter::default();
+        let mut parts: Vec<Part> = pieces.iter().flat_map(|p| s.push(p)).collect();
+        parts.extend(s.finish());
+        let mut out: Vec<Part> = Vec::new();
+        for part in parts {
+            match (out.last_mut(), part) {
+                (Some(Part::Text(all)), Part::Text(t)) => all.push_str(&t),
+                (_, part) => out.push(part),
+            }
+        }
+        out
+    }
+
+    fn call(name: &str, arguments: Value) -> Part {
+        let arguments_json = arguments.to_string().replace(':', ": ");
+        Part::Call(ToolCall { name: name.into(), arguments: arguments.as_object().cloned().unwrap_or_default(), arguments_json })
+    }
+
+    #[test]
+    fn arguments_keep_the_numbers_the_model_wrote() {
+        let big = "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 155777777157777780000000001}}\n</tool_call>";
+        match split(&[big]).as_slice() {
+            [Part::Call(c)] => assert_eq!(c.arguments_json, "{\"a\": 155777777157777780000000001}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn calls_are_cut_out_of_streamed_text_wherever_the_pieces_break() {
+        let text = "Checking.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n</tool_call>";
+        let want = vec![
+            Part::Text("Checking.".into()),
+            call("get_weather", json!({"city": "Paris"})),
+            call("add", json!({"a": 1})),
+        ];
+        for size in [1, 2, 3, 7, 64, text.len()] {
+            let chars: Vec<char> = text.chars().collect();
+            let pieces: Vec<String> = chars.chunks(size).map(|c| c.iter().collect()).collect();
+            let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
+            assert_eq!(split(&refs), want, "pieces of {size} characters");
+        }
+    }
+
+    #[test]
+    fn text_without_calls_passes_unchanged() {
+        let got = split(&["a <tool", " b", "  "]);
+        let all: String = got.iter().map(|p| if let Part::Text(t) = p { t.clone() } else { panic!("{p:?}") }).collect();
+        assert_eq!(all, "a <tool b  ");
+    }
+
+    #[test]
+    fn an_unclosed_or_broken_call_stays_text() {
+        assert_eq!(split(&["<tool_call>\n{\"name\": \"f\", \"argu"]), vec![Part::Text("<tool_call>\n{\"name\": \"f\", \"argu".into())]);
+        assert_eq!(split(&["<tool_call>not json</tool_call>"]), vec![Part::Text("<tool_call>not json</tool_call>".into())]);
+    }
+
+    #[test]
+    fn tools_and_choices_are_checked() {
+        let tools = parse_tools(Some(json!([
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}},
+            {"type": "function", "function": {"name": "g"}},
+        ])))
+        .expect("valid tools");
+        assert_eq!(tools.specs.len(), 2);
+        assert_eq!(tools.specs[1].parameters, json!({"type": "object", "properties": {}}));
+        let bad = parse_tools(Some(json!([{"type": "function", "function": {"name": "f", "parameters": "x"}}]))).expect_err("a string is no schema");
+        assert!(bad.message.contains("tools[0].function.parameters is not a JSON schema"), "{}", bad.message);
+        let bad = parse_tools(Some(json!([{"type": "function", "function": {"name": "f", "parameters": {"type": 3}}}]))).expect_err("type 3");
+        assert!(bad.message.contains("not a JSON schema"), "{}", bad.message);
+        let unknown = parse_tool_choice(Some(json!({"type": "function", "function": {"name": "h"}})), &tools).expect_err("unknown");
+        assert!(unknown.message.contains("'h', which is not in 'tools'"), "{}", unknown.message);
+        assert_eq!(parse_tool_choice(Some(json!("required")), &tools).expect("required"), ToolChoice::Required);
+        let named = parse_tool_choice(Some(json!({"type": "function", "function": {"name": "g"}})), &tools).expect("named");
+        match tool_constraint(&tools, &named, true) {
+            Some(ConstraintSpec::ToolCalls { tools, forced: true, parallel: false }) => assert_eq!(tools[0].name, "g"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(tool_constraint(&tools, &ToolChoice::None, true), None);
+    }
+
+    #[test]
+    fn tool_results_must_answer_a_call() {
+        let calls = history_calls(Some(json!([{"id": "call_1", "function": {"name": "f", "arguments": "{\"x\": 1}"}}])), "calls")
+            .expect("OpenAI-style calls");
+        assert_eq!(calls[0]["function"]["arguments"], json!({"x": 1}));
+        let turn = |role: &str| ChatTurn { role: role.into(), ..ChatTurn::default() };
+        let mut ok = vec![turn("user"), ChatTurn { tool_calls: calls, ..turn("assistant") }, ChatTurn { tool_call_id: Some("call_1".into()), ..turn("tool") }];
+        check_tool_results(&mut ok).expect("answers call_1");
+        assert_eq!(ok[2].name.as_deref(), Some("f"));
+        let mut orphan = vec![turn("user"), ChatTurn { tool_call_id: Some("call_9".into()), ..turn("tool") }];
+        let e = check_tool_results(&mut orphan).expect_err("no such call");
+        assert!(e.message.contains("messages[1] is tool_call_id 'call_9', which answers no tool call"), "{}", e.message);
+        let bad = history_calls(Some(json!([{"function": {"name": "f", "arguments": "{oops"}}])), "messages[1].tool_calls").expect_err("bad");
+        assert!(bad.message.contains("messages[1].tool_calls[0].function.arguments is not a JSON object"), "{}", bad.message);
+    }
+}

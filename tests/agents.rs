@@ -1,0 +1,271 @@
+//! What agents and apps send: tool calling and structured output through
+//! both APIs, over a fixture model served with a tool-calling chat template
+//! (`tests/fixtures/tools/chat_template.jinja`). The fixture's weights are
+//! random, so whatever the model would say, the constrained calls and JSON
+//! must parse and follow their schemas.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use slotstream::generate::Engine;
+use slotstream::server::{AppState, ModelInfo, ServerOptions, Timeouts};
+
+const MODEL: &str = "qwen3_moe_mlx4";
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+/// The fixture model's files with the tool-calling template beside them.
+fn tool_model() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("a scratch folder");
+    for entry in std::fs::read_dir(fixture(MODEL)).expect("the fixture") {
+        let path = entry.expect("a fixture file").path();
+        std::fs::copy(&path, dir.path().join(path.file_name().expect("a name"))).expect("copying a fixture file");
+    }
+    std::fs::copy(fixture("tools/chat_template.jinja"), dir.path().join("chat_template.jinja")).expect("the template");
+    dir
+}
+
+struct Server {
+    addr: SocketAddr,
+}
+
+fn start(dir: &Path) -> Server {
+    let engine = Engine::load(dir, Box::new(slotstream_cpu::CpuBackend::exact()), &slotstream::model::LoadOptions::default())
+        .unwrap_or_else(|e| panic!("loading {}: {e:#}", dir.display()));
+    let info = ModelInfo::describe(engine.arch(), MODEL.to_string());
+    let options = ServerOptions {
+        model_name: MODEL.to_string(),
+        max_context: 4096,
+        prefix_cache: true,
+        queue: 4,
+        plan: None,
+        elastic: None,
+        timeouts: Timeouts::default(),
+        origins: Vec::new(),
+    };
+    let app = AppState::new(engine, info, options);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding an ephemeral port");
+    let addr = listener.local_addr().expect("the bound address");
+    listener.set_nonblocking(true).expect("a non-blocking listener");
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a runtime");
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("adopting the listener");
+            slotstream::server::serve_on(listener, app, std::future::pending()).await.expect("serving");
+        });
+    });
+    Server { addr }
+}
+
+impl Server {
+    /// POSTs `body`; returns the status and the (de-chunked) body.
+    fn post(&self, path: &str, body: &Value) -> (u16, String) {
+        let body = body.to_string();
+        let mut s = TcpStream::connect(self.addr).expect("connecting");
+        s.set_read_timeout(Some(Duration::from_secs(120))).expect("a timeout");
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            self.addr,
+            body.len()
+        );
+        s.write_all(head.as_bytes()).and_then(|()| s.write_all(body.as_bytes())).expect("sending");
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).expect("reading the response");
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        let (head, mut rest) = text.split_once("\r\n\r\n").expect("a response head");
+        let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).expect("a status");
+        if !head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+            return (status, rest.to_string());
+        }
+        let mut out = String::new();
+        while let Some((size, after)) = rest.split_once("\r\n") {
+            let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+            if size == 0 || after.len() < size {
+                break;
+            }
+            out.push_str(&after[..size]);
+            rest = after[size..].trim_start_matches("\r\n");
+        }
+        (status, out)
+    }
+
+    fn json(&self, path: &str, body: &Value) -> Value {
+        let (status, text) = self.post(path, body);
+        assert_eq!(status, 200, "{path} {body}: {text}");
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?} is not JSON: {e}"))
+    }
+
+    fn error(&self, path: &str, body: &Value) -> String {
+        let (status, text) = self.post(path, body);
+        assert_eq!(status, 400, "{path} {body}: {text}");
+        let v: Value = serde_json::from_str(&text).expect("a JSON error");
+        v["error"].as_str().or(v["error"]["message"].as_str()).expect("an error message").to_string()
+    }
+}
+
+fn tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "get_weather", "description": "Weather for a day",
+            "parameters": {"type": "object", "properties": {"day": {"type": "integer", "minimum": 1, "maximum": 7},
+                "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["day", "unit"], "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "add", "description": "Adds",
+            "parameters": {"type": "object", "properties": {"a": {"type": "integer", "minimum": -1000, "maximum": 1000},
+                "b": {"type": "integer", "minimum": -1000, "maximum": 1000}},
+                "required": ["a", "b"], "additionalProperties": false}}},
+    ])
+}
+
+/// Checks a call's arguments against the tools above.
+fn check_arguments(name: &str, args: &Value) {
+    let obj = args.as_object().unwrap_or_else(|| panic!("{name}: arguments {args} are not an object"));
+    match name {
+        "get_weather" => {
+            assert!(args["day"].as_i64().is_some_and(|d| (1..=7).contains(&d)), "{args}");
+            assert!(args["unit"] == "celsius" || args["unit"] == "fahrenheit", "{args}");
+            assert_eq!(obj.len(), 2, "{args}");
+        }
+        "add" => {
+            assert!(args["a"].is_i64() && args["b"].is_i64() && obj.len() == 2, "{args}");
+        }
+        other => panic!("the model called {other}, which is not a tool"),
+    }
+}
+
+fn user(text: &str) -> Value {
+    json!([{"role": "user", "content": text}])
+}
+
+#[test]
+fn openai_forced_and_named_tool_calls_parse_and_follow_their_schemas() {
+    let dir = tool_model();
+    let s = start(dir.path());
+    for (seed, choice) in [(1, json!("required")), (2, json!("required")), (3, json!({"type": "function", "function": {"name": "add"}}))] {
+        let body = json!({"model": MODEL, "messages": user("What is 2 + 3?"), "tools": tools(), "tool_choice": choice,
+                          "max_tokens": 120, "seed": seed, "temperature": 1.0});
+        let v = s.json("/v1/chat/completions", &body);
+        let choice0 = &v["choices"][0];
+        assert_eq!(choice0["finish_reason"], "tool_calls", "{v}");
+        let calls = choice0["message"]["tool_calls"].as_array().expect("tool_calls");
+        assert!(!calls.is_empty(), "{v}");
+        for call in calls {
+            assert!(call["id"].as_str().is_some_and(|id| !id.is_empty()), "{call}");
+            assert_eq!(call["type"], "function");
+            let name = call["function"]["name"].as_str().expect("a name");
+            if body["tool_choice"].is_object() {
+                assert_eq!(name, "add");
+            }
+            let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().expect("arguments as a string"))
+                .expect("arguments parse");
+            check_arguments(name, &args);
+        }
+    }
+}
+
+#[test]
+fn openai_streams_tool_call_deltas_and_takes_results_back() {
+    let dir = tool_model();
+    let s = start(dir.path());
+    let body = json!({"model": MODEL, "messages": user("Weather?"), "tools": tools(), "tool_choice": "required",
+                      "parallel_tool_calls": false, "max_tokens": 120, "stream": true});
+    let (status, text) = s.post("/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{text}");
+    let chunks: Vec<Value> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).expect("a JSON chunk"))
+        .collect();
+    let deltas: Vec<&Value> = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array()).flatten().collect();
+    assert_eq!(deltas.len(), 1, "one call without parallel calls: {text}");
+    assert_eq!(deltas[0]["index"], 0);
+    let name = deltas[0]["function"]["name"].as_str().expect("a name");
+    let args: Value = serde_json::from_str(deltas[0]["function"]["arguments"].as_str().expect("arguments")).expect("JSON");
+    check_arguments(name, &args);
+    let last = chunks.iter().rev().find(|c| !c["choices"][0]["finish_reason"].is_null()).expect("a final chunk");
+    assert_eq!(last["choices"][0]["finish_reason"], "tool_calls");
+    assert!(text.trim_end().ends_with("data: [DONE]"));
+
+    // The call and its result go back in the history.
+    let id = deltas[0]["id"].as_str().expect("an id");
+    let history = json!([
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
+            "function": {"name": name, "arguments": deltas[0]["function"]["arguments"]}}]},
+        {"role": "tool", "tool_call_id": id, "content": "{\"temperature\": 21}"},
+    ]);
+    let v = s.json("/v1/chat/completions", &json!({"model": MODEL, "messages": history, "tools": tools(), "max_tokens": 4}));
+    assert!(v["usage"]["prompt_tokens"].as_u64().is_some_and(|n| n > 100), "{v}");
+}
+
+#[test]
+fn ollama_tools_history_and_structured_output() {
+    let dir = tool_model();
+    let s = start(dir.path());
+    let history = json!([
+        {"role": "user", "content": "Add 2 and 3"},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "add", "arguments": {"a": 2, "b": 3}}}]},
+        {"role": "tool", "tool_name": "add", "content": "5"},
+    ]);
+    let body = json!({"model": MODEL, "messages": history, "tools": tools(), "stream": false,
+                      "options": {"temperature": 0, "num_predict": 16}});
+    let v = s.json("/api/chat", &body);
+    assert_eq!(v["message"]["role"], "assistant");
+    for call in v["message"]["tool_calls"].as_array().into_iter().flatten() {
+        check_arguments(call["function"]["name"].as_str().expect("a name"), &call["function"]["arguments"]);
+    }
+
+    let schema = json!({"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120}}, "required": ["name", "age"], "additionalProperties": false});
+    for seed in 0..3 {
+        let body = json!({"model": MODEL, "messages": user("Who?"), "format": schema, "stream": false,
+                          "options": {"temperature": 1, "seed": seed, "num_predict": 60}});
+        let v = s.json("/api/chat", &body);
+        let content: Value = serde_json::from_str(v["message"]["content"].as_str().expect("content")).expect("content is JSON");
+        assert!(content["name"].as_str().is_some_and(|n| n.chars().count() <= 10), "{content}");
+        assert!(content["age"].as_i64().is_some_and(|a| (0..=120).contains(&a)), "{content}");
+    }
+    let v = s.json("/v1/chat/completions", &json!({"model": MODEL, "messages": user("Who?"), "max_tokens": 60,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": true}}}));
+    let content: Value = serde_json::from_str(v["choices"][0]["message"]["content"].as_str().expect("content")).expect("JSON");
+    assert!(content["age"].is_i64(), "{content}");
+}
+
+#[test]
+fn bad_tools_schemas_and_results_get_400_naming_the_field() {
+    let dir = tool_model();
+    let s = start(dir.path());
+    let chat = "/v1/chat/completions";
+    let bad_params = json!([{"type": "function", "function": {"name": "f", "parameters": "a string"}}]);
+    let e = s.error(chat, &json!({"model": MODEL, "messages": user("x"), "tools": bad_params}));
+    assert!(e.contains("tools[0].function.parameters is not a JSON schema"), "{e}");
+    let e = s.error(chat, &json!({"model": MODEL, "messages": user("x"), "tools": tools(),
+        "tool_choice": {"type": "function", "function": {"name": "nope"}}}));
+    assert!(e.contains("'nope', which is not in 'tools'"), "{e}");
+    let orphan = json!([{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "call_9", "content": "5"}]);
+    let e = s.error(chat, &json!({"model": MODEL, "messages": orphan, "tools": tools()}));
+    assert!(e.contains("tool_call_id 'call_9', which answers no tool call"), "{e}");
+    let e = s.error("/api/chat", &json!({"model": MODEL, "messages": user("x"), "format": {"type": "no-such-type"}}));
+    assert!(e.contains("'format' cannot be compiled"), "{e}");
+    let e = s.error(chat, &json!({"model": MODEL, "messages": user("x"),
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "minimum": 5, "maximum": 1}}}}));
+    assert!(e.contains("'response_format'"), "{e}");
+    let e = s.error("/api/chat", &json!({"model": MODEL, "messages": user("x"), "format": "yaml"}));
+    assert!(e.contains("format must be"), "{e}");
+
+    // The plain fixture's template never reads tools.
+    let plain = start(&fixture(MODEL));
+    let e = plain.error("/api/chat", &json!({"model": MODEL, "messages": user("x"), "tools": tools()}));
+    assert!(e.contains("does not support tools"), "{e}");
+    // Nor has its vocabulary fill-in-the-middle tokens.
+    let e = plain.error("/api/generate", &json!({"model": MODEL, "prompt": "def f(", "suffix": "):"}));
+    assert!(e.contains("does not support insert"), "{e}");
+    let e = plain.error("/v1/completions", &json!({"model": MODEL, "prompt": "def f(", "suffix": "):"}));
+    assert!(e.contains("does not support insert"), "{e}");
+    let e = plain.error("/v1/completions", &json!({"model": MODEL, "prompt": [1, 2], "suffix": "):"}));
+    assert!(e.contains("'suffix' needs 'prompt' as text"), "{e}");
+}
