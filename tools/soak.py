@@ -126,9 +126,11 @@ class Client:
                 self.reference.setdefault("changed_to", text)
         self.count("greedy_ok")
 
-    def run(self, until, seed):
+    def run(self, until, seed, only=None):
         rng = random.Random(seed)
         ops = [self.streamed_generate, self.dropped_chat, self.openai_chat, self.dropped_after_headers, self.tags, self.greedy]
+        if only:
+            ops = [op for op in ops if op.__name__ in only]
         while time.time() < until:
             op = rng.choice(ops)
             try:
@@ -161,6 +163,7 @@ def main():
     ap.add_argument("--clients", type=int, default=3)
     ap.add_argument("--sample", type=float, default=10.0, help="seconds between RSS/descriptor samples")
     ap.add_argument("--out", help="write the JSON summary here too")
+    ap.add_argument("--ops", help="comma-separated subset of the request kinds (method names), to narrow a finding down")
     a = ap.parse_args()
     server = None
     if a.url:
@@ -190,7 +193,7 @@ def main():
     stats, lock, reference, samples = {}, threading.Lock(), {}, []
     start = time.time()
     until = start + 60 * a.minutes
-    threads = [threading.Thread(target=Client(host, port, model, stats, lock, reference).run, args=(until, i), daemon=True)
+    threads = [threading.Thread(target=Client(host, port, model, stats, lock, reference).run, args=(until, i, a.ops.split(",") if a.ops else None), daemon=True)
                for i in range(a.clients)]
     for t in threads:
         t.start()
