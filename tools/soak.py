@@ -3,7 +3,7 @@
 clients that leave mid-stream, while the server's memory and descriptors are
 sampled. Standard library only.
 
-    tools/soak.py --minutes 30 [--model tools/demo/model] [--backend cpu] [--clients 3]
+    tools/soak.py --minutes 30 [--model tools/demo/model] [--backend cpu:exact] [--clients 3]
     tools/soak.py --url http://127.0.0.1:11434 --pid PID --minutes 30   # a running server
 
 Each client loops over: a streamed /api/generate read to the end; a streamed
@@ -156,7 +156,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=30.0)
     ap.add_argument("--model", default=os.path.join(REPO, "tools", "demo", "model"))
-    ap.add_argument("--backend", default="cpu")
+    # Exact mode: in the default int8 mode a prompt fed in different chunks (a
+    # reused prefix or not) may round differently, so the prefix cache can
+    # change greedy output there (SPEC section 7: --no-prefix-cache is what
+    # promises reproducibility); exact mode keeps it identical with the cache on.
+    ap.add_argument("--backend", default="cpu:exact")
     ap.add_argument("--binary", default=os.path.join(REPO, "target", "release", "slotstream"))
     ap.add_argument("--url", help="a running server instead of starting one (needs --pid)")
     ap.add_argument("--pid", type=int)
