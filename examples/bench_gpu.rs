@@ -106,11 +106,25 @@ fn copy_bandwidth(b: &WgpuBackend, mib: usize, reps: usize) -> Result<f64> {
 }
 
 /// What one small dispatch costs: `n` dependent adds of `[1, cols]` rows in a
-/// row (each reads the previous one's output), for the default flush interval
-/// and for one submission; host recording time and wall time per dispatch.
+/// row (each reads the previous one's output) at several flush intervals (0:
+/// one submission), then `n` independent adds into distinct outputs (no
+/// barrier between them); host recording and submission time and wall time
+/// per dispatch.
 fn dispatch_floor(b: &WgpuBackend, cols: usize, n: usize) -> Result<()> {
     let y = b.upload(&vec![1e-3; cols], &[1, cols])?;
-    for flush in [16u32, 0] {
+    let report = |what: &str, flush: u32, t: Instant, recorded: f64| {
+        let wall = t.elapsed().as_secs_f64();
+        let (record, submit, submits) = b.take_host_time();
+        let per = |s: f64| 1e6 * s / n as f64;
+        println!(
+            "dispatch floor (flush every {flush}): {n} {what} adds of {cols} floats: {:.2} us wall per dispatch; host {:.2} us recording + {:.2} us submitting per dispatch ({submits} submissions, all recorded after {:.1} ms)",
+            per(wall),
+            per(record),
+            per(submit),
+            1e3 * recorded
+        );
+    };
+    for flush in [16u32, 0, 64, 256] {
         b.set_flush_every(flush);
         let mut x = b.upload(&vec![0.0; cols], &[1, cols])?;
         b.sync()?;
@@ -121,52 +135,17 @@ fn dispatch_floor(b: &WgpuBackend, cols: usize, n: usize) -> Result<()> {
         }
         let recorded = t.elapsed().as_secs_f64();
         b.sync()?;
-        let wall = t.elapsed().as_secs_f64();
-        let (record, submit, submits) = b.take_host_time();
-        println!(
-            "dispatch floor (flush every {flush}): {n} dependent adds of {cols} floats: {:.2} us wall per dispatch; host {:.2} us recording + {:.2} us submitting per dispatch ({submits} submissions, all recorded after {:.1} ms)",
-            1e6 * wall / n as f64,
-            1e6 * record / n as f64,
-            1e6 * submit / n as f64,
-            1e3 * recorded
-        );
+        report("dependent", flush, t, recorded);
     }
-    // Independent adds into distinct outputs (kept alive): no barrier between them.
     b.set_flush_every(16);
     b.sync()?;
     b.take_host_time();
     let t = Instant::now();
     let outs: Vec<_> = (0..n).map(|_| b.add(&y, &y)).collect::<Result<_, _>>()?;
+    let recorded = t.elapsed().as_secs_f64();
     b.sync()?;
-    let wall = t.elapsed().as_secs_f64();
-    let (record, submit, _) = b.take_host_time();
-    println!(
-        "dispatch floor (flush every 16): {n} independent adds: {:.2} us wall per dispatch; host {:.2} us recording + {:.2} us submitting",
-        1e6 * wall / n as f64,
-        1e6 * record / n as f64,
-        1e6 * submit / n as f64
-    );
+    report("independent", 16, t, recorded);
     drop(outs);
-    for flush in [64u32, 256] {
-        b.set_flush_every(flush);
-        let mut x = b.upload(&vec![0.0; cols], &[1, cols])?;
-        b.sync()?;
-        b.take_host_time();
-        let t = Instant::now();
-        for _ in 0..n {
-            x = b.add(&x, &y)?;
-        }
-        b.sync()?;
-        let wall = t.elapsed().as_secs_f64();
-        let (record, submit, _) = b.take_host_time();
-        println!(
-            "dispatch floor (flush every {flush}): dependent adds: {:.2} us wall per dispatch; host {:.2} us recording + {:.2} us submitting",
-            1e6 * wall / n as f64,
-            1e6 * record / n as f64,
-            1e6 * submit / n as f64
-        );
-    }
-    b.set_flush_every(16);
     Ok(())
 }
 
