@@ -400,7 +400,7 @@ mod tests {
 
     #[test]
     fn tools_calls_and_results_reach_the_template_as_transformers_passes_them() {
-        let template = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tools/chat_template.jinja"))
+        let template = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/templates/tool_calling.jinja"))
             .expect("the test's tool template");
         let (_dir, codec) = codec_with_template(&template);
         assert!(codec.template_supports_tools());

@@ -1,6 +1,6 @@
 //! What agents and apps send: tool calling and structured output through
 //! both APIs, over a fixture model served with a tool-calling chat template
-//! (`tests/fixtures/tools/chat_template.jinja`). The fixture's weights are
+//! (`tests/templates/tool_calling.jinja`). The fixture's weights are
 //! random, so whatever the model would say, the constrained calls and JSON
 //! must parse and follow their schemas.
 
@@ -26,7 +26,7 @@ fn tool_model() -> tempfile::TempDir {
         let path = entry.expect("a fixture file").path();
         std::fs::copy(&path, dir.path().join(path.file_name().expect("a name"))).expect("copying a fixture file");
     }
-    std::fs::copy(fixture("tools/chat_template.jinja"), dir.path().join("chat_template.jinja")).expect("the template");
+    std::fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/templates/tool_calling.jinja"), dir.path().join("chat_template.jinja")).expect("the template");
     dir
 }
 

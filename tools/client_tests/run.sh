@@ -3,7 +3,7 @@
 # on a free port, runs the official `ollama` and `openai` Python packages
 # (test_clients.py) and the robustness script, then stops the server. A second
 # server runs the same weights with a tool-calling chat template
-# (tests/fixtures/tools) for tool calling and structured output (test_agents.py).
+# (tests/templates/tool_calling.jinja) for tool calling and structured output (test_agents.py).
 #
 #   tools/client_tests/run.sh [fixture]    (default: qwen3_moe_mlx4)
 set -euo pipefail
@@ -63,7 +63,7 @@ plain_url="$url" plain_server="$server"
 tools_model="$scratch/$fixture"
 mkdir "$tools_model"
 cp "$root/tests/fixtures/$fixture"/* "$tools_model/"
-cp "$root/tests/fixtures/tools/chat_template.jinja" "$tools_model/"
+cp "$root/tests/templates/tool_calling.jinja" "$tools_model/chat_template.jinja"
 start_server "$tools_model"
 tools_url="$url" tools_server="$server"
 
