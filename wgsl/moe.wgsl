@@ -7,6 +7,8 @@
 //                router logits (vals), the `top_k` largest kept (highest logit
 //                first, ties to the lower id), renormalised when `normalize`;
 //                writes routes[t] = top_k ids, then top_k weights (f32 bits).
+//   moe_route_matmul: moe_route of the logits x[t] . W (the router's rows, then
+//                optional extra rows written to out), in one dispatch.
 //   moe_map:     table[entries[i].x] = entries[i].y for i < n (the slot table).
 //   moe_gate_up: out[a, r] = silu(gate[slot] row r . x[token]) * (up[slot] row r . x[token]),
 //                gate and up side by side in one pool matrix: gate rows 0..rows, up rows rows..2*rows
@@ -122,16 +124,20 @@ fn reduce_sum(li: u32) {
     workgroupBarrier();
 }
 
-@compute @workgroup_size(256)
-fn moe_route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let t = wid.y * nwg.x + wid.x;
-    if (t >= p.n) {
-        return;
+// Routes token `t` from its logits: in `row` when `cached` (at most
+// ROW_CACHE experts), else in `vals`.
+fn lg(t: u32, e: u32, cached: bool) -> f32 {
+    if (cached) {
+        return row[e];
     }
+    return logit(t, e);
+}
+
+fn route_token(t: u32, li: u32, cached: bool) {
     // Softmax denominator: max, then the sum of exp(l - max).
     var m = -3.4028235e38;
     for (var e = li; e < p.experts; e += 256u) {
-        m = max(m, logit(t, e));
+        m = max(m, lg(t, e, cached));
     }
     red_v[li] = m;
     red_i[li] = 0u;
@@ -140,15 +146,11 @@ fn moe_route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     workgroupBarrier();
     var s = 0.0;
     for (var e = li; e < p.experts; e += 256u) {
-        s += exp(logit(t, e) - mx);
+        s += exp(lg(t, e, cached) - mx);
     }
     red_v[li] = s;
     reduce_sum(li);
     let total = red_v[0];
-    let cached = p.experts <= ROW_CACHE;
-    for (var e = li; e < min(p.experts, ROW_CACHE); e += 256u) {
-        row[e] = logit(t, e);
-    }
     if (li < p.top_k) {
         // Stays "no expert" where NaN logits leave a rank unfilled.
         chosen[li] = NO_SLOT;
@@ -158,16 +160,10 @@ fn moe_route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     // Each expert's rank is the number of experts that beat it (a strict
     // order: larger logit, then lower id), so the top k place themselves.
     for (var e = li; e < p.experts; e += 256u) {
-        let v = logit(t, e);
+        let v = lg(t, e, cached);
         var rank = 0u;
         for (var o = 0u; o < p.experts && rank < p.top_k; o++) {
-            var lo = 0.0;
-            if (cached) {
-                lo = row[o];
-            } else {
-                lo = logit(t, o);
-            }
-            if (better(lo, o, v, e)) {
+            if (better(lg(t, o, cached), o, v, e)) {
                 rank++;
             }
         }
@@ -192,6 +188,59 @@ fn moe_route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
             routes[base + p.top_k + j] = bitcast<u32>(wj);
         }
     }
+}
+
+@compute @workgroup_size(256)
+fn moe_route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let t = wid.y * nwg.x + wid.x;
+    if (t >= p.n) {
+        return;
+    }
+    let cached = p.experts <= ROW_CACHE;
+    for (var e = li; e < min(p.experts, ROW_CACHE); e += 256u) {
+        row[e] = logit(t, e);
+    }
+    workgroupBarrier();
+    route_token(t, li, cached);
+}
+
+// The router's product and the routing in one dispatch: `row[e]` = router
+// row e . x[t] for the first `experts` of the weight's `rows` rows (at most
+// ROW_CACHE); the rows after them (a shared expert's gate) go to
+// out[t * out_cols + r - experts]. One subgroup per four rows, as matvec.
+@compute @workgroup_size(256)
+fn moe_route_matmul(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let t = wid.y * nwg.x + wid.x;
+    if (t >= p.n) {
+        return;
+    }
+    let quads = (p.rows + 3u) / 4u;
+    let xb = t * (p.x_cols / 4u);
+    for (var qi = sg; qi < quads; qi += nsg) {
+        let row0 = qi * 4u;
+        let nrows = min(4u, p.rows - row0);
+        let total = subgroupAdd(pool_rows4(p.w, row0, nrows, xb, lane, lanes));
+        if (lane == 0u) {
+            for (var r = 0u; r < nrows; r++) {
+                let e = row0 + r;
+                if (e < p.experts) {
+                    row[e] = total[r];
+                } else {
+                    out[t * p.out_cols + e - p.experts] = total[r];
+                }
+            }
+        }
+    }
+    workgroupBarrier();
+    route_token(t, li, true);
 }
 
 @compute @workgroup_size(64)

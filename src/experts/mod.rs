@@ -23,7 +23,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use serde::Serialize;
-use slotstream_backend::{Backend, ExpertPool, Gating, Tensor};
+use slotstream_backend::{Backend, ExpertPool, Routes, Tensor};
 
 pub use store::{ExpertRecord, ExpertStore};
 
@@ -207,20 +207,20 @@ impl ExpertCache {
     }
 
     /// Routed-expert output of one MoE layer for `x` (`[tokens, hidden]`)
-    /// with router logits `logits` (`[tokens, experts]`).
-    pub fn run_layer(&mut self, b: &dyn Backend, layer: usize, x: &Tensor, logits: &Tensor, gating: Gating) -> Result<Tensor> {
+    /// routed by `routes`.
+    pub fn run_routes(&mut self, b: &dyn Backend, layer: usize, x: &Tensor, routes: &Routes) -> Result<Tensor> {
+        let gating = routes.gating;
         let experts = self.store.experts_per_layer;
         if gating.experts != experts {
             bail!("a router over {} experts for a store of {experts} per layer", gating.experts);
         }
-        let routes = b.route(logits, gating)?;
         let key_base = layer * experts;
         if self.holds_all() {
             // Every expert in its slot and the table in step: nothing comes back.
             self.per_layer[layer].hits += (routes.tokens() * gating.top_k) as u64;
-            return Ok(b.moe(x, &self.pool, &routes, key_base)?);
+            return Ok(b.moe(x, &self.pool, routes, key_base)?);
         }
-        let mut needed = b.routed_experts(&routes)?;
+        let mut needed = b.routed_experts(routes)?;
         needed.sort_unstable();
         needed.dedup();
         if let Some(&e) = needed.iter().find(|&&e| e as usize >= experts) {
@@ -281,7 +281,7 @@ impl ExpertCache {
             b.map_experts(&mut self.pool, &table)?;
             if batches.len() == 1 {
                 self.per_layer[layer].add(&counters);
-                return Ok(b.moe(x, &self.pool, &routes, key_base)?);
+                return Ok(b.moe(x, &self.pool, routes, key_base)?);
             }
             // Read the next batch while this one computes.
             let next_misses = batches.get(i + 1).map(|bt| misses_of(self, bt)).unwrap_or_default();
@@ -289,7 +289,7 @@ impl ExpertCache {
             let pool = &self.pool;
             let (out, next) = std::thread::scope(|scope| {
                 let reader = (!next_misses.is_empty()).then(|| scope.spawn(|| store.read_many(layer, &next_misses)));
-                let out = b.moe_expert_outputs(x, pool, &routes, key_base);
+                let out = b.moe_expert_outputs(x, pool, routes, key_base);
                 let wait = Instant::now();
                 let next = reader.map(|h| h.join());
                 (out, next.map(|n| (n, wait.elapsed().as_secs_f64())))
@@ -320,6 +320,6 @@ impl ExpertCache {
             Some(t) => t,
             None => bail!("a MoE call with no tokens"),
         };
-        Ok(b.moe_combine(&outputs, &routes)?)
+        Ok(b.moe_combine(&outputs, routes)?)
     }
 }

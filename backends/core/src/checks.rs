@@ -277,10 +277,16 @@ pub fn route(logits: &Tensor, g: Gating) -> Result<usize> {
     if g.experts == 0 || logits.cols() != g.experts {
         return Err(shape_error("route", format!("logits {:?} for {} experts", logits.shape(), g.experts)));
     }
+    gating(g)?;
+    Ok(logits.rows())
+}
+
+/// A top-k the routing kernels can keep: 1 to [`MAX_TOP_K`], at most the experts.
+pub fn gating(g: Gating) -> Result<()> {
     if g.top_k == 0 || g.top_k > g.experts || g.top_k > MAX_TOP_K {
         return Err(shape_error("route", format!("top {} of {} experts (1 to {MAX_TOP_K})", g.top_k, g.experts)));
     }
-    Ok(logits.rows())
+    Ok(())
 }
 
 /// The most experts a token may use (the routing kernels keep them in

@@ -319,6 +319,31 @@ pub struct DeltaInputs<'a> {
     pub dt_bias: &'a Tensor,
 }
 
+/// [`Backend::matmul_swiglu`] from the backend's separate ops (its default,
+/// and a fused backend's answer for the inputs its kernel does not take).
+pub fn matmul_swiglu_composed<B: Backend + ?Sized>(b: &B, x: &Tensor, w: &Weight) -> Result<Tensor> {
+    if w.experts != 1 || w.rows % 2 != 0 {
+        return Err(shape_error("matmul_swiglu", format!("{} x {} rows are no gate and up halves", w.experts, w.rows)));
+    }
+    let y = b.matmul(x, w)?;
+    let inter = w.rows / 2;
+    b.silu_mul(&b.slice_cols(&y, 0, inter)?, &b.slice_cols(&y, inter, inter)?)
+}
+
+/// [`Backend::route_matmul`] from `matmul`, `slice_cols` and `route`.
+pub fn route_matmul_composed<B: Backend + ?Sized>(b: &B, x: &Tensor, router: &Weight, gating: Gating) -> Result<(Routes, Option<Tensor>)> {
+    if router.experts != 1 || router.rows < gating.experts {
+        return Err(shape_error("route_matmul", format!("a router of {} rows for {} experts", router.rows, gating.experts)));
+    }
+    let logits = b.matmul(x, router)?;
+    if router.rows == gating.experts {
+        return Ok((b.route(&logits, gating)?, None));
+    }
+    let own = b.slice_cols(&logits, 0, gating.experts)?;
+    let extra = b.slice_cols(&logits, gating.experts, router.rows - gating.experts)?;
+    Ok((b.route(&own, gating)?, Some(extra)))
+}
+
 /// The operations model code needs. Every method is pure with respect to its
 /// tensor inputs (new tensors come back) except where a `&mut State` is passed.
 pub trait Backend: Send + Sync {
@@ -349,6 +374,18 @@ pub trait Backend: Send + Sync {
     /// gated branch added to a residual in one op; equal to
     /// `add(y, sigmoid_mul(x, gate))`.
     fn add_sigmoid_mul(&self, y: &Tensor, x: &Tensor, gate: &Tensor) -> Result<Tensor>;
+    /// `silu(x @ gate^T) * (x @ up^T)` for `w` holding the gate rows, then as
+    /// many up rows: a SwiGLU's inputs and activation, which a backend may
+    /// compute in one kernel. Equal to `silu_mul` of the two halves of `matmul(x, w)`.
+    fn matmul_swiglu(&self, x: &Tensor, w: &Weight) -> Result<Tensor> {
+        matmul_swiglu_composed(self, x, w)
+    }
+    /// `y + sigmoid(gate) * (x @ w^T)` (`gate` one value per row): a gated
+    /// branch's output projection and residual add, which a backend may fuse.
+    /// Equal to `add_sigmoid_mul(y, matmul(x, w), gate)`.
+    fn matmul_gated_add(&self, y: &Tensor, x: &Tensor, w: &Weight, gate: &Tensor) -> Result<Tensor> {
+        self.add_sigmoid_mul(y, &self.matmul(x, w)?, gate)
+    }
     /// `x * s`.
     fn scale(&self, x: &Tensor, s: f32) -> Result<Tensor>;
 
@@ -481,6 +518,14 @@ pub trait Backend: Send + Sync {
     // ---- mixture of experts ----
     /// Routes every token of `logits: [tokens, gating.experts]` (see [`Gating`]).
     fn route(&self, logits: &Tensor, gating: Gating) -> Result<Routes>;
+    /// Routes every token of `x @ router^T`, whose first `gating.experts`
+    /// rows are the router; the product's further columns (say, a shared
+    /// expert's one-row gate stored after the router) come back as
+    /// `[tokens, rows - experts]`. A backend may fuse the product into the
+    /// routing. Equal to `route` of the first columns of `matmul(x, router)`.
+    fn route_matmul(&self, x: &Tensor, router: &Weight, gating: Gating) -> Result<(Routes, Option<Tensor>)> {
+        route_matmul_composed(self, x, router, gating)
+    }
     /// Every token's expert ids, `[tokens * top_k]` (best first): what a
     /// streaming pool reads back to fetch its misses.
     fn routed_experts(&self, routes: &Routes) -> Result<Vec<u32>> {

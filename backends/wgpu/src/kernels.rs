@@ -108,10 +108,10 @@ impl Module {
 
     pub fn entry_points(self) -> &'static [&'static str] {
         match self {
-            Module::Matvec => &["matvec"],
+            Module::Matvec => &["matvec", "matvec_epilogue"],
             Module::MatvecQ8 => &["quantize_x8", "matvec_q8"],
             Module::MatmulTiled => &["matmul_tiled", "moe_sort", "moe_gate_up_tiled", "moe_down_tiled"],
-            Module::Moe => &["moe_route", "moe_map", "moe_gate_up", "moe_down", "moe_combine", "moe_down_combine"],
+            Module::Moe => &["moe_route", "moe_route_matmul", "moe_map", "moe_gate_up", "moe_down", "moe_combine", "moe_down_combine"],
             Module::Embed => &["embed"],
             Module::Elementwise => {
                 &["add", "sigmoid_mul", "add_sigmoid_mul", "silu_mul", "silu_only", "scale", "copy_cols", "delta_gates"]

@@ -37,7 +37,7 @@ use std::sync::Arc;
 
 use slotstream_backend::{
     checks, shape_error, Backend, BackendError, DType, DeltaInputs, ExpertLayout, ExpertPool, GateAct, Gating, HostExpert, HostMatrix,
-    KeySelection, Result, Routes, State, Tensor, Weight,
+    KeySelection, Result, Routes, State, Tensor, Weight, matmul_swiglu_composed, route_matmul_composed,
 };
 
 pub use device::AdapterChoice;
@@ -229,6 +229,30 @@ impl Backend for WgpuBackend {
         let (n, cols) = (x.numel(), x.cols());
         elementwise::add_sigmoid_mul(&self.gpu, buf(y)?, buf(x)?, buf(gate)?, ob.bind(), n, cols, per_row)?;
         Ok(out)
+    }
+
+    fn matmul_swiglu(&self, x: &Tensor, w: &Weight) -> Result<Tensor> {
+        let gw = weight(w)?;
+        checks::matmul(x, gw.experts, gw.rows, gw.cols)?;
+        let (out, ob) = self.output(vec![x.rows(), gw.rows / 2])?;
+        match matmul::matvec_epilogue(&self.gpu, gw, buf(x)?, x.rows(), ob.bind(), matmul::Epilogue::SwiGlu)? {
+            Some(()) => Ok(out),
+            None => matmul_swiglu_composed(self, x, w),
+        }
+    }
+
+    fn matmul_gated_add(&self, y: &Tensor, x: &Tensor, w: &Weight, gate: &Tensor) -> Result<Tensor> {
+        let gw = weight(w)?;
+        checks::matmul(x, gw.experts, gw.rows, gw.cols)?;
+        if y.shape() != [x.rows(), gw.rows] || gate.shape() != [x.rows(), 1] {
+            return self.add_sigmoid_mul(y, &self.matmul(x, w)?, gate);
+        }
+        let (out, ob) = self.output(y.shape().to_vec())?;
+        let e = matmul::Epilogue::GatedAdd { y: buf(y)?, gate: buf(gate)? };
+        match matmul::matvec_epilogue(&self.gpu, gw, buf(x)?, x.rows(), ob.bind(), e)? {
+            Some(()) => Ok(out),
+            None => self.add_sigmoid_mul(y, &self.matmul(x, w)?, gate),
+        }
     }
 
     fn silu(&self, x: &Tensor) -> Result<Tensor> {
@@ -468,6 +492,23 @@ impl Backend for WgpuBackend {
         let (tensor, rb) = self.output(vec![tokens, 2 * gating.top_k])?;
         moe::route(&self.gpu, buf(logits)?, rb.bind(), tokens, gating)?;
         Ok(Routes { tensor, gating })
+    }
+
+    fn route_matmul(&self, x: &Tensor, router: &Weight, gating: Gating) -> Result<(Routes, Option<Tensor>)> {
+        let gw = weight(router)?;
+        checks::matmul(x, gw.experts, gw.rows, gw.cols)?;
+        if gw.rows < gating.experts || gating.experts == 0 {
+            return route_matmul_composed(self, x, router, gating);
+        }
+        checks::gating(gating)?;
+        let tokens = x.rows();
+        let (tensor, rb) = self.output(vec![tokens, 2 * gating.top_k])?;
+        let extra_cols = gw.rows - gating.experts;
+        let (extra, eb) = self.output(vec![tokens, extra_cols.max(1)])?;
+        match moe::route_matmul(&self.gpu, gw, buf(x)?, rb.bind(), eb.bind(), tokens, gating)? {
+            Some(()) => Ok((Routes { tensor, gating }, (extra_cols > 0).then_some(extra))),
+            None => route_matmul_composed(self, x, router, gating),
+        }
     }
 
     fn new_expert_pool(&self, layout: &ExpertLayout, slots: usize, keys: usize) -> Result<ExpertPool> {

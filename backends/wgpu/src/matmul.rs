@@ -24,8 +24,10 @@ params! {
         x_cols: u32,
         /// Rows per subgroup for one token of interleaved 4-bit weights (4 or 8).
         group_rows: u32,
-        _pad1: u32,
-        _pad2: u32,
+        /// `matvec_epilogue`: [`Epilogue`] as a number.
+        epilogue: u32,
+        /// `matvec_epilogue`'s SwiGLU: the first up row.
+        half: u32,
     }
 }
 
@@ -89,6 +91,9 @@ const X: u32 = 2;
 const OUT: u32 = 3;
 const XQ: u32 = 4;
 const XQ_OUT: u32 = 5;
+// Bindings of matvec_epilogue (wgsl/matvec.wgsl).
+const AUX: u32 = 4;
+const GATE: u32 = 5;
 // Bindings of embed.wgsl.
 const EMBED_OUT: u32 = 3;
 const EMBED_IDS: u32 = 4;
@@ -158,6 +163,50 @@ fn matvec(gpu: &Gpu, s: &Shard, x: Bind<'_>, out: Bind<'_>, tokens: usize, total
     };
     let groups = [gpu.subgroup_grid(items, 128), tokens.div_ceil(4) as u32, 1];
     gpu.dispatch("matvec", &params, &[(W, whole(&s.buffer)), (W_WORDS, whole(&s.buffer)), (X, x), (OUT, out)], groups)
+}
+
+/// What `matvec_epilogue` does with a one-token product.
+pub(crate) enum Epilogue<'a> {
+    /// `out[r] = silu(W[r] . x) * (W[rows/2 + r] . x)`, `r < rows / 2`.
+    SwiGlu,
+    /// `out[r] = y[r] + (W[r] . x) * sigmoid(gate[0])`.
+    GatedAdd { y: Bind<'a>, gate: Bind<'a> },
+}
+
+/// A one-token product with its consumer fused in ([`Epilogue`]), for a
+/// one-shard weight; `None` (nothing recorded) for the rest.
+pub(crate) fn matvec_epilogue(gpu: &Gpu, w: &GpuWeight, x: Bind<'_>, tokens: usize, out: Bind<'_>, e: Epilogue<'_>) -> Result<Option<()>> {
+    let [s] = &w.shards[..] else {
+        return Ok(None);
+    };
+    if tokens != 1 || w.experts != 1 || w.cols % 4 != 0 {
+        return Ok(None);
+    }
+    let (code, rows) = match e {
+        Epilogue::SwiGlu if w.rows % 2 == 0 => (1, w.rows / 2),
+        Epilogue::SwiGlu => return Ok(None),
+        Epilogue::GatedAdd { .. } => (2, w.rows),
+    };
+    let params = MatvecParams {
+        w: s.desc,
+        rows: rows as u32,
+        tokens: 1,
+        out_cols: rows as u32,
+        x_cols: w.cols as u32,
+        group_rows: 4,
+        epilogue: code,
+        half: rows as u32,
+        ..Default::default()
+    };
+    let groups = [gpu.subgroup_grid(rows.div_ceil(4), 128), 1, 1];
+    // Both epilogues' inputs are in the kernel's layout; SwiGLU reads neither.
+    let (aux, gate) = match e {
+        Epilogue::GatedAdd { y, gate } => (y, gate),
+        Epilogue::SwiGlu => (x, x),
+    };
+    let binds = [(W, whole(&s.buffer)), (W_WORDS, whole(&s.buffer)), (X, x), (OUT, out), (AUX, aux), (GATE, gate)];
+    gpu.dispatch("matvec_epilogue", &params, &binds, groups)?;
+    Ok(Some(()))
 }
 
 /// Rows and tokens of one output tile of `wgsl/matmul_tiled.wgsl`.

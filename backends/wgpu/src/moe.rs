@@ -8,7 +8,7 @@ use slotstream_backend::{Gating, Result};
 use crate::gpu::{whole, Bind, Gpu, GpuBuf, MAX_GROUPS};
 use crate::kernels::params;
 use crate::matmul::{TiledParams, TILE};
-use crate::weights::{GpuPool, PoolMatrix, WeightDesc};
+use crate::weights::{GpuPool, GpuWeight, PoolMatrix, WeightDesc};
 
 params! {
     /// `Params` of `wgsl/moe.wgsl`.
@@ -63,6 +63,42 @@ pub(crate) fn route(gpu: &Gpu, logits: Bind<'_>, routes: Bind<'_>, tokens: usize
         ..Default::default()
     };
     gpu.dispatch("moe_route", &params, &[(VALS, logits), (ROUTES, routes)], Gpu::grid(tokens as u64))
+}
+
+/// Most tokens [`route_matmul`] takes: each token's router product runs in
+/// one workgroup, which suits decode; prefill's many tokens take the tiled
+/// matmul and [`route`].
+const ROUTE_MATMUL_MAX_TOKENS: usize = 8;
+/// Most router rows [`route_matmul`] takes (`moe_route`'s row cache).
+const ROUTE_MATMUL_MAX_ROWS: usize = 1024;
+
+/// Routes `tokens` rows of x by the router `w` (its first `g.experts` rows;
+/// the product's rows after them go to `extra: [tokens, w.rows - experts]`,
+/// bound even when there are none)
+/// in one dispatch, for few tokens and a one-shard router; `None` (nothing
+/// recorded) otherwise.
+pub(crate) fn route_matmul(gpu: &Gpu, w: &GpuWeight, x: Bind<'_>, routes: Bind<'_>, extra: Bind<'_>, tokens: usize, g: Gating) -> Result<Option<()>> {
+    let [s] = &w.shards[..] else {
+        return Ok(None);
+    };
+    if tokens > ROUTE_MATMUL_MAX_TOKENS || w.experts != 1 || w.rows > ROUTE_MATMUL_MAX_ROWS || w.cols % 4 != 0 {
+        return Ok(None);
+    }
+    let params = MoeParams {
+        w: s.desc,
+        rows: w.rows as u32,
+        x_cols: w.cols as u32,
+        out_cols: (w.rows - g.experts) as u32,
+        experts: g.experts as u32,
+        top_k: g.top_k as u32,
+        normalize: g.normalize as u32,
+        n: tokens as u32,
+        ..Default::default()
+    };
+    // `vals` (the unfused kernel's logits) is in the layout but never read here.
+    let binds = [(W, whole(&s.buffer)), (W_WORDS, whole(&s.buffer)), (X, x), (ROUTES, routes), (OUT, extra), (VALS, x)];
+    gpu.dispatch("moe_route_matmul", &params, &binds, Gpu::grid(tokens as u64))?;
+    Ok(Some(()))
 }
 
 /// Sets slot table entries `(key, slot or NO_SLOT)`, in op order.

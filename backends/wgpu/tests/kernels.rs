@@ -117,6 +117,36 @@ fn matvec_partial_tile() {
     });
 }
 
+/// A SwiGLU's gate/up product with its activation, and a gated branch's
+/// output product with its residual add (`matvec_epilogue` for one token of
+/// a one-shard weight; the separate ops for more tokens), against the CPU's
+/// composition of the separate ops. 68 and 102 output rows: the last
+/// subgroup's quad is partial; the gate is a one-column slice of a wider row,
+/// as a shared expert's gate after the router.
+#[test]
+fn matmul_epilogues() {
+    let mut rng = Rng::new(29);
+    let (rows, cols, out_rows, inner) = (68, 256, 102, 128);
+    for format in [affine(4, 64), affine(8, 64), MatrixFormat::Dense(DType::BF16)] {
+        let gate_up = matrix(&mut rng, format, 1, 2 * rows, cols);
+        let down = matrix(&mut rng, format, 1, out_rows, inner);
+        for tokens in [1usize, 3] {
+            let x = rng.vec(tokens * cols, 2.0);
+            let act = rng.vec(tokens * inner, 2.0);
+            let (y, gate_row) = (rng.vec(tokens * out_rows, 2.0), rng.vec(tokens * 5, 3.0));
+            check(&format!("matmul_swiglu_{}_t{tokens}", format_name(format)), TOL, |b| {
+                let w = b.load_weight(&gate_up).expect("load_weight");
+                b.matmul_swiglu(&up(b, &x, &[tokens, cols]), &w).expect("matmul_swiglu")
+            });
+            check(&format!("matmul_gated_add_{}_t{tokens}", format_name(format)), TOL, |b| {
+                let w = b.load_weight(&down).expect("load_weight");
+                let gate = b.slice_cols(&up(b, &gate_row, &[tokens, 5]), 4, 1).expect("slice_cols");
+                b.matmul_gated_add(&up(b, &y, &[tokens, out_rows]), &up(b, &act, &[tokens, inner]), &w, &gate).expect("matmul_gated_add")
+            });
+        }
+    }
+}
+
 #[test]
 fn embed_rows_dequantized() {
     for format in [affine(4, 64), affine(8, 32), MatrixFormat::Dense(DType::BF16)] {

@@ -70,6 +70,52 @@ fn routing_kernel_matches_the_host_reference() {
     }
 }
 
+/// The router's product fused into the routing (`moe_route_matmul`, up to
+/// eight tokens; more take the separate product), with a shared expert's
+/// gate row after the router's: the ids equal the host reference's on the
+/// GPU's own product, the weights and the extra column match the CPU's.
+#[test]
+fn routing_with_the_router_product() {
+    let Some(g) = gpu() else { return };
+    let cpu = CpuBackend::exact();
+    let mut rng = Rng::new(23);
+    let cols = 256;
+    for (format, experts, extra, top_k) in [(affine(4, 64), 16, 1, 8), (affine(8, 64), 40, 1, 3), (MatrixFormat::Dense(DType::F32), 128, 0, 10)] {
+        let m = matrix(&mut rng, format, 1, experts + extra, cols);
+        let gating = Gating { experts, top_k, normalize: true };
+        for tokens in [1usize, 3, 12] {
+            let x = rng.vec(tokens * cols, 2.0);
+            let run = |b: &dyn Backend| {
+                let w = b.load_weight(&m).unwrap();
+                let xt = up(b, &x, &[tokens, cols]);
+                let (routes, more) = b.route_matmul(&xt, &w, gating).unwrap();
+                let logits = b.download(&b.matmul(&xt, &w).unwrap()).unwrap();
+                let more = more.map(|t| b.download(&t).unwrap());
+                (b.download(&routes.tensor).unwrap(), logits, more)
+            };
+            let (got, logits, more) = run(g);
+            let (want, _, want_more) = run(&cpu);
+            let own: Vec<f32> = logits.chunks(experts + extra).flat_map(|r| r[..experts].to_vec()).collect();
+            let reference = routing::route_rows(&own, gating);
+            let ids = |v: &[f32]| -> Vec<u32> { v.chunks(2 * top_k).flat_map(|r| r[..top_k].iter().map(|x| x.to_bits())).collect() };
+            let weights = |v: &[f32]| -> Vec<f32> { v.chunks(2 * top_k).flat_map(|r| r[top_k..].to_vec()).collect() };
+            let what = format!("{}, {experts} experts, {tokens} tokens", format_name(format));
+            assert_eq!(ids(&got), ids(&reference), "{what}");
+            let err = rel_l2(&weights(&got), &weights(&want));
+            assert!(err <= TOL, "{what}: routing weights differ from the CPU's: rel L2 {err:.3e}");
+            match (more, want_more) {
+                (Some(a), Some(b)) => {
+                    let own_extra: Vec<f32> = logits.chunks(experts + extra).flat_map(|r| r[experts..].to_vec()).collect();
+                    assert_eq!(a.len(), tokens * extra, "{what}");
+                    assert!(rel_l2(&a, &b) <= TOL && rel_l2(&a, &own_extra) <= TOL, "{what}: the extra rows differ");
+                }
+                (None, None) => assert_eq!(extra, 0, "{what}"),
+                _ => panic!("{what}: one backend gave extra rows, the other none"),
+            }
+        }
+    }
+}
+
 #[test]
 fn expert_ffn_over_the_slot_table() {
     let (hidden, inter, top_k, tokens) = (128, 64, 2, 3);

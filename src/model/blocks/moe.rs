@@ -2,7 +2,7 @@
 //! output is scaled by `sigmoid(shared_gate x)`. The experts themselves live in
 //! the model's [`ExpertCache`], addressed by the block's MoE index.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use slotstream_backend::{Backend, Gating, Tensor, Weight};
 
 use super::projections::Projections;
@@ -10,9 +10,12 @@ use crate::experts::ExpertCache;
 use super::weights::LoadCx;
 
 pub struct MoeBlock {
-    /// Outputs `router`, and with a shared expert its `shared_gate` and
-    /// `shared_up` projections and its one-row output gate `shared_expert_gate`.
-    pub inputs: Projections,
+    /// The router and, with a shared expert, its one-row output gate
+    /// `shared_expert_gate` stored after it (fused into one weight when both
+    /// are stored alike, so that routing takes one product).
+    pub router: Projections,
+    /// The shared expert's `shared_gate` and `shared_up` projections.
+    pub shared_in: Option<Projections>,
     /// Experts (router rows).
     pub experts: usize,
     /// Index of this block among the model's MoE layers.
@@ -31,37 +34,45 @@ impl MoeBlock {
         let c = &cx.arch.text;
         let (hidden, experts) = (c.hidden_size, c.num_experts);
         let router = ("router", format!("{m}.gate"), experts, hidden);
-        let (specs, shared_down) = if shared_inter > 0 {
+        let (router, shared_in, shared_down) = if shared_inter > 0 {
             let s = format!("{m}.shared_expert");
             (
-                vec![
+                cx.linears(&[router, ("shared_expert_gate", format!("{m}.shared_expert_gate"), 1, hidden)])?,
+                Some(cx.linears(&[
                     ("shared_gate", format!("{s}.gate_proj"), shared_inter, hidden),
                     ("shared_up", format!("{s}.up_proj"), shared_inter, hidden),
-                    router,
-                    ("shared_expert_gate", format!("{m}.shared_expert_gate"), 1, hidden),
-                ],
+                ])?),
                 Some(cx.linear(&format!("{s}.down_proj"), hidden, shared_inter)?),
             )
         } else {
-            (vec![router], None)
+            (cx.linears(&[router])?, None, None)
         };
-        Ok(MoeBlock {
-            inputs: cx.linears(&specs)?,
-            experts,
-            moe_index,
-            top_k: c.num_experts_per_tok,
-            norm_topk_prob,
-            shared_down,
-        })
+        Ok(MoeBlock { router, shared_in, experts, moe_index, top_k: c.num_experts_per_tok, norm_topk_prob, shared_down })
     }
 
     pub fn forward(&self, b: &dyn Backend, x: &Tensor, experts: &mut ExpertCache) -> Result<Tensor> {
-        let p = self.inputs.forward(b, x)?;
         let gating = Gating { experts: self.experts, top_k: self.top_k, normalize: self.norm_topk_prob };
-        let mut y = experts.run_layer(b, self.moe_index, x, p.get("router")?, gating)?;
-        if let Some(down) = &self.shared_down {
-            let act = b.silu_mul(p.get("shared_gate")?, p.get("shared_up")?)?;
-            y = b.add_sigmoid_mul(&y, &b.matmul(&act, down)?, p.get("shared_expert_gate")?)?;
+        // The router's product and the routing in one op where the router
+        // (with the shared expert's gate after it) is one weight.
+        let (routes, shared_gate) = match self.router.single() {
+            Some(w) => b.route_matmul(x, w, gating)?,
+            None => {
+                let p = self.router.forward(b, x)?;
+                let gate = if self.shared_down.is_some() { Some(p.get("shared_expert_gate")?.clone()) } else { None };
+                (b.route(p.get("router")?, gating)?, gate)
+            }
+        };
+        let mut y = experts.run_routes(b, self.moe_index, x, &routes)?;
+        if let (Some(down), Some(shared_in)) = (&self.shared_down, &self.shared_in) {
+            let gate = shared_gate.context("internal: the router gave no shared expert gate")?;
+            let act = match shared_in.single() {
+                Some(w) => b.matmul_swiglu(x, w)?,
+                None => {
+                    let p = shared_in.forward(b, x)?;
+                    b.silu_mul(p.get("shared_gate")?, p.get("shared_up")?)?
+                }
+            };
+            y = b.matmul_gated_add(&y, &act, down, &gate)?;
         }
         Ok(y)
     }

@@ -101,6 +101,15 @@ impl Projections {
         Ok(Projections { groups })
     }
 
+    /// The one weight holding every output, in load order, when they were
+    /// all fused into one.
+    pub fn single(&self) -> Option<&Weight> {
+        match &self.groups[..] {
+            [(w, _)] => Some(w),
+            _ => None,
+        }
+    }
+
     /// Every output `[tokens, rows]`.
     pub fn forward(&self, b: &dyn Backend, x: &Tensor) -> Result<ProjectionOutputs> {
         let mut outputs = Vec::new();
