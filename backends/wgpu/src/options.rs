@@ -46,8 +46,12 @@ pub const INT8_MIN_BYTES: usize = 32 << 20;
 /// eight rows in the one-token matvec (fewer: four, for more parallelism).
 const Q4_EIGHT_ROWS_FROM: usize = 8192;
 
-/// Dispatches per submission by default.
-const FLUSH_EVERY: u32 = 16;
+/// Dispatches per submission by default. Each submission costs the host
+/// (wgpu encodes and tracks the whole command buffer there) and the GPU a
+/// gap; 64 decoded qwen3_moe's trunk 33% faster than 16 on an H200, and a
+/// chain of dependent dispatches ran at 2.8-7.9 us each against 4.9-9.9 us
+/// (BENCHMARKS.md, issue 14).
+const FLUSH_EVERY: u32 = 64;
 
 /// Settings of a [`crate::WgpuBackend`].
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -235,6 +235,12 @@ fn normalisation() {
         let (sum, normed) = b.add_rms_norm(&up(b, &xw, &[3, 2048]), &up(b, &yw, &[3, 2048]), &up(b, &ww, &[2048]), 2048, 1e-6).unwrap();
         b.concat_rows(&[&sum, &normed]).unwrap()
     });
+    // Rows past the kernel's registers (4096 values) take its loop.
+    let (xl, yl, wl) = (rng.vec(2 * 4352, 3.0), rng.vec(2 * 4352, 3.0), rng.vec(4352, 2.0));
+    check("add_rms_norm_long_rows", TOL, |b| {
+        let (sum, normed) = b.add_rms_norm(&up(b, &xl, &[2, 4352]), &up(b, &yl, &[2, 4352]), &up(b, &wl, &[4352]), 4352, 1e-6).unwrap();
+        b.concat_rows(&[&sum, &normed]).unwrap()
+    });
 }
 
 #[test]
