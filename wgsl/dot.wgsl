@@ -319,7 +319,11 @@ fn q4i_x(chunks: u32, gshift: u32, xb: u32, i: u32) -> XChunk {
 }
 
 // This lane's partial dot products of four consecutive interleaved 4-bit rows
-// (for matrices too small to fill the GPU at eight rows per subgroup).
+// (for matrices too small to fill the GPU at eight rows per subgroup). Two
+// chunks per iteration (i and i + lanes, the second when it exists): both
+// chunks' loads are issued before either is used, which halves the chain of
+// memory latencies of short rows (a 2048-column row is two chunks per lane
+// with 32 lanes); the sums keep the one-chunk order.
 fn rows4_q4i(d: WeightDesc, row0: u32, nrows: u32, xb: u32, lane: u32, lanes: u32, f16s: bool) -> vec4<f32> {
     var acc = vec4<f32>(0.0);
     let chunks = d.row_words / 4u;
@@ -329,20 +333,38 @@ fn rows4_q4i(d: WeightDesc, row0: u32, nrows: u32, xb: u32, lane: u32, lanes: u3
     let r = vec4<u32>(row0, min(row0 + 1u, last), min(row0 + 2u, last), min(row0 + 3u, last));
     let wb = r * chunks;
     let pb = d.scales_off + r * gpr;
-    for (var i = lane; i < chunks; i += lanes) {
+    for (var i = lane; i < chunks; i += 2u * lanes) {
+        let second = i + lanes < chunks;
+        // The second chunk, or the first again (loaded, never summed).
+        let k = select(i, i + lanes, second);
         let w0 = w[wb.x + i];
         let w1 = w[wb.y + i];
         let w2 = w[wb.z + i];
         let w3 = w[wb.w + i];
+        let v0 = w[wb.x + k];
+        let v1 = w[wb.y + k];
+        let v2 = w[wb.z + k];
+        let v3 = w[wb.w + k];
         let x = q4i_x(chunks, gshift, xb, i);
+        let y = q4i_x(chunks, gshift, xb, k);
         let p0 = q4i_pairs(pb.x, x.g);
         let p1 = q4i_pairs(pb.y, x.g);
         let p2 = q4i_pairs(pb.z, x.g);
         let p3 = q4i_pairs(pb.w, x.g);
+        let o0 = q4i_pairs(pb.x, y.g);
+        let o1 = q4i_pairs(pb.y, y.g);
+        let o2 = q4i_pairs(pb.z, y.g);
+        let o3 = q4i_pairs(pb.w, y.g);
         acc.x += q4i_part(w0, p0, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
         acc.y += q4i_part(w1, p1, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
         acc.z += q4i_part(w2, p2, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
         acc.w += q4i_part(w3, p3, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        if (second) {
+            acc.x += q4i_part(v0, o0, f16s, y.s0, y.s1, y.s2, y.s3, y.s4, y.s5, y.s6, y.s7, y.sx);
+            acc.y += q4i_part(v1, o1, f16s, y.s0, y.s1, y.s2, y.s3, y.s4, y.s5, y.s6, y.s7, y.sx);
+            acc.z += q4i_part(v2, o2, f16s, y.s0, y.s1, y.s2, y.s3, y.s4, y.s5, y.s6, y.s7, y.sx);
+            acc.w += q4i_part(v3, o3, f16s, y.s0, y.s1, y.s2, y.s3, y.s4, y.s5, y.s6, y.s7, y.sx);
+        }
     }
     return acc;
 }
