@@ -209,23 +209,40 @@ fn rows_dot(d: WeightDesc, row0: u32, nrows: u32, xb: u32, lane: u32, lanes: u32
     }
     if (d.fmt == 3u && d.bits == 8u) {
         // Bytes used in place as q * 256^(k % 2) (see magic8), x pre-scaled to match.
+        // Two chunks per iteration (c, and c + lanes when it exists), all
+        // loads before any use, as rows4_q4i; the sums keep chunk order.
         let byte_scale = vec4<f32>(1.0, 0.00390625, 1.0, 0.00390625);
-        for (var c = lane; c < chunks; c += lanes) {
+        let last = row0 + nrows - 1u;
+        let r = vec4<u32>(row0, min(row0 + 1u, last), min(row0 + 2u, last), min(row0 + 3u, last));
+        for (var c = lane; c < chunks; c += 2u * lanes) {
+            let second = c + lanes < chunks;
+            let k = select(c, c + lanes, second);
             let x0 = xin[xb + c * 4u];
             let x1 = xin[xb + c * 4u + 1u];
             let x2 = xin[xb + c * 4u + 2u];
             let x3 = xin[xb + c * 4u + 3u];
+            let y0 = xin[xb + k * 4u];
+            let y1 = xin[xb + k * 4u + 1u];
+            let y2 = xin[xb + k * 4u + 2u];
+            let y3 = xin[xb + k * 4u + 3u];
             let sx = dot(x0 + x1 + x2 + x3, one);
-            let s0 = x0 * byte_scale;
-            let s1 = x1 * byte_scale;
-            let s2 = x2 * byte_scale;
-            let s3 = x3 * byte_scale;
+            let sy = dot(y0 + y1 + y2 + y3, one);
             let gc = (c * 16u) >> gshift;
-            let last = row0 + nrows - 1u;
-            acc.x += q8_row_part(d, row0, chunks, c, gc, groups_per_row, s0, s1, s2, s3, sx);
-            acc.y += q8_row_part(d, min(row0 + 1u, last), chunks, c, gc, groups_per_row, s0, s1, s2, s3, sx);
-            acc.z += q8_row_part(d, min(row0 + 2u, last), chunks, c, gc, groups_per_row, s0, s1, s2, s3, sx);
-            acc.w += q8_row_part(d, min(row0 + 3u, last), chunks, c, gc, groups_per_row, s0, s1, s2, s3, sx);
+            let gk = (k * 16u) >> gshift;
+            let a = vec4<f32>(
+                q8_row_part(d, r.x, chunks, c, gc, groups_per_row, x0 * byte_scale, x1 * byte_scale, x2 * byte_scale, x3 * byte_scale, sx),
+                q8_row_part(d, r.y, chunks, c, gc, groups_per_row, x0 * byte_scale, x1 * byte_scale, x2 * byte_scale, x3 * byte_scale, sx),
+                q8_row_part(d, r.z, chunks, c, gc, groups_per_row, x0 * byte_scale, x1 * byte_scale, x2 * byte_scale, x3 * byte_scale, sx),
+                q8_row_part(d, r.w, chunks, c, gc, groups_per_row, x0 * byte_scale, x1 * byte_scale, x2 * byte_scale, x3 * byte_scale, sx));
+            let b = vec4<f32>(
+                q8_row_part(d, r.x, chunks, k, gk, groups_per_row, y0 * byte_scale, y1 * byte_scale, y2 * byte_scale, y3 * byte_scale, sy),
+                q8_row_part(d, r.y, chunks, k, gk, groups_per_row, y0 * byte_scale, y1 * byte_scale, y2 * byte_scale, y3 * byte_scale, sy),
+                q8_row_part(d, r.z, chunks, k, gk, groups_per_row, y0 * byte_scale, y1 * byte_scale, y2 * byte_scale, y3 * byte_scale, sy),
+                q8_row_part(d, r.w, chunks, k, gk, groups_per_row, y0 * byte_scale, y1 * byte_scale, y2 * byte_scale, y3 * byte_scale, sy));
+            acc += a;
+            if (second) {
+                acc += b;
+            }
         }
         return acc;
     }
