@@ -57,6 +57,8 @@ const NO_SCORE: f32 = -3.0e38;
 
 const WG: u32 = 256u;
 const TILE: u32 = 256u;
+// Keys per batch of value loads in attend_chunk.
+const V_BATCH: u32 = 4u;
 var<workgroup> red: array<f32, 256>;
 var<workgroup> q_sh: array<f32, 512>;
 var<workgroup> weight_sh: array<f32, 256>;
@@ -183,14 +185,26 @@ fn attend_chunk(g: u32, li: u32, sg: u32, nsg: u32, lane: u32, lanes: u32) -> Pa
         acc0 *= rescale;
         acc1 *= rescale;
         let vb = kh * hd;
+        // Values in batches of V_BATCH keys with a fixed inner trip count:
+        // a batch's loads are in flight together (sums keep key order).
         if (d0_valid) {
-            for (var k = part; k < n; k += parts) {
-                acc0 += weight_sh[k] * values[key_sh[k] * kv_cols + vb + d0];
+            for (var k0 = part; k0 < n; k0 += V_BATCH * parts) {
+                for (var u = 0u; u < V_BATCH; u++) {
+                    let k = k0 + u * parts;
+                    if (k < n) {
+                        acc0 += weight_sh[k] * values[key_sh[k] * kv_cols + vb + d0];
+                    }
+                }
             }
         }
         if (d1_valid) {
-            for (var k = 0u; k < n; k++) {
-                acc1 += weight_sh[k] * values[key_sh[k] * kv_cols + vb + d0 + WG];
+            for (var k0 = 0u; k0 < n; k0 += V_BATCH) {
+                for (var u = 0u; u < V_BATCH; u++) {
+                    let k = k0 + u;
+                    if (k < n) {
+                        acc1 += weight_sh[k] * values[key_sh[k] * kv_cols + vb + d0 + WG];
+                    }
+                }
             }
         }
         workgroupBarrier();
