@@ -274,9 +274,6 @@ fn attention_split(
     }
 }
 
-// attention_merge's splits per batch of loads.
-const MERGE_BATCH: u32 = 16u;
-
 @compute @workgroup_size(128)
 fn attention_merge(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -289,36 +286,19 @@ fn attention_merge(
     }
     let stride = p.head_dim + 2u;
     let first = th * p.splits * stride;
-    // Splits in batches of MERGE_BATCH with a fixed inner trip count, so that
-    // a batch's loads are in flight together (the sums keep split order).
     var m = NO_SCORE;
-    for (var c0 = 0u; c0 < p.splits; c0 += MERGE_BATCH) {
-        for (var j = 0u; j < MERGE_BATCH; j++) {
-            let c = c0 + j;
-            if (c < p.splits) {
-                m = max(m, partials[first + c * stride]);
-            }
-        }
+    for (var c = 0u; c < p.splits; c++) {
+        m = max(m, partials[first + c * stride]);
     }
     var l = 0.0;
-    for (var c0 = 0u; c0 < p.splits; c0 += MERGE_BATCH) {
-        for (var j = 0u; j < MERGE_BATCH; j++) {
-            let c = c0 + j;
-            if (c < p.splits) {
-                l += partials[first + c * stride + 1u] * exp(partials[first + c * stride] - m);
-            }
-        }
+    for (var c = 0u; c < p.splits; c++) {
+        l += partials[first + c * stride + 1u] * exp(partials[first + c * stride] - m);
     }
     for (var d = li; d < p.head_dim; d += 128u) {
         var acc = 0.0;
-        for (var c0 = 0u; c0 < p.splits; c0 += MERGE_BATCH) {
-            for (var j = 0u; j < MERGE_BATCH; j++) {
-                let c = c0 + j;
-                if (c < p.splits) {
-                    let pb = first + c * stride;
-                    acc += partials[pb + 2u + d] * exp(partials[pb] - m);
-                }
-            }
+        for (var c = 0u; c < p.splits; c++) {
+            let pb = first + c * stride;
+            acc += partials[pb + 2u + d] * exp(partials[pb] - m);
         }
         out[th * p.head_dim + d] = select(acc / l, 0.0, l == 0.0);
     }

@@ -209,40 +209,23 @@ fn rows_dot(d: WeightDesc, row0: u32, nrows: u32, xb: u32, lane: u32, lanes: u32
     }
     if (d.fmt == 3u && d.bits == 8u) {
         // Bytes used in place as q * 256^(k % 2) (see magic8), x pre-scaled to match.
-        // Two chunks per iteration (c, and c + lanes when it exists), all
-        // loads before any use, as rows4_q4i; the sums keep chunk order.
         let byte_scale = vec4<f32>(1.0, 0.00390625, 1.0, 0.00390625);
-        let last = row0 + nrows - 1u;
-        let r = vec4<u32>(row0, min(row0 + 1u, last), min(row0 + 2u, last), min(row0 + 3u, last));
-        for (var c = lane; c < chunks; c += 2u * lanes) {
-            let second = c + lanes < chunks;
-            let k = select(c, c + lanes, second);
+        for (var c = lane; c < chunks; c += lanes) {
             let x0 = xin[xb + c * 4u];
             let x1 = xin[xb + c * 4u + 1u];
             let x2 = xin[xb + c * 4u + 2u];
             let x3 = xin[xb + c * 4u + 3u];
-            let y0 = xin[xb + k * 4u];
-            let y1 = xin[xb + k * 4u + 1u];
-            let y2 = xin[xb + k * 4u + 2u];
-            let y3 = xin[xb + k * 4u + 3u];
             let sx = dot(x0 + x1 + x2 + x3, one);
-            let sy = dot(y0 + y1 + y2 + y3, one);
+            let s0 = x0 * byte_scale;
+            let s1 = x1 * byte_scale;
+            let s2 = x2 * byte_scale;
+            let s3 = x3 * byte_scale;
             let gc = (c * 16u) >> gshift;
-            let gk = (k * 16u) >> gshift;
-            let a = vec4<f32>(
-                q8_row_part(d, r.x, chunks, c, gc, groups_per_row, x0 * byte_scale, x1 * byte_scale, x2 * byte_scale, x3 * byte_scale, sx),
-                q8_row_part(d, r.y, chunks, c, gc, groups_per_row, x0 * byte_scale, x1 * byte_scale, x2 * byte_scale, x3 * byte_scale, sx),
-                q8_row_part(d, r.z, chunks, c, gc, groups_per_row, x0 * byte_scale, x1 * byte_scale, x2 * byte_scale, x3 * byte_scale, sx),
-                q8_row_part(d, r.w, chunks, c, gc, groups_per_row, x0 * byte_scale, x1 * byte_scale, x2 * byte_scale, x3 * byte_scale, sx));
-            let b = vec4<f32>(
-                q8_row_part(d, r.x, chunks, k, gk, groups_per_row, y0 * byte_scale, y1 * byte_scale, y2 * byte_scale, y3 * byte_scale, sy),
-                q8_row_part(d, r.y, chunks, k, gk, groups_per_row, y0 * byte_scale, y1 * byte_scale, y2 * byte_scale, y3 * byte_scale, sy),
-                q8_row_part(d, r.z, chunks, k, gk, groups_per_row, y0 * byte_scale, y1 * byte_scale, y2 * byte_scale, y3 * byte_scale, sy),
-                q8_row_part(d, r.w, chunks, k, gk, groups_per_row, y0 * byte_scale, y1 * byte_scale, y2 * byte_scale, y3 * byte_scale, sy));
-            acc += a;
-            if (second) {
-                acc += b;
-            }
+            let last = row0 + nrows - 1u;
+            acc.x += q8_row_part(d, row0, chunks, c, gc, groups_per_row, s0, s1, s2, s3, sx);
+            acc.y += q8_row_part(d, min(row0 + 1u, last), chunks, c, gc, groups_per_row, s0, s1, s2, s3, sx);
+            acc.z += q8_row_part(d, min(row0 + 2u, last), chunks, c, gc, groups_per_row, s0, s1, s2, s3, sx);
+            acc.w += q8_row_part(d, min(row0 + 3u, last), chunks, c, gc, groups_per_row, s0, s1, s2, s3, sx);
         }
         return acc;
     }
@@ -336,11 +319,7 @@ fn q4i_x(chunks: u32, gshift: u32, xb: u32, i: u32) -> XChunk {
 }
 
 // This lane's partial dot products of four consecutive interleaved 4-bit rows
-// (for matrices too small to fill the GPU at eight rows per subgroup). Two
-// chunks per iteration (i and i + lanes, the second when it exists): both
-// chunks' loads are issued before either is used, which halves the chain of
-// memory latencies of short rows (a 2048-column row is two chunks per lane
-// with 32 lanes); the sums keep the one-chunk order.
+// (for matrices too small to fill the GPU at eight rows per subgroup).
 fn rows4_q4i(d: WeightDesc, row0: u32, nrows: u32, xb: u32, lane: u32, lanes: u32, f16s: bool) -> vec4<f32> {
     var acc = vec4<f32>(0.0);
     let chunks = d.row_words / 4u;
@@ -350,38 +329,20 @@ fn rows4_q4i(d: WeightDesc, row0: u32, nrows: u32, xb: u32, lane: u32, lanes: u3
     let r = vec4<u32>(row0, min(row0 + 1u, last), min(row0 + 2u, last), min(row0 + 3u, last));
     let wb = r * chunks;
     let pb = d.scales_off + r * gpr;
-    for (var i = lane; i < chunks; i += 2u * lanes) {
-        let second = i + lanes < chunks;
-        // The second chunk, or the first again (loaded, never summed).
-        let k = select(i, i + lanes, second);
+    for (var i = lane; i < chunks; i += lanes) {
         let w0 = w[wb.x + i];
         let w1 = w[wb.y + i];
         let w2 = w[wb.z + i];
         let w3 = w[wb.w + i];
-        let v0 = w[wb.x + k];
-        let v1 = w[wb.y + k];
-        let v2 = w[wb.z + k];
-        let v3 = w[wb.w + k];
         let x = q4i_x(chunks, gshift, xb, i);
-        let y = q4i_x(chunks, gshift, xb, k);
         let p0 = q4i_pairs(pb.x, x.g);
         let p1 = q4i_pairs(pb.y, x.g);
         let p2 = q4i_pairs(pb.z, x.g);
         let p3 = q4i_pairs(pb.w, x.g);
-        let o0 = q4i_pairs(pb.x, y.g);
-        let o1 = q4i_pairs(pb.y, y.g);
-        let o2 = q4i_pairs(pb.z, y.g);
-        let o3 = q4i_pairs(pb.w, y.g);
         acc.x += q4i_part(w0, p0, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
         acc.y += q4i_part(w1, p1, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
         acc.z += q4i_part(w2, p2, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
         acc.w += q4i_part(w3, p3, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
-        if (second) {
-            acc.x += q4i_part(v0, o0, f16s, y.s0, y.s1, y.s2, y.s3, y.s4, y.s5, y.s6, y.s7, y.sx);
-            acc.y += q4i_part(v1, o1, f16s, y.s0, y.s1, y.s2, y.s3, y.s4, y.s5, y.s6, y.s7, y.sx);
-            acc.z += q4i_part(v2, o2, f16s, y.s0, y.s1, y.s2, y.s3, y.s4, y.s5, y.s6, y.s7, y.sx);
-            acc.w += q4i_part(v3, o3, f16s, y.s0, y.s1, y.s2, y.s3, y.s4, y.s5, y.s6, y.s7, y.sx);
-        }
     }
     return acc;
 }

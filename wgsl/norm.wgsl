@@ -174,9 +174,6 @@ fn rms_norm_wide(
     }
 }
 
-// add_rms_norm's values per invocation held in registers.
-const ADD_NORM_REGS: u32 = 16u;
-
 @compute @workgroup_size(256)
 fn add_rms_norm(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -191,30 +188,6 @@ fn add_rms_norm(
         return;
     }
     let base = g * p.dim;
-    let wb = weight_base(g);
-    if (p.dim <= 256u * ADD_NORM_REGS) {
-        // Rows of up to 4096 values (one token's hidden state): the loop has
-        // a fixed trip count, so every load is issued at once and the sums
-        // stay in registers for the second pass (one latency, not sixteen).
-        var v: array<f32, ADD_NORM_REGS>;
-        var s = 0.0;
-        for (var k = 0u; k < ADD_NORM_REGS; k++) {
-            let i = li + k * 256u;
-            if (i < p.dim) {
-                v[k] = x[base + i] + z[base + i];
-                sum[base + i] = v[k];
-                s += v[k] * v[k];
-            }
-        }
-        let r = 1.0 / sqrt(workgroup_sum(s, lane, sg, nsg) / f32(p.dim) + p.eps);
-        for (var k = 0u; k < ADD_NORM_REGS; k++) {
-            let i = li + k * 256u;
-            if (i < p.dim) {
-                out[base + i] = v[k] * r * weight[wb + i];
-            }
-        }
-        return;
-    }
     var s = 0.0;
     for (var i = li; i < p.dim; i += 256u) {
         let v = x[base + i] + z[base + i];
@@ -222,6 +195,7 @@ fn add_rms_norm(
         s += v * v;
     }
     let r = 1.0 / sqrt(workgroup_sum(s, lane, sg, nsg) / f32(p.dim) + p.eps);
+    let wb = weight_base(g);
     for (var i = li; i < p.dim; i += 256u) {
         out[base + i] = (x[base + i] + z[base + i]) * r * weight[wb + i];
     }
