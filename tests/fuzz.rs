@@ -3,7 +3,9 @@
 //! (`Checkpoint::open_file` and the tensor reads after it), and chat
 //! templates with their messages (`TextCodec`). Each input comes from a valid
 //! file, mutated, or from arbitrary bytes; every one must give `Ok` or a clear
-//! `Err`, never a panic, an abort or a hang. Cases are bounded so the suite
+//! `Err`, never a panic, an abort or a hang; and HTTP request bodies sent to
+//! `slotstream serve`, which must get a 2xx or a 4xx naming what was wrong.
+//! Cases are bounded so the suite
 //! runs in seconds (`PROPTEST_CASES` raises them for a longer hunt).
 
 use std::path::Path;
@@ -183,5 +185,117 @@ proptest! {
             let _ = codec.apply_chat_template(&messages, gen, think);
             prop_assert!(started.elapsed().as_secs() < 10, "a template ran for {:?}", started.elapsed());
         }
+    }
+}
+
+// ---- HTTP request bodies ----
+// One `slotstream serve` (the CPU backend, a random-weights fixture, a
+// 48-token context so that any generation a body asks for ends at once)
+// takes every case: a valid request for one of the endpoints with some
+// fields replaced by odd values or removed, or arbitrary bytes. Each must get
+// a 2xx, or a 4xx whose JSON body says what was wrong; never a 5xx, a dropped
+// connection or a dead server.
+
+struct Server {
+    child: std::sync::Mutex<std::process::Child>,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let child = self.child.get_mut().unwrap_or_else(|e| e.into_inner());
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+impl Server {
+    fn start() -> Server {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_slotstream"))
+            .args(["serve", "--model", "tests/fixtures/qwen3_moe_mlx4", "--backend", "cpu", "--port", "0"])
+            .args(["--name", "fixture", "--max-context", "48"])
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("starting slotstream serve");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let mut lines = std::io::BufReader::new(stderr).lines();
+        let port = loop {
+            let line = lines.next().expect("serve exited before serving").expect("reading serve's stderr");
+            if let Some(at) = line.find("serving 'fixture' on http://") {
+                break line[at..].rsplit(':').next().and_then(|p| p.trim().parse().ok()).expect("the port");
+            }
+        };
+        // Keep draining stderr so the server never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        Server { child: std::sync::Mutex::new(child), port }
+    }
+
+    /// Status code and body of one POST.
+    fn post(&self, path: &str, body: &[u8]) -> (u16, String) {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.port)).expect("connecting to serve");
+        stream.set_read_timeout(Some(std::time::Duration::from_secs(60))).expect("a read timeout");
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).and_then(|_| stream.write_all(body)).expect("sending the request");
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).expect("reading the answer (the server dropped the connection or hung)");
+        let text = String::from_utf8_lossy(&answer).to_string();
+        let status = text.get(9..12).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("no status line in {text:?}"));
+        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+        (status, body)
+    }
+
+    fn check(&self, path: &str, body: &[u8]) {
+        let (status, answer) = self.post(path, body);
+        let shown = String::from_utf8_lossy(body);
+        assert!((200..300).contains(&status) || (400..500).contains(&status), "{path} {shown}: status {status}: {answer}");
+        if status >= 400 {
+            assert!(answer.contains("\"error\""), "{path} {shown}: a {status} without an error message: {answer}");
+        }
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        assert!(child.try_wait().expect("polling serve").is_none(), "serve died after {path} {shown}");
+    }
+}
+
+fn request_bodies() -> impl Strategy<Value = (&'static str, Value)> {
+    let bases = vec![
+        ("/api/generate", json!({"model": "fixture", "prompt": "The sea", "stream": false, "options": {"num_predict": 3, "temperature": 0}})),
+        ("/api/chat", json!({"model": "fixture", "messages": [{"role": "user", "content": "Hi"}], "stream": true, "options": {"num_predict": 3}})),
+        ("/v1/chat/completions", json!({"model": "fixture", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "stream": false})),
+        ("/v1/completions", json!({"model": "fixture", "prompt": "The sea", "max_tokens": 3, "temperature": 0.5, "stop": ["x"]})),
+        ("/api/show", json!({"model": "fixture"})),
+    ];
+    prop::sample::select(bases).prop_flat_map(|(path, base)| mutated(base).prop_map(move |v| (path, v)))
+}
+
+#[test]
+fn http_request_bodies_get_an_answer() {
+    let server = Server::start();
+    let mut runner = proptest::test_runner::TestRunner::new(cases(48));
+    let result = runner.run(&request_bodies(), |(path, body)| {
+        server.check(path, body.to_string().as_bytes());
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn http_request_bytes_get_an_answer() {
+    let server = Server::start();
+    let mut runner = proptest::test_runner::TestRunner::new(cases(48));
+    let bytes = (prop::collection::vec(any::<u8>(), 0..200), any::<bool>());
+    let result = runner.run(&bytes, |(bytes, to_chat)| {
+        server.check(if to_chat { "/v1/chat/completions" } else { "/api/generate" }, &bytes);
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
     }
 }
