@@ -23,10 +23,17 @@
 // ((pos+1)/block)*block ..= pos. Key slot i (what the chunks cut) is key
 // b_{i/block}*block + i%block for i < count*block, then the trailing keys.
 //
+// With `fresh` (one token, decode), the token's key and value rows are not in
+// the cache yet: attention reads them from knew / vnew, and the first chunk's
+// workgroup of the first head of each kv group writes them to the cache at
+// position `past` (no other workgroup reads that row from the cache), so the
+// append costs no copy and no break in the compute pass.
+//
 // Bindings: 0 uniform Params; 2 q [tokens, heads*head_dim]; 3 out (read-write,
-// same shape); 4 keys, 5 values [positions, kv_heads*head_dim];
+// same shape); 4 keys, 5 values [positions, kv_heads*head_dim] (read-write);
 // 6 partials [tokens*heads*splits, head_dim + 2] (read-write;
-// attention_split writes, attention_merge reads); 7 sel u32.
+// attention_split writes, attention_merge reads); 7 sel u32; 8 knew, 9 vnew
+// [1, kv_heads*head_dim].
 
 struct Params {
     tokens: u32,
@@ -39,17 +46,21 @@ struct Params {
     block: u32,
     sel_stride: u32,
     splits: u32,
-    _pad0: u32,
+    // 1: the one token's key and value rows are in knew / vnew, not yet in
+    // the cache; the kernel reads them there and writes them to the cache.
+    fresh: u32,
     _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> q: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
-@group(0) @binding(4) var<storage, read> keys: array<f32>;
-@group(0) @binding(5) var<storage, read> values: array<f32>;
+@group(0) @binding(4) var<storage, read_write> keys: array<f32>;
+@group(0) @binding(5) var<storage, read_write> values: array<f32>;
 @group(0) @binding(6) var<storage, read_write> partials: array<f32>;
 @group(0) @binding(7) var<storage, read> sel: array<u32>;
+@group(0) @binding(8) var<storage, read> knew: array<f32>;
+@group(0) @binding(9) var<storage, read> vnew: array<f32>;
 
 const DENSE: u32 = 0xfffffffeu;
 // Below any score: exp(NO_SCORE - m) is 0 for every real max m.
@@ -92,6 +103,43 @@ fn reduce_sum(v: f32, sg: u32, nsg: u32, lane: u32) -> f32 {
     }
     workgroupBarrier();
     return r;
+}
+
+// Element `off` of key / value row `j` (the fresh row from knew / vnew).
+fn key_at(j: u32, kv_cols: u32, off: u32) -> f32 {
+    if (p.fresh != 0u && j >= p.past) {
+        return knew[(j - p.past) * kv_cols + off];
+    }
+    return keys[j * kv_cols + off];
+}
+
+fn value_at(j: u32, kv_cols: u32, off: u32) -> f32 {
+    if (p.fresh != 0u && j >= p.past) {
+        return vnew[(j - p.past) * kv_cols + off];
+    }
+    return values[j * kv_cols + off];
+}
+
+// With `fresh`: workgroup g writes the new key and value rows of its kv head
+// to the cache when it holds chunk 0 of the first head of the kv group.
+fn store_fresh(g: u32, li: u32) {
+    if (p.fresh == 0u) {
+        return;
+    }
+    let th = g / p.splits;
+    let h = th % p.heads;
+    let group = p.heads / p.kv_heads;
+    if (g % p.splits != 0u || h % group != 0u) {
+        return;
+    }
+    let t = th / p.heads;
+    let kv_cols = p.kv_heads * p.head_dim;
+    let src = t * kv_cols + (h / group) * p.head_dim;
+    let dst = (p.past + t) * kv_cols + (h / group) * p.head_dim;
+    for (var d = li; d < p.head_dim; d += WG) {
+        keys[dst + d] = knew[src + d];
+        values[dst + d] = vnew[src + d];
+    }
 }
 
 // One workgroup's share of a (token, head): running max `m`, sum of
@@ -153,10 +201,10 @@ fn attend_chunk(g: u32, li: u32, sg: u32, nsg: u32, lane: u32, lanes: u32) -> Pa
             if (i < listed) {
                 j = sel[row + 1u + i / p.block] * p.block + i % p.block;
             }
-            let kb = j * kv_cols + kh * hd;
+            let kb = kh * hd;
             var s = 0.0;
             for (var d = lane; d < hd; d += lanes) {
-                s += q_sh[d] * keys[kb + d];
+                s += q_sh[d] * key_at(j, kv_cols, kb + d);
             }
             s = subgroupAdd(s);
             if (lane == 0u) {
@@ -192,7 +240,7 @@ fn attend_chunk(g: u32, li: u32, sg: u32, nsg: u32, lane: u32, lanes: u32) -> Pa
                 for (var u = 0u; u < V_BATCH; u++) {
                     let k = k0 + u * parts;
                     if (k < n) {
-                        acc0 += weight_sh[k] * values[key_sh[k] * kv_cols + vb + d0];
+                        acc0 += weight_sh[k] * value_at(key_sh[k], kv_cols, vb + d0);
                     }
                 }
             }
@@ -202,7 +250,7 @@ fn attend_chunk(g: u32, li: u32, sg: u32, nsg: u32, lane: u32, lanes: u32) -> Pa
                 for (var u = 0u; u < V_BATCH; u++) {
                     let k = k0 + u;
                     if (k < n) {
-                        acc1 += weight_sh[k] * values[key_sh[k] * kv_cols + vb + d0 + WG];
+                        acc1 += weight_sh[k] * value_at(key_sh[k], kv_cols, vb + d0 + WG);
                     }
                 }
             }
@@ -236,6 +284,7 @@ fn attention(
     if (g >= p.tokens * p.heads) {
         return;
     }
+    store_fresh(g, li);
     let r = attend_chunk(g, li, sg, nsg, lane, lanes);
     let ob = g * p.head_dim;
     if (r.d0_valid) {
@@ -260,6 +309,7 @@ fn attention_split(
     if (g >= p.tokens * p.heads * p.splits) {
         return;
     }
+    store_fresh(g, li);
     let r = attend_chunk(g, li, sg, nsg, lane, lanes);
     let pb = g * (p.head_dim + 2u);
     if (li == 0u) {

@@ -208,7 +208,7 @@ impl ExpertCache {
 
     /// Routed-expert output of one MoE layer for `x` (`[tokens, hidden]`)
     /// routed by `routes`.
-    pub fn run_routes(&mut self, b: &dyn Backend, layer: usize, x: &Tensor, routes: &Routes) -> Result<Tensor> {
+    pub fn run_layer(&mut self, b: &dyn Backend, layer: usize, x: &Tensor, routes: &Routes) -> Result<Tensor> {
         let gating = routes.gating;
         let experts = self.store.experts_per_layer;
         if gating.experts != experts {

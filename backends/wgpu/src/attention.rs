@@ -37,7 +37,9 @@ params! {
         sel_stride: u32,
         /// Chunks per (token, head); 1 for `attention`.
         splits: u32,
-        _pad0: u32,
+        /// 1: the token's key and value rows come from bindings 8 and 9 and
+        /// the kernel writes them to the cache.
+        fresh: u32,
         _pad1: u32,
     }
 }
@@ -54,6 +56,8 @@ const KEYS: u32 = 4;
 const VALUES: u32 = 5;
 const PARTIALS: u32 = 6;
 const SELECTION: u32 = 7;
+const KNEW: u32 = 8;
+const VNEW: u32 = 9;
 
 /// Workgroups an attention call aims for: about eight resident 256-wide
 /// workgroups on each of an H200's 132 SMs, so that decode (a few (token,
@@ -118,6 +122,7 @@ pub(crate) fn attend(
     heads: usize,
     scale: f32,
     selection: Option<&KeySelection>,
+    fresh: Option<(Bind<'_>, Bind<'_>)>,
 ) -> Result<()> {
     let past = cache.len - tokens;
     // A selection whose every query is dense is plain causal attention: one
@@ -144,14 +149,19 @@ pub(crate) fn attend(
         block: block as u32,
         sel_stride: sel_stride as u32,
         splits: splits as u32,
+        fresh: fresh.is_some() as u32,
         ..Default::default()
     };
     let (keys, values, sel) = ((KEYS, whole(&cache.keys)), (VALUES, whole(&cache.values)), (SELECTION, whole(&sel_buf)));
+    // Without fresh rows the kernels never read bindings 8 and 9, which their
+    // layouts hold all the same.
+    let (knew, vnew) = fresh.unwrap_or((q, q));
+    let (knew, vnew) = ((KNEW, knew), (VNEW, vnew));
     if splits == 1 {
-        return gpu.dispatch("attention", &params, &[(Q, q), (OUT, out), keys, values, sel], Gpu::grid(pairs as u64));
+        return gpu.dispatch("attention", &params, &[(Q, q), (OUT, out), keys, values, sel, knew, vnew], Gpu::grid(pairs as u64));
     }
     let partials = gpu.alloc(4 * (pairs * splits * (cache.head_dim + 2)) as u64)?;
-    let binds = [(Q, q), keys, values, (PARTIALS, partials.bind()), sel];
+    let binds = [(Q, q), keys, values, (PARTIALS, partials.bind()), sel, knew, vnew];
     gpu.dispatch("attention_split", &params, &binds, Gpu::grid((pairs * splits) as u64))?;
     gpu.dispatch("attention_merge", &params, &[(OUT, out), (PARTIALS, partials.bind())], Gpu::grid(pairs as u64))
 }

@@ -427,9 +427,17 @@ impl Backend for WgpuBackend {
         if hd > 512 {
             return Err(BackendError::Unsupported(format!("attention head dim {hd} (the kernel takes up to 512)")));
         }
-        c.append(buf(k)?, buf(v)?, tokens)?;
+        // One token (decode): the attention kernel reads the new key and
+        // value rows where they are and writes them to the cache itself.
+        let fresh = if tokens == 1 {
+            c.append_in_kernel(1)?;
+            Some((buf(k)?, buf(v)?))
+        } else {
+            c.append(buf(k)?, buf(v)?, tokens)?;
+            None
+        };
         let (out, ob) = self.output(vec![tokens, heads * hd])?;
-        attention::attend(&self.gpu, c, buf(q)?, ob.bind(), tokens, heads, scale, selection)?;
+        attention::attend(&self.gpu, c, buf(q)?, ob.bind(), tokens, heads, scale, selection, fresh)?;
         Ok(out)
     }
 

@@ -50,6 +50,25 @@ impl GpuKvCache {
     pub(crate) fn append(&mut self, k: Bind<'_>, v: Bind<'_>, tokens: usize) -> Result<()> {
         let row = 4 * (self.kv_heads * self.head_dim) as u64;
         let past = self.len;
+        self.reserve(tokens)?;
+        self.gpu.copy(k.buffer, k.offset, &self.keys, row * past as u64, row * tokens as u64)?;
+        self.gpu.copy(v.buffer, v.offset, &self.values, row * past as u64, row * tokens as u64)?;
+        self.len += tokens;
+        Ok(())
+    }
+
+    /// Counts `tokens` more positions whose rows the attention kernel itself
+    /// writes (its `fresh` mode), growing the cache first if needed.
+    pub(crate) fn append_in_kernel(&mut self, tokens: usize) -> Result<()> {
+        self.reserve(tokens)?;
+        self.len += tokens;
+        Ok(())
+    }
+
+    /// Room for `tokens` more positions (a copy into a larger cache when full).
+    fn reserve(&mut self, tokens: usize) -> Result<()> {
+        let row = 4 * (self.kv_heads * self.head_dim) as u64;
+        let past = self.len;
         if past + tokens > self.capacity {
             let capacity = (2 * self.capacity).max(past + tokens);
             if row * capacity as u64 > self.gpu.max_binding() {
@@ -63,9 +82,6 @@ impl GpuKvCache {
             self.gpu.copy(&self.values, 0, &values, 0, row * past as u64)?;
             (self.keys, self.values, self.capacity) = (keys, values, capacity);
         }
-        self.gpu.copy(k.buffer, k.offset, &self.keys, row * past as u64, row * tokens as u64)?;
-        self.gpu.copy(v.buffer, v.offset, &self.values, row * past as u64, row * tokens as u64)?;
-        self.len += tokens;
         Ok(())
     }
 }

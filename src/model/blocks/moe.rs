@@ -62,7 +62,7 @@ impl MoeBlock {
                 (b.route(p.get("router")?, gating)?, gate)
             }
         };
-        let mut y = experts.run_routes(b, self.moe_index, x, &routes)?;
+        let mut y = experts.run_layer(b, self.moe_index, x, &routes)?;
         if let (Some(down), Some(shared_in)) = (&self.shared_down, &self.shared_in) {
             let gate = shared_gate.context("internal: the router gave no shared expert gate")?;
             let act = match shared_in.single() {
