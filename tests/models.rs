@@ -5,6 +5,7 @@
 //! hub-like server of the pull tests.
 
 mod common;
+#[allow(dead_code)]
 mod pull_support;
 
 use std::io::{Read, Write};

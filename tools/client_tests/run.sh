@@ -33,7 +33,8 @@ start_server() {
     local port log
     port="$("$venv/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
     log="$(mktemp -p "$scratch")"
-    "$bin" serve --model "$1" --name "$fixture" --port "$port" --queue "$queue" >"$log" 2>&1 &
+    # An empty model cache: the served models are the fixture's alone.
+    HF_HUB_CACHE="$scratch/hub" "$bin" serve --model "$1" --name "$fixture" --port "$port" --queue "$queue" >"$log" 2>&1 &
     server=$!
     servers+=("$server")
     url="http://127.0.0.1:$port"

@@ -2,6 +2,7 @@
 `slotstream serve` (started by run.sh; SLOTSTREAM_URL and SLOTSTREAM_MODEL say
 where and what). Chat and generate, streaming and not, and the refusals."""
 
+import datetime
 import os
 
 import ollama
@@ -77,6 +78,25 @@ def test_ollama_unknown_model(ol):
     with pytest.raises(ollama.ResponseError) as e:
         ol.chat(model="llama3:8b", messages=MESSAGES)
     assert e.value.status_code == 404
+
+
+def test_ollama_keep_alive_ps_and_delete(ol):
+    """keep_alive 0 unloads, a duration sets expires_at, the next request loads
+    the model again; a served directory cannot be deleted, a bad name not pulled."""
+    assert ol.generate(model=MODEL, prompt="", keep_alive=0).done_reason == "unload"
+    assert MODEL not in [m.model for m in ol.ps().models]
+    r = ol.generate(model=MODEL, prompt="Once upon a time", options=GREEDY, keep_alive="10m")
+    assert r.done
+    (running,) = [m for m in ol.ps().models if m.model == MODEL]
+    left = (running.expires_at - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+    assert 540 < left <= 600, f"keep_alive 10m: expires in {left:.0f}s"
+    with pytest.raises(ollama.ResponseError) as e:
+        ol.delete(MODEL)
+    assert e.value.status_code == 400 and "--model" in e.value.error
+    with pytest.raises(ollama.ResponseError) as e:
+        ol.pull("../not a model")
+    assert e.value.status_code == 400
+    assert MODEL in [m.model for m in ol.list().models]
 
 
 def test_openai_models(oa):
