@@ -3,7 +3,7 @@
 //! the engine with the expert pool the plan sized. [`ServeLoader`] does the
 //! same for each model `serve` loads on demand.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -13,6 +13,7 @@ use slotstream_backend::{Backend, DType};
 use crate::backend_spec::BackendSpec;
 use crate::generate::Engine;
 use crate::model::{ExpertSlots, LoadOptions, ModelArch};
+use crate::model_ref::ResolvedModel;
 use crate::note;
 use crate::plan::{self, MachineMemory, ModelCosts, Plan, PlanMode, PlanRequest};
 use crate::server::{Elastic, LoadedEngine, ModelLoader};
@@ -58,6 +59,46 @@ impl PlannedModel {
         let bytes = self.costs.resident_bytes + self.plan.pool_bytes;
         let _shown = LoadIndicator::start(format!("loading {:.2} GB of weights", bytes as f64 / 1e9));
         Engine::load_arch(&self.arch, backend, &options)
+    }
+}
+
+/// The `--model` directories `serve` answers for besides the pulled models.
+pub struct ServedModels;
+
+impl ServedModels {
+    /// Each `--model`, named by the `--name` in the same position or its own
+    /// name, and the model to load at start (the first one). With no
+    /// `--model`: the installed default model (a pulled one, so no directory),
+    /// else the bundled demo.
+    pub fn resolve(models: &[String], names: &[String]) -> Result<(Vec<(String, PathBuf)>, Option<String>)> {
+        if names.len() > models.len().max(1) {
+            anyhow::bail!("{} --name flags for {} --model flags: give each name after its model", names.len(), models.len());
+        }
+        let specs: Vec<Option<&str>> =
+            if models.is_empty() { vec![None] } else { models.iter().map(|m| Some(m.as_str())).collect() };
+        let mut directories: Vec<(String, PathBuf)> = Vec::new();
+        let mut load_first = None;
+        for (i, spec) in specs.into_iter().enumerate() {
+            let model = ResolvedModel::resolve(spec)?;
+            if model.is_demo {
+                note!("{}", crate::demo::NOTE);
+            }
+            if spec.is_none() && !model.is_demo && names.is_empty() {
+                load_first = Some(model.name);
+                continue;
+            }
+            let name = names.get(i).cloned().unwrap_or(model.name);
+            if let Some((_, other)) = directories.iter().find(|(n, _)| *n == name) {
+                anyhow::bail!(
+                    "two models are both named {name:?} ({} and {}); name one with --name",
+                    other.display(),
+                    model.dir.display()
+                );
+            }
+            directories.push((name, model.dir));
+        }
+        let load_first = load_first.or_else(|| directories.first().map(|(name, _)| name.clone()));
+        Ok((directories, load_first))
     }
 }
 

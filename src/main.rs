@@ -13,7 +13,7 @@ use clap::{Args, Parser, Subcommand};
 use slotstream::backend_spec::BackendSpec;
 use slotstream::doctor::{DoctorReport, DoctorRequest, MachineOverrides};
 use slotstream::generate::{self, Engine, GenerateRequest};
-use slotstream::launch::{PlannedModel, ServeLoader};
+use slotstream::launch::{PlannedModel, ServeLoader, ServedModels};
 use slotstream::model_ref::ResolvedModel;
 use slotstream::plan::{self, PlanRequest};
 use slotstream::pull::{NetworkSettings, PullOptions, TransferSettings, DEFAULT_MODEL};
@@ -535,9 +535,6 @@ fn serve(args: ServeArgs) -> Result<()> {
     let timeouts = args.timeouts()?;
     let ollama_env = server::OllamaEnv::from_env();
     let (host, port) = ollama_env.bind_address(args.host.as_deref(), args.port)?;
-    if args.name.len() > args.model.len().max(1) {
-        anyhow::bail!("{} --name flags for {} --model flags: give each name after its model", args.name.len(), args.model.len());
-    }
     for name in &args.name {
         server::check_model_name(name)?; // before the slow part, loading
     }
@@ -557,24 +554,7 @@ fn serve(args: ServeArgs) -> Result<()> {
     process::set_compute_threads(args.threads)?;
     // Bound first: a port in use is found before the slow part, loading.
     let listener = server::bind(&host.to_string(), port)?;
-    let mut directories: Vec<(String, PathBuf)> = Vec::new();
-    let specs: Vec<Option<&str>> =
-        if args.model.is_empty() { vec![None] } else { args.model.iter().map(|m| Some(m.as_str())).collect() };
-    let mut load_first = None;
-    for (i, spec) in specs.into_iter().enumerate() {
-        let model = resolve_model(spec)?;
-        if spec.is_none() && !model.is_demo && args.name.is_empty() {
-            // The installed default model is among the pulled ones.
-            load_first = Some(model.name);
-            continue;
-        }
-        let name = args.name.get(i).cloned().unwrap_or(model.name);
-        if let Some((_, other)) = directories.iter().find(|(n, _)| *n == name) {
-            anyhow::bail!("two models are both named {name:?} ({} and {}); name one with --name", other.display(), model.dir.display());
-        }
-        directories.push((name, model.dir));
-    }
-    let load_first = load_first.or_else(|| directories.first().map(|(name, _)| name.clone()));
+    let (directories, load_first) = ServedModels::resolve(&args.model, &args.name)?;
     let cache = options.pulls.as_ref().map(|p| p.cache_root.clone());
     let catalog = server::ModelCatalog::new(directories, cache);
     let loader = ServeLoader::new(args.backend.backend.clone(), args.memory.request(), !args.no_elastic);

@@ -258,7 +258,7 @@ fn parse_keep_alive(v: Option<&Value>) -> Result<Option<KeepAlive>, ApiError> {
 async fn load_or_unload(app: &AppState, model: &str, keep_alive: Option<KeepAlive>, mut body: Value) -> Reply {
     let reason = if keep_alive.is_some_and(|k| k.is_zero()) {
         let (entry, _) = app.find_model(model)?;
-        app.residency.unload(&entry.name);
+        app.residency.unload(&entry.name, "keep_alive 0");
         "unload"
     } else {
         drop(app.lease(model, keep_alive).await?);

@@ -190,7 +190,7 @@ pub async fn delete(State(app): State<Arc<AppState>>, body: Result<Bytes, BytesR
     if app.pulls.contains(&repo_of(&spec)) {
         return Err(ApiError::new(StatusCode::CONFLICT, format!("'{}' is being pulled; delete it when the pull ends", entry.name)).into());
     }
-    if !app.residency.unload(&entry.name) {
+    if !app.residency.unload(&entry.name, "to delete it") {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             format!("'{}' is in use; it is unloaded when its requests end, delete it then", entry.name),

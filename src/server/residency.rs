@@ -312,12 +312,13 @@ impl Residency {
     }
 
     /// Unloads `name` now if it is idle, else as soon as its requests end
-    /// (a load-only request with `keep_alive` 0). True when it is loaded no more.
-    pub fn unload(&self, name: &str) -> bool {
+    /// (`why`: a load-only request with `keep_alive` 0, a delete). True when
+    /// it is loaded no more.
+    pub fn unload(&self, name: &str, why: &str) -> bool {
         let Some(model) = self.get(name) else { return true };
         *lock(&model.keep_alive) = KeepAlive::For(Duration::ZERO);
         if self.remove_if_idle(&model) {
-            note!("unloaded {} (keep_alive 0)", model.name);
+            note!("unloaded {} ({why})", model.name);
             return true;
         }
         false
