@@ -362,3 +362,36 @@ fn a_pulled_model_streams_progress_then_is_served_listed_and_deleted() {
     assert!(refused.contains("--model"), "{refused}");
     assert!(common::fixture(MOE).join("model.safetensors").is_file(), "a --model directory was touched");
 }
+
+#[test]
+fn a_pull_in_progress_blocks_no_generation_and_runs_once_per_repository() {
+    let hub = pull_support::HubServer::start(repo_files(NEXT));
+    hub.faults().bytes_per_second = Some(150_000);
+    let scratch = tempfile::tempdir().expect("a scratch folder");
+    let cache = scratch.path().join("hub");
+    let mut options = common::server_options(4096, 4);
+    options.pulls = Some(PullSource {
+        cache_root: cache.clone(),
+        endpoint: hub.endpoint(),
+        token: Some(pull_support::TOKEN.to_string()),
+        network: NetworkSettings::default(),
+        transfer: TransferSettings { connections: 2, chunk_bytes: 1 << 20, checkpoint_bytes: 65536 },
+    });
+    let s = start(options, Some(cache), false);
+    let addr = s.addr;
+    let t = Instant::now();
+    let pulling = std::thread::spawn(move || Server { addr }.send("POST", "/api/pull", &json!({"model": "org/name"})));
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!pulling.is_finished(), "the throttled pull should still run");
+    let again = s.error("POST", "/api/pull", &json!({"model": "hf:org/name", "stream": false}), 409);
+    assert!(again.contains("org/name") && again.contains("pulled already"), "{again}");
+    let generated = Instant::now();
+    s.answer(MOE, json!({}));
+    assert!(generated.elapsed() < Duration::from_secs(2), "a generation waited {:?} for the pull", generated.elapsed());
+    assert!(!pulling.is_finished(), "the generation should have finished during the pull");
+    let (status, text) = pulling.join().expect("the pulling client");
+    assert_eq!(status, 200, "{text}");
+    assert!(text.trim_end().ends_with(r#"{"status":"success"}"#), "{text}");
+    assert!(t.elapsed() < Duration::from_secs(30), "the pull took {:?}", t.elapsed());
+    assert!(s.listed().0.contains(&"org/name".to_string()));
+}
