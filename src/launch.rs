@@ -66,13 +66,19 @@ impl PlannedModel {
 pub struct ServedModels;
 
 impl ServedModels {
-    /// Each `--model`, named by the `--name` in the same position or its own
-    /// name, and the model to load at start (the first one). With no
+    /// Each `--model`, named by the `--name` of the same rank (the first
+    /// names the first) or its own name, and the model to load at start (the
+    /// first one). With no
     /// `--model`: the installed default model (a pulled one, so no directory),
     /// else the bundled demo.
     pub fn resolve(models: &[String], names: &[String]) -> Result<(Vec<(String, PathBuf)>, Option<String>)> {
         if names.len() > models.len().max(1) {
-            anyhow::bail!("{} --name flags for {} --model flags: give each name after its model", names.len(), models.len());
+            anyhow::bail!(
+                "{} --name flags for {} --model flags: the first --name names the first --model, the second the \
+                 second, and so on",
+                names.len(),
+                models.len()
+            );
         }
         let specs: Vec<Option<&str>> =
             if models.is_empty() { vec![None] } else { models.iter().map(|m| Some(m.as_str())).collect() };

@@ -145,8 +145,8 @@ struct ServeArgs {
     /// flagship if it is installed, else the bundled demo model.
     #[arg(long)]
     model: Vec<String>,
-    /// Name clients use for the `--model` in the same position (default: the
-    /// directory's name).
+    /// Name clients use for a `--model`: the first `--name` names the first
+    /// `--model`, and so on (default: the directory's name).
     #[arg(long)]
     name: Vec<String>,
     /// How long a model stays loaded after its last request: a duration
