@@ -278,6 +278,41 @@ fn another_model_takes_the_place_of_an_idle_one_never_of_one_generating() {
     assert_eq!(s.loaded_names(), [NEXT]);
 }
 
+/// Fixtures that claim to need more memory than any machine has free.
+struct TooLarge(common::FixtureLoader);
+
+impl slotstream::server::ModelLoader for TooLarge {
+    fn footprint(&self, _dir: &std::path::Path, _reclaimable: u64) -> anyhow::Result<u64> {
+        Ok(u64::MAX)
+    }
+
+    fn load(&self, dir: &std::path::Path) -> anyhow::Result<slotstream::server::LoadedEngine> {
+        self.0.load(dir)
+    }
+}
+
+#[test]
+fn a_model_whose_plan_does_not_fit_beside_another_unloads_the_idle_one() {
+    let directories = vec![(MOE.to_string(), common::fixture(MOE)), (NEXT.to_string(), common::fixture(NEXT))];
+    let loader = Arc::new(TooLarge(common::FixtureLoader { no_eos: false, mtp: false }));
+    let app = AppState::new(ModelCatalog::new(directories, None), loader, common::server_options(4096, 4)).expect("valid options");
+    app.load_at_start(MOE).expect("loading the first model");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding an ephemeral port");
+    let s = Server { addr: listener.local_addr().expect("the bound address") };
+    listener.set_nonblocking(true).expect("a non-blocking listener");
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a runtime");
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("adopting the listener");
+            slotstream::server::serve_on(listener, app, std::future::pending()).await.expect("serving");
+        });
+    });
+    s.answer(NEXT, json!({}));
+    assert_eq!(s.loaded_names(), [NEXT], "three may stay loaded, but memory has room for one");
+    s.answer(MOE, json!({}));
+    assert_eq!(s.loaded_names(), [MOE]);
+}
+
 fn repo_files(fixture: &str) -> Vec<pull_support::RepoFile> {
     let mut files: Vec<pull_support::RepoFile> = std::fs::read_dir(common::fixture(fixture))
         .expect("reading the fixture")
