@@ -245,7 +245,7 @@ fn keep_alive_sets_expires_at_and_zero_unloads() {
 
 #[test]
 fn another_model_takes_the_place_of_an_idle_one_never_of_one_generating() {
-    let mut options = common::server_options(32768, 4);
+    let mut options = common::server_options(32768, 1);
     options.max_loaded_models = 1;
     let s = start(options, None, true);
     s.answer(NEXT, json!({}));
@@ -271,6 +271,9 @@ fn another_model_takes_the_place_of_an_idle_one_never_of_one_generating() {
     std::thread::sleep(Duration::from_millis(500));
     assert!(!waiting.is_finished(), "NEXT loaded while MOE was generating");
     assert_eq!(s.loaded_names(), [MOE], "MOE unloaded mid-generation");
+    // Waiting for a load counts against --queue (1 here), as waiting for the turn does.
+    let busy = s.error("POST", "/api/generate", &json!({"model": NEXT, "prompt": "Hi"}), 503);
+    assert!(busy.contains("--queue"), "{busy}");
     drop(running);
     let t = Instant::now();
     waiting.join().expect("the waiting request");

@@ -218,7 +218,7 @@ pub struct Answer {
 }
 
 /// Decrements the waiting count when a queued request leaves (served or gone).
-struct Waiting<'a>(&'a AtomicUsize);
+pub(super) struct Waiting<'a>(pub(super) &'a AtomicUsize);
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {

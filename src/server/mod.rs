@@ -193,10 +193,22 @@ impl AppState {
         Ok((entry, info))
     }
 
-    /// A lease on the model a request names, loading it if needed.
+    /// A lease on the model a request names, loading it if needed. Waiting
+    /// for a load counts against `--queue` as waiting for the turn does.
     async fn lease(&self, requested: &str, keep_alive: Option<KeepAlive>) -> Result<Lease, ApiError> {
         let (entry, info) = self.find_model(requested)?;
         let keep_alive = keep_alive.unwrap_or(self.options.keep_alive);
+        if let Some(lease) = self.residency.lease_if_loaded(&entry.name, keep_alive) {
+            return Ok(lease);
+        }
+        let queued = self.waiting.fetch_add(1, Ordering::SeqCst) + 1;
+        let _waiting = generation::Waiting(&self.waiting);
+        if queued > self.options.queue {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("the server is busy: {} requests are already waiting (--queue); retry later", self.options.queue),
+            ));
+        }
         self.residency.acquire(entry, info, keep_alive).await
     }
 }

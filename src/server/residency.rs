@@ -180,6 +180,11 @@ impl Residency {
         Some(Lease { model: model.clone(), residency: self.clone(), keep_alive })
     }
 
+    /// A lease on `name` if it is loaded and takes requests.
+    pub fn lease_if_loaded(self: &Arc<Self>, name: &str, keep_alive: KeepAlive) -> Option<Lease> {
+        self.lease_loaded(name, keep_alive, false)
+    }
+
     /// A lease on the model `entry` names, loading it first if needed.
     pub async fn acquire(self: &Arc<Self>, entry: CatalogEntry, info: ModelInfo, keep_alive: KeepAlive) -> Result<Lease, ApiError> {
         if let Some(lease) = self.lease_loaded(&entry.name, keep_alive, false) {
