@@ -152,3 +152,22 @@ def test_openai_embeddings_refused(oa):
 def test_openai_unknown_model(oa):
     with pytest.raises(openai.NotFoundError):
         oa.chat.completions.create(model="gpt-4o", messages=MESSAGES)
+
+
+def test_ollama_pull_list_generate_delete(ol):
+    """A model pulled from the local hub (run.sh starts tiny_hub.py) streams
+    Ollama's progress, is then listed and served by name, and deleted."""
+    name = os.environ.get("SLOTSTREAM_HUB_MODEL", "org/tiny")
+    progress = list(ol.pull(name, stream=True))
+    assert progress[0].status == "pulling manifest", progress[0]
+    assert progress[-1].status == "success", progress[-1]
+    assert any(p.digest and p.total and p.completed == p.total for p in progress), progress
+    assert name in [m.model for m in ol.list().models]
+    assert ol.generate(model=name, prompt="Once upon a time", options=GREEDY).done
+    assert name in [m.model for m in ol.ps().models]
+    assert ol.pull(name).status == "success"
+    assert ol.delete(name).status == "success"
+    assert name not in [m.model for m in ol.list().models]
+    with pytest.raises(ollama.ResponseError) as e:
+        ol.delete(name)
+    assert e.value.status_code == 404
