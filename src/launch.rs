@@ -1,16 +1,22 @@
 //! Loading a model for `run`, `serve` and `perplexity`: the memory plan for
 //! this machine first (so its banner can be shown before the slow part), then
-//! the engine with the expert pool the plan sized.
+//! the engine with the expert pool the plan sized. [`ServeLoader`] does the
+//! same for each model `serve` loads on demand.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::Result;
-use slotstream_backend::Backend;
+use slotstream_backend::{Backend, DType};
 
+use crate::backend_spec::BackendSpec;
 use crate::generate::Engine;
 use crate::model::{ExpertSlots, LoadOptions, ModelArch};
-use crate::plan::{self, MachineMemory, ModelCosts, Plan, PlanRequest};
+use crate::model_ref::ResolvedModel;
+use crate::note;
+use crate::plan::{self, MachineMemory, ModelCosts, Plan, PlanMode, PlanRequest};
+use crate::server::{Elastic, LoadedEngine, ModelLoader};
 
 /// A model directory with the memory plan it will be loaded under.
 pub struct PlannedModel {
@@ -53,6 +59,102 @@ impl PlannedModel {
         let bytes = self.costs.resident_bytes + self.plan.pool_bytes;
         let _shown = LoadIndicator::start(format!("loading {:.2} GB of weights", bytes as f64 / 1e9));
         Engine::load_arch(&self.arch, backend, &options)
+    }
+}
+
+/// The `--model` directories `serve` answers for besides the pulled models.
+pub struct ServedModels;
+
+impl ServedModels {
+    /// Each `--model`, named by the `--name` of the same rank (the first
+    /// names the first) or its own name, and the model to load at start (the
+    /// first one). With no
+    /// `--model`: the installed default model (a pulled one, so no directory),
+    /// else the bundled demo.
+    pub fn resolve(models: &[String], names: &[String]) -> Result<(Vec<(String, PathBuf)>, Option<String>)> {
+        if names.len() > models.len().max(1) {
+            anyhow::bail!(
+                "{} --name flags for {} --model flags: the first --name names the first --model, the second the \
+                 second, and so on",
+                names.len(),
+                models.len()
+            );
+        }
+        let specs: Vec<Option<&str>> =
+            if models.is_empty() { vec![None] } else { models.iter().map(|m| Some(m.as_str())).collect() };
+        let mut directories: Vec<(String, PathBuf)> = Vec::new();
+        let mut load_first = None;
+        for (i, spec) in specs.into_iter().enumerate() {
+            let model = ResolvedModel::resolve(spec)?;
+            if model.is_demo {
+                note!("{}", crate::demo::NOTE);
+            }
+            if spec.is_none() && !model.is_demo && names.is_empty() {
+                load_first = Some(model.name);
+                continue;
+            }
+            let name = names.get(i).cloned().unwrap_or(model.name);
+            if let Some((_, other)) = directories.iter().find(|(n, _)| *n == name) {
+                anyhow::bail!(
+                    "two models are both named {name:?} ({} and {}); name one with --name",
+                    other.display(),
+                    model.dir.display()
+                );
+            }
+            directories.push((name, model.dir));
+        }
+        let load_first = load_first.or_else(|| directories.first().map(|(name, _)| name.clone()));
+        Ok((directories, load_first))
+    }
+}
+
+/// How `serve` loads a model: planned for this machine as it is when the
+/// model is asked for, on a fresh backend of the kind the flags chose.
+pub struct ServeLoader {
+    pub backend: BackendSpec,
+    pub request: PlanRequest,
+    /// Let an auto-sized pool follow free memory (`--no-elastic` turns it off).
+    pub elastic: bool,
+    /// The backend's KV cache dtype, learnt from the first backend made.
+    kv_dtype: Mutex<Option<DType>>,
+}
+
+impl ServeLoader {
+    pub fn new(backend: BackendSpec, request: PlanRequest, elastic: bool) -> ServeLoader {
+        ServeLoader { backend, request, elastic, kv_dtype: Mutex::new(None) }
+    }
+
+    fn remember_dtype(&self, backend: &dyn Backend) -> DType {
+        let dtype = backend.kv_cache_dtype();
+        *self.kv_dtype.lock().unwrap_or_else(|e| e.into_inner()) = Some(dtype);
+        dtype
+    }
+}
+
+impl ModelLoader for ServeLoader {
+    fn footprint(&self, dir: &Path, reclaimable: u64) -> Result<u64> {
+        let known = *self.kv_dtype.lock().unwrap_or_else(|e| e.into_inner());
+        let dtype = match known {
+            Some(dtype) => dtype,
+            None => self.remember_dtype(self.backend.create()?.as_ref()),
+        };
+        let costs = ModelCosts::of(&ModelArch::read(dir)?, dtype)?;
+        let mut machine = MachineMemory::detect();
+        machine.available += reclaimable;
+        Ok(plan::plan(&costs, &machine, &self.request)?.peak_bytes)
+    }
+
+    fn load(&self, dir: &Path) -> Result<LoadedEngine> {
+        let backend = self.backend.create()?;
+        self.remember_dtype(backend.as_ref());
+        let planned = PlannedModel::new(dir, &self.request, backend.as_ref())?;
+        note!("{}", planned.banner());
+        note!("  backend: {}", backend.name());
+        let engine = planned.load(backend)?;
+        // Only an auto-sized pool follows free memory: an explicit size is a promise.
+        let elastic = (self.elastic && planned.plan.mode == PlanMode::Auto)
+            .then(|| Elastic { costs: planned.costs.clone(), request: self.request.clone() });
+        Ok(LoadedEngine { engine, plan: Some(planned.plan), elastic })
     }
 }
 

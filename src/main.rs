@@ -13,7 +13,7 @@ use clap::{Args, Parser, Subcommand};
 use slotstream::backend_spec::BackendSpec;
 use slotstream::doctor::{DoctorReport, DoctorRequest, MachineOverrides};
 use slotstream::generate::{self, Engine, GenerateRequest};
-use slotstream::launch::PlannedModel;
+use slotstream::launch::{PlannedModel, ServeLoader, ServedModels};
 use slotstream::model_ref::ResolvedModel;
 use slotstream::plan::{self, PlanRequest};
 use slotstream::pull::{NetworkSettings, PullOptions, TransferSettings, DEFAULT_MODEL};
@@ -139,14 +139,25 @@ struct DoctorArgs {
 
 #[derive(Args)]
 struct ServeArgs {
-    /// Model directory, a known model name (`qwen3.8-flash-next:4bit`) or
-    /// `hf:ORG/NAME[@REV]` pulled earlier. Default: the flagship if it is
-    /// installed, else the bundled demo model.
+    /// A model to serve besides every pulled one: a directory, a known model
+    /// name (`qwen3.8-flash-next:4bit`) or `hf:ORG/NAME[@REV]` pulled earlier.
+    /// May be given several times; the first is loaded at start. Default: the
+    /// flagship if it is installed, else the bundled demo model.
     #[arg(long)]
-    model: Option<String>,
-    /// Name clients use for the model (default: the directory's name).
+    model: Vec<String>,
+    /// Name clients use for a `--model`: the first `--name` names the first
+    /// `--model`, and so on (default: the directory's name).
     #[arg(long)]
-    name: Option<String>,
+    name: Vec<String>,
+    /// How long a model stays loaded after its last request: a duration
+    /// (`30s`, `10m`, `1h`) or seconds; 0 unloads at once, a negative value
+    /// keeps models loaded (default: from OLLAMA_KEEP_ALIVE, else 5m).
+    #[arg(long, allow_hyphen_values = true)]
+    keep_alive: Option<String>,
+    /// Models loaded at once at most (default: from OLLAMA_MAX_LOADED_MODELS,
+    /// else 3); free memory may allow fewer.
+    #[arg(long)]
+    max_loaded_models: Option<usize>,
     /// Address to listen on (default: from OLLAMA_HOST, else 127.0.0.1).
     #[arg(long)]
     host: Option<String>,
@@ -524,29 +535,31 @@ fn serve(args: ServeArgs) -> Result<()> {
     let timeouts = args.timeouts()?;
     let ollama_env = server::OllamaEnv::from_env();
     let (host, port) = ollama_env.bind_address(args.host.as_deref(), args.port)?;
-    if let Some(name) = &args.name {
+    for name in &args.name {
         server::check_model_name(name)?; // before the slow part, loading
     }
-    process::set_compute_threads(args.threads)?;
-    // Bound first: a port in use is found before the slow part, loading.
-    let listener = server::bind(&host.to_string(), port)?;
-    let model = resolve_model(args.model.as_deref())?;
-    let request = args.memory.request();
-    let (engine, planned) = load_planned(&model.dir, &request, &args.backend.backend)?;
-    // Only an auto-sized pool follows free memory: an explicit size is a promise.
-    let elastic = planned.plan.mode == plan::PlanMode::Auto && !args.no_elastic;
     let options = server::ServerOptions {
-        model_name: args.name.unwrap_or(model.name),
         max_context: args.max_context,
         prefix_cache: !args.no_prefix_cache,
         queue: args.queue,
-        elastic: elastic.then_some(server::Elastic { costs: planned.costs, request }),
-        plan: Some(planned.plan),
         timeouts,
         origins: ollama_env.origins(),
+        keep_alive: ollama_env.keep_alive(args.keep_alive.as_deref())?,
+        max_loaded_models: ollama_env.max_loaded_models(args.max_loaded_models)?,
+        pulls: slotstream::pull::PullSource::from_env()
+            .map_err(|e| note!("/api/pull is off: {e:#}"))
+            .ok(),
     };
-    let config = server::ServeConfig { model_dir: model.dir, listener, options };
-    server::serve(config, engine)
+    options.check()?;
+    process::set_compute_threads(args.threads)?;
+    // Bound first: a port in use is found before the slow part, loading.
+    let listener = server::bind(&host.to_string(), port)?;
+    let (directories, load_first) = ServedModels::resolve(&args.model, &args.name)?;
+    let cache = options.pulls.as_ref().map(|p| p.cache_root.clone());
+    let catalog = server::ModelCatalog::new(directories, cache);
+    let loader = ServeLoader::new(args.backend.backend.clone(), args.memory.request(), !args.no_elastic);
+    let config = server::ServeConfig { listener, catalog, loader: std::sync::Arc::new(loader), load_first, options };
+    server::serve(config)
 }
 
 /// Resolves `--model`, telling the user when the bundled demo runs instead.

@@ -4,14 +4,15 @@
 //! random, so whatever the model would say, the constrained calls and JSON
 //! must parse and follow their schemas.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use slotstream::generate::Engine;
-use slotstream::server::{AppState, ModelInfo, ServerOptions, Timeouts};
+use slotstream::server::{AppState, ModelCatalog};
 
 const MODEL: &str = "qwen3_moe_mlx4";
 
@@ -35,20 +36,10 @@ struct Server {
 }
 
 fn start(dir: &Path) -> Server {
-    let engine = Engine::load(dir, Box::new(slotstream_cpu::CpuBackend::exact()), &slotstream::model::LoadOptions::default())
-        .unwrap_or_else(|e| panic!("loading {}: {e:#}", dir.display()));
-    let info = ModelInfo::describe(engine.arch(), MODEL.to_string());
-    let options = ServerOptions {
-        model_name: MODEL.to_string(),
-        max_context: 4096,
-        prefix_cache: true,
-        queue: 4,
-        plan: None,
-        elastic: None,
-        timeouts: Timeouts::default(),
-        origins: Vec::new(),
-    };
-    let app = AppState::new(engine, info, options);
+    let loader = std::sync::Arc::new(common::FixtureLoader { no_eos: false, mtp: false });
+    let catalog = ModelCatalog::new(vec![(MODEL.to_string(), dir.to_path_buf())], None);
+    let app = AppState::new(catalog, loader, common::server_options(4096, 4)).expect("valid server options");
+    app.load_at_start(MODEL).unwrap_or_else(|e| panic!("loading {}: {e:#}", dir.display()));
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding an ephemeral port");
     let addr = listener.local_addr().expect("the bound address");
     listener.set_nonblocking(true).expect("a non-blocking listener");

@@ -2,6 +2,8 @@
 //! model, driven by a tiny HTTP/1.1 client on raw sockets (so tests can also
 //! send broken requests and hang up mid-stream).
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -10,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use slotstream::generate::{Engine, GenerateRequest};
 use slotstream::sampling::SamplingParams;
-use slotstream::server::{AppState, ModelInfo, ServerOptions, Timeouts};
+use slotstream::server::{AppState, ModelCatalog, Timeouts};
 use slotstream::tokenizer::ChatMessage;
 
 const MODEL: &str = "qwen3_moe_mlx4";
@@ -72,24 +74,13 @@ fn start_until(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> (Server, std::sync::mpsc::Receiver<()>) {
     let dir = setup.dir.clone().unwrap_or_else(|| fixture(setup.fixture));
-    let opts = slotstream::model::LoadOptions { mtp: setup.mtp, ..Default::default() };
-    let mut engine = Engine::load(&dir, Box::new(slotstream_cpu::CpuBackend::exact()), &opts)
-        .unwrap_or_else(|e| panic!("loading {}: {e:#}", dir.display()));
-    if setup.no_eos {
-        engine.codec.eos_ids.clear();
-    }
-    let info = ModelInfo::describe(engine.arch(), setup.fixture.to_string());
-    let options = ServerOptions {
-        model_name: setup.fixture.to_string(),
-        max_context: setup.max_context,
-        prefix_cache: setup.prefix_cache,
-        queue: setup.queue,
-        plan: None,
-        elastic: None,
-        timeouts: setup.timeouts,
-        origins: Vec::new(),
-    };
-    let app = AppState::new(engine, info, options);
+    let loader = std::sync::Arc::new(common::FixtureLoader { no_eos: setup.no_eos, mtp: setup.mtp });
+    let mut options = common::server_options(setup.max_context, setup.queue);
+    options.prefix_cache = setup.prefix_cache;
+    options.timeouts = setup.timeouts;
+    let catalog = ModelCatalog::new(vec![(setup.fixture.to_string(), dir.clone())], None);
+    let app = AppState::new(catalog, loader, options).expect("valid server options");
+    app.load_at_start(setup.fixture).unwrap_or_else(|e| panic!("loading {}: {e:#}", dir.display()));
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding an ephemeral port");
     let addr = listener.local_addr().expect("reading the bound address");
     listener.set_nonblocking(true).expect("making the listener non-blocking");

@@ -85,6 +85,22 @@ pub struct Sibling {
     pub rfilename: String,
 }
 
+/// `HF_ENDPOINT` (else the public hub) and `HF_TOKEN` (else the token
+/// `huggingface-cli login` saved in `$HF_HOME/token`).
+pub fn endpoint_and_token_from_env() -> (String, Option<String>) {
+    let endpoint =
+        std::env::var("HF_ENDPOINT").ok().filter(|e| !e.is_empty()).unwrap_or_else(|| DEFAULT_ENDPOINT.to_string());
+    let token = std::env::var("HF_TOKEN")
+        .ok()
+        .or_else(|| {
+            let path = hf_home().ok()?.join("token");
+            std::fs::read_to_string(path).ok()
+        })
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty());
+    (endpoint, token)
+}
+
 pub struct HubClient {
     endpoint: String,
     token: Option<String>,
@@ -107,18 +123,7 @@ impl HubClient {
     /// Honours `HF_ENDPOINT` and `HF_TOKEN` (else the token `huggingface-cli login`
     /// saved in `$HF_HOME/token`).
     pub fn from_env(settings: NetworkSettings) -> HubClient {
-        let endpoint = std::env::var("HF_ENDPOINT")
-            .ok()
-            .filter(|e| !e.is_empty())
-            .unwrap_or_else(|| DEFAULT_ENDPOINT.to_string());
-        let token = std::env::var("HF_TOKEN")
-            .ok()
-            .or_else(|| {
-                let path = hf_home().ok()?.join("token");
-                std::fs::read_to_string(path).ok()
-            })
-            .map(|t| t.trim().to_string())
-            .filter(|t| !t.is_empty());
+        let (endpoint, token) = endpoint_and_token_from_env();
         HubClient::new(&endpoint, token, settings)
     }
 

@@ -15,6 +15,11 @@ const KNOWN_MODELS: &[(&str, &str)] = &[(
     include_str!("manifests/qwen3.8-flash-next.json"),
 )];
 
+/// The names of the models with a compiled-in manifest.
+pub fn known_model_names() -> impl Iterator<Item = &'static str> {
+    KNOWN_MODELS.iter().map(|(name, _)| *name)
+}
+
 /// How a file's content is pinned. Hugging Face names LFS blobs by their sha256 and
 /// small (plain git) files by their git blob sha1, and reports that name as the ETag.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

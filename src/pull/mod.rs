@@ -9,10 +9,12 @@
 //! - `transfer`: parallel ranged downloads that resume exactly after any interruption.
 //! - `verify`: hashing against the pinned digests.
 //! - `recheck`: `pull --verify`, re-hashing a downloaded copy.
-//! - `progress`: bars on a terminal, plain lines elsewhere.
+//! - `progress`: bars on a terminal, plain lines elsewhere, events for an observer.
+//! - `installed`: the complete models in the cache (for `serve`), and deleting one.
 
 mod cache;
 mod hub;
+mod installed;
 mod locate;
 mod manifest;
 mod progress;
@@ -21,6 +23,9 @@ mod recheck;
 mod transfer;
 mod verify;
 
+use std::path::PathBuf;
+use std::sync::Arc;
+
 use anyhow::Result;
 
 use cache::hub_cache_root;
@@ -28,8 +33,10 @@ use manifest::ModelSpec;
 use puller::Puller;
 
 pub use hub::NetworkSettings;
+pub use installed::{client_name, delete_installed, installed_models, InstalledModel};
 pub use locate::{locate_model, locate_model_in};
 pub use manifest::DEFAULT_MODEL;
+pub use progress::{PullEvent, PullObserver};
 pub use transfer::TransferSettings;
 
 /// What `slotstream pull` is asked to do.
@@ -54,7 +61,52 @@ pub fn run_pull(options: &PullOptions) -> Result<()> {
         return recheck::verify_copy(&spec, &root, options.transfer.connections);
     }
     let hub = hub::HubClient::from_env(options.network.clone());
-    Puller::new(&spec, &root, hub, options.skip_optional)?.pull(&options.transfer)
+    let snapshot = Puller::new(&spec, &root, hub, options.skip_optional)?.pull(&options.transfer)?;
+    crate::console::print_line(format_args!("{} is ready in {}", spec.display_name(), snapshot.display()))?;
+    Ok(())
+}
+
+/// Where `serve` pulls from and into.
+#[derive(Clone, Debug)]
+pub struct PullSource {
+    /// The hub cache (`HF_HUB_CACHE`, ...).
+    pub cache_root: PathBuf,
+    /// The hub's address (`HF_ENDPOINT`, else huggingface.co).
+    pub endpoint: String,
+    pub token: Option<String>,
+    pub network: NetworkSettings,
+    pub transfer: TransferSettings,
+}
+
+impl PullSource {
+    /// The cache, hub and token `slotstream pull` would use, with its default settings.
+    pub fn from_env() -> Result<PullSource> {
+        let (endpoint, token) = hub::endpoint_and_token_from_env();
+        Ok(PullSource {
+            cache_root: hub_cache_root()?,
+            endpoint,
+            token,
+            network: NetworkSettings::default(),
+            transfer: TransferSettings::default(),
+        })
+    }
+}
+
+/// Pulls `spec` (a known name or `hf:ORG/NAME[@REV]`) as `slotstream pull` does,
+/// telling `observer` how it goes (the manifest first, then each file's bytes and
+/// verification); returns the complete snapshot folder.
+pub fn pull_model(source: &PullSource, spec: &str, observer: Arc<dyn PullObserver>) -> Result<PathBuf> {
+    observer.event(PullEvent::Manifest);
+    let spec = ModelSpec::parse(spec)?;
+    let hub = hub::HubClient::new(&source.endpoint, source.token.clone(), source.network.clone());
+    Puller::new(&spec, &source.cache_root, hub, false)?.observed_by(observer).pull(&source.transfer)
+}
+
+/// Checks a model name the way `pull` reads it, without touching the network
+/// or the disk; returns the name clients will use for it.
+pub fn check_spec(spec: &str) -> Result<String> {
+    ModelSpec::parse(spec)?;
+    Ok(client_name(spec))
 }
 
 /// Whether a known model is in the cache, and whether the rest of it would

@@ -1,9 +1,11 @@
 //! Progress for long transfers and hashing: a bar with rate and ETA on a terminal,
-//! plain periodic lines when stderr is a file or a pipe (CI logs, `2>log`).
+//! plain periodic lines when stderr is a file or a pipe (CI logs, `2>log`), and
+//! per-file events for a [`PullObserver`] (the server's `/api/pull` stream).
 
+use std::collections::HashMap;
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use indicatif::{HumanBytes, HumanDuration, ProgressBar, ProgressStyle};
@@ -12,6 +14,32 @@ use crate::note;
 
 /// Plain mode prints at most one progress line this often.
 const PLAIN_INTERVAL: Duration = Duration::from_secs(5);
+/// An observer hears about one file's bytes at most this often (and always at its end).
+const OBSERVER_INTERVAL: Duration = Duration::from_millis(100);
+
+/// What a pull reports as it goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PullEvent {
+    /// Finding out which files the model has (the hub's listing or the pins).
+    Manifest,
+    /// Bytes of one file present so far.
+    File { path: String, digest: String, total: u64, completed: u64 },
+    /// Every byte of a file is there; it is being hashed.
+    Verifying { path: String },
+}
+
+/// Hears a pull's [`PullEvent`]s; called from download threads, so it must not block long.
+pub trait PullObserver: Send + Sync {
+    fn event(&self, event: PullEvent);
+}
+
+/// One file's bytes, for the observer.
+struct FileCount {
+    digest: String,
+    total: u64,
+    completed: u64,
+    last_event: Option<Instant>,
+}
 
 pub struct Progress {
     verb: &'static str,
@@ -22,6 +50,8 @@ pub struct Progress {
     started: Instant,
     bar: Option<ProgressBar>,
     last_plain_line: Mutex<Instant>,
+    observer: Option<Arc<dyn PullObserver>>,
+    files: Mutex<HashMap<String, FileCount>>,
 }
 
 impl Progress {
@@ -49,6 +79,54 @@ impl Progress {
             started,
             bar,
             last_plain_line: Mutex::new(started),
+            observer: None,
+            files: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Reports each file's bytes to `observer` (no bar: whoever observes shows them).
+    /// `files` are (path, digest, size, bytes already there).
+    pub fn observed(
+        mut self,
+        observer: Option<Arc<dyn PullObserver>>,
+        files: impl IntoIterator<Item = (String, String, u64, u64)>,
+    ) -> Progress {
+        let Some(observer) = observer else { return self };
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+        }
+        let mut counts = HashMap::new();
+        for (path, digest, total, completed) in files {
+            observer.event(PullEvent::File { path: path.clone(), digest: digest.clone(), total, completed });
+            counts.insert(path, FileCount { digest, total, completed, last_event: Some(Instant::now()) });
+        }
+        self.files = Mutex::new(counts);
+        self.observer = Some(observer);
+        self
+    }
+
+    /// `bytes` more of the file `path`.
+    pub fn add_to(&self, path: &str, bytes: u64) {
+        self.add(bytes);
+        let Some(observer) = &self.observer else { return };
+        let event = {
+            let mut files = self.files.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(file) = files.get_mut(path) else { return };
+            file.completed = (file.completed + bytes).min(file.total);
+            let due = file.last_event.is_none_or(|t| t.elapsed() >= OBSERVER_INTERVAL) || file.completed == file.total;
+            if !due {
+                return;
+            }
+            file.last_event = Some(Instant::now());
+            PullEvent::File { path: path.to_string(), digest: file.digest.clone(), total: file.total, completed: file.completed }
+        };
+        observer.event(event);
+    }
+
+    /// Tells the observer, if any, that `path` is being hashed.
+    pub fn verifying(&self, path: &str) {
+        if let Some(observer) = &self.observer {
+            observer.event(PullEvent::Verifying { path: path.to_string() });
         }
     }
 

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context, Result};
 use indicatif::HumanBytes;
@@ -15,11 +15,11 @@ use super::cache::{self, delete_snapshot_entry, remove_if_present, RepoCache, Ve
 use super::hub::{FileMetadata, HubClient};
 use super::locate::LocalState;
 use super::manifest::{is_commit_hash, Digest, Manifest, ManifestFile, ModelSpec, Source};
-use super::progress::Progress;
+use super::progress::{Progress, PullEvent, PullObserver};
 use super::transfer::{self, Download, TransferSettings};
 use super::verify::{self, FileCheck};
 use crate::disk;
-use crate::{console, note};
+use crate::note;
 
 /// Hub metadata fetched while listing an `hf:` model, by file path.
 type MetadataByPath = HashMap<String, (Source, FileMetadata)>;
@@ -34,6 +34,8 @@ pub(super) struct Puller {
     known_metadata: MetadataByPath,
     skip_optional: bool,
     verified: Mutex<VerifiedFiles>,
+    /// Hears per-file progress (the server's `/api/pull`); `None` for the command line.
+    observer: Option<Arc<dyn PullObserver>>,
     _lock: fs::File,
 }
 
@@ -63,14 +65,37 @@ impl Puller {
             }
         };
         let verified = Mutex::new(repo.load_verified());
-        Ok(Puller { hub, repo, name: spec.display_name(), manifest, known_metadata, skip_optional, verified, _lock: lock })
+        Ok(Puller {
+            hub,
+            repo,
+            name: spec.display_name(),
+            manifest,
+            known_metadata,
+            skip_optional,
+            verified,
+            observer: None,
+            _lock: lock,
+        })
+    }
+
+    /// Reports progress to `observer` as well.
+    pub(super) fn observed_by(mut self, observer: Arc<dyn PullObserver>) -> Puller {
+        self.observer = Some(observer);
+        self
+    }
+
+    fn tell(&self, event: PullEvent) {
+        if let Some(observer) = &self.observer {
+            observer.event(event);
+        }
     }
 
     fn commit(&self) -> &str {
         &self.manifest.primary.revision
     }
 
-    pub(super) fn pull(&self, settings: &TransferSettings) -> Result<()> {
+    /// Completes the model in the cache; returns its snapshot folder.
+    pub(super) fn pull(&self, settings: &TransferSettings) -> Result<PathBuf> {
         let wanted: Vec<&ManifestFile> =
             self.manifest.files.iter().filter(|f| !(self.skip_optional && f.optional)).collect();
 
@@ -81,7 +106,12 @@ impl Puller {
             let local = self.repo.snapshot_file(self.commit(), &file.path);
             let state = LocalState::of(&local, file, &self.lock_verified());
             match state {
-                LocalState::Verified => {}
+                LocalState::Verified => self.tell(PullEvent::File {
+                    path: file.path.clone(),
+                    digest: digest_label(&file.digest),
+                    total: file.size,
+                    completed: file.size,
+                }),
                 LocalState::Unverified => unverified.push((file.clone(), local)),
                 LocalState::Missing => absent.push(file.clone()),
                 LocalState::WrongSize(_) => {
@@ -151,8 +181,7 @@ impl Puller {
                 self.name
             );
         }
-        console::print_line(format_args!("{} is ready in {}", self.name, self.repo.snapshot_dir(self.commit()).display()))?;
-        Ok(())
+        Ok(self.repo.snapshot_dir(self.commit()))
     }
 
     /// Hashes files already in the snapshot that we have not verified (another tool
@@ -172,6 +201,9 @@ impl Puller {
             .collect();
         let total = files.iter().map(|(f, _)| f.size).sum();
         note!("checking {} file(s) already in the cache ({})", files.len(), HumanBytes(total));
+        for (file, _) in &files {
+            self.tell(PullEvent::Verifying { path: file.path.clone() });
+        }
         let progress = Progress::new("checked", total, 0);
         let results = verify::hash_all(&checks, threads, &progress);
         progress.finish();
@@ -263,7 +295,11 @@ impl Puller {
             if on_disk > 0 { format!(" ({} already on disk)", HumanBytes(on_disk)) } else { String::new() },
             settings.connections
         );
-        let progress = Progress::new("downloaded", total, on_disk);
+        let files = planned.iter().map(|p| {
+            let done = transfer::bytes_already_done(&p.download);
+            (p.file.path.clone(), digest_label(&p.file.digest), p.file.size, done)
+        });
+        let progress = Progress::new("downloaded", total, on_disk).observed(self.observer.clone(), files);
         let by_label: HashMap<&str, &PlannedDownload> =
             planned.iter().map(|p| (p.download.label.as_str(), p)).collect();
         let finish = |download: &Download| -> Result<()> {
@@ -284,6 +320,7 @@ impl Puller {
     fn install(&self, plan: &PlannedDownload, progress: &Progress) -> Result<()> {
         let download = &plan.download;
         let digest = &plan.file.digest;
+        progress.verifying(&plan.file.path);
         if download.size >= 256 << 20 {
             progress.println(&format!("{}: all bytes received, verifying", plan.file.path));
         }
@@ -323,6 +360,15 @@ impl Puller {
     fn delete_local(&self, local: &Path) -> Result<()> {
         self.lock_verified().forget(local);
         delete_snapshot_entry(local)
+    }
+}
+
+/// A digest as Ollama's progress stream writes one: `sha256:<hex>` (`sha1:<hex>` for
+/// the git hash of a small file).
+fn digest_label(digest: &Digest) -> String {
+    match digest {
+        Digest::Sha256(hex) => format!("sha256:{hex}"),
+        Digest::GitSha1(hex) => format!("sha1:{hex}"),
     }
 }
 

@@ -314,7 +314,7 @@ fn fetch_range(
             )))
         })?;
         *position += received as u64;
-        progress.add(received as u64);
+        progress.add_to(&download.label, received as u64);
         since_checkpoint += received as u64;
         if since_checkpoint >= settings.checkpoint_bytes && *position < chunk_end {
             checkpoint(file, span.index, *position - span.start).map_err(Failure::Fatal)?;

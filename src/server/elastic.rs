@@ -6,11 +6,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::plan::governor::{Decision, Governor};
+use crate::plan::governor::Decision;
 use crate::plan::{self, MachineMemory, ModelCosts, PlanRequest};
 use crate::note;
 
-use super::{lock, AppState};
+use super::{lock, AppState, Resident};
 
 /// What the governor re-plans with.
 #[derive(Clone, Debug)]
@@ -19,51 +19,62 @@ pub struct Elastic {
     pub request: PlanRequest,
 }
 
-/// Runs until the server stops.
-pub fn spawn(app: Arc<AppState>, elastic: Elastic) {
+/// Runs until the server stops: every few seconds, each loaded model with
+/// an auto-sized pool is re-planned and, between requests, resized.
+pub fn spawn(app: Arc<AppState>) {
     tokio::spawn(async move {
-        let mut governor = Governor::new();
         let start = Instant::now();
         loop {
             tokio::time::sleep(Duration::from_secs(5)).await;
-            // Holding the generation permit makes the resize happen between requests.
-            let permit = app.turn.clone().try_acquire_owned().ok();
-            let current = lock(&app.expert_stats).pool_bytes as u64;
-            let mut machine = MachineMemory::detect();
-            // Our own pool is memory we could give back.
-            machine.available += current;
-            let desired = match plan::plan(&elastic.costs, &machine, &elastic.request) {
-                Ok(p) => p,
-                Err(e) => {
-                    note!("governor: re-planning failed: {e}");
-                    continue;
-                }
-            };
-            let now = start.elapsed().as_secs_f64();
-            if let Decision::Resize { from_bytes, to_bytes } = governor.tick(now, desired.pool_bytes, current, permit.is_some()) {
-                let app2 = app.clone();
-                let slots = desired.slots;
-                let result = tokio::task::spawn_blocking(move || -> anyhow::Result<crate::experts::CacheStats> {
-                    let _permit = permit;
-                    app2.engine.resize_expert_pool(slots)
-                })
-                .await;
-                match result {
-                    Ok(Ok(stats)) => {
-                        note!(
-                            "governor: expert pool {:.2} GB -> {:.2} GB ({} slots, {:.1} GB reclaimable)",
-                            from_bytes as f64 / 1e9,
-                            to_bytes as f64 / 1e9,
-                            stats.slots,
-                            machine.available as f64 / 1e9
-                        );
-                        *lock(&app.expert_stats) = stats;
-                        *lock(&app.plan) = Some(desired);
-                    }
-                    Ok(Err(e)) => note!("governor: resize failed: {e:#}"),
-                    Err(e) => note!("governor: resize task failed: {e}"),
+            for model in app.residency.loaded() {
+                if model.elastic.is_some() {
+                    govern(&app, model, start.elapsed().as_secs_f64()).await;
                 }
             }
         }
     });
+}
+
+/// One governor tick for one model.
+async fn govern(app: &Arc<AppState>, model: Arc<Resident>, now: f64) {
+    let Some((elastic, governor)) = &model.elastic else { return };
+    // Holding the generation permit makes the resize happen between requests.
+    let permit = app.turn.clone().try_acquire_owned().ok();
+    let current = lock(&model.expert_stats).pool_bytes as u64;
+    let mut machine = MachineMemory::detect();
+    // Our own pool is memory we could give back.
+    machine.available += current;
+    let desired = match plan::plan(&elastic.costs, &machine, &elastic.request) {
+        Ok(p) => p,
+        Err(e) => {
+            note!("governor: re-planning {} failed: {e}", model.name);
+            return;
+        }
+    };
+    let decision = lock(governor).tick(now, desired.pool_bytes, current, permit.is_some());
+    if let Decision::Resize { from_bytes, to_bytes } = decision {
+        let model2 = model.clone();
+        let slots = desired.slots;
+        let result = tokio::task::spawn_blocking(move || -> anyhow::Result<crate::experts::CacheStats> {
+            let _permit = permit;
+            model2.engine.resize_expert_pool(slots)
+        })
+        .await;
+        match result {
+            Ok(Ok(stats)) => {
+                note!(
+                    "governor: {} expert pool {:.2} GB -> {:.2} GB ({} slots, {:.1} GB reclaimable)",
+                    model.name,
+                    from_bytes as f64 / 1e9,
+                    to_bytes as f64 / 1e9,
+                    stats.slots,
+                    machine.available as f64 / 1e9
+                );
+                *lock(&model.expert_stats) = stats;
+                *lock(&model.plan) = Some(desired);
+            }
+            Ok(Err(e)) => note!("governor: resizing {} failed: {e:#}", model.name),
+            Err(e) => note!("governor: resize task failed: {e}"),
+        }
+    }
 }

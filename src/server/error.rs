@@ -30,8 +30,12 @@ impl ApiError {
         ApiError::bad_request(format!("{feature} are not supported by slotstream; remove them from the request"))
     }
 
-    pub fn model_not_found(name: &str, served: &str) -> ApiError {
-        ApiError::new(StatusCode::NOT_FOUND, format!("model '{name}' not found; this server runs '{served}'"))
+    pub fn model_not_found(name: &str, served: &[String]) -> ApiError {
+        let message = match served {
+            [] => format!("model '{name}' not found; this server has no models yet (pull one with /api/pull)"),
+            names => format!("model '{name}' not found; this server has {}", names.iter().map(|n| format!("'{n}'")).collect::<Vec<_>>().join(", ")),
+        };
+        ApiError::new(StatusCode::NOT_FOUND, message)
     }
 
     pub fn internal(message: impl Into<String>) -> ApiError {

@@ -15,7 +15,8 @@ use std::collections::VecDeque;
 
 use super::thinking::{Split, ThinkingSplitter};
 use super::tools::{Part, ToolCall, ToolCallSplitter};
-use super::{lock, ApiError, AppState};
+use super::keep_alive::KeepAlive;
+use super::{lock, ApiError, AppState, Lease, Resident};
 use crate::constrain::{ConstraintSpec, GrammarConstraint};
 use crate::generate::{Engine, FinishReason, GenerateRequest, TokenConstraint};
 use crate::note;
@@ -72,6 +73,8 @@ pub struct GenerationRequest {
     pub parse_tool_calls: bool,
     /// What the output must follow, if anything.
     pub constraint: Option<OutputConstraint>,
+    /// How long the model stays loaded after this request (`None`: the server's default).
+    pub keep_alive: Option<KeepAlive>,
 }
 
 /// A constraint on the output and the request field it came from (named
@@ -215,7 +218,7 @@ pub struct Answer {
 }
 
 /// Decrements the waiting count when a queued request leaves (served or gone).
-struct Waiting<'a>(&'a AtomicUsize);
+pub(super) struct Waiting<'a>(pub(super) &'a AtomicUsize);
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
@@ -228,7 +231,6 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
     let arrived = Instant::now();
     let log = super::request_log::RequestLog::current();
     log.model(&req.model);
-    app.check_model(&req.model)?;
     req.sampling.validate().map_err(ApiError::bad_request)?;
     let max_context = app.options.max_context;
     let limit = req.context_limit.unwrap_or(max_context);
@@ -237,7 +239,8 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
             "num_ctx {limit} is larger than this server's --max-context {max_context}"
         )));
     }
-    let fewest = req.prompt.fewest_tokens(&app.engine.codec);
+    let model = app.lease(&req.model, req.keep_alive).await?;
+    let fewest = req.prompt.fewest_tokens(&model.engine.codec);
     if fewest >= limit {
         return Err(ApiError::bad_request(format!(
             "the prompt is at least {fewest} tokens (judged by its size in bytes), which leaves no room to generate \
@@ -248,14 +251,16 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
     // Rendering and tokenizing take a CPU and memory in proportion to the
     // prompt: a few at a time, whatever the number of clients.
     let working = app.prompt_work.acquire().await.map_err(|_| ApiError::internal("the server is shutting down"))?;
-    let app1 = app.clone();
-    let prepared = tokio::task::spawn_blocking(move || -> Result<_, ApiError> {
-        let rendered = render_prompt(&app1.engine, prompt, &tools, think)?;
-        let constraint = wanted.map(|w| output_constraint(&app1, &w)).transpose()?;
-        Ok((rendered, constraint))
+    let prepared = tokio::task::spawn_blocking(move || {
+        let prepared = (|| -> Result<_, ApiError> {
+            let rendered = render_prompt(&model.engine, prompt, &tools, think)?;
+            let constraint = wanted.map(|w| output_constraint(&model, &w)).transpose()?;
+            Ok((rendered, constraint))
+        })();
+        (model, prepared)
     });
-    let ((prompt_ids, opens_thinking), constraint) =
-        prepared.await.map_err(|e| ApiError::internal(format!("rendering the prompt failed: {e}")))??;
+    let (model, prepared) = prepared.await.map_err(|e| ApiError::internal(format!("rendering the prompt failed: {e}")))?;
+    let ((prompt_ids, opens_thinking), constraint) = prepared?;
     drop(working);
     let prompt_len = prompt_ids.len();
     if prompt_len >= limit {
@@ -266,7 +271,7 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
     // The model's own context bounds every request, whatever --max-context
     // says: a prompt that fills it is refused here, and the engine ends a
     // longer generation there (finish reason "length").
-    let model_context = app.engine.context_length();
+    let model_context = model.engine.context_length();
     if prompt_len >= model_context {
         return Err(ApiError::bad_request(format!(
             "the prompt is {prompt_len} tokens, which fills the model's context of {model_context} tokens (max_position_embeddings)"
@@ -286,7 +291,11 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
     let sender = PieceSender { tx, runtime: tokio::runtime::Handle::current(), timeout: app.options.timeouts.write };
     tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        let piece = match run_generation(&app2, &job, constraint, &sender, arrived) {
+        let outcome = run_generation(&app2, &model, &job, constraint, &sender, arrived);
+        // The model's keep-alive starts before the client hears the end, so
+        // what it asks next (`/api/ps`) sees the model as this request left it.
+        drop(model);
+        let piece = match outcome {
             Ok(Some(summary)) => {
                 log.finished(&summary);
                 Piece::Done(summary)
@@ -303,11 +312,11 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
 
 /// The grammar for `wanted` over this model's vocabulary (the vocabulary's
 /// trie is built on the first request that asks for one).
-fn output_constraint(app: &AppState, wanted: &OutputConstraint) -> Result<GrammarConstraint, ApiError> {
-    let grammars = app
+fn output_constraint(model: &Resident, wanted: &OutputConstraint) -> Result<GrammarConstraint, ApiError> {
+    let grammars = model
         .grammars
         .get_or_init(|| {
-            let engine = &app.engine;
+            let engine = &model.engine;
             crate::constrain::Grammars::load(&engine.arch().dir, engine.vocab_size(), &engine.codec.eos_ids)
                 .map(Arc::new)
                 .map_err(|e| format!("{e:#}"))
@@ -447,16 +456,17 @@ impl PieceSender {
 /// client went away.
 fn run_generation(
     app: &AppState,
+    model: &Lease,
     req: &GenerateRequest,
     mut constraint: Option<GrammarConstraint>,
     tx: &PieceSender,
     arrived: Instant,
 ) -> Result<Option<Summary>> {
-    let engine = &app.engine;
+    let engine = &model.engine;
     let copy = |s: &SequenceState| engine.clone_state(s);
     let ids = &req.prompt_ids;
     let started = Instant::now();
-    let cached = match &app.prefix_cache {
+    let cached = match &model.prefix_cache {
         Some(c) => lock(c).lookup(ids, copy)?,
         None => None,
     };
@@ -473,7 +483,7 @@ fn run_generation(
         return Ok(None);
     }
     let prefill_body = started.elapsed();
-    if let Some(c) = &app.prefix_cache {
+    if let Some(c) = &model.prefix_cache {
         if state.position > cached_tokens {
             let snapshot = copy(&state)?;
             lock(c).insert(ids[..state.position].to_vec(), snapshot);
@@ -497,23 +507,23 @@ fn run_generation(
     let out = match out {
         Ok(o) => o,
         Err(e) => {
-            if let Some(c) = &app.prefix_cache {
+            if let Some(c) = &model.prefix_cache {
                 lock(c).clear();
             }
             return Err(e);
         }
     };
     if let Ok(stats) = engine.expert_stats() {
-        *lock(&app.expert_stats) = stats;
+        *lock(&model.expert_stats) = stats;
     }
-    if let Some(c) = &app.prefix_cache {
+    if let Some(c) = &model.prefix_cache {
         let mut fed = out.prompt_ids.clone();
         fed.extend(&out.generated_ids);
         fed.truncate(state.position);
         let mut cache = lock(c);
         cache.insert(fed, state);
         let bytes: u64 = cache.states().map(|s| engine.state_bytes(s)).sum();
-        app.cache_state_bytes.store(bytes as usize, Ordering::Relaxed);
+        model.cache_state_bytes.store(bytes as usize, Ordering::Relaxed);
     }
     // Cancelled by a shutdown, the stream still ends with its summary.
     if out.finish_reason == FinishReason::Cancelled && !app.stopping() {

@@ -59,6 +59,7 @@ pub async fn serve_on(
 ) -> Result<()> {
     let bound = listener.local_addr().context("reading the address the server is bound to")?;
     let timeouts = app.options.timeouts;
+    app.residency.spawn_expiry();
     let service = TowerToHyperService::new(router(app.clone(), bound));
     let (stop_sender, stop) = tokio::sync::watch::channel(false);
     let mut connections = tokio::task::JoinSet::new();

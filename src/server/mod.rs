@@ -1,33 +1,41 @@
-//! `slotstream serve`: the Ollama and OpenAI HTTP APIs over one loaded model.
+//! `slotstream serve`: the Ollama and OpenAI HTTP APIs over every installed
+//! model.
 //!
 //! `ollama.rs` and `openai.rs` translate their wire formats into one
 //! [`GenerationRequest`]; [`start_generation`] is the single entry point both
-//! call. It renders and tokenizes the prompt, checks it against the context
-//! limit, waits its turn in a bounded FIFO queue (one generation at a time),
-//! and runs the engine on a blocking thread that streams text back through a
-//! channel. A client that goes away drops the receiving end, and the engine
-//! stops at its next check. The prefix cache lets a request skip the prompt
-//! tokens an earlier request already fed.
+//! call. It finds the model in the catalog (`catalog.rs`: `--model`
+//! directories and pulled models), takes a lease on it (`residency.rs`: loaded
+//! on first use, unloaded after its keep-alive or for another model's memory),
+//! renders and tokenizes the prompt, checks it against the context limit,
+//! waits its turn in a bounded FIFO queue (one generation at a time), and runs
+//! the engine on a blocking thread that streams text back through a channel.
+//! A client that goes away drops the receiving end, and the engine stops at
+//! its next check. The prefix cache lets a request skip the prompt tokens an
+//! earlier request already fed. `/api/pull` and `/api/delete` (`pull.rs`)
+//! manage the pulled models.
 
+mod catalog;
 mod elastic;
 mod error;
 mod generation;
 mod guard;
+mod keep_alive;
 mod listen;
 mod model_info;
 mod ollama;
 mod ollama_env;
+mod ollama_models;
 mod openai;
 mod prefix_cache;
+mod pull;
 mod request_log;
+mod residency;
 mod thinking;
 mod tools;
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::SystemTime;
 
 use anyhow::{Context, Result};
 use axum::body::Body;
@@ -35,20 +43,21 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get, post};
+use axum::routing::{any, delete, get, post};
 use axum::Router;
 use tokio::sync::Semaphore;
 
-use crate::experts::CacheStats;
-use crate::generate::Engine;
 use crate::note;
 
+pub use catalog::{CatalogEntry, ModelCatalog, Origin};
 pub use error::ApiError;
 pub use generation::{start_generation, Answer, Event, GenerationRequest, GenerationStream, OutputConstraint, PromptInput, Summary};
 use error::{OllamaError, OpenAiError};
+pub use keep_alive::{KeepAlive, DEFAULT_KEEP_ALIVE};
 pub use model_info::{MemoryReport, ModelInfo};
 pub use ollama_env::OllamaEnv;
 pub use prefix_cache::{PrefixCache, PrefixCacheStats};
+pub use residency::{Lease, LoadedEngine, ModelLoader, Resident};
 
 /// Request bodies larger than this get 413.
 pub const MAX_BODY_BYTES: usize = 32 << 20;
@@ -58,6 +67,9 @@ pub const PREFIX_CACHE_ENTRIES: usize = 6;
 /// Prompts rendered and tokenized at once; more wait their turn, so many large
 /// prompts arriving together cost the memory of a few.
 pub const PROMPT_WORKERS: usize = 2;
+/// Models loaded at once at most, unless `--max-loaded-models` says otherwise
+/// (Ollama's default on a CPU); memory may allow fewer.
+pub const DEFAULT_MAX_LOADED_MODELS: usize = 3;
 
 pub use elastic::Elastic;
 pub use listen::{serve_on, Timeouts};
@@ -65,31 +77,32 @@ pub use listen::{serve_on, Timeouts};
 /// How the server runs.
 #[derive(Clone, Debug)]
 pub struct ServerOptions {
-    /// The name clients use for the model.
-    pub model_name: String,
     /// Prompt plus completion tokens allowed per request.
     pub max_context: usize,
     pub prefix_cache: bool,
     /// Requests that may wait while one generates; more get 503.
     pub queue: usize,
-    /// The memory plan the model was loaded with.
-    pub plan: Option<crate::plan::Plan>,
-    /// Re-plan and resize the expert pool as free memory changes (auto-sized only).
-    pub elastic: Option<elastic::Elastic>,
     pub timeouts: Timeouts,
     /// Browser origins allowed besides the loopback ones (`OLLAMA_ORIGINS`:
     /// exact, or with one `*` wildcard).
     pub origins: Vec<String>,
+    /// How long a model stays loaded after a request that does not say.
+    pub keep_alive: KeepAlive,
+    /// Models loaded at once at most.
+    pub max_loaded_models: usize,
+    /// Where `/api/pull` pulls from and into; `None` refuses pulls.
+    pub pulls: Option<crate::pull::PullSource>,
 }
 
 impl ServerOptions {
-    /// Refuses settings the server could not honour: a model name clients
-    /// cannot send (empty, or with spaces around it, which requests lose when
-    /// they are trimmed), or no context at all.
+    /// Refuses settings the server could not honour: no context at all, or
+    /// no room for one loaded model.
     pub fn check(&self) -> Result<()> {
-        check_model_name(&self.model_name)?;
         if self.max_context == 0 {
             anyhow::bail!("--max-context must be at least 1 token");
+        }
+        if self.max_loaded_models == 0 {
+            anyhow::bail!("--max-loaded-models must be at least 1");
         }
         Ok(())
     }
@@ -106,28 +119,18 @@ pub fn check_model_name(name: &str) -> Result<()> {
 
 /// Everything handlers share.
 pub struct AppState {
-    engine: Arc<Engine>,
-    model: ModelInfo,
+    catalog: ModelCatalog,
+    residency: Arc<residency::Residency>,
     options: ServerOptions,
     /// One permit: the right to generate. Tokio's semaphore is FIFO-fair.
     turn: Arc<Semaphore>,
     waiting: AtomicUsize,
-    prefix_cache: Option<Mutex<PrefixCache>>,
-    /// Expert cache statistics as of the end of the last generation, so
-    /// metadata requests never wait for the model.
-    expert_stats: Mutex<CacheStats>,
-    /// Bytes of state held by the prefix cache, as of the last generation.
-    cache_state_bytes: AtomicUsize,
-    /// The live memory plan (updated by the governor).
-    plan: Mutex<Option<crate::plan::Plan>>,
-    loaded_at: SystemTime,
     /// Set on shutdown: running generations stop at their next token.
     stopping: AtomicBool,
     /// Prompts being rendered and tokenized at once (see `PROMPT_WORKERS`).
     prompt_work: Semaphore,
-    /// The grammar engine over the model's vocabulary, built on the first
-    /// request with a constrained output (or why it cannot be).
-    grammars: std::sync::OnceLock<Result<Arc<crate::constrain::Grammars>, String>>,
+    /// Pulls in progress, by the repository they write into.
+    pulls: Arc<pull::PullsInProgress>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -135,26 +138,35 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl AppState {
-    pub fn new(engine: Engine, model: ModelInfo, options: ServerOptions) -> Arc<AppState> {
-        let expert_stats = engine.expert_stats().unwrap_or_default();
-        let plan = options.plan.clone();
-        let prefix_cache =
-            options.prefix_cache.then(|| Mutex::new(PrefixCache::new(PREFIX_CACHE_ENTRIES, options.max_context)));
-        Arc::new(AppState {
-            engine: Arc::new(engine),
-            model,
+    /// A server over `catalog`, loading models with `loader`; none is loaded
+    /// yet (see [`AppState::load_at_start`]).
+    pub fn new(catalog: ModelCatalog, loader: Arc<dyn ModelLoader>, options: ServerOptions) -> Result<Arc<AppState>> {
+        options.check()?;
+        let residency = Arc::new(residency::Residency::new(
+            loader,
+            options.max_loaded_models,
+            options.prefix_cache,
+            options.max_context,
+        ));
+        Ok(Arc::new(AppState {
+            catalog,
+            residency,
             options,
             turn: Arc::new(Semaphore::new(1)),
             waiting: AtomicUsize::new(0),
-            prefix_cache,
-            expert_stats: Mutex::new(expert_stats),
-            cache_state_bytes: AtomicUsize::new(0),
-            plan: Mutex::new(plan),
-            loaded_at: SystemTime::now(),
             stopping: AtomicBool::new(false),
             prompt_work: Semaphore::new(PROMPT_WORKERS),
-            grammars: std::sync::OnceLock::new(),
-        })
+            pulls: Arc::new(pull::PullsInProgress::default()),
+        }))
+    }
+
+    /// Loads `name` now, kept for the server's default keep-alive as if a
+    /// request had loaded it (`serve` loads its first `--model` at start, so a
+    /// model that cannot load is found before clients come).
+    pub fn load_at_start(&self, name: &str) -> Result<()> {
+        let entry = self.catalog.find(name).with_context(|| format!("no model named {name:?} to load"))?;
+        let info = self.catalog.describe(&entry).with_context(|| format!("{} cannot be read", entry.dir.display()))?;
+        self.residency.load_at_start(&entry, info, self.options.keep_alive)
     }
 
     /// Cancels running generations (their streams still end with a summary)
@@ -168,35 +180,36 @@ impl AppState {
         self.stopping.load(Ordering::SeqCst)
     }
 
-    pub fn memory(&self) -> MemoryReport {
-        let expert_cache = lock(&self.expert_stats).clone();
-        let prefix_cache = match &self.prefix_cache {
-            Some(c) => lock(c).stats(),
-            None => PrefixCacheStats::default(),
-        };
-        let resident = self.engine.resident_bytes();
-        let pool = expert_cache.pool_bytes as u64;
-        let states = self.cache_state_bytes.load(Ordering::Relaxed) as u64;
-        MemoryReport {
-            resident_weight_bytes: resident,
-            expert_pool_bytes: pool,
-            expert_slots: expert_cache.slots,
-            prefix_cache_state_bytes: states,
-            total_bytes: resident + pool + states,
-            prefix_cache,
-            expert_cache,
-            plan: lock(&self.plan).clone(),
-        }
-    }
-
-    fn check_model(&self, requested: &str) -> Result<(), ApiError> {
+    /// The catalog entry and description of the model a request names: 400
+    /// without a name, 404 for a model this server does not have.
+    fn find_model(&self, requested: &str) -> Result<(CatalogEntry, ModelInfo), ApiError> {
         if requested.trim().is_empty() {
             return Err(ApiError::bad_request("'model' is required"));
         }
-        if !self.model.answers_to(requested) {
-            return Err(ApiError::model_not_found(requested, &self.model.name));
+        let entry = self.catalog.find(requested).ok_or_else(|| ApiError::model_not_found(requested, &self.catalog.names()))?;
+        let info = self.catalog.describe(&entry).ok_or_else(|| {
+            ApiError::internal(format!("{} ({}) is not a model slotstream can read", entry.name, entry.dir.display()))
+        })?;
+        Ok((entry, info))
+    }
+
+    /// A lease on the model a request names, loading it if needed. Waiting
+    /// for a load counts against `--queue` as waiting for the turn does.
+    async fn lease(&self, requested: &str, keep_alive: Option<KeepAlive>) -> Result<Lease, ApiError> {
+        let (entry, info) = self.find_model(requested)?;
+        let keep_alive = keep_alive.unwrap_or(self.options.keep_alive);
+        if let Some(lease) = self.residency.lease_if_loaded(&entry.name, keep_alive) {
+            return Ok(lease);
         }
-        Ok(())
+        let queued = self.waiting.fetch_add(1, Ordering::SeqCst) + 1;
+        let _waiting = generation::Waiting(&self.waiting);
+        if queued > self.options.queue {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("the server is busy: {} requests are already waiting (--queue); retry later", self.options.queue),
+            ));
+        }
+        self.residency.acquire(entry, info, keep_alive).await
     }
 }
 
@@ -223,7 +236,7 @@ async fn cors(State(extra): State<Arc<Vec<String>>>, req: Request, next: Next) -
     h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
     h.insert(header::VARY, HeaderValue::from_static("Origin"));
     if preflight {
-        h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("GET, HEAD, POST, OPTIONS"));
+        h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("GET, HEAD, POST, DELETE, OPTIONS"));
         h.insert(
             header::ACCESS_CONTROL_ALLOW_HEADERS,
             request_headers.unwrap_or_else(|| HeaderValue::from_static("Authorization, Content-Type")),
@@ -261,10 +274,12 @@ pub fn router(app: Arc<AppState>, bound: SocketAddr) -> Router {
     let origins = Arc::new(app.options.origins.clone());
     Router::new()
         .route("/", get(root))
-        .route("/api/version", get(ollama::version))
-        .route("/api/tags", get(ollama::tags))
-        .route("/api/ps", get(ollama::ps))
-        .route("/api/show", post(ollama::show))
+        .route("/api/version", get(ollama_models::version))
+        .route("/api/tags", get(ollama_models::tags))
+        .route("/api/ps", get(ollama_models::ps))
+        .route("/api/show", post(ollama_models::show))
+        .route("/api/pull", post(pull::pull))
+        .route("/api/delete", delete(pull::delete).post(pull::delete))
         .route("/api/generate", post(ollama::generate))
         .route("/api/chat", post(ollama::chat))
         .route("/api/embed", any(embeddings_refused))
@@ -272,7 +287,7 @@ pub fn router(app: Arc<AppState>, bound: SocketAddr) -> Router {
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/models", get(openai::models))
-        .route("/v1/models/{model}", get(openai::model))
+        .route("/v1/models/{*model}", get(openai::model))
         .route("/v1/embeddings", any(embeddings_refused))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -285,12 +300,14 @@ pub fn router(app: Arc<AppState>, bound: SocketAddr) -> Router {
 }
 
 /// How `slotstream serve` was asked to run.
-#[derive(Debug)]
 pub struct ServeConfig {
-    pub model_dir: PathBuf,
-    /// Bound before the model loads (see [`bind`]), so a port in use is
+    /// Bound before any model loads (see [`bind`]), so a port in use is
     /// found at once.
     pub listener: std::net::TcpListener,
+    pub catalog: ModelCatalog,
+    pub loader: Arc<dyn ModelLoader>,
+    /// Loaded before the first request (the first `--model`).
+    pub load_first: Option<String>,
     pub options: ServerOptions,
 }
 
@@ -304,11 +321,12 @@ pub fn bind(host: &str, port: u16) -> Result<std::net::TcpListener> {
     Ok(listener)
 }
 
-/// Serves the loaded model until Ctrl-C or SIGTERM.
-pub fn serve(config: ServeConfig, engine: Engine) -> Result<()> {
-    config.options.check()?;
-    let model = ModelInfo::describe(engine.arch(), config.options.model_name.clone());
-    let app = AppState::new(engine, model, config.options);
+/// Serves the catalog's models until Ctrl-C or SIGTERM.
+pub fn serve(config: ServeConfig) -> Result<()> {
+    let app = AppState::new(config.catalog, config.loader, config.options)?;
+    if let Some(name) = &config.load_first {
+        app.load_at_start(name)?;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -317,10 +335,17 @@ pub fn serve(config: ServeConfig, engine: Engine) -> Result<()> {
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(config.listener).context("listening on the bound socket")?;
         let bound = listener.local_addr().context("reading the address the server is bound to")?;
-        note!("slotstream serving '{}' on http://{bound}", app.model.name);
-        if let Some(e) = app.options.elastic.clone() {
-            elastic::spawn(app.clone(), e);
+        let entries = app.catalog.entries();
+        let named = |origin: fn(&Origin) -> bool| -> Vec<String> {
+            entries.iter().filter(|e| origin(&e.origin)).map(|e| format!("'{}'", e.name)).collect()
+        };
+        let (given, pulled) = (named(|o| *o == Origin::Directory), named(|o| *o != Origin::Directory));
+        let given = if given.is_empty() { "pulled models".to_string() } else { given.join(", ") };
+        note!("slotstream serving {given} on http://{bound}");
+        if !pulled.is_empty() {
+            note!("  and {} pulled model(s): {}", pulled.len(), pulled.join(", "));
         }
+        elastic::spawn(app.clone());
         // The first SIGINT or SIGTERM cancels the running and waiting
         // generations and shuts down (open connections get --shutdown-grace
         // to take their last chunk); a second one exits at once.
@@ -399,19 +424,9 @@ mod tests {
 
     #[test]
     fn a_model_name_clients_cannot_send_is_refused() {
-        let options = |name: &str| ServerOptions {
-            model_name: name.to_string(),
-            max_context: 4096,
-            prefix_cache: true,
-            queue: 16,
-            plan: None,
-            elastic: None,
-            timeouts: Timeouts::default(),
-            origins: Vec::new(),
-        };
-        options("my-model").check().expect("a plain name is fine");
+        check_model_name("my-model").expect("a plain name is fine");
         for bad in ["", " ", " padded ", "tab\there"] {
-            let error = options(bad).check().expect_err(bad);
+            let error = check_model_name(bad).expect_err(bad);
             assert!(error.to_string().contains("is not a name clients can send"), "{error}");
         }
     }

@@ -13,6 +13,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::{json_response, OllamaError};
+use super::keep_alive::KeepAlive;
 use super::model_info::rfc3339;
 use super::tools::{self, ToolCall, ToolChoice};
 use super::{
@@ -171,6 +172,7 @@ struct GenerateBody {
     raw: bool,
     think: Option<Value>,
     logprobs: Option<bool>,
+    keep_alive: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -198,6 +200,7 @@ struct ChatBody {
     stream: Option<bool>,
     think: Option<Value>,
     logprobs: Option<bool>,
+    keep_alive: Option<Value>,
 }
 
 fn done_reason(f: FinishReason) -> &'static str {
@@ -244,6 +247,27 @@ fn stream_ndjson(
     ndjson_response(lines)
 }
 
+/// A request's `keep_alive`, refused with the field's name when it is not one.
+fn parse_keep_alive(v: Option<&Value>) -> Result<Option<KeepAlive>, ApiError> {
+    KeepAlive::from_json(v).map_err(ApiError::bad_request)
+}
+
+/// A request with nothing to generate (an empty prompt, no messages): Ollama
+/// loads the model (`done_reason` "load"), or with `keep_alive` 0 unloads it
+/// ("unload"). `body` is generate's or chat's final object.
+async fn load_or_unload(app: &AppState, model: &str, keep_alive: Option<KeepAlive>, mut body: Value) -> Reply {
+    let reason = if keep_alive.is_some_and(|k| k.is_zero()) {
+        let (entry, _) = app.find_model(model)?;
+        app.residency.unload(&entry.name, "keep_alive 0");
+        "unload"
+    } else {
+        drop(app.lease(model, keep_alive).await?);
+        "load"
+    };
+    body["done_reason"] = reason.into();
+    Ok(json_response(StatusCode::OK, &body))
+}
+
 /// The internal request for an Ollama generate or chat body.
 fn generation_request(
     model: String,
@@ -251,6 +275,7 @@ fn generation_request(
     options: Option<Options>,
     think: Option<bool>,
     constraint: Option<OutputConstraint>,
+    keep_alive: Option<KeepAlive>,
 ) -> Result<GenerationRequest, ApiError> {
     let m = map_options(options)?;
     Ok(GenerationRequest {
@@ -264,6 +289,7 @@ fn generation_request(
         tools: Vec::new(),
         parse_tool_calls: false,
         constraint,
+        keep_alive,
     })
 }
 
@@ -280,21 +306,18 @@ pub async fn generate(State(app): State<Arc<AppState>>, body: Body) -> Reply {
         return Err(ApiError::unsupported("custom prompt templates ('template')").into());
     }
     let think = parse_think(b.think)?;
+    let keep_alive = parse_keep_alive(b.keep_alive.as_ref())?;
     let model = b.model.clone();
     let context = b.context.unwrap_or_default();
     if b.prompt.is_empty() && context.is_empty() {
-        // Ollama answers an empty prompt by (pre)loading the model.
-        app.check_model(&model)?;
-        return Ok(json_response(
-            StatusCode::OK,
-            &json!({"model": model, "created_at": now(), "response": "", "done": true, "done_reason": "load"}),
-        ));
+        let body = json!({"model": model, "created_at": now(), "response": "", "done": true});
+        return load_or_unload(&app, &model, keep_alive, body).await;
     }
     let prompt = match b.suffix.filter(|s| !s.is_empty()) {
         Some(suffix) => PromptInput::Fill { prefix: b.prompt, suffix, context },
         None => PromptInput::Text { text: b.prompt, system: b.system, raw: b.raw, context },
     };
-    let req = generation_request(model.clone(), prompt, b.options, think, format)?;
+    let req = generation_request(model.clone(), prompt, b.options, think, format, keep_alive)?;
     let gen = start_generation(&app, req).await?;
     let object = move |ev: Event| -> Value {
         let mut obj = serde_json::Map::new();
@@ -343,6 +366,7 @@ pub async fn chat(State(app): State<Arc<AppState>>, body: Body) -> Reply {
         return Err(ApiError::bad_request("'format' together with 'tools' is not supported; send one or the other").into());
     }
     let think = parse_think(b.think)?;
+    let keep_alive = parse_keep_alive(b.keep_alive.as_ref())?;
     let mut messages = Vec::with_capacity(b.messages.len());
     for (i, m) in b.messages.into_iter().enumerate() {
         if is_present(&m.images) {
@@ -361,19 +385,15 @@ pub async fn chat(State(app): State<Arc<AppState>>, body: Body) -> Reply {
     tools::check_tool_results(&mut messages)?;
     let model = b.model.clone();
     if messages.is_empty() {
-        app.check_model(&model)?;
-        return Ok(json_response(
-            StatusCode::OK,
-            &json!({"model": model, "created_at": now(),
-                    "message": {"role": "assistant", "content": ""}, "done": true, "done_reason": "load"}),
-        ));
+        let body = json!({"model": model, "created_at": now(), "message": {"role": "assistant", "content": ""}, "done": true});
+        return load_or_unload(&app, &model, keep_alive, body).await;
     }
     // Ollama has no tool_choice: the model decides, and a call it opens is
     // held to its tool's schema.
     let constraint = tools::tool_constraint(&tools, &ToolChoice::Auto, true)
         .map(|spec| OutputConstraint { spec, field: "tools" })
         .or(format);
-    let mut req = generation_request(model.clone(), PromptInput::Chat(messages), b.options, think, constraint)?;
+    let mut req = generation_request(model.clone(), PromptInput::Chat(messages), b.options, think, constraint, keep_alive)?;
     req.parse_tool_calls = !tools.specs.is_empty();
     req.tools = tools.wire;
     let gen = start_generation(&app, req).await?;
@@ -416,93 +436,6 @@ pub async fn chat(State(app): State<Arc<AppState>>, body: Body) -> Reply {
     if !all.tool_calls.is_empty() {
         v["message"]["tool_calls"] = all.tool_calls.iter().enumerate().map(|(i, c)| ollama_call(c, i)).collect();
     }
-    Ok(json_response(StatusCode::OK, &v))
-}
-
-/// The Ollama API version this server speaks: clients gate features on it
-/// (VS Code's agent mode wants at least 0.6.4; tool calling, structured
-/// outputs and `/api/show` capabilities are all there by this one).
-pub const OLLAMA_API_VERSION: &str = "0.12.0";
-
-pub async fn version() -> Response {
-    json_response(StatusCode::OK, &json!({"version": OLLAMA_API_VERSION, "slotstream": env!("CARGO_PKG_VERSION")}))
-}
-
-fn model_entry(app: &AppState) -> serde_json::Map<String, Value> {
-    let m = &app.model;
-    let mut obj = serde_json::Map::new();
-    obj.insert("name".into(), m.name.clone().into());
-    obj.insert("model".into(), m.name.clone().into());
-    obj.insert("size".into(), m.file_bytes.into());
-    obj.insert("digest".into(), m.digest.clone().into());
-    obj.insert("details".into(), json!(m.details));
-    obj
-}
-
-pub async fn tags(State(app): State<Arc<AppState>>) -> Response {
-    let mut entry = model_entry(&app);
-    entry.insert("modified_at".into(), rfc3339(app.model.modified_at).into());
-    json_response(StatusCode::OK, &json!({"models": [entry]}))
-}
-
-pub async fn ps(State(app): State<Arc<AppState>>) -> Response {
-    let memory = app.memory();
-    let mut entry = model_entry(&app);
-    entry.insert("size".into(), memory.total_bytes.into());
-    // The model stays loaded for as long as the server runs.
-    let expires = app.loaded_at + Duration::from_secs(100 * 365 * 86_400);
-    entry.insert("expires_at".into(), rfc3339(expires).into());
-    entry.insert("size_vram".into(), 0.into());
-    entry.insert("context_length".into(), app.options.max_context.into());
-    entry.insert("memory".into(), json!(memory));
-    json_response(StatusCode::OK, &json!({"models": [entry]}))
-}
-
-#[derive(Deserialize)]
-struct ShowBody {
-    model: Option<String>,
-    name: Option<String>,
-}
-
-pub async fn show(State(app): State<Arc<AppState>>, body: Body) -> Reply {
-    let b: ShowBody = parse_body(body)?;
-    let requested = b.model.or(b.name).unwrap_or_default();
-    app.check_model(&requested)?;
-    let m = &app.model;
-    let codec = &app.engine.codec;
-    let template = codec.chat_template().unwrap_or("").to_string();
-    let mut capabilities = vec!["completion"];
-    if codec.template_supports_tools() {
-        capabilities.push("tools");
-    }
-    if template.contains("enable_thinking") {
-        capabilities.push("thinking");
-    }
-    if codec.fim_tokens().is_some() {
-        capabilities.push("insert");
-    }
-    // Ollama's `parameters`: one `name value` per line, the values the
-    // server uses unless a request says otherwise.
-    let mut parameters = format!("num_ctx {}", app.options.max_context);
-    for stop in codec.eos_ids.iter().filter_map(|&id| codec.decode_special(id)) {
-        parameters.push_str(&format!("\nstop {}", json!(stop)));
-    }
-    let v = json!({
-        "license": "",
-        "modelfile": format!("# served by slotstream {}\nFROM {}\n", env!("CARGO_PKG_VERSION"), m.name),
-        "parameters": parameters,
-        "template": template,
-        "details": m.details,
-        "model_info": m.model_info,
-        "capabilities": capabilities,
-        "modified_at": rfc3339(m.modified_at),
-        "config": m.config,
-        "slotstream": {
-            "max_context": app.options.max_context,
-            "queue": app.options.queue,
-            "memory": app.memory(),
-        },
-    });
     Ok(json_response(StatusCode::OK, &v))
 }
 

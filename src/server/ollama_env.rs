@@ -1,7 +1,8 @@
 //! The Ollama environment variables `serve` honours as Ollama does, read in
 //! this one place: `OLLAMA_HOST` (where to listen, when `--host`/`--port`
-//! do not say) and `OLLAMA_ORIGINS` (browser origins allowed besides the
-//! loopback ones).
+//! do not say), `OLLAMA_ORIGINS` (browser origins allowed besides the
+//! loopback ones), `OLLAMA_KEEP_ALIVE` (how long an idle model stays loaded)
+//! and `OLLAMA_MAX_LOADED_MODELS`, each when its flag does not say.
 
 use std::net::IpAddr;
 
@@ -15,12 +16,46 @@ pub const DEFAULT_PORT: u16 = 11434;
 pub struct OllamaEnv {
     pub host: Option<String>,
     pub origins: Option<String>,
+    pub keep_alive: Option<String>,
+    pub max_loaded_models: Option<String>,
 }
 
 impl OllamaEnv {
     pub fn from_env() -> OllamaEnv {
         let read = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
-        OllamaEnv { host: read("OLLAMA_HOST"), origins: read("OLLAMA_ORIGINS") }
+        OllamaEnv {
+            host: read("OLLAMA_HOST"),
+            origins: read("OLLAMA_ORIGINS"),
+            keep_alive: read("OLLAMA_KEEP_ALIVE"),
+            max_loaded_models: read("OLLAMA_MAX_LOADED_MODELS"),
+        }
+    }
+
+    /// How long an idle model stays loaded: `--keep-alive`, else
+    /// `OLLAMA_KEEP_ALIVE`, else five minutes.
+    pub fn keep_alive(&self, flag: Option<&str>) -> Result<super::KeepAlive> {
+        match (flag, &self.keep_alive) {
+            (Some(value), _) => super::KeepAlive::parse(value).map_err(|e| anyhow::anyhow!("--keep-alive: {e}")),
+            (None, Some(value)) => super::KeepAlive::parse(value).map_err(|e| anyhow::anyhow!("OLLAMA_KEEP_ALIVE: {e}")),
+            (None, None) => Ok(super::DEFAULT_KEEP_ALIVE),
+        }
+    }
+
+    /// Models loaded at once at most: `--max-loaded-models`, else
+    /// `OLLAMA_MAX_LOADED_MODELS` (0 there means the default, as in Ollama),
+    /// else [`super::DEFAULT_MAX_LOADED_MODELS`].
+    pub fn max_loaded_models(&self, flag: Option<usize>) -> Result<usize> {
+        if let Some(n) = flag {
+            return Ok(n);
+        }
+        match &self.max_loaded_models {
+            None => Ok(super::DEFAULT_MAX_LOADED_MODELS),
+            Some(value) => match value.parse::<usize>() {
+                Ok(0) => Ok(super::DEFAULT_MAX_LOADED_MODELS),
+                Ok(n) => Ok(n),
+                Err(_) => bail!("OLLAMA_MAX_LOADED_MODELS={value:?} is not a number of models"),
+            },
+        }
     }
 
     /// The address to listen on: the flags first, then `OLLAMA_HOST`
@@ -107,7 +142,7 @@ mod tests {
     use super::*;
 
     fn env(host: &str) -> OllamaEnv {
-        OllamaEnv { host: Some(host.to_string()), origins: None }
+        OllamaEnv { host: Some(host.to_string()), ..OllamaEnv::default() }
     }
 
     #[test]
@@ -131,7 +166,7 @@ mod tests {
 
     #[test]
     fn ollama_origins_allow_exact_and_wildcard_origins() {
-        let e = OllamaEnv { host: None, origins: Some(" https://app.example.com, chrome-extension://* ,".into()) };
+        let e = OllamaEnv { origins: Some(" https://app.example.com, chrome-extension://* ,".into()), ..OllamaEnv::default() };
         let patterns = e.origins();
         assert_eq!(patterns.len(), 2);
         assert!(origin_allowed("https://app.example.com", &patterns));
@@ -139,5 +174,20 @@ mod tests {
         assert!(!origin_allowed("https://evil.example.com", &patterns));
         assert!(!origin_allowed("https://app.example.com.evil", &patterns));
         assert!(origin_allowed("anything", &["*".to_string()]));
+    }
+
+    #[test]
+    fn keep_alive_and_max_loaded_models_come_from_the_flag_then_the_environment() {
+        use std::time::Duration;
+        let e = OllamaEnv { keep_alive: Some("1h".into()), max_loaded_models: Some("2".into()), ..OllamaEnv::default() };
+        assert_eq!(e.keep_alive(None).expect("1h"), super::super::KeepAlive::For(Duration::from_secs(3600)));
+        assert_eq!(e.keep_alive(Some("-1")).expect("-1"), super::super::KeepAlive::Forever);
+        assert_eq!(e.max_loaded_models(None).expect("2"), 2);
+        assert_eq!(e.max_loaded_models(Some(5)).expect("5"), 5);
+        let defaults = OllamaEnv::default();
+        assert_eq!(defaults.keep_alive(None).expect("default"), super::super::DEFAULT_KEEP_ALIVE);
+        let bad = OllamaEnv { keep_alive: Some("soon".into()), max_loaded_models: Some("many".into()), ..OllamaEnv::default() };
+        assert!(format!("{:#}", bad.keep_alive(None).expect_err("soon")).contains("OLLAMA_KEEP_ALIVE"));
+        assert!(format!("{:#}", bad.max_loaded_models(None).expect_err("many")).contains("OLLAMA_MAX_LOADED_MODELS"));
     }
 }

@@ -425,6 +425,7 @@ pub async fn chat_completions(State(app): State<Arc<AppState>>, body: Body) -> R
         tools: tools.wire,
         parse_tool_calls,
         constraint,
+        keep_alive: None,
     };
     respond(&app, req, shaper, streaming(b.common.stream, false)).await
 }
@@ -482,20 +483,28 @@ pub async fn completions(State(app): State<Arc<AppState>>, body: Body) -> Reply 
         tools: Vec::new(),
         parse_tool_calls: false,
         constraint: None,
+        keep_alive: None,
     };
     respond(&app, req, shaper, streaming(b.common.stream, false)).await
 }
 
-fn model_object(app: &AppState) -> Value {
-    let created = app.model.modified_at.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    json!({"id": app.model.name, "object": "model", "created": created, "owned_by": "slotstream"})
+fn model_object(m: &super::ModelInfo) -> Value {
+    let created = m.modified_at.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    json!({"id": m.name, "object": "model", "created": created, "owned_by": "slotstream"})
 }
 
+/// Every model the server answers for, loaded or not.
 pub async fn models(State(app): State<Arc<AppState>>) -> Response {
-    json_response(StatusCode::OK, &json!({"object": "list", "data": [model_object(&app)]}))
+    let data = tokio::task::spawn_blocking(move || {
+        app.catalog.entries().iter().filter_map(|e| app.catalog.describe(e)).map(|m| model_object(&m)).collect::<Vec<_>>()
+    })
+    .await
+    .unwrap_or_default();
+    json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
 }
 
 pub async fn model(State(app): State<Arc<AppState>>, Path(name): Path<String>) -> Reply {
-    app.check_model(&name)?;
-    Ok(json_response(StatusCode::OK, &model_object(&app)))
+    let (_, info) = app.find_model(&name)?;
+    Ok(json_response(StatusCode::OK, &model_object(&info)))
 }
+

@@ -100,3 +100,43 @@ pub fn run_json_matches_oracle(name: &str, backend: &str) -> (Case, serde_json::
     assert_eq!(ids, case.greedy_ids, "{name}: `run --backend {backend} --json` greedy ids differ from the oracle");
     (case, v)
 }
+
+/// Loads models for in-process test servers on the CPU backend's exact
+/// (f32-activation) matmuls, so outputs compare equal however a prompt is fed.
+pub struct FixtureLoader {
+    /// Never stop at end-of-sequence tokens (for long generations).
+    pub no_eos: bool,
+    /// Load the MTP head (speculative decoding) when the model has one.
+    pub mtp: bool,
+}
+
+impl slotstream::server::ModelLoader for FixtureLoader {
+    /// Fixtures are tiny: any machine has room for all of them.
+    fn footprint(&self, _dir: &Path, _reclaimable: u64) -> anyhow::Result<u64> {
+        Ok(0)
+    }
+
+    fn load(&self, dir: &Path) -> anyhow::Result<slotstream::server::LoadedEngine> {
+        let opts = slotstream::model::LoadOptions { mtp: self.mtp, ..Default::default() };
+        let mut engine =
+            slotstream::generate::Engine::load(dir, Box::new(slotstream_cpu::CpuBackend::exact()), &opts)?;
+        if self.no_eos {
+            engine.codec.eos_ids.clear();
+        }
+        Ok(slotstream::server::LoadedEngine { engine, plan: None, elastic: None })
+    }
+}
+
+/// Server options for tests: the defaults of `slotstream serve`, no pulls.
+pub fn server_options(max_context: usize, queue: usize) -> slotstream::server::ServerOptions {
+    slotstream::server::ServerOptions {
+        max_context,
+        prefix_cache: true,
+        queue,
+        timeouts: slotstream::server::Timeouts::default(),
+        origins: Vec::new(),
+        keep_alive: slotstream::server::DEFAULT_KEEP_ALIVE,
+        max_loaded_models: slotstream::server::DEFAULT_MAX_LOADED_MODELS,
+        pulls: None,
+    }
+}

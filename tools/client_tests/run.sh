@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Real clients against a real server: builds slotstream, serves a fixture model
 # on a free port, runs the official `ollama` and `openai` Python packages
-# (test_clients.py) and the robustness script, then stops the server. A second
+# (test_clients.py, which also pulls a model from a local hub-like server,
+# tiny_hub.py) and the robustness script, then stops the server. A second
 # server runs the same weights with a tool-calling chat template
 # (tests/templates/tool_calling.jinja) for tool calling and structured output (test_agents.py).
 #
@@ -33,7 +34,10 @@ start_server() {
     local port log
     port="$("$venv/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
     log="$(mktemp -p "$scratch")"
-    "$bin" serve --model "$1" --name "$fixture" --port "$port" --queue "$queue" >"$log" 2>&1 &
+    # An empty model cache of its own: the served models are the fixture's
+    # alone until a test pulls one from the local hub.
+    HF_HUB_CACHE="$(mktemp -d -p "$scratch")" HF_ENDPOINT="$hub_url" HF_TOKEN= \
+        "$bin" serve --model "$1" --name "$fixture" --port "$port" --queue "$queue" >"$log" 2>&1 &
     server=$!
     servers+=("$server")
     url="http://127.0.0.1:$port"
@@ -58,6 +62,12 @@ check_alive() {
     fi
 }
 
+# A hub-like server with the other fixture model as org/tiny, for ollama.pull.
+"$venv/bin/python" "$here/tiny_hub.py" "$root/tests/fixtures/qwen3_next_mlx4" "$scratch/hub.port" &
+servers+=("$!")
+for _ in $(seq 1 50); do [ -s "$scratch/hub.port" ] && break; sleep 0.1; done
+hub_url="http://127.0.0.1:$(cat "$scratch/hub.port")"
+
 start_server "$root/tests/fixtures/$fixture"
 plain_url="$url" plain_server="$server"
 tools_model="$scratch/$fixture"
@@ -68,7 +78,7 @@ start_server "$tools_model"
 tools_url="$url" tools_server="$server"
 
 status=0
-SLOTSTREAM_URL="$plain_url" SLOTSTREAM_MODEL="$fixture" "$venv/bin/pytest" -q "$here/test_clients.py" || status=1
+SLOTSTREAM_URL="$plain_url" SLOTSTREAM_MODEL="$fixture" SLOTSTREAM_HUB_MODEL="org/tiny" "$venv/bin/pytest" -q "$here/test_clients.py" || status=1
 SLOTSTREAM_TOOLS_URL="$tools_url" SLOTSTREAM_MODEL="$fixture" "$venv/bin/pytest" -q "$here/test_agents.py" "$here/test_langchain.py" || status=1
 "$venv/bin/python" "$root/tools/robustness.py" --url "$plain_url" --model "$fixture" --queue "$queue" || status=1
 check_alive "$plain_server" "$fixture" || status=1

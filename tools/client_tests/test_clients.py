@@ -2,6 +2,7 @@
 `slotstream serve` (started by run.sh; SLOTSTREAM_URL and SLOTSTREAM_MODEL say
 where and what). Chat and generate, streaming and not, and the refusals."""
 
+import datetime
 import os
 
 import ollama
@@ -79,6 +80,25 @@ def test_ollama_unknown_model(ol):
     assert e.value.status_code == 404
 
 
+def test_ollama_keep_alive_ps_and_delete(ol):
+    """keep_alive 0 unloads, a duration sets expires_at, the next request loads
+    the model again; a served directory cannot be deleted, a bad name not pulled."""
+    assert ol.generate(model=MODEL, prompt="", keep_alive=0).done_reason == "unload"
+    assert MODEL not in [m.model for m in ol.ps().models]
+    r = ol.generate(model=MODEL, prompt="Once upon a time", options=GREEDY, keep_alive="10m")
+    assert r.done
+    (running,) = [m for m in ol.ps().models if m.model == MODEL]
+    left = (running.expires_at - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+    assert 540 < left <= 600, f"keep_alive 10m: expires in {left:.0f}s"
+    with pytest.raises(ollama.ResponseError) as e:
+        ol.delete(MODEL)
+    assert e.value.status_code == 400 and "--model" in e.value.error
+    with pytest.raises(ollama.ResponseError) as e:
+        ol.pull("../not a model")
+    assert e.value.status_code == 400
+    assert MODEL in [m.model for m in ol.list().models]
+
+
 def test_openai_models(oa):
     assert [m.id for m in oa.models.list().data] == [MODEL]
 
@@ -132,3 +152,22 @@ def test_openai_embeddings_refused(oa):
 def test_openai_unknown_model(oa):
     with pytest.raises(openai.NotFoundError):
         oa.chat.completions.create(model="gpt-4o", messages=MESSAGES)
+
+
+def test_ollama_pull_list_generate_delete(ol):
+    """A model pulled from the local hub (run.sh starts tiny_hub.py) streams
+    Ollama's progress, is then listed and served by name, and deleted."""
+    name = os.environ.get("SLOTSTREAM_HUB_MODEL", "org/tiny")
+    progress = list(ol.pull(name, stream=True))
+    assert progress[0].status == "pulling manifest", progress[0]
+    assert progress[-1].status == "success", progress[-1]
+    assert any(p.digest and p.total and p.completed == p.total for p in progress), progress
+    assert name in [m.model for m in ol.list().models]
+    assert ol.generate(model=name, prompt="Once upon a time", options=GREEDY).done
+    assert name in [m.model for m in ol.ps().models]
+    assert ol.pull(name).status == "success"
+    assert ol.delete(name).status == "success"
+    assert name not in [m.model for m in ol.list().models]
+    with pytest.raises(ollama.ResponseError) as e:
+        ol.delete(name)
+    assert e.value.status_code == 404
