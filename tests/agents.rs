@@ -248,6 +248,13 @@ fn bad_tools_schemas_and_results_get_400_naming_the_field() {
     let e = s.error("/api/chat", &json!({"model": MODEL, "messages": user("x"), "format": "yaml"}));
     assert!(e.contains("format must be"), "{e}");
 
+    // Tools large enough to fill the context (the messages alone are tiny)
+    // are refused by the rendered prompt's size, before it is tokenized.
+    let long = "a tool with a very long description ".repeat(4000);
+    let huge = json!([{"type": "function", "function": {"name": "f", "description": long, "parameters": {"type": "object"}}}]);
+    let e = s.error(chat, &json!({"model": MODEL, "messages": user("x"), "tools": huge}));
+    assert!(e.contains("the rendered prompt is at least") && e.contains("judged by its size in bytes"), "{e}");
+
     // The plain fixture's template never reads tools.
     let plain = start(&fixture(MODEL));
     let e = plain.error("/api/chat", &json!({"model": MODEL, "messages": user("x"), "tools": tools()}));

@@ -253,7 +253,7 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
     let working = app.prompt_work.acquire().await.map_err(|_| ApiError::internal("the server is shutting down"))?;
     let prepared = tokio::task::spawn_blocking(move || {
         let prepared = (|| -> Result<_, ApiError> {
-            let rendered = render_prompt(&model.engine, prompt, &tools, think)?;
+            let rendered = render_prompt(&model.engine, prompt, &tools, think, limit)?;
             let constraint = wanted.map(|w| output_constraint(&model, &w)).transpose()?;
             Ok((rendered, constraint))
         })();
@@ -351,6 +351,7 @@ fn render_prompt(
     prompt: PromptInput,
     tools: &[serde_json::Value],
     think: Option<bool>,
+    limit: usize,
 ) -> Result<(Vec<u32>, bool), ApiError> {
     let codec = &engine.codec;
     let template = |messages: &[ChatTurn]| -> Result<String, ApiError> {
@@ -377,7 +378,19 @@ fn render_prompt(
         }
         codec.render_chat(messages, tools, true, think).map_err(|e| ApiError::bad_request(format!("{e:#}")))
     };
-    let encode = |text: &str| codec.encode(text, false).map_err(|e| ApiError::bad_request(format!("{e:#}")));
+    // The rendered text (tools and tool calls included, which the check on
+    // the request's messages does not count) is judged by its size before
+    // any of it is tokenized.
+    let encode = |text: &str| {
+        let fewest = codec.fewest_tokens(text.len());
+        if fewest >= limit {
+            return Err(ApiError::bad_request(format!(
+                "the rendered prompt is at least {fewest} tokens (judged by its size in bytes), which leaves no room to \
+                 generate within the context limit of {limit} tokens"
+            )));
+        }
+        codec.encode(text, false).map_err(|e| ApiError::bad_request(format!("{e:#}")))
+    };
     let (ids, text) = match prompt {
         PromptInput::Chat(messages) => {
             if !codec.has_chat_template() {
