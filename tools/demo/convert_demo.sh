@@ -15,4 +15,5 @@ echo '{"eos_token_id": [4096, 4098]}' > "$hf/generation_config.json"
 rm -rf tools/demo/model
 "$py" -m mlx_lm convert --hf-path "$hf" --mlx-path tools/demo/model -q --q-bits 4 --q-group-size 64
 cp "$hf/training_log.json" tools/demo/model/ 2>/dev/null || true
+rm -f tools/demo/model/README.md  # the model card mlx-lm writes; src/demo.rs lists the files it bundles
 du -sh tools/demo/model

@@ -123,6 +123,11 @@ def play_speeches(text):
     return [s for s in scenes if len(s) >= 2]
 
 
+def paragraphs(text):
+    """Paragraphs as written (hard line breaks kept), headings left out."""
+    return [p.strip() for p in re.split(r"\n\s*\n", text) if len(p.split()) >= 8]
+
+
 def prose_runs(text):
     """Runs of sentences (a paragraph, or a State of the Union address)."""
     runs = []
@@ -143,6 +148,7 @@ def make_samples(corpus, rng, n_chat, n_plain):
         t = open(os.path.join(corpus, f), encoding="utf-8", errors="replace").read()
         texts[f] = t[: int(len(t) * TRAIN_SHARE)]
     scenes = play_speeches(texts["shakespeare.txt"])
+    blocks = {f: paragraphs(texts[f]) for f in ("shakespeare.txt", "stdlib_mobydick.txt")}
     prose = prose_runs(texts["stdlib_mobydick.txt"]) + prose_runs(texts["stdlib_sotu.txt"])
     prose = [p for p in prose if len(p) >= 4]
 
@@ -172,10 +178,10 @@ def make_samples(corpus, rng, n_chat, n_plain):
             messages = [("system", rng.choice(SYSTEMS))] + messages
         samples.append(chat(messages))
     for _ in range(n_plain):
-        if rng.random() < 0.4:
-            scene = rng.choice(scenes)
-            at = rng.randrange(len(scene))
-            passage = "\n\n".join(scene[at : at + rng.choice([1, 2, 3])])
+        if rng.random() < 0.6:
+            paras = blocks["shakespeare.txt" if rng.random() < 0.5 else "stdlib_mobydick.txt"]
+            at = rng.randrange(len(paras))
+            passage = "\n\n".join(paras[at : at + rng.choice([1, 2, 3, 4])])
         else:
             run = rng.choice(prose)
             at = rng.randrange(len(run))
@@ -183,6 +189,15 @@ def make_samples(corpus, rng, n_chat, n_plain):
         samples.append(passage + EOT)
     rng.shuffle(samples)
     return samples
+
+
+def running_text(corpus, tok):
+    """The first 97% of each corpus file, as one token stream (no end-of-text)."""
+    ids = []
+    for f in ["shakespeare.txt", "stdlib_mobydick.txt", "stdlib_sotu.txt"]:
+        t = open(os.path.join(corpus, f), encoding="utf-8", errors="replace").read()
+        ids += tok.encode(t[: int(len(t) * TRAIN_SHARE)], add_special_tokens=False).ids
+    return torch.tensor(ids)
 
 
 def pack(samples, tok, seq):
@@ -245,10 +260,11 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--heldout", default=os.path.join(os.path.dirname(__file__), "heldout_sample.txt"))
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=240)
-    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--batch", type=int, default=5, help="rows of chat turns and passages per step")
+    p.add_argument("--running-rows", type=int, default=3, help="rows of running text per step")
     p.add_argument("--seq", type=int, default=256)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--chat-samples", type=int, default=6000)
     p.add_argument("--plain-samples", type=int, default=2000)
     a = p.parse_args()
@@ -266,6 +282,8 @@ def main():
     samples = make_samples(a.corpus, rng, a.chat_samples, a.plain_samples)
     rows = pack(samples, tok, a.seq)
     order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(a.seed))
+    running = running_text(a.corpus, tok)
+    window_starts = torch.randint(0, len(running) - a.seq - 1, (a.steps, a.running_rows), generator=torch.Generator().manual_seed(a.seed + 1))
     print(f"{len(samples)} samples, {rows.numel()} tokens in {len(rows)} rows; e.g.\n{samples[0]!r}\n{samples[1]!r}", flush=True)
 
     config = Qwen3NextConfig(**DIMS)
@@ -286,7 +304,8 @@ def main():
         for g in opt.param_groups:
             g["lr"] = lr
         idx = order[(step * a.batch + torch.arange(a.batch)) % len(rows)]
-        x = rows[idx]
+        windows = [running[int(w) : int(w) + a.seq + 1] for w in window_starts[step]]
+        x = torch.cat([rows[idx], torch.stack(windows)]) if windows else rows[idx]
         out = model(input_ids=x[:, :-1], labels=x[:, :-1].clone())
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
