@@ -1,5 +1,6 @@
 //! The bundled demo model: a 24M-parameter qwen3_next MoE (6 layers, 32
-//! experts top-4 plus a shared expert) trained on public-domain English
+//! experts top-4 plus a shared expert) trained on public-domain English and
+//! fine-tuned on it cut into chat turns, so that it ends its answers
 //! (tools/demo/), MLX 4-bit, compiled into the binary so `run` and `serve`
 //! work offline on a fresh machine. It is unpacked once into the user's cache.
 
