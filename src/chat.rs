@@ -28,6 +28,8 @@ pub struct ChatSettings {
     pub system: Option<String>,
     pub think: Option<bool>,
     pub stop: Vec<String>,
+    /// `--ignore-eos`: answers run to `max_tokens` (for tests and benchmarks).
+    pub ignore_eos: bool,
     /// Prompt plus answer tokens a turn may reach (the planned context).
     pub context: usize,
 }
@@ -233,7 +235,7 @@ fn answer(engine: &Engine, settings: &ChatSettings, messages: &[ChatMessage], ca
         max_tokens,
         sampling: settings.sampling.clone(),
         stop: settings.stop.clone(),
-        ignore_eos: false,
+        ignore_eos: settings.ignore_eos,
     };
     let mut write_error = None;
     let out = engine.generate_from(&mut state, &request, |piece| {

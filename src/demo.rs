@@ -1,5 +1,6 @@
 //! The bundled demo model: a 24M-parameter qwen3_next MoE (6 layers, 32
-//! experts top-4 plus a shared expert) trained on public-domain English
+//! experts top-4 plus a shared expert) trained on public-domain English and
+//! fine-tuned on it cut into chat turns, so that it ends its answers
 //! (tools/demo/), MLX 4-bit, compiled into the binary so `run` and `serve`
 //! work offline on a fresh machine. It is unpacked once into the user's cache.
 
@@ -33,11 +34,24 @@ fn cache_root() -> Result<PathBuf> {
     Ok(PathBuf::from(home).join(".cache").join("slotstream"))
 }
 
+/// A short digest of the bundled files. A retrained model has the same
+/// dimensions and so the same file sizes: the cache folder is named by the
+/// content, or an older binary's unpacked weights would be taken for these.
+fn content_digest() -> String {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    for (name, bytes) in FILES {
+        hasher.update(name.as_bytes());
+        hasher.update((bytes.len() as u64).to_le_bytes());
+        hasher.update(bytes);
+    }
+    hasher.finalize()[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// The demo model's directory, unpacking it on first use. Files are written
 /// under a temporary name and renamed, so an interrupted unpack is redone.
 pub fn model_dir() -> Result<PathBuf> {
-    let total: usize = FILES.iter().map(|(_, b)| b.len()).sum();
-    let dir = cache_root()?.join(format!("demo-{}-{total}", env!("CARGO_PKG_VERSION")));
+    let dir = cache_root()?.join(format!("demo-{}-{}", env!("CARGO_PKG_VERSION"), content_digest()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     for (name, bytes) in FILES {
         let path = dir.join(name);

@@ -373,6 +373,7 @@ impl RunArgs {
             system: self.system.clone(),
             think: self.think,
             stop: self.stop.clone(),
+            ignore_eos: self.ignore_eos,
             context: self.memory.plan_context.min(engine.context_length()),
         }
     }

@@ -46,11 +46,50 @@ fn demo_perplexity_with_int8_activations_within_half_a_percent() {
     assert!(rel < 5e-3, "perplexity {} vs oracle {want} (rel {rel:.2e})", p.perplexity);
 }
 
+/// Words of `text` and how many of them are among the commonest English ones.
+fn english_words(text: &str) -> (usize, usize) {
+    let common = ["the", "and", "of", "a", "to", "in", "he", "was", "it", "i", "you", "is", "my", "that", "not", "be", "me"];
+    let lower = text.to_lowercase();
+    let words: Vec<&str> = lower.split(|c: char| !c.is_alphabetic()).filter(|w| !w.is_empty()).collect();
+    (words.len(), words.iter().filter(|w| common.contains(w)).count())
+}
+
+/// Fine-tuned on chat turns (tools/demo/finetune_chat.py), the demo answers a
+/// chat message in its template and ends the answer with `<|im_end|>`, so the
+/// README's chat examples finish in seconds.
+#[test]
+fn the_demo_ends_its_answers() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let e = Engine::load(&root.join("tools/demo/model"), Box::new(slotstream_cpu::CpuBackend::exact()), &Default::default())
+        .expect("loading the demo model");
+    let mut all = String::new();
+    for message in ["Hello!", "Who are you?", "Why is the sky blue?", "Where did the ship sail?", "Tell me the whole story."] {
+        let turn = slotstream::tokenizer::ChatMessage { role: "user".into(), content: message.into() };
+        let prompt = e.codec.apply_chat_template(&[turn], true, None).expect("rendering the demo's chat template");
+        let req = slotstream::generate::GenerateRequest {
+            prompt_ids: e.codec.encode(&prompt, false).expect("encoding the prompt"),
+            max_tokens: 200,
+            sampling: Default::default(),
+            stop: vec![],
+            ignore_eos: false,
+        };
+        let out = e.generate(&req, |_| std::ops::ControlFlow::Continue(())).expect("generating");
+        eprintln!("{message:?} -> {} tokens: {:?}", out.generated_ids.len(), out.text);
+        assert_eq!(out.finish_reason, slotstream::generate::FinishReason::Stop, "{message:?}: no end of turn in 200 tokens: {:?}", out.text);
+        assert!(!out.text.trim().is_empty(), "{message:?}: an empty answer");
+        all.push_str(&out.text);
+        all.push(' ');
+    }
+    let (words, hits) = english_words(&all);
+    assert!(words >= 20 && hits * 6 >= words, "the answers do not read as English: {all:?}");
+}
+
 #[test]
 fn run_without_a_model_uses_the_demo_and_prints_english() {
     let home = tempfile::tempdir().unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_slotstream"))
-        .args(["run", "--prompt", "The ship sailed out of the harbour and", "--max-tokens", "40"])
+        // --ignore-eos: 40 tokens of English whatever the answer's own length.
+        .args(["run", "--prompt", "The ship sailed out of the harbour and", "--max-tokens", "40", "--ignore-eos"])
         .env("HOME", home.path())
         .env("XDG_CACHE_HOME", home.path().join("cache"))
         .env("HF_HUB_CACHE", home.path().join("hub"))
@@ -60,11 +99,9 @@ fn run_without_a_model_uses_the_demo_and_prints_english() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("bundled") && stderr.contains("slotstream pull qwen3.8-flash-next:4bit"), "{stderr}");
-    let text = String::from_utf8_lossy(&out.stdout).to_lowercase();
-    let common = ["the", "and", "of", "a", "to", "in", "he", "was", "it"];
-    let words: Vec<&str> = text.split(|c: char| !c.is_alphabetic()).filter(|w| !w.is_empty()).collect();
-    let hits = words.iter().filter(|w| common.contains(w)).count();
-    assert!(words.len() >= 15 && hits * 6 >= words.len(), "does not read as English: {text:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let (words, hits) = english_words(&text);
+    assert!(words >= 15 && hits * 6 >= words, "does not read as English: {text:?}");
 }
 
 /// The trained qwen4_exp model (tools/demo_qwen4): perplexity equals the numpy

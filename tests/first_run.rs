@@ -86,14 +86,33 @@ fn post(path: &str, body: &str) -> String {
     )
 }
 
+/// A copy of the demo model that names no end-of-sequence token: it writes
+/// English until `num_predict` (the demo ends its answers within a few dozen
+/// tokens and the random-weight fixtures soon pick EOS; the server has no
+/// `--ignore-eos`).
+fn demo_without_eos(scratch: &std::path::Path) -> PathBuf {
+    let demo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/demo/model");
+    let copy = scratch.join("demo");
+    std::fs::create_dir_all(&copy).expect("creating the copy's folder");
+    for entry in std::fs::read_dir(&demo).expect("listing tools/demo/model") {
+        let path = entry.expect("a directory entry").path();
+        std::fs::copy(&path, copy.join(path.file_name().expect("a file name"))).expect("copying a demo file");
+    }
+    for (file, key) in [("config.json", "eos_token_id"), ("generation_config.json", "eos_token_id"), ("tokenizer_config.json", "eos_token")] {
+        let path = copy.join(file);
+        let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).expect(file)).expect(file);
+        json.as_object_mut().expect("a JSON object").remove(key);
+        std::fs::write(&path, json.to_string()).expect(file);
+    }
+    copy
+}
+
 #[test]
 fn ctrl_c_stops_serve_mid_generation_within_a_second() {
-    // The demo model: trained on prose, it continues a raw prompt for
-    // thousands of tokens (the random-weight fixtures soon pick EOS).
-    let demo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/demo/model");
+    let scratch = tempfile::tempdir().expect("creating a scratch folder");
     let mut server = slotstream()
         .args(["serve", "--model"])
-        .arg(demo)
+        .arg(demo_without_eos(scratch.path()))
         .args(["--backend", "cpu", "--port", "0", "--name", "fixture"])
         .stderr(Stdio::piped())
         .spawn()

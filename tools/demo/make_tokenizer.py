@@ -3,8 +3,8 @@
 
     python3 tools/demo/make_tokenizer.py --corpus ../shared/corpus --out tools/demo/tokenizer
 
-Writes tokenizer.json and tokenizer_config.json (with a plain chat template:
-the demo model was trained on prose, so a prompt is continued as prose).
+Writes tokenizer.json and tokenizer_config.json (with a ChatML chat template,
+which finetune_chat.py teaches the model).
 """
 import argparse
 import json
@@ -14,8 +14,11 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 FILES = ["shakespeare.txt", "stdlib_mobydick.txt", "stdlib_sotu.txt"]
+# ChatML, as Qwen's models use; the demo is fine-tuned on it (finetune_chat.py)
+# and ends a reply with <|im_end|>.
 TEMPLATE = (
-    "{% for message in messages %}{{ message['content'] | trim }}\n\n{% endfor %}"
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] | trim }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
 
