@@ -341,7 +341,7 @@ mod tests {
     #[test]
     fn values_that_would_divide_by_zero_or_overflow_are_refused() {
         for (key, value, says) in [
-            ("num_key_value_heads", serde_json::json!(0), "KV heads"),
+            ("num_key_value_heads", serde_json::json!(0), "num_key_value_heads (0, at least 1)"),
             ("num_hidden_layers", serde_json::json!(1_000_000_000u64), "num_hidden_layers is 1000000000"),
             ("rope_theta", serde_json::json!(-1.0), "rope_theta"),
             ("rms_norm_eps", serde_json::json!(-1.0), "rms_norm_eps"),

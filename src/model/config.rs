@@ -128,7 +128,11 @@ impl MoeConfig {
             }
         }
         if self.num_attention_heads == 0 || self.kv_heads() == 0 || self.num_attention_heads % self.kv_heads() != 0 {
-            bail!("config.json: {} attention heads are not a multiple of {} KV heads", self.num_attention_heads, self.kv_heads());
+            bail!(
+                "config.json: num_attention_heads ({}) must be a positive multiple of num_key_value_heads ({}, at least 1)",
+                self.num_attention_heads,
+                self.kv_heads()
+            );
         }
         if self.num_experts_per_tok == 0 || self.num_experts_per_tok > self.num_experts {
             bail!("config.json: {} experts per token of {} experts", self.num_experts_per_tok, self.num_experts);
