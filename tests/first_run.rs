@@ -21,8 +21,12 @@ fn fixture() -> PathBuf {
 }
 
 fn interrupt(child: &Child) {
+    signal(child, libc::SIGINT);
+}
+
+fn signal(child: &Child, sig: libc::c_int) {
     // SAFETY: kill only sends a signal to the child we started.
-    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) }, 0, "sending SIGINT");
+    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, sig) }, 0, "sending signal {sig}");
 }
 
 /// Waits up to `limit` for `child` to exit; kills it (and fails) past that.
@@ -109,6 +113,17 @@ fn demo_without_eos(scratch: &std::path::Path) -> PathBuf {
 
 #[test]
 fn ctrl_c_stops_serve_mid_generation_within_a_second() {
+    stops_serve_mid_generation_within_a_second(libc::SIGINT, "Ctrl-C");
+}
+
+/// SIGTERM (what service managers and `docker stop` send) stops `serve` as
+/// Ctrl-C does.
+#[test]
+fn sigterm_stops_serve_mid_generation_within_a_second() {
+    stops_serve_mid_generation_within_a_second(libc::SIGTERM, "SIGTERM");
+}
+
+fn stops_serve_mid_generation_within_a_second(sig: libc::c_int, what: &str) {
     let scratch = tempfile::tempdir().expect("creating a scratch folder");
     let mut server = slotstream()
         .args(["serve", "--model"])
@@ -138,12 +153,12 @@ fn ctrl_c_stops_serve_mid_generation_within_a_second() {
     let mut waiting = http(port, &post("/api/generate", body));
     std::thread::sleep(Duration::from_millis(300));
 
-    interrupt(&server);
+    signal(&server, sig);
     let started = Instant::now();
     let status = wait_within(&mut server, Duration::from_secs(5), "serve");
     let took = started.elapsed();
     let said = wait_for_line(&lines, "shutting down", &mut seen);
-    assert!(took < Duration::from_secs(1), "serve took {took:?} to exit after Ctrl-C:\n{}", seen.join("\n"));
+    assert!(took < Duration::from_secs(1), "serve took {took:?} to exit after {what}:\n{}", seen.join("\n"));
     assert!(status.success(), "{status:?}");
     assert!(said.contains("cancelling 1 running and 1 waiting"), "{said}");
     // Both clients got an answer that ends, not a hang.
