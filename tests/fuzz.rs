@@ -181,9 +181,18 @@ proptest! {
         config["chat_template"] = json!(tpl);
         std::fs::write(dir.path().join("tokenizer_config.json"), serde_json::to_vec(&config).expect("json")).expect("write");
         if let Ok(codec) = TextCodec::load(dir.path(), &[]) {
-            let started = std::time::Instant::now();
-            let _ = codec.apply_chat_template(&messages, gen, think);
-            prop_assert!(started.elapsed().as_secs() < 10, "a template ran for {:?}", started.elapsed());
+            // On a thread, so that a template that never ends fails the
+            // case after 10 s instead of hanging the suite.
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = codec.apply_chat_template(&messages, gen, think);
+                let _ = tx.send(());
+            });
+            match rx.recv_timeout(std::time::Duration::from_secs(10)) {
+                Ok(()) => {}
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => prop_assert!(false, "a template ran for over 10 s"),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => prop_assert!(false, "rendering a template panicked"),
+            }
         }
     }
 }
