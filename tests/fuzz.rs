@@ -42,27 +42,43 @@ fn odd_value() -> impl Strategy<Value = Value> {
     })
 }
 
-/// `base` with some keys (at the top level or under `text_config` /
-/// `quantization`) replaced by odd values or removed.
+/// `base` with some keys (at the top level or one level down, e.g. under
+/// `text_config` or `quantization`) replaced by odd values or removed.
 fn mutated(base: Value) -> impl Strategy<Value = Value> {
-    let keys: Vec<String> = base.as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default();
+    let mut keys: Vec<(String, Option<String>)> = Vec::new();
+    if let Some(o) = base.as_object() {
+        for (k, v) in o {
+            keys.push((k.clone(), None));
+            if let Some(inner) = v.as_object() {
+                keys.extend(inner.keys().map(|i| (k.clone(), Some(i.clone()))));
+            }
+        }
+    }
     let edits = prop::collection::vec((prop::sample::select(keys), prop::option::of(odd_value())), 1..5);
     edits.prop_map(move |edits| {
         let mut v = base.clone();
-        if let Some(o) = v.as_object_mut() {
-            for (k, val) in edits {
-                match val {
-                    Some(val) => o.insert(k, val),
-                    None => o.remove(&k),
-                };
-            }
+        for ((outer, inner), val) in edits {
+            let target = match &inner {
+                None => v.as_object_mut(),
+                Some(_) => v.get_mut(&outer).and_then(Value::as_object_mut),
+            };
+            let Some(o) = target else { continue };
+            let key = inner.unwrap_or(outer);
+            match val {
+                Some(val) => o.insert(key, val),
+                None => o.remove(&key),
+            };
         }
         v
     })
 }
 
 fn fixture_json(name: &str) -> Value {
-    let text = std::fs::read_to_string(Path::new(FIXTURE).join(name)).expect("reading a fixture file");
+    fixture_json_of(FIXTURE, name)
+}
+
+fn fixture_json_of(dir: &str, name: &str) -> Value {
+    let text = std::fs::read_to_string(Path::new(dir).join(name)).expect("reading a fixture file");
     serde_json::from_str(&text).expect("fixture JSON")
 }
 
@@ -78,6 +94,12 @@ proptest! {
 
     #[test]
     fn config_json_never_panics(config in mutated(fixture_json("config.json"))) {
+        let _ = read_config(&serde_json::to_vec(&config).unwrap_or_default());
+    }
+
+    /// qwen4_exp's config: `text_config`, n-gram and sparse-attention settings.
+    #[test]
+    fn qwen4_exp_config_json_never_panics(config in mutated(fixture_json_of("tests/fixtures/qwen4_exp_tiny", "config.json"))) {
         let _ = read_config(&serde_json::to_vec(&config).unwrap_or_default());
     }
 
