@@ -40,17 +40,7 @@ fn start(dir: &Path) -> Server {
     let catalog = ModelCatalog::new(vec![(MODEL.to_string(), dir.to_path_buf())], None);
     let app = AppState::new(catalog, loader, common::server_options(4096, 4)).expect("valid server options");
     app.load_at_start(MODEL).unwrap_or_else(|e| panic!("loading {}: {e:#}", dir.display()));
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding an ephemeral port");
-    let addr = listener.local_addr().expect("the bound address");
-    listener.set_nonblocking(true).expect("a non-blocking listener");
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a runtime");
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).expect("adopting the listener");
-            slotstream::server::serve_on(listener, app, std::future::pending()).await.expect("serving");
-        });
-    });
-    Server { addr }
+    Server { addr: common::serve_in_background(app) }
 }
 
 impl Server {

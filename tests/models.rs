@@ -32,17 +32,7 @@ fn start(options: ServerOptions, cache: Option<PathBuf>, no_eos: bool) -> Server
     let catalog = ModelCatalog::new(directories, cache);
     let app = AppState::new(catalog, Arc::new(common::FixtureLoader { no_eos, mtp: false }), options).expect("valid options");
     app.load_at_start(MOE).expect("loading the first model");
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding an ephemeral port");
-    let addr = listener.local_addr().expect("the bound address");
-    listener.set_nonblocking(true).expect("a non-blocking listener");
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a runtime");
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).expect("adopting the listener");
-            slotstream::server::serve_on(listener, app, std::future::pending()).await.expect("serving");
-        });
-    });
-    Server { addr }
+    Server { addr: common::serve_in_background(app) }
 }
 
 fn dechunk(mut rest: &str) -> String {
@@ -300,16 +290,7 @@ fn a_model_whose_plan_does_not_fit_beside_another_unloads_the_idle_one() {
     let loader = Arc::new(TooLarge(common::FixtureLoader { no_eos: false, mtp: false }));
     let app = AppState::new(ModelCatalog::new(directories, None), loader, common::server_options(4096, 4)).expect("valid options");
     app.load_at_start(MOE).expect("loading the first model");
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding an ephemeral port");
-    let s = Server { addr: listener.local_addr().expect("the bound address") };
-    listener.set_nonblocking(true).expect("a non-blocking listener");
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a runtime");
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).expect("adopting the listener");
-            slotstream::server::serve_on(listener, app, std::future::pending()).await.expect("serving");
-        });
-    });
+    let s = Server { addr: common::serve_in_background(app) };
     s.answer(NEXT, json!({}));
     assert_eq!(s.loaded_names(), [NEXT], "three may stay loaded, but memory has room for one");
     s.answer(MOE, json!({}));

@@ -140,3 +140,19 @@ pub fn server_options(max_context: usize, queue: usize) -> slotstream::server::S
         pulls: None,
     }
 }
+
+/// Serves `app` on an ephemeral loopback port from a background thread (two
+/// runtime workers) until the test process ends; returns the address.
+pub fn serve_in_background(app: std::sync::Arc<slotstream::server::AppState>) -> std::net::SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding an ephemeral port");
+    let addr = listener.local_addr().expect("the bound address");
+    listener.set_nonblocking(true).expect("a non-blocking listener");
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a runtime");
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("adopting the listener");
+            slotstream::server::serve_on(listener, app, std::future::pending()).await.expect("serving");
+        });
+    });
+    addr
+}

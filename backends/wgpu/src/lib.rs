@@ -244,15 +244,16 @@ impl Backend for WgpuBackend {
     fn matmul_gated_add(&self, y: &Tensor, x: &Tensor, w: &Weight, gate: &Tensor) -> Result<Tensor> {
         let gw = weight(w)?;
         checks::matmul(x, gw.experts, gw.rows, gw.cols)?;
-        if y.shape() != [x.rows(), gw.rows] || gate.shape() != [x.rows(), 1] {
-            return self.add_sigmoid_mul(y, &self.matmul(x, w)?, gate);
+        // One kernel for one token with one gate value; the separate ops
+        // (which check the shapes) for the rest.
+        if y.shape() == [x.rows(), gw.rows] && gate.shape() == [x.rows(), 1] {
+            let (out, ob) = self.output(y.shape().to_vec())?;
+            let e = matmul::Epilogue::GatedAdd { y: buf(y)?, gate: buf(gate)? };
+            if matmul::matvec_epilogue(&self.gpu, gw, buf(x)?, x.rows(), ob.bind(), e)?.is_some() {
+                return Ok(out);
+            }
         }
-        let (out, ob) = self.output(y.shape().to_vec())?;
-        let e = matmul::Epilogue::GatedAdd { y: buf(y)?, gate: buf(gate)? };
-        match matmul::matvec_epilogue(&self.gpu, gw, buf(x)?, x.rows(), ob.bind(), e)? {
-            Some(()) => Ok(out),
-            None => self.add_sigmoid_mul(y, &self.matmul(x, w)?, gate),
-        }
+        self.add_sigmoid_mul(y, &self.matmul(x, w)?, gate)
     }
 
     fn silu(&self, x: &Tensor) -> Result<Tensor> {
