@@ -14,8 +14,6 @@ pub struct MoeBlock {
     /// `shared_expert_gate` stored after it (fused into one weight when both
     /// are stored alike, so that routing takes one product).
     pub router: Projections,
-    /// The shared expert's `shared_gate` and `shared_up` projections.
-    pub shared_in: Option<Projections>,
     /// Experts (router rows).
     pub experts: usize,
     /// Index of this block among the model's MoE layers.
@@ -23,8 +21,15 @@ pub struct MoeBlock {
     pub top_k: usize,
     /// Renormalise the top-k probabilities to sum to one.
     pub norm_topk_prob: bool,
-    /// The shared expert's down projection.
-    pub shared_down: Option<Weight>,
+    pub shared: Option<SharedExpert>,
+}
+
+/// A shared expert: `down(silu(gate x) * up x)`, scaled by
+/// `sigmoid(shared_expert_gate x)` (that row lives with the router).
+pub struct SharedExpert {
+    /// `shared_gate` and `shared_up`.
+    pub inputs: Projections,
+    pub down: Weight,
 }
 
 impl MoeBlock {
@@ -34,20 +39,19 @@ impl MoeBlock {
         let c = &cx.arch.text;
         let (hidden, experts) = (c.hidden_size, c.num_experts);
         let router = ("router", format!("{m}.gate"), experts, hidden);
-        let (router, shared_in, shared_down) = if shared_inter > 0 {
+        let (router, shared) = if shared_inter > 0 {
             let s = format!("{m}.shared_expert");
-            (
-                cx.linears(&[router, ("shared_expert_gate", format!("{m}.shared_expert_gate"), 1, hidden)])?,
-                Some(cx.linears(&[
-                    ("shared_gate", format!("{s}.gate_proj"), shared_inter, hidden),
-                    ("shared_up", format!("{s}.up_proj"), shared_inter, hidden),
-                ])?),
-                Some(cx.linear(&format!("{s}.down_proj"), hidden, shared_inter)?),
-            )
+            let inputs = cx.linears(&[
+                ("shared_gate", format!("{s}.gate_proj"), shared_inter, hidden),
+                ("shared_up", format!("{s}.up_proj"), shared_inter, hidden),
+            ])?;
+            let down = cx.linear(&format!("{s}.down_proj"), hidden, shared_inter)?;
+            let gate = ("shared_expert_gate", format!("{m}.shared_expert_gate"), 1, hidden);
+            (cx.linears(&[router, gate])?, Some(SharedExpert { inputs, down }))
         } else {
-            (cx.linears(&[router])?, None, None)
+            (cx.linears(&[router])?, None)
         };
-        Ok(MoeBlock { router, shared_in, experts, moe_index, top_k: c.num_experts_per_tok, norm_topk_prob, shared_down })
+        Ok(MoeBlock { router, experts, moe_index, top_k: c.num_experts_per_tok, norm_topk_prob, shared })
     }
 
     pub fn forward(&self, b: &dyn Backend, x: &Tensor, experts: &mut ExpertCache) -> Result<Tensor> {
@@ -58,21 +62,21 @@ impl MoeBlock {
             Some(w) => b.route_matmul(x, w, gating)?,
             None => {
                 let p = self.router.forward(b, x)?;
-                let gate = if self.shared_down.is_some() { Some(p.get("shared_expert_gate")?.clone()) } else { None };
+                let gate = if self.shared.is_some() { Some(p.get("shared_expert_gate")?.clone()) } else { None };
                 (b.route(p.get("router")?, gating)?, gate)
             }
         };
         let mut y = experts.run_layer(b, self.moe_index, x, &routes)?;
-        if let (Some(down), Some(shared_in)) = (&self.shared_down, &self.shared_in) {
+        if let Some(shared) = &self.shared {
             let gate = shared_gate.context("internal: the router gave no shared expert gate")?;
-            let act = match shared_in.single() {
+            let act = match shared.inputs.single() {
                 Some(w) => b.matmul_swiglu(x, w)?,
                 None => {
-                    let p = shared_in.forward(b, x)?;
+                    let p = shared.inputs.forward(b, x)?;
                     b.silu_mul(p.get("shared_gate")?, p.get("shared_up")?)?
                 }
             };
-            y = b.matmul_gated_add(&y, &act, down, &gate)?;
+            y = b.matmul_gated_add(&y, &act, &shared.down, &gate)?;
         }
         Ok(y)
     }
