@@ -137,15 +137,32 @@ fn dispatch_floor(b: &WgpuBackend, cols: usize, n: usize) -> Result<()> {
         b.sync()?;
         report("dependent", flush, t, recorded);
     }
-    b.set_flush_every(16);
-    b.sync()?;
-    b.take_host_time();
-    let t = Instant::now();
-    let outs: Vec<_> = (0..n).map(|_| b.add(&y, &y)).collect::<Result<_, _>>()?;
-    let recorded = t.elapsed().as_secs_f64();
-    b.sync()?;
-    report("independent", 16, t, recorded);
-    drop(outs);
+    for flush in [16u32, 64] {
+        b.set_flush_every(flush);
+        b.sync()?;
+        b.take_host_time();
+        let t = Instant::now();
+        let outs: Vec<_> = (0..n).map(|_| b.add(&y, &y)).collect::<Result<_, _>>()?;
+        let recorded = t.elapsed().as_secs_f64();
+        b.sync()?;
+        report("independent", flush, t, recorded);
+        drop(outs);
+    }
+    // The same dependent chain timed by timestamp queries (a pass per
+    // dispatch, as the kernel profiles below): what a profile counts for a
+    // kernel that does almost nothing.
+    if b.set_profiling(true).is_ok() {
+        b.set_flush_every(64);
+        let mut x = b.upload(&vec![0.0; cols], &[1, cols])?;
+        for _ in 0..n.min(1000) {
+            x = b.add(&x, &y)?;
+        }
+        b.sync()?;
+        let prof = b.kernel_profile();
+        b.set_profiling(false)?;
+        let (secs, count) = prof.iter().fold((0.0, 0), |(s, c), (_, t)| (s + t.seconds, c + t.dispatches));
+        println!("dispatch floor, timestamped: {count} dependent adds: {:.2} us per dispatch by timestamps", 1e6 * secs / count.max(1) as f64);
+    }
     Ok(())
 }
 
@@ -366,7 +383,7 @@ fn print_profile(prof: &[(String, slotstream_wgpu::FamilyTime)], n: usize, unit:
 fn main() -> Result<()> {
     let args = parse_args()?;
     let b = WgpuBackend::new(&args.adapter)?;
-    println!("device: {} (subgroup sizes {:?})", b.name(), b.subgroup_sizes());
+    println!("device: {} (subgroup sizes {:?}; parameters as {})", b.name(), b.subgroup_sizes(), if b.immediates() { "immediates" } else { "uniform buffers" });
     let copy_engine = copy_bandwidth(&b, args.copy_mib, 20)?;
     println!("copy_buffer_to_buffer bandwidth: {copy_engine:.0} GB/s (read + write, {} MiB buffer)", args.copy_mib);
     // The reference ceiling: a copy measured outside wgpu (tools/bench_gpu.sh passes

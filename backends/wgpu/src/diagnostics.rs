@@ -45,6 +45,12 @@ impl WgpuBackend {
         (self.gpu.subgroup_min, self.gpu.subgroup_max)
     }
 
+    /// Whether kernels take their parameters as immediate data (push
+    /// constants) rather than from a uniform buffer.
+    pub fn immediates(&self) -> bool {
+        self.gpu.immediates
+    }
+
     /// Whether uploads into the expert pool map the (unified-memory) buffers
     /// directly instead of going through staging copies.
     pub fn uses_mapped_primary_buffers(&self) -> bool {

@@ -85,6 +85,9 @@ pub struct Gpu {
     pub subgroup_max: u32,
     pub subgroup_min: u32,
     pub mapped_primary: bool,
+    /// Whether kernels take their parameters as immediate data
+    /// ([`WgpuOptions::immediates`]) rather than from the uniform arena.
+    pub immediates: bool,
     kernels: HashMap<&'static str, Kernel>,
     /// Host-readable buffer reused by every download (grown as needed).
     staging: Mutex<Option<wgpu::Buffer>>,
@@ -129,7 +132,17 @@ impl Gpu {
         let unified = matches!(info.device_type, wgpu::DeviceType::IntegratedGpu | wgpu::DeviceType::Cpu);
         let mapped_primary = unified && features.contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS);
         let can_time = features.contains(wgpu::Features::TIMESTAMP_QUERY);
+        // Immediate data on Vulkan only for now: the Metal path keeps the
+        // uniform arena until it has been measured on a Mac.
+        let largest_params = Module::ALL.iter().map(|m| m.params().bytes).max().unwrap_or(0);
+        let immediates = options.immediates
+            && info.backend == wgpu::Backend::Vulkan
+            && features.contains(wgpu::Features::IMMEDIATES)
+            && largest_params as u64 <= limits.max_immediate_size as u64;
         let mut wanted = wgpu::Features::SUBGROUP;
+        if immediates {
+            wanted |= wgpu::Features::IMMEDIATES;
+        }
         if mapped_primary {
             wanted |= wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
         }
@@ -154,7 +167,7 @@ impl Gpu {
         }));
         let mut kernels = HashMap::new();
         for module in Module::ALL {
-            let source = module.source();
+            let source = if immediates { module.source_with_immediates() } else { module.source() };
             let desc = wgpu::ShaderModuleDescriptor {
                 label: Some(module.name()),
                 source: wgpu::ShaderSource::Wgsl(source.into()),
@@ -196,6 +209,7 @@ impl Gpu {
             subgroup_max,
             subgroup_min,
             mapped_primary,
+            immediates,
             kernels,
             staging: Mutex::default(),
             bind_groups: Mutex::default(),
@@ -289,6 +303,9 @@ impl Gpu {
             .ok_or_else(|| BackendError::Device(format!("no kernel named '{entry}'")))?;
         let mut guard = self.pending()?;
         let p = &mut *guard;
+        if self.immediates {
+            return self.record_immediate(p, entry, kernel, params, binds, groups);
+        }
         let slot = p.slots_used;
         p.slots_used += 1;
         let arena_index = (slot / ARENA_SLOTS) as usize;
@@ -307,59 +324,92 @@ impl Gpu {
             return Err(BackendError::Device(format!("{entry}: {} parameter bytes exceed a {PARAM_SLOT}-byte slot", params.len())));
         };
         slot_bytes.copy_from_slice(params);
+        let arena = wgpu::BufferBinding { buffer: &p.arenas[arena_index], offset, size: NonZeroU64::new(PARAM_SLOT) };
+        let bind_group = self.bind_group(entry, kernel, slot, binds, Some(arena))?;
+        let timestamp_writes = p.timing.as_mut().and_then(|t| t.next_pass(kernel.family));
+        let pass = self.open_pass(&mut p.pass, &mut p.encoder, timestamp_writes)?;
+        pass.set_pipeline(&kernel.pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        p.since_submit += 1;
+        let every = self.flush_every.load(std::sync::atomic::Ordering::Relaxed);
+        Ok(every > 0 && p.since_submit >= every)
+    }
+
+    /// The bind group of one dispatch (cached): `params` at binding 0 when
+    /// parameters come from the uniform arena (`slot` is then part of the key).
+    fn bind_group(
+        &self,
+        entry: &'static str,
+        kernel: &Kernel,
+        slot: u64,
+        binds: &[(u32, Bind<'_>)],
+        params: Option<wgpu::BufferBinding<'_>>,
+    ) -> Result<wgpu::BindGroup> {
         let key: BindKey = (entry, slot, binds.iter().map(|(i, b)| (*i, b.buffer.clone(), b.offset, b.size)).collect());
         let mut cache = self.bind_groups.lock().map_err(|_| BackendError::Device("bind group cache poisoned".into()))?;
         if cache.len() >= MAX_CACHED_BIND_GROUPS {
             cache.clear();
         }
-        let bind_group = match cache.get(&key) {
-            Some(bg) => bg.clone(),
-            None => {
-                let mut entries = vec![wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                        buffer: &p.arenas[arena_index],
-                        offset,
-                        size: NonZeroU64::new(PARAM_SLOT),
-                    }),
-                }];
-                for (binding, b) in binds {
-                    let resource = if b.size == 0 {
-                        b.buffer.as_entire_binding()
-                    } else {
-                        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                            buffer: b.buffer,
-                            offset: b.offset,
-                            size: NonZeroU64::new(b.size),
-                        })
-                    };
-                    entries.push(wgpu::BindGroupEntry { binding: *binding, resource });
-                }
-                let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: Some(entry),
-                    layout: &kernel.layout,
-                    entries: &entries,
-                });
-                cache.insert(key, bg.clone());
-                bg
-            }
-        };
-        drop(cache);
-        let timestamp_writes = p.timing.as_mut().and_then(|t| t.next_pass(kernel.family));
-        if timestamp_writes.is_some() || p.pass.is_none() {
-            // Timed dispatches get a pass each (timestamps are written per pass).
-            p.pass = None;
-            let encoder = p.encoder.get_or_insert_with(|| {
+        if let Some(bg) = cache.get(&key) {
+            return Ok(bg.clone());
+        }
+        let mut entries = Vec::with_capacity(binds.len() + 1);
+        if let Some(params) = params {
+            entries.push(wgpu::BindGroupEntry { binding: 0, resource: wgpu::BindingResource::Buffer(params) });
+        }
+        for (binding, b) in binds {
+            let resource = if b.size == 0 {
+                b.buffer.as_entire_binding()
+            } else {
+                wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: b.buffer, offset: b.offset, size: NonZeroU64::new(b.size) })
+            };
+            entries.push(wgpu::BindGroupEntry { binding: *binding, resource });
+        }
+        let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(entry), layout: &kernel.layout, entries: &entries });
+        cache.insert(key, bg.clone());
+        Ok(bg)
+    }
+
+    /// The open compute pass, or a new one (timed dispatches get a pass each:
+    /// timestamps are written per pass).
+    fn open_pass<'p>(
+        &self,
+        pass: &'p mut Option<wgpu::ComputePass<'static>>,
+        encoder: &mut Option<wgpu::CommandEncoder>,
+        timestamp_writes: Option<wgpu::ComputePassTimestampWrites<'_>>,
+    ) -> Result<&'p mut wgpu::ComputePass<'static>> {
+        if timestamp_writes.is_some() || pass.is_none() {
+            *pass = None;
+            let encoder = encoder.get_or_insert_with(|| {
                 self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("ops") })
             });
-            let pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("ops"), timestamp_writes });
-            p.pass = Some(pass.forget_lifetime());
+            let begun = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("ops"), timestamp_writes });
+            *pass = Some(begun.forget_lifetime());
         }
-        let Some(pass) = p.pass.as_mut() else {
-            return Err(BackendError::Device("no open compute pass".into()));
-        };
+        pass.as_mut().ok_or_else(|| BackendError::Device("no open compute pass".into()))
+    }
+
+    /// [`Gpu::record`] for kernels that take their parameters as immediate
+    /// data: no arena slot, and bind groups keyed by their buffers alone.
+    fn record_immediate(
+        &self,
+        p: &mut Pending,
+        entry: &'static str,
+        kernel: &Kernel,
+        params: &[u8],
+        binds: &[(u32, Bind<'_>)],
+        groups: [u32; 3],
+    ) -> Result<bool> {
+        if params.len() % 4 != 0 || params.len() as u64 > self.limits.max_immediate_size as u64 {
+            return Err(BackendError::Device(format!("{entry}: {} parameter bytes do not fit the immediate data", params.len())));
+        }
+        let bind_group = self.bind_group(entry, kernel, u64::MAX, binds, None)?;
+        let timestamp_writes = p.timing.as_mut().and_then(|t| t.next_pass(kernel.family));
+        let pass = self.open_pass(&mut p.pass, &mut p.encoder, timestamp_writes)?;
         pass.set_pipeline(&kernel.pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
+        pass.set_immediates(0, params);
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         p.since_submit += 1;
         let every = self.flush_every.load(std::sync::atomic::Ordering::Relaxed);

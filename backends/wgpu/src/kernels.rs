@@ -52,6 +52,11 @@ pub fn weight_desc_layout() -> ParamsLayout {
     ParamsLayout::of::<crate::weights::WeightDesc>()
 }
 
+/// How every kernel file declares its parameters (binding 0 of group 0), and
+/// the same as immediate data (see [`Module::source_with_immediates`]).
+pub const UNIFORM_PARAMS: &str = "@group(0) @binding(0) var<uniform> p: Params;";
+pub const IMMEDIATE_PARAMS: &str = "var<immediate> p: Params;";
+
 const WEIGHTS: &str = include_str!("../../../wgsl/weights.wgsl");
 const DOT: &str = include_str!("../../../wgsl/dot.wgsl");
 
@@ -142,6 +147,13 @@ impl Module {
             Module::GatedDelta => ParamsLayout::of::<recurrent::GatedDeltaParams>(),
             Module::Streams => ParamsLayout::of::<streams::StreamParams>(),
         }
+    }
+
+    /// The module's source with its parameters as immediate data (push
+    /// constants) instead of the uniform buffer at binding 0: set with each
+    /// dispatch, so a kernel reads them without a memory load first.
+    pub fn source_with_immediates(self) -> String {
+        self.source().replacen(UNIFORM_PARAMS, IMMEDIATE_PARAMS, 1)
     }
 
     /// The complete WGSL source of the module.

@@ -82,6 +82,11 @@ pub struct WgpuOptions {
     /// Decode attention splits a query's keys into chunks of at least this
     /// many keys (`SLOTSTREAM_WGPU_ATTENTION_MIN_CHUNK`, for measurements).
     pub attention_min_chunk: usize,
+    /// Kernel parameters as immediate data (push constants) where the adapter
+    /// has them (Vulkan), instead of a uniform buffer slot per dispatch
+    /// (`SLOTSTREAM_WGPU_IMMEDIATES=0` keeps the uniform buffers, for
+    /// measurements).
+    pub immediates: bool,
 }
 
 impl Default for WgpuOptions {
@@ -94,6 +99,7 @@ impl Default for WgpuOptions {
             q4_layout: Q4Layout::Interleaved,
             q4_eight_rows_from: Q4_EIGHT_ROWS_FROM,
             attention_min_chunk: crate::attention::MIN_CHUNK,
+            immediates: true,
         }
     }
 }
@@ -124,6 +130,7 @@ impl WgpuOptions {
                 .and_then(|v| v.parse().ok())
                 .filter(|&n: &usize| n > 0)
                 .unwrap_or(defaults.attention_min_chunk),
+            immediates: var("SLOTSTREAM_WGPU_IMMEDIATES").map_or(defaults.immediates, |v| v != "0"),
         }
     }
 }
