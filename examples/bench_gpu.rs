@@ -29,13 +29,15 @@ struct Args {
     decode: usize,
     /// `SLOTSTREAM_WGPU_FLUSH_EVERY` values to time decode with (after).
     flushes: Vec<u32>,
+    /// Time the one-token products of several shapes (`--no-matvec` skips them).
+    matvec: bool,
     /// The warm prefill measurement: `pp` tokens after `depth` (llama-bench's `-p` and `-d`).
     depth: usize,
     pp: usize,
 }
 
 fn parse_args() -> Result<Args> {
-    let mut a = Args { adapter: AdapterChoice::auto(), model: None, copy_mib: 1024, rows: 65536, cols: 8192, reps: 50, prompt: 256, decode: 64, flushes: vec![0, 8, 12, 24, 16], depth: 432, pp: 256 };
+    let mut a = Args { adapter: AdapterChoice::auto(), model: None, copy_mib: 1024, rows: 65536, cols: 8192, reps: 50, prompt: 256, decode: 64, flushes: vec![0, 8, 12, 24, 16], depth: 432, pp: 256, matvec: true };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
@@ -51,6 +53,7 @@ fn parse_args() -> Result<Args> {
             "--depth" => a.depth = value()?.parse()?,
             "--pp" => a.pp = value()?.parse()?,
             "--flush" => a.flushes = value()?.split(',').map(|v| v.trim().parse()).collect::<Result<_, _>>()?,
+            "--no-matvec" => a.matvec = false,
             other => bail!("unknown flag {other}"),
         }
     }
@@ -405,7 +408,7 @@ fn main() -> Result<()> {
     // exact kernel in both modes).
     let (r, c) = (args.rows, args.cols);
     let shapes = [(4, r, c), (4, r / 4, c * 4), (4, r * 4, c / 4), (4, 151936, 2048), (4, 3072, 2048), (4, 512, 2048), (8, r, c)];
-    for checked in [true, false] {
+    for checked in [true, false].into_iter().filter(|_| args.matvec) {
         let b = open(&args, checked)?;
         for (bits, rows, cols) in shapes {
             // Small matrices sit in L2: time them with more repetitions.

@@ -110,6 +110,10 @@ struct PerplexityArgs {
     /// Score at most this many windows (default: every whole window).
     #[arg(long)]
     max_windows: Option<usize>,
+    /// Feed each window one token at a time, as decoding does (the one-token
+    /// kernels, e.g. a GPU's int8 activations, score the text).
+    #[arg(long)]
+    one_token: bool,
     #[command(flatten)]
     memory: MemoryArgs,
     #[command(flatten)]
@@ -519,7 +523,12 @@ fn perplexity(args: PerplexityArgs) -> Result<()> {
             args.window
         );
     }
-    let perplexity = engine.perplexity(&ids, args.window, args.max_windows.unwrap_or(usize::MAX))?;
+    let max_windows = args.max_windows.unwrap_or(usize::MAX);
+    let perplexity = if args.one_token {
+        engine.perplexity_one_token(&ids, args.window, max_windows)?
+    } else {
+        engine.perplexity(&ids, args.window, max_windows)?
+    };
     console::print_line(serde_json::to_string(&perplexity)?)
 }
 

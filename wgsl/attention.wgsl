@@ -29,11 +29,18 @@
 // position `past` (no other workgroup reads that row from the cache), so the
 // append costs no copy and no break in the compute pass.
 //
+// With `rope` (and `fresh`), q and the new key row are raw projections: each
+// workgroup normalises its query head and its kv head's new key row (RMSNorm
+// with q_weight / k_weight, eps q_eps / k_eps) and rotates their first
+// 2*rope_half values (rotate-half rotary embedding with the angles `cs`
+// [tokens, rope_half, (cos, sin)]) as it stages them, as norm.wgsl's
+// rms_norm_rope does; the fresh key written to the cache is the rotated one.
+//
 // Bindings: 0 uniform Params; 2 q [tokens, heads*head_dim]; 3 out (read-write,
 // same shape); 4 keys, 5 values [positions, kv_heads*head_dim] (read-write);
 // 6 partials [tokens*heads*splits, head_dim + 2] (read-write;
 // attention_split writes, attention_merge reads); 7 sel u32; 8 knew, 9 vnew
-// [1, kv_heads*head_dim].
+// [1, kv_heads*head_dim]; 10 cs, 11 q_weight, 12 k_weight [head_dim] (rope).
 
 struct Params {
     tokens: u32,
@@ -49,6 +56,11 @@ struct Params {
     // 1: the one token's key and value rows are in knew / vnew, not yet in
     // the cache; the kernel reads them there and writes them to the cache.
     fresh: u32,
+    // 1: q and the fresh key row are normalised and rotated here (see above).
+    rope: u32,
+    rope_half: u32,
+    q_eps: f32,
+    k_eps: f32,
     _pad1: u32,
 }
 
@@ -61,6 +73,9 @@ struct Params {
 @group(0) @binding(7) var<storage, read> sel: array<u32>;
 @group(0) @binding(8) var<storage, read> knew: array<f32>;
 @group(0) @binding(9) var<storage, read> vnew: array<f32>;
+@group(0) @binding(10) var<storage, read> cs: array<f32>;
+@group(0) @binding(11) var<storage, read> q_weight: array<f32>;
+@group(0) @binding(12) var<storage, read> k_weight: array<f32>;
 
 const DENSE: u32 = 0xfffffffeu;
 // Below any score: exp(NO_SCORE - m) is 0 for every real max m.
@@ -74,6 +89,8 @@ var<workgroup> red: array<f32, 256>;
 var<workgroup> q_sh: array<f32, 512>;
 var<workgroup> weight_sh: array<f32, 256>;
 var<workgroup> key_sh: array<u32, 256>;
+// With `rope`: the fresh key row of the workgroup's kv head, normalised and rotated.
+var<workgroup> kn_sh: array<f32, 512>;
 
 // Workgroup-wide max and sum: within each subgroup, then over the
 // subgroups' results in workgroup memory (two barriers).
@@ -105,9 +122,14 @@ fn reduce_sum(v: f32, sg: u32, nsg: u32, lane: u32) -> f32 {
     return r;
 }
 
-// Element `off` of key / value row `j` (the fresh row from knew / vnew).
-fn key_at(j: u32, kv_cols: u32, off: u32) -> f32 {
+// Element `d` of kv head `kh`'s key in row `j` (the fresh row from knew, or
+// with `rope` from kn_sh).
+fn key_at(j: u32, kv_cols: u32, kh: u32, d: u32) -> f32 {
+    let off = kh * p.head_dim + d;
     if (p.fresh != 0u && j >= p.past) {
+        if (p.rope != 0u) {
+            return kn_sh[d];
+        }
         return knew[(j - p.past) * kv_cols + off];
     }
     return keys[j * kv_cols + off];
@@ -137,8 +159,101 @@ fn store_fresh(g: u32, li: u32) {
     let src = t * kv_cols + (h / group) * p.head_dim;
     let dst = (p.past + t) * kv_cols + (h / group) * p.head_dim;
     for (var d = li; d < p.head_dim; d += WG) {
-        keys[dst + d] = knew[src + d];
+        keys[dst + d] = select(knew[src + d], kn_sh[d], p.rope != 0u);
         values[dst + d] = vnew[src + d];
+    }
+}
+
+// Staged value `d` of the query head (second = false) or the fresh key row.
+fn staged(second: bool, d: u32) -> f32 {
+    if (second) {
+        return kn_sh[d];
+    }
+    return q_sh[d];
+}
+
+fn staged_weight(second: bool, d: u32) -> f32 {
+    if (second) {
+        return k_weight[d];
+    }
+    return q_weight[d];
+}
+
+// Value d (< head_dim) of the normalised (1 / rms r) and rotated staged row
+// of token t; the arithmetic of norm.wgsl's rms_norm_rope.
+fn rope_value(second: bool, t: u32, d: u32, r: f32) -> f32 {
+    let half = p.rope_half;
+    let v = staged(second, d) * r * staged_weight(second, d);
+    if (d < half) {
+        let j = d + half;
+        let a = (t * half + d) * 2u;
+        return v * cs[a] - staged(second, j) * r * staged_weight(second, j) * cs[a + 1u];
+    }
+    if (d < 2u * half) {
+        let j = d - half;
+        let a = (t * half + j) * 2u;
+        return v * cs[a] + staged(second, j) * r * staged_weight(second, j) * cs[a + 1u];
+    }
+    return v;
+}
+
+// RMSNorm and rotary embedding of token t's staged query head or fresh key
+// row, in place (head_dim <= 2 * WG: at most two values per thread).
+fn norm_rope(second: bool, t: u32, li: u32, sg: u32, nsg: u32, lane: u32) {
+    let hd = p.head_dim;
+    var s = 0.0;
+    for (var d = li; d < hd; d += WG) {
+        let v = staged(second, d);
+        s += v * v;
+    }
+    let r = 1.0 / sqrt(reduce_sum(s, sg, nsg, lane) / f32(hd) + select(p.q_eps, p.k_eps, second));
+    var o0 = 0.0;
+    var o1 = 0.0;
+    if (li < hd) {
+        o0 = rope_value(second, t, li, r);
+    }
+    if (li + WG < hd) {
+        o1 = rope_value(second, t, li + WG, r);
+    }
+    workgroupBarrier();
+    if (second) {
+        if (li < hd) {
+            kn_sh[li] = o0;
+        }
+        if (li + WG < hd) {
+            kn_sh[li + WG] = o1;
+        }
+    } else {
+        if (li < hd) {
+            q_sh[li] = o0;
+        }
+        if (li + WG < hd) {
+            q_sh[li + WG] = o1;
+        }
+    }
+    workgroupBarrier();
+}
+
+// Stages workgroup g's query head in q_sh and, with `rope`, its kv head's
+// fresh key row in kn_sh, both normalised and rotated.
+fn stage(g: u32, li: u32, sg: u32, nsg: u32, lane: u32) {
+    let th = g / p.splits;
+    let t = th / p.heads;
+    let h = th % p.heads;
+    let kh = h / (p.heads / p.kv_heads);
+    let hd = p.head_dim;
+    let qb = (t * p.heads + h) * hd;
+    let kb = t * p.kv_heads * hd + kh * hd;
+    for (var d = li; d < hd; d += WG) {
+        q_sh[d] = q[qb + d];
+        if (p.rope != 0u) {
+            kn_sh[d] = knew[kb + d];
+        }
+    }
+    workgroupBarrier();
+    if (p.rope != 0u) {
+        norm_rope(false, t, li, sg, nsg, lane);
+        norm_rope(true, t, li, sg, nsg, lane);
     }
 }
 
@@ -176,11 +291,6 @@ fn attend_chunk(g: u32, li: u32, sg: u32, nsg: u32, lane: u32, lanes: u32) -> Pa
     let n_keys = listed + pos + 1u - tail;
     let first = min(c * p.chunk, n_keys);
     let end = min(first + p.chunk, n_keys);
-    let qb = (t * p.heads + h) * hd;
-    for (var d = li; d < hd; d += WG) {
-        q_sh[d] = q[qb + d];
-    }
-    workgroupBarrier();
 
     // Threads over (dim, share of the keys): `parts` threads per dim when the
     // head dim is at most half the workgroup.
@@ -201,10 +311,9 @@ fn attend_chunk(g: u32, li: u32, sg: u32, nsg: u32, lane: u32, lanes: u32) -> Pa
             if (i < listed) {
                 j = sel[row + 1u + i / p.block] * p.block + i % p.block;
             }
-            let kb = kh * hd;
             var s = 0.0;
             for (var d = lane; d < hd; d += lanes) {
-                s += q_sh[d] * key_at(j, kv_cols, kb + d);
+                s += q_sh[d] * key_at(j, kv_cols, kh, d);
             }
             s = subgroupAdd(s);
             if (lane == 0u) {
@@ -284,6 +393,7 @@ fn attention(
     if (g >= p.tokens * p.heads) {
         return;
     }
+    stage(g, li, sg, nsg, lane);
     store_fresh(g, li);
     let r = attend_chunk(g, li, sg, nsg, lane, lanes);
     let ob = g * p.head_dim;
@@ -309,6 +419,7 @@ fn attention_split(
     if (g >= p.tokens * p.heads * p.splits) {
         return;
     }
+    stage(g, li, sg, nsg, lane);
     store_fresh(g, li);
     let r = attend_chunk(g, li, sg, nsg, lane, lanes);
     let pb = g * (p.head_dim + 2u);

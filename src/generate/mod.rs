@@ -376,6 +376,17 @@ impl Engine {
     /// from an empty state: the mean negative log-likelihood of every token
     /// given the ones before it in its window.
     pub fn perplexity(&self, ids: &[u32], window: usize, max_windows: usize) -> Result<Perplexity> {
+        self.score_windows(ids, window, max_windows, false)
+    }
+
+    /// [`Engine::perplexity`] with each window fed one token at a time, as
+    /// decoding runs: the one-token kernels score the text (a GPU's int8
+    /// activations, which prefill never takes).
+    pub fn perplexity_one_token(&self, ids: &[u32], window: usize, max_windows: usize) -> Result<Perplexity> {
+        self.score_windows(ids, window, max_windows, true)
+    }
+
+    fn score_windows(&self, ids: &[u32], window: usize, max_windows: usize, one_token: bool) -> Result<Perplexity> {
         if window < 2 {
             bail!("the perplexity window must be at least 2 tokens");
         }
@@ -386,8 +397,17 @@ impl Engine {
         let (mut nll, mut n, mut windows) = (0.0f64, 0usize, 0usize);
         for chunk in ids.chunks_exact(window).take(max_windows) {
             let mut state = self.new_state()?;
-            let t = self.model.forward(self.backend.as_ref(), chunk, &mut state, Logits::All)?;
-            let logits = self.backend.download(&t)?;
+            let logits = if one_token {
+                let mut rows = Vec::with_capacity((window - 1) * vocab);
+                for &id in &chunk[..window - 1] {
+                    let t = self.model.forward(self.backend.as_ref(), &[id], &mut state, Logits::Last)?;
+                    rows.extend(self.backend.download(&t)?);
+                }
+                rows
+            } else {
+                let t = self.model.forward(self.backend.as_ref(), chunk, &mut state, Logits::All)?;
+                self.backend.download(&t)?
+            };
             for (i, row) in logits.chunks_exact(vocab).take(window - 1).enumerate() {
                 let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
                 let log_sum = row.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln() + max;

@@ -14,9 +14,11 @@
 use std::any::Any;
 use std::sync::Arc;
 
+mod attention;
 pub mod checks;
 mod host;
 pub mod routing;
+pub use attention::{attention_qk_norm_composed, KeySelection, QkNorm};
 pub use host::{DType, HostMatrix, MatrixData};
 
 /// Errors a backend reports. Shape errors are bugs in model code or a malformed
@@ -265,46 +267,6 @@ pub enum GateAct {
     Sigmoid,
 }
 
-/// Which keys each query of an attention call may see (block-sparse attention).
-///
-/// Keys are grouped in blocks of `block` positions. Query `t` of the call has
-/// `per_query` entries `blocks[t*per_query..(t+1)*per_query]`:
-/// - if the first entry is [`KeySelection::DENSE`], the query attends causally
-///   to every key up to its own position;
-/// - otherwise it attends to the keys of the listed blocks (entries equal to
-///   [`KeySelection::UNUSED`] are ignored; listed blocks lie wholly at or
-///   before the query), plus its own trailing partial block: the keys from
-///   `((p+1)/block)*block` to its position `p`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KeySelection {
-    pub block: usize,
-    pub per_query: usize,
-    pub blocks: Vec<u32>,
-}
-
-impl KeySelection {
-    pub const DENSE: u32 = u32::MAX - 1;
-    pub const UNUSED: u32 = u32::MAX;
-
-    /// Keys query `t` at position `pos` may attend to, in increasing order.
-    pub fn keys_of(&self, t: usize, pos: usize) -> Vec<usize> {
-        let row = &self.blocks[t * self.per_query..(t + 1) * self.per_query];
-        if row.first() == Some(&Self::DENSE) {
-            return (0..=pos).collect();
-        }
-        let mut keys: Vec<usize> = row
-            .iter()
-            .filter(|&&b| b != Self::UNUSED)
-            .flat_map(|&b| (b as usize * self.block)..((b as usize + 1) * self.block))
-            .filter(|&k| k <= pos)
-            .collect();
-        keys.extend(((pos + 1) / self.block * self.block)..=pos);
-        keys.sort_unstable();
-        keys.dedup();
-        keys
-    }
-}
-
 /// The raw inputs of one Gated DeltaNet step ([`Backend::gated_delta_step`]):
 /// `q, k: [tokens, key_heads*key_dim]`, `v: [tokens, heads*value_dim]`, the
 /// gate projections `a, b: [tokens, heads]` and the per-head `a_log`, `dt_bias`.
@@ -478,6 +440,14 @@ pub trait Backend: Send + Sync {
     #[allow(clippy::too_many_arguments)]
     fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, cache: &mut State, heads: usize, scale: f32,
         selection: Option<&KeySelection>) -> Result<Tensor>;
+    /// [`Backend::rms_norm_rope_pair`] of the raw `q` and `k` ([`QkNorm`]),
+    /// then [`Backend::attention`], in one op: a GPU normalises and rotates
+    /// inside its decode attention kernel.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_qk_norm(&self, q: &Tensor, k: &Tensor, v: &Tensor, cache: &mut State, heads: usize, scale: f32,
+        selection: Option<&KeySelection>, norm: &QkNorm<'_>) -> Result<Tensor> {
+        attention_qk_norm_composed(self, q, k, v, cache, heads, scale, selection, norm)
+    }
 
     // ---- convolution and the gated delta rule (linear-attention layers) ----
     /// State of a causal convolution whose taps are `dilation` steps apart.

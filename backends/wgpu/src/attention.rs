@@ -40,6 +40,12 @@ params! {
         /// 1: the token's key and value rows come from bindings 8 and 9 and
         /// the kernel writes them to the cache.
         fresh: u32,
+        /// 1: q and the fresh key row are normalised and rotated in the
+        /// kernel (bindings 10-12; see [`QkRope`]).
+        rope: u32,
+        rope_half: u32,
+        q_eps: f32,
+        k_eps: f32,
         _pad1: u32,
     }
 }
@@ -58,6 +64,19 @@ const PARTIALS: u32 = 6;
 const SELECTION: u32 = 7;
 const KNEW: u32 = 8;
 const VNEW: u32 = 9;
+const ROPE_ANGLES_IN: u32 = 10;
+const Q_WEIGHT: u32 = 11;
+const K_WEIGHT: u32 = 12;
+
+/// What decode attention needs to normalise and rotate the raw query and
+/// fresh key rows itself (`rope` in `wgsl/attention.wgsl`).
+pub(crate) struct QkRope<'a> {
+    /// `rope_angles` of the one token.
+    pub angles: Bind<'a>,
+    pub weights: [Bind<'a>; 2],
+    pub eps: [f32; 2],
+    pub half: usize,
+}
 
 /// Workgroups an attention call aims for: about eight resident 256-wide
 /// workgroups on each of an H200's 132 SMs, so that decode (a few (token,
@@ -123,6 +142,7 @@ pub(crate) fn attend(
     scale: f32,
     selection: Option<&KeySelection>,
     fresh: Option<(Bind<'_>, Bind<'_>)>,
+    rope: Option<QkRope<'_>>,
 ) -> Result<()> {
     let past = cache.len - tokens;
     // A selection whose every query is dense is plain causal attention: one
@@ -150,6 +170,10 @@ pub(crate) fn attend(
         sel_stride: sel_stride as u32,
         splits: splits as u32,
         fresh: fresh.is_some() as u32,
+        rope: rope.is_some() as u32,
+        rope_half: rope.as_ref().map_or(0, |r| r.half as u32),
+        q_eps: rope.as_ref().map_or(0.0, |r| r.eps[0]),
+        k_eps: rope.as_ref().map_or(0.0, |r| r.eps[1]),
         ..Default::default()
     };
     let (keys, values, sel) = ((KEYS, whole(&cache.keys)), (VALUES, whole(&cache.values)), (SELECTION, whole(&sel_buf)));
@@ -157,11 +181,15 @@ pub(crate) fn attend(
     // layouts hold all the same.
     let (knew, vnew) = fresh.unwrap_or((q, q));
     let (knew, vnew) = ((KNEW, knew), (VNEW, vnew));
+    // Likewise 10-12 without `rope`.
+    let (angles, [qw, kw]) = rope.map_or((q, [q, q]), |r| (r.angles, r.weights));
+    let rope_binds = [(ROPE_ANGLES_IN, angles), (Q_WEIGHT, qw), (K_WEIGHT, kw)];
     if splits == 1 {
-        return gpu.dispatch("attention", &params, &[(Q, q), (OUT, out), keys, values, sel, knew, vnew], Gpu::grid(pairs as u64));
+        let binds = [(Q, q), (OUT, out), keys, values, sel, knew, vnew, rope_binds[0], rope_binds[1], rope_binds[2]];
+        return gpu.dispatch("attention", &params, &binds, Gpu::grid(pairs as u64));
     }
     let partials = gpu.alloc(4 * (pairs * splits * (cache.head_dim + 2)) as u64)?;
-    let binds = [(Q, q), keys, values, (PARTIALS, partials.bind()), sel, knew, vnew];
+    let binds = [(Q, q), keys, values, (PARTIALS, partials.bind()), sel, knew, vnew, rope_binds[0], rope_binds[1], rope_binds[2]];
     gpu.dispatch("attention_split", &params, &binds, Gpu::grid((pairs * splits) as u64))?;
     gpu.dispatch("attention_merge", &params, &[(OUT, out), (PARTIALS, partials.bind())], Gpu::grid(pairs as u64))
 }

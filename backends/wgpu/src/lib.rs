@@ -37,7 +37,8 @@ use std::sync::Arc;
 
 use slotstream_backend::{
     checks, shape_error, Backend, BackendError, DType, DeltaInputs, ExpertLayout, ExpertPool, GateAct, Gating, HostExpert, HostMatrix,
-    KeySelection, Result, Routes, State, Tensor, Weight, matmul_swiglu_composed, route_matmul_composed,
+    KeySelection, QkNorm, Result, Routes, State, Tensor, Weight, attention_qk_norm_composed, matmul_swiglu_composed,
+    route_matmul_composed,
 };
 
 pub use device::AdapterChoice;
@@ -377,28 +378,7 @@ impl Backend for WgpuBackend {
 
     fn rms_norm_rope_pair(&self, q: &Tensor, k: &Tensor, weights: [&Tensor; 2], head_dim: usize, eps: [f32; 2], rotary_dim: usize, theta: f32, start_pos: usize)
         -> Result<(Tensor, Tensor)> {
-        let mut sets = Vec::with_capacity(2);
-        for (x, w) in [(q, weights[0]), (k, weights[1])] {
-            checks::rms_norm_weight(x, Some(w), head_dim)?;
-            let heads = checks::groups_of("rms_norm_rope_pair", x, head_dim)? / x.rows().max(1);
-            let shaped = x.reshape(&[x.rows(), heads, head_dim])?;
-            checks::rope(&shaped, head_dim, rotary_dim)?;
-            if w.numel() != head_dim {
-                return Err(shape_error("rms_norm_rope_pair", format!("a weight of {} values for heads of {head_dim}", w.numel())));
-            }
-            sets.push((shaped, heads));
-        }
-        let tokens = q.rows();
-        if k.rows() != tokens {
-            return Err(shape_error("rms_norm_rope_pair", format!("{tokens} query rows and {} key rows", k.rows())));
-        }
-        let (qo, qb) = self.output(vec![tokens, sets[0].1, head_dim])?;
-        let (ko, kb) = self.output(vec![tokens, sets[1].1, head_dim])?;
-        let angles = attention::rope_angles(&self.gpu, tokens, rotary_dim, theta, start_pos)?;
-        let first = norm::NormRope { x: buf(&sets[0].0)?, weight: buf(weights[0])?, out: qb.bind(), heads: sets[0].1, eps: eps[0] };
-        let second = norm::NormRope { x: buf(&sets[1].0)?, weight: buf(weights[1])?, out: kb.bind(), heads: sets[1].1, eps: eps[1] };
-        norm::rms_norm_rope_sets(&self.gpu, first, Some(second), whole(&angles), tokens, head_dim, rotary_dim)?;
-        Ok((qo, ko))
+        norm::rms_norm_rope_pair(&self.gpu, [q, k], weights, head_dim, eps, rotary_dim, theta, start_pos)
     }
 
     fn new_kv_cache(&self, kv_heads: usize, head_dim: usize) -> Result<State> {
@@ -438,7 +418,32 @@ impl Backend for WgpuBackend {
             None
         };
         let (out, ob) = self.output(vec![tokens, heads * hd])?;
-        attention::attend(&self.gpu, c, buf(q)?, ob.bind(), tokens, heads, scale, selection, fresh)?;
+        attention::attend(&self.gpu, c, buf(q)?, ob.bind(), tokens, heads, scale, selection, fresh, None)?;
+        Ok(out)
+    }
+
+    fn attention_qk_norm(&self, q: &Tensor, k: &Tensor, v: &Tensor, cache: &mut State, heads: usize, scale: f32,
+        selection: Option<&KeySelection>, norm: &QkNorm<'_>) -> Result<Tensor> {
+        let c = cache.get_mut::<GpuKvCache>().ok_or_else(|| not_ours("the KV cache"))?;
+        // One token (decode): the kernel normalises and rotates q and the
+        // fresh key as it stages them; everything else composes.
+        let fits = q.rows() == 1 && norm.head_dim == c.head_dim && norm.weights.iter().all(|w| w.numel() == c.head_dim);
+        if !fits || c.head_dim > 512 || self.gpu.limits.max_storage_buffers_per_shader_stage < 10 {
+            return attention_qk_norm_composed(self, q, k, v, cache, heads, scale, selection, norm);
+        }
+        let hd = c.head_dim;
+        checks::attention(q, k, v, heads, c.kv_heads, hd, selection)?;
+        checks::rope(&q.reshape(&[1, heads, hd])?, hd, norm.rotary_dim)?;
+        c.append_in_kernel(1)?;
+        let angles = attention::rope_angles(&self.gpu, 1, norm.rotary_dim, norm.theta, norm.start_pos)?;
+        let rope = attention::QkRope {
+            angles: whole(&angles),
+            weights: [buf(norm.weights[0])?, buf(norm.weights[1])?],
+            eps: norm.eps,
+            half: norm.rotary_dim / 2,
+        };
+        let (out, ob) = self.output(vec![1, heads * hd])?;
+        attention::attend(&self.gpu, c, buf(q)?, ob.bind(), 1, heads, scale, selection, Some((buf(k)?, buf(v)?)), Some(rope))?;
         Ok(out)
     }
 

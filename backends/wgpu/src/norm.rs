@@ -1,9 +1,10 @@
 //! Typed calls of `wgsl/norm.wgsl`: normalisation over groups of `dim`
 //! values, one subgroup per group (one workgroup for long groups).
 
-use slotstream_backend::{GateAct, Result};
+use slotstream_backend::{checks, shape_error, GateAct, Result, Tensor};
 
-use crate::gpu::{Bind, Gpu};
+use crate::gpu::{whole, Bind, Gpu};
+use crate::tensors::{buf, new_tensor};
 use crate::kernels::params;
 
 params! {
@@ -201,4 +202,41 @@ pub(crate) fn rms_norm_gated(
 pub(crate) fn l2_normalize(gpu: &Gpu, x: Bind<'_>, out: Bind<'_>, groups: usize, dim: usize, eps: f32, scale: f32) -> Result<()> {
     let params = NormParams { groups: groups as u32, dim: dim as u32, weight_len: dim as u32, eps, scale, ..Default::default() };
     gpu.dispatch("l2_normalize", &params, &[(X, x), (OUT, out)], subgroup_grid(gpu, groups))
+}
+
+/// [`slotstream_backend::Backend::rms_norm_rope_pair`]: both sets in one
+/// `rms_norm_rope` dispatch.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rms_norm_rope_pair(
+    gpu: &Gpu,
+    [q, k]: [&Tensor; 2],
+    weights: [&Tensor; 2],
+    head_dim: usize,
+    eps: [f32; 2],
+    rotary_dim: usize,
+    theta: f32,
+    start_pos: usize,
+) -> Result<(Tensor, Tensor)> {
+    let mut sets = Vec::with_capacity(2);
+    for (x, w) in [(q, weights[0]), (k, weights[1])] {
+        checks::rms_norm_weight(x, Some(w), head_dim)?;
+        let heads = checks::groups_of("rms_norm_rope_pair", x, head_dim)? / x.rows().max(1);
+        let shaped = x.reshape(&[x.rows(), heads, head_dim])?;
+        checks::rope(&shaped, head_dim, rotary_dim)?;
+        if w.numel() != head_dim {
+            return Err(shape_error("rms_norm_rope_pair", format!("a weight of {} values for heads of {head_dim}", w.numel())));
+        }
+        sets.push((shaped, heads));
+    }
+    let tokens = q.rows();
+    if k.rows() != tokens {
+        return Err(shape_error("rms_norm_rope_pair", format!("{tokens} query rows and {} key rows", k.rows())));
+    }
+    let (qo, qb) = new_tensor(gpu, tokens * sets[0].1 * head_dim, vec![tokens, sets[0].1, head_dim])?;
+    let (ko, kb) = new_tensor(gpu, tokens * sets[1].1 * head_dim, vec![tokens, sets[1].1, head_dim])?;
+    let angles = crate::attention::rope_angles(gpu, tokens, rotary_dim, theta, start_pos)?;
+    let first = NormRope { x: buf(&sets[0].0)?, weight: buf(weights[0])?, out: qb.bind(), heads: sets[0].1, eps: eps[0] };
+    let second = NormRope { x: buf(&sets[1].0)?, weight: buf(weights[1])?, out: kb.bind(), heads: sets[1].1, eps: eps[1] };
+    rms_norm_rope_sets(gpu, first, Some(second), whole(&angles), tokens, head_dim, rotary_dim)?;
+    Ok((qo, ko))
 }

@@ -63,7 +63,7 @@ pub struct WgpuOptions {
     pub matmul: Option<MatmulMode>,
     /// Int8 mode applies to weights of at least this many bytes
     /// ([`INT8_MIN_BYTES`]; tests and benchmarks use 0 to reach the int8
-    /// kernels with small matrices).
+    /// kernels with small matrices, `SLOTSTREAM_WGPU_INT8_MIN_BYTES`).
     pub int8_min_bytes: usize,
     /// Whether `slice_cols` of one row may return a view instead of a copy
     /// (`SLOTSTREAM_WGPU_VIEWS=0` turns views off, for measurements).
@@ -116,7 +116,7 @@ impl WgpuOptions {
                 Some("int8") => Some(MatmulMode::Int8),
                 _ => defaults.matmul,
             },
-            int8_min_bytes: defaults.int8_min_bytes,
+            int8_min_bytes: var("SLOTSTREAM_WGPU_INT8_MIN_BYTES").and_then(|v| v.parse().ok()).unwrap_or(defaults.int8_min_bytes),
             views: var("SLOTSTREAM_WGPU_VIEWS").map_or(defaults.views, |v| v != "0"),
             flush_every: var("SLOTSTREAM_WGPU_FLUSH_EVERY").and_then(|v| v.parse().ok()).unwrap_or(defaults.flush_every),
             q4_layout: match var("SLOTSTREAM_WGPU_Q4_LAYOUT").as_deref() {

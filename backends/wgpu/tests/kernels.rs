@@ -14,7 +14,7 @@ mod common;
 
 use common::check::{affine, check, format_name, matrix, up, TOL};
 use common::{gpu, rel_l2, Rng};
-use slotstream_backend::{Backend, DType, GateAct, KeySelection, MatrixFormat, Tensor};
+use slotstream_backend::{Backend, DType, GateAct, KeySelection, MatrixFormat, QkNorm, Tensor};
 use slotstream_cpu::CpuBackend;
 use slotstream_wgpu::{AdapterChoice, MatmulMode, WgpuBackend, WgpuOptions};
 
@@ -421,6 +421,38 @@ fn attention_long_context_split_gqa() {
             .collect();
         check(&format!("attention_long_prefill{i}"), 2e-5, |b| attention_steps(b, dims, &steps[..1], 0));
         check(&format!("attention_long_decode{i}"), 2e-5, |b| attention_steps(b, dims, &steps, 1));
+    }
+}
+
+/// Attention with the query/key norm and rotary embedding folded in
+/// (`attention_qk_norm`): a prefill (composed on the GPU too), decode steps
+/// (normalised and rotated inside the split attention kernel, which writes
+/// the rotated key to the cache), then a short prefill and a decode step that
+/// read those cached keys back. Full and partial rotary dims, GQA, head dims
+/// of one and two values per thread.
+#[test]
+fn attention_with_the_qk_norm_inside() {
+    for (i, (dims, rotary)) in [([8, 2, 128], 128), ([4, 1, 256], 64), ([2, 1, 320], 160)].into_iter().enumerate() {
+        let [heads, kvh, hd] = dims;
+        let mut rng = Rng::new(90 + i as u64);
+        let (qw, kw) = (rng.vec(hd, 1.0), rng.vec(hd, 1.0));
+        let steps: Vec<(usize, Vec<f32>, Vec<f32>, Vec<f32>)> = [300usize, 1, 1, 1, 3, 1]
+            .iter()
+            .map(|&t| (t, rng.vec(t * heads * hd, 3.0), rng.vec(t * kvh * hd, 3.0), rng.vec(t * kvh * hd, 2.0)))
+            .collect();
+        check(&format!("attention_qk_norm{i}"), 2e-5, |b| {
+            let (qw, kw) = (up(b, &qw, &[hd]), up(b, &kw, &[hd]));
+            let mut cache = b.new_kv_cache(kvh, hd).unwrap();
+            let mut start = 0;
+            let mut outs = Vec::new();
+            for (t, q, k, v) in &steps {
+                let (q, k, v) = (up(b, q, &[*t, heads * hd]), up(b, k, &[*t, kvh * hd]), up(b, v, &[*t, kvh * hd]));
+                let norm = QkNorm { weights: [&qw, &kw], eps: [1e-6, 1e-5], head_dim: hd, rotary_dim: rotary, theta: 1e6, start_pos: start };
+                outs.push(b.attention_qk_norm(&q, &k, &v, &mut cache, heads, 1.0 / (hd as f32).sqrt(), None, &norm).unwrap());
+                start += t;
+            }
+            b.concat_rows(&outs[1..].iter().collect::<Vec<_>>()).unwrap()
+        });
     }
 }
 

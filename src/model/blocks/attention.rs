@@ -4,7 +4,7 @@
 use std::any::Any;
 
 use anyhow::{bail, Result};
-use slotstream_backend::{Backend, KeySelection, State, Tensor, Weight};
+use slotstream_backend::{Backend, KeySelection, QkNorm, State, Tensor, Weight};
 
 use super::norm::RmsNorm;
 use super::projections::Projections;
@@ -76,13 +76,12 @@ impl Attention {
 
     /// `x: [tokens, hidden]`, the first token at position `start`.
     pub fn forward(&self, b: &dyn Backend, x: &Tensor, st: &mut AttentionState, start: usize) -> Result<Tensor> {
-        let tokens = x.rows();
         let selection = match (&self.selector, st.selector.as_mut()) {
             (Some(sel), Some(s)) => sel.select(b, x, s.as_mut(), start)?,
             (None, None) => None,
             _ => bail!("attention layer and its state disagree about the key selector"),
         };
-        let (h, kvh, hd) = (self.heads, self.kv_heads, self.head_dim);
+        let (h, hd) = (self.heads, self.head_dim);
         let p = self.qkv.forward(b, x)?;
         let (projected, k, v) = (p.get("q")?, p.get("k")?, p.get("v")?);
         let (q, gate) = if self.gated {
@@ -93,12 +92,16 @@ impl Attention {
         if b.kv_len(&st.kv)? != start {
             bail!("KV cache holds {} positions but the call starts at {start}", b.kv_len(&st.kv)?);
         }
-        let (rd, theta) = (self.rotary_dim, self.rope_theta);
-        let weights = [&self.q_norm.weight, &self.k_norm.weight];
-        let (q, k) = b.rms_norm_rope_pair(&q, k, weights, hd, [self.q_norm.eps, self.k_norm.eps], rd, theta, start)?;
-        let q = q.reshape(&[tokens, h * hd])?;
-        let k = k.reshape(&[tokens, kvh * hd])?;
-        let mut out = b.attention(&q, &k, v, &mut st.kv, h, (hd as f32).powf(-0.5), selection.as_ref())?;
+        let norm = QkNorm {
+            weights: [&self.q_norm.weight, &self.k_norm.weight],
+            eps: [self.q_norm.eps, self.k_norm.eps],
+            head_dim: hd,
+            rotary_dim: self.rotary_dim,
+            theta: self.rope_theta,
+            start_pos: start,
+        };
+        let scale = (hd as f32).powf(-0.5);
+        let mut out = b.attention_qk_norm(&q, k, v, &mut st.kv, h, scale, selection.as_ref(), &norm)?;
         if let Some(gate) = gate {
             out = b.sigmoid_mul(&out, &gate)?;
         }
