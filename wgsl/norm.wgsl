@@ -7,7 +7,9 @@
 //                   act = silu (gate_act 0) or sigmoid (gate_act 1)
 //   l2_normalize:   out = x * scale / sqrt(sum(x^2) + eps)
 //   add_rms_norm:   sum = x + z, out = rms_norm(sum) (with the weight), one workgroup per
-//                   group as rms_norm_wide
+//                   group as rms_norm_wide; add_rms_norm_1024 the same with 1024-wide
+//                   workgroups (long rows: four times fewer loads in a row per thread,
+//                   where the adapter allows such workgroups)
 //   rms_norm_rope:  n = rms_norm(x) * w per head (group), then rotate-half rotary
 //                   embedding of its first 2*half values with the angles of the group's
 //                   token (g / heads), as rope.wgsl; and, when groups2 > 0, the same
@@ -128,7 +130,8 @@ fn l2_normalize(
     }
 }
 
-var<workgroup> partial: array<f32, 64>;
+// One entry per subgroup: up to 1024 invocations in subgroups of 8 or more.
+var<workgroup> partial: array<f32, 128>;
 
 // The sum of every invocation's `s` over the workgroup (rms_norm_wide, add_rms_norm).
 fn workgroup_sum(s: f32, lane: u32, sg: u32, nsg: u32) -> f32 {
@@ -174,6 +177,22 @@ fn rms_norm_wide(
     }
 }
 
+// add_rms_norm's group g with `wg` invocations per workgroup.
+fn add_rms_norm_group(g: u32, li: u32, sg: u32, nsg: u32, lane: u32, wg: u32) {
+    let base = g * p.dim;
+    var s = 0.0;
+    for (var i = li; i < p.dim; i += wg) {
+        let v = x[base + i] + z[base + i];
+        sum[base + i] = v;
+        s += v * v;
+    }
+    let r = 1.0 / sqrt(workgroup_sum(s, lane, sg, nsg) / f32(p.dim) + p.eps);
+    let wb = weight_base(g);
+    for (var i = li; i < p.dim; i += wg) {
+        out[base + i] = (x[base + i] + z[base + i]) * r * weight[wb + i];
+    }
+}
+
 @compute @workgroup_size(256)
 fn add_rms_norm(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -184,20 +203,23 @@ fn add_rms_norm(
     @builtin(subgroup_invocation_id) lane: u32,
 ) {
     let g = wid.y * nwg.x + wid.x;
-    if (g >= p.groups) {
-        return;
+    if (g < p.groups) {
+        add_rms_norm_group(g, li, sg, nsg, lane, 256u);
     }
-    let base = g * p.dim;
-    var s = 0.0;
-    for (var i = li; i < p.dim; i += 256u) {
-        let v = x[base + i] + z[base + i];
-        sum[base + i] = v;
-        s += v * v;
-    }
-    let r = 1.0 / sqrt(workgroup_sum(s, lane, sg, nsg) / f32(p.dim) + p.eps);
-    let wb = weight_base(g);
-    for (var i = li; i < p.dim; i += 256u) {
-        out[base + i] = (x[base + i] + z[base + i]) * r * weight[wb + i];
+}
+
+@compute @workgroup_size(1024)
+fn add_rms_norm_1024(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+) {
+    let g = wid.y * nwg.x + wid.x;
+    if (g < p.groups) {
+        add_rms_norm_group(g, li, sg, nsg, lane, 1024u);
     }
 }
 

@@ -166,6 +166,12 @@ impl Gpu {
             }
         }));
         let mut kernels = HashMap::new();
+        // Entry points of 1024 invocations (`*_1024`), for adapters that allow
+        // them in subgroups of 8 or more (their workgroup memory has a slot
+        // per subgroup for 128).
+        let wide_workgroups = limits.max_compute_invocations_per_workgroup >= 1024
+            && limits.max_compute_workgroup_size_x >= 1024
+            && info.subgroup_min_size >= 8;
         for module in Module::ALL {
             let source = if immediates { module.source_with_immediates() } else { module.source() };
             let desc = wgpu::ShaderModuleDescriptor {
@@ -186,6 +192,9 @@ impl Gpu {
             // lib.rs establish for well-formed inputs.
             let shader = unsafe { device.create_shader_module_trusted(desc, checks) };
             for &entry in module.entry_points() {
+                if entry.ends_with("_1024") && !wide_workgroups {
+                    continue; // the adapter's workgroups are smaller; callers check has_kernel
+                }
                 let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                     label: Some(entry),
                     layout: None,
@@ -414,6 +423,12 @@ impl Gpu {
         p.since_submit += 1;
         let every = self.flush_every.load(std::sync::atomic::Ordering::Relaxed);
         Ok(every > 0 && p.since_submit >= every)
+    }
+
+    /// Whether the adapter runs the kernel `entry` (the `*_1024` ones need
+    /// workgroups that large).
+    pub fn has_kernel(&self, entry: &str) -> bool {
+        self.kernels.contains_key(entry)
     }
 
     /// Workgroups for kernels that give each of `items` one subgroup, in

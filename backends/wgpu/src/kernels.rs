@@ -121,7 +121,7 @@ impl Module {
             Module::Elementwise => {
                 &["add", "sigmoid_mul", "add_sigmoid_mul", "silu_mul", "silu_only", "scale", "copy_cols", "delta_gates"]
             }
-            Module::Norm => &["rms_norm", "rms_norm_gated", "l2_normalize", "rms_norm_wide", "add_rms_norm", "rms_norm_rope"],
+            Module::Norm => &["rms_norm", "rms_norm_gated", "l2_normalize", "rms_norm_wide", "add_rms_norm", "add_rms_norm_1024", "rms_norm_rope"],
             Module::Rope => &["rope"],
             Module::Attention => &["attention", "attention_split", "attention_merge"],
             Module::Conv => &["conv1d", "conv_window"],

@@ -82,6 +82,9 @@ pub(crate) fn rms_norm(
 /// `sum = x + y`, `out = sum / rms(sum) * weight` per group of `dim`, one
 /// workgroup per group.
 #[allow(clippy::too_many_arguments)]
+/// Rows at least this long take `add_rms_norm_1024`.
+const WIDE_FROM: usize = 2048;
+
 pub(crate) fn add_rms_norm(
     gpu: &Gpu,
     x: Bind<'_>,
@@ -104,7 +107,10 @@ pub(crate) fn add_rms_norm(
         ..Default::default()
     };
     let binds = [(X, x), (Z, y), (WEIGHT, weight), (SUM, sum), (OUT, out)];
-    gpu.dispatch("add_rms_norm", &params, &binds, Gpu::grid(groups as u64))
+    // Long rows take four times as many threads where the adapter has them:
+    // the loads of a row come in a quarter as many steps per thread.
+    let entry = if dim >= WIDE_FROM && gpu.has_kernel("add_rms_norm_1024") { "add_rms_norm_1024" } else { "add_rms_norm" };
+    gpu.dispatch(entry, &params, &binds, Gpu::grid(groups as u64))
 }
 
 /// Per-head RMSNorm of `x: [tokens, heads, dim]` with `weight` (`dim`
