@@ -17,6 +17,7 @@
 //! that answers in prose instead pays nothing but a byte comparison.
 
 mod grammar;
+mod xml_calls;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -26,7 +27,8 @@ use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
 use llguidance::{Matcher, ParserFactory};
 
-pub use grammar::{ConstraintSpec, ToolSpec, TOOL_CALL_CLOSE, TOOL_CALL_OPEN};
+pub use grammar::{ConstraintSpec, ToolCallForm, ToolSpec, TOOL_CALL_CLOSE, TOOL_CALL_OPEN};
+pub use xml_calls::{declared_parameters, ParameterText};
 
 use crate::generate::TokenConstraint;
 use crate::model_files;
