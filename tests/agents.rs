@@ -377,3 +377,69 @@ fn xml_tool_calls_of_a_qwen3_coder_style_template_parse_into_typed_arguments() {
     let e = s.error("/v1/chat/completions", &json!({"model": MODEL, "messages": user("x"), "tools": bad, "tool_choice": "required"}));
     assert!(e.contains("'tools' cannot be compiled") && e.contains("'a>b'"), "{e}");
 }
+
+/// The fixture model with Qwen's fill-in-the-middle tokens in its
+/// vocabulary: three of its last BPE tokens (and the merges that made them)
+/// give their ids to `<|fim_prefix|>`, `<|fim_suffix|>` and `<|fim_middle|>`.
+fn fim_model() -> (tempfile::TempDir, [u32; 3]) {
+    let dir = model_with_template("tool_calling.jinja");
+    let path = dir.path().join("tokenizer.json");
+    let mut json: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("the tokenizer")).expect("JSON");
+    let ids = [505u32, 506, 507];
+    let names = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"];
+    let vocab = json["model"]["vocab"].as_object_mut().expect("a BPE vocabulary");
+    let mut freed = Vec::new();
+    for (id, name) in ids.iter().zip(names) {
+        let token = vocab.iter().find(|(_, v)| v.as_u64() == Some(u64::from(*id))).map(|(t, _)| t.clone());
+        let token = token.unwrap_or_else(|| panic!("the fixture's vocabulary has no id {id}"));
+        vocab.remove(&token);
+        vocab.insert(name.to_string(), json!(id));
+        freed.push(token);
+    }
+    let merges = json["model"]["merges"].as_array_mut().expect("merges");
+    merges.retain(|m| {
+        let joined: String = m.as_array().map(|p| p.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
+        !freed.contains(&joined)
+    });
+    let added = json["added_tokens"].as_array_mut().expect("added tokens");
+    for (id, name) in ids.iter().zip(names) {
+        added.push(json!({"id": id, "content": name, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}));
+    }
+    std::fs::write(&path, json.to_string()).expect("writing the tokenizer");
+    (dir, ids)
+}
+
+#[test]
+fn a_suffix_asks_for_the_middle_with_the_vocabulary_s_fim_tokens_in_both_apis() {
+    let (dir, [prefix_id, suffix_id, middle_id]) = fim_model();
+    let codec = slotstream::tokenizer::TextCodec::load(dir.path(), &[]).expect("the tokenizer loads");
+    let (prefix, suffix) = ("def add(a, b):\n    return ", "\n\nprint(add(2, 3))\n");
+    let mut want = vec![prefix_id];
+    want.extend(codec.encode(prefix, false).expect("encodes"));
+    want.push(suffix_id);
+    want.extend(codec.encode(suffix, false).expect("encodes"));
+    want.push(middle_id);
+    let inner = &want[1..want.len() - 1];
+    assert!(want.len() > 8 && !inner.contains(&prefix_id) && !inner.contains(&middle_id), "{want:?}");
+
+    let s = start(dir.path());
+    let show = s.json("/api/show", &json!({"model": MODEL}));
+    assert!(show["capabilities"].as_array().is_some_and(|c| c.contains(&json!("insert"))), "{show}");
+    let v = s.json("/api/generate", &json!({"model": MODEL, "prompt": prefix, "suffix": suffix, "stream": false,
+        "options": {"temperature": 0, "num_predict": 6}}));
+    let context: Vec<u32> = serde_json::from_value(v["context"].clone()).expect("the context ids");
+    assert_eq!(context[..want.len()], want[..], "prefix, then suffix, then the middle is asked for: {v}");
+    let generated = v["eval_count"].as_u64().expect("eval_count");
+    assert!(generated > 0 && context.len() > want.len(), "{v}");
+    assert_eq!(v["prompt_eval_count"], want.len(), "{v}");
+    assert!(v["response"].is_string(), "{v}");
+
+    let v = s.json("/v1/completions", &json!({"model": MODEL, "prompt": prefix, "suffix": suffix, "max_tokens": 6, "temperature": 0}));
+    assert_eq!(v["usage"]["prompt_tokens"], want.len(), "{v}");
+    assert!(v["usage"]["completion_tokens"].as_u64().is_some_and(|n| n > 0), "{v}");
+    let text = v["choices"][0]["text"].as_str().expect("the completion's text");
+    // The same greedy middle from both APIs.
+    let ollama = s.json("/api/generate", &json!({"model": MODEL, "prompt": prefix, "suffix": suffix, "stream": false,
+        "options": {"temperature": 0, "num_predict": 6}}));
+    assert_eq!(ollama["response"].as_str(), Some(text), "{v}\n{ollama}");
+}
