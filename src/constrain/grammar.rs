@@ -118,28 +118,26 @@ fn call_schema(tools: &[ToolSpec]) -> Result<Value> {
     }
 }
 
-/// The Lark grammar for `spec`, and the text that must be generated before
-/// it applies (`None`: from the first token).
-pub fn lark(spec: &ConstraintSpec) -> Result<(String, Option<String>)> {
-    let json_rule = |schema: &Value| -> Result<String> { Ok(format!("%json {}", styled(schema)?)) };
-    match spec {
-        ConstraintSpec::JsonObject => Ok((format!("start: {}\n", json_rule(&json!({"type": "object"}))?), None)),
-        ConstraintSpec::JsonSchema(schema) => Ok((format!("start: {}\n", json_rule(schema)?), None)),
-        ConstraintSpec::ToolCalls { tools, forced, parallel, form } => {
-            let open = lark_string(&format!("{TOOL_CALL_OPEN}\n"));
-            let close = lark_string(&format!("\n{TOOL_CALL_CLOSE}"));
-            // Triggered, the opening tag is already there when the grammar starts.
-            let first = if *forced { format!("{open} call {close}") } else { format!("\"\\n\" call {close}") };
-            let more = if *parallel { format!(" (\"\\n\" {open} call {close})*") } else { String::new() };
-            let calls = match form {
-                ToolCallForm::Json => format!("call: {}\n", json_rule(&call_schema(tools)?)?),
-                ToolCallForm::XmlParameters => super::xml_calls::lark_calls(tools)?,
-            };
-            let grammar = format!("start: {first}{more}\n{calls}");
-            let trigger = (!forced).then(|| TOOL_CALL_OPEN.to_string());
-            Ok((grammar, trigger))
-        }
-    }
+/// A rule's body for JSON following `schema`.
+pub(super) fn json_rule(schema: &Value) -> Result<String> {
+    Ok(format!("%json {}", styled(schema)?))
+}
+
+/// The `call` rule for calls of `tools` in the Hermes / Qwen JSON form.
+pub(super) fn json_calls(tools: &[ToolSpec]) -> Result<String> {
+    Ok(format!("call: {}\n", json_rule(&call_schema(tools)?)?))
+}
+
+/// The grammar of tool calls between their tags around `calls` (the `call`
+/// rule in the template's form), and its trigger.
+pub(super) fn tool_calls(calls: &str, forced: bool, parallel: bool) -> (String, Option<String>) {
+    let open = lark_string(&format!("{TOOL_CALL_OPEN}\n"));
+    let close = lark_string(&format!("\n{TOOL_CALL_CLOSE}"));
+    // Triggered, the opening tag is already there when the grammar starts.
+    let first = if forced { format!("{open} call {close}") } else { format!("\"\\n\" call {close}") };
+    let more = if parallel { format!(" (\"\\n\" {open} call {close})*") } else { String::new() };
+    let trigger = (!forced).then(|| TOOL_CALL_OPEN.to_string());
+    (format!("start: {first}{more}\n{calls}"), trigger)
 }
 
 /// A Lark string literal (JSON's escaping is a subset Lark reads).

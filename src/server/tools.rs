@@ -408,6 +408,10 @@ mod tests {
             let splitter = ToolCallSplitter::new(Some(ToolCallForm::XmlParameters), &tools.wire);
             assert_eq!(split_with(splitter, &refs), want, "pieces of {size} characters");
         }
+        // A call the length cut short stays text.
+        let cut = "<tool_call>\n<function=add>\n<parameter=a>\n2\n</param";
+        let splitter = ToolCallSplitter::new(Some(ToolCallForm::XmlParameters), &tools.wire);
+        assert_eq!(split_with(splitter, &[cut]), vec![Part::Text(cut.into())]);
         // The JSON form does not read XML calls.
         let json_form = split_with(ToolCallSplitter::new(Some(ToolCallForm::Json), &tools.wire), &[&text]);
         assert!(json_form.iter().all(|p| matches!(p, Part::Text(_))), "{json_form:?}");
