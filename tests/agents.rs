@@ -273,6 +273,7 @@ fn coder_tools() -> Value {
                 "path": {"type": "string", "maxLength": 10},
                 "mode": {"type": "integer", "minimum": 0, "maximum": 777},
                 "unit": {"enum": ["bytes", "lines"]},
+                "ext": {"type": "string", "pattern": "^(txt|md)$"},
                 "append": {"type": "boolean"},
                 "tags": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99}, "maxItems": 2}},
                 "required": ["path", "mode"]}}},
@@ -293,6 +294,7 @@ fn check_coder_arguments(name: &str, args: &Value) {
                 match key.as_str() {
                     "path" | "mode" => {}
                     "unit" => assert!(value == "bytes" || value == "lines", "{args}"),
+                    "ext" => assert!(value == "txt" || value == "md", "{args}"),
                     "append" => assert!(value.is_boolean(), "{args}"),
                     "tags" => assert!(value.as_array().is_some_and(|t| t.len() <= 2 && t.iter().all(Value::is_i64)), "{args}"),
                     other => panic!("write_file has no parameter {other}: {args}"),

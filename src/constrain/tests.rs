@@ -178,9 +178,10 @@ fn coder_tools() -> Vec<ToolSpec> {
             parameters: json!({"type": "object", "properties": {
                 "path": {"type": "string", "maxLength": 8},
                 "mode": {"type": "integer", "minimum": 0, "maximum": 777},
+                "code": {"type": "string", "pattern": "^[a-c]{2}/[0-9]$"},
                 "unit": {"enum": ["bytes", "lines"]},
                 "flags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 2}},
-                "required": ["path", "mode"]}),
+                "required": ["path", "mode", "code"]}),
         },
         ToolSpec { name: "ping".into(), parameters: json!({"type": "object", "properties": {}}) },
     ]
@@ -198,6 +199,11 @@ fn check_coder_call(body: &str) -> String {
         match key {
             "path" => assert!(value.chars().count() <= 8, "{body:?}"),
             "mode" => assert!(value.parse::<i64>().is_ok_and(|m| (0..=777).contains(&m)), "{body:?}"),
+            "code" => {
+                let c: Vec<char> = value.chars().collect();
+                let ok = c.len() == 4 && c[..2].iter().all(|x| ('a'..='c').contains(x)) && c[2] == '/' && c[3].is_ascii_digit();
+                assert!(ok, "the pattern holds: {body:?}");
+            }
             "unit" => assert!(value == "bytes" || value == "lines", "{body:?}"),
             "flags" => assert!(serde_json::from_str::<Vec<bool>>(value).is_ok_and(|f| f.len() <= 2), "{body:?}"),
             other => panic!("undeclared parameter {other}: {body:?}"),
@@ -207,7 +213,7 @@ fn check_coder_call(body: &str) -> String {
     }
     assert!(rest.is_empty(), "{body:?}");
     if name == "write_file" {
-        assert!(seen.starts_with(&["path".to_string(), "mode".to_string()]), "required parameters first, in order: {body:?}");
+        assert!(seen.starts_with(&["path".to_string(), "mode".to_string(), "code".to_string()]), "required parameters, in order: {body:?}");
     } else {
         assert_eq!((name, seen.len()), ("ping", 0), "{body:?}");
     }
@@ -248,4 +254,14 @@ fn an_xml_text_value_cannot_close_the_call_early() {
     let spec = ConstraintSpec::ToolCalls { tools: vec![tag], forced: true, parallel: false, form: ToolCallForm::XmlParameters };
     let error = grammars.constraint(&spec).err().expect("a name with '>' is refused");
     assert!(error.to_string().contains("the tool name 'a>b' cannot be written"), "{error}");
+}
+
+#[test]
+fn a_string_pattern_becomes_a_regex_over_the_whole_value() {
+    use super::xml_calls::whole_text_regex;
+    assert_eq!(whole_text_regex("^a/b$"), "(?:a\\/b)");
+    assert_eq!(whole_text_regex("ab"), "(?s:.*)(?:ab)(?s:.*)");
+    assert_eq!(whole_text_regex("^x\\$"), "(?:x\\$)(?s:.*)", "an escaped $ is a dollar sign");
+    assert_eq!(whole_text_regex("^x\\\\$"), "(?:x\\\\)", "after an escaped backslash, $ anchors");
+    assert_eq!(whole_text_regex("a\\/b"), "(?s:.*)(?:a\\/b)(?s:.*)", "an escaped slash stays as it is");
 }

@@ -113,10 +113,14 @@ pub fn lark_calls(tools: &[ToolSpec]) -> Result<String> {
             let close = lark_string("\n</parameter>\n");
             let body = match ParameterText::of(&schema) {
                 kind @ (ParameterText::Text | ParameterText::TextOrJson) => {
-                    // `minLength` and `maxLength` bound a string's characters.
+                    // `minLength` and `maxLength` bound a string's characters; its `pattern` holds too.
                     let bound = |key: &str| schema.get(key).and_then(Value::as_u64).filter(|_| kind == ParameterText::Text);
                     let (min, max) = (bound("minLength").unwrap_or(0), bound("maxLength").map_or(String::new(), |m| m.to_string()));
-                    rules.push_str(&format!("TEXT_{t}_{p}: /(?s:.{{{min},{max}}})\\n<\\/parameter>/ & ~/(?s:.*)<\\/parameter>(?s:.)+/ & {NO_CALL_END}\n"));
+                    let pattern = match schema.get("pattern").and_then(Value::as_str).filter(|_| kind == ParameterText::Text) {
+                        Some(pattern) => format!(" & /{}\\n<\\/parameter>/", whole_text_regex(pattern)),
+                        None => String::new(),
+                    };
+                    rules.push_str(&format!("TEXT_{t}_{p}: /(?s:.{{{min},{max}}})\\n<\\/parameter>/{pattern} & ~/(?s:.*)<\\/parameter>(?s:.)+/ & {NO_CALL_END}\n"));
                     format!("{open} TEXT_{t}_{p} \"\\n\"")
                 }
                 ParameterText::OneOf(values) => {
@@ -146,4 +150,30 @@ fn check_tag_name(name: &str, what: &str) -> Result<()> {
         bail!("{what} cannot be written in this model's XML tool calls (<function=NAME>, <parameter=NAME>): a name there must be non-empty, without '>' or line breaks");
     }
     Ok(())
+}
+
+/// A JSON schema `pattern` (which matches anywhere in the text unless
+/// anchored with `^` or `$`) as a regex over the whole text, written for a
+/// Lark `/regex/` literal (`/` escaped).
+pub(super) fn whole_text_regex(pattern: &str) -> String {
+    let (start, rest) = match pattern.strip_prefix('^') {
+        Some(rest) => ("", rest),
+        None => ("(?s:.*)", pattern),
+    };
+    // A final `$` anchors unless a backslash escapes it (an odd number of them).
+    let trailing_backslashes = rest.strip_suffix('$').map(|r| r.len() - r.trim_end_matches('\\').len());
+    let (body, end) = match trailing_backslashes {
+        Some(n) if n % 2 == 0 => (&rest[..rest.len() - 1], ""),
+        _ => (rest, "(?s:.*)"),
+    };
+    let mut escaped = String::with_capacity(body.len());
+    let mut backslash = false;
+    for c in body.chars() {
+        if c == '/' && !backslash {
+            escaped.push('\\');
+        }
+        backslash = c == '\\' && !backslash;
+        escaped.push(c);
+    }
+    format!("{start}(?:{escaped}){end}")
 }
