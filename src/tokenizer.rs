@@ -195,9 +195,9 @@ impl TextCodec {
     }
 
     /// Whether the chat template renders `tools` (transformers' convention)
-    /// with calls in the Hermes / Qwen JSON form this server reads back.
+    /// with calls in a form this server reads back.
     pub fn template_supports_tools(&self) -> bool {
-        self.tool_call_form() == Some(ToolCallForm::Json)
+        self.tool_call_form().is_some()
     }
 
     /// How the chat template writes tool calls; `None` when it never reads `tools`.
@@ -423,7 +423,7 @@ mod tests {
         assert_eq!(codec.tool_call_form(), Some(ToolCallForm::Json));
         let (_dir, xml) = codec_with_template("{% if tools %}<tool_call>\n<function={{ tools[0].function.name }}>{% endif %}");
         assert_eq!(xml.tool_call_form(), Some(ToolCallForm::XmlParameters));
-        assert!(!xml.template_supports_tools());
+        assert!(xml.template_supports_tools());
         let (_dir, none) = codec_with_template("{{ messages[0].content }}");
         assert_eq!(none.tool_call_form(), None);
         // Without tools the template leaves the system turn out.

@@ -20,14 +20,20 @@ fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
 }
 
-/// The fixture model's files with the tool-calling template beside them.
+/// The fixture model's files with the (Hermes-style) tool-calling template beside them.
 fn tool_model() -> tempfile::TempDir {
+    model_with_template("tool_calling.jinja")
+}
+
+/// The fixture model's files with `template` (in `tests/templates`) as its chat template.
+fn model_with_template(template: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("a scratch folder");
     for entry in std::fs::read_dir(fixture(MODEL)).expect("the fixture") {
         let path = entry.expect("a fixture file").path();
         std::fs::copy(&path, dir.path().join(path.file_name().expect("a name"))).expect("copying a fixture file");
     }
-    std::fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/templates/tool_calling.jinja"), dir.path().join("chat_template.jinja")).expect("the template");
+    std::fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/templates").join(template), dir.path().join("chat_template.jinja"))
+        .expect("the template");
     dir
 }
 
@@ -256,4 +262,186 @@ fn bad_tools_schemas_and_results_get_400_naming_the_field() {
     assert!(e.contains("does not support insert"), "{e}");
     let e = plain.error("/v1/completions", &json!({"model": MODEL, "prompt": [1, 2], "suffix": "):"}));
     assert!(e.contains("'suffix' needs 'prompt' as text"), "{e}");
+}
+
+/// Tools for the Qwen3-Coder-style template: a string, an integer, an enum,
+/// a boolean and an array, each read back by its type.
+fn coder_tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "write_file", "description": "Writes a file",
+            "parameters": {"type": "object", "properties": {
+                "path": {"type": "string", "maxLength": 10},
+                "mode": {"type": "integer", "minimum": 0, "maximum": 777},
+                "unit": {"enum": ["bytes", "lines"]},
+                "ext": {"type": "string", "pattern": "^(txt|md)$"},
+                "append": {"type": "boolean"},
+                "tags": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99}, "maxItems": 2}},
+                "required": ["path", "mode"]}}},
+        {"type": "function", "function": {"name": "add", "description": "Adds",
+            "parameters": {"type": "object", "properties": {"a": {"type": "integer", "minimum": -1000, "maximum": 1000},
+                "b": {"type": "integer", "minimum": -1000, "maximum": 1000}}, "required": ["a", "b"]}}},
+    ])
+}
+
+/// Checks a call's arguments against `coder_tools`: the right JSON type for each.
+fn check_coder_arguments(name: &str, args: &Value) {
+    let obj = args.as_object().unwrap_or_else(|| panic!("{name}: arguments {args} are not an object"));
+    match name {
+        "write_file" => {
+            assert!(args["path"].as_str().is_some_and(|p| p.chars().count() <= 10), "path is a string: {args}");
+            assert!(args["mode"].as_i64().is_some_and(|m| (0..=777).contains(&m)), "mode is an integer: {args}");
+            for (key, value) in obj {
+                match key.as_str() {
+                    "path" | "mode" => {}
+                    "unit" => assert!(value == "bytes" || value == "lines", "{args}"),
+                    "ext" => assert!(value == "txt" || value == "md", "{args}"),
+                    "append" => assert!(value.is_boolean(), "{args}"),
+                    "tags" => assert!(value.as_array().is_some_and(|t| t.len() <= 2 && t.iter().all(Value::is_i64)), "{args}"),
+                    other => panic!("write_file has no parameter {other}: {args}"),
+                }
+            }
+        }
+        "add" => assert!(args["a"].is_i64() && args["b"].is_i64() && obj.len() == 2, "{args}"),
+        other => panic!("the model called {other}, which is not a tool"),
+    }
+}
+
+#[test]
+fn xml_tool_calls_of_a_qwen3_coder_style_template_parse_into_typed_arguments() {
+    let dir = model_with_template("xml_tool_calling.jinja");
+    let s = start(dir.path());
+    let show = s.json("/api/show", &json!({"model": MODEL}));
+    assert!(show["capabilities"].as_array().is_some_and(|c| c.contains(&json!("tools"))), "{show}");
+
+    for (seed, choice) in [(1, json!("required")), (2, json!("required")), (3, json!({"type": "function", "function": {"name": "write_file"}}))] {
+        let body = json!({"model": MODEL, "messages": user("Save it"), "tools": coder_tools(), "tool_choice": choice,
+                          "max_tokens": 400, "seed": seed, "temperature": 1.0});
+        let v = s.json("/v1/chat/completions", &body);
+        let choice0 = &v["choices"][0];
+        assert_eq!(choice0["finish_reason"], "tool_calls", "{v}");
+        let calls = choice0["message"]["tool_calls"].as_array().expect("tool_calls");
+        assert!(!calls.is_empty(), "{v}");
+        for call in calls {
+            let name = call["function"]["name"].as_str().expect("a name");
+            if body["tool_choice"].is_object() {
+                assert_eq!(name, "write_file");
+            }
+            let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().expect("arguments as a string"))
+                .expect("arguments parse");
+            check_coder_arguments(name, &args);
+        }
+        assert!(!choice0["message"]["content"].as_str().unwrap_or_default().contains("<function="), "the call is not left in the text: {v}");
+    }
+
+    // Streamed: one delta carrying the whole call.
+    let body = json!({"model": MODEL, "messages": user("Save it"), "tools": coder_tools(), "tool_choice": "required",
+                      "parallel_tool_calls": false, "max_tokens": 400, "stream": true});
+    let (status, text) = s.post("/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{text}");
+    let chunks: Vec<Value> =
+        text.lines().filter_map(|l| l.strip_prefix("data: ")).filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).expect("a chunk")).collect();
+    let deltas: Vec<&Value> = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array()).flatten().collect();
+    assert_eq!(deltas.len(), 1, "{text}");
+    let name = deltas[0]["function"]["name"].as_str().expect("a name");
+    let streamed_args = deltas[0]["function"]["arguments"].as_str().expect("arguments");
+    check_coder_arguments(name, &serde_json::from_str(streamed_args).expect("JSON"));
+    let last = chunks.iter().rev().find(|c| !c["choices"][0]["finish_reason"].is_null()).expect("a final chunk");
+    assert_eq!(last["choices"][0]["finish_reason"], "tool_calls");
+
+    // The call and its result go back through the template, in both APIs.
+    let id = deltas[0]["id"].as_str().expect("an id");
+    let history = json!([
+        {"role": "user", "content": "Save it"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": name, "arguments": streamed_args}}]},
+        {"role": "tool", "tool_call_id": id, "content": "done"},
+    ]);
+    let v = s.json("/v1/chat/completions", &json!({"model": MODEL, "messages": history, "tools": coder_tools(), "max_tokens": 4}));
+    assert!(v["usage"]["prompt_tokens"].as_u64().is_some_and(|n| n > 100), "{v}");
+    let history = json!([
+        {"role": "user", "content": "Save it"},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "write_file", "arguments": {"path": "a <b>.txt", "mode": 644}}}]},
+        {"role": "tool", "tool_name": "write_file", "content": "done"},
+    ]);
+    for stream in [false, true] {
+        let body = json!({"model": MODEL, "messages": history, "tools": coder_tools(), "stream": stream,
+                          "options": {"temperature": 0, "num_predict": 16}});
+        let (status, text) = s.post("/api/chat", &body);
+        assert_eq!(status, 200, "{text}");
+        let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}"))).collect();
+        assert_eq!(lines.last().map(|l| l["done"].clone()), Some(json!(true)), "{text}");
+        for call in lines.iter().filter_map(|l| l["message"]["tool_calls"].as_array()).flatten() {
+            check_coder_arguments(call["function"]["name"].as_str().expect("a name"), &call["function"]["arguments"]);
+        }
+    }
+
+    // A name the XML form cannot write inside its tag is refused, naming the field.
+    let bad = json!([{"type": "function", "function": {"name": "a>b", "parameters": {"type": "object", "properties": {}}}}]);
+    let e = s.error("/v1/chat/completions", &json!({"model": MODEL, "messages": user("x"), "tools": bad, "tool_choice": "required"}));
+    assert!(e.contains("'tools' cannot be compiled") && e.contains("'a>b'"), "{e}");
+}
+
+/// The fixture model with Qwen's fill-in-the-middle tokens in its
+/// vocabulary: three of its last BPE tokens (and the merges that made them)
+/// give their ids to `<|fim_prefix|>`, `<|fim_suffix|>` and `<|fim_middle|>`.
+fn fim_model() -> (tempfile::TempDir, [u32; 3]) {
+    let dir = model_with_template("tool_calling.jinja");
+    let path = dir.path().join("tokenizer.json");
+    let mut json: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("the tokenizer")).expect("JSON");
+    let ids = [505u32, 506, 507];
+    let names = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"];
+    let vocab = json["model"]["vocab"].as_object_mut().expect("a BPE vocabulary");
+    let mut freed = Vec::new();
+    for (id, name) in ids.iter().zip(names) {
+        let token = vocab.iter().find(|(_, v)| v.as_u64() == Some(u64::from(*id))).map(|(t, _)| t.clone());
+        let token = token.unwrap_or_else(|| panic!("the fixture's vocabulary has no id {id}"));
+        vocab.remove(&token);
+        vocab.insert(name.to_string(), json!(id));
+        freed.push(token);
+    }
+    let merges = json["model"]["merges"].as_array_mut().expect("merges");
+    merges.retain(|m| {
+        let joined: String = m.as_array().map(|p| p.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
+        !freed.contains(&joined)
+    });
+    let added = json["added_tokens"].as_array_mut().expect("added tokens");
+    for (id, name) in ids.iter().zip(names) {
+        added.push(json!({"id": id, "content": name, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}));
+    }
+    std::fs::write(&path, json.to_string()).expect("writing the tokenizer");
+    (dir, ids)
+}
+
+#[test]
+fn a_suffix_asks_for_the_middle_with_the_vocabulary_s_fim_tokens_in_both_apis() {
+    let (dir, [prefix_id, suffix_id, middle_id]) = fim_model();
+    let codec = slotstream::tokenizer::TextCodec::load(dir.path(), &[]).expect("the tokenizer loads");
+    let (prefix, suffix) = ("def add(a, b):\n    return ", "\n\nprint(add(2, 3))\n");
+    let mut want = vec![prefix_id];
+    want.extend(codec.encode(prefix, false).expect("encodes"));
+    want.push(suffix_id);
+    want.extend(codec.encode(suffix, false).expect("encodes"));
+    want.push(middle_id);
+    let inner = &want[1..want.len() - 1];
+    assert!(want.len() > 8 && !inner.contains(&prefix_id) && !inner.contains(&middle_id), "{want:?}");
+
+    let s = start(dir.path());
+    let show = s.json("/api/show", &json!({"model": MODEL}));
+    assert!(show["capabilities"].as_array().is_some_and(|c| c.contains(&json!("insert"))), "{show}");
+    let v = s.json("/api/generate", &json!({"model": MODEL, "prompt": prefix, "suffix": suffix, "stream": false,
+        "options": {"temperature": 0, "num_predict": 6}}));
+    let context: Vec<u32> = serde_json::from_value(v["context"].clone()).expect("the context ids");
+    assert_eq!(context[..want.len()], want[..], "prefix, then suffix, then the middle is asked for: {v}");
+    let generated = v["eval_count"].as_u64().expect("eval_count");
+    assert!(generated > 0 && context.len() > want.len(), "{v}");
+    assert_eq!(v["prompt_eval_count"], want.len(), "{v}");
+    assert!(v["response"].is_string(), "{v}");
+
+    let v = s.json("/v1/completions", &json!({"model": MODEL, "prompt": prefix, "suffix": suffix, "max_tokens": 6, "temperature": 0}));
+    assert_eq!(v["usage"]["prompt_tokens"], want.len(), "{v}");
+    assert!(v["usage"]["completion_tokens"].as_u64().is_some_and(|n| n > 0), "{v}");
+    let text = v["choices"][0]["text"].as_str().expect("the completion's text");
+    // The same greedy middle from both APIs.
+    let ollama = s.json("/api/generate", &json!({"model": MODEL, "prompt": prefix, "suffix": suffix, "stream": false,
+        "options": {"temperature": 0, "num_predict": 6}}));
+    assert_eq!(ollama["response"].as_str(), Some(text), "{v}\n{ollama}");
 }

@@ -414,3 +414,77 @@ fn a_pull_in_progress_blocks_no_generation_and_runs_once_per_repository() {
     assert!(t.elapsed() < Duration::from_secs(30), "the pull took {:?}", t.elapsed());
     assert!(s.listed().0.contains(&"org/name".to_string()));
 }
+
+#[test]
+fn a_pull_whose_client_leaves_stops_and_the_next_pull_resumes_it() {
+    let files = repo_files(NEXT);
+    let weights = files.iter().find(|f| f.path == "model.safetensors").map(|f| f.content.len() as u64).expect("the weights");
+    let hub = pull_support::HubServer::start(files);
+    hub.faults().bytes_per_second = Some(30_000);
+    let scratch = tempfile::tempdir().expect("a scratch folder");
+    let cache = scratch.path().join("hub");
+    let mut options = common::server_options(4096, 4);
+    options.pulls = Some(PullSource {
+        cache_root: cache.clone(),
+        endpoint: hub.endpoint(),
+        token: Some(pull_support::TOKEN.to_string()),
+        network: NetworkSettings {
+            stall_timeout: Duration::from_secs(2),
+            max_attempts: 3,
+            first_backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(50),
+            connect_timeout: Duration::from_secs(2),
+        },
+        transfer: TransferSettings { connections: 2, chunk_bytes: 65536, checkpoint_bytes: 16384 },
+    });
+    let s = start(options, Some(cache), false);
+
+    // A client that reads until the weights are arriving, then leaves.
+    let mut client = TcpStream::connect(s.addr).expect("connecting");
+    client.set_read_timeout(Some(Duration::from_secs(30))).expect("a timeout");
+    let body = json!({"model": "org/name"}).to_string();
+    let head = format!(
+        "POST /api/pull HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        s.addr,
+        body.len()
+    );
+    client.write_all(head.as_bytes()).and_then(|()| client.write_all(body.as_bytes())).expect("sending");
+    let mut seen = String::new();
+    let mut buf = [0u8; 4096];
+    while seen.matches("\"downloading model.safetensors\"").count() < 4 {
+        let n = client.read(&mut buf).expect("progress lines");
+        assert!(n > 0, "the pull ended before the client left: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    assert!(!seen.contains("success"), "the throttled pull finished too soon: {seen}");
+    drop(client);
+
+    // The download stops within a read or two: no range is asked for after
+    // that. (The hub's log counts the bytes of requests made since it was
+    // last taken; the throttled pull would make a new one every two seconds
+    // on each connection.)
+    std::thread::sleep(Duration::from_secs(3));
+    let _ = hub.take_log();
+    std::thread::sleep(Duration::from_secs(3));
+    let sent: u64 = hub.take_log().content_bytes.values().sum();
+    assert_eq!(sent, 0, "the pull went on after its client left: the hub sent {sent} bytes of new ranges");
+
+    // The model is not held as being pulled, and a new pull resumes from the bytes the first one kept.
+    hub.faults().bytes_per_second = None;
+    let _ = hub.take_log();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (status, text) = s.send("POST", "/api/pull", &json!({"model": "org/name", "stream": false}));
+        if status != 409 {
+            assert_eq!(status, 200, "{text}");
+            assert_eq!(serde_json::from_str::<Value>(&text).ok(), Some(json!({"status": "success"})), "{text}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "a new pull is still refused as one in progress: {text}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let fetched = hub.take_log().content_bytes.get("model.safetensors").copied().unwrap_or(0);
+    assert!(fetched < weights, "the second pull fetched {fetched} of the weights' {weights} bytes: the first pull's were not kept");
+    assert!(s.listed().0.contains(&"org/name".to_string()));
+    assert_eq!(s.answer("org/name", json!({})), s.answer(NEXT, json!({})));
+}

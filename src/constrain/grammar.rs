@@ -4,6 +4,8 @@
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
+pub use crate::tokenizer::ToolCallForm;
+
 /// Opens a tool call in the Hermes / Qwen chat format.
 pub const TOOL_CALL_OPEN: &str = "<tool_call>";
 /// Closes it.
@@ -23,12 +25,27 @@ pub enum ConstraintSpec {
     JsonObject,
     /// A JSON value that validates against this schema.
     JsonSchema(Value),
-    /// Calls of `tools` in the Hermes / Qwen format
-    /// (`<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`).
+    /// Calls of `tools` between `<tool_call>` tags, written in `form`: the
+    /// Hermes / Qwen JSON (`<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`)
+    /// or Qwen3-Coder's XML (`<tool_call>\n<function=NAME>\n<parameter=P>\nvalue\n</parameter>\n</function>\n</tool_call>`).
     /// `forced`: the output starts with a call; otherwise it is free until the
     /// model opens one, and from there the call must parse. `parallel`: more
     /// calls may follow the first.
-    ToolCalls { tools: Vec<ToolSpec>, forced: bool, parallel: bool },
+    ToolCalls { tools: Vec<ToolSpec>, forced: bool, parallel: bool, form: ToolCallForm },
+}
+
+impl ConstraintSpec {
+    /// This constraint with its tool calls written in the form the model's
+    /// chat template uses (`None`: the template has no tool calls, and the
+    /// request is refused before any grammar is built).
+    pub fn in_form(&self, template_form: Option<ToolCallForm>) -> ConstraintSpec {
+        match (self, template_form) {
+            (ConstraintSpec::ToolCalls { tools, forced, parallel, .. }, Some(form)) => {
+                ConstraintSpec::ToolCalls { tools: tools.clone(), forced: *forced, parallel: *parallel, form }
+            }
+            _ => self.clone(),
+        }
+    }
 }
 
 /// How JSON is written: compact separators as Python's `json.dumps` writes
@@ -39,7 +56,7 @@ fn json_style() -> Value {
 }
 
 /// The schema with the JSON style attached.
-fn styled(schema: &Value) -> Result<Value> {
+pub(super) fn styled(schema: &Value) -> Result<Value> {
     let mut schema = match schema {
         Value::Bool(true) => json!({}),
         Value::Object(_) => schema.clone(),
@@ -57,7 +74,7 @@ fn styled(schema: &Value) -> Result<Value> {
 /// still validates against the tool's own schema; it just never invents
 /// arguments the function would not take (which a small model otherwise
 /// does, until its tokens run out).
-fn declared_only(schema: &mut Value) {
+pub(super) fn declared_only(schema: &mut Value) {
     match schema {
         Value::Object(obj) => {
             let open = obj.contains_key("properties")
@@ -101,27 +118,29 @@ fn call_schema(tools: &[ToolSpec]) -> Result<Value> {
     }
 }
 
-/// The Lark grammar for `spec`, and the text that must be generated before
-/// it applies (`None`: from the first token).
-pub fn lark(spec: &ConstraintSpec) -> Result<(String, Option<String>)> {
-    let json_rule = |schema: &Value| -> Result<String> { Ok(format!("%json {}", styled(schema)?)) };
-    match spec {
-        ConstraintSpec::JsonObject => Ok((format!("start: {}\n", json_rule(&json!({"type": "object"}))?), None)),
-        ConstraintSpec::JsonSchema(schema) => Ok((format!("start: {}\n", json_rule(schema)?), None)),
-        ConstraintSpec::ToolCalls { tools, forced, parallel } => {
-            let open = lark_string(&format!("{TOOL_CALL_OPEN}\n"));
-            let close = lark_string(&format!("\n{TOOL_CALL_CLOSE}"));
-            // Triggered, the opening tag is already there when the grammar starts.
-            let first = if *forced { format!("{open} call {close}") } else { format!("\"\\n\" call {close}") };
-            let more = if *parallel { format!(" (\"\\n\" {open} call {close})*") } else { String::new() };
-            let grammar = format!("start: {first}{more}\ncall: {}\n", json_rule(&call_schema(tools)?)?);
-            let trigger = (!forced).then(|| TOOL_CALL_OPEN.to_string());
-            Ok((grammar, trigger))
-        }
-    }
+/// A rule's body for JSON following `schema`.
+pub(super) fn json_rule(schema: &Value) -> Result<String> {
+    Ok(format!("%json {}", styled(schema)?))
+}
+
+/// The `call` rule for calls of `tools` in the Hermes / Qwen JSON form.
+pub(super) fn json_calls(tools: &[ToolSpec]) -> Result<String> {
+    Ok(format!("call: {}\n", json_rule(&call_schema(tools)?)?))
+}
+
+/// The grammar of tool calls between their tags around `calls` (the `call`
+/// rule in the template's form), and its trigger.
+pub(super) fn tool_calls(calls: &str, forced: bool, parallel: bool) -> (String, Option<String>) {
+    let open = lark_string(&format!("{TOOL_CALL_OPEN}\n"));
+    let close = lark_string(&format!("\n{TOOL_CALL_CLOSE}"));
+    // Triggered, the opening tag is already there when the grammar starts.
+    let first = if forced { format!("{open} call {close}") } else { format!("\"\\n\" call {close}") };
+    let more = if parallel { format!(" (\"\\n\" {open} call {close})*") } else { String::new() };
+    let trigger = (!forced).then(|| TOOL_CALL_OPEN.to_string());
+    (format!("start: {first}{more}\n{calls}"), trigger)
 }
 
 /// A Lark string literal (JSON's escaping is a subset Lark reads).
-fn lark_string(s: &str) -> String {
+pub(super) fn lark_string(s: &str) -> String {
     Value::String(s.to_string()).to_string()
 }

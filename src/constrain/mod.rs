@@ -17,6 +17,7 @@
 //! that answers in prose instead pays nothing but a byte comparison.
 
 mod grammar;
+mod xml_calls;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -26,7 +27,8 @@ use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
 use llguidance::{Matcher, ParserFactory};
 
-pub use grammar::{ConstraintSpec, ToolSpec, TOOL_CALL_CLOSE, TOOL_CALL_OPEN};
+pub use grammar::{ConstraintSpec, ToolCallForm, ToolSpec, TOOL_CALL_CLOSE, TOOL_CALL_OPEN};
+pub use xml_calls::{declared_parameters, ParameterText};
 
 use crate::generate::TokenConstraint;
 use crate::model_files;
@@ -80,7 +82,7 @@ impl Grammars {
     /// A constraint following `spec`; a schema or tool list the engine cannot
     /// compile is an error that says why (the caller answers 400).
     pub fn constraint(&self, spec: &ConstraintSpec) -> Result<GrammarConstraint> {
-        let (lark, trigger) = grammar::lark(spec)?;
+        let (lark, trigger) = lark(spec)?;
         let parser = self
             .factory
             .create_parser(TopLevelGrammar::from_lark(lark))
@@ -90,6 +92,22 @@ impl Grammars {
             bail!("{}", first_line(&e));
         }
         Ok(GrammarConstraint { matcher, trie: self.trie.clone(), trigger: trigger.map(Trigger::new) })
+    }
+}
+
+/// The Lark grammar for `spec`, and the text that must be generated before
+/// it applies (`None`: from the first token).
+fn lark(spec: &ConstraintSpec) -> Result<(String, Option<String>)> {
+    match spec {
+        ConstraintSpec::JsonObject => Ok((format!("start: {}\n", grammar::json_rule(&serde_json::json!({"type": "object"}))?), None)),
+        ConstraintSpec::JsonSchema(schema) => Ok((format!("start: {}\n", grammar::json_rule(schema)?), None)),
+        ConstraintSpec::ToolCalls { tools, forced, parallel, form } => {
+            let calls = match form {
+                ToolCallForm::Json => grammar::json_calls(tools)?,
+                ToolCallForm::XmlParameters => xml_calls::lark_calls(tools)?,
+            };
+            Ok(grammar::tool_calls(&calls, *forced, *parallel))
+        }
     }
 }
 

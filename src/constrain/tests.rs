@@ -99,7 +99,7 @@ fn parse_calls(text: &str) -> Vec<Value> {
 #[test]
 fn a_forced_tool_call_parses_and_names_a_tool() {
     let grammars = fixture_grammars();
-    let spec = ConstraintSpec::ToolCalls { tools: weather_tools(), forced: true, parallel: false };
+    let spec = ConstraintSpec::ToolCalls { tools: weather_tools(), forced: true, parallel: false, form: ToolCallForm::Json };
     for seed in 0..6 {
         let mut c = grammars.constraint(&spec).expect("the tools compile");
         let text = generate(&grammars, &mut c, "", seed);
@@ -116,7 +116,7 @@ fn a_forced_tool_call_parses_and_names_a_tool() {
 #[test]
 fn a_call_opened_after_free_text_is_constrained_from_the_tag_on() {
     let grammars = fixture_grammars();
-    let spec = ConstraintSpec::ToolCalls { tools: weather_tools(), forced: false, parallel: true };
+    let spec = ConstraintSpec::ToolCalls { tools: weather_tools(), forced: false, parallel: true, form: ToolCallForm::Json };
     let mut c = grammars.constraint(&spec).expect("the tools compile");
     // Before the tag nothing is masked.
     let mut logits = vec![1.0f32; 512];
@@ -139,6 +139,7 @@ fn schemas_the_engine_cannot_compile_are_refused_with_a_reason() {
         tools: vec![ToolSpec { name: "f".into(), parameters: json!("string") }],
         forced: true,
         parallel: false,
+        form: ToolCallForm::Json,
     };
     let error = grammars.constraint(&bad_tool).err().expect("refused");
     assert!(error.to_string().contains("parameters of tool 'f' are not a JSON schema"), "{error}");
@@ -149,7 +150,7 @@ fn tool_arguments_carry_only_declared_parameters() {
     let grammars = fixture_grammars();
     // No additionalProperties: the call may still only use `a`.
     let open = json!({"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"]});
-    let spec = ConstraintSpec::ToolCalls { tools: vec![ToolSpec { name: "f".into(), parameters: open }], forced: true, parallel: false };
+    let spec = ConstraintSpec::ToolCalls { tools: vec![ToolSpec { name: "f".into(), parameters: open }], forced: true, parallel: false, form: ToolCallForm::Json };
     for seed in 0..4 {
         let mut c = grammars.constraint(&spec).expect("compiles");
         let text = generate(&grammars, &mut c, "", seed);
@@ -167,4 +168,100 @@ fn the_trigger_is_found_across_token_boundaries() {
     assert_eq!(t.push(b"ll>\n{"), Some(b"\n{".to_vec()));
     let mut t = Trigger::new("<tool_call>".into());
     assert_eq!(t.push(b"<tool_call>"), Some(Vec::new()));
+}
+
+/// Tools whose parameters cover each way the XML form writes a value.
+fn coder_tools() -> Vec<ToolSpec> {
+    vec![
+        ToolSpec {
+            name: "write_file".into(),
+            parameters: json!({"type": "object", "properties": {
+                "path": {"type": "string", "maxLength": 8},
+                "mode": {"type": "integer", "minimum": 0, "maximum": 777},
+                "code": {"type": "string", "pattern": "^[a-c]{2}/[0-9]$"},
+                "unit": {"enum": ["bytes", "lines"]},
+                "flags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 2}},
+                "required": ["path", "mode", "code"]}),
+        },
+        ToolSpec { name: "ping".into(), parameters: json!({"type": "object", "properties": {}}) },
+    ]
+}
+
+/// Checks one call in the XML form against `coder_tools` and returns its function's name.
+fn check_coder_call(body: &str) -> String {
+    let body = body.strip_prefix('\n').and_then(|b| b.strip_suffix('\n')).unwrap_or_else(|| panic!("{body:?}"));
+    let (name, mut rest) = body.strip_prefix("<function=").and_then(|b| b.split_once(">\n")).unwrap_or_else(|| panic!("{body:?}"));
+    rest = rest.strip_suffix("</function>").unwrap_or_else(|| panic!("{body:?}"));
+    let mut seen = Vec::new();
+    while let Some(param) = rest.strip_prefix("<parameter=") {
+        let (key, after) = param.split_once(">\n").unwrap_or_else(|| panic!("{body:?}"));
+        let (value, after) = after.split_once("\n</parameter>\n").unwrap_or_else(|| panic!("{body:?}"));
+        match key {
+            "path" => assert!(value.chars().count() <= 8, "{body:?}"),
+            "mode" => assert!(value.parse::<i64>().is_ok_and(|m| (0..=777).contains(&m)), "{body:?}"),
+            "code" => {
+                let c: Vec<char> = value.chars().collect();
+                let ok = c.len() == 4 && c[..2].iter().all(|x| ('a'..='c').contains(x)) && c[2] == '/' && c[3].is_ascii_digit();
+                assert!(ok, "the pattern holds: {body:?}");
+            }
+            "unit" => assert!(value == "bytes" || value == "lines", "{body:?}"),
+            "flags" => assert!(serde_json::from_str::<Vec<bool>>(value).is_ok_and(|f| f.len() <= 2), "{body:?}"),
+            other => panic!("undeclared parameter {other}: {body:?}"),
+        }
+        seen.push(key.to_string());
+        rest = after;
+    }
+    assert!(rest.is_empty(), "{body:?}");
+    if name == "write_file" {
+        assert!(seen.starts_with(&["path".to_string(), "mode".to_string(), "code".to_string()]), "required parameters, in order: {body:?}");
+    } else {
+        assert_eq!((name, seen.len()), ("ping", 0), "{body:?}");
+    }
+    name.to_string()
+}
+
+#[test]
+fn xml_tool_calls_parse_and_follow_their_parameters_types() {
+    let grammars = fixture_grammars();
+    let spec = ConstraintSpec::ToolCalls { tools: coder_tools(), forced: true, parallel: true, form: ToolCallForm::XmlParameters };
+    let mut names = Vec::new();
+    for seed in 0..8 {
+        let mut c = grammars.constraint(&spec).expect("the tools compile");
+        let text = generate(&grammars, &mut c, "", seed);
+        assert!(text.starts_with("<tool_call>\n<function=") && text.ends_with("</function>\n</tool_call>"), "seed {seed}: {text:?}");
+        for part in text.split(TOOL_CALL_OPEN).skip(1) {
+            let body = part.split(TOOL_CALL_CLOSE).next().expect("a closed call");
+            names.push(check_coder_call(body));
+        }
+    }
+    assert!(names.iter().any(|n| n == "write_file"), "{names:?}");
+}
+
+#[test]
+fn an_xml_text_value_cannot_close_the_call_early() {
+    let grammars = fixture_grammars();
+    let tools = vec![ToolSpec { name: "echo".into(), parameters: json!({"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"]}) }];
+    let spec = ConstraintSpec::ToolCalls { tools, forced: true, parallel: false, form: ToolCallForm::XmlParameters };
+    let consume = |text: &str| {
+        let mut c = grammars.constraint(&spec).expect("compiles");
+        grammars.trie.greedy_tokenize(text.as_bytes()).into_iter().try_for_each(|id| c.commit(id).map(|_| ()))
+    };
+    consume("<tool_call>\n<function=echo>\n<parameter=s>\na < b <c> </para\n</parameter>\n</function>\n</tool_call>").expect("angle brackets are text");
+    consume("<tool_call>\n<function=echo>\n<parameter=s>\nx</tool_call>").expect_err("the call's end inside a value");
+    consume("<tool_call>\n<function=echo>\n<parameter=s>\nx</parameter>y").expect_err("text after the value's end");
+    consume("<tool_call>\n<function=echo>\n</function>").expect_err("a required parameter left out");
+    let tag = ToolSpec { name: "a>b".into(), parameters: json!({"type": "object"}) };
+    let spec = ConstraintSpec::ToolCalls { tools: vec![tag], forced: true, parallel: false, form: ToolCallForm::XmlParameters };
+    let error = grammars.constraint(&spec).err().expect("a name with '>' is refused");
+    assert!(error.to_string().contains("the tool name 'a>b' cannot be written"), "{error}");
+}
+
+#[test]
+fn a_string_pattern_becomes_a_regex_over_the_whole_value() {
+    use super::xml_calls::whole_text_regex;
+    assert_eq!(whole_text_regex("^a/b$"), "(?:a\\/b)");
+    assert_eq!(whole_text_regex("ab"), "(?s:.*)(?:ab)(?s:.*)");
+    assert_eq!(whole_text_regex("^x\\$"), "(?:x\\$)(?s:.*)", "an escaped $ is a dollar sign");
+    assert_eq!(whole_text_regex("^x\\\\$"), "(?:x\\\\)", "after an escaped backslash, $ anchors");
+    assert_eq!(whole_text_regex("a\\/b"), "(?s:.*)(?:a\\/b)(?s:.*)", "an escaped slash stays as it is");
 }

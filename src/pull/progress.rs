@@ -31,6 +31,13 @@ pub enum PullEvent {
 /// Hears a pull's [`PullEvent`]s; called from download threads, so it must not block long.
 pub trait PullObserver: Send + Sync {
     fn event(&self, event: PullEvent);
+
+    /// Whether whoever asked for the pull has gone, so the pull should stop.
+    /// The downloads stop between reads; the bytes on disk and their records
+    /// stay, and the next pull resumes from them.
+    fn cancelled(&self) -> bool {
+        false
+    }
 }
 
 /// One file's bytes, for the observer.
@@ -121,6 +128,11 @@ impl Progress {
             PullEvent::File { path: path.to_string(), digest: file.digest.clone(), total: file.total, completed: file.completed }
         };
         observer.event(event);
+    }
+
+    /// Whether the observer, if any, has asked the pull to stop.
+    pub fn cancelled(&self) -> bool {
+        self.observer.as_ref().is_some_and(|o| o.cancelled())
     }
 
     /// Tells the observer, if any, that `path` is being hashed.

@@ -169,6 +169,9 @@ pub fn download_all(
                 loop {
                     // Take the task in its own statement: the queue must not stay locked
                     // while the task runs.
+                    if progress.cancelled() {
+                        break; // the rest stays for the next pull to resume
+                    }
                     let next = lock(&tasks).pop_front();
                     let Some(task) = next else { break };
                     let (index, result) = match task {
@@ -200,10 +203,9 @@ pub fn download_all(
         .into_iter()
         .map(|outcome| match outcome {
             Some(failed_to_open) => failed_to_open,
-            None => files
-                .next()
-                .and_then(|f| f.outcome.into_inner().unwrap_or_else(|e| e.into_inner()))
-                .unwrap_or_else(|| Err(anyhow!("the download stopped before it finished"))),
+            None => files.next().and_then(|f| f.outcome.into_inner().unwrap_or_else(|e| e.into_inner())).unwrap_or_else(|| {
+                Err(if progress.cancelled() { anyhow!("the pull was cancelled before this file was complete") } else { anyhow!("the download stopped before it finished") })
+            }),
         })
         .collect()
 }
@@ -264,12 +266,20 @@ fn fetch_chunk(
                          run the command again to resume"
                     )));
                 }
+                if progress.cancelled() {
+                    return Err(cancelled(&file.download.label));
+                }
                 progress.note_retry(&format!("{label}: {e:#}; retrying"));
                 std::thread::sleep(hub.backoff(failures, retry_after));
             }
         }
     }
     Ok(())
+}
+
+/// The error of a download stopped because its pull was cancelled.
+fn cancelled(label: &str) -> anyhow::Error {
+    anyhow!("{label}: the pull was cancelled; the bytes received so far are kept, and pulling again resumes from them")
 }
 
 /// One chunk of a file: its index and byte range (end exclusive).
@@ -315,6 +325,10 @@ fn fetch_range(
         })?;
         *position += received as u64;
         progress.add_to(&download.label, received as u64);
+        if progress.cancelled() {
+            // `fetch_chunk` records what is on disk before it returns.
+            return Err(Failure::Fatal(cancelled(&download.label)));
+        }
         since_checkpoint += received as u64;
         if since_checkpoint >= settings.checkpoint_bytes && *position < chunk_end {
             checkpoint(file, span.index, *position - span.start).map_err(Failure::Fatal)?;

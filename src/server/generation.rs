@@ -247,6 +247,7 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
              within the context limit of {limit} tokens"
         )));
     }
+    let form = model.engine.codec.tool_call_form();
     let (prompt, think, tools, wanted) = (req.prompt.clone(), req.think, req.tools.clone(), req.constraint.clone());
     // Rendering and tokenizing take a CPU and memory in proportion to the
     // prompt: a few at a time, whatever the number of clients.
@@ -306,7 +307,7 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
         sender.send(piece);
     });
     let splitter = (think == Some(true)).then(|| ThinkingSplitter::new(opens_thinking));
-    let tool_calls = req.parse_tool_calls.then(ToolCallSplitter::default);
+    let tool_calls = req.parse_tool_calls.then(|| ToolCallSplitter::new(form, &req.tools));
     Ok(GenerationStream { rx, splitter, tool_calls, ready: VecDeque::new(), done: None, finished: false })
 }
 
@@ -324,7 +325,7 @@ fn output_constraint(model: &Resident, wanted: &OutputConstraint) -> Result<Gram
         .as_ref()
         .map_err(|e| ApiError::bad_request(format!("'{}' cannot be followed with this model: {e}", wanted.field)))?;
     grammars
-        .constraint(&wanted.spec)
+        .constraint(&wanted.spec.in_form(model.engine.codec.tool_call_form()))
         .map_err(|e| ApiError::bad_request(format!("'{}' cannot be compiled into a grammar: {e:#}", wanted.field)))
 }
 
@@ -363,13 +364,7 @@ fn render_prompt(
         let with_tools = !tools.is_empty() || messages.iter().any(|m| !m.tool_calls.is_empty() || m.role == "tool");
         match codec.tool_call_form() {
             _ if !with_tools => {}
-            Some(ToolCallForm::Json) => {}
-            Some(ToolCallForm::XmlParameters) => {
-                return Err(ApiError::bad_request(
-                    "this model's chat template writes tool calls in the Qwen3-Coder XML form (<function=...><parameter=...>), \
-                     which slotstream does not read yet; remove 'tools' and tool messages",
-                ))
-            }
+            Some(ToolCallForm::Json | ToolCallForm::XmlParameters) => {}
             None => {
                 return Err(ApiError::bad_request(
                     "this model does not support tools: its chat template never reads 'tools'; remove 'tools' and tool messages",

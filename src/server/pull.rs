@@ -2,8 +2,8 @@
 //! downloader (`crate::pull`) with Ollama's progress stream, and removed from
 //! the hub cache again. A pull runs on a thread of its own, so generation
 //! goes on meanwhile; one pull per repository at a time, a few at once. A
-//! pull whose client leaves runs to its end (it resumes like `slotstream
-//! pull`, and the model is then served).
+//! pull whose client leaves stops, as Ollama's does: its partial files stay,
+//! and the next pull of the model resumes from them.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -104,6 +104,12 @@ impl PullObserver for ProgressLines {
             PullEvent::Verifying { path } => json!({"status": "verifying sha256 digest", "file": path}),
         };
         let _ = self.0.try_send(line);
+    }
+
+    /// The client has gone once nobody reads the lines: a streamed response
+    /// whose connection closed, or a waiting handler that was dropped.
+    fn cancelled(&self) -> bool {
+        self.0.is_closed()
     }
 }
 

@@ -1,14 +1,17 @@
 //! Tool calling on the wire: the `tools` both APIs send (checked, then
 //! handed to the chat template as transformers does), `tool_choice`, the
 //! tool calls and results in a chat's history, and the calls parsed back out
-//! of the model's output (the Hermes / Qwen `<tool_call>{json}</tool_call>`
-//! form, which the grammar in `constrain` guarantees parses).
+//! of the model's output in the chat template's form (the Hermes / Qwen
+//! `<tool_call>{json}</tool_call>`, or Qwen3-Coder's XML in `xml_form.rs`;
+//! the grammar in `constrain` guarantees either parses).
+
+mod xml_form;
 
 use serde_json::{json, Map, Value};
 
 use super::thinking::partial_suffix;
 use super::ApiError;
-use crate::constrain::{ConstraintSpec, ToolSpec, TOOL_CALL_CLOSE, TOOL_CALL_OPEN};
+use crate::constrain::{ConstraintSpec, ToolCallForm, ToolSpec, TOOL_CALL_CLOSE, TOOL_CALL_OPEN};
 use crate::tokenizer::ChatTurn;
 
 /// The tools of a request: as the template gets them, and as the grammar does.
@@ -98,17 +101,20 @@ pub fn parse_tool_choice(v: Option<Value>, tools: &Tools) -> Result<ToolChoice, 
 }
 
 /// The constraint for a tool choice (`None`: no tools, or calls not wanted).
+/// Calls are written in the JSON form until the model is known and
+/// [`ConstraintSpec::in_form`] sets its template's form.
 pub fn tool_constraint(tools: &Tools, choice: &ToolChoice, parallel: bool) -> Option<ConstraintSpec> {
     if tools.specs.is_empty() {
         return None;
     }
+    let form = ToolCallForm::Json;
     match choice {
         ToolChoice::None => None,
-        ToolChoice::Auto => Some(ConstraintSpec::ToolCalls { tools: tools.specs.clone(), forced: false, parallel }),
-        ToolChoice::Required => Some(ConstraintSpec::ToolCalls { tools: tools.specs.clone(), forced: true, parallel }),
+        ToolChoice::Auto => Some(ConstraintSpec::ToolCalls { tools: tools.specs.clone(), forced: false, parallel, form }),
+        ToolChoice::Required => Some(ConstraintSpec::ToolCalls { tools: tools.specs.clone(), forced: true, parallel, form }),
         ToolChoice::Named(name) => {
             let specs = tools.specs.iter().filter(|t| &t.name == name).cloned().collect();
-            Some(ConstraintSpec::ToolCalls { tools: specs, forced: true, parallel: false })
+            Some(ConstraintSpec::ToolCalls { tools: specs, forced: true, parallel: false, form })
         }
     }
 }
@@ -210,6 +216,16 @@ impl ToolCall {
     }
 }
 
+/// The name and parameters of each tool in [`Tools::wire`].
+fn wire_specs(wire: &[Value]) -> Vec<ToolSpec> {
+    wire.iter()
+        .filter_map(|tool| {
+            let function = tool.get("function")?;
+            Some(ToolSpec { name: function.get("name")?.as_str()?.to_string(), parameters: function.get("parameters")?.clone() })
+        })
+        .collect()
+}
+
 /// A piece of the answer: text, or a whole call.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Part {
@@ -217,11 +233,23 @@ pub enum Part {
     Call(ToolCall),
 }
 
+/// How the calls between the tags are written.
+#[derive(Default)]
+enum CallSyntax {
+    /// `{"name": ..., "arguments": {...}}`.
+    #[default]
+    Json,
+    /// `<function=NAME><parameter=P>...`, read by these tools' schemas.
+    Xml(Vec<ToolSpec>),
+}
+
 /// Splits streamed answer text into text and tool calls. Text that might
 /// open a call is held back until it is known; blank text around calls is
-/// dropped; a call that never closes (the length ran out) stays text.
+/// dropped; a call that never closes (the length ran out) or does not parse
+/// stays text.
 #[derive(Default)]
 pub struct ToolCallSplitter {
+    syntax: CallSyntax,
     pending: String,
     inside: bool,
     /// Blank text waiting to learn whether a call or more text follows.
@@ -230,6 +258,23 @@ pub struct ToolCallSplitter {
 }
 
 impl ToolCallSplitter {
+    /// A splitter for calls in `form` (the model's chat template's) of
+    /// `tools` (the request's, as [`parse_tools`] wrote them for the template).
+    pub fn new(form: Option<ToolCallForm>, tools: &[Value]) -> ToolCallSplitter {
+        let syntax = match form {
+            Some(ToolCallForm::XmlParameters) => CallSyntax::Xml(wire_specs(tools)),
+            Some(ToolCallForm::Json) | None => CallSyntax::Json,
+        };
+        ToolCallSplitter { syntax, ..ToolCallSplitter::default() }
+    }
+
+    fn parse(&self, body: &str) -> Option<ToolCall> {
+        match &self.syntax {
+            CallSyntax::Json => ToolCall::parse(body),
+            CallSyntax::Xml(tools) => xml_form::parse_call(body, tools).ok(),
+        }
+    }
+
     pub fn push(&mut self, piece: &str) -> Vec<Part> {
         self.pending.push_str(piece);
         let mut out = Vec::new();
@@ -239,7 +284,7 @@ impl ToolCallSplitter {
                 let body = self.pending[..at].to_string();
                 self.pending.drain(..at + TOOL_CALL_CLOSE.len());
                 self.inside = false;
-                match ToolCall::parse(&body) {
+                match self.parse(&body) {
                     Some(call) => {
                         self.blank.clear();
                         self.saw_call = true;
@@ -297,7 +342,10 @@ mod tests {
 
     /// The parts of `pieces`, neighbouring texts joined (streaming may cut text anywhere).
     fn split(pieces: &[&str]) -> Vec<Part> {
-        let mut s = ToolCallSplitter::default();
+        split_with(ToolCallSplitter::default(), pieces)
+    }
+
+    fn split_with(mut s: ToolCallSplitter, pieces: &[&str]) -> Vec<Part> {
         let mut parts: Vec<Part> = pieces.iter().flat_map(|p| s.push(p)).collect();
         parts.extend(s.finish());
         let mut out: Vec<Part> = Vec::new();
@@ -341,6 +389,35 @@ mod tests {
     }
 
     #[test]
+    fn xml_calls_are_cut_out_of_streamed_text_and_typed_by_their_schemas() {
+        let tools = parse_tools(Some(json!([{"type": "function", "function": {"name": "add", "parameters": {"type": "object",
+            "properties": {"a": {"type": "integer"}, "note": {"type": "string"}}, "required": ["a"]}}}])))
+        .expect("valid tools");
+        let unknown = "<tool_call>\n<function=rm>\n</function>\n</tool_call>";
+        let text = format!("Sure.<tool_call>\n<function=add>\n<parameter=a>\n2\n</parameter>\n<parameter=note>\n1 < 2\n</parameter>\n</function>\n</tool_call>\n{unknown}");
+        let add = Part::Call(ToolCall {
+            name: "add".into(),
+            arguments: json!({"a": 2, "note": "1 < 2"}).as_object().cloned().unwrap_or_default(),
+            arguments_json: "{\"a\": 2, \"note\": \"1 < 2\"}".into(),
+        });
+        let want = vec![Part::Text("Sure.".into()), add, Part::Text(format!("\n{unknown}"))];
+        for size in [1, 2, 5, 64, text.len()] {
+            let chars: Vec<char> = text.chars().collect();
+            let pieces: Vec<String> = chars.chunks(size).map(|c| c.iter().collect()).collect();
+            let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
+            let splitter = ToolCallSplitter::new(Some(ToolCallForm::XmlParameters), &tools.wire);
+            assert_eq!(split_with(splitter, &refs), want, "pieces of {size} characters");
+        }
+        // A call the length cut short stays text.
+        let cut = "<tool_call>\n<function=add>\n<parameter=a>\n2\n</param";
+        let splitter = ToolCallSplitter::new(Some(ToolCallForm::XmlParameters), &tools.wire);
+        assert_eq!(split_with(splitter, &[cut]), vec![Part::Text(cut.into())]);
+        // The JSON form does not read XML calls.
+        let json_form = split_with(ToolCallSplitter::new(Some(ToolCallForm::Json), &tools.wire), &[&text]);
+        assert!(json_form.iter().all(|p| matches!(p, Part::Text(_))), "{json_form:?}");
+    }
+
+    #[test]
     fn text_without_calls_passes_unchanged() {
         let got = split(&["a <tool", " b", "  "]);
         let all: String = got.iter().map(|p| if let Part::Text(t) = p { t.clone() } else { panic!("{p:?}") }).collect();
@@ -371,7 +448,7 @@ mod tests {
         assert_eq!(parse_tool_choice(Some(json!("required")), &tools).expect("required"), ToolChoice::Required);
         let named = parse_tool_choice(Some(json!({"type": "function", "function": {"name": "g"}})), &tools).expect("named");
         match tool_constraint(&tools, &named, true) {
-            Some(ConstraintSpec::ToolCalls { tools, forced: true, parallel: false }) => assert_eq!(tools[0].name, "g"),
+            Some(ConstraintSpec::ToolCalls { tools, forced: true, parallel: false, .. }) => assert_eq!(tools[0].name, "g"),
             other => panic!("{other:?}"),
         }
         assert_eq!(tool_constraint(&tools, &ToolChoice::None, true), None);
