@@ -164,78 +164,74 @@ fn store_fresh(g: u32, li: u32) {
     }
 }
 
-// Staged value `d` of the query head (second = false) or the fresh key row.
-fn staged(second: bool, d: u32) -> f32 {
-    if (second) {
-        return kn_sh[d];
-    }
-    return q_sh[d];
+// What one thread needs to normalise and rotate value d of a staged row:
+// its weight, and (within the rotary dims) the partner value's index and
+// weight and the angle's cos and sin (sign folded in), all loaded before the
+// row's norm is known.
+struct RopeTerm {
+    w: f32,
+    // 1 within the rotary dims.
+    rotated: u32,
+    j: u32,
+    wj: f32,
+    c: f32,
+    s: f32,
 }
 
-fn staged_weight(second: bool, d: u32) -> f32 {
-    if (second) {
-        return k_weight[d];
-    }
-    return q_weight[d];
-}
-
-// Value d (< head_dim) of the normalised (1 / rms r) and rotated staged row
-// of token t; the arithmetic of norm.wgsl's rms_norm_rope.
-fn rope_value(second: bool, t: u32, d: u32, r: f32) -> f32 {
+fn rope_term(second: bool, t: u32, d: u32) -> RopeTerm {
     let half = p.rope_half;
-    let v = staged(second, d) * r * staged_weight(second, d);
-    if (d < half) {
-        let j = d + half;
-        let a = (t * half + d) * 2u;
-        return v * cs[a] - staged(second, j) * r * staged_weight(second, j) * cs[a + 1u];
-    }
+    var term = RopeTerm(0.0, 0u, d, 0.0, 1.0, 0.0);
+    term.w = select(q_weight[d], k_weight[d], second);
     if (d < 2u * half) {
-        let j = d - half;
-        let a = (t * half + j) * 2u;
-        return v * cs[a] + staged(second, j) * r * staged_weight(second, j) * cs[a + 1u];
+        var j = d + half;
+        var a = (t * half + d) * 2u;
+        var sign = -1.0;
+        if (d >= half) {
+            j = d - half;
+            a = (t * half + j) * 2u;
+            sign = 1.0;
+        }
+        term.rotated = 1u;
+        term.j = j;
+        term.wj = select(q_weight[j], k_weight[j], second);
+        term.c = cs[a];
+        term.s = sign * cs[a + 1u];
     }
-    return v;
+    return term;
 }
 
-// RMSNorm and rotary embedding of token t's staged query head or fresh key
-// row, in place (head_dim <= 2 * WG: at most two values per thread).
-fn norm_rope(second: bool, t: u32, li: u32, sg: u32, nsg: u32, lane: u32) {
-    let hd = p.head_dim;
-    var s = 0.0;
-    for (var d = li; d < hd; d += WG) {
-        let v = staged(second, d);
-        s += v * v;
+// The normalised (1 / rms r) and rotated value of a staged row (raw values
+// `own` at d and `other` at the term's partner), as norm.wgsl's rms_norm_rope
+// computes it.
+fn rope_out(own: f32, other: f32, r: f32, term: RopeTerm) -> f32 {
+    let v = own * r * term.w;
+    if (term.rotated == 0u) {
+        return v;
     }
-    let r = 1.0 / sqrt(reduce_sum(s, sg, nsg, lane) / f32(hd) + select(p.q_eps, p.k_eps, second));
-    var o0 = 0.0;
-    var o1 = 0.0;
-    if (li < hd) {
-        o0 = rope_value(second, t, li, r);
-    }
-    if (li + WG < hd) {
-        o1 = rope_value(second, t, li + WG, r);
-    }
-    workgroupBarrier();
-    if (second) {
-        if (li < hd) {
-            kn_sh[li] = o0;
-        }
-        if (li + WG < hd) {
-            kn_sh[li + WG] = o1;
-        }
-    } else {
-        if (li < hd) {
-            q_sh[li] = o0;
-        }
-        if (li + WG < hd) {
-            q_sh[li + WG] = o1;
-        }
+    return v * term.c + other * r * term.wj * term.s;
+}
+
+// The workgroup sums of a and b (two reductions in one: within each
+// subgroup, then over the subgroups in workgroup memory; two barriers).
+fn reduce_sum2(a: f32, b: f32, sg: u32, nsg: u32, lane: u32) -> vec2<f32> {
+    let s = subgroupAdd(vec2<f32>(a, b));
+    if (lane == 0u) {
+        red[sg] = s.x;
+        red[128u + sg] = s.y;
     }
     workgroupBarrier();
+    var r = vec2<f32>(red[0], red[128]);
+    for (var i = 1u; i < nsg; i++) {
+        r += vec2<f32>(red[i], red[128u + i]);
+    }
+    workgroupBarrier();
+    return r;
 }
 
 // Stages workgroup g's query head in q_sh and, with `rope`, its kv head's
-// fresh key row in kn_sh, both normalised and rotated.
+// fresh key row in kn_sh, both normalised and rotated: thread li owns values
+// li and li + WG (head_dim <= 2 * WG), whose weights and angles it loads
+// with the row; one reduction gives both norms.
 fn stage(g: u32, li: u32, sg: u32, nsg: u32, lane: u32) {
     let th = g / p.splits;
     let t = th / p.heads;
@@ -244,17 +240,66 @@ fn stage(g: u32, li: u32, sg: u32, nsg: u32, lane: u32) {
     let hd = p.head_dim;
     let qb = (t * p.heads + h) * hd;
     let kb = t * p.kv_heads * hd + kh * hd;
-    for (var d = li; d < hd; d += WG) {
-        q_sh[d] = q[qb + d];
-        if (p.rope != 0u) {
-            kn_sh[d] = knew[kb + d];
+    if (p.rope == 0u) {
+        for (var d = li; d < hd; d += WG) {
+            q_sh[d] = q[qb + d];
         }
+        workgroupBarrier();
+        return;
+    }
+    let d1 = li + WG;
+    let own0 = li < hd;
+    let own1 = d1 < hd;
+    var q0 = 0.0;
+    var q1 = 0.0;
+    var k0 = 0.0;
+    var k1 = 0.0;
+    var tq0 = RopeTerm(0.0, 0u, 0u, 0.0, 1.0, 0.0);
+    var tq1 = tq0;
+    var tk0 = tq0;
+    var tk1 = tq0;
+    if (own0) {
+        q0 = q[qb + li];
+        k0 = knew[kb + li];
+        tq0 = rope_term(false, t, li);
+        tk0 = rope_term(true, t, li);
+        q_sh[li] = q0;
+        kn_sh[li] = k0;
+    }
+    if (own1) {
+        q1 = q[qb + d1];
+        k1 = knew[kb + d1];
+        tq1 = rope_term(false, t, d1);
+        tk1 = rope_term(true, t, d1);
+        q_sh[d1] = q1;
+        kn_sh[d1] = k1;
+    }
+    // reduce_sum2's first barrier also publishes the raw rows.
+    let ss = reduce_sum2(q0 * q0 + q1 * q1, k0 * k0 + k1 * k1, sg, nsg, lane);
+    let rq = 1.0 / sqrt(ss.x / f32(hd) + p.q_eps);
+    let rk = 1.0 / sqrt(ss.y / f32(hd) + p.k_eps);
+    var oq0 = 0.0;
+    var oq1 = 0.0;
+    var ok0 = 0.0;
+    var ok1 = 0.0;
+    if (own0) {
+        oq0 = rope_out(q0, q_sh[min(tq0.j, hd - 1u)], rq, tq0);
+        ok0 = rope_out(k0, kn_sh[min(tk0.j, hd - 1u)], rk, tk0);
+    }
+    if (own1) {
+        oq1 = rope_out(q1, q_sh[min(tq1.j, hd - 1u)], rq, tq1);
+        ok1 = rope_out(k1, kn_sh[min(tk1.j, hd - 1u)], rk, tk1);
     }
     workgroupBarrier();
-    if (p.rope != 0u) {
-        norm_rope(false, t, li, sg, nsg, lane);
-        norm_rope(true, t, li, sg, nsg, lane);
+    if (own0) {
+        q_sh[li] = oq0;
+        kn_sh[li] = ok0;
     }
+    if (own1) {
+        q_sh[d1] = oq1;
+        kn_sh[d1] = ok1;
+    }
+    workgroupBarrier();
 }
 
 // One workgroup's share of a (token, head): running max `m`, sum of

@@ -68,7 +68,7 @@ const ROW_CACHE: u32 = 1024u;
 var<workgroup> row: array<f32, 1024>;
 var<workgroup> wg_slots: array<u32, 64>;
 // moe_down_combine: each subgroup's weighted partial sums of one quad of rows.
-var<workgroup> partial4: array<vec4<f32>, 128>;
+var<workgroup> partial4: array<vec4<f32>, 256>;
 
 // This lane's partial dot products of four consecutive pool rows with the x
 // row at vec4 index `xb`: interleaved 4-bit slots (fmt 4) by rows4_q4i, the
@@ -224,19 +224,30 @@ fn moe_route_matmul(
     }
     let quads = (p.rows + 3u) / 4u;
     let xb = t * (p.x_cols / 4u);
-    for (var qi = sg; qi < quads; qi += nsg) {
+    // Subgroups left over from one per quad share a quad's columns: part
+    // `part` of `parts` takes chunks part*lanes + lane, stepping parts*lanes.
+    let parts = max(1u, nsg / quads);
+    for (var k = sg; k < quads * parts; k += nsg) {
+        let qi = k / parts;
+        let part = k % parts;
         let row0 = qi * 4u;
         let nrows = min(4u, p.rows - row0);
-        let total = subgroupAdd(pool_rows4(p.w, row0, nrows, xb, lane, lanes));
+        let total = subgroupAdd(pool_rows4(p.w, row0, nrows, xb, part * lanes + lane, parts * lanes));
         if (lane == 0u) {
-            for (var r = 0u; r < nrows; r++) {
-                let e = row0 + r;
-                if (e < p.experts) {
-                    row[e] = total[r];
-                } else {
-                    out[t * p.out_cols + e - p.experts] = total[r];
-                }
-            }
+            partial4[k] = total;
+        }
+    }
+    workgroupBarrier();
+    for (var e = li; e < p.rows; e += 256u) {
+        let qi = e / 4u;
+        var v = 0.0;
+        for (var part = 0u; part < parts; part++) {
+            v += partial4[qi * parts + part][e % 4u];
+        }
+        if (e < p.experts) {
+            row[e] = v;
+        } else {
+            out[t * p.out_cols + e - p.experts] = v;
         }
     }
     workgroupBarrier();
