@@ -29,7 +29,9 @@
 // position `past` (no other workgroup reads that row from the cache), so the
 // append costs no copy and no break in the compute pass.
 //
-// With `rope` (and `fresh`), q and the new key row are raw projections: each
+// With `rope` (and `fresh`; the entry points attention_rope and
+// attention_split_rope, so that the others carry none of its registers), q
+// and the new key row are raw projections: each
 // workgroup normalises its query head and its kv head's new key row (RMSNorm
 // with q_weight / k_weight, eps q_eps / k_eps) and rotates their first
 // 2*rope_half values (rotate-half rotary embedding with the angles `cs`
@@ -232,7 +234,7 @@ fn reduce_sum2(a: f32, b: f32, sg: u32, nsg: u32, lane: u32) -> vec2<f32> {
 // fresh key row in kn_sh, both normalised and rotated: thread li owns values
 // li and li + WG (head_dim <= 2 * WG), whose weights and angles it loads
 // with the row; one reduction gives both norms.
-fn stage(g: u32, li: u32, sg: u32, nsg: u32, lane: u32) {
+fn stage(g: u32, li: u32, sg: u32, nsg: u32, lane: u32, rope: bool) {
     let th = g / p.splits;
     let t = th / p.heads;
     let h = th % p.heads;
@@ -240,7 +242,7 @@ fn stage(g: u32, li: u32, sg: u32, nsg: u32, lane: u32) {
     let hd = p.head_dim;
     let qb = (t * p.heads + h) * hd;
     let kb = t * p.kv_heads * hd + kh * hd;
-    if (p.rope == 0u) {
+    if (!rope) {
         for (var d = li; d < hd; d += WG) {
             q_sh[d] = q[qb + d];
         }
@@ -438,7 +440,33 @@ fn attention(
     if (g >= p.tokens * p.heads) {
         return;
     }
-    stage(g, li, sg, nsg, lane);
+    stage(g, li, sg, nsg, lane, false);
+    store_fresh(g, li);
+    let r = attend_chunk(g, li, sg, nsg, lane, lanes);
+    let ob = g * p.head_dim;
+    if (r.d0_valid) {
+        out[ob + r.d0] = select(r.acc0 / r.l, 0.0, r.l == 0.0);
+    }
+    if (r.d1_valid) {
+        out[ob + r.d0 + WG] = select(r.acc1 / r.l, 0.0, r.l == 0.0);
+    }
+}
+
+@compute @workgroup_size(256)
+fn attention_rope(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let g = wid.y * nwg.x + wid.x;
+    if (g >= p.tokens * p.heads) {
+        return;
+    }
+    stage(g, li, sg, nsg, lane, true);
     store_fresh(g, li);
     let r = attend_chunk(g, li, sg, nsg, lane, lanes);
     let ob = g * p.head_dim;
@@ -464,7 +492,37 @@ fn attention_split(
     if (g >= p.tokens * p.heads * p.splits) {
         return;
     }
-    stage(g, li, sg, nsg, lane);
+    stage(g, li, sg, nsg, lane, false);
+    store_fresh(g, li);
+    let r = attend_chunk(g, li, sg, nsg, lane, lanes);
+    let pb = g * (p.head_dim + 2u);
+    if (li == 0u) {
+        partials[pb] = r.m;
+        partials[pb + 1u] = r.l;
+    }
+    if (r.d0_valid) {
+        partials[pb + 2u + r.d0] = r.acc0;
+    }
+    if (r.d1_valid) {
+        partials[pb + 2u + r.d0 + WG] = r.acc1;
+    }
+}
+
+@compute @workgroup_size(256)
+fn attention_split_rope(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let g = wid.y * nwg.x + wid.x;
+    if (g >= p.tokens * p.heads * p.splits) {
+        return;
+    }
+    stage(g, li, sg, nsg, lane, true);
     store_fresh(g, li);
     let r = attend_chunk(g, li, sg, nsg, lane, lanes);
     let pb = g * (p.head_dim + 2u);

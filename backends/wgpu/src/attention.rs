@@ -182,15 +182,18 @@ pub(crate) fn attend(
     let (knew, vnew) = fresh.unwrap_or((q, q));
     let (knew, vnew) = ((KNEW, knew), (VNEW, vnew));
     // Likewise 10-12 without `rope`.
+    let with_rope = rope.is_some();
     let (angles, [qw, kw]) = rope.map_or((q, [q, q]), |r| (r.angles, r.weights));
     let rope_binds = [(ROPE_ANGLES_IN, angles), (Q_WEIGHT, qw), (K_WEIGHT, kw)];
     if splits == 1 {
         let binds = [(Q, q), (OUT, out), keys, values, sel, knew, vnew, rope_binds[0], rope_binds[1], rope_binds[2]];
-        return gpu.dispatch("attention", &params, &binds, Gpu::grid(pairs as u64));
+        let entry = if with_rope { "attention_rope" } else { "attention" };
+        return gpu.dispatch(entry, &params, &binds, Gpu::grid(pairs as u64));
     }
     let partials = gpu.alloc(4 * (pairs * splits * (cache.head_dim + 2)) as u64)?;
     let binds = [(Q, q), keys, values, (PARTIALS, partials.bind()), sel, knew, vnew, rope_binds[0], rope_binds[1], rope_binds[2]];
-    gpu.dispatch("attention_split", &params, &binds, Gpu::grid((pairs * splits) as u64))?;
+    let entry = if with_rope { "attention_split_rope" } else { "attention_split" };
+    gpu.dispatch(entry, &params, &binds, Gpu::grid((pairs * splits) as u64))?;
     gpu.dispatch("attention_merge", &params, &[(OUT, out), (PARTIALS, partials.bind())], Gpu::grid(pairs as u64))
 }
 

@@ -123,7 +123,7 @@ impl Module {
             }
             Module::Norm => &["rms_norm", "rms_norm_gated", "l2_normalize", "rms_norm_wide", "add_rms_norm", "add_rms_norm_1024", "rms_norm_rope"],
             Module::Rope => &["rope"],
-            Module::Attention => &["attention", "attention_split", "attention_merge"],
+            Module::Attention => &["attention", "attention_rope", "attention_split", "attention_split_rope", "attention_merge"],
             Module::Conv => &["conv1d", "conv_window"],
             Module::GatedDelta => &["gated_delta"],
             Module::Streams => &["repeat_cols", "stream_mean", "add_gated_to_streams", "stream_dot_gate"],
