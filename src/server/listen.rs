@@ -32,8 +32,9 @@ pub struct Timeouts {
     pub header: Duration,
     /// To send a request body.
     pub body: Duration,
-    /// For the client to take any byte of a response; a generation whose
-    /// client reads nothing for this long is cancelled and frees its turn.
+    /// For the client to take any byte of a response; also how far a
+    /// generation's client may fall behind it in all (see `delivery.rs`)
+    /// before the generation is cancelled and frees its turn.
     pub write: Duration,
     /// After a shutdown signal, how long open connections may take to finish.
     pub shutdown_grace: Duration,
