@@ -418,7 +418,7 @@ def _stuck_reader(trickle):
     written) must lose the generation turn after about the write timeout."""
     s = _small_buffer_connect()
     stop = threading.Event()
-    s.sendall(_post_head({"model": _endless(), "prompt": "Go on", "options": {"temperature": 0, "num_predict": 100000}}))
+    s.sendall(_post_head({"model": _endless(), "prompt": "Go on", "options": {"temperature": 0, "num_predict": 30000}}))
 
     def read_slowly():
         while trickle and not stop.is_set():
@@ -465,7 +465,12 @@ def _disconnect_while_held_back():
     body = {"model": _endless(), "prompt": prompt, "raw": True, "options": {"temperature": 0, "num_predict": tokens + 10,
                                                                               "stop": [text + "\u0001never"]}}
     s.sendall(_post_head(body))
-    head = s.recv(12)
+    head = b""
+    while len(head) < 12:
+        got = s.recv(12 - len(head))
+        if not got:
+            break
+        head += got
     s.close()
     assert head == b"HTTP/1.1 200", f"response head {head!r}"
     took = _served_behind(120)
