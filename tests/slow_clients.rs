@@ -18,16 +18,28 @@ use slotstream::server::{AppState, ModelCatalog, Timeouts};
 
 const MODEL: &str = "qwen3_moe_mlx4";
 
-/// A server over the fixture that never stops at end-of-sequence, with
-/// `write` as its write timeout.
-fn start(write: Duration) -> SocketAddr {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(MODEL);
+/// A server over a copy of the fixture whose context is 32k tokens (the
+/// fixture's 4k tokens fit in the socket buffers a server may keep), that
+/// never stops at end-of-sequence, with `write` as its write timeout. The
+/// folder lives as long as the server is used.
+fn start(write: Duration) -> (SocketAddr, tempfile::TempDir) {
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(MODEL);
+    let copy = tempfile::tempdir().expect("creating a scratch folder");
+    for entry in std::fs::read_dir(&fixture).expect("listing the fixture") {
+        let path = entry.expect("a directory entry").path();
+        std::fs::copy(&path, copy.path().join(path.file_name().expect("a file name"))).expect("copying a fixture file");
+    }
+    let config_path = copy.path().join("config.json");
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&config_path).expect("config.json")).expect("JSON");
+    config["max_position_embeddings"] = json!(32768);
+    std::fs::write(&config_path, config.to_string()).expect("writing config.json");
     let loader = Arc::new(common::FixtureLoader { no_eos: true, mtp: false });
     let mut options = common::server_options(32768, 16);
     options.timeouts = Timeouts { write, ..Timeouts::default() };
-    let app = AppState::new(ModelCatalog::new(vec![(MODEL.to_string(), dir)], None), loader, options).expect("server options");
+    let catalog = ModelCatalog::new(vec![(MODEL.to_string(), copy.path().to_path_buf())], None);
+    let app = AppState::new(catalog, loader, options).expect("server options");
     app.load_at_start(MODEL).expect("loading the fixture");
-    common::serve_in_background(app)
+    (common::serve_in_background(app), copy)
 }
 
 fn request_bytes(addr: SocketAddr, body: &Value) -> Vec<u8> {
@@ -75,7 +87,8 @@ fn connect_with_small_buffer(addr: SocketAddr, bytes: libc::c_int) -> TcpStream 
 
 /// A client that never reads its stream (its small receive buffer full) must
 /// lose the generation turn about the write timeout after the buffers between
-/// it and the engine fill, and the request behind it be served.
+/// it and the engine fill (within seconds: the server keeps a small send
+/// buffer), and the request behind it be served.
 #[test]
 fn a_client_that_never_reads_lets_the_next_request_through() {
     stuck_reader_lets_the_next_request_through(false);
@@ -92,7 +105,7 @@ fn a_client_that_reads_a_trickle_lets_the_next_request_through() {
 
 fn stuck_reader_lets_the_next_request_through(trickle: bool) {
     let write_timeout = Duration::from_secs(2);
-    let addr = start(write_timeout);
+    let (addr, _model) = start(write_timeout);
     let mut slow = connect_with_small_buffer(addr, 4096);
     let endless = json!({"model": MODEL, "prompt": "Go on", "options": {"temperature": 0, "num_predict": 30000}});
     slow.write_all(&request_bytes(addr, &endless)).expect("sending the slow request");
@@ -131,10 +144,12 @@ fn stuck_reader_lets_the_next_request_through(trickle: bool) {
     let (read, ended) = reader.join().expect("the slow client");
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(!trickle || read > 0, "the trickling client read nothing: the test did not exercise a trickle");
-    // The socket buffers between the engine and the client fill first (a few
-    // hundred KB at most), then the engine's waits add up to the timeout.
+    // The buffers between the engine and the client (the socket's, some
+    // 64 KB; the channel's) fill first, within seconds, then the engine's
+    // waits add up to the timeout. Were the socket's 3 MB, or the trickle
+    // allowed, the generation would run for a minute or more.
     assert!(
-        waited < Duration::from_secs(30),
+        waited < write_timeout + Duration::from_secs(12),
         "the request behind a slow client waited {waited:?} (write timeout {write_timeout:?}; the client read {read} bytes, \
          its stream ended: {ended})"
     );
@@ -158,7 +173,7 @@ fn greedy_text(addr: SocketAddr, prompt: &str, tokens: usize) -> (String, Durati
 /// step), not after all its tokens.
 #[test]
 fn a_client_that_leaves_while_output_is_held_back_stops_the_generation() {
-    let addr = start(Duration::from_secs(60));
+    let (addr, _model) = start(Duration::from_secs(60));
     let prompt = "The sea was calm, and the ship";
     let tokens = 1500;
     let (text, full) = greedy_text(addr, prompt, tokens);
