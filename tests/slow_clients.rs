@@ -139,7 +139,7 @@ fn stuck_reader_lets_the_next_request_through(trickle: bool) {
     // Let the slow stream start, then queue a short request behind it.
     std::thread::sleep(Duration::from_millis(500));
     let quick = json!({"model": MODEL, "prompt": "Hi", "stream": false, "options": {"temperature": 0, "num_predict": 4}});
-    let (answer, waited) = generate(addr, &quick, Duration::from_secs(90));
+    let (answer, waited) = generate(addr, &quick, Duration::from_secs(45));
     stop.store(true, Ordering::SeqCst);
     let (read, ended) = reader.join().expect("the slow client");
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");

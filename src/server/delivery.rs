@@ -64,8 +64,9 @@ impl<T> Outbox<T> {
                 let started = Instant::now();
                 let allowance = started + self.limit.saturating_sub(self.stalled.get());
                 let deadline = self.oldest_waiting().map_or(allowance, |sent| allowance.min(sent + self.limit));
-                let sending = tokio::time::timeout_at(deadline, self.tx.send(piece));
-                let sent = matches!(self.runtime.block_on(sending), Ok(Ok(())));
+                // The timer is made inside the runtime: this thread may have none.
+                let sending = self.runtime.block_on(async { tokio::time::timeout_at(deadline, self.tx.send(piece)).await });
+                let sent = matches!(sending, Ok(Ok(())));
                 self.stalled.set(self.stalled.get() + started.elapsed());
                 sent
             }
