@@ -79,7 +79,8 @@ start_server "$tools_model"
 tools_url="$url" tools_server="$server"
 
 # The robustness battery's server: short timeouts, so its slow-client cases
-# take seconds, and two more copies of the fixture.
+# take seconds, and two more copies of the fixture: one that never ends its
+# answers (within a 32k context) and one whose chat template loops.
 endless_model="$scratch/endless"
 mkdir "$endless_model"
 cp "$root/tests/fixtures/$fixture"/* "$endless_model/"
@@ -91,6 +92,10 @@ for name, key in [("config.json", "eos_token_id"), ("generation_config.json", "e
     if path.exists():
         config = json.loads(path.read_text())
         config.pop(key, None)
+        if name == "config.json":
+            # Room for more tokens than the server's socket buffers could hold
+            # before slow clients were bounded (3 MB, some 27k tokens).
+            config["max_position_embeddings"] = 32768
         path.write_text(json.dumps(config))
 PY
 looping_model="$scratch/looping"
