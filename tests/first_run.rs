@@ -170,6 +170,41 @@ fn stops_serve_mid_generation_within_a_second(sig: libc::c_int, what: &str) {
     }
 }
 
+/// A second Ctrl-C or SIGTERM exits at once, even while the first one's
+/// graceful shutdown waits: here on a request whose body never comes, with a
+/// body timeout and a grace of a minute.
+#[test]
+fn a_second_signal_exits_serve_at_once_while_shutdown_waits() {
+    for (sig, what) in [(libc::SIGINT, "Ctrl-C"), (libc::SIGTERM, "SIGTERM")] {
+        let mut server = slotstream()
+            .args(["serve", "--model"])
+            .arg(fixture())
+            .args(["--backend", "cpu", "--port", "0", "--name", "fixture"])
+            .args(["--shutdown-grace-secs", "60", "--body-timeout-secs", "60"])
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting slotstream serve");
+        let lines = stderr_lines(&mut server);
+        let mut seen = Vec::new();
+        let serving = wait_for_line(&lines, "serving 'fixture' on http://", &mut seen);
+        let port: u16 = serving.rsplit(':').next().and_then(|p| p.trim().parse().ok()).expect("the port in the serving line");
+        let _stuck = http(port, "POST /api/chat HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\n{\"model\":");
+        std::thread::sleep(Duration::from_millis(300));
+
+        signal(&server, sig);
+        wait_for_line(&lines, "shutting down", &mut seen);
+        std::thread::sleep(Duration::from_millis(500));
+        let waiting = server.try_wait().expect("polling serve");
+        assert!(waiting.is_none(), "{what}: serve exited ({waiting:?}) with a request open: the test needs a shutdown that waits");
+
+        signal(&server, sig);
+        let started = Instant::now();
+        wait_within(&mut server, Duration::from_secs(10), "serve after a second signal");
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(2), "{what}: serve took {took:?} to exit after a second signal:\n{}", seen.join("\n"));
+    }
+}
+
 #[test]
 fn serve_finds_a_port_in_use_before_loading_the_model() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("binding a port");

@@ -1,15 +1,21 @@
 #!/usr/bin/env python3
-"""Sixty-odd hostile or awkward requests against a running `slotstream serve`.
+"""Seventy-odd hostile or awkward requests against a running `slotstream serve`.
 
 Malformed bodies, wrong types, unsupported features, unknown models, huge
 bodies, foreign origins, over-long prompts, clients that hang up, and
-concurrent requests. Each case checks the answer the server must give; at the
+concurrent requests; clients that read a stream slowly or not at all, leave
+while output is held back, or hold sockets idle, and a chat template that
+loops without end. Each case checks the answer the server must give; at the
 end the server must still be serving. Standard library only.
 
     python3 tools/robustness.py --url http://127.0.0.1:11434 --model qwen3_moe_mlx4 --queue 2
 
-`--queue` must match the server's `--queue` (the overflow case relies on it).
-Exit status 0 when every case passes.
+`--queue` must match the server's `--queue` (the overflow case relies on it),
+and the timeouts the server's (start it with short ones, a few seconds, for a
+quick run). The slow-reader cases need `--endless-model`, a served model that
+never ends its answers, and the template case `--looping-model`; without them
+those cases are reported as skipped. tools/client_tests/run.sh starts such a
+server. Exit status 0 when every case that ran passed.
 """
 
 import argparse
@@ -370,6 +376,186 @@ def _overflow_and_metadata():
 case("queue overflow gets 503, metadata answers meanwhile")(_overflow_and_metadata)
 
 
+# --- clients that hold the server without using it (issue 17) ------------------------
+
+
+class Skip(Exception):
+    """A case this server was not started for (see the flags in --help)."""
+
+
+def _endless():
+    if not ARGS.endless_model:
+        raise Skip("needs --endless-model (a model that never ends its answers)")
+    return ARGS.endless_model
+
+
+def _small_buffer_connect(rcvbuf=4096):
+    """A connection whose receive buffer (and so its window) is about `rcvbuf`."""
+    u = urlparse(ARGS.url)
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    s.settimeout(30)
+    s.connect((u.hostname, u.port or 80))
+    return s
+
+
+def _post_head(body):
+    data = json.dumps(body).encode()
+    return f"POST /api/generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data
+
+
+def _served_behind(seconds):
+    """Sends a short request (it waits for the generation turn) and returns how long it took."""
+    t = time.time()
+    st, _, b = request("POST", "/api/generate", {"model": m(), "prompt": "Hi", "stream": False, "options": {"num_predict": 2}},
+                       timeout=seconds)
+    expect(st, 200, b)
+    return time.time() - t
+
+
+def _stuck_reader(trickle):
+    """A stream that is never read (or read a few KB at a time, slower than it is
+    written) must lose the generation turn after about the write timeout."""
+    s = _small_buffer_connect()
+    stop = threading.Event()
+    s.sendall(_post_head({"model": _endless(), "prompt": "Go on", "options": {"temperature": 0, "num_predict": 30000}}))
+
+    def read_slowly():
+        while trickle and not stop.is_set():
+            try:
+                if not s.recv(2048):
+                    return
+            except OSError:
+                return
+            time.sleep(0.25)
+
+    reader = threading.Thread(target=read_slowly)
+    reader.start()
+    try:
+        time.sleep(0.5)
+        bound = ARGS.write_timeout + ARGS.fill_seconds
+        took = _served_behind(bound + 30)
+        assert took < bound, f"the next request waited {took:.1f}s behind a stuck reader (bound {bound:.0f}s)"
+    finally:
+        stop.set()
+        reader.join()
+        s.close()
+
+
+case("a stream nobody reads frees the generation turn")(lambda: _stuck_reader(False))
+case("a stream read a trickle at a time frees the generation turn")(lambda: _stuck_reader(True))
+
+
+def _greedy(prompt, tokens):
+    body = {"model": _endless(), "prompt": prompt, "raw": True, "stream": False, "options": {"temperature": 0, "num_predict": tokens}}
+    t = time.time()
+    st, _, b = request("POST", "/api/generate", body)
+    expect(st, 200, b)
+    return json.loads(b)["response"], time.time() - t
+
+
+def _disconnect_while_held_back():
+    """A stop string that begins with the whole answer holds every word back, so
+    nothing is written; a client that leaves after the response head must still
+    stop the generation at once."""
+    prompt, tokens = unique_prompt(5), 1500
+    text, _ = _greedy(prompt, tokens)
+    _, generation = _greedy(prompt, tokens)
+    s = connect(30)
+    body = {"model": _endless(), "prompt": prompt, "raw": True, "options": {"temperature": 0, "num_predict": tokens + 10,
+                                                                              "stop": [text + "\u0001never"]}}
+    s.sendall(_post_head(body))
+    head = b""
+    while len(head) < 12:
+        got = s.recv(12 - len(head))
+        if not got:
+            break
+        head += got
+    s.close()
+    assert head == b"HTTP/1.1 200", f"response head {head!r}"
+    took = _served_behind(120)
+    assert took < generation / 3, f"the next request waited {took:.1f}s; the held-back answer takes {generation:.1f}s"
+
+
+case("a client that leaves while output is held back stops its generation")(_disconnect_while_held_back)
+
+
+def _closed_within(s, seconds):
+    """Whether the server closes `s` within `seconds` (anything it sends first is read)."""
+    s.settimeout(seconds)
+    deadline = time.time() + seconds
+    try:
+        while time.time() < deadline:
+            if not s.recv(4096):
+                return True
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+    return False
+
+
+def _idle_sockets_closed():
+    sockets = [connect(10) for _ in range(8)]
+    try:
+        t = time.time()
+        bound = ARGS.header_timeout + 5
+        closed = [_closed_within(s, max(0.1, bound - (time.time() - t))) for s in sockets]
+        assert all(closed), f"{closed.count(False)} of {len(closed)} idle sockets still open after {bound:.0f}s"
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _slow_headers_closed():
+    """A head sent one line at a time, each line well within the header timeout
+    but the whole head not, is cut off by the header timeout."""
+    s = connect(10)
+    try:
+        s.sendall(b"GET /api/tags HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        t = time.time()
+        step = ARGS.header_timeout / 4
+        try:
+            while time.time() - t < ARGS.header_timeout + 5:
+                s.sendall(b"X-Slow: 1\r\n")
+                time.sleep(step)
+        except (BrokenPipeError, ConnectionResetError):
+            return
+        assert _closed_within(s, 1), f"a head still arriving after {time.time() - t:.0f}s was not cut off"
+    finally:
+        s.close()
+
+
+def _slow_body_refused():
+    s = connect(10)
+    try:
+        s.sendall(b"POST /api/chat HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\n{\"model\":")
+        s.settimeout(ARGS.body_timeout + 5)
+        line = s.recv(64)
+        assert line.startswith(b"HTTP/1.1 408"), f"a body that never arrives: {line!r}"
+    finally:
+        s.close()
+
+
+case("idle sockets are closed by the header timeout")(_idle_sockets_closed)
+case("a head sent a line at a time is cut off by the header timeout")(_slow_headers_closed)
+case("a body that never arrives gets 408 after the body timeout")(_slow_body_refused)
+
+
+def _looping_template():
+    """A chat template with nested loops of 100,000 is stopped, not run to the end."""
+    if not ARGS.looping_model:
+        raise Skip("needs --looping-model (a model whose chat template loops without end)")
+    t = time.time()
+    st, _, b = request("POST", "/api/chat", {"model": ARGS.looping_model, "messages": MSGS, "stream": False}, timeout=60)
+    took = time.time() - t
+    expect(st, 400, b, "chat template")
+    assert took < 30, f"the template ran {took:.1f}s before it was stopped"
+
+
+case("a chat template that loops without end is stopped")(_looping_template)
+
+
 def main():
     global ARGS
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -378,6 +564,13 @@ def main():
     p.add_argument("--queue", type=int, default=16, help="the server's --queue")
     p.add_argument("--slow-words", type=int, default=900,
                    help="prompt words for a prefill that takes seconds (within the model's context)")
+    p.add_argument("--write-timeout", type=float, default=60, help="the server's --write-timeout-secs")
+    p.add_argument("--header-timeout", type=float, default=30, help="the server's --header-timeout-secs")
+    p.add_argument("--body-timeout", type=float, default=60, help="the server's --body-timeout-secs")
+    p.add_argument("--fill-seconds", type=float, default=20,
+                   help="how long the endless model takes to fill a stuck client's socket buffers")
+    p.add_argument("--endless-model", help="a model served that never ends its answers (for the slow-reader cases)")
+    p.add_argument("--looping-model", help="a model served whose chat template loops without end")
     ARGS = p.parse_args()
     # Time a slow prefill once, so the disconnect cases know what "prompt" means.
     t = time.time()
@@ -385,11 +578,14 @@ def main():
     ARGS.slow_seconds = time.time() - t
     assert st == 200, f"warm-up failed: {st} {b[:200]!r}"
     print(f"a {ARGS.slow_words}-word prefill takes {ARGS.slow_seconds:.1f}s")
-    failed = 0
+    failed = skipped = 0
     for i, (name, f) in enumerate(CASES, 1):
         try:
             f()
             print(f"ok   {i:2d} {name}")
+        except Skip as e:
+            skipped += 1
+            print(f"skip {i:2d} {name}: {e}")
         except Exception as e:  # noqa: BLE001 - report every failure and go on
             failed += 1
             print(f"FAIL {i:2d} {name}: {e}")
@@ -399,7 +595,8 @@ def main():
     except OSError as e:
         alive = False
         print(f"server unreachable: {e}")
-    print(f"{len(CASES) - failed}/{len(CASES)} cases passed; server {'still serving' if alive else 'DOWN'}")
+    print(f"{len(CASES) - failed - skipped}/{len(CASES)} cases passed, {skipped} skipped; "
+          f"server {'still serving' if alive else 'DOWN'}")
     return 0 if failed == 0 and alive else 1
 
 

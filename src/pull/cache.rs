@@ -101,12 +101,20 @@ impl RepoCache {
     /// `pull` per model at a time, since two would write the same partial files.
     pub fn lock(&self) -> Result<fs::File> {
         let path = self.state_dir().join("pull.lock");
-        let file = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .with_context(|| format!("opening {}", path.display()))?;
+        if let Ok(meta) = fs::metadata(&path) {
+            refuse_special(&path, &meta)?;
+        }
+        let mut options = fs::OpenOptions::new();
+        options.create(true).truncate(false).write(true);
+        #[cfg(unix)]
+        {
+            // Opening a FIFO for writing would wait for a reader; with the
+            // flag it fails at once (and the check below names it).
+            use std::os::unix::fs::OpenOptionsExt;
+            options.custom_flags(libc::O_NONBLOCK);
+        }
+        let file = options.open(&path).with_context(|| format!("opening {}", path.display()))?;
+        refuse_special(&path, &file.metadata().with_context(|| format!("reading {}", path.display()))?)?;
         match fs4::FileExt::try_lock(&file) {
             Ok(()) => Ok(file),
             Err(fs4::TryLockError::WouldBlock) => bail!(
@@ -186,12 +194,11 @@ impl RepoCache {
     /// The manifest of an `hf:` model at `commit`, recorded when it was pulled.
     pub fn load_manifest(&self, commit: &str) -> Result<Option<Manifest>> {
         let path = self.state_dir().join(format!("manifest-{commit}.json"));
-        match fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
+        match read_state_file(&path)? {
+            Some(text) => serde_json::from_str(&text)
                 .map(Some)
                 .with_context(|| format!("reading {}; delete it and pull again", path.display())),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+            None => Ok(None),
         }
     }
 
@@ -206,10 +213,12 @@ impl RepoCache {
 
     /// Files whose content was hashed and matched; see [`VerifiedFiles`].
     pub fn load_verified(&self) -> VerifiedFiles {
-        // A missing or unreadable record only means files get hashed again.
-        let records = fs::read(self.verified_path())
+        // A missing or unreadable record only means files get hashed again
+        // (and saving replaces it).
+        let records = read_state_file(&self.verified_path())
             .ok()
-            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .flatten()
+            .and_then(|text| serde_json::from_str(&text).ok())
             .unwrap_or_default();
         VerifiedFiles { records }
     }
@@ -253,6 +262,30 @@ impl VerifiedFiles {
             self.records.remove(&real.to_string_lossy().into_owned());
         }
     }
+}
+
+/// The most a state file of ours (a manifest, the verified-files record, a
+/// download's ranges) is read to: a few KB to a few MB in practice.
+pub const STATE_FILE_MAX_BYTES: u64 = 64 << 20;
+
+/// Reads one of the cache's state files, `None` when it does not exist. Only a
+/// regular file is read (a FIFO in its place would block a reader forever, a
+/// link to `/dev/zero` never end), and only up to [`STATE_FILE_MAX_BYTES`].
+pub fn read_state_file(path: &Path) -> Result<Option<String>> {
+    if let Ok(meta) = fs::metadata(path) {
+        refuse_special(path, &meta)?;
+    }
+    crate::model_files::read_text_if_present(path, STATE_FILE_MAX_BYTES)
+        .with_context(|| format!("reading {}; delete it and pull again", path.display()))
+}
+
+/// Refuses anything but a regular file where the cache keeps its own records.
+fn refuse_special(path: &Path, meta: &fs::Metadata) -> Result<()> {
+    if meta.is_file() {
+        return Ok(());
+    }
+    let kind = if meta.is_dir() { "a folder" } else { "a special file (a FIFO, device or socket)" };
+    bail!("{} is {kind}, not a regular file: slotstream keeps its pull records there; delete it and pull again", path.display())
 }
 
 fn file_identity(file: &Path) -> Option<(String, u64, u128)> {
@@ -346,5 +379,48 @@ mod tests {
         let error = repo.resolve_revision("main").expect_err("a ref that holds no commit");
         assert!(!format!("{error:#}").contains("top secret") && format!("{error:#}").contains("refs/main"), "{error:#}");
         assert_eq!(repo.resolve_revision("v2").expect("no such ref is not an error"), None);
+    }
+
+    /// Runs `f` on a thread and fails if it has not returned within seconds
+    /// (it would block forever on a FIFO opened as a file).
+    #[cfg(unix)]
+    fn within_seconds<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap_or_else(|_| panic!("{what} blocked on a FIFO"))
+    }
+
+    #[cfg(unix)]
+    fn make_fifo(path: &Path) {
+        let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("a path without NUL");
+        // SAFETY: mkfifo reads a NUL-terminated path that outlives the call.
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0, "mkfifo: {}", std::io::Error::last_os_error());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_fifo_in_place_of_a_state_file_is_refused_at_once() {
+        let scratch = tempfile::tempdir().expect("creating a scratch folder");
+        let repo = RepoCache::new(&scratch.path().join("hub"), "org/name");
+        repo.create_dirs().expect("creating the cache folders");
+        let commit = "0123456789abcdef0123456789abcdef01234567";
+        make_fifo(&repo.state_dir().join(format!("manifest-{commit}.json")));
+        make_fifo(&repo.state_dir().join("verified.json"));
+        make_fifo(&repo.state_dir().join("pull.lock"));
+
+        let (manifest, verified, lock) = within_seconds("reading the state files", move || {
+            let manifest = repo.load_manifest(commit).map(|_| ()).map_err(|e| format!("{e:#}"));
+            let verified = repo.load_verified().records.len();
+            let lock = repo.lock().map(|_| ()).map_err(|e| format!("{e:#}"));
+            (manifest, verified, lock)
+        });
+        let manifest = manifest.expect_err("a FIFO is no manifest");
+        assert!(manifest.contains(&format!("manifest-{commit}.json is a special file")), "{manifest}");
+        assert!(manifest.contains("delete it and pull again"), "{manifest}");
+        assert_eq!(verified, 0, "an unreadable record means files are hashed again");
+        let lock = lock.expect_err("a FIFO is no lock file");
+        assert!(lock.contains("pull.lock is a special file"), "{lock}");
     }
 }

@@ -73,7 +73,8 @@ fn pulled_specs(root: &Path, dir: &Path) -> Vec<String> {
         if !is_commit_hash(commit) {
             continue;
         }
-        let Some(manifest) = fs::read(entry.path()).ok().and_then(|b| serde_json::from_slice::<Manifest>(&b).ok()) else {
+        let record = super::cache::read_state_file(&entry.path()).ok().flatten();
+        let Some(manifest) = record.and_then(|text| serde_json::from_str::<Manifest>(&text).ok()) else {
             continue;
         };
         // The folder must be the one the recorded repository is kept in.

@@ -81,7 +81,7 @@ impl RangeRecord {
     /// Loads the record for `download` if it describes that file and its partial file
     /// is still there at full length; anything else means starting over.
     fn load(download: &Download) -> Option<RangeRecord> {
-        let record: RangeRecord = serde_json::from_slice(&fs::read(&download.ranges).ok()?).ok()?;
+        let record: RangeRecord = serde_json::from_str(&super::cache::read_state_file(&download.ranges).ok()??).ok()?;
         let partial_len = fs::metadata(&download.partial).ok()?.len();
         let consistent = record.size == download.size
             && partial_len == download.size

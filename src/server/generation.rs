@@ -9,10 +9,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use axum::http::StatusCode;
-use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio::sync::OwnedSemaphorePermit;
 
 use std::collections::VecDeque;
 
+use super::delivery::{self, Inbox, Outbox};
 use super::thinking::{Split, ThinkingSplitter};
 use super::tools::{Part, ToolCall, ToolCallSplitter};
 use super::keep_alive::KeepAlive;
@@ -117,9 +118,10 @@ pub enum Event {
     Failed(ApiError),
 }
 
-/// The receiving end of a generation. Dropping it cancels the generation.
+/// The receiving end of a generation. Dropping it cancels the generation,
+/// and so does falling behind (see `delivery.rs`).
 pub struct GenerationStream {
-    rx: mpsc::Receiver<Piece>,
+    rx: Inbox<Piece>,
     splitter: Option<ThinkingSplitter>,
     tool_calls: Option<ToolCallSplitter>,
     /// Events split out of one piece, waiting to be read.
@@ -286,10 +288,9 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
     }
 
     let permit = wait_turn(app).await?;
-    let (tx, rx) = mpsc::channel(64);
+    let (sender, rx) = delivery::channel(64, app.options.timeouts.write, tokio::runtime::Handle::current());
     let job = GenerateRequest { prompt_ids, max_tokens, sampling: req.sampling, stop: req.stop, ignore_eos: false };
     let app2 = app.clone();
-    let sender = PieceSender { tx, runtime: tokio::runtime::Handle::current(), timeout: app.options.timeouts.write };
     tokio::task::spawn_blocking(move || {
         let _permit = permit;
         let outcome = run_generation(&app2, &model, &job, constraint, &sender, arrived);
@@ -433,33 +434,6 @@ fn render_prompt(
     Ok((ids, text.trim_end().ends_with("<think>")))
 }
 
-/// The engine thread's end of a generation's channel.
-struct PieceSender {
-    tx: mpsc::Sender<Piece>,
-    runtime: tokio::runtime::Handle,
-    /// How long a piece may wait for room: a client that reads nothing for
-    /// this long has let go of the generation, and its turn goes to the next.
-    timeout: Duration,
-}
-
-impl PieceSender {
-    /// Sends `piece`; false when the client is gone or stopped reading.
-    fn send(&self, piece: Piece) -> bool {
-        match self.tx.try_send(piece) {
-            Ok(()) => true,
-            Err(mpsc::error::TrySendError::Closed(_)) => false,
-            Err(mpsc::error::TrySendError::Full(piece)) => {
-                let sent = self.runtime.block_on(async { tokio::time::timeout(self.timeout, self.tx.send(piece)).await });
-                matches!(sent, Ok(Ok(())))
-            }
-        }
-    }
-
-    fn is_closed(&self) -> bool {
-        self.tx.is_closed()
-    }
-}
-
 /// Runs one generation on the calling (blocking) thread. `Ok(None)`: the
 /// client went away.
 fn run_generation(
@@ -467,7 +441,7 @@ fn run_generation(
     model: &Lease,
     req: &GenerateRequest,
     mut constraint: Option<GrammarConstraint>,
-    tx: &PieceSender,
+    tx: &Outbox<Piece>,
     arrived: Instant,
 ) -> Result<Option<Summary>> {
     let engine = &model.engine;
@@ -486,7 +460,7 @@ fn run_generation(
     // Feed all but the last prompt token here, in chunks, so a client that
     // leaves during a long prefill is noticed, and so the prompt's state can be
     // kept for the next request.
-    if !engine.prefill_until(ids, ids.len() - 1, &mut state, || tx.is_closed() || app.stopping())? {
+    if !engine.prefill_until(ids, ids.len() - 1, &mut state, || tx.gone() || app.stopping())? {
         note!("generation: cancelled during prefill at token {} of {}", state.position, ids.len());
         return Ok(None);
     }
@@ -504,7 +478,7 @@ fn run_generation(
         }
         if piece.is_empty() {
             // Nothing to send this step; still stop for a client that left.
-            return if tx.is_closed() { ControlFlow::Break(()) } else { ControlFlow::Continue(()) };
+            return if tx.gone() { ControlFlow::Break(()) } else { ControlFlow::Continue(()) };
         }
         if tx.send(Piece::Text(piece.to_string())) {
             ControlFlow::Continue(())
@@ -535,6 +509,10 @@ fn run_generation(
     }
     // Cancelled by a shutdown, the stream still ends with its summary.
     if out.finish_reason == FinishReason::Cancelled && !app.stopping() {
+        if tx.behind() {
+            let tokens = out.generated_ids.len();
+            note!("generation: cancelled after {tokens} tokens: the client fell behind the stream (--write-timeout-secs)");
+        }
         return Ok(None);
     }
     let mut context = out.prompt_ids;
@@ -549,26 +527,4 @@ fn run_generation(
         eval: Duration::from_secs_f64(out.stats.decode_seconds),
         total: arrived.elapsed(),
     }))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_client_that_reads_nothing_lets_go_after_the_write_timeout() {
-        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("a runtime");
-        let (tx, mut rx) = mpsc::channel(1);
-        let sender = PieceSender { tx, runtime: runtime.handle().clone(), timeout: Duration::from_millis(200) };
-        let worker = std::thread::spawn(move || {
-            let first = sender.send(Piece::Text("read".into()));
-            let started = Instant::now();
-            let second = sender.send(Piece::Text("never read".into()));
-            (first, second, started.elapsed())
-        });
-        let (first, second, waited) = worker.join().expect("the sending thread");
-        assert!(first && !second, "the second piece has no room and nobody reads");
-        assert!(waited < Duration::from_secs(5), "waited {waited:?}");
-        assert!(matches!(runtime.block_on(rx.recv()), Some(Piece::Text(t)) if t == "read"));
-    }
 }

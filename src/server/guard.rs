@@ -86,15 +86,57 @@ pub(super) async fn check_length(req: Request, next: Next) -> Response {
     }
 }
 
+/// An `Origin` header as a browser sends it: `scheme://host[:port]`, kept in
+/// lowercase and without the scheme's default port, so patterns compare with
+/// one spelling of each origin. Anything more is no origin: user information
+/// (`http://localhost:80@evil.com` is evil.com), a path or query, a port that
+/// is no number, a host that is no name or address.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct BrowserOrigin {
+    scheme: String,
+    host: String,
+    port: Option<u16>,
+}
+
+impl BrowserOrigin {
+    pub(super) fn parse(origin: &str) -> Option<BrowserOrigin> {
+        let uri = origin.parse::<Uri>().ok()?;
+        let scheme = uri.scheme_str()?.to_ascii_lowercase();
+        let authority = uri.authority()?;
+        let path_ok = uri.path_and_query().is_none_or(|p| p.as_str().is_empty() || p.as_str() == "/");
+        if !path_ok || authority.as_str().contains('@') || !has_valid_port(authority) {
+            return None;
+        }
+        let host = authority.host().to_ascii_lowercase();
+        let name = !host.is_empty() && host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'));
+        let address = host.starts_with('[') && ip_of(&host).is_some();
+        if !name && !address {
+            return None;
+        }
+        let default_port = match scheme.as_str() {
+            "http" => Some(80),
+            "https" => Some(443),
+            _ => None,
+        };
+        let port = authority.port_u16().filter(|&p| Some(p) != default_port);
+        Some(BrowserOrigin { scheme, host, port })
+    }
+}
+
+impl std::fmt::Display for BrowserOrigin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}://{}", self.scheme, self.host)?;
+        match self.port {
+            Some(port) => write!(f, ":{port}"),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Whether an `Origin` header names this machine: `http` or `https`, a
-/// loopback host, an optional port, and nothing else (no user information,
-/// path or query: `http://localhost:80@evil.com` is evil.com).
+/// loopback host, an optional port, and nothing else.
 pub(super) fn is_loopback_origin(origin: &str) -> bool {
-    let Ok(uri) = origin.parse::<Uri>() else { return false };
-    let Some(authority) = uri.authority() else { return false };
-    let scheme_ok = matches!(uri.scheme_str(), Some("http" | "https"));
-    let path_ok = uri.path_and_query().is_none_or(|p| p.as_str().is_empty() || p.as_str() == "/");
-    scheme_ok && path_ok && !authority.as_str().contains('@') && has_valid_port(authority) && is_loopback_name(authority.host())
+    BrowserOrigin::parse(origin).is_some_and(|o| matches!(o.scheme.as_str(), "http" | "https") && is_loopback_name(&o.host))
 }
 
 #[cfg(test)]
@@ -121,6 +163,19 @@ mod tests {
             "http://localhost:abc",
         ] {
             assert!(!is_loopback_origin(bad), "{bad} should be refused");
+        }
+    }
+
+    #[test]
+    fn origins_are_read_in_one_spelling() {
+        let normal = |o: &str| BrowserOrigin::parse(o).map(|o| o.to_string());
+        assert_eq!(normal("HTTP://App.Example.COM:80/").as_deref(), Some("http://app.example.com"));
+        assert_eq!(normal("https://example.com:443").as_deref(), Some("https://example.com"));
+        assert_eq!(normal("https://example.com:8443").as_deref(), Some("https://example.com:8443"));
+        assert_eq!(normal("app://bundle:80").as_deref(), Some("app://bundle:80"));
+        assert_eq!(normal("http://[::1]:3000").as_deref(), Some("http://[::1]:3000"));
+        for bad in ["null", "", "example.com", "http://a@b.com", "http://b.com/x", "http://b.com?x", "http://b.com:x", "http://b%2fc.com"] {
+            assert_eq!(normal(bad), None, "{bad} is no origin");
         }
     }
 

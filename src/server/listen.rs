@@ -1,6 +1,7 @@
 //! The accept loop: every connection gets a deadline for each request head
 //! (an idle keep-alive connection included), one for its body and one for
-//! each write, so idle or slow sockets cannot pile up; on shutdown no new
+//! each write, so idle or slow sockets cannot pile up, and a small send
+//! buffer, so a client that reads nothing is found within seconds; on shutdown no new
 //! connection is taken, generations are cancelled (their streams still end
 //! with a final chunk), open connections are asked to finish, and after a
 //! grace period the loop returns whatever is still open.
@@ -32,8 +33,9 @@ pub struct Timeouts {
     pub header: Duration,
     /// To send a request body.
     pub body: Duration,
-    /// For the client to take any byte of a response; a generation whose
-    /// client reads nothing for this long is cancelled and frees its turn.
+    /// For the client to take any byte of a response; also how far a
+    /// generation's client may fall behind it in all (see `delivery.rs`)
+    /// before the generation is cancelled and frees its turn.
     pub write: Duration,
     /// After a shutdown signal, how long open connections may take to finish.
     pub shutdown_grace: Duration,
@@ -76,6 +78,7 @@ pub async fn serve_on(
                         continue;
                     }
                 };
+                bound_send_buffer(&stream);
                 let (service, mut stop) = (service.clone(), stop.clone());
                 connections.spawn(async move {
                     let io = TokioIo::new(WriteDeadline::new(stream, timeouts.write));
@@ -106,6 +109,33 @@ pub async fn serve_on(
         connections.abort_all();
     }
     Ok(())
+}
+
+/// What the kernel may hold of a response its client has not taken. Linux
+/// lets a send buffer grow to 4 MB, some 30,000 streamed tokens: a client
+/// that reads nothing would hold the generation turn that long before any
+/// write waited, and the write timeout began. 32 KiB (Linux doubles it) is
+/// still far more than a token stream needs in flight.
+const SEND_BUFFER_BYTES: i32 = 32 << 10;
+
+/// Bounds a connection's send buffer to [`SEND_BUFFER_BYTES`].
+fn bound_send_buffer(stream: &tokio::net::TcpStream) {
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsRawFd;
+        let size: libc::c_int = SEND_BUFFER_BYTES;
+        let len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: setsockopt reads one int through a pointer valid for the
+        // call, on a descriptor the stream owns.
+        let set = unsafe {
+            libc::setsockopt(stream.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, std::ptr::addr_of!(size).cast(), len)
+        };
+        if set != 0 {
+            note!("bounding a connection's send buffer failed: {}", std::io::Error::last_os_error());
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = stream;
 }
 
 /// Reads the whole request body within the body timeout (and the size

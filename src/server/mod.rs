@@ -15,6 +15,7 @@
 //! manage the pulled models.
 
 mod catalog;
+mod delivery;
 mod elastic;
 mod error;
 mod generation;

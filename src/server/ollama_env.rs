@@ -8,6 +8,8 @@ use std::net::IpAddr;
 
 use anyhow::{bail, Context, Result};
 
+use super::guard::BrowserOrigin;
+
 /// Ollama's default port.
 pub const DEFAULT_PORT: u16 = 11434;
 
@@ -74,8 +76,8 @@ impl OllamaEnv {
         Ok((host, port.or(env_port).unwrap_or(DEFAULT_PORT)))
     }
 
-    /// `OLLAMA_ORIGINS`: comma-separated origins, each exact or with one `*`
-    /// wildcard (`chrome-extension://*`, `https://*.example.com`, `*`).
+    /// `OLLAMA_ORIGINS`: comma-separated origins, each exact or with `*`
+    /// wildcards (`chrome-extension://*`, `https://*.example.com`, `*`).
     pub fn origins(&self) -> Vec<String> {
         self.origins
             .as_deref()
@@ -126,15 +128,52 @@ fn parse_host(value: &str) -> Result<(Option<IpAddr>, Option<u16>)> {
     Ok((host, port))
 }
 
-/// Whether `origin` matches one of `patterns` (exact, or one `*` standing
-/// for any text).
+/// Whether `origin` matches one of `patterns`, as Ollama matches
+/// `OLLAMA_ORIGINS`: `*` stands for any text, and a pattern must match the
+/// whole origin. The origin is read as a URL first and compared in one
+/// spelling (see `guard::BrowserOrigin`), so text a pattern's wildcard would
+/// swallow (user information, a path) refuses it instead; `*` alone allows
+/// any origin at all, and an origin that is no URL (`null`) only a pattern
+/// that is exactly it.
 pub fn origin_allowed(origin: &str, patterns: &[String]) -> bool {
-    patterns.iter().any(|p| match p.split_once('*') {
-        Some((prefix, suffix)) => {
-            origin.len() >= prefix.len() + suffix.len() && origin.starts_with(prefix) && origin.ends_with(suffix)
+    let normal = BrowserOrigin::parse(origin).map(|o| o.to_string());
+    patterns.iter().any(|pattern| {
+        let pattern = pattern.to_ascii_lowercase();
+        match &normal {
+            _ if pattern == "*" => true,
+            Some(normal) => {
+                let exact = BrowserOrigin::parse(&pattern).map(|p| p.to_string());
+                exact.as_deref() == Some(normal.as_str()) || wildcard_match(&pattern, normal)
+            }
+            None => pattern == origin.to_ascii_lowercase(),
         }
-        None => p == origin,
     })
+}
+
+/// Whether `pattern`, in which each `*` stands for any run of characters
+/// (none included), matches all of `text`. Greedy, going back only to the
+/// last `*`: time in proportion to the lengths' product at worst.
+fn wildcard_match(pattern: &str, text: &str) -> bool {
+    let (p, t) = (pattern.as_bytes(), text.as_bytes());
+    let (mut pi, mut ti) = (0, 0);
+    // After the last `*` seen: where the pattern resumes, and where in the text that `*` stops.
+    let mut resume: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        if pi < p.len() && p[pi] == b'*' {
+            pi += 1;
+            resume = Some((pi, ti));
+        } else if pi < p.len() && p[pi] == t[ti] {
+            pi += 1;
+            ti += 1;
+        } else if let Some((after_star, star_end)) = resume {
+            pi = after_star;
+            ti = star_end + 1;
+            resume = Some((after_star, star_end + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&c| c == b'*')
 }
 
 #[cfg(test)]
@@ -170,10 +209,52 @@ mod tests {
         let patterns = e.origins();
         assert_eq!(patterns.len(), 2);
         assert!(origin_allowed("https://app.example.com", &patterns));
+        assert!(origin_allowed("HTTPS://App.Example.com:443/", &patterns), "one spelling of the same origin");
         assert!(origin_allowed("chrome-extension://abcdef", &patterns));
         assert!(!origin_allowed("https://evil.example.com", &patterns));
         assert!(!origin_allowed("https://app.example.com.evil", &patterns));
+        assert!(!origin_allowed("http://app.example.com", &patterns), "another scheme");
         assert!(origin_allowed("anything", &["*".to_string()]));
+        assert!(origin_allowed("null", &["null".to_string()]));
+        assert!(!origin_allowed("null", &["n*".to_string()]));
+    }
+
+    #[test]
+    fn wildcards_match_the_parsed_origin_not_the_header_text() {
+        let patterns: Vec<String> = ["http://*.example.com", "app://*", "http://localhost:*"].map(String::from).to_vec();
+        for ok in ["http://a.example.com", "http://a.b.example.com", "HTTP://A.Example.Com", "app://bundle", "app://x:9",
+                   "http://localhost:3000"] {
+            assert!(origin_allowed(ok, &patterns), "{ok} should be allowed");
+        }
+        for bad in [
+            "http://localhost:80@evil.com",
+            "http://evil.com@a.example.com",
+            "http://x@a.example.com",
+            "http://evil.com/.example.com",
+            "http://evil.com?.example.com",
+            "http://evil.com#.example.com",
+            "http://evil.com\\.example.com",
+            "http://example.com",
+            "https://a.example.com",
+            "http://a.example.com.evil.com",
+            "http://a.example.com:8080",
+            "app://x@evil.com",
+            "app://bundle/path",
+            "https://app",
+            "http://localhost",
+            "null",
+        ] {
+            assert!(!origin_allowed(bad, &patterns), "{bad} should be refused");
+        }
+    }
+
+    #[test]
+    fn wildcards_match_whole_texts() {
+        assert!(wildcard_match("a*b*c", "abc") && wildcard_match("a*b*c", "axxbyyc") && wildcard_match("*", ""));
+        assert!(wildcard_match("a**", "a") && wildcard_match("*c", "abcbc"));
+        assert!(!wildcard_match("a*b*c", "axxbyy") && !wildcard_match("a*c", "acb") && !wildcard_match("", "a"));
+        let long = "a".repeat(5000);
+        assert!(!wildcard_match(&format!("{}b", "*a".repeat(50)), &long), "a hostile pattern still ends");
     }
 
     #[test]

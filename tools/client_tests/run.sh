@@ -29,7 +29,8 @@ scratch="$(mktemp -d)"
 servers=()
 trap 'for p in "${servers[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; rm -rf "$scratch"' EXIT
 
-# Serves the model directory $1 as $fixture; sets $url and $server.
+# Serves the model directory $1 as $fixture (further arguments go to serve);
+# sets $url and $server.
 start_server() {
     local port log
     port="$("$venv/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
@@ -37,7 +38,7 @@ start_server() {
     # An empty model cache of its own: the served models are the fixture's
     # alone until a test pulls one from the local hub.
     HF_HUB_CACHE="$(mktemp -d -p "$scratch")" HF_ENDPOINT="$hub_url" HF_TOKEN= \
-        "$bin" serve --model "$1" --name "$fixture" --port "$port" --queue "$queue" >"$log" 2>&1 &
+        "$bin" serve --model "$1" --name "$fixture" --port "$port" --queue "$queue" "${@:2}" >"$log" 2>&1 &
     server=$!
     servers+=("$server")
     url="http://127.0.0.1:$port"
@@ -77,10 +78,42 @@ cp "$root/tests/templates/tool_calling.jinja" "$tools_model/chat_template.jinja"
 start_server "$tools_model"
 tools_url="$url" tools_server="$server"
 
+# The robustness battery's server: short timeouts, so its slow-client cases
+# take seconds, and two more copies of the fixture: one that never ends its
+# answers (within a 32k context) and one whose chat template loops.
+endless_model="$scratch/endless"
+mkdir "$endless_model"
+cp "$root/tests/fixtures/$fixture"/* "$endless_model/"
+"$venv/bin/python" - "$endless_model" <<'PY'
+import json, pathlib, sys
+folder = pathlib.Path(sys.argv[1])
+for name, key in [("config.json", "eos_token_id"), ("generation_config.json", "eos_token_id"), ("tokenizer_config.json", "eos_token")]:
+    path = folder / name
+    if path.exists():
+        config = json.loads(path.read_text())
+        config.pop(key, None)
+        if name == "config.json":
+            # Room for more tokens than the server's socket buffers could hold
+            # before slow clients were bounded (3 MB, some 27k tokens).
+            config["max_position_embeddings"] = 32768
+        path.write_text(json.dumps(config))
+PY
+looping_model="$scratch/looping"
+mkdir "$looping_model"
+cp "$root/tests/fixtures/$fixture"/* "$looping_model/"
+echo '{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}{{ messages[0].content }}' \
+    >"$looping_model/chat_template.jinja"
+timeouts=(--write-timeout-secs 2 --header-timeout-secs 2 --body-timeout-secs 2)
+start_server "$root/tests/fixtures/$fixture" "${timeouts[@]}" \
+    --model "$endless_model" --name endless --model "$looping_model" --name looping
+battery_url="$url" battery_server="$server"
+
 status=0
 SLOTSTREAM_URL="$plain_url" SLOTSTREAM_MODEL="$fixture" SLOTSTREAM_HUB_MODEL="org/tiny" "$venv/bin/pytest" -q "$here/test_clients.py" || status=1
 SLOTSTREAM_TOOLS_URL="$tools_url" SLOTSTREAM_MODEL="$fixture" "$venv/bin/pytest" -q "$here/test_agents.py" "$here/test_langchain.py" || status=1
-"$venv/bin/python" "$root/tools/robustness.py" --url "$plain_url" --model "$fixture" --queue "$queue" || status=1
+"$venv/bin/python" "$root/tools/robustness.py" --url "$battery_url" --model "$fixture" --queue "$queue" \
+    --write-timeout 2 --header-timeout 2 --body-timeout 2 --endless-model endless --looping-model looping || status=1
 check_alive "$plain_server" "$fixture" || status=1
+check_alive "$battery_server" "$fixture with short timeouts" || status=1
 check_alive "$tools_server" "$fixture with tools" || status=1
 exit "$status"
