@@ -192,8 +192,9 @@ struct ServeArgs {
     /// Seconds a client may take to send a request body.
     #[arg(long, default_value_t = 60.0)]
     body_timeout_secs: f64,
-    /// Seconds a client may read nothing of a response before it is dropped
-    /// (and its generation cancelled).
+    /// Seconds a client may fall behind a response before it is dropped and
+    /// its generation cancelled: reading nothing for this long, or reading so
+    /// slowly that generation has waited on it this long in all.
     #[arg(long, default_value_t = 60.0)]
     write_timeout_secs: f64,
     /// Seconds open requests get to finish after Ctrl-C or SIGTERM.

@@ -124,10 +124,9 @@ fn reduce_sum(v: f32, sg: u32, nsg: u32, lane: u32) -> f32 {
     return r;
 }
 
-// Element `d` of kv head `kh`'s key in row `j` (the fresh row from knew, or
-// with `rope` from kn_sh).
-fn key_at(j: u32, kv_cols: u32, kh: u32, d: u32) -> f32 {
-    let off = kh * p.head_dim + d;
+// Element `off` (= kv head * head_dim + d) of key row `j` (the fresh row
+// from knew, or with `rope` element d of kn_sh).
+fn key_at(j: u32, kv_cols: u32, off: u32, d: u32) -> f32 {
     if (p.fresh != 0u && j >= p.past) {
         if (p.rope != 0u) {
             return kn_sh[d];
@@ -358,9 +357,10 @@ fn attend_chunk(g: u32, li: u32, sg: u32, nsg: u32, lane: u32, lanes: u32) -> Pa
             if (i < listed) {
                 j = sel[row + 1u + i / p.block] * p.block + i % p.block;
             }
+            let kb = kh * hd;
             var s = 0.0;
             for (var d = lane; d < hd; d += lanes) {
-                s += q_sh[d] * key_at(j, kv_cols, kh, d);
+                s += q_sh[d] * key_at(j, kv_cols, kb + d, d);
             }
             s = subgroupAdd(s);
             if (lane == 0u) {
