@@ -30,7 +30,8 @@
 // append costs no copy and no break in the compute pass.
 //
 // With `rope` (and `fresh`; the entry points attention_rope and
-// attention_split_rope, so that the others carry none of its registers), q
+// attention_split_rope, so that the others carry none of its registers;
+// head_dim <= 256, the fresh key staged in the upper half of q_sh), q
 // and the new key row are raw projections: each
 // workgroup normalises its query head and its kv head's new key row (RMSNorm
 // with q_weight / k_weight, eps q_eps / k_eps) and rotates their first
@@ -91,8 +92,10 @@ var<workgroup> red: array<f32, 256>;
 var<workgroup> q_sh: array<f32, 512>;
 var<workgroup> weight_sh: array<f32, 256>;
 var<workgroup> key_sh: array<u32, 256>;
-// With `rope`: the fresh key row of the workgroup's kv head, normalised and rotated.
-var<workgroup> kn_sh: array<f32, 512>;
+// With `rope` (head_dim <= KN): the fresh key row of the workgroup's kv head,
+// normalised and rotated, in q_sh[KN..], so that no entry point needs more
+// workgroup memory for it.
+const KN: u32 = 256u;
 
 // Workgroup-wide max and sum: within each subgroup, then over the
 // subgroups' results in workgroup memory (two barriers).
@@ -125,11 +128,11 @@ fn reduce_sum(v: f32, sg: u32, nsg: u32, lane: u32) -> f32 {
 }
 
 // Element `off` (= kv head * head_dim + d) of key row `j` (the fresh row
-// from knew, or with `rope` element d of kn_sh).
+// from knew, or with `rope` element d of the staged key in q_sh[KN..]).
 fn key_at(j: u32, kv_cols: u32, off: u32, d: u32) -> f32 {
     if (p.fresh != 0u && j >= p.past) {
         if (p.rope != 0u) {
-            return kn_sh[d];
+            return q_sh[KN + d];
         }
         return knew[(j - p.past) * kv_cols + off];
     }
@@ -160,7 +163,11 @@ fn store_fresh(g: u32, li: u32) {
     let src = t * kv_cols + (h / group) * p.head_dim;
     let dst = (p.past + t) * kv_cols + (h / group) * p.head_dim;
     for (var d = li; d < p.head_dim; d += WG) {
-        keys[dst + d] = select(knew[src + d], kn_sh[d], p.rope != 0u);
+        if (p.rope != 0u) {
+            keys[dst + d] = q_sh[KN + d];
+        } else {
+            keys[dst + d] = knew[src + d];
+        }
         values[dst + d] = vnew[src + d];
     }
 }
@@ -230,8 +237,8 @@ fn reduce_sum2(a: f32, b: f32, sg: u32, nsg: u32, lane: u32) -> vec2<f32> {
 }
 
 // Stages workgroup g's query head in q_sh and, with `rope`, its kv head's
-// fresh key row in kn_sh, both normalised and rotated: thread li owns values
-// li and li + WG (head_dim <= 2 * WG), whose weights and angles it loads
+// fresh key row in q_sh[KN..], both normalised and rotated: thread li owns values
+// li and li + WG (head_dim <= KN: li alone), whose weights and angles it loads
 // with the row; one reduction gives both norms.
 fn stage(g: u32, li: u32, sg: u32, nsg: u32, lane: u32, rope: bool) {
     let th = g / p.splits;
@@ -265,7 +272,7 @@ fn stage(g: u32, li: u32, sg: u32, nsg: u32, lane: u32, rope: bool) {
         tq0 = rope_term(false, t, li);
         tk0 = rope_term(true, t, li);
         q_sh[li] = q0;
-        kn_sh[li] = k0;
+        q_sh[KN + li] = k0;
     }
     if (own1) {
         q1 = q[qb + d1];
@@ -273,7 +280,7 @@ fn stage(g: u32, li: u32, sg: u32, nsg: u32, lane: u32, rope: bool) {
         tq1 = rope_term(false, t, d1);
         tk1 = rope_term(true, t, d1);
         q_sh[d1] = q1;
-        kn_sh[d1] = k1;
+        q_sh[KN + d1] = k1;
     }
     // reduce_sum2's first barrier also publishes the raw rows.
     let ss = reduce_sum2(q0 * q0 + q1 * q1, k0 * k0 + k1 * k1, sg, nsg, lane);
@@ -285,20 +292,20 @@ fn stage(g: u32, li: u32, sg: u32, nsg: u32, lane: u32, rope: bool) {
     var ok1 = 0.0;
     if (own0) {
         oq0 = rope_out(q0, q_sh[min(tq0.j, hd - 1u)], rq, tq0);
-        ok0 = rope_out(k0, kn_sh[min(tk0.j, hd - 1u)], rk, tk0);
+        ok0 = rope_out(k0, q_sh[KN + min(tk0.j, hd - 1u)], rk, tk0);
     }
     if (own1) {
         oq1 = rope_out(q1, q_sh[min(tq1.j, hd - 1u)], rq, tq1);
-        ok1 = rope_out(k1, kn_sh[min(tk1.j, hd - 1u)], rk, tk1);
+        ok1 = rope_out(k1, q_sh[KN + min(tk1.j, hd - 1u)], rk, tk1);
     }
     workgroupBarrier();
     if (own0) {
         q_sh[li] = oq0;
-        kn_sh[li] = ok0;
+        q_sh[KN + li] = ok0;
     }
     if (own1) {
         q_sh[d1] = oq1;
-        kn_sh[d1] = ok1;
+        q_sh[KN + d1] = ok1;
     }
     workgroupBarrier();
 }

@@ -68,6 +68,10 @@ const ROPE_ANGLES_IN: u32 = 10;
 const Q_WEIGHT: u32 = 11;
 const K_WEIGHT: u32 = 12;
 
+/// Largest head dim whose query and fresh key the `*_rope` attention kernels
+/// stage together (the key in the upper half of the query's workgroup array).
+pub(crate) const ROPE_MAX_HEAD_DIM: usize = 256;
+
 /// What decode attention needs to normalise and rotate the raw query and
 /// fresh key rows itself (`rope` in `wgsl/attention.wgsl`).
 pub(crate) struct QkRope<'a> {

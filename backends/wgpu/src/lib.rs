@@ -428,7 +428,7 @@ impl Backend for WgpuBackend {
         // One token (decode): the kernel normalises and rotates q and the
         // fresh key as it stages them; everything else composes.
         let fits = q.rows() == 1 && norm.head_dim == c.head_dim && norm.weights.iter().all(|w| w.numel() == c.head_dim);
-        if !fits || c.head_dim > 512 || self.gpu.limits.max_storage_buffers_per_shader_stage < 10 {
+        if !fits || c.head_dim > attention::ROPE_MAX_HEAD_DIM || self.gpu.limits.max_storage_buffers_per_shader_stage < 10 {
             return attention_qk_norm_composed(self, q, k, v, cache, heads, scale, selection, norm);
         }
         let hd = c.head_dim;
