@@ -433,6 +433,45 @@ fn attend_chunk(g: u32, li: u32, sg: u32, nsg: u32, lane: u32, lanes: u32) -> Pa
     return Partial(m, l, acc0, acc1, d0, part == 0u, d1_valid);
 }
 
+// `attention`: workgroup g's (token, head), normalised output (`rope`: a
+// constant per entry point, so the plain kernels carry none of its code).
+fn attend_whole(g: u32, li: u32, sg: u32, nsg: u32, lane: u32, lanes: u32, rope: bool) {
+    if (g >= p.tokens * p.heads) {
+        return;
+    }
+    stage(g, li, sg, nsg, lane, rope);
+    store_fresh(g, li);
+    let r = attend_chunk(g, li, sg, nsg, lane, lanes);
+    let ob = g * p.head_dim;
+    if (r.d0_valid) {
+        out[ob + r.d0] = select(r.acc0 / r.l, 0.0, r.l == 0.0);
+    }
+    if (r.d1_valid) {
+        out[ob + r.d0 + WG] = select(r.acc1 / r.l, 0.0, r.l == 0.0);
+    }
+}
+
+// `attention_split`: workgroup g's chunk of a (token, head), as a partial.
+fn attend_split(g: u32, li: u32, sg: u32, nsg: u32, lane: u32, lanes: u32, rope: bool) {
+    if (g >= p.tokens * p.heads * p.splits) {
+        return;
+    }
+    stage(g, li, sg, nsg, lane, rope);
+    store_fresh(g, li);
+    let r = attend_chunk(g, li, sg, nsg, lane, lanes);
+    let pb = g * (p.head_dim + 2u);
+    if (li == 0u) {
+        partials[pb] = r.m;
+        partials[pb + 1u] = r.l;
+    }
+    if (r.d0_valid) {
+        partials[pb + 2u + r.d0] = r.acc0;
+    }
+    if (r.d1_valid) {
+        partials[pb + 2u + r.d0 + WG] = r.acc1;
+    }
+}
+
 @compute @workgroup_size(256)
 fn attention(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -443,20 +482,7 @@ fn attention(
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(subgroup_size) lanes: u32,
 ) {
-    let g = wid.y * nwg.x + wid.x;
-    if (g >= p.tokens * p.heads) {
-        return;
-    }
-    stage(g, li, sg, nsg, lane, false);
-    store_fresh(g, li);
-    let r = attend_chunk(g, li, sg, nsg, lane, lanes);
-    let ob = g * p.head_dim;
-    if (r.d0_valid) {
-        out[ob + r.d0] = select(r.acc0 / r.l, 0.0, r.l == 0.0);
-    }
-    if (r.d1_valid) {
-        out[ob + r.d0 + WG] = select(r.acc1 / r.l, 0.0, r.l == 0.0);
-    }
+    attend_whole(wid.y * nwg.x + wid.x, li, sg, nsg, lane, lanes, false);
 }
 
 @compute @workgroup_size(256)
@@ -469,20 +495,7 @@ fn attention_rope(
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(subgroup_size) lanes: u32,
 ) {
-    let g = wid.y * nwg.x + wid.x;
-    if (g >= p.tokens * p.heads) {
-        return;
-    }
-    stage(g, li, sg, nsg, lane, true);
-    store_fresh(g, li);
-    let r = attend_chunk(g, li, sg, nsg, lane, lanes);
-    let ob = g * p.head_dim;
-    if (r.d0_valid) {
-        out[ob + r.d0] = select(r.acc0 / r.l, 0.0, r.l == 0.0);
-    }
-    if (r.d1_valid) {
-        out[ob + r.d0 + WG] = select(r.acc1 / r.l, 0.0, r.l == 0.0);
-    }
+    attend_whole(wid.y * nwg.x + wid.x, li, sg, nsg, lane, lanes, true);
 }
 
 @compute @workgroup_size(256)
@@ -495,24 +508,7 @@ fn attention_split(
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(subgroup_size) lanes: u32,
 ) {
-    let g = wid.y * nwg.x + wid.x;
-    if (g >= p.tokens * p.heads * p.splits) {
-        return;
-    }
-    stage(g, li, sg, nsg, lane, false);
-    store_fresh(g, li);
-    let r = attend_chunk(g, li, sg, nsg, lane, lanes);
-    let pb = g * (p.head_dim + 2u);
-    if (li == 0u) {
-        partials[pb] = r.m;
-        partials[pb + 1u] = r.l;
-    }
-    if (r.d0_valid) {
-        partials[pb + 2u + r.d0] = r.acc0;
-    }
-    if (r.d1_valid) {
-        partials[pb + 2u + r.d0 + WG] = r.acc1;
-    }
+    attend_split(wid.y * nwg.x + wid.x, li, sg, nsg, lane, lanes, false);
 }
 
 @compute @workgroup_size(256)
@@ -525,24 +521,7 @@ fn attention_split_rope(
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(subgroup_size) lanes: u32,
 ) {
-    let g = wid.y * nwg.x + wid.x;
-    if (g >= p.tokens * p.heads * p.splits) {
-        return;
-    }
-    stage(g, li, sg, nsg, lane, true);
-    store_fresh(g, li);
-    let r = attend_chunk(g, li, sg, nsg, lane, lanes);
-    let pb = g * (p.head_dim + 2u);
-    if (li == 0u) {
-        partials[pb] = r.m;
-        partials[pb + 1u] = r.l;
-    }
-    if (r.d0_valid) {
-        partials[pb + 2u + r.d0] = r.acc0;
-    }
-    if (r.d1_valid) {
-        partials[pb + 2u + r.d0 + WG] = r.acc1;
-    }
+    attend_split(wid.y * nwg.x + wid.x, li, sg, nsg, lane, lanes, true);
 }
 
 @compute @workgroup_size(128)
