@@ -3,7 +3,8 @@
 // weight rows and of 64 x rows in workgroup memory (16 KiB), and each of its
 // 256 invocations accumulates a 4 x 4 block of outputs, so a weight value is
 // decoded once per 64 rows of x and every workgroup-memory load feeds four
-// multiply-adds.
+// multiply-adds. The next slice's global loads are issued before the current
+// slice is multiplied (see Staged), so their latency hides behind it.
 //
 //   matmul_tiled:     out[t, out_off + r] = sum_c W[r, c] * x[t, c]   (dense weights)
 //   moe_sort:         one workgroup: groups the (token, rank) pairs of one MoE call
@@ -63,56 +64,74 @@ const TK: u32 = 32u;
 var<workgroup> wt: array<vec4<f32>, 512>;
 var<workgroup> xt: array<vec4<f32>, 512>;
 
-// Weight (row, col .. col + 7), zero past the matrix's columns; one word and
-// one scale load for 4-bit weights (fmt 3 and 4) when the 8 columns are whole.
-fn w_load8(d: WeightDesc, row: u32, col: u32) -> array<f32, 8> {
-    var v: array<f32, 8>;
-    if (d.bits == 4u && (d.fmt == 3u || d.fmt == 4u) && col + 8u <= d.cols && d.group_size % 8u == 0u) {
-        var word = 0u;
-        var sb = vec2<f32>(0.0);
-        let g = (row * d.cols + col) / d.group_size;
-        if (d.fmt == 4u) {
-            let chunks = d.row_words / 4u;
-            let src = col >> 3u;
-            let j = src >> 7u;
-            let r = src & 127u;
-            let t = min(32u, chunks - 32u * j);
-            word = w_word(row * d.row_words + 128u * j + 4u * (r % t) + r / t);
-            sb = sb_pair(w_word(d.scales_off + g), d.scale_kind);
-        } else {
-            word = w_word(row * d.row_words + col / 8u);
-            sb = vec2<f32>(w_scale(d, g), w_bias(d, g));
-        }
-        for (var m = 0u; m < 8u; m++) {
-            v[m] = sb.x * f32((word >> (4u * m)) & 15u) + sb.y;
-        }
-        return v;
-    }
-    for (var m = 0u; m < 8u; m++) {
-        if (col + m < d.cols) {
-            v[m] = w_value(d, row, col + m);
-        } else {
-            v[m] = 0.0;
-        }
-    }
-    return v;
+// One invocation's share of a staged slice, held in registers between the
+// global loads (`fetch`) and the workgroup-memory stores (`store`), so that the
+// next slice's loads are in flight while the current slice is multiplied.
+// 4-bit weights whose 8 columns are whole (`packed`) keep the raw word and its
+// (scale, bias); other formats and the ragged edge are dequantized in `fetch`.
+struct Staged {
+    packed: bool,
+    word: u32,
+    sb: vec2<f32>,
+    w: array<f32, 8>,
+    x: array<f32, 8>,
 }
 
-// Stages weight row `row` (if `valid`) as tile row `m` and x row `xrow` (if
-// `xvalid`) as tile column `n`, for columns k0 + 8 * cg .. + 8.
-fn stage(row: u32, valid: bool, m: u32, xrow: u32, xvalid: bool, n: u32, k0: u32, cg: u32) {
-    let c = k0 + 8u * cg;
-    var wv: array<f32, 8>;
+// Weight (row, col .. col + 7) and x row `xrow`'s columns col .. col + 7,
+// zero past the matrix's columns, for a weight row (`valid`) and an x row
+// (`xvalid`) that may be past the end.
+fn fetch(row: u32, valid: bool, xrow: u32, xvalid: bool, col: u32) -> Staged {
+    let d = p.w;
+    var s: Staged;
+    s.packed = true;
+    s.word = 0u;
+    s.sb = vec2<f32>(0.0);
     if (valid) {
-        wv = w_load8(p.w, row, c);
+        if (d.bits == 4u && (d.fmt == 3u || d.fmt == 4u) && col + 8u <= d.cols && d.group_size % 8u == 0u) {
+            let g = (row * d.cols + col) / d.group_size;
+            if (d.fmt == 4u) {
+                let chunks = d.row_words / 4u;
+                let src = col >> 3u;
+                let j = src >> 7u;
+                let r = src & 127u;
+                let t = min(32u, chunks - 32u * j);
+                s.word = w_word(row * d.row_words + 128u * j + 4u * (r % t) + r / t);
+                s.sb = sb_pair(w_word(d.scales_off + g), d.scale_kind);
+            } else {
+                s.word = w_word(row * d.row_words + col / 8u);
+                s.sb = vec2<f32>(w_scale(d, g), w_bias(d, g));
+            }
+        } else {
+            s.packed = false;
+            for (var m = 0u; m < 8u; m++) {
+                if (col + m < d.cols) {
+                    s.w[m] = w_value(d, row, col + m);
+                } else {
+                    s.w[m] = 0.0;
+                }
+            }
+        }
     }
     for (var j = 0u; j < 8u; j++) {
-        wt[(8u * cg + j) * 16u + m / 4u][m % 4u] = wv[j];
         var xv = 0.0;
-        if (xvalid && c + j < p.x_cols) {
-            xv = xf[xrow * p.x_cols + c + j];
+        if (xvalid && col + j < p.x_cols) {
+            xv = xf[xrow * p.x_cols + col + j];
         }
-        xt[(8u * cg + j) * 16u + n / 4u][n % 4u] = xv;
+        s.x[j] = xv;
+    }
+    return s;
+}
+
+// Stores a fetched share as tile row `m` (weights) and tile column `m` (x),
+// columns 8 * cg .. + 8 of the slice.
+fn store(s: Staged, m: u32, cg: u32) {
+    for (var j = 0u; j < 8u; j++) {
+        var wv = s.w[j];
+        if (s.packed) {
+            wv = s.sb.x * f32((s.word >> (4u * j)) & 15u) + s.sb.y;
+        }
+        wt[(8u * cg + j) * 16u + m / 4u][m % 4u] = wv;
+        xt[(8u * cg + j) * 16u + m / 4u][m % 4u] = s.x[j];
     }
 }
 
@@ -137,9 +156,13 @@ fn matmul_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     let tx = li % 16u;
     let ty = li / 16u;
     var acc: array<vec4<f32>, 4>;
+    var next = fetch(row0 + m, row0 + m < p.rows, tok0 + m, tok0 + m < p.tokens, 8u * cg);
     for (var k0 = 0u; k0 < p.x_cols; k0 += TK) {
-        stage(row0 + m, row0 + m < p.rows, m, tok0 + m, tok0 + m < p.tokens, m, k0, cg);
+        store(next, m, cg);
         workgroupBarrier();
+        if (k0 + TK < p.x_cols) {
+            next = fetch(row0 + m, row0 + m < p.rows, tok0 + m, tok0 + m < p.tokens, k0 + TK + 8u * cg);
+        }
         accumulate(&acc, tx, ty);
         workgroupBarrier();
     }
@@ -289,9 +312,13 @@ fn moe_gate_up_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
     let tx = li % 16u;
     let ty = li / 16u;
     var acc: array<vec4<f32>, 4>;
+    var next = fetch(row, i < p.rows, pair / p.top_k, m < tile.z, 8u * cg);
     for (var k0 = 0u; k0 < p.x_cols; k0 += TK) {
-        stage(row, i < p.rows, m, pair / p.top_k, m < tile.z, m, k0, cg);
+        store(next, m, cg);
         workgroupBarrier();
+        if (k0 + TK < p.x_cols) {
+            next = fetch(row, i < p.rows, pair / p.top_k, m < tile.z, k0 + TK + 8u * cg);
+        }
         accumulate(&acc, tx, ty);
         workgroupBarrier();
     }
@@ -327,9 +354,14 @@ fn moe_down_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     let tx = li % 16u;
     let ty = li / 16u;
     var acc: array<vec4<f32>, 4>;
+    let wrow = tile.x * p.rows + row0 + m;
+    var next = fetch(wrow, row0 + m < p.rows, pair, m < tile.z, 8u * cg);
     for (var k0 = 0u; k0 < p.x_cols; k0 += TK) {
-        stage(tile.x * p.rows + row0 + m, row0 + m < p.rows, m, pair, m < tile.z, m, k0, cg);
+        store(next, m, cg);
         workgroupBarrier();
+        if (k0 + TK < p.x_cols) {
+            next = fetch(wrow, row0 + m < p.rows, pair, m < tile.z, k0 + TK + 8u * cg);
+        }
         accumulate(&acc, tx, ty);
         workgroupBarrier();
     }
