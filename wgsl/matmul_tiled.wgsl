@@ -19,7 +19,7 @@
 // sum over ranks is moe.wgsl's moe_combine.
 //
 // Bindings: 0 uniform Params; 6 w_words (a weight shard or pool shard, see weights.wgsl);
-// 2 xf f32 rows of x_cols; 3 out f32 (read-write); 4 routes u32 [tokens, 2 * top_k];
+// 2 xf f32 rows of x_cols and 5 xv (the same buffer as vec4s); 3 out f32 (read-write); 4 routes u32 [tokens, 2 * top_k];
 // 7 table u32 (the pool's slot table); 10 sort (moe_sort's output, atomics) and
 // 11 groups (the same buffer, read by the tiled kernels): word 0 the number of
 // tiles, then `experts` cursors, then `max_tiles` tiles (expert, first sorted
@@ -49,6 +49,8 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> xf: array<f32>;
+// The same x as 16-byte words, for whole 8-column runs of rows whose length is a multiple of 4.
+@group(0) @binding(5) var<storage, read> xv: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 @group(0) @binding(4) var<storage, read> routes: array<u32>;
 @group(0) @binding(7) var<storage, read> table: array<u32>;
@@ -61,8 +63,15 @@ const TN: u32 = 64u;
 const TK: u32 = 32u;
 // Workgroup tiles, column-major in 4-row (4-token) vectors: wt[k * 16 + m / 4][m % 4]
 // is weight row m of the tile at column k0 + k.
-var<workgroup> wt: array<vec4<f32>, 512>;
-var<workgroup> xt: array<vec4<f32>, 512>;
+// Each group of 8 columns is offset by two more vec4s (tile_at_k), so that
+// the stores of the four column groups fall in different banks.
+var<workgroup> wt: array<vec4<f32>, 518>;
+var<workgroup> xt: array<vec4<f32>, 518>;
+
+// Index of the 4-row vector `q` of tile column `k` in wt and xt.
+fn tile_at_k(k: u32, q: u32) -> u32 {
+    return k * 16u + 2u * (k >> 3u) + q;
+}
 
 // One invocation's share of a staged slice, held in registers between the
 // global loads (`fetch`) and the workgroup-memory stores (`store`), so that the
@@ -112,12 +121,19 @@ fn fetch(row: u32, valid: bool, xrow: u32, xvalid: bool, col: u32) -> Staged {
             }
         }
     }
+    if (xvalid && col + 8u <= p.x_cols && p.x_cols % 4u == 0u) {
+        let at = (xrow * p.x_cols + col) / 4u;
+        let a = xv[at];
+        let b = xv[at + 1u];
+        s.x = array<f32, 8>(a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w);
+        return s;
+    }
     for (var j = 0u; j < 8u; j++) {
-        var xv = 0.0;
+        var v = 0.0;
         if (xvalid && col + j < p.x_cols) {
-            xv = xf[xrow * p.x_cols + col + j];
+            v = xf[xrow * p.x_cols + col + j];
         }
-        s.x[j] = xv;
+        s.x[j] = v;
     }
     return s;
 }
@@ -130,16 +146,17 @@ fn store(s: Staged, m: u32, cg: u32) {
         if (s.packed) {
             wv = s.sb.x * f32((s.word >> (4u * j)) & 15u) + s.sb.y;
         }
-        wt[(8u * cg + j) * 16u + m / 4u][m % 4u] = wv;
-        xt[(8u * cg + j) * 16u + m / 4u][m % 4u] = s.x[j];
+        let at = tile_at_k(8u * cg + j, m / 4u);
+        wt[at][m % 4u] = wv;
+        xt[at][m % 4u] = s.x[j];
     }
 }
 
 // acc[j][c]: tile row 4 * tx + c against tile column 4 * ty + j, over one staged slice.
 fn accumulate(acc: ptr<function, array<vec4<f32>, 4>>, tx: u32, ty: u32) {
     for (var k = 0u; k < TK; k++) {
-        let a = wt[k * 16u + tx];
-        let b = xt[k * 16u + ty];
+        let a = wt[tile_at_k(k, tx)];
+        let b = xt[tile_at_k(k, ty)];
         (*acc)[0] += a * b.x;
         (*acc)[1] += a * b.y;
         (*acc)[2] += a * b.z;
@@ -151,8 +168,8 @@ fn accumulate(acc: ptr<function, array<vec4<f32>, 4>>, tx: u32, ty: u32) {
 fn matmul_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let row0 = wid.x * TM;
     let tok0 = wid.y * TN;
-    let m = li % 64u;
-    let cg = li / 64u;
+    let m = li / 4u;
+    let cg = li % 4u;
     let tx = li % 16u;
     let ty = li / 16u;
     var acc: array<vec4<f32>, 4>;
@@ -301,8 +318,8 @@ fn moe_gate_up_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
     }
     // Tile row m: gate (even m) or up (odd m) row i0 + m / 2 of the expert.
     let i0 = wid.x * (TM / 2u);
-    let m = li % 64u;
-    let cg = li / 64u;
+    let m = li / 4u;
+    let cg = li % 4u;
     let i = i0 + m / 2u;
     let row = tile.x * 2u * p.rows + (m % 2u) * p.rows + i;
     var pair = 0u;
@@ -345,8 +362,8 @@ fn moe_down_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
         return;
     }
     let row0 = wid.x * TM;
-    let m = li % 64u;
-    let cg = li / 64u;
+    let m = li / 4u;
+    let cg = li % 4u;
     var pair = 0u;
     if (m < tile.z) {
         pair = groups[sorted_at(tile.y + m)];

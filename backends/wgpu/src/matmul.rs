@@ -91,6 +91,8 @@ const X: u32 = 2;
 const OUT: u32 = 3;
 const XQ: u32 = 4;
 const XQ_OUT: u32 = 5;
+// matmul_tiled's x again, read as 16-byte words.
+const X_VEC4: u32 = 5;
 // Bindings of matvec_epilogue (wgsl/matvec.wgsl).
 const AUX: u32 = 4;
 const GATE: u32 = 5;
@@ -225,7 +227,7 @@ fn matmul_tiled(gpu: &Gpu, s: &Shard, x: Bind<'_>, out: Bind<'_>, tokens: usize,
         ..Default::default()
     };
     let groups = [s.rows.div_ceil(TILE) as u32, tokens.div_ceil(TILE) as u32, 1];
-    gpu.dispatch("matmul_tiled", &params, &[(W_WORDS, whole(&s.buffer)), (X, x), (OUT, out)], groups)
+    gpu.dispatch("matmul_tiled", &params, &[(W_WORDS, whole(&s.buffer)), (X, x), (X_VEC4, x), (OUT, out)], groups)
 }
 
 /// `out = x @ W^T` for `x: [tokens, w.cols]`, shard by shard.

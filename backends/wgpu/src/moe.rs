@@ -47,6 +47,8 @@ const ENTRIES: u32 = 8;
 const VALS: u32 = 9;
 // Bindings of the tiled kernels (`wgsl/matmul_tiled.wgsl`): the sort buffer
 // as moe_sort writes it and as the tiles read it.
+// The tiled kernels' x again, read as 16-byte words.
+const X_VEC4: u32 = 5;
 const SORT: u32 = 10;
 const GROUPS: u32 = 11;
 
@@ -227,11 +229,11 @@ fn tiled_outputs(gpu: &Gpu, c: &Call<'_>, out: &wgpu::Buffer) -> Result<()> {
         let sort_params = params(&pool.gate_up, inter, hidden, inter);
         gpu.dispatch("moe_sort", &sort_params, &[(ROUTES, c.routes), (TABLE, table), (SORT, sort.bind())], [1, 1, 1])?;
         let gate_up = whole(&pool.gate_up.buffers[shard]);
-        let binds = [(W_WORDS, gate_up), (X, c.x), (OUT, act.bind()), (TABLE, table), (GROUPS, sort.bind())];
+        let binds = [(W_WORDS, gate_up), (X, c.x), (X_VEC4, c.x), (OUT, act.bind()), (TABLE, table), (GROUPS, sort.bind())];
         let groups = [inter.div_ceil(TILE / 2) as u32, max_tiles as u32, 1];
         gpu.dispatch("moe_gate_up_tiled", &sort_params, &binds, groups)?;
         let down = whole(&pool.down.buffers[shard]);
-        let binds = [(W_WORDS, down), (X, act.bind()), (OUT, whole(out)), (TABLE, table), (GROUPS, sort.bind())];
+        let binds = [(W_WORDS, down), (X, act.bind()), (X_VEC4, act.bind()), (OUT, whole(out)), (TABLE, table), (GROUPS, sort.bind())];
         let groups = [hidden.div_ceil(TILE) as u32, max_tiles as u32, 1];
         gpu.dispatch("moe_down_tiled", &params(&pool.down, hidden, inter, hidden), &binds, groups)?;
     }
