@@ -59,7 +59,6 @@ fn silu(v: f32) -> f32 {
 }
 
 var<workgroup> red_v: array<f32, 256>;
-var<workgroup> red_i: array<u32, 256>;
 var<workgroup> chosen: array<u32, 64>;
 var<workgroup> chosen_w: array<f32, 64>;
 var<workgroup> wg_slot: u32;
@@ -96,34 +95,6 @@ fn better(v: f32, i: u32, v0: f32, i0: u32) -> bool {
     return i0 == NO_SLOT || v > v0 || (v == v0 && i < i0);
 }
 
-// Workgroup-wide (value, id) reduction: the largest value, ties to the lower
-// id (ids of NO_SLOT lose to any real id). `red_v`/`red_i` hold each
-// invocation's candidate; the winner ends in slot 0.
-fn reduce_best(li: u32) {
-    for (var s = 128u; s > 0u; s >>= 1u) {
-        workgroupBarrier();
-        if (li < s) {
-            let v = red_v[li + s];
-            let i = red_i[li + s];
-            if (better(v, i, red_v[li], red_i[li])) {
-                red_v[li] = v;
-                red_i[li] = i;
-            }
-        }
-    }
-    workgroupBarrier();
-}
-
-fn reduce_sum(li: u32) {
-    for (var s = 128u; s > 0u; s >>= 1u) {
-        workgroupBarrier();
-        if (li < s) {
-            red_v[li] += red_v[li + s];
-        }
-    }
-    workgroupBarrier();
-}
-
 // Routes token `t` from its logits: in `row` when `cached` (at most
 // ROW_CACHE experts), else in `vals`.
 fn lg(t: u32, e: u32, cached: bool) -> f32 {
@@ -133,24 +104,59 @@ fn lg(t: u32, e: u32, cached: bool) -> f32 {
     return logit(t, e);
 }
 
-fn route_token(t: u32, li: u32, cached: bool) {
-    // Softmax denominator: max, then the sum of exp(l - max).
+// Workgroup-wide max and sum through subgroup operations: each subgroup's
+// result in red_v, then every invocation folds them (two barriers each).
+fn wg_max(v: f32, sg: u32, nsg: u32, lane: u32) -> f32 {
+    let m = subgroupMax(v);
+    if (lane == 0u) {
+        red_v[sg] = m;
+    }
+    workgroupBarrier();
+    var r = red_v[0];
+    for (var i = 1u; i < nsg; i++) {
+        r = max(r, red_v[i]);
+    }
+    workgroupBarrier();
+    return r;
+}
+
+fn wg_sum(v: f32, sg: u32, nsg: u32, lane: u32) -> f32 {
+    let m = subgroupAdd(v);
+    if (lane == 0u) {
+        red_v[sg] = m;
+    }
+    workgroupBarrier();
+    var r = red_v[0];
+    for (var i = 1u; i < nsg; i++) {
+        r += red_v[i];
+    }
+    workgroupBarrier();
+    return r;
+}
+
+// Subgroup ids and sizes of the routing entry points, for route_token.
+struct Lanes {
+    sg: u32,
+    nsg: u32,
+    lane: u32,
+}
+
+fn route_token(t: u32, li: u32, cached: bool, ln: Lanes) {
+    // Softmax denominator: max, then the sum of exp(l - max). NaN logits
+    // take no part in the max.
     var m = -3.4028235e38;
     for (var e = li; e < p.experts; e += 256u) {
-        m = max(m, lg(t, e, cached));
+        let v = lg(t, e, cached);
+        if (v > m) {
+            m = v;
+        }
     }
-    red_v[li] = m;
-    red_i[li] = 0u;
-    reduce_best(li);
-    let mx = red_v[0];
-    workgroupBarrier();
+    let mx = wg_max(m, ln.sg, ln.nsg, ln.lane);
     var s = 0.0;
     for (var e = li; e < p.experts; e += 256u) {
         s += exp(lg(t, e, cached) - mx);
     }
-    red_v[li] = s;
-    reduce_sum(li);
-    let total = red_v[0];
+    let total = wg_sum(s, ln.sg, ln.nsg, ln.lane);
     if (li < p.top_k) {
         // Stays "no expert" where NaN logits leave a rank unfilled.
         chosen[li] = NO_SLOT;
@@ -191,7 +197,14 @@ fn route_token(t: u32, li: u32, cached: bool) {
 }
 
 @compute @workgroup_size(256)
-fn moe_route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+fn moe_route(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+) {
     let t = wid.y * nwg.x + wid.x;
     if (t >= p.n) {
         return;
@@ -201,7 +214,7 @@ fn moe_route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
         row[e] = logit(t, e);
     }
     workgroupBarrier();
-    route_token(t, li, cached);
+    route_token(t, li, cached, Lanes(sg, nsg, lane));
 }
 
 // The router's product and the routing in one dispatch: `row[e]` = router
@@ -251,7 +264,7 @@ fn moe_route_matmul(
         }
     }
     workgroupBarrier();
-    route_token(t, li, true);
+    route_token(t, li, true, Lanes(sg, nsg, lane));
 }
 
 @compute @workgroup_size(64)

@@ -177,9 +177,43 @@ fn rms_norm_wide(
     }
 }
 
-// add_rms_norm's group g with `wg` invocations per workgroup.
+// Values per invocation that add_rms_norm keeps in registers.
+const NORM_SLOTS: u32 = 4u;
+
+// add_rms_norm's group g with `wg` invocations per workgroup. Groups of at
+// most NORM_SLOTS * wg values keep them in registers and load the weights with
+// them, so the group costs one round of global loads; longer ones read x and
+// z again after the sum.
 fn add_rms_norm_group(g: u32, li: u32, sg: u32, nsg: u32, lane: u32, wg: u32) {
     let base = g * p.dim;
+    let wb = weight_base(g);
+    if (p.dim <= NORM_SLOTS * wg) {
+        var v: array<f32, 4>;
+        var wv: array<f32, 4>;
+        var ss = 0.0;
+        for (var k = 0u; k < NORM_SLOTS; k++) {
+            let i = li + k * wg;
+            if (i < p.dim) {
+                v[k] = x[base + i] + z[base + i];
+                wv[k] = weight[wb + i];
+            }
+        }
+        for (var k = 0u; k < NORM_SLOTS; k++) {
+            let i = li + k * wg;
+            if (i < p.dim) {
+                sum[base + i] = v[k];
+                ss += v[k] * v[k];
+            }
+        }
+        let rr = 1.0 / sqrt(workgroup_sum(ss, lane, sg, nsg) / f32(p.dim) + p.eps);
+        for (var k = 0u; k < NORM_SLOTS; k++) {
+            let i = li + k * wg;
+            if (i < p.dim) {
+                out[base + i] = v[k] * rr * wv[k];
+            }
+        }
+        return;
+    }
     var s = 0.0;
     for (var i = li; i < p.dim; i += wg) {
         let v = x[base + i] + z[base + i];
@@ -187,7 +221,6 @@ fn add_rms_norm_group(g: u32, li: u32, sg: u32, nsg: u32, lane: u32, wg: u32) {
         s += v * v;
     }
     let r = 1.0 / sqrt(workgroup_sum(s, lane, sg, nsg) / f32(p.dim) + p.eps);
-    let wb = weight_base(g);
     for (var i = li; i < p.dim; i += wg) {
         out[base + i] = (x[base + i] + z[base + i]) * r * weight[wb + i];
     }
