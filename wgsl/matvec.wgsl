@@ -28,6 +28,12 @@ struct Params {
     epilogue: u32,
     // matvec_epilogue's SwiGLU: the first up row (= rows).
     half: u32,
+    // One token, interleaved 4-bit, four rows per subgroup: subgroups that
+    // share a quad's chunks (1, 2 or 4; at most the workgroup's subgroups).
+    parts: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -35,6 +41,9 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 @group(0) @binding(4) var<storage, read> aux: array<f32>;
 @group(0) @binding(5) var<storage, read> gate: array<f32>;
+
+// matvec's split quads: each subgroup's partial sums of its quad.
+var<workgroup> partial4: array<vec4<f32>, 128>;
 
 @compute @workgroup_size(128)
 fn matvec(
@@ -48,6 +57,41 @@ fn matvec(
     let t0 = wid.y * 4u;
     let ntok = min(4u, p.tokens - t0);
     let xstride = p.x_cols / 4u;
+    if (p.tokens == 1u && p.w.fmt == 4u && p.group_rows == 4u && p.parts > 1u) {
+        // Interleaved 4-bit, rows of several subgroups' worth of chunks:
+        // `parts` subgroups share a quad (part k takes chunks k*lanes + lane,
+        // stepping parts*lanes), so each lane's chain of dependent loads is
+        // that much shorter; the parts' sums are added in order.
+        let parts = min(p.parts, nsg);
+        let per_wg = nsg / parts;
+        let quads = (p.rows + 3u) / 4u;
+        let f16s = p.w.scale_kind == 1u;
+        for (var q0 = wid.x * per_wg; q0 < quads; q0 += nwg.x * per_wg) {
+            let qi = q0 + sg / parts;
+            let part = sg % parts;
+            let row0 = qi * 4u;
+            var sums = vec4<f32>(0.0);
+            if (qi < quads && sg < per_wg * parts) {
+                sums = rows4_q4i(p.w, row0, min(4u, p.rows - row0), 0u, part * lanes + lane, parts * lanes, f16s);
+            }
+            let total = subgroupAdd(sums);
+            if (lane == 0u) {
+                partial4[sg] = total;
+            }
+            workgroupBarrier();
+            if (part == 0u && lane == 0u && qi < quads && sg < per_wg * parts) {
+                var t = partial4[sg];
+                for (var k = 1u; k < parts; k++) {
+                    t += partial4[sg + k];
+                }
+                for (var r = 0u; r < min(4u, p.rows - row0); r++) {
+                    out[p.out_off + row0 + r] = t[r];
+                }
+            }
+            workgroupBarrier();
+        }
+        return;
+    }
     if (p.tokens == 1u && p.w.fmt == 4u && p.group_rows == 4u) {
         // Interleaved 4-bit, small matrices: one subgroup per four rows.
         let quads = (p.rows + 3u) / 4u;

@@ -80,6 +80,8 @@ pub struct Gpu {
     pub views: bool,
     /// Decode attention's smallest key chunk ([`WgpuOptions::attention_min_chunk`]).
     pub attention_min_chunk: usize,
+    /// Most subgroups sharing a one-token matvec's quad of rows ([`WgpuOptions::matvec_split`]).
+    pub matvec_split: usize,
     /// Largest subgroup the adapter may run: dispatch sizes assume it so that
     /// one subgroup per row never leaves rows unassigned.
     pub subgroup_max: u32,
@@ -215,6 +217,7 @@ impl Gpu {
             limits,
             views: options.views,
             attention_min_chunk: options.attention_min_chunk,
+            matvec_split: options.matvec_split,
             subgroup_max,
             subgroup_min,
             mapped_primary,

@@ -28,6 +28,12 @@ params! {
         epilogue: u32,
         /// `matvec_epilogue`'s SwiGLU: the first up row.
         half: u32,
+        /// One token of interleaved 4-bit weights at four rows per subgroup:
+        /// subgroups sharing one quad of rows (1, 2 or 4).
+        parts: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
     }
 }
 
@@ -146,6 +152,12 @@ fn matvec_q8(gpu: &Gpu, s: &Shard, xq: &GpuBuf, out: Bind<'_>, total_rows: usize
 #[allow(clippy::too_many_arguments)]
 fn matvec(gpu: &Gpu, s: &Shard, x: Bind<'_>, out: Bind<'_>, tokens: usize, total_rows: usize, cols: usize, eight_rows_from: usize) -> Result<()> {
     let group_rows = if s.rows >= eight_rows_from { 8 } else { 4 };
+    // Four-row quads of interleaved 4-bit rows split over up to four
+    // subgroups, one share of the row's 16-byte chunks per lane each.
+    let parts = match (tokens, s.desc.is_interleaved_q4() && group_rows == 4) {
+        (1, true) => gpu.matvec_split.min((s.desc.row_words as usize / 4).div_ceil(gpu.subgroup_max as usize)).max(1),
+        _ => 1,
+    };
     let params = MatvecParams {
         w: s.desc,
         rows: s.rows as u32,
@@ -154,12 +166,13 @@ fn matvec(gpu: &Gpu, s: &Shard, x: Bind<'_>, out: Bind<'_>, tokens: usize, total
         out_off: s.row_start as u32,
         x_cols: cols as u32,
         group_rows: group_rows as u32,
+        parts: parts as u32,
         ..Default::default()
     };
-    // One token: a subgroup per four rows (eight for interleaved 4-bit); more:
-    // a subgroup per row.
+    // One token: a subgroup per four rows (eight for interleaved 4-bit; times
+    // the parts of a split quad); more: a subgroup per row.
     let items = match (tokens, s.desc.is_interleaved_q4()) {
-        (1, true) => s.rows.div_ceil(group_rows),
+        (1, true) => s.rows.div_ceil(group_rows) * parts,
         (1, false) => s.rows.div_ceil(4),
         _ => s.rows,
     };

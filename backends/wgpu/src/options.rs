@@ -46,6 +46,10 @@ pub const INT8_MIN_BYTES: usize = 32 << 20;
 /// eight rows in the one-token matvec (fewer: four, for more parallelism).
 const Q4_EIGHT_ROWS_FROM: usize = 8192;
 
+/// Subgroups that may share a one-token matvec's quad of interleaved 4-bit
+/// rows (a row of 2048 columns gives two subgroups a share each, 4096 four).
+const MATVEC_SPLIT: usize = 4;
+
 /// Dispatches per submission by default. Each submission costs the host
 /// (wgpu encodes and tracks the whole command buffer there) and the GPU a
 /// gap; 64 decoded qwen3_moe's trunk 33% faster than 16 on an H200, and a
@@ -82,6 +86,10 @@ pub struct WgpuOptions {
     /// Decode attention splits a query's keys into chunks of at least this
     /// many keys (`SLOTSTREAM_WGPU_ATTENTION_MIN_CHUNK`, for measurements).
     pub attention_min_chunk: usize,
+    /// One-token matvecs of interleaved 4-bit weights share each quad of rows
+    /// among up to this many subgroups, so a lane walks fewer chunks of a row
+    /// (`SLOTSTREAM_WGPU_MATVEC_SPLIT`; 1 turns the split off, for measurements).
+    pub matvec_split: usize,
     /// Kernel parameters as immediate data (push constants) where the adapter
     /// has them (Vulkan), instead of a uniform buffer slot per dispatch
     /// (`SLOTSTREAM_WGPU_IMMEDIATES=0` keeps the uniform buffers, for
@@ -99,6 +107,7 @@ impl Default for WgpuOptions {
             q4_layout: Q4Layout::Interleaved,
             q4_eight_rows_from: Q4_EIGHT_ROWS_FROM,
             attention_min_chunk: crate::attention::MIN_CHUNK,
+            matvec_split: MATVEC_SPLIT,
             immediates: true,
         }
     }
@@ -130,6 +139,10 @@ impl WgpuOptions {
                 .and_then(|v| v.parse().ok())
                 .filter(|&n: &usize| n > 0)
                 .unwrap_or(defaults.attention_min_chunk),
+            matvec_split: var("SLOTSTREAM_WGPU_MATVEC_SPLIT")
+                .and_then(|v| v.parse().ok())
+                .filter(|n: &usize| (1..=4).contains(n))
+                .unwrap_or(defaults.matvec_split),
             immediates: var("SLOTSTREAM_WGPU_IMMEDIATES").map_or(defaults.immediates, |v| v != "0"),
         }
     }
