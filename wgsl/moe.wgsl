@@ -41,7 +41,9 @@ struct Params {
     key_base: u32,
     normalize: u32,
     n: u32,
-    _pad0: u32,
+    // moe_gate_up: subgroups sharing each of a quad's gate and up rows (0 or
+    // 1: one subgroup computes both).
+    parts: u32,
 }
 
 const NO_SLOT: u32 = 0xffffffffu;
@@ -315,6 +317,44 @@ fn moe_gate_up(
     let xb = (a / p.top_k) * (p.x_cols / 4u);
     let base = slot * 2u * p.rows;
     let quads = (p.rows + 3u) / 4u;
+    if (p.parts > 1u && nsg >= 4u) {
+        // A quad's gate rows and its up rows each go to `parts` subgroups
+        // (part k takes chunks k*lanes + lane), so no lane walks the two
+        // products one after the other; sums are added in part order.
+        let parts = min(p.parts, nsg / 2u);
+        let per_quad = 2u * parts;
+        let per_wg = nsg / per_quad;
+        let k = sg % per_quad;
+        let up = k / parts;
+        let part = k % parts;
+        for (var q0 = wid.x * per_wg; q0 < quads; q0 += nwg.x * per_wg) {
+            let qi = q0 + sg / per_quad;
+            let row0 = qi * 4u;
+            let in_use = qi < quads && sg < per_wg * per_quad;
+            var sums = vec4<f32>(0.0);
+            if (in_use) {
+                sums = pool_rows4(p.w, base + up * p.rows + row0, min(4u, p.rows - row0), xb, part * lanes + lane, parts * lanes);
+            }
+            let total = subgroupAdd(sums);
+            if (lane == 0u) {
+                partial4[sg] = total;
+            }
+            workgroupBarrier();
+            if (k == 0u && lane == 0u && in_use) {
+                var g = partial4[sg];
+                var u = partial4[sg + parts];
+                for (var j = 1u; j < parts; j++) {
+                    g += partial4[sg + j];
+                    u += partial4[sg + parts + j];
+                }
+                for (var r = 0u; r < min(4u, p.rows - row0); r++) {
+                    out[a * p.rows + row0 + r] = silu(g[r]) * u[r];
+                }
+            }
+            workgroupBarrier();
+        }
+        return;
+    }
     for (var qi = wid.x * nsg + sg; qi < quads; qi += nwg.x * nsg) {
         let row0 = qi * 4u;
         let nrows = min(4u, p.rows - row0);

@@ -32,7 +32,8 @@ params! {
         normalize: u32,
         /// Tokens (`moe_route`), entries (`moe_map`) or output values (`moe_combine`).
         n: u32,
-        _pad0: u32,
+        /// `moe_gate_up`: subgroups sharing each of a quad's gate and up rows.
+        parts: u32,
     }
 }
 
@@ -263,6 +264,12 @@ impl Run<'_> {
         let pool = self.c.pool;
         let base = self.shard * pool.per_shard;
         let shard_slots = pool.shard_slots(self.shard);
+        // moe_gate_up: a quad's gate rows and up rows each shared by `parts`
+        // subgroups, one share of the row's 16-byte chunks per lane each.
+        let parts = match entry {
+            "moe_gate_up" => self.gpu.matvec_split.min(x_cols.div_ceil(32 * self.gpu.subgroup_max as usize)).max(1),
+            _ => 1,
+        };
         let params = MoeParams {
             w: m.layout.desc(shard_slots * m.rows),
             rows: rows as u32,
@@ -274,6 +281,7 @@ impl Run<'_> {
             top_k: self.c.gating.top_k as u32,
             experts: self.c.gating.experts as u32,
             key_base: self.c.key_base as u32,
+            parts: parts as u32,
             ..Default::default()
         };
         let table = whole(&pool.table);
@@ -281,7 +289,11 @@ impl Run<'_> {
         all.extend_from_slice(binds);
         let quads = rows.div_ceil(4);
         // moe_down_combine: one quad of rows per workgroup (its subgroups share the ranks).
-        let x_groups = if entry == "moe_down_combine" { quads.min(MAX_GROUPS as usize) as u32 } else { self.gpu.subgroup_grid(quads, 128) };
+        let x_groups = match entry {
+            "moe_down_combine" => quads.min(MAX_GROUPS as usize) as u32,
+            "moe_gate_up" if parts > 1 => self.gpu.subgroup_grid(quads * 2 * parts, 128),
+            _ => self.gpu.subgroup_grid(quads, 128),
+        };
         let groups = [x_groups, self.count as u32, 1];
         self.gpu.dispatch(entry, &params, &all, groups)
     }

@@ -145,6 +145,33 @@ fn expert_ffn_over_the_slot_table() {
     }
 }
 
+/// Rows of 2048 columns: `moe_gate_up` shares each quad's gate rows and up
+/// rows among several subgroups (two to four on 8- to 32-lane subgroups),
+/// and must give the CPU's activations all the same.
+#[test]
+fn expert_ffn_with_rows_split_over_subgroups() {
+    let Some(g) = gpu() else {
+        return;
+    };
+    let (hidden, inter, top_k, tokens) = (2048, 64, 2, 2);
+    let cpu = CpuBackend::exact();
+    for format in [affine(4, 64), MatrixFormat::Affine { bits: 4, group_size: 32, scale_dtype: DType::F16 }] {
+        let mut rng = Rng::new(23);
+        let layout = ExpertLayout { hidden, intermediate: inter, gate: format, up: format, down: format };
+        let experts = random_experts(&mut rng, format, hidden, inter, 3);
+        let x = rng.vec(tokens * hidden, 2.0);
+        let logits = logits_picking(4, &[&[2, 0], &[1, 2]]);
+        let gating = Gating { experts: 4, top_k, normalize: true };
+        let run = |b: &dyn Backend| {
+            let pool = layer1_pool(b, &layout, &experts);
+            let routes = b.route(&up(b, &logits, &[tokens, 4]), gating).unwrap();
+            b.download(&b.moe_expert_outputs(&up(b, &x, &[tokens, hidden]), &pool, &routes, 4).unwrap()).unwrap()
+        };
+        let err = rel_l2(&run(g), &run(&cpu));
+        assert!(err <= TOL, "{}: split gate/up rows differ from the CPU's, rel L2 {err:.3e}", format_name(format));
+    }
+}
+
 /// A table update lands in op order: a MoE call recorded before it sees the
 /// old slots, one recorded after sees the new.
 #[test]
