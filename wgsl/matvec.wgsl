@@ -3,7 +3,9 @@
 // One token (decode): one subgroup per four weight rows, x loaded once per
 // chunk for all four (see rows_dot); interleaved 4-bit weights (fmt 4): one
 // subgroup per eight rows (see rows8_q4i), or four for matrices of fewer
-// than 8192 rows (rows4_q4i), which need the parallelism more. Two to four tokens per workgroup row
+// than 8192 rows (rows4_q4i), which need the parallelism more; with `parts` > 1
+// a quad's chunks are shared by that many subgroups of the workgroup (a
+// shorter chain of loads per lane), summed in order. Two to four tokens per workgroup row
 // (workgroup_id.y selects tokens 4y..4y+3): one subgroup per weight row, each
 // weight byte read once per four tokens. Grid-stride over rows along x.
 //

@@ -11,7 +11,8 @@
 //                optional extra rows written to out), in one dispatch.
 //   moe_map:     table[entries[i].x] = entries[i].y for i < n (the slot table).
 //   moe_gate_up: out[a, r] = silu(gate[slot] row r . x[token]) * (up[slot] row r . x[token]),
-//                gate and up side by side in one pool matrix: gate rows 0..rows, up rows rows..2*rows
+//                gate and up side by side in one pool matrix: gate rows 0..rows, up rows rows..2*rows;
+//                with `parts` > 1, a quad's gate rows and up rows each shared by that many subgroups
 //   moe_down:    out[a, r] = down[slot] row r . x[a]  (x = activations)
 //   moe_combine: out[t, j] = sum_r weight[t, r] * vals[(t*top_k + r)*out_cols + j], rank order
 //   moe_down_combine: out[t, r] = sum_k weight[t, k] * (down[slot of (t, k)] row r . x[t*top_k + k]),
@@ -415,7 +416,8 @@ fn moe_combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     }
 }
 
-@compute @workgroup_size(128)
+// 256 wide: with 32-lane subgroups, one rank per subgroup for a top-8.
+@compute @workgroup_size(256)
 fn moe_down_combine(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
