@@ -127,6 +127,13 @@ struct DoctorArgs {
     model: String,
     #[command(flatten)]
     memory: MemoryArgs,
+    /// Measure this machine's rates for the speed estimates (expert reads
+    /// from --model's files, the backend's weight rate and per-layer cost; a
+    /// few seconds) and keep them for later runs on this disk and backend.
+    #[arg(long)]
+    measure: bool,
+    #[command(flatten)]
+    backend: BackendArgs,
     /// Pretend the machine has this much RAM (GB).
     #[arg(long)]
     sim_ram: Option<f64>,
@@ -436,6 +443,8 @@ impl DoctorArgs {
                 available_gb: self.sim_available,
                 working_set_gb: self.sim_working_set,
             },
+            backend: Some(self.backend.backend.clone()),
+            measure: self.measure,
         }
     }
 }

@@ -95,6 +95,7 @@ fn a_model_that_fits_is_resident_and_one_that_does_not_streams_at_the_knee() {
         state_bytes: 0,
         extra_bytes: 0,
         mtp_bytes: 0,
+        expert_format: ModelCosts::flagship().expert_format,
     };
     let fits = plan(&synthetic, &MachineMemory::simulated(24.0, Some(23.0), None), &req).unwrap();
     assert_eq!(fits.slots, 14 * 64, "a 2.5 GB model on a 24 GB machine: {fits:?}");
