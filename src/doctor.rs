@@ -132,7 +132,7 @@ impl DoctorReport {
             };
             let key_dir = model_dir.clone().or_else(|| install.as_ref().map(|s| s.cache.clone())).unwrap_or_default();
             let created = request.backend.clone().unwrap_or(BackendSpec::Auto).create()?;
-            let keys = RateKeys::new(&created.name(), &model.expert_format, &key_dir);
+            let keys = RateKeys::new(&created.name(), &model.expert_format, &key_dir, model.expert_record_bytes);
             backend = Some(created.name());
             let path = RateCache::path()?;
             let mut cache = match RateCache::load(&path) {

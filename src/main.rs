@@ -127,9 +127,7 @@ struct DoctorArgs {
     model: String,
     #[command(flatten)]
     memory: MemoryArgs,
-    /// Measure this machine's rates for the speed estimates (expert reads
-    /// from --model's files, the backend's weight rate and per-layer cost; a
-    /// few seconds) and keep them for later runs on this disk and backend.
+    /// Measure this machine's rates for the speed estimates (seconds) and keep them.
     #[arg(long)]
     measure: bool,
     #[command(flatten)]

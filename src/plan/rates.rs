@@ -102,7 +102,9 @@ pub fn format_label(format: &MatrixFormat) -> String {
 }
 
 /// What a measurement is filed under: this machine with this backend and
-/// weight format (compute), and this machine's disk that holds the model.
+/// weight format (compute), and this machine's disk that holds the model,
+/// for reads of about this size (a rate fitted to 60 KB reads says little
+/// about 3 MB ones).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RateKeys {
     pub compute: String,
@@ -111,13 +113,24 @@ pub struct RateKeys {
 
 impl RateKeys {
     /// Keys for a model in `dir` (which need not exist: then no disk key)
-    /// whose experts are stored as `format`, run by the backend named `backend`.
-    pub fn new(backend: &str, format: &MatrixFormat, dir: &Path) -> RateKeys {
+    /// whose expert records of `record_bytes` are stored as `format`, run by
+    /// the backend named `backend`.
+    pub fn new(backend: &str, format: &MatrixFormat, dir: &Path, record_bytes: u64) -> RateKeys {
         let machine = machine_name();
         RateKeys {
             compute: format!("{machine} | {backend} | {}", format_label(format)),
-            disk: disk_name(dir).map(|disk| format!("{machine} | {disk}")),
+            disk: disk_name(dir).map(|disk| format!("{machine} | {disk} | {}", read_size_class(record_bytes))),
         }
+    }
+}
+
+/// `experts of ~64 KB`: the record size to the nearest power of two.
+fn read_size_class(record_bytes: u64) -> String {
+    let class = 1u64 << ((record_bytes.max(1) as f64).log2().round() as u32).min(62);
+    match class {
+        0..=1023 => format!("experts of ~{class} B"),
+        1024..=1_048_575 => format!("experts of ~{} KB", class >> 10),
+        _ => format!("experts of ~{} MB", class >> 20),
     }
 }
 
@@ -279,6 +292,8 @@ mod tests {
         assert!(line.contains("expert reads 0.70 GB/s + 0.40 ms default") && line.contains("doctor --measure"), "{line}");
 
         let other = RateKeys { compute: "host | wgpu | 4-bit g64".into(), disk: None };
+        assert_eq!(read_size_class(61_440), "experts of ~64 KB");
+        assert_eq!(read_size_class(2_654_208), "experts of ~2 MB");
         assert_eq!(cache.apply(&other, defaults()), defaults(), "another backend's measurement does not apply");
     }
 
