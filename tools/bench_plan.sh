@@ -52,9 +52,9 @@ print(f"estimate {est:7.1f}  measured {got:7.1f} tok/s  (measured/estimate {got 
 
 echo "== (a) demo model, 256 tokens, default plan vs every expert (--experts-per-layer 32)"
 for r in $(seq "$rounds"); do
-  printf '  default plan:            '; measure --prompt "The sea was calm, and the ship" --max-tokens 256 --ignore-eos
-  printf '  --experts-per-layer 32:  '; measure --prompt "The sea was calm, and the ship" --max-tokens 256 --ignore-eos --experts-per-layer 32
-  printf '  --experts-per-layer 14:  '; measure --prompt "The sea was calm, and the ship" --max-tokens 256 --ignore-eos --experts-per-layer 14
+  printf '  default plan:            '; measure --prompt "The sea was calm, and the ship" --max-tokens 256
+  printf '  --experts-per-layer 32:  '; measure --prompt "The sea was calm, and the ship" --max-tokens 256 --experts-per-layer 32
+  printf '  --experts-per-layer 14:  '; measure --prompt "The sea was calm, and the ship" --max-tokens 256 --experts-per-layer 14
 done
 
 echo "== (b) synthetic qwen3_moe $(du -sh "$synth" | cut -f1), 48 tokens after a 5-token prompt"
