@@ -26,14 +26,6 @@ pub const NOTE: &str = "note: no model installed, running the bundled 24M-parame
 (trained on public-domain English); run a qwen3_moe, qwen3_next or qwen4_exp checkpoint with \
 --model DIR, or fetch Qwen3.8-Flash-Next with `slotstream pull qwen3.8-flash-next:4bit`";
 
-fn cache_root() -> Result<PathBuf> {
-    if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
-        return Ok(PathBuf::from(d).join("slotstream"));
-    }
-    let home = std::env::var_os("HOME").context("neither XDG_CACHE_HOME nor HOME is set: cannot unpack the demo model")?;
-    Ok(PathBuf::from(home).join(".cache").join("slotstream"))
-}
-
 /// A short digest of the bundled files. A retrained model has the same
 /// dimensions and so the same file sizes: the cache folder is named by the
 /// content, or an older binary's unpacked weights would be taken for these.
@@ -51,7 +43,7 @@ fn content_digest() -> String {
 /// The demo model's directory, unpacking it on first use. Files are written
 /// under a temporary name and renamed, so an interrupted unpack is redone.
 pub fn model_dir() -> Result<PathBuf> {
-    let dir = cache_root()?.join(format!("demo-{}-{}", env!("CARGO_PKG_VERSION"), content_digest()));
+    let dir = crate::user_cache::dir()?.join(format!("demo-{}-{}", env!("CARGO_PKG_VERSION"), content_digest()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     for (name, bytes) in FILES {
         let path = dir.join(name);

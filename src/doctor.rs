@@ -9,8 +9,12 @@ use std::path::Path;
 use anyhow::{bail, Result};
 use serde::Serialize;
 
+use crate::backend_spec::BackendSpec;
+use crate::note;
+use crate::plan::rates::RateSource;
+use crate::plan::{self, MachineMemory, ModelCosts, Plan, PlanRequest, RateCache, RateKeys, GB};
+use crate::probe::{self, Measurement, ProbeLimits};
 use crate::{disk, pull};
-use crate::plan::{self, MachineMemory, ModelCosts, Plan, PlanRequest, GB};
 
 /// Names that mean the flagship, whose sizes are known without its weights.
 const FLAGSHIP_NAMES: [&str; 2] = ["qwen3.8-flash-next:4bit", "qwen3.8-flash-next"];
@@ -26,6 +30,11 @@ pub struct DoctorRequest {
     pub model: String,
     pub plan: PlanRequest,
     pub machine: MachineOverrides,
+    /// The backend whose measured rates the estimate uses (auto when
+    /// unset); none is created for a simulated machine.
+    pub backend: Option<BackendSpec>,
+    /// Measure this machine's rates first and keep them (`--measure`).
+    pub measure: bool,
 }
 
 /// Figures that replace this machine's (`--sim-*`), in GB; with any of them
@@ -65,6 +74,10 @@ impl MachineOverrides {
 #[derive(Clone, Debug, Serialize)]
 pub struct DoctorReport {
     pub machine: MachineMemory,
+    /// The backend the rates are for (none on a simulated machine).
+    pub backend: Option<String>,
+    /// What `--measure` measured.
+    pub measured: Option<Measurement>,
     pub model: ModelCosts,
     /// Free space where the model lives (the working directory for a model
     /// known by name); `None` where it cannot be measured.
@@ -99,16 +112,51 @@ impl DoctorReport {
             // No backend is chosen here: plan for an f32 KV cache, the largest.
             ModelCosts::from_model_dir(model_path, slotstream_backend::DType::F32)?
         };
-        let machine = request.machine.machine()?;
-        let plan = plan::plan(&model, &machine, &request.plan)?;
+        let mut machine = request.machine.machine()?;
         let install = if known { Some(pull::InstallStatus::of_known(pull::DEFAULT_MODEL)?) } else { None };
         // A file system that cannot say its free space leaves the line out of the report.
         let disk_free_bytes = match &install {
             Some(status) => status.cache_free_bytes,
             None => disk::free_bytes(model_path).ok(),
         };
+        let (mut backend, mut measured) = (None, None);
+        if machine.rates.compute_source == RateSource::Simulated {
+            if request.measure {
+                bail!("--measure measures this machine: leave out the --sim-* flags");
+            }
+        } else {
+            // The model's files, where they are: a named model where it is installed.
+            let model_dir = match &install {
+                Some(status) => status.installed_at.clone(),
+                None => Some(model_path.to_path_buf()),
+            };
+            let key_dir = model_dir.clone().or_else(|| install.as_ref().map(|s| s.cache.clone())).unwrap_or_default();
+            let created = request.backend.clone().unwrap_or(BackendSpec::Auto).create()?;
+            let keys = RateKeys::new(&created.name(), &model.expert_format, &key_dir, model.expert_record_bytes);
+            backend = Some(created.name());
+            let path = RateCache::path()?;
+            let mut cache = match RateCache::load(&path) {
+                Ok(cache) => cache,
+                Err(e) if request.measure => {
+                    note!("note: replacing measured rates that cannot be read: {e:#}");
+                    RateCache::default()
+                }
+                Err(e) => {
+                    note!("note: estimates use default rates: {e:#}");
+                    RateCache::default()
+                }
+            };
+            if request.measure {
+                note!("measuring this machine's rates (a few seconds)...");
+                let limits = ProbeLimits::default();
+                measured = Some(probe::measure_into(&mut cache, &keys, created, &model.expert_format, model_dir.as_deref(), &limits)?);
+                cache.save(&path)?;
+            }
+            machine.rates = cache.apply(&keys, machine.rates);
+        }
+        let plan = plan::plan(&model, &machine, &request.plan)?;
         let expected = expected_speeds(&model, &machine, request.plan.context_tokens);
-        Ok(DoctorReport { machine, model, disk_free_bytes, install, plan, expected })
+        Ok(DoctorReport { machine, backend, measured, model, disk_free_bytes, install, plan, expected })
     }
 }
 
@@ -132,7 +180,7 @@ fn expected_speeds(model: &ModelCosts, machine: &MachineMemory, context_tokens: 
                 experts_per_layer,
                 pool_gb: pool_bytes as f64 / GB,
                 peak_gb: (fixed_bytes + pool_bytes) as f64 / GB,
-                decode_tokens_per_second_estimate: model.estimate_decode_tokens_per_second(slots, machine),
+                decode_tokens_per_second_estimate: model.estimate_decode_tokens_per_second(slots, &machine.rates),
             }
         })
         .collect()
@@ -165,6 +213,12 @@ impl fmt::Display for DoctorReport {
                     writeln!(f, "disk:    {:.1} GB free where the model lives", free as f64 / GB)?;
                 }
             }
+        }
+        if let Some(backend) = &self.backend {
+            writeln!(f, "backend: {backend}")?;
+        }
+        if let Some(measured) = &self.measured {
+            writeln!(f, "measured: {}", measured.describe())?;
         }
         writeln!(f, "{}", self.plan.banner(model, &self.machine))?;
         write!(f, "expected speed by cache size (estimates):")?;
@@ -213,6 +267,7 @@ mod tests {
             model: "qwen3.8-flash-next:4bit".into(),
             plan: PlanRequest { context_tokens: 4096, ..Default::default() },
             machine: MachineOverrides { ram_gb: Some(ram_gb), available_gb: Some(ram_gb * 0.8), working_set_gb: None },
+            ..Default::default()
         };
         DoctorReport::build(&request).expect("the flagship plans without its weights")
     }
@@ -263,7 +318,7 @@ mod tests {
     fn json_and_table_come_from_the_same_report() {
         let report = flagship_on(48.0);
         let json = serde_json::to_value(&report).expect("the report serializes");
-        for field in ["machine", "model", "disk_free_bytes", "install", "plan", "expected"] {
+        for field in ["machine", "backend", "measured", "model", "disk_free_bytes", "install", "plan", "expected"] {
             assert!(json.get(field).is_some(), "doctor --json lost {field}: {json}");
         }
         assert_eq!(json["expected"][0]["experts_per_layer"], 14);

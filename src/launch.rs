@@ -15,7 +15,7 @@ use crate::generate::Engine;
 use crate::model::{ExpertSlots, LoadOptions, ModelArch};
 use crate::model_ref::ResolvedModel;
 use crate::note;
-use crate::plan::{self, MachineMemory, ModelCosts, Plan, PlanMode, PlanRequest};
+use crate::plan::{self, MachineMemory, ModelCosts, Plan, PlanMode, PlanRequest, RateCache, RateKeys};
 use crate::server::{Elastic, LoadedEngine, ModelLoader};
 
 /// A model directory with the memory plan it will be loaded under.
@@ -32,7 +32,13 @@ impl PlannedModel {
     pub fn new(dir: &Path, request: &PlanRequest, backend: &dyn Backend) -> Result<PlannedModel> {
         let arch = ModelArch::read(dir)?;
         let costs = ModelCosts::of(&arch, backend.kv_cache_dtype())?;
-        let machine = MachineMemory::detect();
+        let mut machine = MachineMemory::detect();
+        // What `doctor --measure` measured for this backend and disk, else the defaults (the banner says which).
+        let keys = RateKeys::new(&backend.name(), &costs.expert_format, &arch.dir, costs.expert_record_bytes);
+        match RateCache::path().and_then(|path| RateCache::load(&path)) {
+            Ok(cache) => machine.rates = cache.apply(&keys, machine.rates),
+            Err(e) => note!("note: the plan's estimate uses default rates: {e:#}"),
+        }
         let plan = plan::plan(&costs, &machine, request)?;
         Ok(PlannedModel { arch, costs, machine, plan })
     }

@@ -127,6 +127,11 @@ struct DoctorArgs {
     model: String,
     #[command(flatten)]
     memory: MemoryArgs,
+    /// Measure this machine's rates for the speed estimates (seconds) and keep them.
+    #[arg(long)]
+    measure: bool,
+    #[command(flatten)]
+    backend: BackendArgs,
     /// Pretend the machine has this much RAM (GB).
     #[arg(long)]
     sim_ram: Option<f64>,
@@ -436,6 +441,8 @@ impl DoctorArgs {
                 available_gb: self.sim_available,
                 working_set_gb: self.sim_working_set,
             },
+            backend: Some(self.backend.backend.clone()),
+            measure: self.measure,
         }
     }
 }

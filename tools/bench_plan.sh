@@ -7,20 +7,30 @@
 #   (b) a 1.5 GB synthetic qwen3_moe (8 MoE layers x 64 experts, top-8, 2.65 MB
 #       per expert, trained-like routing) resident (default plan) and streaming
 #       from pools of 16, 26 and 48 experts per layer.
-# Each line: the plan's estimate (banner) and the measured decode tok/s.
+# First `doctor --measure` measures this machine's rates (the backend, and expert
+# reads from each model's files), so the estimates come from them; then each
+# line: the plan's estimate (banner) and the measured decode tok/s.
 #
 #   tools/bench_plan.sh [ROUNDS]      (default 3; the CPU backend, all cores)
+# MEASURE=0 keeps the rates already measured (rates.json in slotstream's cache folder).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-3}"
 py=python3
 [ -x .venv/bin/python ] && py=.venv/bin/python
-cargo build --release --quiet
-bin=./target/release/slotstream
+cargo build --release --quiet --bin slotstream
+bin="${CARGO_TARGET_DIR:-target}/release/slotstream"
 synth="${SYNTH_DIR:-/tmp/slotstream-synth-plan}"
 if [ ! -f "$synth/config.json" ]; then
   "$py" tools/synth.py --family qwen3_moe --out "$synth" --hidden 2048 --layers 8 --experts 64 --top-k 8 \
     --moe-inter 768 --mixer-out-scale 0.1 --router-skew 0.4 >&2
+fi
+
+if [ "${MEASURE:-1}" != 0 ]; then
+  echo "== rates measured on this machine (doctor --measure)"
+  for model in tools/demo/model "$synth"; do
+    "$bin" doctor --backend cpu --measure --model "$model" 2>/dev/null | sed -n '/^measured:/,/^slotstream memory plan/p' | sed '$d'
+  done
 fi
 
 # One run: "<estimate> <measured>" decode tok/s, and the expert-cache line.
@@ -42,9 +52,9 @@ print(f"estimate {est:7.1f}  measured {got:7.1f} tok/s  (measured/estimate {got 
 
 echo "== (a) demo model, 256 tokens, default plan vs every expert (--experts-per-layer 32)"
 for r in $(seq "$rounds"); do
-  printf '  default plan:            '; measure --prompt "The sea was calm, and the ship" --max-tokens 256 --ignore-eos
-  printf '  --experts-per-layer 32:  '; measure --prompt "The sea was calm, and the ship" --max-tokens 256 --ignore-eos --experts-per-layer 32
-  printf '  --experts-per-layer 14:  '; measure --prompt "The sea was calm, and the ship" --max-tokens 256 --ignore-eos --experts-per-layer 14
+  printf '  default plan:            '; measure --prompt "The sea was calm, and the ship" --max-tokens 256
+  printf '  --experts-per-layer 32:  '; measure --prompt "The sea was calm, and the ship" --max-tokens 256 --experts-per-layer 32
+  printf '  --experts-per-layer 14:  '; measure --prompt "The sea was calm, and the ship" --max-tokens 256 --experts-per-layer 14
 done
 
 echo "== (b) synthetic qwen3_moe $(du -sh "$synth" | cut -f1), 48 tokens after a 5-token prompt"

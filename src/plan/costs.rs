@@ -4,10 +4,14 @@ use std::path::Path;
 
 use anyhow::Result;
 use serde::Serialize;
-use slotstream_backend::DType;
+use slotstream_backend::{DType, MatrixFormat};
 
-use super::MachineMemory;
+use super::Rates;
+use crate::checkpoint::Checkpoint;
 use crate::model::ModelArch;
+
+/// The exponent of [`ModelCosts::assumed_hit_rate`]'s power law.
+pub const HIT_RATE_EXPONENT: f64 = 0.6;
 
 /// Per-model memory costs the planner works from.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -31,6 +35,23 @@ pub struct ModelCosts {
     pub extra_bytes: u64,
     /// The MTP head's weights (`mtp.safetensors`), 0 without one.
     pub mtp_bytes: u64,
+    /// How routed experts are stored (`4-bit g64`): the format the backend's
+    /// measured weight rate is for.
+    #[serde(serialize_with = "serialize_format")]
+    pub expert_format: MatrixFormat,
+}
+
+fn serialize_format<S: serde::Serializer>(format: &MatrixFormat, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&super::rates::format_label(format))
+}
+
+/// The format of the first MoE layer's gate projection, in either layout
+/// (stacked `switch_mlp` or one tensor per expert).
+fn expert_format(ck: &Checkpoint, experts: usize, intermediate: usize, hidden: usize) -> Option<MatrixFormat> {
+    let name = ck.names().filter(|n| ModelArch::is_routed_expert_tensor(n) && n.ends_with(".gate_proj.weight")).min()?;
+    let module = name.strip_suffix(".weight")?;
+    let lead: &[usize] = if name.contains(".switch_mlp.") { &[experts] } else { &[] };
+    ck.matrix_layout(module, lead, intermediate, hidden).ok().map(|m| m.format)
 }
 
 impl ModelCosts {
@@ -67,24 +88,32 @@ impl ModelCosts {
         self.resident_bytes + self.extra_bytes + self.state_bytes + self.kv_bytes_per_token * context_tokens as u64
     }
 
-    /// A decode-speed estimate from the machine's measured rates: a token
-    /// runs its active weights (trunk and routed experts) at the rate the
-    /// backend gets through weights, pays a fixed cost per layer, and reads
-    /// the experts it misses from disk (at the read rate, plus one read
-    /// latency per layer that misses any: a layer's misses are read together).
-    /// The hit rate grows with the cached share of each layer's experts as a
-    /// power law (expert popularity is skewed), fitted loosely to the
-    /// reference measurements and a synthetic model's (BENCHMARKS.md).
-    pub fn estimate_decode_tokens_per_second(&self, slots: usize, machine: &MachineMemory) -> f64 {
-        let share = (slots as f64 / self.total_experts().max(1) as f64).clamp(0.0, 1.0);
-        let hit_rate = share.powf(0.6);
+    /// A decode-speed estimate from the machine's rates: a token runs its
+    /// active weights (trunk and routed experts) at the rate the backend gets
+    /// through weights, pays a fixed cost per layer, and reads the experts it
+    /// misses from disk (at the read rate, plus one read latency per layer
+    /// that misses any: a layer's misses are read together). The hit rate is
+    /// [`ModelCosts::assumed_hit_rate`].
+    pub fn estimate_decode_tokens_per_second(&self, slots: usize, rates: &Rates) -> f64 {
+        let hit_rate = self.assumed_hit_rate(slots);
         let active = self.top_k as f64 * self.moe_layers as f64 * self.expert_record_bytes as f64;
-        let compute = (self.resident_bytes as f64 + active) / (machine.memory_gbps * 1e9);
-        let overhead = self.moe_layers as f64 * machine.layer_overhead_ms / 1e3;
-        let bandwidth = (1.0 - hit_rate) * active / (machine.disk_gbps * 1e9);
+        let compute = (self.resident_bytes as f64 + active) / (rates.compute.weight_gbps * 1e9);
+        let overhead = self.moe_layers as f64 * rates.compute.layer_overhead_ms / 1e3;
+        let bandwidth = (1.0 - hit_rate) * active / (rates.disk.read_gbps * 1e9);
         let layers_missing = self.moe_layers as f64 * (1.0 - hit_rate.powi(self.top_k.min(64) as i32));
-        let latency = layers_missing * machine.read_latency_ms / 1e3;
+        let latency = layers_missing * rates.disk.read_latency_ms / 1e3;
         1.0 / (compute + overhead + bandwidth + latency)
+    }
+
+    /// The share of routed experts found in a pool of `slots`: it grows with
+    /// the cached share of each layer's experts as a power law (expert
+    /// popularity is skewed), share^0.6, fitted loosely to the reference
+    /// measurements and a synthetic model's (BENCHMARKS.md). Assumed, not
+    /// measured: the model's own routing statistics are not known before it
+    /// runs (a trained model's routing may hit more: the demo's does).
+    pub fn assumed_hit_rate(&self, slots: usize) -> f64 {
+        let share = (slots as f64 / self.total_experts().max(1) as f64).clamp(0.0, 1.0);
+        share.powf(HIT_RATE_EXPONENT)
     }
 
     /// Costs of a model directory, from its config and safetensors headers (no
@@ -116,6 +145,8 @@ impl ModelCosts {
             state_bytes: arch.fixed_state_bytes(),
             extra_bytes: if ngram > 0 { crate::model::DEFAULT_NGRAM_CACHE_BYTES as u64 } else { 0 },
             mtp_bytes: if arch.qwen4.is_some() { std::fs::metadata(mtp_path).map(|m| m.len()).unwrap_or(0) } else { 0 },
+            expert_format: expert_format(&ck, c.num_experts, c.moe_intermediate_size, c.hidden_size)
+                .unwrap_or(MatrixFormat::Dense(DType::BF16)),
         })
     }
 
@@ -147,6 +178,7 @@ impl ModelCosts {
             extra_bytes: crate::model::DEFAULT_NGRAM_CACHE_BYTES as u64,
             // mtp.safetensors, from the pinned manifest.
             mtp_bytes: 1_470_955_171,
+            expert_format: MatrixFormat::Affine { bits: 4, group_size: 64, scale_dtype: DType::BF16 },
         }
     }
 }

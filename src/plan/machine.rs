@@ -8,6 +8,8 @@
 
 use serde::Serialize;
 
+use super::rates::{ComputeRates, DiskRates, RateSource, Rates};
+
 /// Memory figures the planner uses.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct MachineMemory {
@@ -16,18 +18,10 @@ pub struct MachineMemory {
     pub available: u64,
     /// GPU working-set limit on unified-memory machines.
     pub gpu_working_set: Option<u64>,
-    /// Rates for speed estimates, measured on a reference machine of the
-    /// kind (BENCHMARKS.md, "Plan estimates"). Weight bytes a decode step gets
-    /// through per second (GB/s): memory bandwidth on a GPU, the cores' int8
-    /// matmul rate on the CPU.
-    pub memory_gbps: f64,
-    /// Expert reads through direct I/O (GB/s).
-    pub disk_gbps: f64,
-    /// Time to the first byte of a batch of expert reads, milliseconds.
-    pub read_latency_ms: f64,
-    /// Fixed cost per layer per token (dispatch, synchronisation), milliseconds.
-    pub layer_overhead_ms: f64,
-    /// Where the figures came from.
+    /// Rates for the decode-speed estimate: measured on this machine where
+    /// `doctor --measure` measured them, else defaults ([`Rates`]).
+    pub rates: Rates,
+    /// Where the memory figures came from.
     pub source: String,
 }
 
@@ -50,10 +44,11 @@ impl MachineMemory {
             total_ram: (ram_gb * 1e9) as u64,
             available: (available_gb.unwrap_or(ram_gb * 0.8) * 1e9) as u64,
             gpu_working_set: working_set_gb.map(|g| (g * 1e9) as u64),
-            memory_gbps: if working_set_gb.is_some() { 200.0 } else { linux::cpu_weight_gbps(linux::REFERENCE_CORES) },
-            disk_gbps: if working_set_gb.is_some() { 17.0 } else { linux::DISK_GBPS },
-            read_latency_ms: if working_set_gb.is_some() { 0.1 } else { linux::READ_LATENCY_MS },
-            layer_overhead_ms: if working_set_gb.is_some() { 0.2 } else { linux::LAYER_OVERHEAD_MS },
+            rates: if working_set_gb.is_some() {
+                Rates::unmeasured(APPLE_COMPUTE, APPLE_DISK, RateSource::Simulated)
+            } else {
+                Rates::unmeasured(linux::compute_rates(linux::REFERENCE_CORES), linux::DISK, RateSource::Simulated)
+            },
             source: "simulated".into(),
         }
     }
@@ -71,25 +66,35 @@ impl MachineMemory {
     }
 }
 
+/// Default rates of an Apple-silicon GPU and its SSD, for macOS and for a
+/// simulated machine with a GPU working set (not measured here).
+pub const APPLE_COMPUTE: ComputeRates = ComputeRates { weight_gbps: 200.0, layer_overhead_ms: 0.2 };
+pub const APPLE_DISK: DiskRates = DiskRates { read_gbps: 7.0, read_latency_ms: 0.1 };
+
 /// Linux figures (and the rates a simulated machine without a GPU working
 /// set gets).
 pub mod linux {
+
+    use super::{ComputeRates, DiskRates};
 
     /// Weight bytes per second one core's int8 matmuls get through at decode,
     /// and the most memory bandwidth gives all of them.
     pub const CORE_WEIGHT_GBPS: f64 = 6.0;
     pub const MEMORY_GBPS: f64 = 20.0;
+    pub const LAYER_OVERHEAD_MS: f64 = 0.1;
     /// Direct-I/O expert reads and their latency, measured on the reference
     /// machine (a cloud VM's SSD; a local NVMe drive reads faster).
-    pub const DISK_GBPS: f64 = 0.7;
-    pub const READ_LATENCY_MS: f64 = 0.4;
-    pub const LAYER_OVERHEAD_MS: f64 = 0.1;
+    pub const DISK: DiskRates = DiskRates { read_gbps: 0.7, read_latency_ms: 0.4 };
     /// Cores of the machine the rates were measured on (a simulated machine's).
     pub const REFERENCE_CORES: usize = 2;
 
-    /// What `cores` CPU threads get through, bounded by memory bandwidth.
-    pub fn cpu_weight_gbps(cores: usize) -> f64 {
-        (CORE_WEIGHT_GBPS * cores.max(1) as f64).min(MEMORY_GBPS)
+    /// The default compute rates of `cores` CPU threads: what they get
+    /// through, bounded by memory bandwidth.
+    pub fn compute_rates(cores: usize) -> ComputeRates {
+        ComputeRates {
+            weight_gbps: (CORE_WEIGHT_GBPS * cores.max(1) as f64).min(MEMORY_GBPS),
+            layer_overhead_ms: LAYER_OVERHEAD_MS,
+        }
     }
 
     fn meminfo_kb(text: &str, key: &str) -> Option<u64> {
@@ -168,10 +173,7 @@ pub mod linux {
             available,
             gpu_working_set: None,
             // The compute pool's threads (`--threads`, else every core).
-            memory_gbps: cpu_weight_gbps(rayon::current_num_threads()),
-            disk_gbps: DISK_GBPS,
-            read_latency_ms: READ_LATENCY_MS,
-            layer_overhead_ms: LAYER_OVERHEAD_MS,
+            rates: super::Rates::unmeasured(compute_rates(rayon::current_num_threads()), DISK, super::RateSource::Defaults),
             source,
         }
     }
@@ -235,10 +237,7 @@ pub mod macos {
             total_ram: total,
             available,
             gpu_working_set: Some(working_set),
-            memory_gbps: 200.0,
-            disk_gbps: 7.0,
-            read_latency_ms: 0.1,
-            layer_overhead_ms: 0.2,
+            rates: super::Rates::unmeasured(super::APPLE_COMPUTE, super::APPLE_DISK, super::RateSource::Defaults),
             source: "macOS vm statistics".into(),
         }
     }

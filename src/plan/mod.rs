@@ -13,11 +13,13 @@
 pub mod costs;
 pub mod governor;
 pub mod machine;
+pub mod rates;
 
 use serde::Serialize;
 
 pub use costs::ModelCosts;
 pub use machine::MachineMemory;
+pub use rates::{RateCache, RateKeys, Rates};
 
 pub const GB: f64 = 1e9;
 
@@ -270,7 +272,7 @@ fn plan_with(model: &ModelCosts, machine: &MachineMemory, req: &PlanRequest, mtp
         peak_bytes: peak,
         min_slots: engine_min,
         total_experts,
-        expected_decode_tokens_per_second: model.estimate_decode_tokens_per_second(slots, machine),
+        expected_decode_tokens_per_second: model.estimate_decode_tokens_per_second(slots, &machine.rates),
         mtp,
         notes,
     })
@@ -376,6 +378,15 @@ impl Plan {
             gb(self.peak_bytes),
             self.expected_decode_tokens_per_second
         );
+        s += &format!("\n  rates:  {}", machine.rates.describe(rates::now_unix()));
+        if self.slots < self.total_experts {
+            s += &format!(
+                "\n  hits:   ~{:.0}% of expert uses assumed found in the pool (the cached share to the power {}; \
+                 the model's own routing is not known before it runs)",
+                100.0 * model.assumed_hit_rate(self.slots),
+                costs::HIT_RATE_EXPONENT
+            );
+        }
         for n in &self.notes {
             s += &format!("\n  note: {n}");
         }

@@ -95,6 +95,7 @@ fn a_model_that_fits_is_resident_and_one_that_does_not_streams_at_the_knee() {
         state_bytes: 0,
         extra_bytes: 0,
         mtp_bytes: 0,
+        expert_format: ModelCosts::flagship().expert_format,
     };
     let fits = plan(&synthetic, &MachineMemory::simulated(24.0, Some(23.0), None), &req).unwrap();
     assert_eq!(fits.slots, 14 * 64, "a 2.5 GB model on a 24 GB machine: {fits:?}");
@@ -204,4 +205,44 @@ fn flagship_costs_match_the_reference_tensor_table() {
     let f = ModelCosts::flagship();
     assert_eq!(experts, f.routed_expert_bytes());
     assert_eq!(resident, f.resident_bytes);
+}
+
+/// The estimate's arithmetic with given rates: weights at the weight rate, a
+/// cost per layer, and a pool smaller than the model paying its misses at the
+/// read rate plus one latency per layer that misses.
+#[test]
+fn the_estimate_adds_weights_layers_and_misses_at_the_given_rates() {
+    use rates::{ComputeRates, DiskRates, RateSource};
+    let model = ModelCosts {
+        name: "arithmetic".into(),
+        resident_bytes: 100_000_000,
+        expert_record_bytes: 1_000_000,
+        moe_layers: 10,
+        experts_per_layer: 64,
+        top_k: 8,
+        hidden_size: 1024,
+        kv_bytes_per_token: 0,
+        state_bytes: 0,
+        extra_bytes: 0,
+        mtp_bytes: 0,
+        expert_format: ModelCosts::flagship().expert_format,
+    };
+    let rates = Rates::unmeasured(
+        ComputeRates { weight_gbps: 10.0, layer_overhead_ms: 0.5 },
+        DiskRates { read_gbps: 1.0, read_latency_ms: 2.0 },
+        RateSource::Defaults,
+    );
+    // Resident: (100 MB + 10 x 8 x 1 MB) at 10 GB/s = 18 ms, and 10 x 0.5 ms.
+    let resident = model.estimate_decode_tokens_per_second(640, &rates);
+    assert!((resident - 1.0 / 0.023).abs() < 1e-9, "{resident}");
+    // A quarter of each layer cached: hits 0.25^0.6; misses read at 1 GB/s,
+    // and each layer that misses any of its 8 pays 2 ms.
+    let hit: f64 = 0.25f64.powf(0.6);
+    assert!((model.assumed_hit_rate(160) - hit).abs() < 1e-12);
+    let seconds = 0.023 + (1.0 - hit) * 80e6 / 1e9 + 10.0 * (1.0 - hit.powi(8)) * 0.002;
+    let streaming = model.estimate_decode_tokens_per_second(160, &rates);
+    assert!((streaming - 1.0 / seconds).abs() < 1e-9, "{streaming} vs {}", 1.0 / seconds);
+    // Twice the weight rate helps the resident plan, never the disk's part.
+    let faster = Rates { compute: ComputeRates { weight_gbps: 20.0, ..rates.compute }, ..rates.clone() };
+    assert!((model.estimate_decode_tokens_per_second(640, &faster) - 1.0 / 0.014).abs() < 1e-9);
 }

@@ -1,0 +1,326 @@
+//! The rates the decode-speed estimate works from, and where they came from:
+//! measured on this machine by `slotstream doctor --measure` and kept in
+//! `rates.json` in slotstream's cache folder, keyed by machine, backend,
+//! weight format and disk, or, where nothing was measured, the defaults
+//! fitted on the reference machine (BENCHMARKS.md, "Plan estimates").
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use slotstream_backend::{DType, MatrixFormat};
+
+/// How fast the backend decodes: weights per second and a cost per layer.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ComputeRates {
+    /// Weight bytes a decode step gets through per second (GB/s): memory
+    /// bandwidth on a GPU, the cores' int8 matmul rate on the CPU.
+    pub weight_gbps: f64,
+    /// Fixed cost per MoE layer per token (dispatch, synchronisation, the
+    /// layer's small operations), milliseconds.
+    pub layer_overhead_ms: f64,
+}
+
+/// How fast the disk serves a layer's missed experts (direct I/O, many
+/// reads in flight).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+pub struct DiskRates {
+    pub read_gbps: f64,
+    /// Time to the first byte of a batch of expert reads, milliseconds.
+    pub read_latency_ms: f64,
+}
+
+/// Where a set of rates came from.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "kebab-case", tag = "from")]
+pub enum RateSource {
+    /// Fitted on the reference machine; nothing was measured here.
+    Defaults,
+    /// A simulated machine's (`doctor --sim-*`).
+    Simulated,
+    /// Measured on this machine at `unix_seconds`.
+    Measured { unix_seconds: u64 },
+}
+
+/// Everything the estimate needs besides the model's sizes.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Rates {
+    pub compute: ComputeRates,
+    pub compute_source: RateSource,
+    pub disk: DiskRates,
+    pub disk_source: RateSource,
+}
+
+impl Rates {
+    /// Defaults, or a simulated machine's rates.
+    pub fn unmeasured(compute: ComputeRates, disk: DiskRates, source: RateSource) -> Rates {
+        Rates { compute, compute_source: source.clone(), disk, disk_source: source }
+    }
+
+    /// One line for users: the figures and where they came from.
+    pub fn describe(&self, now_unix: u64) -> String {
+        let c = &self.compute;
+        let d = &self.disk;
+        let figures = |source: &RateSource, text: String| match source {
+            RateSource::Measured { unix_seconds } => format!("{text} measured {}", age(now_unix.saturating_sub(*unix_seconds))),
+            RateSource::Defaults => format!("{text} default"),
+            RateSource::Simulated => format!("{text} simulated"),
+        };
+        let compute = figures(&self.compute_source, format!("weights {:.1} GB/s + {:.2} ms per layer", c.weight_gbps, c.layer_overhead_ms));
+        let disk = figures(&self.disk_source, format!("expert reads {:.2} GB/s + {:.2} ms", d.read_gbps, d.read_latency_ms));
+        let mut s = format!("{compute}; {disk}");
+        if self.compute_source == RateSource::Defaults || self.disk_source == RateSource::Defaults {
+            s += " (defaults are the reference machine's, not measured here: `slotstream doctor --measure --model DIR` measures them)";
+        }
+        s
+    }
+}
+
+/// "5 min ago", "3 h ago", "2 days ago".
+fn age(seconds: u64) -> String {
+    match seconds {
+        0..=59 => "just now".into(),
+        60..=3599 => format!("{} min ago", seconds / 60),
+        3600..=172_799 => format!("{} h ago", seconds / 3600),
+        _ => format!("{} days ago", seconds / 86_400),
+    }
+}
+
+pub fn now_unix() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// A weight format as a key and for users: `4-bit g64`, `bf16`.
+pub fn format_label(format: &MatrixFormat) -> String {
+    let dtype = |d: &DType| format!("{d:?}").to_lowercase();
+    match format {
+        MatrixFormat::Dense(d) => dtype(d),
+        MatrixFormat::Affine { bits, group_size, .. } => format!("{bits}-bit g{group_size}"),
+    }
+}
+
+/// What a measurement is filed under: this machine with this backend and
+/// weight format (compute), and this machine's disk that holds the model,
+/// for reads of about this size (a rate fitted to 60 KB reads says little
+/// about 3 MB ones).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RateKeys {
+    pub compute: String,
+    pub disk: Option<String>,
+}
+
+impl RateKeys {
+    /// Keys for a model in `dir` (which need not exist: then no disk key)
+    /// whose expert records of `record_bytes` are stored as `format`, run by
+    /// the backend named `backend`.
+    pub fn new(backend: &str, format: &MatrixFormat, dir: &Path, record_bytes: u64) -> RateKeys {
+        let machine = machine_name();
+        RateKeys {
+            compute: format!("{machine} | {backend} | {}", format_label(format)),
+            disk: disk_name(dir).map(|disk| format!("{machine} | {disk} | {}", read_size_class(record_bytes))),
+        }
+    }
+}
+
+/// `experts of ~64 KB`: the record size to the nearest power of two.
+fn read_size_class(record_bytes: u64) -> String {
+    let class = 1u64 << ((record_bytes.max(1) as f64).log2().round() as u32).min(62);
+    match class {
+        0..=1023 => format!("experts of ~{class} B"),
+        1024..=1_048_575 => format!("experts of ~{} KB", class >> 10),
+        _ => format!("experts of ~{} MB", class >> 20),
+    }
+}
+
+/// This machine: its host name and CPU model (a shared home folder may
+/// hold measurements of several machines).
+fn machine_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "unknown host".into());
+    let cpu = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|info| {
+        info.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|m| m.trim().to_string())
+    });
+    match cpu {
+        Some(cpu) => format!("{} ({cpu})", host.trim()),
+        None => host.trim().to_string(),
+    }
+}
+
+/// The device that holds `path` (`/dev/vda1 (253:1)` where the kernel names
+/// it), or `None` if `path` does not exist.
+fn disk_name(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(path).ok()?.dev();
+    // glibc's encoding of a device number.
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    let name = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/uevent"))
+        .ok()
+        .and_then(|u| u.lines().find_map(|l| l.strip_prefix("DEVNAME=").map(|n| format!("/dev/{n} "))));
+    Some(format!("{}({major}:{minor})", name.unwrap_or_default()))
+}
+
+/// One measurement as kept on disk.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Measured<T> {
+    pub rates: T,
+    pub unix_seconds: u64,
+    /// What the probe did, for a reader of the file.
+    pub how: String,
+}
+
+/// The most measurements of each kind the file keeps (the newest).
+const MAX_ENTRIES: usize = 64;
+/// A larger file is not ours to read.
+const MAX_FILE_BYTES: u64 = 1 << 20;
+
+/// `rates.json`: measurements by key.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct RateCache {
+    #[serde(default)]
+    pub compute: BTreeMap<String, Measured<ComputeRates>>,
+    #[serde(default)]
+    pub disks: BTreeMap<String, Measured<DiskRates>>,
+}
+
+impl RateCache {
+    /// Where measurements are kept.
+    pub fn path() -> Result<PathBuf> {
+        Ok(crate::user_cache::dir()?.join("rates.json"))
+    }
+
+    /// The measurements in `path`; none if the file does not exist.
+    pub fn load(path: &Path) -> Result<RateCache> {
+        let len = match std::fs::metadata(path) {
+            Ok(meta) => meta.len(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(RateCache::default()),
+            Err(e) => return Err(e).with_context(|| format!("reading measured rates from {}", path.display())),
+        };
+        if len > MAX_FILE_BYTES {
+            bail!("{} is {len} bytes, more than measured rates take: delete it and run `slotstream doctor --measure`", path.display());
+        }
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading measured rates from {}", path.display()))?;
+        serde_json::from_str(&text).with_context(|| {
+            format!("{} is not a file of measured rates: delete it and run `slotstream doctor --measure`", path.display())
+        })
+    }
+
+    /// Writes the file whole (a temporary file renamed into place, so a
+    /// reader never sees half of it).
+    pub fn save(&self, path: &Path) -> Result<()> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let tmp = path.with_extension(format!("json.{}.partial", std::process::id()));
+        let text = serde_json::to_string_pretty(self)?;
+        std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, path).with_context(|| format!("renaming {} into place", tmp.display()))
+    }
+
+    pub fn record_compute(&mut self, key: &str, measured: Measured<ComputeRates>) {
+        self.compute.insert(key.to_string(), measured);
+        keep_newest(&mut self.compute);
+    }
+
+    pub fn record_disk(&mut self, key: &str, measured: Measured<DiskRates>) {
+        self.disks.insert(key.to_string(), measured);
+        keep_newest(&mut self.disks);
+    }
+
+    /// `rates` with what was measured under `keys` in place of defaults.
+    /// Figures that are not positive finite numbers (a hand-edited file) are
+    /// passed over.
+    pub fn apply(&self, keys: &RateKeys, mut rates: Rates) -> Rates {
+        if let Some(m) = self.compute.get(&keys.compute) {
+            if positive(m.rates.weight_gbps) && (positive(m.rates.layer_overhead_ms) || m.rates.layer_overhead_ms == 0.0) {
+                rates.compute = m.rates;
+                rates.compute_source = RateSource::Measured { unix_seconds: m.unix_seconds };
+            }
+        }
+        if let Some(m) = keys.disk.as_ref().and_then(|k| self.disks.get(k)) {
+            if positive(m.rates.read_gbps) && (positive(m.rates.read_latency_ms) || m.rates.read_latency_ms == 0.0) {
+                rates.disk = m.rates;
+                rates.disk_source = RateSource::Measured { unix_seconds: m.unix_seconds };
+            }
+        }
+        rates
+    }
+}
+
+fn positive(x: f64) -> bool {
+    x.is_finite() && x > 0.0
+}
+
+fn keep_newest<T>(map: &mut BTreeMap<String, Measured<T>>) {
+    while map.len() > MAX_ENTRIES {
+        let Some(oldest) = map.iter().min_by_key(|(_, m)| m.unix_seconds).map(|(k, _)| k.clone()) else { return };
+        map.remove(&oldest);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn defaults() -> Rates {
+        Rates::unmeasured(
+            ComputeRates { weight_gbps: 12.0, layer_overhead_ms: 0.1 },
+            DiskRates { read_gbps: 0.7, read_latency_ms: 0.4 },
+            RateSource::Defaults,
+        )
+    }
+
+    fn keys() -> RateKeys {
+        RateKeys { compute: "host | cpu (2 threads) | 4-bit g64".into(), disk: Some("host | /dev/vda1 (253:1)".into()) }
+    }
+
+    #[test]
+    fn measured_rates_replace_the_defaults_they_were_measured_for() {
+        let mut cache = RateCache::default();
+        let compute = ComputeRates { weight_gbps: 9.0, layer_overhead_ms: 0.05 };
+        cache.record_compute(&keys().compute, Measured { rates: compute, unix_seconds: 100, how: "test".into() });
+        let rates = cache.apply(&keys(), defaults());
+        assert_eq!(rates.compute, compute);
+        assert_eq!(rates.compute_source, RateSource::Measured { unix_seconds: 100 });
+        assert_eq!(rates.disk_source, RateSource::Defaults, "no disk was measured");
+        let line = rates.describe(100 + 7200);
+        assert!(line.contains("weights 9.0 GB/s + 0.05 ms per layer measured 2 h ago"), "{line}");
+        assert!(line.contains("expert reads 0.70 GB/s + 0.40 ms default") && line.contains("doctor --measure"), "{line}");
+
+        let other = RateKeys { compute: "host | wgpu | 4-bit g64".into(), disk: None };
+        assert_eq!(read_size_class(61_440), "experts of ~64 KB");
+        assert_eq!(read_size_class(2_654_208), "experts of ~2 MB");
+        assert_eq!(cache.apply(&other, defaults()), defaults(), "another backend's measurement does not apply");
+    }
+
+    #[test]
+    fn the_file_round_trips_and_refuses_what_is_not_rates() {
+        let dir = tempfile::tempdir().expect("a scratch folder");
+        let path = dir.path().join("sub/rates.json");
+        assert_eq!(RateCache::load(&path).expect("a missing file is no measurement"), RateCache::default());
+        let mut cache = RateCache::default();
+        cache.record_disk("host | disk", Measured { rates: DiskRates { read_gbps: 1.5, read_latency_ms: 0.2 }, unix_seconds: 5, how: "x".into() });
+        cache.save(&path).expect("saving");
+        assert_eq!(RateCache::load(&path).expect("loading"), cache);
+        std::fs::write(&path, "not json").expect("writing");
+        let error = RateCache::load(&path).expect_err("garbage is refused");
+        assert!(format!("{error:#}").contains("delete it"), "{error:#}");
+    }
+
+    #[test]
+    fn nonsense_figures_are_passed_over_and_the_file_stays_bounded() {
+        let mut cache = RateCache::default();
+        let bad = ComputeRates { weight_gbps: f64::NAN, layer_overhead_ms: 0.1 };
+        cache.record_compute(&keys().compute, Measured { rates: bad, unix_seconds: 1, how: String::new() });
+        assert_eq!(cache.apply(&keys(), defaults()), defaults());
+        for i in 0..(MAX_ENTRIES as u64 + 10) {
+            cache.record_disk(&format!("disk {i}"), Measured { rates: DiskRates { read_gbps: 1.0, read_latency_ms: 0.1 }, unix_seconds: i, how: String::new() });
+        }
+        assert_eq!(cache.disks.len(), MAX_ENTRIES);
+        assert!(!cache.disks.contains_key("disk 0") && cache.disks.contains_key(&format!("disk {}", MAX_ENTRIES + 9)));
+    }
+}
