@@ -88,7 +88,6 @@ const WG: u32 = 256u;
 const TILE: u32 = 256u;
 // Keys per batch of value loads in attend_chunk.
 const V_BATCH: u32 = 4u;
-var<workgroup> red: array<f32, 256>;
 var<workgroup> q_sh: array<f32, 512>;
 var<workgroup> weight_sh: array<f32, 256>;
 var<workgroup> key_sh: array<u32, 256>;
@@ -96,36 +95,6 @@ var<workgroup> key_sh: array<u32, 256>;
 // normalised and rotated, in q_sh[KN..], so that no entry point needs more
 // workgroup memory for it.
 const KN: u32 = 256u;
-
-// Workgroup-wide max and sum: within each subgroup, then over the
-// subgroups' results in workgroup memory (two barriers).
-fn reduce_max(v: f32, sg: u32, nsg: u32, lane: u32) -> f32 {
-    let s = subgroupMax(v);
-    if (lane == 0u) {
-        red[sg] = s;
-    }
-    workgroupBarrier();
-    var r = red[0];
-    for (var i = 1u; i < nsg; i++) {
-        r = max(r, red[i]);
-    }
-    workgroupBarrier();
-    return r;
-}
-
-fn reduce_sum(v: f32, sg: u32, nsg: u32, lane: u32) -> f32 {
-    let s = subgroupAdd(v);
-    if (lane == 0u) {
-        red[sg] = s;
-    }
-    workgroupBarrier();
-    var r = red[0];
-    for (var i = 1u; i < nsg; i++) {
-        r += red[i];
-    }
-    workgroupBarrier();
-    return r;
-}
 
 // Element `off` (= kv head * head_dim + d) of key row `j` (the fresh row
 // from knew, or with `rope` element d of the staged key in q_sh[KN..]).

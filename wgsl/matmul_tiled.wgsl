@@ -99,12 +99,7 @@ fn fetch(row: u32, valid: bool, xrow: u32, xvalid: bool, col: u32) -> Staged {
         if (d.bits == 4u && (d.fmt == 3u || d.fmt == 4u) && col + 8u <= d.cols && d.group_size % 8u == 0u) {
             let g = (row * d.cols + col) / d.group_size;
             if (d.fmt == 4u) {
-                let chunks = d.row_words / 4u;
-                let src = col >> 3u;
-                let j = src >> 7u;
-                let r = src & 127u;
-                let t = min(32u, chunks - 32u * j);
-                s.word = w_word(row * d.row_words + 128u * j + 4u * (r % t) + r / t);
+                s.word = w_word(q4i_word(d, row, col));
                 s.sb = sb_pair(w_word(d.scales_off + g), d.scale_kind);
             } else {
                 s.word = w_word(row * d.row_words + col / 8u);

@@ -61,7 +61,6 @@ fn silu(v: f32) -> f32 {
     return v / (1.0 + exp(-v));
 }
 
-var<workgroup> red_v: array<f32, 256>;
 var<workgroup> chosen: array<u32, 64>;
 var<workgroup> chosen_w: array<f32, 64>;
 var<workgroup> wg_slot: u32;
@@ -107,36 +106,6 @@ fn lg(t: u32, e: u32, cached: bool) -> f32 {
     return logit(t, e);
 }
 
-// Workgroup-wide max and sum through subgroup operations: each subgroup's
-// result in red_v, then every invocation folds them (two barriers each).
-fn wg_max(v: f32, sg: u32, nsg: u32, lane: u32) -> f32 {
-    let m = subgroupMax(v);
-    if (lane == 0u) {
-        red_v[sg] = m;
-    }
-    workgroupBarrier();
-    var r = red_v[0];
-    for (var i = 1u; i < nsg; i++) {
-        r = max(r, red_v[i]);
-    }
-    workgroupBarrier();
-    return r;
-}
-
-fn wg_sum(v: f32, sg: u32, nsg: u32, lane: u32) -> f32 {
-    let m = subgroupAdd(v);
-    if (lane == 0u) {
-        red_v[sg] = m;
-    }
-    workgroupBarrier();
-    var r = red_v[0];
-    for (var i = 1u; i < nsg; i++) {
-        r += red_v[i];
-    }
-    workgroupBarrier();
-    return r;
-}
-
 // Subgroup ids and sizes of the routing entry points, for route_token.
 struct Lanes {
     sg: u32,
@@ -154,12 +123,12 @@ fn route_token(t: u32, li: u32, cached: bool, ln: Lanes) {
             m = v;
         }
     }
-    let mx = wg_max(m, ln.sg, ln.nsg, ln.lane);
+    let mx = reduce_max(m, ln.sg, ln.nsg, ln.lane);
     var s = 0.0;
     for (var e = li; e < p.experts; e += 256u) {
         s += exp(lg(t, e, cached) - mx);
     }
-    let total = wg_sum(s, ln.sg, ln.nsg, ln.lane);
+    let total = reduce_sum(s, ln.sg, ln.nsg, ln.lane);
     if (li < p.top_k) {
         // Stays "no expert" where NaN logits leave a rank unfilled.
         chosen[li] = NO_SLOT;

@@ -73,15 +73,21 @@ fn w_bias(d: WeightDesc, g: u32) -> f32 {
     return packed_float(d.biases_off, g, d.scale_kind);
 }
 
+// Index of the fmt-4 word that holds column `col` of row `row` (with
+// columns col - col % 8 .. + 8).
+fn q4i_word(d: WeightDesc, row: u32, col: u32) -> u32 {
+    let chunks = d.row_words / 4u;
+    let src = col >> 3u;
+    let j = src >> 7u;
+    let r = src & 127u;
+    let t = min(32u, chunks - 32u * j);
+    return row * d.row_words + 128u * j + 4u * (r % t) + r / t;
+}
+
 // Dequantized element (row, col) of the shard.
 fn w_value(d: WeightDesc, row: u32, col: u32) -> f32 {
     if (d.fmt == 4u) {
-        let chunks = d.row_words / 4u;
-        let src = col >> 3u;
-        let j = src >> 7u;
-        let r = src & 127u;
-        let t = min(32u, chunks - 32u * j);
-        let word = w_word(row * d.row_words + 128u * j + 4u * (r % t) + r / t);
+        let word = w_word(q4i_word(d, row, col));
         let q = (word >> ((col & 7u) * 4u)) & 15u;
         let sb = sb_pair(w_word(d.scales_off + (row * d.cols + col) / d.group_size), d.scale_kind);
         return sb.x * f32(q) + sb.y;

@@ -59,6 +59,7 @@ pub const IMMEDIATE_PARAMS: &str = "var<immediate> p: Params;";
 
 const WEIGHTS: &str = include_str!("../../../wgsl/weights.wgsl");
 const DOT: &str = include_str!("../../../wgsl/dot.wgsl");
+const REDUCE: &str = include_str!("../../../wgsl/reduce.wgsl");
 
 /// One compiled shader module: a kernel family and its entry points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -163,13 +164,13 @@ impl Module {
         match self {
             Module::Matvec => with_dot(include_str!("../../../wgsl/matvec.wgsl")),
             Module::MatvecQ8 => with_dot(include_str!("../../../wgsl/matvec_q8.wgsl")),
-            Module::Moe => with_dot(include_str!("../../../wgsl/moe.wgsl")),
+            Module::Moe => format!("{REDUCE}\n{}", with_dot(include_str!("../../../wgsl/moe.wgsl"))),
             Module::MatmulTiled => with_weights(include_str!("../../../wgsl/matmul_tiled.wgsl")),
             Module::Embed => with_weights(include_str!("../../../wgsl/embed.wgsl")),
             Module::Elementwise => include_str!("../../../wgsl/elementwise.wgsl").to_string(),
             Module::Norm => include_str!("../../../wgsl/norm.wgsl").to_string(),
             Module::Rope => include_str!("../../../wgsl/rope.wgsl").to_string(),
-            Module::Attention => include_str!("../../../wgsl/attention.wgsl").to_string(),
+            Module::Attention => format!("{REDUCE}\n{}", include_str!("../../../wgsl/attention.wgsl")),
             Module::Conv => include_str!("../../../wgsl/conv.wgsl").to_string(),
             Module::GatedDelta => include_str!("../../../wgsl/gated_delta.wgsl").to_string(),
             Module::Streams => include_str!("../../../wgsl/streams.wgsl").to_string(),
