@@ -441,6 +441,13 @@ impl Gpu {
         items.div_ceil(per_wg).clamp(1, MAX_GROUPS as usize) as u32
     }
 
+    /// Subgroups that share one row group of a one-token product whose rows
+    /// hold `chunks` 16-byte chunks: enough for each lane to take about one
+    /// chunk, at most [`WgpuOptions::matvec_split`](crate::WgpuOptions::matvec_split).
+    pub fn row_parts(&self, chunks: usize) -> usize {
+        self.matvec_split.min(chunks.div_ceil(self.subgroup_max as usize)).max(1)
+    }
+
     /// A 1-D dispatch of `n` workgroups, folded into two dimensions when needed.
     pub fn grid(n: u64) -> [u32; 3] {
         let max = MAX_GROUPS as u64;

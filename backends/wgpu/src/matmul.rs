@@ -155,7 +155,7 @@ fn matvec(gpu: &Gpu, s: &Shard, x: Bind<'_>, out: Bind<'_>, tokens: usize, total
     // Four-row quads of interleaved 4-bit rows split over up to four
     // subgroups, one share of the row's 16-byte chunks per lane each.
     let parts = match (tokens, s.desc.is_interleaved_q4() && group_rows == 4) {
-        (1, true) => gpu.matvec_split.min((s.desc.row_words as usize / 4).div_ceil(gpu.subgroup_max as usize)).max(1),
+        (1, true) => gpu.row_parts(s.desc.row_words as usize / 4),
         _ => 1,
     };
     let params = MatvecParams {

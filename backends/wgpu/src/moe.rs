@@ -46,10 +46,10 @@ const W_WORDS: u32 = 6;
 const TABLE: u32 = 7;
 const ENTRIES: u32 = 8;
 const VALS: u32 = 9;
-// Bindings of the tiled kernels (`wgsl/matmul_tiled.wgsl`): the sort buffer
-// as moe_sort writes it and as the tiles read it.
 // The tiled kernels' x again, read as 16-byte words.
 const X_VEC4: u32 = 5;
+// Bindings of the tiled kernels (`wgsl/matmul_tiled.wgsl`): the sort buffer
+// as moe_sort writes it and as the tiles read it.
 const SORT: u32 = 10;
 const GROUPS: u32 = 11;
 
@@ -267,7 +267,8 @@ impl Run<'_> {
         // moe_gate_up: a quad's gate rows and up rows each shared by `parts`
         // subgroups, one share of the row's 16-byte chunks per lane each.
         let parts = match entry {
-            "moe_gate_up" => self.gpu.matvec_split.min(x_cols.div_ceil(32 * self.gpu.subgroup_max as usize)).max(1),
+            // A 16-byte chunk of a 4-bit row holds 32 columns.
+            "moe_gate_up" => self.gpu.row_parts(x_cols.div_ceil(32)),
             _ => 1,
         };
         let params = MoeParams {
