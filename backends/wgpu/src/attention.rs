@@ -196,7 +196,14 @@ pub(crate) fn attend(
     }
     let partials = gpu.alloc(4 * (pairs * splits * (cache.head_dim + 2)) as u64)?;
     let binds = [(Q, q), keys, values, (PARTIALS, partials.bind()), sel, knew, vnew, rope_binds[0], rope_binds[1], rope_binds[2]];
-    let entry = if with_rope { "attention_split_rope" } else { "attention_split" };
+    // The `_regs` kernels take chunks that fit their registers and hand the
+    // rest to the plain ones.
+    let entry = match (with_rope, gpu.attention_regs) {
+        (true, true) => "attention_split_rope_regs",
+        (true, false) => "attention_split_rope",
+        (false, true) => "attention_split_regs",
+        (false, false) => "attention_split",
+    };
     gpu.dispatch(entry, &params, &binds, Gpu::grid((pairs * splits) as u64))?;
     gpu.dispatch("attention_merge", &params, &[(OUT, out), (PARTIALS, partials.bind())], Gpu::grid(pairs as u64))
 }

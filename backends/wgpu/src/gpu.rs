@@ -62,6 +62,9 @@ struct Pending {
     timing: Option<Timing>,
     /// Dispatches recorded since the last submission.
     since_submit: u32,
+    /// Dispatches after which the next periodic submission comes (0: every
+    /// `flush_every`); see [`WgpuOptions::flush_first`].
+    flush_at: u32,
     /// Small per-call storage inputs (token ids, expert assignments, routing
     /// weights, rope tables): entry i of the ring serves the i-th such input
     /// of a submission and is written with the submission's parameters, so
@@ -80,6 +83,8 @@ pub struct Gpu {
     pub views: bool,
     /// Decode attention's smallest key chunk ([`WgpuOptions::attention_min_chunk`]).
     pub attention_min_chunk: usize,
+    /// [`WgpuOptions::attention_regs`].
+    pub attention_regs: bool,
     /// Most subgroups sharing a one-token matvec's quad of rows ([`WgpuOptions::matvec_split`]).
     pub matvec_split: usize,
     /// Largest subgroup the adapter may run: dispatch sizes assume it so that
@@ -109,6 +114,8 @@ pub struct Gpu {
     /// needs data back), so the GPU starts on a layer while the host is still
     /// recording it. [`WgpuOptions::flush_every`] sets the initial value.
     pub flush_every: std::sync::atomic::AtomicU32,
+    /// [`WgpuOptions::flush_first`].
+    flush_first: u32,
     /// Host time spent recording dispatches and submitting them (ns), for
     /// benchmarks: whether a token is bound by the host or by the GPU.
     pub host_time: HostTime,
@@ -217,6 +224,7 @@ impl Gpu {
             limits,
             views: options.views,
             attention_min_chunk: options.attention_min_chunk,
+            attention_regs: options.attention_regs,
             matvec_split: options.matvec_split,
             subgroup_max,
             subgroup_min,
@@ -233,6 +241,7 @@ impl Gpu {
             submissions: Arc::default(),
             binding_cap: std::sync::atomic::AtomicU64::new(0),
             flush_every: std::sync::atomic::AtomicU32::new(options.flush_every),
+            flush_first: options.flush_first,
             host_time: HostTime::default(),
         };
         gpu.check_errors("compiling the WGSL kernels")?;
@@ -344,8 +353,15 @@ impl Gpu {
         pass.set_bind_group(0, &bind_group, &[]);
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         p.since_submit += 1;
+        Ok(self.flush_due(p))
+    }
+
+    /// Whether the dispatches recorded since the last submission are enough
+    /// for a periodic one: `flush_every`, or fewer early in a token.
+    fn flush_due(&self, p: &Pending) -> bool {
         let every = self.flush_every.load(std::sync::atomic::Ordering::Relaxed);
-        Ok(every > 0 && p.since_submit >= every)
+        let at = if p.flush_at == 0 { every } else { p.flush_at.min(every) };
+        every > 0 && p.since_submit >= at
     }
 
     /// The bind group of one dispatch (cached): `params` at binding 0 when
@@ -424,8 +440,7 @@ impl Gpu {
         pass.set_immediates(0, params);
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         p.since_submit += 1;
-        let every = self.flush_every.load(std::sync::atomic::Ordering::Relaxed);
-        Ok(every > 0 && p.since_submit >= every)
+        Ok(self.flush_due(p))
     }
 
     /// Whether the adapter runs the kernel `entry` (the `*_1024` ones need
@@ -491,6 +506,9 @@ impl Gpu {
             self.queue.write_buffer(buffer, 0, &data);
         }
         p.since_submit = 0;
+        // A submission the host asked for ends a token (or a pool write):
+        // the next ones start small and double, so the GPU starts early.
+        p.flush_at = if counted { self.flush_first } else { p.flush_at.saturating_mul(2) };
         let timing = p.timing.take();
         let staging = timing.as_ref().and_then(|t| t.resolve(&self.device, &mut encoder));
         self.queue.submit([encoder.finish()]);

@@ -124,7 +124,15 @@ impl Module {
             }
             Module::Norm => &["rms_norm", "rms_norm_gated", "l2_normalize", "rms_norm_wide", "add_rms_norm", "add_rms_norm_1024", "rms_norm_rope"],
             Module::Rope => &["rope"],
-            Module::Attention => &["attention", "attention_rope", "attention_split", "attention_split_rope", "attention_merge"],
+            Module::Attention => &[
+                "attention",
+                "attention_rope",
+                "attention_split",
+                "attention_split_rope",
+                "attention_merge",
+                "attention_split_regs",
+                "attention_split_rope_regs",
+            ],
             Module::Conv => &["conv1d", "conv_window"],
             Module::GatedDelta => &["gated_delta"],
             Module::Streams => &["repeat_cols", "stream_mean", "add_gated_to_streams", "stream_dot_gate"],
@@ -170,7 +178,11 @@ impl Module {
             Module::Elementwise => include_str!("../../../wgsl/elementwise.wgsl").to_string(),
             Module::Norm => include_str!("../../../wgsl/norm.wgsl").to_string(),
             Module::Rope => include_str!("../../../wgsl/rope.wgsl").to_string(),
-            Module::Attention => format!("{REDUCE}\n{}", include_str!("../../../wgsl/attention.wgsl")),
+            Module::Attention => format!(
+                "{REDUCE}\n{}\n{}",
+                include_str!("../../../wgsl/attention.wgsl"),
+                include_str!("../../../wgsl/attention_regs.wgsl")
+            ),
             Module::Conv => include_str!("../../../wgsl/conv.wgsl").to_string(),
             Module::GatedDelta => include_str!("../../../wgsl/gated_delta.wgsl").to_string(),
             Module::Streams => include_str!("../../../wgsl/streams.wgsl").to_string(),

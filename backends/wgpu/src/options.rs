@@ -56,6 +56,9 @@ const MATVEC_SPLIT: usize = 4;
 /// chain of dependent dispatches ran at 2.8-7.9 us each against 4.9-9.9 us
 /// (BENCHMARKS.md, issue 14).
 const FLUSH_EVERY: u32 = 64;
+/// Dispatches before the first periodic submission after one the host asked
+/// for (see [`WgpuOptions::flush_first`]).
+const FLUSH_FIRST: u32 = 8;
 
 /// Settings of a [`crate::WgpuBackend`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,6 +79,12 @@ pub struct WgpuOptions {
     /// needs data back), so the GPU starts on a layer while the host is still
     /// recording it (`SLOTSTREAM_WGPU_FLUSH_EVERY`).
     pub flush_every: u32,
+    /// After a submission the host asked for (a download: the end of a
+    /// token), the first periodic submission comes after this many
+    /// dispatches and each next one after twice as many, up to `flush_every`,
+    /// so the GPU starts on a token while the host records the rest of it
+    /// (`SLOTSTREAM_WGPU_FLUSH_FIRST`; 0 submits every `flush_every` from the start).
+    pub flush_first: u32,
     /// Layout of standalone 4-bit weights (`SLOTSTREAM_WGPU_Q4_LAYOUT=mlx`
     /// selects [`Q4Layout::Mlx`]).
     pub q4_layout: Q4Layout,
@@ -86,6 +95,11 @@ pub struct WgpuOptions {
     /// Decode attention splits a query's keys into chunks of at least this
     /// many keys (`SLOTSTREAM_WGPU_ATTENTION_MIN_CHUNK`, for measurements).
     pub attention_min_chunk: usize,
+    /// Split decode attention holds a chunk's keys and values in registers
+    /// where the chunk is small enough (`attention_split*_regs`;
+    /// `SLOTSTREAM_WGPU_ATTENTION_REGS=0` keeps `attention_split*`, for
+    /// measurements).
+    pub attention_regs: bool,
     /// One-token matvecs of interleaved 4-bit weights share each quad of rows
     /// among up to this many subgroups, so a lane walks fewer chunks of a row
     /// (`SLOTSTREAM_WGPU_MATVEC_SPLIT`; 1 turns the split off, for measurements).
@@ -104,9 +118,11 @@ impl Default for WgpuOptions {
             int8_min_bytes: INT8_MIN_BYTES,
             views: true,
             flush_every: FLUSH_EVERY,
+            flush_first: FLUSH_FIRST,
             q4_layout: Q4Layout::Interleaved,
             q4_eight_rows_from: Q4_EIGHT_ROWS_FROM,
             attention_min_chunk: crate::attention::MIN_CHUNK,
+            attention_regs: true,
             matvec_split: MATVEC_SPLIT,
             immediates: true,
         }
@@ -128,6 +144,7 @@ impl WgpuOptions {
             int8_min_bytes: var("SLOTSTREAM_WGPU_INT8_MIN_BYTES").and_then(|v| v.parse().ok()).unwrap_or(defaults.int8_min_bytes),
             views: var("SLOTSTREAM_WGPU_VIEWS").map_or(defaults.views, |v| v != "0"),
             flush_every: var("SLOTSTREAM_WGPU_FLUSH_EVERY").and_then(|v| v.parse().ok()).unwrap_or(defaults.flush_every),
+            flush_first: var("SLOTSTREAM_WGPU_FLUSH_FIRST").and_then(|v| v.parse().ok()).unwrap_or(defaults.flush_first),
             q4_layout: match var("SLOTSTREAM_WGPU_Q4_LAYOUT").as_deref() {
                 Some("mlx") => Q4Layout::Mlx,
                 _ => defaults.q4_layout,
@@ -139,6 +156,7 @@ impl WgpuOptions {
                 .and_then(|v| v.parse().ok())
                 .filter(|&n: &usize| n > 0)
                 .unwrap_or(defaults.attention_min_chunk),
+            attention_regs: var("SLOTSTREAM_WGPU_ATTENTION_REGS").map_or(defaults.attention_regs, |v| v != "0"),
             matvec_split: var("SLOTSTREAM_WGPU_MATVEC_SPLIT")
                 .and_then(|v| v.parse().ok())
                 .filter(|n: &usize| (1..=4).contains(n))

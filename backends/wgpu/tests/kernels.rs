@@ -429,10 +429,12 @@ fn attention_long_context_split_gqa() {
 /// (normalised and rotated inside the split attention kernel, which writes
 /// the rotated key to the cache), then a short prefill and a decode step that
 /// read those cached keys back. Full and partial rotary dims, GQA, head dims
-/// of one and two values per thread.
+/// of one and two values per thread; head dims of four and eight values per
+/// lane (the `_regs` kernels) at subgroups of 8, 16 and 32 lanes.
 #[test]
 fn attention_with_the_qk_norm_inside() {
-    for (i, (dims, rotary)) in [([8, 2, 128], 128), ([4, 1, 256], 64), ([2, 1, 320], 160)].into_iter().enumerate() {
+    let cases = [([8, 2, 128], 128), ([4, 1, 256], 64), ([2, 1, 320], 160), ([8, 2, 64], 64), ([4, 2, 32], 16)];
+    for (i, (dims, rotary)) in cases.into_iter().enumerate() {
         let [heads, kvh, hd] = dims;
         let mut rng = Rng::new(90 + i as u64);
         let (qw, kw) = (rng.vec(hd, 1.0), rng.vec(hd, 1.0));
