@@ -10,9 +10,9 @@
 
 mod buffers;
 mod profile;
+mod record;
 
 use std::collections::HashMap;
-use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex};
 
 use slotstream_backend::{BackendError, Result};
@@ -308,139 +308,6 @@ impl Gpu {
             return self.submit_inner(false, |_| {});
         }
         Ok(())
-    }
-
-    /// Records one dispatch; true when `flush_every` asks for a submission now.
-    fn record(&self, entry: &str, params: &[u8], binds: &[(u32, Bind<'_>)], groups: [u32; 3]) -> Result<bool> {
-        if groups.contains(&0) {
-            return Ok(false);
-        }
-        if groups.iter().any(|&g| g > self.limits.max_compute_workgroups_per_dimension) {
-            return Err(BackendError::Device(format!("{entry}: {groups:?} workgroups exceed the adapter's limit")));
-        }
-        let (&entry, kernel) = self
-            .kernels
-            .get_key_value(entry)
-            .ok_or_else(|| BackendError::Device(format!("no kernel named '{entry}'")))?;
-        let mut guard = self.pending()?;
-        let p = &mut *guard;
-        if self.immediates {
-            return self.record_immediate(p, entry, kernel, params, binds, groups);
-        }
-        let slot = p.slots_used;
-        p.slots_used += 1;
-        let arena_index = (slot / ARENA_SLOTS) as usize;
-        let offset = (slot % ARENA_SLOTS) * PARAM_SLOT;
-        while p.arenas.len() <= arena_index {
-            p.arenas.push(self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("params"),
-                size: ARENA_SLOTS * PARAM_SLOT,
-                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            }));
-        }
-        let start = (slot * PARAM_SLOT) as usize;
-        p.params.resize(start + PARAM_SLOT as usize, 0);
-        let Some(slot_bytes) = p.params.get_mut(start..start + params.len()) else {
-            return Err(BackendError::Device(format!("{entry}: {} parameter bytes exceed a {PARAM_SLOT}-byte slot", params.len())));
-        };
-        slot_bytes.copy_from_slice(params);
-        let arena = wgpu::BufferBinding { buffer: &p.arenas[arena_index], offset, size: NonZeroU64::new(PARAM_SLOT) };
-        let bind_group = self.bind_group(entry, kernel, slot, binds, Some(arena))?;
-        let timestamp_writes = p.timing.as_mut().and_then(|t| t.next_pass(kernel.family));
-        let pass = self.open_pass(&mut p.pass, &mut p.encoder, timestamp_writes)?;
-        pass.set_pipeline(&kernel.pipeline);
-        pass.set_bind_group(0, &bind_group, &[]);
-        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
-        p.since_submit += 1;
-        Ok(self.flush_due(p))
-    }
-
-    /// Whether the dispatches recorded since the last submission are enough
-    /// for a periodic one: `flush_every`, or fewer early in a token.
-    fn flush_due(&self, p: &Pending) -> bool {
-        let every = self.flush_every.load(std::sync::atomic::Ordering::Relaxed);
-        let at = if p.flush_at == 0 { every } else { p.flush_at.min(every) };
-        every > 0 && p.since_submit >= at
-    }
-
-    /// The bind group of one dispatch (cached): `params` at binding 0 when
-    /// parameters come from the uniform arena (`slot` is then part of the key).
-    fn bind_group(
-        &self,
-        entry: &'static str,
-        kernel: &Kernel,
-        slot: u64,
-        binds: &[(u32, Bind<'_>)],
-        params: Option<wgpu::BufferBinding<'_>>,
-    ) -> Result<wgpu::BindGroup> {
-        let key: BindKey = (entry, slot, binds.iter().map(|(i, b)| (*i, b.buffer.clone(), b.offset, b.size)).collect());
-        let mut cache = self.bind_groups.lock().map_err(|_| BackendError::Device("bind group cache poisoned".into()))?;
-        if cache.len() >= MAX_CACHED_BIND_GROUPS {
-            cache.clear();
-        }
-        if let Some(bg) = cache.get(&key) {
-            return Ok(bg.clone());
-        }
-        let mut entries = Vec::with_capacity(binds.len() + 1);
-        if let Some(params) = params {
-            entries.push(wgpu::BindGroupEntry { binding: 0, resource: wgpu::BindingResource::Buffer(params) });
-        }
-        for (binding, b) in binds {
-            let resource = if b.size == 0 {
-                b.buffer.as_entire_binding()
-            } else {
-                wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: b.buffer, offset: b.offset, size: NonZeroU64::new(b.size) })
-            };
-            entries.push(wgpu::BindGroupEntry { binding: *binding, resource });
-        }
-        let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(entry), layout: &kernel.layout, entries: &entries });
-        cache.insert(key, bg.clone());
-        Ok(bg)
-    }
-
-    /// The open compute pass, or a new one (timed dispatches get a pass each:
-    /// timestamps are written per pass).
-    fn open_pass<'p>(
-        &self,
-        pass: &'p mut Option<wgpu::ComputePass<'static>>,
-        encoder: &mut Option<wgpu::CommandEncoder>,
-        timestamp_writes: Option<wgpu::ComputePassTimestampWrites<'_>>,
-    ) -> Result<&'p mut wgpu::ComputePass<'static>> {
-        if timestamp_writes.is_some() || pass.is_none() {
-            *pass = None;
-            let encoder = encoder.get_or_insert_with(|| {
-                self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("ops") })
-            });
-            let begun = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("ops"), timestamp_writes });
-            *pass = Some(begun.forget_lifetime());
-        }
-        pass.as_mut().ok_or_else(|| BackendError::Device("no open compute pass".into()))
-    }
-
-    /// [`Gpu::record`] for kernels that take their parameters as immediate
-    /// data: no arena slot, and bind groups keyed by their buffers alone.
-    fn record_immediate(
-        &self,
-        p: &mut Pending,
-        entry: &'static str,
-        kernel: &Kernel,
-        params: &[u8],
-        binds: &[(u32, Bind<'_>)],
-        groups: [u32; 3],
-    ) -> Result<bool> {
-        if params.len() % 4 != 0 || params.len() as u64 > self.limits.max_immediate_size as u64 {
-            return Err(BackendError::Device(format!("{entry}: {} parameter bytes do not fit the immediate data", params.len())));
-        }
-        let bind_group = self.bind_group(entry, kernel, u64::MAX, binds, None)?;
-        let timestamp_writes = p.timing.as_mut().and_then(|t| t.next_pass(kernel.family));
-        let pass = self.open_pass(&mut p.pass, &mut p.encoder, timestamp_writes)?;
-        pass.set_pipeline(&kernel.pipeline);
-        pass.set_bind_group(0, &bind_group, &[]);
-        pass.set_immediates(0, params);
-        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
-        p.since_submit += 1;
-        Ok(self.flush_due(p))
     }
 
     /// Whether the adapter runs the kernel `entry` (the `*_1024` ones need
