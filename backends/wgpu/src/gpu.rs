@@ -9,6 +9,7 @@
 //! before the submission they belong to.
 
 mod buffers;
+mod held;
 mod profile;
 mod record;
 
@@ -62,6 +63,8 @@ struct Pending {
     timing: Option<Timing>,
     /// Dispatches recorded since the last submission.
     since_submit: u32,
+    /// A dispatch held back for the next op to take over (`held.rs`).
+    held: Option<held::Held>,
     /// Dispatches after which the next periodic submission comes (0: every
     /// `flush_every`); see [`WgpuOptions::flush_first`].
     flush_at: u32,
@@ -286,6 +289,7 @@ impl Gpu {
             return Ok(());
         }
         let mut p = self.pending()?;
+        self.release_held(&mut p)?;
         self.encoder(&mut p).copy_buffer_to_buffer(src, src_off, dst, dst_off, bytes);
         Ok(())
     }
@@ -293,6 +297,7 @@ impl Gpu {
     /// Records zero-filling a buffer in op order.
     pub fn clear(&self, dst: &wgpu::Buffer) -> Result<()> {
         let mut p = self.pending()?;
+        self.release_held(&mut p)?;
         self.encoder(&mut p).clear_buffer(dst, 0, None);
         Ok(())
     }
@@ -353,6 +358,7 @@ impl Gpu {
         let start = std::time::Instant::now();
         let mut guard = self.pending()?;
         let p = &mut *guard;
+        self.release_held(p)?;
         p.pass = None;
         let mut encoder = p.encoder.take().unwrap_or_else(|| {
             self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("ops") })
@@ -395,7 +401,7 @@ impl Gpu {
 
     /// Submits all recorded work without waiting for it.
     pub fn flush(&self) -> Result<()> {
-        if self.pending()?.encoder.is_none() {
+        if self.pending().map(|p| p.encoder.is_none() && p.held.is_none())? {
             return self.check_errors("running kernels");
         }
         self.submit_with(|_| {})

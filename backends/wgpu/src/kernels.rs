@@ -60,6 +60,7 @@ pub const IMMEDIATE_PARAMS: &str = "var<immediate> p: Params;";
 const WEIGHTS: &str = include_str!("../../../wgsl/weights.wgsl");
 const DOT: &str = include_str!("../../../wgsl/dot.wgsl");
 const REDUCE: &str = include_str!("../../../wgsl/reduce.wgsl");
+const MOE_COMMON: &str = include_str!("../../../wgsl/moe_common.wgsl");
 
 /// One compiled shader module: a kernel family and its entry points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -68,6 +69,7 @@ pub enum Module {
     MatvecQ8,
     MatmulTiled,
     Moe,
+    Route,
     Embed,
     Elementwise,
     Norm,
@@ -79,11 +81,12 @@ pub enum Module {
 }
 
 impl Module {
-    pub const ALL: [Module; 12] = [
+    pub const ALL: [Module; 13] = [
         Module::Matvec,
         Module::MatvecQ8,
         Module::MatmulTiled,
         Module::Moe,
+        Module::Route,
         Module::Embed,
         Module::Elementwise,
         Module::Norm,
@@ -101,6 +104,7 @@ impl Module {
             Module::MatvecQ8 => "matvec_q8",
             Module::MatmulTiled => "matmul_tiled",
             Module::Moe => "moe",
+            Module::Route => "route",
             Module::Embed => "embed",
             Module::Elementwise => "elementwise",
             Module::Norm => "norm",
@@ -117,7 +121,8 @@ impl Module {
             Module::Matvec => &["matvec", "matvec_epilogue"],
             Module::MatvecQ8 => &["quantize_x8", "matvec_q8"],
             Module::MatmulTiled => &["matmul_tiled", "moe_sort", "moe_gate_up_tiled", "moe_down_tiled"],
-            Module::Moe => &["moe_route", "moe_route_matmul", "moe_map", "moe_gate_up", "moe_down", "moe_combine", "moe_down_combine"],
+            Module::Moe => &["moe_map", "moe_gate_up", "moe_down", "moe_combine", "moe_down_combine"],
+            Module::Route => &["moe_route", "moe_route_matmul", "moe_route_norm"],
             Module::Embed => &["embed"],
             Module::Elementwise => {
                 &["add", "sigmoid_mul", "add_sigmoid_mul", "silu_mul", "silu_only", "scale", "copy_cols", "delta_gates"]
@@ -146,7 +151,7 @@ impl Module {
             Module::Matvec => ParamsLayout::of::<matmul::MatvecParams>(),
             Module::MatvecQ8 => ParamsLayout::of::<matmul::MatvecQ8Params>(),
             Module::MatmulTiled => ParamsLayout::of::<matmul::TiledParams>(),
-            Module::Moe => ParamsLayout::of::<moe::MoeParams>(),
+            Module::Moe | Module::Route => ParamsLayout::of::<moe::MoeParams>(),
             Module::Embed => ParamsLayout::of::<matmul::EmbedParams>(),
             Module::Elementwise => ParamsLayout::of::<elementwise::ElementwiseParams>(),
             Module::Norm => ParamsLayout::of::<norm::NormParams>(),
@@ -172,7 +177,8 @@ impl Module {
         match self {
             Module::Matvec => with_dot(include_str!("../../../wgsl/matvec.wgsl")),
             Module::MatvecQ8 => with_dot(include_str!("../../../wgsl/matvec_q8.wgsl")),
-            Module::Moe => format!("{REDUCE}\n{}", with_dot(include_str!("../../../wgsl/moe.wgsl"))),
+            Module::Moe => format!("{REDUCE}\n{}", with_dot(&format!("{MOE_COMMON}\n{}", include_str!("../../../wgsl/moe.wgsl")))),
+            Module::Route => format!("{REDUCE}\n{}", with_dot(&format!("{MOE_COMMON}\n{}", include_str!("../../../wgsl/route.wgsl")))),
             Module::MatmulTiled => with_weights(include_str!("../../../wgsl/matmul_tiled.wgsl")),
             Module::Embed => with_weights(include_str!("../../../wgsl/embed.wgsl")),
             Module::Elementwise => include_str!("../../../wgsl/elementwise.wgsl").to_string(),

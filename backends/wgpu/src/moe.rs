@@ -3,15 +3,17 @@
 //! routed experts, straight from the slot pool. Nothing here reads back to
 //! the host.
 
-use slotstream_backend::{Gating, Result};
+use slotstream_backend::{BackendError, Gating, Result};
 
 use crate::gpu::{whole, Bind, Gpu, GpuBuf, MAX_GROUPS};
 use crate::kernels::params;
 use crate::matmul::{TiledParams, TILE};
+use crate::norm::HeldNorm;
+use crate::tensors::buf;
 use crate::weights::{GpuPool, GpuWeight, PoolMatrix, WeightDesc};
 
 params! {
-    /// `Params` of `wgsl/moe.wgsl`.
+    /// `Params` of `wgsl/moe.wgsl` and `wgsl/route.wgsl` (`wgsl/moe_common.wgsl`).
     pub struct MoeParams {
         w: WeightDesc,
         /// Rows of one expert matrix.
@@ -34,6 +36,11 @@ params! {
         n: u32,
         /// `moe_gate_up`: subgroups sharing each of a quad's gate and up rows.
         parts: u32,
+        /// `moe_route_norm`: the residual norm's epsilon.
+        eps: f32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
     }
 }
 
@@ -98,10 +105,66 @@ pub(crate) fn route_matmul(gpu: &Gpu, w: &GpuWeight, x: Bind<'_>, routes: Bind<'
         n: tokens as u32,
         ..Default::default()
     };
-    // `vals` (the unfused kernel's logits) is in the layout but never read here.
-    let binds = [(W, whole(&s.buffer)), (W_WORDS, whole(&s.buffer)), (X, x), (ROUTES, routes), (OUT, extra), (VALS, x)];
+    // `vals` (the unfused kernel's logits) is in the layout but never read
+    // here; it may not be x, which the routing kernels bind read-write.
+    let binds = [(W, whole(&s.buffer)), (W_WORDS, whole(&s.buffer)), (X, x), (ROUTES, routes), (OUT, extra), (VALS, whole(&s.buffer))];
     gpu.dispatch("moe_route_matmul", &params, &binds, Gpu::grid(tokens as u64))?;
     Ok(Some(()))
+}
+
+// Bindings of moe_route_norm (wgsl/route.wgsl).
+const NORM_BASE: u32 = 10;
+const NORM_ADDEND: u32 = 11;
+const NORM_WEIGHT: u32 = 12;
+const NORM_SUM: u32 = 13;
+/// Longest row moe_route_norm keeps in registers (256 invocations, four runs
+/// of four values each).
+const ROUTE_NORM_MAX_COLS: usize = 4096;
+
+/// Whether [`route_norm`] takes the held norm `h` for routing one token by `w`.
+pub(crate) fn route_norm_fits(w: &GpuWeight, h: &HeldNorm) -> bool {
+    let cols = w.cols;
+    w.shards.len() == 1
+        && w.experts == 1
+        && w.rows <= ROUTE_MATMUL_MAX_ROWS
+        && cols % 4 == 0
+        && cols <= ROUTE_NORM_MAX_COLS
+        && h.x.shape() == [1, cols]
+        && h.weight.numel() == cols
+}
+
+/// [`route_matmul`] of one token's `norm(x + y)`, the held `add_rms_norm`
+/// `h` in the same dispatch (`moe_route_norm`): writes its sum and normed row
+/// as the norm would have. The caller checked [`route_norm_fits`].
+pub(crate) fn route_norm(gpu: &Gpu, w: &GpuWeight, h: &HeldNorm, routes: Bind<'_>, extra: Bind<'_>, g: Gating) -> Result<()> {
+    let [s] = &w.shards[..] else {
+        return Err(BackendError::Device("route_norm: a router of several shards".into()));
+    };
+    let params = MoeParams {
+        w: s.desc,
+        rows: w.rows as u32,
+        x_cols: w.cols as u32,
+        out_cols: (w.rows - g.experts) as u32,
+        experts: g.experts as u32,
+        top_k: g.top_k as u32,
+        normalize: g.normalize as u32,
+        n: 1,
+        eps: h.eps,
+        ..Default::default()
+    };
+    let binds = [
+        (W, whole(&s.buffer)),
+        (W_WORDS, whole(&s.buffer)),
+        (X, buf(&h.out)?),
+        (ROUTES, routes),
+        (OUT, extra),
+        (VALS, whole(&s.buffer)),
+        (NORM_BASE, buf(&h.x)?),
+        (NORM_ADDEND, buf(&h.y)?),
+        (NORM_WEIGHT, buf(&h.weight)?),
+        (NORM_SUM, buf(&h.sum)?),
+    ];
+    gpu.dispatch("moe_route_norm", &params, &binds, [1, 1, 1])
 }
 
 /// Sets slot table entries `(key, slot or NO_SLOT)`, in op order.

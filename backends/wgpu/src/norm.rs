@@ -79,12 +79,12 @@ pub(crate) fn rms_norm(
     }
 }
 
-/// `sum = x + y`, `out = sum / rms(sum) * weight` per group of `dim`, one
-/// workgroup per group.
-#[allow(clippy::too_many_arguments)]
 /// Rows at least this long take `add_rms_norm_1024`.
 const WIDE_FROM: usize = 2048;
 
+/// `sum = x + y`, `out = sum / rms(sum) * weight` per group of `dim`, one
+/// workgroup per group; with `held`, held back for the next op to take in.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn add_rms_norm(
     gpu: &Gpu,
     x: Bind<'_>,
@@ -96,6 +96,7 @@ pub(crate) fn add_rms_norm(
     dim: usize,
     weight_len: usize,
     eps: f32,
+    held: Option<HeldNorm>,
 ) -> Result<()> {
     let params = NormParams {
         groups: groups as u32,
@@ -110,7 +111,21 @@ pub(crate) fn add_rms_norm(
     // Long rows take four times as many threads where the adapter has them:
     // the loads of a row come in a quarter as many steps per thread.
     let entry = if dim >= WIDE_FROM && gpu.has_kernel("add_rms_norm_1024") { "add_rms_norm_1024" } else { "add_rms_norm" };
-    gpu.dispatch(entry, &params, &binds, Gpu::grid(groups as u64))
+    match held {
+        Some(h) => gpu.hold(entry, &params, &binds, Gpu::grid(groups as u64), Box::new(h)),
+        None => gpu.dispatch(entry, &params, &binds, Gpu::grid(groups as u64)),
+    }
+}
+
+/// A one-token `add_rms_norm` held back (`Gpu::hold`) for a routing kernel
+/// to take in (`moe::route_norm`): its tensors and epsilon.
+pub(crate) struct HeldNorm {
+    pub x: Tensor,
+    pub y: Tensor,
+    pub weight: Tensor,
+    pub sum: Tensor,
+    pub out: Tensor,
+    pub eps: f32,
 }
 
 /// Per-head RMSNorm of `x: [tokens, heads, dim]` with `weight` (`dim`

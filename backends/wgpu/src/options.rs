@@ -100,6 +100,10 @@ pub struct WgpuOptions {
     /// `SLOTSTREAM_WGPU_ATTENTION_REGS=0` keeps `attention_split*`, for
     /// measurements).
     pub attention_regs: bool,
+    /// A one-token residual norm whose output is routed next runs inside
+    /// the routing kernel (`moe_route_norm`; `SLOTSTREAM_WGPU_FUSE_NORMS=0`
+    /// keeps it a dispatch of its own, for measurements).
+    pub fuse_norms: bool,
     /// One-token matvecs of interleaved 4-bit weights share each quad of rows
     /// among up to this many subgroups, so a lane walks fewer chunks of a row
     /// (`SLOTSTREAM_WGPU_MATVEC_SPLIT`; 1 turns the split off, for measurements).
@@ -123,6 +127,7 @@ impl Default for WgpuOptions {
             q4_eight_rows_from: Q4_EIGHT_ROWS_FROM,
             attention_min_chunk: crate::attention::MIN_CHUNK,
             attention_regs: true,
+            fuse_norms: true,
             matvec_split: MATVEC_SPLIT,
             immediates: true,
         }
@@ -157,6 +162,7 @@ impl WgpuOptions {
                 .filter(|&n: &usize| n > 0)
                 .unwrap_or(defaults.attention_min_chunk),
             attention_regs: var("SLOTSTREAM_WGPU_ATTENTION_REGS").map_or(defaults.attention_regs, |v| v != "0"),
+            fuse_norms: var("SLOTSTREAM_WGPU_FUSE_NORMS").map_or(defaults.fuse_norms, |v| v != "0"),
             matvec_split: var("SLOTSTREAM_WGPU_MATVEC_SPLIT")
                 .and_then(|v| v.parse().ok())
                 .filter(|n: &usize| (1..=4).contains(n))

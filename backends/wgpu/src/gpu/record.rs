@@ -23,6 +23,20 @@ impl Gpu {
             .ok_or_else(|| BackendError::Device(format!("no kernel named '{entry}'")))?;
         let mut guard = self.pending()?;
         let p = &mut *guard;
+        self.release_held(p)?;
+        self.record_in(p, entry, kernel, params, binds, groups)
+    }
+
+    /// [`Gpu::record`] of a looked-up kernel, with the recorder locked.
+    pub(super) fn record_in(
+        &self,
+        p: &mut Pending,
+        entry: &'static str,
+        kernel: &Kernel,
+        params: &[u8],
+        binds: &[(u32, Bind<'_>)],
+        groups: [u32; 3],
+    ) -> Result<bool> {
         if self.immediates {
             return self.record_immediate(p, entry, kernel, params, binds, groups);
         }

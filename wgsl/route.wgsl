@@ -1,0 +1,245 @@
+// Routing on the device (after moe_common.wgsl; parameters there):
+//
+//   moe_route:   one workgroup per token: softmax over the token's `experts`
+//                router logits (vals), the `top_k` largest kept (highest logit
+//                first, ties to the lower id), renormalised when `normalize`;
+//                writes routes[t] = top_k ids, then top_k weights (f32 bits).
+//   moe_route_matmul: moe_route of the logits x[t] . W (the router's rows, then
+//                optional extra rows written to out), in one dispatch.
+//   moe_route_norm: moe_route_matmul of norm(base + addend) (the residual add
+//                and RMSNorm before the MoE block, with weight nw and `eps`):
+//                writes the sum to `sum` and the normed row to xin, which the
+//                router's product then reads (so xin is read-write here).
+//
+// Bindings: 0 uniform Params; 1 w and 6 w_words (the router); 2 xin f32 rows
+// of x_cols (read-write); 3 out f32 (extra rows; read-write); 4 routes u32
+// [tokens, 2*top_k] (read-write); 9 vals f32 (moe_route's logits);
+// moe_route_norm: 10 base, 11 addend [tokens, x_cols], 12 nw [x_cols], 13 sum
+// [tokens, x_cols] (read-write).
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(2) var<storage, read_write> xin: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<storage, read_write> routes: array<u32>;
+@group(0) @binding(9) var<storage, read> vals: array<f32>;
+@group(0) @binding(10) var<storage, read> base: array<vec4<f32>>;
+@group(0) @binding(11) var<storage, read> addend: array<vec4<f32>>;
+@group(0) @binding(12) var<storage, read> nw: array<vec4<f32>>;
+@group(0) @binding(13) var<storage, read_write> sum: array<vec4<f32>>;
+
+var<workgroup> chosen: array<u32, 64>;
+var<workgroup> chosen_w: array<f32, 64>;
+// The token's logits, when there are at most ROW_CACHE experts.
+const ROW_CACHE: u32 = 1024u;
+var<workgroup> row: array<f32, 1024>;
+
+fn logit(t: u32, e: u32) -> f32 {
+    return vals[t * p.experts + e];
+}
+
+// Whether candidate (v, i) beats (v0, i0): a real id beats none, then the
+// larger value, then the lower id.
+fn better(v: f32, i: u32, v0: f32, i0: u32) -> bool {
+    if (i == NO_SLOT) {
+        return false;
+    }
+    return i0 == NO_SLOT || v > v0 || (v == v0 && i < i0);
+}
+
+// Routes token `t` from its logits: in `row` when `cached` (at most
+// ROW_CACHE experts), else in `vals`.
+fn lg(t: u32, e: u32, cached: bool) -> f32 {
+    if (cached) {
+        return row[e];
+    }
+    return logit(t, e);
+}
+
+// Subgroup ids and sizes of the routing entry points, for route_token.
+struct Lanes {
+    sg: u32,
+    nsg: u32,
+    lane: u32,
+}
+
+fn route_token(t: u32, li: u32, cached: bool, ln: Lanes) {
+    // Softmax denominator: max, then the sum of exp(l - max). NaN logits
+    // take no part in the max.
+    var m = -3.4028235e38;
+    for (var e = li; e < p.experts; e += 256u) {
+        let v = lg(t, e, cached);
+        if (v > m) {
+            m = v;
+        }
+    }
+    let mx = reduce_max(m, ln.sg, ln.nsg, ln.lane);
+    var s = 0.0;
+    for (var e = li; e < p.experts; e += 256u) {
+        s += exp(lg(t, e, cached) - mx);
+    }
+    let total = reduce_sum(s, ln.sg, ln.nsg, ln.lane);
+    if (li < p.top_k) {
+        // Stays "no expert" where NaN logits leave a rank unfilled.
+        chosen[li] = NO_SLOT;
+        chosen_w[li] = 0.0;
+    }
+    workgroupBarrier();
+    // Each expert's rank is the number of experts that beat it (a strict
+    // order: larger logit, then lower id), so the top k place themselves.
+    for (var e = li; e < p.experts; e += 256u) {
+        let v = lg(t, e, cached);
+        var rank = 0u;
+        for (var o = 0u; o < p.experts && rank < p.top_k; o++) {
+            if (better(lg(t, o, cached), o, v, e)) {
+                rank++;
+            }
+        }
+        if (rank < p.top_k) {
+            chosen[rank] = e;
+            chosen_w[rank] = exp(v - mx) / total;
+        }
+    }
+    workgroupBarrier();
+    if (li == 0u) {
+        var sum = 0.0;
+        for (var j = 0u; j < p.top_k; j++) {
+            sum += chosen_w[j];
+        }
+        let base = t * 2u * p.top_k;
+        for (var j = 0u; j < p.top_k; j++) {
+            var wj = chosen_w[j];
+            if (p.normalize != 0u) {
+                wj = wj / sum;
+            }
+            routes[base + j] = chosen[j];
+            routes[base + p.top_k + j] = bitcast<u32>(wj);
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn moe_route(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+) {
+    let t = wid.y * nwg.x + wid.x;
+    if (t >= p.n) {
+        return;
+    }
+    let cached = p.experts <= ROW_CACHE;
+    for (var e = li; e < min(p.experts, ROW_CACHE); e += 256u) {
+        row[e] = logit(t, e);
+    }
+    workgroupBarrier();
+    route_token(t, li, cached, Lanes(sg, nsg, lane));
+}
+
+// The router's product and the routing of token t: `row[e]` = router row
+// e . x[t] for the first `experts` of the weight's `rows` rows (at most
+// ROW_CACHE); the rows after them (a shared expert's gate) go to
+// out[t * out_cols + r - experts]. One subgroup per four rows, as matvec.
+fn route_product(t: u32, li: u32, sg: u32, nsg: u32, lane: u32, lanes: u32) {
+    let quads = (p.rows + 3u) / 4u;
+    let xb = t * (p.x_cols / 4u);
+    // Subgroups left over from one per quad share a quad's columns: part
+    // `part` of `parts` takes chunks part*lanes + lane, stepping parts*lanes.
+    let parts = max(1u, nsg / quads);
+    for (var k = sg; k < quads * parts; k += nsg) {
+        let qi = k / parts;
+        let part = k % parts;
+        let row0 = qi * 4u;
+        let nrows = min(4u, p.rows - row0);
+        let total = subgroupAdd(pool_rows4(p.w, row0, nrows, xb, part * lanes + lane, parts * lanes));
+        if (lane == 0u) {
+            partial4[k] = total;
+        }
+    }
+    workgroupBarrier();
+    for (var e = li; e < p.rows; e += 256u) {
+        let qi = e / 4u;
+        var v = 0.0;
+        for (var part = 0u; part < parts; part++) {
+            v += partial4[qi * parts + part][e % 4u];
+        }
+        if (e < p.experts) {
+            row[e] = v;
+        } else {
+            out[t * p.out_cols + e - p.experts] = v;
+        }
+    }
+    workgroupBarrier();
+    route_token(t, li, true, Lanes(sg, nsg, lane));
+}
+
+@compute @workgroup_size(256)
+fn moe_route_matmul(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let t = wid.y * nwg.x + wid.x;
+    if (t < p.n) {
+        route_product(t, li, sg, nsg, lane, lanes);
+    }
+}
+
+// Runs of four values of a row that each invocation of moe_route_norm keeps
+// in registers (rows of up to 4 * 256 * NORM_RUNS values).
+const NORM_RUNS: u32 = 4u;
+
+// moe_route_matmul of the normed sum: as norm.wgsl's add_rms_norm (sum,
+// then sum * (1 / rms) * weight), the row kept in registers, then the normed
+// row written to xin for the router's product to read back.
+@compute @workgroup_size(256)
+fn moe_route_norm(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let t = wid.y * nwg.x + wid.x;
+    if (t >= p.n) {
+        return;
+    }
+    let runs = p.x_cols / 4u;
+    let rb = t * runs;
+    var v: array<vec4<f32>, 4>;
+    var wv: array<vec4<f32>, 4>;
+    var ss = 0.0;
+    for (var k = 0u; k < NORM_RUNS; k++) {
+        let i = li + k * 256u;
+        if (i < runs) {
+            v[k] = base[rb + i] + addend[rb + i];
+            wv[k] = nw[i];
+        }
+    }
+    for (var k = 0u; k < NORM_RUNS; k++) {
+        let i = li + k * 256u;
+        if (i < runs) {
+            sum[rb + i] = v[k];
+            ss += dot(v[k], v[k]);
+        }
+    }
+    let rr = 1.0 / sqrt(reduce_sum(ss, sg, nsg, lane) / f32(p.x_cols) + p.eps);
+    for (var k = 0u; k < NORM_RUNS; k++) {
+        let i = li + k * 256u;
+        if (i < runs) {
+            xin[rb + i] = v[k] * rr * wv[k];
+        }
+    }
+    // The normed row, written above, is what the router's product reads.
+    storageBarrier();
+    workgroupBarrier();
+    route_product(t, li, sg, nsg, lane, lanes);
+}
