@@ -316,7 +316,8 @@ impl Backend for WgpuBackend {
         let tokens = x.rows();
         let (out, ob) = self.output(vec![tokens, gw.rows])?;
         let choice = self.matmul_choice();
-        if let Some(h) = self.gpu.take_held(|h: &norm::HeldNorm| h.is_output(x) && matmul::matvec_norm_fits(&choice, gw, h))? {
+        let fits = |h: &norm::HeldNorm| self.options.fuse_norm_products && h.is_output(x) && matmul::matvec_norm_fits(&choice, gw, h);
+        if let Some(h) = self.gpu.take_held(fits)? {
             matmul::matvec_norm(&self.gpu, gw, &h, ob.bind())?;
             return Ok(out);
         }
