@@ -14,7 +14,8 @@
 //   epilogue 1 (SwiGLU): out[r] = silu(W[r] . x) * (W[half + r] . x), r < rows = half
 //   epilogue 2 (gated add): out[r] = aux[r] + (W[r] . x) * sigmoid(gate[0])
 //
-// matvec_norm: one token, interleaved 4-bit, one subgroup per four rows, of
+// matvec_norm: one token, interleaved 4-bit, one subgroup per four rows (any
+// row count: x loads from workgroup memory need no sharing over eight), of
 // x = norm(base + addend) (add_rms_norm with weight nw and `eps`), which each
 // workgroup stages in workgroup memory; workgroup 0 also writes the sum and
 // the normed row, as add_rms_norm would.

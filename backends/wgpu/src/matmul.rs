@@ -193,7 +193,9 @@ const NORM_OUT: u32 = 11;
 const MATVEC_NORM_MAX_COLS: usize = 4096;
 
 /// Whether [`matvec_norm`] takes the held norm `h` for `h.out @ w^T`: one
-/// token, interleaved 4-bit shards of four rows per subgroup, no int8.
+/// token, interleaved 4-bit shards, no int8. (With x in workgroup memory,
+/// large matrices too take four rows per subgroup: the eight-row kernel
+/// exists to share x loads.)
 pub(crate) fn matvec_norm_fits(choice: &MatmulChoice, w: &GpuWeight, h: &HeldNorm) -> bool {
     let int8 = choice.mode == MatmulMode::Int8 && w.bytes >= choice.int8_min_bytes;
     !int8
@@ -202,7 +204,7 @@ pub(crate) fn matvec_norm_fits(choice: &MatmulChoice, w: &GpuWeight, h: &HeldNor
         && w.cols <= MATVEC_NORM_MAX_COLS
         && h.x.shape() == [1, w.cols]
         && h.weight.numel() == w.cols
-        && w.shards.iter().all(|s| s.desc.is_interleaved_q4() && s.rows < choice.q4_eight_rows_from)
+        && w.shards.iter().all(|s| s.desc.is_interleaved_q4())
 }
 
 /// `out = norm(x + y) @ W^T` for one token, the held `add_rms_norm` `h` in

@@ -70,9 +70,8 @@ fn routing_after_the_residual_norm() {
 
 /// A one-token 4-bit product of the normed row (`matvec_norm`): rows that
 /// leave the last quad short, rows of 256 to 4096 columns (a partial
-/// interleaved tile at 1280), bf16 and f16 scales; a weight of several
-/// shards, and one too large for it (eight rows per subgroup), which takes
-/// the norm's own dispatch.
+/// interleaved tile at 1280), bf16 and f16 scales, and 8200 rows (which the
+/// plain matvec takes eight to a subgroup).
 #[test]
 fn product_after_the_residual_norm() {
     let Some(g) = gpu() else { return };
