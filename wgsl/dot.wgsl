@@ -302,17 +302,18 @@ struct XChunk {
 }
 
 fn q4i_x(chunks: u32, gshift: u32, xb: u32, i: u32) -> XChunk {
-    let c = q4i_cols(chunks, i);
-    let xi = xb + (c >> vec4<u32>(2u));
-    return q4i_x_of(c, gshift, xin[xi.x], xin[xi.x + 1u], xin[xi.y], xin[xi.y + 1u], xin[xi.z], xin[xi.z + 1u], xin[xi.w], xin[xi.w + 1u]);
-}
-
-// The chunk at columns `c` (q4i_cols) from its eight x runs, already loaded.
-fn q4i_x_of(c: vec4<u32>, gshift: u32,
-    x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>,
-    x4: vec4<f32>, x5: vec4<f32>, x6: vec4<f32>, x7: vec4<f32>) -> XChunk {
     let one = vec4<f32>(1.0);
     let ns = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
+    let c = q4i_cols(chunks, i);
+    let xi = xb + (c >> vec4<u32>(2u));
+    let x0 = xin[xi.x];
+    let x1 = xin[xi.x + 1u];
+    let x2 = xin[xi.y];
+    let x3 = xin[xi.y + 1u];
+    let x4 = xin[xi.z];
+    let x5 = xin[xi.z + 1u];
+    let x6 = xin[xi.w];
+    let x7 = xin[xi.w + 1u];
     let sx = vec4<f32>(dot(x0 + x1, one), dot(x2 + x3, one), dot(x4 + x5, one), dot(x6 + x7, one));
     return XChunk(x0 * ns, x1 * ns, x2 * ns, x3 * ns, x4 * ns, x5 * ns, x6 * ns, x7 * ns, sx, c >> vec4<u32>(gshift));
 }
@@ -329,26 +330,21 @@ fn rows4_q4i(d: WeightDesc, row0: u32, nrows: u32, xb: u32, lane: u32, lanes: u3
     let wb = r * chunks;
     let pb = d.scales_off + r * gpr;
     for (var i = lane; i < chunks; i += lanes) {
-        acc += rows4_q4i_chunk(wb + i, pb, q4i_x(chunks, gshift, xb, i), f16s);
+        let w0 = w[wb.x + i];
+        let w1 = w[wb.y + i];
+        let w2 = w[wb.z + i];
+        let w3 = w[wb.w + i];
+        let x = q4i_x(chunks, gshift, xb, i);
+        let p0 = q4i_pairs(pb.x, x.g);
+        let p1 = q4i_pairs(pb.y, x.g);
+        let p2 = q4i_pairs(pb.z, x.g);
+        let p3 = q4i_pairs(pb.w, x.g);
+        acc.x += q4i_part(w0, p0, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.y += q4i_part(w1, p1, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.z += q4i_part(w2, p2, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        acc.w += q4i_part(w3, p3, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
     }
     return acc;
-}
-
-// Chunk words `wi` of four rows (their pairs from words `pb`) against x.
-fn rows4_q4i_chunk(wi: vec4<u32>, pb: vec4<u32>, x: XChunk, f16s: bool) -> vec4<f32> {
-    let w0 = w[wi.x];
-    let w1 = w[wi.y];
-    let w2 = w[wi.z];
-    let w3 = w[wi.w];
-    let p0 = q4i_pairs(pb.x, x.g);
-    let p1 = q4i_pairs(pb.y, x.g);
-    let p2 = q4i_pairs(pb.z, x.g);
-    let p3 = q4i_pairs(pb.w, x.g);
-    return vec4<f32>(
-        q4i_part(w0, p0, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx),
-        q4i_part(w1, p1, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx),
-        q4i_part(w2, p2, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx),
-        q4i_part(w3, p3, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx));
 }
 
 // This lane's partial dot products of eight consecutive interleaved 4-bit

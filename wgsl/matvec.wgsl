@@ -14,15 +14,8 @@
 //   epilogue 1 (SwiGLU): out[r] = silu(W[r] . x) * (W[half + r] . x), r < rows = half
 //   epilogue 2 (gated add): out[r] = aux[r] + (W[r] . x) * sigmoid(gate[0])
 //
-// matvec_norm: one token, interleaved 4-bit, one subgroup per four rows (any
-// row count: x loads from workgroup memory need no sharing over eight), of
-// x = norm(base + addend) (add_rms_norm with weight nw and `eps`), which each
-// workgroup stages in workgroup memory; workgroup 0 also writes the sum and
-// the normed row, as add_rms_norm would.
-//
 // Bindings: 0 uniform Params; 1 w and 6 w_words (weight shard, see weights.wgsl); 2 xin [tokens, x_cols] f32;
-// 3 out [tokens, out_cols] f32 (read-write); 4 aux and 5 gate f32 (matvec_epilogue);
-// matvec_norm: 7 base, 8 addend [1, x_cols], 9 nw [x_cols], 10 sum and 11 normed [1, x_cols] (read-write).
+// 3 out [tokens, out_cols] f32 (read-write); 4 aux and 5 gate f32 (matvec_epilogue).
 
 struct Params {
     w: WeightDesc,
@@ -40,8 +33,7 @@ struct Params {
     // One token, interleaved 4-bit, four rows per subgroup: subgroups that
     // share a quad's chunks (1, 2 or 4; at most the workgroup's subgroups).
     parts: u32,
-    // matvec_norm: the norm's epsilon.
-    eps: f32,
+    _pad0: u32,
     _pad1: u32,
     _pad2: u32,
 }
@@ -51,11 +43,6 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 @group(0) @binding(4) var<storage, read> aux: array<f32>;
 @group(0) @binding(5) var<storage, read> gate: array<f32>;
-@group(0) @binding(7) var<storage, read> base: array<vec4<f32>>;
-@group(0) @binding(8) var<storage, read> addend: array<vec4<f32>>;
-@group(0) @binding(9) var<storage, read> nw: array<vec4<f32>>;
-@group(0) @binding(10) var<storage, read_write> sum: array<vec4<f32>>;
-@group(0) @binding(11) var<storage, read_write> normed: array<vec4<f32>>;
 
 // matvec's split quads: each subgroup's partial sums of its quad.
 var<workgroup> partial4: array<vec4<f32>, 128>;
@@ -211,75 +198,6 @@ fn matvec_epilogue(
                 } else {
                     out[row0 + r] = aux[row0 + r] + v * (1.0 / (1.0 + exp(-gate[0])));
                 }
-            }
-        }
-    }
-}
-
-// matvec_norm's x: the normed row in runs of four (rows of up to 4096 values).
-var<workgroup> xs: array<vec4<f32>, 1024>;
-
-// Stages x = norm(base + addend) in xs: the sum, its sum of squares over the
-// workgroup, then the sum times 1 / rms times the weight, as add_rms_norm.
-fn stage_normed(first: bool, li: u32, sg: u32, nsg: u32, lane: u32) {
-    let runs = p.x_cols / 4u;
-    var ss = 0.0;
-    for (var i = li; i < runs; i += 128u) {
-        let v = base[i] + addend[i];
-        xs[i] = v;
-        ss += dot(v, v);
-        if (first) {
-            sum[i] = v;
-        }
-    }
-    let r = 1.0 / sqrt(reduce_sum(ss, sg, nsg, lane) / f32(p.x_cols) + p.eps);
-    for (var i = li; i < runs; i += 128u) {
-        let n = xs[i] * r * nw[i];
-        xs[i] = n;
-        if (first) {
-            normed[i] = n;
-        }
-    }
-    workgroupBarrier();
-}
-
-// rows4_q4i with x from xs.
-fn rows4_q4i_ws(d: WeightDesc, row0: u32, nrows: u32, lane: u32, lanes: u32, f16s: bool) -> vec4<f32> {
-    var acc = vec4<f32>(0.0);
-    let chunks = d.row_words / 4u;
-    let gshift = firstTrailingBit(d.group_size);
-    let last = row0 + nrows - 1u;
-    let r = vec4<u32>(row0, min(row0 + 1u, last), min(row0 + 2u, last), min(row0 + 3u, last));
-    let pb = d.scales_off + r * (d.cols >> gshift);
-    for (var i = lane; i < chunks; i += lanes) {
-        let c = q4i_cols(chunks, i);
-        let xi = c >> vec4<u32>(2u);
-        let x = q4i_x_of(c, gshift, xs[xi.x], xs[xi.x + 1u], xs[xi.y], xs[xi.y + 1u], xs[xi.z], xs[xi.z + 1u], xs[xi.w], xs[xi.w + 1u]);
-        acc += rows4_q4i_chunk(r * chunks + i, pb, x, f16s);
-    }
-    return acc;
-}
-
-@compute @workgroup_size(128)
-fn matvec_norm(
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) li: u32,
-    @builtin(subgroup_id) sg: u32,
-    @builtin(num_subgroups) nsg: u32,
-    @builtin(subgroup_invocation_id) lane: u32,
-    @builtin(subgroup_size) lanes: u32,
-) {
-    stage_normed(wid.x == 0u, li, sg, nsg, lane);
-    let quads = (p.rows + 3u) / 4u;
-    let f16s = p.w.scale_kind == 1u;
-    for (var qi = wid.x * nsg + sg; qi < quads; qi += nwg.x * nsg) {
-        let row0 = qi * 4u;
-        let nrows = min(4u, p.rows - row0);
-        let total = subgroupAdd(rows4_q4i_ws(p.w, row0, nrows, lane, lanes, f16s));
-        if (lane == 0u) {
-            for (var r = 0u; r < nrows; r++) {
-                out[p.out_off + row0 + r] = total[r];
             }
         }
     }

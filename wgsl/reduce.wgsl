@@ -1,5 +1,5 @@
 // Workgroup-wide reductions through subgroup operations (prepended, before
-// the kernel file, to attention.wgsl, moe.wgsl, route.wgsl and matvec.wgsl): each subgroup's result
+// the kernel file, to attention.wgsl and moe.wgsl): each subgroup's result
 // goes to `red`, then every invocation folds them. `red` is free for other
 // use between calls.
 

@@ -118,7 +118,7 @@ impl Module {
 
     pub fn entry_points(self) -> &'static [&'static str] {
         match self {
-            Module::Matvec => &["matvec", "matvec_epilogue", "matvec_norm"],
+            Module::Matvec => &["matvec", "matvec_epilogue"],
             Module::MatvecQ8 => &["quantize_x8", "matvec_q8"],
             Module::MatmulTiled => &["matmul_tiled", "moe_sort", "moe_gate_up_tiled", "moe_down_tiled"],
             Module::Moe => &["moe_map", "moe_gate_up", "moe_down", "moe_combine", "moe_down_combine"],
@@ -175,7 +175,7 @@ impl Module {
         let with_weights = |kernel: &str| format!("{WEIGHTS}\n{kernel}");
         let with_dot = |kernel: &str| format!("{WEIGHTS}\n{DOT}\n{kernel}");
         match self {
-            Module::Matvec => format!("{REDUCE}\n{}", with_dot(include_str!("../../../wgsl/matvec.wgsl"))),
+            Module::Matvec => with_dot(include_str!("../../../wgsl/matvec.wgsl")),
             Module::MatvecQ8 => with_dot(include_str!("../../../wgsl/matvec_q8.wgsl")),
             Module::Moe => format!("{REDUCE}\n{}", with_dot(&format!("{MOE_COMMON}\n{}", include_str!("../../../wgsl/moe.wgsl")))),
             Module::Route => format!("{REDUCE}\n{}", with_dot(&format!("{MOE_COMMON}\n{}", include_str!("../../../wgsl/route.wgsl")))),

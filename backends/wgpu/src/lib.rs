@@ -315,13 +315,7 @@ impl Backend for WgpuBackend {
         checks::matmul(x, gw.experts, gw.rows, gw.cols)?;
         let tokens = x.rows();
         let (out, ob) = self.output(vec![tokens, gw.rows])?;
-        let choice = self.matmul_choice();
-        let fits = |h: &norm::HeldNorm| self.options.fuse_norm_products && h.is_output(x) && matmul::matvec_norm_fits(&choice, gw, h);
-        if let Some(h) = self.gpu.take_held(fits)? {
-            matmul::matvec_norm(&self.gpu, gw, &h, ob.bind())?;
-            return Ok(out);
-        }
-        matmul::matmul_into(&self.gpu, &choice, buf(x)?, tokens, gw, ob.bind())?;
+        matmul::matmul_into(&self.gpu, &self.matmul_choice(), buf(x)?, tokens, gw, ob.bind())?;
         Ok(out)
     }
 
@@ -340,8 +334,7 @@ impl Backend for WgpuBackend {
         let weight_len = checks::rms_norm_weight(x, Some(w), dim)?;
         let (sum, sb) = self.output(x.shape().to_vec())?;
         let (out, ob) = self.output(x.shape().to_vec())?;
-        // One token's norm waits for the next op: a routing kernel or a
-        // one-token product takes it in.
+        // One token's norm waits for the next op: a routing kernel takes it in.
         let held = (groups == 1 && self.options.fuse_norms)
             .then(|| norm::HeldNorm { x: x.clone(), y: y.clone(), weight: w.clone(), sum: sum.clone(), out: out.clone(), eps });
         norm::add_rms_norm(&self.gpu, buf(x)?, buf(y)?, buf(w)?, sb.bind(), ob.bind(), groups, dim, weight_len, eps, held)?;
@@ -529,7 +522,9 @@ impl Backend for WgpuBackend {
         let (tensor, rb) = self.output(vec![tokens, 2 * gating.top_k])?;
         let extra_cols = gw.rows - gating.experts;
         let (extra, eb) = self.output(vec![tokens, extra_cols.max(1)])?;
-        if let Some(h) = self.gpu.take_held(|h: &norm::HeldNorm| h.is_output(x) && moe::route_norm_fits(gw, h))? {
+        let x_bind = buf(x)?;
+        let ours = |h: &norm::HeldNorm| buf(&h.out).is_ok_and(|o| o.buffer == x_bind.buffer && o.offset == x_bind.offset);
+        if let Some(h) = self.gpu.take_held(|h: &norm::HeldNorm| ours(h) && moe::route_norm_fits(gw, h))? {
             moe::route_norm(&self.gpu, gw, &h, rb.bind(), eb.bind(), gating)?;
             return Ok((Routes { tensor, gating }, (extra_cols > 0).then_some(extra)));
         }

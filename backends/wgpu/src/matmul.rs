@@ -7,8 +7,6 @@ use slotstream_backend::Result;
 
 use crate::gpu::{whole, Bind, Gpu, GpuBuf};
 use crate::kernels::params;
-use crate::norm::HeldNorm;
-use crate::tensors::buf;
 use crate::options::MatmulMode;
 use crate::weights::{GpuWeight, Shard, WeightDesc};
 
@@ -33,8 +31,7 @@ params! {
         /// One token of interleaved 4-bit weights at four rows per subgroup:
         /// subgroups sharing one quad of rows (1, 2 or 4).
         parts: u32,
-        /// `matvec_norm`: the norm's epsilon.
-        eps: f32,
+        _pad0: u32,
         _pad1: u32,
         _pad2: u32,
     }
@@ -181,62 +178,6 @@ fn matvec(gpu: &Gpu, s: &Shard, x: Bind<'_>, out: Bind<'_>, tokens: usize, total
     };
     let groups = [gpu.subgroup_grid(items, 128), tokens.div_ceil(4) as u32, 1];
     gpu.dispatch("matvec", &params, &[(W, whole(&s.buffer)), (W_WORDS, whole(&s.buffer)), (X, x), (OUT, out)], groups)
-}
-
-// Bindings of matvec_norm (wgsl/matvec.wgsl).
-const NORM_BASE: u32 = 7;
-const NORM_ADDEND: u32 = 8;
-const NORM_WEIGHT: u32 = 9;
-const NORM_SUM: u32 = 10;
-const NORM_OUT: u32 = 11;
-/// Longest row matvec_norm stages in workgroup memory.
-const MATVEC_NORM_MAX_COLS: usize = 4096;
-
-/// Whether [`matvec_norm`] takes the held norm `h` for `h.out @ w^T`: one
-/// token, interleaved 4-bit shards, no int8. (With x in workgroup memory,
-/// large matrices too take four rows per subgroup: the eight-row kernel
-/// exists to share x loads.)
-pub(crate) fn matvec_norm_fits(choice: &MatmulChoice, w: &GpuWeight, h: &HeldNorm) -> bool {
-    let int8 = choice.mode == MatmulMode::Int8 && w.bytes >= choice.int8_min_bytes;
-    !int8
-        && w.experts == 1
-        && w.cols % 4 == 0
-        && w.cols <= MATVEC_NORM_MAX_COLS
-        && h.x.shape() == [1, w.cols]
-        && h.weight.numel() == w.cols
-        && w.shards.iter().all(|s| s.desc.is_interleaved_q4())
-}
-
-/// `out = norm(x + y) @ W^T` for one token, the held `add_rms_norm` `h` in
-/// each shard's dispatch (`matvec_norm`), which also writes its sum and
-/// normed row. The caller checked [`matvec_norm_fits`].
-pub(crate) fn matvec_norm(gpu: &Gpu, w: &GpuWeight, h: &HeldNorm, out: Bind<'_>) -> Result<()> {
-    let total_rows = w.experts * w.rows;
-    for s in &w.shards {
-        let params = MatvecParams {
-            w: s.desc,
-            rows: s.rows as u32,
-            tokens: 1,
-            out_cols: total_rows as u32,
-            out_off: s.row_start as u32,
-            x_cols: w.cols as u32,
-            group_rows: 4,
-            eps: h.eps,
-            ..Default::default()
-        };
-        let binds = [
-            (W, whole(&s.buffer)),
-            (W_WORDS, whole(&s.buffer)),
-            (OUT, out),
-            (NORM_BASE, buf(&h.x)?),
-            (NORM_ADDEND, buf(&h.y)?),
-            (NORM_WEIGHT, buf(&h.weight)?),
-            (NORM_SUM, buf(&h.sum)?),
-            (NORM_OUT, buf(&h.out)?),
-        ];
-        gpu.dispatch("matvec_norm", &params, &binds, [gpu.subgroup_grid(s.rows.div_ceil(4), 128), 1, 1])?;
-    }
-    Ok(())
 }
 
 /// What `matvec_epilogue` does with a one-token product.

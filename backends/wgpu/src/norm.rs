@@ -118,8 +118,7 @@ pub(crate) fn add_rms_norm(
 }
 
 /// A one-token `add_rms_norm` held back (`Gpu::hold`) for a routing kernel
-/// or a one-token product to take in (`moe::route_norm`,
-/// `matmul::matvec_norm`): its tensors and epsilon.
+/// to take in (`moe::route_norm`): its tensors and epsilon.
 pub(crate) struct HeldNorm {
     pub x: Tensor,
     pub y: Tensor,
@@ -127,16 +126,6 @@ pub(crate) struct HeldNorm {
     pub sum: Tensor,
     pub out: Tensor,
     pub eps: f32,
-}
-
-impl HeldNorm {
-    /// Whether `t` is this norm's normed output.
-    pub fn is_output(&self, t: &Tensor) -> bool {
-        match (buf(&self.out), buf(t)) {
-            (Ok(a), Ok(b)) => a.buffer == b.buffer && a.offset == b.offset && a.size == b.size,
-            _ => false,
-        }
-    }
 }
 
 /// Per-head RMSNorm of `x: [tokens, heads, dim]` with `weight` (`dim`

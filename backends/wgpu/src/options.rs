@@ -104,10 +104,6 @@ pub struct WgpuOptions {
     /// the routing kernel (`moe_route_norm`; `SLOTSTREAM_WGPU_FUSE_NORMS=0`
     /// keeps it a dispatch of its own, for measurements).
     pub fuse_norms: bool,
-    /// Such a norm followed by a one-token 4-bit product runs inside the
-    /// product (`matvec_norm`; `SLOTSTREAM_WGPU_FUSE_NORM_PRODUCTS=0` records
-    /// it on its own, for measurements).
-    pub fuse_norm_products: bool,
     /// One-token matvecs of interleaved 4-bit weights share each quad of rows
     /// among up to this many subgroups, so a lane walks fewer chunks of a row
     /// (`SLOTSTREAM_WGPU_MATVEC_SPLIT`; 1 turns the split off, for measurements).
@@ -132,7 +128,6 @@ impl Default for WgpuOptions {
             attention_min_chunk: crate::attention::MIN_CHUNK,
             attention_regs: true,
             fuse_norms: true,
-            fuse_norm_products: true,
             matvec_split: MATVEC_SPLIT,
             immediates: true,
         }
@@ -168,7 +163,6 @@ impl WgpuOptions {
                 .unwrap_or(defaults.attention_min_chunk),
             attention_regs: var("SLOTSTREAM_WGPU_ATTENTION_REGS").map_or(defaults.attention_regs, |v| v != "0"),
             fuse_norms: var("SLOTSTREAM_WGPU_FUSE_NORMS").map_or(defaults.fuse_norms, |v| v != "0"),
-            fuse_norm_products: var("SLOTSTREAM_WGPU_FUSE_NORM_PRODUCTS").map_or(defaults.fuse_norm_products, |v| v != "0"),
             matvec_split: var("SLOTSTREAM_WGPU_MATVEC_SPLIT")
                 .and_then(|v| v.parse().ok())
                 .filter(|n: &usize| (1..=4).contains(n))

@@ -5,7 +5,7 @@ mod common;
 
 use common::check::{affine, check, format_name, matrix, up, TOL};
 use common::{gpu, rel_l2, Rng};
-use slotstream_backend::{routing, Backend, DType, ExpertLayout, ExpertPool, Gating, HostExpert, MatrixFormat, Routes};
+use slotstream_backend::{routing, Backend, DType, ExpertLayout, ExpertPool, Gating, HostExpert, MatrixFormat, Routes, Tensor};
 use slotstream_cpu::CpuBackend;
 use slotstream_wgpu::{AdapterChoice, WgpuBackend};
 
@@ -111,6 +111,54 @@ fn routing_with_the_router_product() {
                 }
                 (None, None) => assert_eq!(extra, 0, "{what}"),
                 _ => panic!("{what}: one backend gave extra rows, the other none"),
+            }
+        }
+    }
+}
+
+/// A one-token residual norm routed next runs inside the routing kernel
+/// (`moe_route_norm`): the routes, the sum and the normed row equal the
+/// CPU's `add_rms_norm` then `route_matmul`, also when another op comes
+/// between the two (the norm is then recorded on its own, in its place).
+#[test]
+fn routing_after_the_residual_norm() {
+    let Some(g) = gpu() else { return };
+    let cpu = CpuBackend::exact();
+    let mut rng = Rng::new(29);
+    let cases = [(affine(8, 64), 16, 1, 8, 2048), (affine(4, 64), 40, 0, 4, 256), (MatrixFormat::Dense(DType::F32), 16, 1, 2, 4096)];
+    for (format, experts, extra, top_k, cols) in cases {
+        let m = matrix(&mut rng, format, 1, experts + extra, cols);
+        let gating = Gating { experts, top_k, normalize: true };
+        let (x, y, w) = (rng.vec(cols, 2.0), rng.vec(cols, 2.0), rng.vec(cols, 1.0));
+        for between in [false, true] {
+            let run = |b: &dyn Backend| {
+                let router = b.load_weight(&m).unwrap();
+                let (h, normed) = b.add_rms_norm(&up(b, &x, &[1, cols]), &up(b, &y, &[1, cols]), &up(b, &w, &[cols]), cols, 1e-6).unwrap();
+                let doubled = between.then(|| b.add(&h, &h).unwrap());
+                let (routes, more) = b.route_matmul(&normed, &router, gating).unwrap();
+                let logits = b.download(&b.matmul(&normed, &router).unwrap()).unwrap();
+                let fetch = |t: &Tensor| b.download(t).unwrap();
+                (fetch(&routes.tensor), logits, more.as_ref().map(fetch), [fetch(&h), fetch(&normed)], doubled.as_ref().map(fetch))
+            };
+            let (got, logits, more, rows, doubled) = run(g);
+            let (want, _, want_more, want_rows, want_doubled) = run(&cpu);
+            let what = format!("{}, {experts} experts, {cols} columns, an op between: {between}", format_name(format));
+            let own: Vec<f32> = logits.chunks(experts + extra).flat_map(|r| r[..experts].to_vec()).collect();
+            let ids = |v: &[f32]| -> Vec<u32> { v.chunks(2 * top_k).flat_map(|r| r[..top_k].iter().map(|x| x.to_bits())).collect() };
+            let weights = |v: &[f32]| -> Vec<f32> { v.chunks(2 * top_k).flat_map(|r| r[top_k..].to_vec()).collect() };
+            assert_eq!(ids(&got), ids(&routing::route_rows(&own, gating)), "{what}");
+            assert_eq!(ids(&got), ids(&want), "{what}");
+            assert!(rel_l2(&weights(&got), &weights(&want)) <= TOL, "{what}: routing weights differ from the CPU's");
+            for (name, (a, b)) in ["sum", "normed row"].iter().zip(rows.iter().zip(&want_rows)) {
+                assert!(rel_l2(a, b) <= TOL, "{what}: the {name} differs from the CPU's: rel L2 {:.3e}", rel_l2(a, b));
+            }
+            match (more, want_more) {
+                (Some(a), Some(b)) => assert!(rel_l2(&a, &b) <= TOL, "{what}: the extra row differs"),
+                (None, None) => assert_eq!(extra, 0, "{what}"),
+                _ => panic!("{what}: one backend gave extra rows, the other none"),
+            }
+            if let (Some(a), Some(b)) = (doubled, want_doubled) {
+                assert!(rel_l2(&a, &b) <= TOL, "{what}: the op between read a wrong sum");
             }
         }
     }
