@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use slotstream_backend::{DType, MatrixFormat};
 
@@ -175,8 +175,6 @@ pub struct Measured<T> {
 
 /// The most measurements of each kind the file keeps (the newest).
 const MAX_ENTRIES: usize = 64;
-/// A larger file is not ours to read.
-const MAX_FILE_BYTES: u64 = 1 << 20;
 
 /// `rates.json`: measurements by key.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -195,30 +193,12 @@ impl RateCache {
 
     /// The measurements in `path`; none if the file does not exist.
     pub fn load(path: &Path) -> Result<RateCache> {
-        let len = match std::fs::metadata(path) {
-            Ok(meta) => meta.len(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(RateCache::default()),
-            Err(e) => return Err(e).with_context(|| format!("reading measured rates from {}", path.display())),
-        };
-        if len > MAX_FILE_BYTES {
-            bail!("{} is {len} bytes, more than measured rates take: delete it and run `slotstream doctor --measure`", path.display());
-        }
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading measured rates from {}", path.display()))?;
-        serde_json::from_str(&text).with_context(|| {
-            format!("{} is not a file of measured rates: delete it and run `slotstream doctor --measure`", path.display())
-        })
+        crate::user_cache::read_json(path, "measured rates", "delete it and run `slotstream doctor --measure`")
     }
 
-    /// Writes the file whole (a temporary file renamed into place, so a
-    /// reader never sees half of it).
+    /// Writes the file whole (a reader never sees half of it).
     pub fn save(&self, path: &Path) -> Result<()> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        }
-        let tmp = path.with_extension(format!("json.{}.partial", std::process::id()));
-        let text = serde_json::to_string_pretty(self)?;
-        std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, path).with_context(|| format!("renaming {} into place", tmp.display()))
+        crate::user_cache::write_json(path, self)
     }
 
     pub fn record_compute(&mut self, key: &str, measured: Measured<ComputeRates>) {
