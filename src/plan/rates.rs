@@ -137,17 +137,43 @@ fn read_size_class(record_bytes: u64) -> String {
 /// This machine: its host name and CPU model (a shared home folder may
 /// hold measurements of several machines).
 fn machine_name() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "unknown host".into());
-    let cpu = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|info| {
-        info.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|m| m.trim().to_string())
-    });
-    match cpu {
-        Some(cpu) => format!("{} ({cpu})", host.trim()),
-        None => host.trim().to_string(),
+    let host = host_name().unwrap_or_else(|| "unknown host".into());
+    match cpu_model() {
+        Some(cpu) => format!("{host} ({cpu})"),
+        None => host,
     }
+}
+
+/// The kernel's host name (`uname -n`), on Linux and macOS alike.
+fn host_name() -> Option<String> {
+    let mut name = [0u8; 256];
+    // SAFETY: gethostname writes at most `name.len()` bytes into `name`.
+    let rc = unsafe { libc::gethostname(name.as_mut_ptr().cast::<libc::c_char>(), name.len()) };
+    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    let host = String::from_utf8_lossy(&name[..end]).trim().to_string();
+    (rc == 0 && !host.is_empty()).then_some(host)
+}
+
+#[cfg(not(target_os = "macos"))]
+fn cpu_model() -> Option<String> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    info.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|m| m.trim().to_string())
+}
+
+/// `Apple M2 Pro`: the `machdep.cpu.brand_string` sysctl.
+#[cfg(target_os = "macos")]
+fn cpu_model() -> Option<String> {
+    let mut brand = [0u8; 256];
+    let mut size = brand.len();
+    // SAFETY: sysctlbyname writes at most `size` bytes into `brand` and the length it wrote into `size`.
+    let rc = unsafe {
+        libc::sysctlbyname(c"machdep.cpu.brand_string".as_ptr(), brand.as_mut_ptr().cast(), &mut size, std::ptr::null_mut(), 0)
+    };
+    if rc != 0 {
+        return None;
+    }
+    let end = brand[..size.min(brand.len())].iter().position(|&b| b == 0).unwrap_or(size.min(brand.len()));
+    Some(String::from_utf8_lossy(&brand[..end]).trim().to_string()).filter(|b| !b.is_empty())
 }
 
 /// The device that holds `path` (`/dev/vda1 (253:1)` where the kernel names
@@ -275,6 +301,15 @@ mod tests {
         assert_eq!(read_size_class(61_440), "experts of ~64 KB");
         assert_eq!(read_size_class(2_654_208), "experts of ~2 MB");
         assert_eq!(cache.apply(&other, defaults()), defaults(), "another backend's measurement does not apply");
+    }
+
+    #[test]
+    fn the_machine_is_named_by_its_host_name() {
+        let host = host_name().expect("a host name");
+        assert!(machine_name().starts_with(&host), "{}", machine_name());
+        // The same name as before gethostname (measurements kept by earlier versions stay found).
+        #[cfg(target_os = "linux")]
+        assert_eq!(std::fs::read_to_string("/proc/sys/kernel/hostname").expect("the kernel's host name").trim(), host);
     }
 
     #[test]
