@@ -52,7 +52,7 @@ import json, sys
 o = json.load(sys.stdin); s = o["stats"]; e = s["decode_experts"]
 est = float(sys.argv[1]); got = s["decode_tokens_per_second"]; slots = o["experts"]["slots"]
 hit = 100.0 * e["hits"] / max(1, e["hits"] + e["misses"])
-source = f"; estimate's hits {sys.argv[2]}" if sys.argv[2] else ""
+source = f"; estimated hits {sys.argv[2]}" if sys.argv[2] else ""
 print(f"estimate {est:7.1f}  measured {got:7.1f} tok/s  (measured/estimate {got / est:.2f}; {slots} slots, decode hit {hit:.1f}%{source})")
 ' "$estimate" "$hits"
 }
