@@ -251,7 +251,7 @@ fn answer(engine: &Engine, settings: &ChatSettings, messages: &[ChatMessage], ca
     if let Some(e) = write_error {
         return Err(e);
     }
-    crate::launch::keep_hit_rate(engine, &out.stats);
+    engine.keep_hit_rate(&out.stats);
     console::print("\n")?;
     let mut fed = out.prompt_ids.clone();
     fed.extend(&out.generated_ids);

@@ -156,7 +156,7 @@ impl DoctorReport {
         }
         // The hit rate this model's own runs measured here, else the assumed one.
         if let Some(dir) = &model_dir {
-            match plan::hits::curve_for(dir) {
+            match crate::model::ModelArch::read(dir).and_then(|arch| plan::hits::curve_for(&arch)) {
                 Ok(curve) => model.hit_curve = curve,
                 Err(e) => note!("note: {e:#}"),
             }

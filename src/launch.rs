@@ -11,7 +11,7 @@ use anyhow::Result;
 use slotstream_backend::{Backend, DType};
 
 use crate::backend_spec::BackendSpec;
-use crate::generate::{Engine, GenerateStats};
+use crate::generate::Engine;
 use crate::model::{ExpertSlots, LoadOptions, ModelArch};
 use crate::model_ref::ResolvedModel;
 use crate::note;
@@ -40,7 +40,7 @@ impl PlannedModel {
             Err(e) => note!("note: the plan's estimate uses default rates: {e:#}"),
         }
         // The hit rate this model's own runs measured, else the assumed one (the banner says which).
-        match hits::curve_for(&arch.dir) {
+        match hits::curve_for(&arch) {
             Ok(curve) => costs.hit_curve = curve,
             Err(e) => note!("note: {e:#}"),
         }
@@ -90,17 +90,6 @@ pub fn load_planned(dir: &Path, request: &PlanRequest, backend: &BackendSpec) ->
     note!("  backend: {}", backend.name());
     let engine = planned.load(backend)?;
     Ok((engine, planned))
-}
-
-/// Keeps a generation's decode hit rate for later plans of its model, when
-/// its pool streamed ([`hits::keep_run`]); what cannot be kept is a note.
-pub fn keep_hit_rate(engine: &Engine, stats: &GenerateStats) {
-    let arch = engine.arch();
-    let total_experts = arch.moe_layers() * arch.text.num_experts;
-    let kept = engine.expert_stats().and_then(|pool| hits::keep_run(&arch.dir, pool.slots, total_experts, &stats.decode_experts));
-    if let Err(e) = kept {
-        note!("note: this run's expert hit rate was not kept for later estimates: {e:#}");
-    }
 }
 
 /// The `--model` directories `serve` answers for besides the pulled models.

@@ -13,7 +13,7 @@ use clap::{Args, Parser, Subcommand};
 use slotstream::backend_spec::BackendSpec;
 use slotstream::doctor::{DoctorReport, DoctorRequest, MachineOverrides};
 use slotstream::generate::{self, Engine, GenerateRequest};
-use slotstream::launch::{self, load_planned, resolve_model, ServeLoader, ServedModels};
+use slotstream::launch::{load_planned, resolve_model, ServeLoader, ServedModels};
 use slotstream::plan::{self, PlanRequest};
 use slotstream::pull::{NetworkSettings, PullOptions, TransferSettings, DEFAULT_MODEL};
 use slotstream::run_report::RunReport;
@@ -497,7 +497,7 @@ fn run(args: RunArgs) -> Result<()> {
     if let Some(e) = write_error {
         return Err(e);
     }
-    launch::keep_hit_rate(&engine, &out.stats);
+    engine.keep_hit_rate(&out.stats);
     let report = RunReport {
         output: &out,
         backend: engine.backend.name(),

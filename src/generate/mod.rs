@@ -144,6 +144,16 @@ impl Engine {
         self.model.expert_stats()
     }
 
+    /// Keeps a generation's decode hit rate for later plans of this model,
+    /// when its pool streamed ([`crate::plan::hits::keep_run`]); what cannot
+    /// be kept is a note, never an error of the generation.
+    pub fn keep_hit_rate(&self, stats: &GenerateStats) {
+        let kept = self.expert_stats().and_then(|pool| crate::plan::hits::keep_run(self.arch(), pool.slots, &stats.decode_experts));
+        if let Err(e) = kept {
+            crate::note!("note: this run's expert hit rate was not kept for later estimates: {e:#}");
+        }
+    }
+
     /// Gives the expert pool `slots` slots (between generations); returns the new statistics.
     pub fn resize_expert_pool(&self, slots: usize) -> Result<CacheStats> {
         self.model.resize_expert_pool(self.backend.as_ref(), slots)

@@ -17,6 +17,7 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::experts::CacheCounters;
+use crate::model::ModelArch;
 
 /// The exponent assumed for a model that has not streamed here: fitted
 /// loosely to the reference measurements and a synthetic model's
@@ -150,14 +151,17 @@ impl HitCache {
     }
 }
 
-/// The model in `dir` as a key: a digest of its config and of its weight
-/// files' names, sizes and modification times (a model rewritten in place
-/// is a new model; the same files elsewhere are not).
-pub fn model_key(dir: &Path) -> Result<String> {
+/// The model `arch` describes as a key: a digest of its config and of its
+/// weight files' names, sizes and modification times (a model rewritten in
+/// place is a new model; the same files elsewhere are not).
+pub fn model_key(arch: &ModelArch) -> Result<String> {
+    files_key(&arch.raw, &arch.dir)
+}
+
+fn files_key(config: &serde_json::Value, dir: &Path) -> Result<String> {
     use sha2::{Digest, Sha256};
-    let config = dir.join("config.json");
     let mut hasher = Sha256::new();
-    hasher.update(std::fs::read(&config).with_context(|| format!("reading {}", config.display()))?);
+    hasher.update(config.to_string());
     let entries = std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))?;
     let mut weights: Vec<PathBuf> =
         entries.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "safetensors")).collect();
@@ -172,9 +176,9 @@ pub fn model_key(dir: &Path) -> Result<String> {
     Ok(hasher.finalize()[..8].iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// The curve for the model in `dir` from what its runs kept.
-pub fn curve_for(dir: &Path) -> Result<HitRateCurve> {
-    let key = model_key(dir)?;
+/// The curve for the model `arch` describes, from what its runs kept.
+pub fn curve_for(arch: &ModelArch) -> Result<HitRateCurve> {
+    let key = model_key(arch)?;
     let path = HitCache::path()?;
     let cache = HitCache::load(&path).context("the hit rate is assumed")?;
     Ok(cache.curve(&key))
@@ -184,16 +188,22 @@ pub fn curve_for(dir: &Path) -> Result<HitRateCurve> {
 /// generates for several models at once).
 static FILE: Mutex<()> = Mutex::new(());
 
-/// Keeps the decode hit rate of a generation of the model in `dir` whose pool
-/// of `slots` held fewer than its `total_experts`; a run that never streamed
-/// or looked up fewer than [`MIN_EXPERT_USES`] experts is not kept. A file
-/// that cannot be read is replaced. Returns whether the run was kept.
-pub fn keep_run(dir: &Path, slots: usize, total_experts: usize, decode: &CacheCounters) -> Result<bool> {
-    let uses = decode.hits + decode.misses;
-    if slots >= total_experts || uses < MIN_EXPERT_USES {
+/// Whether a decode from a pool of `slots` of `total_experts` says something
+/// of the model's routing: the pool streamed, and the decode looked up at
+/// least [`MIN_EXPERT_USES`] experts.
+fn worth_keeping(slots: usize, total_experts: usize, decode: &CacheCounters) -> bool {
+    slots < total_experts && decode.hits + decode.misses >= MIN_EXPERT_USES
+}
+
+/// Keeps the decode hit rate of a generation of the model `arch` describes
+/// from a pool of `slots`, if [`worth_keeping`]. A file that cannot be read
+/// is replaced. Returns whether the run was kept.
+pub fn keep_run(arch: &ModelArch, slots: usize, decode: &CacheCounters) -> Result<bool> {
+    let total_experts = arch.moe_layers() * arch.text.num_experts;
+    if !worth_keeping(slots, total_experts, decode) {
         return Ok(false);
     }
-    let key = model_key(dir)?;
+    let key = model_key(arch)?;
     let path = HitCache::path()?;
     let _only_writer = FILE.lock().unwrap_or_else(|e| e.into_inner());
     // The plan said so when it could not read the file; the runs in it are lost either way.
@@ -201,10 +211,10 @@ pub fn keep_run(dir: &Path, slots: usize, total_experts: usize, decode: &CacheCo
     let run = HitRun {
         share: slots as f64 / total_experts as f64,
         hit_rate: decode.hit_rate(),
-        expert_uses: uses,
+        expert_uses: decode.hits + decode.misses,
         unix_seconds: super::rates::now_unix(),
     };
-    let shown = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let shown = std::fs::canonicalize(&arch.dir).unwrap_or_else(|_| arch.dir.clone());
     cache.record(&key, &shown.display().to_string(), run);
     cache.save(&path)?;
     Ok(true)
@@ -279,24 +289,23 @@ mod tests {
     fn a_model_is_known_by_its_files() {
         let dir = tempfile::tempdir().expect("a scratch folder");
         let write = |name: &str, bytes: &[u8]| std::fs::write(dir.path().join(name), bytes).expect("writing");
-        assert!(model_key(dir.path()).is_err(), "no config.json: no model");
-        write("config.json", b"{}");
+        let config = serde_json::json!({"num_experts": 8});
+        assert!(files_key(&config, &dir.path().join("absent")).is_err(), "no folder: no model");
         write("model.safetensors", b"1234");
-        let key = model_key(dir.path()).expect("a key");
-        assert_eq!(model_key(dir.path()).expect("a key"), key, "the same files, the same key");
+        let key = files_key(&config, dir.path()).expect("a key");
+        assert_eq!(files_key(&config, dir.path()).expect("a key"), key, "the same files, the same key");
         write("tokenizer.json", b"[]");
-        assert_eq!(model_key(dir.path()).expect("a key"), key, "only the config and the weights count");
-        write("config.json", b"{\"num_experts\": 8}");
-        assert_ne!(model_key(dir.path()).expect("a key"), key, "another config, another model");
+        assert_eq!(files_key(&config, dir.path()).expect("a key"), key, "only the config and the weights count");
+        assert_ne!(files_key(&serde_json::json!({"num_experts": 16}), dir.path()).expect("a key"), key, "another config");
+        write("model.safetensors", b"12345");
+        assert_ne!(files_key(&config, dir.path()).expect("a key"), key, "other weights, another model");
     }
 
     #[test]
     fn only_runs_that_streamed_long_enough_are_kept() {
         let counters = |hits, misses| CacheCounters { hits, misses, ..Default::default() };
-        let dir = Path::new("/nonexistent/model");
-        // Both return before touching any file: the directory does not exist.
-        assert!(!keep_run(dir, 64, 64, &counters(900, 100)).expect("a resident pool is not kept"));
-        assert!(!keep_run(dir, 16, 64, &counters(10, MIN_EXPERT_USES - 11)).expect("too short a run is not kept"));
-        assert!(keep_run(dir, 16, 64, &counters(10, MIN_EXPERT_USES)).is_err(), "a long enough run is, where its model is");
+        assert!(!worth_keeping(64, 64, &counters(900, 100)), "a resident pool finds every expert by construction");
+        assert!(!worth_keeping(16, 64, &counters(10, MIN_EXPERT_USES - 11)), "too short a run");
+        assert!(worth_keeping(16, 64, &counters(10, MIN_EXPERT_USES - 10)));
     }
 }
