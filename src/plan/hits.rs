@@ -186,7 +186,7 @@ pub fn curve_for(arch: &ModelArch) -> Result<HitRateCurve> {
 
 /// One read-modify-write of the file at a time within this process (`serve`
 /// generates for several models at once).
-static FILE: Mutex<()> = Mutex::new(());
+static HITS_FILE: Mutex<()> = Mutex::new(());
 
 /// Whether a decode from a pool of `slots` of `total_experts` says something
 /// of the model's routing: the pool streamed, and the decode looked up at
@@ -205,7 +205,7 @@ pub fn keep_run(arch: &ModelArch, slots: usize, decode: &CacheCounters) -> Resul
     }
     let key = model_key(arch)?;
     let path = HitCache::path()?;
-    let _only_writer = FILE.lock().unwrap_or_else(|e| e.into_inner());
+    let _only_writer = HITS_FILE.lock().unwrap_or_else(|e| e.into_inner());
     // The plan said so when it could not read the file; the runs in it are lost either way.
     let mut cache = HitCache::load(&path).unwrap_or_default();
     let run = HitRun {
