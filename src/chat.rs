@@ -251,6 +251,7 @@ fn answer(engine: &Engine, settings: &ChatSettings, messages: &[ChatMessage], ca
     if let Some(e) = write_error {
         return Err(e);
     }
+    engine.keep_hit_rate(&out.stats);
     console::print("\n")?;
     let mut fed = out.prompt_ids.clone();
     fed.extend(&out.generated_ids);

@@ -106,7 +106,7 @@ impl DoctorReport {
     pub fn build(request: &DoctorRequest) -> Result<DoctorReport> {
         let model_path = Path::new(&request.model);
         let known = FLAGSHIP_NAMES.contains(&request.model.as_str());
-        let model = if known {
+        let mut model = if known {
             ModelCosts::flagship()
         } else {
             // No backend is chosen here: plan for an f32 KV cache, the largest.
@@ -119,17 +119,17 @@ impl DoctorReport {
             Some(status) => status.cache_free_bytes,
             None => disk::free_bytes(model_path).ok(),
         };
+        // The model's files, where they are: a named model where it is installed.
+        let model_dir = match &install {
+            Some(status) => status.installed_at.clone(),
+            None => Some(model_path.to_path_buf()),
+        };
         let (mut backend, mut measured) = (None, None);
         if machine.rates.compute_source == RateSource::Simulated {
             if request.measure {
                 bail!("--measure measures this machine: leave out the --sim-* flags");
             }
         } else {
-            // The model's files, where they are: a named model where it is installed.
-            let model_dir = match &install {
-                Some(status) => status.installed_at.clone(),
-                None => Some(model_path.to_path_buf()),
-            };
             let key_dir = model_dir.clone().or_else(|| install.as_ref().map(|s| s.cache.clone())).unwrap_or_default();
             let created = request.backend.clone().unwrap_or(BackendSpec::Auto).create()?;
             let keys = RateKeys::new(&created.name(), &model.expert_format, &key_dir, model.expert_record_bytes);
@@ -153,6 +153,13 @@ impl DoctorReport {
                 cache.save(&path)?;
             }
             machine.rates = cache.apply(&keys, machine.rates);
+        }
+        // The hit rate this model's own runs measured here, else the assumed one.
+        if let Some(dir) = &model_dir {
+            match crate::model::ModelArch::read(dir).and_then(|arch| plan::hits::curve_for(&arch)) {
+                Ok(curve) => model.hit_curve = curve,
+                Err(e) => note!("note: {e:#}"),
+            }
         }
         let plan = plan::plan(&model, &machine, &request.plan)?;
         let expected = expected_speeds(&model, &machine, request.plan.context_tokens);

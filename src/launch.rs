@@ -15,7 +15,7 @@ use crate::generate::Engine;
 use crate::model::{ExpertSlots, LoadOptions, ModelArch};
 use crate::model_ref::ResolvedModel;
 use crate::note;
-use crate::plan::{self, MachineMemory, ModelCosts, Plan, PlanMode, PlanRequest, RateCache, RateKeys};
+use crate::plan::{self, hits, MachineMemory, ModelCosts, Plan, PlanMode, PlanRequest, RateCache, RateKeys};
 use crate::server::{Elastic, LoadedEngine, ModelLoader};
 
 /// A model directory with the memory plan it will be loaded under.
@@ -31,13 +31,18 @@ impl PlannedModel {
     /// for `backend` (whose KV cache dtype sizes the context).
     pub fn new(dir: &Path, request: &PlanRequest, backend: &dyn Backend) -> Result<PlannedModel> {
         let arch = ModelArch::read(dir)?;
-        let costs = ModelCosts::of(&arch, backend.kv_cache_dtype())?;
+        let mut costs = ModelCosts::of(&arch, backend.kv_cache_dtype())?;
         let mut machine = MachineMemory::detect();
         // What `doctor --measure` measured for this backend and disk, else the defaults (the banner says which).
         let keys = RateKeys::new(&backend.name(), &costs.expert_format, &arch.dir, costs.expert_record_bytes);
         match RateCache::path().and_then(|path| RateCache::load(&path)) {
             Ok(cache) => machine.rates = cache.apply(&keys, machine.rates),
             Err(e) => note!("note: the plan's estimate uses default rates: {e:#}"),
+        }
+        // The hit rate this model's own runs measured, else the assumed one (the banner says which).
+        match hits::curve_for(&arch) {
+            Ok(curve) => costs.hit_curve = curve,
+            Err(e) => note!("note: {e:#}"),
         }
         let plan = plan::plan(&costs, &machine, request)?;
         Ok(PlannedModel { arch, costs, machine, plan })
@@ -66,6 +71,25 @@ impl PlannedModel {
         let _shown = LoadIndicator::start(format!("loading {:.2} GB of weights", bytes as f64 / 1e9));
         Engine::load_arch(&self.arch, backend, &options)
     }
+}
+
+/// Resolves `--model`, telling the user when the bundled demo runs instead.
+pub fn resolve_model(spec: Option<&str>) -> Result<ResolvedModel> {
+    let model = ResolvedModel::resolve(spec)?;
+    if model.is_demo {
+        note!("{}", crate::demo::NOTE);
+    }
+    Ok(model)
+}
+
+/// Plans memory for a model, shows the plan and the backend, and loads it.
+pub fn load_planned(dir: &Path, request: &PlanRequest, backend: &BackendSpec) -> Result<(Engine, PlannedModel)> {
+    let backend = backend.create()?;
+    let planned = PlannedModel::new(dir, request, backend.as_ref())?;
+    note!("{}", planned.banner());
+    note!("  backend: {}", backend.name());
+    let engine = planned.load(backend)?;
+    Ok((engine, planned))
 }
 
 /// The `--model` directories `serve` answers for besides the pulled models.

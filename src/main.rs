@@ -4,7 +4,7 @@
 //! prints what it returns; the work itself lives in the `slotstream` crate.
 
 use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -13,14 +13,13 @@ use clap::{Args, Parser, Subcommand};
 use slotstream::backend_spec::BackendSpec;
 use slotstream::doctor::{DoctorReport, DoctorRequest, MachineOverrides};
 use slotstream::generate::{self, Engine, GenerateRequest};
-use slotstream::launch::{PlannedModel, ServeLoader, ServedModels};
-use slotstream::model_ref::ResolvedModel;
+use slotstream::launch::{load_planned, resolve_model, ServeLoader, ServedModels};
 use slotstream::plan::{self, PlanRequest};
 use slotstream::pull::{NetworkSettings, PullOptions, TransferSettings, DEFAULT_MODEL};
 use slotstream::run_report::RunReport;
 use slotstream::sampling::SamplingParams;
 use slotstream::tokenizer::ChatMessage;
-use slotstream::{console, demo, note, process, server};
+use slotstream::{console, note, process, server};
 
 #[derive(Parser)]
 #[command(name = "slotstream", version, about = "Run Mixture-of-Experts language models larger than memory")]
@@ -498,6 +497,7 @@ fn run(args: RunArgs) -> Result<()> {
     if let Some(e) = write_error {
         return Err(e);
     }
+    engine.keep_hit_rate(&out.stats);
     let report = RunReport {
         output: &out,
         backend: engine.backend.name(),
@@ -578,23 +578,4 @@ fn serve(args: ServeArgs) -> Result<()> {
     let loader = ServeLoader::new(args.backend.backend.clone(), args.memory.request(), !args.no_elastic);
     let config = server::ServeConfig { listener, catalog, loader: std::sync::Arc::new(loader), load_first, options };
     server::serve(config)
-}
-
-/// Resolves `--model`, telling the user when the bundled demo runs instead.
-fn resolve_model(spec: Option<&str>) -> Result<ResolvedModel> {
-    let model = ResolvedModel::resolve(spec)?;
-    if model.is_demo {
-        note!("{}", demo::NOTE);
-    }
-    Ok(model)
-}
-
-/// Plans memory for a model, shows the plan and the backend, and loads it.
-fn load_planned(dir: &Path, request: &PlanRequest, backend: &BackendSpec) -> Result<(Engine, PlannedModel)> {
-    let backend = backend.create()?;
-    let planned = PlannedModel::new(dir, request, backend.as_ref())?;
-    note!("{}", planned.banner());
-    note!("  backend: {}", backend.name());
-    let engine = planned.load(backend)?;
-    Ok((engine, planned))
 }

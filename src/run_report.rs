@@ -101,6 +101,7 @@ mod tests {
                 decode_seconds: 0.25,
                 prefill_tokens_per_second: 4.0,
                 decode_tokens_per_second: 4.0,
+                decode_experts: Default::default(),
             },
         }
     }

@@ -2,7 +2,8 @@
 //! run with nothing measured says its estimate is from defaults;
 //! `doctor --measure` measures within its bounds and keeps the figures in
 //! slotstream's cache folder; a later run on the same disk and backend plans
-//! with them.
+//! with them. A streaming run keeps its decode hit rate there, and the next
+//! run of the same model estimates with it.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -31,8 +32,12 @@ fn run_fixture(home: &Path) -> String {
     stderr
 }
 
+fn banner_line<'a>(stderr: &'a str, label: &str) -> &'a str {
+    stderr.lines().find(|l| l.trim_start().starts_with(label)).unwrap_or_else(|| panic!("no {label} line in the banner:\n{stderr}"))
+}
+
 fn rates_line(stderr: &str) -> &str {
-    stderr.lines().find(|l| l.trim_start().starts_with("rates:")).unwrap_or_else(|| panic!("no rates: line in the banner:\n{stderr}"))
+    banner_line(stderr, "rates:")
 }
 
 #[test]
@@ -71,4 +76,58 @@ fn a_simulated_machine_is_not_measured() {
     assert_eq!(output.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&output.stderr).contains("leave out the --sim-* flags"));
     assert!(!home.path().join("cache/slotstream/rates.json").exists(), "nothing was measured, so nothing is kept");
+}
+
+/// A run of the fixture (2 MoE layers x 8 experts, top-2) from a pool of 3
+/// experts per layer: 23 decode steps look up 92 experts, enough to be kept.
+/// Its `--json` output and stderr.
+fn stream_fixture(home: &Path, experts_per_layer: &str) -> (serde_json::Value, String) {
+    let model = fixture();
+    let model = model.to_str().expect("a UTF-8 path");
+    let args = ["--prompt", "The sea", "--raw", "--max-tokens", "24", "--ignore-eos", "--json", "--backend", "cpu"];
+    let output = slotstream(home, &[&["run", "--model", model, "--experts-per-layer", experts_per_layer][..], &args].concat());
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "{stderr}");
+    (serde_json::from_slice(&output.stdout).expect("--json prints JSON"), stderr)
+}
+
+#[test]
+fn a_streaming_run_keeps_its_hit_rate_for_the_next_runs_estimate() {
+    let home = tempfile::tempdir().expect("a scratch home");
+    let file = home.path().join("cache/slotstream/hits.json");
+    let (first, stderr) = stream_fixture(home.path(), "3");
+    let line = banner_line(&stderr, "hits:");
+    assert!(line.contains("assumed found in the pool") && line.contains("power 0.6;"), "nothing kept yet: {line}");
+
+    let decode = &first["stats"]["decode_experts"];
+    let (hits, misses) = (decode["hits"].as_u64().expect("hits"), decode["misses"].as_u64().expect("misses"));
+    assert_eq!(hits + misses, 23 * 2 * 2, "decode only: 23 steps x 2 MoE layers x top-2: {decode}");
+    let kept: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&file).expect("hits.json was written")).expect("JSON");
+    let models = kept["models"].as_object().expect("runs by model");
+    assert_eq!(models.len(), 1, "{kept}");
+    let runs = models.values().next().and_then(|m| m["runs"].as_array()).expect("the model's runs");
+    assert_eq!(runs.len(), 1, "{kept}");
+    let hit_rate = hits as f64 / (hits + misses) as f64;
+    assert_eq!(runs[0]["share"].as_f64(), Some(6.0 / 16.0), "{kept}");
+    assert!((runs[0]["hit_rate"].as_f64().expect("a hit rate") - hit_rate).abs() < 1e-12, "{kept} vs {hit_rate}");
+
+    // The next run estimates from it: one run at the same share fits its hit rate there exactly
+    // (unless it found all or none, where the exponent's bounds hold it).
+    let (_, stderr) = stream_fixture(home.path(), "3");
+    let line = banner_line(&stderr, "hits:");
+    let share: f64 = 6.0 / 16.0;
+    let exponent = (hit_rate.max(1e-3).ln() / share.ln()).clamp(0.05, 10.0);
+    let expected = format!("~{:.0}% of expert uses found in the pool, measured from 1 run of this model", 100.0 * share.powf(exponent));
+    assert!(line.contains(&expected), "{line}\nexpected: {expected}");
+
+    // A resident pool keeps nothing; a file that is not hit rates is a note, and the next streaming run replaces it.
+    stream_fixture(home.path(), "8");
+    let kept: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&file).expect("hits.json")).expect("JSON");
+    assert_eq!(kept["models"].as_object().and_then(|m| m.values().next()).and_then(|m| m["runs"].as_array()).map(Vec::len), Some(2));
+    std::fs::write(&file, "{ not json").expect("writing");
+    let (_, stderr) = stream_fixture(home.path(), "3");
+    assert!(stderr.contains("not a file of expert hit rates") && stderr.contains("delete it"), "{stderr}");
+    assert!(banner_line(&stderr, "hits:").contains("assumed"), "{stderr}");
+    let (_, stderr) = stream_fixture(home.path(), "3");
+    assert!(banner_line(&stderr, "hits:").contains("measured from 1 run of this model"), "{stderr}");
 }

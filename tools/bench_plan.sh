@@ -9,7 +9,12 @@
 #       from pools of 16, 26 and 48 experts per layer.
 # First `doctor --measure` measures this machine's rates (the backend, and expert
 # reads from each model's files), so the estimates come from them; then each
-# line: the plan's estimate (banner) and the measured decode tok/s.
+# line: the plan's estimate (banner), the measured decode tok/s, the decode hit
+# rate, and where the estimate's hit rate came from (each streaming run keeps
+# its own in hits.json; the plan fits the model's runs, or assumes share^0.6 for
+# a model that has not streamed here). Before (b)'s rounds, one warm-up run from
+# 26 experts per layer gives the synthetic model a measured hit rate (the first
+# run of a model on a machine estimates from the assumed one).
 #
 #   tools/bench_plan.sh [ROUNDS]      (default 3; the CPU backend, all cores)
 # MEASURE=0 keeps the rates already measured (rates.json in slotstream's cache folder).
@@ -38,16 +43,18 @@ measure() {
   local err out
   err=$(mktemp)
   out=$("$bin" run --backend cpu --json --ignore-eos "$@" 2>"$err")
-  local estimate
+  local estimate hits
   estimate=$(sed -n 's/.*decode ~\([0-9.]*\) tok\/s (estimate).*/\1/p' "$err")
+  hits=$(sed -n 's/^ *hits: .*\(assumed\|measured from [0-9]* runs\?\).*/\1/p' "$err")
   rm -f "$err"
   echo "$out" | "$py" -c '
 import json, sys
-o = json.load(sys.stdin); s = o["stats"]; e = o["experts"]["total"]
+o = json.load(sys.stdin); s = o["stats"]; e = s["decode_experts"]
 est = float(sys.argv[1]); got = s["decode_tokens_per_second"]; slots = o["experts"]["slots"]
 hit = 100.0 * e["hits"] / max(1, e["hits"] + e["misses"])
-print(f"estimate {est:7.1f}  measured {got:7.1f} tok/s  (measured/estimate {got / est:.2f}; {slots} slots, hit {hit:.1f}%)")
-' "$estimate"
+source = f"; estimated hits {sys.argv[2]}" if sys.argv[2] else ""
+print(f"estimate {est:7.1f}  measured {got:7.1f} tok/s  (measured/estimate {got / est:.2f}; {slots} slots, decode hit {hit:.1f}%{source})")
+' "$estimate" "$hits"
 }
 
 echo "== (a) demo model, 256 tokens, default plan vs every expert (--experts-per-layer 32)"
@@ -58,6 +65,8 @@ for r in $(seq "$rounds"); do
 done
 
 echo "== (b) synthetic qwen3_moe $(du -sh "$synth" | cut -f1), 48 tokens after a 5-token prompt"
+printf '  %-24s ' "warm-up, 26:"
+measure --model "$synth" --raw --prompt "the sea and the ship" --max-tokens 48 --experts-per-layer 26
 for r in $(seq "$rounds"); do
   for epl in default 16 26 48; do
     printf '  %-24s ' "$epl:"

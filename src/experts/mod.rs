@@ -51,6 +51,17 @@ impl CacheCounters {
         self.wait_seconds += o.wait_seconds;
     }
 
+    /// What was counted since `earlier` (counters of the same pool).
+    pub fn since(&self, earlier: &CacheCounters) -> CacheCounters {
+        CacheCounters {
+            hits: self.hits.saturating_sub(earlier.hits),
+            misses: self.misses.saturating_sub(earlier.misses),
+            bytes_read: self.bytes_read.saturating_sub(earlier.bytes_read),
+            read_seconds: (self.read_seconds - earlier.read_seconds).max(0.0),
+            wait_seconds: (self.wait_seconds - earlier.wait_seconds).max(0.0),
+        }
+    }
+
     pub fn read_gb_per_second(&self) -> f64 {
         if self.read_seconds > 0.0 {
             self.bytes_read as f64 / self.read_seconds / 1e9

@@ -19,7 +19,7 @@ pub use decode::MtpStats;
 use decode::{DecodeStrategy, Plain, Speculative};
 use stop::StopMatcher;
 
-use crate::experts::CacheStats;
+use crate::experts::{CacheCounters, CacheStats};
 use crate::model::{self, DecoderModel, Logits, ModelArch, SequenceState};
 pub use crate::plan::DEFAULT_PREFILL_CHUNK;
 use crate::sampling::{Sampler, SamplingParams};
@@ -84,6 +84,9 @@ pub struct GenerateStats {
     pub decode_seconds: f64,
     pub prefill_tokens_per_second: f64,
     pub decode_tokens_per_second: f64,
+    /// The expert pool's counters during decode (prefill left out): what a
+    /// decode-speed estimate's hit rate is about.
+    pub decode_experts: CacheCounters,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -139,6 +142,16 @@ impl Engine {
     /// Expert cache statistics so far.
     pub fn expert_stats(&self) -> Result<CacheStats> {
         self.model.expert_stats()
+    }
+
+    /// Keeps a generation's decode hit rate for later plans of this model,
+    /// when its pool streamed ([`crate::plan::hits::keep_run`]); what cannot
+    /// be kept is a note, never an error of the generation.
+    pub fn keep_hit_rate(&self, stats: &GenerateStats) {
+        let kept = self.expert_stats().and_then(|pool| crate::plan::hits::keep_run(self.arch(), pool.slots, &stats.decode_experts));
+        if let Err(e) = kept {
+            crate::note!("note: this run's expert hit rate was not kept for later estimates: {e:#}");
+        }
     }
 
     /// Gives the expert pool `slots` slots (between generations); returns the new statistics.
@@ -269,6 +282,7 @@ impl Engine {
         let logits = self.prefill(&req.prompt_ids[state.position..], state)?;
         let prefill_seconds = start.elapsed().as_secs_f64();
 
+        let experts_before_decode = self.expert_stats()?.total;
         let decode_start = Instant::now();
         let mut strategy: Box<dyn DecodeStrategy> = match &self.model.draft {
             Some(_) if constraint.is_none() => Box::new(Speculative::new(logits)),
@@ -342,6 +356,7 @@ impl Engine {
             prefill_tokens_per_second: per_second(fed, prefill_seconds),
             // The first generated token comes from the prefill's logits.
             decode_tokens_per_second: per_second(generated.len().saturating_sub(1), decode_seconds),
+            decode_experts: self.expert_stats()?.total.since(&experts_before_decode),
         };
         Ok(GenerateOutput { prompt_ids: req.prompt_ids.clone(), generated_ids: generated, text, finish_reason: finish, stats })
     }

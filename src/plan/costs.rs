@@ -6,12 +6,10 @@ use anyhow::Result;
 use serde::Serialize;
 use slotstream_backend::{DType, MatrixFormat};
 
+use super::hits::HitRateCurve;
 use super::Rates;
 use crate::checkpoint::Checkpoint;
 use crate::model::ModelArch;
-
-/// The exponent of [`ModelCosts::assumed_hit_rate`]'s power law.
-pub const HIT_RATE_EXPONENT: f64 = 0.6;
 
 /// Per-model memory costs the planner works from.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -39,6 +37,9 @@ pub struct ModelCosts {
     /// measured weight rate is for.
     #[serde(serialize_with = "serialize_format")]
     pub expert_format: MatrixFormat,
+    /// How often a pool smaller than the model finds its experts: fitted to
+    /// this model's runs where it has streamed here, else assumed.
+    pub hit_curve: HitRateCurve,
 }
 
 fn serialize_format<S: serde::Serializer>(format: &MatrixFormat, s: S) -> Result<S::Ok, S::Error> {
@@ -93,9 +94,9 @@ impl ModelCosts {
     /// through weights, pays a fixed cost per layer, and reads the experts it
     /// misses from disk (at the read rate, plus one read latency per layer
     /// that misses any: a layer's misses are read together). The hit rate is
-    /// [`ModelCosts::assumed_hit_rate`].
+    /// [`ModelCosts::hit_rate`].
     pub fn estimate_decode_tokens_per_second(&self, slots: usize, rates: &Rates) -> f64 {
-        let hit_rate = self.assumed_hit_rate(slots);
+        let hit_rate = self.hit_rate(slots);
         let active = self.top_k as f64 * self.moe_layers as f64 * self.expert_record_bytes as f64;
         let compute = (self.resident_bytes as f64 + active) / (rates.compute.weight_gbps * 1e9);
         let overhead = self.moe_layers as f64 * rates.compute.layer_overhead_ms / 1e3;
@@ -105,15 +106,14 @@ impl ModelCosts {
         1.0 / (compute + overhead + bandwidth + latency)
     }
 
-    /// The share of routed experts found in a pool of `slots`: it grows with
-    /// the cached share of each layer's experts as a power law (expert
-    /// popularity is skewed), share^0.6, fitted loosely to the reference
-    /// measurements and a synthetic model's (BENCHMARKS.md). Assumed, not
-    /// measured: the model's own routing statistics are not known before it
-    /// runs (a trained model's routing may hit more: the demo's does).
-    pub fn assumed_hit_rate(&self, slots: usize) -> f64 {
-        let share = (slots as f64 / self.total_experts().max(1) as f64).clamp(0.0, 1.0);
-        share.powf(HIT_RATE_EXPONENT)
+    /// The pool's share of the routed experts.
+    pub fn pool_share(&self, slots: usize) -> f64 {
+        (slots as f64 / self.total_experts().max(1) as f64).clamp(0.0, 1.0)
+    }
+
+    /// The share of expert uses found in a pool of `slots` ([`HitRateCurve`]).
+    pub fn hit_rate(&self, slots: usize) -> f64 {
+        self.hit_curve.hit_rate(self.pool_share(slots))
     }
 
     /// Costs of a model directory, from its config and safetensors headers (no
@@ -147,6 +147,7 @@ impl ModelCosts {
             mtp_bytes: if arch.qwen4.is_some() { std::fs::metadata(mtp_path).map(|m| m.len()).unwrap_or(0) } else { 0 },
             expert_format: expert_format(&ck, c.num_experts, c.moe_intermediate_size, c.hidden_size)
                 .unwrap_or(MatrixFormat::Dense(DType::BF16)),
+            hit_curve: HitRateCurve::ASSUMED,
         })
     }
 
@@ -179,6 +180,7 @@ impl ModelCosts {
             // mtp.safetensors, from the pinned manifest.
             mtp_bytes: 1_470_955_171,
             expert_format: MatrixFormat::Affine { bits: 4, group_size: 64, scale_dtype: DType::BF16 },
+            hit_curve: HitRateCurve::ASSUMED,
         }
     }
 }

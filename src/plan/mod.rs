@@ -12,6 +12,7 @@
 
 pub mod costs;
 pub mod governor;
+pub mod hits;
 pub mod machine;
 pub mod rates;
 
@@ -380,12 +381,7 @@ impl Plan {
         );
         s += &format!("\n  rates:  {}", machine.rates.describe(rates::now_unix()));
         if self.slots < self.total_experts {
-            s += &format!(
-                "\n  hits:   ~{:.0}% of expert uses assumed found in the pool (the cached share to the power {}; \
-                 the model's own routing is not known before it runs)",
-                100.0 * model.assumed_hit_rate(self.slots),
-                costs::HIT_RATE_EXPONENT
-            );
+            s += &format!("\n  hits:   {}", model.hit_curve.describe(model.pool_share(self.slots)));
         }
         for n in &self.notes {
             s += &format!("\n  note: {n}");

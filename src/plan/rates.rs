@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use slotstream_backend::{DType, MatrixFormat};
 
@@ -137,17 +137,43 @@ fn read_size_class(record_bytes: u64) -> String {
 /// This machine: its host name and CPU model (a shared home folder may
 /// hold measurements of several machines).
 fn machine_name() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "unknown host".into());
-    let cpu = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|info| {
-        info.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|m| m.trim().to_string())
-    });
-    match cpu {
-        Some(cpu) => format!("{} ({cpu})", host.trim()),
-        None => host.trim().to_string(),
+    let host = host_name().unwrap_or_else(|| "unknown host".into());
+    match cpu_model() {
+        Some(cpu) => format!("{host} ({cpu})"),
+        None => host,
     }
+}
+
+/// The kernel's host name (`uname -n`), on Linux and macOS alike.
+fn host_name() -> Option<String> {
+    let mut name = [0u8; 256];
+    // SAFETY: gethostname writes at most `name.len()` bytes into `name`.
+    let rc = unsafe { libc::gethostname(name.as_mut_ptr().cast::<libc::c_char>(), name.len()) };
+    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    let host = String::from_utf8_lossy(&name[..end]).trim().to_string();
+    (rc == 0 && !host.is_empty()).then_some(host)
+}
+
+#[cfg(not(target_os = "macos"))]
+fn cpu_model() -> Option<String> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    info.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|m| m.trim().to_string())
+}
+
+/// `Apple M2 Pro`: the `machdep.cpu.brand_string` sysctl.
+#[cfg(target_os = "macos")]
+fn cpu_model() -> Option<String> {
+    let mut brand = [0u8; 256];
+    let mut size = brand.len();
+    // SAFETY: sysctlbyname writes at most `size` bytes into `brand` and the length it wrote into `size`.
+    let rc = unsafe {
+        libc::sysctlbyname(c"machdep.cpu.brand_string".as_ptr(), brand.as_mut_ptr().cast(), &mut size, std::ptr::null_mut(), 0)
+    };
+    if rc != 0 {
+        return None;
+    }
+    let end = brand[..size.min(brand.len())].iter().position(|&b| b == 0).unwrap_or(size.min(brand.len()));
+    Some(String::from_utf8_lossy(&brand[..end]).trim().to_string()).filter(|b| !b.is_empty())
 }
 
 /// The device that holds `path` (`/dev/vda1 (253:1)` where the kernel names
@@ -175,8 +201,6 @@ pub struct Measured<T> {
 
 /// The most measurements of each kind the file keeps (the newest).
 const MAX_ENTRIES: usize = 64;
-/// A larger file is not ours to read.
-const MAX_FILE_BYTES: u64 = 1 << 20;
 
 /// `rates.json`: measurements by key.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -195,30 +219,12 @@ impl RateCache {
 
     /// The measurements in `path`; none if the file does not exist.
     pub fn load(path: &Path) -> Result<RateCache> {
-        let len = match std::fs::metadata(path) {
-            Ok(meta) => meta.len(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(RateCache::default()),
-            Err(e) => return Err(e).with_context(|| format!("reading measured rates from {}", path.display())),
-        };
-        if len > MAX_FILE_BYTES {
-            bail!("{} is {len} bytes, more than measured rates take: delete it and run `slotstream doctor --measure`", path.display());
-        }
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading measured rates from {}", path.display()))?;
-        serde_json::from_str(&text).with_context(|| {
-            format!("{} is not a file of measured rates: delete it and run `slotstream doctor --measure`", path.display())
-        })
+        crate::user_cache::read_json(path, "measured rates", "delete it and run `slotstream doctor --measure`")
     }
 
-    /// Writes the file whole (a temporary file renamed into place, so a
-    /// reader never sees half of it).
+    /// Writes the file whole (a reader never sees half of it).
     pub fn save(&self, path: &Path) -> Result<()> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        }
-        let tmp = path.with_extension(format!("json.{}.partial", std::process::id()));
-        let text = serde_json::to_string_pretty(self)?;
-        std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, path).with_context(|| format!("renaming {} into place", tmp.display()))
+        crate::user_cache::write_json(path, self)
     }
 
     pub fn record_compute(&mut self, key: &str, measured: Measured<ComputeRates>) {
@@ -295,6 +301,15 @@ mod tests {
         assert_eq!(read_size_class(61_440), "experts of ~64 KB");
         assert_eq!(read_size_class(2_654_208), "experts of ~2 MB");
         assert_eq!(cache.apply(&other, defaults()), defaults(), "another backend's measurement does not apply");
+    }
+
+    #[test]
+    fn the_machine_is_named_by_its_host_name() {
+        let host = host_name().expect("a host name");
+        assert!(machine_name().starts_with(&host), "{}", machine_name());
+        // The same name as before gethostname (measurements kept by earlier versions stay found).
+        #[cfg(target_os = "linux")]
+        assert_eq!(std::fs::read_to_string("/proc/sys/kernel/hostname").expect("the kernel's host name").trim(), host);
     }
 
     #[test]

@@ -96,6 +96,7 @@ fn a_model_that_fits_is_resident_and_one_that_does_not_streams_at_the_knee() {
         extra_bytes: 0,
         mtp_bytes: 0,
         expert_format: ModelCosts::flagship().expert_format,
+        hit_curve: hits::HitRateCurve::ASSUMED,
     };
     let fits = plan(&synthetic, &MachineMemory::simulated(24.0, Some(23.0), None), &req).unwrap();
     assert_eq!(fits.slots, 14 * 64, "a 2.5 GB model on a 24 GB machine: {fits:?}");
@@ -226,6 +227,7 @@ fn the_estimate_adds_weights_layers_and_misses_at_the_given_rates() {
         extra_bytes: 0,
         mtp_bytes: 0,
         expert_format: ModelCosts::flagship().expert_format,
+        hit_curve: hits::HitRateCurve::ASSUMED,
     };
     let rates = Rates::unmeasured(
         ComputeRates { weight_gbps: 10.0, layer_overhead_ms: 0.5 },
@@ -238,7 +240,7 @@ fn the_estimate_adds_weights_layers_and_misses_at_the_given_rates() {
     // A quarter of each layer cached: hits 0.25^0.6; misses read at 1 GB/s,
     // and each layer that misses any of its 8 pays 2 ms.
     let hit: f64 = 0.25f64.powf(0.6);
-    assert!((model.assumed_hit_rate(160) - hit).abs() < 1e-12);
+    assert!((model.hit_rate(160) - hit).abs() < 1e-12);
     let seconds = 0.023 + (1.0 - hit) * 80e6 / 1e9 + 10.0 * (1.0 - hit.powi(8)) * 0.002;
     let streaming = model.estimate_decode_tokens_per_second(160, &rates);
     assert!((streaming - 1.0 / seconds).abs() < 1e-9, "{streaming} vs {}", 1.0 / seconds);

@@ -498,6 +498,7 @@ fn run_generation(
     if let Ok(stats) = engine.expert_stats() {
         *lock(&model.expert_stats) = stats;
     }
+    engine.keep_hit_rate(&out.stats);
     if let Some(c) = &model.prefix_cache {
         let mut fed = out.prompt_ids.clone();
         fed.extend(&out.generated_ids);

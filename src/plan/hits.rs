@@ -1,0 +1,311 @@
+//! How often a model's routed experts are found in a pool smaller than the
+//! model: a power law of the pool's share of the experts, hit = share^e
+//! (expert popularity is skewed, so a small pool holds more than its share).
+//!
+//! Every streaming generation keeps its decode hit rate and the pool's share
+//! for its model in `hits.json` in slotstream's cache folder (the newest
+//! [`MAX_RUNS_PER_MODEL`] runs of each model); the plan fits e to the model's
+//! own runs, and assumes [`ASSUMED_EXPONENT`] for a model that has not
+//! streamed here yet. A model is known by its files (config, weight file
+//! names, sizes and modification times), not by where it is.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::experts::CacheCounters;
+use crate::model::ModelArch;
+
+/// The exponent assumed for a model that has not streamed here: fitted
+/// loosely to the reference measurements and a synthetic model's
+/// (BENCHMARKS.md, "Plan estimates").
+pub const ASSUMED_EXPONENT: f64 = 0.6;
+/// Runs kept per model (the newest).
+pub const MAX_RUNS_PER_MODEL: usize = 16;
+/// Models kept (those that streamed most recently).
+const MAX_MODELS: usize = 64;
+/// A run is kept once its decode looked up this many experts: a shorter one
+/// says more about a cold pool than about the model's routing.
+pub const MIN_EXPERT_USES: u64 = 64;
+/// Fitted exponents stay within these bounds (share^0.05 is nearly all
+/// hits, share^10 nearly none).
+const EXPONENT_RANGE: (f64, f64) = (0.05, 10.0);
+
+/// The share of expert uses found in a pool holding `share` of the
+/// experts: share^exponent.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq)]
+pub struct HitRateCurve {
+    pub exponent: f64,
+    /// Runs of this model the exponent was fitted to; 0: assumed.
+    pub runs: usize,
+}
+
+impl HitRateCurve {
+    pub const ASSUMED: HitRateCurve = HitRateCurve { exponent: ASSUMED_EXPONENT, runs: 0 };
+
+    pub fn hit_rate(&self, share: f64) -> f64 {
+        share.clamp(0.0, 1.0).powf(self.exponent)
+    }
+
+    /// The exponent minimising the squared error in log space,
+    /// sum (ln hit - e ln share)^2, over the runs whose figures make sense
+    /// (a pool smaller than the model, a hit rate within 0..=1); `None` if
+    /// no run does.
+    pub fn fit(runs: &[HitRun]) -> Option<HitRateCurve> {
+        let points: Vec<(f64, f64)> = runs
+            .iter()
+            .filter(|r| r.share > 0.0 && r.share < 1.0 && (0.0..=1.0).contains(&r.hit_rate))
+            // A run that found nothing still says "few": ln 0 would say "none ever".
+            .map(|r| (r.share.ln(), r.hit_rate.max(1e-3).ln()))
+            .collect();
+        if points.is_empty() {
+            return None;
+        }
+        let xy: f64 = points.iter().map(|(x, y)| x * y).sum();
+        let xx: f64 = points.iter().map(|(x, _)| x * x).sum();
+        Some(HitRateCurve { exponent: (xy / xx).clamp(EXPONENT_RANGE.0, EXPONENT_RANGE.1), runs: points.len() })
+    }
+
+    /// The banner's `hits:` line after its label, for a pool holding `share`.
+    pub fn describe(&self, share: f64) -> String {
+        let percent = 100.0 * self.hit_rate(share);
+        match self.runs {
+            0 => format!(
+                "~{percent:.0}% of expert uses assumed found in the pool (the cached share to the power {}; \
+                 this model has not streamed here yet: its first streaming run measures its own)",
+                self.exponent
+            ),
+            n => format!(
+                "~{percent:.0}% of expert uses found in the pool, measured from {n} run{} of this model \
+                 (the cached share to the power {:.2})",
+                if n == 1 { "" } else { "s" },
+                self.exponent
+            ),
+        }
+    }
+}
+
+/// One streaming generation's decode.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct HitRun {
+    /// The pool's slots over the model's routed experts.
+    pub share: f64,
+    pub hit_rate: f64,
+    /// Experts looked up (hits and misses).
+    pub expert_uses: u64,
+    pub unix_seconds: u64,
+}
+
+/// The runs of one model.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ModelHits {
+    /// Where the model was last run from, for a reader of the file.
+    pub model: String,
+    pub runs: Vec<HitRun>,
+}
+
+/// `hits.json`: runs by model key ([`model_key`]).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct HitCache {
+    #[serde(default)]
+    pub models: BTreeMap<String, ModelHits>,
+}
+
+const REMEDY: &str = "delete it (the next streaming run writes a new one)";
+
+impl HitCache {
+    pub fn path() -> Result<PathBuf> {
+        Ok(crate::user_cache::dir()?.join("hits.json"))
+    }
+
+    /// The runs in `path`; none if the file does not exist.
+    pub fn load(path: &Path) -> Result<HitCache> {
+        crate::user_cache::read_json(path, "expert hit rates", REMEDY)
+    }
+
+    pub fn save(&self, path: &Path) -> Result<()> {
+        crate::user_cache::write_json(path, self)
+    }
+
+    /// The curve fitted to the model's runs, or the assumed one.
+    pub fn curve(&self, key: &str) -> HitRateCurve {
+        self.models.get(key).and_then(|m| HitRateCurve::fit(&m.runs)).unwrap_or(HitRateCurve::ASSUMED)
+    }
+
+    /// Adds a run of the model `key` (found at `model`), keeping the newest
+    /// runs of each model and the models that ran most recently.
+    pub fn record(&mut self, key: &str, model: &str, run: HitRun) {
+        let entry = self.models.entry(key.to_string()).or_default();
+        entry.model = model.to_string();
+        entry.runs.push(run);
+        let excess = entry.runs.len().saturating_sub(MAX_RUNS_PER_MODEL);
+        entry.runs.drain(..excess);
+        while self.models.len() > MAX_MODELS {
+            let newest = |m: &ModelHits| m.runs.iter().map(|r| r.unix_seconds).max().unwrap_or(0);
+            let Some(stalest) = self.models.iter().min_by_key(|(_, m)| newest(m)).map(|(k, _)| k.clone()) else { return };
+            self.models.remove(&stalest);
+        }
+    }
+}
+
+/// The model `arch` describes as a key: a digest of its config and of its
+/// weight files' names, sizes and modification times (a model rewritten in
+/// place is a new model; the same files elsewhere are not).
+pub fn model_key(arch: &ModelArch) -> Result<String> {
+    files_key(&arch.raw, &arch.dir)
+}
+
+fn files_key(config: &serde_json::Value, dir: &Path) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    hasher.update(config.to_string());
+    let entries = std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))?;
+    let mut weights: Vec<PathBuf> =
+        entries.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "safetensors")).collect();
+    weights.sort();
+    for path in weights {
+        let meta = std::fs::metadata(&path).with_context(|| format!("reading {}", path.display()))?;
+        let modified = meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos());
+        hasher.update(path.file_name().map(|n| n.as_encoded_bytes()).unwrap_or_default());
+        hasher.update(meta.len().to_le_bytes());
+        hasher.update(modified.to_le_bytes());
+    }
+    Ok(hasher.finalize()[..8].iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The curve for the model `arch` describes, from what its runs kept.
+pub fn curve_for(arch: &ModelArch) -> Result<HitRateCurve> {
+    let key = model_key(arch)?;
+    let path = HitCache::path()?;
+    let cache = HitCache::load(&path).context("the hit rate is assumed")?;
+    Ok(cache.curve(&key))
+}
+
+/// One read-modify-write of the file at a time within this process (`serve`
+/// generates for several models at once).
+static HITS_FILE: Mutex<()> = Mutex::new(());
+
+/// Whether a decode from a pool of `slots` of `total_experts` says something
+/// of the model's routing: the pool streamed, and the decode looked up at
+/// least [`MIN_EXPERT_USES`] experts.
+fn worth_keeping(slots: usize, total_experts: usize, decode: &CacheCounters) -> bool {
+    slots < total_experts && decode.hits + decode.misses >= MIN_EXPERT_USES
+}
+
+/// Keeps the decode hit rate of a generation of the model `arch` describes
+/// from a pool of `slots`, if [`worth_keeping`]. A file that cannot be read
+/// is replaced. Returns whether the run was kept.
+pub fn keep_run(arch: &ModelArch, slots: usize, decode: &CacheCounters) -> Result<bool> {
+    let total_experts = arch.moe_layers() * arch.text.num_experts;
+    if !worth_keeping(slots, total_experts, decode) {
+        return Ok(false);
+    }
+    let key = model_key(arch)?;
+    let path = HitCache::path()?;
+    let _only_writer = HITS_FILE.lock().unwrap_or_else(|e| e.into_inner());
+    // The plan said so when it could not read the file; the runs in it are lost either way.
+    let mut cache = HitCache::load(&path).unwrap_or_default();
+    let run = HitRun {
+        share: slots as f64 / total_experts as f64,
+        hit_rate: decode.hit_rate(),
+        expert_uses: decode.hits + decode.misses,
+        unix_seconds: super::rates::now_unix(),
+    };
+    let shown = std::fs::canonicalize(&arch.dir).unwrap_or_else(|_| arch.dir.clone());
+    cache.record(&key, &shown.display().to_string(), run);
+    cache.save(&path)?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(share: f64, hit_rate: f64, unix_seconds: u64) -> HitRun {
+        HitRun { share, hit_rate, expert_uses: 1000, unix_seconds }
+    }
+
+    #[test]
+    fn the_fit_recovers_a_power_law_and_passes_over_nonsense() {
+        let exact: Vec<HitRun> = [0.25, 0.4, 0.75].iter().map(|&s: &f64| run(s, s.powf(0.9), 0)).collect();
+        let curve = HitRateCurve::fit(&exact).expect("three runs fit");
+        assert!((curve.exponent - 0.9).abs() < 1e-9 && curve.runs == 3, "{curve:?}");
+
+        // The synthetic model's bench (pools of 16, 26 and 48 of 64): 28, 48 and 80% hits.
+        let bench = [run(0.25, 0.28, 0), run(0.406, 0.48, 0), run(0.75, 0.80, 0)];
+        let curve = HitRateCurve::fit(&bench).expect("fits");
+        for r in &bench {
+            assert!((curve.hit_rate(r.share) - r.hit_rate).abs() < 0.04, "{curve:?} at {}: {}", r.share, curve.hit_rate(r.share));
+        }
+
+        let nonsense = [run(1.0, 1.0, 0), run(0.0, 0.0, 0), run(f64::NAN, 0.5, 0), run(0.5, 1.5, 0), run(0.5, f64::INFINITY, 0)];
+        assert_eq!(HitRateCurve::fit(&nonsense), None, "no run of a pool smaller than the model with a real hit rate");
+        let none_found = HitRateCurve::fit(&[run(0.5, 0.0, 0)]).expect("a run that found nothing is a run");
+        assert!(none_found.exponent > 5.0 && none_found.exponent <= EXPONENT_RANGE.1, "{none_found:?}");
+        let all_found = HitRateCurve::fit(&[run(0.5, 1.0, 0)]).expect("fits");
+        assert_eq!(all_found.exponent, EXPONENT_RANGE.0);
+    }
+
+    #[test]
+    fn the_banner_says_whether_the_hit_rate_is_assumed_or_measured() {
+        let assumed = HitRateCurve::ASSUMED.describe(0.25);
+        assert!(assumed.starts_with("~44% of expert uses assumed") && assumed.contains("power 0.6;"), "{assumed}");
+        let measured = HitRateCurve { exponent: 0.9, runs: 3 }.describe(0.25);
+        assert!(measured.starts_with("~29% of expert uses found") && measured.contains("measured from 3 runs of this model"), "{measured}");
+        assert!(HitRateCurve { exponent: 0.9, runs: 1 }.describe(0.5).contains("from 1 run of"));
+    }
+
+    #[test]
+    fn the_file_keeps_the_newest_runs_of_the_latest_models_and_round_trips() {
+        let mut cache = HitCache::default();
+        assert_eq!(cache.curve("m"), HitRateCurve::ASSUMED, "nothing recorded: assumed");
+        for t in 0..(MAX_RUNS_PER_MODEL as u64 + 5) {
+            cache.record("m", "/models/m", run(0.5, 0.5f64.powf(0.8), t));
+        }
+        let runs = &cache.models["m"].runs;
+        assert_eq!((runs.len(), runs[0].unix_seconds), (MAX_RUNS_PER_MODEL, 5), "the oldest runs go first");
+        let curve = cache.curve("m");
+        assert!((curve.exponent - 0.8).abs() < 1e-9 && curve.runs == MAX_RUNS_PER_MODEL, "{curve:?}");
+        for m in 0..MAX_MODELS as u64 {
+            cache.record(&format!("other {m}"), "elsewhere", run(0.5, 0.5, 1000 + m));
+        }
+        assert_eq!(cache.models.len(), MAX_MODELS);
+        assert!(!cache.models.contains_key("m") && cache.models.contains_key("other 0"), "the model that ran longest ago goes");
+
+        let dir = tempfile::tempdir().expect("a scratch folder");
+        let path = dir.path().join("cache/hits.json");
+        assert_eq!(HitCache::load(&path).expect("no file is no runs"), HitCache::default());
+        cache.save(&path).expect("saving");
+        assert_eq!(HitCache::load(&path).expect("loading"), cache);
+        std::fs::write(&path, r#"{"models": {"m": {"model": 3}}}"#).expect("writing");
+        let error = format!("{:#}", HitCache::load(&path).expect_err("not hit rates"));
+        assert!(error.contains("not a file of expert hit rates") && error.contains("delete it"), "{error}");
+    }
+
+    #[test]
+    fn a_model_is_known_by_its_files() {
+        let dir = tempfile::tempdir().expect("a scratch folder");
+        let write = |name: &str, bytes: &[u8]| std::fs::write(dir.path().join(name), bytes).expect("writing");
+        let config = serde_json::json!({"num_experts": 8});
+        assert!(files_key(&config, &dir.path().join("absent")).is_err(), "no folder: no model");
+        write("model.safetensors", b"1234");
+        let key = files_key(&config, dir.path()).expect("a key");
+        assert_eq!(files_key(&config, dir.path()).expect("a key"), key, "the same files, the same key");
+        write("tokenizer.json", b"[]");
+        assert_eq!(files_key(&config, dir.path()).expect("a key"), key, "only the config and the weights count");
+        assert_ne!(files_key(&serde_json::json!({"num_experts": 16}), dir.path()).expect("a key"), key, "another config");
+        write("model.safetensors", b"12345");
+        assert_ne!(files_key(&config, dir.path()).expect("a key"), key, "other weights, another model");
+    }
+
+    #[test]
+    fn only_runs_that_streamed_long_enough_are_kept() {
+        let counters = |hits, misses| CacheCounters { hits, misses, ..Default::default() };
+        assert!(!worth_keeping(64, 64, &counters(900, 100)), "a resident pool finds every expert by construction");
+        assert!(!worth_keeping(16, 64, &counters(10, MIN_EXPERT_USES - 11)), "too short a run");
+        assert!(worth_keeping(16, 64, &counters(10, MIN_EXPERT_USES - 10)));
+    }
+}
