@@ -87,7 +87,7 @@ pub struct ComputeProbe {
 
 /// The routed experts of `arch`'s checkpoint, located as the model's loader
 /// locates them (no weights are read).
-fn expert_store(arch: &ModelArch) -> Result<ExpertStore> {
+pub(crate) fn expert_store(arch: &ModelArch) -> Result<ExpertStore> {
     let ck = arch.open_checkpoint()?;
     let mut prefixes = BTreeSet::new();
     let mut stacked = false;

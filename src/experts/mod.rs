@@ -248,16 +248,14 @@ impl ExpertCache {
         let misses_of = |cache: &ExpertCache, batch: &[u32]| -> Vec<u32> {
             batch.iter().copied().filter(|&e| !cache.slot_of.contains_key(&cache.key(layer, e))).collect()
         };
-        let first_misses = batches.first().map(|bt| misses_of(self, bt)).unwrap_or_default();
-        let wait = Instant::now();
-        let (mut records, secs) = self.store.read_many(layer, &first_misses)?;
-        counters.read_seconds += secs;
-        counters.wait_seconds += wait.elapsed().as_secs_f64();
-        let mut record_misses = first_misses;
+        // The first batch's misses are read here, each written to its slot as
+        // it lands; later batches' are read while the batch before computes.
+        let mut record_misses = batches.first().map(|bt| misses_of(self, bt)).unwrap_or_default();
+        let mut records: Vec<ExpertRecord> = Vec::new();
 
         let mut total: Option<Tensor> = None;
         for (i, batch) in batches.iter().enumerate() {
-            // Place this batch: pin its hits, give each fetched record a victim slot.
+            // Place this batch: pin its hits, give each missed expert a victim slot.
             let mut pinned: HashSet<u32> = HashSet::new();
             let mut slot_for: HashMap<u32, u32> = HashMap::new();
             for &e in batch.iter() {
@@ -268,19 +266,40 @@ impl ExpertCache {
                 }
             }
             let mut table: Vec<(u32, Option<u32>)> = Vec::new();
-            for (e, record) in record_misses.iter().zip(&records) {
+            let mut victims = Vec::with_capacity(record_misses.len());
+            for _ in &record_misses {
                 let s = self.victim(&pinned);
+                pinned.insert(s);
                 if let Some(old) = self.owner[s as usize].take() {
                     self.slot_of.remove(&old);
                     table.push((old, None));
                 }
-                b.write_expert(&mut self.pool, s as usize, &self.store.host_expert(record))?;
+                victims.push(s);
+            }
+            let (store, pool) = (&self.store, &mut self.pool);
+            let write = |pool: &mut ExpertPool, at: usize, record: &ExpertRecord| -> Result<()> {
+                Ok(b.write_expert(pool, victims[at] as usize, &store.host_expert(record))?)
+            };
+            let written = if i == 0 {
+                let wait = Instant::now();
+                let read = store.read_each(layer, &record_misses, |at, record| write(&mut *pool, at, &record));
+                counters.wait_seconds += wait.elapsed().as_secs_f64();
+                read.map(|secs| counters.read_seconds += secs)
+            } else {
+                records.iter().enumerate().try_for_each(|(at, record)| write(&mut *pool, at, record))
+            };
+            if let Err(e) = written {
+                // The evicted experts leave the device table with their slots,
+                // whatever those hold now.
+                let _ = b.map_experts(&mut self.pool, &table);
+                return Err(e);
+            }
+            for (e, &s) in record_misses.iter().zip(&victims) {
                 counters.bytes_read += self.store.record_bytes;
                 let key = self.key(layer, *e);
                 self.owner[s as usize] = Some(key);
                 self.slot_of.insert(key, s);
                 self.referenced[s as usize] = true;
-                pinned.insert(s);
                 slot_for.insert(*e, s);
                 table.push((key, Some(s)));
             }

@@ -167,14 +167,7 @@ impl ExpertStore {
             return Ok((Vec::new(), 0.0));
         }
         let start = Instant::now();
-        let requests: Vec<(usize, &Piece)> = experts
-            .iter()
-            .enumerate()
-            .flat_map(|(i, &e)| {
-                let base = (layer * self.experts_per_layer + e as usize) * 3;
-                self.locations[base..base + 3].iter().flat_map(|p| &p.pieces).map(move |piece| (i, piece))
-            })
-            .collect();
+        let requests = self.requests(layer, experts);
         let pieces: Vec<RangeBuf> = self.io.install(|| {
             requests
                 .par_iter()
@@ -190,6 +183,77 @@ impl ExpertStore {
             records[*i].pieces.push(piece);
         }
         Ok((records, start.elapsed().as_secs_f64()))
+    }
+
+    /// Every piece of `experts` of `layer`, in record order: (index into
+    /// `experts`, piece).
+    fn requests(&self, layer: usize, experts: &[u32]) -> Vec<(usize, &Piece)> {
+        experts
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &e)| {
+                let base = (layer * self.experts_per_layer + e as usize) * 3;
+                self.locations[base..base + 3].iter().flat_map(|p| &p.pieces).map(move |piece| (i, piece))
+            })
+            .collect()
+    }
+
+    /// [`ExpertStore::read_many`] that hands each record to `each` (with its
+    /// index into `experts`) on this thread as soon as its last piece lands,
+    /// while the other reads go on: what the caller does with a record (an
+    /// upload into its slot) overlaps the reads. Returns the seconds taken.
+    /// After an error no further record is handed over.
+    pub fn read_each(&self, layer: usize, experts: &[u32], mut each: impl FnMut(usize, ExpertRecord) -> Result<()>) -> Result<f64> {
+        if experts.is_empty() {
+            return Ok(0.0);
+        }
+        let start = Instant::now();
+        let requests = self.requests(layer, experts);
+        // Each record's pieces are consecutive requests: (first, count).
+        let mut spans = vec![(0usize, 0usize); experts.len()];
+        for (n, (i, _)) in requests.iter().enumerate() {
+            if spans[*i].1 == 0 {
+                spans[*i].0 = n;
+            }
+            spans[*i].1 += 1;
+        }
+        let mut left: Vec<usize> = spans.iter().map(|s| s.1).collect();
+        let mut landed: Vec<Option<RangeBuf>> = requests.iter().map(|_| None).collect();
+        let mut outcome = Ok(());
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.io.in_place_scope(|scope| {
+            for (n, &(i, piece)) in requests.iter().enumerate() {
+                let tx = tx.clone();
+                scope.spawn(move |_| {
+                    let read = self.files[piece.file as usize]
+                        .read_range(piece.offset, piece.len as usize)
+                        .with_context(|| format!("reading expert {} of MoE layer {layer}", experts[i]));
+                    // The receiver outlives every read of the scope.
+                    let _ = tx.send((n, read));
+                });
+            }
+            drop(tx);
+            for (n, read) in rx {
+                if outcome.is_err() {
+                    continue;
+                }
+                let i = requests[n].0;
+                match read {
+                    Err(e) => outcome = Err(e),
+                    Ok(buf) => {
+                        landed[n] = Some(buf);
+                        left[i] -= 1;
+                        if left[i] == 0 {
+                            let (first, count) = spans[i];
+                            let pieces = landed[first..first + count].iter_mut().filter_map(Option::take).collect();
+                            outcome = each(i, ExpertRecord { pieces });
+                        }
+                    }
+                }
+            }
+        });
+        outcome?;
+        Ok(start.elapsed().as_secs_f64())
     }
 
     /// Views a record as the host matrices the backend takes.
@@ -213,5 +277,41 @@ impl ExpertStore {
         let up = next(l.intermediate, l.hidden, l.up);
         let down = next(l.hidden, l.intermediate, l.down);
         HostExpert { gate, up, down }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::model::arch::ModelArch;
+
+    /// `read_each` hands over every record once, whole and with its pieces in
+    /// order (as `read_many` returns them), and stops at the first error.
+    #[test]
+    fn each_record_whole_once_and_stops_at_an_error() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_moe_mlx4");
+        let store = crate::probe::expert_store(&ModelArch::read(&dir).expect("fixture config")).expect("expert store");
+        let experts = [3u32, 0, 7, 1, 5];
+        let (want, _) = store.read_many(1, &experts).expect("read_many");
+        let mut seen = vec![0; experts.len()];
+        store
+            .read_each(1, &experts, |i, record| {
+                seen[i] += 1;
+                let bytes = |r: &super::ExpertRecord| r.pieces.iter().map(|p| p.bytes().to_vec()).collect::<Vec<_>>();
+                assert_eq!(bytes(&record), bytes(&want[i]), "expert {}", experts[i]);
+                Ok(())
+            })
+            .expect("read_each");
+        assert_eq!(seen, vec![1; experts.len()]);
+        let mut calls = 0;
+        let err = store
+            .read_each(1, &experts, |_, _| {
+                calls += 1;
+                anyhow::ensure!(calls < 2, "stop here");
+                Ok(())
+            })
+            .expect_err("the second record's error comes back");
+        assert_eq!((calls, err.to_string()), (2, "stop here".to_string()));
     }
 }
