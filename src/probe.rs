@@ -87,7 +87,7 @@ pub struct ComputeProbe {
 
 /// The routed experts of `arch`'s checkpoint, located as the model's loader
 /// locates them (no weights are read).
-pub(crate) fn expert_store(arch: &ModelArch) -> Result<ExpertStore> {
+fn expert_store(arch: &ModelArch) -> Result<ExpertStore> {
     let ck = arch.open_checkpoint()?;
     let mut prefixes = BTreeSet::new();
     let mut stacked = false;
@@ -347,6 +347,36 @@ impl Measurement {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `ExpertStore::read_each` hands over every record once, whole and with
+    /// its pieces in order (as `read_many` returns them), and stops at the
+    /// first error.
+    #[test]
+    fn read_each_gives_each_record_whole_once_and_stops_at_an_error() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_moe_mlx4");
+        let store = expert_store(&ModelArch::read(&dir).expect("fixture config")).expect("expert store");
+        let experts = [3u32, 0, 7, 1, 5];
+        let (want, _) = store.read_many(1, &experts).expect("read_many");
+        let bytes = |r: &crate::experts::ExpertRecord| r.bytes().map(<[u8]>::to_vec).collect::<Vec<_>>();
+        let mut seen = vec![0; experts.len()];
+        store
+            .read_each(1, &experts, |i, record| {
+                seen[i] += 1;
+                assert_eq!(bytes(&record), bytes(&want[i]), "expert {}", experts[i]);
+                Ok(())
+            })
+            .expect("read_each");
+        assert_eq!(seen, vec![1; experts.len()]);
+        let mut calls = 0;
+        let err = store
+            .read_each(1, &experts, |_, _| {
+                calls += 1;
+                anyhow::ensure!(calls < 2, "stop here");
+                Ok(())
+            })
+            .expect_err("the second record's error comes back");
+        assert_eq!((calls, err.to_string()), (2, "stop here".to_string()));
+    }
 
     #[test]
     fn reads_that_grow_with_bytes_give_a_rate_and_a_latency() {

@@ -37,6 +37,13 @@ pub struct ExpertRecord {
     pieces: Vec<RangeBuf>,
 }
 
+impl ExpertRecord {
+    /// The pieces' bytes, in record order.
+    pub fn bytes(&self) -> impl Iterator<Item = &[u8]> {
+        self.pieces.iter().map(RangeBuf::bytes)
+    }
+}
+
 /// Locations of all routed experts of a model and the means to read them.
 pub struct ExpertStore {
     pub layout: ExpertLayout,
@@ -280,38 +287,3 @@ impl ExpertStore {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use std::path::Path;
-
-    use crate::model::arch::ModelArch;
-
-    /// `read_each` hands over every record once, whole and with its pieces in
-    /// order (as `read_many` returns them), and stops at the first error.
-    #[test]
-    fn each_record_whole_once_and_stops_at_an_error() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_moe_mlx4");
-        let store = crate::probe::expert_store(&ModelArch::read(&dir).expect("fixture config")).expect("expert store");
-        let experts = [3u32, 0, 7, 1, 5];
-        let (want, _) = store.read_many(1, &experts).expect("read_many");
-        let mut seen = vec![0; experts.len()];
-        store
-            .read_each(1, &experts, |i, record| {
-                seen[i] += 1;
-                let bytes = |r: &super::ExpertRecord| r.pieces.iter().map(|p| p.bytes().to_vec()).collect::<Vec<_>>();
-                assert_eq!(bytes(&record), bytes(&want[i]), "expert {}", experts[i]);
-                Ok(())
-            })
-            .expect("read_each");
-        assert_eq!(seen, vec![1; experts.len()]);
-        let mut calls = 0;
-        let err = store
-            .read_each(1, &experts, |_, _| {
-                calls += 1;
-                anyhow::ensure!(calls < 2, "stop here");
-                Ok(())
-            })
-            .expect_err("the second record's error comes back");
-        assert_eq!((calls, err.to_string()), (2, "stop here".to_string()));
-    }
-}
