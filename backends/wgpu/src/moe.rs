@@ -10,7 +10,7 @@ use crate::kernels::params;
 use crate::matmul::{TiledParams, TILE};
 use crate::norm::HeldNorm;
 use crate::tensors::buf;
-use crate::weights::{GpuPool, GpuWeight, PoolMatrix, WeightDesc};
+use crate::weights::{GpuPool, GpuWeight, PoolMatrix, Shard, WeightDesc};
 
 params! {
     /// `Params` of `wgsl/moe.wgsl` and `wgsl/route.wgsl` (`wgsl/moe_common.wgsl`).
@@ -82,19 +82,18 @@ const ROUTE_MATMUL_MAX_TOKENS: usize = 8;
 /// Most router rows [`route_matmul`] takes (`moe_route`'s row cache).
 const ROUTE_MATMUL_MAX_ROWS: usize = 1024;
 
-/// Routes `tokens` rows of x by the router `w` (its first `g.experts` rows;
-/// the product's rows after them go to `extra: [tokens, w.rows - experts]`,
-/// bound even when there are none)
-/// in one dispatch, for few tokens and a one-shard router; `None` (nothing
-/// recorded) otherwise.
-pub(crate) fn route_matmul(gpu: &Gpu, w: &GpuWeight, x: Bind<'_>, routes: Bind<'_>, extra: Bind<'_>, tokens: usize, g: Gating) -> Result<Option<()>> {
+/// The one shard of a router the routing kernels take for `tokens` tokens
+/// (few tokens, a one-shard router of at most ROUTE_MATMUL_MAX_ROWS rows).
+fn router_shard(w: &GpuWeight, tokens: usize) -> Option<&Shard> {
     let [s] = &w.shards[..] else {
-        return Ok(None);
+        return None;
     };
-    if tokens > ROUTE_MATMUL_MAX_TOKENS || w.experts != 1 || w.rows > ROUTE_MATMUL_MAX_ROWS || w.cols % 4 != 0 {
-        return Ok(None);
-    }
-    let params = MoeParams {
+    (tokens <= ROUTE_MATMUL_MAX_TOKENS && w.experts == 1 && w.rows <= ROUTE_MATMUL_MAX_ROWS && w.cols % 4 == 0).then_some(s)
+}
+
+/// The routing kernels' parameters for router shard `s` of `w`.
+fn router_params(s: &Shard, w: &GpuWeight, g: Gating, tokens: usize) -> MoeParams {
+    MoeParams {
         w: s.desc,
         rows: w.rows as u32,
         x_cols: w.cols as u32,
@@ -104,11 +103,22 @@ pub(crate) fn route_matmul(gpu: &Gpu, w: &GpuWeight, x: Bind<'_>, routes: Bind<'
         normalize: g.normalize as u32,
         n: tokens as u32,
         ..Default::default()
+    }
+}
+
+/// Routes `tokens` rows of x by the router `w` (its first `g.experts` rows;
+/// the product's rows after them go to `extra: [tokens, w.rows - experts]`,
+/// bound even when there are none)
+/// in one dispatch, for few tokens and a one-shard router; `None` (nothing
+/// recorded) otherwise.
+pub(crate) fn route_matmul(gpu: &Gpu, w: &GpuWeight, x: Bind<'_>, routes: Bind<'_>, extra: Bind<'_>, tokens: usize, g: Gating) -> Result<Option<()>> {
+    let Some(s) = router_shard(w, tokens) else {
+        return Ok(None);
     };
     // `vals` (the unfused kernel's logits) is in the layout but never read
     // here; it may not be x, which the routing kernels bind read-write.
     let binds = [(W, whole(&s.buffer)), (W_WORDS, whole(&s.buffer)), (X, x), (ROUTES, routes), (OUT, extra), (VALS, whole(&s.buffer))];
-    gpu.dispatch("moe_route_matmul", &params, &binds, Gpu::grid(tokens as u64))?;
+    gpu.dispatch("moe_route_matmul", &router_params(s, w, g, tokens), &binds, Gpu::grid(tokens as u64))?;
     Ok(Some(()))
 }
 
@@ -123,35 +133,17 @@ const ROUTE_NORM_MAX_COLS: usize = 4096;
 
 /// Whether [`route_norm`] takes the held norm `h` for routing one token by `w`.
 pub(crate) fn route_norm_fits(w: &GpuWeight, h: &HeldNorm) -> bool {
-    let cols = w.cols;
-    w.shards.len() == 1
-        && w.experts == 1
-        && w.rows <= ROUTE_MATMUL_MAX_ROWS
-        && cols % 4 == 0
-        && cols <= ROUTE_NORM_MAX_COLS
-        && h.x.shape() == [1, cols]
-        && h.weight.numel() == cols
+    router_shard(w, 1).is_some() && w.cols <= ROUTE_NORM_MAX_COLS && h.x.shape() == [1, w.cols] && h.weight.numel() == w.cols
 }
 
 /// [`route_matmul`] of one token's `norm(x + y)`, the held `add_rms_norm`
 /// `h` in the same dispatch (`moe_route_norm`): writes its sum and normed row
 /// as the norm would have. The caller checked [`route_norm_fits`].
 pub(crate) fn route_norm(gpu: &Gpu, w: &GpuWeight, h: &HeldNorm, routes: Bind<'_>, extra: Bind<'_>, g: Gating) -> Result<()> {
-    let [s] = &w.shards[..] else {
-        return Err(BackendError::Device("route_norm: a router of several shards".into()));
+    let Some(s) = router_shard(w, 1) else {
+        return Err(BackendError::Device("route_norm: a router the routing kernels do not take".into()));
     };
-    let params = MoeParams {
-        w: s.desc,
-        rows: w.rows as u32,
-        x_cols: w.cols as u32,
-        out_cols: (w.rows - g.experts) as u32,
-        experts: g.experts as u32,
-        top_k: g.top_k as u32,
-        normalize: g.normalize as u32,
-        n: 1,
-        eps: h.eps,
-        ..Default::default()
-    };
+    let params = MoeParams { eps: h.eps, ..router_params(s, w, g, 1) };
     let binds = [
         (W, whole(&s.buffer)),
         (W_WORDS, whole(&s.buffer)),
