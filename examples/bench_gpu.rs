@@ -286,6 +286,7 @@ fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool
         step(&mut next, &mut state)?;
         e.model.experts.lock().map_err(|_| anyhow::anyhow!("expert cache poisoned"))?.reset_stats();
         handle.take_host_time();
+        handle.take_thread_time();
         forward_secs.set(0.0);
         let t = Instant::now();
         for _ in 0..args.decode {
@@ -307,13 +308,16 @@ fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool
             stats.total.misses
         );
         let (record, submit, submits) = handle.take_host_time();
+        let thread = handle.take_thread_time();
         let per = |x: f64| 1e3 * x / args.decode as f64;
         println!(
-            "  host per token: forward returns after {:.2} ms; recording dispatches {:.2} ms, submitting {:.2} ms ({:.1} submissions)",
+            "  host per token: forward returns after {:.2} ms; recording dispatches {:.2} ms, submitting {:.2} ms ({:.1} submissions); \
+             the submission thread {:.2} ms",
             per(forward_secs.get()),
             per(record),
             per(submit),
-            submits as f64 / args.decode as f64
+            submits as f64 / args.decode as f64,
+            per(thread)
         );
         last_tps = tps;
     }

@@ -91,6 +91,12 @@ impl WgpuBackend {
         (ns(&t.record_ns), ns(&t.submit_ns), t.submits.swap(0, Relaxed))
     }
 
+    /// Host seconds the submission thread spent submitting periodic
+    /// submissions (off the calling thread) since the last call.
+    pub fn take_thread_time(&self) -> f64 {
+        self.gpu.host_time.thread_ns.swap(0, std::sync::atomic::Ordering::Relaxed) as f64 * 1e-9
+    }
+
     /// Submits recorded work and waits until the GPU is idle.
     pub fn sync(&self) -> Result<()> {
         self.gpu.flush()?;

@@ -12,6 +12,7 @@ mod buffers;
 mod held;
 mod profile;
 mod record;
+mod submit;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -122,6 +123,9 @@ pub struct Gpu {
     /// Host time spent recording dispatches and submitting them (ns), for
     /// benchmarks: whether a token is bound by the host or by the GPU.
     pub host_time: HostTime,
+    /// The thread that ends, finishes and submits periodic submissions
+    /// ([`WgpuOptions::submit_thread`]); `None`: the recording thread does.
+    submitter: Option<submit::Submitter>,
 }
 
 /// Nanoseconds the host spent in [`Gpu::dispatch`] (recording) and in
@@ -131,6 +135,9 @@ pub struct HostTime {
     pub record_ns: std::sync::atomic::AtomicU64,
     pub submit_ns: std::sync::atomic::AtomicU64,
     pub submits: std::sync::atomic::AtomicU64,
+    /// Time the submission thread spent on periodic submissions (off the
+    /// recording thread).
+    pub thread_ns: Arc<std::sync::atomic::AtomicU64>,
 }
 
 
@@ -220,6 +227,11 @@ impl Gpu {
             }
         }
         let (subgroup_min, subgroup_max) = (info.subgroup_min_size.max(1), info.subgroup_max_size.max(1));
+        let host_time = HostTime::default();
+        let submitter = match options.submit_thread {
+            true => Some(submit::Submitter::start(queue.clone(), host_time.thread_ns.clone())?),
+            false => None,
+        };
         let gpu = Gpu {
             device,
             queue,
@@ -245,7 +257,8 @@ impl Gpu {
             binding_cap: std::sync::atomic::AtomicU64::new(0),
             flush_every: std::sync::atomic::AtomicU32::new(options.flush_every),
             flush_first: options.flush_first,
-            host_time: HostTime::default(),
+            host_time,
+            submitter,
         };
         gpu.check_errors("compiling the WGSL kernels")?;
         Ok(gpu)
@@ -310,7 +323,7 @@ impl Gpu {
         let flush = self.record(entry, bytemuck::bytes_of(params), binds, groups)?;
         self.host_time.record_ns.fetch_add(start.elapsed().as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
         if flush {
-            return self.submit_inner(false, |_| {});
+            return self.submit_periodic();
         }
         Ok(())
     }
@@ -358,25 +371,16 @@ impl Gpu {
         let start = std::time::Instant::now();
         let mut guard = self.pending()?;
         let p = &mut *guard;
+        // Submissions handed to the thread go first (the lock keeps new ones out).
+        self.wait_submitted()?;
         self.release_held(p)?;
         p.pass = None;
         let mut encoder = p.encoder.take().unwrap_or_else(|| {
             self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("ops") })
         });
         extra(&mut encoder);
-        let used = p.slots_used;
-        for (i, arena) in p.arenas.iter().enumerate() {
-            let first = i as u64 * ARENA_SLOTS;
-            if first >= used {
-                break;
-            }
-            let end = (used.min(first + ARENA_SLOTS) * PARAM_SLOT) as usize;
-            self.queue.write_buffer(arena, 0, &p.params[(first * PARAM_SLOT) as usize..end]);
-        }
-        p.slots_used = 0;
-        p.params.clear();
-        for (buffer, data) in p.ring.iter().zip(p.ring_data.drain(..)) {
-            self.queue.write_buffer(buffer, 0, &data);
+        for (buffer, data) in self.take_writes(p) {
+            self.queue.write_buffer(&buffer, 0, &data);
         }
         p.since_submit = 0;
         // A submission the host asked for ends a token (or a pool write):
@@ -399,10 +403,70 @@ impl Gpu {
         self.check_errors("running kernels")
     }
 
+    /// A periodic submission (`flush_every`): handed to the submission
+    /// thread where there is one, else submitted here. Timed work is
+    /// submitted here, where its timestamps are read back.
+    fn submit_periodic(&self) -> Result<()> {
+        let Some(submitter) = &self.submitter else {
+            return self.submit_inner(false, |_| {});
+        };
+        let start = std::time::Instant::now();
+        let mut guard = self.pending()?;
+        let p = &mut *guard;
+        if p.timing.is_some() {
+            drop(guard);
+            return self.submit_inner(false, |_| {});
+        }
+        self.release_held(p)?;
+        let Some(encoder) = p.encoder.take() else {
+            return Ok(());
+        };
+        let pass = p.pass.take();
+        let writes = self.take_writes(p);
+        p.since_submit = 0;
+        p.flush_at = p.flush_at.saturating_mul(2);
+        submitter.send(submit::Job { pass, encoder, writes })?;
+        self.host_time.submit_ns.fetch_add(start.elapsed().as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
+        self.host_time.submits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.check_errors("running kernels")
+    }
+
+    /// The queue writes a submission needs before its commands: the used
+    /// slots of the parameter arenas and the ring's inputs (both reset for
+    /// the next submission).
+    fn take_writes(&self, p: &mut Pending) -> Vec<(wgpu::Buffer, Vec<u8>)> {
+        let mut writes = Vec::new();
+        let used = p.slots_used;
+        for (i, arena) in p.arenas.iter().enumerate() {
+            let first = i as u64 * ARENA_SLOTS;
+            if first >= used {
+                break;
+            }
+            let end = (used.min(first + ARENA_SLOTS) * PARAM_SLOT) as usize;
+            writes.push((arena.clone(), p.params[(first * PARAM_SLOT) as usize..end].to_vec()));
+        }
+        p.slots_used = 0;
+        p.params.clear();
+        writes.extend(p.ring.iter().cloned().zip(p.ring_data.drain(..)));
+        writes
+    }
+
+    /// Waits until the submission thread has submitted everything handed to it.
+    fn wait_submitted(&self) -> Result<()> {
+        self.submitter.as_ref().map_or(Ok(()), |s| s.wait())
+    }
+
     /// Submits all recorded work without waiting for it.
     pub fn flush(&self) -> Result<()> {
-        if self.pending().map(|p| p.encoder.is_none() && p.held.is_none())? {
-            return self.check_errors("running kernels");
+        {
+            let p = self.pending()?;
+            if p.encoder.is_none() && p.held.is_none() {
+                // Nothing recorded; what the submission thread holds is submitted
+                // before any queue write or wait that follows.
+                self.wait_submitted()?;
+                drop(p);
+                return self.check_errors("running kernels");
+            }
         }
         self.submit_with(|_| {})
     }

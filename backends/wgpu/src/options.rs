@@ -113,6 +113,11 @@ pub struct WgpuOptions {
     /// (`SLOTSTREAM_WGPU_IMMEDIATES=0` keeps the uniform buffers, for
     /// measurements).
     pub immediates: bool,
+    /// Periodic submissions are ended, finished and submitted on a thread of
+    /// their own while the calling thread records the next dispatches
+    /// (`SLOTSTREAM_WGPU_SUBMIT_THREAD=0` submits on the calling thread, for
+    /// measurements).
+    pub submit_thread: bool,
 }
 
 impl Default for WgpuOptions {
@@ -130,6 +135,7 @@ impl Default for WgpuOptions {
             fuse_norms: true,
             matvec_split: MATVEC_SPLIT,
             immediates: true,
+            submit_thread: true,
         }
     }
 }
@@ -168,6 +174,7 @@ impl WgpuOptions {
                 .filter(|n: &usize| (1..=4).contains(n))
                 .unwrap_or(defaults.matvec_split),
             immediates: var("SLOTSTREAM_WGPU_IMMEDIATES").map_or(defaults.immediates, |v| v != "0"),
+            submit_thread: var("SLOTSTREAM_WGPU_SUBMIT_THREAD").map_or(defaults.submit_thread, |v| v != "0"),
         }
     }
 }
