@@ -180,14 +180,31 @@ fn cpu_model() -> Option<String> {
 /// it), or `None` if `path` does not exist.
 fn disk_name(path: &Path) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
-    let dev = std::fs::metadata(path).ok()?.dev();
-    // glibc's encoding of a device number.
-    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
-    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    let (major, minor) = device_numbers(std::fs::metadata(path).ok()?.dev());
     let name = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/uevent"))
         .ok()
         .and_then(|u| u.lines().find_map(|l| l.strip_prefix("DEVNAME=").map(|n| format!("/dev/{n} "))));
     Some(format!("{}({major}:{minor})", name.unwrap_or_default()))
+}
+
+/// A device number's major and minor numbers, as this OS encodes them.
+fn device_numbers(dev: u64) -> (u64, u64) {
+    if cfg!(target_os = "macos") {
+        darwin_device_numbers(dev)
+    } else {
+        glibc_device_numbers(dev)
+    }
+}
+
+/// glibc's encoding (Linux, `gnu_dev_major`/`gnu_dev_minor`): 32 bits of
+/// each, split so that small numbers fit in the low 16 bits.
+fn glibc_device_numbers(dev: u64) -> (u64, u64) {
+    (((dev >> 8) & 0xfff) | ((dev >> 32) & 0xffff_f000), (dev & 0xff) | ((dev >> 12) & 0xffff_ff00))
+}
+
+/// Darwin's 32-bit `dev_t`: 8 bits of major, then 24 of minor.
+fn darwin_device_numbers(dev: u64) -> (u64, u64) {
+    ((dev >> 24) & 0xff, dev & 0xff_ffff)
 }
 
 /// One measurement as kept on disk.
@@ -301,6 +318,20 @@ mod tests {
         assert_eq!(read_size_class(61_440), "experts of ~64 KB");
         assert_eq!(read_size_class(2_654_208), "experts of ~2 MB");
         assert_eq!(cache.apply(&other, defaults()), defaults(), "another backend's measurement does not apply");
+    }
+
+    /// `ls -l /dev`'s numbers: Linux's vda1 is 253:1 (glibc splits both
+    /// numbers: large ones keep their high bits); a Mac's disk3s1 is 1:13.
+    #[test]
+    fn device_numbers_decode_as_each_os_encodes_them() {
+        let makedev = |major: u64, minor: u64| ((major & 0xfff) << 8) | ((major & !0xfff) << 32) | (minor & 0xff) | ((minor & !0xff) << 12);
+        assert_eq!(glibc_device_numbers(0xfd01), (253, 1));
+        assert_eq!(glibc_device_numbers(makedev(0x1103, 0x12345)), (0x1103, 0x12345));
+        assert_eq!(darwin_device_numbers(0x0100_000d), (1, 13));
+        assert_eq!(darwin_device_numbers(0x1000_0005), (16, 5));
+        // `st_dev` is a signed 32-bit number on macOS: a negative one widened to u64 keeps its low bits.
+        assert_eq!(darwin_device_numbers(-16_777_203i64 as u64), (255, 13));
+        assert_ne!(glibc_device_numbers(0x0100_000d), (1, 13), "glibc's decoding gives a Mac's numbers wrong");
     }
 
     #[test]
