@@ -19,6 +19,7 @@ use crate::model::{ExpertSlots, LoadOptions, ModelArch};
 use crate::plan::costs::DecodeSample;
 use crate::plan::rates::MissRates;
 use crate::plan::{ModelCosts, Rates};
+use crate::tokenizer::ChatMessage;
 
 /// Decode steps the miss probe times at least.
 pub const MIN_MISS_DECODE_STEPS: usize = 4;
@@ -58,6 +59,17 @@ pub fn miss_probe_pool(costs: &ModelCosts, pool_bytes: u64) -> Option<(usize, bo
     Some((per_layer.min(within.max(costs.top_k.max(1))), per_layer <= within))
 }
 
+/// The probe's prompt, as `run` feeds a user's message: in the model's chat
+/// template where it has one (the routing of a chat is what the plan is for).
+fn probe_prompt(engine: &Engine) -> Result<String> {
+    let text = "Tell me a story about a lighthouse keeper and a storm.";
+    if !engine.codec.has_chat_template() {
+        return Ok(text.to_string());
+    }
+    let message = ChatMessage { role: "user".into(), content: text.into() };
+    engine.codec.apply_chat_template(&[message], true, None)
+}
+
 /// What a missed expert costs `arch`'s decode on `backend`: the model
 /// decodes from a pool of [`miss_probe_pool`], and what each step took
 /// beyond its compute and read latencies at `rates` (just measured), per
@@ -70,7 +82,7 @@ pub fn measure_misses(arch: &ModelArch, backend: Box<dyn Backend>, rates: &Rates
     let slots = per_layer * costs.moe_layers;
     let options = LoadOptions { expert_slots: ExpertSlots::Count(slots), ..Default::default() };
     let engine = Engine::load_arch(arch, backend, &options).context("loading the model to time its misses")?;
-    let prompt_ids = engine.codec.encode("The sea was calm, and the ship", false)?;
+    let prompt_ids = engine.codec.encode(&probe_prompt(&engine)?, false)?;
     let max_tokens = limits.miss_decode_tokens.max(MIN_MISS_DECODE_STEPS + 1);
     let request = GenerateRequest { prompt_ids, max_tokens, sampling: Default::default(), stop: Vec::new(), ignore_eos: true };
     let (mut started, mut tokens) = (None, 0usize);
