@@ -293,6 +293,8 @@ pub struct Measurement {
     pub misses: Option<MissProbe>,
     /// Why the disk and the misses were not measured, when they were not.
     pub disk_skipped: Option<String>,
+    /// Why a miss was not timed in a decode though the disk was measured.
+    pub misses_skipped: Option<String>,
 }
 
 /// Measures the backend (with weights stored as `format`) and, when
@@ -335,29 +337,31 @@ pub fn measure_into(
         compute.demo_decode_tokens_per_second
     );
     cache.record_compute(&keys.compute, Measured { rates: compute.rates, unix_seconds: now, how });
-    let misses = match (&arch, &disk, &keys.misses) {
-        (Some(arch), Some(d), Some(key)) => {
-            let measured = RateSource::Measured { unix_seconds: now };
-            let rates =
-                Rates { compute: compute.rates, compute_source: measured.clone(), disk: d.rates, disk_source: measured, miss: None };
-            let mut probe = measure_misses(arch, backend, &rates, limits)?;
-            // Its hit rate is a streaming run's, where the pool had the share a plan would give it.
-            probe.hits_kept = probe.at_knee && crate::plan::hits::keep_run(arch, probe.slots, &probe.decode)?;
-            let how = format!(
-                "{} decode steps from {} slots ({} per layer), {:.1} ms per token, hit rate {:.1}%",
-                probe.steps,
-                probe.slots,
-                probe.experts_per_layer,
-                probe.seconds_per_token * 1e3,
-                100.0 * probe.decode.hit_rate()
-            );
-            cache.record_misses(key, Measured { rates: probe.rates, unix_seconds: now, how });
-            Some(probe)
+    let (mut misses, mut misses_skipped) = (None, None);
+    if let (Some(arch), Some(d), Some(key)) = (&arch, &disk, &keys.misses) {
+        let measured = RateSource::Measured { unix_seconds: now };
+        let rates = Rates { compute: compute.rates, compute_source: measured.clone(), disk: d.rates, disk_source: measured, miss: None };
+        // A model that cannot stream, or whose decode missed nothing, keeps the other rates: a miss then costs its read.
+        match measure_misses(arch, backend, &rates, limits) {
+            Ok(mut probe) => {
+                // Its hit rate is a streaming run's, where the pool had the share a plan would give it.
+                probe.hits_kept = probe.at_knee && crate::plan::hits::keep_run(arch, probe.slots, &probe.decode)?;
+                let how = format!(
+                    "{} decode steps from {} slots ({} per layer), {:.1} ms per token, hit rate {:.1}%",
+                    probe.steps,
+                    probe.slots,
+                    probe.experts_per_layer,
+                    probe.seconds_per_token * 1e3,
+                    100.0 * probe.decode.hit_rate()
+                );
+                cache.record_misses(key, Measured { rates: probe.rates, unix_seconds: now, how });
+                misses = Some(probe);
+            }
+            Err(e) => misses_skipped = Some(format!("{e:#}")),
         }
-        _ => None,
-    };
+    }
     let disk_skipped = disk.is_none().then(|| "the model is not on this machine, so its expert reads cannot be timed".to_string());
-    Ok(Measurement { compute, disk, misses, disk_skipped })
+    Ok(Measurement { compute, disk, misses, disk_skipped, misses_skipped })
 }
 
 impl Measurement {
@@ -405,6 +409,9 @@ impl Measurement {
                 m.decode.misses as f64 / m.steps.max(1) as f64,
                 100.0 * m.decode.hit_rate()
             );
+        }
+        if let Some(why) = &self.misses_skipped {
+            s += &format!("\n          a missed expert not timed in a decode (it costs its read): {why}");
         }
         s
     }
