@@ -8,6 +8,12 @@
 //! - the backend: one-token matmuls over a resident matrix in the model's
 //!   expert format, larger than CPU caches (weight GB/s), and the bundled
 //!   demo model decoding a few tokens (what a layer costs besides its weights).
+//! - a missed expert: the model itself decoding a few dozen tokens from a
+//!   small pool (the knee's share, within [`ProbeLimits::miss_pool_bytes`]);
+//!   what a token took beyond its compute and its layers' read latencies,
+//!   per miss, is what a miss costs a real decode (reads, the uploads the
+//!   reads in flight do not hide, bookkeeping). Its hit rate is kept for the
+//!   plan as a streaming run's is.
 //!
 //! The results are kept in `rates.json` ([`crate::plan::RateCache`]) and used
 //! by every later plan on this machine, disk and backend.
@@ -26,8 +32,11 @@ use slotstream_backend::{Backend, DType, HostMatrix, MatrixData, MatrixFormat};
 use crate::experts::ExpertStore;
 use crate::generate::{Engine, GenerateRequest};
 use crate::model::{LoadOptions, ModelArch};
-use crate::plan::rates::{self, ComputeRates, DiskRates, Measured, RateCache, RateKeys};
-use crate::plan::ModelCosts;
+use crate::plan::rates::{self, ComputeRates, DiskRates, Measured, RateCache, RateKeys, RateSource};
+use crate::plan::{ModelCosts, Rates};
+
+mod misses;
+pub use misses::{measure_misses, miss_probe_pool, MissProbe, MIN_MISS_DECODE_STEPS};
 
 /// How much a probe may read and run.
 #[derive(Clone, Debug)]
@@ -45,6 +54,12 @@ pub struct ProbeLimits {
     pub matmul_seconds: f64,
     /// Tokens the demo model decodes.
     pub decode_tokens: usize,
+    /// The model's own decode from a small pool: its pool's bytes at most,
+    /// tokens at most, and the time after which no token starts (after at
+    /// least [`MIN_MISS_DECODE_STEPS`]).
+    pub miss_pool_bytes: u64,
+    pub miss_decode_tokens: usize,
+    pub miss_decode_seconds: f64,
 }
 
 impl Default for ProbeLimits {
@@ -57,6 +72,9 @@ impl Default for ProbeLimits {
             matmul_passes: 40,
             matmul_seconds: 0.6,
             decode_tokens: 48,
+            miss_pool_bytes: 1 << 30,
+            miss_decode_tokens: 256,
+            miss_decode_seconds: 3.0,
         }
     }
 }
@@ -235,7 +253,8 @@ fn time_matmul(backend: &dyn Backend, format: &MatrixFormat, limits: &ProbeLimit
 /// The backend's rates for weights stored as `format`: the matmul rate, and
 /// the layer cost left of the demo model's decode time once its weights
 /// are paid at that rate.
-pub fn measure_compute(backend: Box<dyn Backend>, format: &MatrixFormat, limits: &ProbeLimits) -> Result<ComputeProbe> {
+/// The backend comes back for the next probe.
+pub fn measure_compute(backend: Box<dyn Backend>, format: &MatrixFormat, limits: &ProbeLimits) -> Result<(ComputeProbe, Box<dyn Backend>)> {
     let name = backend.name();
     let demo = ModelArch::read(&crate::demo::model_dir()?)?;
     let demo_costs = ModelCosts::of(&demo, backend.kv_cache_dtype())?;
@@ -255,13 +274,15 @@ pub fn measure_compute(backend: Box<dyn Backend>, format: &MatrixFormat, limits:
     }
     let weights = demo_costs.active_bytes_per_token() as f64 / (weight_gbps * 1e9);
     let per_layer = (1.0 / tokens_per_second - weights).max(0.0) / demo_costs.moe_layers.max(1) as f64;
-    Ok(ComputeProbe {
+    let probe = ComputeProbe {
         rates: ComputeRates { weight_gbps, layer_overhead_ms: per_layer * 1e3 },
         backend: name,
         matmul_bytes,
         matmul_passes,
         demo_decode_tokens_per_second: tokens_per_second,
-    })
+    };
+    let Engine { backend, .. } = engine;
+    Ok((probe, backend))
 }
 
 /// What `doctor --measure` measured and kept.
@@ -269,13 +290,16 @@ pub fn measure_compute(backend: Box<dyn Backend>, format: &MatrixFormat, limits:
 pub struct Measurement {
     pub compute: ComputeProbe,
     pub disk: Option<DiskProbe>,
-    /// Why the disk was not measured, when it was not.
+    pub misses: Option<MissProbe>,
+    /// Why the disk and the misses were not measured, when they were not.
     pub disk_skipped: Option<String>,
+    /// Why a miss was not timed in a decode though the disk was measured.
+    pub misses_skipped: Option<String>,
 }
 
 /// Measures the backend (with weights stored as `format`) and, when
-/// `model_dir` holds a model, the disk under it; records both in `cache`
-/// under `keys`.
+/// `model_dir` holds a model, the disk under it and what a miss costs its
+/// decode; records them in `cache` under `keys`.
 pub fn measure_into(
     cache: &mut RateCache,
     keys: &RateKeys,
@@ -285,9 +309,13 @@ pub fn measure_into(
     limits: &ProbeLimits,
 ) -> Result<Measurement> {
     let now = rates::now_unix();
-    let (disk, disk_skipped) = match (model_dir, &keys.disk) {
-        (Some(dir), Some(key)) => {
-            let probe = measure_disk(&ModelArch::read(dir)?, limits)?;
+    let arch = match (model_dir, &keys.disk) {
+        (Some(dir), Some(_)) => Some(ModelArch::read(dir)?),
+        _ => None,
+    };
+    let disk = match (&arch, &keys.disk) {
+        (Some(arch), Some(key)) => {
+            let probe = measure_disk(arch, limits)?;
             let how = format!(
                 "{} batches of 1 and {} experts, {} bytes in {:.2} s{}",
                 probe.batches,
@@ -297,11 +325,11 @@ pub fn measure_into(
                 if probe.direct_io { ", direct I/O" } else { ", through the page cache" }
             );
             cache.record_disk(key, Measured { rates: probe.rates, unix_seconds: now, how });
-            (Some(probe), None)
+            Some(probe)
         }
-        _ => (None, Some("the model is not on this machine, so its expert reads cannot be timed".to_string())),
+        _ => None,
     };
-    let compute = measure_compute(backend, format, limits)?;
+    let (compute, backend) = measure_compute(backend, format, limits)?;
     let how = format!(
         "{} MB matmul x {}, demo decode {:.1} tok/s",
         compute.matmul_bytes >> 20,
@@ -309,7 +337,31 @@ pub fn measure_into(
         compute.demo_decode_tokens_per_second
     );
     cache.record_compute(&keys.compute, Measured { rates: compute.rates, unix_seconds: now, how });
-    Ok(Measurement { compute, disk, disk_skipped })
+    let (mut misses, mut misses_skipped) = (None, None);
+    if let (Some(arch), Some(d), Some(key)) = (&arch, &disk, &keys.misses) {
+        let measured = RateSource::Measured { unix_seconds: now };
+        let rates = Rates { compute: compute.rates, compute_source: measured.clone(), disk: d.rates, disk_source: measured, miss: None };
+        // A model that cannot stream, or whose decode missed nothing, keeps the other rates: a miss then costs its read.
+        match measure_misses(arch, backend, &rates, limits) {
+            Ok(mut probe) => {
+                // Its hit rate is a streaming run's, where the pool had the share a plan would give it.
+                probe.hits_kept = probe.at_knee && crate::plan::hits::keep_run(arch, probe.slots, &probe.decode)?;
+                let how = format!(
+                    "{} decode steps from {} slots ({} per layer), {:.1} ms per token, hit rate {:.1}%",
+                    probe.steps,
+                    probe.slots,
+                    probe.experts_per_layer,
+                    probe.seconds_per_token * 1e3,
+                    100.0 * probe.decode.hit_rate()
+                );
+                cache.record_misses(key, Measured { rates: probe.rates, unix_seconds: now, how });
+                misses = Some(probe);
+            }
+            Err(e) => misses_skipped = Some(format!("{e:#}")),
+        }
+    }
+    let disk_skipped = disk.is_none().then(|| "the model is not on this machine, so its expert reads cannot be timed".to_string());
+    Ok(Measurement { compute, disk, misses, disk_skipped, misses_skipped })
 }
 
 impl Measurement {
@@ -339,6 +391,27 @@ impl Measurement {
             }
             (None, Some(why)) => s += &format!("\n          expert reads not measured: {why}"),
             (None, None) => {}
+        }
+        if let Some(m) = &self.misses {
+            let kept = match (m.at_knee, m.hits_kept) {
+                (_, true) => "; its hit rate is kept for the plan",
+                (true, false) => "",
+                (false, _) => "; a pool below the knee, to stay within the probe's memory: its hit rate is not kept",
+            };
+            s += &format!(
+                "\n          a missed expert {:.2} ms in a decode ({} steps from {} of {} experts per layer, {:.1} ms per token, \
+                 {:.1} misses per token, hit rate {:.1}%{kept})",
+                m.rates.miss_ms,
+                m.steps,
+                m.experts_per_layer,
+                m.model_experts_per_layer,
+                m.seconds_per_token * 1e3,
+                m.decode.misses as f64 / m.steps.max(1) as f64,
+                100.0 * m.decode.hit_rate()
+            );
+        }
+        if let Some(why) = &self.misses_skipped {
+            s += &format!("\n          a missed expert not timed in a decode (it costs its read): {why}");
         }
         s
     }

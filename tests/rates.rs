@@ -1,9 +1,11 @@
 //! The plan's estimate and this machine's rates, through the real binary: a
 //! run with nothing measured says its estimate is from defaults;
-//! `doctor --measure` measures within its bounds and keeps the figures in
-//! slotstream's cache folder; a later run on the same disk and backend plans
-//! with them. A streaming run keeps its decode hit rate there, and the next
-//! run of the same model estimates with it.
+//! `doctor --measure` measures within its bounds (the backend, the model's
+//! expert reads, and what a miss costs the model's own decode from a small
+//! pool) and keeps the figures in slotstream's cache folder; a later run on
+//! the same disk and backend plans with them. A streaming run (and the
+//! probe's decode) keeps its decode hit rate there, and the next run of the
+//! same model estimates with it.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -52,13 +54,24 @@ fn measured_rates_are_kept_and_used_by_later_runs() {
     let stdout = String::from_utf8_lossy(&measure.stdout).into_owned();
     assert!(measure.status.success(), "{}", String::from_utf8_lossy(&measure.stderr));
     assert!(stdout.contains("measured: weights") && stdout.contains("expert reads"), "{stdout}");
+    assert!(stdout.contains("a missed expert") && stdout.contains("steps from 7 of 8 experts per layer"), "{stdout}");
 
     let file = home.path().join("cache/slotstream/rates.json");
     let kept: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&file).expect("rates.json was written"))
         .expect("rates.json is JSON");
     let compute = kept["compute"].as_object().expect("compute rates by key");
     let disks = kept["disks"].as_object().expect("disk rates by key");
-    assert_eq!((compute.len(), disks.len()), (1, 1), "{kept}");
+    let misses = kept["misses"].as_object().expect("miss costs by key");
+    assert_eq!((compute.len(), disks.len(), misses.len()), (1, 1, 1), "{kept}");
+    let miss_ms = misses.values().next().and_then(|m| m["rates"]["miss_ms"].as_f64()).expect("a miss cost");
+    assert!(miss_ms > 0.0, "{kept}");
+
+    // The probe's decode from 7 of 8 experts per layer is the model's first streaming run.
+    let hits: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(home.path().join("cache/slotstream/hits.json")).expect("hits.json"))
+            .expect("hits.json is JSON");
+    let runs = hits["models"].as_object().and_then(|m| m.values().next()).and_then(|m| m["runs"].as_array()).expect("runs");
+    assert_eq!((runs.len(), runs[0]["share"].as_f64()), (1, Some(14.0 / 16.0)), "{hits}");
     let (key, measured) = compute.iter().next().expect("one entry");
     assert!(key.contains("cpu (") && key.ends_with("4-bit g64"), "{key}");
     let gbps = measured["rates"]["weight_gbps"].as_f64().expect("a rate");
@@ -66,7 +79,8 @@ fn measured_rates_are_kept_and_used_by_later_runs() {
     let after = run_fixture(home.path());
     let line = rates_line(&after);
     assert!(line.contains(&format!("weights {gbps:.1} GB/s")) && line.contains("measured just now"), "{line}");
-    assert!(!line.contains("default"), "both the backend and the disk were measured: {line}");
+    assert!(line.contains(&format!("a missed expert {miss_ms:.2} ms in a decode measured just now")), "{line}");
+    assert!(!line.contains("default"), "the backend, the disk and the misses were measured: {line}");
 }
 
 #[test]

@@ -11,6 +11,31 @@ use super::Rates;
 use crate::checkpoint::Checkpoint;
 use crate::model::ModelArch;
 
+/// One token's decode time in parts, seconds ([`ModelCosts::decode_time`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DecodeTime {
+    pub weights: f64,
+    pub layers: f64,
+    pub latency: f64,
+    pub misses: f64,
+}
+
+impl DecodeTime {
+    pub fn total(&self) -> f64 {
+        self.weights + self.layers + self.latency + self.misses
+    }
+}
+
+/// A decode from a pool smaller than the model, as timed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DecodeSample {
+    pub seconds_per_token: f64,
+    pub hit_rate: f64,
+    /// Seconds per token the decode stood waiting on expert reads (and the
+    /// uploads done as they landed).
+    pub waited_seconds_per_token: f64,
+}
+
 /// Per-model memory costs the planner works from.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct ModelCosts {
@@ -89,21 +114,61 @@ impl ModelCosts {
         self.resident_bytes + self.extra_bytes + self.state_bytes + self.kv_bytes_per_token * context_tokens as u64
     }
 
-    /// A decode-speed estimate from the machine's rates: a token runs its
-    /// active weights (trunk and routed experts) at the rate the backend gets
-    /// through weights, pays a fixed cost per layer, and reads the experts it
-    /// misses from disk (at the read rate, plus one read latency per layer
-    /// that misses any: a layer's misses are read together). The hit rate is
-    /// [`ModelCosts::hit_rate`].
+    /// A decode-speed estimate from the machine's rates for a pool of
+    /// `slots`, at the hit rate [`ModelCosts::hit_rate`] gives it
+    /// ([`ModelCosts::decode_time`]).
     pub fn estimate_decode_tokens_per_second(&self, slots: usize, rates: &Rates) -> f64 {
-        let hit_rate = self.hit_rate(slots);
+        1.0 / self.decode_time(self.hit_rate(slots), rates).total()
+    }
+
+    /// One token's decode time at `hit_rate`: its active weights (trunk and
+    /// routed experts) at the rate the backend gets through weights, a fixed
+    /// cost per layer, one read latency per layer that misses any expert (a
+    /// layer's misses are read together), and what each missed expert costs
+    /// ([`ModelCosts::miss_seconds`]).
+    pub fn decode_time(&self, hit_rate: f64, rates: &Rates) -> DecodeTime {
         let active = self.top_k as f64 * self.moe_layers as f64 * self.expert_record_bytes as f64;
-        let compute = (self.resident_bytes as f64 + active) / (rates.compute.weight_gbps * 1e9);
-        let overhead = self.moe_layers as f64 * rates.compute.layer_overhead_ms / 1e3;
-        let bandwidth = (1.0 - hit_rate) * active / (rates.disk.read_gbps * 1e9);
         let layers_missing = self.moe_layers as f64 * (1.0 - hit_rate.powi(self.top_k.min(64) as i32));
-        let latency = layers_missing * rates.disk.read_latency_ms / 1e3;
-        1.0 / (compute + overhead + bandwidth + latency)
+        DecodeTime {
+            weights: (self.resident_bytes as f64 + active) / (rates.compute.weight_gbps * 1e9),
+            layers: self.moe_layers as f64 * rates.compute.layer_overhead_ms / 1e3,
+            latency: layers_missing * rates.disk.read_latency_ms / 1e3,
+            misses: self.misses_per_token(hit_rate) * self.miss_seconds(rates),
+        }
+    }
+
+    /// Experts one decoded token reads from disk at `hit_rate`.
+    pub fn misses_per_token(&self, hit_rate: f64) -> f64 {
+        (1.0 - hit_rate) * (self.top_k * self.moe_layers) as f64
+    }
+
+    /// What one missed expert costs a token besides its layer's read
+    /// latency: as timed in a decode here where that was measured (its read,
+    /// the upload the reads in flight did not hide, bookkeeping), else its
+    /// read at the disk's rate.
+    pub fn miss_seconds(&self, rates: &Rates) -> f64 {
+        match &rates.miss {
+            Some(m) => m.rates.miss_ms / 1e3,
+            None => self.expert_record_bytes as f64 / (rates.disk.read_gbps * 1e9),
+        }
+    }
+
+    /// The inverse of [`ModelCosts::decode_time`]: what a missed expert cost
+    /// a decode that took `sample.seconds_per_token` at `sample.hit_rate`,
+    /// given the rates for everything else (compute, read latency). With it,
+    /// the estimate at that hit rate is the decode's own time. At least what
+    /// the decode stood waiting on each miss beyond the read latency (the
+    /// compute rates are measured apart and can be off by more than the
+    /// misses cost); `None` when the decode missed nothing.
+    pub fn miss_seconds_from_decode(&self, sample: &DecodeSample, rates: &Rates) -> Option<f64> {
+        let misses = self.misses_per_token(sample.hit_rate);
+        if !(misses > 0.0 && sample.seconds_per_token.is_finite()) {
+            return None;
+        }
+        let rest = DecodeTime { misses: 0.0, ..self.decode_time(sample.hit_rate, rates) };
+        let beyond_compute = (sample.seconds_per_token - rest.total()) / misses;
+        let waited = (sample.waited_seconds_per_token - rest.latency) / misses;
+        Some(beyond_compute.max(waited).max(0.0))
     }
 
     /// The pool's share of the routed experts.

@@ -1,13 +1,18 @@
 //! How often a model's routed experts are found in a pool smaller than the
 //! model: a power law of the pool's share of the experts, hit = share^e
-//! (expert popularity is skewed, so a small pool holds more than its share).
+//! (expert popularity is skewed, so a small pool holds more than its share),
+//! whose exponent may change with the share.
 //!
 //! Every streaming generation keeps its decode hit rate and the pool's share
 //! for its model in `hits.json` in slotstream's cache folder (the newest
-//! [`MAX_RUNS_PER_MODEL`] runs of each model); the plan fits e to the model's
-//! own runs, and assumes [`ASSUMED_EXPONENT`] for a model that has not
-//! streamed here yet. A model is known by its files (config, weight file
-//! names, sizes and modification times), not by where it is.
+//! [`MAX_RUNS_PER_MODEL`] runs of each model), and so does `doctor
+//! --measure`'s decode of the model. The plan takes the exponent each share
+//! the model ran at measured, interpolated between them (one exponent for
+//! all shares missed the synthetic model's 88% at 48 of 64 per layer by 8
+//! points: BENCHMARKS.md, "Plan estimates"), and assumes
+//! [`ASSUMED_EXPONENT`] for a model that has not streamed here yet. A model
+//! is known by its files (config, weight file names, sizes and modification
+//! times), not by where it is.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -34,55 +39,94 @@ pub const MIN_EXPERT_USES: u64 = 64;
 /// hits, share^10 nearly none).
 const EXPONENT_RANGE: (f64, f64) = (0.05, 10.0);
 
-/// The share of expert uses found in a pool holding `share` of the
-/// experts: share^exponent.
-#[derive(Clone, Copy, Debug, Serialize, PartialEq)]
+/// The share of expert uses found in a pool holding `share` of the experts:
+/// share^e, with e measured at the shares the model ran at.
+#[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct HitRateCurve {
-    pub exponent: f64,
-    /// Runs of this model the exponent was fitted to; 0: assumed.
+    /// (share, exponent) at each share the model's runs had, by share;
+    /// none: [`ASSUMED_EXPONENT`] everywhere.
+    points: Vec<(f64, f64)>,
+    /// Runs of this model the exponents come from; 0: assumed.
     pub runs: usize,
 }
 
 impl HitRateCurve {
-    pub const ASSUMED: HitRateCurve = HitRateCurve { exponent: ASSUMED_EXPONENT, runs: 0 };
+    pub const ASSUMED: HitRateCurve = HitRateCurve { points: Vec::new(), runs: 0 };
 
-    pub fn hit_rate(&self, share: f64) -> f64 {
-        share.clamp(0.0, 1.0).powf(self.exponent)
+    /// The exponent at `share`: measured there, interpolated linearly in the
+    /// share between the nearest measured shares, assumed without any. Below
+    /// the smallest share it is the smallest share's; above the largest it
+    /// goes on falling as it fell between the two largest (skewed popularity
+    /// makes it fall: the experts a larger pool adds are the rarely used
+    /// ones), never below [`EXPONENT_RANGE`] and never rising.
+    pub fn exponent(&self, share: f64) -> f64 {
+        let Some(&(first_share, first)) = self.points.first() else { return ASSUMED_EXPONENT };
+        if share <= first_share {
+            return first;
+        }
+        let line = |(s0, e0): (f64, f64), (s1, e1): (f64, f64)| e0 + (e1 - e0) * (share - s0) / (s1 - s0);
+        for pair in self.points.windows(2) {
+            if share <= pair[1].0 {
+                return line(pair[0], pair[1]);
+            }
+        }
+        match self.points[..] {
+            [.., before, last] => line(before, last).clamp(EXPONENT_RANGE.0, last.1),
+            _ => first,
+        }
     }
 
-    /// The exponent minimising the squared error in log space,
-    /// sum (ln hit - e ln share)^2, over the runs whose figures make sense
-    /// (a pool smaller than the model, a hit rate within 0..=1); `None` if
-    /// no run does.
+    pub fn hit_rate(&self, share: f64) -> f64 {
+        let share = share.clamp(0.0, 1.0);
+        share.powf(self.exponent(share))
+    }
+
+    /// The exponent of each share the runs had, ln hit / ln share of their
+    /// mean log hit rate, over the runs whose figures make sense (a pool
+    /// smaller than the model, a hit rate within 0..=1); `None` if no run does.
     pub fn fit(runs: &[HitRun]) -> Option<HitRateCurve> {
-        let points: Vec<(f64, f64)> = runs
+        let mut points: Vec<(f64, f64)> = runs
             .iter()
             .filter(|r| r.share > 0.0 && r.share < 1.0 && (0.0..=1.0).contains(&r.hit_rate))
             // A run that found nothing still says "few": ln 0 would say "none ever".
-            .map(|r| (r.share.ln(), r.hit_rate.max(1e-3).ln()))
+            .map(|r| (r.share, r.hit_rate.max(1e-3).ln()))
             .collect();
         if points.is_empty() {
             return None;
         }
-        let xy: f64 = points.iter().map(|(x, y)| x * y).sum();
-        let xx: f64 = points.iter().map(|(x, _)| x * x).sum();
-        Some(HitRateCurve { exponent: (xy / xx).clamp(EXPONENT_RANGE.0, EXPONENT_RANGE.1), runs: points.len() })
+        let used = points.len();
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        // Runs at one share (the same pool size) are one point: their mean log hit rate.
+        let mut merged: Vec<(f64, f64, usize)> = Vec::new();
+        for (share, log_hit) in points {
+            match merged.last_mut() {
+                Some((s, sum, n)) if (share - *s).abs() < 1e-9 => {
+                    *sum += log_hit;
+                    *n += 1;
+                }
+                _ => merged.push((share, log_hit, 1)),
+            }
+        }
+        let points = merged
+            .into_iter()
+            .map(|(share, sum, n)| (share, (sum / n as f64 / share.ln()).clamp(EXPONENT_RANGE.0, EXPONENT_RANGE.1)))
+            .collect();
+        Some(HitRateCurve { points, runs: used })
     }
 
     /// The banner's `hits:` line after its label, for a pool holding `share`.
     pub fn describe(&self, share: f64) -> String {
         let percent = 100.0 * self.hit_rate(share);
+        let exponent = self.exponent(share);
         match self.runs {
             0 => format!(
-                "~{percent:.0}% of expert uses assumed found in the pool (the cached share to the power {}; \
-                 this model has not streamed here yet: its first streaming run measures its own)",
-                self.exponent
+                "~{percent:.0}% of expert uses assumed found in the pool (the cached share to the power {exponent}; \
+                 this model has not streamed here yet: its first streaming run or `doctor --measure` measures its own)"
             ),
             n => format!(
                 "~{percent:.0}% of expert uses found in the pool, measured from {n} run{} of this model \
-                 (the cached share to the power {:.2})",
+                 (the cached share to the power {exponent:.2})",
                 if n == 1 { "" } else { "s" },
-                self.exponent
             ),
         }
     }
@@ -232,30 +276,56 @@ mod tests {
     fn the_fit_recovers_a_power_law_and_passes_over_nonsense() {
         let exact: Vec<HitRun> = [0.25, 0.4, 0.75].iter().map(|&s: &f64| run(s, s.powf(0.9), 0)).collect();
         let curve = HitRateCurve::fit(&exact).expect("three runs fit");
-        assert!((curve.exponent - 0.9).abs() < 1e-9 && curve.runs == 3, "{curve:?}");
-
-        // The synthetic model's bench (pools of 16, 26 and 48 of 64): 28, 48 and 80% hits.
-        let bench = [run(0.25, 0.28, 0), run(0.406, 0.48, 0), run(0.75, 0.80, 0)];
-        let curve = HitRateCurve::fit(&bench).expect("fits");
-        for r in &bench {
-            assert!((curve.hit_rate(r.share) - r.hit_rate).abs() < 0.04, "{curve:?} at {}: {}", r.share, curve.hit_rate(r.share));
+        for share in [0.1, 0.25, 0.3, 0.6, 0.75, 0.9] {
+            assert!((curve.exponent(share) - 0.9).abs() < 1e-9 && curve.runs == 3, "{curve:?} at {share}");
         }
 
         let nonsense = [run(1.0, 1.0, 0), run(0.0, 0.0, 0), run(f64::NAN, 0.5, 0), run(0.5, 1.5, 0), run(0.5, f64::INFINITY, 0)];
         assert_eq!(HitRateCurve::fit(&nonsense), None, "no run of a pool smaller than the model with a real hit rate");
         let none_found = HitRateCurve::fit(&[run(0.5, 0.0, 0)]).expect("a run that found nothing is a run");
-        assert!(none_found.exponent > 5.0 && none_found.exponent <= EXPONENT_RANGE.1, "{none_found:?}");
+        assert!(none_found.exponent(0.5) > 5.0 && none_found.exponent(0.5) <= EXPONENT_RANGE.1, "{none_found:?}");
         let all_found = HitRateCurve::fit(&[run(0.5, 1.0, 0)]).expect("fits");
-        assert_eq!(all_found.exponent, EXPONENT_RANGE.0);
+        assert_eq!(all_found.exponent(0.5), EXPONENT_RANGE.0);
+    }
+
+    /// The synthetic model's decode hit rates (bench_plan.sh: pools of 16, 26
+    /// and 48 of 64 per layer) need an exponent that falls with the share
+    /// (0.84, 0.71, 0.45): each share gets its own back, and shares between
+    /// them one in between.
+    #[test]
+    fn each_share_the_model_ran_at_keeps_its_own_hit_rate() {
+        let bench = [run(0.25, 0.311, 0), run(0.406, 0.527, 1), run(0.75, 0.878, 2), run(0.406, 0.527, 3)];
+        let curve = HitRateCurve::fit(&bench).expect("fits");
+        assert_eq!(curve.runs, 4);
+        for r in &bench {
+            assert!((curve.hit_rate(r.share) - r.hit_rate).abs() < 1e-9, "{curve:?} at {}: {}", r.share, curve.hit_rate(r.share));
+        }
+        let (low, high) = (curve.exponent(0.406), curve.exponent(0.75));
+        let between = curve.exponent(0.578);
+        assert!((between - (low + high) / 2.0).abs() < 1e-3, "{low} {between} {high}");
+        assert_eq!(curve.exponent(0.1), curve.exponent(0.25), "below the runs: the smallest share's");
+        let slope = (high - low) / (0.75 - 0.406);
+        assert!((curve.exponent(0.9) - (high + 0.15 * slope)).abs() < 1e-9, "above them it falls on: {curve:?}");
+        // Without the run at 48 of 64, the two smaller pools foretell it within a point.
+        let foretold = HitRateCurve::fit(&bench[..2]).expect("fits").hit_rate(0.75);
+        assert!((foretold - 0.878).abs() < 0.01, "{foretold}");
+        let rising = HitRateCurve::fit(&[run(0.25, 0.5, 0), run(0.5, 0.45, 1)]).expect("fits");
+        assert_eq!(rising.exponent(0.9), rising.exponent(0.5), "an exponent that rose between the runs stays put above them");
+        let steep = HitRateCurve::fit(&[run(0.1, 0.5, 0), run(0.2, 0.9, 1)]).expect("fits");
+        assert_eq!(steep.exponent(0.9), EXPONENT_RANGE.0, "{steep:?}");
+        // Two runs at one share are one point: their mean log hit rate.
+        let twice = HitRateCurve::fit(&[run(0.5, 0.4, 0), run(0.5, 0.9, 1)]).expect("fits");
+        assert!((twice.hit_rate(0.5) - (0.4f64 * 0.9).sqrt()).abs() < 1e-9, "{twice:?}");
     }
 
     #[test]
     fn the_banner_says_whether_the_hit_rate_is_assumed_or_measured() {
         let assumed = HitRateCurve::ASSUMED.describe(0.25);
         assert!(assumed.starts_with("~44% of expert uses assumed") && assumed.contains("power 0.6;"), "{assumed}");
-        let measured = HitRateCurve { exponent: 0.9, runs: 3 }.describe(0.25);
+        let runs: Vec<HitRun> = (0..3).map(|t| run(0.25, 0.25f64.powf(0.9), t)).collect();
+        let measured = HitRateCurve::fit(&runs).expect("fits").describe(0.25);
         assert!(measured.starts_with("~29% of expert uses found") && measured.contains("measured from 3 runs of this model"), "{measured}");
-        assert!(HitRateCurve { exponent: 0.9, runs: 1 }.describe(0.5).contains("from 1 run of"));
+        assert!(HitRateCurve::fit(&runs[..1]).expect("fits").describe(0.5).contains("from 1 run of"));
     }
 
     #[test]
@@ -268,7 +338,7 @@ mod tests {
         let runs = &cache.models["m"].runs;
         assert_eq!((runs.len(), runs[0].unix_seconds), (MAX_RUNS_PER_MODEL, 5), "the oldest runs go first");
         let curve = cache.curve("m");
-        assert!((curve.exponent - 0.8).abs() < 1e-9 && curve.runs == MAX_RUNS_PER_MODEL, "{curve:?}");
+        assert!((curve.exponent(0.5) - 0.8).abs() < 1e-9 && curve.runs == MAX_RUNS_PER_MODEL, "{curve:?}");
         for m in 0..MAX_MODELS as u64 {
             cache.record(&format!("other {m}"), "elsewhere", run(0.5, 0.5, 1000 + m));
         }

@@ -2,7 +2,9 @@
 //! measured on this machine by `slotstream doctor --measure` and kept in
 //! `rates.json` in slotstream's cache folder, keyed by machine, backend,
 //! weight format and disk, or, where nothing was measured, the defaults
-//! fitted on the reference machine (BENCHMARKS.md, "Plan estimates").
+//! fitted on the reference machine (BENCHMARKS.md, "Plan estimates"). What a
+//! missed expert costs a decode is measured in a real decode of the model
+//! from a small pool; without that measurement a miss costs its read.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -32,6 +34,16 @@ pub struct DiskRates {
     pub read_latency_ms: f64,
 }
 
+/// What a missed expert cost a real decode from a small pool, besides the
+/// compute the token pays anyway and one read latency per layer that missed:
+/// its read, the part of its upload into a slot the reads in flight did not
+/// hide, the slot bookkeeping, and the read threads' time on the cores.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+pub struct MissRates {
+    /// Milliseconds per missed expert.
+    pub miss_ms: f64,
+}
+
 /// Where a set of rates came from.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 #[serde(rename_all = "kebab-case", tag = "from")]
@@ -51,12 +63,15 @@ pub struct Rates {
     pub compute_source: RateSource,
     pub disk: DiskRates,
     pub disk_source: RateSource,
+    /// A missed expert's cost timed in a decode here (`doctor --measure`
+    /// with the model); none: a miss costs its read at `disk`'s rate.
+    pub miss: Option<Measured<MissRates>>,
 }
 
 impl Rates {
     /// Defaults, or a simulated machine's rates.
     pub fn unmeasured(compute: ComputeRates, disk: DiskRates, source: RateSource) -> Rates {
-        Rates { compute, compute_source: source.clone(), disk, disk_source: source }
+        Rates { compute, compute_source: source.clone(), disk, disk_source: source, miss: None }
     }
 
     /// One line for users: the figures and where they came from.
@@ -70,7 +85,13 @@ impl Rates {
         };
         let compute = figures(&self.compute_source, format!("weights {:.1} GB/s + {:.2} ms per layer", c.weight_gbps, c.layer_overhead_ms));
         let disk = figures(&self.disk_source, format!("expert reads {:.2} GB/s + {:.2} ms", d.read_gbps, d.read_latency_ms));
-        let mut s = format!("{compute}; {disk}");
+        let miss = match &self.miss {
+            Some(m) => {
+                format!("a missed expert {:.2} ms in a decode measured {}", m.rates.miss_ms, age(now_unix.saturating_sub(m.unix_seconds)))
+            }
+            None => "a missed expert costs its read (not timed in a decode)".to_string(),
+        };
+        let mut s = format!("{compute}; {disk}; {miss}");
         if self.compute_source == RateSource::Defaults || self.disk_source == RateSource::Defaults {
             s += " (defaults are the reference machine's, not measured here: `slotstream doctor --measure --model DIR` measures them)";
         }
@@ -102,13 +123,15 @@ pub fn format_label(format: &MatrixFormat) -> String {
 }
 
 /// What a measurement is filed under: this machine with this backend and
-/// weight format (compute), and this machine's disk that holds the model,
-/// for reads of about this size (a rate fitted to 60 KB reads says little
-/// about 3 MB ones).
+/// weight format (compute), this machine's disk that holds the model, for
+/// reads of about this size (a rate fitted to 60 KB reads says little about
+/// 3 MB ones), and for the cost of a miss in a decode, both: the backend
+/// uploads what the disk reads.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RateKeys {
     pub compute: String,
     pub disk: Option<String>,
+    pub misses: Option<String>,
 }
 
 impl RateKeys {
@@ -117,9 +140,11 @@ impl RateKeys {
     /// the backend named `backend`.
     pub fn new(backend: &str, format: &MatrixFormat, dir: &Path, record_bytes: u64) -> RateKeys {
         let machine = machine_name();
+        let disk = disk_name(dir).map(|disk| format!("{disk} | {}", read_size_class(record_bytes)));
         RateKeys {
             compute: format!("{machine} | {backend} | {}", format_label(format)),
-            disk: disk_name(dir).map(|disk| format!("{machine} | {disk} | {}", read_size_class(record_bytes))),
+            misses: disk.as_ref().map(|disk| format!("{machine} | {backend} | {} | {disk}", format_label(format))),
+            disk: disk.map(|disk| format!("{machine} | {disk}")),
         }
     }
 }
@@ -180,14 +205,31 @@ fn cpu_model() -> Option<String> {
 /// it), or `None` if `path` does not exist.
 fn disk_name(path: &Path) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
-    let dev = std::fs::metadata(path).ok()?.dev();
-    // glibc's encoding of a device number.
-    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
-    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    let (major, minor) = device_numbers(std::fs::metadata(path).ok()?.dev());
     let name = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/uevent"))
         .ok()
         .and_then(|u| u.lines().find_map(|l| l.strip_prefix("DEVNAME=").map(|n| format!("/dev/{n} "))));
     Some(format!("{}({major}:{minor})", name.unwrap_or_default()))
+}
+
+/// A device number's major and minor numbers, as this OS encodes them.
+fn device_numbers(dev: u64) -> (u64, u64) {
+    if cfg!(target_os = "macos") {
+        darwin_device_numbers(dev)
+    } else {
+        glibc_device_numbers(dev)
+    }
+}
+
+/// glibc's encoding (Linux, `gnu_dev_major`/`gnu_dev_minor`): 32 bits of
+/// each, split so that small numbers fit in the low 16 bits.
+fn glibc_device_numbers(dev: u64) -> (u64, u64) {
+    (((dev >> 8) & 0xfff) | ((dev >> 32) & 0xffff_f000), (dev & 0xff) | ((dev >> 12) & 0xffff_ff00))
+}
+
+/// Darwin's 32-bit `dev_t`: 8 bits of major, then 24 of minor.
+fn darwin_device_numbers(dev: u64) -> (u64, u64) {
+    ((dev >> 24) & 0xff, dev & 0xff_ffff)
 }
 
 /// One measurement as kept on disk.
@@ -209,6 +251,8 @@ pub struct RateCache {
     pub compute: BTreeMap<String, Measured<ComputeRates>>,
     #[serde(default)]
     pub disks: BTreeMap<String, Measured<DiskRates>>,
+    #[serde(default)]
+    pub misses: BTreeMap<String, Measured<MissRates>>,
 }
 
 impl RateCache {
@@ -237,6 +281,11 @@ impl RateCache {
         keep_newest(&mut self.disks);
     }
 
+    pub fn record_misses(&mut self, key: &str, measured: Measured<MissRates>) {
+        self.misses.insert(key.to_string(), measured);
+        keep_newest(&mut self.misses);
+    }
+
     /// `rates` with what was measured under `keys` in place of defaults.
     /// Figures that are not positive finite numbers (a hand-edited file) are
     /// passed over.
@@ -251,6 +300,11 @@ impl RateCache {
             if positive(m.rates.read_gbps) && (positive(m.rates.read_latency_ms) || m.rates.read_latency_ms == 0.0) {
                 rates.disk = m.rates;
                 rates.disk_source = RateSource::Measured { unix_seconds: m.unix_seconds };
+            }
+        }
+        if let Some(m) = keys.misses.as_ref().and_then(|k| self.misses.get(k)) {
+            if positive(m.rates.miss_ms) {
+                rates.miss = Some(m.clone());
             }
         }
         rates
@@ -281,7 +335,11 @@ mod tests {
     }
 
     fn keys() -> RateKeys {
-        RateKeys { compute: "host | cpu (2 threads) | 4-bit g64".into(), disk: Some("host | /dev/vda1 (253:1)".into()) }
+        RateKeys {
+            compute: "host | cpu (2 threads) | 4-bit g64".into(),
+            disk: Some("host | /dev/vda1 (253:1)".into()),
+            misses: Some("host | cpu (2 threads) | 4-bit g64 | /dev/vda1 (253:1)".into()),
+        }
     }
 
     #[test]
@@ -296,11 +354,33 @@ mod tests {
         let line = rates.describe(100 + 7200);
         assert!(line.contains("weights 9.0 GB/s + 0.05 ms per layer measured 2 h ago"), "{line}");
         assert!(line.contains("expert reads 0.70 GB/s + 0.40 ms default") && line.contains("doctor --measure"), "{line}");
+        assert!(line.contains("a missed expert costs its read (not timed in a decode)"), "{line}");
 
-        let other = RateKeys { compute: "host | wgpu | 4-bit g64".into(), disk: None };
+        let miss = Measured { rates: MissRates { miss_ms: 4.2 }, unix_seconds: 160, how: "test".into() };
+        cache.record_misses(keys().misses.as_deref().expect("a key"), miss.clone());
+        let rates = cache.apply(&keys(), defaults());
+        assert_eq!(rates.miss, Some(miss));
+        let line = rates.describe(160 + 300);
+        assert!(line.contains("a missed expert 4.20 ms in a decode measured 5 min ago"), "{line}");
+
+        let other = RateKeys { compute: "host | wgpu | 4-bit g64".into(), disk: None, misses: None };
         assert_eq!(read_size_class(61_440), "experts of ~64 KB");
         assert_eq!(read_size_class(2_654_208), "experts of ~2 MB");
         assert_eq!(cache.apply(&other, defaults()), defaults(), "another backend's measurement does not apply");
+    }
+
+    /// `ls -l /dev`'s numbers: Linux's vda1 is 253:1 (glibc splits both
+    /// numbers: large ones keep their high bits); a Mac's disk3s1 is 1:13.
+    #[test]
+    fn device_numbers_decode_as_each_os_encodes_them() {
+        let makedev = |major: u64, minor: u64| ((major & 0xfff) << 8) | ((major & !0xfff) << 32) | (minor & 0xff) | ((minor & !0xff) << 12);
+        assert_eq!(glibc_device_numbers(0xfd01), (253, 1));
+        assert_eq!(glibc_device_numbers(makedev(0x1103, 0x12345)), (0x1103, 0x12345));
+        assert_eq!(darwin_device_numbers(0x0100_000d), (1, 13));
+        assert_eq!(darwin_device_numbers(0x1000_0005), (16, 5));
+        // `st_dev` is a signed 32-bit number on macOS: a negative one widened to u64 keeps its low bits.
+        assert_eq!(darwin_device_numbers(-16_777_203i64 as u64), (255, 13));
+        assert_ne!(glibc_device_numbers(0x0100_000d), (1, 13), "glibc's decoding gives a Mac's numbers wrong");
     }
 
     #[test]

@@ -208,13 +208,8 @@ fn flagship_costs_match_the_reference_tensor_table() {
     assert_eq!(resident, f.resident_bytes);
 }
 
-/// The estimate's arithmetic with given rates: weights at the weight rate, a
-/// cost per layer, and a pool smaller than the model paying its misses at the
-/// read rate plus one latency per layer that misses.
-#[test]
-fn the_estimate_adds_weights_layers_and_misses_at_the_given_rates() {
-    use rates::{ComputeRates, DiskRates, RateSource};
-    let model = ModelCosts {
+fn arithmetic_model() -> ModelCosts {
+    ModelCosts {
         name: "arithmetic".into(),
         resident_bytes: 100_000_000,
         expert_record_bytes: 1_000_000,
@@ -228,12 +223,31 @@ fn the_estimate_adds_weights_layers_and_misses_at_the_given_rates() {
         mtp_bytes: 0,
         expert_format: ModelCosts::flagship().expert_format,
         hit_curve: hits::HitRateCurve::ASSUMED,
-    };
-    let rates = Rates::unmeasured(
+    }
+}
+
+fn arithmetic_rates() -> Rates {
+    use rates::{ComputeRates, DiskRates, RateSource};
+    Rates::unmeasured(
         ComputeRates { weight_gbps: 10.0, layer_overhead_ms: 0.5 },
         DiskRates { read_gbps: 1.0, read_latency_ms: 2.0 },
         RateSource::Defaults,
-    );
+    )
+}
+
+fn with_miss_ms(rates: &Rates, miss_ms: f64) -> Rates {
+    let miss = rates::Measured { rates: rates::MissRates { miss_ms }, unix_seconds: 0, how: String::new() };
+    Rates { miss: Some(miss), ..rates.clone() }
+}
+
+/// The estimate's arithmetic with given rates: weights at the weight rate, a
+/// cost per layer, and a pool smaller than the model paying its misses at the
+/// read rate plus one latency per layer that misses.
+#[test]
+fn the_estimate_adds_weights_layers_and_misses_at_the_given_rates() {
+    use rates::ComputeRates;
+    let model = arithmetic_model();
+    let rates = arithmetic_rates();
     // Resident: (100 MB + 10 x 8 x 1 MB) at 10 GB/s = 18 ms, and 10 x 0.5 ms.
     let resident = model.estimate_decode_tokens_per_second(640, &rates);
     assert!((resident - 1.0 / 0.023).abs() < 1e-9, "{resident}");
@@ -247,4 +261,47 @@ fn the_estimate_adds_weights_layers_and_misses_at_the_given_rates() {
     // Twice the weight rate helps the resident plan, never the disk's part.
     let faster = Rates { compute: ComputeRates { weight_gbps: 20.0, ..rates.compute }, ..rates.clone() };
     assert!((model.estimate_decode_tokens_per_second(640, &faster) - 1.0 / 0.014).abs() < 1e-9);
+}
+
+/// A miss timed in a decode (reads, uploads the reads did not hide,
+/// bookkeeping) replaces its read at the disk's rate; a resident plan has no
+/// misses to pay.
+#[test]
+fn a_miss_timed_in_a_decode_is_what_each_miss_costs() {
+    let model = arithmetic_model();
+    let rates = with_miss_ms(&arithmetic_rates(), 2.5);
+    let hit: f64 = 0.25f64.powf(0.6);
+    let misses = (1.0 - hit) * 80.0;
+    let seconds = 0.023 + misses * 0.0025 + 10.0 * (1.0 - hit.powi(8)) * 0.002;
+    let streaming = model.estimate_decode_tokens_per_second(160, &rates);
+    assert!((streaming - 1.0 / seconds).abs() < 1e-9, "{streaming} vs {}", 1.0 / seconds);
+    assert!(streaming < model.estimate_decode_tokens_per_second(160, &arithmetic_rates()), "2.5 ms a miss is slower than 1 ms of reading");
+    assert_eq!(model.estimate_decode_tokens_per_second(640, &rates), model.estimate_decode_tokens_per_second(640, &arithmetic_rates()));
+    let time = model.decode_time(hit, &rates);
+    assert!((time.misses - misses * 0.0025).abs() < 1e-12 && (time.total() - seconds).abs() < 1e-12, "{time:?}");
+}
+
+/// The probe's inverse: the miss cost taken from a decode makes the estimate
+/// at the decode's hit rate its own time, whatever the compute rates say;
+/// never less than what the decode waited on each miss; none without misses.
+#[test]
+fn the_miss_cost_from_a_decode_gives_back_the_decodes_time() {
+    use costs::DecodeSample;
+    let model = arithmetic_model();
+    let rates = arithmetic_rates();
+    for (seconds_per_token, hit_rate) in [(0.1, 0.5), (0.3, 0.2), (0.04, 0.9)] {
+        let sample = DecodeSample { seconds_per_token, hit_rate, waited_seconds_per_token: 0.0 };
+        let miss = model.miss_seconds_from_decode(&sample, &rates).expect("misses to time");
+        let back = model.decode_time(hit_rate, &with_miss_ms(&rates, miss * 1e3)).total();
+        assert!((back - seconds_per_token).abs() < 1e-12, "{seconds_per_token} at {hit_rate}: {miss} s a miss gives {back}");
+    }
+    // Faster than the compute rates allow (they were measured apart, on a busy
+    // machine): the miss costs at least the time the decode waited on it.
+    let hit_rate = 0.5;
+    let rest = model.decode_time(hit_rate, &rates);
+    let sample = DecodeSample { seconds_per_token: 0.02, hit_rate, waited_seconds_per_token: 0.05 };
+    let miss = model.miss_seconds_from_decode(&sample, &rates).expect("misses");
+    assert!((miss - (0.05 - rest.latency) / model.misses_per_token(hit_rate)).abs() < 1e-12, "{miss}");
+    let all_hits = DecodeSample { seconds_per_token: 0.05, hit_rate: 1.0, waited_seconds_per_token: 0.0 };
+    assert_eq!(model.miss_seconds_from_decode(&all_hits, &rates), None);
 }
