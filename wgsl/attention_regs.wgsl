@@ -91,7 +91,9 @@ fn attend_split_regs(g: u32, li: u32, sg: u32, nsg: u32, lane: u32, lanes: u32, 
     let row = t * p.sel_stride;
     var count = 0u;
     var tail = 0u;
-    if (sel[row] != DENSE) {
+    // Block 0 is plain causal attention (selections have blocks of at
+    // least one key): no selection row to wait for.
+    if (p.block != 0u && sel[row] != DENSE) {
         count = sel[row];
         tail = (pos + 1u) / p.block * p.block;
     }

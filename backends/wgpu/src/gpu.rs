@@ -75,6 +75,8 @@ struct Pending {
     /// steady-state decoding creates no buffers (and reuses bind groups).
     ring: Vec<wgpu::Buffer>,
     ring_data: Vec<Vec<u8>>,
+    /// The ring entry holding each distinct input of this submission.
+    ring_index: HashMap<Vec<u8>, usize>,
 }
 
 pub struct Gpu {
@@ -448,6 +450,7 @@ impl Gpu {
         p.slots_used = 0;
         p.params.clear();
         writes.extend(p.ring.iter().cloned().zip(p.ring_data.drain(..)));
+        p.ring_index.clear();
         writes
     }
 
