@@ -495,38 +495,11 @@ fn attention_split_rope(
     attend_split(wid.y * nwg.x + wid.x, li, sg, nsg, lane, lanes, true);
 }
 
-// attention_merge's weights exp(m_c - m) of the splits (the first
-// MERGE_CACHE; later ones are recomputed from the partials).
-const MERGE_CACHE: u32 = 1024u;
-var<workgroup> merge_w: array<f32, 1024>;
-
-// The partials of split `c` at dim d, weighted; 0 past the last split.
-fn merged_part(first: u32, stride: u32, c: u32, d: u32, m: f32) -> f32 {
-    if (c >= p.splits) {
-        return 0.0;
-    }
-    let pb = first + c * stride;
-    var wc = 0.0;
-    if (c < MERGE_CACHE) {
-        wc = merge_w[c];
-    } else {
-        wc = exp(partials[pb] - m);
-    }
-    return partials[pb + 2u + d] * wc;
-}
-
-// One workgroup per (token, head): each split's max and sum are loaded by an
-// invocation of their own, all at once (a loop over the splits in every
-// invocation waited for each load in turn), and each dim's values four
-// splits at a time.
 @compute @workgroup_size(128)
 fn attention_merge(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) li: u32,
-    @builtin(subgroup_id) sg: u32,
-    @builtin(num_subgroups) nsg: u32,
-    @builtin(subgroup_invocation_id) lane: u32,
 ) {
     let th = wid.y * nwg.x + wid.x;
     if (th >= p.tokens * p.heads) {
@@ -535,30 +508,19 @@ fn attention_merge(
     let stride = p.head_dim + 2u;
     let first = th * p.splits * stride;
     var m = NO_SCORE;
-    for (var c = li; c < p.splits; c += 128u) {
+    for (var c = 0u; c < p.splits; c++) {
         m = max(m, partials[first + c * stride]);
     }
-    let mx = reduce_max(m, sg, nsg, lane);
     var l = 0.0;
-    for (var c = li; c < p.splits; c += 128u) {
-        let wc = exp(partials[first + c * stride] - mx);
-        if (c < MERGE_CACHE) {
-            merge_w[c] = wc;
-        }
-        l += partials[first + c * stride + 1u] * wc;
+    for (var c = 0u; c < p.splits; c++) {
+        l += partials[first + c * stride + 1u] * exp(partials[first + c * stride] - m);
     }
-    // reduce_sum's barriers also publish merge_w.
-    let total = reduce_sum(l, sg, nsg, lane);
     for (var d = li; d < p.head_dim; d += 128u) {
         var acc = 0.0;
-        for (var q = 0u; q < (p.splits + 3u) / 4u; q++) {
-            let c = 4u * q;
-            let v0 = merged_part(first, stride, c, d, mx);
-            let v1 = merged_part(first, stride, c + 1u, d, mx);
-            let v2 = merged_part(first, stride, c + 2u, d, mx);
-            let v3 = merged_part(first, stride, c + 3u, d, mx);
-            acc += ((v0 + v1) + v2) + v3;
+        for (var c = 0u; c < p.splits; c++) {
+            let pb = first + c * stride;
+            acc += partials[pb + 2u + d] * exp(partials[pb] - m);
         }
-        out[th * p.head_dim + d] = select(acc / total, 0.0, total == 0.0);
+        out[th * p.head_dim + d] = select(acc / l, 0.0, l == 0.0);
     }
 }
