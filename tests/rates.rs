@@ -83,6 +83,34 @@ fn measured_rates_are_kept_and_used_by_later_runs() {
     assert!(!line.contains("default"), "the backend, the disk and the misses were measured: {line}");
 }
 
+/// A model whose every expert is one token's (top-8 of 8) cannot stream, so
+/// no pool smaller than it can time a miss: the report says so in a line,
+/// and the rates measured before are still kept.
+#[test]
+fn a_model_that_cannot_stream_keeps_its_other_rates() {
+    let home = tempfile::tempdir().expect("a scratch home");
+    let model = home.path().join("all-experts");
+    std::fs::create_dir(&model).expect("a model folder");
+    for entry in std::fs::read_dir(fixture()).expect("the fixture") {
+        let path = entry.expect("a fixture file").path();
+        std::fs::copy(&path, model.join(path.file_name().expect("a file name"))).expect("copying the fixture");
+    }
+    let config = model.join("config.json");
+    let mut c: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&config).expect("config.json")).expect("JSON");
+    assert_eq!(c["num_experts"], 8, "{c}");
+    c["num_experts_per_tok"] = 8.into();
+    std::fs::write(&config, c.to_string()).expect("writing config.json");
+
+    let measure = slotstream(home.path(), &["doctor", "--measure", "--backend", "cpu", "--model", model.to_str().expect("UTF-8")]);
+    let stdout = String::from_utf8_lossy(&measure.stdout).into_owned();
+    assert!(measure.status.success(), "{}", String::from_utf8_lossy(&measure.stderr));
+    assert!(stdout.contains("measured: weights") && stdout.contains("expert reads"), "{stdout}");
+    assert!(stdout.contains("a missed expert not timed in a decode (it costs its read): every expert of a layer is one token's"), "{stdout}");
+    let kept: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(home.path().join("cache/slotstream/rates.json")).expect("rates.json")).expect("JSON");
+    assert!(kept.to_string().contains("weight_gbps"), "the backend's rates are kept: {kept}");
+}
+
 #[test]
 fn a_simulated_machine_is_not_measured() {
     let home = tempfile::tempdir().expect("a scratch home");
