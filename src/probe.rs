@@ -60,6 +60,9 @@ pub struct ProbeLimits {
     pub miss_pool_bytes: u64,
     pub miss_decode_tokens: usize,
     pub miss_decode_seconds: f64,
+    /// The prompt's prefill from that pool reads about this long at most at
+    /// the disk's measured rate (the prompt's last tokens are kept).
+    pub miss_prefill_seconds: f64,
 }
 
 impl Default for ProbeLimits {
@@ -75,6 +78,7 @@ impl Default for ProbeLimits {
             miss_pool_bytes: 1 << 30,
             miss_decode_tokens: 256,
             miss_decode_seconds: 3.0,
+            miss_prefill_seconds: 3.0,
         }
     }
 }
@@ -400,14 +404,15 @@ impl Measurement {
             };
             s += &format!(
                 "\n          a missed expert {:.2} ms in a decode ({} steps from {} of {} experts per layer, {:.1} ms per token, \
-                 {:.1} misses per token, hit rate {:.1}%{kept})",
+                 {:.1} misses per token, hit rate {:.1}%, after a {}-token prompt{kept})",
                 m.rates.miss_ms,
                 m.steps,
                 m.experts_per_layer,
                 m.model_experts_per_layer,
                 m.seconds_per_token * 1e3,
                 m.decode.misses as f64 / m.steps.max(1) as f64,
-                100.0 * m.decode.hit_rate()
+                100.0 * m.decode.hit_rate(),
+                m.prompt_tokens
             );
         }
         if let Some(why) = &self.misses_skipped {

@@ -1,6 +1,7 @@
 //! What a missed expert costs a real decode: the model itself decodes a few
 //! dozen tokens from a pool of the knee's share (within
-//! [`ProbeLimits::miss_pool_bytes`] and [`ProbeLimits::miss_decode_seconds`]),
+//! [`ProbeLimits::miss_pool_bytes`] and [`ProbeLimits::miss_decode_seconds`],
+//! after a prompt cut to [`ProbeLimits::miss_prefill_seconds`] of reads),
 //! and what each step took beyond its compute and its layers' read
 //! latencies, per miss, is the miss's cost: its read, the part of its upload
 //! the reads in flight did not hide, the slot bookkeeping, the read threads'
@@ -36,6 +37,8 @@ pub struct MissProbe {
     pub at_knee: bool,
     /// Decode steps timed (the first token comes from the prefill).
     pub steps: usize,
+    /// Tokens of the prompt it prefilled (cut to [`ProbeLimits::miss_prefill_seconds`]).
+    pub prompt_tokens: usize,
     pub seconds_per_token: f64,
     pub decode: CacheCounters,
     /// Whether its hit rate was kept for the plan (hits.json).
@@ -82,7 +85,14 @@ pub fn measure_misses(arch: &ModelArch, backend: Box<dyn Backend>, rates: &Rates
     let slots = per_layer * costs.moe_layers;
     let options = LoadOptions { expert_slots: ExpertSlots::Count(slots), ..Default::default() };
     let engine = Engine::load_arch(arch, backend, &options).context("loading the model to time its misses")?;
-    let prompt_ids = engine.codec.encode(&probe_prompt(&engine)?, false)?;
+    let mut prompt_ids = engine.codec.encode(&probe_prompt(&engine)?, false)?;
+    // A large model's prefill from a small pool reads nearly every token's experts: keep as many
+    // of the prompt's last tokens (the chat template's assistant header) as the bound allows.
+    let keep = prompt_tokens_within(&costs, &rates.disk, limits.miss_prefill_seconds);
+    if prompt_ids.len() > keep {
+        prompt_ids.drain(..prompt_ids.len() - keep);
+    }
+    let prompt_tokens = prompt_ids.len();
     let max_tokens = limits.miss_decode_tokens.max(MIN_MISS_DECODE_STEPS + 1);
     let request = GenerateRequest { prompt_ids, max_tokens, sampling: Default::default(), stop: Vec::new(), ignore_eos: true };
     let (mut started, mut tokens) = (None, 0usize);
@@ -117,10 +127,24 @@ pub fn measure_misses(arch: &ModelArch, backend: Box<dyn Backend>, rates: &Rates
         model_experts_per_layer: costs.experts_per_layer,
         at_knee,
         steps,
+        prompt_tokens,
         seconds_per_token: sample.seconds_per_token,
         decode,
         hits_kept: false,
     })
+}
+
+/// Prompt tokens (at least one) whose prefill reads about `seconds` at most
+/// from a pool that holds none of their experts: each token's top-k experts
+/// in every MoE layer, at `disk`'s rate, plus one read latency per layer.
+pub fn prompt_tokens_within(costs: &ModelCosts, disk: &crate::plan::rates::DiskRates, seconds: f64) -> usize {
+    let layers = costs.moe_layers as f64;
+    let per_token = layers * costs.top_k as f64 * costs.expert_record_bytes as f64 / (disk.read_gbps.max(1e-3) * 1e9);
+    let budget = seconds - layers * disk.read_latency_ms * 1e-3;
+    if per_token <= 0.0 {
+        return usize::MAX;
+    }
+    ((budget / per_token).floor().max(1.0)).min(usize::MAX as f64) as usize
 }
 
 #[cfg(test)]
@@ -169,8 +193,28 @@ mod tests {
         assert_eq!(probe.decode.hits + probe.decode.misses, 11 * 2 * 2, "{probe:?}");
         assert!(probe.decode.misses > 0 && probe.rates.miss_ms > 0.0 && probe.seconds_per_token > 0.0, "{probe:?}");
         assert!(!probe.hits_kept, "keeping the hit rate is measure_into's");
-        let quick = ProbeLimits { miss_decode_seconds: 0.0, ..limits };
+        let whole = probe.prompt_tokens;
+        assert!(whole > 1, "the fixture's small experts fit the prefill bound: {probe:?}");
+        let quick = ProbeLimits { miss_decode_seconds: 0.0, miss_prefill_seconds: 0.0, ..limits };
         let probe = measure_misses(&arch, Box::new(slotstream_cpu::CpuBackend::new()), &rates, &quick).expect("probing");
         assert_eq!(probe.steps, MIN_MISS_DECODE_STEPS, "out of time: the fewest steps");
+        assert_eq!(probe.prompt_tokens, 1, "no prefill time: the prompt's last token alone");
+    }
+
+    /// The flagship's shape (48 MoE layers, top-10 of 2.76 MB experts) at
+    /// 1.3 GB/s reads ~1 s per prompt token from an empty pool: a 3 s bound
+    /// keeps two of them; the demo keeps any prompt.
+    #[test]
+    fn the_miss_probe_prefill_is_cut_to_its_time() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/demo/model");
+        let demo = ModelCosts::of(&ModelArch::read(&dir).expect("config"), DType::F32).expect("costs");
+        let disk = DiskRates { read_gbps: 1.3, read_latency_ms: 0.4 };
+        assert!(prompt_tokens_within(&demo, &disk, 3.0) > 1000, "61 KB experts: {}", prompt_tokens_within(&demo, &disk, 3.0));
+        let mut flagship = demo.clone();
+        (flagship.moe_layers, flagship.top_k, flagship.expert_record_bytes) = (48, 10, 2_764_800);
+        // 48 x 10 x 2.76 MB / 1.3 GB/s = 1.02 s per token; 3 s - 48 x 0.4 ms leaves 2.98 s.
+        assert_eq!(prompt_tokens_within(&flagship, &disk, 3.0), 2);
+        assert_eq!(prompt_tokens_within(&flagship, &disk, 0.0), 1, "at least one token");
+        assert_eq!(prompt_tokens_within(&flagship, &DiskRates { read_gbps: 0.0, read_latency_ms: 0.0 }, 3.0), 1, "no rate: one token");
     }
 }
