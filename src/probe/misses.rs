@@ -136,11 +136,17 @@ pub fn measure_misses(arch: &ModelArch, backend: Box<dyn Backend>, rates: &Rates
 
 /// Prompt tokens (at least one) whose prefill reads about `seconds` at most
 /// from a pool that holds none of their experts: each token's top-k experts
-/// in every MoE layer, at `disk`'s rate, plus one read latency per layer.
+/// in every MoE layer (no more than all of a layer's), at `disk`'s rate,
+/// plus one read latency per layer. Any prompt when reading every expert
+/// once fits.
 pub fn prompt_tokens_within(costs: &ModelCosts, disk: &crate::plan::rates::DiskRates, seconds: f64) -> usize {
     let layers = costs.moe_layers as f64;
-    let per_token = layers * costs.top_k as f64 * costs.expert_record_bytes as f64 / (disk.read_gbps.max(1e-3) * 1e9);
+    let expert_seconds = costs.expert_record_bytes as f64 / (disk.read_gbps.max(1e-3) * 1e9);
     let budget = seconds - layers * disk.read_latency_ms * 1e-3;
+    if layers * costs.experts_per_layer as f64 * expert_seconds <= budget {
+        return usize::MAX;
+    }
+    let per_token = layers * costs.top_k as f64 * expert_seconds;
     if per_token <= 0.0 {
         return usize::MAX;
     }
@@ -201,17 +207,24 @@ mod tests {
         assert_eq!(probe.prompt_tokens, 1, "no prefill time: the prompt's last token alone");
     }
 
-    /// The flagship's shape (48 MoE layers, top-10 of 2.76 MB experts) at
-    /// 1.3 GB/s reads ~1 s per prompt token from an empty pool: a 3 s bound
-    /// keeps two of them; the demo keeps any prompt.
+    /// The flagship's shape (48 MoE layers, top-10 of 512 2.76 MB experts)
+    /// at 1.3 GB/s reads ~1 s per prompt token from an empty pool: a 3 s
+    /// bound keeps two of them. The demo, and the 1.5 GB synthetic model of
+    /// tools/bench_plan.sh (all its experts in 2.3 s at 0.6 GB/s), keep any
+    /// prompt.
     #[test]
     fn the_miss_probe_prefill_is_cut_to_its_time() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/demo/model");
         let demo = ModelCosts::of(&ModelArch::read(&dir).expect("config"), DType::F32).expect("costs");
         let disk = DiskRates { read_gbps: 1.3, read_latency_ms: 0.4 };
-        assert!(prompt_tokens_within(&demo, &disk, 3.0) > 1000, "61 KB experts: {}", prompt_tokens_within(&demo, &disk, 3.0));
+        assert_eq!(prompt_tokens_within(&demo, &disk, 3.0), usize::MAX, "61 KB experts");
+        let mut synthetic = demo.clone();
+        (synthetic.moe_layers, synthetic.experts_per_layer, synthetic.top_k, synthetic.expert_record_bytes) = (8, 64, 8, 2_654_208);
+        let slow = DiskRates { read_gbps: 0.6, read_latency_ms: 0.3 };
+        assert_eq!(prompt_tokens_within(&synthetic, &slow, 3.0), usize::MAX, "every expert once in 2.3 s");
+        assert_eq!(prompt_tokens_within(&synthetic, &slow, 1.0), 3, "0.28 s per token within 1 s");
         let mut flagship = demo.clone();
-        (flagship.moe_layers, flagship.top_k, flagship.expert_record_bytes) = (48, 10, 2_764_800);
+        (flagship.moe_layers, flagship.experts_per_layer, flagship.top_k, flagship.expert_record_bytes) = (48, 512, 10, 2_764_800);
         // 48 x 10 x 2.76 MB / 1.3 GB/s = 1.02 s per token; 3 s - 48 x 0.4 ms leaves 2.98 s.
         assert_eq!(prompt_tokens_within(&flagship, &disk, 3.0), 2);
         assert_eq!(prompt_tokens_within(&flagship, &disk, 0.0), 1, "at least one token");
