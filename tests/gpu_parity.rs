@@ -72,6 +72,25 @@ fn minimum_pool_streams_with_identical_tokens() {
     check_fixture("qwen3_moe_hf", ExpertSlots::Count(2));
 }
 
+/// Every dispatch a periodic submission of its own, ended and submitted on
+/// the submission thread while the next ones are recorded, with pool writes
+/// (the smallest pool) and downloads between them: the queue keeps the order,
+/// so the tokens are the oracle's.
+#[test]
+fn every_dispatch_submitted_from_the_submission_thread_keeps_the_order() {
+    if skip() {
+        return;
+    }
+    for (name, slots) in [("qwen3_next_mlx4", ExpertSlots::Count(2)), ("qwen3_moe_mlx4", ExpertSlots::All)] {
+        let backend = WgpuBackend::new(&AdapterChoice::allow_software()).expect("a GPU adapter (see gpu_engine)");
+        assert!(backend.options().submit_thread, "SLOTSTREAM_WGPU_SUBMIT_THREAD=0 turns off what this test checks");
+        backend.set_flush_every(1);
+        let engine = Engine::load(&fixture(name), Box::new(backend), &LoadOptions { expert_slots: slots, ..Default::default() })
+            .unwrap_or_else(|e| panic!("loading fixture {name} on the wgpu backend: {e:#}"));
+        check_against_oracle(&engine, name);
+    }
+}
+
 /// With every expert in the pool, routing and the slot table stay on the
 /// GPU: a decode step is recorded and submitted once (for the logits). A
 /// streaming pool reads back each MoE layer's routed ids instead of its
