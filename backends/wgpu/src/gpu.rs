@@ -363,73 +363,65 @@ impl Gpu {
     /// Submits everything recorded so far (after `extra`, which may add copies),
     /// and returns the submission.
     fn submit_with(&self, extra: impl FnOnce(&mut wgpu::CommandEncoder)) -> Result<()> {
-        self.submit_inner(true, extra)
+        self.submit_inner(Some(extra))
     }
 
-    /// `counted`: whether the submission counts in `submissions` (the host
-    /// asked for it: a download, a pool write, a flush) rather than being one
-    /// of the periodic submissions `flush_every` adds.
-    fn submit_inner(&self, counted: bool, extra: impl FnOnce(&mut wgpu::CommandEncoder)) -> Result<()> {
+    /// A periodic submission (`flush_every`).
+    fn submit_periodic(&self) -> Result<()> {
+        self.submit_inner(None::<fn(&mut wgpu::CommandEncoder)>)
+    }
+
+    /// `asked`: a submission the host asked for (a download, a pool write, a
+    /// flush), counted in `submissions`, with `extra` commands after the
+    /// recorded ones; `None`: one of the periodic submissions `flush_every`
+    /// adds, which the submission thread takes where there is one (timed
+    /// work is submitted here, where its timestamps are read back).
+    fn submit_inner(&self, asked: Option<impl FnOnce(&mut wgpu::CommandEncoder)>) -> Result<()> {
         let start = std::time::Instant::now();
         let mut guard = self.pending()?;
         let p = &mut *guard;
-        // Submissions handed to the thread go first (the lock keeps new ones out).
-        self.wait_submitted()?;
         self.release_held(p)?;
-        p.pass = None;
+        let counted = asked.is_some();
+        let thread = self.submitter.as_ref().filter(|_| !counted && p.timing.is_none());
+        if thread.is_none() {
+            // Submissions handed to the thread go first (the lock keeps new ones out).
+            self.wait_submitted()?;
+        }
+        let pass = p.pass.take();
         let mut encoder = p.encoder.take().unwrap_or_else(|| {
             self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("ops") })
         });
-        extra(&mut encoder);
-        for (buffer, data) in self.take_writes(p) {
-            self.queue.write_buffer(&buffer, 0, &data);
-        }
+        let writes = self.take_writes(p);
         p.since_submit = 0;
         // A submission the host asked for ends a token (or a pool write):
         // the next ones start small and double, so the GPU starts early.
         p.flush_at = if counted { self.flush_first } else { p.flush_at.saturating_mul(2) };
         let timing = p.timing.take();
-        let staging = timing.as_ref().and_then(|t| t.resolve(&self.device, &mut encoder));
-        self.queue.submit([encoder.finish()]);
+        match thread {
+            Some(submitter) => submitter.send(submit::Job { pass, encoder, writes })?,
+            None => {
+                drop(pass);
+                if let Some(extra) = asked {
+                    extra(&mut encoder);
+                }
+                for (buffer, data) in writes {
+                    self.queue.write_buffer(&buffer, 0, &data);
+                }
+                let staging = timing.as_ref().and_then(|t| t.resolve(&self.device, &mut encoder));
+                self.queue.submit([encoder.finish()]);
+                if let (Some(t), Some(staging)) = (&timing, staging) {
+                    self.record_timings(t, &staging)?;
+                }
+            }
+        }
         self.host_time.submit_ns.fetch_add(start.elapsed().as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
         self.host_time.submits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if counted {
             self.submissions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         if let Some(t) = timing {
-            if let Some(staging) = staging {
-                self.record_timings(&t, &staging)?;
-            }
             p.timing = Some(t.restart());
         }
-        self.check_errors("running kernels")
-    }
-
-    /// A periodic submission (`flush_every`): handed to the submission
-    /// thread where there is one, else submitted here. Timed work is
-    /// submitted here, where its timestamps are read back.
-    fn submit_periodic(&self) -> Result<()> {
-        let Some(submitter) = &self.submitter else {
-            return self.submit_inner(false, |_| {});
-        };
-        let start = std::time::Instant::now();
-        let mut guard = self.pending()?;
-        let p = &mut *guard;
-        if p.timing.is_some() {
-            drop(guard);
-            return self.submit_inner(false, |_| {});
-        }
-        self.release_held(p)?;
-        let Some(encoder) = p.encoder.take() else {
-            return Ok(());
-        };
-        let pass = p.pass.take();
-        let writes = self.take_writes(p);
-        p.since_submit = 0;
-        p.flush_at = p.flush_at.saturating_mul(2);
-        submitter.send(submit::Job { pass, encoder, writes })?;
-        self.host_time.submit_ns.fetch_add(start.elapsed().as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
-        self.host_time.submits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.check_errors("running kernels")
     }
 

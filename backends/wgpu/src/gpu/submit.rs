@@ -38,9 +38,10 @@ struct Progress {
 type Shared = Arc<(Mutex<Progress>, Condvar)>;
 
 pub(super) struct Submitter {
-    tx: Mutex<Option<mpsc::Sender<Job>>>,
+    /// `None` only while dropping.
+    tx: Option<mpsc::Sender<Job>>,
     progress: Shared,
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Submitter {
@@ -65,14 +66,13 @@ impl Submitter {
                 }
             })
             .map_err(|e| BackendError::Device(format!("starting the submission thread: {e}")))?;
-        Ok(Submitter { tx: Mutex::new(Some(tx)), progress, thread: Mutex::new(Some(thread)) })
+        Ok(Submitter { tx: Some(tx), progress, thread: Some(thread) })
     }
 
     /// Hands `job` to the thread.
     pub fn send(&self, job: Job) -> Result<()> {
         let lost = || BackendError::Device("the submission thread has stopped".into());
-        let tx = self.tx.lock().map_err(|_| lost())?;
-        let tx = tx.as_ref().ok_or_else(lost)?;
+        let tx = self.tx.as_ref().ok_or_else(lost)?;
         // Counted before sending, so that a wait never misses a job in flight.
         self.progress.0.lock().map_err(|_| lost())?.sent += 1;
         tx.send(job).map_err(|_| lost())
@@ -96,10 +96,8 @@ impl Submitter {
 impl Drop for Submitter {
     fn drop(&mut self) {
         // Closing the channel ends the thread once it has run every job.
-        if let Ok(mut tx) = self.tx.lock() {
-            tx.take();
-        }
-        if let Some(thread) = self.thread.lock().ok().and_then(|mut t| t.take()) {
+        self.tx.take();
+        if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
     }
