@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 mod attention;
 pub mod checks;
+pub mod chosen;
 mod host;
 pub mod routing;
 pub use attention::{attention_qk_norm_composed, KeySelection, QkNorm};
@@ -524,6 +525,27 @@ pub trait Backend: Send + Sync {
     fn moe(&self, x: &Tensor, pool: &ExpertPool, routes: &Routes, key_base: usize) -> Result<Tensor> {
         let outputs = self.moe_expert_outputs(x, pool, routes, key_base)?;
         self.moe_combine(&outputs, routes)
+    }
+
+    // ---- tokens chosen on the device (see [`chosen`]) ----
+    /// The greedy token of `logits` (`[1, vocab]`), chosen on the device
+    /// and left there: `None` where this backend has no such path (its
+    /// logits are host memory already).
+    fn choose_greedy(&self, _logits: &Tensor) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
+    /// The embedding row `[1, cols]` of a token [`Backend::choose_greedy`] chose.
+    fn embed_chosen(&self, _table: &Weight, _chosen: &Tensor) -> Result<Tensor> {
+        Err(BackendError::Unsupported(format!("{} keeps no chosen tokens on the device", self.name())))
+    }
+    /// Starts reading a chosen token back, after the work recorded so far;
+    /// work recorded later does not delay [`Backend::finish_reading_chosen`].
+    fn start_reading_chosen(&self, _chosen: &Tensor) -> Result<chosen::PendingRead> {
+        Err(BackendError::Unsupported(format!("{} keeps no chosen tokens on the device", self.name())))
+    }
+    /// The token a started read returns, once the device has chosen it.
+    fn finish_reading_chosen(&self, _read: chosen::PendingRead) -> Result<u32> {
+        Err(BackendError::Unsupported(format!("{} keeps no chosen tokens on the device", self.name())))
     }
 
     // ---- state management ----

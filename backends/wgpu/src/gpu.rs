@@ -11,6 +11,7 @@
 mod buffers;
 mod held;
 mod profile;
+mod readback;
 mod record;
 mod submit;
 
@@ -25,6 +26,7 @@ pub use buffers::{whole, Bind, GpuBuf};
 use buffers::FreeList;
 pub use profile::FamilyTime;
 use profile::Timing;
+pub use readback::StartedRead;
 
 /// Bytes of one dispatch's parameter slot (the uniform offset alignment).
 const PARAM_SLOT: u64 = 256;
@@ -104,6 +106,8 @@ pub struct Gpu {
     kernels: HashMap<&'static str, Kernel>,
     /// Host-readable buffer reused by every download (grown as needed).
     staging: Mutex<Option<wgpu::Buffer>>,
+    /// Small host-readable buffers of started reads ([`Gpu::start_download`]), for reuse.
+    small_staging: Mutex<Vec<wgpu::Buffer>>,
     bind_groups: Mutex<HashMap<BindKey, wgpu::BindGroup>>,
     pending: Mutex<Pending>,
     free: FreeList,
@@ -249,6 +253,7 @@ impl Gpu {
             immediates,
             kernels,
             staging: Mutex::default(),
+            small_staging: Mutex::default(),
             bind_groups: Mutex::default(),
             pending: Mutex::default(),
             free: Arc::default(),
@@ -362,21 +367,22 @@ impl Gpu {
 
     /// Submits everything recorded so far (after `extra`, which may add copies),
     /// and returns the submission.
-    fn submit_with(&self, extra: impl FnOnce(&mut wgpu::CommandEncoder)) -> Result<()> {
-        self.submit_inner(Some(extra))
+    fn submit_with(&self, extra: impl FnOnce(&mut wgpu::CommandEncoder)) -> Result<wgpu::SubmissionIndex> {
+        self.submit_inner(Some(extra))?.ok_or_else(|| BackendError::Device("a counted submission went to the submission thread".into()))
     }
 
     /// A periodic submission (`flush_every`).
     fn submit_periodic(&self) -> Result<()> {
-        self.submit_inner(None::<fn(&mut wgpu::CommandEncoder)>)
+        self.submit_inner(None::<fn(&mut wgpu::CommandEncoder)>).map(drop)
     }
 
     /// `asked`: a submission the host asked for (a download, a pool write, a
     /// flush), counted in `submissions`, with `extra` commands after the
     /// recorded ones; `None`: one of the periodic submissions `flush_every`
     /// adds, which the submission thread takes where there is one (timed
-    /// work is submitted here, where its timestamps are read back).
-    fn submit_inner(&self, asked: Option<impl FnOnce(&mut wgpu::CommandEncoder)>) -> Result<()> {
+    /// work is submitted here, where its timestamps are read back). Returns
+    /// the submission when it was made here.
+    fn submit_inner(&self, asked: Option<impl FnOnce(&mut wgpu::CommandEncoder)>) -> Result<Option<wgpu::SubmissionIndex>> {
         let start = std::time::Instant::now();
         let mut guard = self.pending()?;
         let p = &mut *guard;
@@ -397,8 +403,11 @@ impl Gpu {
         // the next ones start small and double, so the GPU starts early.
         p.flush_at = if counted { self.flush_first } else { p.flush_at.saturating_mul(2) };
         let timing = p.timing.take();
-        match thread {
-            Some(submitter) => submitter.send(submit::Job { pass, encoder, writes })?,
+        let index = match thread {
+            Some(submitter) => {
+                submitter.send(submit::Job { pass, encoder, writes })?;
+                None
+            }
             None => {
                 drop(pass);
                 if let Some(extra) = asked {
@@ -408,12 +417,13 @@ impl Gpu {
                     self.queue.write_buffer(&buffer, 0, &data);
                 }
                 let staging = timing.as_ref().and_then(|t| t.resolve(&self.device, &mut encoder));
-                self.queue.submit([encoder.finish()]);
+                let index = self.queue.submit([encoder.finish()]);
                 if let (Some(t), Some(staging)) = (&timing, staging) {
                     self.record_timings(t, &staging)?;
                 }
+                Some(index)
             }
-        }
+        };
         self.host_time.submit_ns.fetch_add(start.elapsed().as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
         self.host_time.submits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if counted {
@@ -422,7 +432,8 @@ impl Gpu {
         if let Some(t) = timing {
             p.timing = Some(t.restart());
         }
-        self.check_errors("running kernels")
+        self.check_errors("running kernels")?;
+        Ok(index)
     }
 
     /// The queue writes a submission needs before its commands: the used
@@ -463,7 +474,7 @@ impl Gpu {
                 return self.check_errors("running kernels");
             }
         }
-        self.submit_with(|_| {})
+        self.submit_with(|_| {}).map(drop)
     }
 
     /// Copies `bytes` bytes of `src` back to the host: submits all recorded

@@ -18,6 +18,7 @@
 //! for tests and profiling.
 
 mod attention;
+mod chosen;
 mod device;
 mod diagnostics;
 mod elementwise;
@@ -40,6 +41,7 @@ use slotstream_backend::{
     KeySelection, QkNorm, Result, Routes, State, Tensor, Weight, attention_qk_norm_composed, matmul_swiglu_composed,
     route_matmul_composed,
 };
+use slotstream_backend::chosen::PendingRead;
 
 pub use device::AdapterChoice;
 pub use gpu::FamilyTime;
@@ -160,6 +162,19 @@ impl Backend for WgpuBackend {
     fn download(&self, t: &Tensor) -> Result<Vec<f32>> {
         let bytes = self.gpu.download(buf(t)?, 4 * t.numel() as u64)?;
         Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
+
+    fn choose_greedy(&self, logits: &Tensor) -> Result<Option<Tensor>> {
+        chosen::choose_greedy(&self.gpu, logits).map(Some)
+    }
+    fn embed_chosen(&self, table: &Weight, c: &Tensor) -> Result<Tensor> {
+        chosen::embed_chosen(&self.gpu, table, c)
+    }
+    fn start_reading_chosen(&self, c: &Tensor) -> Result<PendingRead> {
+        chosen::start_reading(&self.gpu, c)
+    }
+    fn finish_reading_chosen(&self, read: PendingRead) -> Result<u32> {
+        chosen::finish_reading(&self.gpu, read)
     }
 
     fn load_weight(&self, m: &HostMatrix<'_>) -> Result<Weight> {

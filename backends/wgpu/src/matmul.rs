@@ -84,14 +84,15 @@ params! {
         /// The shard's first row.
         row_start: u32,
         shard_rows: u32,
-        _pad0: u32,
+        /// `argmax_parts`, `embed_chosen`: parts of the vocabulary.
+        parts: u32,
     }
 }
 
 // Bindings shared by the weight-reading kernels (`wgsl/weights.wgsl`): the
 // shard as 16-byte words and as single words.
 const W: u32 = 1;
-const W_WORDS: u32 = 6;
+pub(crate) const W_WORDS: u32 = 6;
 // Bindings of the matvec, matvec_q8 and matmul_tiled kernels.
 const X: u32 = 2;
 const OUT: u32 = 3;
@@ -103,7 +104,7 @@ const X_VEC4: u32 = 5;
 const AUX: u32 = 4;
 const GATE: u32 = 5;
 // Bindings of embed.wgsl.
-const EMBED_OUT: u32 = 3;
+pub(crate) const EMBED_OUT: u32 = 3;
 const EMBED_IDS: u32 = 4;
 
 /// Tokens up to which a matmul uses the row-per-subgroup matvec kernel;

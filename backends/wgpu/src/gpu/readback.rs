@@ -1,0 +1,64 @@
+//! Reads that start with one submission and finish later: the host records
+//! and submits more work in between, and the wait covers only the work
+//! submitted up to the read (a decode step's chosen token, read while the
+//! next step runs).
+
+use slotstream_backend::{BackendError, Result};
+
+use super::{device_error, Bind, Gpu};
+
+/// Largest started read; larger ones take [`Gpu::download`].
+pub const MAX_STARTED_READ: u64 = 1 << 16;
+
+/// A copy to host-readable memory, submitted and not read yet.
+pub struct StartedRead {
+    staging: wgpu::Buffer,
+    bytes: u64,
+    index: wgpu::SubmissionIndex,
+}
+
+impl Gpu {
+    /// Copies `bytes` bytes of `src` (at most [`MAX_STARTED_READ`]) after all
+    /// work recorded so far, and submits it without waiting.
+    pub fn start_download(&self, src: Bind<'_>, bytes: u64) -> Result<StartedRead> {
+        if bytes > MAX_STARTED_READ {
+            return Err(BackendError::Device(format!("a started read of {bytes} bytes (at most {MAX_STARTED_READ})")));
+        }
+        let size = bytes.max(4).div_ceil(4) * 4;
+        let reused = self.small_staging.lock().map_err(|_| BackendError::Device("staging buffers poisoned".into()))?.pop();
+        let staging = reused.unwrap_or_else(|| {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("started read"),
+                size: MAX_STARTED_READ,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        });
+        let index = self.submit_with(|enc| enc.copy_buffer_to_buffer(src.buffer, src.offset, &staging, 0, size))?;
+        Ok(StartedRead { staging, bytes, index })
+    }
+
+    /// Waits for the submission of a started read (not for work submitted
+    /// after it) and returns its bytes.
+    pub fn finish_download(&self, read: StartedRead) -> Result<Vec<u8>> {
+        let StartedRead { staging, bytes, index } = read;
+        let size = bytes.max(4).div_ceil(4) * 4;
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.slice(..size).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        let wait = wgpu::PollType::Wait { submission_index: Some(index), timeout: None };
+        self.device.poll(wait).map_err(|e| device_error("waiting for the GPU", e))?;
+        rx.recv()
+            .map_err(|e| device_error("reading a buffer back", e))?
+            .map_err(|e| device_error("mapping a buffer for reading", e))?;
+        let mut data = staging.slice(..size).get_mapped_range().map_err(|e| device_error("reading a mapped buffer", e))?.to_vec();
+        staging.unmap();
+        data.truncate(bytes as usize);
+        if let Ok(mut free) = self.small_staging.lock() {
+            free.push(staging);
+        }
+        self.check_errors("running kernels")?;
+        Ok(data)
+    }
+}
