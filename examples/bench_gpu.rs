@@ -270,11 +270,33 @@ fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool
     let mut next = argmax(&logits);
     // Host seconds until `forward` returns (recording and submitting the token).
     let forward_secs = std::cell::Cell::new(0.0f64);
+    // As the engine decodes greedy tokens: one ahead where it can (each step
+    // records the pass of a token chosen on the device, then reads back the
+    // token the step before chose; SLOTSTREAM_DECODE_AHEAD=0 to compare).
+    let b = e.backend.as_ref();
+    let ahead = e.decode_ahead && b.keeps_chosen_tokens() && e.model.feeds_chosen_tokens(&state);
+    println!("decoding one token ahead: {ahead}");
+    let pending = std::cell::RefCell::new(None::<(slotstream_backend::Tensor, slotstream_backend::chosen::PendingRead)>);
     let step = |next: &mut u32, state: &mut slotstream::model::SequenceState| -> Result<()> {
         let t0 = Instant::now();
-        let t = e.model.forward(e.backend.as_ref(), &[*next], state, Logits::Last)?;
+        if !ahead {
+            let t = e.model.forward(b, &[*next], state, Logits::Last)?;
+            forward_secs.set(forward_secs.get() + t0.elapsed().as_secs_f64());
+            *next = argmax(&b.download(&t)?);
+            return Ok(());
+        }
+        let before = pending.borrow_mut().take();
+        let logits = match &before {
+            Some((chosen, _)) => e.model.forward_chosen(b, chosen, state)?,
+            None => e.model.forward(b, &[*next], state, Logits::Last)?,
+        };
+        let chosen = b.choose_greedy(&logits)?;
+        let read = b.start_reading_chosen(&chosen)?;
         forward_secs.set(forward_secs.get() + t0.elapsed().as_secs_f64());
-        *next = argmax(&e.backend.download(&t)?);
+        if let Some((_, read)) = before {
+            *next = b.finish_reading_chosen(read)?;
+        }
+        *pending.borrow_mut() = Some((chosen, read));
         Ok(())
     };
     for _ in 0..8 {

@@ -253,10 +253,7 @@ fn answer(engine: &Engine, settings: &ChatSettings, messages: &[ChatMessage], ca
     }
     engine.keep_hit_rate(&out.stats);
     console::print("\n")?;
-    let mut fed = out.prompt_ids.clone();
-    fed.extend(&out.generated_ids);
-    fed.truncate(state.position);
-    cache.insert(fed, state);
+    cache.insert(out.state_ids(state.position), state);
     let stopped = if process::interrupted() { ", stopped" } else { "" };
     note!(
         "({} prompt tokens, {reused} reused; {} generated at {:.1} tok/s{stopped})",

@@ -91,6 +91,7 @@ mod tests {
         GenerateOutput {
             prompt_ids: vec![1, 2],
             generated_ids: vec![3],
+            fed_end: None,
             text: "sea".into(),
             finish_reason: FinishReason::Length,
             stats: GenerateStats {

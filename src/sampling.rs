@@ -81,7 +81,7 @@ impl Sampler {
 
     /// Picks the next token given the logits and the tokens so far.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
-        if self.params.temperature == 0.0 && !self.penalized() {
+        if self.is_plain_greedy() {
             // Greedy without penalties: no copy of the vocabulary's logits.
             return argmax(logits);
         }
@@ -125,6 +125,12 @@ impl Sampler {
             }
         }
         cand[keep - 1].0
+    }
+
+    /// Whether [`Sampler::sample`] is the plain [`argmax`] of the logits
+    /// (greedy, no penalties), which a device can take itself.
+    pub fn is_plain_greedy(&self) -> bool {
+        self.params.temperature == 0.0 && !self.penalized()
     }
 
     fn penalized(&self) -> bool {

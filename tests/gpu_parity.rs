@@ -137,3 +137,62 @@ fn run_with_the_wgpu_backend_returns_the_oracle_greedy_ids() {
         assert!(v["backend"].as_str().unwrap_or("").starts_with("wgpu"), "{}", v["backend"]);
     }
 }
+
+/// Greedy decoding one token ahead (the pass of token k recorded before token
+/// k is read back) gives the tokens decoding without it gives, on an
+/// attention model and a recurrent one; a token that ends the output (an
+/// end-of-sequence) was fed already, is reported so (`fed_end`), and the state
+/// goes on from it as a state fed the same tokens from the start.
+#[test]
+fn decoding_one_token_ahead_keeps_the_tokens_and_reports_a_fed_end_of_sequence() {
+    if skip() {
+        return;
+    }
+    use slotstream::generate::{FinishReason, GenerateRequest};
+    use slotstream::sampling::SamplingParams;
+    for name in ["qwen3_moe_mlx4", "qwen3_next_mlx4"] {
+        let case = golden(name).cases.into_iter().find(|c| c.name == "long").expect("long case");
+        let mut e = gpu_engine(name, ExpertSlots::All);
+        assert!(e.decode_ahead, "SLOTSTREAM_DECODE_AHEAD=0 turns off what this test checks");
+        assert!(e.model.feeds_chosen_tokens(&e.new_state().unwrap()), "{name}: a model whose tokens are not fed ahead");
+        let req = |ignore_eos: bool| GenerateRequest {
+            prompt_ids: case.prompt_ids.clone(),
+            max_tokens: case.greedy_ids.len(),
+            sampling: SamplingParams::default(),
+            stop: vec![],
+            ignore_eos,
+        };
+        let generate = |e: &Engine, state: &mut slotstream::model::SequenceState, r: &GenerateRequest| {
+            e.generate_from(state, r, |_| std::ops::ControlFlow::Continue(())).expect("generate")
+        };
+        // Ended by length: the state holds all but the last token, as without decoding ahead.
+        for ahead in [true, false] {
+            e.decode_ahead = ahead;
+            let mut state = e.new_state().unwrap();
+            let out = generate(&e, &mut state, &req(true));
+            assert_eq!(out.generated_ids, case.greedy_ids, "{name}, decoding ahead: {ahead}");
+            assert_eq!(state.position, case.prompt_ids.len() + case.greedy_ids.len() - 1, "{name}, decoding ahead: {ahead}");
+            assert_eq!(out.fed_end, None);
+        }
+        // The third greedy token made an end-of-sequence.
+        e.decode_ahead = true;
+        let eos = case.greedy_ids[2];
+        let first = case.greedy_ids.iter().position(|&t| t == eos).expect("present");
+        e.codec.eos_ids = vec![eos];
+        let mut state = e.new_state().unwrap();
+        let out = generate(&e, &mut state, &req(false));
+        assert_eq!(out.finish_reason, FinishReason::Stop);
+        assert_eq!(out.generated_ids, case.greedy_ids[..first]);
+        assert_eq!(out.fed_end, Some(eos), "{name}: the end-of-sequence token was fed ahead");
+        let mut held = case.prompt_ids.clone();
+        held.extend(&case.greedy_ids[..=first]);
+        assert_eq!(out.state_ids(state.position), held, "{name}: the state holds the prompt, the output and its end");
+        // Going on from that state matches a fresh state fed the same tokens.
+        let mut longer = held.clone();
+        longer.push(case.prompt_ids[0]);
+        let next = GenerateRequest { prompt_ids: longer, max_tokens: 4, ..req(true) };
+        let went_on = generate(&e, &mut state, &next);
+        let fresh = generate(&e, &mut e.new_state().unwrap(), &next);
+        assert_eq!(went_on.generated_ids, fresh.generated_ids, "{name}");
+    }
+}

@@ -9,6 +9,9 @@ use std::collections::VecDeque;
 use anyhow::{Context, Result};
 use serde::Serialize;
 
+use slotstream_backend::chosen::PendingRead;
+use slotstream_backend::Tensor;
+
 use super::{Engine, TokenConstraint};
 use crate::model::{Logits, SequenceState};
 use crate::sampling::Sampler;
@@ -41,8 +44,10 @@ impl MtpStats {
 /// One way of producing tokens after the prompt.
 pub(super) trait DecodeStrategy {
     /// The next token. `history` holds the prompt and every token returned so
-    /// far; `state` has consumed all of them but at most the last few. `None`:
-    /// the constraint allows no token (only [`Plain`] takes one).
+    /// far; `state` has consumed all of them but at most the last few.
+    /// `more`: whether another token will be asked for if this one does not
+    /// end the output. `None`: the constraint allows no token (only
+    /// [`Plain`] takes one).
     fn next_token(
         &mut self,
         engine: &Engine,
@@ -50,6 +55,7 @@ pub(super) trait DecodeStrategy {
         history: &[u32],
         sampler: &mut Sampler,
         constraint: Option<&mut dyn TokenConstraint>,
+        more: bool,
     ) -> Result<Option<u32>>;
     /// Tidies the state once generation ends.
     fn finish(&mut self, _engine: &Engine, _state: &mut SequenceState) -> Result<()> {
@@ -60,16 +66,55 @@ pub(super) trait DecodeStrategy {
     }
 }
 
-/// One forward pass per token.
+/// One forward pass per token. Greedy tokens without a constraint, on a
+/// backend that keeps chosen tokens on the device, are decoded one token
+/// ahead: the pass that consumes token k is recorded (and the device starts
+/// on it) before token k is read back, so the device never waits for the
+/// host between tokens. The state then holds every token returned, the one
+/// that ended the output (an end-of-sequence) included.
 pub(super) struct Plain {
     /// Logits to sample the next token from (the prefill's, at first).
     logits: Option<Vec<f32>>,
+    /// The next token, chosen on the device and being read back.
+    ahead: Option<Ahead>,
+}
+
+struct Ahead {
+    chosen: Tensor,
+    read: PendingRead,
 }
 
 impl Plain {
     pub fn new(prefill_logits: Vec<f32>) -> Self {
-        Plain { logits: Some(prefill_logits) }
+        Plain { logits: Some(prefill_logits), ahead: None }
     }
+
+    /// Whether tokens after this one may be chosen on the device.
+    fn ahead_allowed(engine: &Engine, state: &SequenceState, sampler: &Sampler, constrained: bool) -> bool {
+        engine.decode_ahead
+            && !constrained
+            && sampler.is_plain_greedy()
+            && engine.backend.keeps_chosen_tokens()
+            && engine.model.feeds_chosen_tokens(state)
+    }
+
+    /// Records the forward pass of `token` (host id or chosen on the device)
+    /// and the choice of the token after it.
+    fn feed(engine: &Engine, state: &mut SequenceState, token: Fed<'_>) -> Result<Ahead> {
+        let b = engine.backend.as_ref();
+        let logits = match token {
+            Fed::Id(id) => engine.model.forward(b, &[id], state, Logits::Last)?,
+            Fed::Chosen(c) => engine.model.forward_chosen(b, c, state)?,
+        };
+        let chosen = b.choose_greedy(&logits)?;
+        let read = b.start_reading_chosen(&chosen)?;
+        Ok(Ahead { chosen, read })
+    }
+}
+
+enum Fed<'a> {
+    Id(u32),
+    Chosen(&'a Tensor),
 }
 
 impl DecodeStrategy for Plain {
@@ -80,12 +125,20 @@ impl DecodeStrategy for Plain {
         history: &[u32],
         sampler: &mut Sampler,
         constraint: Option<&mut dyn TokenConstraint>,
+        more: bool,
     ) -> Result<Option<u32>> {
+        let b = engine.backend.as_ref();
+        let ahead = more && Self::ahead_allowed(engine, state, sampler, constraint.is_some());
+        if let Some(a) = self.ahead.take() {
+            if ahead {
+                self.ahead = Some(Self::feed(engine, state, Fed::Chosen(&a.chosen))?);
+            }
+            return Ok(Some(b.finish_reading_chosen(a.read)?));
+        }
         let mut logits = match self.logits.take() {
             Some(l) => l,
             None => {
                 let last = *history.last().context("internal: decoding with an empty history")?;
-                let b = engine.backend.as_ref();
                 b.download(&engine.model.forward(b, &[last], state, Logits::Last)?)?
             }
         };
@@ -94,7 +147,16 @@ impl DecodeStrategy for Plain {
                 return Ok(None);
             }
         }
-        Ok(Some(sampler.sample(&logits, history)))
+        let token = sampler.sample(&logits, history);
+        if ahead {
+            self.ahead = Some(Self::feed(engine, state, Fed::Id(token))?);
+        }
+        Ok(Some(token))
+    }
+
+    fn finish(&mut self, _engine: &Engine, _state: &mut SequenceState) -> Result<()> {
+        self.ahead = None;
+        Ok(())
     }
 }
 
@@ -182,6 +244,7 @@ impl DecodeStrategy for Speculative {
         history: &[u32],
         sampler: &mut Sampler,
         constraint: Option<&mut dyn TokenConstraint>,
+        _more: bool,
     ) -> Result<Option<u32>> {
         if constraint.is_some() {
             anyhow::bail!("internal: speculative decoding cannot follow a constraint");

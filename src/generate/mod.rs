@@ -38,6 +38,9 @@ pub struct Engine {
     /// For tests of speculative decoding's verification: drafts chosen by the
     /// test instead of the head (accepted and rejected drafts on demand).
     pub drafter: Option<Drafter>,
+    /// Decode greedy tokens one ahead where the backend and model allow
+    /// (`decode::Plain`); `SLOTSTREAM_DECODE_AHEAD=0` turns it off, to compare.
+    pub decode_ahead: bool,
 }
 
 /// Limits which tokens may come next (a JSON schema, a tool call's grammar).
@@ -93,9 +96,25 @@ pub struct GenerateStats {
 pub struct GenerateOutput {
     pub prompt_ids: Vec<u32>,
     pub generated_ids: Vec<u32>,
+    /// The end-of-sequence token that ended the output, when the state
+    /// consumed it (greedy decoding one token ahead feeds every token it returns).
+    #[serde(skip)]
+    pub fed_end: Option<u32>,
     pub text: String,
     pub finish_reason: FinishReason,
     pub stats: GenerateStats,
+}
+
+impl GenerateOutput {
+    /// The tokens a state that generated this output holds, given its
+    /// `position`: the prompt, the generated tokens fed back and the fed end.
+    pub fn state_ids(&self, position: usize) -> Vec<u32> {
+        let mut ids = self.prompt_ids.clone();
+        ids.extend(&self.generated_ids);
+        ids.extend(self.fed_end);
+        ids.truncate(position);
+        ids
+    }
 }
 
 fn per_second(n: usize, secs: f64) -> f64 {
@@ -116,7 +135,8 @@ impl Engine {
     pub fn load_arch(arch: &ModelArch, backend: Box<dyn Backend>, opts: &model::LoadOptions) -> Result<Engine> {
         let model = model::load(arch, backend.as_ref(), opts)?;
         let codec = TextCodec::load(&arch.dir, &arch.eos_ids())?;
-        Ok(Engine { backend, model, codec, prefill_chunk: DEFAULT_PREFILL_CHUNK, drafter: None })
+        let decode_ahead = std::env::var("SLOTSTREAM_DECODE_AHEAD").map_or(true, |v| v != "0");
+        Ok(Engine { backend, model, codec, prefill_chunk: DEFAULT_PREFILL_CHUNK, drafter: None, decode_ahead })
     }
 
     /// The loaded checkpoint's description.
@@ -243,8 +263,9 @@ impl Engine {
     /// Generates from `state`, which has already consumed the first
     /// `state.position` tokens of `req.prompt_ids` (a reused prefix); feeds the
     /// rest of the prompt, then decodes. Afterwards `state` holds the prompt and
-    /// the generated tokens that were fed back (all but a final one that ended
-    /// generation by length or stop string).
+    /// the generated tokens that were fed back (all but a final one that
+    /// ended generation by length or stop string, or all of them and the
+    /// end-of-sequence token when decoding ahead: [`GenerateOutput::state_ids`]).
     pub fn generate_from(
         &self,
         state: &mut SequenceState,
@@ -296,6 +317,7 @@ impl Engine {
         let mut stops = StopMatcher::new(&req.stop);
         let mut finish = FinishReason::Length;
         let mut hit_stop_string = false;
+        let mut ended_by = None;
         // Called for every token, with an empty piece while text is held back
         // (a possible stop string, an incomplete character), so the caller can
         // cancel at every step whatever is shown.
@@ -304,13 +326,15 @@ impl Engine {
             on_text(piece)
         };
         while generated.len() < max_tokens {
-            let Some(next) = strategy.next_token(self, state, &history, &mut sampler, constraint.as_mut().map(|c| &mut **c as _))? else {
+            let more = generated.len() + 1 < max_tokens;
+            let Some(next) = strategy.next_token(self, state, &history, &mut sampler, constraint.as_mut().map(|c| &mut **c as _), more)? else {
                 // The constraint allows nothing more: the output is complete.
                 finish = FinishReason::Stop;
                 break;
             };
             if !req.ignore_eos && self.codec.eos_ids.contains(&next) {
                 finish = FinishReason::Stop;
+                ended_by = Some(next);
                 break;
             }
             let complete = match constraint.as_mut() {
@@ -336,6 +360,8 @@ impl Engine {
             }
         }
         strategy.finish(self, state)?;
+        // Decoding ahead fed the end-of-sequence token too.
+        let fed_end = ended_by.filter(|_| state.position > history.len());
         if !hit_stop_string && finish != FinishReason::Cancelled {
             // Flush an incomplete character and any text held back for stop matching.
             let tail = decoder.finish(&self.codec)?;
@@ -358,7 +384,7 @@ impl Engine {
             decode_tokens_per_second: per_second(generated.len().saturating_sub(1), decode_seconds),
             decode_experts: self.expert_stats()?.total.since(&experts_before_decode),
         };
-        Ok(GenerateOutput { prompt_ids: req.prompt_ids.clone(), generated_ids: generated, text, finish_reason: finish, stats })
+        Ok(GenerateOutput { prompt_ids: req.prompt_ids.clone(), generated_ids: generated, fed_end, text, finish_reason: finish, stats })
     }
 }
 

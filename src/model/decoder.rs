@@ -158,10 +158,37 @@ impl DecoderModel {
         if ids.is_empty() {
             bail!("forward called with no tokens");
         }
+        let x = b.embed(&self.embed, ids)?;
+        self.layers_locked(b, x, ids, ids.len(), state, experts)
+    }
+
+    /// Whether `state` can take tokens chosen on the device
+    /// ([`DecoderModel::forward_chosen`]): no layer's wiring reads token
+    /// ids, and no draft head follows the sequence.
+    pub fn feeds_chosen_tokens(&self, state: &SequenceState) -> bool {
+        self.token_context == 0 && self.draft.is_none() && state.draft.is_none() && self.layers.iter().all(|l| !l.residual.uses_token_ids())
+    }
+
+    /// [`DecoderModel::forward`] of one token chosen on the device by
+    /// `Backend::choose_greedy` (the caller checked
+    /// [`DecoderModel::feeds_chosen_tokens`]): its logits `[1, vocab]`.
+    pub fn forward_chosen(&self, b: &dyn Backend, chosen: &Tensor, state: &mut SequenceState) -> Result<Tensor> {
+        let mut guard = experts_lock(&self.experts)?;
+        let experts = &mut *guard;
+        on_compute_threads(|| {
+            let x = b.embed_chosen(&self.embed, chosen)?;
+            let h = self.layers_locked(b, x, &[], 1, state, experts)?;
+            self.logits(b, &h, 1)
+        })
+    }
+
+    /// The layers over embedded rows `x` of `n` tokens (`ids`, when the
+    /// wiring reads them).
+    fn layers_locked(&self, b: &dyn Backend, x: Tensor, ids: &[u32], n: usize, state: &mut SequenceState, experts: &mut ExpertCache) -> Result<Tensor> {
         if state.layers.len() != self.layers.len() {
             bail!("the sequence state has {} layers for a model of {}", state.layers.len(), self.layers.len());
         }
-        let mut x = b.embed(&self.embed, ids)?;
+        let mut x = x;
         if self.streams > 1 {
             x = b.repeat_cols(&x, self.streams)?;
         }
@@ -194,7 +221,7 @@ impl DecoderModel {
             let excess = recent.len().saturating_sub(self.token_context);
             recent.drain(..excess);
         }
-        state.position += ids.len();
+        state.position += n;
         x.context("no hidden state after the layers")?.form(b)
     }
 

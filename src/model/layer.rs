@@ -86,6 +86,12 @@ pub trait Residual: Send + Sync {
         0
     }
 
+    /// Whether [`ResidualInputs::ids`] are read (a forward pass of a token
+    /// chosen on the device passes none).
+    fn uses_token_ids(&self) -> bool {
+        false
+    }
+
     /// Starts work on `ids` (which follow the tokens `recent`) that needs no
     /// hidden state; its result comes back as [`ResidualInputs::read_ahead`].
     fn read_ahead<'a>(&'a self, _ids: &'a [u32], _recent: &[u32]) -> Option<ReadAhead<'a>> {

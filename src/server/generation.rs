@@ -500,11 +500,8 @@ fn run_generation(
     }
     engine.keep_hit_rate(&out.stats);
     if let Some(c) = &model.prefix_cache {
-        let mut fed = out.prompt_ids.clone();
-        fed.extend(&out.generated_ids);
-        fed.truncate(state.position);
         let mut cache = lock(c);
-        cache.insert(fed, state);
+        cache.insert(out.state_ids(state.position), state);
         let bytes: u64 = cache.states().map(|s| engine.state_bytes(s)).sum();
         model.cache_state_bytes.store(bytes as usize, Ordering::Relaxed);
     }

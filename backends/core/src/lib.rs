@@ -528,11 +528,15 @@ pub trait Backend: Send + Sync {
     }
 
     // ---- tokens chosen on the device (see [`chosen`]) ----
+    /// Whether this backend keeps chosen tokens on the device (the methods
+    /// below); a backend whose tensors are host memory gains nothing by it.
+    fn keeps_chosen_tokens(&self) -> bool {
+        false
+    }
     /// The greedy token of `logits` (`[1, vocab]`), chosen on the device
-    /// and left there: `None` where this backend has no such path (its
-    /// logits are host memory already).
-    fn choose_greedy(&self, _logits: &Tensor) -> Result<Option<Tensor>> {
-        Ok(None)
+    /// and left there.
+    fn choose_greedy(&self, _logits: &Tensor) -> Result<Tensor> {
+        Err(BackendError::Unsupported(format!("{} keeps no chosen tokens on the device", self.name())))
     }
     /// The embedding row `[1, cols]` of a token [`Backend::choose_greedy`] chose.
     fn embed_chosen(&self, _table: &Weight, _chosen: &Tensor) -> Result<Tensor> {

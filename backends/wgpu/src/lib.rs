@@ -164,8 +164,11 @@ impl Backend for WgpuBackend {
         Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
     }
 
-    fn choose_greedy(&self, logits: &Tensor) -> Result<Option<Tensor>> {
-        chosen::choose_greedy(&self.gpu, logits).map(Some)
+    fn keeps_chosen_tokens(&self) -> bool {
+        true
+    }
+    fn choose_greedy(&self, logits: &Tensor) -> Result<Tensor> {
+        chosen::choose_greedy(&self.gpu, logits)
     }
     fn embed_chosen(&self, table: &Weight, c: &Tensor) -> Result<Tensor> {
         chosen::embed_chosen(&self.gpu, table, c)

@@ -97,6 +97,10 @@ impl Residual for HyperResidual {
         self.ple.as_ref().map_or(0, |p| p.token_context())
     }
 
+    fn uses_token_ids(&self) -> bool {
+        self.ple.is_some()
+    }
+
     fn read_ahead<'a>(&'a self, ids: &'a [u32], recent: &[u32]) -> Option<ReadAhead<'a>> {
         let p = self.ple.as_ref()?;
         let context = p.context(recent);
