@@ -39,7 +39,7 @@ pub struct Engine {
     /// test instead of the head (accepted and rejected drafts on demand).
     pub drafter: Option<Drafter>,
     /// Decode greedy tokens one ahead where the backend and model allow
-    /// (`decode::Plain`); `SLOTSTREAM_DECODE_AHEAD=0` turns it off, to compare.
+    /// (`decode::Plain`; `LoadOptions::decode_ahead`).
     pub decode_ahead: bool,
 }
 
@@ -135,8 +135,7 @@ impl Engine {
     pub fn load_arch(arch: &ModelArch, backend: Box<dyn Backend>, opts: &model::LoadOptions) -> Result<Engine> {
         let model = model::load(arch, backend.as_ref(), opts)?;
         let codec = TextCodec::load(&arch.dir, &arch.eos_ids())?;
-        let decode_ahead = std::env::var("SLOTSTREAM_DECODE_AHEAD").map_or(true, |v| v != "0");
-        Ok(Engine { backend, model, codec, prefill_chunk: DEFAULT_PREFILL_CHUNK, drafter: None, decode_ahead })
+        Ok(Engine { backend, model, codec, prefill_chunk: DEFAULT_PREFILL_CHUNK, drafter: None, decode_ahead: opts.decode_ahead })
     }
 
     /// The loaded checkpoint's description.

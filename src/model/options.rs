@@ -23,6 +23,9 @@ pub struct LoadOptions {
     /// Concatenate linear layers over one input into one weight (one matmul).
     /// Off only for before/after measurements.
     pub fuse_projections: bool,
+    /// Decode greedy tokens one ahead where the backend and model allow
+    /// (`generate::Engine::decode_ahead`). Off only for before/after measurements.
+    pub decode_ahead: bool,
 }
 
 /// Default bound of the n-gram row cache.
@@ -36,16 +39,22 @@ impl Default for LoadOptions {
             ngram_cache_bytes: DEFAULT_NGRAM_CACHE_BYTES,
             preload_experts: false,
             fuse_projections: true,
+            decode_ahead: true,
         }
     }
 }
 
 impl LoadOptions {
-    /// Applies the measurement knob `SLOTSTREAM_FUSED_PROJECTIONS=0` (keep
-    /// projections apart). The only place it is read.
+    /// Applies the measurement knobs `SLOTSTREAM_FUSED_PROJECTIONS=0` (keep
+    /// projections apart) and `SLOTSTREAM_DECODE_AHEAD=0` (wait for each
+    /// token before recording the next). The only place they are read.
     pub fn with_env_overrides(mut self) -> Self {
-        if std::env::var("SLOTSTREAM_FUSED_PROJECTIONS").is_ok_and(|v| v == "0") {
+        let off = |name: &str| std::env::var(name).is_ok_and(|v| v == "0");
+        if off("SLOTSTREAM_FUSED_PROJECTIONS") {
             self.fuse_projections = false;
+        }
+        if off("SLOTSTREAM_DECODE_AHEAD") {
+            self.decode_ahead = false;
         }
         self
     }

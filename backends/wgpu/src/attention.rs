@@ -2,11 +2,13 @@
 //! embedding, and causal (optionally block-sparse) attention against a KV
 //! cache the new keys and values were already appended to (`state.rs`).
 
-use slotstream_backend::{KeySelection, Result};
+use slotstream_backend::{attention_qk_norm_composed, checks, KeySelection, QkNorm, Result, State, Tensor};
 
 use crate::gpu::{whole, Bind, Gpu};
 use crate::kernels::params;
 use crate::state::GpuKvCache;
+use crate::tensors::{buf, new_tensor};
+use crate::WgpuBackend;
 
 params! {
     /// `Params` of `wgsl/rope.wgsl`.
@@ -254,6 +256,33 @@ fn selection_rows(sel: &KeySelection, past: usize, tokens: usize) -> (Vec<u32>, 
         most = most.max(count * block + pos + 1 - own * block);
     }
     (words, most)
+}
+
+/// `Backend::attention_qk_norm` on the wgpu backend: one token (decode) in
+/// one kernel that normalises and rotates q and the fresh key as it stages
+/// them; everything else composes.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention_qk_norm(b: &WgpuBackend, [q, k, v]: [&Tensor; 3], cache: &mut State, heads: usize, scale: f32,
+    selection: Option<&KeySelection>, norm: &QkNorm<'_>) -> Result<Tensor> {
+    let c = cache.get_mut::<GpuKvCache>().ok_or_else(|| crate::not_ours("the KV cache"))?;
+    let fits = q.rows() == 1 && norm.head_dim == c.head_dim && norm.weights.iter().all(|w| w.numel() == c.head_dim);
+    if !fits || c.head_dim > ROPE_MAX_HEAD_DIM || b.gpu.limits.max_storage_buffers_per_shader_stage < 10 {
+        return attention_qk_norm_composed(b, q, k, v, cache, heads, scale, selection, norm);
+    }
+    let hd = c.head_dim;
+    checks::attention(q, k, v, heads, c.kv_heads, hd, selection)?;
+    checks::rope(&q.reshape(&[1, heads, hd])?, hd, norm.rotary_dim)?;
+    c.append_in_kernel(1)?;
+    let angles = rope_angles(&b.gpu, 1, norm.rotary_dim, norm.theta, norm.start_pos)?;
+    let rope = QkRope {
+        angles: whole(&angles),
+        weights: [buf(norm.weights[0])?, buf(norm.weights[1])?],
+        eps: norm.eps,
+        half: norm.rotary_dim / 2,
+    };
+    let (out, ob) = new_tensor(&b.gpu, heads * hd, vec![1, heads * hd])?;
+    attend(&b.gpu, c, buf(q)?, ob.bind(), 1, heads, scale, selection, Some((buf(k)?, buf(v)?)), Some(rope))?;
+    Ok(out)
 }
 
 #[cfg(test)]

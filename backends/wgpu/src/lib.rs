@@ -38,7 +38,7 @@ use std::sync::Arc;
 
 use slotstream_backend::{
     checks, shape_error, Backend, BackendError, DType, DeltaInputs, ExpertLayout, ExpertPool, GateAct, Gating, HostExpert, HostMatrix,
-    KeySelection, QkNorm, Result, Routes, State, Tensor, Weight, attention_qk_norm_composed, matmul_swiglu_composed,
+    KeySelection, QkNorm, Result, Routes, State, Tensor, Weight, matmul_swiglu_composed,
     route_matmul_composed,
 };
 use slotstream_backend::chosen::PendingRead;
@@ -445,27 +445,7 @@ impl Backend for WgpuBackend {
 
     fn attention_qk_norm(&self, q: &Tensor, k: &Tensor, v: &Tensor, cache: &mut State, heads: usize, scale: f32,
         selection: Option<&KeySelection>, norm: &QkNorm<'_>) -> Result<Tensor> {
-        let c = cache.get_mut::<GpuKvCache>().ok_or_else(|| not_ours("the KV cache"))?;
-        // One token (decode): the kernel normalises and rotates q and the
-        // fresh key as it stages them; everything else composes.
-        let fits = q.rows() == 1 && norm.head_dim == c.head_dim && norm.weights.iter().all(|w| w.numel() == c.head_dim);
-        if !fits || c.head_dim > attention::ROPE_MAX_HEAD_DIM || self.gpu.limits.max_storage_buffers_per_shader_stage < 10 {
-            return attention_qk_norm_composed(self, q, k, v, cache, heads, scale, selection, norm);
-        }
-        let hd = c.head_dim;
-        checks::attention(q, k, v, heads, c.kv_heads, hd, selection)?;
-        checks::rope(&q.reshape(&[1, heads, hd])?, hd, norm.rotary_dim)?;
-        c.append_in_kernel(1)?;
-        let angles = attention::rope_angles(&self.gpu, 1, norm.rotary_dim, norm.theta, norm.start_pos)?;
-        let rope = attention::QkRope {
-            angles: whole(&angles),
-            weights: [buf(norm.weights[0])?, buf(norm.weights[1])?],
-            eps: norm.eps,
-            half: norm.rotary_dim / 2,
-        };
-        let (out, ob) = self.output(vec![1, heads * hd])?;
-        attention::attend(&self.gpu, c, buf(q)?, ob.bind(), 1, heads, scale, selection, Some((buf(k)?, buf(v)?)), Some(rope))?;
-        Ok(out)
+        attention::attention_qk_norm(self, [q, k, v], cache, heads, scale, selection, norm)
     }
 
     fn new_conv_state(&self, channels: usize, kernel: usize, dilation: usize) -> Result<State> {
