@@ -80,7 +80,7 @@ pub(crate) fn route(gpu: &Gpu, logits: Bind<'_>, routes: Bind<'_>, tokens: usize
 /// matmul and [`route`].
 const ROUTE_MATMUL_MAX_TOKENS: usize = 8;
 /// Most router rows [`route_matmul`] takes (`moe_route`'s row cache).
-const ROUTE_MATMUL_MAX_ROWS: usize = 1024;
+pub(crate) const ROUTE_MATMUL_MAX_ROWS: usize = 1024;
 
 /// The one shard of a router the routing kernels take for `tokens` tokens
 /// (few tokens, a one-shard router of at most ROUTE_MATMUL_MAX_ROWS rows).

@@ -118,6 +118,11 @@ pub struct WgpuOptions {
     /// (`SLOTSTREAM_WGPU_SUBMIT_THREAD=0` submits on the calling thread, for
     /// measurements).
     pub submit_thread: bool,
+    /// Routers of at most this many rows (experts, plus a shared expert's
+    /// gate) are multiplied and routed in one workgroup for decode
+    /// (`moe_route_matmul`, `moe_route_norm`); larger ones take the matmul
+    /// kernels, then `moe_route` (`SLOTSTREAM_WGPU_ROUTE_ROWS`, for measurements).
+    pub route_rows: usize,
 }
 
 impl Default for WgpuOptions {
@@ -136,6 +141,7 @@ impl Default for WgpuOptions {
             matvec_split: MATVEC_SPLIT,
             immediates: true,
             submit_thread: true,
+            route_rows: crate::moe::ROUTE_MATMUL_MAX_ROWS,
         }
     }
 }
@@ -175,6 +181,7 @@ impl WgpuOptions {
                 .unwrap_or(defaults.matvec_split),
             immediates: var("SLOTSTREAM_WGPU_IMMEDIATES").map_or(defaults.immediates, |v| v != "0"),
             submit_thread: var("SLOTSTREAM_WGPU_SUBMIT_THREAD").map_or(defaults.submit_thread, |v| v != "0"),
+            route_rows: var("SLOTSTREAM_WGPU_ROUTE_ROWS").and_then(|v| v.parse().ok()).unwrap_or(defaults.route_rows),
         }
     }
 }
