@@ -2,9 +2,7 @@
 // (prepended, after weights.wgsl, to matvec.wgsl, matvec_q8.wgsl and moe.wgsl).
 //
 // Needs binding 2, `xin: array<vec4<f32>>`, declared by the kernel file: input
-// rows of `cols` floats (cols a multiple of 4); and `x_at(i)`, the vec4 at
-// index i of x where the interleaved 4-bit row dots read it (xin, or a copy
-// in workgroup memory). Each lane takes every
+// rows of `cols` floats (cols a multiple of 4). Each lane takes every
 // `lanes`-th 16-byte chunk of the weight row (one vec4<u32> load), so a
 // subgroup reads a row with full-width coalesced loads; the caller sums lanes
 // with subgroupAdd.
@@ -308,14 +306,14 @@ fn q4i_x(chunks: u32, gshift: u32, xb: u32, i: u32) -> XChunk {
     let ns = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
     let c = q4i_cols(chunks, i);
     let xi = xb + (c >> vec4<u32>(2u));
-    let x0 = x_at(xi.x);
-    let x1 = x_at(xi.x + 1u);
-    let x2 = x_at(xi.y);
-    let x3 = x_at(xi.y + 1u);
-    let x4 = x_at(xi.z);
-    let x5 = x_at(xi.z + 1u);
-    let x6 = x_at(xi.w);
-    let x7 = x_at(xi.w + 1u);
+    let x0 = xin[xi.x];
+    let x1 = xin[xi.x + 1u];
+    let x2 = xin[xi.y];
+    let x3 = xin[xi.y + 1u];
+    let x4 = xin[xi.z];
+    let x5 = xin[xi.z + 1u];
+    let x6 = xin[xi.w];
+    let x7 = xin[xi.w + 1u];
     let sx = vec4<f32>(dot(x0 + x1, one), dot(x2 + x3, one), dot(x4 + x5, one), dot(x6 + x7, one));
     return XChunk(x0 * ns, x1 * ns, x2 * ns, x3 * ns, x4 * ns, x5 * ns, x6 * ns, x7 * ns, sx, c >> vec4<u32>(gshift));
 }

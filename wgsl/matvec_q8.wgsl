@@ -37,11 +37,6 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> xin: array<vec4<f32>>;
-
-// Where dot.wgsl's interleaved row dots read x.
-fn x_at(i: u32) -> vec4<f32> {
-    return xin[i];
-}
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 @group(0) @binding(4) var<storage, read> xq: array<vec4<u32>>;
 @group(0) @binding(5) var<storage, read_write> xq_out: array<vec4<u32>>;

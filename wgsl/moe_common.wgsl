@@ -28,11 +28,6 @@ struct Params {
 
 const NO_SLOT: u32 = 0xffffffffu;
 
-// Where dot.wgsl's interleaved row dots read x.
-fn x_at(i: u32) -> vec4<f32> {
-    return xin[i];
-}
-
 // Each subgroup's partial sums of one quad of rows (moe_down_combine,
 // moe_gate_up, moe_route_matmul).
 var<workgroup> partial4: array<vec4<f32>, 256>;

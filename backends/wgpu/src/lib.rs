@@ -333,11 +333,7 @@ impl Backend for WgpuBackend {
         checks::matmul(x, gw.experts, gw.rows, gw.cols)?;
         let tokens = x.rows();
         let (out, ob) = self.output(vec![tokens, gw.rows])?;
-        let choice = self.matmul_choice();
-        let fused = tokens == 1 && self.options.norm_matvec && matmul::matvec_taking_norm(&self.gpu, &choice, buf(x)?, gw, ob.bind())?;
-        if !fused {
-            matmul::matmul_into(&self.gpu, &choice, buf(x)?, tokens, gw, ob.bind())?;
-        }
+        matmul::matmul_into(&self.gpu, &self.matmul_choice(), buf(x)?, tokens, gw, ob.bind())?;
         Ok(out)
     }
 
@@ -525,7 +521,8 @@ impl Backend for WgpuBackend {
         let extra_cols = gw.rows - gating.experts;
         let (extra, eb) = self.output(vec![tokens, extra_cols.max(1)])?;
         let x_bind = buf(x)?;
-        if let Some(h) = self.gpu.take_held(|h: &norm::HeldNorm| h.computes(x_bind) && moe::route_norm_fits(gw, h))? {
+        let ours = |h: &norm::HeldNorm| buf(&h.out).is_ok_and(|o| o.buffer == x_bind.buffer && o.offset == x_bind.offset);
+        if let Some(h) = self.gpu.take_held(|h: &norm::HeldNorm| ours(h) && moe::route_norm_fits(gw, h))? {
             moe::route_norm(&self.gpu, gw, &h, rb.bind(), eb.bind(), gating)?;
             return Ok((Routes { tensor, gating }, (extra_cols > 0).then_some(extra)));
         }

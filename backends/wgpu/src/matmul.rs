@@ -8,12 +8,10 @@ use slotstream_backend::Result;
 use crate::gpu::{whole, Bind, Gpu, GpuBuf};
 use crate::kernels::params;
 use crate::options::MatmulMode;
-use crate::norm::HeldNorm;
-use crate::tensors::buf;
 use crate::weights::{GpuWeight, Shard, WeightDesc};
 
 params! {
-    /// `Params` of `wgsl/matvec_common.wgsl` (matvec.wgsl, matvec_norm.wgsl).
+    /// `Params` of `wgsl/matvec.wgsl`.
     pub struct MatvecParams {
         w: WeightDesc,
         /// Rows of the shard.
@@ -33,8 +31,7 @@ params! {
         /// One token of interleaved 4-bit weights at four rows per subgroup:
         /// subgroups sharing one quad of rows (1, 2 or 4).
         parts: u32,
-        /// `matvec_norm`: the norm's epsilon.
-        eps: f32,
+        _pad0: u32,
         _pad1: u32,
         _pad2: u32,
     }
@@ -184,58 +181,6 @@ fn matvec(gpu: &Gpu, s: &Shard, x: Bind<'_>, out: Bind<'_>, tokens: usize, total
     gpu.dispatch("matvec", &params, &[(W, whole(&s.buffer)), (W_WORDS, whole(&s.buffer)), (X, x), (OUT, out)], groups)
 }
 
-// Bindings of matvec_norm (wgsl/matvec_norm.wgsl).
-const NORM_BASE: u32 = 7;
-const NORM_ADDEND: u32 = 8;
-const NORM_WEIGHT: u32 = 9;
-const NORM_SUM: u32 = 10;
-const NORM_OUT: u32 = 11;
-/// Longest row `matvec_norm` takes (its workgroup copy of the normed row).
-const MATVEC_NORM_MAX_COLS: usize = 4096;
-
-/// The one-token product of `x` by `w` into `out` with the held
-/// `add_rms_norm` that computes `x` taken into the same dispatch
-/// (`matvec_norm`: every workgroup normalises the row itself), where the held
-/// dispatch is that norm and the weight suits the kernel: one interleaved
-/// 4-bit shard, not in int8 mode. `false`: nothing recorded.
-pub(crate) fn matvec_taking_norm(gpu: &Gpu, choice: &MatmulChoice, x: Bind<'_>, w: &GpuWeight, out: Bind<'_>) -> Result<bool> {
-    let [s] = &w.shards[..] else {
-        return Ok(false);
-    };
-    let suits = s.desc.is_interleaved_q4() && w.experts == 1 && w.cols <= MATVEC_NORM_MAX_COLS && !takes_int8(choice, 1, w);
-    let ours = |h: &HeldNorm| h.computes(x) && h.x.shape() == [1, w.cols] && h.weight.numel() == w.cols;
-    let Some(h) = (if suits { gpu.take_held(ours)? } else { None }) else {
-        return Ok(false);
-    };
-    let group_rows = if s.rows >= choice.q4_eight_rows_from { 8 } else { 4 };
-    let parts = if group_rows == 4 { gpu.row_parts(s.desc.row_words as usize / 4) } else { 1 };
-    let params = MatvecParams {
-        w: s.desc,
-        rows: s.rows as u32,
-        tokens: 1,
-        out_cols: w.rows as u32,
-        out_off: 0,
-        x_cols: w.cols as u32,
-        group_rows: group_rows as u32,
-        parts: parts as u32,
-        eps: h.eps,
-        ..Default::default()
-    };
-    let binds = [
-        (W, whole(&s.buffer)),
-        (W_WORDS, whole(&s.buffer)),
-        (OUT, out),
-        (NORM_BASE, buf(&h.x)?),
-        (NORM_ADDEND, buf(&h.y)?),
-        (NORM_WEIGHT, buf(&h.weight)?),
-        (NORM_SUM, buf(&h.sum)?),
-        (NORM_OUT, buf(&h.out)?),
-    ];
-    let groups = [gpu.subgroup_grid(s.rows.div_ceil(group_rows) * parts, 256), 1, 1];
-    gpu.dispatch("matvec_norm", &params, &binds, groups)?;
-    Ok(true)
-}
-
 /// What `matvec_epilogue` does with a one-token product.
 pub(crate) enum Epilogue<'a> {
     /// `out[r] = silu(W[r] . x) * (W[rows/2 + r] . x)`, `r < rows / 2`.
@@ -300,21 +245,16 @@ fn matmul_tiled(gpu: &Gpu, s: &Shard, x: Bind<'_>, out: Bind<'_>, tokens: usize,
 }
 
 /// `out = x @ W^T` for `x: [tokens, w.cols]`, shard by shard.
-/// Whether a product of `tokens` tokens by `w` takes the int8 kernels: one
-/// token against a large interleaved 4-bit weight (every shard of a weight
-/// has the same layout) in int8 mode.
-fn takes_int8(choice: &MatmulChoice, tokens: usize, w: &GpuWeight) -> bool {
-    choice.mode == MatmulMode::Int8
+pub(crate) fn matmul_into(gpu: &Gpu, choice: &MatmulChoice, x: Bind<'_>, tokens: usize, w: &GpuWeight, out: Bind<'_>) -> Result<()> {
+    let total_rows = w.experts * w.rows;
+    // Int8 mode: one token against a large interleaved 4-bit weight (every
+    // shard of a weight has the same layout) quantizes x once for all shards.
+    let int8 = choice.mode == MatmulMode::Int8
         && tokens == 1
         && w.bytes >= choice.int8_min_bytes
         && w.cols % 32 == 0
-        && w.shards.iter().all(|s| s.desc.is_interleaved_q4())
-}
-
-pub(crate) fn matmul_into(gpu: &Gpu, choice: &MatmulChoice, x: Bind<'_>, tokens: usize, w: &GpuWeight, out: Bind<'_>) -> Result<()> {
-    let total_rows = w.experts * w.rows;
-    // Int8 mode quantizes x once for all shards.
-    let xq = if takes_int8(choice, tokens, w) { Some(quantize_x8(gpu, x, w.cols)?) } else { None };
+        && w.shards.iter().all(|s| s.desc.is_interleaved_q4());
+    let xq = if int8 { Some(quantize_x8(gpu, x, w.cols)?) } else { None };
     for s in &w.shards {
         if let Some(xq) = &xq {
             matvec_q8(gpu, s, xq, out, total_rows, w.cols)?;

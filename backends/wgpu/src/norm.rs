@@ -117,9 +117,8 @@ pub(crate) fn add_rms_norm(
     }
 }
 
-/// A one-token `add_rms_norm` held back (`Gpu::hold`) for the kernel of
-/// the op that reads its normed row to take in (`moe::route_norm`,
-/// `matmul::matvec_taking_norm`): its tensors and epsilon.
+/// A one-token `add_rms_norm` held back (`Gpu::hold`) for a routing kernel
+/// to take in (`moe::route_norm`): its tensors and epsilon.
 pub(crate) struct HeldNorm {
     pub x: Tensor,
     pub y: Tensor,
@@ -127,13 +126,6 @@ pub(crate) struct HeldNorm {
     pub sum: Tensor,
     pub out: Tensor,
     pub eps: f32,
-}
-
-impl HeldNorm {
-    /// Whether `x` is this norm's normed row.
-    pub fn computes(&self, x: Bind<'_>) -> bool {
-        buf(&self.out).is_ok_and(|o| o.buffer == x.buffer && o.offset == x.offset)
-    }
 }
 
 /// Per-head RMSNorm of `x: [tokens, heads, dim]` with `weight` (`dim`

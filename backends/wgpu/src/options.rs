@@ -123,11 +123,6 @@ pub struct WgpuOptions {
     /// (`moe_route_matmul`, `moe_route_norm`); larger ones take the matmul
     /// kernels, then `moe_route` (`SLOTSTREAM_WGPU_ROUTE_ROWS`, for measurements).
     pub route_rows: usize,
-    /// A one-token residual norm whose output a one-shard interleaved 4-bit
-    /// matmul reads next runs inside that matmul's kernel (`matvec_norm`;
-    /// `SLOTSTREAM_WGPU_NORM_MATVEC=0` keeps it a dispatch of its own, for
-    /// measurements).
-    pub norm_matvec: bool,
 }
 
 impl Default for WgpuOptions {
@@ -147,7 +142,6 @@ impl Default for WgpuOptions {
             immediates: true,
             submit_thread: true,
             route_rows: crate::moe::ROUTE_MATMUL_MAX_ROWS,
-            norm_matvec: true,
         }
     }
 }
@@ -188,7 +182,6 @@ impl WgpuOptions {
             immediates: var("SLOTSTREAM_WGPU_IMMEDIATES").map_or(defaults.immediates, |v| v != "0"),
             submit_thread: var("SLOTSTREAM_WGPU_SUBMIT_THREAD").map_or(defaults.submit_thread, |v| v != "0"),
             route_rows: var("SLOTSTREAM_WGPU_ROUTE_ROWS").and_then(|v| v.parse().ok()).unwrap_or(defaults.route_rows),
-            norm_matvec: var("SLOTSTREAM_WGPU_NORM_MATVEC").map_or(defaults.norm_matvec, |v| v != "0"),
         }
     }
 }
