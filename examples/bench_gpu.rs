@@ -260,7 +260,7 @@ fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool
     let record = e.model.experts.lock().map_err(|_| anyhow::anyhow!("expert cache poisoned"))?.store().record_bytes as usize;
     let embed_read = if std::ptr::eq(&e.model.embed, &e.model.lm_head) { 0 } else { e.model.embed.bytes };
     let per_token = e.model.resident_bytes - embed_read + moe_layers * e.arch().text.num_experts_per_tok * record;
-    // Warm up: a prompt long enough to bring (nearly) every expert into the pool.
+    // Warm up (every expert was read at load): the prompt the decode follows.
     let mut rng = Lcg(7);
     let prompt: Vec<u32> = (0..args.prompt).map(|_| rng.word() % e.vocab_size() as u32).collect();
     let mut state = e.new_state()?;
