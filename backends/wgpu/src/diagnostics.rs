@@ -4,10 +4,11 @@
 
 use std::sync::Arc;
 
-use slotstream_backend::{shape_error, BackendError, Result, Tensor};
+use slotstream_backend::{shape_error, BackendError, ExpertPool, Result, Tensor};
 
 use crate::gpu::FamilyTime;
 use crate::tensors::buf;
+use crate::weights::GpuPool;
 use crate::{matmul, WgpuBackend};
 
 impl WgpuBackend {
@@ -38,6 +39,12 @@ impl WgpuBackend {
     /// sharding with small matrices. 0 restores the adapter's limit.
     pub fn cap_shard_bytes(&self, bytes: u64) {
         self.gpu.binding_cap.store(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Bytes of one slot's larger matrix in an expert pool of this backend:
+    /// with [`WgpuBackend::cap_shard_bytes`], tests size shards in slots.
+    pub fn expert_pool_slot_bytes(&self, pool: &ExpertPool) -> Option<usize> {
+        pool.get::<GpuPool>().map(GpuPool::largest_slot_matrix)
     }
 
     /// Smallest and largest subgroup size the adapter reports.

@@ -546,16 +546,18 @@ impl Backend for WgpuBackend {
 
     fn map_experts(&self, pool: &mut ExpertPool, entries: &[(u32, Option<u32>)]) -> Result<()> {
         checks::map_experts(entries, pool.keys, pool.slots)?;
-        let p = pool.get::<GpuPool>().ok_or_else(|| not_ours("the expert pool"))?;
+        let p = pool.get_mut::<GpuPool>().ok_or_else(|| not_ours("the expert pool"))?;
         let words: Vec<[u32; 2]> = entries.iter().map(|&(k, s)| [k, s.unwrap_or(moe::NO_SLOT)]).collect();
-        moe::map(&self.gpu, &p.table, &words)
+        moe::map(&self.gpu, &p.table, &words)?;
+        p.mapped(&words);
+        Ok(())
     }
 
     fn moe_expert_outputs(&self, x: &Tensor, pool: &ExpertPool, routes: &Routes, key_base: usize) -> Result<Tensor> {
         let p = pool.get::<GpuPool>().ok_or_else(|| not_ours("the expert pool"))?;
         let (tokens, top_k) = checks::moe_routes(x, p.gate_up.layout_cols(), routes, key_base, pool.keys)?;
         let (out, ob) = self.output(vec![tokens, top_k, x.cols()])?;
-        let call = moe::Call { pool: p, x: buf(x)?, routes: buf(&routes.tensor)?, tokens, gating: routes.gating, key_base };
+        let call = moe::Call::new(p, buf(x)?, buf(&routes.tensor)?, tokens, routes.gating, key_base);
         moe::expert_outputs(&self.gpu, &call, ob.buffer())?;
         Ok(out)
     }
@@ -564,7 +566,7 @@ impl Backend for WgpuBackend {
         let p = pool.get::<GpuPool>().ok_or_else(|| not_ours("the expert pool"))?;
         let (tokens, _) = checks::moe_routes(x, p.gate_up.layout_cols(), routes, key_base, pool.keys)?;
         let (out, ob) = self.output(vec![tokens, x.cols()])?;
-        let call = moe::Call { pool: p, x: buf(x)?, routes: buf(&routes.tensor)?, tokens, gating: routes.gating, key_base };
+        let call = moe::Call::new(p, buf(x)?, buf(&routes.tensor)?, tokens, routes.gating, key_base);
         match moe::fused(&self.gpu, &call, ob.bind())? {
             Some(()) => Ok(out),
             None => {

@@ -178,6 +178,16 @@ pub(crate) struct Call<'a> {
     pub tokens: usize,
     pub gating: Gating,
     pub key_base: usize,
+    /// The pool shards holding the layer's experts: the only ones the
+    /// kernels run over.
+    pub shards: std::ops::Range<usize>,
+}
+
+impl<'a> Call<'a> {
+    pub fn new(pool: &'a GpuPool, x: Bind<'a>, routes: Bind<'a>, tokens: usize, gating: Gating, key_base: usize) -> Call<'a> {
+        let shards = pool.shards_of(key_base, gating.experts);
+        Call { pool, x, routes, tokens, gating, key_base, shards }
+    }
 }
 
 /// `silu(gate x) * up x` of every assignment, `[tokens * top_k, inter]`
@@ -187,7 +197,7 @@ fn activations(gpu: &Gpu, c: &Call<'_>) -> Result<GpuBuf> {
     let (hidden, inter) = (pool.gate_up.layout_cols(), pool.intermediate);
     let n = c.tokens * c.gating.top_k;
     let act = gpu.alloc(4 * (n * inter).max(1) as u64)?;
-    for shard in 0..pool.shards() {
+    for shard in c.shards.clone() {
         for (start, count) in runs(n) {
             let run = Run { gpu, c, shard, start, count };
             run.dispatch("moe_gate_up", &pool.gate_up, inter, hidden, inter, &[(X, c.x), (OUT, act.bind())])?;
@@ -220,7 +230,7 @@ pub(crate) fn expert_outputs(gpu: &Gpu, c: &Call<'_>, out: &wgpu::Buffer) -> Res
         return tiled_outputs(gpu, c, out);
     }
     let act = activations(gpu, c)?;
-    for shard in 0..pool.shards() {
+    for shard in c.shards.clone() {
         for (start, count) in runs(n) {
             let run = Run { gpu, c, shard, start, count };
             run.dispatch("moe_down", &pool.down, hidden, inter, hidden, &[(X, act.bind()), (OUT, whole(out))])?;
@@ -230,12 +240,13 @@ pub(crate) fn expert_outputs(gpu: &Gpu, c: &Call<'_>, out: &wgpu::Buffer) -> Res
 }
 
 /// The weighted sum of the routed experts' outputs, `out: [tokens, hidden]`,
-/// when the pool is one shard and the call is decode-sized: two dispatches
-/// (gate and up, then down with the weighted sum); `None` for a sharded pool
-/// or a prefill-sized call (the caller runs [`expert_outputs`] and [`combine`]).
+/// when the layer's experts are in one pool shard and the call is
+/// decode-sized: two dispatches (gate and up, then down with the weighted
+/// sum); `None` for a layer across shards or a prefill-sized call (the caller
+/// runs [`expert_outputs`] and [`combine`]).
 pub(crate) fn fused(gpu: &Gpu, c: &Call<'_>, out: Bind<'_>) -> Result<Option<()>> {
     let pool = c.pool;
-    if pool.shards() != 1 {
+    if c.shards.len() != 1 {
         return Ok(None);
     }
     if c.tokens == 0 {
@@ -247,7 +258,7 @@ pub(crate) fn fused(gpu: &Gpu, c: &Call<'_>, out: Bind<'_>) -> Result<Option<()>
     let (hidden, inter) = (pool.gate_up.layout_cols(), pool.intermediate);
     let act = activations(gpu, c)?;
     for (start, count) in runs(c.tokens) {
-        let run = Run { gpu, c, shard: 0, start, count };
+        let run = Run { gpu, c, shard: c.shards.start, start, count };
         run.dispatch("moe_down_combine", &pool.down, hidden, inter, hidden, &[(X, act.bind()), (OUT, out)])?;
     }
     Ok(Some(()))
@@ -265,7 +276,7 @@ fn tiled_outputs(gpu: &Gpu, c: &Call<'_>, out: &wgpu::Buffer) -> Result<()> {
     let sort = gpu.alloc(4 * (1 + experts + 2 * max_tiles + pairs) as u64)?;
     let act = gpu.alloc(4 * (pairs * inter) as u64)?;
     let table = whole(&pool.table);
-    for shard in 0..pool.shards() {
+    for shard in c.shards.clone() {
         let base = shard * pool.per_shard;
         let shard_slots = pool.shard_slots(shard);
         let params = |m: &PoolMatrix, rows: usize, x_cols: usize, out_cols: usize| TiledParams {

@@ -339,6 +339,9 @@ pub struct GpuPool {
     pub per_shard: usize,
     /// The slot table: u32 slot of each key, `moe::NO_SLOT` for none.
     pub table: wgpu::Buffer,
+    /// The host's copy of the slot table, as of the last recorded mapping:
+    /// which shards a layer's experts are in.
+    host_table: Vec<u32>,
 }
 
 impl GpuPool {
@@ -376,11 +379,50 @@ impl GpuPool {
                 &vec![0xff; 4 * keys.max(1)],
                 wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
             ),
+            host_table: vec![crate::moe::NO_SLOT; keys],
         })
+    }
+
+    /// Records slot table entries `[key, slot or NO_SLOT]` in the host's copy
+    /// (the device's are set by `moe::map`; the caller checked the keys).
+    pub fn mapped(&mut self, entries: &[[u32; 2]]) {
+        for &[key, slot] in entries {
+            if let Some(e) = self.host_table.get_mut(key as usize) {
+                *e = slot;
+            }
+        }
+    }
+
+    /// The shards holding the slots of keys `[key_base, key_base + keys)` (a
+    /// layer's experts): every shard from the first to the last that holds
+    /// one of them, none when none has a slot. A pool that holds the model
+    /// keeps each layer's experts in consecutive slots, so a layer is in one
+    /// shard, or two where a shard ends inside it.
+    pub fn shards_of(&self, key_base: usize, keys: usize) -> std::ops::Range<usize> {
+        if self.shards() == 1 {
+            return 0..1;
+        }
+        let end = (key_base + keys).min(self.host_table.len());
+        let mapped = self.host_table.get(key_base..end).unwrap_or_default().iter().filter(|&&s| s != crate::moe::NO_SLOT);
+        let (lo, hi) = mapped.fold((usize::MAX, 0), |(lo, hi), &s| {
+            let shard = s as usize / self.per_shard;
+            (lo.min(shard), hi.max(shard + 1))
+        });
+        if lo > hi {
+            0..0
+        } else {
+            lo..hi
+        }
     }
 
     pub fn bytes(&self) -> usize {
         (self.gate_up.slot_bytes() + self.down.slot_bytes()) * self.slots
+    }
+
+    /// Bytes of a slot's larger matrix (gate and up, or down): what one
+    /// shard holds a whole number of.
+    pub fn largest_slot_matrix(&self) -> usize {
+        self.gate_up.slot_bytes().max(self.down.slot_bytes())
     }
 
     /// Slots held by shard `shard`.

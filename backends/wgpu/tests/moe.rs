@@ -381,3 +381,49 @@ fn resident_pool_of_interleaved_slots() {
         }
     }
 }
+
+/// A pool that holds every expert in several shards, each layer's experts in
+/// consecutive slots (as a pool read in full at load keeps them): a
+/// decode-sized call for a layer within one shard takes the fused kernels on
+/// that shard alone, one for a layer across two shards the per-shard kernels
+/// on those two; the outputs are the CPU backend's.
+#[test]
+fn a_sharded_resident_pool_runs_each_layer_on_its_own_shards() {
+    if gpu().is_none() {
+        return;
+    }
+    let (hidden, inter, experts, layers) = (128, 64, 4, 3);
+    let keys = experts * layers;
+    let gating = Gating { experts, top_k: 2, normalize: true };
+    let format = affine(4, 64);
+    let layout = ExpertLayout { hidden, intermediate: inter, gate: format, up: format, down: format };
+    let mut rng = Rng::new(47);
+    let weights = random_experts(&mut rng, format, hidden, inter, keys);
+    let (x, logits) = (rng.vec(hidden, 2.0), rng.vec(experts, 3.0));
+    let run = |b: &dyn Backend| -> Vec<f32> {
+        let mut pool = b.new_expert_pool(&layout, keys, keys).unwrap();
+        for (slot, e) in weights.iter().enumerate() {
+            b.write_expert(&mut pool, slot, &HostExpert { gate: e.gate.clone(), up: e.up.clone(), down: e.down.clone() }).unwrap();
+        }
+        b.map_experts(&mut pool, &(0..keys as u32).map(|k| (k, Some(k))).collect::<Vec<_>>()).unwrap();
+        let routes = b.route(&up(b, &logits, &[1, experts]), gating).unwrap();
+        let xt = up(b, &x, &[1, hidden]);
+        (0..layers).flat_map(|l| b.download(&b.moe(&xt, &pool, &routes, l * experts).unwrap()).unwrap()).collect()
+    };
+    let want = run(&CpuBackend::exact());
+    // A backend of its own, shards of six slots: layer 0 in shard 0, layer 1
+    // across shards 0 and 1, layer 2 in shard 1.
+    let sharded = WgpuBackend::new(&AdapterChoice::allow_software()).expect("GPU adapter");
+    let probe = sharded.new_expert_pool(&layout, keys, keys).unwrap();
+    let slot_bytes = sharded.expert_pool_slot_bytes(&probe).expect("a pool of this backend");
+    sharded.cap_shard_bytes((64 + 6 * slot_bytes) as u64);
+    sharded.set_profiling(true).expect("timestamp queries (the profile counts dispatches)");
+    let got = run(&sharded);
+    let err = rel_l2(&got, &want);
+    assert!(err <= TOL, "a sharded resident pool differs from the CPU backend: rel L2 {err:.3e}");
+    let profile = sharded.kernel_profile();
+    let dispatches = |name: &str| profile.iter().find(|(n, _)| n == name).map_or(0, |(_, t)| t.dispatches);
+    assert_eq!(dispatches("moe_down_combine"), 2, "layers 0 and 2, one shard each: {profile:?}");
+    assert_eq!(dispatches("moe_down"), 2, "layer 1, on its two shards: {profile:?}");
+    assert_eq!(dispatches("moe_gate_up"), 4, "{profile:?}");
+}
