@@ -512,7 +512,7 @@ impl Backend for WgpuBackend {
     fn route_matmul(&self, x: &Tensor, router: &Weight, gating: Gating) -> Result<(Routes, Option<Tensor>)> {
         let gw = weight(router)?;
         checks::matmul(x, gw.experts, gw.rows, gw.cols)?;
-        if gw.rows < gating.experts || gating.experts == 0 || gw.rows > self.options.route_rows {
+        if gw.rows < gating.experts || gating.experts == 0 || gw.rows > self.options.route_rows.min(moe::ROUTE_MATMUL_MAX_ROWS) {
             return route_matmul_composed(self, x, router, gating);
         }
         checks::gating(gating)?;

@@ -50,6 +50,13 @@ const Q4_EIGHT_ROWS_FROM: usize = 8192;
 /// rows (a row of 2048 columns gives two subgroups a share each, 4096 four).
 const MATVEC_SPLIT: usize = 4;
 
+/// Routers of at most this many rows are multiplied and routed in one
+/// workgroup for decode. That workgroup walks a 128-row router's columns 16
+/// times per lane; as a matmul (every SM) and then `moe_route`, Qwen3-30B-A3B's
+/// real shape (128 experts) decoded 21% faster on an H200 (BENCHMARKS.md,
+/// "decoding one token ahead").
+const ROUTE_ONE_WORKGROUP_ROWS: usize = 64;
+
 /// Dispatches per submission by default. Each submission costs the host
 /// (wgpu encodes and tracks the whole command buffer there) and the GPU a
 /// gap; 64 decoded qwen3_moe's trunk 33% faster than 16 on an H200, and a
@@ -141,7 +148,7 @@ impl Default for WgpuOptions {
             matvec_split: MATVEC_SPLIT,
             immediates: true,
             submit_thread: true,
-            route_rows: crate::moe::ROUTE_MATMUL_MAX_ROWS,
+            route_rows: ROUTE_ONE_WORKGROUP_ROWS,
         }
     }
 }

@@ -7,7 +7,7 @@ use common::check::{affine, check, format_name, matrix, up, TOL};
 use common::{gpu, rel_l2, Rng};
 use slotstream_backend::{routing, Backend, DType, ExpertLayout, ExpertPool, Gating, HostExpert, MatrixFormat, Routes, Tensor};
 use slotstream_cpu::CpuBackend;
-use slotstream_wgpu::{AdapterChoice, WgpuBackend};
+use slotstream_wgpu::{AdapterChoice, WgpuBackend, WgpuOptions};
 
 /// Router logits that pick, for token `t`, the experts `picks[t]` in that
 /// order (the rest far below), with a spread of weights.
@@ -73,10 +73,20 @@ fn routing_kernel_matches_the_host_reference() {
 /// The router's product fused into the routing (`moe_route_matmul`, up to
 /// eight tokens; more take the separate product), with a shared expert's
 /// gate row after the router's: the ids equal the host reference's on the
-/// GPU's own product, the weights and the extra column match the CPU's.
+/// GPU's own product, the weights and the extra column match the CPU's. A
+/// backend that routes routers of up to 1024 rows in one workgroup runs the
+/// cases the default routes as a matmul (128 rows) through that kernel too.
 #[test]
 fn routing_with_the_router_product() {
-    let Some(g) = gpu() else { return };
+    let Some(shared) = gpu() else { return };
+    let options = WgpuOptions { route_rows: 1024, ..WgpuOptions::from_env() };
+    let wide = WgpuBackend::with_options(&AdapterChoice::allow_software(), options).expect("GPU adapter");
+    for g in [shared, &wide] {
+        routing_with_the_router_product_on(g);
+    }
+}
+
+fn routing_with_the_router_product_on(g: &WgpuBackend) {
     let cpu = CpuBackend::exact();
     let mut rng = Rng::new(23);
     let cols = 256;
