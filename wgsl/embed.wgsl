@@ -51,6 +51,15 @@ fn beats(v: f32, i: u32, v0: f32, i0: u32) -> bool {
     return i != NO_TOKEN && (i0 == NO_TOKEN || v > v0 || (v == v0 && i < i0));
 }
 
+// Offers candidate (v, i) to invocation li's entry of best_v/best_i (its best
+// so far; best_i[li] = NO_TOKEN before the first offer).
+fn offer(li: u32, v: f32, i: u32) {
+    if (beats(v, i, best_v[li], best_i[li])) {
+        best_v[li] = v;
+        best_i[li] = i;
+    }
+}
+
 // Folds entries [0, n) of best_v/best_i (n a power of two) into entry 0;
 // every invocation of the workgroup calls it.
 fn fold_best(li: u32, n: u32) {
@@ -69,8 +78,7 @@ fn argmax_parts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     let per = (p.count + p.parts - 1u) / p.parts;
     let start = wid.x * per;
     let end = min(p.count, start + per);
-    var bv = 0.0;
-    var bi = NO_TOKEN;
+    best_i[li] = NO_TOKEN;
     for (var i = start + li; i < end; i += 256u) {
         let bits = bitcast<u32>(logits[i]);
         var v = bitcast<f32>(bits);
@@ -81,13 +89,8 @@ fn argmax_parts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
             // +infinity: a NaN first logit wins.
             v = bitcast<f32>(0x7F800000u | (bits & 0u));
         }
-        if (beats(v, i, bv, bi)) {
-            bv = v;
-            bi = i;
-        }
+        offer(li, v, i);
     }
-    best_v[li] = bv;
-    best_i[li] = bi;
     fold_best(li, 256u);
     if (li == 0u) {
         chosen[2u * wid.x] = bitcast<u32>(best_v[0]);
@@ -97,18 +100,10 @@ fn argmax_parts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
 
 @compute @workgroup_size(64)
 fn embed_chosen(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    var bv = 0.0;
-    var bi = NO_TOKEN;
+    best_i[li] = NO_TOKEN;
     for (var k = li; k < p.parts; k += 64u) {
-        let v = bitcast<f32>(chosen[2u * k]);
-        let i = chosen[2u * k + 1u];
-        if (beats(v, i, bv, bi)) {
-            bv = v;
-            bi = i;
-        }
+        offer(li, bitcast<f32>(chosen[2u * k]), chosen[2u * k + 1u]);
     }
-    best_v[li] = bv;
-    best_i[li] = bi;
     fold_best(li, 64u);
     // No candidate at all (every logit NaN): token 0, as the host's argmax.
     let id = select(best_i[0], 0u, best_i[0] == NO_TOKEN);

@@ -70,6 +70,18 @@ impl Best {
     }
 }
 
+/// The rule as a plain scan (the tests' oracle): the first logit greater
+/// than the best so far, starting from logit 0 (which a NaN then keeps).
+pub fn scan(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
 /// A chosen token's read-back, started and not finished yet.
 pub struct PendingRead(pub Box<dyn Any + Send>);
 
@@ -87,17 +99,6 @@ mod tests {
             })
             .collect();
         Best::merge(&pairs)
-    }
-
-    /// A plain scan keeping the first value greater than the best so far.
-    fn scan(l: &[f32]) -> u32 {
-        let mut best = 0;
-        for (i, &v) in l.iter().enumerate() {
-            if v > l[best] {
-                best = i;
-            }
-        }
-        best as u32
     }
 
     #[test]

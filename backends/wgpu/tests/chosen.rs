@@ -6,19 +6,9 @@ mod common;
 
 use common::check::{affine, matrix};
 use common::Rng;
+use slotstream_backend::chosen::scan;
 use slotstream_backend::{Backend, Tensor};
 use slotstream_wgpu::{AdapterChoice, WgpuBackend};
-
-/// The first value greater than the best so far, from logit 0.
-fn scan(l: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in l.iter().enumerate() {
-        if v > l[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
 
 fn chosen(b: &dyn Backend, logits: &[f32]) -> u32 {
     let t = b.upload(logits, &[1, logits.len()]).expect("upload");
