@@ -91,12 +91,15 @@ impl Sampler {
         if p.temperature == 0.0 {
             return argmax(&logits);
         }
-        // Candidates sorted by logit, most likely first.
-        let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
-        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        if p.top_k > 0 {
-            cand.truncate(p.top_k);
+        // Candidates sorted by logit, most likely first (ties to the lower
+        // id); with top-k, only the k best are picked out, then sorted.
+        let mut keys: Vec<u64> = logits.iter().enumerate().map(|(i, &l)| rank_key(i as u32, l)).collect();
+        if p.top_k > 0 && p.top_k < keys.len() {
+            keys.select_nth_unstable(p.top_k - 1);
+            keys.truncate(p.top_k);
         }
+        keys.sort_unstable();
+        let cand: Vec<(u32, f32)> = keys.iter().map(|&k| (k as u32, logits[k as u32 as usize])).collect();
         let max = cand[0].1;
         let mut probs: Vec<f32> = cand.iter().map(|(_, l)| ((l - max) / p.temperature).exp()).collect();
         let total: f32 = probs.iter().sum();
@@ -158,6 +161,18 @@ impl Sampler {
     }
 }
 
+/// A candidate's sort key: ascending keys order logits from the largest
+/// down (as `f32::total_cmp` orders them, reversed), ties to the lower id.
+/// Whole-integer keys sort several times faster than a comparator over
+/// `(id, logit)` pairs (a vocabulary of 152k every sampled token).
+fn rank_key(id: u32, logit: f32) -> u64 {
+    let bits = logit.to_bits();
+    // total_cmp's order as unsigned integers: negatives flipped whole,
+    // positives above them.
+    let ascending = if bits >> 31 == 1 { !bits } else { bits | 0x8000_0000 };
+    (u64::from(!ascending) << 32) | u64::from(id)
+}
+
 /// Index of the largest logit (the lowest index among equals; NaN never
 /// wins, and a NaN first logit is kept as the answer, as a scan comparing
 /// each logit with the best so far would).
@@ -202,6 +217,76 @@ fn clock_seed() -> u64 {
 mod tests {
     use super::*;
 
+    /// The sampler as it was written first (a comparator sort of every
+    /// candidate, then top-k): what [`Sampler::sample`] must still pick.
+    fn reference_sample(p: &SamplingParams, rng: &mut ChaCha8Rng, logits: &[f32]) -> u32 {
+        let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        if p.top_k > 0 {
+            cand.truncate(p.top_k);
+        }
+        let max = cand[0].1;
+        let mut probs: Vec<f32> = cand.iter().map(|(_, l)| ((l - max) / p.temperature).exp()).collect();
+        let total: f32 = probs.iter().sum();
+        probs.iter_mut().for_each(|x| *x /= total);
+        let mut keep = probs.len();
+        if p.top_p < 1.0 {
+            let mut acc = 0.0;
+            for (i, pr) in probs.iter().enumerate() {
+                acc += pr;
+                if acc >= p.top_p {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+        if p.min_p > 0.0 {
+            let floor = probs[0] * p.min_p;
+            keep = keep.min(probs.iter().take_while(|&&x| x >= floor).count().max(1));
+        }
+        let total: f32 = probs[..keep].iter().sum();
+        let mut r = rng.random::<f32>() * total;
+        for (i, pr) in probs[..keep].iter().enumerate() {
+            r -= pr;
+            if r <= 0.0 {
+                return cand[i].0;
+            }
+        }
+        cand[keep - 1].0
+    }
+
+    #[test]
+    fn sampling_picks_what_the_first_sampler_picked() {
+        let (nan, inf) = (f32::NAN, f32::INFINITY);
+        let mut x = 7u64;
+        let mut next = || {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (x >> 33) as u32
+        };
+        let mut cases: Vec<Vec<f32>> = vec![
+            vec![0.0, -0.0, 0.0, -0.0],
+            vec![1.0, inf, 2.0, -inf],
+            vec![-inf, 1.0, nan, 2.0, -nan],
+            vec![3.0; 9],
+        ];
+        for n in [2, 17, 300, 5000] {
+            // Coarse values: many ties across the top-k boundary.
+            cases.push((0..n).map(|_| (next() % 13) as f32 * 0.5 - 3.0).collect());
+            cases.push((0..n).map(|_| (next() as f32 / u32::MAX as f32) * 20.0 - 10.0).collect());
+        }
+        for logits in &cases {
+            for (temperature, top_k, top_p, min_p) in [(0.8, 40, 0.9, 0.0), (1.0, 0, 1.0, 0.0), (0.7, 3, 1.0, 0.05), (1.3, 1, 0.5, 0.0), (0.5, 100_000, 0.95, 0.1)] {
+                let p = SamplingParams { temperature, top_k, top_p, min_p, seed: Some(next() as u64), ..Default::default() };
+                let mut s = Sampler::new(p.clone());
+                let mut rng = ChaCha8Rng::seed_from_u64(p.seed.unwrap_or(0));
+                for _ in 0..5 {
+                    let want = reference_sample(&p, &mut rng, logits);
+                    assert_eq!(s.sample(logits, &[]), want, "{p:?} over {} logits", logits.len());
+                }
+            }
+        }
+    }
+
     #[test]
     fn greedy_is_argmax() {
         let mut s = Sampler::new(SamplingParams::default());
@@ -210,15 +295,7 @@ mod tests {
 
     #[test]
     fn argmax_is_the_first_largest_as_a_plain_scan_finds_it() {
-        let scan = |l: &[f32]| {
-            let mut best = 0;
-            for (i, &v) in l.iter().enumerate() {
-                if v > l[best] {
-                    best = i;
-                }
-            }
-            best as u32
-        };
+        let scan = slotstream_backend::chosen::scan;
         let (nan, inf) = (f32::NAN, f32::INFINITY);
         let cases: Vec<Vec<f32>> = vec![
             vec![],
