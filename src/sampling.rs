@@ -91,43 +91,8 @@ impl Sampler {
         if p.temperature == 0.0 {
             return argmax(&logits);
         }
-        // Candidates sorted by logit, most likely first (ties to the lower
-        // id); with top-k, only the k best are picked out, then sorted.
-        let mut keys: Vec<u64> = logits.iter().enumerate().map(|(i, &l)| rank_key(i as u32, l)).collect();
-        if p.top_k > 0 && p.top_k < keys.len() {
-            keys.select_nth_unstable(p.top_k - 1);
-            keys.truncate(p.top_k);
-        }
-        keys.sort_unstable();
-        let cand: Vec<(u32, f32)> = keys.iter().map(|&k| (k as u32, logits[k as u32 as usize])).collect();
-        let max = cand[0].1;
-        let mut probs: Vec<f32> = cand.iter().map(|(_, l)| ((l - max) / p.temperature).exp()).collect();
-        let total: f32 = probs.iter().sum();
-        probs.iter_mut().for_each(|x| *x /= total);
-        let mut keep = probs.len();
-        if p.top_p < 1.0 {
-            let mut acc = 0.0;
-            for (i, pr) in probs.iter().enumerate() {
-                acc += pr;
-                if acc >= p.top_p {
-                    keep = i + 1;
-                    break;
-                }
-            }
-        }
-        if p.min_p > 0.0 {
-            let floor = probs[0] * p.min_p;
-            keep = keep.min(probs.iter().take_while(|&&x| x >= floor).count().max(1));
-        }
-        let total: f32 = probs[..keep].iter().sum();
-        let mut r = self.rng.random::<f32>() * total;
-        for (i, pr) in probs[..keep].iter().enumerate() {
-            r -= pr;
-            if r <= 0.0 {
-                return cand[i].0;
-            }
-        }
-        cand[keep - 1].0
+        let cand = candidates(&logits, p.top_k);
+        pick(p, &mut self.rng, &cand)
     }
 
     /// Whether [`Sampler::sample`] is the plain [`argmax`] of the logits
@@ -171,6 +136,52 @@ fn rank_key(id: u32, logit: f32) -> u64 {
     // positives above them.
     let ascending = if bits >> 31 == 1 { !bits } else { bits | 0x8000_0000 };
     (u64::from(!ascending) << 32) | u64::from(id)
+}
+
+/// The candidates sorted by logit, most likely first (ties to the lower
+/// id), the `top_k` best of them when `top_k > 0`: those are picked out
+/// first, then sorted.
+fn candidates(logits: &[f32], top_k: usize) -> Vec<(u32, f32)> {
+    let mut keys: Vec<u64> = logits.iter().enumerate().map(|(i, &l)| rank_key(i as u32, l)).collect();
+    if top_k > 0 && top_k < keys.len() {
+        keys.select_nth_unstable(top_k - 1);
+        keys.truncate(top_k);
+    }
+    keys.sort_unstable();
+    keys.iter().map(|&k| (k as u32, logits[k as u32 as usize])).collect()
+}
+
+/// Samples from sorted candidates: softmax at the temperature, then top-p
+/// and min-p, then one draw of `rng`.
+fn pick(p: &SamplingParams, rng: &mut ChaCha8Rng, cand: &[(u32, f32)]) -> u32 {
+    let max = cand[0].1;
+    let mut probs: Vec<f32> = cand.iter().map(|(_, l)| ((l - max) / p.temperature).exp()).collect();
+    let total: f32 = probs.iter().sum();
+    probs.iter_mut().for_each(|x| *x /= total);
+    let mut keep = probs.len();
+    if p.top_p < 1.0 {
+        let mut acc = 0.0;
+        for (i, pr) in probs.iter().enumerate() {
+            acc += pr;
+            if acc >= p.top_p {
+                keep = i + 1;
+                break;
+            }
+        }
+    }
+    if p.min_p > 0.0 {
+        let floor = probs[0] * p.min_p;
+        keep = keep.min(probs.iter().take_while(|&&x| x >= floor).count().max(1));
+    }
+    let total: f32 = probs[..keep].iter().sum();
+    let mut r = rng.random::<f32>() * total;
+    for (i, pr) in probs[..keep].iter().enumerate() {
+        r -= pr;
+        if r <= 0.0 {
+            return cand[i].0;
+        }
+    }
+    cand[keep - 1].0
 }
 
 /// Index of the largest logit (the lowest index among equals; NaN never
@@ -217,46 +228,19 @@ fn clock_seed() -> u64 {
 mod tests {
     use super::*;
 
-    /// The sampler as it was written first (a comparator sort of every
-    /// candidate, then top-k): what [`Sampler::sample`] must still pick.
-    fn reference_sample(p: &SamplingParams, rng: &mut ChaCha8Rng, logits: &[f32]) -> u32 {
+    /// The candidates as the sampler first ordered them (a comparator sort
+    /// of every logit, then top-k): what [`candidates`] must still give.
+    fn reference_candidates(logits: &[f32], top_k: usize) -> Vec<(u32, f32)> {
         let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
         cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        if p.top_k > 0 {
-            cand.truncate(p.top_k);
+        if top_k > 0 {
+            cand.truncate(top_k);
         }
-        let max = cand[0].1;
-        let mut probs: Vec<f32> = cand.iter().map(|(_, l)| ((l - max) / p.temperature).exp()).collect();
-        let total: f32 = probs.iter().sum();
-        probs.iter_mut().for_each(|x| *x /= total);
-        let mut keep = probs.len();
-        if p.top_p < 1.0 {
-            let mut acc = 0.0;
-            for (i, pr) in probs.iter().enumerate() {
-                acc += pr;
-                if acc >= p.top_p {
-                    keep = i + 1;
-                    break;
-                }
-            }
-        }
-        if p.min_p > 0.0 {
-            let floor = probs[0] * p.min_p;
-            keep = keep.min(probs.iter().take_while(|&&x| x >= floor).count().max(1));
-        }
-        let total: f32 = probs[..keep].iter().sum();
-        let mut r = rng.random::<f32>() * total;
-        for (i, pr) in probs[..keep].iter().enumerate() {
-            r -= pr;
-            if r <= 0.0 {
-                return cand[i].0;
-            }
-        }
-        cand[keep - 1].0
+        cand
     }
 
     #[test]
-    fn sampling_picks_what_the_first_sampler_picked() {
+    fn candidates_come_in_the_first_samplers_order() {
         let (nan, inf) = (f32::NAN, f32::INFINITY);
         let mut x = 7u64;
         let mut next = || {
@@ -277,11 +261,14 @@ mod tests {
         for logits in &cases {
             for (temperature, top_k, top_p, min_p) in [(0.8, 40, 0.9, 0.0), (1.0, 0, 1.0, 0.0), (0.7, 3, 1.0, 0.05), (1.3, 1, 0.5, 0.0), (0.5, 100_000, 0.95, 0.1)] {
                 let p = SamplingParams { temperature, top_k, top_p, min_p, seed: Some(next() as u64), ..Default::default() };
+                let want = reference_candidates(logits, top_k);
+                let got = candidates(logits, top_k);
+                let bits = |c: &[(u32, f32)]| c.iter().map(|&(i, l)| (i, l.to_bits())).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "top-k {top_k} of {} logits", logits.len());
                 let mut s = Sampler::new(p.clone());
                 let mut rng = ChaCha8Rng::seed_from_u64(p.seed.unwrap_or(0));
                 for _ in 0..5 {
-                    let want = reference_sample(&p, &mut rng, logits);
-                    assert_eq!(s.sample(logits, &[]), want, "{p:?} over {} logits", logits.len());
+                    assert_eq!(s.sample(logits, &[]), pick(&p, &mut rng, &want), "{p:?} over {} logits", logits.len());
                 }
             }
         }
