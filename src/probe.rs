@@ -126,7 +126,7 @@ fn expert_store(arch: &ModelArch) -> Result<ExpertStore> {
     }
     let prefixes: Vec<String> = prefixes.into_iter().collect();
     let c = &arch.text;
-    ExpertStore::new(&ck, &prefixes, stacked, c.num_experts, c.hidden_size, c.moe_intermediate_size)
+    ExpertStore::new(&ck, &prefixes, stacked, c.num_experts, c.hidden_size, c.moe_intermediate_size, ExpertStore::READ_THREADS)
 }
 
 fn median(values: &mut [f64]) -> Option<f64> {

@@ -524,3 +524,55 @@ fn attention_merge(
         out[th * p.head_dim + d] = select(acc / l, 0.0, l == 0.0);
     }
 }
+
+// attention_merge with the splits' maxima and weights found in parallel: each
+// invocation takes splits li, li + 128, .. for the max and the sum, the
+// per-split factors exp(m_c - m) are staged in workgroup memory, then thread
+// d sums its value over the splits four at a time (independent loads).
+var<workgroup> merge_f: array<f32, 1024>;
+
+@compute @workgroup_size(128)
+fn attention_merge_wide(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+) {
+    let th = wid.y * nwg.x + wid.x;
+    // Uniform per workgroup: the whole workgroup leaves or stays.
+    if (th >= p.tokens * p.heads) {
+        return;
+    }
+    let stride = p.head_dim + 2u;
+    let first = th * p.splits * stride;
+    var m = NO_SCORE;
+    for (var c = li; c < p.splits; c += 128u) {
+        m = max(m, partials[first + c * stride]);
+    }
+    let mx = reduce_max(m, sg, nsg, lane);
+    var l = 0.0;
+    for (var c = li; c < p.splits; c += 128u) {
+        let f = exp(partials[first + c * stride] - mx);
+        merge_f[c] = f;
+        l += partials[first + c * stride + 1u] * f;
+    }
+    let total = reduce_sum(l, sg, nsg, lane);
+    let quads = p.splits / 4u;
+    for (var d = li; d < p.head_dim; d += 128u) {
+        var acc = vec4<f32>(0.0);
+        let b = first + 2u + d;
+        for (var q = 0u; q < quads; q++) {
+            let c = q * 4u;
+            acc += vec4<f32>(partials[b + c * stride], partials[b + (c + 1u) * stride],
+                             partials[b + (c + 2u) * stride], partials[b + (c + 3u) * stride])
+                 * vec4<f32>(merge_f[c], merge_f[c + 1u], merge_f[c + 2u], merge_f[c + 3u]);
+        }
+        var sum = acc.x + acc.y + acc.z + acc.w;
+        for (var c = quads * 4u; c < p.splits; c++) {
+            sum += partials[b + c * stride] * merge_f[c];
+        }
+        out[th * p.head_dim + d] = select(sum / total, 0.0, total == 0.0);
+    }
+}

@@ -140,26 +140,53 @@ fn lane_dot(d: WeightDesc, row: u32, xbase: u32, xstride: u32, ntok: u32, lane: 
     return acc;
 }
 
-// One 16-byte chunk of a 4-bit row against pre-scaled x (s0..s7) with sum sx.
-fn q4_row_part(d: WeightDesc, row: u32, chunks: u32, c: u32, gc: u32, gpr: u32,
-    s0: vec4<f32>, s1: vec4<f32>, s2: vec4<f32>, s3: vec4<f32>,
-    s4: vec4<f32>, s5: vec4<f32>, s6: vec4<f32>, s7: vec4<f32>, sx: f32) -> f32 {
-    let wv = w[row * chunks + c];
-    let g = row * gpr + gc;
-    let qx = dot(magic4(wv.x), s0) + dot(magic4(wv.x >> 16u), s1)
+// One 16-byte chunk of a 4-bit row, already loaded, against pre-scaled x
+// (s0..s7): the sum of q * x before its group's scale.
+fn q4_chunk(wv: vec4<u32>, s0: vec4<f32>, s1: vec4<f32>, s2: vec4<f32>, s3: vec4<f32>,
+    s4: vec4<f32>, s5: vec4<f32>, s6: vec4<f32>, s7: vec4<f32>) -> f32 {
+    return dot(magic4(wv.x), s0) + dot(magic4(wv.x >> 16u), s1)
         + dot(magic4(wv.y), s2) + dot(magic4(wv.y >> 16u), s3)
         + dot(magic4(wv.z), s4) + dot(magic4(wv.z >> 16u), s5)
         + dot(magic4(wv.w), s6) + dot(magic4(wv.w >> 16u), s7);
-    return w_scale(d, g) * qx + w_bias(d, g) * sx;
 }
 
-// One 16-byte chunk of an 8-bit row against pre-scaled x (s0..s3) with sum sx.
-fn q8_row_part(d: WeightDesc, row: u32, chunks: u32, c: u32, gc: u32, gpr: u32,
-    s0: vec4<f32>, s1: vec4<f32>, s2: vec4<f32>, s3: vec4<f32>, sx: f32) -> f32 {
-    let wv = w[row * chunks + c];
-    let g = row * gpr + gc;
-    let qx = dot(magic8(wv.x), s0) + dot(magic8(wv.y), s1) + dot(magic8(wv.z), s2) + dot(magic8(wv.w), s3);
-    return w_scale(d, g) * qx + w_bias(d, g) * sx;
+// One 16-byte chunk of an 8-bit row, already loaded, against pre-scaled x
+// (s0..s3).
+fn q8_chunk(wv: vec4<u32>, s0: vec4<f32>, s1: vec4<f32>, s2: vec4<f32>, s3: vec4<f32>) -> f32 {
+    return dot(magic8(wv.x), s0) + dot(magic8(wv.y), s1) + dot(magic8(wv.z), s2) + dot(magic8(wv.w), s3);
+}
+
+// Element g (one per component) of the float array of kind `kind` (0 f32,
+// 1 f16, 2 bf16) at word `base`: all four loads are issued before any value
+// is used (a load behind a branch on the kind waits for it).
+fn packed_floats4(base: u32, g: vec4<u32>, kind: u32) -> vec4<f32> {
+    let i = select(g >> vec4<u32>(1u), g, kind == 0u);
+    let words = vec4<u32>(w_words[base + i.x], w_words[base + i.y], w_words[base + i.z], w_words[base + i.w]);
+    if (kind == 0u) {
+        return bitcast<vec4<f32>>(words);
+    }
+    let h = (words >> ((g & vec4<u32>(1u)) * 16u)) & vec4<u32>(0xffffu);
+    if (kind == 1u) {
+        return vec4<f32>(unpack2x16float(h.x).x, unpack2x16float(h.y).x, unpack2x16float(h.z).x, unpack2x16float(h.w).x);
+    }
+    return bitcast<vec4<f32>>(h << vec4<u32>(16u));
+}
+
+// Four rows' chunk `c` of an affine (fmt 3) weight: the rows' words, then
+// the scale and bias of each row's group, loaded together.
+struct AffineChunk4 {
+    w0: vec4<u32>,
+    w1: vec4<u32>,
+    w2: vec4<u32>,
+    w3: vec4<u32>,
+    s: vec4<f32>,
+    b: vec4<f32>,
+}
+
+fn affine_chunk4(d: WeightDesc, rows: vec4<u32>, chunks: u32, c: u32, gc: u32, gpr: u32) -> AffineChunk4 {
+    let g = rows * gpr + vec4<u32>(gc);
+    return AffineChunk4(w[rows.x * chunks + c], w[rows.y * chunks + c], w[rows.z * chunks + c], w[rows.w * chunks + c],
+        packed_floats4(d.scales_off, g, d.scale_kind), packed_floats4(d.biases_off, g, d.scale_kind));
 }
 
 // This lane's partial dot products of four consecutive weight rows
@@ -173,6 +200,8 @@ fn rows_dot(d: WeightDesc, row0: u32, nrows: u32, xb: u32, lane: u32, lanes: u32
     let chunks = d.row_words / 4u;
     let gshift = firstTrailingBit(d.group_size);
     let groups_per_row = d.cols >> gshift;
+    let last = row0 + nrows - 1u;
+    let rows = vec4<u32>(row0, min(row0 + 1u, last), min(row0 + 2u, last), min(row0 + 3u, last));
     if (d.fmt == 3u && d.bits == 4u) {
         // x pre-scaled by 16^-k so that nibble k of each 16-bit half can be
         // used in place as q * 16^k (see magic4): no int-to-float conversions.
@@ -196,14 +225,12 @@ fn rows_dot(d: WeightDesc, row0: u32, nrows: u32, xb: u32, lane: u32, lanes: u32
             let s5 = x5 * ns;
             let s6 = x6 * ns;
             let s7 = x7 * ns;
-            let gc = (c * 32u) >> gshift;
-            // Four rows unrolled by hand with fixed accumulators (rows past the
-            // end repeat the last row; their sums are never written).
-            let last = row0 + nrows - 1u;
-            acc.x += q4_row_part(d, row0, chunks, c, gc, groups_per_row, s0, s1, s2, s3, s4, s5, s6, s7, sx);
-            acc.y += q4_row_part(d, min(row0 + 1u, last), chunks, c, gc, groups_per_row, s0, s1, s2, s3, s4, s5, s6, s7, sx);
-            acc.z += q4_row_part(d, min(row0 + 2u, last), chunks, c, gc, groups_per_row, s0, s1, s2, s3, s4, s5, s6, s7, sx);
-            acc.w += q4_row_part(d, min(row0 + 3u, last), chunks, c, gc, groups_per_row, s0, s1, s2, s3, s4, s5, s6, s7, sx);
+            // Four rows (rows past the end repeat the last row; their sums are
+            // never written), every load of the step issued first.
+            let k = affine_chunk4(d, rows, chunks, c, (c * 32u) >> gshift, groups_per_row);
+            let q = vec4<f32>(q4_chunk(k.w0, s0, s1, s2, s3, s4, s5, s6, s7), q4_chunk(k.w1, s0, s1, s2, s3, s4, s5, s6, s7),
+                q4_chunk(k.w2, s0, s1, s2, s3, s4, s5, s6, s7), q4_chunk(k.w3, s0, s1, s2, s3, s4, s5, s6, s7));
+            acc += k.s * q + k.b * sx;
         }
         return acc;
     }
@@ -220,12 +247,10 @@ fn rows_dot(d: WeightDesc, row0: u32, nrows: u32, xb: u32, lane: u32, lanes: u32
             let s1 = x1 * byte_scale;
             let s2 = x2 * byte_scale;
             let s3 = x3 * byte_scale;
-            let gc = (c * 16u) >> gshift;
-            let last = row0 + nrows - 1u;
-            acc.x += q8_row_part(d, row0, chunks, c, gc, groups_per_row, s0, s1, s2, s3, sx);
-            acc.y += q8_row_part(d, min(row0 + 1u, last), chunks, c, gc, groups_per_row, s0, s1, s2, s3, sx);
-            acc.z += q8_row_part(d, min(row0 + 2u, last), chunks, c, gc, groups_per_row, s0, s1, s2, s3, sx);
-            acc.w += q8_row_part(d, min(row0 + 3u, last), chunks, c, gc, groups_per_row, s0, s1, s2, s3, sx);
+            let k = affine_chunk4(d, rows, chunks, c, (c * 16u) >> gshift, groups_per_row);
+            let q = vec4<f32>(q8_chunk(k.w0, s0, s1, s2, s3), q8_chunk(k.w1, s0, s1, s2, s3), q8_chunk(k.w2, s0, s1, s2, s3),
+                q8_chunk(k.w3, s0, s1, s2, s3));
+            acc += k.s * q + k.b * sx;
         }
         return acc;
     }

@@ -65,7 +65,7 @@ fn per_proj_index(name: &str) -> usize {
 }
 
 impl ExpertStore {
-    /// Number of read threads: reads in flight at once.
+    /// Default number of read threads: reads in flight at once.
     pub const READ_THREADS: usize = 16;
 
     /// Finds every expert of every MoE layer in the checkpoint. `layer_prefixes`
@@ -78,6 +78,7 @@ impl ExpertStore {
         experts: usize,
         hidden: usize,
         intermediate: usize,
+        read_threads: usize,
     ) -> Result<ExpertStore> {
         let mut files: Vec<DirectFile> = Vec::new();
         let mut file_index = std::collections::HashMap::new();
@@ -152,7 +153,7 @@ impl ExpertStore {
         let Some(layout) = layout else { bail!("the model has no MoE layers") };
         let record_bytes = locations[..3.min(locations.len())].iter().flat_map(|p| &p.pieces).map(|p| p.len).sum();
         let io = rayon::ThreadPoolBuilder::new()
-            .num_threads(Self::READ_THREADS)
+            .num_threads(read_threads.max(1))
             .thread_name(|i| format!("expert-read-{i}"))
             .build()
             .context("starting the expert read threads")?;

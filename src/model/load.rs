@@ -125,7 +125,7 @@ pub fn assemble(cx: &LoadCx<'_>, layout: Layout, trunk: Trunk, layers: Vec<Decod
 pub fn expert_cache(cx: &LoadCx<'_>, layout: Layout, moe_prefixes: &[String], slots: ExpertSlots) -> Result<ExpertCache> {
     let c = &cx.arch.text;
     let store =
-        ExpertStore::new(cx.ck, moe_prefixes, layout == Layout::Mlx, c.num_experts, c.hidden_size, c.moe_intermediate_size)?;
+        ExpertStore::new(cx.ck, moe_prefixes, layout == Layout::Mlx, c.num_experts, c.hidden_size, c.moe_intermediate_size, cx.opts.read_threads)?;
     let total = moe_prefixes.len() * c.num_experts;
     let slots = match slots {
         ExpertSlots::All => total,

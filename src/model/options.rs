@@ -26,6 +26,8 @@ pub struct LoadOptions {
     /// Decode greedy tokens one ahead where the backend and model allow
     /// (`generate::Engine::decode_ahead`). Off only for before/after measurements.
     pub decode_ahead: bool,
+    /// Expert reads in flight at once (the streamer's read threads).
+    pub read_threads: usize,
 }
 
 /// Default bound of the n-gram row cache.
@@ -40,14 +42,16 @@ impl Default for LoadOptions {
             preload_experts: false,
             fuse_projections: true,
             decode_ahead: true,
+            read_threads: crate::experts::ExpertStore::READ_THREADS,
         }
     }
 }
 
 impl LoadOptions {
     /// Applies the measurement knobs `SLOTSTREAM_FUSED_PROJECTIONS=0` (keep
-    /// projections apart) and `SLOTSTREAM_DECODE_AHEAD=0` (wait for each
-    /// token before recording the next). The only place they are read.
+    /// projections apart), `SLOTSTREAM_DECODE_AHEAD=0` (wait for each
+    /// token before recording the next) and `SLOTSTREAM_READ_THREADS=N`
+    /// (1-256 expert reads in flight). The only place they are read.
     pub fn with_env_overrides(mut self) -> Self {
         let off = |name: &str| std::env::var(name).is_ok_and(|v| v == "0");
         if off("SLOTSTREAM_FUSED_PROJECTIONS") {
@@ -55,6 +59,9 @@ impl LoadOptions {
         }
         if off("SLOTSTREAM_DECODE_AHEAD") {
             self.decode_ahead = false;
+        }
+        if let Some(n) = std::env::var("SLOTSTREAM_READ_THREADS").ok().and_then(|v| v.parse::<usize>().ok()) {
+            self.read_threads = n.clamp(1, 256);
         }
         self
     }
