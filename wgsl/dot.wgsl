@@ -172,6 +172,22 @@ fn packed_floats4(base: u32, g: vec4<u32>, kind: u32) -> vec4<f32> {
     return bitcast<vec4<f32>>(h << vec4<u32>(16u));
 }
 
+// Four 8-bit affine rows' chunk `c` (16 columns, group gc) against x0..x3:
+// bytes used in place as q * 256^(k % 2) (see magic8), x pre-scaled to match.
+fn q8_step4(d: WeightDesc, rows: vec4<u32>, chunks: u32, c: u32, gc: u32, gpr: u32,
+    x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>) -> vec4<f32> {
+    let byte_scale = vec4<f32>(1.0, 0.00390625, 1.0, 0.00390625);
+    let sx = dot(x0 + x1 + x2 + x3, vec4<f32>(1.0));
+    let s0 = x0 * byte_scale;
+    let s1 = x1 * byte_scale;
+    let s2 = x2 * byte_scale;
+    let s3 = x3 * byte_scale;
+    let k = affine_chunk4(d, rows, chunks, c, gc, gpr);
+    let q = vec4<f32>(q8_chunk(k.w0, s0, s1, s2, s3), q8_chunk(k.w1, s0, s1, s2, s3), q8_chunk(k.w2, s0, s1, s2, s3),
+        q8_chunk(k.w3, s0, s1, s2, s3));
+    return k.s * q + k.b * sx;
+}
+
 // Four rows' chunk `c` of an affine (fmt 3) weight: the rows' words, then
 // the scale and bias of each row's group, loaded together.
 struct AffineChunk4 {
@@ -235,22 +251,9 @@ fn rows_dot(d: WeightDesc, row0: u32, nrows: u32, xb: u32, lane: u32, lanes: u32
         return acc;
     }
     if (d.fmt == 3u && d.bits == 8u) {
-        // Bytes used in place as q * 256^(k % 2) (see magic8), x pre-scaled to match.
-        let byte_scale = vec4<f32>(1.0, 0.00390625, 1.0, 0.00390625);
         for (var c = lane; c < chunks; c += lanes) {
-            let x0 = xin[xb + c * 4u];
-            let x1 = xin[xb + c * 4u + 1u];
-            let x2 = xin[xb + c * 4u + 2u];
-            let x3 = xin[xb + c * 4u + 3u];
-            let sx = dot(x0 + x1 + x2 + x3, one);
-            let s0 = x0 * byte_scale;
-            let s1 = x1 * byte_scale;
-            let s2 = x2 * byte_scale;
-            let s3 = x3 * byte_scale;
-            let k = affine_chunk4(d, rows, chunks, c, (c * 16u) >> gshift, groups_per_row);
-            let q = vec4<f32>(q8_chunk(k.w0, s0, s1, s2, s3), q8_chunk(k.w1, s0, s1, s2, s3), q8_chunk(k.w2, s0, s1, s2, s3),
-                q8_chunk(k.w3, s0, s1, s2, s3));
-            acc += k.s * q + k.b * sx;
+            let xi = xb + c * 4u;
+            acc += q8_step4(d, rows, chunks, c, (c * 16u) >> gshift, groups_per_row, xin[xi], xin[xi + 1u], xin[xi + 2u], xin[xi + 3u]);
         }
         return acc;
     }

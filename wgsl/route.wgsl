@@ -10,6 +10,9 @@
 //                and RMSNorm before the MoE block, with weight nw and `eps`):
 //                writes the sum to `sum` and the normed row to xin, which the
 //                router's product then reads (so xin is read-write here).
+//                An 8-bit affine router multiplies (base + addend) * nw
+//                instead, its loads issued with the norm's, and scales the
+//                rows by the norm's 1 / rms after.
 //
 // Bindings: 0 uniform Params; 1 w and 6 w_words (the router); 2 xin f32 rows
 // of x_cols (read-write); 3 out f32 (extra rows; read-write); 4 routes u32
@@ -147,7 +150,7 @@ fn route_product(t: u32, li: u32, sg: u32, nsg: u32, lane: u32, lanes: u32) {
     let xb = t * (p.x_cols / 4u);
     // Subgroups left over from one per quad share a quad's columns: part
     // `part` of `parts` takes chunks part*lanes + lane, stepping parts*lanes.
-    let parts = max(1u, nsg / quads);
+    let parts = quad_parts(nsg);
     for (var k = sg; k < quads * parts; k += nsg) {
         let qi = k / parts;
         let part = k % parts;
@@ -159,12 +162,19 @@ fn route_product(t: u32, li: u32, sg: u32, nsg: u32, lane: u32, lanes: u32) {
         }
     }
     workgroupBarrier();
+    route_partials(t, li, parts, 1.0, Lanes(sg, nsg, lane));
+}
+
+// The router's rows from the subgroups' partial sums (`parts` per quad, in
+// partial4, visible to the workgroup), times `scale`, then the routing.
+fn route_partials(t: u32, li: u32, parts: u32, scale: f32, ln: Lanes) {
     for (var e = li; e < p.rows; e += 256u) {
         let qi = e / 4u;
         var v = 0.0;
         for (var part = 0u; part < parts; part++) {
             v += partial4[qi * parts + part][e % 4u];
         }
+        v *= scale;
         if (e < p.experts) {
             row[e] = v;
         } else {
@@ -172,7 +182,44 @@ fn route_product(t: u32, li: u32, sg: u32, nsg: u32, lane: u32, lanes: u32) {
         }
     }
     workgroupBarrier();
-    route_token(t, li, true, Lanes(sg, nsg, lane));
+    route_token(t, li, true, ln);
+}
+
+// Subgroups' share of the quads of router rows, as route_product.
+fn quad_parts(nsg: u32) -> u32 {
+    return max(1u, nsg / ((p.rows + 3u) / 4u));
+}
+
+// moe_route_norm's product for an 8-bit affine router: the router rows
+// times the un-normed y = (base + addend) * nw of token t, into partial4.
+// The norm's 1 / rms is a common factor of each row's sum, applied after
+// (route_partials), so these loads go out with the norm's instead of
+// waiting for its reduction.
+fn route_product_unscaled(t: u32, sg: u32, nsg: u32, lane: u32, lanes: u32) {
+    let d = p.w;
+    let quads = (p.rows + 3u) / 4u;
+    let parts = quad_parts(nsg);
+    let xb = t * (p.x_cols / 4u);
+    let chunks = d.row_words / 4u;
+    let gshift = firstTrailingBit(d.group_size);
+    let gpr = d.cols >> gshift;
+    for (var k = sg; k < quads * parts; k += nsg) {
+        let row0 = (k / parts) * 4u;
+        let last = min(row0 + 3u, p.rows - 1u);
+        let rows = min(vec4<u32>(row0, row0 + 1u, row0 + 2u, row0 + 3u), vec4<u32>(last));
+        var acc = vec4<f32>(0.0);
+        for (var c = (k % parts) * lanes + lane; c < chunks; c += parts * lanes) {
+            let i = xb + c * 4u;
+            let n = c * 4u;
+            acc += q8_step4(d, rows, chunks, c, (c * 16u) >> gshift, gpr,
+                (base[i] + addend[i]) * nw[n], (base[i + 1u] + addend[i + 1u]) * nw[n + 1u],
+                (base[i + 2u] + addend[i + 2u]) * nw[n + 2u], (base[i + 3u] + addend[i + 3u]) * nw[n + 3u]);
+        }
+        let total = subgroupAdd(acc);
+        if (lane == 0u) {
+            partial4[k] = total;
+        }
+    }
 }
 
 @compute @workgroup_size(256)
@@ -224,6 +271,10 @@ fn moe_route_norm(
             wv[k] = nw[i];
         }
     }
+    let unscaled = p.w.fmt == 3u && p.w.bits == 8u;
+    if (unscaled) {
+        route_product_unscaled(t, sg, nsg, lane, lanes);
+    }
     for (var k = 0u; k < NORM_RUNS; k++) {
         let i = li + k * 256u;
         if (i < runs) {
@@ -237,6 +288,11 @@ fn moe_route_norm(
         if (i < runs) {
             xin[rb + i] = v[k] * rr * wv[k];
         }
+    }
+    if (unscaled) {
+        // reduce_sum's barriers made partial4 visible.
+        route_partials(t, li, quad_parts(nsg), rr, Lanes(sg, nsg, lane));
+        return;
     }
     // The normed row, written above, is what the router's product reads.
     storageBarrier();
