@@ -495,44 +495,14 @@ fn attention_split_rope(
     attend_split(wid.y * nwg.x + wid.x, li, sg, nsg, lane, lanes, true);
 }
 
-@compute @workgroup_size(128)
-fn attention_merge(
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) li: u32,
-) {
-    let th = wid.y * nwg.x + wid.x;
-    if (th >= p.tokens * p.heads) {
-        return;
-    }
-    let stride = p.head_dim + 2u;
-    let first = th * p.splits * stride;
-    var m = NO_SCORE;
-    for (var c = 0u; c < p.splits; c++) {
-        m = max(m, partials[first + c * stride]);
-    }
-    var l = 0.0;
-    for (var c = 0u; c < p.splits; c++) {
-        l += partials[first + c * stride + 1u] * exp(partials[first + c * stride] - m);
-    }
-    for (var d = li; d < p.head_dim; d += 128u) {
-        var acc = 0.0;
-        for (var c = 0u; c < p.splits; c++) {
-            let pb = first + c * stride;
-            acc += partials[pb + 2u + d] * exp(partials[pb] - m);
-        }
-        out[th * p.head_dim + d] = select(acc / l, 0.0, l == 0.0);
-    }
-}
-
-// attention_merge with the splits' maxima and weights found in parallel: each
-// invocation takes splits li, li + 128, .. for the max and the sum, the
-// per-split factors exp(m_c - m) are staged in workgroup memory, then thread
-// d sums its value over the splits four at a time (independent loads).
+// attention_merge: one workgroup per (token, head) pair; each invocation
+// takes splits li, li + 128, .. for the max and the sum, the per-split
+// factors exp(m_c - m) are staged in workgroup memory, then thread d sums its
+// value over the splits four at a time (independent loads).
 var<workgroup> merge_f: array<f32, 1024>;
 
 @compute @workgroup_size(128)
-fn attention_merge_wide(
+fn attention_merge(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) li: u32,

@@ -207,8 +207,7 @@ pub(crate) fn attend(
         (false, false) => "attention_split",
     };
     gpu.dispatch(entry, &params, &binds, Gpu::grid((pairs * splits) as u64))?;
-    let merge = if gpu.merge_wide { "attention_merge_wide" } else { "attention_merge" };
-    gpu.dispatch(merge, &params, &[(OUT, out), (PARTIALS, partials.bind())], Gpu::grid(pairs as u64))
+    gpu.dispatch("attention_merge", &params, &[(OUT, out), (PARTIALS, partials.bind())], Gpu::grid(pairs as u64))
 }
 
 /// Keys per chunk and chunks per (token, head) for `pairs` (token, head)

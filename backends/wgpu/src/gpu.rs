@@ -93,8 +93,6 @@ pub struct Gpu {
     pub attention_min_chunk: usize,
     /// [`WgpuOptions::attention_regs`].
     pub attention_regs: bool,
-    /// [`WgpuOptions::merge_wide`].
-    pub merge_wide: bool,
     /// Most subgroups sharing a one-token matvec's quad of rows ([`WgpuOptions::matvec_split`]).
     pub matvec_split: usize,
     /// Largest subgroup the adapter may run: dispatch sizes assume it so that
@@ -248,7 +246,6 @@ impl Gpu {
             views: options.views,
             attention_min_chunk: options.attention_min_chunk,
             attention_regs: options.attention_regs,
-            merge_wide: options.merge_wide,
             matvec_split: options.matvec_split,
             subgroup_max,
             subgroup_min,

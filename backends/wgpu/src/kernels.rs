@@ -135,7 +135,6 @@ impl Module {
                 "attention_split",
                 "attention_split_rope",
                 "attention_merge",
-                "attention_merge_wide",
                 "attention_split_regs",
                 "attention_split_rope_regs",
             ],

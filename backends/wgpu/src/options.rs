@@ -107,10 +107,6 @@ pub struct WgpuOptions {
     /// `SLOTSTREAM_WGPU_ATTENTION_REGS=0` keeps `attention_split*`, for
     /// measurements).
     pub attention_regs: bool,
-    /// Split attention's merge finds the splits' maxima and weights across
-    /// the workgroup (`attention_merge_wide`; `SLOTSTREAM_WGPU_MERGE_WIDE=0`
-    /// keeps `attention_merge`, for measurements).
-    pub merge_wide: bool,
     /// A one-token residual norm whose output is routed next runs inside
     /// the routing kernel (`moe_route_norm`; `SLOTSTREAM_WGPU_FUSE_NORMS=0`
     /// keeps it a dispatch of its own, for measurements).
@@ -148,7 +144,6 @@ impl Default for WgpuOptions {
             q4_eight_rows_from: Q4_EIGHT_ROWS_FROM,
             attention_min_chunk: crate::attention::MIN_CHUNK,
             attention_regs: true,
-            merge_wide: true,
             fuse_norms: true,
             matvec_split: MATVEC_SPLIT,
             immediates: true,
@@ -186,7 +181,6 @@ impl WgpuOptions {
                 .filter(|&n: &usize| n > 0)
                 .unwrap_or(defaults.attention_min_chunk),
             attention_regs: var("SLOTSTREAM_WGPU_ATTENTION_REGS").map_or(defaults.attention_regs, |v| v != "0"),
-            merge_wide: var("SLOTSTREAM_WGPU_MERGE_WIDE").map_or(defaults.merge_wide, |v| v != "0"),
             fuse_norms: var("SLOTSTREAM_WGPU_FUSE_NORMS").map_or(defaults.fuse_norms, |v| v != "0"),
             matvec_split: var("SLOTSTREAM_WGPU_MATVEC_SPLIT")
                 .and_then(|v| v.parse().ok())
