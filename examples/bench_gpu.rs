@@ -254,7 +254,7 @@ fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool
     println!("matmul mode: {:?}", gpu.matmul_mode());
     let handle = gpu.clone();
     let t = Instant::now();
-    let e = Engine::load(dir, Box::new(gpu), &LoadOptions { preload_experts: true, ..LoadOptions::default() }.with_env_overrides()).with_context(|| format!("loading {}", dir.display()))?;
+    let e = Engine::load(dir, Box::new(gpu), &LoadOptions { preload_experts: true, ..LoadOptions::default() }.with_env_overrides()?).with_context(|| format!("loading {}", dir.display()))?;
     println!("model: {} ({}), loaded in {:.1} s", dir.display(), e.arch().text.model_type, t.elapsed().as_secs_f64());
     let moe_layers = e.model.layers.iter().filter(|l| matches!(l.ffn, FeedForward::Moe(_))).count();
     let record = e.model.experts.lock().map_err(|_| anyhow::anyhow!("expert cache poisoned"))?.store().record_bytes as usize;

@@ -66,7 +66,7 @@ impl PlannedModel {
             preload_experts: true,
             ..Default::default()
         }
-        .with_env_overrides();
+        .with_env_overrides()?;
         let bytes = self.costs.resident_bytes + self.plan.pool_bytes;
         let _shown = LoadIndicator::start(format!("loading {:.2} GB of weights", bytes as f64 / 1e9));
         Engine::load_arch(&self.arch, backend, &options)

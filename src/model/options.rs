@@ -51,8 +51,9 @@ impl LoadOptions {
     /// Applies the measurement knobs `SLOTSTREAM_FUSED_PROJECTIONS=0` (keep
     /// projections apart), `SLOTSTREAM_DECODE_AHEAD=0` (wait for each
     /// token before recording the next) and `SLOTSTREAM_READ_THREADS=N`
-    /// (1-256 expert reads in flight). The only place they are read.
-    pub fn with_env_overrides(mut self) -> Self {
+    /// (1-256 expert reads in flight; anything else is an error naming the
+    /// variable). The only place they are read.
+    pub fn with_env_overrides(mut self) -> anyhow::Result<Self> {
         let off = |name: &str| std::env::var(name).is_ok_and(|v| v == "0");
         if off("SLOTSTREAM_FUSED_PROJECTIONS") {
             self.fuse_projections = false;
@@ -60,9 +61,11 @@ impl LoadOptions {
         if off("SLOTSTREAM_DECODE_AHEAD") {
             self.decode_ahead = false;
         }
-        if let Some(n) = std::env::var("SLOTSTREAM_READ_THREADS").ok().and_then(|v| v.parse::<usize>().ok()) {
-            self.read_threads = n.clamp(1, 256);
+        if let Ok(v) = std::env::var("SLOTSTREAM_READ_THREADS") {
+            self.read_threads = v.trim().parse::<usize>().ok().filter(|n| (1..=256).contains(n)).ok_or_else(|| {
+                anyhow::anyhow!("SLOTSTREAM_READ_THREADS={v:?}: expected a number of expert reads in flight from 1 to 256 (unset it for the default, {})", self.read_threads)
+            })?;
         }
-        self
+        Ok(self)
     }
 }
