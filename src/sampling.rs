@@ -91,6 +91,9 @@ impl Sampler {
         if p.temperature == 0.0 {
             return argmax(&logits);
         }
+        if p.top_k == 0 || p.top_k >= logits.len() {
+            return pick_whole(p, &mut self.rng, &logits);
+        }
         let cand = candidates(&logits, p.top_k);
         pick(p, &mut self.rng, &cand)
     }
@@ -154,34 +157,101 @@ fn candidates(logits: &[f32], top_k: usize) -> Vec<(u32, f32)> {
 /// Samples from sorted candidates: softmax at the temperature, then top-p
 /// and min-p, then one draw of `rng`.
 fn pick(p: &SamplingParams, rng: &mut ChaCha8Rng, cand: &[(u32, f32)]) -> u32 {
-    let max = cand[0].1;
-    let mut probs: Vec<f32> = cand.iter().map(|(_, l)| ((l - max) / p.temperature).exp()).collect();
-    let total: f32 = probs.iter().sum();
-    probs.iter_mut().for_each(|x| *x /= total);
-    let mut keep = probs.len();
+    let Some(&(_, max)) = cand.first() else { return 0 };
+    let total: f32 = cand.iter().map(|&(_, l)| weight(p, l, max)).sum();
+    let kept_all: f32 = cand.iter().map(|&(_, l)| weight(p, l, max) / total).sum();
+    let u = rng.random::<f32>();
+    // Every candidate is there: the prefix decides.
+    pick_prefix(p, u, cand, total, kept_all, true).unwrap_or(cand[cand.len() - 1].0)
+}
+
+/// A candidate's unnormalised probability: softmax numerator at the
+/// temperature, against the largest logit `max`.
+fn weight(p: &SamplingParams, logit: f32, max: f32) -> f32 {
+    ((logit - max) / p.temperature).exp()
+}
+
+/// `pick` over the whole vocabulary (no top-k) without sorting all of it:
+/// the best 64 candidates are picked out and sorted, then 8 times as many,
+/// until top-p, min-p and the draw are decided within the sorted prefix
+/// (a temperature-only draw over 152k logits rarely looks past the first
+/// hundreds). The normaliser and the mass kept when nothing is cut are
+/// summed in index order: the one difference from `pick` over every
+/// candidate sorted, in the last bits of those two sums.
+fn pick_whole(p: &SamplingParams, rng: &mut ChaCha8Rng, logits: &[f32]) -> u32 {
+    let keys: Vec<u64> = logits.iter().enumerate().map(|(i, &l)| rank_key(i as u32, l)).collect();
+    let Some(&best) = keys.iter().min() else { return 0 };
+    let max = logits[best as u32 as usize];
+    let total: f32 = logits.iter().map(|&l| weight(p, l, max)).sum();
+    let kept_all: f32 = logits.iter().map(|&l| weight(p, l, max) / total).sum();
+    let u = rng.random::<f32>();
+    let mut m = 64.min(keys.len());
+    loop {
+        let mut prefix = keys.clone();
+        if m < prefix.len() {
+            prefix.select_nth_unstable(m - 1);
+            prefix.truncate(m);
+        }
+        prefix.sort_unstable();
+        let cand: Vec<(u32, f32)> = prefix.iter().map(|&k| (k as u32, logits[k as u32 as usize])).collect();
+        let complete = m == keys.len();
+        if let Some(t) = pick_prefix(p, u, &cand, total, kept_all, complete) {
+            return t;
+        }
+        if complete {
+            return cand[cand.len() - 1].0;
+        }
+        m = (m * 8).min(keys.len());
+    }
+}
+
+/// The draw `u` over the sorted candidates `cand`, all of them (`complete`)
+/// or the best of a longer list: probabilities over the normaliser `total`,
+/// top-p and min-p cut in rank order, then the draw walks the kept ones
+/// (`kept_all` is their mass when nothing is cut). `None` when the prefix
+/// ends before the cut or the draw is decided.
+fn pick_prefix(p: &SamplingParams, u: f32, cand: &[(u32, f32)], total: f32, kept_all: f32, complete: bool) -> Option<u32> {
+    let max = cand.first()?.1;
+    let probs: Vec<f32> = cand.iter().map(|&(_, l)| weight(p, l, max) / total).collect();
+    let mut top_p = None;
     if p.top_p < 1.0 {
         let mut acc = 0.0;
         for (i, pr) in probs.iter().enumerate() {
             acc += pr;
             if acc >= p.top_p {
-                keep = i + 1;
+                top_p = Some(i + 1);
                 break;
             }
         }
     }
+    let mut min_p = None;
     if p.min_p > 0.0 {
         let floor = probs[0] * p.min_p;
-        keep = keep.min(probs.iter().take_while(|&&x| x >= floor).count().max(1));
-    }
-    let total: f32 = probs[..keep].iter().sum();
-    let mut r = rng.random::<f32>() * total;
-    for (i, pr) in probs[..keep].iter().enumerate() {
-        r -= pr;
-        if r <= 0.0 {
-            return cand[i].0;
+        let above = probs.iter().take_while(|&&x| x >= floor).count();
+        // All of the prefix above the floor: the cut may lie past it.
+        if above < probs.len() || complete {
+            min_p = Some(above.max(1));
         }
     }
-    cand[keep - 1].0
+    let keep = match (top_p, min_p) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    let (kept, mass) = match keep {
+        Some(k) => (k, probs[..k].iter().sum()),
+        // A cut that lies past the prefix: its kept mass is not known yet.
+        None if (p.top_p < 1.0 || p.min_p > 0.0) && !complete => return None,
+        None => (probs.len(), kept_all),
+    };
+    let mut r = u * mass;
+    for (i, pr) in probs[..kept].iter().enumerate() {
+        r -= pr;
+        if r <= 0.0 {
+            return Some(cand[i].0);
+        }
+    }
+    // Past the last kept candidate without using up the draw (rounding).
+    (keep.is_some() || complete).then(|| cand[kept - 1].0)
 }
 
 /// Index of the largest logit (the lowest index among equals; NaN never
@@ -239,6 +309,51 @@ mod tests {
         cand
     }
 
+    /// The first sampler's draw over sorted candidates, with the normaliser
+    /// and the uncut mass summed over `index_order` (the whole vocabulary
+    /// in index order) where given, as the whole-vocabulary path sums them.
+    fn reference_pick(p: &SamplingParams, rng: &mut ChaCha8Rng, cand: &[(u32, f32)], index_order: Option<&[f32]>) -> u32 {
+        let max = cand[0].1;
+        let w = |l: f32| ((l - max) / p.temperature).exp();
+        let mut probs: Vec<f32> = cand.iter().map(|(_, l)| w(*l)).collect();
+        let total: f32 = match index_order {
+            Some(all) => all.iter().map(|&l| w(l)).sum(),
+            None => probs.iter().sum(),
+        };
+        probs.iter_mut().for_each(|x| *x /= total);
+        let mut keep = probs.len();
+        // Whether top-p or min-p decided `keep` (else every candidate is kept).
+        let mut cut = false;
+        if p.top_p < 1.0 {
+            let mut acc = 0.0;
+            for (i, pr) in probs.iter().enumerate() {
+                acc += pr;
+                if acc >= p.top_p {
+                    keep = i + 1;
+                    cut = true;
+                    break;
+                }
+            }
+        }
+        if p.min_p > 0.0 {
+            let floor = probs[0] * p.min_p;
+            keep = keep.min(probs.iter().take_while(|&&x| x >= floor).count().max(1));
+            cut = true;
+        }
+        let kept: f32 = match index_order {
+            Some(all) if !cut => all.iter().map(|&l| w(l) / total).sum(),
+            _ => probs[..keep].iter().sum(),
+        };
+        let mut r = rng.random::<f32>() * kept;
+        for (i, pr) in probs[..keep].iter().enumerate() {
+            r -= pr;
+            if r <= 0.0 {
+                return cand[i].0;
+            }
+        }
+        cand[keep - 1].0
+    }
+
     #[test]
     fn candidates_come_in_the_first_samplers_order() {
         let (nan, inf) = (f32::NAN, f32::INFINITY);
@@ -267,8 +382,9 @@ mod tests {
                 assert_eq!(bits(&got), bits(&want), "top-k {top_k} of {} logits", logits.len());
                 let mut s = Sampler::new(p.clone());
                 let mut rng = ChaCha8Rng::seed_from_u64(p.seed.unwrap_or(0));
+                let whole = top_k == 0 || top_k >= logits.len();
                 for _ in 0..5 {
-                    assert_eq!(s.sample(logits, &[]), pick(&p, &mut rng, &want), "{p:?} over {} logits", logits.len());
+                    assert_eq!(s.sample(logits, &[]), reference_pick(&p, &mut rng, &want, whole.then_some(logits)), "{p:?} over {} logits", logits.len());
                 }
             }
         }
