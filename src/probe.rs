@@ -8,12 +8,12 @@
 //! - the backend: one-token matmuls over a resident matrix in the model's
 //!   expert format, larger than CPU caches (weight GB/s), and the bundled
 //!   demo model decoding a few tokens (what a layer costs besides its weights).
-//! - a streaming token: the model itself decoding a few dozen tokens from a
+//! - a missed expert: the model itself decoding a few dozen tokens from a
 //!   small pool (the knee's share, within [`ProbeLimits::miss_pool_bytes`]);
-//!   what a token stood waiting on reads beyond its layers' read latencies,
-//!   per miss, is what a miss costs a real decode (reads, the uploads the
-//!   reads in flight do not hide), and what it took besides waiting is the
-//!   rest of a streaming token (compute, bookkeeping). Its hit rate is kept
+//!   what a token took beyond its compute (at most its time not waiting on
+//!   reads) and its layers' read latencies, per miss, is what a miss costs a
+//!   real decode (reads, the uploads the reads in flight do not hide,
+//!   bookkeeping). Both parts are kept for the model. Its hit rate is kept
 //!   for the plan as a streaming run's is.
 //!
 //! The results are kept in `rates.json` ([`crate::plan::RateCache`]) and used
@@ -404,8 +404,8 @@ impl Measurement {
                 (false, _) => "; a pool below the knee, to stay within the probe's memory: its hit rate is not kept",
             };
             s += &format!(
-                "\n          a missed expert {:.2} ms and {:.2} ms a token besides in a decode ({} steps from {} of {} experts \
-                 per layer, {:.1} ms per token, {:.1} misses per token, hit rate {:.1}%, after a {}-token prompt{kept})",
+                "\n          a missed expert {:.2} ms beyond {:.2} ms of compute a token in a decode ({} steps from {} of {} \
+                 experts per layer, {:.1} ms per token, {:.1} misses per token, hit rate {:.1}%, after a {}-token prompt{kept})",
                 m.rates.miss_ms,
                 m.rates.token_ms,
                 m.steps,

@@ -1,8 +1,8 @@
 //! The plan's estimate and this machine's rates, through the real binary: a
 //! run with nothing measured says its estimate is from defaults;
 //! `doctor --measure` measures within its bounds (the backend, the model's
-//! expert reads, and the model's own decode from a small pool: what it
-//! waited on each miss, what a token took besides) and keeps the figures in
+//! expert reads, and the model's own decode from a small pool: its compute
+//! and what each miss cost it) and keeps the figures in
 //! slotstream's cache folder; a later run of the model on the same disk and
 //! backend plans with them. A streaming run (and the
 //! probe's decode) keeps its decode hit rate there, and the next run of the
@@ -81,7 +81,8 @@ fn measured_rates_are_kept_and_used_by_later_runs() {
     let after = run_fixture(home.path());
     let line = rates_line(&after);
     assert!(line.contains(&format!("weights {gbps:.1} GB/s")) && line.contains("measured just now"), "{line}");
-    let timed = format!("a missed expert {miss_ms:.2} ms and {token_ms:.2} ms a token besides in this model's decode measured just now");
+    let timed =
+        format!("a missed expert {miss_ms:.2} ms beyond {token_ms:.2} ms of compute a token in this model's decode measured just now");
     assert!(line.contains(&timed), "{line}");
     assert!(!line.contains("default"), "the backend, the disk and the misses were measured: {line}");
 }

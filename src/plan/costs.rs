@@ -126,15 +126,14 @@ impl ModelCosts {
 
     /// One token's decode time at `hit_rate`. Resident (no misses): its
     /// active weights (trunk and routed experts) at the backend's weight rate
-    /// and a fixed cost per layer. Streaming: one read latency per layer that
-    /// misses any expert (a layer's misses are read together), what each
-    /// missed expert costs, and the rest of the token; where the model's own
-    /// decode from a small pool was timed here, the last two are that
-    /// decode's wait per miss and its time not waiting (the streaming path
-    /// with its bookkeeping), both measured, neither taken as what is left of
-    /// the other after a compute rate measured apart (whose error would pass,
-    /// with the opposite sign, into every miss); else a miss's read at the
-    /// disk's rate and the resident compute.
+    /// and a fixed cost per layer. Streaming: besides, one read latency per
+    /// layer that misses any expert (a layer's misses are read together) and
+    /// what each missed expert costs; where the model's own decode from a
+    /// small pool was timed here, the token's compute and each miss are
+    /// priced as that measurement split the decode
+    /// ([`ModelCosts::miss_rates_from_decode`]), so that a compute rate
+    /// measured later (another model's `--measure`) does not shift its
+    /// estimate; else a miss costs its read at the disk's rate.
     pub fn decode_time(&self, hit_rate: f64, rates: &Rates) -> DecodeTime {
         let misses = self.misses_per_token(hit_rate);
         let (compute, miss_seconds) = match &rates.miss {
@@ -162,23 +161,27 @@ impl ModelCosts {
         (1.0 - hit_rate) * (self.top_k * self.moe_layers) as f64
     }
 
-    /// What a timed decode from a small pool says a streaming token costs,
-    /// with `disk`'s read latency: each miss, what the decode stood waiting
-    /// on it beyond its layer's latency; each token, the time it did not
-    /// wait. [`ModelCosts::decode_time`] at the decode's hit rate gives back
-    /// the decode's time. `None` when the decode missed nothing or its
+    /// How a timed decode from a small pool splits a streaming token at
+    /// `rates` (measured with it): its compute is the resident compute at
+    /// the compute rates, but no more than the decode spent not waiting on
+    /// reads (the rates were measured apart, and the decode cannot have
+    /// computed longer than it did not wait); a read latency per layer that
+    /// missed; and what is left, per miss, is what a miss costs: the wait on
+    /// its read and upload, and the work it adds outside the wait (a streaming
+    /// decode's time not waiting grows with its misses: BENCHMARKS.md, "Plan
+    /// estimates"). [`ModelCosts::decode_time`] at the decode's hit rate gives
+    /// back the decode's time. `None` when the decode missed nothing or its
     /// figures are not times.
-    pub fn miss_rates_from_decode(&self, sample: &DecodeSample, disk: &DiskRates) -> Option<MissRates> {
+    pub fn miss_rates_from_decode(&self, sample: &DecodeSample, rates: &Rates) -> Option<MissRates> {
         let misses = self.misses_per_token(sample.hit_rate);
         let (total, waited) = (sample.seconds_per_token, sample.waited_seconds_per_token);
         if !(misses > 0.0 && total.is_finite() && total > 0.0 && waited.is_finite() && waited >= 0.0) {
             return None;
         }
-        let waited = waited.min(total);
-        let latency = self.latency_seconds(sample.hit_rate, disk);
-        // What the latency does not explain of the wait is the misses'; a
-        // latency longer than the whole wait comes out of the time not waiting.
-        let miss = (waited - latency).max(0.0) / misses;
+        let compute = self.resident_compute_seconds(rates).min(total - waited.min(total));
+        let latency = self.latency_seconds(sample.hit_rate, &rates.disk);
+        let miss = (total - compute - latency).max(0.0) / misses;
+        // A latency longer than the time left for it comes out of the compute.
         let token = (total - latency - miss * misses).max(0.0);
         Some(MissRates { miss_ms: miss * 1e3, token_ms: token * 1e3 })
     }

@@ -3,10 +3,9 @@
 //! `rates.json` in slotstream's cache folder, keyed by machine, backend,
 //! weight format and disk, or, where nothing was measured, the defaults
 //! fitted on the reference machine (BENCHMARKS.md, "Plan estimates"). What a
-//! streaming token costs (each missed expert, and the rest) is measured in a
+//! streaming token costs (its compute, each missed expert) is measured in a
 //! real decode of the model from a small pool, kept under the model too;
-//! without that measurement a miss costs its read and the rest of the token
-//! its resident compute.
+//! without that measurement a miss costs its read.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -37,16 +36,16 @@ pub struct DiskRates {
 }
 
 /// What the model's own decode from a pool smaller than it cost on this
-/// machine, in two parts, each measured in that decode: what it stood
-/// waiting on each missed expert beyond one read latency per layer that
-/// missed (the read, the part of the upload into a slot the reads in flight
-/// did not hide), and what each token took besides waiting (its compute on
-/// the streaming path, the slot bookkeeping).
+/// machine, split as the probe split it: a token's compute (the resident
+/// compute at the compute rates measured with it, at most the decode's time
+/// not waiting on reads) and, per missed expert, the rest beyond one read
+/// latency per layer that missed (the read, the part of the upload the reads
+/// in flight did not hide, the work a miss adds outside the wait).
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
 pub struct MissRates {
     /// Milliseconds per missed expert.
     pub miss_ms: f64,
-    /// Milliseconds per token not spent waiting on reads.
+    /// Milliseconds of compute per token.
     pub token_ms: f64,
 }
 
@@ -71,7 +70,7 @@ pub struct Rates {
     pub disk_source: RateSource,
     /// The model's own decode from a small pool, timed here (`doctor
     /// --measure` with the model); none: a miss costs its read at `disk`'s
-    /// rate, the rest of a token its resident compute.
+    /// rate.
     pub miss: Option<Measured<MissRates>>,
 }
 
@@ -94,7 +93,7 @@ impl Rates {
         let disk = figures(&self.disk_source, format!("expert reads {:.2} GB/s + {:.2} ms", d.read_gbps, d.read_latency_ms));
         let miss = match &self.miss {
             Some(m) => format!(
-                "a missed expert {:.2} ms and {:.2} ms a token besides in this model's decode measured {}",
+                "a missed expert {:.2} ms beyond {:.2} ms of compute a token in this model's decode measured {}",
                 m.rates.miss_ms,
                 m.rates.token_ms,
                 age(now_unix.saturating_sub(m.unix_seconds))
@@ -374,7 +373,7 @@ mod tests {
         let rates = cache.apply(&keys(), defaults());
         assert_eq!(rates.miss, Some(miss.clone()));
         let line = rates.describe(160 + 300);
-        assert!(line.contains("a missed expert 4.20 ms and 16.50 ms a token besides in this model's decode measured 5 min ago"), "{line}");
+        assert!(line.contains("a missed expert 4.20 ms beyond 16.50 ms of compute a token in this model's decode measured 5 min ago"), "{line}");
         let another_model = RateKeys { decode: keys().decode.map(|k| k.replace("model 0123", "model 4567")), ..keys() };
         assert_eq!(cache.apply(&another_model, defaults()).miss, None, "another model's decode does not apply");
         let nonsense = Measured { rates: MissRates { miss_ms: 4.2, token_ms: f64::NAN }, ..miss };

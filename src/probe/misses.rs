@@ -2,12 +2,13 @@
 //! dozen tokens from a pool of the knee's share (within
 //! [`ProbeLimits::miss_pool_bytes`] and [`ProbeLimits::miss_decode_seconds`],
 //! after a prompt cut to [`ProbeLimits::miss_prefill_seconds`] of reads),
-//! timed in two parts: what each step stood waiting on its reads beyond its
-//! layers' read latencies, per miss, is the miss's cost (its read, the part
-//! of its upload the reads in flight did not hide), and what it took besides
-//! waiting is a streaming token's compute and bookkeeping
-//! ([`ModelCosts::miss_rates_from_decode`]). Its hit rate is a streaming
-//! run's.
+//! and what each step took beyond its compute (at the compute rates just
+//! measured, at most its time not waiting on reads) and its layers' read
+//! latencies, per miss, is the miss's cost: its read, the part of its upload
+//! the reads in flight did not hide, the slot bookkeeping, the read threads'
+//! time on the cores ([`ModelCosts::miss_rates_from_decode`]). Both parts
+//! are kept, so that the estimate splits a token as the probe did. Its hit
+//! rate is a streaming run's.
 
 use std::ops::ControlFlow;
 use std::time::Instant;
@@ -76,9 +77,8 @@ fn probe_prompt(engine: &Engine) -> Result<String> {
 }
 
 /// What a streaming token of `arch` costs on `backend`: the model decodes
-/// from a pool of [`miss_probe_pool`], its wait per miss beyond the read
-/// latencies at `rates` (just measured) and its time not waiting
-/// ([`ModelCosts::miss_rates_from_decode`]).
+/// from a pool of [`miss_probe_pool`], split into its compute and what each
+/// miss cost at `rates` (just measured; [`ModelCosts::miss_rates_from_decode`]).
 pub fn measure_misses(arch: &ModelArch, backend: Box<dyn Backend>, rates: &Rates, limits: &ProbeLimits) -> Result<MissProbe> {
     let costs = ModelCosts::of(arch, backend.kv_cache_dtype())?;
     let Some((per_layer, at_knee)) = miss_probe_pool(&costs, limits.miss_pool_bytes) else {
@@ -119,7 +119,7 @@ pub fn measure_misses(arch: &ModelArch, backend: Box<dyn Backend>, rates: &Rates
         hit_rate: decode.hit_rate(),
         waited_seconds_per_token: decode.wait_seconds / steps as f64,
     };
-    let Some(miss_rates) = costs.miss_rates_from_decode(&sample, &rates.disk) else {
+    let Some(miss_rates) = costs.miss_rates_from_decode(&sample, rates) else {
         bail!("the model's decode from {slots} slots found every expert it needed: no miss to time");
     };
     Ok(MissProbe {
