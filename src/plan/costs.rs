@@ -15,9 +15,9 @@ use crate::model::ModelArch;
 /// One token's decode time in parts, seconds ([`ModelCosts::decode_time`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DecodeTime {
-    /// What the token costs besides waiting on expert reads: its weights and
-    /// layers at the compute rates, or, for a pool smaller than the model
-    /// whose decode was timed here, that decode's own time not waiting.
+    /// The token's weights and layers: at the compute rates, or, for a pool
+    /// smaller than the model whose decode was timed here, as that
+    /// measurement split it ([`ModelCosts::miss_rates_from_decode`]).
     pub compute: f64,
     pub latency: f64,
     pub misses: f64,
