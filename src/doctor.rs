@@ -132,7 +132,10 @@ impl DoctorReport {
         } else {
             let key_dir = model_dir.clone().or_else(|| install.as_ref().map(|s| s.cache.clone())).unwrap_or_default();
             let created = request.backend.clone().unwrap_or(BackendSpec::Auto).create()?;
-            let keys = RateKeys::new(&created.name(), &model.expert_format, &key_dir, model.expert_record_bytes);
+            // The model's own decode is known by its files, where they are here.
+            let model_key =
+                model_dir.as_deref().and_then(|dir| crate::model::ModelArch::read(dir).and_then(|a| plan::hits::model_key(&a)).ok());
+            let keys = RateKeys::new(&created.name(), &model.expert_format, &key_dir, model.expert_record_bytes, model_key.as_deref());
             backend = Some(created.name());
             let path = RateCache::path()?;
             let mut cache = match RateCache::load(&path) {

@@ -34,7 +34,8 @@ impl PlannedModel {
         let mut costs = ModelCosts::of(&arch, backend.kv_cache_dtype())?;
         let mut machine = MachineMemory::detect();
         // What `doctor --measure` measured for this backend and disk, else the defaults (the banner says which).
-        let keys = RateKeys::new(&backend.name(), &costs.expert_format, &arch.dir, costs.expert_record_bytes);
+        let model_key = hits::model_key(&arch).ok();
+        let keys = RateKeys::new(&backend.name(), &costs.expert_format, &arch.dir, costs.expert_record_bytes, model_key.as_deref());
         match RateCache::path().and_then(|path| RateCache::load(&path)) {
             Ok(cache) => machine.rates = cache.apply(&keys, machine.rates),
             Err(e) => note!("note: the plan's estimate uses default rates: {e:#}"),

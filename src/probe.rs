@@ -10,10 +10,11 @@
 //!   demo model decoding a few tokens (what a layer costs besides its weights).
 //! - a missed expert: the model itself decoding a few dozen tokens from a
 //!   small pool (the knee's share, within [`ProbeLimits::miss_pool_bytes`]);
-//!   what a token took beyond its compute and its layers' read latencies,
-//!   per miss, is what a miss costs a real decode (reads, the uploads the
-//!   reads in flight do not hide, bookkeeping). Its hit rate is kept for the
-//!   plan as a streaming run's is.
+//!   what a token took beyond its compute (at most its time not waiting on
+//!   reads) and its layers' read latencies, per miss, is what a miss costs a
+//!   real decode (reads, the uploads the reads in flight do not hide,
+//!   bookkeeping). Both parts are kept for the model. Its hit rate is kept
+//!   for the plan as a streaming run's is.
 //!
 //! The results are kept in `rates.json` ([`crate::plan::RateCache`]) and used
 //! by every later plan on this machine, disk and backend.
@@ -342,7 +343,7 @@ pub fn measure_into(
     );
     cache.record_compute(&keys.compute, Measured { rates: compute.rates, unix_seconds: now, how });
     let (mut misses, mut misses_skipped) = (None, None);
-    if let (Some(arch), Some(d), Some(key)) = (&arch, &disk, &keys.misses) {
+    if let (Some(arch), Some(d), Some(key)) = (&arch, &disk, &keys.decode) {
         let measured = RateSource::Measured { unix_seconds: now };
         let rates = Rates { compute: compute.rates, compute_source: measured.clone(), disk: d.rates, disk_source: measured, miss: None };
         // A model that cannot stream, or whose decode missed nothing, keeps the other rates: a miss then costs its read.
@@ -358,7 +359,7 @@ pub fn measure_into(
                     probe.seconds_per_token * 1e3,
                     100.0 * probe.decode.hit_rate()
                 );
-                cache.record_misses(key, Measured { rates: probe.rates, unix_seconds: now, how });
+                cache.record_decode(key, Measured { rates: probe.rates, unix_seconds: now, how });
                 misses = Some(probe);
             }
             Err(e) => misses_skipped = Some(format!("{e:#}")),
@@ -403,9 +404,10 @@ impl Measurement {
                 (false, _) => "; a pool below the knee, to stay within the probe's memory: its hit rate is not kept",
             };
             s += &format!(
-                "\n          a missed expert {:.2} ms in a decode ({} steps from {} of {} experts per layer, {:.1} ms per token, \
-                 {:.1} misses per token, hit rate {:.1}%, after a {}-token prompt{kept})",
+                "\n          a missed expert {:.2} ms beyond {:.2} ms of compute a token in a decode ({} steps from {} of {} \
+                 experts per layer, {:.1} ms per token, {:.1} misses per token, hit rate {:.1}%, after a {}-token prompt{kept})",
                 m.rates.miss_ms,
+                m.rates.token_ms,
                 m.steps,
                 m.experts_per_layer,
                 m.model_experts_per_layer,

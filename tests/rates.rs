@@ -1,9 +1,10 @@
 //! The plan's estimate and this machine's rates, through the real binary: a
 //! run with nothing measured says its estimate is from defaults;
 //! `doctor --measure` measures within its bounds (the backend, the model's
-//! expert reads, and what a miss costs the model's own decode from a small
-//! pool) and keeps the figures in slotstream's cache folder; a later run on
-//! the same disk and backend plans with them. A streaming run (and the
+//! expert reads, and the model's own decode from a small pool: its compute
+//! and what each miss cost it) and keeps the figures in
+//! slotstream's cache folder; a later run of the model on the same disk and
+//! backend plans with them. A streaming run (and the
 //! probe's decode) keeps its decode hit rate there, and the next run of the
 //! same model estimates with it.
 
@@ -61,10 +62,11 @@ fn measured_rates_are_kept_and_used_by_later_runs() {
         .expect("rates.json is JSON");
     let compute = kept["compute"].as_object().expect("compute rates by key");
     let disks = kept["disks"].as_object().expect("disk rates by key");
-    let misses = kept["misses"].as_object().expect("miss costs by key");
-    assert_eq!((compute.len(), disks.len(), misses.len()), (1, 1, 1), "{kept}");
-    let miss_ms = misses.values().next().and_then(|m| m["rates"]["miss_ms"].as_f64()).expect("a miss cost");
-    assert!(miss_ms > 0.0, "{kept}");
+    let decodes = kept["decodes"].as_object().expect("the model's timed decodes by key");
+    assert_eq!((compute.len(), disks.len(), decodes.len()), (1, 1, 1), "{kept}");
+    let timed = &decodes.values().next().expect("one entry")["rates"];
+    let (miss_ms, token_ms) = (timed["miss_ms"].as_f64().expect("a miss cost"), timed["token_ms"].as_f64().expect("a token's rest"));
+    assert!(miss_ms >= 0.0 && token_ms > 0.0 && miss_ms + token_ms > 0.0, "{kept}");
 
     // The probe's decode from 7 of 8 experts per layer is the model's first streaming run.
     let hits: serde_json::Value =
@@ -79,7 +81,9 @@ fn measured_rates_are_kept_and_used_by_later_runs() {
     let after = run_fixture(home.path());
     let line = rates_line(&after);
     assert!(line.contains(&format!("weights {gbps:.1} GB/s")) && line.contains("measured just now"), "{line}");
-    assert!(line.contains(&format!("a missed expert {miss_ms:.2} ms in a decode measured just now")), "{line}");
+    let timed =
+        format!("a missed expert {miss_ms:.2} ms beyond {token_ms:.2} ms of compute a token in this model's decode measured just now");
+    assert!(line.contains(&timed), "{line}");
     assert!(!line.contains("default"), "the backend, the disk and the misses were measured: {line}");
 }
 

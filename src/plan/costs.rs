@@ -7,6 +7,7 @@ use serde::Serialize;
 use slotstream_backend::{DType, MatrixFormat};
 
 use super::hits::HitRateCurve;
+use super::rates::{DiskRates, MissRates};
 use super::Rates;
 use crate::checkpoint::Checkpoint;
 use crate::model::ModelArch;
@@ -14,15 +15,17 @@ use crate::model::ModelArch;
 /// One token's decode time in parts, seconds ([`ModelCosts::decode_time`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DecodeTime {
-    pub weights: f64,
-    pub layers: f64,
+    /// The token's weights and layers: at the compute rates, or, for a pool
+    /// smaller than the model whose decode was timed here, as that
+    /// measurement split it ([`ModelCosts::miss_rates_from_decode`]).
+    pub compute: f64,
     pub latency: f64,
     pub misses: f64,
 }
 
 impl DecodeTime {
     pub fn total(&self) -> f64 {
-        self.weights + self.layers + self.latency + self.misses
+        self.compute + self.latency + self.misses
     }
 }
 
@@ -121,20 +124,36 @@ impl ModelCosts {
         1.0 / self.decode_time(self.hit_rate(slots), rates).total()
     }
 
-    /// One token's decode time at `hit_rate`: its active weights (trunk and
-    /// routed experts) at the rate the backend gets through weights, a fixed
-    /// cost per layer, one read latency per layer that misses any expert (a
-    /// layer's misses are read together), and what each missed expert costs
-    /// ([`ModelCosts::miss_seconds`]).
+    /// One token's decode time at `hit_rate`. Resident (no misses): its
+    /// active weights (trunk and routed experts) at the backend's weight rate
+    /// and a fixed cost per layer. Streaming: besides, one read latency per
+    /// layer that misses any expert (a layer's misses are read together) and
+    /// what each missed expert costs; where the model's own decode from a
+    /// small pool was timed here, the token's compute and each miss are
+    /// priced as that measurement split the decode
+    /// ([`ModelCosts::miss_rates_from_decode`]), so that a compute rate
+    /// measured later (another model's `--measure`) does not shift its
+    /// estimate; else a miss costs its read at the disk's rate.
     pub fn decode_time(&self, hit_rate: f64, rates: &Rates) -> DecodeTime {
+        let misses = self.misses_per_token(hit_rate);
+        let (compute, miss_seconds) = match &rates.miss {
+            Some(m) if misses > 0.0 => (m.rates.token_ms / 1e3, m.rates.miss_ms / 1e3),
+            _ => (self.resident_compute_seconds(rates), self.expert_record_bytes as f64 / (rates.disk.read_gbps * 1e9)),
+        };
+        DecodeTime { compute, latency: self.latency_seconds(hit_rate, &rates.disk), misses: misses * miss_seconds }
+    }
+
+    /// A token's weights at the backend's weight rate and its layers' fixed cost.
+    fn resident_compute_seconds(&self, rates: &Rates) -> f64 {
         let active = self.top_k as f64 * self.moe_layers as f64 * self.expert_record_bytes as f64;
+        let weights = (self.resident_bytes as f64 + active) / (rates.compute.weight_gbps * 1e9);
+        weights + self.moe_layers as f64 * rates.compute.layer_overhead_ms / 1e3
+    }
+
+    /// One read latency per layer that misses any of its top-k experts.
+    fn latency_seconds(&self, hit_rate: f64, disk: &DiskRates) -> f64 {
         let layers_missing = self.moe_layers as f64 * (1.0 - hit_rate.powi(self.top_k.min(64) as i32));
-        DecodeTime {
-            weights: (self.resident_bytes as f64 + active) / (rates.compute.weight_gbps * 1e9),
-            layers: self.moe_layers as f64 * rates.compute.layer_overhead_ms / 1e3,
-            latency: layers_missing * rates.disk.read_latency_ms / 1e3,
-            misses: self.misses_per_token(hit_rate) * self.miss_seconds(rates),
-        }
+        layers_missing * disk.read_latency_ms / 1e3
     }
 
     /// Experts one decoded token reads from disk at `hit_rate`.
@@ -142,33 +161,29 @@ impl ModelCosts {
         (1.0 - hit_rate) * (self.top_k * self.moe_layers) as f64
     }
 
-    /// What one missed expert costs a token besides its layer's read
-    /// latency: as timed in a decode here where that was measured (its read,
-    /// the upload the reads in flight did not hide, bookkeeping), else its
-    /// read at the disk's rate.
-    pub fn miss_seconds(&self, rates: &Rates) -> f64 {
-        match &rates.miss {
-            Some(m) => m.rates.miss_ms / 1e3,
-            None => self.expert_record_bytes as f64 / (rates.disk.read_gbps * 1e9),
-        }
-    }
-
-    /// The inverse of [`ModelCosts::decode_time`]: what a missed expert cost
-    /// a decode that took `sample.seconds_per_token` at `sample.hit_rate`,
-    /// given the rates for everything else (compute, read latency). With it,
-    /// the estimate at that hit rate is the decode's own time. At least what
-    /// the decode stood waiting on each miss beyond the read latency (the
-    /// compute rates are measured apart and can be off by more than the
-    /// misses cost); `None` when the decode missed nothing.
-    pub fn miss_seconds_from_decode(&self, sample: &DecodeSample, rates: &Rates) -> Option<f64> {
+    /// How a timed decode from a small pool splits a streaming token at
+    /// `rates` (measured with it): its compute is the resident compute at
+    /// the compute rates, but no more than the decode spent not waiting on
+    /// reads (the rates were measured apart, and the decode cannot have
+    /// computed longer than it did not wait); a read latency per layer that
+    /// missed; and what is left, per miss, is what a miss costs: the wait on
+    /// its read and upload, and the work it adds outside the wait (a streaming
+    /// decode's time not waiting grows with its misses: BENCHMARKS.md, "Plan
+    /// estimates"). [`ModelCosts::decode_time`] at the decode's hit rate gives
+    /// back the decode's time. `None` when the decode missed nothing or its
+    /// figures are not times.
+    pub fn miss_rates_from_decode(&self, sample: &DecodeSample, rates: &Rates) -> Option<MissRates> {
         let misses = self.misses_per_token(sample.hit_rate);
-        if !(misses > 0.0 && sample.seconds_per_token.is_finite()) {
+        let (total, waited) = (sample.seconds_per_token, sample.waited_seconds_per_token);
+        if !(misses > 0.0 && total.is_finite() && total > 0.0 && waited.is_finite() && waited >= 0.0) {
             return None;
         }
-        let rest = DecodeTime { misses: 0.0, ..self.decode_time(sample.hit_rate, rates) };
-        let beyond_compute = (sample.seconds_per_token - rest.total()) / misses;
-        let waited = (sample.waited_seconds_per_token - rest.latency) / misses;
-        Some(beyond_compute.max(waited).max(0.0))
+        let compute = self.resident_compute_seconds(rates).min(total - waited.min(total));
+        let latency = self.latency_seconds(sample.hit_rate, &rates.disk);
+        let miss = (total - compute - latency).max(0.0) / misses;
+        // A latency longer than the time left for it comes out of the compute.
+        let token = (total - latency - miss * misses).max(0.0);
+        Some(MissRates { miss_ms: miss * 1e3, token_ms: token * 1e3 })
     }
 
     /// The pool's share of the routed experts.

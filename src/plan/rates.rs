@@ -3,8 +3,9 @@
 //! `rates.json` in slotstream's cache folder, keyed by machine, backend,
 //! weight format and disk, or, where nothing was measured, the defaults
 //! fitted on the reference machine (BENCHMARKS.md, "Plan estimates"). What a
-//! missed expert costs a decode is measured in a real decode of the model
-//! from a small pool; without that measurement a miss costs its read.
+//! streaming token costs (its compute, each missed expert) is measured in a
+//! real decode of the model from a small pool, kept under the model too;
+//! without that measurement a miss costs its read.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -34,14 +35,18 @@ pub struct DiskRates {
     pub read_latency_ms: f64,
 }
 
-/// What a missed expert cost a real decode from a small pool, besides the
-/// compute the token pays anyway and one read latency per layer that missed:
-/// its read, the part of its upload into a slot the reads in flight did not
-/// hide, the slot bookkeeping, and the read threads' time on the cores.
+/// What the model's own decode from a pool smaller than it cost on this
+/// machine, split as the probe split it: a token's compute (the resident
+/// compute at the compute rates measured with it, at most the decode's time
+/// not waiting on reads) and, per missed expert, the rest beyond one read
+/// latency per layer that missed (the read, the part of the upload the reads
+/// in flight did not hide, the work a miss adds outside the wait).
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
 pub struct MissRates {
     /// Milliseconds per missed expert.
     pub miss_ms: f64,
+    /// Milliseconds of compute per token.
+    pub token_ms: f64,
 }
 
 /// Where a set of rates came from.
@@ -63,8 +68,9 @@ pub struct Rates {
     pub compute_source: RateSource,
     pub disk: DiskRates,
     pub disk_source: RateSource,
-    /// A missed expert's cost timed in a decode here (`doctor --measure`
-    /// with the model); none: a miss costs its read at `disk`'s rate.
+    /// The model's own decode from a small pool, timed here (`doctor
+    /// --measure` with the model); none: a miss costs its read at `disk`'s
+    /// rate.
     pub miss: Option<Measured<MissRates>>,
 }
 
@@ -86,10 +92,13 @@ impl Rates {
         let compute = figures(&self.compute_source, format!("weights {:.1} GB/s + {:.2} ms per layer", c.weight_gbps, c.layer_overhead_ms));
         let disk = figures(&self.disk_source, format!("expert reads {:.2} GB/s + {:.2} ms", d.read_gbps, d.read_latency_ms));
         let miss = match &self.miss {
-            Some(m) => {
-                format!("a missed expert {:.2} ms in a decode measured {}", m.rates.miss_ms, age(now_unix.saturating_sub(m.unix_seconds)))
-            }
-            None => "a missed expert costs its read (not timed in a decode)".to_string(),
+            Some(m) => format!(
+                "a missed expert {:.2} ms beyond {:.2} ms of compute a token in this model's decode measured {}",
+                m.rates.miss_ms,
+                m.rates.token_ms,
+                age(now_unix.saturating_sub(m.unix_seconds))
+            ),
+            None => "a missed expert costs its read (this model's decode not timed here)".to_string(),
         };
         let mut s = format!("{compute}; {disk}; {miss}");
         if self.compute_source == RateSource::Defaults || self.disk_source == RateSource::Defaults {
@@ -125,26 +134,28 @@ pub fn format_label(format: &MatrixFormat) -> String {
 /// What a measurement is filed under: this machine with this backend and
 /// weight format (compute), this machine's disk that holds the model, for
 /// reads of about this size (a rate fitted to 60 KB reads says little about
-/// 3 MB ones), and for the cost of a miss in a decode, both: the backend
-/// uploads what the disk reads.
+/// 3 MB ones), and for the model's own decode from a small pool, all of
+/// those and the model ([`crate::plan::hits::model_key`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RateKeys {
     pub compute: String,
     pub disk: Option<String>,
-    pub misses: Option<String>,
+    pub decode: Option<String>,
 }
 
 impl RateKeys {
     /// Keys for a model in `dir` (which need not exist: then no disk key)
     /// whose expert records of `record_bytes` are stored as `format`, run by
-    /// the backend named `backend`.
-    pub fn new(backend: &str, format: &MatrixFormat, dir: &Path, record_bytes: u64) -> RateKeys {
+    /// the backend named `backend`; `model` is the model's key where its
+    /// files are here.
+    pub fn new(backend: &str, format: &MatrixFormat, dir: &Path, record_bytes: u64, model: Option<&str>) -> RateKeys {
         let machine = machine_name();
         let disk = disk_name(dir).map(|disk| format!("{disk} | {}", read_size_class(record_bytes)));
+        let compute = format!("{machine} | {backend} | {}", format_label(format));
         RateKeys {
-            compute: format!("{machine} | {backend} | {}", format_label(format)),
-            misses: disk.as_ref().map(|disk| format!("{machine} | {backend} | {} | {disk}", format_label(format))),
+            decode: disk.as_ref().zip(model).map(|(disk, model)| format!("{compute} | {disk} | model {model}")),
             disk: disk.map(|disk| format!("{machine} | {disk}")),
+            compute,
         }
     }
 }
@@ -251,8 +262,9 @@ pub struct RateCache {
     pub compute: BTreeMap<String, Measured<ComputeRates>>,
     #[serde(default)]
     pub disks: BTreeMap<String, Measured<DiskRates>>,
+    /// Each model's own decode from a small pool (by [`RateKeys::decode`]).
     #[serde(default)]
-    pub misses: BTreeMap<String, Measured<MissRates>>,
+    pub decodes: BTreeMap<String, Measured<MissRates>>,
 }
 
 impl RateCache {
@@ -281,9 +293,9 @@ impl RateCache {
         keep_newest(&mut self.disks);
     }
 
-    pub fn record_misses(&mut self, key: &str, measured: Measured<MissRates>) {
-        self.misses.insert(key.to_string(), measured);
-        keep_newest(&mut self.misses);
+    pub fn record_decode(&mut self, key: &str, measured: Measured<MissRates>) {
+        self.decodes.insert(key.to_string(), measured);
+        keep_newest(&mut self.decodes);
     }
 
     /// `rates` with what was measured under `keys` in place of defaults.
@@ -302,8 +314,8 @@ impl RateCache {
                 rates.disk_source = RateSource::Measured { unix_seconds: m.unix_seconds };
             }
         }
-        if let Some(m) = keys.misses.as_ref().and_then(|k| self.misses.get(k)) {
-            if positive(m.rates.miss_ms) {
+        if let Some(m) = keys.decode.as_ref().and_then(|k| self.decodes.get(k)) {
+            if [m.rates.miss_ms, m.rates.token_ms].iter().all(|x| x.is_finite() && *x >= 0.0) {
                 rates.miss = Some(m.clone());
             }
         }
@@ -338,7 +350,7 @@ mod tests {
         RateKeys {
             compute: "host | cpu (2 threads) | 4-bit g64".into(),
             disk: Some("host | /dev/vda1 (253:1)".into()),
-            misses: Some("host | cpu (2 threads) | 4-bit g64 | /dev/vda1 (253:1)".into()),
+            decode: Some("host | cpu (2 threads) | 4-bit g64 | /dev/vda1 (253:1) | experts of ~2 MB | model 0123".into()),
         }
     }
 
@@ -354,19 +366,38 @@ mod tests {
         let line = rates.describe(100 + 7200);
         assert!(line.contains("weights 9.0 GB/s + 0.05 ms per layer measured 2 h ago"), "{line}");
         assert!(line.contains("expert reads 0.70 GB/s + 0.40 ms default") && line.contains("doctor --measure"), "{line}");
-        assert!(line.contains("a missed expert costs its read (not timed in a decode)"), "{line}");
+        assert!(line.contains("a missed expert costs its read (this model's decode not timed here)"), "{line}");
 
-        let miss = Measured { rates: MissRates { miss_ms: 4.2 }, unix_seconds: 160, how: "test".into() };
-        cache.record_misses(keys().misses.as_deref().expect("a key"), miss.clone());
+        let miss = Measured { rates: MissRates { miss_ms: 4.2, token_ms: 16.5 }, unix_seconds: 160, how: "test".into() };
+        cache.record_decode(keys().decode.as_deref().expect("a key"), miss.clone());
         let rates = cache.apply(&keys(), defaults());
-        assert_eq!(rates.miss, Some(miss));
+        assert_eq!(rates.miss, Some(miss.clone()));
         let line = rates.describe(160 + 300);
-        assert!(line.contains("a missed expert 4.20 ms in a decode measured 5 min ago"), "{line}");
+        assert!(line.contains("a missed expert 4.20 ms beyond 16.50 ms of compute a token in this model's decode measured 5 min ago"), "{line}");
+        let another_model = RateKeys { decode: keys().decode.map(|k| k.replace("model 0123", "model 4567")), ..keys() };
+        assert_eq!(cache.apply(&another_model, defaults()).miss, None, "another model's decode does not apply");
+        let nonsense = Measured { rates: MissRates { miss_ms: 4.2, token_ms: f64::NAN }, ..miss };
+        cache.record_decode(keys().decode.as_deref().expect("a key"), nonsense);
+        assert_eq!(cache.apply(&keys(), defaults()).miss, None, "a figure that is not a time is passed over");
 
-        let other = RateKeys { compute: "host | wgpu | 4-bit g64".into(), disk: None, misses: None };
+        let other = RateKeys { compute: "host | wgpu | 4-bit g64".into(), disk: None, decode: None };
         assert_eq!(read_size_class(61_440), "experts of ~64 KB");
         assert_eq!(read_size_class(2_654_208), "experts of ~2 MB");
         assert_eq!(cache.apply(&other, defaults()), defaults(), "another backend's measurement does not apply");
+    }
+
+    /// A model's timed decode is filed under the machine, backend, format
+    /// and disk, and the model: another model on the same disk has its own.
+    #[test]
+    fn a_timed_decode_is_filed_under_its_model() {
+        let dir = tempfile::tempdir().expect("a scratch folder");
+        let format = MatrixFormat::Affine { bits: 4, group_size: 64, scale_dtype: DType::BF16 };
+        let keys = RateKeys::new("cpu (2 threads)", &format, dir.path(), 2_654_208, Some("0123"));
+        let decode = keys.decode.clone().expect("a disk and a model");
+        assert!(decode.starts_with(&keys.compute) && decode.ends_with("| experts of ~2 MB | model 0123"), "{decode}");
+        assert_eq!(RateKeys::new("cpu (2 threads)", &format, dir.path(), 2_654_208, None).decode, None, "no model key");
+        let absent = RateKeys::new("cpu (2 threads)", &format, &dir.path().join("absent"), 2_654_208, Some("0123"));
+        assert_eq!((absent.disk, absent.decode), (None, None), "no files here");
     }
 
     /// `ls -l /dev`'s numbers: Linux's vda1 is 253:1 (glibc splits both

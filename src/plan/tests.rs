@@ -235,8 +235,8 @@ fn arithmetic_rates() -> Rates {
     )
 }
 
-fn with_miss_ms(rates: &Rates, miss_ms: f64) -> Rates {
-    let miss = rates::Measured { rates: rates::MissRates { miss_ms }, unix_seconds: 0, how: String::new() };
+fn with_decode(rates: &Rates, miss_ms: f64, token_ms: f64) -> Rates {
+    let miss = rates::Measured { rates: rates::MissRates { miss_ms, token_ms }, unix_seconds: 0, how: String::new() };
     Rates { miss: Some(miss), ..rates.clone() }
 }
 
@@ -263,16 +263,17 @@ fn the_estimate_adds_weights_layers_and_misses_at_the_given_rates() {
     assert!((model.estimate_decode_tokens_per_second(640, &faster) - 1.0 / 0.014).abs() < 1e-9);
 }
 
-/// A miss timed in a decode (reads, uploads the reads did not hide,
-/// bookkeeping) replaces its read at the disk's rate; a resident plan has no
-/// misses to pay.
+/// The model's own decode from a small pool, timed here, prices a streaming
+/// token: its compute as the probe split it, each miss at the probe's cost,
+/// and the disk's latency per layer that misses; a resident plan has no
+/// misses and computes at the compute rates.
 #[test]
-fn a_miss_timed_in_a_decode_is_what_each_miss_costs() {
+fn a_timed_decode_prices_each_miss_and_the_compute_of_a_streaming_token() {
     let model = arithmetic_model();
-    let rates = with_miss_ms(&arithmetic_rates(), 2.5);
+    let rates = with_decode(&arithmetic_rates(), 2.5, 30.0);
     let hit: f64 = 0.25f64.powf(0.6);
     let misses = (1.0 - hit) * 80.0;
-    let seconds = 0.023 + misses * 0.0025 + 10.0 * (1.0 - hit.powi(8)) * 0.002;
+    let seconds = 0.030 + misses * 0.0025 + 10.0 * (1.0 - hit.powi(8)) * 0.002;
     let streaming = model.estimate_decode_tokens_per_second(160, &rates);
     assert!((streaming - 1.0 / seconds).abs() < 1e-9, "{streaming} vs {}", 1.0 / seconds);
     assert!(streaming < model.estimate_decode_tokens_per_second(160, &arithmetic_rates()), "2.5 ms a miss is slower than 1 ms of reading");
@@ -281,27 +282,55 @@ fn a_miss_timed_in_a_decode_is_what_each_miss_costs() {
     assert!((time.misses - misses * 0.0025).abs() < 1e-12 && (time.total() - seconds).abs() < 1e-12, "{time:?}");
 }
 
-/// The probe's inverse: the miss cost taken from a decode makes the estimate
-/// at the decode's hit rate its own time, whatever the compute rates say;
-/// never less than what the decode waited on each miss; none without misses.
+/// The probe's split: the token's compute at the compute rates (23 ms here),
+/// the rest per miss; but never more compute than the decode spent not
+/// waiting on reads (the rates were measured apart, on a busy machine), so
+/// the estimate at the decode's hit rate is the decode's own time either
+/// way; none without misses.
 #[test]
-fn the_miss_cost_from_a_decode_gives_back_the_decodes_time() {
+fn a_timed_decode_gives_back_its_own_time() {
     use costs::DecodeSample;
     let model = arithmetic_model();
     let rates = arithmetic_rates();
-    for (seconds_per_token, hit_rate) in [(0.1, 0.5), (0.3, 0.2), (0.04, 0.9)] {
-        let sample = DecodeSample { seconds_per_token, hit_rate, waited_seconds_per_token: 0.0 };
-        let miss = model.miss_seconds_from_decode(&sample, &rates).expect("misses to time");
-        let back = model.decode_time(hit_rate, &with_miss_ms(&rates, miss * 1e3)).total();
-        assert!((back - seconds_per_token).abs() < 1e-12, "{seconds_per_token} at {hit_rate}: {miss} s a miss gives {back}");
+    let samples = [(0.1, 0.5, 0.05), (0.1, 0.5, 0.08), (0.3, 0.2, 0.29), (0.04, 0.9, 0.02), (0.05, 0.5, 0.001)];
+    for (seconds_per_token, hit_rate, waited) in samples {
+        let sample = DecodeSample { seconds_per_token, hit_rate, waited_seconds_per_token: waited };
+        let miss = model.miss_rates_from_decode(&sample, &rates).expect("misses to time");
+        let back = model.decode_time(hit_rate, &with_decode(&rates, miss.miss_ms, miss.token_ms)).total();
+        assert!((back - seconds_per_token).abs() < 1e-12, "{sample:?}: {miss:?} gives {back}");
     }
-    // Faster than the compute rates allow (they were measured apart, on a busy
-    // machine): the miss costs at least the time the decode waited on it.
-    let hit_rate = 0.5;
-    let rest = model.decode_time(hit_rate, &rates);
-    let sample = DecodeSample { seconds_per_token: 0.02, hit_rate, waited_seconds_per_token: 0.05 };
-    let miss = model.miss_seconds_from_decode(&sample, &rates).expect("misses");
-    assert!((miss - (0.05 - rest.latency) / model.misses_per_token(hit_rate)).abs() < 1e-12, "{miss}");
+    // 0.1 s at hit 0.5: 40 misses, 10 layers x 2 ms x (1 - 0.5^8) of latency.
+    let latency = 10.0 * 0.002 * (1.0 - 0.5f64.powi(8));
+    let split = |waited: f64| {
+        let sample = DecodeSample { seconds_per_token: 0.1, hit_rate: 0.5, waited_seconds_per_token: waited };
+        model.miss_rates_from_decode(&sample, &rates).expect("misses")
+    };
+    let (within, beyond) = (split(0.05), split(0.08));
+    assert!((within.token_ms - 23.0).abs() < 1e-9 && (within.miss_ms - (0.1 - 0.023 - latency) / 40.0 * 1e3).abs() < 1e-9, "{within:?}");
+    assert!((beyond.token_ms - 20.0).abs() < 1e-9 && (beyond.miss_ms - (0.08 - latency) / 40.0 * 1e3).abs() < 1e-9, "{beyond:?}");
     let all_hits = DecodeSample { seconds_per_token: 0.05, hit_rate: 1.0, waited_seconds_per_token: 0.0 };
-    assert_eq!(model.miss_seconds_from_decode(&all_hits, &rates), None);
+    assert_eq!(model.miss_rates_from_decode(&all_hits, &rates), None);
+    let no_time = DecodeSample { seconds_per_token: f64::NAN, hit_rate: 0.5, waited_seconds_per_token: 0.0 };
+    assert_eq!(model.miss_rates_from_decode(&no_time, &rates), None);
+}
+
+/// A compute rate measured after the timed decode (another model's
+/// `--measure` replaces it) moves the resident estimate only: the streaming
+/// one keeps the compute its misses were priced against, so at the probe's
+/// hit rate it is still the probe's time.
+#[test]
+fn a_later_compute_rate_leaves_a_timed_decode_whole() {
+    use costs::DecodeSample;
+    use rates::ComputeRates;
+    let model = arithmetic_model();
+    let sample = DecodeSample { seconds_per_token: 0.1, hit_rate: 0.5, waited_seconds_per_token: 0.05 };
+    let miss = model.miss_rates_from_decode(&sample, &arithmetic_rates()).expect("misses");
+    let then = with_decode(&arithmetic_rates(), miss.miss_ms, miss.token_ms);
+    let now = Rates { compute: ComputeRates { weight_gbps: 20.0, layer_overhead_ms: 0.2 }, ..then.clone() };
+    for slots in [100, 240, 400, 600] {
+        let (a, b) = (model.estimate_decode_tokens_per_second(slots, &then), model.estimate_decode_tokens_per_second(slots, &now));
+        assert!((a - b).abs() < 1e-9 * a, "{slots} slots: {a} vs {b} tok/s");
+    }
+    assert!((model.decode_time(0.5, &now).total() - 0.1).abs() < 1e-12);
+    assert!(model.estimate_decode_tokens_per_second(640, &now) > model.estimate_decode_tokens_per_second(640, &then), "resident");
 }

@@ -2,10 +2,13 @@
 //! dozen tokens from a pool of the knee's share (within
 //! [`ProbeLimits::miss_pool_bytes`] and [`ProbeLimits::miss_decode_seconds`],
 //! after a prompt cut to [`ProbeLimits::miss_prefill_seconds`] of reads),
-//! and what each step took beyond its compute and its layers' read
+//! and what each step took beyond its compute (at the compute rates just
+//! measured, at most its time not waiting on reads) and its layers' read
 //! latencies, per miss, is the miss's cost: its read, the part of its upload
 //! the reads in flight did not hide, the slot bookkeeping, the read threads'
-//! time on the cores. Its hit rate is a streaming run's.
+//! time on the cores ([`ModelCosts::miss_rates_from_decode`]). Both parts
+//! are kept, so that the estimate splits a token as the probe did. Its hit
+//! rate is a streaming run's.
 
 use std::ops::ControlFlow;
 use std::time::Instant;
@@ -73,10 +76,9 @@ fn probe_prompt(engine: &Engine) -> Result<String> {
     engine.codec.apply_chat_template(&[message], true, None)
 }
 
-/// What a missed expert costs `arch`'s decode on `backend`: the model
-/// decodes from a pool of [`miss_probe_pool`], and what each step took
-/// beyond its compute and read latencies at `rates` (just measured), per
-/// miss ([`ModelCosts::miss_seconds_from_decode`]).
+/// What a streaming token of `arch` costs on `backend`: the model decodes
+/// from a pool of [`miss_probe_pool`], split into its compute and what each
+/// miss cost at `rates` (just measured; [`ModelCosts::miss_rates_from_decode`]).
 pub fn measure_misses(arch: &ModelArch, backend: Box<dyn Backend>, rates: &Rates, limits: &ProbeLimits) -> Result<MissProbe> {
     let costs = ModelCosts::of(arch, backend.kv_cache_dtype())?;
     let Some((per_layer, at_knee)) = miss_probe_pool(&costs, limits.miss_pool_bytes) else {
@@ -117,11 +119,11 @@ pub fn measure_misses(arch: &ModelArch, backend: Box<dyn Backend>, rates: &Rates
         hit_rate: decode.hit_rate(),
         waited_seconds_per_token: decode.wait_seconds / steps as f64,
     };
-    let Some(miss_seconds) = costs.miss_seconds_from_decode(&sample, rates) else {
+    let Some(miss_rates) = costs.miss_rates_from_decode(&sample, rates) else {
         bail!("the model's decode from {slots} slots found every expert it needed: no miss to time");
     };
     Ok(MissProbe {
-        rates: MissRates { miss_ms: miss_seconds * 1e3 },
+        rates: miss_rates,
         slots,
         experts_per_layer: per_layer,
         model_experts_per_layer: costs.experts_per_layer,
@@ -197,7 +199,7 @@ mod tests {
         assert_eq!((probe.slots, probe.experts_per_layer, probe.at_knee), (14, 7, true), "{probe:?}");
         assert_eq!(probe.steps, 11, "12 tokens, the first from the prefill");
         assert_eq!(probe.decode.hits + probe.decode.misses, 11 * 2 * 2, "{probe:?}");
-        assert!(probe.decode.misses > 0 && probe.rates.miss_ms > 0.0 && probe.seconds_per_token > 0.0, "{probe:?}");
+        assert!(probe.decode.misses > 0 && probe.rates.miss_ms > 0.0 && probe.rates.token_ms > 0.0, "{probe:?}");
         assert!(!probe.hits_kept, "keeping the hit rate is measure_into's");
         let whole = probe.prompt_tokens;
         assert!(whole > 1, "the fixture's small experts fit the prefill bound: {probe:?}");
