@@ -127,7 +127,9 @@ fn expert_store(arch: &ModelArch) -> Result<ExpertStore> {
     }
     let prefixes: Vec<String> = prefixes.into_iter().collect();
     let c = &arch.text;
-    ExpertStore::new(&ck, &prefixes, stacked, c.num_experts, c.hidden_size, c.moe_intermediate_size, ExpertStore::READ_THREADS)
+    // As many reads in flight as the model's runs will have.
+    let threads = LoadOptions::default().with_env_overrides()?.read_threads;
+    ExpertStore::new(&ck, &prefixes, stacked, c.num_experts, c.hidden_size, c.moe_intermediate_size, threads)
 }
 
 fn median(values: &mut [f64]) -> Option<f64> {
@@ -263,7 +265,7 @@ pub fn measure_compute(backend: Box<dyn Backend>, format: &MatrixFormat, limits:
     let name = backend.name();
     let demo = ModelArch::read(&crate::demo::model_dir()?)?;
     let demo_costs = ModelCosts::of(&demo, backend.kv_cache_dtype())?;
-    let options = LoadOptions { preload_experts: true, ..Default::default() };
+    let options = LoadOptions { preload_experts: true, ..Default::default() }.with_env_overrides()?;
     let engine = Engine::load_arch(&demo, backend, &options).context("loading the demo model to time its decoding")?;
     let (weight_gbps, matmul_bytes, matmul_passes) =
         time_matmul(engine.backend.as_ref(), format, limits).with_context(|| format!("timing matmuls on {name}"))?;

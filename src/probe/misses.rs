@@ -85,7 +85,7 @@ pub fn measure_misses(arch: &ModelArch, backend: Box<dyn Backend>, rates: &Rates
         bail!("every expert of a layer is one token's: no pool smaller than the model can run it");
     };
     let slots = per_layer * costs.moe_layers;
-    let options = LoadOptions { expert_slots: ExpertSlots::Count(slots), ..Default::default() };
+    let options = LoadOptions { expert_slots: ExpertSlots::Count(slots), ..Default::default() }.with_env_overrides()?;
     let engine = Engine::load_arch(arch, backend, &options).context("loading the model to time its misses")?;
     let mut prompt_ids = engine.codec.encode(&probe_prompt(&engine)?, false)?;
     // A large model's prefill from a small pool reads nearly every token's experts: keep as many
