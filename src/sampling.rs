@@ -158,11 +158,13 @@ fn candidates(logits: &[f32], top_k: usize) -> Vec<(u32, f32)> {
 /// and min-p, then one draw of `rng`.
 fn pick(p: &SamplingParams, rng: &mut ChaCha8Rng, cand: &[(u32, f32)]) -> u32 {
     let Some(&(_, max)) = cand.first() else { return 0 };
-    let total: f32 = cand.iter().map(|&(_, l)| weight(p, l, max)).sum();
-    let kept_all: f32 = cand.iter().map(|&(_, l)| weight(p, l, max) / total).sum();
+    let weights: Vec<f32> = cand.iter().map(|&(_, l)| weight(p, l, max)).collect();
+    let total: f32 = weights.iter().sum();
+    let probs: Vec<f32> = weights.iter().map(|w| w / total).collect();
+    let kept_all: f32 = probs.iter().sum();
     let u = rng.random::<f32>();
     // Every candidate is there: the prefix decides.
-    pick_prefix(p, u, cand, total, kept_all, true).unwrap_or(cand[cand.len() - 1].0)
+    pick_prefix(p, u, cand, &probs, kept_all, true).unwrap_or(cand[cand.len() - 1].0)
 }
 
 /// A candidate's unnormalised probability: softmax numerator at the
@@ -182,8 +184,9 @@ fn pick_whole(p: &SamplingParams, rng: &mut ChaCha8Rng, logits: &[f32]) -> u32 {
     let keys: Vec<u64> = logits.iter().enumerate().map(|(i, &l)| rank_key(i as u32, l)).collect();
     let Some(&best) = keys.iter().min() else { return 0 };
     let max = logits[best as u32 as usize];
-    let total: f32 = logits.iter().map(|&l| weight(p, l, max)).sum();
-    let kept_all: f32 = logits.iter().map(|&l| weight(p, l, max) / total).sum();
+    let weights: Vec<f32> = logits.iter().map(|&l| weight(p, l, max)).collect();
+    let total: f32 = weights.iter().sum();
+    let kept_all: f32 = weights.iter().map(|w| w / total).sum();
     let u = rng.random::<f32>();
     let mut m = 64.min(keys.len());
     loop {
@@ -194,8 +197,9 @@ fn pick_whole(p: &SamplingParams, rng: &mut ChaCha8Rng, logits: &[f32]) -> u32 {
         }
         prefix.sort_unstable();
         let cand: Vec<(u32, f32)> = prefix.iter().map(|&k| (k as u32, logits[k as u32 as usize])).collect();
+        let probs: Vec<f32> = cand.iter().map(|&(id, _)| weights[id as usize] / total).collect();
         let complete = m == keys.len();
-        if let Some(t) = pick_prefix(p, u, &cand, total, kept_all, complete) {
+        if let Some(t) = pick_prefix(p, u, &cand, &probs, kept_all, complete) {
             return t;
         }
         if complete {
@@ -205,14 +209,13 @@ fn pick_whole(p: &SamplingParams, rng: &mut ChaCha8Rng, logits: &[f32]) -> u32 {
     }
 }
 
-/// The draw `u` over the sorted candidates `cand`, all of them (`complete`)
-/// or the best of a longer list: probabilities over the normaliser `total`,
-/// top-p and min-p cut in rank order, then the draw walks the kept ones
+/// The draw `u` over the sorted candidates `cand` with their normalised
+/// probabilities `probs`, all of them (`complete`) or the best of a longer
+/// list: top-p and min-p cut in rank order, then the draw walks the kept ones
 /// (`kept_all` is their mass when nothing is cut). `None` when the prefix
 /// ends before the cut or the draw is decided.
-fn pick_prefix(p: &SamplingParams, u: f32, cand: &[(u32, f32)], total: f32, kept_all: f32, complete: bool) -> Option<u32> {
-    let max = cand.first()?.1;
-    let probs: Vec<f32> = cand.iter().map(|&(_, l)| weight(p, l, max) / total).collect();
+fn pick_prefix(p: &SamplingParams, u: f32, cand: &[(u32, f32)], probs: &[f32], kept_all: f32, complete: bool) -> Option<u32> {
+    let first = *probs.first()?;
     let mut top_p = None;
     if p.top_p < 1.0 {
         let mut acc = 0.0;
@@ -226,7 +229,7 @@ fn pick_prefix(p: &SamplingParams, u: f32, cand: &[(u32, f32)], total: f32, kept
     }
     let mut min_p = None;
     if p.min_p > 0.0 {
-        let floor = probs[0] * p.min_p;
+        let floor = first * p.min_p;
         let above = probs.iter().take_while(|&&x| x >= floor).count();
         // All of the prefix above the floor: the cut may lie past it.
         if above < probs.len() || complete {
