@@ -388,6 +388,40 @@ mod tests {
         assert!(error.contains("not a file of expert hit rates") && error.contains("delete it"), "{error}");
     }
 
+    /// A run keeps its decode's timing beside its hit rate, within the same
+    /// bounds; a file of an earlier version (runs without timings) reads as
+    /// runs with none, and a run too short to time keeps its hit rate alone.
+    #[test]
+    fn runs_keep_their_timing_and_files_without_one_still_read() {
+        let dir = tempfile::tempdir().expect("a scratch folder");
+        let path = dir.path().join("hits.json");
+        let old = r#"{"models": {"m": {"model": "/models/m", "runs": [{"share": 0.25, "hit_rate": 0.3, "expert_uses": 900, "unix_seconds": 7}]}}}"#;
+        std::fs::write(&path, old).expect("writing");
+        let mut cache = HitCache::load(&path).expect("an earlier version's file reads");
+        assert_eq!(cache.models["m"].runs[0].timing, None);
+        assert!(cache.curve("m").timed.runs.is_empty() && cache.curve("m").runs == 1, "{:?}", cache.curve("m"));
+
+        let timing = |seconds: f64, steps: usize| RunTiming::of("here | cpu (2 threads) | /dev/vda (254:0)".into(), steps, seconds, seconds / 4.0);
+        assert_eq!(timing(1.0, super::super::speeds::MIN_TIMED_STEPS - 1), None, "too few steps to time");
+        assert_eq!(timing(f64::NAN, 40), None, "not a time");
+        let timed = timing(4.0, 40).expect("40 steps in 4 s");
+        assert_eq!((timed.seconds_per_token, timed.waited_seconds_per_token, timed.steps), (0.1, 0.025, 40));
+        for t in 0..(MAX_RUNS_PER_MODEL as u64 + 3) {
+            cache.record("m", "/models/m", HitRun { timing: Some(timed.clone()), ..run(0.5, 0.6, 100 + t) });
+        }
+        assert_eq!(cache.models["m"].runs.len(), MAX_RUNS_PER_MODEL, "timed runs count against the same bound");
+        cache.save(&path).expect("saving");
+        let back = HitCache::load(&path).expect("loading");
+        assert_eq!(back, cache);
+        let curve = back.curve("m");
+        assert_eq!(curve.timed.runs.len(), MAX_RUNS_PER_MODEL);
+        assert!(curve.timed.runs.iter().all(|r| r.share == 0.5 && r.timing == timed), "{curve:?}");
+        assert_eq!(curve.timed.points("here | cpu (2 threads) | /dev/vda (254:0)").len(), 1);
+        assert!(curve.timed.points("elsewhere").is_empty(), "another machine's runs time nothing here");
+        let untimed = std::fs::read_to_string(&path).expect("reading");
+        assert!(!serde_json::to_string(&run(0.5, 0.6, 1)).expect("JSON").contains("timing"), "no timing, no field: {untimed:.0}");
+    }
+
     #[test]
     fn a_model_is_known_by_its_files() {
         let dir = tempfile::tempdir().expect("a scratch folder");

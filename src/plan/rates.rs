@@ -467,7 +467,7 @@ mod tests {
         let mut cache = RateCache::default();
         let bad = ComputeRates { weight_gbps: f64::NAN, layer_overhead_ms: 0.1 };
         cache.record_compute(&keys().compute, Measured { rates: bad, unix_seconds: 1, how: String::new() });
-        assert_eq!(cache.apply(&keys(), defaults()), defaults());
+        assert_eq!(cache.apply(&keys(), defaults()), Rates { runs_key: keys().runs, ..defaults() });
         for i in 0..(MAX_ENTRIES as u64 + 10) {
             cache.record_disk(&format!("disk {i}"), Measured { rates: DiskRates { read_gbps: 1.0, read_latency_ms: 0.1 }, unix_seconds: i, how: String::new() });
         }
