@@ -119,11 +119,14 @@ import statistics, sys
 rows = [line.rstrip("\n").split("\t") for line in open(sys.argv[1]) if line.strip()]
 groups = {}
 for label, case, ratio in rows:
-    groups.setdefault((label.split(" #")[0], case), []).append(float(ratio))
-    streaming = "demo streaming" if case.startswith("demo 14") else "synthetic streaming" if case.split()[1] in ("16", "26", "48") else None
-    if streaming:
-        groups.setdefault((label.split(" #")[0], streaming + " (all)"), []).append(float(ratio))
-for (label, case), values in groups.items():
-    within = sum(1 for v in values if 1 / 1.3 <= v <= 1.3)
-    print(f"  {label}  {case:28s} {within:3d} of {len(values):3d}   median {statistics.median(values):.2f}")
+    label = label.split(" #")[0]
+    size = case.split()[1]
+    kind = "demo streaming" if case.startswith("demo 14") else "synthetic streaming" if size in ("16", "26", "48") else "resident"
+    for key in (case, kind + " (all)"):
+        groups.setdefault(label, {}).setdefault(key, []).append(float(ratio))
+for label, cases in groups.items():
+    for case in sorted(cases, key=lambda c: (c.endswith("(all)"), c)):
+        values = cases[case]
+        within = sum(1 for v in values if 1 / 1.3 <= v <= 1.3)
+        print(f"  {label}  {case:28s} {within:3d} of {len(values):3d}   median {statistics.median(values):.2f}")
 EOF
