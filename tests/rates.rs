@@ -178,7 +178,7 @@ fn a_streaming_run_keeps_its_hit_rate_for_the_next_runs_estimate() {
     assert!(banner_line(&stderr, "hits:").contains("measured from 1 run of this model"), "{stderr}");
 }
 
-/// Each of the model's runs in hits.json, after `edit` (with a value to read back).
+/// Rewrites hits.json with `edit` applied to each run of each model.
 fn edit_runs(file: &Path, edit: impl Fn(&mut serde_json::Value)) {
     let mut kept: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(file).expect("hits.json")).expect("JSON");
     for model in kept["models"].as_object_mut().expect("runs by model").values_mut() {
@@ -219,7 +219,9 @@ fn a_streaming_run_keeps_its_decode_time_for_the_next_runs_estimate() {
     assert!(banner_line(&stderr, "expect:").contains(&expect), "{stderr}\nexpected: {expect}");
 
     // The same file on another host: its runs time nothing here.
-    edit_runs(&file, |run| run["timing"]["machine"] = machine.replacen(machine.split(" | ").next().unwrap_or(""), "another host", 1).into());
+    edit_runs(&file, |run| {
+        run["timing"]["machine"] = machine.replacen(machine.split(" | ").next().unwrap_or(""), "another host", 1).into()
+    });
     let (_, stderr) = stream_fixture(home.path(), "3");
     assert!(banner_line(&stderr, "speed:").contains("from the rates"), "{stderr}");
     assert!(banner_line(&stderr, "hits:").contains("measured from 2 runs"), "the hit rates still count: {stderr}");

@@ -380,10 +380,9 @@ fn timed_runs_at_the_pool_size_give_its_estimate() {
 
     let from_rates = model.decode_time(model.hit_rate(160), &rates).total();
     let elsewhere = with_timed_runs("another host | cpu (2 threads) | /dev/vda1 (253:1)", &[(0.25, 0.4, &[0.1])]);
-    for (what, model, rates) in [
-        ("another machine's runs", &elsewhere, rates.clone()),
-        ("no machine: rates not read", &model, arithmetic_rates()),
-    ] {
+    for (what, model, rates) in
+        [("another machine's runs", &elsewhere, rates.clone()), ("no machine: rates not read", &model, arithmetic_rates())]
+    {
         let estimate = model.estimate_decode(160, &rates);
         assert_eq!(estimate.from_runs, None, "{what}");
         assert!((estimate.seconds_per_token - from_rates).abs() < 1e-12, "{what}: {estimate:?}");
@@ -418,7 +417,10 @@ fn timed_runs_between_and_beyond_their_shares() {
     let beyond = model.estimate_decode(480, &rates);
     let want = model.decode_time(model.hit_rate(480), &with_decode(&rates, split.miss_ms, split.token_ms)).total();
     assert!((beyond.seconds_per_token - want).abs() < 1e-12 && want < 0.06, "{beyond:?} vs {want}");
-    assert_eq!(beyond.from_runs, Some(speeds::FromRuns::Nearest { point: model.hit_curve.timed.points("here")[1].clone(), miss_ms: split.miss_ms }));
+    assert_eq!(
+        beyond.from_runs,
+        Some(speeds::FromRuns::Nearest { point: model.hit_curve.timed.points("here")[1].clone(), miss_ms: split.miss_ms })
+    );
     assert!((model.decode_time(at_half, &with_decode(&rates, split.miss_ms, split.token_ms)).total() - 0.06).abs() < 1e-12);
     // 80 slots: below the smallest share, slower than it.
     assert!(model.estimate_decode(80, &rates).seconds_per_token > 0.10);
@@ -441,7 +443,10 @@ fn the_banner_says_whether_the_speed_is_measured_from_runs_or_the_rates() {
     let between = line(&model, here(&arithmetic_rates()), 24);
     assert!(between.contains("measured from 3 runs of this model here, between 2 runs at 16 and 1 run at 32 of 64"), "{between}");
     let beyond = line(&model, here(&arithmetic_rates()), 48);
-    assert!(beyond.contains("measured from 1 run of this model here at 32 of 64 experts per layer (60.0 ms a token), at this pool's misses"), "{beyond}");
+    assert!(
+        beyond.contains("measured from 1 run of this model here at 32 of 64 experts per layer (60.0 ms a token), at this pool's misses"),
+        "{beyond}"
+    );
     let rates = line(&model, arithmetic_rates(), 16);
     assert!(rates.contains("from the rates and hit rate above (this model's streaming runs were not timed on this machine"), "{rates}");
     assert_eq!(line(&model, here(&arithmetic_rates()), 64), "", "a resident pool has no speed line");
