@@ -98,6 +98,9 @@ pub struct ExpectedSpeed {
     /// The whole process at this pool size, for the planned context.
     pub peak_gb: f64,
     pub decode_tokens_per_second_estimate: f64,
+    /// Whether the estimate came from the model's timed runs on this machine
+    /// (else from the rates).
+    pub from_timed_runs: bool,
 }
 
 impl DoctorReport {
@@ -186,11 +189,13 @@ fn expected_speeds(model: &ModelCosts, machine: &MachineMemory, context_tokens: 
         .map(|experts_per_layer| {
             let slots = experts_per_layer * model.moe_layers;
             let pool_bytes = slots as u64 * model.expert_record_bytes;
+            let estimate = model.estimate_decode(slots, &machine.rates);
             ExpectedSpeed {
                 experts_per_layer,
                 pool_gb: pool_bytes as f64 / GB,
                 peak_gb: (fixed_bytes + pool_bytes) as f64 / GB,
-                decode_tokens_per_second_estimate: model.estimate_decode_tokens_per_second(slots, &machine.rates),
+                decode_tokens_per_second_estimate: estimate.tokens_per_second(),
+                from_timed_runs: estimate.from_runs.is_some(),
             }
         })
         .collect()
@@ -231,12 +236,20 @@ impl fmt::Display for DoctorReport {
             writeln!(f, "measured: {}", measured.describe())?;
         }
         writeln!(f, "{}", self.plan.banner(model, &self.machine))?;
-        write!(f, "expected speed by cache size (estimates):")?;
+        if self.expected.iter().any(|row| row.from_timed_runs) {
+            write!(f, "expected speed by cache size (estimates; *: from this model's timed runs here, else from the rates):")?;
+        } else {
+            write!(f, "expected speed by cache size (estimates):")?;
+        }
         for row in &self.expected {
             write!(
                 f,
-                "\n  {:>4} experts/layer  pool {:>6.1} GB  peak {:>6.1} GB  ~{:.1} tok/s",
-                row.experts_per_layer, row.pool_gb, row.peak_gb, row.decode_tokens_per_second_estimate
+                "\n  {:>4} experts/layer  pool {:>6.1} GB  peak {:>6.1} GB  ~{:.1} tok/s{}",
+                row.experts_per_layer,
+                row.pool_gb,
+                row.peak_gb,
+                row.decode_tokens_per_second_estimate,
+                if row.from_timed_runs { " *" } else { "" }
             )?;
         }
         Ok(())

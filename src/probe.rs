@@ -347,12 +347,24 @@ pub fn measure_into(
     let (mut misses, mut misses_skipped) = (None, None);
     if let (Some(arch), Some(d), Some(key)) = (&arch, &disk, &keys.decode) {
         let measured = RateSource::Measured { unix_seconds: now };
-        let rates = Rates { compute: compute.rates, compute_source: measured.clone(), disk: d.rates, disk_source: measured, miss: None };
+        let rates = Rates {
+            compute: compute.rates,
+            compute_source: measured.clone(),
+            disk: d.rates,
+            disk_source: measured,
+            miss: None,
+            runs_key: None,
+        };
         // A model that cannot stream, or whose decode missed nothing, keeps the other rates: a miss then costs its read.
         match measure_misses(arch, backend, &rates, limits) {
             Ok(mut probe) => {
                 // Its hit rate is a streaming run's, where the pool had the share a plan would give it.
-                probe.hits_kept = probe.at_knee && crate::plan::hits::keep_run(arch, probe.slots, &probe.decode)?;
+                let timing = crate::plan::hits::DecodeTiming {
+                    backend: probe.backend.clone(),
+                    steps: probe.steps,
+                    seconds: probe.seconds_per_token * probe.steps as f64,
+                };
+                probe.hits_kept = probe.at_knee && crate::plan::hits::keep_run(arch, probe.slots, &probe.decode, Some(&timing))?;
                 let how = format!(
                     "{} decode steps from {} slots ({} per layer), {:.1} ms per token, hit rate {:.1}%",
                     probe.steps,

@@ -177,3 +177,61 @@ fn a_streaming_run_keeps_its_hit_rate_for_the_next_runs_estimate() {
     let (_, stderr) = stream_fixture(home.path(), "3");
     assert!(banner_line(&stderr, "hits:").contains("measured from 1 run of this model"), "{stderr}");
 }
+
+/// Rewrites hits.json with `edit` applied to each run of each model.
+fn edit_runs(file: &Path, edit: impl Fn(&mut serde_json::Value)) {
+    let mut kept: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(file).expect("hits.json")).expect("JSON");
+    for model in kept["models"].as_object_mut().expect("runs by model").values_mut() {
+        for run in model["runs"].as_array_mut().expect("runs") {
+            edit(run);
+        }
+    }
+    std::fs::write(file, kept.to_string()).expect("writing hits.json");
+}
+
+/// A streaming run keeps its decode's time per token, filed under this
+/// machine, backend and disk; the next run of the same model from the same
+/// pool estimates that time and says so. Runs timed on another host, and a
+/// file of an earlier version without times, leave the estimate to the
+/// rates, without a note.
+#[test]
+fn a_streaming_run_keeps_its_decode_time_for_the_next_runs_estimate() {
+    let home = tempfile::tempdir().expect("a scratch home");
+    let file = home.path().join("cache/slotstream/hits.json");
+    let (first, stderr) = stream_fixture(home.path(), "3");
+    assert!(banner_line(&stderr, "speed:").contains("from the rates and hit rate above"), "nothing timed yet: {stderr}");
+    let kept: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&file).expect("hits.json was written")).expect("JSON");
+    let run = &kept["models"].as_object().and_then(|m| m.values().next()).expect("one model")["runs"][0];
+    let timing = &run["timing"];
+    let machine = timing["machine"].as_str().expect("the machine it ran on");
+    assert!(machine.contains(" | cpu (") && machine.contains(" | /dev/"), "{kept}");
+    assert_eq!(timing["steps"], 23, "24 tokens, the first from the prefill: {kept}");
+    let seconds_per_token = timing["seconds_per_token"].as_f64().expect("a time");
+    let decode = &first["stats"];
+    let measured = decode["decode_seconds"].as_f64().expect("decode seconds") / 23.0;
+    assert!((seconds_per_token - measured).abs() < 1e-12, "{seconds_per_token} vs {measured}");
+
+    let (_, stderr) = stream_fixture(home.path(), "3");
+    let line = banner_line(&stderr, "speed:");
+    let at = format!("measured from 1 run of this model here at this pool's size ({:.1} ms a token)", seconds_per_token * 1e3);
+    assert!(line.contains(&at), "{line}\nexpected: {at}");
+    let expect = format!("decode ~{:.1} tok/s (estimate)", 1.0 / seconds_per_token);
+    assert!(banner_line(&stderr, "expect:").contains(&expect), "{stderr}\nexpected: {expect}");
+
+    // The same file on another host: its runs time nothing here.
+    edit_runs(&file, |run| {
+        run["timing"]["machine"] = machine.replacen(machine.split(" | ").next().unwrap_or(""), "another host", 1).into()
+    });
+    let (_, stderr) = stream_fixture(home.path(), "3");
+    assert!(banner_line(&stderr, "speed:").contains("from the rates"), "{stderr}");
+    assert!(banner_line(&stderr, "hits:").contains("measured from 2 runs"), "the hit rates still count: {stderr}");
+    // An earlier version's file: runs without times.
+    edit_runs(&file, |run| {
+        run.as_object_mut().map(|r| r.remove("timing"));
+    });
+    let (_, stderr) = stream_fixture(home.path(), "3");
+    assert!(banner_line(&stderr, "speed:").contains("from the rates"), "{stderr}");
+    assert!(!stderr.contains("expert hit rates") && !stderr.contains("was not kept"), "no note about the file: {stderr}");
+    let (_, stderr) = stream_fixture(home.path(), "3");
+    assert!(banner_line(&stderr, "speed:").contains("measured from 1 run of this model here"), "the last run was timed: {stderr}");
+}

@@ -163,11 +163,21 @@ impl Engine {
         self.model.expert_stats()
     }
 
-    /// Keeps a generation's decode hit rate for later plans of this model,
-    /// when its pool streamed ([`crate::plan::hits::keep_run`]); what cannot
-    /// be kept is a note, never an error of the generation.
+    /// Keeps a generation's decode hit rate and time for later plans of this
+    /// model, when its pool streamed ([`crate::plan::hits::keep_run`]); what
+    /// cannot be kept is a note, never an error of the generation. A
+    /// speculative decode's time is not a plain decode's, so it keeps only
+    /// its hit rate.
     pub fn keep_hit_rate(&self, stats: &GenerateStats) {
-        let kept = self.expert_stats().and_then(|pool| crate::plan::hits::keep_run(self.arch(), pool.slots, &stats.decode_experts));
+        let timing = stats.mtp.is_none().then(|| crate::plan::hits::DecodeTiming {
+            backend: self.backend.name(),
+            // The first generated token comes from the prefill's logits.
+            steps: stats.generated_tokens.saturating_sub(1),
+            seconds: stats.decode_seconds,
+        });
+        let kept = self
+            .expert_stats()
+            .and_then(|pool| crate::plan::hits::keep_run(self.arch(), pool.slots, &stats.decode_experts, timing.as_ref()));
         if let Err(e) = kept {
             crate::note!("note: this run's expert hit rate was not kept for later estimates: {e:#}");
         }

@@ -117,11 +117,12 @@ impl ModelCosts {
         self.resident_bytes + self.extra_bytes + self.state_bytes + self.kv_bytes_per_token * context_tokens as u64
     }
 
-    /// A decode-speed estimate from the machine's rates for a pool of
-    /// `slots`, at the hit rate [`ModelCosts::hit_rate`] gives it
-    /// ([`ModelCosts::decode_time`]).
+    /// A decode-speed estimate for a pool of `slots`: from the model's timed
+    /// runs on this machine where they apply, else from the machine's rates
+    /// at the hit rate [`ModelCosts::hit_rate`] gives it
+    /// ([`ModelCosts::estimate_decode`]).
     pub fn estimate_decode_tokens_per_second(&self, slots: usize, rates: &Rates) -> f64 {
-        1.0 / self.decode_time(self.hit_rate(slots), rates).total()
+        self.estimate_decode(slots, rates).tokens_per_second()
     }
 
     /// One token's decode time at `hit_rate`. Resident (no misses): its

@@ -12,7 +12,8 @@
 //! points: BENCHMARKS.md, "Plan estimates"), and assumes
 //! [`ASSUMED_EXPONENT`] for a model that has not streamed here yet. A model
 //! is known by its files (config, weight file names, sizes and modification
-//! times), not by where it is.
+//! times), not by where it is. A run keeps its decode's timing too, for the
+//! speed estimate of the machine it ran on ([`super::speeds`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -21,6 +22,7 @@ use std::sync::Mutex;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
+use super::speeds::{RunTiming, TimedRun, TimedRuns};
 use crate::experts::CacheCounters;
 use crate::model::ModelArch;
 
@@ -48,10 +50,14 @@ pub struct HitRateCurve {
     points: Vec<(f64, f64)>,
     /// Runs of this model the exponents come from; 0: assumed.
     pub runs: usize,
+    /// The model's runs whose decode was timed, on whichever machine: the
+    /// speed estimate takes the ones of the machine it plans for
+    /// ([`super::speeds`]).
+    pub timed: TimedRuns,
 }
 
 impl HitRateCurve {
-    pub const ASSUMED: HitRateCurve = HitRateCurve { points: Vec::new(), runs: 0 };
+    pub const ASSUMED: HitRateCurve = HitRateCurve { points: Vec::new(), runs: 0, timed: TimedRuns::NONE };
 
     /// The exponent at `share`: measured there, interpolated linearly in the
     /// share between the nearest measured shares, assumed without any. Below
@@ -111,7 +117,7 @@ impl HitRateCurve {
             .into_iter()
             .map(|(share, sum, n)| (share, (sum / n as f64 / share.ln()).clamp(EXPONENT_RANGE.0, EXPONENT_RANGE.1)))
             .collect();
-        Some(HitRateCurve { points, runs: used })
+        Some(HitRateCurve { points, runs: used, timed: TimedRuns::NONE })
     }
 
     /// The banner's `hits:` line after its label, for a pool holding `share`.
@@ -141,6 +147,10 @@ pub struct HitRun {
     /// Experts looked up (hits and misses).
     pub expert_uses: u64,
     pub unix_seconds: u64,
+    /// Its decode's time per token and where it ran; none in files of
+    /// earlier versions, and for a run too short to time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timing: Option<RunTiming>,
 }
 
 /// The runs of one model.
@@ -174,9 +184,17 @@ impl HitCache {
         crate::user_cache::write_json(path, self)
     }
 
-    /// The curve fitted to the model's runs, or the assumed one.
+    /// The curve fitted to the model's runs, or the assumed one; with the
+    /// runs that were timed.
     pub fn curve(&self, key: &str) -> HitRateCurve {
-        self.models.get(key).and_then(|m| HitRateCurve::fit(&m.runs)).unwrap_or(HitRateCurve::ASSUMED)
+        let Some(model) = self.models.get(key) else { return HitRateCurve::ASSUMED };
+        let mut curve = HitRateCurve::fit(&model.runs).unwrap_or(HitRateCurve::ASSUMED);
+        let timed = model
+            .runs
+            .iter()
+            .filter_map(|r| r.timing.clone().map(|timing| TimedRun { share: r.share, unix_seconds: r.unix_seconds, timing }));
+        curve.timed = TimedRuns { runs: timed.collect() };
+        curve
     }
 
     /// Adds a run of the model `key` (found at `model`), keeping the newest
@@ -239,10 +257,21 @@ fn worth_keeping(slots: usize, total_experts: usize, decode: &CacheCounters) -> 
     slots < total_experts && decode.hits + decode.misses >= MIN_EXPERT_USES
 }
 
+/// How a generation's decode was timed: on the backend named `backend`,
+/// `steps` steps (tokens after the first) in `seconds`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DecodeTiming {
+    pub backend: String,
+    pub steps: usize,
+    pub seconds: f64,
+}
+
 /// Keeps the decode hit rate of a generation of the model `arch` describes
-/// from a pool of `slots`, if [`worth_keeping`]. A file that cannot be read
-/// is replaced. Returns whether the run was kept.
-pub fn keep_run(arch: &ModelArch, slots: usize, decode: &CacheCounters) -> Result<bool> {
+/// from a pool of `slots`, if [`worth_keeping`], and its decode's timing
+/// where it has one long enough ([`RunTiming::of`]), filed under this
+/// machine, the backend and the model's disk. A file that cannot be read is
+/// replaced. Returns whether the run was kept.
+pub fn keep_run(arch: &ModelArch, slots: usize, decode: &CacheCounters, timing: Option<&DecodeTiming>) -> Result<bool> {
     let total_experts = arch.moe_layers() * arch.text.num_experts;
     if !worth_keeping(slots, total_experts, decode) {
         return Ok(false);
@@ -257,6 +286,10 @@ pub fn keep_run(arch: &ModelArch, slots: usize, decode: &CacheCounters) -> Resul
         hit_rate: decode.hit_rate(),
         expert_uses: decode.hits + decode.misses,
         unix_seconds: super::rates::now_unix(),
+        timing: timing.and_then(|t| {
+            let machine = super::rates::runs_key(&t.backend, &arch.dir)?;
+            RunTiming::of(machine, t.steps, t.seconds, decode.wait_seconds)
+        }),
     };
     let shown = std::fs::canonicalize(&arch.dir).unwrap_or_else(|_| arch.dir.clone());
     cache.record(&key, &shown.display().to_string(), run);
@@ -269,7 +302,7 @@ mod tests {
     use super::*;
 
     fn run(share: f64, hit_rate: f64, unix_seconds: u64) -> HitRun {
-        HitRun { share, hit_rate, expert_uses: 1000, unix_seconds }
+        HitRun { share, hit_rate, expert_uses: 1000, unix_seconds, timing: None }
     }
 
     #[test]
@@ -353,6 +386,41 @@ mod tests {
         std::fs::write(&path, r#"{"models": {"m": {"model": 3}}}"#).expect("writing");
         let error = format!("{:#}", HitCache::load(&path).expect_err("not hit rates"));
         assert!(error.contains("not a file of expert hit rates") && error.contains("delete it"), "{error}");
+    }
+
+    /// A run keeps its decode's timing beside its hit rate, within the same
+    /// bounds; a file of an earlier version (runs without timings) reads as
+    /// runs with none, and a run too short to time keeps its hit rate alone.
+    #[test]
+    fn runs_keep_their_timing_and_files_without_one_still_read() {
+        let dir = tempfile::tempdir().expect("a scratch folder");
+        let path = dir.path().join("hits.json");
+        let old = r#"{"models": {"m": {"model": "/models/m", "runs": [{"share": 0.25, "hit_rate": 0.3, "expert_uses": 900, "unix_seconds": 7}]}}}"#;
+        std::fs::write(&path, old).expect("writing");
+        let mut cache = HitCache::load(&path).expect("an earlier version's file reads");
+        assert_eq!(cache.models["m"].runs[0].timing, None);
+        assert!(cache.curve("m").timed.runs.is_empty() && cache.curve("m").runs == 1, "{:?}", cache.curve("m"));
+
+        let timing =
+            |seconds: f64, steps: usize| RunTiming::of("here | cpu (2 threads) | /dev/vda (254:0)".into(), steps, seconds, seconds / 4.0);
+        assert_eq!(timing(1.0, super::super::speeds::MIN_TIMED_STEPS - 1), None, "too few steps to time");
+        assert_eq!(timing(f64::NAN, 40), None, "not a time");
+        let timed = timing(4.0, 40).expect("40 steps in 4 s");
+        assert_eq!((timed.seconds_per_token, timed.waited_seconds_per_token, timed.steps), (0.1, 0.025, 40));
+        for t in 0..(MAX_RUNS_PER_MODEL as u64 + 3) {
+            cache.record("m", "/models/m", HitRun { timing: Some(timed.clone()), ..run(0.5, 0.6, 100 + t) });
+        }
+        assert_eq!(cache.models["m"].runs.len(), MAX_RUNS_PER_MODEL, "timed runs count against the same bound");
+        cache.save(&path).expect("saving");
+        let back = HitCache::load(&path).expect("loading");
+        assert_eq!(back, cache);
+        let curve = back.curve("m");
+        assert_eq!(curve.timed.runs.len(), MAX_RUNS_PER_MODEL);
+        assert!(curve.timed.runs.iter().all(|r| r.share == 0.5 && r.timing == timed), "{curve:?}");
+        assert_eq!(curve.timed.points("here | cpu (2 threads) | /dev/vda (254:0)").len(), 1);
+        assert!(curve.timed.points("elsewhere").is_empty(), "another machine's runs time nothing here");
+        let untimed = serde_json::to_string(&run(0.5, 0.6, 1)).expect("JSON");
+        assert!(!untimed.contains("timing"), "no timing, no field (the file stays as earlier versions wrote it): {untimed}");
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub mod governor;
 pub mod hits;
 pub mod machine;
 pub mod rates;
+pub mod speeds;
 
 use serde::Serialize;
 
@@ -125,6 +126,9 @@ pub struct Plan {
     pub min_slots: usize,
     pub total_experts: usize,
     pub expected_decode_tokens_per_second: f64,
+    /// The model's timed runs on this machine the estimate came from; none:
+    /// the rates ([`speeds`]).
+    pub expected_decode_from_runs: Option<speeds::FromRuns>,
     /// Whether the MTP head is loaded (its bytes are in `peak_bytes`).
     pub mtp: bool,
     pub notes: Vec<String>,
@@ -260,6 +264,7 @@ fn plan_with(model: &ModelCosts, machine: &MachineMemory, req: &PlanRequest, mtp
     }
     let pool_bytes = slots as u64 * record;
     let peak = bytes_for(slots);
+    let estimate = model.estimate_decode(slots, &machine.rates);
     if mode != PlanMode::Auto {
         reason = format!("{} sets the pool: {} of {} experts per layer", mode.label(), slots / model.moe_layers.max(1), model.experts_per_layer);
     }
@@ -273,7 +278,8 @@ fn plan_with(model: &ModelCosts, machine: &MachineMemory, req: &PlanRequest, mtp
         peak_bytes: peak,
         min_slots: engine_min,
         total_experts,
-        expected_decode_tokens_per_second: model.estimate_decode_tokens_per_second(slots, &machine.rates),
+        expected_decode_tokens_per_second: estimate.tokens_per_second(),
+        expected_decode_from_runs: estimate.from_runs,
         mtp,
         notes,
     })
@@ -382,6 +388,7 @@ impl Plan {
         s += &format!("\n  rates:  {}", machine.rates.describe(rates::now_unix()));
         if self.slots < self.total_experts {
             s += &format!("\n  hits:   {}", model.hit_curve.describe(model.pool_share(self.slots)));
+            s += &format!("\n  speed:  {}", speeds::FromRuns::describe(self.expected_decode_from_runs.as_ref(), model));
         }
         for n in &self.notes {
             s += &format!("\n  note: {n}");

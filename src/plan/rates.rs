@@ -72,12 +72,16 @@ pub struct Rates {
     /// --measure` with the model); none: a miss costs its read at `disk`'s
     /// rate.
     pub miss: Option<Measured<MissRates>>,
+    /// Which of the model's timed runs (`hits.json`) are this machine's
+    /// ([`RateKeys::runs`]); none (a simulated machine, rates not read): no
+    /// run is.
+    pub runs_key: Option<String>,
 }
 
 impl Rates {
     /// Defaults, or a simulated machine's rates.
     pub fn unmeasured(compute: ComputeRates, disk: DiskRates, source: RateSource) -> Rates {
-        Rates { compute, compute_source: source.clone(), disk, disk_source: source, miss: None }
+        Rates { compute, compute_source: source.clone(), disk, disk_source: source, miss: None, runs_key: None }
     }
 
     /// One line for users: the figures and where they came from.
@@ -135,12 +139,15 @@ pub fn format_label(format: &MatrixFormat) -> String {
 /// weight format (compute), this machine's disk that holds the model, for
 /// reads of about this size (a rate fitted to 60 KB reads says little about
 /// 3 MB ones), and for the model's own decode from a small pool, all of
-/// those and the model ([`crate::plan::hits::model_key`]).
+/// those and the model ([`crate::plan::hits::model_key`]); for the model's
+/// own timed runs, which `hits.json` keeps by model, this machine, backend and
+/// disk ([`runs_key`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RateKeys {
     pub compute: String,
     pub disk: Option<String>,
     pub decode: Option<String>,
+    pub runs: Option<String>,
 }
 
 impl RateKeys {
@@ -153,11 +160,20 @@ impl RateKeys {
         let disk = disk_name(dir).map(|disk| format!("{disk} | {}", read_size_class(record_bytes)));
         let compute = format!("{machine} | {backend} | {}", format_label(format));
         RateKeys {
+            runs: runs_key(backend, dir),
             decode: disk.as_ref().zip(model).map(|(disk, model)| format!("{compute} | {disk} | model {model}")),
             disk: disk.map(|disk| format!("{machine} | {disk}")),
             compute,
         }
     }
+}
+
+/// What a model's timed runs are filed under (in `hits.json`, by model):
+/// this machine, the backend named `backend` (with its threads) and the disk
+/// that holds `dir`; the model fixes the weight format and the read size.
+/// `None` if `dir` does not exist.
+pub fn runs_key(backend: &str, dir: &Path) -> Option<String> {
+    disk_name(dir).map(|disk| format!("{} | {backend} | {disk}", machine_name()))
 }
 
 /// `experts of ~64 KB`: the record size to the nearest power of two.
@@ -298,7 +314,8 @@ impl RateCache {
         keep_newest(&mut self.decodes);
     }
 
-    /// `rates` with what was measured under `keys` in place of defaults.
+    /// `rates` with what was measured under `keys` in place of defaults, and
+    /// the key of this machine's timed runs of the model ([`RateKeys::runs`]).
     /// Figures that are not positive finite numbers (a hand-edited file) are
     /// passed over.
     pub fn apply(&self, keys: &RateKeys, mut rates: Rates) -> Rates {
@@ -319,6 +336,7 @@ impl RateCache {
                 rates.miss = Some(m.clone());
             }
         }
+        rates.runs_key = keys.runs.clone();
         rates
     }
 }
@@ -351,6 +369,7 @@ mod tests {
             compute: "host | cpu (2 threads) | 4-bit g64".into(),
             disk: Some("host | /dev/vda1 (253:1)".into()),
             decode: Some("host | cpu (2 threads) | 4-bit g64 | /dev/vda1 (253:1) | experts of ~2 MB | model 0123".into()),
+            runs: Some("host | cpu (2 threads) | /dev/vda1 (253:1)".into()),
         }
     }
 
@@ -361,6 +380,7 @@ mod tests {
         cache.record_compute(&keys().compute, Measured { rates: compute, unix_seconds: 100, how: "test".into() });
         let rates = cache.apply(&keys(), defaults());
         assert_eq!(rates.compute, compute);
+        assert_eq!(rates.runs_key, keys().runs, "the runs of this machine, backend and disk are the estimate's");
         assert_eq!(rates.compute_source, RateSource::Measured { unix_seconds: 100 });
         assert_eq!(rates.disk_source, RateSource::Defaults, "no disk was measured");
         let line = rates.describe(100 + 7200);
@@ -380,7 +400,7 @@ mod tests {
         cache.record_decode(keys().decode.as_deref().expect("a key"), nonsense);
         assert_eq!(cache.apply(&keys(), defaults()).miss, None, "a figure that is not a time is passed over");
 
-        let other = RateKeys { compute: "host | wgpu | 4-bit g64".into(), disk: None, decode: None };
+        let other = RateKeys { compute: "host | wgpu | 4-bit g64".into(), disk: None, decode: None, runs: None };
         assert_eq!(read_size_class(61_440), "experts of ~64 KB");
         assert_eq!(read_size_class(2_654_208), "experts of ~2 MB");
         assert_eq!(cache.apply(&other, defaults()), defaults(), "another backend's measurement does not apply");
@@ -396,8 +416,13 @@ mod tests {
         let decode = keys.decode.clone().expect("a disk and a model");
         assert!(decode.starts_with(&keys.compute) && decode.ends_with("| experts of ~2 MB | model 0123"), "{decode}");
         assert_eq!(RateKeys::new("cpu (2 threads)", &format, dir.path(), 2_654_208, None).decode, None, "no model key");
+        let runs = keys.runs.clone().expect("a disk");
+        let disk = keys.disk.as_deref().and_then(|d| d.split(" | ").nth(1)).expect("a disk key");
+        assert!(runs.starts_with(&machine_name()) && runs.ends_with(&format!("| cpu (2 threads) | {disk}")), "{runs}");
+        let wgpu = RateKeys::new("wgpu (Vulkan)", &format, dir.path(), 61_440, Some("0123"));
+        assert_ne!(wgpu.runs, keys.runs, "another backend's runs are not this one's");
         let absent = RateKeys::new("cpu (2 threads)", &format, &dir.path().join("absent"), 2_654_208, Some("0123"));
-        assert_eq!((absent.disk, absent.decode), (None, None), "no files here");
+        assert_eq!((absent.disk, absent.decode, absent.runs), (None, None, None), "no files here");
     }
 
     /// `ls -l /dev`'s numbers: Linux's vda1 is 253:1 (glibc splits both
@@ -442,7 +467,7 @@ mod tests {
         let mut cache = RateCache::default();
         let bad = ComputeRates { weight_gbps: f64::NAN, layer_overhead_ms: 0.1 };
         cache.record_compute(&keys().compute, Measured { rates: bad, unix_seconds: 1, how: String::new() });
-        assert_eq!(cache.apply(&keys(), defaults()), defaults());
+        assert_eq!(cache.apply(&keys(), defaults()), Rates { runs_key: keys().runs, ..defaults() });
         for i in 0..(MAX_ENTRIES as u64 + 10) {
             cache.record_disk(&format!("disk {i}"), Measured { rates: DiskRates { read_gbps: 1.0, read_latency_ms: 0.1 }, unix_seconds: i, how: String::new() });
         }

@@ -334,3 +334,120 @@ fn a_later_compute_rate_leaves_a_timed_decode_whole() {
     assert!((model.decode_time(0.5, &now).total() - 0.1).abs() < 1e-12);
     assert!(model.estimate_decode_tokens_per_second(640, &now) > model.estimate_decode_tokens_per_second(640, &then), "resident");
 }
+
+/// The arithmetic model with its runs: at each `(share, hit rate, [seconds
+/// per token of its runs, oldest first])`, timed on `machine` with a third
+/// of each token waiting on reads.
+fn with_timed_runs(machine: &str, shares: &[(f64, f64, &[f64])]) -> ModelCosts {
+    let mut cache = hits::HitCache::default();
+    let mut clock = 0;
+    for &(share, hit_rate, times) in shares {
+        for &seconds_per_token in times {
+            clock += 1;
+            let timing = speeds::RunTiming {
+                machine: machine.into(),
+                seconds_per_token,
+                waited_seconds_per_token: seconds_per_token / 3.0,
+                steps: 47,
+            };
+            let run = hits::HitRun { share, hit_rate, expert_uses: 3000, unix_seconds: clock, timing: Some(timing) };
+            cache.record("m", "/models/m", run);
+        }
+    }
+    ModelCosts { hit_curve: cache.curve("m"), ..arithmetic_model() }
+}
+
+fn here(rates: &Rates) -> Rates {
+    Rates { runs_key: Some("here".into()), ..rates.clone() }
+}
+
+/// A streaming pool the model ran at on this machine is estimated at its
+/// runs' time: the median of the newest three there (a stalled run among
+/// them does not move it; an older run is not among them). Another
+/// machine's runs, a machine the rates were not read for, and a resident
+/// pool use the rates.
+#[test]
+fn timed_runs_at_the_pool_size_give_its_estimate() {
+    let rates = here(&arithmetic_rates());
+    // 160 of 640 slots: a quarter. The oldest run (0.5 s) is not among the newest three; 0.4 s is a stall.
+    let model = with_timed_runs("here", &[(0.25, 0.4, &[0.5, 0.1, 0.4, 0.12])]);
+    let estimate = model.estimate_decode(160, &rates);
+    assert!((estimate.seconds_per_token - 0.12).abs() < 1e-12, "{estimate:?}");
+    let Some(speeds::FromRuns::AtShare { point }) = &estimate.from_runs else { panic!("{estimate:?}") };
+    assert_eq!(point.runs, 4);
+    let two = with_timed_runs("here", &[(0.25, 0.4, &[0.1, 0.2])]);
+    assert!((two.estimate_decode(160, &rates).seconds_per_token - 0.15).abs() < 1e-12, "two runs: their mean");
+
+    let from_rates = model.decode_time(model.hit_rate(160), &rates).total();
+    let elsewhere = with_timed_runs("another host | cpu (2 threads) | /dev/vda1 (253:1)", &[(0.25, 0.4, &[0.1])]);
+    for (what, model, rates) in
+        [("another machine's runs", &elsewhere, rates.clone()), ("no machine: rates not read", &model, arithmetic_rates())]
+    {
+        let estimate = model.estimate_decode(160, &rates);
+        assert_eq!(estimate.from_runs, None, "{what}");
+        assert!((estimate.seconds_per_token - from_rates).abs() < 1e-12, "{what}: {estimate:?}");
+    }
+    let resident = model.estimate_decode(640, &rates);
+    assert_eq!(resident, arithmetic_model().estimate_decode(640, &rates), "a resident pool has no misses to time");
+    let nonsense = with_timed_runs("here", &[(0.25, 0.4, &[f64::NAN, -1.0])]);
+    assert_eq!(nonsense.estimate_decode(160, &rates).from_runs, None, "times that are not times are passed over");
+}
+
+/// Between two shares the model ran at, the time per token is linear in
+/// misses per token (a token's compute plus what each miss costs); beyond
+/// them, the nearest share's time is split as the probe's decode is (the
+/// compute at the compute rates, the rest per miss) and priced at the pool's
+/// own misses, which gives back that share's time at that share.
+#[test]
+fn timed_runs_between_and_beyond_their_shares() {
+    let rates = here(&arithmetic_rates());
+    let model = with_timed_runs("here", &[(0.25, 0.3, &[0.10]), (0.5, 0.6, &[0.06])]);
+    let misses = |slots: usize| model.misses_per_token(model.hit_rate(slots));
+    // 240 slots: 0.375 of the experts, between the runs at 160 and 320.
+    let between = model.estimate_decode(240, &rates);
+    let along = (misses(240) - misses(160)) / (misses(320) - misses(160));
+    assert!(along > 0.0 && along < 1.0, "{along}");
+    assert!((between.seconds_per_token - (0.10 + (0.06 - 0.10) * along)).abs() < 1e-12, "{between:?}");
+    assert!(matches!(between.from_runs, Some(speeds::FromRuns::Between { .. })), "{between:?}");
+
+    // 480 slots: beyond the largest share; the run at 320 split at the rates.
+    let at_half = model.hit_rate(320);
+    let sample = costs::DecodeSample { seconds_per_token: 0.06, hit_rate: at_half, waited_seconds_per_token: 0.02 };
+    let split = model.miss_rates_from_decode(&sample, &rates).expect("the run missed");
+    let beyond = model.estimate_decode(480, &rates);
+    let want = model.decode_time(model.hit_rate(480), &with_decode(&rates, split.miss_ms, split.token_ms)).total();
+    assert!((beyond.seconds_per_token - want).abs() < 1e-12 && want < 0.06, "{beyond:?} vs {want}");
+    assert_eq!(
+        beyond.from_runs,
+        Some(speeds::FromRuns::Nearest { point: model.hit_curve.timed.points("here")[1].clone(), miss_ms: split.miss_ms })
+    );
+    assert!((model.decode_time(at_half, &with_decode(&rates, split.miss_ms, split.token_ms)).total() - 0.06).abs() < 1e-12);
+    // 80 slots: below the smallest share, slower than it.
+    assert!(model.estimate_decode(80, &rates).seconds_per_token > 0.10);
+}
+
+/// The banner says where a streaming pool's speed figure came from.
+#[test]
+fn the_banner_says_whether_the_speed_is_measured_from_runs_or_the_rates() {
+    let machine = |rates: Rates| MachineMemory { rates, ..MachineMemory::simulated(64.0, Some(60.0), None) };
+    let model = with_timed_runs("here", &[(0.25, 0.3, &[0.10, 0.11]), (0.5, 0.6, &[0.06])]);
+    let request = |n| PlanRequest { experts_per_layer: Some(n), context_tokens: 4096, ..Default::default() };
+    let line = |model: &ModelCosts, rates: Rates, n| {
+        let m = machine(rates);
+        let p = plan(model, &m, &request(n)).expect("plans");
+        let banner = p.banner(model, &m);
+        banner.lines().find(|l| l.trim_start().starts_with("speed:")).map(str::to_string).unwrap_or_default()
+    };
+    let at = line(&model, here(&arithmetic_rates()), 16);
+    assert!(at.contains("measured from 2 runs of this model here at this pool's size (the newest 2's median 105.0 ms a token)"), "{at}");
+    let between = line(&model, here(&arithmetic_rates()), 24);
+    assert!(between.contains("measured from 3 runs of this model here, between 2 runs at 16 and 1 run at 32 of 64"), "{between}");
+    let beyond = line(&model, here(&arithmetic_rates()), 48);
+    assert!(
+        beyond.contains("measured from 1 run of this model here at 32 of 64 experts per layer (60.0 ms a token), at this pool's misses"),
+        "{beyond}"
+    );
+    let rates = line(&model, arithmetic_rates(), 16);
+    assert!(rates.contains("from the rates and hit rate above (this model's streaming runs were not timed on this machine"), "{rates}");
+    assert_eq!(line(&model, here(&arithmetic_rates()), 64), "", "a resident pool has no speed line");
+}

@@ -32,6 +32,8 @@ pub const MIN_MISS_DECODE_STEPS: usize = 4;
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct MissProbe {
     pub rates: MissRates,
+    /// The backend it decoded on.
+    pub backend: String,
     pub slots: usize,
     pub experts_per_layer: usize,
     pub model_experts_per_layer: usize,
@@ -85,6 +87,7 @@ pub fn measure_misses(arch: &ModelArch, backend: Box<dyn Backend>, rates: &Rates
         bail!("every expert of a layer is one token's: no pool smaller than the model can run it");
     };
     let slots = per_layer * costs.moe_layers;
+    let backend_name = backend.name();
     let options = LoadOptions { expert_slots: ExpertSlots::Count(slots), ..Default::default() }.with_env_overrides()?;
     let engine = Engine::load_arch(arch, backend, &options).context("loading the model to time its misses")?;
     let mut prompt_ids = engine.codec.encode(&probe_prompt(&engine)?, false)?;
@@ -124,6 +127,7 @@ pub fn measure_misses(arch: &ModelArch, backend: Box<dyn Backend>, rates: &Rates
     };
     Ok(MissProbe {
         rates: miss_rates,
+        backend: backend_name,
         slots,
         experts_per_layer: per_layer,
         model_experts_per_layer: costs.experts_per_layer,
