@@ -11,6 +11,7 @@
 //! below the model's minimum.
 
 pub mod costs;
+pub mod estimate;
 pub mod governor;
 pub mod hits;
 pub mod machine;
@@ -128,7 +129,7 @@ pub struct Plan {
     pub expected_decode_tokens_per_second: f64,
     /// The model's timed runs on this machine the estimate came from; none:
     /// the rates ([`speeds`]).
-    pub expected_decode_from_runs: Option<speeds::FromRuns>,
+    pub expected_decode_from_runs: Option<estimate::FromRuns>,
     /// Whether the MTP head is loaded (its bytes are in `peak_bytes`).
     pub mtp: bool,
     pub notes: Vec<String>,
@@ -388,7 +389,7 @@ impl Plan {
         s += &format!("\n  rates:  {}", machine.rates.describe(rates::now_unix()));
         if self.slots < self.total_experts {
             s += &format!("\n  hits:   {}", model.hit_curve.describe(model.pool_share(self.slots)));
-            s += &format!("\n  speed:  {}", speeds::FromRuns::describe(self.expected_decode_from_runs.as_ref(), model));
+            s += &format!("\n  speed:  {}", estimate::FromRuns::describe(self.expected_decode_from_runs.as_ref(), model));
         }
         for n in &self.notes {
             s += &format!("\n  note: {n}");

@@ -373,7 +373,7 @@ fn timed_runs_at_the_pool_size_give_its_estimate() {
     let model = with_timed_runs("here", &[(0.25, 0.4, &[0.5, 0.1, 0.4, 0.12])]);
     let estimate = model.estimate_decode(160, &rates);
     assert!((estimate.seconds_per_token - 0.12).abs() < 1e-12, "{estimate:?}");
-    let Some(speeds::FromRuns::AtShare { point }) = &estimate.from_runs else { panic!("{estimate:?}") };
+    let Some(estimate::FromRuns::AtShare { point }) = &estimate.from_runs else { panic!("{estimate:?}") };
     assert_eq!(point.runs, 4);
     let two = with_timed_runs("here", &[(0.25, 0.4, &[0.1, 0.2])]);
     assert!((two.estimate_decode(160, &rates).seconds_per_token - 0.15).abs() < 1e-12, "two runs: their mean");
@@ -408,7 +408,7 @@ fn timed_runs_between_and_beyond_their_shares() {
     let along = (misses(240) - misses(160)) / (misses(320) - misses(160));
     assert!(along > 0.0 && along < 1.0, "{along}");
     assert!((between.seconds_per_token - (0.10 + (0.06 - 0.10) * along)).abs() < 1e-12, "{between:?}");
-    assert!(matches!(between.from_runs, Some(speeds::FromRuns::Between { .. })), "{between:?}");
+    assert!(matches!(between.from_runs, Some(estimate::FromRuns::Between { .. })), "{between:?}");
 
     // 480 slots: beyond the largest share; the run at 320 split at the rates.
     let at_half = model.hit_rate(320);
@@ -419,7 +419,7 @@ fn timed_runs_between_and_beyond_their_shares() {
     assert!((beyond.seconds_per_token - want).abs() < 1e-12 && want < 0.06, "{beyond:?} vs {want}");
     assert_eq!(
         beyond.from_runs,
-        Some(speeds::FromRuns::Nearest { point: model.hit_curve.timed.points("here")[1].clone(), miss_ms: split.miss_ms })
+        Some(estimate::FromRuns::Nearest { point: model.hit_curve.timed.points("here")[1].clone(), miss_ms: split.miss_ms })
     );
     assert!((model.decode_time(at_half, &with_decode(&rates, split.miss_ms, split.token_ms)).total() - 0.06).abs() < 1e-12);
     // 80 slots: below the smallest share, slower than it.
