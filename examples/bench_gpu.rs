@@ -151,9 +151,9 @@ fn dispatch_floor(b: &WgpuBackend, cols: usize, n: usize) -> Result<()> {
         report("independent", flush, t, recorded);
         drop(outs);
     }
-    // The same dependent chain timed by timestamp queries (a pass per
-    // dispatch, as the kernel profiles below): what a profile counts for a
-    // kernel that does almost nothing.
+    // The same dependent chain timed by timestamp queries (inside one pass,
+    // or a pass per dispatch, as the kernel profiles below): what a profile
+    // counts for a kernel that does almost nothing.
     if b.set_profiling(true).is_ok() {
         b.set_flush_every(64);
         let mut x = b.upload(&vec![0.0; cols], &[1, cols])?;
@@ -164,7 +164,11 @@ fn dispatch_floor(b: &WgpuBackend, cols: usize, n: usize) -> Result<()> {
         let prof = b.kernel_profile();
         b.set_profiling(false)?;
         let (secs, count) = prof.iter().fold((0.0, 0), |(s, c), (_, t)| (s + t.seconds, c + t.dispatches));
-        println!("dispatch floor, timestamped: {count} dependent adds: {:.2} us per dispatch by timestamps", 1e6 * secs / count.max(1) as f64);
+        println!(
+            "dispatch floor, timestamped {}: {count} dependent adds: {:.2} us per dispatch by timestamps",
+            timed_how(b),
+            1e6 * secs / count.max(1) as f64
+        );
     }
     Ok(())
 }
@@ -350,7 +354,7 @@ fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool
     }
     let prof = handle.kernel_profile();
     handle.set_profiling(false)?;
-    println!("kernel time per token by kernel ({n} tokens, timestamp queries; wall per token {:.2} ms untimed):", 1e3 / last_tps);
+    println!("kernel time per token by kernel ({n} tokens, timestamp queries {}; wall per token {:.2} ms untimed):", timed_how(&handle), 1e3 / last_tps);
     print_profile(&prof, n, "ms/token");
     // Prefill of the same prompt in a fresh sequence: untimed, then by kernel.
     let mut fresh = e.new_state()?;
@@ -389,9 +393,18 @@ fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool
     drop(e.prefill(&prompt, &mut fresh)?);
     let prof = handle.kernel_profile();
     handle.set_profiling(false)?;
-    println!("kernel time of one {}-token prefill by kernel (timestamp queries):", prompt.len());
+    println!("kernel time of one {}-token prefill by kernel (timestamp queries {}):", prompt.len(), timed_how(&handle));
     print_profile(&prof, 1, "ms");
     Ok(())
+}
+
+/// How profiles time a dispatch on `b`.
+fn timed_how(b: &WgpuBackend) -> &'static str {
+    if b.profiles_inside_passes() {
+        "inside one pass, the barrier before each dispatch included"
+    } else {
+        "a pass per dispatch"
+    }
 }
 
 /// The kernel table of a profile over `n` units (tokens, or one prefill).

@@ -70,6 +70,12 @@ impl WgpuBackend {
         self.gpu.set_profiling(on)
     }
 
+    /// Whether profiles time each dispatch inside one compute pass (the
+    /// barrier before it included) rather than in a pass of its own.
+    pub fn profiles_inside_passes(&self) -> bool {
+        self.gpu.time_inside
+    }
+
     /// GPU time by kernel family (the `wgsl/` file) since profiling started.
     pub fn kernel_profile(&self) -> Vec<(String, FamilyTime)> {
         self.gpu.profile()

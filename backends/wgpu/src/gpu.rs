@@ -114,6 +114,8 @@ pub struct Gpu {
     error: Arc<Mutex<Option<String>>>,
     profile: Mutex<Option<HashMap<&'static str, FamilyTime>>>,
     can_time: bool,
+    /// Profiles time dispatches inside one pass ([`WgpuOptions::time_inside_passes`]).
+    pub time_inside: bool,
     /// Submissions the host asked for (downloads, pool writes, flushes); the
     /// periodic ones of `flush_every` are not counted.
     pub submissions: Arc<std::sync::atomic::AtomicU64>,
@@ -157,6 +159,7 @@ impl Gpu {
         let unified = matches!(info.device_type, wgpu::DeviceType::IntegratedGpu | wgpu::DeviceType::Cpu);
         let mapped_primary = unified && features.contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS);
         let can_time = features.contains(wgpu::Features::TIMESTAMP_QUERY);
+        let time_inside = can_time && options.time_inside_passes && features.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES);
         // Immediate data on Vulkan only for now: the Metal path keeps the
         // uniform arena until it has been measured on a Mac.
         let largest_params = Module::ALL.iter().map(|m| m.params().bytes).max().unwrap_or(0);
@@ -173,6 +176,9 @@ impl Gpu {
         }
         if can_time {
             wanted |= wgpu::Features::TIMESTAMP_QUERY;
+        }
+        if time_inside {
+            wanted |= wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
         }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("slotstream"),
@@ -260,6 +266,7 @@ impl Gpu {
             error,
             profile: Mutex::new(None),
             can_time,
+            time_inside,
             submissions: Arc::default(),
             binding_cap: std::sync::atomic::AtomicU64::new(0),
             flush_every: std::sync::atomic::AtomicU32::new(options.flush_every),

@@ -130,6 +130,12 @@ pub struct WgpuOptions {
     /// (`moe_route_matmul`, `moe_route_norm`); larger ones take the matmul
     /// kernels, then `moe_route` (`SLOTSTREAM_WGPU_ROUTE_ROWS`, for measurements).
     pub route_rows: usize,
+    /// Profiles write a timestamp after each dispatch inside one compute
+    /// pass where the adapter can (each kernel's time then includes the
+    /// barrier before it, as in the stream it runs in); else, and with
+    /// `SLOTSTREAM_WGPU_TIME_INSIDE=0`, each timed dispatch gets a pass of
+    /// its own (the kernel alone, plus a pass's overhead).
+    pub time_inside_passes: bool,
 }
 
 impl Default for WgpuOptions {
@@ -149,6 +155,7 @@ impl Default for WgpuOptions {
             immediates: true,
             submit_thread: true,
             route_rows: ROUTE_ONE_WORKGROUP_ROWS,
+            time_inside_passes: true,
         }
     }
 }
@@ -189,6 +196,7 @@ impl WgpuOptions {
             immediates: var("SLOTSTREAM_WGPU_IMMEDIATES").map_or(defaults.immediates, |v| v != "0"),
             submit_thread: var("SLOTSTREAM_WGPU_SUBMIT_THREAD").map_or(defaults.submit_thread, |v| v != "0"),
             route_rows: var("SLOTSTREAM_WGPU_ROUTE_ROWS").and_then(|v| v.parse().ok()).unwrap_or(defaults.route_rows),
+            time_inside_passes: var("SLOTSTREAM_WGPU_TIME_INSIDE").map_or(defaults.time_inside_passes, |v| v != "0"),
         }
     }
 }

@@ -1,6 +1,7 @@
-//! Kernel timing: while profiling is on, every dispatch gets its own compute
-//! pass with timestamps, and each submission's timings are read back and
-//! summed by kernel (entry point).
+//! Kernel timing: while profiling is on, a timestamp follows every dispatch
+//! inside its compute pass (or, where the adapter cannot write timestamps
+//! inside passes, every dispatch gets a pass of its own), and each
+//! submission's timings are read back and summed by kernel (entry point).
 
 use std::collections::HashMap;
 
@@ -18,36 +19,101 @@ pub struct FamilyTime {
     pub seconds: f64,
 }
 
-/// Timestamps of the dispatches of one submission.
+/// Timestamps of the dispatches of one submission. Each dispatch's time is
+/// the span between two queries: its own pass's beginning and end, or
+/// (inside one pass) the query written after the dispatch before it, or at
+/// the pass's beginning, and the one written after it.
 pub(super) struct Timing {
     queries: wgpu::QuerySet,
     resolve: wgpu::Buffer,
+    /// Timestamps written inside passes, after each dispatch.
+    inside: bool,
     families: Vec<&'static str>,
+    spans: Vec<(u32, u32)>,
+    /// Queries used by this submission.
+    used: u32,
+    /// The open pass's latest query (inside passes).
+    last: Option<u32>,
 }
 
 impl Timing {
-    /// Timestamp writes for the pass of the next dispatch (of `family`), or
-    /// `None` once this submission has timed as many as the query set holds.
-    pub(super) fn next_pass(&mut self, family: &'static str) -> Option<wgpu::ComputePassTimestampWrites<'_>> {
-        if self.families.len() as u32 >= MAX_TIMED {
+    pub(super) fn new(device: &wgpu::Device, inside: bool) -> Timing {
+        Timing {
+            queries: device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("kernel timing"),
+                ty: wgpu::QueryType::Timestamp,
+                count: 2 * MAX_TIMED,
+            }),
+            resolve: device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("kernel timing"),
+                size: 2 * MAX_TIMED as u64 * 8,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            }),
+            inside,
+            families: Vec::new(),
+            spans: Vec::new(),
+            used: 0,
+            last: None,
+        }
+    }
+
+    fn take_query(&mut self) -> Option<u32> {
+        (self.used < 2 * MAX_TIMED).then(|| {
+            self.used += 1;
+            self.used - 1
+        })
+    }
+
+    /// Timestamp writes for the pass about to be opened for a dispatch of
+    /// `family` (`fresh`: no pass is open), or `None` where none is needed
+    /// or the query set is used up. A dispatch timed by its own pass gets
+    /// one each; inside passes, only a new pass gets one, at its beginning.
+    pub(super) fn next_pass(&mut self, family: &'static str, fresh: bool) -> Option<wgpu::ComputePassTimestampWrites<'_>> {
+        if self.inside {
+            if !fresh {
+                return None;
+            }
+            self.last = self.take_query();
+            return Some(wgpu::ComputePassTimestampWrites {
+                query_set: &self.queries,
+                beginning_of_pass_write_index: Some(self.last?),
+                end_of_pass_write_index: None,
+            });
+        }
+        if self.used + 2 > 2 * MAX_TIMED {
             return None;
         }
+        let (a, b) = (self.used, self.used + 1);
+        self.used += 2;
         self.families.push(family);
-        let i = self.families.len() as u32 - 1;
-        Some(wgpu::ComputePassTimestampWrites {
-            query_set: &self.queries,
-            beginning_of_pass_write_index: Some(2 * i),
-            end_of_pass_write_index: Some(2 * i + 1),
-        })
+        self.spans.push((a, b));
+        Some(wgpu::ComputePassTimestampWrites { query_set: &self.queries, beginning_of_pass_write_index: Some(a), end_of_pass_write_index: Some(b) })
+    }
+
+    /// Inside passes: writes the timestamp that ends the dispatch of
+    /// `family` just recorded in `pass`.
+    pub(super) fn after_dispatch(&mut self, family: &'static str, pass: &mut wgpu::ComputePass<'static>) {
+        if !self.inside {
+            return;
+        }
+        let (Some(start), Some(end)) = (self.last, self.take_query()) else {
+            self.last = None;
+            return;
+        };
+        pass.write_timestamp(&self.queries, end);
+        self.families.push(family);
+        self.spans.push((start, end));
+        self.last = Some(end);
     }
 
     /// Records resolving this submission's timestamps into a host-readable
     /// buffer, which it returns (`None` when nothing was timed).
     pub(super) fn resolve(&self, device: &wgpu::Device, encoder: &mut wgpu::CommandEncoder) -> Option<wgpu::Buffer> {
-        if self.families.is_empty() {
+        if self.used == 0 {
             return None;
         }
-        let n = self.families.len() as u32 * 2;
+        let n = self.used;
         encoder.resolve_query_set(&self.queries, 0..n, &self.resolve, 0);
         let staging = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("timestamps"),
@@ -61,7 +127,7 @@ impl Timing {
 
     /// The same queries, ready for the next submission.
     pub(super) fn restart(self) -> Timing {
-        Timing { families: Vec::new(), ..self }
+        Timing { families: Vec::new(), spans: Vec::new(), used: 0, last: None, ..self }
     }
 }
 
@@ -72,8 +138,8 @@ impl Gpu {
         let period = self.queue.get_timestamp_period() as f64 * 1e-9;
         if let Ok(mut prof) = self.profile.lock() {
             if let Some(prof) = prof.as_mut() {
-                for (i, family) in timing.families.iter().enumerate() {
-                    let (a, b) = (ticks_at(&ticks, 2 * i), ticks_at(&ticks, 2 * i + 1));
+                for (family, &(a, b)) in timing.families.iter().zip(&timing.spans) {
+                    let (a, b) = (ticks_at(&ticks, a as usize), ticks_at(&ticks, b as usize));
                     let e = prof.entry(family).or_default();
                     e.dispatches += 1;
                     e.seconds += b.saturating_sub(a) as f64 * period;
@@ -90,20 +156,7 @@ impl Gpu {
         }
         self.flush()?;
         let mut p = self.pending()?;
-        p.timing = on.then(|| Timing {
-            queries: self.device.create_query_set(&wgpu::QuerySetDescriptor {
-                label: Some("kernel timing"),
-                ty: wgpu::QueryType::Timestamp,
-                count: 2 * MAX_TIMED,
-            }),
-            resolve: self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("kernel timing"),
-                size: 2 * MAX_TIMED as u64 * 8,
-                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: false,
-            }),
-            families: Vec::new(),
-        });
+        p.timing = on.then(|| Timing::new(&self.device, self.time_inside));
         if let Ok(mut prof) = self.profile.lock() {
             *prof = on.then(HashMap::new);
         }

@@ -60,11 +60,15 @@ impl Gpu {
         slot_bytes.copy_from_slice(params);
         let arena = wgpu::BufferBinding { buffer: &p.arenas[arena_index], offset, size: NonZeroU64::new(PARAM_SLOT) };
         let bind_group = self.bind_group(entry, kernel, slot, binds, Some(arena))?;
-        let timestamp_writes = p.timing.as_mut().and_then(|t| t.next_pass(kernel.family));
+        let fresh = p.pass.is_none();
+        let timestamp_writes = p.timing.as_mut().and_then(|t| t.next_pass(kernel.family, fresh));
         let pass = self.open_pass(&mut p.pass, &mut p.encoder, timestamp_writes)?;
         pass.set_pipeline(&kernel.pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        if let Some(t) = p.timing.as_mut() {
+            t.after_dispatch(kernel.family, pass);
+        }
         p.since_submit += 1;
         Ok(self.flush_due(p))
     }
@@ -112,8 +116,8 @@ impl Gpu {
         Ok(bg)
     }
 
-    /// The open compute pass, or a new one (timed dispatches get a pass each:
-    /// timestamps are written per pass).
+    /// The open compute pass, or a new one (a dispatch timed by a pass of its
+    /// own gets one each).
     fn open_pass<'p>(
         &self,
         pass: &'p mut Option<wgpu::ComputePass<'static>>,
@@ -146,12 +150,16 @@ impl Gpu {
             return Err(BackendError::Device(format!("{entry}: {} parameter bytes do not fit the immediate data", params.len())));
         }
         let bind_group = self.bind_group(entry, kernel, u64::MAX, binds, None)?;
-        let timestamp_writes = p.timing.as_mut().and_then(|t| t.next_pass(kernel.family));
+        let fresh = p.pass.is_none();
+        let timestamp_writes = p.timing.as_mut().and_then(|t| t.next_pass(kernel.family, fresh));
         let pass = self.open_pass(&mut p.pass, &mut p.encoder, timestamp_writes)?;
         pass.set_pipeline(&kernel.pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
         pass.set_immediates(0, params);
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        if let Some(t) = p.timing.as_mut() {
+            t.after_dispatch(kernel.family, pass);
+        }
         p.since_submit += 1;
         Ok(self.flush_due(p))
     }
