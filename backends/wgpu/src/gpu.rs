@@ -128,6 +128,10 @@ pub struct Gpu {
     pub flush_every: std::sync::atomic::AtomicU32,
     /// [`WgpuOptions::flush_first`].
     flush_first: u32,
+    /// Started reads not finished or dropped yet ([`Gpu::start_download`]);
+    /// periodic submissions wait while there are any, unless `flush_ahead`.
+    started_reads: Arc<std::sync::atomic::AtomicU32>,
+    flush_ahead: bool,
     /// Host time spent recording dispatches and submitting them (ns), for
     /// benchmarks: whether a token is bound by the host or by the GPU.
     pub host_time: HostTime,
@@ -271,6 +275,8 @@ impl Gpu {
             binding_cap: std::sync::atomic::AtomicU64::new(0),
             flush_every: std::sync::atomic::AtomicU32::new(options.flush_every),
             flush_first: options.flush_first,
+            started_reads: Arc::default(),
+            flush_ahead: options.flush_ahead,
             host_time,
             submitter,
         };

@@ -136,6 +136,13 @@ pub struct WgpuOptions {
     /// `SLOTSTREAM_WGPU_TIME_INSIDE=0`, each timed dispatch gets a pass of
     /// its own (the kernel alone, plus a pass's overhead).
     pub time_inside_passes: bool,
+    /// While a started read is outstanding (decoding one token ahead: the
+    /// GPU still runs the token before), the work recorded goes out in one
+    /// submission when the next read starts, without periodic ones: the GPU
+    /// has work meanwhile, and each submission costs it time. True keeps the
+    /// periodic submissions then too (`SLOTSTREAM_WGPU_FLUSH_AHEAD=1`, for
+    /// measurements).
+    pub flush_ahead: bool,
 }
 
 impl Default for WgpuOptions {
@@ -156,6 +163,7 @@ impl Default for WgpuOptions {
             submit_thread: true,
             route_rows: ROUTE_ONE_WORKGROUP_ROWS,
             time_inside_passes: true,
+            flush_ahead: false,
         }
     }
 }
@@ -197,6 +205,7 @@ impl WgpuOptions {
             submit_thread: var("SLOTSTREAM_WGPU_SUBMIT_THREAD").map_or(defaults.submit_thread, |v| v != "0"),
             route_rows: var("SLOTSTREAM_WGPU_ROUTE_ROWS").and_then(|v| v.parse().ok()).unwrap_or(defaults.route_rows),
             time_inside_passes: var("SLOTSTREAM_WGPU_TIME_INSIDE").map_or(defaults.time_inside_passes, |v| v != "0"),
+            flush_ahead: var("SLOTSTREAM_WGPU_FLUSH_AHEAD").map_or(defaults.flush_ahead, |v| v == "1"),
         }
     }
 }

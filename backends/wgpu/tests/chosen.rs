@@ -8,7 +8,7 @@ use common::check::{affine, matrix};
 use common::Rng;
 use slotstream_backend::chosen::scan;
 use slotstream_backend::{Backend, Tensor};
-use slotstream_wgpu::{AdapterChoice, WgpuBackend};
+use slotstream_wgpu::{AdapterChoice, WgpuBackend, WgpuOptions};
 
 fn chosen(b: &dyn Backend, logits: &[f32]) -> u32 {
     let t = b.upload(logits, &[1, logits.len()]).expect("upload");
@@ -80,4 +80,51 @@ fn the_chosen_token_embeds_as_its_id_and_reads_back_after_later_work() {
         let got = b.download(&row).expect("download");
         assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "row of token {id}");
     }
+}
+
+/// Submissions made while recording `adds` dependent adds (periodic ones,
+/// every 8 dispatches when nothing holds them back).
+fn submissions_during_adds(b: &WgpuBackend, adds: usize) -> u64 {
+    let y = b.upload(&[1.0; 16], &[1, 16]).expect("upload");
+    let mut x = b.upload(&[0.0; 16], &[1, 16]).expect("upload");
+    b.take_host_time();
+    for _ in 0..adds {
+        x = b.add(&x, &y).expect("add");
+    }
+    let (_, _, submits) = b.take_host_time();
+    assert_eq!(b.download(&x).expect("download")[0], adds as f32);
+    submits
+}
+
+#[test]
+fn no_periodic_submissions_while_a_started_read_is_outstanding() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let open = |flush_ahead| {
+        let options = WgpuOptions { flush_every: 8, flush_first: 0, flush_ahead, ..WgpuOptions::from_env() };
+        WgpuBackend::with_options(&AdapterChoice::allow_software(), options).expect("a wgpu device")
+    };
+    let b = open(false);
+    let start = |b: &WgpuBackend| {
+        let c = b.choose_greedy(&b.upload(&[0.5, 2.0, 1.0], &[1, 3]).expect("upload")).expect("choose");
+        b.start_reading_chosen(&c).expect("start reading")
+    };
+    assert!(submissions_during_adds(&b, 40) >= 4, "periodic submissions with no read outstanding");
+    // Decoding one token ahead: the next token is recorded while the read of the one before is outstanding.
+    let read = start(&b);
+    assert_eq!(submissions_during_adds(&b, 40), 0, "no submission while a read is outstanding");
+    let next = start(&b);
+    assert_eq!(b.finish_reading_chosen(read).expect("finish reading"), 1);
+    assert_eq!(submissions_during_adds(&b, 40), 0, "the later read is still outstanding");
+    assert_eq!(b.finish_reading_chosen(next).expect("finish reading"), 1);
+    assert!(submissions_during_adds(&b, 40) >= 4, "periodic submissions again once every read is finished");
+    // A read dropped unfinished holds nothing back either.
+    drop(start(&b));
+    assert!(submissions_during_adds(&b, 40) >= 4, "periodic submissions again once the read is dropped");
+    // SLOTSTREAM_WGPU_FLUSH_AHEAD=1 keeps them.
+    let ahead = open(true);
+    let read = start(&ahead);
+    assert!(submissions_during_adds(&ahead, 40) >= 4, "periodic submissions kept while a read is outstanding");
+    drop(read);
 }

@@ -3,6 +3,9 @@
 //! submitted up to the read (a decode step's chosen token, read while the
 //! next step runs).
 
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
 use slotstream_backend::{BackendError, Result};
 
 use super::{device_error, Bind, Gpu};
@@ -15,6 +18,24 @@ pub struct StartedRead {
     staging: wgpu::Buffer,
     bytes: u64,
     index: wgpu::SubmissionIndex,
+    _outstanding: Outstanding,
+}
+
+/// Counts a started read in [`Gpu`]'s `started_reads` until it is finished
+/// or dropped.
+struct Outstanding(Arc<AtomicU32>);
+
+impl Outstanding {
+    fn new(count: &Arc<AtomicU32>) -> Outstanding {
+        count.fetch_add(1, Ordering::Relaxed);
+        Outstanding(count.clone())
+    }
+}
+
+impl Drop for Outstanding {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Gpu {
@@ -35,13 +56,13 @@ impl Gpu {
             })
         });
         let index = self.submit_with(|enc| enc.copy_buffer_to_buffer(src.buffer, src.offset, &staging, 0, size))?;
-        Ok(StartedRead { staging, bytes, index })
+        Ok(StartedRead { staging, bytes, index, _outstanding: Outstanding::new(&self.started_reads) })
     }
 
     /// Waits for the submission of a started read (not for work submitted
     /// after it) and returns its bytes.
     pub fn finish_download(&self, read: StartedRead) -> Result<Vec<u8>> {
-        let StartedRead { staging, bytes, index } = read;
+        let StartedRead { staging, bytes, index, _outstanding } = read;
         let size = bytes.max(4).div_ceil(4) * 4;
         let (tx, rx) = std::sync::mpsc::channel();
         staging.slice(..size).map_async(wgpu::MapMode::Read, move |r| {

@@ -74,11 +74,14 @@ impl Gpu {
     }
 
     /// Whether the dispatches recorded since the last submission are enough
-    /// for a periodic one: `flush_every`, or fewer early in a token.
+    /// for a periodic one: `flush_every`, or fewer early in a token; none
+    /// while a started read is outstanding (the GPU has the work before it),
+    /// unless `flush_ahead`.
     fn flush_due(&self, p: &Pending) -> bool {
-        let every = self.flush_every.load(std::sync::atomic::Ordering::Relaxed);
+        use std::sync::atomic::Ordering::Relaxed;
+        let every = self.flush_every.load(Relaxed);
         let at = if p.flush_at == 0 { every } else { p.flush_at.min(every) };
-        every > 0 && p.since_submit >= at
+        every > 0 && p.since_submit >= at && (self.flush_ahead || self.started_reads.load(Relaxed) == 0)
     }
 
     /// The bind group of one dispatch (cached): `params` at binding 0 when
