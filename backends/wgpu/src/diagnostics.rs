@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use slotstream_backend::{shape_error, BackendError, ExpertPool, Result, Tensor};
+use slotstream_backend::{shape_error, ExpertPool, Result, Tensor};
 
 use crate::gpu::FamilyTime;
 use crate::tensors::buf;
@@ -113,10 +113,6 @@ impl WgpuBackend {
     /// Submits recorded work and waits until the GPU is idle.
     pub fn sync(&self) -> Result<()> {
         self.gpu.flush()?;
-        self.gpu
-            .device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| BackendError::Device(format!("waiting for the GPU: {e}")))?;
-        Ok(())
+        self.gpu.wait_for_all()
     }
 }

@@ -128,9 +128,14 @@ pub struct Gpu {
     pub flush_every: std::sync::atomic::AtomicU32,
     /// [`WgpuOptions::flush_first`].
     flush_first: u32,
-    /// Started reads not finished or dropped yet ([`Gpu::start_download`]);
-    /// periodic submissions wait while there are any, unless `flush_ahead`.
+    /// Started reads not finished or dropped yet ([`Gpu::start_download`]).
     started_reads: Arc<std::sync::atomic::AtomicU32>,
+    /// Whether the GPU may still run work submitted before a started read:
+    /// set when a read starts, cleared by any wait for all work. Periodic
+    /// submissions wait while this holds and a read is outstanding (the GPU
+    /// has the token before; a layer that waited for its routed experts has
+    /// drained it), unless `flush_ahead`.
+    queued_ahead: std::sync::atomic::AtomicBool,
     flush_ahead: bool,
     /// Host time spent recording dispatches and submitting them (ns), for
     /// benchmarks: whether a token is bound by the host or by the GPU.
@@ -276,6 +281,7 @@ impl Gpu {
             flush_every: std::sync::atomic::AtomicU32::new(options.flush_every),
             flush_first: options.flush_first,
             started_reads: Arc::default(),
+            queued_ahead: std::sync::atomic::AtomicBool::new(false),
             flush_ahead: options.flush_ahead,
             host_time,
             submitter,
@@ -512,6 +518,13 @@ impl Gpu {
         Ok(out)
     }
 
+    /// Waits until the GPU has run all submitted work.
+    pub(crate) fn wait_for_all(&self) -> Result<()> {
+        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| device_error("waiting for the GPU", e))?;
+        self.queued_ahead.store(false, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
     fn read_back(&self, staging: &wgpu::Buffer) -> Result<Vec<u8>> {
         self.read_range(staging, staging.size())
     }
@@ -522,7 +535,7 @@ impl Gpu {
         staging.slice(..size).map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
-        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| device_error("waiting for the GPU", e))?;
+        self.wait_for_all()?;
         rx.recv()
             .map_err(|e| device_error("reading a buffer back", e))?
             .map_err(|e| device_error("mapping a buffer for reading", e))?;
@@ -546,7 +559,7 @@ impl Gpu {
             slice.map_async(wgpu::MapMode::Write, move |r| {
                 let _ = tx.send(r);
             });
-            self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| device_error("waiting for the GPU", e))?;
+            self.wait_for_all()?;
             rx.recv()
                 .map_err(|e| device_error("mapping a buffer for writing", e))?
                 .map_err(|e| device_error("mapping a buffer for writing", e))?;

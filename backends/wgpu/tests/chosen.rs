@@ -97,7 +97,7 @@ fn submissions_during_adds(b: &WgpuBackend, adds: usize) -> u64 {
 }
 
 #[test]
-fn no_periodic_submissions_while_a_started_read_is_outstanding() {
+fn no_periodic_submissions_while_a_started_read_is_outstanding_and_nothing_waited() {
     if common::gpu().is_none() {
         return;
     }
@@ -119,6 +119,12 @@ fn no_periodic_submissions_while_a_started_read_is_outstanding() {
     assert_eq!(submissions_during_adds(&b, 40), 0, "the later read is still outstanding");
     assert_eq!(b.finish_reading_chosen(next).expect("finish reading"), 1);
     assert!(submissions_during_adds(&b, 40) >= 4, "periodic submissions again once every read is finished");
+    // A wait for all work (a layer's routed experts, when streaming) drains
+    // the GPU: periodic submissions again although a read is outstanding.
+    let read = start(&b);
+    b.download(&b.upload(&[1.0], &[1, 1]).expect("upload")).expect("download");
+    assert!(submissions_during_adds(&b, 40) >= 4, "periodic submissions again after a wait for all work");
+    assert_eq!(b.finish_reading_chosen(read).expect("finish reading"), 1);
     // A read dropped unfinished holds nothing back either.
     drop(start(&b));
     assert!(submissions_during_adds(&b, 40) >= 4, "periodic submissions again once the read is dropped");

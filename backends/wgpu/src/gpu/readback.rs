@@ -56,6 +56,7 @@ impl Gpu {
             })
         });
         let index = self.submit_with(|enc| enc.copy_buffer_to_buffer(src.buffer, src.offset, &staging, 0, size))?;
+        self.queued_ahead.store(true, Ordering::Relaxed);
         Ok(StartedRead { staging, bytes, index, _outstanding: Outstanding::new(&self.started_reads) })
     }
 

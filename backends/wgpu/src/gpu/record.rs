@@ -75,13 +75,15 @@ impl Gpu {
 
     /// Whether the dispatches recorded since the last submission are enough
     /// for a periodic one: `flush_every`, or fewer early in a token; none
-    /// while a started read is outstanding (the GPU has the work before it),
-    /// unless `flush_ahead`.
+    /// while a started read is outstanding and nothing has waited for the
+    /// GPU since it started (it still has the work before the read), unless
+    /// `flush_ahead`.
     fn flush_due(&self, p: &Pending) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
         let every = self.flush_every.load(Relaxed);
         let at = if p.flush_at == 0 { every } else { p.flush_at.min(every) };
-        every > 0 && p.since_submit >= at && (self.flush_ahead || self.started_reads.load(Relaxed) == 0)
+        let ahead = self.started_reads.load(Relaxed) > 0 && self.queued_ahead.load(Relaxed);
+        every > 0 && p.since_submit >= at && (self.flush_ahead || !ahead)
     }
 
     /// The bind group of one dispatch (cached): `params` at binding 0 when
