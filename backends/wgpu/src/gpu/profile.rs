@@ -28,8 +28,8 @@ pub(super) struct Timing {
     resolve: wgpu::Buffer,
     /// Timestamps written inside passes, after each dispatch.
     inside: bool,
-    families: Vec<&'static str>,
-    spans: Vec<(u32, u32)>,
+    /// Each timed dispatch's kernel and its two queries.
+    spans: Vec<(&'static str, u32, u32)>,
     /// Queries used by this submission.
     used: u32,
     /// The open pass's latest query (inside passes).
@@ -51,7 +51,6 @@ impl Timing {
                 mapped_at_creation: false,
             }),
             inside,
-            families: Vec::new(),
             spans: Vec::new(),
             used: 0,
             last: None,
@@ -86,8 +85,7 @@ impl Timing {
         }
         let (a, b) = (self.used, self.used + 1);
         self.used += 2;
-        self.families.push(family);
-        self.spans.push((a, b));
+        self.spans.push((family, a, b));
         Some(wgpu::ComputePassTimestampWrites { query_set: &self.queries, beginning_of_pass_write_index: Some(a), end_of_pass_write_index: Some(b) })
     }
 
@@ -102,8 +100,7 @@ impl Timing {
             return;
         };
         pass.write_timestamp(&self.queries, end);
-        self.families.push(family);
-        self.spans.push((start, end));
+        self.spans.push((family, start, end));
         self.last = Some(end);
     }
 
@@ -127,7 +124,7 @@ impl Timing {
 
     /// The same queries, ready for the next submission.
     pub(super) fn restart(self) -> Timing {
-        Timing { families: Vec::new(), spans: Vec::new(), used: 0, last: None, ..self }
+        Timing { spans: Vec::new(), used: 0, last: None, ..self }
     }
 }
 
@@ -138,7 +135,7 @@ impl Gpu {
         let period = self.queue.get_timestamp_period() as f64 * 1e-9;
         if let Ok(mut prof) = self.profile.lock() {
             if let Some(prof) = prof.as_mut() {
-                for (family, &(a, b)) in timing.families.iter().zip(&timing.spans) {
+                for &(family, a, b) in &timing.spans {
                     let (a, b) = (ticks_at(&ticks, a as usize), ticks_at(&ticks, b as usize));
                     let e = prof.entry(family).or_default();
                     e.dispatches += 1;

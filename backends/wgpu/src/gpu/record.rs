@@ -60,11 +60,20 @@ impl Gpu {
         slot_bytes.copy_from_slice(params);
         let arena = wgpu::BufferBinding { buffer: &p.arenas[arena_index], offset, size: NonZeroU64::new(PARAM_SLOT) };
         let bind_group = self.bind_group(entry, kernel, slot, binds, Some(arena))?;
+        self.dispatch_in(p, kernel, &bind_group, None, groups)
+    }
+
+    /// Records the dispatch itself in the open pass (or a new one), timed
+    /// when profiling: `immediates` are its parameters as immediate data.
+    fn dispatch_in(&self, p: &mut Pending, kernel: &Kernel, bind_group: &wgpu::BindGroup, immediates: Option<&[u8]>, groups: [u32; 3]) -> Result<bool> {
         let fresh = p.pass.is_none();
         let timestamp_writes = p.timing.as_mut().and_then(|t| t.next_pass(kernel.family, fresh));
         let pass = self.open_pass(&mut p.pass, &mut p.encoder, timestamp_writes)?;
         pass.set_pipeline(&kernel.pipeline);
-        pass.set_bind_group(0, &bind_group, &[]);
+        pass.set_bind_group(0, bind_group, &[]);
+        if let Some(params) = immediates {
+            pass.set_immediates(0, params);
+        }
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         if let Some(t) = p.timing.as_mut() {
             t.after_dispatch(kernel.family, pass);
@@ -155,17 +164,6 @@ impl Gpu {
             return Err(BackendError::Device(format!("{entry}: {} parameter bytes do not fit the immediate data", params.len())));
         }
         let bind_group = self.bind_group(entry, kernel, u64::MAX, binds, None)?;
-        let fresh = p.pass.is_none();
-        let timestamp_writes = p.timing.as_mut().and_then(|t| t.next_pass(kernel.family, fresh));
-        let pass = self.open_pass(&mut p.pass, &mut p.encoder, timestamp_writes)?;
-        pass.set_pipeline(&kernel.pipeline);
-        pass.set_bind_group(0, &bind_group, &[]);
-        pass.set_immediates(0, params);
-        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
-        if let Some(t) = p.timing.as_mut() {
-            t.after_dispatch(kernel.family, pass);
-        }
-        p.since_submit += 1;
-        Ok(self.flush_due(p))
+        self.dispatch_in(p, kernel, &bind_group, Some(params), groups)
     }
 }
