@@ -61,11 +61,13 @@ const WEIGHTS: &str = include_str!("../../../wgsl/weights.wgsl");
 const DOT: &str = include_str!("../../../wgsl/dot.wgsl");
 const REDUCE: &str = include_str!("../../../wgsl/reduce.wgsl");
 const MOE_COMMON: &str = include_str!("../../../wgsl/moe_common.wgsl");
+const MATVEC_ONE: &str = include_str!("../../../wgsl/matvec_one.wgsl");
 
 /// One compiled shader module: a kernel family and its entry points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Module {
     Matvec,
+    MatvecNorm,
     MatvecQ8,
     MatmulTiled,
     Moe,
@@ -81,8 +83,9 @@ pub enum Module {
 }
 
 impl Module {
-    pub const ALL: [Module; 13] = [
+    pub const ALL: [Module; 14] = [
         Module::Matvec,
+        Module::MatvecNorm,
         Module::MatvecQ8,
         Module::MatmulTiled,
         Module::Moe,
@@ -101,6 +104,7 @@ impl Module {
     pub fn name(self) -> &'static str {
         match self {
             Module::Matvec => "matvec",
+            Module::MatvecNorm => "matvec_norm",
             Module::MatvecQ8 => "matvec_q8",
             Module::MatmulTiled => "matmul_tiled",
             Module::Moe => "moe",
@@ -119,6 +123,7 @@ impl Module {
     pub fn entry_points(self) -> &'static [&'static str] {
         match self {
             Module::Matvec => &["matvec", "matvec_epilogue"],
+            Module::MatvecNorm => &["matvec_norm"],
             Module::MatvecQ8 => &["quantize_x8", "matvec_q8"],
             Module::MatmulTiled => &["matmul_tiled", "moe_sort", "moe_gate_up_tiled", "moe_down_tiled"],
             Module::Moe => &["moe_map", "moe_gate_up", "moe_down", "moe_combine", "moe_down_combine"],
@@ -148,7 +153,7 @@ impl Module {
     pub fn params(self) -> ParamsLayout {
         use crate::{attention, elementwise, matmul, moe, norm, recurrent, streams};
         match self {
-            Module::Matvec => ParamsLayout::of::<matmul::MatvecParams>(),
+            Module::Matvec | Module::MatvecNorm => ParamsLayout::of::<matmul::MatvecParams>(),
             Module::MatvecQ8 => ParamsLayout::of::<matmul::MatvecQ8Params>(),
             Module::MatmulTiled => ParamsLayout::of::<matmul::TiledParams>(),
             Module::Moe | Module::Route => ParamsLayout::of::<moe::MoeParams>(),
@@ -175,7 +180,8 @@ impl Module {
         let with_weights = |kernel: &str| format!("{WEIGHTS}\n{kernel}");
         let with_dot = |kernel: &str| format!("{WEIGHTS}\n{DOT}\n{kernel}");
         match self {
-            Module::Matvec => with_dot(include_str!("../../../wgsl/matvec.wgsl")),
+            Module::Matvec => with_dot(&format!("{MATVEC_ONE}\n{}", include_str!("../../../wgsl/matvec.wgsl"))),
+            Module::MatvecNorm => with_dot(&format!("{MATVEC_ONE}\n{}", include_str!("../../../wgsl/matvec_norm.wgsl"))),
             Module::MatvecQ8 => with_dot(include_str!("../../../wgsl/matvec_q8.wgsl")),
             Module::Moe => format!("{REDUCE}\n{}", with_dot(&format!("{MOE_COMMON}\n{}", include_str!("../../../wgsl/moe.wgsl")))),
             Module::Route => format!("{REDUCE}\n{}", with_dot(&format!("{MOE_COMMON}\n{}", include_str!("../../../wgsl/route.wgsl")))),
