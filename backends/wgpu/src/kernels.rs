@@ -61,13 +61,11 @@ const WEIGHTS: &str = include_str!("../../../wgsl/weights.wgsl");
 const DOT: &str = include_str!("../../../wgsl/dot.wgsl");
 const REDUCE: &str = include_str!("../../../wgsl/reduce.wgsl");
 const MOE_COMMON: &str = include_str!("../../../wgsl/moe_common.wgsl");
-const MATVEC_ONE: &str = include_str!("../../../wgsl/matvec_one.wgsl");
 
 /// One compiled shader module: a kernel family and its entry points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Module {
     Matvec,
-    MatvecNorm,
     MatvecQ8,
     MatmulTiled,
     Moe,
@@ -83,9 +81,8 @@ pub enum Module {
 }
 
 impl Module {
-    pub const ALL: [Module; 14] = [
+    pub const ALL: [Module; 13] = [
         Module::Matvec,
-        Module::MatvecNorm,
         Module::MatvecQ8,
         Module::MatmulTiled,
         Module::Moe,
@@ -104,7 +101,6 @@ impl Module {
     pub fn name(self) -> &'static str {
         match self {
             Module::Matvec => "matvec",
-            Module::MatvecNorm => "matvec_norm",
             Module::MatvecQ8 => "matvec_q8",
             Module::MatmulTiled => "matmul_tiled",
             Module::Moe => "moe",
@@ -123,7 +119,6 @@ impl Module {
     pub fn entry_points(self) -> &'static [&'static str] {
         match self {
             Module::Matvec => &["matvec", "matvec_epilogue"],
-            Module::MatvecNorm => &["matvec_norm"],
             Module::MatvecQ8 => &["quantize_x8", "matvec_q8"],
             Module::MatmulTiled => &["matmul_tiled", "moe_sort", "moe_gate_up_tiled", "moe_down_tiled"],
             Module::Moe => &["moe_map", "moe_gate_up", "moe_down", "moe_combine", "moe_down_combine"],
@@ -153,7 +148,7 @@ impl Module {
     pub fn params(self) -> ParamsLayout {
         use crate::{attention, elementwise, matmul, moe, norm, recurrent, streams};
         match self {
-            Module::Matvec | Module::MatvecNorm => ParamsLayout::of::<matmul::MatvecParams>(),
+            Module::Matvec => ParamsLayout::of::<matmul::MatvecParams>(),
             Module::MatvecQ8 => ParamsLayout::of::<matmul::MatvecQ8Params>(),
             Module::MatmulTiled => ParamsLayout::of::<matmul::TiledParams>(),
             Module::Moe | Module::Route => ParamsLayout::of::<moe::MoeParams>(),
@@ -180,8 +175,7 @@ impl Module {
         let with_weights = |kernel: &str| format!("{WEIGHTS}\n{kernel}");
         let with_dot = |kernel: &str| format!("{WEIGHTS}\n{DOT}\n{kernel}");
         match self {
-            Module::Matvec => with_dot(&format!("{MATVEC_ONE}\n{}", include_str!("../../../wgsl/matvec.wgsl"))),
-            Module::MatvecNorm => with_dot(&format!("{MATVEC_ONE}\n{}", include_str!("../../../wgsl/matvec_norm.wgsl"))),
+            Module::Matvec => with_dot(include_str!("../../../wgsl/matvec.wgsl")),
             Module::MatvecQ8 => with_dot(include_str!("../../../wgsl/matvec_q8.wgsl")),
             Module::Moe => format!("{REDUCE}\n{}", with_dot(&format!("{MOE_COMMON}\n{}", include_str!("../../../wgsl/moe.wgsl")))),
             Module::Route => format!("{REDUCE}\n{}", with_dot(&format!("{MOE_COMMON}\n{}", include_str!("../../../wgsl/route.wgsl")))),

@@ -333,17 +333,7 @@ impl Backend for WgpuBackend {
         checks::matmul(x, gw.experts, gw.rows, gw.cols)?;
         let tokens = x.rows();
         let (out, ob) = self.output(vec![tokens, gw.rows])?;
-        let choice = self.matmul_choice();
-        // A held one-token norm whose normed row this product reads is formed
-        // inside the product's workgroups.
-        let x_bind = buf(x)?;
-        let ours = |h: &norm::HeldNorm| buf(&h.out).is_ok_and(|o| o.buffer == x_bind.buffer && o.offset == x_bind.offset);
-        let fits = |h: &norm::HeldNorm| self.options.norm_in_products && ours(h) && matmul::norm_fits(&choice, gw, h);
-        if let Some(h) = self.gpu.take_held(fits)? {
-            matmul::matmul_norm_into(&self.gpu, &choice, &h, gw, ob.bind())?;
-            return Ok(out);
-        }
-        matmul::matmul_into(&self.gpu, &choice, x_bind, tokens, gw, ob.bind())?;
+        matmul::matmul_into(&self.gpu, &self.matmul_choice(), buf(x)?, tokens, gw, ob.bind())?;
         Ok(out)
     }
 
@@ -362,8 +352,7 @@ impl Backend for WgpuBackend {
         let weight_len = checks::rms_norm_weight(x, Some(w), dim)?;
         let (sum, sb) = self.output(x.shape().to_vec())?;
         let (out, ob) = self.output(x.shape().to_vec())?;
-        // One token's norm waits for the next op: a routing kernel or a
-        // product takes it in.
+        // One token's norm waits for the next op: a routing kernel takes it in.
         let held = (groups == 1 && self.options.fuse_norms)
             .then(|| norm::HeldNorm { x: x.clone(), y: y.clone(), weight: w.clone(), sum: sum.clone(), out: out.clone(), eps });
         norm::add_rms_norm(&self.gpu, buf(x)?, buf(y)?, buf(w)?, sb.bind(), ob.bind(), groups, dim, weight_len, eps, held)?;

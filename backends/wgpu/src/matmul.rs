@@ -7,13 +7,11 @@ use slotstream_backend::Result;
 
 use crate::gpu::{whole, Bind, Gpu, GpuBuf};
 use crate::kernels::params;
-use crate::norm::HeldNorm;
 use crate::options::MatmulMode;
-use crate::tensors::buf;
 use crate::weights::{GpuWeight, Shard, WeightDesc};
 
 params! {
-    /// `Params` of `wgsl/matvec_one.wgsl` (`matvec.wgsl`, `matvec_norm.wgsl`).
+    /// `Params` of `wgsl/matvec.wgsl`.
     pub struct MatvecParams {
         w: WeightDesc,
         /// Rows of the shard.
@@ -33,8 +31,7 @@ params! {
         /// One token of interleaved 4-bit weights at four rows per subgroup:
         /// subgroups sharing one quad of rows (1, 2 or 4).
         parts: u32,
-        /// `matvec_norm`: the norm's epsilon.
-        eps: f32,
+        _pad0: u32,
         _pad1: u32,
         _pad2: u32,
     }
@@ -125,64 +122,6 @@ pub(crate) struct MatmulChoice {
     pub q4_eight_rows_from: usize,
 }
 
-impl MatmulChoice {
-    /// Int8 mode: one token against a large interleaved 4-bit weight (every
-    /// shard of a weight has the same layout) quantizes x once for all shards.
-    fn int8(&self, tokens: usize, w: &GpuWeight) -> bool {
-        self.mode == MatmulMode::Int8
-            && tokens == 1
-            && w.bytes >= self.int8_min_bytes
-            && w.cols % 32 == 0
-            && w.shards.iter().all(|s| s.desc.is_interleaved_q4())
-    }
-}
-
-// Bindings of matvec_norm (wgsl/matvec_norm.wgsl).
-const NORM_BASE: u32 = 10;
-const NORM_ADDEND: u32 = 11;
-const NORM_WEIGHT: u32 = 12;
-const NORM_SUM: u32 = 13;
-const NORM_OUT: u32 = 14;
-/// Longest row matvec_norm forms in workgroup memory.
-const NORM_MAX_COLS: usize = 3072;
-
-/// Whether [`matmul_norm_into`] takes the held norm `h` for a product by `w`.
-pub(crate) fn norm_fits(choice: &MatmulChoice, w: &GpuWeight, h: &HeldNorm) -> bool {
-    !choice.int8(1, w)
-        && w.cols <= NORM_MAX_COLS
-        && w.cols % 4 == 0
-        && h.x.shape() == [1, w.cols]
-        && h.weight.numel() == w.cols
-}
-
-/// [`matmul_into`] of one token's `norm(x + y)`, the held `add_rms_norm` `h`
-/// folded into the first shard's product (`matvec_norm`), which writes its
-/// sum and normed row as the norm would have; later shards read that row.
-/// The caller checked [`norm_fits`].
-pub(crate) fn matmul_norm_into(gpu: &Gpu, choice: &MatmulChoice, h: &HeldNorm, w: &GpuWeight, out: Bind<'_>) -> Result<()> {
-    let total_rows = w.experts * w.rows;
-    let normed = buf(&h.out)?;
-    for (i, s) in w.shards.iter().enumerate() {
-        if i > 0 {
-            matvec(gpu, s, normed, out, 1, total_rows, w.cols, choice.q4_eight_rows_from)?;
-            continue;
-        }
-        let (params, groups) = matvec_launch(gpu, s, 1, total_rows, w.cols, choice.q4_eight_rows_from);
-        let binds = [
-            (W, whole(&s.buffer)),
-            (W_WORDS, whole(&s.buffer)),
-            (OUT, out),
-            (NORM_BASE, buf(&h.x)?),
-            (NORM_ADDEND, buf(&h.y)?),
-            (NORM_WEIGHT, buf(&h.weight)?),
-            (NORM_SUM, buf(&h.sum)?),
-            (NORM_OUT, normed),
-        ];
-        gpu.dispatch("matvec_norm", &MatvecParams { eps: h.eps, ..params }, &binds, groups)?;
-    }
-    Ok(())
-}
-
 /// One x row quantized for `matvec_q8` (see `wgsl/matvec_q8.wgsl`):
 /// `cols / 8` 16-byte entries.
 pub(crate) fn quantize_x8(gpu: &Gpu, x: Bind<'_>, cols: usize) -> Result<GpuBuf> {
@@ -209,8 +148,10 @@ fn matvec_q8(gpu: &Gpu, s: &Shard, xq: &GpuBuf, out: Bind<'_>, total_rows: usize
     gpu.dispatch("matvec_q8", &params, &binds, groups)
 }
 
-/// `matvec`'s parameters and grid for one shard and `tokens` tokens.
-fn matvec_launch(gpu: &Gpu, s: &Shard, tokens: usize, total_rows: usize, cols: usize, eight_rows_from: usize) -> (MatvecParams, [u32; 3]) {
+/// `out[t, out_off + r] = W[r] . x[t]` for one shard and up to
+/// [`MATVEC_MAX_TOKENS`] tokens.
+#[allow(clippy::too_many_arguments)]
+fn matvec(gpu: &Gpu, s: &Shard, x: Bind<'_>, out: Bind<'_>, tokens: usize, total_rows: usize, cols: usize, eight_rows_from: usize) -> Result<()> {
     let group_rows = if s.rows >= eight_rows_from { 8 } else { 4 };
     // Four-row quads of interleaved 4-bit rows split over up to four
     // subgroups, one share of the row's 16-byte chunks per lane each.
@@ -236,14 +177,7 @@ fn matvec_launch(gpu: &Gpu, s: &Shard, tokens: usize, total_rows: usize, cols: u
         (1, false) => s.rows.div_ceil(4),
         _ => s.rows,
     };
-    (params, [gpu.subgroup_grid(items, 128), tokens.div_ceil(4) as u32, 1])
-}
-
-/// `out[t, out_off + r] = W[r] . x[t]` for one shard and up to
-/// [`MATVEC_MAX_TOKENS`] tokens.
-#[allow(clippy::too_many_arguments)]
-fn matvec(gpu: &Gpu, s: &Shard, x: Bind<'_>, out: Bind<'_>, tokens: usize, total_rows: usize, cols: usize, eight_rows_from: usize) -> Result<()> {
-    let (params, groups) = matvec_launch(gpu, s, tokens, total_rows, cols, eight_rows_from);
+    let groups = [gpu.subgroup_grid(items, 128), tokens.div_ceil(4) as u32, 1];
     gpu.dispatch("matvec", &params, &[(W, whole(&s.buffer)), (W_WORDS, whole(&s.buffer)), (X, x), (OUT, out)], groups)
 }
 
@@ -313,7 +247,14 @@ fn matmul_tiled(gpu: &Gpu, s: &Shard, x: Bind<'_>, out: Bind<'_>, tokens: usize,
 /// `out = x @ W^T` for `x: [tokens, w.cols]`, shard by shard.
 pub(crate) fn matmul_into(gpu: &Gpu, choice: &MatmulChoice, x: Bind<'_>, tokens: usize, w: &GpuWeight, out: Bind<'_>) -> Result<()> {
     let total_rows = w.experts * w.rows;
-    let xq = if choice.int8(tokens, w) { Some(quantize_x8(gpu, x, w.cols)?) } else { None };
+    // Int8 mode: one token against a large interleaved 4-bit weight (every
+    // shard of a weight has the same layout) quantizes x once for all shards.
+    let int8 = choice.mode == MatmulMode::Int8
+        && tokens == 1
+        && w.bytes >= choice.int8_min_bytes
+        && w.cols % 32 == 0
+        && w.shards.iter().all(|s| s.desc.is_interleaved_q4());
+    let xq = if int8 { Some(quantize_x8(gpu, x, w.cols)?) } else { None };
     for s in &w.shards {
         if let Some(xq) = &xq {
             matvec_q8(gpu, s, xq, out, total_rows, w.cols)?;

@@ -111,11 +111,6 @@ pub struct WgpuOptions {
     /// the routing kernel (`moe_route_norm`; `SLOTSTREAM_WGPU_FUSE_NORMS=0`
     /// keeps it a dispatch of its own, for measurements).
     pub fuse_norms: bool,
-    /// A one-token residual norm whose output a product reads next is formed
-    /// inside the product's workgroups (`matvec_norm`;
-    /// `SLOTSTREAM_WGPU_NORM_IN_PRODUCTS=0` keeps it a dispatch of its own,
-    /// for measurements; `fuse_norms` off turns this off too).
-    pub norm_in_products: bool,
     /// One-token matvecs of interleaved 4-bit weights share each quad of rows
     /// among up to this many subgroups, so a lane walks fewer chunks of a row
     /// (`SLOTSTREAM_WGPU_MATVEC_SPLIT`; 1 turns the split off, for measurements).
@@ -163,7 +158,6 @@ impl Default for WgpuOptions {
             attention_min_chunk: crate::attention::MIN_CHUNK,
             attention_regs: true,
             fuse_norms: true,
-            norm_in_products: true,
             matvec_split: MATVEC_SPLIT,
             immediates: true,
             submit_thread: true,
@@ -203,7 +197,6 @@ impl WgpuOptions {
                 .unwrap_or(defaults.attention_min_chunk),
             attention_regs: var("SLOTSTREAM_WGPU_ATTENTION_REGS").map_or(defaults.attention_regs, |v| v != "0"),
             fuse_norms: var("SLOTSTREAM_WGPU_FUSE_NORMS").map_or(defaults.fuse_norms, |v| v != "0"),
-            norm_in_products: var("SLOTSTREAM_WGPU_NORM_IN_PRODUCTS").map_or(defaults.norm_in_products, |v| v != "0"),
             matvec_split: var("SLOTSTREAM_WGPU_MATVEC_SPLIT")
                 .and_then(|v| v.parse().ok())
                 .filter(|n: &usize| (1..=4).contains(n))
