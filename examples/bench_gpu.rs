@@ -268,6 +268,10 @@ fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool
     let mut rng = Lcg(7);
     let prompt: Vec<u32> = (0..args.prompt).map(|_| rng.word() % e.vocab_size() as u32).collect();
     let mut state = e.new_state()?;
+    // The load's last staged uploads land at the first wait: timed apart from the prompt.
+    let t = Instant::now();
+    handle.sync()?;
+    println!("uploads landed {:.3} s after the load returned ({} upload submissions)", t.elapsed().as_secs_f64(), handle.upload_submissions());
     let t = Instant::now();
     let logits = e.prefill(&prompt, &mut state)?;
     println!("prefill: {} tokens in {:.2} s", prompt.len(), t.elapsed().as_secs_f64());

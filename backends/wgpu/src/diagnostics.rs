@@ -47,6 +47,12 @@ impl WgpuBackend {
         pool.get::<GpuPool>().map(GpuPool::largest_slot_matrix)
     }
 
+    /// Submissions that sent staged uploads on (weights and pool writes, a
+    /// chunk at a time: see [`WgpuOptions::upload_chunk`](crate::WgpuOptions::upload_chunk)).
+    pub fn upload_submissions(&self) -> u64 {
+        self.gpu.upload_submissions()
+    }
+
     /// Smallest and largest subgroup size the adapter reports.
     pub fn subgroup_sizes(&self) -> (u32, u32) {
         (self.gpu.subgroup_min, self.gpu.subgroup_max)

@@ -14,6 +14,7 @@ mod profile;
 mod readback;
 mod record;
 mod submit;
+mod uploads;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -27,6 +28,7 @@ use buffers::FreeList;
 pub use profile::FamilyTime;
 use profile::Timing;
 pub use readback::StartedRead;
+pub use uploads::UPLOAD_CHUNK;
 
 /// Bytes of one dispatch's parameter slot (the uniform offset alignment).
 const PARAM_SLOT: u64 = 256;
@@ -143,6 +145,10 @@ pub struct Gpu {
     /// The thread that ends, finishes and submits periodic submissions
     /// ([`WgpuOptions::submit_thread`]); `None`: the recording thread does.
     submitter: Option<submit::Submitter>,
+    /// Bytes staged for upload since the last upload submission ([`uploads`]).
+    uploads: uploads::UploadState,
+    /// [`WgpuOptions::upload_chunk`].
+    upload_chunk: u64,
 }
 
 /// Nanoseconds the host spent in [`Gpu::dispatch`] (recording) and in
@@ -285,6 +291,8 @@ impl Gpu {
             flush_ahead: options.flush_ahead,
             host_time,
             submitter,
+            uploads: Default::default(),
+            upload_chunk: options.upload_chunk.max(1),
         };
         gpu.check_errors("compiling the WGSL kernels")?;
         Ok(gpu)
@@ -571,6 +579,7 @@ impl Gpu {
             dst.unmap();
         } else {
             self.queue.write_buffer(dst, offset, bytes);
+            self.staged(bytes.len() as u64)?;
         }
         Ok(())
     }

@@ -143,6 +143,10 @@ pub struct WgpuOptions {
     /// periodic submissions then too (`SLOTSTREAM_WGPU_FLUSH_AHEAD=1`, for
     /// measurements).
     pub flush_ahead: bool,
+    /// Bytes staged for upload (weights, pool writes) before they go out in
+    /// a submission of their own (`SLOTSTREAM_WGPU_UPLOAD_CHUNK_MIB`; see
+    /// `gpu/uploads.rs`).
+    pub upload_chunk: u64,
 }
 
 impl Default for WgpuOptions {
@@ -164,6 +168,7 @@ impl Default for WgpuOptions {
             route_rows: ROUTE_ONE_WORKGROUP_ROWS,
             time_inside_passes: true,
             flush_ahead: false,
+            upload_chunk: crate::gpu::UPLOAD_CHUNK,
         }
     }
 }
@@ -206,6 +211,10 @@ impl WgpuOptions {
             route_rows: var("SLOTSTREAM_WGPU_ROUTE_ROWS").and_then(|v| v.parse().ok()).unwrap_or(defaults.route_rows),
             time_inside_passes: var("SLOTSTREAM_WGPU_TIME_INSIDE").map_or(defaults.time_inside_passes, |v| v != "0"),
             flush_ahead: var("SLOTSTREAM_WGPU_FLUSH_AHEAD").map_or(defaults.flush_ahead, |v| v == "1"),
+            upload_chunk: var("SLOTSTREAM_WGPU_UPLOAD_CHUNK_MIB")
+                .and_then(|v| v.parse::<u64>().ok())
+                .filter(|&m| m > 0)
+                .map_or(defaults.upload_chunk, |m| m << 20),
         }
     }
 }

@@ -243,6 +243,7 @@ impl GpuWeight {
             let image = shard_image(&layout, m, r0, r1);
             bytes += image.len();
             let buffer = gpu.buffer_with("weight", &image, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC);
+            gpu.staged(image.len() as u64)?;
             shards.push(Shard { buffer, row_start: r0, rows: r1 - r0, desc: layout.desc(r1 - r0) });
             r0 = r1;
         }

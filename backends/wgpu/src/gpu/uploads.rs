@@ -1,0 +1,54 @@
+//! Uploads through the queue go out in chunks. `queue.write_buffer` and
+//! buffers written at creation stage their bytes in host memory until the
+//! next submission; loading a model records no dispatch, so without this
+//! every weight of the model would wait in staging for the first prompt,
+//! whose submission then copied them all (and freed the staging) before its
+//! first kernel. Each [`UPLOAD_CHUNK`] bytes now go out in a submission of
+//! their own, after the chunk before has landed: the GPU copies one chunk
+//! while the host reads the next from disk, and staging holds at most two.
+
+use std::sync::Mutex;
+
+use slotstream_backend::{BackendError, Result};
+
+use super::{device_error, Gpu};
+
+/// Bytes staged through the queue before they go out in a submission.
+pub const UPLOAD_CHUNK: u64 = 256 << 20;
+
+/// Bytes staged since the last upload submission, and that submission.
+#[derive(Default)]
+pub(super) struct Uploads {
+    staged: u64,
+    last: Option<wgpu::SubmissionIndex>,
+    /// Upload submissions so far (for tests).
+    pub(super) submissions: u64,
+}
+
+impl Gpu {
+    /// Notes `bytes` staged for upload; a whole chunk goes out now (after
+    /// the chunk before it has landed).
+    pub(crate) fn staged(&self, bytes: u64) -> Result<()> {
+        let mut u = self.uploads.lock().map_err(|_| BackendError::Device("upload counter poisoned".into()))?;
+        u.staged += bytes;
+        if u.staged < self.upload_chunk {
+            return Ok(());
+        }
+        if let Some(index) = u.last.take() {
+            let wait = wgpu::PollType::Wait { submission_index: Some(index), timeout: None };
+            self.device.poll(wait).map_err(|e| device_error("waiting for an upload", e))?;
+        }
+        u.last = Some(self.queue.submit(std::iter::empty()));
+        u.staged = 0;
+        u.submissions += 1;
+        Ok(())
+    }
+
+    /// Upload submissions so far.
+    pub fn upload_submissions(&self) -> u64 {
+        self.uploads.lock().map(|u| u.submissions).unwrap_or(0)
+    }
+}
+
+/// The staging counter, for [`Gpu`]'s fields.
+pub(super) type UploadState = Mutex<Uploads>;

@@ -1,0 +1,61 @@
+//! Uploads go out a chunk at a time (`gpu/uploads.rs`): loading weights
+//! and writing the expert pool submit each chunk of staged bytes instead of
+//! leaving them all for the first prompt's submission, and what lands is
+//! what was written.
+
+mod common;
+
+use common::check::{affine, matrix, up, TOL};
+use common::{gpu, rel_l2, Rng};
+use slotstream_backend::{Backend, ExpertLayout, HostExpert};
+use slotstream_cpu::CpuBackend;
+use slotstream_wgpu::{AdapterChoice, WgpuBackend, WgpuOptions};
+
+#[test]
+fn staged_uploads_go_out_a_chunk_at_a_time() {
+    // Opened only where the shared test device is (SLOTSTREAM_SKIP_GPU_TESTS).
+    if gpu().is_none() {
+        return;
+    }
+    let chunk = 256 << 10;
+    let g = WgpuBackend::with_options(&AdapterChoice::allow_software(), WgpuOptions { upload_chunk: chunk, ..WgpuOptions::from_env() })
+        .expect("opening the device");
+    let cpu = CpuBackend::exact();
+    let mut rng = Rng::new(37);
+    let format = affine(4, 64);
+    let (rows, cols) = (512, 1024);
+    // Eight weights of 288 KiB each (values, scales and biases).
+    let weights: Vec<_> = (0..8).map(|_| matrix(&mut rng, format, 1, rows, cols)).collect();
+    let before = g.upload_submissions();
+    let loaded: Vec<_> = weights.iter().map(|m| g.load_weight(m).expect("load")).collect();
+    let after_weights = g.upload_submissions();
+    let staged = 8 * (rows * cols / 2 + 2 * 2 * rows * cols / 64) as u64;
+    assert!(
+        after_weights - before >= staged / chunk - 1,
+        "{staged} bytes of weights went out in {} submissions of {chunk}-byte chunks",
+        after_weights - before
+    );
+    // An expert pool written slot by slot: its writes count too, where they
+    // are staged (unified memory maps the pool's buffers instead).
+    let layout = ExpertLayout { hidden: cols, intermediate: rows, gate: format, up: format, down: format };
+    let experts: Vec<HostExpert<'static>> = (0..4)
+        .map(|_| HostExpert { gate: matrix(&mut rng, format, 1, rows, cols), up: matrix(&mut rng, format, 1, rows, cols), down: matrix(&mut rng, format, 1, cols, rows) })
+        .collect();
+    let mut pool = g.new_expert_pool(&layout, 4, 4).expect("pool");
+    for (slot, e) in experts.iter().enumerate() {
+        g.write_expert(&mut pool, slot, e).expect("write");
+    }
+    let pool_submissions = g.upload_submissions() - after_weights;
+    if g.uses_mapped_primary_buffers() {
+        assert_eq!(pool_submissions, 0, "pool writes mapped directly went out in submissions of staged bytes");
+    } else {
+        assert!(pool_submissions >= 3, "four experts of ~864 KiB went out in {pool_submissions} submissions");
+    }
+    // What landed is what was written.
+    let x = rng.vec(cols, 2.0);
+    for (m, w) in weights.iter().zip(&loaded) {
+        let got = g.download(&g.matmul(&up(&g, &x, &[1, cols]), w).expect("product")).expect("download");
+        let want = cpu.download(&cpu.matmul(&up(&cpu, &x, &[1, cols]), &cpu.load_weight(m).expect("load")).expect("product")).expect("download");
+        assert!(rel_l2(&got, &want) <= TOL, "a weight uploaded in chunks differs from the CPU's product");
+    }
+}
