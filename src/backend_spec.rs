@@ -5,8 +5,8 @@
 use std::fmt;
 use std::str::FromStr;
 
-use anyhow::{Context, Result};
-use slotstream_backend::Backend;
+use anyhow::Result;
+use slotstream_backend::{Backend, BackendError};
 use slotstream_cpu::CpuBackend;
 use slotstream_wgpu::{AdapterChoice, MatmulMode, WgpuBackend, WgpuOptions};
 
@@ -78,6 +78,16 @@ impl fmt::Display for BackendSpec {
     }
 }
 
+/// Why the wgpu backend could not open, in the words of the flags that
+/// change it (the backend names its own settings).
+fn no_gpu_reason(e: &BackendError) -> String {
+    let text = match e {
+        BackendError::Device(m) => m.clone(),
+        other => other.to_string(),
+    };
+    text.replace("the adapter choice `software` accepts it", "--backend wgpu:software uses it")
+}
+
 impl BackendSpec {
     /// Builds the backend. `auto` without a usable GPU falls back to the CPU
     /// with a note on stderr; an explicit wgpu spec fails instead. The wgpu
@@ -90,8 +100,7 @@ impl BackendSpec {
             BackendSpec::Auto => match WgpuBackend::with_options(&AdapterChoice::auto(), WgpuOptions::from_env()) {
                 Ok(gpu) => Ok(Box::new(gpu)),
                 Err(e) => {
-                    // The backend's reason names its own setting; users set it with a flag.
-                    let why = format!("{e:#}").replace("the adapter choice `software` accepts it", "--backend wgpu:software uses it");
+                    let why = no_gpu_reason(&e);
                     note!("note: no usable GPU, so the CPU runs the model (--backend cpu chooses it without looking for one): {why}");
                     Ok(Box::new(CpuBackend::new()))
                 }
@@ -101,7 +110,8 @@ impl BackendSpec {
                 if *exact {
                     options.matmul = Some(MatmulMode::Exact);
                 }
-                let gpu = WgpuBackend::with_options(adapter, options).with_context(|| format!("--backend {self}"))?;
+                let gpu = WgpuBackend::with_options(adapter, options)
+                    .map_err(|e| anyhow::anyhow!("--backend {self}: {}; --backend cpu runs the model on the CPU", no_gpu_reason(&e)))?;
                 Ok(Box::new(gpu))
             }
         }

@@ -31,7 +31,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Generate text from a prompt, or chat when no prompt is given on a terminal.
-    #[command(alias = "chat")]
+    #[command(visible_alias = "chat")]
     Run(RunArgs),
     /// Check this machine and a model: memory, disk, the plan, expected speed.
     Doctor(DoctorArgs),
@@ -201,7 +201,8 @@ struct ServeArgs {
     /// slowly that generation has waited on it this long in all.
     #[arg(long, default_value_t = 60.0)]
     write_timeout_secs: f64,
-    /// Seconds open requests get to finish after Ctrl-C or SIGTERM.
+    /// After Ctrl-C or SIGTERM has stopped the running generations, seconds
+    /// open connections get to take what they were sent and close.
     #[arg(long, default_value_t = 10.0)]
     shutdown_grace_secs: f64,
     #[command(flatten)]
@@ -246,21 +247,28 @@ struct RunArgs {
     #[arg(long, default_value_t = 256)]
     max_tokens: usize,
     /// 0 = greedy (deterministic).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     temperature: f32,
+    /// Sample among the K most likely tokens only (0: no limit).
     #[arg(long, default_value_t = 0)]
     top_k: usize,
-    #[arg(long, default_value_t = 1.0)]
+    /// Sample among the most likely tokens whose probabilities sum to P (1: all).
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     top_p: f32,
-    #[arg(long, default_value_t = 0.0)]
+    /// Drop tokens less likely than P times the most likely one (0: none).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     min_p: f32,
+    /// Seed of the sampler: the same seed, prompt and flags give the same text.
     #[arg(long)]
     seed: Option<u64>,
-    #[arg(long, default_value_t = 1.0)]
+    /// Push down the logits of the tokens among the last 64 by this factor (1: off).
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     repeat_penalty: f32,
-    #[arg(long, default_value_t = 0.0)]
+    /// Subtract this from the logits of tokens seen in the last 64 (0: off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     presence_penalty: f32,
-    #[arg(long, default_value_t = 0.0)]
+    /// Subtract this times each seen token's count in the last 64 (0: off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     frequency_penalty: f32,
     /// Stop when this text appears (repeatable).
     #[arg(long)]
@@ -370,6 +378,9 @@ impl RunArgs {
         }
         let mut text = String::new();
         std::io::stdin().read_to_string(&mut text).context("reading the prompt from stdin (as UTF-8 text)")?;
+        if text.trim().is_empty() {
+            anyhow::bail!("the prompt read from stdin is empty: pipe text in, pass --prompt TEXT, or run in a terminal to chat");
+        }
         Ok(Some(text.trim_end_matches(['\n', '\r']).to_string()))
     }
 
@@ -470,6 +481,11 @@ fn main() -> ExitCode {
 
 fn run(args: RunArgs) -> Result<()> {
     process::set_compute_threads(args.threads)?;
+    // The generation flags are checked before a model loads.
+    if args.max_tokens == 0 {
+        anyhow::bail!("--max-tokens must be at least 1");
+    }
+    args.generate_request(Vec::new(), 1).sampling.validate().map_err(|e| anyhow::anyhow!("invalid sampling flags: {e}"))?;
     let prompt = args.read_prompt()?;
     let model = resolve_model(args.model.as_deref())?;
     let (engine, planned) = load_planned(&model.dir, &args.memory.request(), &args.backend.backend)?;

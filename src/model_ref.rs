@@ -40,6 +40,9 @@ fn resolve_with(
     let found = |dir: PathBuf, name: &str| ResolvedModel { dir, name: name.to_string(), is_demo: false };
     match spec {
         Some(dir) if Path::new(dir).is_dir() => Ok(found(PathBuf::from(dir), &directory_name(Path::new(dir)))),
+        Some(file) if Path::new(file).is_file() => {
+            bail!("--model {file}: a file, not a model directory (give the folder that holds the model's config.json and weights)")
+        }
         Some(spec) if looks_like_a_repo(spec) && !Path::new(spec).exists() => {
             bail!("--model {spec}: no such directory (for a Hugging Face repo, write hf:{spec} and pull it first)")
         }
@@ -117,6 +120,15 @@ mod tests {
     fn a_path_that_is_not_a_directory_suggests_the_hf_form() {
         let error = resolve_with(Some("org/missing"), in_cache, no_demo).expect_err("no such directory");
         assert!(format!("{error:#}").contains("write hf:org/missing"), "{error:#}");
+    }
+
+    #[test]
+    fn a_file_is_named_as_one() {
+        let parent = tempfile::tempdir().expect("creating a scratch folder");
+        let file = parent.path().join("model.safetensors");
+        std::fs::write(&file, b"not a folder").expect("writing a file");
+        let error = resolve_with(file.to_str(), in_cache, no_demo).expect_err("a file is no model directory");
+        assert!(format!("{error:#}").contains("a file, not a model directory"), "{error:#}");
     }
 
     #[test]

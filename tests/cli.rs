@@ -166,3 +166,30 @@ fn serve_refuses_a_name_clients_cannot_send() {
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("is not a name clients can send"), "{stderr}");
 }
+
+#[test]
+fn run_refuses_generation_flags_out_of_range_before_loading() {
+    let cases: [(&[&str], &str); 4] = [
+        (&["--max-tokens", "0"], "--max-tokens must be at least 1"),
+        (&["--temperature", "-1"], "temperature must be >= 0"),
+        (&["--top-p", "0"], "top_p must be in (0, 1]"),
+        (&["--repeat-penalty", "-2"], "repetition penalty must be > 0"),
+    ];
+    for (flags, wanted) in cases {
+        let output = run_command(flags).output().expect("running slotstream");
+        let stderr = stderr_of(&output);
+        assert_eq!(output.status.code(), Some(1), "{flags:?}: {stderr}");
+        assert!(stderr.contains(wanted), "{flags:?}: {stderr}");
+        assert!(!stderr.contains("memory plan"), "{flags:?} must be checked before the model is planned and loaded:\n{stderr}");
+    }
+}
+
+#[test]
+fn run_refuses_an_empty_prompt_from_stdin() {
+    // `slotstream()` gives the command an empty stdin, as `run </dev/null` or a pipe that sent nothing.
+    let output = slotstream().args(["run", "--model"]).arg(fixture()).args(["--backend", "cpu"]).output().expect("running slotstream");
+    let stderr = stderr_of(&output);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("the prompt read from stdin is empty"), "{stderr}");
+    assert!(output.stdout.is_empty(), "an empty prompt generated text: {}", String::from_utf8_lossy(&output.stdout));
+}

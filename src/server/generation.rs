@@ -277,7 +277,7 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
     let model_context = model.engine.context_length();
     if prompt_len >= model_context {
         return Err(ApiError::bad_request(format!(
-            "the prompt is {prompt_len} tokens, which fills the model's context of {model_context} tokens (max_position_embeddings)"
+            "the prompt is {prompt_len} tokens, which leaves no room to generate within the model's context of {model_context} tokens (max_position_embeddings)"
         )));
     }
     let max_tokens = req.max_tokens.unwrap_or(limit - prompt_len);
@@ -462,6 +462,10 @@ fn run_generation(
     // kept for the next request.
     if !engine.prefill_until(ids, ids.len() - 1, &mut state, || tx.gone() || app.stopping())? {
         note!("generation: cancelled during prefill at token {} of {}", state.position, ids.len());
+        if app.stopping() {
+            // Nothing was generated yet: the client learns why.
+            tx.send(Piece::Failed(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down; the request was not answered")));
+        }
         return Ok(None);
     }
     let prefill_body = started.elapsed();

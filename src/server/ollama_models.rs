@@ -70,7 +70,8 @@ pub async fn ps(State(app): State<Arc<AppState>>) -> Response {
             entry.insert("size".into(), memory.total_bytes.into());
             entry.insert("expires_at".into(), rfc3339(m.expires_at()).into());
             entry.insert("size_vram".into(), 0.into());
-            entry.insert("context_length".into(), app.options.max_context.into());
+            // What a request may use: --max-context, at most the model's own.
+            entry.insert("context_length".into(), app.options.max_context.min(m.engine.context_length()).into());
             entry.insert("memory".into(), json!(memory));
             Value::Object(entry)
         })
