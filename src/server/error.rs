@@ -3,6 +3,8 @@
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 
+use super::request_log::RequestLog;
+
 /// What went wrong, with the status it answers.
 #[derive(Clone, Debug)]
 pub struct ApiError {
@@ -90,12 +92,14 @@ impl OpenAiError {
 
 impl IntoResponse for OllamaError {
     fn into_response(self) -> Response {
+        RequestLog::current().failed(&self.0.message);
         json_response(self.0.status, &self.body())
     }
 }
 
 impl IntoResponse for OpenAiError {
     fn into_response(self) -> Response {
+        RequestLog::current().failed(&self.0.message);
         json_response(self.0.status, &self.body())
     }
 }

@@ -1,7 +1,7 @@
 //! What the server says about its model: identity and details read once at
 //! start, and the live memory report (`/api/show`, `/api/ps`).
 
-use std::hash::{Hash, Hasher};
+use sha2::{Digest, Sha256};
 use std::io::Read;
 use std::path::Path;
 use std::time::SystemTime;
@@ -55,7 +55,9 @@ impl ModelInfo {
             Some(b) => ("mlx".to_string(), format!("{b}bit")),
             None => ("safetensors".to_string(), arch.torch_dtype().unwrap_or("unknown").to_uppercase()),
         };
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        // The digest: sha256 of every weight file's header and of the config, as
+        // Ollama's digests are sha256 (of its blobs), stable across builds.
+        let mut hasher = Sha256::new();
         let mut parameter_count = 0u64;
         let mut file_bytes = 0u64;
         let mut modified_at = SystemTime::UNIX_EPOCH;
@@ -69,13 +71,12 @@ impl ModelInfo {
                 modified_at = modified_at.max(meta.modified().unwrap_or(SystemTime::UNIX_EPOCH));
             }
             if let Some(header) = read_safetensors_header(path) {
-                header.to_string().hash(&mut hasher);
+                hasher.update(header.to_string().as_bytes());
                 parameter_count += count_parameters(&header, bits);
             }
         }
-        config.to_string().hash(&mut hasher);
-        let h = hasher.finish();
-        let digest = format!("{h:016x}").repeat(4);
+        hasher.update(config.to_string().as_bytes());
+        let digest: String = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
         let t = &arch.text;
         let mut model_info = serde_json::Map::new();
         model_info.insert("general.architecture".into(), family.clone().into());

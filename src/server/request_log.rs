@@ -1,6 +1,8 @@
 //! One line on stderr per request, once its response has been sent (or its
 //! client left): method, path, status, model, tokens and time, e.g.
-//! `POST /api/chat 200 slotstream-demo 12+64 tokens (8 reused, Stop) 1.234s`.
+//! `POST /api/chat 200 slotstream-demo 12+64 tokens (8 reused, Stop) 1.234s`;
+//! a request answered with an error adds its message, so the operator sees
+//! why (`POST /v1/chat/completions 400 0.000s: invalid JSON body: ...`).
 //!
 //! The middleware opens a slot for the request in a task-local; the
 //! generation entry point, which runs inside the handler's task, takes the
@@ -29,6 +31,7 @@ tokio::task_local! {
 struct Details {
     model: Option<String>,
     summary: Option<Summary>,
+    error: Option<String>,
 }
 
 /// A request's slot in the log, shared with its generation thread.
@@ -48,6 +51,11 @@ impl RequestLog {
 
     pub fn finished(&self, summary: &Summary) {
         lock(&self.0).summary = Some(summary.clone());
+    }
+
+    /// The message of the error the request is answered with.
+    pub fn failed(&self, message: &str) {
+        lock(&self.0).error = Some(message.to_string());
     }
 }
 
@@ -88,6 +96,12 @@ impl Line {
         s += &format!(" {:.3}s", self.started.elapsed().as_secs_f64());
         if !complete {
             s += " (client left)";
+        }
+        if let Some(error) = &details.error {
+            // One line, and not a whole echoed request.
+            let short: String = error.chars().take(200).map(|c| if c.is_control() { ' ' } else { c }).collect();
+            let more = if error.chars().count() > 200 { "..." } else { "" };
+            s += &format!(": {short}{more}");
         }
         s
     }
