@@ -40,19 +40,24 @@ fn resolve_with(
     let found = |dir: PathBuf, name: &str| ResolvedModel { dir, name: name.to_string(), is_demo: false };
     match spec {
         Some(dir) if Path::new(dir).is_dir() => Ok(found(PathBuf::from(dir), &directory_name(Path::new(dir)))),
-        Some(file) if Path::new(file).is_file() => {
-            bail!("--model {file}: a file, not a model directory (give the folder that holds the model's config.json and weights)")
-        }
         Some(spec) if looks_like_a_repo(spec) && !Path::new(spec).exists() => {
             bail!("--model {spec}: no such directory (for a Hugging Face repo, write hf:{spec} and pull it first)")
         }
         Some(spec) if spec.contains('/') && !spec.starts_with("hf:") => {
+            if Path::new(spec).is_file() {
+                bail!("{}", a_file(spec));
+            }
             bail!("--model {spec}: no such directory (give the folder that holds the model's config.json)")
         }
         Some(spec) => {
             let repo = spec.strip_prefix("hf:").unwrap_or(spec);
             let name = repo.split_once('@').map_or(repo, |(name, _revision)| name);
-            Ok(found(locate(spec)?, name))
+            match locate(spec) {
+                Ok(dir) => Ok(found(dir, name)),
+                // A known name or repo comes first; a file of that name is named as one.
+                Err(_) if Path::new(spec).is_file() => bail!("{}", a_file(spec)),
+                Err(e) => Err(e),
+            }
         }
         // Any failure to find the default model (not downloaded, no cache at
         // all) means "not installed": the demo keeps a fresh machine working.
@@ -61,6 +66,11 @@ fn resolve_with(
             Err(_) => Ok(ResolvedModel { dir: demo_dir()?, name: demo::NAME.to_string(), is_demo: true }),
         },
     }
+}
+
+/// What `--model` says of a file given as the model.
+fn a_file(spec: &str) -> String {
+    format!("--model {spec}: a file, not a model directory (give the folder that holds the model's config.json and weights)")
 }
 
 /// `ORG/NAME` as Hugging Face spells a repository: two plain names, not a path.

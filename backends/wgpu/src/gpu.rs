@@ -485,7 +485,7 @@ impl Gpu {
     }
 
     /// Waits until the submission thread has submitted everything handed to it.
-    fn wait_submitted(&self) -> Result<()> {
+    pub(crate) fn wait_submitted(&self) -> Result<()> {
         self.submitter.as_ref().map_or(Ok(()), |s| s.wait())
     }
 

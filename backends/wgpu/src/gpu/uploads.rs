@@ -34,6 +34,8 @@ impl Gpu {
         if u.staged < self.upload_chunk {
             return Ok(());
         }
+        // As every queue operation: after what the submission thread holds.
+        self.wait_submitted()?;
         if let Some(index) = u.last.take() {
             let wait = wgpu::PollType::Wait { submission_index: Some(index), timeout: None };
             self.device.poll(wait).map_err(|e| device_error("waiting for an upload", e))?;
