@@ -6,7 +6,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
-use indicatif::HumanBytes;
+use indicatif::DecimalBytes;
 
 use super::cache::{hub_cache_root, RepoCache, VerifiedFiles};
 use super::manifest::{Manifest, ManifestFile, ModelSpec};
@@ -96,7 +96,7 @@ impl LocalState {
 
     pub(super) fn describe(&self, file: &ManifestFile) -> String {
         let path = &file.path;
-        let size = HumanBytes(file.size);
+        let size = DecimalBytes(file.size);
         match self {
             LocalState::Missing => format!("{path} ({size}) is missing"),
             LocalState::WrongSize(len) => {

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use indicatif::{HumanBytes, HumanDuration, ProgressBar, ProgressStyle};
+use indicatif::{DecimalBytes, HumanDuration, ProgressBar, ProgressStyle};
 
 use crate::note;
 
@@ -68,7 +68,7 @@ impl Progress {
             && std::env::var("TERM").map(|t| t != "dumb").unwrap_or(true);
         let bar = terminal.then(|| {
             let style = ProgressStyle::with_template(
-                "{msg:>10} [{bar:32}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
+                "{msg:>10} [{bar:32}] {decimal_bytes}/{decimal_total_bytes} {decimal_bytes_per_sec} ETA {eta}",
             )
             .map(|s| s.progress_chars("=> "))
             .unwrap_or_else(|_| ProgressStyle::default_bar());
@@ -185,9 +185,9 @@ impl Progress {
         let mut line = format!(
             "{} {} of {} ({percent:.0}%) at {}/s",
             self.verb,
-            HumanBytes(done),
-            HumanBytes(self.total),
-            HumanBytes(rate as u64)
+            DecimalBytes(done),
+            DecimalBytes(self.total),
+            DecimalBytes(rate as u64)
         );
         if rate > 0.0 && done < self.total {
             let left = Duration::from_secs_f64((self.total - done) as f64 / rate);

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context, Result};
-use indicatif::HumanBytes;
+use indicatif::DecimalBytes;
 
 use super::cache::{self, delete_snapshot_entry, remove_if_present, RepoCache, VerifiedFiles};
 use super::hub::{FileMetadata, HubClient};
@@ -200,7 +200,7 @@ impl Puller {
             .map(|(file, local)| FileCheck { label: file.path.clone(), path: local.clone(), digest: file.digest.clone() })
             .collect();
         let total = files.iter().map(|(f, _)| f.size).sum();
-        note!("checking {} file(s) already in the cache ({})", files.len(), HumanBytes(total));
+        note!("checking {} file(s) already in the cache ({})", files.len(), DecimalBytes(total));
         for (file, _) in &files {
             self.tell(PullEvent::Verifying { path: file.path.clone() });
         }
@@ -291,8 +291,8 @@ impl Puller {
             "downloading {} file(s) of {}: {} to fetch{}, {} connection(s)",
             downloads.len(),
             self.name,
-            HumanBytes(total - on_disk),
-            if on_disk > 0 { format!(" ({} already on disk)", HumanBytes(on_disk)) } else { String::new() },
+            DecimalBytes(total - on_disk),
+            if on_disk > 0 { format!(" ({} already on disk)", DecimalBytes(on_disk)) } else { String::new() },
             settings.connections
         );
         let files = planned.iter().map(|p| {
@@ -444,8 +444,8 @@ fn check_free_space(dir: &Path, needed: u64) -> Result<()> {
             "not enough free disk space in {}: {} more needed, {} available. Free some space, \
              or point HF_HUB_CACHE at a larger disk, and run the command again",
             dir.display(),
-            HumanBytes(needed + headroom),
-            HumanBytes(available)
+            DecimalBytes(needed + headroom),
+            DecimalBytes(available)
         );
     }
     Ok(())

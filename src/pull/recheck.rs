@@ -5,7 +5,7 @@ use std::fs;
 use std::path::Path;
 
 use anyhow::{bail, Result};
-use indicatif::HumanBytes;
+use indicatif::DecimalBytes;
 
 use super::cache::{delete_snapshot_entry, RepoCache};
 use crate::{console, note};
@@ -46,7 +46,7 @@ pub(super) fn verify_copy(spec: &ModelSpec, root: &Path, threads: usize) -> Resu
         }
     }
     let total = checks.iter().map(|c| fs::metadata(&c.path).map(|m| m.len()).unwrap_or(0)).sum();
-    note!("hashing {} file(s) of {name} ({}) in {}", checks.len(), HumanBytes(total), repo.snapshot_dir(commit).display());
+    note!("hashing {} file(s) of {name} ({}) in {}", checks.len(), DecimalBytes(total), repo.snapshot_dir(commit).display());
     let progress = Progress::new("hashed", total, 0);
     let results = verify::hash_all(&checks, threads, &progress);
     progress.finish();
