@@ -314,6 +314,13 @@ fn unsupported_features_and_bad_requests_answer_400() {
     let unknown = s.post("/v1/chat/completions", &json!({"model": "gpt-4", "messages": msgs}));
     assert_eq!(unknown.status, 404);
     assert!(unknown.json()["error"]["message"].as_str().unwrap_or("").contains("gpt-4"));
+    for (path, takes) in [("/v1/chat/completions", "POST"), ("/api/chat", "POST"), ("/api/tags", "GET")] {
+        let method = if takes == "GET" { "PUT" } else { "GET" };
+        let wrong = s.request(method, path, &[], b"");
+        assert_eq!(wrong.status, 405, "{method} {path}: {}", wrong.text());
+        assert!(wrong.error().contains("is not allowed on"), "{method} {path}: {:?}", wrong.error());
+        assert!(wrong.header("allow").is_some_and(|a| a.contains(takes)), "{method} {path}: Allow {:?}", wrong.header("allow"));
+    }
 }
 
 #[test]

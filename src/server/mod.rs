@@ -261,6 +261,19 @@ async fn not_found(req: Request) -> Response {
     error_for_path(&path, ApiError::new(StatusCode::NOT_FOUND, format!("no endpoint {} {path}", req.method())))
 }
 
+/// A known path asked with another method: axum answers an empty 405 (and
+/// adds the `Allow` header after this layer); the client gets the reason in
+/// its API's error form too.
+async fn explain_wrong_method(req: Request, next: Next) -> Response {
+    let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    let response = next.run(req).await;
+    if response.status() != StatusCode::METHOD_NOT_ALLOWED {
+        return response;
+    }
+    let message = format!("{method} is not allowed on {path} (the Allow header lists what is)");
+    error_for_path(&path, ApiError::new(StatusCode::METHOD_NOT_ALLOWED, message))
+}
+
 async fn embeddings_refused(req: Request) -> Response {
     error_for_path(req.uri().path(), ApiError::unsupported("embeddings"))
 }
@@ -291,6 +304,7 @@ pub fn router(app: Arc<AppState>, bound: SocketAddr) -> Router {
         .route("/v1/models/{*model}", get(openai::model))
         .route("/v1/embeddings", any(embeddings_refused))
         .fallback(not_found)
+        .layer(axum::middleware::from_fn(explain_wrong_method))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn_with_state(body_timeout, listen::read_body_within))
         .layer(axum::middleware::from_fn(guard::check_length))
