@@ -37,7 +37,7 @@ fn content_digest() -> String {
         hasher.update((bytes.len() as u64).to_le_bytes());
         hasher.update(bytes);
     }
-    hasher.finalize()[..8].iter().map(|b| format!("{b:02x}")).collect()
+    crate::hex::lower(&hasher.finalize()[..8])
 }
 
 /// The demo model's directory, unpacking it on first use. Files are written

@@ -12,6 +12,7 @@ pub mod disk;
 pub mod doctor;
 pub mod experts;
 pub mod generate;
+pub mod hex;
 pub mod launch;
 pub mod model;
 pub mod model_files;

@@ -235,7 +235,7 @@ fn files_key(config: &serde_json::Value, dir: &Path) -> Result<String> {
         hasher.update(meta.len().to_le_bytes());
         hasher.update(modified.to_le_bytes());
     }
-    Ok(hasher.finalize()[..8].iter().map(|b| format!("{b:02x}")).collect())
+    Ok(crate::hex::lower(&hasher.finalize()[..8]))
 }
 
 /// The curve for the model `arch` describes, from what its runs kept.

@@ -88,7 +88,7 @@ impl<D: sha2::Digest> Hasher for D {
     }
 
     fn finish_hex(self: Box<Self>) -> String {
-        self.finalize().iter().map(|byte| format!("{byte:02x}")).collect()
+        crate::hex::lower(&self.finalize())
     }
 }
 

@@ -1,12 +1,12 @@
 //! What the server says about its model: identity and details read once at
 //! start, and the live memory report (`/api/show`, `/api/ps`).
 
-use sha2::{Digest, Sha256};
 use std::io::Read;
 use std::path::Path;
 use std::time::SystemTime;
 
 use serde::Serialize;
+use sha2::{Digest, Sha256};
 
 use crate::experts::CacheStats;
 use crate::model::ModelArch;
@@ -76,7 +76,7 @@ impl ModelInfo {
             }
         }
         hasher.update(config.to_string().as_bytes());
-        let digest: String = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        let digest = crate::hex::lower(&hasher.finalize());
         let t = &arch.text;
         let mut model_info = serde_json::Map::new();
         model_info.insert("general.architecture".into(), family.clone().into());

@@ -146,7 +146,7 @@ pub struct Gpu {
     /// ([`WgpuOptions::submit_thread`]); `None`: the recording thread does.
     submitter: Option<submit::Submitter>,
     /// Bytes staged for upload since the last upload submission ([`uploads`]).
-    uploads: uploads::UploadState,
+    uploads: Mutex<uploads::Uploads>,
     /// [`WgpuOptions::upload_chunk`].
     upload_chunk: u64,
 }

@@ -7,8 +7,6 @@
 //! their own, after the chunk before has landed: the GPU copies one chunk
 //! while the host reads the next from disk, and staging holds at most two.
 
-use std::sync::Mutex;
-
 use slotstream_backend::{BackendError, Result};
 
 use super::{device_error, Gpu};
@@ -51,6 +49,3 @@ impl Gpu {
         self.uploads.lock().map(|u| u.submissions).unwrap_or(0)
     }
 }
-
-/// The staging counter, for [`Gpu`]'s fields.
-pub(super) type UploadState = Mutex<Uploads>;
