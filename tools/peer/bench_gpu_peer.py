@@ -15,7 +15,9 @@ tools/peer/to_gguf.py --outtype q4_0 repacks the same bits into a Q4_0 GGUF: wha
   both:      peak GPU memory (nvidia-smi memory.used sampled every 100 ms, minus the reading before
              the run) and peak host RSS (the child's rusage);
   streaming models (64 experts per layer, --experts-per-layer 16 = 25% of them, routers skewed):
-             our GPU and CPU backends; the expert counters of a prefill-only run (--max-tokens 1)
+             our GPU and CPU backends, their runs alternating (--rounds of each: the disk's speed
+             drifts between runs, and both wait on it), with each run's ms per token beside its
+             expert reads; the expert counters of a prefill-only run (--max-tokens 1)
              are subtracted from the full run's, giving decode-only hit rate, bytes read per token
              and read-wait; the disk's O_DIRECT read rate is measured on the model's own files, and
              the disk-bound limit is that rate / bytes read per token.
@@ -137,6 +139,12 @@ def ours(a, model, backend, prompt, max_tokens, experts_per_layer, tag):
                    prefill_s=s["prefill_seconds"], decode_s=s["decode_seconds"], slots=e["slots"],
                    pool_bytes=e["pool_bytes"], direct_io=e["direct_io"], counters=e["total"],
                    ids=o["generated_ids"])
+        passes = max(1, s["generated_tokens"] - 1)
+        d = s.get("decode_experts")
+        if d and d.get("misses"):
+            # What a decoded token costs besides waiting on its expert reads.
+            res["beside_reads_ms"] = 1e3 * (s["decode_seconds"] - d["wait_seconds"]) / passes
+            res["wait_ms"] = 1e3 * d["wait_seconds"] / passes
     except Exception as ex:  # noqa: BLE001
         res["error"] = f"{type(ex).__name__}: {ex}; rc={r['rc']}; {r['stderr'][-600:]}"
         log("  " + res["error"])
@@ -324,13 +332,21 @@ def bench_model(a, key, streaming, prompt):
         res["peer"] = peer(a, gguf, f"{name}_llama")
         if not a.keep:
             os.remove(gguf)
-    gpu = [ours(a, model, a.gpu_backend, prompt, a.decode + 1, pool, f"{name}_ours_gpu_{i}") for i in range(a.rounds)]
+    cpu_too = a.cpu == "all" or (a.cpu == "streaming" and streaming)
+    gpu, cpu = [], []
+    for i in range(a.rounds):
+        gpu.append(ours(a, model, a.gpu_backend, prompt, a.decode + 1, pool, f"{name}_ours_gpu_{i}"))
+        # Streamed, both backends wait on the disk, whose speed drifts: their
+        # runs alternate and each side's median is compared.
+        if cpu_too and (streaming or i == 0):
+            cpu.append(ours(a, model, "cpu", prompt, a.decode + 1, pool, f"{name}_ours_cpu_{i}"))
     res["ours_gpu_runs"] = gpu
     res["ours_gpu"] = {"prefill": median(gpu, "prefill"), "decode": median(gpu, "decode"),
                        "rss_bytes": max((r["rss_bytes"] for r in gpu), default=None),
                        "gpu_mib": max((r["gpu_mib"] for r in gpu if r["gpu_mib"] is not None), default=None),
                        "backend_name": next((r.get("backend_name") for r in gpu if r.get("backend_name")), None),
-                       "prompt_tokens": gpu[0].get("prompt_tokens")}
+                       "prompt_tokens": gpu[0].get("prompt_tokens"),
+                       "beside_reads_ms": median(gpu, "beside_reads_ms"), "wait_ms": median(gpu, "wait_ms")}
     if streaming:
         pre = ours(a, model, a.gpu_backend, prompt, 1, pool, f"{name}_ours_gpu_prefill_only")
         res["ours_gpu"].update(subtract(gpu[-1], pre))
@@ -338,9 +354,11 @@ def bench_model(a, key, streaming, prompt):
         bpt = res["ours_gpu"].get("decode_bytes_per_token")
         if res["disk_read_gbs"] and bpt:
             res["disk_limit_tps"] = res["disk_read_gbs"] * 1e9 / bpt
-    if a.cpu == "all" or (a.cpu == "streaming" and streaming):
-        c = ours(a, model, "cpu", prompt, a.decode + 1, pool, f"{name}_ours_cpu")
-        res["ours_cpu"] = {k: c.get(k) for k in ("prefill", "decode", "rss_bytes", "backend_name", "error")}
+    if cpu:
+        res["ours_cpu_runs"] = cpu
+        res["ours_cpu"] = {k: median(cpu, k) for k in ("prefill", "decode", "beside_reads_ms", "wait_ms")}
+        res["ours_cpu"].update({k: cpu[0].get(k) for k in ("rss_bytes", "backend_name", "error")})
+        c = cpu[-1]
         if streaming and c.get("counters"):
             res["ours_cpu"]["total_hit_rate"] = c["counters"]["hits"] / max(1, c["counters"]["hits"] + c["counters"]["misses"])
     if not a.keep:
@@ -395,13 +413,16 @@ def table(a, meta, results):
                  + " | ".join(LABEL.get(r["key"][:-2], r["key"]) for r in res) + " |")
         L.append("|---|" + "---:|" * len(res))
         rows = [
-            ("GPU decode tok/s", lambda r: f1(r["ours_gpu"]["decode"])),
-            ("CPU decode tok/s (same pool)", lambda r: f1((r.get("ours_cpu") or {}).get("decode"))),
+            ("GPU decode tok/s", lambda r: f1(r["ours_gpu"]["decode"], 3)),
+            ("CPU decode tok/s (same pool)", lambda r: f1((r.get("ours_cpu") or {}).get("decode"), 3)),
             ("GPU / CPU decode", lambda r: ratio(r["ours_gpu"]["decode"], (r.get("ours_cpu") or {}).get("decode"))),
+            ("ms per decoded token beside the reads, GPU / CPU",
+             lambda r: f"{f1(r['ours_gpu'].get('beside_reads_ms'))} / {f1((r.get('ours_cpu') or {}).get('beside_reads_ms'))}"),
+            ("read wait ms per decoded token, GPU / CPU",
+             lambda r: f"{f1(r['ours_gpu'].get('wait_ms'))} / {f1((r.get('ours_cpu') or {}).get('wait_ms'))}"),
             ("decode hit rate", lambda r: f1(100 * r["ours_gpu"]["decode_hit_rate"], 1) + "%" if r["ours_gpu"].get("decode_hit_rate") is not None else "—"),
             ("MB read per decoded token", lambda r: f1((r["ours_gpu"].get("decode_bytes_per_token") or 0) / 1e6, 1)),
             ("expert reads GB/s (ours, decode)", lambda r: f1(r["ours_gpu"].get("decode_read_gbs"), 2)),
-            ("read wait ms per decoded token", lambda r: f1(1e3 * r["ours_gpu"]["decode_wait_s_per_token"], 1) if r["ours_gpu"].get("decode_wait_s_per_token") is not None else "—"),
             ("disk O_DIRECT GB/s (4 MiB x 16)", lambda r: f1(r.get("disk_read_gbs"), 2)),
             ("disk-bound limit tok/s", lambda r: f1(r.get("disk_limit_tps"))),
             ("GPU decode / disk-bound limit", lambda r: ratio(r["ours_gpu"]["decode"], r.get("disk_limit_tps"))),

@@ -449,7 +449,8 @@ impl GpuPool {
         let n = self.shard_slots(shard);
         self.gate_up.write(gpu, shard, local, n, gate, 0)?;
         self.gate_up.write(gpu, shard, local, n, up, self.intermediate)?;
-        self.down.write(gpu, shard, local, n, down, 0)
+        self.down.write(gpu, shard, local, n, down, 0)?;
+        gpu.send_staged()
     }
 }
 

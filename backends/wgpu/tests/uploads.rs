@@ -17,14 +17,14 @@ fn staged_uploads_go_out_a_chunk_at_a_time() {
     if gpu().is_none() {
         return;
     }
-    let chunk = 256 << 10;
+    let chunk = 1 << 20;
     let g = WgpuBackend::with_options(&AdapterChoice::allow_software(), WgpuOptions { upload_chunk: chunk, ..WgpuOptions::from_env() })
         .expect("opening the device");
     let cpu = CpuBackend::exact();
     let mut rng = Rng::new(37);
     let format = affine(4, 64);
     let (rows, cols) = (512, 1024);
-    // Eight weights of 288 KiB each (values, scales and biases).
+    // Eight weights of 288 KiB each (values, scales and biases), 2.25 chunks.
     let weights: Vec<_> = (0..8).map(|_| matrix(&mut rng, format, 1, rows, cols)).collect();
     let before = g.upload_submissions();
     let loaded: Vec<_> = weights.iter().map(|m| g.load_weight(m).expect("load")).collect();
@@ -43,13 +43,15 @@ fn staged_uploads_go_out_a_chunk_at_a_time() {
         .collect();
     let mut pool = g.new_expert_pool(&layout, 4, 4).expect("pool");
     for (slot, e) in experts.iter().enumerate() {
+        let before = g.upload_submissions();
         g.write_expert(&mut pool, slot, e).expect("write");
-    }
-    let pool_submissions = g.upload_submissions() - after_weights;
-    if g.uses_mapped_primary_buffers() {
-        assert_eq!(pool_submissions, 0, "pool writes mapped directly went out in submissions of staged bytes");
-    } else {
-        assert!(pool_submissions >= 3, "four experts of ~864 KiB went out in {pool_submissions} submissions");
+        let sent = g.upload_submissions() - before;
+        if g.uses_mapped_primary_buffers() {
+            assert_eq!(sent, 0, "a pool write mapped directly went out in submissions of staged bytes");
+        } else {
+            // Each expert as soon as it is written, though it is smaller than a chunk.
+            assert!(sent >= 1, "expert {slot} (~864 KiB, under the {chunk}-byte chunk) still waits in staging");
+        }
     }
     // What landed is what was written.
     let x = rng.vec(cols, 2.0);

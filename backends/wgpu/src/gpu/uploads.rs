@@ -6,6 +6,7 @@
 //! first kernel. Each [`UPLOAD_CHUNK`] bytes now go out in a submission of
 //! their own, after the chunk before has landed: the GPU copies one chunk
 //! while the host reads the next from disk, and staging holds at most two.
+//! An expert written to the pool goes out at once, whatever its size.
 
 use slotstream_backend::{BackendError, Result};
 
@@ -27,9 +28,22 @@ impl Gpu {
     /// Notes `bytes` staged for upload; a whole chunk goes out now (after
     /// the chunk before it has landed).
     pub(crate) fn staged(&self, bytes: u64) -> Result<()> {
+        self.send_staged_over(bytes, self.upload_chunk)
+    }
+
+    /// Sends whatever is staged now, however little (after the upload
+    /// before it has landed). A streamed expert is sent as soon as it is
+    /// written: the GPU copies it to its slot while the host still reads
+    /// the layer's other misses, instead of copying them all at the
+    /// layer's next submission, after the last read.
+    pub(crate) fn send_staged(&self) -> Result<()> {
+        self.send_staged_over(0, 1)
+    }
+
+    fn send_staged_over(&self, bytes: u64, chunk: u64) -> Result<()> {
         let mut u = self.uploads.lock().map_err(|_| BackendError::Device("upload counter poisoned".into()))?;
         u.staged += bytes;
-        if u.staged < self.upload_chunk {
+        if u.staged < chunk {
             return Ok(());
         }
         // As every queue operation: after what the submission thread holds.
