@@ -272,9 +272,11 @@ fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool
     let t = Instant::now();
     handle.sync()?;
     println!("uploads landed {:.3} s after the load returned ({} upload submissions)", t.elapsed().as_secs_f64(), handle.upload_submissions());
+    handle.take_host_time();
+    handle.take_creations();
     let t = Instant::now();
     let logits = e.prefill(&prompt, &mut state)?;
-    println!("prefill: {} tokens in {:.2} s", prompt.len(), t.elapsed().as_secs_f64());
+    println!("prefill: {} tokens in {:.3} s (cold){}", prompt.len(), t.elapsed().as_secs_f64(), host_costs(&handle));
     let mut next = argmax(&logits);
     // Host seconds until `forward` returns (recording and submitting the token).
     let forward_secs = std::cell::Cell::new(0.0f64);
@@ -307,8 +309,12 @@ fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool
         *pending.borrow_mut() = Some((chosen, read));
         Ok(())
     };
-    for _ in 0..8 {
+    for i in 0..8 {
+        let t = Instant::now();
         step(&mut next, &mut state)?;
+        if i < 2 || std::env::var_os("BENCH_GPU_EVERY_STEP").is_some() {
+            println!("decode step {i} after the cold prefill: {:.2} ms{}", 1e3 * t.elapsed().as_secs_f64(), host_costs(&handle));
+        }
     }
     let mut last_tps = 0.0;
     for &flush in flushes {
@@ -361,22 +367,17 @@ fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool
     println!("kernel time per token by kernel ({n} tokens, timestamp queries {}; wall per token {:.2} ms untimed):", timed_how(&handle), 1e3 / last_tps);
     print_profile(&prof, n, "ms/token");
     // Prefill of the same prompt in a fresh sequence: untimed, then by kernel.
-    let mut fresh = e.new_state()?;
-    handle.sync()?;
-    handle.take_host_time();
-    let t = Instant::now();
-    let logits = e.prefill(&prompt, &mut fresh)?;
-    let secs = t.elapsed().as_secs_f64();
-    let (record, submit, submits) = handle.take_host_time();
-    println!(
-        "prefill again: {} tokens in {:.3} s = {:.0} tok/s; host recording {:.1} ms, submitting {:.1} ms ({submits} submissions)",
-        prompt.len(),
-        secs,
-        prompt.len() as f64 / secs,
-        1e3 * record,
-        1e3 * submit
-    );
-    drop(logits);
+    // A prompt of another length next: the first use of its shapes.
+    for (what, n) in [("again", prompt.len()), ("of a new length", prompt.len().saturating_sub(37).max(1)), ("again", prompt.len())] {
+        let mut fresh = e.new_state()?;
+        handle.sync()?;
+        handle.take_host_time();
+        handle.take_creations();
+        let t = Instant::now();
+        drop(e.prefill(&prompt[..n], &mut fresh)?);
+        let secs = t.elapsed().as_secs_f64();
+        println!("prefill {what}: {n} tokens in {secs:.3} s = {:.0} tok/s{}", n as f64 / secs, host_costs(&handle));
+    }
     // As llama-bench's pp256 @ d432: a sequence already holding `depth`
     // tokens (untimed) takes `pp` more, warm; the median of three.
     let (depth, pp) = (args.depth, args.pp);
@@ -400,6 +401,18 @@ fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool
     println!("kernel time of one {}-token prefill by kernel (timestamp queries {}):", prompt.len(), timed_how(&handle));
     print_profile(&prof, 1, "ms");
     Ok(())
+}
+
+/// Host time and first-use creations since the last look, for a line.
+fn host_costs(b: &WgpuBackend) -> String {
+    let (record, submit, submits) = b.take_host_time();
+    let (buffers, bytes, groups) = b.take_creations();
+    format!(
+        "; host recording {:.1} ms, submitting {:.1} ms ({submits} submissions); created {buffers} buffers ({:.1} MB), {groups} bind groups",
+        1e3 * record,
+        1e3 * submit,
+        bytes as f64 / 1e6
+    )
 }
 
 /// How profiles time a dispatch on `b`.

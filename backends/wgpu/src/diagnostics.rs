@@ -110,6 +110,15 @@ impl WgpuBackend {
         (ns(&t.record_ns), ns(&t.submit_ns), t.submits.swap(0, Relaxed))
     }
 
+    /// Activation buffers created since the last call (not reused from the
+    /// free list), their bytes, and bind groups created (not cached): what a
+    /// first use of each shape costs beside its kernels.
+    pub fn take_creations(&self) -> (u64, u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let t = &self.gpu.host_time;
+        (t.buffers.swap(0, Relaxed), t.buffer_bytes.swap(0, Relaxed), t.bind_groups.swap(0, Relaxed))
+    }
+
     /// Host seconds the submission thread spent submitting periodic
     /// submissions (off the calling thread) since the last call.
     pub fn take_thread_time(&self) -> f64 {

@@ -161,6 +161,11 @@ pub struct HostTime {
     /// Time the submission thread spent on periodic submissions (off the
     /// recording thread).
     pub thread_ns: Arc<std::sync::atomic::AtomicU64>,
+    /// Activation buffers created (not reused from the free list), their
+    /// bytes, and bind groups created (not found in the cache).
+    pub buffers: std::sync::atomic::AtomicU64,
+    pub buffer_bytes: std::sync::atomic::AtomicU64,
+    pub bind_groups: std::sync::atomic::AtomicU64,
 }
 
 

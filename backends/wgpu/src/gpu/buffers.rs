@@ -66,6 +66,9 @@ impl Gpu {
         }
         let reused = self.free.lock().ok().and_then(|mut f| f.get_mut(&size).and_then(|v| v.pop()));
         let buffer = reused.unwrap_or_else(|| {
+            use std::sync::atomic::Ordering::Relaxed;
+            self.host_time.buffers.fetch_add(1, Relaxed);
+            self.host_time.buffer_bytes.fetch_add(size, Relaxed);
             self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("activation"),
                 size,

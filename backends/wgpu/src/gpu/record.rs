@@ -125,6 +125,7 @@ impl Gpu {
             };
             entries.push(wgpu::BindGroupEntry { binding: *binding, resource });
         }
+        self.host_time.bind_groups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(entry), layout: &kernel.layout, entries: &entries });
         cache.insert(key, bg.clone());
         Ok(bg)
