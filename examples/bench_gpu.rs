@@ -272,11 +272,27 @@ fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool
     let t = Instant::now();
     handle.sync()?;
     println!("uploads landed {:.3} s after the load returned ({} upload submissions)", t.elapsed().as_secs_f64(), handle.upload_submissions());
+    // BENCH_GPU_HEAT=1: a busy GPU first (1 GiB copies for ~0.3 s), to tell
+    // a clock that has not ramped up from a first use of the prefill's work.
+    if std::env::var_os("BENCH_GPU_HEAT").is_some() {
+        let t = Instant::now();
+        let gbs = copy_bandwidth(&handle, 1024, 60)?;
+        println!("heated the GPU for {:.2} s ({gbs:.0} GB/s copies)", t.elapsed().as_secs_f64());
+    }
+    // BENCH_GPU_PROFILE_COLD=1: the cold prefill by kernel (timed).
+    let cold_profile = std::env::var_os("BENCH_GPU_PROFILE_COLD").is_some();
+    handle.set_profiling(cold_profile)?;
     handle.take_host_time();
     handle.take_creations();
     let t = Instant::now();
     let logits = e.prefill(&prompt, &mut state)?;
     println!("prefill: {} tokens in {:.3} s (cold){}", prompt.len(), t.elapsed().as_secs_f64(), host_costs(&handle));
+    if cold_profile {
+        let prof = handle.kernel_profile();
+        handle.set_profiling(false)?;
+        println!("kernel time of the cold prefill by kernel:");
+        print_profile(&prof, 1, "ms");
+    }
     let mut next = argmax(&logits);
     // Host seconds until `forward` returns (recording and submitting the token).
     let forward_secs = std::cell::Cell::new(0.0f64);
