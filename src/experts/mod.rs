@@ -169,22 +169,39 @@ impl ExpertCache {
     }
 
     /// Reads every expert into its own slot (the pool must have one for
-    /// each). Counted as load, not in the hit/miss counters.
+    /// each). Counted as load, not in the hit/miss counters. Each batch of
+    /// reads runs while the batch before it is written to its slots.
     pub fn load_all(&mut self, b: &dyn Backend) -> Result<()> {
         let experts = self.store.experts_per_layer;
         if self.owner.len() < self.store.layers * experts {
             bail!("{} slots cannot hold all {} experts", self.owner.len(), self.store.layers * experts);
         }
         let all: Vec<u32> = (0..experts as u32).collect();
-        for (layer, some) in (0..self.store.layers).flat_map(|l| all.chunks(16).map(move |c| (l, c))) {
-            let (records, _) = self.store.read_many(layer, some)?;
-            for (e, record) in some.iter().zip(&records) {
-                let key = self.key(layer, *e);
-                let s = key as usize;
-                b.write_expert(&mut self.pool, s, &self.store.host_expert(record))?;
-                self.owner[s] = Some(key);
-                self.slot_of.insert(key, key);
-            }
+        let batches: Vec<(usize, &[u32])> = (0..self.store.layers).flat_map(|l| all.chunks(16).map(move |c| (l, c))).collect();
+        let (store, pool, owner, slot_of) = (&self.store, &mut self.pool, &mut self.owner, &mut self.slot_of);
+        let mut records = match batches.first() {
+            Some(&(layer, some)) => store.read_many(layer, some)?.0,
+            None => Vec::new(),
+        };
+        for (i, &(layer, some)) in batches.iter().enumerate() {
+            let next = batches.get(i + 1).copied();
+            let (written, read) = std::thread::scope(|scope| {
+                let reader = next.map(|(l, n)| scope.spawn(move || store.read_many(l, n)));
+                let written = some.iter().zip(&records).try_for_each(|(e, record)| -> Result<()> {
+                    let key = layer as u32 * experts as u32 + *e;
+                    b.write_expert(pool, key as usize, &store.host_expert(record))?;
+                    owner[key as usize] = Some(key);
+                    slot_of.insert(key, key);
+                    Ok(())
+                });
+                (written, reader.map(|h| h.join()))
+            });
+            written?;
+            records = match read {
+                Some(Ok(read)) => read?.0,
+                Some(Err(_)) => bail!("an expert read thread panicked"),
+                None => Vec::new(),
+            };
         }
         let table: Vec<(u32, Option<u32>)> = (0..(self.store.layers * experts) as u32).map(|k| (k, Some(k))).collect();
         b.map_experts(&mut self.pool, &table)?;
