@@ -49,7 +49,8 @@
 #   ROUTER_SKEW, MIXER_OUT_SCALE (0.1), GPU_BACKEND (default wgpu; e.g. wgpu:software for lavapipe), KEEP=1 (keep
 #   models), WORK (models and unpacked binaries, default /tmp/gpu-peer), RESULTS (default
 #   $WORK/results; where $OUT is set, table.md, results.json and gpu-peer-logs.tar.gz are
-#   copied there too), JOBS (default nproc).
+#   copied there too), JOBS (default nproc), FIRST_ROUNDS (first-prompt runs of each engine per
+#   resident model, default 2; 0 skips them), IDLE (seconds the GPU idles before each, 10).
 # env (prepare): CARGO_BUILD_JOBS (default 1), JOBS/NICE for llama.cpp (2/10), FORCE=1 (rebuild
 #   llama.cpp), VK_PEER_DIR (its source and build tree, default /tmp/slotstream-peer-vk).
 #
@@ -155,6 +156,7 @@ PY
         --commit "$commit")
     [ -n "${SMALL:-}" ] && args+=(--small)
     [ -n "${KEEP:-}" ] && args+=(--keep)
+    args+=(--first-rounds "${FIRST_ROUNDS:-2}" --idle "${IDLE:-10}")
     [ -n "${PEER_STREAMING:-}" ] && args+=(--peer-streaming)
     local rc=0
     PYTHONUNBUFFERED=1 python3 tools/peer/bench_gpu_peer.py "${args[@]}" || rc=$?

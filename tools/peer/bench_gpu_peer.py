@@ -13,7 +13,10 @@ tools/peer/to_gguf.py --outtype q4_0 repacks the same bits into a Q4_0 GGUF: wha
              runs from depth 432, as llama-bench's tg64 @ d432; `stats` of --json give prefill
              and decode tok/s (median of --rounds runs);
   both:      peak GPU memory (nvidia-smi memory.used sampled every 100 ms, minus the reading before
-             the run) and peak host RSS (the child's rusage);
+             the run; the SM clock sampled with it, each run's timeline in <tag>.clocks.csv) and
+             peak host RSS (the child's rusage); and the first prompt of a fresh process on a GPU
+             idle for --idle seconds (ours: `run --max-tokens 1`; theirs: llama-bench -p <prompt>
+             -n 0 -r 1 --no-warmup), --first-rounds of each, alternating;
   streaming models (64 experts per layer, --experts-per-layer 16 = 25% of them, routers skewed):
              our GPU and CPU backends, their runs alternating (--rounds of each: the disk's speed
              drifts between runs, and both wait on it), with each run's ms per token beside its
@@ -60,33 +63,44 @@ def log(*a):
 
 
 class GpuMemory:
-    """Polls nvidia-smi's memory.used (MiB) from a thread while a run lasts (a query every
-    ~100 ms; `-lms` output through a pipe is block-buffered and lost when it is stopped);
-    peak minus the reading before the run."""
+    """Polls nvidia-smi's memory.used (MiB) and SM clock (MHz) from a thread while a run lasts
+    (a query every ~100 ms; `-lms` output through a pipe is block-buffered and lost when it is
+    stopped); peak memory minus the reading before the run, and the clock's timeline (a GPU
+    that idled slows the first work after it)."""
 
     def __init__(self):
         self.ok = shutil.which("nvidia-smi") is not None
         self.peak_mib = None
+        self.clocks = []
 
     @staticmethod
     def query():
+        """(memory.used MiB, clocks.sm MHz), or None."""
         try:
-            r = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+            r = subprocess.run(["nvidia-smi", "--query-gpu=memory.used,clocks.sm", "--format=csv,noheader,nounits", "-i", "0"],
                                capture_output=True, text=True, timeout=10)
-            return int(r.stdout.split()[0]) if r.returncode == 0 and r.stdout.strip() else None
+            if r.returncode or not r.stdout.strip():
+                return None
+            fields = [v.strip() for v in r.stdout.strip().splitlines()[0].split(",")]
+            clock = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+            return int(fields[0]), clock
         except (OSError, ValueError, subprocess.TimeoutExpired):
             return None
 
     def _poll(self):
+        t0 = time.time()
         while not self.stop.is_set():
             v = self.query()
             if v is not None:
-                self.vals.append(v)
+                self.vals.append(v[0])
+                if v[1] is not None:
+                    self.clocks.append((round(time.time() - t0, 2), v[1]))
             self.stop.wait(0.1)
 
     def __enter__(self):
         if self.ok:
-            self.base = self.query()
+            first = self.query()
+            self.base = first[0] if first else None
             self.vals, self.stop = [], threading.Event()
             self.t = threading.Thread(target=self._poll, daemon=True)
             self.t.start()
@@ -120,6 +134,11 @@ def run(cmd, tag, a, env=None, timeout=None):
     wall = time.time() - t0
     r = {"rc": p.returncode, "stdout": open(outp).read(), "stderr": open(errp).read(), "wall_s": round(wall, 2),
          "rss_bytes": ru.ru_maxrss * 1024, "gpu_mib": gm.peak_mib}
+    if gm.clocks:
+        # Seconds into the run and the SM clock then: where a first prompt ran slow, why.
+        with open(os.path.join(a.results, f"{tag}.clocks.csv"), "w") as f:
+            f.write("seconds,sm_mhz\n" + "".join(f"{t},{c}\n" for t, c in gm.clocks))
+        r["sm_mhz"] = [min(c for _, c in gm.clocks), max(c for _, c in gm.clocks)]
     log(f"  [{tag}] rc={r['rc']} {wall:.1f} s, RSS {r['rss_bytes'] / 2**20:.0f} MiB, GPU {r['gpu_mib']} MiB")
     return r
 
@@ -130,7 +149,7 @@ def ours(a, model, backend, prompt, max_tokens, experts_per_layer, tag):
     r = run(cmd, tag, a)
     shown = [("'<%d-token prompt>'" % a.depth) if c == prompt else c for c in cmd]
     res = {"cmd": " ".join(shown), "rss_bytes": r["rss_bytes"],
-           "gpu_mib": r["gpu_mib"], "wall_s": r["wall_s"]}
+           "gpu_mib": r["gpu_mib"], "wall_s": r["wall_s"], "sm_mhz": r.get("sm_mhz")}
     try:
         o = json.loads(r["stdout"].strip().splitlines()[-1])
         s, e = o["stats"], o["experts"]
@@ -151,13 +170,16 @@ def ours(a, model, backend, prompt, max_tokens, experts_per_layer, tag):
     return res
 
 
+def llama_env(a):
+    return dict(os.environ, LD_LIBRARY_PATH=os.path.join(a.llama, "bin") + ":" + os.environ.get("LD_LIBRARY_PATH", ""))
+
+
 def peer(a, gguf, tag):
     cmd = [os.path.join(a.llama, "bin", "llama-bench"), "-m", gguf, "-ngl", "99", "-p", "256", "-n", "64",
            "-d", f"0,{a.depth}", "-r", str(a.peer_reps), "-o", "json"]
-    env = dict(os.environ, LD_LIBRARY_PATH=os.path.join(a.llama, "bin") + ":" + os.environ.get("LD_LIBRARY_PATH", ""))
-    r = run(cmd, tag, a, env=env)
+    r = run(cmd, tag, a, env=llama_env(a))
     res = {"cmd": " ".join(["llama-bench"] + cmd[1:2] + [os.path.basename(gguf)] + cmd[3:]),
-           "rss_bytes": r["rss_bytes"], "gpu_mib": r["gpu_mib"], "wall_s": r["wall_s"]}
+           "rss_bytes": r["rss_bytes"], "gpu_mib": r["gpu_mib"], "wall_s": r["wall_s"], "sm_mhz": r.get("sm_mhz")}
     try:
         text = r["stdout"][r["stdout"].index("["):]
         try:
@@ -184,6 +206,28 @@ def peer(a, gguf, tag):
         res["error"] = f"{type(ex).__name__}: {ex}; rc={r['rc']}; {r['stderr'][-600:]}"
         log("  " + res["error"])
     return res
+
+
+def first_prompts(a, model, gguf, prompt, n_prompt, pool, name):
+    """What a user waits for on a first prompt: both engines in fresh processes on a GPU left
+    idle for --idle seconds, alternating, --first-rounds each. Theirs: llama-bench without its
+    warmup run (-p N -n 0 -r 1 --no-warmup); ours: `run --max-tokens 1` (its prefill rate)."""
+    theirs, mine = [], []
+    cmd = [os.path.join(a.llama, "bin", "llama-bench"), "-m", gguf, "-ngl", "99", "-p", str(n_prompt), "-n", "0",
+           "-r", "1", "--no-warmup", "-o", "json"]
+    for i in range(a.first_rounds):
+        time.sleep(a.idle)
+        r = run(cmd, f"{name}_llama_first_{i}", a, env=llama_env(a))
+        try:
+            theirs.append(json.loads(r["stdout"][r["stdout"].index("["):])[0]["avg_ts"])
+        except (ValueError, KeyError, IndexError) as ex:
+            log(f"  llama-bench first prompt: {type(ex).__name__}: {ex}; rc={r['rc']}")
+        time.sleep(a.idle)
+        o = ours(a, model, a.gpu_backend, prompt, 1, pool, f"{name}_ours_first_{i}")
+        if o.get("prefill"):
+            mine.append(o["prefill"])
+    med = lambda v: statistics.median(v) if v else None  # noqa: E731
+    return {"ours": med(mine), "theirs": med(theirs), "ours_runs": mine, "theirs_runs": theirs}
 
 
 def disk_read_gbs(paths, total_bytes=2 << 30, chunk=4 << 20, threads=16):
@@ -330,6 +374,8 @@ def bench_model(a, key, streaming, prompt):
         gguf, t = make_gguf(a, name, model)
         res.update(t)
         res["peer"] = peer(a, gguf, f"{name}_llama")
+        if not streaming and a.first_rounds > 0:
+            res["first_prompt"] = first_prompts(a, model, gguf, prompt, a.n_prompt, pool, name)
         if not a.keep:
             os.remove(gguf)
     cpu_too = a.cpu == "all" or (a.cpu == "streaming" and streaming)
@@ -401,7 +447,12 @@ def table(a, meta, results):
             if pd is None and p.get("decode_d0") is not None:
                 pd, pp, note = p.get("decode_d0"), p.get("prefill_d0"), f" (theirs at depth 0: {p.get('partial', 'no depth run')})"
             L.append(f"| {lab}: decode tok/s (tg{a.decode} @ d{a.depth}){note} | {f1(o['decode'])} | {f1(pd)} | {ratio(o['decode'], pd)} |")
-            L.append(f"| {lab}: prefill tok/s (ours: {o['prompt_tokens']}-token prompt; theirs: pp256 @ d{a.depth}){note} | {f1(o['prefill'])} | {f1(pp)} | {ratio(o['prefill'], pp)} |")
+            L.append(f"| {lab}: prefill tok/s (ours: the run's first {o['prompt_tokens']}-token prompt, cold; theirs: pp256 @ d{a.depth}, warm){note} | {f1(o['prefill'])} | {f1(pp)} | {ratio(o['prefill'], pp)} |")
+            fp = r.get("first_prompt")
+            if fp:
+                L.append(f"| {lab}: first prompt of a fresh process after {a.idle:g} s idle, tok/s (ours: `run`; theirs: "
+                         f"llama-bench `-p {a.n_prompt} -n 0 -r 1 --no-warmup`; median of {a.first_rounds}, alternating) | "
+                         f"{f1(fp['ours'])} | {f1(fp['theirs'])} | {ratio(fp['ours'], fp['theirs'])} |")
             L.append(f"| {lab}: peak GPU memory MiB | {o['gpu_mib'] if o['gpu_mib'] is not None else '—'} | {p.get('gpu_mib') if p.get('gpu_mib') is not None else '—'} | |")
             L.append(f"| {lab}: peak host RSS MiB | {mib(o['rss_bytes'])} | {mib(p.get('rss_bytes'))} | |")
             if r.get("ours_cpu"):
@@ -460,6 +511,8 @@ def main():
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--keep", action="store_true", help="keep models and GGUFs (default: delete after each model)")
     ap.add_argument("--timeout", type=int, default=900)
+    ap.add_argument("--first-rounds", type=int, default=2, help="first-prompt runs of each engine per resident model (0: none)")
+    ap.add_argument("--idle", type=float, default=10.0, help="seconds the GPU idles before each first-prompt run")
     ap.add_argument("--commit", default="unknown")
     a = ap.parse_args()
     t_start = time.time()
@@ -472,6 +525,7 @@ def main():
         if r.returncode == 0 and "," in r.stdout:
             gpu, driver = [x.strip() for x in r.stdout.strip().split(",", 1)]
     prompt, n_prompt = calibrate_prompt(a, a.depth)
+    a.n_prompt = n_prompt
     results = []
     for key in [k.strip() for k in a.models.split(",") if k.strip()]:
         base, streaming = key.rstrip("64") or key, key.endswith("64")
