@@ -15,7 +15,7 @@ use common::{check_against_oracle, fixture, golden, run_json_matches_oracle};
 use slotstream::generate::Engine;
 use slotstream::model::{ExpertSlots, FeedForward, LoadOptions, Logits};
 use slotstream::sampling::argmax;
-use slotstream_wgpu::{AdapterChoice, WgpuBackend};
+use slotstream_wgpu::{AdapterChoice, WgpuBackend, WgpuOptions};
 
 fn skip() -> bool {
     let skip = std::env::var("SLOTSTREAM_SKIP_GPU_TESTS").is_ok_and(|v| v == "1");
@@ -26,7 +26,11 @@ fn skip() -> bool {
 }
 
 fn gpu_engine(name: &str, slots: ExpertSlots) -> Engine {
-    let backend = WgpuBackend::new(&AdapterChoice::allow_software()).unwrap_or_else(|e| {
+    gpu_engine_with(name, slots, WgpuOptions::from_env())
+}
+
+fn gpu_engine_with(name: &str, slots: ExpertSlots, options: WgpuOptions) -> Engine {
+    let backend = WgpuBackend::with_options(&AdapterChoice::allow_software(), options).unwrap_or_else(|e| {
         panic!(
             "no GPU adapter: {e}\nInstall a Vulkan driver (apt-get install -y mesa-vulkan-drivers; \
              VK_DRIVER_FILES=/usr/share/vulkan/icd.d/lvp_icd.x86_64.json XDG_RUNTIME_DIR=/tmp) \
@@ -70,6 +74,19 @@ fn qwen3_next_mlx_4bit_on_wgpu() {
 fn minimum_pool_streams_with_identical_tokens() {
     check_fixture("qwen3_next_mlx4", ExpertSlots::Count(2));
     check_fixture("qwen3_moe_hf", ExpertSlots::Count(2));
+}
+
+/// The same through staged pool writes, as on a discrete GPU (unified
+/// memory maps the pool instead): each streamed expert goes out in a
+/// submission of its own as it is written, while the batch before may still
+/// run; output must not change.
+#[test]
+fn staged_pool_writes_stream_with_identical_tokens() {
+    if skip() {
+        return;
+    }
+    let options = WgpuOptions { map_primary: false, ..WgpuOptions::from_env() };
+    check_against_oracle(&gpu_engine_with("qwen3_moe_hf", ExpertSlots::Count(2), options), "qwen3_moe_hf");
 }
 
 /// Every dispatch a periodic submission of its own, ended and submitted on

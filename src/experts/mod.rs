@@ -170,7 +170,8 @@ impl ExpertCache {
 
     /// Reads every expert into its own slot (the pool must have one for
     /// each). Counted as load, not in the hit/miss counters. Each batch of
-    /// reads runs while the batch before it is written to its slots.
+    /// reads runs while the batch before it is written to its slots. After
+    /// an error the cache is not fit for use (the load that called it fails).
     pub fn load_all(&mut self, b: &dyn Backend) -> Result<()> {
         let experts = self.store.experts_per_layer;
         if self.owner.len() < self.store.layers * experts {
@@ -188,7 +189,7 @@ impl ExpertCache {
             let (written, read) = std::thread::scope(|scope| {
                 let reader = next.map(|(l, n)| scope.spawn(move || store.read_many(l, n)));
                 let written = some.iter().zip(&records).try_for_each(|(e, record)| -> Result<()> {
-                    let key = layer as u32 * experts as u32 + *e;
+                    let key = key_of(experts, layer, *e);
                     b.write_expert(pool, key as usize, &store.host_expert(record))?;
                     owner[key as usize] = Some(key);
                     slot_of.insert(key, key);
@@ -214,7 +215,7 @@ impl ExpertCache {
     }
 
     fn key(&self, layer: usize, expert: u32) -> u32 {
-        (layer * self.store.experts_per_layer) as u32 + expert
+        key_of(self.store.experts_per_layer, layer, expert)
     }
 
     /// CLOCK: the next slot that is not pinned and not recently referenced.
@@ -369,4 +370,9 @@ impl ExpertCache {
         };
         Ok(b.moe_combine(&outputs, routes)?)
     }
+}
+
+/// The slot table key of `expert` of MoE layer `layer`.
+fn key_of(experts_per_layer: usize, layer: usize, expert: u32) -> u32 {
+    (layer * experts_per_layer) as u32 + expert
 }

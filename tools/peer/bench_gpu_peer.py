@@ -357,7 +357,6 @@ def subtract(full, pre):
     passes = max(1, full["generated"] - 1)
     n = d["hits"] + d["misses"]
     return {"decode_hit_rate": d["hits"] / n if n else None, "decode_bytes_per_token": d["bytes_read"] / passes,
-            "decode_wait_s_per_token": d["wait_seconds"] / passes,
             "decode_read_gbs": d["bytes_read"] / d["read_seconds"] / 1e9 if d["read_seconds"] > 0 else None,
             "total_hit_rate": f["hits"] / max(1, f["hits"] + f["misses"])}
 
@@ -403,7 +402,9 @@ def bench_model(a, key, streaming, prompt):
     if cpu:
         res["ours_cpu_runs"] = cpu
         res["ours_cpu"] = {k: median(cpu, k) for k in ("prefill", "decode", "beside_reads_ms", "wait_ms")}
-        res["ours_cpu"].update({k: cpu[0].get(k) for k in ("rss_bytes", "backend_name", "error")})
+        res["ours_cpu"].update(rss_bytes=max((c["rss_bytes"] for c in cpu if c.get("rss_bytes")), default=None),
+                               backend_name=next((c["backend_name"] for c in cpu if c.get("backend_name")), None),
+                               error=next((c["error"] for c in cpu if c.get("error")), None))
         c = cpu[-1]
         if streaming and c.get("counters"):
             res["ours_cpu"]["total_hit_rate"] = c["counters"]["hits"] / max(1, c["counters"]["hits"] + c["counters"]["misses"])

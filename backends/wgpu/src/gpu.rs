@@ -177,7 +177,7 @@ impl Gpu {
         let limits = adapter.limits();
         let features = adapter.features();
         let unified = matches!(info.device_type, wgpu::DeviceType::IntegratedGpu | wgpu::DeviceType::Cpu);
-        let mapped_primary = unified && features.contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS);
+        let mapped_primary = unified && options.map_primary && features.contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS);
         let can_time = features.contains(wgpu::Features::TIMESTAMP_QUERY);
         let time_inside = can_time && options.time_inside_passes && features.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES);
         // Immediate data on Vulkan only for now: the Metal path keeps the

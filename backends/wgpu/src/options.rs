@@ -147,6 +147,11 @@ pub struct WgpuOptions {
     /// a submission of their own (`SLOTSTREAM_WGPU_UPLOAD_CHUNK_MIB`; see
     /// `gpu/uploads.rs`).
     pub upload_chunk: u64,
+    /// Unified-memory adapters write weights and the expert pool through
+    /// mapped primary buffers where they can; false stages every write
+    /// through the queue as a discrete GPU does (`SLOTSTREAM_WGPU_MAP_PRIMARY=0`:
+    /// tests on lavapipe take the discrete path this way).
+    pub map_primary: bool,
 }
 
 impl Default for WgpuOptions {
@@ -169,6 +174,7 @@ impl Default for WgpuOptions {
             time_inside_passes: true,
             flush_ahead: false,
             upload_chunk: crate::gpu::UPLOAD_CHUNK,
+            map_primary: true,
         }
     }
 }
@@ -215,6 +221,7 @@ impl WgpuOptions {
                 .and_then(|v| v.parse::<u64>().ok())
                 .filter(|&m| m > 0)
                 .map_or(defaults.upload_chunk, |m| m << 20),
+            map_primary: var("SLOTSTREAM_WGPU_MAP_PRIMARY").map_or(defaults.map_primary, |v| v != "0"),
         }
     }
 }

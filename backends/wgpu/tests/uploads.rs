@@ -18,7 +18,7 @@ fn staged_uploads_go_out_a_chunk_at_a_time() {
         return;
     }
     let chunk = 1 << 20;
-    let g = WgpuBackend::with_options(&AdapterChoice::allow_software(), WgpuOptions { upload_chunk: chunk, ..WgpuOptions::from_env() })
+    let g = WgpuBackend::with_options(&AdapterChoice::allow_software(), WgpuOptions { upload_chunk: chunk, map_primary: false, ..WgpuOptions::from_env() })
         .expect("opening the device");
     let cpu = CpuBackend::exact();
     let mut rng = Rng::new(37);

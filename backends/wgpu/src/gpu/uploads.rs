@@ -15,10 +15,12 @@ use super::{device_error, Gpu};
 /// Bytes staged through the queue before they go out in a submission.
 pub const UPLOAD_CHUNK: u64 = 256 << 20;
 
-/// Bytes staged since the last upload submission, and that submission.
+/// Bytes staged and not yet sent, bytes sent since an upload was last
+/// waited for, and the last upload submission.
 #[derive(Default)]
 pub(super) struct Uploads {
     staged: u64,
+    unsettled: u64,
     last: Option<wgpu::SubmissionIndex>,
     /// Upload submissions so far (for tests).
     pub(super) submissions: u64,
@@ -28,31 +30,44 @@ impl Gpu {
     /// Notes `bytes` staged for upload; a whole chunk goes out now (after
     /// the chunk before it has landed).
     pub(crate) fn staged(&self, bytes: u64) -> Result<()> {
-        self.send_staged_over(bytes, self.upload_chunk)
-    }
-
-    /// Sends whatever is staged now, however little (after the upload
-    /// before it has landed). A streamed expert is sent as soon as it is
-    /// written: the GPU copies it to its slot while the host still reads
-    /// the layer's other misses, instead of copying them all at the
-    /// layer's next submission, after the last read.
-    pub(crate) fn send_staged(&self) -> Result<()> {
-        self.send_staged_over(0, 1)
-    }
-
-    fn send_staged_over(&self, bytes: u64, chunk: u64) -> Result<()> {
         let mut u = self.uploads.lock().map_err(|_| BackendError::Device("upload counter poisoned".into()))?;
         u.staged += bytes;
-        if u.staged < chunk {
+        if u.staged < self.upload_chunk {
             return Ok(());
         }
+        self.send(&mut u, true)
+    }
+
+    /// Sends whatever is staged now, however little. A streamed expert
+    /// goes out as soon as it is written: the GPU copies it to its slot
+    /// while the host still reads the layer's other misses, instead of
+    /// copying them all at the layer's next submission, after the last
+    /// read. It waits for an earlier upload only once a chunk's worth has
+    /// gone out unwaited (a wait here could also wait for the compute
+    /// queued before that upload: a streamed prefill's previous batch).
+    pub(crate) fn send_staged(&self) -> Result<()> {
+        let mut u = self.uploads.lock().map_err(|_| BackendError::Device("upload counter poisoned".into()))?;
+        if u.staged == 0 {
+            return Ok(());
+        }
+        let settle = u.unsettled + u.staged >= self.upload_chunk;
+        self.send(&mut u, settle)
+    }
+
+    /// Submits the staged bytes, after the last upload has landed when
+    /// `settle` (so staging holds at most about two chunks).
+    fn send(&self, u: &mut Uploads, settle: bool) -> Result<()> {
         // As every queue operation: after what the submission thread holds.
         self.wait_submitted()?;
-        if let Some(index) = u.last.take() {
-            let wait = wgpu::PollType::Wait { submission_index: Some(index), timeout: None };
-            self.device.poll(wait).map_err(|e| device_error("waiting for an upload", e))?;
+        if settle {
+            if let Some(index) = u.last.take() {
+                let wait = wgpu::PollType::Wait { submission_index: Some(index), timeout: None };
+                self.device.poll(wait).map_err(|e| device_error("waiting for an upload", e))?;
+            }
+            u.unsettled = 0;
         }
         u.last = Some(self.queue.submit(std::iter::empty()));
+        u.unsettled += u.staged;
         u.staged = 0;
         u.submissions += 1;
         Ok(())
