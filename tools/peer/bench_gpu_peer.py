@@ -387,7 +387,7 @@ def bench_model(a, key, streaming, prompt):
             cpu.append(ours(a, model, "cpu", prompt, a.decode + 1, pool, f"{name}_ours_cpu_{i}"))
     res["ours_gpu_runs"] = gpu
     res["ours_gpu"] = {"prefill": median(gpu, "prefill"), "decode": median(gpu, "decode"),
-                       "rss_bytes": max((r["rss_bytes"] for r in gpu), default=None),
+                       "rss_bytes": max((r["rss_bytes"] for r in gpu if r.get("rss_bytes")), default=None),
                        "gpu_mib": max((r["gpu_mib"] for r in gpu if r["gpu_mib"] is not None), default=None),
                        "backend_name": next((r.get("backend_name") for r in gpu if r.get("backend_name")), None),
                        "prompt_tokens": gpu[0].get("prompt_tokens"),
@@ -492,6 +492,13 @@ def table(a, meta, results):
     return "\n".join(L)
 
 
+def positive(v):
+    n = int(v)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{v}: needs at least 1")
+    return n
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--slotstream", required=True)
@@ -500,7 +507,7 @@ def main():
     ap.add_argument("--results", required=True)
     ap.add_argument("--models", default="A,B,A64,B64")
     ap.add_argument("--small", action="store_true")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=positive, default=3)
     ap.add_argument("--peer-reps", type=int, default=3)
     ap.add_argument("--depth", type=int, default=432)
     ap.add_argument("--decode", type=int, default=64)
