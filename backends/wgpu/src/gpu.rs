@@ -556,37 +556,4 @@ impl Gpu {
         staging.unmap();
         Ok(data)
     }
-
-    /// Writes `bytes` into `dst` at `offset` after all recorded work: records
-    /// are submitted first, because queue writes land before the next
-    /// submission's commands. With mapped primary buffers the bytes go
-    /// straight into the (unified-memory) buffer.
-    pub fn write(&self, dst: &wgpu::Buffer, offset: u64, bytes: &[u8]) -> Result<()> {
-        self.flush()?;
-        if self.mapped_primary {
-            let start = offset / wgpu::MAP_ALIGNMENT * wgpu::MAP_ALIGNMENT;
-            let end = (offset + bytes.len() as u64).div_ceil(wgpu::MAP_ALIGNMENT) * wgpu::MAP_ALIGNMENT;
-            let end = end.min(dst.size());
-            let slice = dst.slice(start..end);
-            let (tx, rx) = std::sync::mpsc::channel();
-            slice.map_async(wgpu::MapMode::Write, move |r| {
-                let _ = tx.send(r);
-            });
-            self.wait_for_all()?;
-            rx.recv()
-                .map_err(|e| device_error("mapping a buffer for writing", e))?
-                .map_err(|e| device_error("mapping a buffer for writing", e))?;
-            {
-                let mut view = slice.get_mapped_range_mut().map_err(|e| device_error("writing a mapped buffer", e))?;
-                let at = (offset - start) as usize;
-                view.slice(at..at + bytes.len()).copy_from_slice(bytes);
-            }
-            dst.unmap();
-        } else {
-            self.queue.write_buffer(dst, offset, bytes);
-            self.staged(bytes.len() as u64)?;
-        }
-        Ok(())
-    }
-
 }

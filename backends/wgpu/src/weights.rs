@@ -9,6 +9,7 @@
 use slotstream_backend::{shape_error, BackendError, DType, HostMatrix, MatrixData, MatrixFormat, Result};
 
 use crate::gpu::Gpu;
+use wgpu::WriteOnly;
 use crate::kernels::params;
 use crate::options::Q4Layout;
 
@@ -131,7 +132,11 @@ impl RowLayout {
         (values / 4, (values + scales) / 4)
     }
 
+    /// Bytes of a shard of `rows` rows, padding included.
     fn shard_bytes(&self, rows: usize) -> usize {
+        if self.fmt == FMT_Q4_INTERLEAVED {
+            return pad16(rows * self.value_bytes + 2 * rows * self.scale_bytes);
+        }
         rows * self.value_bytes + 2 * pad16(rows * self.scale_bytes)
     }
 
@@ -195,32 +200,53 @@ pub fn interleave_q4_row(src: &[u8], dst: &mut Vec<u8>) {
     }
 }
 
-/// Shard bytes for rows `[r0, r1)` of `m`.
-fn shard_image(layout: &RowLayout, m: &HostMatrix<'_>, r0: usize, r1: usize) -> Vec<u8> {
+/// Writes the shard bytes for rows `[r0, r1)` of `m` into `dst` (exactly
+/// `layout.shard_bytes(r1 - r0)` bytes, padding zeroed) a row at a time, so
+/// the image is never built in host memory of its own: `dst` is the
+/// upload's staging.
+fn write_shard(layout: &RowLayout, m: &HostMatrix<'_>, r0: usize, r1: usize, dst: &mut WriteOnly<'_, [u8]>) {
     let (values, scales, biases) = host_parts(m);
-    let rows = r1 - r0;
-    let mut out = Vec::with_capacity(layout.shard_bytes(rows));
+    let (vb, sb, rows) = (layout.value_bytes, layout.scale_bytes, r1 - r0);
     if layout.fmt == FMT_Q4_INTERLEAVED {
-        let vb = layout.value_bytes;
-        for r in r0..r1 {
-            interleave_q4_row(&values[r * vb..(r + 1) * vb], &mut out);
-        }
+        write_q4_values(&values[r0 * vb..r1 * vb], vb, &mut dst.slice(..rows * vb));
         // (scale, bias) pairs, one u32 per group: the scale in the low half.
-        let (sc, bi) = (&scales[r0 * layout.scale_bytes..r1 * layout.scale_bytes], &biases[r0 * layout.scale_bytes..r1 * layout.scale_bytes]);
+        write_pairs(&scales[r0 * sb..r1 * sb], &biases[r0 * sb..r1 * sb], &mut dst.slice(rows * vb..rows * vb + 2 * rows * sb));
+        dst.slice(rows * vb + 2 * rows * sb..).fill(0);
+        return;
+    }
+    dst.slice(..rows * vb).copy_from_slice(&values[r0 * vb..r1 * vb]);
+    if sb > 0 {
+        let (n, padded) = (rows * sb, pad16(rows * sb));
+        for (k, part) in [scales, biases].into_iter().enumerate() {
+            let at = rows * vb + k * padded;
+            dst.slice(at..at + n).copy_from_slice(&part[r0 * sb..r1 * sb]);
+            dst.slice(at + n..at + padded).fill(0);
+        }
+    }
+}
+
+/// 4-bit rows of `vb` bytes each from `values`, interleaved, into `dst`.
+fn write_q4_values(values: &[u8], vb: usize, dst: &mut WriteOnly<'_, [u8]>) {
+    let mut row = Vec::with_capacity(vb);
+    for (r, src) in values.chunks_exact(vb).enumerate() {
+        row.clear();
+        interleave_q4_row(src, &mut row);
+        dst.slice(r * vb..(r + 1) * vb).copy_from_slice(&row);
+    }
+}
+
+/// The interleaved layout's (scale, bias) pair words of `scales` and
+/// `biases` (16-bit each) into `dst`, a row's worth at a time.
+fn write_pairs(scales: &[u8], biases: &[u8], dst: &mut WriteOnly<'_, [u8]>) {
+    const RUN: usize = 4096;
+    let mut run = Vec::with_capacity(2 * RUN);
+    for (k, (sc, bi)) in scales.chunks(RUN).zip(biases.chunks(RUN)).enumerate() {
+        run.clear();
         for (s, b) in sc.chunks_exact(2).zip(bi.chunks_exact(2)) {
-            out.extend_from_slice(&[s[0], s[1], b[0], b[1]]);
+            run.extend_from_slice(&[s[0], s[1], b[0], b[1]]);
         }
-        out.resize(pad16(out.len()), 0);
-        return out;
+        dst.slice(2 * RUN * k..2 * RUN * k + run.len()).copy_from_slice(&run);
     }
-    out.extend_from_slice(&values[r0 * layout.value_bytes..r1 * layout.value_bytes]);
-    if layout.scale_bytes > 0 {
-        for part in [scales, biases] {
-            out.extend_from_slice(&part[r0 * layout.scale_bytes..r1 * layout.scale_bytes]);
-            out.resize(pad16(out.len()), 0);
-        }
-    }
-    out
 }
 
 impl GpuWeight {
@@ -240,10 +266,11 @@ impl GpuWeight {
         let mut r0 = 0;
         while r0 < total_rows {
             let r1 = (r0 + per_shard).min(total_rows);
-            let image = shard_image(&layout, m, r0, r1);
-            bytes += image.len();
-            let buffer = gpu.buffer_with("weight", &image, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC);
-            gpu.staged(image.len() as u64)?;
+            let len = layout.shard_bytes(r1 - r0);
+            bytes += len;
+            let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC;
+            let buffer = gpu.buffer_filled("weight", len, usage, |dst| write_shard(&layout, m, r0, r1, dst))?;
+            gpu.staged(len as u64)?;
             shards.push(Shard { buffer, row_start: r0, rows: r1 - r0, desc: layout.desc(r1 - r0) });
             r0 = r1;
         }
@@ -310,12 +337,11 @@ impl PoolMatrix {
         let (s_off, b_off) = self.layout.offsets(rows_in_shard);
         let first_row = local * self.rows + row_off;
         if self.layout.fmt == FMT_Q4_INTERLEAVED {
-            // Interleaved rows, then one (scale, bias) pair word per group (as `shard_image`).
-            let image = shard_image(&self.layout, m, 0, m.rows);
-            let (vals, pairs) = image.split_at(m.rows * self.layout.value_bytes);
-            gpu.write(buffer, (first_row * self.layout.value_bytes) as u64, vals)?;
-            let pairs = &pairs[..2 * m.rows * self.layout.scale_bytes];
-            return gpu.write(buffer, s_off as u64 * 4 + (2 * first_row * self.layout.scale_bytes) as u64, pairs);
+            // Interleaved rows, then one (scale, bias) pair word per group (as `write_shard`).
+            let (vb, sb) = (self.layout.value_bytes, self.layout.scale_bytes);
+            gpu.write_with(buffer, (first_row * vb) as u64, m.rows * vb, |dst| write_q4_values(values, vb, dst))?;
+            let at = s_off as u64 * 4 + (2 * first_row * sb) as u64;
+            return gpu.write_with(buffer, at, 2 * m.rows * sb, |dst| write_pairs(scales, biases, dst));
         }
         gpu.write(buffer, (first_row * self.layout.value_bytes) as u64, values)?;
         if self.layout.scale_bytes > 0 {

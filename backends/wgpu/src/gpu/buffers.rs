@@ -99,6 +99,26 @@ impl Gpu {
         buffer
     }
 
+    /// A new buffer of `len` bytes (padded to 16) that `fill` writes in place
+    /// at creation (the staging of a discrete GPU, or the buffer itself), so
+    /// it never races with recorded work.
+    pub fn buffer_filled(
+        &self,
+        label: &str,
+        len: usize,
+        usage: wgpu::BufferUsages,
+        fill: impl FnOnce(&mut wgpu::WriteOnly<'_, [u8]>),
+    ) -> Result<wgpu::Buffer> {
+        let size = (len as u64).max(16).div_ceil(16) * 16;
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: true });
+        {
+            let mut view = buffer.slice(..).get_mapped_range_mut().map_err(|e| super::device_error("writing a new buffer", e))?;
+            fill(&mut view.slice(..len));
+        }
+        buffer.unmap();
+        Ok(buffer)
+    }
+
     /// A read-only storage buffer holding `bytes` for the ops recorded next
     /// (until the next submission): a ring entry written just before that
     /// submission, or a new buffer for large inputs.

@@ -77,4 +77,50 @@ impl Gpu {
     pub fn upload_submissions(&self) -> u64 {
         self.uploads.lock().map(|u| u.submissions).unwrap_or(0)
     }
+
+    /// Writes `bytes` into `dst` at `offset` after all recorded work: records
+    /// are submitted first, because queue writes land before the next
+    /// submission's commands. With mapped primary buffers the bytes go
+    /// straight into the (unified-memory) buffer.
+    pub fn write(&self, dst: &wgpu::Buffer, offset: u64, bytes: &[u8]) -> Result<()> {
+        self.write_with(dst, offset, bytes.len(), |view| view.copy_from_slice(bytes))
+    }
+
+    /// Writes `len` bytes at `offset` of `dst` that `fill` puts in place: in
+    /// the mapped buffer, or in the queue's staging for it.
+    pub fn write_with(&self, dst: &wgpu::Buffer, offset: u64, len: usize, fill: impl FnOnce(&mut wgpu::WriteOnly<'_, [u8]>)) -> Result<()> {
+        let Some(size) = wgpu::BufferSize::new(len as u64) else {
+            return Ok(());
+        };
+        self.flush()?;
+        if self.mapped_primary {
+            let start = offset / wgpu::MAP_ALIGNMENT * wgpu::MAP_ALIGNMENT;
+            let end = (offset + len as u64).div_ceil(wgpu::MAP_ALIGNMENT) * wgpu::MAP_ALIGNMENT;
+            let end = end.min(dst.size());
+            let slice = dst.slice(start..end);
+            let (tx, rx) = std::sync::mpsc::channel();
+            slice.map_async(wgpu::MapMode::Write, move |r| {
+                let _ = tx.send(r);
+            });
+            self.wait_for_all()?;
+            rx.recv()
+                .map_err(|e| device_error("mapping a buffer for writing", e))?
+                .map_err(|e| device_error("mapping a buffer for writing", e))?;
+            {
+                let mut view = slice.get_mapped_range_mut().map_err(|e| device_error("writing a mapped buffer", e))?;
+                let at = (offset - start) as usize;
+                fill(&mut view.slice(at..at + len));
+            }
+            dst.unmap();
+        } else {
+            let mut view = self
+                .queue
+                .write_buffer_with(dst, offset, size)
+                .ok_or_else(|| BackendError::Device(format!("writing {len} bytes at {offset} of a {} byte buffer", dst.size())))?;
+            fill(&mut view.slice(..));
+            drop(view);
+            self.staged(len as u64)?;
+        }
+        Ok(())
+    }
 }
