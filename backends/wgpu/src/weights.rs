@@ -7,9 +7,9 @@
 //! them. The expert pool is sharded the same way by slots.
 
 use slotstream_backend::{shape_error, BackendError, DType, HostMatrix, MatrixData, MatrixFormat, Result};
+use wgpu::WriteOnly;
 
 use crate::gpu::Gpu;
-use wgpu::WriteOnly;
 use crate::kernels::params;
 use crate::options::Q4Layout;
 
@@ -236,7 +236,7 @@ fn write_q4_values(values: &[u8], vb: usize, dst: &mut WriteOnly<'_, [u8]>) {
 }
 
 /// The interleaved layout's (scale, bias) pair words of `scales` and
-/// `biases` (16-bit each) into `dst`, a row's worth at a time.
+/// `biases` (16-bit each) into `dst`, 4 KiB of scales at a time.
 fn write_pairs(scales: &[u8], biases: &[u8], dst: &mut WriteOnly<'_, [u8]>) {
     const RUN: usize = 4096;
     let mut run = Vec::with_capacity(2 * RUN);
