@@ -405,7 +405,7 @@ impl GpuPool {
                 "slot table",
                 &vec![0xff; 4 * keys.max(1)],
                 wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-            ),
+            )?,
             host_table: vec![crate::moe::NO_SLOT; keys],
         })
     }

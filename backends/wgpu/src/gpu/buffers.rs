@@ -81,22 +81,8 @@ impl Gpu {
 
     /// A new buffer holding `bytes` (padded to 16 bytes), written at creation,
     /// so it never races with recorded work.
-    pub fn buffer_with(&self, label: &str, bytes: &[u8], usage: wgpu::BufferUsages) -> wgpu::Buffer {
-        let size = (bytes.len() as u64).max(16).div_ceil(16) * 16;
-        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size,
-            usage,
-            mapped_at_creation: true,
-        });
-        {
-            // A buffer mapped at creation is always mappable in full.
-            if let Ok(mut view) = buffer.slice(..).get_mapped_range_mut() {
-                view.slice(..bytes.len()).copy_from_slice(bytes);
-            }
-        }
-        buffer.unmap();
-        buffer
+    pub fn buffer_with(&self, label: &str, bytes: &[u8], usage: wgpu::BufferUsages) -> Result<wgpu::Buffer> {
+        self.buffer_filled(label, bytes.len(), usage, |view| view.copy_from_slice(bytes))
     }
 
     /// A new buffer of `len` bytes (padded to 16) that `fill` writes in place
@@ -124,7 +110,7 @@ impl Gpu {
     /// submission, or a new buffer for large inputs.
     pub fn small_input(&self, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer> {
         if bytes.len() > RING_MAX_BYTES {
-            return Ok(self.buffer_with(label, bytes, wgpu::BufferUsages::STORAGE));
+            return self.buffer_with(label, bytes, wgpu::BufferUsages::STORAGE);
         }
         let mut guard = self.pending()?;
         let p = &mut *guard;
@@ -161,7 +147,7 @@ impl Gpu {
             "upload",
             bytes,
             wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-        );
+        )?;
         Ok(GpuBuf { buffer: Some(buffer), free: self.free.clone() })
     }
 
