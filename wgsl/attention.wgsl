@@ -12,7 +12,14 @@
 // `attention` (splits = 1) writes the normalised output; `attention_split`
 // writes a partial [max, sum of exp, unnormalised weighted values] per
 // workgroup, and `attention_merge` (one workgroup per pair) rescales and sums
-// the splits. A query that sees no key gives zeros. head_dim <= 512.
+// the splits. With `merge` = 1 the split kernels merge too: each workgroup
+// counts itself done in `merge_counts[pair]` and the pair's last one merges
+// its splits (then sets the count back to 0 for the next dispatch), so decode
+// takes one dispatch instead of two. Partials are atomics, so that a
+// workgroup reads what others wrote from device-coherent memory; each
+// workgroup's stores are released, and the last one's loads acquired, by
+// storageBarrier (device scope on Vulkan; the host enables `merge` only
+// there). A query that sees no key gives zeros. head_dim <= 512.
 //
 // Key selection: query t's row of `sel` (`sel_stride` words at t * sel_stride;
 // stride 0: one row shared by all) is either [DENSE, ..] (every key
@@ -41,9 +48,10 @@
 //
 // Bindings: 0 uniform Params; 2 q [tokens, heads*head_dim]; 3 out (read-write,
 // same shape); 4 keys, 5 values [positions, kv_heads*head_dim] (read-write);
-// 6 partials [tokens*heads*splits, head_dim + 2] (read-write;
+// 6 partials [tokens*heads*splits, head_dim + 2] (f32 bits in atomics;
 // attention_split writes, attention_merge reads); 7 sel u32; 8 knew, 9 vnew
-// [1, kv_heads*head_dim]; 10 cs, 11 q_weight, 12 k_weight [head_dim] (rope).
+// [1, kv_heads*head_dim]; 10 cs, 11 q_weight, 12 k_weight [head_dim] (rope);
+// 13 merge_counts [tokens*heads] (all 0 between dispatches; `merge`).
 
 struct Params {
     tokens: u32,
@@ -64,7 +72,8 @@ struct Params {
     rope_half: u32,
     q_eps: f32,
     k_eps: f32,
-    _pad1: u32,
+    // 1: the split kernels merge the splits themselves (see above).
+    merge: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -72,13 +81,14 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 @group(0) @binding(4) var<storage, read_write> keys: array<f32>;
 @group(0) @binding(5) var<storage, read_write> values: array<f32>;
-@group(0) @binding(6) var<storage, read_write> partials: array<f32>;
+@group(0) @binding(6) var<storage, read_write> partials: array<atomic<u32>>;
 @group(0) @binding(7) var<storage, read> sel: array<u32>;
 @group(0) @binding(8) var<storage, read> knew: array<f32>;
 @group(0) @binding(9) var<storage, read> vnew: array<f32>;
 @group(0) @binding(10) var<storage, read> cs: array<f32>;
 @group(0) @binding(11) var<storage, read> q_weight: array<f32>;
 @group(0) @binding(12) var<storage, read> k_weight: array<f32>;
+@group(0) @binding(13) var<storage, read_write> merge_counts: array<atomic<u32>>;
 
 const DENSE: u32 = 0xfffffffeu;
 // Below any score: exp(NO_SCORE - m) is 0 for every real max m.
@@ -432,14 +442,47 @@ fn attend_split(g: u32, li: u32, sg: u32, nsg: u32, lane: u32, lanes: u32, rope:
     let r = attend_chunk(g, li, sg, nsg, lane, lanes);
     let pb = g * (p.head_dim + 2u);
     if (li == 0u) {
-        partials[pb] = r.m;
-        partials[pb + 1u] = r.l;
+        put_partial(pb, r.m);
+        put_partial(pb + 1u, r.l);
     }
     if (r.d0_valid) {
-        partials[pb + 2u + r.d0] = r.acc0;
+        put_partial(pb + 2u + r.d0, r.acc0);
     }
     if (r.d1_valid) {
-        partials[pb + 2u + r.d0 + WG] = r.acc1;
+        put_partial(pb + 2u + r.d0 + WG, r.acc1);
+    }
+}
+
+fn put_partial(i: u32, v: f32) {
+    atomicStore(&partials[i], bitcast<u32>(v));
+}
+
+fn partial(i: u32) -> f32 {
+    return bitcast<f32>(atomicLoad(&partials[i]));
+}
+
+var<workgroup> merge_last: u32;
+
+// With `merge`, after workgroup g has written its partial: the last
+// workgroup of g's pair to finish merges the pair (the others return).
+fn merge_if_last(g: u32, li: u32, sg: u32, nsg: u32, lane: u32) {
+    if (p.merge == 0u || g >= p.tokens * p.heads * p.splits) {
+        return;
+    }
+    let th = g / p.splits;
+    // Releases this workgroup's partial before it is counted.
+    storageBarrier();
+    if (li == 0u) {
+        merge_last = u32(atomicAdd(&merge_counts[th], 1u) + 1u == p.splits);
+    }
+    if (workgroupUniformLoad(&merge_last) == 0u) {
+        return;
+    }
+    // Acquires the other workgroups' partials.
+    storageBarrier();
+    merge_pair(th, li, sg, nsg, lane);
+    if (li == 0u) {
+        atomicStore(&merge_counts[th], 0u);
     }
 }
 
@@ -479,7 +522,9 @@ fn attention_split(
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(subgroup_size) lanes: u32,
 ) {
-    attend_split(wid.y * nwg.x + wid.x, li, sg, nsg, lane, lanes, false);
+    let g = wid.y * nwg.x + wid.x;
+    attend_split(g, li, sg, nsg, lane, lanes, false);
+    merge_if_last(g, li, sg, nsg, lane);
 }
 
 @compute @workgroup_size(256)
@@ -492,16 +537,52 @@ fn attention_split_rope(
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(subgroup_size) lanes: u32,
 ) {
-    attend_split(wid.y * nwg.x + wid.x, li, sg, nsg, lane, lanes, true);
+    let g = wid.y * nwg.x + wid.x;
+    attend_split(g, li, sg, nsg, lane, lanes, true);
+    merge_if_last(g, li, sg, nsg, lane);
 }
 
-// attention_merge: one workgroup per (token, head) pair; each invocation
-// takes splits li, li + 128, .. for the max and the sum, the per-split
-// factors exp(m_c - m) are staged in workgroup memory, then thread d sums its
-// value over the splits four at a time (independent loads).
+// attention_merge: one workgroup per (token, head) pair (merge_pair). Each
+// invocation takes splits li, li + WG, .. for the max and the sum, the
+// per-split factors exp(m_c - m) are staged in workgroup memory, then thread
+// d sums its value over the splits four at a time (independent loads).
 var<workgroup> merge_f: array<f32, 1024>;
 
-@compute @workgroup_size(128)
+fn merge_pair(th: u32, li: u32, sg: u32, nsg: u32, lane: u32) {
+    let stride = p.head_dim + 2u;
+    let first = th * p.splits * stride;
+    var m = NO_SCORE;
+    for (var c = li; c < p.splits; c += WG) {
+        m = max(m, partial(first + c * stride));
+    }
+    let mx = reduce_max(m, sg, nsg, lane);
+    var l = 0.0;
+    for (var c = li; c < p.splits; c += WG) {
+        let f = exp(partial(first + c * stride) - mx);
+        merge_f[c] = f;
+        l += partial(first + c * stride + 1u) * f;
+    }
+    // reduce_sum's barriers also publish merge_f.
+    let total = reduce_sum(l, sg, nsg, lane);
+    let quads = p.splits / 4u;
+    for (var d = li; d < p.head_dim; d += WG) {
+        var acc = vec4<f32>(0.0);
+        let b = first + 2u + d;
+        for (var q = 0u; q < quads; q++) {
+            let c = q * 4u;
+            acc += vec4<f32>(partial(b + c * stride), partial(b + (c + 1u) * stride),
+                             partial(b + (c + 2u) * stride), partial(b + (c + 3u) * stride))
+                 * vec4<f32>(merge_f[c], merge_f[c + 1u], merge_f[c + 2u], merge_f[c + 3u]);
+        }
+        var sum = acc.x + acc.y + acc.z + acc.w;
+        for (var c = quads * 4u; c < p.splits; c++) {
+            sum += partial(b + c * stride) * merge_f[c];
+        }
+        out[th * p.head_dim + d] = select(sum / total, 0.0, total == 0.0);
+    }
+}
+
+@compute @workgroup_size(256)
 fn attention_merge(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
@@ -515,34 +596,5 @@ fn attention_merge(
     if (th >= p.tokens * p.heads) {
         return;
     }
-    let stride = p.head_dim + 2u;
-    let first = th * p.splits * stride;
-    var m = NO_SCORE;
-    for (var c = li; c < p.splits; c += 128u) {
-        m = max(m, partials[first + c * stride]);
-    }
-    let mx = reduce_max(m, sg, nsg, lane);
-    var l = 0.0;
-    for (var c = li; c < p.splits; c += 128u) {
-        let f = exp(partials[first + c * stride] - mx);
-        merge_f[c] = f;
-        l += partials[first + c * stride + 1u] * f;
-    }
-    let total = reduce_sum(l, sg, nsg, lane);
-    let quads = p.splits / 4u;
-    for (var d = li; d < p.head_dim; d += 128u) {
-        var acc = vec4<f32>(0.0);
-        let b = first + 2u + d;
-        for (var q = 0u; q < quads; q++) {
-            let c = q * 4u;
-            acc += vec4<f32>(partials[b + c * stride], partials[b + (c + 1u) * stride],
-                             partials[b + (c + 2u) * stride], partials[b + (c + 3u) * stride])
-                 * vec4<f32>(merge_f[c], merge_f[c + 1u], merge_f[c + 2u], merge_f[c + 3u]);
-        }
-        var sum = acc.x + acc.y + acc.z + acc.w;
-        for (var c = quads * 4u; c < p.splits; c++) {
-            sum += partials[b + c * stride] * merge_f[c];
-        }
-        out[th * p.head_dim + d] = select(sum / total, 0.0, total == 0.0);
-    }
+    merge_pair(th, li, sg, nsg, lane);
 }

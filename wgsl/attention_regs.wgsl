@@ -1,6 +1,6 @@
 // attention_split_regs, attention_split_rope_regs: attention_split and
 // attention_split_rope (appended to attention.wgsl, same Params and
-// bindings, same partials) for chunks small enough to hold in registers:
+// bindings, same partials, same merge) for chunks small enough to hold in registers:
 // at most REG_KEYS keys per subgroup and a head dim of four or eight values
 // per lane. Subgroup s takes keys first + s + u*nsg (u < REG_KEYS), lane l
 // dims 4l..4l+3 (and 4*lanes + 4l.. for the second run of eight per lane).
@@ -142,8 +142,8 @@ fn attend_split_regs(g: u32, li: u32, sg: u32, nsg: u32, lane: u32, lanes: u32, 
     workgroupBarrier();
     let pb = g * (hd + 2u);
     if (li == 0u) {
-        partials[pb] = m;
-        partials[pb + 1u] = l;
+        put_partial(pb, m);
+        put_partial(pb + 1u, l);
     }
     if (li < runs) {
         var total = acc_sh[li];
@@ -151,10 +151,10 @@ fn attend_split_regs(g: u32, li: u32, sg: u32, nsg: u32, lane: u32, lanes: u32, 
             total += acc_sh[s * runs + li];
         }
         let o = pb + 2u + 4u * li;
-        partials[o] = total.x;
-        partials[o + 1u] = total.y;
-        partials[o + 2u] = total.z;
-        partials[o + 3u] = total.w;
+        put_partial(o, total.x);
+        put_partial(o + 1u, total.y);
+        put_partial(o + 2u, total.z);
+        put_partial(o + 3u, total.w);
     }
 }
 
@@ -168,7 +168,9 @@ fn attention_split_regs(
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(subgroup_size) lanes: u32,
 ) {
-    attend_split_regs(wid.y * nwg.x + wid.x, li, sg, nsg, lane, lanes, false);
+    let g = wid.y * nwg.x + wid.x;
+    attend_split_regs(g, li, sg, nsg, lane, lanes, false);
+    merge_if_last(g, li, sg, nsg, lane);
 }
 
 @compute @workgroup_size(256)
@@ -181,5 +183,7 @@ fn attention_split_rope_regs(
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(subgroup_size) lanes: u32,
 ) {
-    attend_split_regs(wid.y * nwg.x + wid.x, li, sg, nsg, lane, lanes, true);
+    let g = wid.y * nwg.x + wid.x;
+    attend_split_regs(g, li, sg, nsg, lane, lanes, true);
+    merge_if_last(g, li, sg, nsg, lane);
 }

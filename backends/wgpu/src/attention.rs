@@ -48,7 +48,8 @@ params! {
         rope_half: u32,
         q_eps: f32,
         k_eps: f32,
-        _pad1: u32,
+        /// 1: the split kernels merge the splits themselves (binding 13).
+        merge: u32,
     }
 }
 
@@ -69,6 +70,11 @@ const VNEW: u32 = 9;
 const ROPE_ANGLES_IN: u32 = 10;
 const Q_WEIGHT: u32 = 11;
 const K_WEIGHT: u32 = 12;
+const MERGE_COUNTS: u32 = 13;
+
+/// (token, head) pairs `Gpu::merge_counts` has a count for. Split attention
+/// has fewer pairs than [`TARGET_WORKGROUPS`] (more fill the GPU unsplit).
+pub(crate) const MERGE_PAIRS: usize = TARGET_WORKGROUPS;
 
 /// Largest head dim whose query and fresh key the `*_rope` attention kernels
 /// stage together (the key in the upper half of the query's workgroup array).
@@ -136,7 +142,8 @@ pub(crate) fn rope_angles(gpu: &Gpu, tokens: usize, rotary_dim: usize, theta: f3
 /// Attention of the last `tokens` positions of `cache` (queries `q`) over
 /// the cache, into `out: [tokens, heads*head_dim]`: `attention` when one
 /// workgroup per (token, head) already fills the GPU (prefill, short
-/// contexts), else `attention_split` over key chunks and `attention_merge`.
+/// contexts), else `attention_split` over key chunks and `attention_merge`
+/// (or the split kernel's own merge, [`Gpu::merge_in_split`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attend(
     gpu: &Gpu,
@@ -197,7 +204,10 @@ pub(crate) fn attend(
         return gpu.dispatch(entry, &params, &binds, Gpu::grid(pairs as u64));
     }
     let partials = gpu.alloc(4 * (pairs * splits * (cache.head_dim + 2)) as u64)?;
-    let binds = [(Q, q), keys, values, (PARTIALS, partials.bind()), sel, knew, vnew, rope_binds[0], rope_binds[1], rope_binds[2]];
+    let merge = gpu.merge_in_split && pairs <= MERGE_PAIRS;
+    let params = AttentionParams { merge: merge as u32, ..params };
+    let counts = (MERGE_COUNTS, whole(&gpu.merge_counts));
+    let binds = [(Q, q), (OUT, out), keys, values, (PARTIALS, partials.bind()), sel, knew, vnew, rope_binds[0], rope_binds[1], rope_binds[2], counts];
     // The `_regs` kernels take chunks that fit their registers and hand the
     // rest to the plain ones.
     let entry = match (with_rope, gpu.attention_regs) {
@@ -207,6 +217,9 @@ pub(crate) fn attend(
         (false, false) => "attention_split",
     };
     gpu.dispatch(entry, &params, &binds, Gpu::grid((pairs * splits) as u64))?;
+    if merge {
+        return Ok(());
+    }
     gpu.dispatch("attention_merge", &params, &[(OUT, out), (PARTIALS, partials.bind())], Gpu::grid(pairs as u64))
 }
 
@@ -266,7 +279,7 @@ pub(crate) fn attention_qk_norm(b: &WgpuBackend, [q, k, v]: [&Tensor; 3], cache:
     selection: Option<&KeySelection>, norm: &QkNorm<'_>) -> Result<Tensor> {
     let c = cache.get_mut::<GpuKvCache>().ok_or_else(|| crate::not_ours("the KV cache"))?;
     let fits = q.rows() == 1 && norm.head_dim == c.head_dim && norm.weights.iter().all(|w| w.numel() == c.head_dim);
-    if !fits || c.head_dim > ROPE_MAX_HEAD_DIM || b.gpu.limits.max_storage_buffers_per_shader_stage < 10 {
+    if !fits || c.head_dim > ROPE_MAX_HEAD_DIM || b.gpu.limits.max_storage_buffers_per_shader_stage < 12 {
         return attention_qk_norm_composed(b, q, k, v, cache, heads, scale, selection, norm);
     }
     let hd = c.head_dim;

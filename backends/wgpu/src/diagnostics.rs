@@ -64,6 +64,12 @@ impl WgpuBackend {
         self.gpu.immediates
     }
 
+    /// Whether split decode attention merges its splits in its own last
+    /// workgroups (one dispatch) rather than in `attention_merge`.
+    pub fn merges_in_split(&self) -> bool {
+        self.gpu.merge_in_split
+    }
+
     /// Whether uploads into the expert pool map the (unified-memory) buffers
     /// directly instead of going through staging copies.
     pub fn uses_mapped_primary_buffers(&self) -> bool {

@@ -95,6 +95,11 @@ pub struct Gpu {
     pub attention_min_chunk: usize,
     /// [`WgpuOptions::attention_regs`].
     pub attention_regs: bool,
+    /// Split attention merges its splits in its last workgroup per pair
+    /// ([`WgpuOptions::merge_in_split`], Vulkan only), with these counts
+    /// (`merge_counts` in `wgsl/attention.wgsl`, zero between dispatches).
+    pub merge_in_split: bool,
+    pub merge_counts: wgpu::Buffer,
     /// Most subgroups sharing a one-token matvec's quad of rows ([`WgpuOptions::matvec_split`]).
     pub matvec_split: usize,
     /// Largest subgroup the adapter may run: dispatch sizes assume it so that
@@ -260,6 +265,16 @@ impl Gpu {
         }
         let (subgroup_min, subgroup_max) = (info.subgroup_min_size.max(1), info.subgroup_max_size.max(1));
         let host_time = HostTime::default();
+        // Device-scope ordering across workgroups through storageBarrier is
+        // Vulkan's (naga emits a device-scope barrier there); Metal's
+        // threadgroup barrier does not promise it.
+        let merge_in_split = options.merge_in_split && info.backend == wgpu::Backend::Vulkan;
+        let merge_counts = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("attention merge counts"),
+            size: 4 * crate::attention::MERGE_PAIRS as u64,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
         let submitter = match options.submit_thread {
             true => Some(submit::Submitter::start(queue.clone(), host_time.thread_ns.clone())?),
             false => None,
@@ -272,6 +287,8 @@ impl Gpu {
             views: options.views,
             attention_min_chunk: options.attention_min_chunk,
             attention_regs: options.attention_regs,
+            merge_in_split,
+            merge_counts,
             matvec_split: options.matvec_split,
             subgroup_max,
             subgroup_min,

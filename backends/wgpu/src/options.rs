@@ -107,6 +107,12 @@ pub struct WgpuOptions {
     /// `SLOTSTREAM_WGPU_ATTENTION_REGS=0` keeps `attention_split*`, for
     /// measurements).
     pub attention_regs: bool,
+    /// Split decode attention merges the splits of each (token, head) in the
+    /// last of its workgroups to finish, one dispatch instead of two, where
+    /// the backend orders memory across workgroups (Vulkan;
+    /// `SLOTSTREAM_WGPU_MERGE_IN_SPLIT=0` keeps `attention_merge`, for
+    /// measurements).
+    pub merge_in_split: bool,
     /// A one-token residual norm whose output is routed next runs inside
     /// the routing kernel (`moe_route_norm`; `SLOTSTREAM_WGPU_FUSE_NORMS=0`
     /// keeps it a dispatch of its own, for measurements).
@@ -166,6 +172,7 @@ impl Default for WgpuOptions {
             q4_eight_rows_from: Q4_EIGHT_ROWS_FROM,
             attention_min_chunk: crate::attention::MIN_CHUNK,
             attention_regs: true,
+            merge_in_split: true,
             fuse_norms: true,
             matvec_split: MATVEC_SPLIT,
             immediates: true,
@@ -207,6 +214,7 @@ impl WgpuOptions {
                 .filter(|&n: &usize| n > 0)
                 .unwrap_or(defaults.attention_min_chunk),
             attention_regs: var("SLOTSTREAM_WGPU_ATTENTION_REGS").map_or(defaults.attention_regs, |v| v != "0"),
+            merge_in_split: var("SLOTSTREAM_WGPU_MERGE_IN_SPLIT").map_or(defaults.merge_in_split, |v| v != "0"),
             fuse_norms: var("SLOTSTREAM_WGPU_FUSE_NORMS").map_or(defaults.fuse_norms, |v| v != "0"),
             matvec_split: var("SLOTSTREAM_WGPU_MATVEC_SPLIT")
                 .and_then(|v| v.parse().ok())
