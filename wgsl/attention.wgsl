@@ -465,7 +465,7 @@ var<workgroup> merge_last: u32;
 
 // With `merge`, after workgroup g has written its partial: the last
 // workgroup of g's pair to finish merges the pair (the others return).
-fn merge_if_last(g: u32, li: u32, sg: u32, nsg: u32, lane: u32) {
+fn merge_if_last(g: u32, li: u32) {
     if (p.merge == 0u || g >= p.tokens * p.heads * p.splits) {
         return;
     }
@@ -480,7 +480,7 @@ fn merge_if_last(g: u32, li: u32, sg: u32, nsg: u32, lane: u32) {
     }
     // Acquires the other workgroups' partials.
     storageBarrier();
-    merge_pair(th, li, sg, nsg, lane);
+    merge_pair(th, li);
     if (li == 0u) {
         atomicStore(&merge_counts[th], 0u);
     }
@@ -524,7 +524,7 @@ fn attention_split(
 ) {
     let g = wid.y * nwg.x + wid.x;
     attend_split(g, li, sg, nsg, lane, lanes, false);
-    merge_if_last(g, li, sg, nsg, lane);
+    merge_if_last(g, li);
 }
 
 @compute @workgroup_size(256)
@@ -539,46 +539,53 @@ fn attention_split_rope(
 ) {
     let g = wid.y * nwg.x + wid.x;
     attend_split(g, li, sg, nsg, lane, lanes, true);
-    merge_if_last(g, li, sg, nsg, lane);
+    merge_if_last(g, li);
 }
 
-// attention_merge: one workgroup per (token, head) pair (merge_pair). Each
-// invocation takes splits li, li + WG, .. for the max and the sum, the
-// per-split factors exp(m_c - m) are staged in workgroup memory, then thread
-// d sums its value over the splits four at a time (independent loads).
-var<workgroup> merge_f: array<f32, 1024>;
+// attention_merge: one workgroup per (token, head) pair (merge_pair).
+// Invocation d merges dim d (and d + WG, ..) over the splits eight at a
+// time, with every load of a batch (each split's max, sum and value) issued
+// before any is used, rescaling its running sums as the max grows, so a
+// pair of up to eight splits costs one round trip to memory.
+const MERGE_BATCH: u32 = 8u;
 
-fn merge_pair(th: u32, li: u32, sg: u32, nsg: u32, lane: u32) {
+fn merge_pair(th: u32, li: u32) {
     let stride = p.head_dim + 2u;
     let first = th * p.splits * stride;
-    var m = NO_SCORE;
-    for (var c = li; c < p.splits; c += WG) {
-        m = max(m, partial(first + c * stride));
-    }
-    let mx = reduce_max(m, sg, nsg, lane);
-    var l = 0.0;
-    for (var c = li; c < p.splits; c += WG) {
-        let f = exp(partial(first + c * stride) - mx);
-        merge_f[c] = f;
-        l += partial(first + c * stride + 1u) * f;
-    }
-    // reduce_sum's barriers also publish merge_f.
-    let total = reduce_sum(l, sg, nsg, lane);
-    let quads = p.splits / 4u;
     for (var d = li; d < p.head_dim; d += WG) {
-        var acc = vec4<f32>(0.0);
-        let b = first + 2u + d;
-        for (var q = 0u; q < quads; q++) {
-            let c = q * 4u;
-            acc += vec4<f32>(partial(b + c * stride), partial(b + (c + 1u) * stride),
-                             partial(b + (c + 2u) * stride), partial(b + (c + 3u) * stride))
-                 * vec4<f32>(merge_f[c], merge_f[c + 1u], merge_f[c + 2u], merge_f[c + 3u]);
+        var m = NO_SCORE;
+        var l = 0.0;
+        var acc = 0.0;
+        for (var c0 = 0u; c0 < p.splits; c0 += MERGE_BATCH) {
+            var ms: array<f32, MERGE_BATCH>;
+            var ls: array<f32, MERGE_BATCH>;
+            var vs: array<f32, MERGE_BATCH>;
+            for (var u = 0u; u < MERGE_BATCH; u++) {
+                // Past the last split: the last one again, masked below.
+                let b = first + min(c0 + u, p.splits - 1u) * stride;
+                ms[u] = partial(b);
+                ls[u] = partial(b + 1u);
+                vs[u] = partial(b + 2u + d);
+            }
+            var mx = m;
+            for (var u = 0u; u < MERGE_BATCH; u++) {
+                if (c0 + u < p.splits) {
+                    mx = max(mx, ms[u]);
+                }
+            }
+            let rescale = exp(m - mx);
+            l *= rescale;
+            acc *= rescale;
+            for (var u = 0u; u < MERGE_BATCH; u++) {
+                if (c0 + u < p.splits) {
+                    let f = exp(ms[u] - mx);
+                    l += ls[u] * f;
+                    acc += vs[u] * f;
+                }
+            }
+            m = mx;
         }
-        var sum = acc.x + acc.y + acc.z + acc.w;
-        for (var c = quads * 4u; c < p.splits; c++) {
-            sum += partial(b + c * stride) * merge_f[c];
-        }
-        out[th * p.head_dim + d] = select(sum / total, 0.0, total == 0.0);
+        out[th * p.head_dim + d] = select(acc / l, 0.0, l == 0.0);
     }
 }
 
@@ -587,14 +594,11 @@ fn attention_merge(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) li: u32,
-    @builtin(subgroup_id) sg: u32,
-    @builtin(num_subgroups) nsg: u32,
-    @builtin(subgroup_invocation_id) lane: u32,
 ) {
     let th = wid.y * nwg.x + wid.x;
     // Uniform per workgroup: the whole workgroup leaves or stays.
     if (th >= p.tokens * p.heads) {
         return;
     }
-    merge_pair(th, li, sg, nsg, lane);
+    merge_pair(th, li);
 }

@@ -170,7 +170,7 @@ fn attention_split_regs(
 ) {
     let g = wid.y * nwg.x + wid.x;
     attend_split_regs(g, li, sg, nsg, lane, lanes, false);
-    merge_if_last(g, li, sg, nsg, lane);
+    merge_if_last(g, li);
 }
 
 @compute @workgroup_size(256)
@@ -185,5 +185,5 @@ fn attention_split_rope_regs(
 ) {
     let g = wid.y * nwg.x + wid.x;
     attend_split_regs(g, li, sg, nsg, lane, lanes, true);
-    merge_if_last(g, li, sg, nsg, lane);
+    merge_if_last(g, li);
 }
