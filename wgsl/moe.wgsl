@@ -12,13 +12,6 @@
 //   moe_down_combine: out[t, r] = sum_k weight[t, k] * (down[slot of (t, k)] row r . x[t*top_k + k]),
 //                moe_down then moe_combine in one dispatch (one pool shard; workgroup_id.y
 //                is the token, each workgroup one quad of rows, its subgroups sharing the ranks)
-//   moe_down_combine_norm: moe_down_combine whose output y feeds the next residual norm:
-//                y's rows go out as atomics (binding 11, y's buffer), each workgroup counts
-//                itself done in counts[t], and token t's last one forms
-//                sum = base + y and normed = sum / rms(sum) * weight (bindings 10, 12-14)
-//                as norm.wgsl's add_rms_norm does, then sets the count back to 0.
-//                storageBarrier orders the stores before the count and the count before
-//                the loads at device scope (Vulkan; the host uses it only there).
 // For the FFN kernels, assignment a = asg_off + workgroup_id.y is token
 // a / top_k's rank a % top_k; its slot is table[key_base + id] for the routed
 // id, and the workgroup does nothing when that is not a slot of this dispatch's
@@ -28,9 +21,7 @@
 // the shard is rows [s*rows, (s+1)*rows)); 2 xin f32 rows of x_cols; 3 out f32
 // (read-write); 4 routes u32 [tokens, 2*top_k] (as route.wgsl writes them);
 // 7 table u32 (read-write for moe_map); 8 entries vec2<u32> (moe_map); 9 vals f32
-// (moe_combine's expert outputs); moe_down_combine_norm: 10 norm_base, 11 y (f32 bits
-// in atomics), 12 norm_weight [out_cols], 13 norm_sum, 14 norm_out [tokens, out_cols],
-// 15 counts u32 (0 between dispatches).
+// (moe_combine's expert outputs).
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> xin: array<vec4<f32>>;
@@ -39,12 +30,6 @@
 @group(0) @binding(7) var<storage, read_write> table: array<u32>;
 @group(0) @binding(8) var<storage, read> entries: array<vec2<u32>>;
 @group(0) @binding(9) var<storage, read> vals: array<f32>;
-@group(0) @binding(10) var<storage, read> norm_base: array<f32>;
-@group(0) @binding(11) var<storage, read_write> y_bits: array<atomic<u32>>;
-@group(0) @binding(12) var<storage, read> norm_weight: array<f32>;
-@group(0) @binding(13) var<storage, read_write> norm_sum: array<f32>;
-@group(0) @binding(14) var<storage, read_write> norm_out: array<f32>;
-@group(0) @binding(15) var<storage, read_write> counts: array<atomic<u32>>;
 
 fn silu(v: f32) -> f32 {
     return v / (1.0 + exp(-v));
@@ -199,51 +184,6 @@ fn moe_combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     }
 }
 
-// The slots of token t's ranks (t's routes start at rbase) in wg_slots.
-fn stage_slots(rbase: u32, li: u32) {
-    if (li < p.top_k) {
-        let id = routes[rbase + li];
-        var slot = NO_SLOT;
-        if (id < p.experts) {
-            slot = table[p.key_base + id];
-        }
-        if (slot < p.slot_base || slot >= p.slot_end) {
-            slot = NO_SLOT;
-        }
-        wg_slots[li] = slot;
-    }
-    workgroupBarrier();
-}
-
-// Quad qi of token t's output rows, the ranks' weighted sum, for every
-// invocation: its subgroups share the ranks (subgroup s takes ranks s, s +
-// nsg, ...) and their partial sums are added in subgroup order.
-fn down_combine_quad(t: u32, qi: u32, sg: u32, nsg: u32, lane: u32, lanes: u32) -> vec4<f32> {
-    let rbase = t * 2u * p.top_k;
-    let row0 = qi * 4u;
-    let nrows = min(4u, p.rows - row0);
-    var acc = vec4<f32>(0.0);
-    for (var k = sg; k < p.top_k; k += nsg) {
-        // The same for every invocation of the subgroup (written before the barrier).
-        let slot = wg_slots[k];
-        if (slot != NO_SLOT) {
-            let a = t * p.top_k + k;
-            let d = subgroupAdd(pool_rows4(p.w, (slot - p.slot_base) * p.rows + row0, nrows, a * (p.x_cols / 4u), lane, lanes));
-            acc += bitcast<f32>(routes[rbase + p.top_k + k]) * d;
-        }
-    }
-    if (lane == 0u) {
-        partial4[sg] = acc;
-    }
-    workgroupBarrier();
-    var total = vec4<f32>(0.0);
-    for (var j = 0u; j < nsg; j++) {
-        total += partial4[j];
-    }
-    workgroupBarrier();
-    return total;
-}
-
 // 256 wide: with 32-lane subgroups, one rank per subgroup for a top-8.
 @compute @workgroup_size(256)
 fn moe_down_combine(
@@ -256,64 +196,49 @@ fn moe_down_combine(
     @builtin(subgroup_size) lanes: u32,
 ) {
     let t = p.asg_off + wid.y;
-    stage_slots(t * 2u * p.top_k, li);
-    // One quad of output rows per workgroup.
+    let rbase = t * 2u * p.top_k;
+    if (li < p.top_k) {
+        let id = routes[rbase + li];
+        var slot = NO_SLOT;
+        if (id < p.experts) {
+            slot = table[p.key_base + id];
+        }
+        if (slot < p.slot_base || slot >= p.slot_end) {
+            slot = NO_SLOT;
+        }
+        wg_slots[li] = slot;
+    }
+    workgroupBarrier();
+    // One quad of output rows per workgroup; its subgroups share the ranks
+    // (subgroup s takes ranks s, s + nsg, ...) and their weighted partial
+    // sums are added in subgroup order.
     let quads = (p.rows + 3u) / 4u;
     for (var qi = wid.x; qi < quads; qi += nwg.x) {
-        let total = down_combine_quad(t, qi, sg, nsg, lane, lanes);
-        if (li == 0u) {
-            for (var r = 0u; r < min(4u, p.rows - qi * 4u); r++) {
-                out[t * p.out_cols + qi * 4u + r] = total[r];
+        let row0 = qi * 4u;
+        let nrows = min(4u, p.rows - row0);
+        var acc = vec4<f32>(0.0);
+        for (var k = sg; k < p.top_k; k += nsg) {
+            // The same for every invocation of the subgroup (written before the barrier).
+            let slot = wg_slots[k];
+            if (slot != NO_SLOT) {
+                let a = t * p.top_k + k;
+                let d = subgroupAdd(pool_rows4(p.w, (slot - p.slot_base) * p.rows + row0, nrows, a * (p.x_cols / 4u), lane, lanes));
+                acc += bitcast<f32>(routes[rbase + p.top_k + k]) * d;
             }
         }
-    }
-}
-
-var<workgroup> norm_last: u32;
-
-@compute @workgroup_size(256)
-fn moe_down_combine_norm(
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) li: u32,
-    @builtin(subgroup_id) sg: u32,
-    @builtin(num_subgroups) nsg: u32,
-    @builtin(subgroup_invocation_id) lane: u32,
-    @builtin(subgroup_size) lanes: u32,
-) {
-    let t = p.asg_off + wid.y;
-    stage_slots(t * 2u * p.top_k, li);
-    let quads = (p.rows + 3u) / 4u;
-    let yb = t * p.out_cols;
-    for (var qi = wid.x; qi < quads; qi += nwg.x) {
-        let total = down_combine_quad(t, qi, sg, nsg, lane, lanes);
+        if (lane == 0u) {
+            partial4[sg] = acc;
+        }
+        workgroupBarrier();
         if (li == 0u) {
-            for (var r = 0u; r < min(4u, p.rows - qi * 4u); r++) {
-                atomicStore(&y_bits[yb + qi * 4u + r], bitcast<u32>(total[r]));
+            var total = vec4<f32>(0.0);
+            for (var j = 0u; j < nsg; j++) {
+                total += partial4[j];
+            }
+            for (var r = 0u; r < nrows; r++) {
+                out[t * p.out_cols + row0 + r] = total[r];
             }
         }
-    }
-    // Releases this workgroup's rows before it is counted.
-    storageBarrier();
-    if (li == 0u) {
-        norm_last = u32(atomicAdd(&counts[t], 1u) + 1u == nwg.x);
-    }
-    if (workgroupUniformLoad(&norm_last) == 0u) {
-        return;
-    }
-    // Acquires the other workgroups' rows.
-    storageBarrier();
-    var ss = 0.0;
-    for (var i = li; i < p.out_cols; i += 256u) {
-        let v = norm_base[yb + i] + bitcast<f32>(atomicLoad(&y_bits[yb + i]));
-        norm_sum[yb + i] = v;
-        ss += v * v;
-    }
-    let r = 1.0 / sqrt(reduce_sum(ss, sg, nsg, lane) / f32(p.out_cols) + p.eps);
-    for (var i = li; i < p.out_cols; i += 256u) {
-        norm_out[yb + i] = norm_sum[yb + i] * r * norm_weight[i];
-    }
-    if (li == 0u) {
-        atomicStore(&counts[t], 0u);
+        workgroupBarrier();
     }
 }

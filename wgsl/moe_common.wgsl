@@ -19,7 +19,7 @@ struct Params {
     // moe_gate_up: subgroups sharing each of a quad's gate and up rows (0 or
     // 1: one subgroup computes both).
     parts: u32,
-    // moe_route_norm, moe_down_combine_norm: the residual norm's epsilon.
+    // moe_route_norm: the residual norm's epsilon.
     eps: f32,
     _pad0: u32,
     _pad1: u32,

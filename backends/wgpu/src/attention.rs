@@ -72,7 +72,7 @@ const Q_WEIGHT: u32 = 11;
 const K_WEIGHT: u32 = 12;
 const MERGE_COUNTS: u32 = 13;
 
-/// (token, head) pairs `Gpu::done_counts` has a count for. Split attention
+/// (token, head) pairs `Gpu::merge_counts` has a count for. Split attention
 /// has fewer pairs than [`TARGET_WORKGROUPS`] (more fill the GPU unsplit).
 pub(crate) const MERGE_PAIRS: usize = TARGET_WORKGROUPS;
 
@@ -206,7 +206,7 @@ pub(crate) fn attend(
     let partials = gpu.alloc(4 * (pairs * splits * (cache.head_dim + 2)) as u64)?;
     let merge = gpu.merge_in_split && pairs <= MERGE_PAIRS;
     let params = AttentionParams { merge: merge as u32, ..params };
-    let counts = (MERGE_COUNTS, whole(&gpu.done_counts));
+    let counts = (MERGE_COUNTS, whole(&gpu.merge_counts));
     let binds = [(Q, q), (OUT, out), keys, values, (PARTIALS, partials.bind()), sel, knew, vnew, rope_binds[0], rope_binds[1], rope_binds[2], counts];
     // The `_regs` kernels take chunks that fit their registers and hand the
     // rest to the plain ones.

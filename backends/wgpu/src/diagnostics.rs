@@ -70,12 +70,6 @@ impl WgpuBackend {
         self.gpu.merge_in_split
     }
 
-    /// Whether a one-token expert call whose output a residual norm takes
-    /// next forms that norm in its own last workgroup (one dispatch).
-    pub fn norms_after_experts(&self) -> bool {
-        self.gpu.norm_after_experts
-    }
-
     /// Whether uploads into the expert pool map the (unified-memory) buffers
     /// directly instead of going through staging copies.
     pub fn uses_mapped_primary_buffers(&self) -> bool {

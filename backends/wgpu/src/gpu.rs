@@ -96,15 +96,10 @@ pub struct Gpu {
     /// [`WgpuOptions::attention_regs`].
     pub attention_regs: bool,
     /// Split attention merges its splits in its last workgroup per pair
-    /// ([`WgpuOptions::merge_in_split`]), and a one-token `moe_down_combine`
-    /// whose output a residual norm takes next forms that norm in its last
-    /// workgroup ([`WgpuOptions::norm_after_experts`]); Vulkan only.
+    /// ([`WgpuOptions::merge_in_split`], Vulkan only), with these counts
+    /// (`merge_counts` in `wgsl/attention.wgsl`, zero between dispatches).
     pub merge_in_split: bool,
-    pub norm_after_experts: bool,
-    /// Those kernels' counts of finished workgroups (`merge_counts` in
-    /// `wgsl/attention.wgsl`, `counts` in `wgsl/moe.wgsl`): zero between
-    /// dispatches, each leaves the ones it used at zero.
-    pub done_counts: wgpu::Buffer,
+    pub merge_counts: wgpu::Buffer,
     /// Most subgroups sharing a one-token matvec's quad of rows ([`WgpuOptions::matvec_split`]).
     pub matvec_split: usize,
     /// Largest subgroup the adapter may run: dispatch sizes assume it so that
@@ -273,11 +268,9 @@ impl Gpu {
         // Device-scope ordering across workgroups through storageBarrier is
         // Vulkan's (naga emits a device-scope barrier there); Metal's
         // threadgroup barrier does not promise it.
-        let vulkan = info.backend == wgpu::Backend::Vulkan;
-        let merge_in_split = options.merge_in_split && vulkan;
-        let norm_after_experts = options.norm_after_experts && vulkan && limits.max_storage_buffers_per_shader_stage >= 11;
-        let done_counts = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("finished workgroup counts"),
+        let merge_in_split = options.merge_in_split && info.backend == wgpu::Backend::Vulkan;
+        let merge_counts = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("attention merge counts"),
             size: 4 * crate::attention::MERGE_PAIRS as u64,
             usage: wgpu::BufferUsages::STORAGE,
             mapped_at_creation: false,
@@ -295,8 +288,7 @@ impl Gpu {
             attention_min_chunk: options.attention_min_chunk,
             attention_regs: options.attention_regs,
             merge_in_split,
-            norm_after_experts,
-            done_counts,
+            merge_counts,
             matvec_split: options.matvec_split,
             subgroup_max,
             subgroup_min,

@@ -352,9 +352,6 @@ impl Backend for WgpuBackend {
         let weight_len = checks::rms_norm_weight(x, Some(w), dim)?;
         let (sum, sb) = self.output(x.shape().to_vec())?;
         let (out, ob) = self.output(x.shape().to_vec())?;
-        if groups == 1 && weight_len == dim && moe::norm_held_experts(&self.gpu, [buf(x)?, buf(y)?, buf(w)?], sb.bind(), ob.bind(), eps)? {
-            return Ok((sum, out));
-        }
         // One token's norm waits for the next op: a routing kernel takes it in.
         let held = (groups == 1 && self.options.fuse_norms)
             .then(|| norm::HeldNorm { x: x.clone(), y: y.clone(), weight: w.clone(), sum: sum.clone(), out: out.clone(), eps });

@@ -36,7 +36,7 @@ params! {
         n: u32,
         /// `moe_gate_up`: subgroups sharing each of a quad's gate and up rows.
         parts: u32,
-        /// `moe_route_norm`, `moe_down_combine_norm`: the residual norm's epsilon.
+        /// `moe_route_norm`: the residual norm's epsilon.
         eps: f32,
         _pad0: u32,
         _pad1: u32,
@@ -59,12 +59,6 @@ const X_VEC4: u32 = 5;
 // as moe_sort writes it and as the tiles read it.
 const SORT: u32 = 10;
 const GROUPS: u32 = 11;
-
-// Bindings of moe_down_combine_norm (its output as atomics, the norm's
-// sum and normed row, the finished workgroups' counts).
-const Y_BITS: u32 = 11;
-const NORM_OUT: u32 = 14;
-const COUNTS: u32 = 15;
 
 /// A slot table entry that names no slot.
 pub const NO_SLOT: u32 = u32::MAX;
@@ -263,52 +257,11 @@ pub(crate) fn fused(gpu: &Gpu, c: &Call<'_>, out: Bind<'_>) -> Result<Option<()>
     }
     let (hidden, inter) = (pool.gate_up.layout_cols(), pool.intermediate);
     let act = activations(gpu, c)?;
-    if c.tokens == 1 && gpu.norm_after_experts {
-        // Held for a residual norm of the output to take in.
-        let run = Run { gpu, c, shard: c.shards.start, start: 0, count: 1 };
-        let (params, binds, groups) = run.prepare("moe_down_combine", &pool.down, hidden, inter, hidden, &[(X, act.bind()), (OUT, out)]);
-        let owned: Vec<_> = binds.iter().map(|(i, b)| (*i, b.buffer.clone(), b.offset, b.size)).collect();
-        drop(binds);
-        let binds: Vec<(u32, Bind<'_>)> = owned.iter().map(|(i, b, o, s)| (*i, Bind { buffer: b, offset: *o, size: *s })).collect();
-        let held = HeldExperts { params, binds: owned.clone(), groups, _act: act };
-        gpu.hold("moe_down_combine", &params, &binds, groups, Box::new(held))?;
-        return Ok(Some(()));
-    }
     for (start, count) in runs(c.tokens) {
         let run = Run { gpu, c, shard: c.shards.start, start, count };
         run.dispatch("moe_down_combine", &pool.down, hidden, inter, hidden, &[(X, act.bind()), (OUT, out)])?;
     }
     Ok(Some(()))
-}
-
-/// A one-token `moe_down_combine` held back (`Gpu::hold`) for a residual
-/// norm of its output to take in ([`norm_held_experts`]).
-pub(crate) struct HeldExperts {
-    params: MoeParams,
-    binds: Vec<(u32, wgpu::Buffer, u64, u64)>,
-    groups: [u32; 3],
-    /// The activations it reads, out of the free list until it is recorded.
-    _act: GpuBuf,
-}
-
-/// `add_rms_norm` of one row `x + y` (`[base, y, weight]`) where `y` is the
-/// output of a held `moe_down_combine`: records that dispatch as
-/// `moe_down_combine_norm`, which also writes `sum` and `out` as the norm
-/// would; false (nothing recorded) for any other `y`.
-pub(crate) fn norm_held_experts(gpu: &Gpu, [base, y, weight]: [Bind<'_>; 3], sum: Bind<'_>, out: Bind<'_>, eps: f32) -> Result<bool> {
-    let ours = |h: &HeldExperts| {
-        let cols = 4 * h.params.out_cols as u64;
-        h.binds.iter().any(|(i, b, o, _)| *i == OUT && b == y.buffer && *o == y.offset) && [base, y, weight].iter().all(|b| b.bytes() >= cols)
-    };
-    let Some(h) = gpu.take_held(ours)? else {
-        return Ok(false);
-    };
-    let params = MoeParams { eps, ..h.params };
-    let mut binds: Vec<(u32, Bind<'_>)> =
-        h.binds.iter().map(|(i, b, o, s)| (if *i == OUT { Y_BITS } else { *i }, Bind { buffer: b, offset: *o, size: *s })).collect();
-    binds.extend([(NORM_BASE, base), (NORM_WEIGHT, weight), (NORM_SUM, sum), (NORM_OUT, out), (COUNTS, whole(&gpu.done_counts))]);
-    gpu.dispatch("moe_down_combine_norm", &params, &binds, h.groups)?;
-    Ok(true)
 }
 
 /// [`expert_outputs`] for many tokens: per pool shard, the pairs grouped by
@@ -374,13 +327,6 @@ impl Run<'_> {
     /// One kernel over the run's workgroup rows (assignments, or tokens for
     /// `moe_down_combine`) on matrix `m`: `rows` output rows per expert.
     fn dispatch(&self, entry: &str, m: &PoolMatrix, rows: usize, x_cols: usize, out_cols: usize, binds: &[(u32, Bind<'_>)]) -> Result<()> {
-        let (params, all, groups) = self.prepare(entry, m, rows, x_cols, out_cols, binds);
-        self.gpu.dispatch(entry, &params, &all, groups)
-    }
-
-    /// [`Run::dispatch`]'s parameters, bindings and workgroups.
-    fn prepare<'b>(&'b self, entry: &str, m: &'b PoolMatrix, rows: usize, x_cols: usize, out_cols: usize, binds: &[(u32, Bind<'b>)])
-        -> (MoeParams, Vec<(u32, Bind<'b>)>, [u32; 3]) {
         let pool = self.c.pool;
         let base = self.shard * pool.per_shard;
         let shard_slots = pool.shard_slots(self.shard);
@@ -415,6 +361,7 @@ impl Run<'_> {
             "moe_gate_up" if parts > 1 => self.gpu.subgroup_grid(quads * 2 * parts, 128),
             _ => self.gpu.subgroup_grid(quads, 128),
         };
-        (params, all, [x_groups, self.count as u32, 1])
+        let groups = [x_groups, self.count as u32, 1];
+        self.gpu.dispatch(entry, &params, &all, groups)
     }
 }

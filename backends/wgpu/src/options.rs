@@ -113,12 +113,6 @@ pub struct WgpuOptions {
     /// `SLOTSTREAM_WGPU_MERGE_IN_SPLIT=0` keeps `attention_merge`, for
     /// measurements).
     pub merge_in_split: bool,
-    /// A one-token `moe_down_combine` whose output a residual norm takes
-    /// next forms that norm in the last of its workgroups to finish
-    /// (`moe_down_combine_norm`), one dispatch instead of two, on Vulkan
-    /// (`SLOTSTREAM_WGPU_NORM_AFTER_EXPERTS=0` keeps the norm apart, for
-    /// measurements).
-    pub norm_after_experts: bool,
     /// A one-token residual norm whose output is routed next runs inside
     /// the routing kernel (`moe_route_norm`; `SLOTSTREAM_WGPU_FUSE_NORMS=0`
     /// keeps it a dispatch of its own, for measurements).
@@ -179,7 +173,6 @@ impl Default for WgpuOptions {
             attention_min_chunk: crate::attention::MIN_CHUNK,
             attention_regs: true,
             merge_in_split: true,
-            norm_after_experts: true,
             fuse_norms: true,
             matvec_split: MATVEC_SPLIT,
             immediates: true,
@@ -222,7 +215,6 @@ impl WgpuOptions {
                 .unwrap_or(defaults.attention_min_chunk),
             attention_regs: var("SLOTSTREAM_WGPU_ATTENTION_REGS").map_or(defaults.attention_regs, |v| v != "0"),
             merge_in_split: var("SLOTSTREAM_WGPU_MERGE_IN_SPLIT").map_or(defaults.merge_in_split, |v| v != "0"),
-            norm_after_experts: var("SLOTSTREAM_WGPU_NORM_AFTER_EXPERTS").map_or(defaults.norm_after_experts, |v| v != "0"),
             fuse_norms: var("SLOTSTREAM_WGPU_FUSE_NORMS").map_or(defaults.fuse_norms, |v| v != "0"),
             matvec_split: var("SLOTSTREAM_WGPU_MATVEC_SPLIT")
                 .and_then(|v| v.parse().ok())

@@ -230,52 +230,6 @@ fn expert_ffn_with_rows_split_over_subgroups() {
     }
 }
 
-/// One token's experts whose output the next residual norm takes in
-/// (`add_rms_norm`, as the next layer's input norm does): on Vulkan the
-/// experts' last workgroup forms the norm (`moe_down_combine_norm`), else
-/// the norm is a dispatch of its own. Both against the CPU, three layers in
-/// a row (a count left non-zero would break the next), with the experts'
-/// output itself read back too, and an output no norm takes (downloaded
-/// first instead).
-#[test]
-fn residual_norm_after_the_experts_in_their_last_workgroup_or_apart() {
-    let Some(fused) = gpu() else { return };
-    assert_eq!(fused.norms_after_experts(), fused.merges_in_split(), "both on Vulkan only");
-    let options = WgpuOptions { norm_after_experts: false, ..WgpuOptions::default() };
-    let apart = WgpuBackend::with_options(&AdapterChoice::allow_software(), options).expect("opening a second wgpu backend");
-    assert!(!apart.norms_after_experts());
-    let (hidden, inter) = (2048, 64);
-    let format = affine(4, 64);
-    let mut rng = Rng::new(29);
-    let layout = ExpertLayout { hidden, intermediate: inter, gate: format, up: format, down: format };
-    let experts = random_experts(&mut rng, format, hidden, inter, 3);
-    let (x, weight) = (rng.vec(hidden, 2.0), rng.vec(hidden, 1.0));
-    let logits = logits_picking(4, &[&[2, 0]]);
-    let run = |b: &dyn Backend| -> Vec<f32> {
-        let pool = layer1_pool(b, &layout, &experts);
-        let routes = b.route(&up(b, &logits, &[1, 4]), Gating { experts: 4, top_k: 2, normalize: true }).unwrap();
-        let (mut h, w) = (up(b, &x, &[1, hidden]), up(b, &weight, &[hidden]));
-        let mut got = Vec::new();
-        for layer in 0..4 {
-            let y = b.moe(&b.rms_norm(&h, None, hidden, 1e-6).unwrap(), &pool, &routes, 4).unwrap();
-            if layer == 2 {
-                got.extend(b.download(&y).unwrap());
-            }
-            let (sum, normed) = b.add_rms_norm(&h, &y, &w, hidden, 1e-6).unwrap();
-            got.extend(b.download(&y).unwrap());
-            got.extend(b.download(&normed).unwrap());
-            h = sum;
-        }
-        got.extend(b.download(&h).unwrap());
-        got
-    };
-    let want = run(&CpuBackend::exact());
-    for (b, how) in [(fused, "default"), (&apart, "norm apart")] {
-        let err = rel_l2(&run(b), &want);
-        assert!(err <= TOL, "{how}: rel L2 {err:.3e} against the CPU backend");
-    }
-}
-
 /// A table update lands in op order: a MoE call recorded before it sees the
 /// old slots, one recorded after sees the new.
 #[test]

@@ -20,16 +20,6 @@ pub struct Bind<'a> {
     pub size: u64,
 }
 
-impl Bind<'_> {
-    /// The bytes the binding covers.
-    pub fn bytes(&self) -> u64 {
-        match self.size {
-            0 => self.buffer.size().saturating_sub(self.offset),
-            n => n,
-        }
-    }
-}
-
 /// The whole of `buffer` as a binding.
 pub fn whole(buffer: &wgpu::Buffer) -> Bind<'_> {
     Bind { buffer, offset: 0, size: 0 }
