@@ -51,7 +51,8 @@
 // 6 partials [tokens*heads*splits, head_dim + 2] (f32 bits in atomics;
 // attention_split writes, attention_merge reads); 7 sel u32; 8 knew, 9 vnew
 // [1, kv_heads*head_dim]; 10 cs, 11 q_weight, 12 k_weight [head_dim] (rope);
-// 13 merge_counts [tokens*heads] (all 0 between dispatches; `merge`).
+// 13 merge_counts, one word per (token, head) pair (all 0 between
+// dispatches; `merge`).
 
 struct Params {
     tokens: u32,
