@@ -188,15 +188,24 @@ fn host_parts<'a>(m: &'a HostMatrix<'_>) -> (&'a [u8], &'a [u8], &'a [u8]) {
 /// `1024j + 8tk + 8v .. +8`. Consecutive chunks then cover consecutive runs of
 /// 8 columns, so the lanes of a subgroup that read one chunk each read x
 /// contiguously.
-pub fn interleave_q4_row(src: &[u8], dst: &mut Vec<u8>) {
+/// `dst` takes the row's whole 16-byte chunks (`src.len() / 16 * 16` bytes).
+pub fn interleave_q4_row(src: &[u8], dst: &mut [u8]) {
     let chunks = src.len() / 16;
-    for c in 0..chunks {
-        let (j, v) = (c / 32, c % 32);
-        let t = 32.min(chunks - 32 * j);
-        for k in 0..4 {
-            let w = 128 * j + t * k + v;
-            dst.extend_from_slice(&src[4 * w..4 * w + 4]);
+    // Tile by tile (32 chunks; the last may have fewer, `t`), chunk v of a
+    // tile takes the tile's words v, t + v, 2t + v and 3t + v: streaming
+    // writes every missed expert through here, and a transpose of whole
+    // tiles runs ~2x faster than a lookup per word.
+    let mut c0 = 0;
+    while c0 < chunks {
+        let t = 32.min(chunks - c0);
+        let (s, d) = (&src[16 * c0..16 * (c0 + t)], &mut dst[16 * c0..16 * (c0 + t)]);
+        for (v, chunk) in d.chunks_exact_mut(16).enumerate() {
+            for k in 0..4 {
+                let w = 4 * (t * k + v);
+                chunk[4 * k..4 * k + 4].copy_from_slice(&s[w..w + 4]);
+            }
         }
+        c0 += t;
     }
 }
 
@@ -227,9 +236,8 @@ fn write_shard(layout: &RowLayout, m: &HostMatrix<'_>, r0: usize, r1: usize, dst
 
 /// 4-bit rows of `vb` bytes each from `values`, interleaved, into `dst`.
 fn write_q4_values(values: &[u8], vb: usize, dst: &mut WriteOnly<'_, [u8]>) {
-    let mut row = Vec::with_capacity(vb);
+    let mut row = vec![0u8; vb];
     for (r, src) in values.chunks_exact(vb).enumerate() {
-        row.clear();
         interleave_q4_row(src, &mut row);
         dst.slice(r * vb..(r + 1) * vb).copy_from_slice(&row);
     }
@@ -484,5 +492,30 @@ impl PoolMatrix {
     /// Columns of one expert matrix.
     pub fn layout_cols(&self) -> usize {
         self.layout.cols
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::interleave_q4_row;
+
+    /// The documented order, word by word: destination word `4c + k` holds
+    /// source word `128j + t*k + v` (tile `j`, lane `v`, `t` chunks in the tile).
+    #[test]
+    fn interleaved_rows_follow_the_documented_word_order() {
+        for bytes in [16, 48, 512, 528, 1024, 1040, 4176] {
+            let src: Vec<u8> = (0..bytes).map(|i| (i * 13 + 1) as u8).collect();
+            let mut got = vec![0u8; bytes];
+            interleave_q4_row(&src, &mut got);
+            let chunks = bytes / 16;
+            for c in 0..chunks {
+                let (j, v) = (c / 32, c % 32);
+                let t = 32.min(chunks - 32 * j);
+                for k in 0..4 {
+                    let w = 128 * j + t * k + v;
+                    assert_eq!(got[16 * c + 4 * k..16 * c + 4 * k + 4], src[4 * w..4 * w + 4], "{bytes} bytes, chunk {c}, word {k}");
+                }
+            }
+        }
     }
 }
