@@ -48,6 +48,8 @@ fn minimum_pool_full_residency_and_live_resize_give_identical_greedy_tokens() {
         assert_eq!(small_ids, full_ids, "{name}: the minimum pool ({top_k} slots) changed the output");
         let stats = small.expert_stats().unwrap();
         assert!(stats.total.misses > stats.total.hits, "{name}: a {top_k}-slot pool should mostly miss: {:?}", stats.total);
+        // Every miss was read and written into a slot, and both were timed.
+        assert!(stats.total.read_seconds > 0.0 && stats.total.write_seconds > 0.0, "{name}: untimed reads or writes: {:?}", stats.total);
 
         let resized = engine(name, ExpertSlots::Count(top_k + 1));
         let resized_ids = greedy(&resized, &case.prompt_ids, n, Some((n / 2, 3 * top_k)));

@@ -38,8 +38,12 @@ pub struct CacheCounters {
     pub bytes_read: u64,
     /// Seconds the read threads were busy (wall time of each batch of reads).
     pub read_seconds: f64,
-    /// Seconds compute stood still waiting for reads.
+    /// Seconds compute stood still waiting for reads (and for the writes
+    /// into slots of the experts read).
     pub wait_seconds: f64,
+    /// Seconds spent writing experts read into their slots (as each lands,
+    /// on the thread that collects the reads).
+    pub write_seconds: f64,
 }
 
 impl CacheCounters {
@@ -49,6 +53,7 @@ impl CacheCounters {
         self.bytes_read += o.bytes_read;
         self.read_seconds += o.read_seconds;
         self.wait_seconds += o.wait_seconds;
+        self.write_seconds += o.write_seconds;
     }
 
     /// What was counted since `earlier` (counters of the same pool).
@@ -59,6 +64,7 @@ impl CacheCounters {
             bytes_read: self.bytes_read.saturating_sub(earlier.bytes_read),
             read_seconds: (self.read_seconds - earlier.read_seconds).max(0.0),
             wait_seconds: (self.wait_seconds - earlier.wait_seconds).max(0.0),
+            write_seconds: (self.write_seconds - earlier.write_seconds).max(0.0),
         }
     }
 
@@ -295,8 +301,12 @@ impl ExpertCache {
                 victims.push(s);
             }
             let (store, pool) = (&self.store, &mut self.pool);
-            let write = |pool: &mut ExpertPool, at: usize, record: &ExpertRecord| -> Result<()> {
-                Ok(b.write_expert(pool, victims[at] as usize, &store.host_expert(record))?)
+            let mut write_seconds = 0.0;
+            let mut write = |pool: &mut ExpertPool, at: usize, record: &ExpertRecord| -> Result<()> {
+                let t = Instant::now();
+                b.write_expert(pool, victims[at] as usize, &store.host_expert(record))?;
+                write_seconds += t.elapsed().as_secs_f64();
+                Ok(())
             };
             let written = if i == 0 {
                 let wait = Instant::now();
@@ -306,6 +316,7 @@ impl ExpertCache {
             } else {
                 records.iter().enumerate().try_for_each(|(at, record)| write(&mut *pool, at, record))
             };
+            counters.write_seconds += write_seconds;
             if let Err(e) = written {
                 // The evicted experts leave the device table with their slots,
                 // whatever those hold now.

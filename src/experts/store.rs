@@ -209,7 +209,8 @@ impl ExpertStore {
     /// [`ExpertStore::read_many`] that hands each record to `each` (with its
     /// index into `experts`) on this thread as soon as its last piece lands,
     /// while the other reads go on: what the caller does with a record (an
-    /// upload into its slot) overlaps the reads. Returns the seconds taken.
+    /// upload into its slot) overlaps the reads. Returns the seconds until
+    /// the last piece landed (what `each` did after that is not counted).
     /// After an error no further record is handed over.
     pub fn read_each(&self, layer: usize, experts: &[u32], mut each: impl FnMut(usize, ExpertRecord) -> Result<()>) -> Result<f64> {
         if experts.is_empty() {
@@ -228,6 +229,7 @@ impl ExpertStore {
         let mut left: Vec<usize> = spans.iter().map(|s| s.1).collect();
         let mut landed: Vec<Option<RangeBuf>> = requests.iter().map(|_| None).collect();
         let mut outcome = Ok(());
+        let mut landed_at = 0.0;
         let (tx, rx) = std::sync::mpsc::channel();
         self.io.in_place_scope(|scope| {
             for (n, &(i, piece)) in requests.iter().enumerate() {
@@ -246,6 +248,7 @@ impl ExpertStore {
                     continue;
                 }
                 let i = requests[n].0;
+                landed_at = start.elapsed().as_secs_f64();
                 match read {
                     Err(e) => outcome = Err(e),
                     Ok(buf) => {
@@ -261,7 +264,7 @@ impl ExpertStore {
             }
         });
         outcome?;
-        Ok(start.elapsed().as_secs_f64())
+        Ok(landed_at)
     }
 
     /// Views a record as the host matrices the backend takes.

@@ -164,6 +164,8 @@ def ours(a, model, backend, prompt, max_tokens, experts_per_layer, tag):
             # What a decoded token costs besides waiting on its expert reads.
             res["beside_reads_ms"] = 1e3 * (s["decode_seconds"] - d["wait_seconds"]) / passes
             res["wait_ms"] = 1e3 * d["wait_seconds"] / passes
+            # Of which writing the experts read into their slots.
+            res["write_ms"] = 1e3 * d.get("write_seconds", 0.0) / passes
     except Exception as ex:  # noqa: BLE001
         res["error"] = f"{type(ex).__name__}: {ex}; rc={r['rc']}; {r['stderr'][-600:]}"
         log("  " + res["error"])
@@ -391,7 +393,8 @@ def bench_model(a, key, streaming, prompt):
                        "gpu_mib": max((r["gpu_mib"] for r in gpu if r["gpu_mib"] is not None), default=None),
                        "backend_name": next((r.get("backend_name") for r in gpu if r.get("backend_name")), None),
                        "prompt_tokens": gpu[0].get("prompt_tokens"),
-                       "beside_reads_ms": median(gpu, "beside_reads_ms"), "wait_ms": median(gpu, "wait_ms")}
+                       "beside_reads_ms": median(gpu, "beside_reads_ms"), "wait_ms": median(gpu, "wait_ms"),
+                       "write_ms": median(gpu, "write_ms")}
     if streaming:
         pre = ours(a, model, a.gpu_backend, prompt, 1, pool, f"{name}_ours_gpu_prefill_only")
         res["ours_gpu"].update(subtract(gpu[-1], pre))
@@ -401,7 +404,7 @@ def bench_model(a, key, streaming, prompt):
             res["disk_limit_tps"] = res["disk_read_gbs"] * 1e9 / bpt
     if cpu:
         res["ours_cpu_runs"] = cpu
-        res["ours_cpu"] = {k: median(cpu, k) for k in ("prefill", "decode", "beside_reads_ms", "wait_ms")}
+        res["ours_cpu"] = {k: median(cpu, k) for k in ("prefill", "decode", "beside_reads_ms", "wait_ms", "write_ms")}
         res["ours_cpu"].update(rss_bytes=max((c["rss_bytes"] for c in cpu if c.get("rss_bytes")), default=None),
                                backend_name=next((c["backend_name"] for c in cpu if c.get("backend_name")), None),
                                error=next((c["error"] for c in cpu if c.get("error")), None))
@@ -472,6 +475,8 @@ def table(a, meta, results):
              lambda r: f"{f1(r['ours_gpu'].get('beside_reads_ms'))} / {f1((r.get('ours_cpu') or {}).get('beside_reads_ms'))}"),
             ("read wait ms per decoded token, GPU / CPU",
              lambda r: f"{f1(r['ours_gpu'].get('wait_ms'))} / {f1((r.get('ours_cpu') or {}).get('wait_ms'))}"),
+            ("of which writing experts into slots, ms, GPU / CPU",
+             lambda r: f"{f1(r['ours_gpu'].get('write_ms'))} / {f1((r.get('ours_cpu') or {}).get('write_ms'))}"),
             ("decode hit rate", lambda r: f1(100 * r["ours_gpu"]["decode_hit_rate"], 1) + "%" if r["ours_gpu"].get("decode_hit_rate") is not None else "—"),
             ("MB read per decoded token", lambda r: f1((r["ours_gpu"].get("decode_bytes_per_token") or 0) / 1e6, 1)),
             ("expert reads GB/s (ours, decode)", lambda r: f1(r["ours_gpu"].get("decode_read_gbs"), 2)),
