@@ -13,12 +13,19 @@
 //                An 8-bit affine router multiplies (base + addend) * nw
 //                instead, its loads issued with the norm's, and scales the
 //                rows by the norm's 1 / rms after.
+//   moe_route_norm_wide: moe_route_norm of one token over several workgroups
+//                (an 8-bit affine router; Vulkan, see below): workgroup g
+//                takes router quads [g * parts, (g + 1) * parts), each forms
+//                the norm itself (workgroup 0 writes sum and xin), stores its
+//                logits as atomics and counts itself done; the last one
+//                routes and sets the count back to zero.
 //
 // Bindings: 0 uniform Params; 1 w and 6 w_words (the router); 2 xin f32 rows
 // of x_cols (read-write); 3 out f32 (extra rows; read-write); 4 routes u32
 // [tokens, 2*top_k] (read-write); 9 vals f32 (moe_route's logits);
 // moe_route_norm: 10 base, 11 addend [tokens, x_cols], 12 nw [x_cols], 13 sum
-// [tokens, x_cols] (read-write).
+// [tokens, x_cols] (read-write); moe_route_norm_wide also 14 logits [experts]
+// and 15 counts (word 0: zero between dispatches), both atomics.
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read_write> xin: array<vec4<f32>>;
@@ -29,6 +36,8 @@
 @group(0) @binding(11) var<storage, read> addend: array<vec4<f32>>;
 @group(0) @binding(12) var<storage, read> nw: array<vec4<f32>>;
 @group(0) @binding(13) var<storage, read_write> sum: array<vec4<f32>>;
+@group(0) @binding(14) var<storage, read_write> logits: array<atomic<u32>>;
+@group(0) @binding(15) var<storage, read_write> counts: array<atomic<u32>>;
 
 var<workgroup> chosen: array<u32, 64>;
 var<workgroup> chosen_w: array<f32, 64>;
@@ -190,21 +199,21 @@ fn quad_parts(nsg: u32) -> u32 {
     return max(1u, nsg / ((p.rows + 3u) / 4u));
 }
 
-// moe_route_norm's product for an 8-bit affine router: the router rows
-// times the un-normed y = (base + addend) * nw of token t, into partial4.
+// moe_route_norm's product for an 8-bit affine router: router quads
+// [q0, q0 + nq) times the un-normed y = (base + addend) * nw of token t,
+// into partial4 (max(1, nsg / nq) subgroups per quad, from index 0).
 // The norm's 1 / rms is a common factor of each row's sum, applied after
 // (route_partials), so these loads go out with the norm's instead of
 // waiting for its reduction.
-fn route_product_unscaled(t: u32, sg: u32, nsg: u32, lane: u32, lanes: u32) {
+fn route_product_unscaled(t: u32, sg: u32, nsg: u32, lane: u32, lanes: u32, q0: u32, nq: u32) {
     let d = p.w;
-    let quads = (p.rows + 3u) / 4u;
-    let parts = quad_parts(nsg);
+    let parts = max(1u, nsg / nq);
     let xb = t * (p.x_cols / 4u);
     let chunks = d.row_words / 4u;
     let gshift = firstTrailingBit(d.group_size);
     let gpr = d.cols >> gshift;
-    for (var k = sg; k < quads * parts; k += nsg) {
-        let row0 = (k / parts) * 4u;
+    for (var k = sg; k < nq * parts; k += nsg) {
+        let row0 = (q0 + k / parts) * 4u;
         let last = min(row0 + 3u, p.rows - 1u);
         let rows = min(vec4<u32>(row0, row0 + 1u, row0 + 2u, row0 + 3u), vec4<u32>(last));
         var acc = vec4<f32>(0.0);
@@ -242,9 +251,51 @@ fn moe_route_matmul(
 // in registers (rows of up to 4 * 256 * NORM_RUNS values).
 const NORM_RUNS: u32 = 4u;
 
-// moe_route_matmul of the normed sum: as norm.wgsl's add_rms_norm (sum,
-// then sum * (1 / rms) * weight), the row kept in registers, then the normed
-// row written to xin for the router's product to read back.
+// The residual sum and norm of token t (as norm.wgsl's add_rms_norm), the
+// row kept in registers: with nq > 0 the unscaled router product of quads
+// [q0, q0 + nq) runs between the row's loads and its reduction, so their
+// loads go out together. When `writes`, the sum goes to `sum` and the normed
+// row to xin. Returns 1 / rms.
+fn route_norm_row(t: u32, li: u32, sg: u32, nsg: u32, lane: u32, lanes: u32, q0: u32, nq: u32, writes: bool) -> f32 {
+    let runs = p.x_cols / 4u;
+    let rb = t * runs;
+    var v: array<vec4<f32>, 4>;
+    var wv: array<vec4<f32>, 4>;
+    var ss = 0.0;
+    for (var k = 0u; k < NORM_RUNS; k++) {
+        let i = li + k * 256u;
+        if (i < runs) {
+            v[k] = base[rb + i] + addend[rb + i];
+            wv[k] = nw[i];
+        }
+    }
+    if (nq > 0u) {
+        route_product_unscaled(t, sg, nsg, lane, lanes, q0, nq);
+    }
+    for (var k = 0u; k < NORM_RUNS; k++) {
+        let i = li + k * 256u;
+        if (i < runs) {
+            if (writes) {
+                sum[rb + i] = v[k];
+            }
+            ss += dot(v[k], v[k]);
+        }
+    }
+    let rr = 1.0 / sqrt(reduce_sum(ss, sg, nsg, lane) / f32(p.x_cols) + p.eps);
+    if (writes) {
+        for (var k = 0u; k < NORM_RUNS; k++) {
+            let i = li + k * 256u;
+            if (i < runs) {
+                xin[rb + i] = v[k] * rr * wv[k];
+            }
+        }
+    }
+    return rr;
+}
+
+// moe_route_matmul of the normed sum: route_norm_row, then the router's
+// product (an 8-bit affine router's, unscaled, inside it; otherwise after,
+// reading the normed row back from xin).
 @compute @workgroup_size(256)
 fn moe_route_norm(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -259,36 +310,9 @@ fn moe_route_norm(
     if (t >= p.n) {
         return;
     }
-    let runs = p.x_cols / 4u;
-    let rb = t * runs;
-    var v: array<vec4<f32>, 4>;
-    var wv: array<vec4<f32>, 4>;
-    var ss = 0.0;
-    for (var k = 0u; k < NORM_RUNS; k++) {
-        let i = li + k * 256u;
-        if (i < runs) {
-            v[k] = base[rb + i] + addend[rb + i];
-            wv[k] = nw[i];
-        }
-    }
     let unscaled = p.w.fmt == 3u && p.w.bits == 8u;
-    if (unscaled) {
-        route_product_unscaled(t, sg, nsg, lane, lanes);
-    }
-    for (var k = 0u; k < NORM_RUNS; k++) {
-        let i = li + k * 256u;
-        if (i < runs) {
-            sum[rb + i] = v[k];
-            ss += dot(v[k], v[k]);
-        }
-    }
-    let rr = 1.0 / sqrt(reduce_sum(ss, sg, nsg, lane) / f32(p.x_cols) + p.eps);
-    for (var k = 0u; k < NORM_RUNS; k++) {
-        let i = li + k * 256u;
-        if (i < runs) {
-            xin[rb + i] = v[k] * rr * wv[k];
-        }
-    }
+    let quads = (p.rows + 3u) / 4u;
+    let rr = route_norm_row(t, li, sg, nsg, lane, lanes, 0u, select(0u, quads, unscaled), true);
     if (unscaled) {
         // reduce_sum's barriers made partial4 visible.
         route_partials(t, li, quad_parts(nsg), rr, Lanes(sg, nsg, lane));
@@ -298,4 +322,64 @@ fn moe_route_norm(
     storageBarrier();
     workgroupBarrier();
     route_product(t, li, sg, nsg, lane, lanes);
+}
+
+// Whether this workgroup of moe_route_norm_wide counted itself last.
+var<workgroup> route_last: u32;
+
+// moe_route_norm_wide (see the top): the ordering rests on storageBarrier
+// having device scope, as naga emits it for Vulkan; Metal runs
+// moe_route_norm instead.
+@compute @workgroup_size(256)
+fn moe_route_norm_wide(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let quads = (p.rows + 3u) / 4u;
+    let q0 = wid.x * p.parts;
+    let nq = min(p.parts, quads - min(q0, quads));
+    if (nq == 0u) {
+        return;
+    }
+    let rr = route_norm_row(0u, li, sg, nsg, lane, lanes, q0, nq, wid.x == 0u);
+    // This workgroup's rows: the router's logits, or extra rows (to out).
+    let parts = max(1u, nsg / nq);
+    for (var e = li; e < nq * 4u; e += 256u) {
+        let r = q0 * 4u + e;
+        if (r < p.rows) {
+            var v = 0.0;
+            for (var part = 0u; part < parts; part++) {
+                v += partial4[(e / 4u) * parts + part][e % 4u];
+            }
+            v *= rr;
+            if (r < p.experts) {
+                atomicStore(&logits[r], bitcast<u32>(v));
+            } else {
+                out[r - p.experts] = v;
+            }
+        }
+    }
+    // Releases this workgroup's logits before it is counted.
+    storageBarrier();
+    if (li == 0u) {
+        route_last = u32(atomicAdd(&counts[0], 1u) + 1u == nwg.x);
+    }
+    if (workgroupUniformLoad(&route_last) == 0u) {
+        return;
+    }
+    // Acquires the other workgroups' logits.
+    storageBarrier();
+    for (var e = li; e < p.experts; e += 256u) {
+        row[e] = bitcast<f32>(atomicLoad(&logits[e]));
+    }
+    workgroupBarrier();
+    route_token(0u, li, true, Lanes(sg, nsg, lane));
+    if (li == 0u) {
+        atomicStore(&counts[0], 0u);
+    }
 }

@@ -70,6 +70,13 @@ impl WgpuBackend {
         self.gpu.merge_in_split
     }
 
+    /// Whether kernels hand results between workgroups through device-scope
+    /// storage barriers (Vulkan): the merge in split attention, routing over
+    /// several workgroups.
+    pub fn orders_across_workgroups(&self) -> bool {
+        self.gpu.orders_across_workgroups()
+    }
+
     /// Whether uploads into the expert pool map the (unified-memory) buffers
     /// directly instead of going through staging copies.
     pub fn uses_mapped_primary_buffers(&self) -> bool {

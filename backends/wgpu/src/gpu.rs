@@ -97,7 +97,8 @@ pub struct Gpu {
     pub attention_regs: bool,
     /// Split attention merges its splits in its last workgroup per pair
     /// ([`WgpuOptions::merge_in_split`], Vulkan only), with these counts
-    /// (`merge_counts` in `wgsl/attention.wgsl`, zero between dispatches).
+    /// (`merge_counts` in `wgsl/attention.wgsl`, zero between dispatches;
+    /// word 0 also counts `moe_route_norm_wide`'s workgroups).
     pub merge_in_split: bool,
     pub merge_counts: wgpu::Buffer,
     /// Most subgroups sharing a one-token matvec's quad of rows ([`WgpuOptions::matvec_split`]).
@@ -386,6 +387,13 @@ impl Gpu {
 
     /// Whether the adapter runs the kernel `entry` (the `*_1024` ones need
     /// workgroups that large).
+    /// Whether kernels may hand results from one workgroup to another
+    /// through storage barriers (device scope as naga emits them for
+    /// Vulkan; Metal's threadgroup barrier does not promise it).
+    pub fn orders_across_workgroups(&self) -> bool {
+        self.info.backend == wgpu::Backend::Vulkan
+    }
+
     pub fn has_kernel(&self, entry: &str) -> bool {
         self.kernels.contains_key(entry)
     }

@@ -512,7 +512,10 @@ impl Backend for WgpuBackend {
     fn route_matmul(&self, x: &Tensor, router: &Weight, gating: Gating) -> Result<(Routes, Option<Tensor>)> {
         let gw = weight(router)?;
         checks::matmul(x, gw.experts, gw.rows, gw.cols)?;
-        if gw.rows < gating.experts || gating.experts == 0 || gw.rows > self.options.route_rows.min(moe::ROUTE_MATMUL_MAX_ROWS) {
+        // Routers too large for one workgroup may still route over several.
+        let one_workgroup = gw.rows <= self.options.route_rows;
+        let wide = !one_workgroup && moe::route_wide(&self.gpu, gw, self.options.route_wide_rows);
+        if gw.rows < gating.experts || gating.experts == 0 || gw.rows > moe::ROUTE_MATMUL_MAX_ROWS || !(one_workgroup || wide) {
             return route_matmul_composed(self, x, router, gating);
         }
         checks::gating(gating)?;
@@ -523,12 +526,12 @@ impl Backend for WgpuBackend {
         let x_bind = buf(x)?;
         let ours = |h: &norm::HeldNorm| buf(&h.out).is_ok_and(|o| o.buffer == x_bind.buffer && o.offset == x_bind.offset);
         if let Some(h) = self.gpu.take_held(|h: &norm::HeldNorm| ours(h) && moe::route_norm_fits(gw, h))? {
-            moe::route_norm(&self.gpu, gw, &h, rb.bind(), eb.bind(), gating)?;
+            moe::route_norm(&self.gpu, gw, &h, rb.bind(), eb.bind(), gating, wide)?;
             return Ok((Routes { tensor, gating }, (extra_cols > 0).then_some(extra)));
         }
-        match moe::route_matmul(&self.gpu, gw, buf(x)?, rb.bind(), eb.bind(), tokens, gating)? {
-            Some(()) => Ok((Routes { tensor, gating }, (extra_cols > 0).then_some(extra))),
-            None => route_matmul_composed(self, x, router, gating),
+        match one_workgroup.then(|| moe::route_matmul(&self.gpu, gw, buf(x)?, rb.bind(), eb.bind(), tokens, gating)).transpose()? {
+            Some(Some(())) => Ok((Routes { tensor, gating }, (extra_cols > 0).then_some(extra))),
+            _ => route_matmul_composed(self, x, router, gating),
         }
     }
 

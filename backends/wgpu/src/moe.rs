@@ -136,10 +136,27 @@ pub(crate) fn route_norm_fits(w: &GpuWeight, h: &HeldNorm) -> bool {
     router_shard(w, 1).is_some() && w.cols <= ROUTE_NORM_MAX_COLS && h.x.shape() == [1, w.cols] && h.weight.numel() == w.cols
 }
 
+// Bindings of moe_route_norm_wide: its logits and the cross-workgroup count.
+const WIDE_LOGITS: u32 = 14;
+const WIDE_COUNTS: u32 = 15;
+/// Most workgroups `moe_route_norm_wide` spreads a router over (all count on
+/// one word; a few hundred counting cost more than they save).
+const ROUTE_WIDE_GROUPS: usize = 32;
+
+/// Whether one-token routing by `w` runs over several workgroups
+/// ([`route_norm`] with `wide`): an 8-bit affine router of at least
+/// `min_rows` rows (0: never), on a backend that orders memory across
+/// workgroups.
+pub(crate) fn route_wide(gpu: &Gpu, w: &GpuWeight, min_rows: usize) -> bool {
+    let affine8 = router_shard(w, 1).is_some_and(|s| s.desc.fmt == 3 && s.desc.bits == 8);
+    min_rows > 0 && w.rows >= min_rows && affine8 && gpu.orders_across_workgroups()
+}
+
 /// [`route_matmul`] of one token's `norm(x + y)`, the held `add_rms_norm`
-/// `h` in the same dispatch (`moe_route_norm`): writes its sum and normed row
-/// as the norm would have. The caller checked [`route_norm_fits`].
-pub(crate) fn route_norm(gpu: &Gpu, w: &GpuWeight, h: &HeldNorm, routes: Bind<'_>, extra: Bind<'_>, g: Gating) -> Result<()> {
+/// `h` in the same dispatch (`moe_route_norm`, or `moe_route_norm_wide` when
+/// `wide`, which the caller checked with [`route_wide`]): writes its sum and
+/// normed row as the norm would have. The caller checked [`route_norm_fits`].
+pub(crate) fn route_norm(gpu: &Gpu, w: &GpuWeight, h: &HeldNorm, routes: Bind<'_>, extra: Bind<'_>, g: Gating, wide: bool) -> Result<()> {
     let Some(s) = router_shard(w, 1) else {
         return Err(BackendError::Device("route_norm: a router the routing kernels do not take".into()));
     };
@@ -156,7 +173,16 @@ pub(crate) fn route_norm(gpu: &Gpu, w: &GpuWeight, h: &HeldNorm, routes: Bind<'_
         (NORM_WEIGHT, buf(&h.weight)?),
         (NORM_SUM, buf(&h.sum)?),
     ];
-    gpu.dispatch("moe_route_norm", &params, &binds, [1, 1, 1])
+    if !wide {
+        return gpu.dispatch("moe_route_norm", &params, &binds, [1, 1, 1]);
+    }
+    // Quads of rows per workgroup, and the workgroups that take them all.
+    let quads = w.rows.div_ceil(4);
+    let per = quads.div_ceil(quads.min(ROUTE_WIDE_GROUPS));
+    let logits = gpu.alloc(4 * g.experts.max(1) as u64)?;
+    let binds: Vec<_> = binds.into_iter().chain([(WIDE_LOGITS, logits.bind()), (WIDE_COUNTS, whole(&gpu.merge_counts))]).collect();
+    let params = MoeParams { parts: per as u32, ..params };
+    gpu.dispatch("moe_route_norm_wide", &params, &binds, [quads.div_ceil(per) as u32, 1, 1])
 }
 
 /// Sets slot table entries `(key, slot or NO_SLOT)`, in op order.

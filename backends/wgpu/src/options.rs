@@ -57,6 +57,10 @@ const MATVEC_SPLIT: usize = 4;
 /// "decoding one token ahead").
 const ROUTE_ONE_WORKGROUP_ROWS: usize = 64;
 
+/// Fewest router rows that route over several workgroups
+/// ([`WgpuOptions::route_wide_rows`]); smaller routers stay in one.
+const ROUTE_WIDE_ROWS: usize = 65;
+
 /// Dispatches per submission by default. Each submission costs the host
 /// (wgpu encodes and tracks the whole command buffer there) and the GPU a
 /// gap; 64 decoded qwen3_moe's trunk 33% faster than 16 on an H200, and a
@@ -136,6 +140,12 @@ pub struct WgpuOptions {
     /// (`moe_route_matmul`, `moe_route_norm`); larger ones take the matmul
     /// kernels, then `moe_route` (`SLOTSTREAM_WGPU_ROUTE_ROWS`, for measurements).
     pub route_rows: usize,
+    /// One-token routing by an 8-bit router of at least this many rows,
+    /// with the residual norm before it, runs over several workgroups where
+    /// the backend orders memory across workgroups (Vulkan): each takes a
+    /// few rows and the last to finish routes (`moe_route_norm_wide`;
+    /// `SLOTSTREAM_WGPU_ROUTE_WIDE_ROWS`, 0 for never, for measurements).
+    pub route_wide_rows: usize,
     /// Profiles write a timestamp after each dispatch inside one compute
     /// pass where the adapter can (each kernel's time then includes the
     /// barrier before it, as in the stream it runs in); else, and with
@@ -178,6 +188,7 @@ impl Default for WgpuOptions {
             immediates: true,
             submit_thread: true,
             route_rows: ROUTE_ONE_WORKGROUP_ROWS,
+            route_wide_rows: ROUTE_WIDE_ROWS,
             time_inside_passes: true,
             flush_ahead: false,
             upload_chunk: crate::gpu::UPLOAD_CHUNK,
@@ -223,6 +234,7 @@ impl WgpuOptions {
             immediates: var("SLOTSTREAM_WGPU_IMMEDIATES").map_or(defaults.immediates, |v| v != "0"),
             submit_thread: var("SLOTSTREAM_WGPU_SUBMIT_THREAD").map_or(defaults.submit_thread, |v| v != "0"),
             route_rows: var("SLOTSTREAM_WGPU_ROUTE_ROWS").and_then(|v| v.parse().ok()).unwrap_or(defaults.route_rows),
+            route_wide_rows: var("SLOTSTREAM_WGPU_ROUTE_WIDE_ROWS").and_then(|v| v.parse().ok()).unwrap_or(defaults.route_wide_rows),
             time_inside_passes: var("SLOTSTREAM_WGPU_TIME_INSIDE").map_or(defaults.time_inside_passes, |v| v != "0"),
             flush_ahead: var("SLOTSTREAM_WGPU_FLUSH_AHEAD").map_or(defaults.flush_ahead, |v| v == "1"),
             upload_chunk: var("SLOTSTREAM_WGPU_UPLOAD_CHUNK_MIB")
