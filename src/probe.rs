@@ -454,7 +454,7 @@ mod tests {
         let bytes = |r: &crate::experts::ExpertRecord| r.bytes().map(<[u8]>::to_vec).collect::<Vec<_>>();
         let mut seen = vec![0; experts.len()];
         store
-            .read_each(1, &experts, |i, record| {
+            .read_each(1, &experts, || Ok(Vec::new()), || {}, |i, record| {
                 seen[i] += 1;
                 assert_eq!(bytes(&record), bytes(&want[i]), "expert {}", experts[i]);
                 Ok(())
@@ -463,7 +463,7 @@ mod tests {
         assert_eq!(seen, vec![1; experts.len()]);
         let mut calls = 0;
         let err = store
-            .read_each(1, &experts, |_, _| {
+            .read_each(1, &experts, || Ok(Vec::new()), || {}, |_, _| {
                 calls += 1;
                 anyhow::ensure!(calls < 2, "stop here");
                 Ok(())

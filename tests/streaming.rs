@@ -87,3 +87,27 @@ fn preloaded_pool_reads_nothing_and_changes_nothing() {
         assert!(stats.total.hits > 0, "{name}: no expert was used");
     }
 }
+
+/// A streaming decode reads the next MoE layer's guessed experts ahead: some
+/// guesses are read and used, and the greedy tokens equal those with
+/// read-ahead off (and the oracle's).
+#[test]
+fn reading_ahead_changes_speed_not_output() {
+    for name in FIXTURES {
+        let case = case(name, "long");
+        let n = case.greedy_ids.len();
+        let load = |read_ahead: usize| {
+            let top_k = engine(name, ExpertSlots::All).arch().text.num_experts_per_tok;
+            let opts = LoadOptions { expert_slots: ExpertSlots::Count(top_k + 1), read_ahead, ..Default::default() };
+            Engine::load(&fixture(name), Box::new(slotstream_cpu::CpuBackend::exact()), &opts).unwrap_or_else(|e| panic!("loading {name}: {e:#}"))
+        };
+        let (with, without) = (load(8), load(0));
+        let ids = greedy(&with, &case.prompt_ids, n, None);
+        assert_eq!(ids, case.greedy_ids, "{name}: reading ahead changed the output");
+        assert_eq!(greedy(&without, &case.prompt_ids, n, None), ids, "{name}: read-ahead off differs");
+        let s = with.expert_stats().unwrap().total;
+        assert!(s.read_ahead_used > 0 && s.read_ahead >= s.read_ahead_used, "{name}: no guess was read and used: {s:?}");
+        let off = without.expert_stats().unwrap().total;
+        assert_eq!((off.read_ahead, off.read_ahead_used), (0, 0), "{name}: read ahead although off");
+    }
+}

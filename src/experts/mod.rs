@@ -19,6 +19,8 @@
 mod store;
 
 use std::collections::{HashMap, HashSet};
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
@@ -44,6 +46,12 @@ pub struct CacheCounters {
     /// Seconds spent writing experts read into their slots (as each lands,
     /// on the thread that collects the reads).
     pub write_seconds: f64,
+    /// Experts read ahead of their layer's call (guessed from the layer
+    /// before), and how many of them the call then needed. Their bytes and
+    /// read time count in `bytes_read` and `read_seconds`; a used one counts
+    /// as a miss that nobody waited to read.
+    pub read_ahead: u64,
+    pub read_ahead_used: u64,
 }
 
 impl CacheCounters {
@@ -54,6 +62,8 @@ impl CacheCounters {
         self.read_seconds += o.read_seconds;
         self.wait_seconds += o.wait_seconds;
         self.write_seconds += o.write_seconds;
+        self.read_ahead += o.read_ahead;
+        self.read_ahead_used += o.read_ahead_used;
     }
 
     /// What was counted since `earlier` (counters of the same pool).
@@ -65,6 +75,8 @@ impl CacheCounters {
             read_seconds: (self.read_seconds - earlier.read_seconds).max(0.0),
             wait_seconds: (self.wait_seconds - earlier.wait_seconds).max(0.0),
             write_seconds: (self.write_seconds - earlier.write_seconds).max(0.0),
+            read_ahead: self.read_ahead.saturating_sub(earlier.read_ahead),
+            read_ahead_used: self.read_ahead_used.saturating_sub(earlier.read_ahead_used),
         }
     }
 
@@ -96,10 +108,35 @@ pub struct CacheStats {
     pub per_layer: Vec<CacheCounters>,
 }
 
+/// Experts of one MoE layer being read ahead of its call.
+struct Ahead {
+    layer: usize,
+    experts: Vec<u32>,
+    records: Receiver<Result<(Vec<ExpertRecord>, f64)>>,
+}
+
+/// Most tokens of a MoE call that reads ahead the next call's guessed experts
+/// (decode, a few drafted tokens; a prefill touches most experts anyway).
+const READ_AHEAD_MAX_TOKENS: usize = 4;
+
+/// Guessed experts per token read ahead by default ([`ExpertCache::read_ahead`]):
+/// none yet. On a disk-bound host a wrong guess costs a whole read, and on
+/// the dev VM and the trained demo model the gain did not show beyond the
+/// disk's drift (BENCHMARKS.md, "reading the next layer's experts ahead").
+pub const READ_AHEAD_RANKS: usize = 0;
+
 /// The slot pool, its CLOCK bookkeeping and the store it is filled from.
 pub struct ExpertCache {
     pool: ExpertPool,
-    store: ExpertStore,
+    store: Arc<ExpertStore>,
+    /// How many of each token's guessed experts for the next MoE layer a
+    /// streaming decode reads while this layer's are read and computed
+    /// ([`ExpertCache::guess_next`]; the best first; 0: none).
+    pub read_ahead: usize,
+    /// The experts guessed for the next MoE call, read once this call's own
+    /// reads are issued.
+    guessed: Option<(usize, Vec<u32>)>,
+    ahead: Option<Ahead>,
     /// Key (`layer * experts + expert`) held by each slot.
     owner: Vec<Option<u32>>,
     slot_of: HashMap<u32, u32>,
@@ -122,7 +159,10 @@ impl ExpertCache {
         let layers = store.layers;
         Ok(ExpertCache {
             pool,
-            store,
+            store: Arc::new(store),
+            read_ahead: READ_AHEAD_RANKS,
+            guessed: None,
+            ahead: None,
             owner: vec![None; slots],
             slot_of: HashMap::new(),
             referenced: vec![false; slots],
@@ -153,6 +193,8 @@ impl ExpertCache {
         self.slot_of.clear();
         self.referenced = vec![false; slots];
         self.hand = 0;
+        self.guessed = None;
+        self.ahead = None;
         Ok(())
     }
 
@@ -213,6 +255,44 @@ impl ExpertCache {
         let table: Vec<(u32, Option<u32>)> = (0..(self.store.layers * experts) as u32).map(|k| (k, Some(k))).collect();
         b.map_experts(&mut self.pool, &table)?;
         Ok(())
+    }
+
+    /// Whether a guess of the next MoE call's experts would be read ahead
+    /// (a streaming pool, read-ahead on, a decode-sized call of `tokens`).
+    pub fn wants_guess(&self, tokens: usize) -> bool {
+        self.read_ahead > 0 && tokens <= READ_AHEAD_MAX_TOKENS && !self.holds_all()
+    }
+
+    /// Notes `routes` (the next MoE layer's router applied to this layer's
+    /// input: in trained models the hidden state moves little between
+    /// layers) as a guess of MoE layer `layer`'s experts. Those not in a
+    /// slot are read once the current call has issued its own reads, and
+    /// that call uses whichever it then needs. Output never depends on it.
+    pub fn guess_next(&mut self, b: &dyn Backend, layer: usize, routes: &Routes) -> Result<()> {
+        if layer >= self.store.layers || routes.gating.experts != self.store.experts_per_layer {
+            bail!("a guess for MoE layer {layer} over {} experts does not fit the store", routes.gating.experts);
+        }
+        // Each token's best `read_ahead` guesses (ids come best first).
+        let k = routes.gating.top_k.max(1);
+        let mut ids: Vec<u32> = b.routed_experts(routes)?.chunks(k).flat_map(|t| t[..self.read_ahead.min(t.len())].to_vec()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.retain(|&e| (e as usize) < self.store.experts_per_layer && !self.slot_of.contains_key(&self.key(layer, e)));
+        self.guessed = Some((layer, ids));
+        Ok(())
+    }
+
+    /// Takes what is being read ahead for `layer`, counted in `counters`
+    /// (without waiting for it), with the experts of `misses` it holds;
+    /// anything read ahead for another layer is dropped.
+    fn take_ahead(&mut self, layer: usize, misses: &[u32], counters: &mut CacheCounters) -> Option<(Ahead, Vec<u32>)> {
+        let ahead = self.ahead.take().filter(|a| a.layer == layer)?;
+        let covered: Vec<u32> = misses.iter().copied().filter(|e| ahead.experts.contains(e)).collect();
+        counters.read_ahead += ahead.experts.len() as u64;
+        counters.read_ahead_used += covered.len() as u64;
+        // The guesses not used were read all the same.
+        counters.bytes_read += (ahead.experts.len() - covered.len()) as u64 * self.store.record_bytes;
+        Some((ahead, covered))
     }
 
     /// Whether every expert of the model sits in a slot.
@@ -276,6 +356,20 @@ impl ExpertCache {
         // it lands; later batches' are read while the batch before computes.
         let mut record_misses = batches.first().map(|bt| misses_of(self, bt)).unwrap_or_default();
         let mut records: Vec<ExpertRecord> = Vec::new();
+        // A decode-sized call takes what was read ahead for it (those misses
+        // go last, already in memory) and reads the next call's guess once
+        // its own reads are issued; a call in batches does neither.
+        let (mut ahead, mut guess) = (None, None);
+        if batches.len() == 1 {
+            ahead = self.take_ahead(layer, &record_misses, &mut counters);
+            if let Some((_, covered)) = &ahead {
+                record_misses.sort_by_key(|e| covered.contains(e));
+            }
+            guess = self.guessed.take();
+        } else {
+            (self.ahead, self.guessed) = (None, None);
+        }
+        let mut started = None;
 
         let mut total: Option<Tensor> = None;
         for (i, batch) in batches.iter().enumerate() {
@@ -310,13 +404,36 @@ impl ExpertCache {
             };
             let written = if i == 0 {
                 let wait = Instant::now();
-                let read = store.read_each(layer, &record_misses, |at, record| write(&mut *pool, at, &record));
+                let covered = ahead.as_ref().map_or(0, |(_, c)| c.len());
+                let to_read = &record_misses[..record_misses.len() - covered];
+                let guess = guess.take();
+                let issued = || {
+                    started = guess.map(|(l, experts): (usize, Vec<u32>)| Ahead { layer: l, records: store.read_later(l, experts.clone()), experts });
+                };
+                // What was read ahead, once this call's own reads are issued.
+                let mut ahead_secs = 0.0;
+                let ahead = ahead.take();
+                let ready = || -> Result<Vec<ExpertRecord>> {
+                    let Some((a, covered)) = ahead else { return Ok(Vec::new()) };
+                    let (records, secs) = match a.records.recv() {
+                        Ok(read) => read?,
+                        Err(_) => bail!("an expert read-ahead thread stopped"),
+                    };
+                    ahead_secs = secs;
+                    let mut by_id: HashMap<u32, ExpertRecord> = a.experts.into_iter().zip(records).collect();
+                    Ok(covered.iter().filter_map(|e| by_id.remove(e)).collect())
+                };
+                let read = store.read_each(layer, to_read, ready, issued, |at, record| write(&mut *pool, at, &record));
                 counters.wait_seconds += wait.elapsed().as_secs_f64();
+                counters.read_seconds += ahead_secs;
                 read.map(|secs| counters.read_seconds += secs)
             } else {
                 records.iter().enumerate().try_for_each(|(at, record)| write(&mut *pool, at, record))
             };
             counters.write_seconds += write_seconds;
+            if let Some(a) = started.take() {
+                self.ahead = Some(a);
+            }
             if let Err(e) = written {
                 // The evicted experts leave the device table with their slots,
                 // whatever those hold now.

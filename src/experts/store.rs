@@ -9,6 +9,8 @@
 //! summary says so.
 
 use std::borrow::Cow;
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -206,14 +208,42 @@ impl ExpertStore {
             .collect()
     }
 
+    /// [`ExpertStore::read_many`] on the read threads, queued behind the
+    /// reads already issued there (an expert read ahead of its layer): the
+    /// records and the seconds the reads took arrive on the channel.
+    pub fn read_later(self: &Arc<Self>, layer: usize, experts: Vec<u32>) -> Receiver<Result<(Vec<ExpertRecord>, f64)>> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let store = Arc::clone(self);
+        self.io.spawn(move || {
+            // Nobody waits when the guess went unused.
+            let _ = tx.send(store.read_many(layer, &experts));
+        });
+        rx
+    }
+
     /// [`ExpertStore::read_many`] that hands each record to `each` (with its
     /// index into `experts`) on this thread as soon as its last piece lands,
     /// while the other reads go on: what the caller does with a record (an
-    /// upload into its slot) overlaps the reads. Returns the seconds until
-    /// the last piece landed (what `each` did after that is not counted).
-    /// After an error no further record is handed over.
-    pub fn read_each(&self, layer: usize, experts: &[u32], mut each: impl FnMut(usize, ExpertRecord) -> Result<()>) -> Result<f64> {
+    /// upload into its slot) overlaps the reads. Once the reads are issued,
+    /// `issued` runs, then the records `ready` gives (read elsewhere: it
+    /// may wait for them) go to `each` as indices `experts.len()..`.
+    /// Returns the seconds until the last piece landed (what `each` did
+    /// after that is not counted). After an error no further record is
+    /// handed over.
+    pub fn read_each(
+        &self,
+        layer: usize,
+        experts: &[u32],
+        ready: impl FnOnce() -> Result<Vec<ExpertRecord>>,
+        issued: impl FnOnce(),
+        mut each: impl FnMut(usize, ExpertRecord) -> Result<()>,
+    ) -> Result<f64> {
+        let hand_ready = |each: &mut dyn FnMut(usize, ExpertRecord) -> Result<()>| -> Result<()> {
+            ready()?.into_iter().enumerate().try_for_each(|(j, r)| each(experts.len() + j, r))
+        };
         if experts.is_empty() {
+            issued();
+            hand_ready(&mut each)?;
             return Ok(0.0);
         }
         let start = Instant::now();
@@ -243,6 +273,8 @@ impl ExpertStore {
                 });
             }
             drop(tx);
+            issued();
+            outcome = hand_ready(&mut each);
             for (n, read) in rx {
                 if outcome.is_err() {
                     continue;

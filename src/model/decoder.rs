@@ -212,7 +212,8 @@ impl DecoderModel {
                     None => None,
                 };
                 let input = x.take().context("no hidden state between layers")?;
-                x = Some(layer.forward_hidden(b, input, ids, start, st, read, experts).with_context(|| format!("layer {i}"))?);
+                let next_moe = self.layers[i + 1..].iter().find_map(|l| l.moe());
+                x = Some(layer.forward_hidden(b, input, ids, start, st, read, experts, next_moe).with_context(|| format!("layer {i}"))?);
             }
             Ok(())
         })?;

@@ -180,6 +180,14 @@ impl LayerState {
 }
 
 impl DecoderLayer {
+    /// The layer's MoE block, if its feed-forward is one.
+    pub fn moe(&self) -> Option<&MoeBlock> {
+        match &self.ffn {
+            FeedForward::Moe(m) => Some(m),
+            FeedForward::Dense(_) => None,
+        }
+    }
+
     pub fn new_state(&self, b: &dyn Backend) -> Result<LayerState> {
         let mixer = match &self.mixer {
             Mixer::Attention(a) => MixerState::Attention(a.new_state(b)?),
@@ -201,11 +209,13 @@ impl DecoderLayer {
         read_ahead: Option<Vec<f32>>,
         experts: &mut ExpertCache,
     ) -> Result<Tensor> {
-        self.forward_hidden(b, Hidden::from(x.clone()), ids, start, st, read_ahead, experts)?.form(b)
+        self.forward_hidden(b, Hidden::from(x.clone()), ids, start, st, read_ahead, experts, None)?.form(b)
     }
 
     /// [`DecoderLayer::forward`] on a hidden state whose last add may be
-    /// pending, leaving its own pending where the wiring allows.
+    /// pending, leaving its own pending where the wiring allows. `next_moe`
+    /// is the model's next MoE block after this layer's (its experts may be
+    /// read ahead).
     #[allow(clippy::too_many_arguments)]
     pub fn forward_hidden(
         &self,
@@ -216,6 +226,7 @@ impl DecoderLayer {
         st: &mut LayerState,
         read_ahead: Option<Vec<f32>>,
         experts: &mut ExpertCache,
+        next_moe: Option<&MoeBlock>,
     ) -> Result<Hidden> {
         let LayerState { mixer: mixer_state, residual } = st;
         let mut block = |which: Block, input: &Tensor| -> Result<Tensor> {
@@ -227,7 +238,7 @@ impl DecoderLayer {
                 },
                 Block::FeedForward => match &self.ffn {
                     FeedForward::Dense(m) => m.forward(b, input),
-                    FeedForward::Moe(m) => m.forward(b, input, experts),
+                    FeedForward::Moe(m) => m.forward(b, input, experts, next_moe),
                 },
             }
         };

@@ -138,6 +138,7 @@ pub fn expert_cache(cx: &LoadCx<'_>, layout: Layout, moe_prefixes: &[String], sl
         }
     };
     let mut cache = ExpertCache::new(cx.b, store, slots.max(1))?;
+    cache.read_ahead = cx.opts.read_ahead;
     if cx.opts.preload_experts && slots >= total {
         cache.load_all(cx.b)?;
     }

@@ -28,6 +28,10 @@ pub struct LoadOptions {
     pub decode_ahead: bool,
     /// Expert reads in flight at once (the streamer's read threads).
     pub read_threads: usize,
+    /// How many of each token's guessed experts for the next MoE layer a
+    /// streaming decode reads ahead (`ExpertCache::read_ahead`; 0, the
+    /// default: none).
+    pub read_ahead: usize,
 }
 
 /// Default bound of the n-gram row cache.
@@ -43,6 +47,7 @@ impl Default for LoadOptions {
             fuse_projections: true,
             decode_ahead: true,
             read_threads: crate::experts::ExpertStore::READ_THREADS,
+            read_ahead: crate::experts::READ_AHEAD_RANKS,
         }
     }
 }
@@ -50,7 +55,9 @@ impl Default for LoadOptions {
 impl LoadOptions {
     /// Applies the measurement knobs `SLOTSTREAM_FUSED_PROJECTIONS=0` (keep
     /// projections apart), `SLOTSTREAM_DECODE_AHEAD=0` (wait for each
-    /// token before recording the next) and `SLOTSTREAM_READ_THREADS=N`
+    /// token before recording the next), `SLOTSTREAM_READ_AHEAD=N` (guessed
+    /// experts per token read ahead, 0-64; 0 reads none before its layer is
+    /// routed) and `SLOTSTREAM_READ_THREADS=N`
     /// (1-256 expert reads in flight; anything else is an error naming the
     /// variable). The only place they are read.
     pub fn with_env_overrides(mut self) -> anyhow::Result<Self> {
@@ -60,6 +67,11 @@ impl LoadOptions {
         }
         if off("SLOTSTREAM_DECODE_AHEAD") {
             self.decode_ahead = false;
+        }
+        if let Ok(v) = std::env::var("SLOTSTREAM_READ_AHEAD") {
+            self.read_ahead = v.trim().parse::<usize>().ok().filter(|n| *n <= 64).ok_or_else(|| {
+                anyhow::anyhow!("SLOTSTREAM_READ_AHEAD={v:?}: expected how many guessed experts per token to read ahead, 0 to 64 (unset it for the default, {})", self.read_ahead)
+            })?;
         }
         if let Ok(v) = std::env::var("SLOTSTREAM_READ_THREADS") {
             self.read_threads = v.trim().parse::<usize>().ok().filter(|n| (1..=256).contains(n)).ok_or_else(|| {

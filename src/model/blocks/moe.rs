@@ -3,7 +3,7 @@
 //! the model's [`ExpertCache`], addressed by the block's MoE index.
 
 use anyhow::{Context, Result};
-use slotstream_backend::{Backend, Gating, Tensor, Weight};
+use slotstream_backend::{Backend, Gating, Routes, Tensor, Weight};
 
 use super::projections::Projections;
 use crate::experts::ExpertCache;
@@ -54,18 +54,29 @@ impl MoeBlock {
         Ok(MoeBlock { router, experts, moe_index, top_k: c.num_experts_per_tok, norm_topk_prob, shared })
     }
 
-    pub fn forward(&self, b: &dyn Backend, x: &Tensor, experts: &mut ExpertCache) -> Result<Tensor> {
+    /// Routes `x`: the routes and, with a shared expert, its gate's logit.
+    fn route(&self, b: &dyn Backend, x: &Tensor) -> Result<(Routes, Option<Tensor>)> {
         let gating = Gating { experts: self.experts, top_k: self.top_k, normalize: self.norm_topk_prob };
         // The router's product and the routing in one op where the router
         // (with the shared expert's gate after it) is one weight.
-        let (routes, shared_gate) = match self.router.single() {
+        Ok(match self.router.single() {
             Some(w) => b.route_matmul(x, w, gating)?,
             None => {
                 let p = self.router.forward(b, x)?;
                 let gate = if self.shared.is_some() { Some(p.get("shared_expert_gate")?.clone()) } else { None };
                 (b.route(p.get("router")?, gating)?, gate)
             }
-        };
+        })
+    }
+
+    /// The block's output for `x`. `next` is the model's next MoE block: a
+    /// streaming pool guesses its experts from `x` and reads them ahead.
+    pub fn forward(&self, b: &dyn Backend, x: &Tensor, experts: &mut ExpertCache, next: Option<&MoeBlock>) -> Result<Tensor> {
+        let (routes, shared_gate) = self.route(b, x)?;
+        if let Some(next) = next.filter(|_| experts.wants_guess(x.rows())) {
+            let (guess, _) = next.route(b, x)?;
+            experts.guess_next(b, next.moe_index, &guess)?;
+        }
         let mut y = experts.run_layer(b, self.moe_index, x, &routes)?;
         if let Some(shared) = &self.shared {
             let gate = shared_gate.context("internal: the router gave no shared expert gate")?;
