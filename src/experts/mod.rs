@@ -23,7 +23,7 @@ use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, ensure, Result};
 use serde::Serialize;
 use slotstream_backend::{Backend, ExpertPool, Routes, Tensor};
 
@@ -278,21 +278,23 @@ impl ExpertCache {
         ids.sort_unstable();
         ids.dedup();
         ids.retain(|&e| (e as usize) < self.store.experts_per_layer && !self.slot_of.contains_key(&self.key(layer, e)));
-        self.guessed = Some((layer, ids));
+        self.guessed = (!ids.is_empty()).then_some((layer, ids));
         Ok(())
     }
 
     /// Takes what is being read ahead for `layer`, counted in `counters`
     /// (without waiting for it), with the experts of `misses` it holds;
-    /// anything read ahead for another layer is dropped.
+    /// `None` when it holds none of them. Anything read ahead is counted
+    /// as read, whether used or dropped (for another layer).
     fn take_ahead(&mut self, layer: usize, misses: &[u32], counters: &mut CacheCounters) -> Option<(Ahead, Vec<u32>)> {
-        let ahead = self.ahead.take().filter(|a| a.layer == layer)?;
-        let covered: Vec<u32> = misses.iter().copied().filter(|e| ahead.experts.contains(e)).collect();
+        let ahead = self.ahead.take()?;
+        let covered: Vec<u32> =
+            if ahead.layer == layer { misses.iter().copied().filter(|e| ahead.experts.contains(e)).collect() } else { Vec::new() };
         counters.read_ahead += ahead.experts.len() as u64;
         counters.read_ahead_used += covered.len() as u64;
         // The guesses not used were read all the same.
         counters.bytes_read += (ahead.experts.len() - covered.len()) as u64 * self.store.record_bytes;
-        Some((ahead, covered))
+        (!covered.is_empty()).then_some((ahead, covered))
     }
 
     /// Whether every expert of the model sits in a slot.
@@ -367,7 +369,8 @@ impl ExpertCache {
             }
             guess = self.guessed.take();
         } else {
-            (self.ahead, self.guessed) = (None, None);
+            self.take_ahead(layer, &[], &mut counters);
+            self.guessed = None;
         }
         let mut started = None;
 
@@ -415,13 +418,17 @@ impl ExpertCache {
                 let ahead = ahead.take();
                 let ready = || -> Result<Vec<ExpertRecord>> {
                     let Some((a, covered)) = ahead else { return Ok(Vec::new()) };
+                    // A guess that failed to read (or whose job is gone) is
+                    // read again here: it is needed now.
                     let (records, secs) = match a.records.recv() {
-                        Ok(read) => read?,
-                        Err(_) => bail!("an expert read-ahead thread stopped"),
+                        Ok(Ok(read)) => read,
+                        _ => return Ok(store.read_many(layer, &covered)?.0),
                     };
                     ahead_secs = secs;
                     let mut by_id: HashMap<u32, ExpertRecord> = a.experts.into_iter().zip(records).collect();
-                    Ok(covered.iter().filter_map(|e| by_id.remove(e)).collect())
+                    let ready: Vec<ExpertRecord> = covered.iter().filter_map(|e| by_id.remove(e)).collect();
+                    ensure!(ready.len() == covered.len(), "the experts read ahead for MoE layer {layer} came back incomplete");
+                    Ok(ready)
                 };
                 let read = store.read_each(layer, to_read, ready, issued, |at, record| write(&mut *pool, at, &record));
                 counters.wait_seconds += wait.elapsed().as_secs_f64();

@@ -269,18 +269,19 @@ impl ExpertStore {
                         .read_range(piece.offset, piece.len as usize)
                         .with_context(|| format!("reading expert {} of MoE layer {layer}", experts[i]));
                     // The receiver outlives every read of the scope.
-                    let _ = tx.send((n, read));
+                    let _ = tx.send((n, read, Instant::now()));
                 });
             }
             drop(tx);
             issued();
             outcome = hand_ready(&mut each);
-            for (n, read) in rx {
+            for (n, read, at) in rx {
                 if outcome.is_err() {
                     continue;
                 }
                 let i = requests[n].0;
-                landed_at = start.elapsed().as_secs_f64();
+                // When the piece landed, not when this thread got to it.
+                landed_at = f64::max(landed_at, at.duration_since(start).as_secs_f64());
                 match read {
                     Err(e) => outcome = Err(e),
                     Ok(buf) => {

@@ -385,8 +385,6 @@ impl Gpu {
         Ok(())
     }
 
-    /// Whether the adapter runs the kernel `entry` (the `*_1024` ones need
-    /// workgroups that large).
     /// Whether kernels may hand results from one workgroup to another
     /// through storage barriers (device scope as naga emits them for
     /// Vulkan; Metal's threadgroup barrier does not promise it).
@@ -394,6 +392,8 @@ impl Gpu {
         self.info.backend == wgpu::Backend::Vulkan
     }
 
+    /// Whether the adapter runs the kernel `entry` (the `*_1024` ones need
+    /// workgroups that large).
     pub fn has_kernel(&self, entry: &str) -> bool {
         self.kernels.contains_key(entry)
     }
