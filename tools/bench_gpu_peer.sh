@@ -44,7 +44,9 @@
 #   (default 0.4) makes some experts busier, as in trained models: ~28% decode hits for a
 #   16-of-64 pool, instead of ~90% with plain random weights.
 #
-# env (run): MODELS (default A,B,A64,B64), SMALL=1, ROUNDS (ours, default 3), PEER_REPS (3),
+# env (run): MODELS (default A,B,A64,B64), SMALL=1, ROUNDS (ours, default 3), PEER_REPS (3), PEER_ROUNDS
+#   (llama-bench runs per resident model, alternating with ours, default 1; its speed moves with how long the
+#   machine has been busy: 3 compares like with like),
 #   CPU=all|streaming|none (our CPU backend on which models, default all), PEER_STREAMING=1,
 #   ROUTER_SKEW, MIXER_OUT_SCALE (0.1), GPU_BACKEND (default wgpu; e.g. wgpu:software for lavapipe), KEEP=1 (keep
 #   models), WORK (models and unpacked binaries, default /tmp/gpu-peer), RESULTS (default
@@ -151,7 +153,7 @@ PY
     fi
     echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GB RAM, $(df -h "$work" | awk 'NR==2{print $4}') free under $work"
     local args=(--slotstream "$work/bin/slotstream" --llama "$work/llama" --work "$work" --results "$results"
-        --models "${MODELS:-A,B,A64,B64}" --rounds "${ROUNDS:-3}" --peer-reps "${PEER_REPS:-3}" --cpu "${CPU:-all}"
+        --models "${MODELS:-A,B,A64,B64}" --rounds "${ROUNDS:-3}" --peer-reps "${PEER_REPS:-3}" --peer-rounds "${PEER_ROUNDS:-1}" --cpu "${CPU:-all}"
         --router-skew "${ROUTER_SKEW:-0.4}" --mixer-out-scale "${MIXER_OUT_SCALE:-0.1}" --gpu-backend "${GPU_BACKEND:-wgpu}" --jobs "${JOBS:-$(nproc)}"
         --commit "$commit")
     [ -n "${SMALL:-}" ] && args+=(--small)

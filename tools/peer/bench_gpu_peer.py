@@ -371,22 +371,33 @@ def bench_model(a, key, streaming, prompt):
     res = {"key": name, "family": family, "experts": experts, "streaming": streaming, "synth_args": args, **times}
     pool = POOL_PER_LAYER if streaming else experts
     res["pool_per_layer"] = pool
+    gguf, peers = None, []
     if not streaming or a.peer_streaming:
         gguf, t = make_gguf(a, name, model)
         res.update(t)
-        res["peer"] = peer(a, gguf, f"{name}_llama")
+        peers.append(peer(a, gguf, f"{name}_llama"))
         if not streaming and a.first_rounds > 0:
             res["first_prompt"] = first_prompts(a, model, gguf, prompt, a.n_prompt, pool, name)
-        if not a.keep:
-            os.remove(gguf)
     cpu_too = a.cpu == "all" or (a.cpu == "streaming" and streaming)
     gpu, cpu = [], []
     for i in range(a.rounds):
+        # Further llama-bench runs alternate with ours: its speed moves with
+        # how long the machine has been busy, by more than the engines differ.
+        if gguf and 0 < i < a.peer_rounds:
+            peers.append(peer(a, gguf, f"{name}_llama_{i}"))
         gpu.append(ours(a, model, a.gpu_backend, prompt, a.decode + 1, pool, f"{name}_ours_gpu_{i}"))
         # Streamed, both backends wait on the disk, whose speed drifts: their
         # runs alternate and each side's median is compared.
         if cpu_too and (streaming or i == 0):
             cpu.append(ours(a, model, "cpu", prompt, a.decode + 1, pool, f"{name}_ours_cpu_{i}"))
+    if gguf and not a.keep:
+        os.remove(gguf)
+    if peers:
+        # The run with the median decode speaks for the peer (its other
+        # figures with it); every run's decode is kept.
+        ok = sorted((p for p in peers if p.get("decode") is not None), key=lambda p: p["decode"])
+        res["peer"] = ok[len(ok) // 2] if ok else peers[0]
+        res["peer_decode_runs"] = [p.get("decode") for p in peers]
     res["ours_gpu_runs"] = gpu
     res["ours_gpu"] = {"prefill": median(gpu, "prefill"), "decode": median(gpu, "decode"),
                        "rss_bytes": max((r["rss_bytes"] for r in gpu if r.get("rss_bytes")), default=None),
@@ -436,7 +447,9 @@ def table(a, meta, results):
     L.append(f"slotstream `{meta['commit']}`, {meta['date']}; GPU: {meta['gpu']}, driver {meta['driver']}; "
              f"host: {meta['cpus']} cores; ours: `{meta['ours_backend']}`; llama.cpp: {meta['peer_build']} "
              f"({meta['peer_device']}). Prompt {meta['prompt_tokens']} tokens, {a.decode} decode passes; "
-             f"llama-bench `-ngl 99 -p 256 -n {a.decode} -d {a.depth} -r {a.peer_reps}`; ours: median of {a.rounds} runs. "
+             f"llama-bench `-ngl 99 -p 256 -n {a.decode} -d {a.depth} -r {a.peer_reps}`"
+             + (f", {min(a.peer_rounds, a.rounds)} runs alternating with ours (the median's figures)" if a.peer_rounds > 1 else "")
+             + f"; ours: median of {a.rounds} runs. "
              f"Models: tools/synth.py --symmetric --mixer-out-scale {a.mixer_out_scale} --router-skew {a.router_skew}."
              + (" SMALL models (local test, not a measurement)." if a.small else ""))
     L.append("")
@@ -451,6 +464,11 @@ def table(a, meta, results):
             if pd is None and p.get("decode_d0") is not None:
                 pd, pp, note = p.get("decode_d0"), p.get("prefill_d0"), f" (theirs at depth 0: {p.get('partial', 'no depth run')})"
             L.append(f"| {lab}: decode tok/s (tg{a.decode} @ d{a.depth}){note} | {f1(o['decode'])} | {f1(pd)} | {ratio(o['decode'], pd)} |")
+            runs = r.get("peer_decode_runs") or []
+            if len(runs) > 1:
+                mine = ", ".join(f1(g.get("decode")) for g in r["ours_gpu_runs"])
+                L.append(f"| {lab}: decode tok/s of each run, alternating (theirs: median of {len(runs)} llama-bench runs above) | "
+                         f"{mine} | {', '.join(f1(x) for x in runs)} | |")
             L.append(f"| {lab}: prefill tok/s (ours: the run's first {o['prompt_tokens']}-token prompt, cold; theirs: pp256 @ d{a.depth}, warm){note} | {f1(o['prefill'])} | {f1(pp)} | {ratio(o['prefill'], pp)} |")
             fp = r.get("first_prompt")
             if fp:
@@ -514,6 +532,8 @@ def main():
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--rounds", type=positive, default=3)
     ap.add_argument("--peer-reps", type=int, default=3)
+    ap.add_argument("--peer-rounds", type=positive, default=1,
+                    help="llama-bench runs per resident model, alternating with ours (at most --rounds)")
     ap.add_argument("--depth", type=int, default=432)
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--gpu-backend", default="wgpu")
