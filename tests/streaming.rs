@@ -98,7 +98,7 @@ fn reading_ahead_changes_speed_not_output() {
         let n = case.greedy_ids.len();
         let load = |read_ahead: usize| {
             let top_k = engine(name, ExpertSlots::All).arch().text.num_experts_per_tok;
-            let opts = LoadOptions { expert_slots: ExpertSlots::Count(top_k + 1), read_ahead, ..Default::default() };
+            let opts = LoadOptions { expert_slots: ExpertSlots::Count(top_k + 1), read_ahead: Some(read_ahead), ..Default::default() };
             Engine::load(&fixture(name), Box::new(slotstream_cpu::CpuBackend::exact()), &opts).unwrap_or_else(|e| panic!("loading {name}: {e:#}"))
         };
         let (with, without) = (load(8), load(0));

@@ -138,7 +138,9 @@ pub fn expert_cache(cx: &LoadCx<'_>, layout: Layout, moe_prefixes: &[String], sl
         }
     };
     let mut cache = ExpertCache::new(cx.b, store, slots.max(1))?;
-    cache.read_ahead = cx.opts.read_ahead;
+    if let Some(n) = cx.opts.read_ahead {
+        cache.read_ahead = n;
+    }
     if cx.opts.preload_experts && slots >= total {
         cache.load_all(cx.b)?;
     }

@@ -29,9 +29,9 @@ pub struct LoadOptions {
     /// Expert reads in flight at once (the streamer's read threads).
     pub read_threads: usize,
     /// How many of each token's guessed experts for the next MoE layer a
-    /// streaming decode reads ahead (`ExpertCache::read_ahead`; 0, the
-    /// default: none).
-    pub read_ahead: usize,
+    /// streaming decode reads ahead (`ExpertCache::read_ahead`; 0: none;
+    /// `None`: the backend's default, `experts::default_read_ahead`).
+    pub read_ahead: Option<usize>,
 }
 
 /// Default bound of the n-gram row cache.
@@ -47,7 +47,7 @@ impl Default for LoadOptions {
             fuse_projections: true,
             decode_ahead: true,
             read_threads: crate::experts::ExpertStore::READ_THREADS,
-            read_ahead: crate::experts::READ_AHEAD_RANKS,
+            read_ahead: None,
         }
     }
 }
@@ -69,9 +69,9 @@ impl LoadOptions {
             self.decode_ahead = false;
         }
         if let Ok(v) = std::env::var("SLOTSTREAM_READ_AHEAD") {
-            self.read_ahead = v.trim().parse::<usize>().ok().filter(|n| *n <= 64).ok_or_else(|| {
-                anyhow::anyhow!("SLOTSTREAM_READ_AHEAD={v:?}: expected how many guessed experts per token to read ahead, 0 to 64 (unset it for the default, {})", self.read_ahead)
-            })?;
+            self.read_ahead = Some(v.trim().parse::<usize>().ok().filter(|n| *n <= 64).ok_or_else(|| {
+                anyhow::anyhow!("SLOTSTREAM_READ_AHEAD={v:?}: expected how many guessed experts per token to read ahead, 0 to 64 (unset it for the backend's default)")
+            })?);
         }
         if let Ok(v) = std::env::var("SLOTSTREAM_READ_THREADS") {
             self.read_threads = v.trim().parse::<usize>().ok().filter(|n| (1..=256).contains(n)).ok_or_else(|| {
