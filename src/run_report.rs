@@ -77,7 +77,11 @@ impl fmt::Display for RunReport<'_> {
             total.read_gb_per_second(),
             if cache.direct_io { "direct I/O" } else { "buffered I/O" },
             total.wait_seconds
-        )
+        )?;
+        if total.read_ahead > 0 {
+            write!(f, "; read ahead {} guessed experts, {} of them used", total.read_ahead, total.read_ahead_used)?;
+        }
+        Ok(())
     }
 }
 
