@@ -160,7 +160,7 @@ impl ExpertStore {
             // A job spawned here (a read ahead) that panicked would abort the
             // process; instead its result never arrives, and the expert is
             // read again when it is needed.
-            .panic_handler(|_| eprintln!("warning: an expert read-ahead job panicked; its experts will be read when needed"))
+            .panic_handler(|_| crate::note!("warning: an expert read-ahead job panicked; its experts will be read when needed"))
             .build()
             .context("starting the expert read threads")?;
         Ok(ExpertStore { layout, experts_per_layer: experts, layers: layer_prefixes.len(), files, locations, io, record_bytes })
