@@ -266,10 +266,7 @@ impl Gpu {
         }
         let (subgroup_min, subgroup_max) = (info.subgroup_min_size.max(1), info.subgroup_max_size.max(1));
         let host_time = HostTime::default();
-        // Device-scope ordering across workgroups through storageBarrier is
-        // Vulkan's (naga emits a device-scope barrier there); Metal's
-        // threadgroup barrier does not promise it.
-        let merge_in_split = options.merge_in_split && info.backend == wgpu::Backend::Vulkan;
+        let merge_in_split = options.merge_in_split && orders_across_workgroups(info.backend);
         let merge_counts = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("attention merge counts"),
             size: 4 * crate::attention::MERGE_PAIRS as u64,
@@ -385,11 +382,9 @@ impl Gpu {
         Ok(())
     }
 
-    /// Whether kernels may hand results from one workgroup to another
-    /// through storage barriers (device scope as naga emits them for
-    /// Vulkan; Metal's threadgroup barrier does not promise it).
+    /// [`orders_across_workgroups`] of this adapter's backend.
     pub fn orders_across_workgroups(&self) -> bool {
-        self.info.backend == wgpu::Backend::Vulkan
+        orders_across_workgroups(self.info.backend)
     }
 
     /// Whether the adapter runs the kernel `entry` (the `*_1024` ones need
@@ -581,4 +576,12 @@ impl Gpu {
         staging.unmap();
         Ok(data)
     }
+}
+
+/// Whether kernels on `backend` may hand results from one workgroup to
+/// another through storage barriers (device scope as naga emits them for
+/// Vulkan; Metal's threadgroup barrier does not promise it): the merge in
+/// split attention and routing over several workgroups rest on it.
+fn orders_across_workgroups(backend: wgpu::Backend) -> bool {
+    backend == wgpu::Backend::Vulkan
 }
