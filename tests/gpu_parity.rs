@@ -142,6 +142,39 @@ fn resident_decode_submits_once_per_token() {
     }
 }
 
+/// A pool that holds every expert holds each layer's shared expert too (the
+/// fixture's is shaped as its routed experts), and a decoded token runs it in
+/// the routed experts' kernels: no products of its own. A streaming pool runs
+/// it after them, two products per MoE layer; the tokens are the same.
+#[test]
+fn resident_decode_runs_the_shared_expert_with_the_routed_experts() {
+    if skip() {
+        return;
+    }
+    let name = "qwen3_next_mlx4";
+    let mut tokens = Vec::new();
+    for (slots, preload) in [(ExpertSlots::All, true), (ExpertSlots::Count(4), false)] {
+        let backend = WgpuBackend::new(&AdapterChoice::allow_software()).expect("GPU adapter");
+        let profile = backend.clone();
+        let opts = LoadOptions { expert_slots: slots, preload_experts: preload, ..LoadOptions::default() };
+        let e = Engine::load(&fixture(name), Box::new(backend), &opts).expect("load");
+        let case = golden(name).cases.into_iter().find(|c| c.name == "long").expect("long case");
+        let mut state = e.new_state().unwrap();
+        let mut next = argmax(&e.prefill(&case.prompt_ids, &mut state).unwrap());
+        let moe_layers = e.model.layers.iter().filter(|l| matches!(l.ffn, FeedForward::Moe(_))).count();
+        profile.set_profiling(true).expect("timestamp queries");
+        let t = e.model.forward(e.backend.as_ref(), &[next], &mut state, Logits::Last).unwrap();
+        next = argmax(&e.backend.download(&t).unwrap());
+        let kernels = profile.kernel_profile();
+        profile.set_profiling(false).expect("profiling off");
+        let own = kernels.iter().find(|(n, _)| n == "matvec_epilogue").map_or(0, |(_, t)| t.dispatches);
+        let want = if preload { 0 } else { 2 * moe_layers as u64 };
+        assert_eq!(own, want, "{name}, preloaded {preload}: the shared expert's own products: {kernels:?}");
+        tokens.push(next);
+    }
+    assert_eq!(tokens[0], tokens[1], "{name}: the resident and the streaming pool decode different tokens");
+}
+
 /// `slotstream run --backend wgpu:software --json` gives the oracle's (and so
 /// the CPU backend's) greedy ids.
 #[test]

@@ -12,10 +12,15 @@
 //   moe_down_combine: out[t, r] = sum_k weight[t, k] * (down[slot of (t, k)] row r . x[t*top_k + k]),
 //                moe_down then moe_combine in one dispatch (one pool shard; workgroup_id.y
 //                is the token, each workgroup one quad of rows, its subgroups sharing the ranks)
-// For the FFN kernels, assignment a = asg_off + workgroup_id.y is token
-// a / top_k's rank a % top_k; its slot is table[key_base + id] for the routed
-// id, and the workgroup does nothing when that is not a slot of this dispatch's
-// pool shard [slot_base, slot_end) (or the id is not an expert).
+// For the FFN kernels, assignment a = asg_off + workgroup_id.y < n * top_k
+// (n tokens) is token a / top_k's rank a % top_k; its slot is
+// table[key_base + id] for the routed id, and the workgroup does nothing when
+// that is not a slot of this dispatch's pool shard [slot_base, slot_end) (or
+// the id is not an expert). With a shared expert (shared_key is not NO_SLOT),
+// assignment n * top_k + t is token t's shared expert, in slot
+// table[shared_key]: moe_gate_up computes its activations there and
+// moe_down_combine adds it after token t's routed ranks, weighted by
+// sigmoid(vals[t * gate_cols]).
 //
 // Bindings: 0 uniform Params; 1 w and 6 w_words (one pool shard of gate, up or down; slot s of
 // the shard is rows [s*rows, (s+1)*rows)); 2 xin f32 rows of x_cols; 3 out f32
@@ -46,20 +51,39 @@ fn moe_map(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
 }
 
+// The token of assignment `a` (a routed rank or a shared expert).
+fn assignment_token(a: u32) -> u32 {
+    let routed = p.n * p.top_k;
+    if (a >= routed) {
+        return a - routed;
+    }
+    return a / p.top_k;
+}
+
+// The slot of rank `k` of token `t` (k == top_k: the shared expert), or
+// NO_SLOT when it is in no slot of this dispatch's shard.
+fn rank_slot(t: u32, k: u32) -> u32 {
+    var slot = NO_SLOT;
+    if (k < p.top_k) {
+        let id = routes[t * 2u * p.top_k + k];
+        if (id < p.experts) {
+            slot = table[p.key_base + id];
+        }
+    } else if (p.shared_key != NO_SLOT) {
+        slot = table[p.shared_key];
+    }
+    if (slot < p.slot_base || slot >= p.slot_end) {
+        slot = NO_SLOT;
+    }
+    return slot;
+}
+
 // The slot of assignment `a`, local to this dispatch's shard, or NO_SLOT;
 // uniform across the workgroup.
 fn assignment_slot(a: u32, li: u32) -> u32 {
     if (li == 0u) {
-        let t = a / p.top_k;
-        let id = routes[t * 2u * p.top_k + a % p.top_k];
-        var slot = NO_SLOT;
-        if (id < p.experts) {
-            slot = table[p.key_base + id];
-        }
-        if (slot < p.slot_base || slot >= p.slot_end) {
-            slot = NO_SLOT;
-        }
-        wg_slot = slot;
+        let t = assignment_token(a);
+        wg_slot = rank_slot(t, select(a % p.top_k, p.top_k, a >= p.n * p.top_k));
     }
     let slot = workgroupUniformLoad(&wg_slot);
     if (slot == NO_SLOT) {
@@ -83,7 +107,7 @@ fn moe_gate_up(
     if (slot == NO_SLOT) {
         return;
     }
-    let xb = (a / p.top_k) * (p.x_cols / 4u);
+    let xb = assignment_token(a) * (p.x_cols / 4u);
     let base = slot * 2u * p.rows;
     let quads = (p.rows + 3u) / 4u;
     if (p.parts > 1u && nsg >= 4u) {
@@ -197,16 +221,10 @@ fn moe_down_combine(
 ) {
     let t = p.asg_off + wid.y;
     let rbase = t * 2u * p.top_k;
-    if (li < p.top_k) {
-        let id = routes[rbase + li];
-        var slot = NO_SLOT;
-        if (id < p.experts) {
-            slot = table[p.key_base + id];
-        }
-        if (slot < p.slot_base || slot >= p.slot_end) {
-            slot = NO_SLOT;
-        }
-        wg_slots[li] = slot;
+    // The routed ranks, then the shared expert's.
+    let ranks = p.top_k + select(0u, 1u, p.shared_key != NO_SLOT);
+    if (li < ranks) {
+        wg_slots[li] = rank_slot(t, li);
     }
     workgroupBarrier();
     // One quad of output rows per workgroup; its subgroups share the ranks
@@ -217,13 +235,18 @@ fn moe_down_combine(
         let row0 = qi * 4u;
         let nrows = min(4u, p.rows - row0);
         var acc = vec4<f32>(0.0);
-        for (var k = sg; k < p.top_k; k += nsg) {
+        for (var k = sg; k < ranks; k += nsg) {
             // The same for every invocation of the subgroup (written before the barrier).
             let slot = wg_slots[k];
             if (slot != NO_SLOT) {
-                let a = t * p.top_k + k;
+                let is_shared = k == p.top_k;
+                let a = select(t * p.top_k + k, p.n * p.top_k + t, is_shared);
                 let d = subgroupAdd(pool_rows4(p.w, (slot - p.slot_base) * p.rows + row0, nrows, a * (p.x_cols / 4u), lane, lanes));
-                acc += bitcast<f32>(routes[rbase + p.top_k + k]) * d;
+                if (is_shared) {
+                    acc += (1.0 / (1.0 + exp(-vals[t * p.gate_cols]))) * d;
+                } else {
+                    acc += bitcast<f32>(routes[rbase + p.top_k + k]) * d;
+                }
             }
         }
         if (lane == 0u) {

@@ -21,8 +21,10 @@ struct Params {
     parts: u32,
     // moe_route_norm: the residual norm's epsilon.
     eps: f32,
-    _pad0: u32,
-    _pad1: u32,
+    // moe_gate_up, moe_down_combine: the shared expert's slot table key
+    // (NO_SLOT: none) and the stride of its gate logits (binding 9).
+    shared_key: u32,
+    gate_cols: u32,
     _pad2: u32,
 }
 

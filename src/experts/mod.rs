@@ -25,7 +25,7 @@ use std::time::Instant;
 
 use anyhow::{bail, ensure, Result};
 use serde::Serialize;
-use slotstream_backend::{Backend, ExpertPool, Routes, Tensor};
+use slotstream_backend::{add_shared_expert, Backend, ExpertPool, HostExpert, Routes, SharedExpert, Tensor};
 
 pub use store::{ExpertRecord, ExpertStore};
 
@@ -145,8 +145,13 @@ pub struct ExpertCache {
     /// reads are issued.
     guessed: Option<(usize, Vec<u32>)>,
     ahead: Option<Ahead>,
-    /// Key (`layer * experts + expert`) held by each slot.
+    /// Key (`layer * experts + expert`) held by each routed slot.
     owner: Vec<Option<u32>>,
+    /// Slots reserved for shared experts after the routed ones, and the
+    /// shared expert each MoE layer keeps in one (its key is `layers *
+    /// experts + layer`, past the routed keys): never evicted.
+    shared_slots: usize,
+    shared: Vec<Option<u32>>,
     slot_of: HashMap<u32, u32>,
     referenced: Vec<bool>,
     hand: usize,
@@ -159,13 +164,17 @@ impl ExpertCache {
         top_k.max(1)
     }
 
-    pub fn new(backend: &dyn Backend, store: ExpertStore, slots: usize) -> Result<ExpertCache> {
+    /// A pool of `slots` routed experts and `shared_slots` more for shared
+    /// experts ([`ExpertCache::hold_shared`]).
+    pub fn new(backend: &dyn Backend, store: ExpertStore, slots: usize, shared_slots: usize) -> Result<ExpertCache> {
         if slots == 0 {
             bail!("the expert pool needs at least one slot");
         }
-        let pool = backend.new_expert_pool(&store.layout, slots, store.layers * store.experts_per_layer)?;
+        let pool = backend.new_expert_pool(&store.layout, slots + shared_slots, Self::keys(&store, shared_slots))?;
         let layers = store.layers;
         Ok(ExpertCache {
+            shared_slots,
+            shared: vec![None; layers],
             pool,
             store: Arc::new(store),
             read_ahead: default_read_ahead(backend),
@@ -179,8 +188,35 @@ impl ExpertCache {
         })
     }
 
+    /// Slots for routed experts.
     pub fn slots(&self) -> usize {
-        self.pool.slots
+        self.owner.len()
+    }
+
+    /// Slot table keys: every routed expert's, then with shared slots one per MoE layer.
+    fn keys(store: &ExpertStore, shared_slots: usize) -> usize {
+        let routed = store.layers * store.experts_per_layer;
+        if shared_slots > 0 {
+            routed + store.layers
+        } else {
+            routed
+        }
+    }
+
+    /// Writes MoE layer `layer`'s shared expert into the next reserved slot
+    /// and maps it, so that [`Backend::moe_shared`] may run it with the
+    /// routed experts. It must be stored as the routed experts are.
+    pub fn hold_shared(&mut self, b: &dyn Backend, layer: usize, expert: &HostExpert<'_>) -> Result<()> {
+        let held = self.shared.iter().flatten().count();
+        if layer >= self.shared.len() || held >= self.shared_slots {
+            bail!("no shared expert slot left for MoE layer {layer}");
+        }
+        let slot = (self.owner.len() + held) as u32;
+        b.write_expert(&mut self.pool, slot as usize, expert)?;
+        let key = (self.store.layers * self.store.experts_per_layer + layer) as u32;
+        b.map_experts(&mut self.pool, &[(key, Some(slot))])?;
+        self.shared[layer] = Some(slot);
+        Ok(())
     }
 
     pub fn store(&self) -> &ExpertStore {
@@ -193,10 +229,13 @@ impl ExpertCache {
         if slots == 0 {
             bail!("the expert pool needs at least one slot");
         }
-        // Free the old pool before allocating the new one.
+        // Free the old pool before allocating the new one. Shared experts
+        // held in it are not carried over: they run on their own again.
         let keys = self.store.layers * self.store.experts_per_layer;
         self.pool = backend.new_expert_pool(&self.store.layout, 1, 1)?;
         self.pool = backend.new_expert_pool(&self.store.layout, slots, keys)?;
+        self.shared_slots = 0;
+        self.shared.iter_mut().for_each(|s| *s = None);
         self.owner = vec![None; slots];
         self.slot_of.clear();
         self.referenced = vec![false; slots];
@@ -212,7 +251,7 @@ impl ExpertCache {
             total.add(l);
         }
         CacheStats {
-            slots: self.pool.slots,
+            slots: self.owner.len(),
             pool_bytes: self.pool.bytes,
             direct_io: self.store.direct_io(),
             total,
@@ -305,6 +344,20 @@ impl ExpertCache {
         (!covered.is_empty()).then_some((ahead, covered))
     }
 
+    /// [`ExpertCache::run_layer`] plus the layer's sigmoid-gated shared
+    /// expert: in the routed experts' kernels where the pool holds every
+    /// expert and this one too ([`Backend::moe_shared`]), else after them.
+    pub fn run_layer_shared(&mut self, b: &dyn Backend, layer: usize, x: &Tensor, routes: &Routes, shared: SharedExpert<'_>) -> Result<Tensor> {
+        if self.holds_all() && routes.gating.experts == self.store.experts_per_layer {
+            self.per_layer[layer].hits += (routes.tokens() * routes.gating.top_k) as u64;
+            let key = self.shared.get(layer).copied().flatten().map(|_| self.store.layers * self.store.experts_per_layer + layer);
+            let key_base = layer * self.store.experts_per_layer;
+            return Ok(b.moe_shared(x, &self.pool, routes, key_base, &SharedExpert { key, ..shared })?);
+        }
+        let y = self.run_layer(b, layer, x, routes)?;
+        Ok(add_shared_expert(b, &y, x, &shared)?)
+    }
+
     /// Whether every expert of the model sits in a slot.
     fn holds_all(&self) -> bool {
         self.slot_of.len() == self.store.layers * self.store.experts_per_layer
@@ -356,7 +409,7 @@ impl ExpertCache {
             needed.iter().partition(|&&e| self.slot_of.contains_key(&self.key(layer, e)));
         let hit_count = order.len();
         order.extend(misses);
-        let batches: Vec<&[u32]> = order.chunks(self.pool.slots).collect();
+        let batches: Vec<&[u32]> = order.chunks(self.owner.len()).collect();
         let mut counters = CacheCounters { hits: hit_count as u64, misses: (order.len() - hit_count) as u64, ..Default::default() };
 
         let misses_of = |cache: &ExpertCache, batch: &[u32]| -> Vec<u32> {

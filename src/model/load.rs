@@ -5,7 +5,7 @@
 use std::sync::Mutex;
 
 use anyhow::{bail, Result};
-use slotstream_backend::Weight;
+use slotstream_backend::{HostExpert, Weight};
 
 use super::arch::ModelArch;
 use super::blocks::weights::LoadCx;
@@ -137,12 +137,38 @@ pub fn expert_cache(cx: &LoadCx<'_>, layout: Layout, moe_prefixes: &[String], sl
             n.min(total)
         }
     };
-    let mut cache = ExpertCache::new(cx.b, store, slots.max(1))?;
+    // A pool that holds every expert also holds each layer's shared expert
+    // where the backend runs it with the routed ones.
+    let shared: Vec<Option<[String; 3]>> = if slots >= total && cx.b.pools_shared_experts() {
+        moe_prefixes.iter().map(|m| poolable_shared_expert(cx, m, &store)).collect()
+    } else {
+        Vec::new()
+    };
+    let mut cache = ExpertCache::new(cx.b, store, slots.max(1), shared.iter().flatten().count())?;
     if let Some(n) = cx.opts.read_ahead {
         cache.read_ahead = n;
     }
     if cx.opts.preload_experts && slots >= total {
         cache.load_all(cx.b)?;
     }
+    let (hidden, inter) = (c.hidden_size, c.moe_intermediate_size);
+    for (layer, names) in shared.iter().enumerate() {
+        if let Some([gate, up, down]) = names {
+            let expert = HostExpert { gate: cx.matrix(gate, inter, hidden)?, up: cx.matrix(up, inter, hidden)?, down: cx.matrix(down, hidden, inter)? };
+            cache.hold_shared(cx.b, layer, &expert)?;
+        }
+    }
     Ok(cache)
+}
+
+/// The projections of MoE block `m`'s shared expert when they are shaped
+/// and stored as the routed experts of `store` are (so a pool slot holds it).
+fn poolable_shared_expert(cx: &LoadCx<'_>, m: &str, store: &ExpertStore) -> Option<[String; 3]> {
+    let l = &store.layout;
+    let names = ["gate_proj", "up_proj", "down_proj"].map(|p| format!("{m}.shared_expert.{p}"));
+    let shapes = [(l.intermediate, l.hidden, l.gate), (l.intermediate, l.hidden, l.up), (l.hidden, l.intermediate, l.down)];
+    let alike = names.iter().zip(shapes).all(|(n, (rows, cols, format))| {
+        cx.ck.matrix_layout(n, &[], rows, cols).is_ok_and(|found| found.format == format)
+    });
+    alike.then_some(names)
 }

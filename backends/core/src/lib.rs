@@ -16,10 +16,12 @@ use std::sync::Arc;
 
 mod attention;
 pub mod checks;
+mod experts;
 pub mod chosen;
 mod host;
 pub mod routing;
 pub use attention::{attention_qk_norm_composed, KeySelection, QkNorm};
+pub use experts::{add_shared_expert, moe_shared_composed, ExpertLayout, ExpertPool, Gating, HostExpert, MatrixFormat, Routes, SharedExpert};
 pub use host::{DType, HostMatrix, MatrixData};
 
 /// Errors a backend reports. Shape errors are bugs in model code or a malformed
@@ -167,95 +169,6 @@ impl State {
     /// Bytes the state occupies on its device.
     pub fn bytes(&self) -> usize {
         self.inner.bytes()
-    }
-}
-
-/// How a MoE router's logits choose each token's experts: a softmax over all
-/// `experts` logits, of which the `top_k` largest are kept (highest logit
-/// first, ties to the lower id), their probabilities renormalised to sum to
-/// one when `normalize`. [`routing::route_row`] is the host reference.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Gating {
-    pub experts: usize,
-    pub top_k: usize,
-    pub normalize: bool,
-}
-
-/// The routing of a MoE call, kept on the device that computed it:
-/// `tensor` is `[tokens, 2 * top_k]`, each row the token's expert ids (u32
-/// bit patterns, best first) and then their weights. Only a streaming pool
-/// reads the ids back ([`Backend::routed_experts`]).
-#[derive(Clone)]
-pub struct Routes {
-    pub tensor: Tensor,
-    pub gating: Gating,
-}
-
-impl Routes {
-    pub fn tokens(&self) -> usize {
-        self.tensor.rows()
-    }
-}
-
-/// How one matrix of an expert record is stored.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MatrixFormat {
-    Dense(DType),
-    Affine { bits: u32, group_size: usize, scale_dtype: DType },
-}
-
-impl MatrixFormat {
-    pub fn of(m: &HostMatrix<'_>) -> MatrixFormat {
-        match &m.data {
-            MatrixData::Dense { dtype, .. } => MatrixFormat::Dense(*dtype),
-            MatrixData::Affine { bits, group_size, scale_dtype, .. } => {
-                MatrixFormat::Affine { bits: *bits, group_size: *group_size, scale_dtype: *scale_dtype }
-            }
-        }
-    }
-}
-
-/// Shape and format of one routed expert (gate, up, down projections); every
-/// slot of a pool holds one record of this layout.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ExpertLayout {
-    pub hidden: usize,
-    pub intermediate: usize,
-    pub gate: MatrixFormat,
-    pub up: MatrixFormat,
-    pub down: MatrixFormat,
-}
-
-/// An expert's three matrices in host memory, as read from disk.
-pub struct HostExpert<'a> {
-    pub gate: HostMatrix<'a>,
-    pub up: HostMatrix<'a>,
-    pub down: HostMatrix<'a>,
-}
-
-/// A fixed pool of expert slots owned by a backend, shared by all layers,
-/// with its slot table: for each of `keys` experts (key `layer * experts +
-/// expert`), the slot that holds it or none. The table lives on the device
-/// ([`Backend::map_experts`] keeps it in step with the slots), so MoE calls
-/// find their experts without the host.
-pub struct ExpertPool {
-    inner: Box<dyn Any + Send + Sync>,
-    pub layout: ExpertLayout,
-    pub slots: usize,
-    pub keys: usize,
-    /// Bytes the pool occupies in the backend.
-    pub bytes: usize,
-}
-
-impl ExpertPool {
-    pub fn new(inner: Box<dyn Any + Send + Sync>, layout: ExpertLayout, slots: usize, keys: usize, bytes: usize) -> Self {
-        ExpertPool { inner, layout, slots, keys, bytes }
-    }
-    pub fn get<T: 'static>(&self) -> Option<&T> {
-        self.inner.downcast_ref::<T>()
-    }
-    pub fn get_mut<T: 'static>(&mut self) -> Option<&mut T> {
-        self.inner.downcast_mut::<T>()
     }
 }
 
@@ -530,6 +443,18 @@ pub trait Backend: Send + Sync {
     fn moe(&self, x: &Tensor, pool: &ExpertPool, routes: &Routes, key_base: usize) -> Result<Tensor> {
         let outputs = self.moe_expert_outputs(x, pool, routes, key_base)?;
         self.moe_combine(&outputs, routes)
+    }
+    /// [`Backend::moe`] plus a sigmoid-gated shared expert: equal to
+    /// `matmul_gated_add(moe(..), matmul_swiglu(x, gate_up), down, gate)`.
+    /// Where the pool also holds the shared expert (under `shared.key`), a
+    /// backend may run it in the routed experts' kernels, as one more rank.
+    fn moe_shared(&self, x: &Tensor, pool: &ExpertPool, routes: &Routes, key_base: usize, shared: &SharedExpert<'_>) -> Result<Tensor> {
+        moe_shared_composed(self, x, pool, routes, key_base, shared)
+    }
+    /// Whether [`Backend::moe_shared`] gains from a copy of the shared expert
+    /// in the pool (the caller then reserves a slot and key for it).
+    fn pools_shared_experts(&self) -> bool {
+        false
     }
 
     // ---- tokens chosen on the device (see [`chosen`]) ----

@@ -38,7 +38,7 @@ use std::sync::Arc;
 
 use slotstream_backend::{
     checks, shape_error, Backend, BackendError, DType, DeltaInputs, ExpertLayout, ExpertPool, GateAct, Gating, HostExpert, HostMatrix,
-    KeySelection, QkNorm, Result, Routes, State, Tensor, Weight, matmul_swiglu_composed,
+    KeySelection, QkNorm, Result, Routes, SharedExpert, State, Tensor, Weight, matmul_swiglu_composed,
     route_matmul_composed,
 };
 use slotstream_backend::chosen::PendingRead;
@@ -579,21 +579,18 @@ impl Backend for WgpuBackend {
         }
     }
 
+    fn moe_shared(&self, x: &Tensor, pool: &ExpertPool, routes: &Routes, key_base: usize, shared: &SharedExpert<'_>) -> Result<Tensor> {
+        self.moe_with_shared(x, pool, routes, key_base, shared)
+    }
+
+    fn pools_shared_experts(&self) -> bool {
+        true
+    }
+
     fn moe_combine(&self, outputs: &Tensor, routes: &Routes) -> Result<Tensor> {
         let (tokens, hidden) = checks::moe_combine(outputs, routes)?;
         let (out, ob) = self.output(vec![tokens, hidden])?;
         moe::combine(&self.gpu, buf(outputs)?, buf(&routes.tensor)?, ob.bind(), tokens, hidden, routes.gating.top_k)?;
-        Ok(out)
-    }
-}
-
-impl WgpuBackend {
-    /// `causal_conv1d`, then `silu` when `silu`.
-    fn conv(&self, x: &Tensor, w: &Tensor, state: &mut State, silu: bool) -> Result<Tensor> {
-        let st = state.get_mut::<GpuConvState>().ok_or_else(|| not_ours("the convolution state"))?;
-        let tokens = checks::causal_conv1d(x, w, st.channels, st.kernel)?;
-        let (out, ob) = self.output(vec![tokens, st.channels])?;
-        recurrent::causal_conv1d(&self.gpu, st, buf(x)?, buf(w)?, ob.bind(), tokens, silu)?;
         Ok(out)
     }
 }

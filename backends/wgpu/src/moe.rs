@@ -3,13 +3,14 @@
 //! routed experts, straight from the slot pool. Nothing here reads back to
 //! the host.
 
-use slotstream_backend::{BackendError, Gating, Result};
+use slotstream_backend::{checks, moe_shared_composed, BackendError, ExpertPool, Gating, Result, Routes, SharedExpert, Tensor};
 
 use crate::gpu::{whole, Bind, Gpu, GpuBuf, MAX_GROUPS};
 use crate::kernels::params;
 use crate::matmul::{TiledParams, TILE};
 use crate::norm::HeldNorm;
 use crate::tensors::buf;
+use crate::{not_ours, WgpuBackend};
 use crate::weights::{GpuPool, GpuWeight, PoolMatrix, Shard, WeightDesc};
 
 params! {
@@ -38,8 +39,10 @@ params! {
         parts: u32,
         /// `moe_route_norm`: the residual norm's epsilon.
         eps: f32,
-        _pad0: u32,
-        _pad1: u32,
+        /// `moe_gate_up`, `moe_down_combine`: the shared expert's slot
+        /// table key (`NO_SLOT`: none), and its gate logits per token.
+        shared_key: u32,
+        gate_cols: u32,
         _pad2: u32,
     }
 }
@@ -207,21 +210,37 @@ pub(crate) struct Call<'a> {
     /// The pool shards holding the layer's experts: the only ones the
     /// kernels run over.
     pub shards: std::ops::Range<usize>,
+    /// A shared expert in the pool that [`fused`] runs as one more rank.
+    pub shared: Option<SharedRank<'a>>,
+}
+
+/// A shared expert held in the pool under slot table key `key`, weighted by
+/// `sigmoid(gate[t * gate_cols])` for token t: after the routed ranks of
+/// every token, assignment `tokens * top_k + t` is token t's.
+pub(crate) struct SharedRank<'a> {
+    pub key: usize,
+    pub gate: Bind<'a>,
+    pub gate_cols: usize,
 }
 
 impl<'a> Call<'a> {
     pub fn new(pool: &'a GpuPool, x: Bind<'a>, routes: Bind<'a>, tokens: usize, gating: Gating, key_base: usize) -> Call<'a> {
         let shards = pool.shards_of(key_base, gating.experts);
-        Call { pool, x, routes, tokens, gating, key_base, shards }
+        Call { pool, x, routes, tokens, gating, key_base, shards, shared: None }
+    }
+
+    /// Assignments of the FFN kernels: every token's ranks, then its shared expert's.
+    fn assignments(&self) -> usize {
+        self.tokens * (self.gating.top_k + self.shared.is_some() as usize)
     }
 }
 
-/// `silu(gate x) * up x` of every assignment, `[tokens * top_k, inter]`
+/// `silu(gate x) * up x` of every assignment, `[c.assignments(), inter]`
 /// (rows whose expert has no slot are left unwritten: nothing reads them).
 fn activations(gpu: &Gpu, c: &Call<'_>) -> Result<GpuBuf> {
     let pool = c.pool;
     let (hidden, inter) = (pool.gate_up.layout_cols(), pool.intermediate);
-    let n = c.tokens * c.gating.top_k;
+    let n = c.assignments();
     let act = gpu.alloc(4 * (n * inter).max(1) as u64)?;
     for shard in c.shards.clone() {
         for (start, count) in runs(n) {
@@ -265,14 +284,16 @@ pub(crate) fn expert_outputs(gpu: &Gpu, c: &Call<'_>, out: &wgpu::Buffer) -> Res
     Ok(())
 }
 
-/// The weighted sum of the routed experts' outputs, `out: [tokens, hidden]`,
-/// when the layer's experts are in one pool shard and the call is
-/// decode-sized: two dispatches (gate and up, then down with the weighted
-/// sum); `None` for a layer across shards or a prefill-sized call (the caller
-/// runs [`expert_outputs`] and [`combine`]).
+/// The weighted sum of the routed experts' outputs (and of the shared
+/// expert's, with `c.shared`), `out: [tokens, hidden]`, when the layer's
+/// experts are in one pool shard and the call is decode-sized: two
+/// dispatches (gate and up, then down with the weighted sum); `None` for a
+/// layer across shards or a prefill-sized call (the caller runs
+/// [`expert_outputs`] and [`combine`]).
 pub(crate) fn fused(gpu: &Gpu, c: &Call<'_>, out: Bind<'_>) -> Result<Option<()>> {
     let pool = c.pool;
-    if c.shards.len() != 1 {
+    let shared_apart = c.shared.as_ref().is_some_and(|s| pool.shards_of(s.key, 1) != c.shards);
+    if c.shards.len() != 1 || shared_apart {
         return Ok(None);
     }
     if c.tokens == 0 {
@@ -283,9 +304,12 @@ pub(crate) fn fused(gpu: &Gpu, c: &Call<'_>, out: Bind<'_>) -> Result<Option<()>
     }
     let (hidden, inter) = (pool.gate_up.layout_cols(), pool.intermediate);
     let act = activations(gpu, c)?;
+    // The shared expert's gate logits where moe_down_combine reads them
+    // (otherwise unread, bound to the activations).
+    let gate = c.shared.as_ref().map_or(act.bind(), |s| s.gate);
     for (start, count) in runs(c.tokens) {
         let run = Run { gpu, c, shard: c.shards.start, start, count };
-        run.dispatch("moe_down_combine", &pool.down, hidden, inter, hidden, &[(X, act.bind()), (OUT, out)])?;
+        run.dispatch("moe_down_combine", &pool.down, hidden, inter, hidden, &[(X, act.bind()), (OUT, out), (VALS, gate)])?;
     }
     Ok(Some(()))
 }
@@ -375,6 +399,9 @@ impl Run<'_> {
             experts: self.c.gating.experts as u32,
             key_base: self.c.key_base as u32,
             parts: parts as u32,
+            n: self.c.tokens as u32,
+            shared_key: self.c.shared.as_ref().map_or(NO_SLOT, |s| s.key as u32),
+            gate_cols: self.c.shared.as_ref().map_or(0, |s| s.gate_cols as u32),
             ..Default::default()
         };
         let table = whole(&pool.table);
@@ -389,5 +416,25 @@ impl Run<'_> {
         };
         let groups = [x_groups, self.count as u32, 1];
         self.gpu.dispatch(entry, &params, &all, groups)
+    }
+}
+
+impl WgpuBackend {
+    /// [`Backend::moe_shared`]: the shared expert as one more rank of the
+    /// fused MoE kernels where the pool holds it, else composed.
+    pub(crate) fn moe_with_shared(&self, x: &Tensor, pool: &ExpertPool, routes: &Routes, key_base: usize, shared: &SharedExpert<'_>) -> Result<Tensor> {
+        let p = pool.get::<GpuPool>().ok_or_else(|| not_ours("the expert pool"))?;
+        let (tokens, k) = checks::moe_routes(x, p.gate_up.layout_cols(), routes, key_base, pool.keys)?;
+        let gate = (shared.gate.shape() == [tokens, 1]).then_some(shared.gate);
+        let (Some(key), Some(gate)) = (shared.key.filter(|&key| key < pool.keys && k < 64), gate) else {
+            return moe_shared_composed(self, x, pool, routes, key_base, shared);
+        };
+        let (out, ob) = self.output(vec![tokens, x.cols()])?;
+        let mut call = Call::new(p, buf(x)?, buf(&routes.tensor)?, tokens, routes.gating, key_base);
+        call.shared = Some(SharedRank { key, gate: buf(gate)?, gate_cols: 1 });
+        match fused(&self.gpu, &call, ob.bind())? {
+            Some(()) => Ok(out),
+            None => moe_shared_composed(self, x, pool, routes, key_base, shared),
+        }
     }
 }

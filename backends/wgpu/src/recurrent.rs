@@ -2,11 +2,13 @@
 //! convolution with its carried window and the gated delta rule, the two
 //! state-carrying ops of linear-attention layers (states in `state.rs`).
 
-use slotstream_backend::Result;
+use slotstream_backend::{checks, Result, State, Tensor};
 
 use crate::gpu::{whole, Bind, Gpu};
 use crate::kernels::params;
 use crate::state::{GpuConvState, GpuRecurrentState};
+use crate::tensors::buf;
+use crate::{not_ours, WgpuBackend};
 
 params! {
     /// `Params` of `wgsl/conv.wgsl`.
@@ -120,4 +122,15 @@ pub(crate) fn gated_delta(
     };
     let binds = [(Q, q), (K, k), (V, v), (G, g), (BETA, beta), (A_LOG, a_log), (DT_BIAS, dt_bias), (STATE, whole(&st.s)), (OUT, out)];
     gpu.dispatch("gated_delta", &params, &binds, [gpu.subgroup_grid(st.heads * st.value_dim, 64), 1, 1])
+}
+
+impl WgpuBackend {
+    /// `causal_conv1d`, then `silu` when `silu`.
+    pub(crate) fn conv(&self, x: &Tensor, w: &Tensor, state: &mut State, silu: bool) -> Result<Tensor> {
+        let st = state.get_mut::<GpuConvState>().ok_or_else(|| not_ours("the convolution state"))?;
+        let tokens = checks::causal_conv1d(x, w, st.channels, st.kernel)?;
+        let (out, ob) = self.output(vec![tokens, st.channels])?;
+        causal_conv1d(&self.gpu, st, buf(x)?, buf(w)?, ob.bind(), tokens, silu)?;
+        Ok(out)
+    }
 }

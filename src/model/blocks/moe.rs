@@ -77,18 +77,17 @@ impl MoeBlock {
             let (guess, _) = next.route(b, x)?;
             experts.guess_next(b, next.moe_index, &guess)?;
         }
-        let mut y = experts.run_layer(b, self.moe_index, x, &routes)?;
-        if let Some(shared) = &self.shared {
-            let gate = shared_gate.context("internal: the router gave no shared expert gate")?;
-            let act = match shared.inputs.single() {
-                Some(w) => b.matmul_swiglu(x, w)?,
-                None => {
-                    let p = shared.inputs.forward(b, x)?;
-                    b.silu_mul(p.get("shared_gate")?, p.get("shared_up")?)?
-                }
-            };
-            y = b.matmul_gated_add(&y, &act, &shared.down, &gate)?;
+        let Some(shared) = &self.shared else {
+            return experts.run_layer(b, self.moe_index, x, &routes);
+        };
+        let gate = shared_gate.context("internal: the router gave no shared expert gate")?;
+        if let Some(gate_up) = shared.inputs.single() {
+            let s = slotstream_backend::SharedExpert { gate_up, down: &shared.down, gate: &gate, key: None };
+            return experts.run_layer_shared(b, self.moe_index, x, &routes, s);
         }
-        Ok(y)
+        let y = experts.run_layer(b, self.moe_index, x, &routes)?;
+        let p = shared.inputs.forward(b, x)?;
+        let act = b.silu_mul(p.get("shared_gate")?, p.get("shared_up")?)?;
+        Ok(b.matmul_gated_add(&y, &act, &shared.down, &gate)?)
     }
 }

@@ -1,0 +1,127 @@
+//! Experts in the backend's pool: how routing chooses them ([`Gating`],
+//! [`Routes`]), how one is stored ([`ExpertLayout`]), the pool with its slot
+//! table ([`ExpertPool`]), and a block's shared expert ([`SharedExpert`]).
+
+use std::any::Any;
+
+use crate::{Backend, DType, HostMatrix, MatrixData, Result, Tensor, Weight};
+
+/// How a MoE router's logits choose each token's experts: a softmax over all
+/// `experts` logits, of which the `top_k` largest are kept (highest logit
+/// first, ties to the lower id), their probabilities renormalised to sum to
+/// one when `normalize`. [`routing::route_row`] is the host reference.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gating {
+    pub experts: usize,
+    pub top_k: usize,
+    pub normalize: bool,
+}
+
+/// The routing of a MoE call, kept on the device that computed it:
+/// `tensor` is `[tokens, 2 * top_k]`, each row the token's expert ids (u32
+/// bit patterns, best first) and then their weights. Only a streaming pool
+/// reads the ids back ([`Backend::routed_experts`]).
+#[derive(Clone)]
+pub struct Routes {
+    pub tensor: Tensor,
+    pub gating: Gating,
+}
+
+impl Routes {
+    pub fn tokens(&self) -> usize {
+        self.tensor.rows()
+    }
+}
+
+/// How one matrix of an expert record is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatrixFormat {
+    Dense(DType),
+    Affine { bits: u32, group_size: usize, scale_dtype: DType },
+}
+
+impl MatrixFormat {
+    pub fn of(m: &HostMatrix<'_>) -> MatrixFormat {
+        match &m.data {
+            MatrixData::Dense { dtype, .. } => MatrixFormat::Dense(*dtype),
+            MatrixData::Affine { bits, group_size, scale_dtype, .. } => {
+                MatrixFormat::Affine { bits: *bits, group_size: *group_size, scale_dtype: *scale_dtype }
+            }
+        }
+    }
+}
+
+/// Shape and format of one routed expert (gate, up, down projections); every
+/// slot of a pool holds one record of this layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertLayout {
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub gate: MatrixFormat,
+    pub up: MatrixFormat,
+    pub down: MatrixFormat,
+}
+
+/// An expert's three matrices in host memory, as read from disk.
+pub struct HostExpert<'a> {
+    pub gate: HostMatrix<'a>,
+    pub up: HostMatrix<'a>,
+    pub down: HostMatrix<'a>,
+}
+
+/// A fixed pool of expert slots owned by a backend, shared by all layers,
+/// with its slot table: for each of `keys` experts (key `layer * experts +
+/// expert`), the slot that holds it or none. The table lives on the device
+/// ([`Backend::map_experts`] keeps it in step with the slots), so MoE calls
+/// find their experts without the host.
+pub struct ExpertPool {
+    inner: Box<dyn Any + Send + Sync>,
+    pub layout: ExpertLayout,
+    pub slots: usize,
+    pub keys: usize,
+    /// Bytes the pool occupies in the backend.
+    pub bytes: usize,
+}
+
+impl ExpertPool {
+    pub fn new(inner: Box<dyn Any + Send + Sync>, layout: ExpertLayout, slots: usize, keys: usize, bytes: usize) -> Self {
+        ExpertPool { inner, layout, slots, keys, bytes }
+    }
+    pub fn get<T: 'static>(&self) -> Option<&T> {
+        self.inner.downcast_ref::<T>()
+    }
+    pub fn get_mut<T: 'static>(&mut self) -> Option<&mut T> {
+        self.inner.downcast_mut::<T>()
+    }
+}
+
+/// A MoE block's shared expert for [`Backend::moe_shared`]: its fused gate
+/// and up rows, its down projection, the gate's logit per token (`[tokens,
+/// 1]`, as [`Backend::route_matmul`] returns it) and, where the pool holds a
+/// copy of it, its slot table key.
+pub struct SharedExpert<'a> {
+    pub gate_up: &'a Weight,
+    pub down: &'a Weight,
+    pub gate: &'a Tensor,
+    pub key: Option<usize>,
+}
+
+/// [`Backend::moe_shared`] from `moe`, `matmul_swiglu` and `matmul_gated_add`.
+pub fn moe_shared_composed<B: Backend + ?Sized>(
+    b: &B,
+    x: &Tensor,
+    pool: &ExpertPool,
+    routes: &Routes,
+    key_base: usize,
+    shared: &SharedExpert<'_>,
+) -> Result<Tensor> {
+    add_shared_expert(b, &b.moe(x, pool, routes, key_base)?, x, shared)
+}
+
+/// `y + sigmoid(gate) * down(silu(gate x) * up x)` of `shared` on its own
+/// weights: a shared expert's output added to the routed experts' `y`.
+pub fn add_shared_expert<B: Backend + ?Sized>(b: &B, y: &Tensor, x: &Tensor, shared: &SharedExpert<'_>) -> Result<Tensor> {
+    let act = b.matmul_swiglu(x, shared.gate_up)?;
+    b.matmul_gated_add(y, &act, shared.down, shared.gate)
+}
+
