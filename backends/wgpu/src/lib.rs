@@ -584,7 +584,7 @@ impl Backend for WgpuBackend {
     }
 
     fn pools_shared_experts(&self) -> bool {
-        true
+        self.options.shared_in_pool
     }
 
     fn moe_combine(&self, outputs: &Tensor, routes: &Routes) -> Result<Tensor> {

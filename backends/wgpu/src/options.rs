@@ -168,6 +168,11 @@ pub struct WgpuOptions {
     /// through the queue as a discrete GPU does (`SLOTSTREAM_WGPU_MAP_PRIMARY=0`:
     /// tests on lavapipe take the discrete path this way).
     pub map_primary: bool,
+    /// A pool that holds every expert also holds each MoE layer's shared
+    /// expert, which a decoded token then runs as one more rank of the MoE
+    /// kernels; false runs it in its own products
+    /// (`SLOTSTREAM_WGPU_SHARED_IN_POOL=0`, for measurements).
+    pub shared_in_pool: bool,
 }
 
 impl Default for WgpuOptions {
@@ -193,6 +198,7 @@ impl Default for WgpuOptions {
             flush_ahead: false,
             upload_chunk: crate::gpu::UPLOAD_CHUNK,
             map_primary: true,
+            shared_in_pool: true,
         }
     }
 }
@@ -242,6 +248,7 @@ impl WgpuOptions {
                 .filter(|&m| m > 0)
                 .map_or(defaults.upload_chunk, |m| m << 20),
             map_primary: var("SLOTSTREAM_WGPU_MAP_PRIMARY").map_or(defaults.map_primary, |v| v != "0"),
+            shared_in_pool: var("SLOTSTREAM_WGPU_SHARED_IN_POOL").map_or(defaults.shared_in_pool, |v| v != "0"),
         }
     }
 }
