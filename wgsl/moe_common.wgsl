@@ -25,7 +25,9 @@ struct Params {
     // (NO_SLOT: none) and the stride of its gate logits (binding 9).
     shared_key: u32,
     gate_cols: u32,
-    _pad2: u32,
+    // Routing kernels: 1 routes at most one subgroup's width of experts in
+    // one subgroup (route_token_lanes).
+    route_lanes: u32,
 }
 
 const NO_SLOT: u32 = 0xffffffffu;

@@ -72,6 +72,7 @@ struct Lanes {
     sg: u32,
     nsg: u32,
     lane: u32,
+    size: u32,
 }
 
 fn route_token(t: u32, li: u32, cached: bool, ln: Lanes) {
@@ -137,6 +138,7 @@ fn moe_route(
     @builtin(subgroup_id) sg: u32,
     @builtin(num_subgroups) nsg: u32,
     @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
 ) {
     let t = wid.y * nwg.x + wid.x;
     if (t >= p.n) {
@@ -147,7 +149,7 @@ fn moe_route(
         row[e] = logit(t, e);
     }
     workgroupBarrier();
-    route_token(t, li, cached, Lanes(sg, nsg, lane));
+    route_token(t, li, cached, Lanes(sg, nsg, lane, lanes));
 }
 
 // The router's product and the routing of token t: `row[e]` = router row
@@ -171,7 +173,7 @@ fn route_product(t: u32, li: u32, sg: u32, nsg: u32, lane: u32, lanes: u32) {
         }
     }
     workgroupBarrier();
-    route_partials(t, li, parts, 1.0, Lanes(sg, nsg, lane));
+    route_partials(t, li, parts, 1.0, Lanes(sg, nsg, lane, lanes));
 }
 
 // The router's rows from the subgroups' partial sums (`parts` per quad, in
@@ -191,7 +193,64 @@ fn route_partials(t: u32, li: u32, parts: u32, scale: f32, ln: Lanes) {
         }
     }
     workgroupBarrier();
+    if (p.route_lanes != 0u && p.experts <= ln.size) {
+        if (ln.sg == 0u) {
+            route_token_lanes(t, ln.lane);
+        }
+        return;
+    }
     route_token(t, li, true, ln);
+}
+
+// route_token of at most one subgroup's width of experts (their logits in
+// `row`) in subgroup 0 alone, lane e taking expert e: subgroup reductions
+// instead of workgroup ones, and each of the top_k lanes writes its rank.
+// The same results as route_token: the same max, the same sum (the other
+// lanes add zeros there too), the same ranks, the weights summed in rank
+// order.
+fn route_token_lanes(t: u32, lane: u32) {
+    let has = lane < p.experts;
+    var v = -3.4028235e38;
+    if (has) {
+        v = row[lane];
+    }
+    // NaN logits take no part in the max.
+    let mx = subgroupMax(select(-3.4028235e38, v, has && v > -3.4028235e38));
+    let total = subgroupAdd(select(0.0, exp(v - mx), has));
+    var rank = p.top_k;
+    if (has) {
+        rank = 0u;
+        for (var o = 0u; o < p.experts && rank < p.top_k; o++) {
+            if (better(row[o], o, v, lane)) {
+                rank++;
+            }
+        }
+    }
+    let w = exp(v - mx) / total;
+    // Lane r < top_k takes rank r's expert ("no expert", weight 0, when NaN
+    // logits leave it unfilled).
+    var id = NO_SLOT;
+    var wr = 0.0;
+    for (var o = 0u; o < p.experts; o++) {
+        let ro = subgroupShuffle(rank, o);
+        let wo = subgroupShuffle(w, o);
+        if (ro == lane) {
+            id = o;
+            wr = wo;
+        }
+    }
+    var sum = 0.0;
+    for (var j = 0u; j < p.top_k; j++) {
+        sum += subgroupShuffle(wr, j);
+    }
+    if (lane < p.top_k) {
+        if (p.normalize != 0u) {
+            wr = wr / sum;
+        }
+        let base = t * 2u * p.top_k;
+        routes[base + lane] = id;
+        routes[base + p.top_k + lane] = bitcast<u32>(wr);
+    }
 }
 
 // Subgroups' share of the quads of router rows, as route_product.
@@ -315,7 +374,7 @@ fn moe_route_norm(
     let rr = route_norm_row(t, li, sg, nsg, lane, lanes, 0u, select(0u, quads, unscaled), true);
     if (unscaled) {
         // reduce_sum's barriers made partial4 visible.
-        route_partials(t, li, quad_parts(nsg), rr, Lanes(sg, nsg, lane));
+        route_partials(t, li, quad_parts(nsg), rr, Lanes(sg, nsg, lane, lanes));
         return;
     }
     // The normed row, written above, is what the router's product reads.
@@ -378,7 +437,7 @@ fn moe_route_norm_wide(
         row[e] = bitcast<f32>(atomicLoad(&logits[e]));
     }
     workgroupBarrier();
-    route_token(0u, li, true, Lanes(sg, nsg, lane));
+    route_token(0u, li, true, Lanes(sg, nsg, lane, lanes));
     if (li == 0u) {
         atomicStore(&counts[0], 0u);
     }

@@ -103,6 +103,8 @@ pub struct Gpu {
     pub merge_counts: wgpu::Buffer,
     /// Most subgroups sharing a one-token matvec's quad of rows ([`WgpuOptions::matvec_split`]).
     pub matvec_split: usize,
+    /// Routing of at most a subgroup's width of experts in one subgroup ([`WgpuOptions::route_lanes`]).
+    pub route_lanes: bool,
     /// Largest subgroup the adapter may run: dispatch sizes assume it so that
     /// one subgroup per row never leaves rows unassigned.
     pub subgroup_max: u32,
@@ -288,6 +290,7 @@ impl Gpu {
             merge_in_split,
             merge_counts,
             matvec_split: options.matvec_split,
+            route_lanes: options.route_lanes,
             subgroup_max,
             subgroup_min,
             mapped_primary,

@@ -43,7 +43,8 @@ params! {
         /// table key (`NO_SLOT`: none), and its gate logits per token.
         shared_key: u32,
         gate_cols: u32,
-        _pad2: u32,
+        /// Routing kernels: 1 routes at most a subgroup's width of experts in one subgroup.
+        route_lanes: u32,
     }
 }
 
@@ -95,8 +96,9 @@ fn router_shard(w: &GpuWeight, tokens: usize) -> Option<&Shard> {
 }
 
 /// The routing kernels' parameters for router shard `s` of `w`.
-fn router_params(s: &Shard, w: &GpuWeight, g: Gating, tokens: usize) -> MoeParams {
+fn router_params(gpu: &Gpu, s: &Shard, w: &GpuWeight, g: Gating, tokens: usize) -> MoeParams {
     MoeParams {
+        route_lanes: gpu.route_lanes as u32,
         w: s.desc,
         rows: w.rows as u32,
         x_cols: w.cols as u32,
@@ -121,7 +123,7 @@ pub(crate) fn route_matmul(gpu: &Gpu, w: &GpuWeight, x: Bind<'_>, routes: Bind<'
     // `vals` (the unfused kernel's logits) is in the layout but never read
     // here; it may not be x, which the routing kernels bind read-write.
     let binds = [(W, whole(&s.buffer)), (W_WORDS, whole(&s.buffer)), (X, x), (ROUTES, routes), (OUT, extra), (VALS, whole(&s.buffer))];
-    gpu.dispatch("moe_route_matmul", &router_params(s, w, g, tokens), &binds, Gpu::grid(tokens as u64))?;
+    gpu.dispatch("moe_route_matmul", &router_params(gpu, s, w, g, tokens), &binds, Gpu::grid(tokens as u64))?;
     Ok(Some(()))
 }
 
@@ -163,7 +165,7 @@ pub(crate) fn route_norm(gpu: &Gpu, w: &GpuWeight, h: &HeldNorm, routes: Bind<'_
     let Some(s) = router_shard(w, 1) else {
         return Err(BackendError::Device("route_norm: a router the routing kernels do not take".into()));
     };
-    let params = MoeParams { eps: h.eps, ..router_params(s, w, g, 1) };
+    let params = MoeParams { eps: h.eps, ..router_params(gpu, s, w, g, 1) };
     let binds = [
         (W, whole(&s.buffer)),
         (W_WORDS, whole(&s.buffer)),

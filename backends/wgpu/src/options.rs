@@ -173,6 +173,11 @@ pub struct WgpuOptions {
     /// kernels; false runs it in its own products
     /// (`SLOTSTREAM_WGPU_SHARED_IN_POOL=0`, for measurements).
     pub shared_in_pool: bool,
+    /// Routing kernels route a router of at most a subgroup's width of
+    /// experts (A's and B's 16) in one subgroup, with subgroup reductions
+    /// instead of workgroup ones (`SLOTSTREAM_WGPU_ROUTE_LANES=0`, for
+    /// measurements).
+    pub route_lanes: bool,
 }
 
 impl Default for WgpuOptions {
@@ -199,6 +204,7 @@ impl Default for WgpuOptions {
             upload_chunk: crate::gpu::UPLOAD_CHUNK,
             map_primary: true,
             shared_in_pool: true,
+            route_lanes: true,
         }
     }
 }
@@ -249,6 +255,7 @@ impl WgpuOptions {
                 .map_or(defaults.upload_chunk, |m| m << 20),
             map_primary: var("SLOTSTREAM_WGPU_MAP_PRIMARY").map_or(defaults.map_primary, |v| v != "0"),
             shared_in_pool: var("SLOTSTREAM_WGPU_SHARED_IN_POOL").map_or(defaults.shared_in_pool, |v| v != "0"),
+            route_lanes: var("SLOTSTREAM_WGPU_ROUTE_LANES").map_or(defaults.route_lanes, |v| v != "0"),
         }
     }
 }

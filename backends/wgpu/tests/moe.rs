@@ -126,6 +126,46 @@ fn routing_with_the_router_product_on(g: &WgpuBackend) {
     }
 }
 
+/// A router of at most a subgroup's width of experts is routed in one
+/// subgroup (`route_token_lanes`): the same routes, bit for bit, as the
+/// workgroup's routing on this device, with ties and several tokens.
+#[test]
+fn routing_in_one_subgroup_matches_the_workgroup() {
+    if gpu().is_none() {
+        return;
+    }
+    let open = |route_lanes| {
+        let options = WgpuOptions { route_lanes, ..WgpuOptions::from_env() };
+        WgpuBackend::with_options(&AdapterChoice::allow_software(), options).expect("GPU adapter")
+    };
+    let (lanes, whole) = (open(true), open(false));
+    let (smallest, _) = lanes.subgroup_sizes();
+    let mut rng = Rng::new(31);
+    let cols = 256;
+    let mut ran = 0;
+    for (experts, top_k) in [(4usize, 2usize), (8, 8), (16, 8), (16, 10), (32, 4)] {
+        if experts > smallest as usize {
+            continue;
+        }
+        ran += 1;
+        let mut m = matrix(&mut rng, affine(8, 64), 1, experts + 1, cols);
+        if experts >= 8 {
+            // Rows 2 and 5 alike: their logits tie.
+            m = m.permute_rows(&(0..=experts).map(|r| if r == 5 { 2 } else { r }).collect::<Vec<_>>()).unwrap();
+        }
+        let gating = Gating { experts, top_k, normalize: experts != 8 };
+        for tokens in [1usize, 3] {
+            let x = rng.vec(tokens * cols, 2.0);
+            let run = |b: &dyn Backend| {
+                let (routes, _) = b.route_matmul(&up(b, &x, &[tokens, cols]), &b.load_weight(&m).unwrap(), gating).unwrap();
+                b.download(&routes.tensor).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+            };
+            assert_eq!(run(&lanes), run(&whole), "{experts} experts, top {top_k}, {tokens} tokens");
+        }
+    }
+    assert!(ran > 0, "no case fits a subgroup of {smallest} lanes");
+}
+
 /// A one-token residual norm routed next runs inside the routing kernel
 /// (`moe_route_norm`, or over several workgroups, `moe_route_norm_wide`, for
 /// an 8-bit router of 128 rows or, a shared expert's gate after them, 513):
