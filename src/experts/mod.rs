@@ -119,19 +119,13 @@ struct Ahead {
 /// (decode, a few drafted tokens; a prefill touches most experts anyway).
 const READ_AHEAD_MAX_TOKENS: usize = 4;
 
-/// Guessed experts per token read ahead by default ([`ExpertCache::read_ahead`])
-/// on `b`: two where tensors are host memory (a CPU backend: the guess costs a
-/// router product; decode +9% over 12 alternating runs on the dev VM, 3.6%
-/// more bytes read); none on a device, where each guess is one more read-back
-/// per layer and the gain is not measured (BENCHMARKS.md, "reading the next
-/// layer's experts ahead").
-pub fn default_read_ahead(b: &dyn Backend) -> usize {
-    if b.host_tensors() {
-        2
-    } else {
-        0
-    }
-}
+/// Guessed experts per token read ahead by default ([`ExpertCache::read_ahead`]).
+/// Measured with a pool of 25%: on the dev VM's CPU backend decode +9.9% over
+/// 12 alternating runs (3.6% more bytes read); on an H200 (A's trunk with 64
+/// experts, Vulkan) +13% over two alternating pairs, the guess's read-back
+/// per MoE layer included (BENCHMARKS.md, "reading the next layer's experts
+/// ahead" and "the shared expert in the pool").
+pub const DEFAULT_READ_AHEAD: usize = 2;
 
 /// The slot pool, its CLOCK bookkeeping and the store it is filled from.
 pub struct ExpertCache {
@@ -177,7 +171,7 @@ impl ExpertCache {
             shared: vec![None; layers],
             pool,
             store: Arc::new(store),
-            read_ahead: default_read_ahead(backend),
+            read_ahead: DEFAULT_READ_AHEAD,
             guessed: None,
             ahead: None,
             owner: vec![None; slots],

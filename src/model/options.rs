@@ -30,7 +30,7 @@ pub struct LoadOptions {
     pub read_threads: usize,
     /// How many of each token's guessed experts for the next MoE layer a
     /// streaming decode reads ahead (`ExpertCache::read_ahead`; 0: none;
-    /// `None`: the backend's default, `experts::default_read_ahead`).
+    /// `None`: `experts::DEFAULT_READ_AHEAD`).
     pub read_ahead: Option<usize>,
 }
 
@@ -70,7 +70,7 @@ impl LoadOptions {
         }
         if let Ok(v) = std::env::var("SLOTSTREAM_READ_AHEAD") {
             self.read_ahead = Some(v.trim().parse::<usize>().ok().filter(|n| *n <= 64).ok_or_else(|| {
-                anyhow::anyhow!("SLOTSTREAM_READ_AHEAD={v:?}: expected how many guessed experts per token to read ahead, 0 to 64 (unset it for the backend's default)")
+                anyhow::anyhow!("SLOTSTREAM_READ_AHEAD={v:?}: expected how many guessed experts per token to read ahead, 0 to 64 (unset it for the default, {})", crate::experts::DEFAULT_READ_AHEAD)
             })?);
         }
         if let Ok(v) = std::env::var("SLOTSTREAM_READ_THREADS") {

@@ -225,12 +225,6 @@ pub fn route_matmul_composed<B: Backend + ?Sized>(b: &B, x: &Tensor, router: &We
 pub trait Backend: Send + Sync {
     /// Short name shown in run summaries ("cpu", "wgpu (NVIDIA H200, Vulkan)").
     fn name(&self) -> String;
-    /// Whether tensors live in host memory, so that reading one back costs
-    /// no round trip to a device.
-    fn host_tensors(&self) -> bool {
-        false
-    }
-
     // ---- buffers ----
     fn upload(&self, data: &[f32], shape: &[usize]) -> Result<Tensor>;
     fn download(&self, t: &Tensor) -> Result<Vec<f32>>;

@@ -165,10 +165,6 @@ impl Backend for CpuBackend {
         format!("cpu ({} threads{m})", rayon::current_num_threads())
     }
 
-    fn host_tensors(&self) -> bool {
-        true
-    }
-
     fn upload(&self, values: &[f32], shape: &[usize]) -> Result<Tensor> {
         checks::upload(values.len(), shape)?;
         Ok(tensor(values.to_vec(), shape.to_vec()))
