@@ -129,7 +129,7 @@ fn expert_store(arch: &ModelArch) -> Result<ExpertStore> {
     let c = &arch.text;
     // As many reads in flight as the model's runs will have.
     let threads = LoadOptions::default().with_env_overrides()?.read_threads;
-    ExpertStore::new(&ck, &prefixes, stacked, c.num_experts, c.hidden_size, c.moe_intermediate_size, threads)
+    ExpertStore::new(&ck, &prefixes, stacked, c.num_experts, c.hidden_size, c.moe_intermediate_size, threads, &[])
 }
 
 fn median(values: &mut [f64]) -> Option<f64> {

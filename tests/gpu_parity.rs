@@ -170,6 +170,17 @@ fn resident_decode_runs_the_shared_expert_with_the_routed_experts() {
         let own = kernels.iter().find(|(n, _)| n == "matvec_epilogue").map_or(0, |(_, t)| t.dispatches);
         let want = if preload { 0 } else { 2 * moe_layers as u64 };
         assert_eq!(own, want, "{name}, preloaded {preload}: the shared expert's own products: {kernels:?}");
+        if !preload {
+            // Grown to every expert, the pool holds the shared experts again
+            // (in slots of their own: the stats count them apart).
+            let all = moe_layers * e.model.arch.text.num_experts;
+            let stats = e.resize_expert_pool(all).expect("resize to every expert");
+            assert_eq!(stats.slots, all, "{name}");
+            let per_slot = stats.pool_bytes / (all + moe_layers);
+            assert_eq!(stats.shared_bytes, per_slot * moe_layers, "{name}: one shared expert per MoE layer: {stats:?}");
+            let t = e.model.forward(e.backend.as_ref(), &[next], &mut state, Logits::Last).unwrap();
+            argmax(&e.backend.download(&t).unwrap());
+        }
         tokens.push(next);
     }
     assert_eq!(tokens[0], tokens[1], "{name}: the resident and the streaming pool decode different tokens");

@@ -10,6 +10,7 @@
 //   moe_down:    out[a, r] = down[slot] row r . x[a]  (x = activations)
 //   moe_combine: out[t, j] = sum_r weight[t, r] * vals[(t*top_k + r)*out_cols + j], rank order
 //   moe_down_combine: out[t, r] = sum_k weight[t, k] * (down[slot of (t, k)] row r . x[t*top_k + k]),
+//                plus, with a shared expert, sigmoid(vals[t * gate_cols]) * (its down row r . x[n*top_k + t]),
 //                moe_down then moe_combine in one dispatch (one pool shard; workgroup_id.y
 //                is the token, each workgroup one quad of rows, its subgroups sharing the ranks)
 // For the FFN kernels, assignment a = asg_off + workgroup_id.y < n * top_k

@@ -207,7 +207,7 @@ fn route_partials(t: u32, li: u32, parts: u32, scale: f32, ln: Lanes) {
 // instead of workgroup ones, and each of the top_k lanes writes its rank.
 // The same results as route_token: the same max, the same sum (the other
 // lanes add zeros there too), the same ranks, the weights summed in rank
-// order.
+// order (NaN logits aside, which tie for a rank there).
 fn route_token_lanes(t: u32, lane: u32) {
     let has = lane < p.experts;
     var v = -3.4028235e38;

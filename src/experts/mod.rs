@@ -14,7 +14,11 @@
 //!
 //! Output never depends on the pool size: each (token, expert) output is
 //! computed the same way wherever the expert sits, batches write disjoint rows,
-//! and the weighted sum runs in routing-rank order at the end.
+//! and the weighted sum runs in routing-rank order at the end. That holds bit
+//! for bit on the CPU backend. On the wgpu backend a pool that holds every
+//! expert keeps 4-bit slots interleaved and runs the shared expert as one more
+//! rank, which rounds differently from a streaming pool; tests check that
+//! the tokens are the same.
 
 mod store;
 
@@ -25,7 +29,7 @@ use std::time::Instant;
 
 use anyhow::{bail, ensure, Result};
 use serde::Serialize;
-use slotstream_backend::{add_shared_expert, Backend, ExpertPool, HostExpert, Routes, SharedExpert, Tensor};
+use slotstream_backend::{add_shared_expert, Backend, ExpertPool, Routes, SharedExpert, Tensor};
 
 pub use store::{ExpertRecord, ExpertStore};
 
@@ -101,8 +105,12 @@ impl CacheCounters {
 /// Statistics of the expert cache.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct CacheStats {
+    /// Routed-expert slots.
     pub slots: usize,
+    /// Bytes of the whole pool: its routed slots and `shared_bytes` of
+    /// shared experts held beside them.
     pub pool_bytes: usize,
+    pub shared_bytes: usize,
     pub direct_io: bool,
     pub total: CacheCounters,
     pub per_layer: Vec<CacheCounters>,
@@ -158,15 +166,17 @@ impl ExpertCache {
         top_k.max(1)
     }
 
-    /// A pool of `slots` routed experts and `shared_slots` more for shared
-    /// experts ([`ExpertCache::hold_shared`]).
-    pub fn new(backend: &dyn Backend, store: ExpertStore, slots: usize, shared_slots: usize) -> Result<ExpertCache> {
+    /// A pool of `slots` routed experts; where that is every expert and the
+    /// backend asks for it, one more slot for each shared expert the store
+    /// reads, which is read and written here.
+    pub fn new(backend: &dyn Backend, store: ExpertStore, slots: usize) -> Result<ExpertCache> {
         if slots == 0 {
             bail!("the expert pool needs at least one slot");
         }
+        let shared_slots = Self::shared_slots(backend, &store, slots);
         let pool = backend.new_expert_pool(&store.layout, slots + shared_slots, Self::keys(&store, shared_slots))?;
         let layers = store.layers;
-        Ok(ExpertCache {
+        let mut cache = ExpertCache {
             shared_slots,
             shared: vec![None; layers],
             pool,
@@ -179,7 +189,20 @@ impl ExpertCache {
             referenced: vec![false; slots],
             hand: 0,
             per_layer: vec![CacheCounters::default(); layers],
-        })
+        };
+        cache.hold_shared(backend)?;
+        Ok(cache)
+    }
+
+    /// Slots for shared experts in a pool of `slots` routed ones: one per
+    /// shared expert the store reads, when the pool holds every routed
+    /// expert and `b` runs shared experts from the pool.
+    fn shared_slots(b: &dyn Backend, store: &ExpertStore, slots: usize) -> usize {
+        if slots >= store.layers * store.experts_per_layer && b.pools_shared_experts() {
+            store.shared_layers().len()
+        } else {
+            0
+        }
     }
 
     /// Slots for routed experts.
@@ -197,19 +220,22 @@ impl ExpertCache {
         }
     }
 
-    /// Writes MoE layer `layer`'s shared expert into the next reserved slot
-    /// and maps it, so that [`Backend::moe_shared`] may run it with the
-    /// routed experts. It must be stored as the routed experts are.
-    pub fn hold_shared(&mut self, b: &dyn Backend, layer: usize, expert: &HostExpert<'_>) -> Result<()> {
-        let held = self.shared.iter().flatten().count();
-        if layer >= self.shared.len() || held >= self.shared_slots {
-            bail!("no shared expert slot left for MoE layer {layer}");
+    /// Reads each shared expert the store has into its reserved slot (after
+    /// the routed ones) and maps it under key `layers * experts + layer`.
+    fn hold_shared(&mut self, b: &dyn Backend) -> Result<()> {
+        self.shared.iter_mut().for_each(|s| *s = None);
+        if self.shared_slots == 0 {
+            return Ok(());
         }
-        let slot = (self.owner.len() + held) as u32;
-        b.write_expert(&mut self.pool, slot as usize, expert)?;
-        let key = (self.store.layers * self.store.experts_per_layer + layer) as u32;
-        b.map_experts(&mut self.pool, &[(key, Some(slot))])?;
-        self.shared[layer] = Some(slot);
+        let routed_keys = self.store.layers * self.store.experts_per_layer;
+        for (i, layer) in self.store.shared_layers().into_iter().enumerate().take(self.shared_slots) {
+            let (records, _) = self.store.read_many(layer, &[self.store.shared_id()])?;
+            let Some(record) = records.first() else { bail!("MoE layer {layer}'s shared expert came back empty") };
+            let slot = (self.owner.len() + i) as u32;
+            b.write_expert(&mut self.pool, slot as usize, &self.store.host_expert(record))?;
+            b.map_experts(&mut self.pool, &[((routed_keys + layer) as u32, Some(slot))])?;
+            self.shared[layer] = Some(slot);
+        }
         Ok(())
     }
 
@@ -223,20 +249,17 @@ impl ExpertCache {
         if slots == 0 {
             bail!("the expert pool needs at least one slot");
         }
-        // Free the old pool before allocating the new one. Shared experts
-        // held in it are not carried over: they run on their own again.
-        let keys = self.store.layers * self.store.experts_per_layer;
+        // Free the old pool before allocating the new one.
+        self.shared_slots = Self::shared_slots(backend, &self.store, slots);
         self.pool = backend.new_expert_pool(&self.store.layout, 1, 1)?;
-        self.pool = backend.new_expert_pool(&self.store.layout, slots, keys)?;
-        self.shared_slots = 0;
-        self.shared.iter_mut().for_each(|s| *s = None);
+        self.pool = backend.new_expert_pool(&self.store.layout, slots + self.shared_slots, Self::keys(&self.store, self.shared_slots))?;
         self.owner = vec![None; slots];
         self.slot_of.clear();
         self.referenced = vec![false; slots];
         self.hand = 0;
         self.guessed = None;
         self.ahead = None;
-        Ok(())
+        self.hold_shared(backend)
     }
 
     pub fn stats(&self) -> CacheStats {
@@ -247,6 +270,7 @@ impl ExpertCache {
         CacheStats {
             slots: self.owner.len(),
             pool_bytes: self.pool.bytes,
+            shared_bytes: self.pool.bytes / self.pool.slots.max(1) * self.shared_slots,
             direct_io: self.store.direct_io(),
             total,
             per_layer: self.per_layer.clone(),

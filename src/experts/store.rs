@@ -54,6 +54,10 @@ pub struct ExpertStore {
     files: Vec<DirectFile>,
     /// `[layer][expert][projection]`, flattened.
     locations: Vec<ProjectionPieces>,
+    /// Per MoE layer, its shared expert's projections where the caller asked
+    /// for it and it is shaped and stored as the routed experts are (a pool
+    /// slot can hold it); read as expert `experts_per_layer` of its layer.
+    shared: Vec<Option<Vec<ProjectionPieces>>>,
     io: rayon::ThreadPool,
     pub record_bytes: u64,
 }
@@ -72,7 +76,9 @@ impl ExpertStore {
 
     /// Finds every expert of every MoE layer in the checkpoint. `layer_prefixes`
     /// are the MoE blocks' module paths (`model.layers.{i}.mlp`), `stacked`
-    /// whether experts are stacked (`switch_mlp`) or one tensor per expert.
+    /// whether experts are stacked (`switch_mlp`) or one tensor per expert;
+    /// `shared[i]`: also the shared expert `{prefix}.shared_expert` of layer
+    /// i, where it is stored as the routed experts are.
     pub fn new(
         ck: &Checkpoint,
         layer_prefixes: &[String],
@@ -81,6 +87,7 @@ impl ExpertStore {
         hidden: usize,
         intermediate: usize,
         read_threads: usize,
+        shared: &[bool],
     ) -> Result<ExpertStore> {
         let mut files: Vec<DirectFile> = Vec::new();
         let mut file_index = std::collections::HashMap::new();
@@ -130,15 +137,7 @@ impl ExpertStore {
                             format!("{m}.{s}")
                         };
                         let entry = ck.entry(&tensor)?;
-                        let path = ck.dir.join(ck.file_of(entry));
-                        let fi = match file_index.get(&path) {
-                            Some(i) => *i,
-                            None => {
-                                files.push(DirectFile::open(&path)?);
-                                file_index.insert(path.clone(), files.len() - 1);
-                                files.len() - 1
-                            }
-                        };
+                        let fi = open_once(&mut files, &mut file_index, &ck.dir.join(ck.file_of(entry)))?;
                         let total = (entry.end - entry.start) as u64;
                         let (offset, len) = if stacked {
                             let per = total / experts as u64;
@@ -146,13 +145,36 @@ impl ExpertStore {
                         } else {
                             (entry.start as u64, total)
                         };
-                        pieces.push(Piece { file: fi as u32, offset, len });
+                        pieces.push(Piece { file: fi, offset, len });
                     }
                     locations.push(ProjectionPieces { pieces });
                 }
             }
         }
         let Some(layout) = layout else { bail!("the model has no MoE layers") };
+        // Each flagged layer's shared expert, where it is stored as the routed ones.
+        let mut shared_locations = Vec::with_capacity(layer_prefixes.len());
+        let formats = [layout.gate, layout.up, layout.down];
+        for (i, prefix) in layer_prefixes.iter().enumerate() {
+            let mut found = Vec::with_capacity(3);
+            for ((name, rows, cols), format) in projections.into_iter().zip(formats) {
+                if !shared.get(i).copied().unwrap_or(false) {
+                    break;
+                }
+                let Ok(m) = ck.matrix_layout(&format!("{prefix}.shared_expert.{name}"), &[], rows, cols) else { break };
+                if m.format != format {
+                    break;
+                }
+                let mut pieces = Vec::new();
+                for tensor in &m.tensors {
+                    let entry = ck.entry(tensor)?;
+                    let file = open_once(&mut files, &mut file_index, &ck.dir.join(ck.file_of(entry)))?;
+                    pieces.push(Piece { file, offset: entry.start as u64, len: (entry.end - entry.start) as u64 });
+                }
+                found.push(ProjectionPieces { pieces });
+            }
+            shared_locations.push((found.len() == 3).then_some(found));
+        }
         let record_bytes = locations[..3.min(locations.len())].iter().flat_map(|p| &p.pieces).map(|p| p.len).sum();
         let io = rayon::ThreadPoolBuilder::new()
             .num_threads(read_threads.max(1))
@@ -163,7 +185,18 @@ impl ExpertStore {
             .panic_handler(|_| crate::note!("warning: an expert read-ahead job panicked; its experts will be read when needed"))
             .build()
             .context("starting the expert read threads")?;
-        Ok(ExpertStore { layout, experts_per_layer: experts, layers: layer_prefixes.len(), files, locations, io, record_bytes })
+        let layers = layer_prefixes.len();
+        Ok(ExpertStore { layout, experts_per_layer: experts, layers, files, locations, shared: shared_locations, io, record_bytes })
+    }
+
+    /// The id under which [`ExpertStore::read_many`] reads a layer's shared
+    /// expert, and the layers that have one it can read.
+    pub fn shared_id(&self) -> u32 {
+        self.experts_per_layer as u32
+    }
+
+    pub fn shared_layers(&self) -> Vec<usize> {
+        (0..self.layers).filter(|&l| self.shared.get(l).is_some_and(Option::is_some)).collect()
     }
 
     /// Whether reads bypass the page cache.
@@ -199,16 +232,23 @@ impl ExpertStore {
         Ok((records, start.elapsed().as_secs_f64()))
     }
 
+    /// Expert `e` of `layer`'s projections ([`ExpertStore::shared_id`]: its
+    /// shared expert's; none where it has none or `e` is out of range).
+    fn projections(&self, layer: usize, e: u32) -> &[ProjectionPieces] {
+        if e == self.shared_id() {
+            return self.shared.get(layer).and_then(|s| s.as_deref()).unwrap_or(&[]);
+        }
+        let base = (layer * self.experts_per_layer + e as usize) * 3;
+        self.locations.get(base..base + 3).unwrap_or(&[])
+    }
+
     /// Every piece of `experts` of `layer`, in record order: (index into
     /// `experts`, piece).
     fn requests(&self, layer: usize, experts: &[u32]) -> Vec<(usize, &Piece)> {
         experts
             .iter()
             .enumerate()
-            .flat_map(|(i, &e)| {
-                let base = (layer * self.experts_per_layer + e as usize) * 3;
-                self.locations[base..base + 3].iter().flat_map(|p| &p.pieces).map(move |piece| (i, piece))
-            })
+            .flat_map(|(i, &e)| self.projections(layer, e).iter().flat_map(|p| &p.pieces).map(move |piece| (i, piece)))
             .collect()
     }
 
@@ -328,3 +368,14 @@ impl ExpertStore {
     }
 }
 
+
+/// The index of the file at `path` in `files`, opened on first use.
+fn open_once(files: &mut Vec<DirectFile>, index: &mut std::collections::HashMap<std::path::PathBuf, u32>, path: &std::path::Path) -> Result<u32> {
+    if let Some(&i) = index.get(path) {
+        return Ok(i);
+    }
+    files.push(DirectFile::open(path)?);
+    let i = (files.len() - 1) as u32;
+    index.insert(path.to_path_buf(), i);
+    Ok(i)
+}

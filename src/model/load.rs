@@ -5,7 +5,7 @@
 use std::sync::Mutex;
 
 use anyhow::{bail, Result};
-use slotstream_backend::{HostExpert, Weight};
+use slotstream_backend::Weight;
 
 use super::arch::ModelArch;
 use super::blocks::weights::LoadCx;
@@ -104,7 +104,16 @@ impl Trunk {
 /// blocks under `moe_prefixes`.
 pub fn assemble(cx: &LoadCx<'_>, layout: Layout, trunk: Trunk, layers: Vec<DecoderLayer>, moe_prefixes: &[String])
     -> Result<DecoderModel> {
-    let experts = Mutex::new(expert_cache(cx, layout, moe_prefixes, cx.opts.expert_slots)?);
+    // The MoE blocks whose shared expert a pool slot may hold: those that
+    // run it from one fused gate-and-up weight (`Backend::moe_shared`).
+    let shared: Vec<bool> = layers
+        .iter()
+        .filter_map(|l| match &l.ffn {
+            FeedForward::Moe(m) => Some(m.shared.as_ref().is_some_and(|s| s.inputs.single().is_some())),
+            FeedForward::Dense(_) => None,
+        })
+        .collect();
+    let experts = Mutex::new(expert_cache(cx, layout, moe_prefixes, cx.opts.expert_slots, &shared)?);
     let token_context = layers.iter().map(|l| l.residual.token_context()).max().unwrap_or(0);
     Ok(DecoderModel {
         arch: cx.arch.clone(),
@@ -121,11 +130,12 @@ pub fn assemble(cx: &LoadCx<'_>, layout: Layout, trunk: Trunk, layers: Vec<Decod
     })
 }
 
-/// Locates the routed experts of `moe_prefixes` and creates the slot pool.
-pub fn expert_cache(cx: &LoadCx<'_>, layout: Layout, moe_prefixes: &[String], slots: ExpertSlots) -> Result<ExpertCache> {
+/// Locates the routed experts of `moe_prefixes` (and the shared experts of
+/// those `shared` flags) and creates the slot pool.
+pub fn expert_cache(cx: &LoadCx<'_>, layout: Layout, moe_prefixes: &[String], slots: ExpertSlots, shared: &[bool]) -> Result<ExpertCache> {
     let c = &cx.arch.text;
-    let store =
-        ExpertStore::new(cx.ck, moe_prefixes, layout == Layout::Mlx, c.num_experts, c.hidden_size, c.moe_intermediate_size, cx.opts.read_threads)?;
+    let (experts, hidden, inter) = (c.num_experts, c.hidden_size, c.moe_intermediate_size);
+    let store = ExpertStore::new(cx.ck, moe_prefixes, layout == Layout::Mlx, experts, hidden, inter, cx.opts.read_threads, shared)?;
     let total = moe_prefixes.len() * c.num_experts;
     let slots = match slots {
         ExpertSlots::All => total,
@@ -137,38 +147,12 @@ pub fn expert_cache(cx: &LoadCx<'_>, layout: Layout, moe_prefixes: &[String], sl
             n.min(total)
         }
     };
-    // A pool that holds every expert also holds each layer's shared expert
-    // where the backend runs it with the routed ones.
-    let shared: Vec<Option<[String; 3]>> = if slots >= total && cx.b.pools_shared_experts() {
-        moe_prefixes.iter().map(|m| poolable_shared_expert(cx, m, &store)).collect()
-    } else {
-        Vec::new()
-    };
-    let mut cache = ExpertCache::new(cx.b, store, slots.max(1), shared.iter().flatten().count())?;
+    let mut cache = ExpertCache::new(cx.b, store, slots.max(1))?;
     if let Some(n) = cx.opts.read_ahead {
         cache.read_ahead = n;
     }
     if cx.opts.preload_experts && slots >= total {
         cache.load_all(cx.b)?;
     }
-    let (hidden, inter) = (c.hidden_size, c.moe_intermediate_size);
-    for (layer, names) in shared.iter().enumerate() {
-        if let Some([gate, up, down]) = names {
-            let expert = HostExpert { gate: cx.matrix(gate, inter, hidden)?, up: cx.matrix(up, inter, hidden)?, down: cx.matrix(down, hidden, inter)? };
-            cache.hold_shared(cx.b, layer, &expert)?;
-        }
-    }
     Ok(cache)
-}
-
-/// The projections of MoE block `m`'s shared expert when they are shaped
-/// and stored as the routed experts of `store` are (so a pool slot holds it).
-fn poolable_shared_expert(cx: &LoadCx<'_>, m: &str, store: &ExpertStore) -> Option<[String; 3]> {
-    let l = &store.layout;
-    let names = ["gate_proj", "up_proj", "down_proj"].map(|p| format!("{m}.shared_expert.{p}"));
-    let shapes = [(l.intermediate, l.hidden, l.gate), (l.intermediate, l.hidden, l.up), (l.hidden, l.intermediate, l.down)];
-    let alike = names.iter().zip(shapes).all(|(n, (rows, cols, format))| {
-        cx.ck.matrix_layout(n, &[], rows, cols).is_ok_and(|found| found.format == format)
-    });
-    alike.then_some(names)
 }

@@ -40,10 +40,15 @@ async fn govern(app: &Arc<AppState>, model: Arc<Resident>, now: f64) {
     let Some((elastic, governor)) = &model.elastic else { return };
     // Holding the generation permit makes the resize happen between requests.
     let permit = app.turn.clone().try_acquire_owned().ok();
-    let current = lock(&model.expert_stats).pool_bytes as u64;
+    let (pool, shared) = {
+        let stats = lock(&model.expert_stats);
+        (stats.pool_bytes as u64, stats.shared_bytes as u64)
+    };
     let mut machine = MachineMemory::detect();
     // Our own pool is memory we could give back.
-    machine.available += current;
+    machine.available += pool;
+    // The plan sizes routed slots; shared experts held beside them come and go with a full pool.
+    let current = pool - shared.min(pool);
     let desired = match plan::plan(&elastic.costs, &machine, &elastic.request) {
         Ok(p) => p,
         Err(e) => {

@@ -71,7 +71,8 @@ pub struct HostExpert<'a> {
 
 /// A fixed pool of expert slots owned by a backend, shared by all layers,
 /// with its slot table: for each of `keys` experts (key `layer * experts +
-/// expert`), the slot that holds it or none. The table lives on the device
+/// expert`; a pool that also holds shared experts keys them after those,
+/// `layers * experts + layer`), the slot that holds it or none. The table lives on the device
 /// ([`Backend::map_experts`] keeps it in step with the slots), so MoE calls
 /// find their experts without the host.
 pub struct ExpertPool {

@@ -19,7 +19,8 @@ params! {
         w: WeightDesc,
         /// Rows of one expert matrix.
         rows: u32,
-        /// This dispatch's first assignment (token * top_k + rank).
+        /// This dispatch's first assignment (token * top_k + rank; a shared
+        /// expert's after all of those: tokens * top_k + token).
         asg_off: u32,
         /// The shard's slots: `slot_base..slot_end`.
         slot_base: u32,
@@ -33,7 +34,8 @@ params! {
         key_base: u32,
         /// 1: renormalise the top-k weights.
         normalize: u32,
-        /// Tokens (`moe_route`), entries (`moe_map`) or output values (`moe_combine`).
+        /// Tokens (`moe_route` and the FFN kernels), entries (`moe_map`) or
+        /// output values (`moe_combine`).
         n: u32,
         /// `moe_gate_up`: subgroups sharing each of a quad's gate and up rows.
         parts: u32,
@@ -290,8 +292,9 @@ pub(crate) fn expert_outputs(gpu: &Gpu, c: &Call<'_>, out: &wgpu::Buffer) -> Res
 /// expert's, with `c.shared`), `out: [tokens, hidden]`, when the layer's
 /// experts are in one pool shard and the call is decode-sized: two
 /// dispatches (gate and up, then down with the weighted sum); `None` for a
-/// layer across shards or a prefill-sized call (the caller runs
-/// [`expert_outputs`] and [`combine`]).
+/// layer across shards, a shared expert in another shard than the layer's
+/// or a prefill-sized call (the caller runs [`expert_outputs`] and
+/// [`combine`], and the shared expert's own products).
 pub(crate) fn fused(gpu: &Gpu, c: &Call<'_>, out: Bind<'_>) -> Result<Option<()>> {
     let pool = c.pool;
     let shared_apart = c.shared.as_ref().is_some_and(|s| pool.shards_of(s.key, 1) != c.shards);
@@ -428,7 +431,8 @@ impl WgpuBackend {
         let p = pool.get::<GpuPool>().ok_or_else(|| not_ours("the expert pool"))?;
         let (tokens, k) = checks::moe_routes(x, p.gate_up.layout_cols(), routes, key_base, pool.keys)?;
         let gate = (shared.gate.shape() == [tokens, 1]).then_some(shared.gate);
-        let (Some(key), Some(gate)) = (shared.key.filter(|&key| key < pool.keys && k < 64), gate) else {
+        // The fused kernels take up to 64 ranks, and a shared expert the table maps.
+        let (Some(key), Some(gate)) = (shared.key.filter(|&key| p.maps(key) && k < 64), gate) else {
             return moe_shared_composed(self, x, pool, routes, key_base, shared);
         };
         let (out, ob) = self.output(vec![tokens, x.cols()])?;

@@ -173,7 +173,8 @@ pub struct WgpuOptions {
     /// kernels; false runs it in its own products
     /// (`SLOTSTREAM_WGPU_SHARED_IN_POOL=0`, for measurements).
     pub shared_in_pool: bool,
-    /// Routing kernels route a router of at most a subgroup's width of
+    /// The routing kernels with the router's product (`moe_route_matmul`,
+    /// `moe_route_norm`) route a router of at most a subgroup's width of
     /// experts (A's and B's 16) in one subgroup, with subgroup reductions
     /// instead of workgroup ones (`SLOTSTREAM_WGPU_ROUTE_LANES=0`, for
     /// measurements).

@@ -428,6 +428,11 @@ impl GpuPool {
         }
     }
 
+    /// Whether the host's copy of the slot table maps `key` to a slot.
+    pub fn maps(&self, key: usize) -> bool {
+        self.host_table.get(key).is_some_and(|&s| s != crate::moe::NO_SLOT)
+    }
+
     /// The shards holding the slots of keys `[key_base, key_base + keys)` (a
     /// layer's experts): every shard from the first to the last that holds
     /// one of them, none when none has a slot. A pool that holds the model

@@ -64,7 +64,7 @@ impl MtpHead {
             mixer: Mixer::Attention(attention),
             ffn: FeedForward::Moe(MoeBlock::load(&cx, "layers.0.mlp", c.shared_expert_intermediate_size, 0, true)?),
         };
-        let experts = expert_cache(&cx, Layout::Mlx, &["layers.0.mlp".to_string()], ExpertSlots::All)?;
+        let experts = expert_cache(&cx, Layout::Mlx, &["layers.0.mlp".to_string()], ExpertSlots::All, &[])?;
         let head = MtpHead {
             fc_embedding: cx.linear("fc_embedding", h, h)?,
             fc_hidden: cx.linear("fc_hidden", h, h)?,
