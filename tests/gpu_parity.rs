@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 
 use common::{check_against_oracle, fixture, golden, run_json_matches_oracle};
 use slotstream::generate::Engine;
-use slotstream::model::{ExpertSlots, FeedForward, LoadOptions, Logits};
+use slotstream::model::{ExpertSlots, FeedForward, LoadOptions, Logits, SequenceState};
 use slotstream::sampling::argmax;
 use slotstream_wgpu::{AdapterChoice, WgpuBackend, WgpuOptions};
 
@@ -112,6 +112,19 @@ fn every_dispatch_submitted_from_the_submission_thread_keeps_the_order() {
 /// GPU: a decode step is recorded and submitted once (for the logits). A
 /// streaming pool reads back each MoE layer's routed ids instead of its
 /// router logits.
+/// Fixture `name` on `backend` with a pool of `slots` (read in full at load
+/// when `preload`), its "long" case prefilled: the engine, the sequence,
+/// the greedy next token and the number of MoE layers.
+fn prefilled(name: &str, backend: WgpuBackend, slots: ExpertSlots, preload: bool) -> (Engine, SequenceState, u32, usize) {
+    let opts = LoadOptions { expert_slots: slots, preload_experts: preload, ..LoadOptions::default() };
+    let e = Engine::load(&fixture(name), Box::new(backend), &opts).expect("load");
+    let case = golden(name).cases.into_iter().find(|c| c.name == "long").expect("long case");
+    let mut state = e.new_state().unwrap();
+    let next = argmax(&e.prefill(&case.prompt_ids, &mut state).unwrap());
+    let moe_layers = e.model.layers.iter().filter(|l| matches!(l.ffn, FeedForward::Moe(_))).count();
+    (e, state, next, moe_layers)
+}
+
 #[test]
 fn resident_decode_submits_once_per_token() {
     if skip() {
@@ -121,12 +134,7 @@ fn resident_decode_submits_once_per_token() {
         for (slots, preload) in [(ExpertSlots::All, true), (ExpertSlots::Count(2), false)] {
             let backend = WgpuBackend::new(&AdapterChoice::allow_software()).expect("GPU adapter");
             let submissions = backend.submission_counter();
-            let opts = LoadOptions { expert_slots: slots, preload_experts: preload, ..LoadOptions::default() };
-            let e = Engine::load(&fixture(name), Box::new(backend), &opts).expect("load");
-            let case = golden(name).cases.into_iter().find(|c| c.name == "long").expect("long case");
-            let mut state = e.new_state().unwrap();
-            let mut next = argmax(&e.prefill(&case.prompt_ids, &mut state).unwrap());
-            let moe_layers = e.model.layers.iter().filter(|l| matches!(l.ffn, FeedForward::Moe(_))).count();
+            let (e, mut state, mut next, moe_layers) = prefilled(name, backend, slots, preload);
             for _ in 0..3 {
                 let before = submissions.load(Ordering::Relaxed);
                 let t = e.model.forward(e.backend.as_ref(), &[next], &mut state, Logits::Last).unwrap();
@@ -156,12 +164,7 @@ fn resident_decode_runs_the_shared_expert_with_the_routed_experts() {
     for (slots, preload) in [(ExpertSlots::All, true), (ExpertSlots::Count(4), false)] {
         let backend = WgpuBackend::new(&AdapterChoice::allow_software()).expect("GPU adapter");
         let profile = backend.clone();
-        let opts = LoadOptions { expert_slots: slots, preload_experts: preload, ..LoadOptions::default() };
-        let e = Engine::load(&fixture(name), Box::new(backend), &opts).expect("load");
-        let case = golden(name).cases.into_iter().find(|c| c.name == "long").expect("long case");
-        let mut state = e.new_state().unwrap();
-        let mut next = argmax(&e.prefill(&case.prompt_ids, &mut state).unwrap());
-        let moe_layers = e.model.layers.iter().filter(|l| matches!(l.ffn, FeedForward::Moe(_))).count();
+        let (e, mut state, mut next, moe_layers) = prefilled(name, backend, slots, preload);
         profile.set_profiling(true).expect("timestamp queries");
         let t = e.model.forward(e.backend.as_ref(), &[next], &mut state, Logits::Last).unwrap();
         next = argmax(&e.backend.download(&t).unwrap());
