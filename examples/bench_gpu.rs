@@ -8,6 +8,9 @@
 //! (c) GPU time per decoded token by kernel (entry point) (timestamp queries).
 //!
 //!     cargo run --release --example bench_gpu -- [--adapter auto] [--model DIR]
+//!
+//! `BENCH_GPU_SKIP=k1,k2` decodes without those kernels' dispatches (wrong
+//! tokens): the time a token saves is what they cost in the chain, untimed.
 
 use std::time::Instant;
 
@@ -325,6 +328,13 @@ fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool
         *pending.borrow_mut() = Some((chosen, read));
         Ok(())
     };
+    // BENCH_GPU_SKIP=k1,k2: decode without those kernels' dispatches (wrong
+    // tokens; the time saved is what they cost in the chain). Prefill runs them.
+    let skip: Vec<String> = std::env::var("BENCH_GPU_SKIP").unwrap_or_default().split(',').filter(|k| !k.is_empty()).map(String::from).collect();
+    handle.skip_kernels(&skip.iter().map(String::as_str).collect::<Vec<_>>())?;
+    if !skip.is_empty() {
+        println!("decoding without the dispatches of {skip:?} (wrong tokens)");
+    }
     for i in 0..8 {
         let t = Instant::now();
         step(&mut next, &mut state)?;
@@ -380,6 +390,7 @@ fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool
     }
     let prof = handle.kernel_profile();
     handle.set_profiling(false)?;
+    handle.skip_kernels(&[])?;
     println!("kernel time per token by kernel ({n} tokens, timestamp queries {}; wall per token {:.2} ms untimed):", timed_how(&handle), 1e3 / last_tps);
     print_profile(&prof, n, "ms/token");
     // Prefill of the same prompt in a fresh sequence: untimed, then by kernel.

@@ -41,6 +41,15 @@ impl WgpuBackend {
         self.gpu.binding_cap.store(bytes, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Records no dispatch of the kernels `names` from now on (an empty
+    /// list: every kernel again). Their outputs keep whatever they held, so
+    /// results are wrong: for benchmarks that measure what each kernel
+    /// family costs in the chain of a decoded token (`bench_gpu`'s
+    /// `BENCH_GPU_SKIP`), never for output.
+    pub fn skip_kernels(&self, names: &[&str]) -> Result<()> {
+        self.gpu.skip_kernels(names)
+    }
+
     /// Bytes of one slot's larger matrix in an expert pool of this backend:
     /// with [`WgpuBackend::cap_shard_bytes`], tests size shards in slots.
     pub fn expert_pool_slot_bytes(&self, pool: &ExpertPool) -> Option<usize> {

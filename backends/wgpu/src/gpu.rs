@@ -81,6 +81,8 @@ struct Pending {
     ring_data: Vec<Vec<u8>>,
     /// The ring entry holding each distinct input of this submission.
     ring_index: HashMap<Vec<u8>, usize>,
+    /// Kernels whose dispatches are not recorded ([`crate::WgpuBackend::skip_kernels`]).
+    skipped: Vec<String>,
 }
 
 pub struct Gpu {

@@ -41,3 +41,25 @@ fn every_dispatch_is_timed_once_inside_one_pass_or_in_its_own() {
         assert!(seconds.is_finite() && seconds > 0.0, "{seconds} s for 12 adds (inside passes: {timed_inside})");
     }
 }
+
+/// A benchmark may leave a kernel's dispatches out (to time what they cost):
+/// an `add` then records nothing until the list is cleared, and a name that
+/// is no kernel is refused.
+#[test]
+fn skipped_kernels_record_nothing_until_cleared() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let b = WgpuBackend::new(&AdapterChoice::allow_software()).expect("opening the device");
+    let y = b.upload(&[1.0; 64], &[1, 64]).expect("upload");
+    let x = b.upload(&[0.0; 64], &[1, 64]).expect("upload");
+    let first = b.add(&x, &y).expect("add");
+    assert_eq!(b.download(&first).expect("download")[0], 1.0);
+    b.skip_kernels(&["add"]).expect("add is a kernel");
+    let skipped = b.add(&first, &y).expect("add");
+    let left = b.download(&skipped).expect("download");
+    b.skip_kernels(&[]).expect("clearing");
+    assert!(left[0] != 2.0, "a skipped add wrote its output");
+    assert_eq!(b.download(&b.add(&first, &y).expect("add")).expect("download")[0], 2.0);
+    assert!(b.skip_kernels(&["no_such_kernel"]).is_err());
+}

@@ -27,6 +27,16 @@ impl Gpu {
         self.record_in(p, entry, kernel, params, binds, groups)
     }
 
+    /// Records no dispatch of the kernels `names` from now on (none: all
+    /// again); see [`crate::WgpuBackend::skip_kernels`].
+    pub(crate) fn skip_kernels(&self, names: &[&str]) -> Result<()> {
+        if let Some(k) = names.iter().find(|k| !self.kernels.contains_key(**k)) {
+            return Err(BackendError::Device(format!("no kernel named '{k}' to skip")));
+        }
+        self.pending()?.skipped = names.iter().map(|k| k.to_string()).collect();
+        Ok(())
+    }
+
     /// [`Gpu::record`] of a looked-up kernel, with the recorder locked.
     pub(super) fn record_in(
         &self,
@@ -37,6 +47,9 @@ impl Gpu {
         binds: &[(u32, Bind<'_>)],
         groups: [u32; 3],
     ) -> Result<bool> {
+        if !p.skipped.is_empty() && p.skipped.iter().any(|k| k == entry) {
+            return Ok(false);
+        }
         if self.immediates {
             return self.record_immediate(p, entry, kernel, params, binds, groups);
         }
