@@ -31,7 +31,7 @@ impl PlannedModel {
     /// for `backend` (whose KV cache dtype sizes the context).
     pub fn new(dir: &Path, request: &PlanRequest, backend: &dyn Backend) -> Result<PlannedModel> {
         let arch = ModelArch::read(dir)?;
-        let mut costs = ModelCosts::of(&arch, backend.kv_cache_dtype())?;
+        let mut costs = costs_on(&arch, BackendCosts::of(backend))?;
         let mut machine = MachineMemory::detect();
         // What `doctor --measure` measured for this backend and disk, else the defaults (the banner says which).
         let model_key = hits::model_key(&arch).ok();
@@ -146,30 +146,53 @@ pub struct ServeLoader {
     pub request: PlanRequest,
     /// Let an auto-sized pool follow free memory (`--no-elastic` turns it off).
     pub elastic: bool,
-    /// The backend's KV cache dtype, learnt from the first backend made.
-    kv_dtype: Mutex<Option<DType>>,
+    /// What the backend's kind changes in a plan, learnt from the first backend made.
+    kind: Mutex<Option<BackendCosts>>,
+}
+
+/// What a backend changes in a model's costs: its KV cache dtype, and
+/// whether a pool of every expert also holds the shared experts.
+#[derive(Clone, Copy)]
+struct BackendCosts {
+    kv: DType,
+    pools_shared: bool,
+}
+
+impl BackendCosts {
+    fn of(b: &dyn Backend) -> BackendCosts {
+        BackendCosts { kv: b.kv_cache_dtype(), pools_shared: b.pools_shared_experts() }
+    }
+}
+
+/// The costs of `arch` on a backend of kind `kind`.
+fn costs_on(arch: &ModelArch, kind: BackendCosts) -> Result<ModelCosts> {
+    let mut costs = ModelCosts::of(arch, kind.kv)?;
+    if kind.pools_shared {
+        costs.full_pool_extra_bytes = ModelCosts::shared_expert_bytes(arch)?;
+    }
+    Ok(costs)
 }
 
 impl ServeLoader {
     pub fn new(backend: BackendSpec, request: PlanRequest, elastic: bool) -> ServeLoader {
-        ServeLoader { backend, request, elastic, kv_dtype: Mutex::new(None) }
+        ServeLoader { backend, request, elastic, kind: Mutex::new(None) }
     }
 
-    fn remember_dtype(&self, backend: &dyn Backend) -> DType {
-        let dtype = backend.kv_cache_dtype();
-        *self.kv_dtype.lock().unwrap_or_else(|e| e.into_inner()) = Some(dtype);
-        dtype
+    fn remember_kind(&self, backend: &dyn Backend) -> BackendCosts {
+        let kind = BackendCosts::of(backend);
+        *self.kind.lock().unwrap_or_else(|e| e.into_inner()) = Some(kind);
+        kind
     }
 }
 
 impl ModelLoader for ServeLoader {
     fn footprint(&self, dir: &Path, reclaimable: u64) -> Result<u64> {
-        let known = *self.kv_dtype.lock().unwrap_or_else(|e| e.into_inner());
-        let dtype = match known {
-            Some(dtype) => dtype,
-            None => self.remember_dtype(self.backend.create()?.as_ref()),
+        let known = *self.kind.lock().unwrap_or_else(|e| e.into_inner());
+        let kind = match known {
+            Some(kind) => kind,
+            None => self.remember_kind(self.backend.create()?.as_ref()),
         };
-        let costs = ModelCosts::of(&ModelArch::read(dir)?, dtype)?;
+        let costs = costs_on(&ModelArch::read(dir)?, kind)?;
         let mut machine = MachineMemory::detect();
         machine.available += reclaimable;
         Ok(plan::plan(&costs, &machine, &self.request)?.peak_bytes)
@@ -177,7 +200,7 @@ impl ModelLoader for ServeLoader {
 
     fn load(&self, dir: &Path) -> Result<LoadedEngine> {
         let backend = self.backend.create()?;
-        self.remember_dtype(backend.as_ref());
+        self.remember_kind(backend.as_ref());
         let planned = PlannedModel::new(dir, &self.request, backend.as_ref())?;
         note!("{}", planned.banner());
         note!("  backend: {}", backend.name());

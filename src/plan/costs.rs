@@ -61,6 +61,11 @@ pub struct ModelCosts {
     pub extra_bytes: u64,
     /// The MTP head's weights (`mtp.safetensors`), 0 without one.
     pub mtp_bytes: u64,
+    /// What a pool that holds every expert adds besides their records: the
+    /// copies of the shared experts that a backend running them from the pool
+    /// keeps there (`Backend::pools_shared_experts`; set by the caller who
+    /// knows the backend, [`ModelCosts::shared_expert_bytes`]); else 0.
+    pub full_pool_extra_bytes: u64,
     /// How routed experts are stored (`4-bit g64`): the format the backend's
     /// measured weight rate is for.
     #[serde(serialize_with = "serialize_format")]
@@ -205,6 +210,17 @@ impl ModelCosts {
         Self::of(&ModelArch::read(dir)?, kv)
     }
 
+    /// Bytes of the shared experts' projections in the checkpoint `arch`
+    /// describes, where they are as wide as its routed experts (those a full
+    /// pool may hold a copy of).
+    pub fn shared_expert_bytes(arch: &ModelArch) -> Result<u64> {
+        let c = &arch.text;
+        if c.shared_expert_intermediate_size != c.moe_intermediate_size {
+            return Ok(0);
+        }
+        Ok(arch.open_checkpoint()?.bytes_where(|n| n.contains(".shared_expert.")))
+    }
+
     /// Costs of the checkpoint `arch` describes.
     pub fn of(arch: &ModelArch, kv: DType) -> Result<ModelCosts> {
         let ck = arch.open_checkpoint()?;
@@ -228,6 +244,7 @@ impl ModelCosts {
             state_bytes: arch.fixed_state_bytes(),
             extra_bytes: if ngram > 0 { crate::model::DEFAULT_NGRAM_CACHE_BYTES as u64 } else { 0 },
             mtp_bytes: if arch.qwen4.is_some() { std::fs::metadata(mtp_path).map(|m| m.len()).unwrap_or(0) } else { 0 },
+            full_pool_extra_bytes: 0,
             expert_format: expert_format(&ck, c.num_experts, c.moe_intermediate_size, c.hidden_size)
                 .unwrap_or(MatrixFormat::Dense(DType::BF16)),
             hit_curve: HitRateCurve::ASSUMED,
@@ -262,6 +279,7 @@ impl ModelCosts {
             extra_bytes: crate::model::DEFAULT_NGRAM_CACHE_BYTES as u64,
             // mtp.safetensors, from the pinned manifest.
             mtp_bytes: 1_470_955_171,
+            full_pool_extra_bytes: 0,
             expert_format: MatrixFormat::Affine { bits: 4, group_size: 64, scale_dtype: DType::BF16 },
             hit_curve: HitRateCurve::ASSUMED,
         }

@@ -201,8 +201,17 @@ fn plan_with(model: &ModelCosts, machine: &MachineMemory, req: &PlanRequest, mtp
     let fixed = model.fixed_bytes(req.context_tokens) + model.runtime_bytes() + head;
     let engine_min = model.engine_min_slots();
     let floor_slots = (FLOOR_EXPERTS_PER_LAYER.max(model.top_k).min(model.experts_per_layer)) * model.moe_layers;
-    let bytes_for = |slots: usize| fixed + slots as u64 * record;
-    let slots_within = |bytes: u64| (bytes.saturating_sub(fixed) / record) as usize;
+    // A pool of every expert may hold copies of the shared experts too.
+    let full_extra = model.full_pool_extra_bytes;
+    let bytes_for = |slots: usize| fixed + slots as u64 * record + if slots >= total_experts { full_extra } else { 0 };
+    let slots_within = |bytes: u64| {
+        let n = (bytes.saturating_sub(fixed) / record) as usize;
+        if n >= total_experts && bytes < bytes_for(total_experts) {
+            total_experts.saturating_sub(1)
+        } else {
+            n
+        }
+    };
     let mut notes = Vec::new();
     let mut reason = String::new();
 

@@ -95,6 +95,7 @@ fn a_model_that_fits_is_resident_and_one_that_does_not_streams_at_the_knee() {
         state_bytes: 0,
         extra_bytes: 0,
         mtp_bytes: 0,
+        full_pool_extra_bytes: 0,
         expert_format: ModelCosts::flagship().expert_format,
         hit_curve: hits::HitRateCurve::ASSUMED,
     };
@@ -221,9 +222,30 @@ fn arithmetic_model() -> ModelCosts {
         state_bytes: 0,
         extra_bytes: 0,
         mtp_bytes: 0,
+        full_pool_extra_bytes: 0,
         expert_format: ModelCosts::flagship().expert_format,
         hit_curve: hits::HitRateCurve::ASSUMED,
     }
+}
+
+/// A pool of every expert on a backend that also keeps the shared experts'
+/// copies in it costs those bytes too: the peak counts them, and a memory
+/// size that holds every record but not the copies gets a streaming pool.
+#[test]
+fn a_full_pool_counts_the_shared_experts_it_holds() {
+    let m = mac(48.0, 40.0);
+    let model = ModelCosts { full_pool_extra_bytes: 50_000_000, ..arithmetic_model() };
+    let all = model.total_experts();
+    let every = PlanRequest { experts_per_layer: Some(64), context_tokens: 0, ..Default::default() };
+    let (with, without) = (plan(&model, &m, &every).unwrap(), plan(&arithmetic_model(), &m, &every).unwrap());
+    assert_eq!((with.slots, without.slots), (all, all));
+    assert_eq!(with.peak_bytes, without.peak_bytes + 50_000_000);
+    // Every record fits, the copies do not: one slot fewer, no copies.
+    let tight = PlanRequest { experts_per_layer: None, memory_gb: Some((without.peak_bytes + 10_000_000) as f64 / 1e9), ..every };
+    assert_eq!(plan(&arithmetic_model(), &m, &tight).unwrap().slots, all);
+    let p = plan(&model, &m, &tight).unwrap();
+    assert_eq!(p.slots, all - 1);
+    assert!(p.peak_bytes <= without.peak_bytes, "{} > {}", p.peak_bytes, without.peak_bytes);
 }
 
 fn arithmetic_rates() -> Rates {
