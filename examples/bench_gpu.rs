@@ -10,7 +10,8 @@
 //!     cargo run --release --example bench_gpu -- [--adapter auto] [--model DIR]
 //!
 //! `BENCH_GPU_SKIP=k1,k2` decodes without those kernels' dispatches (wrong
-//! tokens): the time a token saves is what they cost in the chain, untimed.
+//! tokens): the time a token saves is what they cost in the chain, untimed;
+//! `BENCH_GPU_SKIP_SWEEP=1` does so for each kernel family in turn.
 
 use std::time::Instant;
 
@@ -393,6 +394,30 @@ fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool
     handle.skip_kernels(&[])?;
     println!("kernel time per token by kernel ({n} tokens, timestamp queries {}; wall per token {:.2} ms untimed):", timed_how(&handle), 1e3 / last_tps);
     print_profile(&prof, n, "ms/token");
+    // BENCH_GPU_SKIP_SWEEP=1: each kernel family of that profile left out in
+    // turn (wrong tokens from then on; prefill below uses fresh sequences):
+    // what it costs a token untimed, against the full token decoded between.
+    if std::env::var_os("BENCH_GPU_SKIP_SWEEP").is_some() {
+        let mut timed = |skip: &[&str]| -> Result<f64> {
+            handle.skip_kernels(skip)?;
+            for _ in 0..4 {
+                step(&mut next, &mut state)?;
+            }
+            let t = Instant::now();
+            for _ in 0..args.decode {
+                step(&mut next, &mut state)?;
+            }
+            handle.skip_kernels(&[])?;
+            Ok(1e3 * t.elapsed().as_secs_f64() / args.decode as f64)
+        };
+        println!("what each kernel family costs a decoded token untimed ({} tokens each; the full token timed before each):", args.decode);
+        println!("  {:<26} {:>10} {:>10} {:>12}", "left out", "ms/token", "full", "saved");
+        for (family, t) in &prof {
+            let full = timed(&[])?;
+            let without = timed(&[family.as_str()])?;
+            println!("  {family:<26} {without:>10.3} {full:>10.3} {:>9.3} ms ({} dispatches)", full - without, t.dispatches / n as u64);
+        }
+    }
     // Prefill of the same prompt in a fresh sequence: untimed, then by kernel.
     // A prompt of another length next: the first use of its shapes.
     for (what, n) in [("again", prompt.len()), ("of a new length", prompt.len().saturating_sub(37).max(1)), ("again", prompt.len())] {
