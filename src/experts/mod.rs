@@ -149,11 +149,10 @@ pub struct ExpertCache {
     ahead: Option<Ahead>,
     /// Key (`layer * experts + expert`) held by each routed slot.
     owner: Vec<Option<u32>>,
-    /// Slots reserved for shared experts after the routed ones, and the
-    /// shared expert each MoE layer keeps in one (its key is `layers *
-    /// experts + layer`, past the routed keys): never evicted.
-    shared_slots: usize,
-    shared: Vec<Option<u32>>,
+    /// Whether each MoE layer's shared expert sits in a slot after the
+    /// routed ones (its key is `layers * experts + layer`, past the routed
+    /// keys): never evicted.
+    shared: Vec<bool>,
     slot_of: HashMap<u32, u32>,
     referenced: Vec<bool>,
     hand: usize,
@@ -173,12 +172,10 @@ impl ExpertCache {
         if slots == 0 {
             bail!("the expert pool needs at least one slot");
         }
-        let shared_slots = Self::shared_slots(backend, &store, slots);
-        let pool = backend.new_expert_pool(&store.layout, slots + shared_slots, Self::keys(&store, shared_slots))?;
+        let pool = Self::new_pool(backend, &store, slots)?;
         let layers = store.layers;
         let mut cache = ExpertCache {
-            shared_slots,
-            shared: vec![None; layers],
+            shared: vec![false; layers],
             pool,
             store: Arc::new(store),
             read_ahead: DEFAULT_READ_AHEAD,
@@ -194,15 +191,14 @@ impl ExpertCache {
         Ok(cache)
     }
 
-    /// Slots for shared experts in a pool of `slots` routed ones: one per
-    /// shared expert the store reads, when the pool holds every routed
-    /// expert and `b` runs shared experts from the pool.
-    fn shared_slots(b: &dyn Backend, store: &ExpertStore, slots: usize) -> usize {
-        if slots >= store.layers * store.experts_per_layer && b.pools_shared_experts() {
-            store.shared_layers().len()
-        } else {
-            0
-        }
+    /// A pool of `slots` routed experts and, when they are every expert and
+    /// `b` runs shared experts from the pool, one slot per shared expert the
+    /// store reads (their keys after the routed ones, one per MoE layer).
+    fn new_pool(b: &dyn Backend, store: &ExpertStore, slots: usize) -> Result<ExpertPool> {
+        let routed = store.layers * store.experts_per_layer;
+        let shared = if slots >= routed && b.pools_shared_experts() { store.shared_layers().len() } else { 0 };
+        let keys = if shared > 0 { routed + store.layers } else { routed };
+        Ok(b.new_expert_pool(&store.layout, slots + shared, keys)?)
     }
 
     /// Slots for routed experts.
@@ -210,31 +206,19 @@ impl ExpertCache {
         self.owner.len()
     }
 
-    /// Slot table keys: every routed expert's, then with shared slots one per MoE layer.
-    fn keys(store: &ExpertStore, shared_slots: usize) -> usize {
-        let routed = store.layers * store.experts_per_layer;
-        if shared_slots > 0 {
-            routed + store.layers
-        } else {
-            routed
-        }
-    }
-
-    /// Reads each shared expert the store has into its reserved slot (after
-    /// the routed ones) and maps it under key `layers * experts + layer`.
+    /// Reads each shared expert the store has into the slots the pool has
+    /// after the routed ones and maps it under key `layers * experts + layer`.
     fn hold_shared(&mut self, b: &dyn Backend) -> Result<()> {
-        self.shared.iter_mut().for_each(|s| *s = None);
-        if self.shared_slots == 0 {
-            return Ok(());
-        }
+        self.shared.iter_mut().for_each(|s| *s = false);
         let routed_keys = self.store.layers * self.store.experts_per_layer;
-        for (i, layer) in self.store.shared_layers().into_iter().enumerate().take(self.shared_slots) {
+        let spare = self.pool.slots - self.owner.len();
+        for (i, layer) in self.store.shared_layers().into_iter().enumerate().take(spare) {
             let (records, _) = self.store.read_many(layer, &[self.store.shared_id()])?;
             let Some(record) = records.first() else { bail!("MoE layer {layer}'s shared expert came back empty") };
-            let slot = (self.owner.len() + i) as u32;
-            b.write_expert(&mut self.pool, slot as usize, &self.store.host_expert(record))?;
-            b.map_experts(&mut self.pool, &[((routed_keys + layer) as u32, Some(slot))])?;
-            self.shared[layer] = Some(slot);
+            let slot = self.owner.len() + i;
+            b.write_expert(&mut self.pool, slot, &self.store.host_expert(record))?;
+            b.map_experts(&mut self.pool, &[((routed_keys + layer) as u32, Some(slot as u32))])?;
+            self.shared[layer] = true;
         }
         Ok(())
     }
@@ -250,9 +234,8 @@ impl ExpertCache {
             bail!("the expert pool needs at least one slot");
         }
         // Free the old pool before allocating the new one.
-        self.shared_slots = Self::shared_slots(backend, &self.store, slots);
         self.pool = backend.new_expert_pool(&self.store.layout, 1, 1)?;
-        self.pool = backend.new_expert_pool(&self.store.layout, slots + self.shared_slots, Self::keys(&self.store, self.shared_slots))?;
+        self.pool = Self::new_pool(backend, &self.store, slots)?;
         self.owner = vec![None; slots];
         self.slot_of.clear();
         self.referenced = vec![false; slots];
@@ -270,7 +253,7 @@ impl ExpertCache {
         CacheStats {
             slots: self.owner.len(),
             pool_bytes: self.pool.bytes,
-            shared_bytes: self.pool.bytes / self.pool.slots.max(1) * self.shared_slots,
+            shared_bytes: self.pool.bytes / self.pool.slots.max(1) * (self.pool.slots - self.owner.len()),
             direct_io: self.store.direct_io(),
             total,
             per_layer: self.per_layer.clone(),
@@ -366,14 +349,23 @@ impl ExpertCache {
     /// expert: in the routed experts' kernels where the pool holds every
     /// expert and this one too ([`Backend::moe_shared`]), else after them.
     pub fn run_layer_shared(&mut self, b: &dyn Backend, layer: usize, x: &Tensor, routes: &Routes, shared: SharedExpert<'_>) -> Result<Tensor> {
-        if self.holds_all() && routes.gating.experts == self.store.experts_per_layer {
-            self.per_layer[layer].hits += (routes.tokens() * routes.gating.top_k) as u64;
-            let key = self.shared.get(layer).copied().flatten().map(|_| self.store.layers * self.store.experts_per_layer + layer);
-            let key_base = layer * self.store.experts_per_layer;
+        if let Some(key_base) = self.resident(layer, routes) {
+            let key = self.shared.get(layer).is_some_and(|&s| s).then(|| self.store.layers * self.store.experts_per_layer + layer);
             return Ok(b.moe_shared(x, &self.pool, routes, key_base, &SharedExpert { key, ..shared })?);
         }
         let y = self.run_layer(b, layer, x, routes)?;
         Ok(add_shared_expert(b, &y, x, &shared)?)
+    }
+
+    /// When every expert sits in a slot (and the table is in step): counts
+    /// the call's (token, expert) pairs as hits and gives the layer's first
+    /// key; the call then never leaves the device.
+    fn resident(&mut self, layer: usize, routes: &Routes) -> Option<usize> {
+        if !self.holds_all() || routes.gating.experts != self.store.experts_per_layer {
+            return None;
+        }
+        self.per_layer[layer].hits += (routes.tokens() * routes.gating.top_k) as u64;
+        Some(layer * self.store.experts_per_layer)
     }
 
     /// Whether every expert of the model sits in a slot.
@@ -411,9 +403,7 @@ impl ExpertCache {
             bail!("a router over {} experts for a store of {experts} per layer", gating.experts);
         }
         let key_base = layer * experts;
-        if self.holds_all() {
-            // Every expert in its slot and the table in step: nothing comes back.
-            self.per_layer[layer].hits += (routes.tokens() * gating.top_k) as u64;
+        if let Some(key_base) = self.resident(layer, routes) {
             return Ok(b.moe(x, &self.pool, routes, key_base)?);
         }
         let mut needed = b.routed_experts(routes)?;

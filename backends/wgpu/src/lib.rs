@@ -39,7 +39,7 @@ use std::sync::Arc;
 use slotstream_backend::{
     checks, shape_error, Backend, BackendError, DType, DeltaInputs, ExpertLayout, ExpertPool, GateAct, Gating, HostExpert, HostMatrix,
     KeySelection, QkNorm, Result, Routes, SharedExpert, State, Tensor, Weight, matmul_swiglu_composed,
-    route_matmul_composed,
+    moe_shared_composed, route_matmul_composed,
 };
 use slotstream_backend::chosen::PendingRead;
 
@@ -566,12 +566,8 @@ impl Backend for WgpuBackend {
     }
 
     fn moe(&self, x: &Tensor, pool: &ExpertPool, routes: &Routes, key_base: usize) -> Result<Tensor> {
-        let p = pool.get::<GpuPool>().ok_or_else(|| not_ours("the expert pool"))?;
-        let (tokens, _) = checks::moe_routes(x, p.gate_up.layout_cols(), routes, key_base, pool.keys)?;
-        let (out, ob) = self.output(vec![tokens, x.cols()])?;
-        let call = moe::Call::new(p, buf(x)?, buf(&routes.tensor)?, tokens, routes.gating, key_base);
-        match moe::fused(&self.gpu, &call, ob.bind())? {
-            Some(()) => Ok(out),
+        match self.moe_fused(x, pool, routes, key_base, None)? {
+            Some(out) => Ok(out),
             None => {
                 let outputs = self.moe_expert_outputs(x, pool, routes, key_base)?;
                 self.moe_combine(&outputs, routes)
@@ -580,7 +576,14 @@ impl Backend for WgpuBackend {
     }
 
     fn moe_shared(&self, x: &Tensor, pool: &ExpertPool, routes: &Routes, key_base: usize, shared: &SharedExpert<'_>) -> Result<Tensor> {
-        self.moe_with_shared(x, pool, routes, key_base, shared)
+        let fused = match shared.key {
+            Some(key) => self.moe_fused(x, pool, routes, key_base, Some((key, shared.gate)))?,
+            None => None,
+        };
+        match fused {
+            Some(out) => Ok(out),
+            None => moe_shared_composed(self, x, pool, routes, key_base, shared),
+        }
     }
 
     fn pools_shared_experts(&self) -> bool {

@@ -3,7 +3,7 @@
 //! routed experts, straight from the slot pool. Nothing here reads back to
 //! the host.
 
-use slotstream_backend::{checks, moe_shared_composed, BackendError, ExpertPool, Gating, Result, Routes, SharedExpert, Tensor};
+use slotstream_backend::{checks, BackendError, ExpertPool, Gating, Result, Routes, Tensor};
 
 use crate::gpu::{whole, Bind, Gpu, GpuBuf, MAX_GROUPS};
 use crate::kernels::params;
@@ -425,22 +425,22 @@ impl Run<'_> {
 }
 
 impl WgpuBackend {
-    /// [`Backend::moe_shared`]: the shared expert as one more rank of the
-    /// fused MoE kernels where the pool holds it, else composed.
-    pub(crate) fn moe_with_shared(&self, x: &Tensor, pool: &ExpertPool, routes: &Routes, key_base: usize, shared: &SharedExpert<'_>) -> Result<Tensor> {
+    /// [`Backend::moe`]'s weighted sum (with `shared`: a shared expert's
+    /// slot table key and gate logits `[tokens, 1]`, as one more rank) in the
+    /// fused kernels, or `None` where they do not take the call.
+    pub(crate) fn moe_fused(&self, x: &Tensor, pool: &ExpertPool, routes: &Routes, key_base: usize, shared: Option<(usize, &Tensor)>)
+        -> Result<Option<Tensor>> {
         let p = pool.get::<GpuPool>().ok_or_else(|| not_ours("the expert pool"))?;
         let (tokens, k) = checks::moe_routes(x, p.gate_up.layout_cols(), routes, key_base, pool.keys)?;
-        let gate = (shared.gate.shape() == [tokens, 1]).then_some(shared.gate);
-        // The fused kernels take up to 64 ranks, and a shared expert the table maps.
-        let (Some(key), Some(gate)) = (shared.key.filter(|&key| p.maps(key) && k < 64), gate) else {
-            return moe_shared_composed(self, x, pool, routes, key_base, shared);
-        };
+        // Up to 64 ranks, a shared expert the table maps, one gate logit per token.
+        if shared.is_some_and(|(key, gate)| !p.maps(key) || k >= 64 || gate.shape() != [tokens, 1]) {
+            return Ok(None);
+        }
         let (out, ob) = self.output(vec![tokens, x.cols()])?;
         let mut call = Call::new(p, buf(x)?, buf(&routes.tensor)?, tokens, routes.gating, key_base);
-        call.shared = Some(SharedRank { key, gate: buf(gate)?, gate_cols: 1 });
-        match fused(&self.gpu, &call, ob.bind())? {
-            Some(()) => Ok(out),
-            None => moe_shared_composed(self, x, pool, routes, key_base, shared),
+        if let Some((key, gate)) = shared {
+            call.shared = Some(SharedRank { key, gate: buf(gate)?, gate_cols: 1 });
         }
+        Ok(fused(&self.gpu, &call, ob.bind())?.map(|()| out))
     }
 }
