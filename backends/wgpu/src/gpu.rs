@@ -115,6 +115,8 @@ pub struct Gpu {
     /// Whether kernels take their parameters as immediate data
     /// ([`WgpuOptions::immediates`]) rather than from the uniform arena.
     pub immediates: bool,
+    /// Where some kernel files were read from instead of the built-in ones.
+    pub kernels_from: Option<std::path::PathBuf>,
     kernels: HashMap<&'static str, Kernel>,
     /// Host-readable buffer reused by every download (grown as needed).
     staging: Mutex<Option<wgpu::Buffer>>,
@@ -227,6 +229,7 @@ impl Gpu {
             }
         }));
         let mut kernels = HashMap::new();
+        let mut kernels_from = None;
         // Entry points of 1024 invocations (`*_1024`), for adapters that allow
         // them in subgroups of 8 or more (their workgroup memory has a slot
         // per subgroup for 128).
@@ -234,7 +237,10 @@ impl Gpu {
             && limits.max_compute_workgroup_size_x >= 1024
             && info.subgroup_min_size >= 8;
         for module in Module::ALL {
-            let source = if immediates { module.source_with_immediates() } else { module.source() };
+            let (source, replaced) = module.compiled_source(immediates, options.wgsl_dir.as_deref()).map_err(BackendError::Device)?;
+            if replaced {
+                kernels_from = options.wgsl_dir.clone();
+            }
             let desc = wgpu::ShaderModuleDescriptor {
                 label: Some(module.name()),
                 source: wgpu::ShaderSource::Wgsl(source.into()),
@@ -297,6 +303,7 @@ impl Gpu {
             subgroup_min,
             mapped_primary,
             immediates,
+            kernels_from,
             kernels,
             staging: Mutex::default(),
             small_staging: Mutex::default(),

@@ -53,14 +53,37 @@ pub fn weight_desc_layout() -> ParamsLayout {
 }
 
 /// How every kernel file declares its parameters (binding 0 of group 0), and
-/// the same as immediate data (see [`Module::source_with_immediates`]).
+/// the same as immediate data (see [`Module::compiled_source`]).
 pub const UNIFORM_PARAMS: &str = "@group(0) @binding(0) var<uniform> p: Params;";
 pub const IMMEDIATE_PARAMS: &str = "var<immediate> p: Params;";
 
-const WEIGHTS: &str = include_str!("../../../wgsl/weights.wgsl");
-const DOT: &str = include_str!("../../../wgsl/dot.wgsl");
-const REDUCE: &str = include_str!("../../../wgsl/reduce.wgsl");
-const MOE_COMMON: &str = include_str!("../../../wgsl/moe_common.wgsl");
+/// Every file in `wgsl/` as built in, by name.
+const FILES: [(&str, &str); 18] = [
+    ("weights.wgsl", include_str!("../../../wgsl/weights.wgsl")),
+    ("dot.wgsl", include_str!("../../../wgsl/dot.wgsl")),
+    ("reduce.wgsl", include_str!("../../../wgsl/reduce.wgsl")),
+    ("moe_common.wgsl", include_str!("../../../wgsl/moe_common.wgsl")),
+    ("matvec.wgsl", include_str!("../../../wgsl/matvec.wgsl")),
+    ("matvec_q8.wgsl", include_str!("../../../wgsl/matvec_q8.wgsl")),
+    ("matmul_tiled.wgsl", include_str!("../../../wgsl/matmul_tiled.wgsl")),
+    ("moe.wgsl", include_str!("../../../wgsl/moe.wgsl")),
+    ("route.wgsl", include_str!("../../../wgsl/route.wgsl")),
+    ("embed.wgsl", include_str!("../../../wgsl/embed.wgsl")),
+    ("elementwise.wgsl", include_str!("../../../wgsl/elementwise.wgsl")),
+    ("norm.wgsl", include_str!("../../../wgsl/norm.wgsl")),
+    ("rope.wgsl", include_str!("../../../wgsl/rope.wgsl")),
+    ("attention.wgsl", include_str!("../../../wgsl/attention.wgsl")),
+    ("attention_regs.wgsl", include_str!("../../../wgsl/attention_regs.wgsl")),
+    ("conv.wgsl", include_str!("../../../wgsl/conv.wgsl")),
+    ("gated_delta.wgsl", include_str!("../../../wgsl/gated_delta.wgsl")),
+    ("streams.wgsl", include_str!("../../../wgsl/streams.wgsl")),
+];
+
+/// The built-in text of a file of `wgsl/` (every name the modules join is
+/// one of [`FILES`]).
+fn builtin(name: &str) -> &'static str {
+    FILES.iter().find(|f| f.0 == name).map_or("", |f| f.1)
+}
 
 /// One compiled shader module: a kernel family and its entry points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -163,35 +186,58 @@ impl Module {
         }
     }
 
-    /// The module's source with its parameters as immediate data (push
-    /// constants) instead of the uniform buffer at binding 0: set with each
-    /// dispatch, so a kernel reads them without a memory load first.
-    pub fn source_with_immediates(self) -> String {
-        self.source().replacen(UNIFORM_PARAMS, IMMEDIATE_PARAMS, 1)
+    /// The complete WGSL source of the module, as built in.
+    pub fn source(self) -> String {
+        match self.assemble(|name| Ok::<_, std::convert::Infallible>(builtin(name).to_string())) {
+            Ok(source) => source,
+            Err(never) => match never {},
+        }
     }
 
-    /// The complete WGSL source of the module.
-    pub fn source(self) -> String {
-        let with_weights = |kernel: &str| format!("{WEIGHTS}\n{kernel}");
-        let with_dot = |kernel: &str| format!("{WEIGHTS}\n{DOT}\n{kernel}");
-        match self {
-            Module::Matvec => with_dot(include_str!("../../../wgsl/matvec.wgsl")),
-            Module::MatvecQ8 => with_dot(include_str!("../../../wgsl/matvec_q8.wgsl")),
-            Module::Moe => format!("{REDUCE}\n{}", with_dot(&format!("{MOE_COMMON}\n{}", include_str!("../../../wgsl/moe.wgsl")))),
-            Module::Route => format!("{REDUCE}\n{}", with_dot(&format!("{MOE_COMMON}\n{}", include_str!("../../../wgsl/route.wgsl")))),
-            Module::MatmulTiled => with_weights(include_str!("../../../wgsl/matmul_tiled.wgsl")),
-            Module::Embed => with_weights(include_str!("../../../wgsl/embed.wgsl")),
-            Module::Elementwise => include_str!("../../../wgsl/elementwise.wgsl").to_string(),
-            Module::Norm => include_str!("../../../wgsl/norm.wgsl").to_string(),
-            Module::Rope => include_str!("../../../wgsl/rope.wgsl").to_string(),
-            Module::Attention => format!(
-                "{REDUCE}\n{}\n{}",
-                include_str!("../../../wgsl/attention.wgsl"),
-                include_str!("../../../wgsl/attention_regs.wgsl")
-            ),
-            Module::Conv => include_str!("../../../wgsl/conv.wgsl").to_string(),
-            Module::GatedDelta => include_str!("../../../wgsl/gated_delta.wgsl").to_string(),
-            Module::Streams => include_str!("../../../wgsl/streams.wgsl").to_string(),
-        }
+    /// The source the backend compiles: with its parameters as immediate
+    /// data (push constants) instead of the uniform buffer at binding 0 when
+    /// `immediates` (set with each dispatch, so a kernel reads them without a
+    /// memory load first), and with any of its files found in `dir` read from
+    /// there instead of the built-in ones ([`WgpuOptions::wgsl_dir`], for
+    /// kernel development). Also says whether any file came from `dir`.
+    ///
+    /// [`WgpuOptions::wgsl_dir`]: crate::WgpuOptions::wgsl_dir
+    pub fn compiled_source(self, immediates: bool, dir: Option<&std::path::Path>) -> Result<(String, bool), String> {
+        let replaced = std::cell::Cell::new(false);
+        let source = self.assemble(|name| {
+            let Some(path) = dir.map(|d| d.join(name)) else { return Ok(builtin(name).to_string()) };
+            match std::fs::read_to_string(&path) {
+                Ok(text) => {
+                    replaced.set(true);
+                    Ok(text)
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(builtin(name).to_string()),
+                Err(e) => Err(format!("reading kernel source {}: {e}", path.display())),
+            }
+        })?;
+        let source = if immediates { source.replacen(UNIFORM_PARAMS, IMMEDIATE_PARAMS, 1) } else { source };
+        Ok((source, replaced.get()))
+    }
+
+    /// The module's files (by name, through `file`) in the order they are
+    /// joined: the shared helpers its kernels use, then the kernel file.
+    fn assemble<E>(self, file: impl Fn(&str) -> Result<String, E>) -> Result<String, E> {
+        let names: &[&str] = match self {
+            Module::Matvec => &["weights.wgsl", "dot.wgsl", "matvec.wgsl"],
+            Module::MatvecQ8 => &["weights.wgsl", "dot.wgsl", "matvec_q8.wgsl"],
+            Module::Moe => &["reduce.wgsl", "weights.wgsl", "dot.wgsl", "moe_common.wgsl", "moe.wgsl"],
+            Module::Route => &["reduce.wgsl", "weights.wgsl", "dot.wgsl", "moe_common.wgsl", "route.wgsl"],
+            Module::MatmulTiled => &["weights.wgsl", "matmul_tiled.wgsl"],
+            Module::Embed => &["weights.wgsl", "embed.wgsl"],
+            Module::Elementwise => &["elementwise.wgsl"],
+            Module::Norm => &["norm.wgsl"],
+            Module::Rope => &["rope.wgsl"],
+            Module::Attention => &["reduce.wgsl", "attention.wgsl", "attention_regs.wgsl"],
+            Module::Conv => &["conv.wgsl"],
+            Module::GatedDelta => &["gated_delta.wgsl"],
+            Module::Streams => &["streams.wgsl"],
+        };
+        let parts = names.iter().map(|name| file(name)).collect::<Result<Vec<_>, E>>()?;
+        Ok(parts.join("\n"))
     }
 }

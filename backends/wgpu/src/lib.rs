@@ -150,7 +150,8 @@ impl Backend for WgpuBackend {
             MatmulMode::Exact => "",
             MatmulMode::Int8 => ", int8 activations for large 4-bit matmuls",
         };
-        format!("wgpu ({}, {:?}; {uploads}{mode})", i.name, i.backend)
+        let from = self.gpu.kernels_from.as_ref().map_or(String::new(), |d| format!("; kernels from {}", d.display()));
+        format!("wgpu ({}, {:?}; {uploads}{mode}{from})", i.name, i.backend)
     }
 
     fn upload(&self, data: &[f32], shape: &[usize]) -> Result<Tensor> {

@@ -179,6 +179,10 @@ pub struct WgpuOptions {
     /// instead of workgroup ones (`SLOTSTREAM_WGPU_ROUTE_LANES=0`, for
     /// measurements).
     pub route_lanes: bool,
+    /// A directory whose `.wgsl` files replace the built-in ones of the same
+    /// name (`SLOTSTREAM_WGPU_WGSL_DIR`, for kernel development: variants of
+    /// a kernel timed without rebuilding; which files were read is noted).
+    pub wgsl_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for WgpuOptions {
@@ -206,6 +210,7 @@ impl Default for WgpuOptions {
             map_primary: true,
             shared_in_pool: true,
             route_lanes: true,
+            wgsl_dir: None,
         }
     }
 }
@@ -257,6 +262,7 @@ impl WgpuOptions {
             map_primary: var("SLOTSTREAM_WGPU_MAP_PRIMARY").map_or(defaults.map_primary, |v| v != "0"),
             shared_in_pool: var("SLOTSTREAM_WGPU_SHARED_IN_POOL").map_or(defaults.shared_in_pool, |v| v != "0"),
             route_lanes: var("SLOTSTREAM_WGPU_ROUTE_LANES").map_or(defaults.route_lanes, |v| v != "0"),
+            wgsl_dir: var("SLOTSTREAM_WGPU_WGSL_DIR").filter(|v| !v.is_empty()).map(Into::into).or(defaults.wgsl_dir),
         }
     }
 }

@@ -139,3 +139,22 @@ fn every_loop_terminates() {
     }
     assert!(loops > 50, "found only {loops} loops: the scan is broken");
 }
+
+#[test]
+fn kernel_files_in_a_directory_replace_the_built_in_ones() {
+    let dir = std::env::temp_dir().join(format!("slotstream-wgsl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("creating a directory");
+    let marker = "// a variant of route.wgsl\n";
+    std::fs::write(dir.join("route.wgsl"), marker).expect("writing a kernel file");
+    let (route, replaced) = Module::Route.compiled_source(false, Some(&dir)).expect("reading the directory");
+    assert!(replaced && route.contains(marker) && route.contains("fn reduce_sum"), "route.wgsl is read from the directory, the files it joins stay");
+    let (norm, replaced) = Module::Norm.compiled_source(false, Some(&dir)).expect("reading the directory");
+    assert!(!replaced && norm == Module::Norm.source(), "a module without a file there is the built-in one");
+    let (built_in, replaced) = Module::Route.compiled_source(true, None).expect("the built-in sources");
+    assert!(!replaced && built_in.contains("var<immediate> p: Params;") && !built_in.contains(marker));
+    std::fs::remove_file(dir.join("route.wgsl")).expect("removing the kernel file");
+    std::fs::create_dir(dir.join("route.wgsl")).expect("a directory where a file is looked for");
+    let err = Module::Route.compiled_source(false, Some(&dir)).expect_err("a kernel path that cannot be read");
+    assert!(err.contains("route.wgsl"), "the error names the file: {err}");
+    std::fs::remove_dir_all(&dir).expect("cleaning up");
+}
