@@ -178,7 +178,11 @@ fn matvec(gpu: &Gpu, s: &Shard, x: Bind<'_>, out: Bind<'_>, tokens: usize, total
         _ => s.rows,
     };
     let groups = [gpu.subgroup_grid(items, 128), tokens.div_ceil(4) as u32, 1];
-    gpu.dispatch("matvec", &params, &[(W, whole(&s.buffer)), (W_WORDS, whole(&s.buffer)), (X, x), (OUT, out)], groups)
+    let kernel = match (tokens, s.desc.is_interleaved_q4() && group_rows == 4) {
+        (1, true) => "matvec_q4",
+        _ => "matvec",
+    };
+    gpu.dispatch(kernel, &params, &[(W, whole(&s.buffer)), (W_WORDS, whole(&s.buffer)), (X, x), (OUT, out)], groups)
 }
 
 /// What `matvec_epilogue` does with a one-token product.

@@ -44,7 +44,11 @@ pub const INT8_MIN_BYTES: usize = 32 << 20;
 
 /// Interleaved 4-bit weights of at least this many rows take one subgroup per
 /// eight rows in the one-token matvec (fewer: four, for more parallelism).
-const Q4_EIGHT_ROWS_FROM: usize = 8192;
+/// None do: since a quad's chunks are shared by several subgroups
+/// (`matvec_q4`), four rows are faster at every size measured on an H200
+/// (B's 8192- and 12288-row projections: 1.38 -> 0.96 ms per token,
+/// BENCHMARKS.md).
+const Q4_EIGHT_ROWS_FROM: usize = usize::MAX;
 
 /// Subgroups that may share a one-token matvec's quad of interleaved 4-bit
 /// rows (a row of 2048 columns gives two subgroups a share each, 4096 four).

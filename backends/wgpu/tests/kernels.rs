@@ -50,8 +50,8 @@ fn matmul_all_formats_decode_and_prefill() {
 }
 
 /// One-token products of interleaved 4-bit weights take eight rows per
-/// subgroup only from `q4_eight_rows_from` rows on (8192 by default): a second
-/// backend with that option at 1 reaches the kernel with a small matrix.
+/// subgroup only from `q4_eight_rows_from` rows on (by default never): a
+/// second backend with that option at 1 reaches the kernel.
 #[test]
 fn matvec_eight_rows_per_subgroup() {
     if gpu().is_none() {
