@@ -145,7 +145,7 @@ impl Module {
             Module::MatvecQ8 => &["quantize_x8", "matvec_q8"],
             Module::MatmulTiled => &["matmul_tiled", "moe_sort", "moe_gate_up_tiled", "moe_down_tiled"],
             Module::Moe => &["moe_map", "moe_gate_up", "moe_down", "moe_combine", "moe_down_combine"],
-            Module::Route => &["moe_route", "moe_route_matmul", "moe_route_norm", "moe_route_norm_wide"],
+            Module::Route => &["moe_route", "moe_route_matmul", "moe_route_norm", "moe_route_norm_q8", "moe_route_norm_wide"],
             Module::Embed => &["embed", "argmax_parts", "embed_chosen"],
             Module::Elementwise => {
                 &["add", "sigmoid_mul", "add_sigmoid_mul", "silu_mul", "silu_only", "scale", "copy_cols", "delta_gates"]

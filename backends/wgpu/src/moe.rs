@@ -181,6 +181,12 @@ pub(crate) fn route_norm(gpu: &Gpu, w: &GpuWeight, h: &HeldNorm, routes: Bind<'_
         (NORM_SUM, buf(&h.sum)?),
     ];
     if !wide {
+        // An 8-bit router routed in one subgroup has a kernel of its own,
+        // which reads no logits from VALS.
+        if s.desc.fmt == 3 && s.desc.bits == 8 && gpu.route_lanes && g.experts <= gpu.subgroup_min as usize {
+            let binds: Vec<_> = binds.into_iter().filter(|(b, _)| *b != VALS).collect();
+            return gpu.dispatch("moe_route_norm_q8", &params, &binds, [1, 1, 1]);
+        }
         return gpu.dispatch("moe_route_norm", &params, &binds, [1, 1, 1]);
     }
     // Quads of rows per workgroup, and the workgroups that take them all.

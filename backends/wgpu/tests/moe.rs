@@ -167,26 +167,39 @@ fn routing_in_one_subgroup_matches_the_workgroup() {
 }
 
 /// A one-token residual norm routed next runs inside the routing kernel
-/// (`moe_route_norm`, or over several workgroups, `moe_route_norm_wide`, for
-/// an 8-bit router of 128 rows or, a shared expert's gate after them, 513):
+/// (`moe_route_norm`; `moe_route_norm_q8` for an 8-bit router of at most a
+/// subgroup's width of experts; or over several workgroups,
+/// `moe_route_norm_wide`, for an 8-bit router of 128 rows or, a shared
+/// expert's gate after them, 513):
 /// the routes, the sum and the normed row equal the CPU's `add_rms_norm`
 /// then `route_matmul`, also when another op comes between the two (the norm
 /// is then recorded on its own, in its place). A backend that takes every
-/// 8-bit router over several workgroups runs the small one that way too: three
+/// 8-bit router over several workgroups runs the small ones that way too: four
 /// such dispatches one after another (a count left non-zero by one would
 /// leave the next unrouted).
 #[test]
 fn routing_after_the_residual_norm() {
-    let Some(shared) = gpu() else { return };
+    if gpu().is_none() {
+        return;
+    }
     let options = WgpuOptions { route_rows: 0, route_wide_rows: 1, ..WgpuOptions::from_env() };
     let wide = WgpuBackend::with_options(&AdapterChoice::allow_software(), options).expect("GPU adapter");
-    routing_after_the_residual_norm_on(shared);
+    let plain = WgpuBackend::with_options(&AdapterChoice::allow_software(), WgpuOptions::from_env()).expect("GPU adapter");
+    let profiled = plain.set_profiling(true).is_ok();
+    routing_after_the_residual_norm_on(&plain);
+    if profiled && WgpuOptions::from_env().route_lanes {
+        // The 8-expert case (and on 16-lane subgroups the 16-expert one),
+        // each with no op between.
+        let ran = plain.kernel_profile().iter().find(|(k, _)| k == "moe_route_norm_q8").map_or(0, |(_, t)| t.dispatches);
+        let fits = [8, 16].iter().filter(|&&e| e <= plain.subgroup_sizes().0).count() as u64;
+        assert_eq!(ran, fits, "moe_route_norm_q8 ran {ran} times");
+    }
     let profiled = wide.set_profiling(true).is_ok();
     routing_after_the_residual_norm_on(&wide);
     if profiled && wide.orders_across_workgroups() {
         let ran = wide.kernel_profile().iter().find(|(k, _)| k == "moe_route_norm_wide").map_or(0, |(_, t)| t.dispatches);
         // Once per 8-bit case (with an op between, the norm runs apart).
-        assert_eq!(ran, 3, "moe_route_norm_wide ran {ran} times");
+        assert_eq!(ran, 4, "moe_route_norm_wide ran {ran} times");
     }
 }
 
@@ -195,6 +208,7 @@ fn routing_after_the_residual_norm_on(g: &WgpuBackend) {
     let mut rng = Rng::new(29);
     let cases = [
         (affine(8, 64), 16, 1, 8, 2048),
+        (affine(8, 64), 8, 1, 4, 2048),
         (affine(4, 64), 40, 0, 4, 256),
         (MatrixFormat::Dense(DType::F32), 16, 1, 2, 4096),
         (affine(8, 64), 128, 0, 8, 2048),
