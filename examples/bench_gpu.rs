@@ -395,17 +395,24 @@ fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool
     println!("kernel time per token by kernel ({n} tokens, timestamp queries {}; wall per token {:.2} ms untimed):", timed_how(&handle), 1e3 / last_tps);
     print_profile(&prof, n, "ms/token");
     // BENCH_GPU_SKIP_SWEEP=1: each kernel family of that profile left out in
-    // turn (wrong tokens from then on; prefill below uses fresh sequences):
-    // what it costs a token untimed, against the full token decoded between.
+    // turn (wrong tokens): what it costs a token untimed, against the full
+    // token decoded between. Each measurement decodes a fresh sequence of the
+    // prompt, so all of them run at the same context depth.
     if std::env::var_os("BENCH_GPU_SKIP_SWEEP").is_some() {
-        let mut timed = |skip: &[&str]| -> Result<f64> {
+        let timed = |skip: &[&str]| -> Result<f64> {
+            let mut fresh = e.new_state()?;
+            let mut token = argmax(&e.prefill(&prompt, &mut fresh)?);
+            // A token chosen ahead in the sequence before is not this one's.
+            if let Some((_, read)) = pending.borrow_mut().take() {
+                b.finish_reading_chosen(read)?;
+            }
             handle.skip_kernels(skip)?;
             for _ in 0..4 {
-                step(&mut next, &mut state)?;
+                step(&mut token, &mut fresh)?;
             }
             let t = Instant::now();
             for _ in 0..args.decode {
-                step(&mut next, &mut state)?;
+                step(&mut token, &mut fresh)?;
             }
             handle.skip_kernels(&[])?;
             Ok(1e3 * t.elapsed().as_secs_f64() / args.decode as f64)
