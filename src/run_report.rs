@@ -81,6 +81,9 @@ impl fmt::Display for RunReport<'_> {
         if total.read_ahead > 0 {
             write!(f, "; read ahead {} guessed experts, {} of them used", total.read_ahead, total.read_ahead_used)?;
         }
+        if total.disk_busy_seconds > 0.0 {
+            write!(f, "; reads in flight {:.2} s", total.disk_busy_seconds)?;
+        }
         Ok(())
     }
 }

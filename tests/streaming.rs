@@ -109,5 +109,9 @@ fn reading_ahead_changes_speed_not_output() {
         assert!(s.read_ahead_used > 0 && s.read_ahead >= s.read_ahead_used, "{name}: no guess was read and used: {s:?}");
         let off = without.expert_stats().unwrap().total;
         assert_eq!((off.read_ahead, off.read_ahead_used), (0, 0), "{name}: read ahead although off");
+        // The time reads were in flight is counted.
+        for c in [&s, &off] {
+            assert!(c.disk_busy_seconds > 0.0 && c.disk_busy_seconds.is_finite(), "{name}: disk busy time: {c:?}");
+        }
     }
 }

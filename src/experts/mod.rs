@@ -56,6 +56,11 @@ pub struct CacheCounters {
     /// as a miss that nobody waited to read.
     pub read_ahead: u64,
     pub read_ahead_used: u64,
+    /// Seconds during which at least one expert read was in flight
+    /// ([`ExpertStore::busy_seconds`]; counted at the layer's call since the
+    /// call before it): beside the decode's seconds, how long the disk stood
+    /// idle between reads.
+    pub disk_busy_seconds: f64,
 }
 
 impl CacheCounters {
@@ -68,6 +73,7 @@ impl CacheCounters {
         self.write_seconds += o.write_seconds;
         self.read_ahead += o.read_ahead;
         self.read_ahead_used += o.read_ahead_used;
+        self.disk_busy_seconds += o.disk_busy_seconds;
     }
 
     /// What was counted since `earlier` (counters of the same pool).
@@ -81,6 +87,7 @@ impl CacheCounters {
             write_seconds: (self.write_seconds - earlier.write_seconds).max(0.0),
             read_ahead: self.read_ahead.saturating_sub(earlier.read_ahead),
             read_ahead_used: self.read_ahead_used.saturating_sub(earlier.read_ahead_used),
+            disk_busy_seconds: (self.disk_busy_seconds - earlier.disk_busy_seconds).max(0.0),
         }
     }
 
@@ -157,6 +164,8 @@ pub struct ExpertCache {
     referenced: Vec<bool>,
     hand: usize,
     per_layer: Vec<CacheCounters>,
+    /// The store's busy seconds when a streaming call last counted them.
+    busy_mark: f64,
 }
 
 impl ExpertCache {
@@ -186,6 +195,7 @@ impl ExpertCache {
             referenced: vec![false; slots],
             hand: 0,
             per_layer: vec![CacheCounters::default(); layers],
+            busy_mark: 0.0,
         };
         cache.hold_shared(backend)?;
         Ok(cache)
@@ -220,6 +230,8 @@ impl ExpertCache {
             b.map_experts(&mut self.pool, &[((routed_keys + layer) as u32, Some(slot as u32))])?;
             self.shared[layer] = true;
         }
+        // Load reads are not a streaming call's.
+        self.busy_mark = self.store.busy_seconds();
         Ok(())
     }
 
@@ -262,6 +274,7 @@ impl ExpertCache {
 
     pub fn reset_stats(&mut self) {
         self.per_layer.iter_mut().for_each(|c| *c = CacheCounters::default());
+        self.busy_mark = self.store.busy_seconds();
     }
 
     /// Reads every expert into its own slot (the pool must have one for
@@ -302,6 +315,7 @@ impl ExpertCache {
         }
         let table: Vec<(u32, Option<u32>)> = (0..(self.store.layers * experts) as u32).map(|k| (k, Some(k))).collect();
         b.map_experts(&mut self.pool, &table)?;
+        self.busy_mark = self.store.busy_seconds();
         Ok(())
     }
 
@@ -418,7 +432,9 @@ impl ExpertCache {
         let hit_count = order.len();
         order.extend(misses);
         let batches: Vec<&[u32]> = order.chunks(self.owner.len()).collect();
-        let mut counters = CacheCounters { hits: hit_count as u64, misses: (order.len() - hit_count) as u64, ..Default::default() };
+        let busy = self.store.busy_seconds();
+        let disk_busy_seconds = (busy - std::mem::replace(&mut self.busy_mark, busy)).max(0.0);
+        let mut counters = CacheCounters { hits: hit_count as u64, misses: (order.len() - hit_count) as u64, disk_busy_seconds, ..Default::default() };
 
         let misses_of = |cache: &ExpertCache, batch: &[u32]| -> Vec<u32> {
             batch.iter().copied().filter(|&e| !cache.slot_of.contains_key(&cache.key(layer, e))).collect()

@@ -60,6 +60,16 @@ pub struct ExpertStore {
     shared: Vec<Option<Vec<ProjectionPieces>>>,
     io: rayon::ThreadPool,
     pub record_bytes: u64,
+    busy: std::sync::Mutex<Busy>,
+}
+
+/// How long at least one of the store's reads was in flight: the disk busy
+/// on its behalf ([`ExpertStore::busy_seconds`]).
+#[derive(Default)]
+struct Busy {
+    in_flight: usize,
+    since: Option<Instant>,
+    seconds: f64,
 }
 
 fn per_proj_index(name: &str) -> usize {
@@ -186,7 +196,8 @@ impl ExpertStore {
             .build()
             .context("starting the expert read threads")?;
         let layers = layer_prefixes.len();
-        Ok(ExpertStore { layout, experts_per_layer: experts, layers, files, locations, shared: shared_locations, io, record_bytes })
+        let busy = Default::default();
+        Ok(ExpertStore { layout, experts_per_layer: experts, layers, files, locations, shared: shared_locations, io, record_bytes, busy })
     }
 
     /// The id under which [`ExpertStore::read_many`] reads a layer's shared
@@ -197,6 +208,33 @@ impl ExpertStore {
 
     pub fn shared_layers(&self) -> Vec<usize> {
         (0..self.layers).filter(|&l| self.shared.get(l).is_some_and(Option::is_some)).collect()
+    }
+
+    /// One piece of a record, counted in the busy clock while in flight.
+    fn read_piece(&self, piece: &Piece) -> Result<RangeBuf> {
+        if let Ok(mut b) = self.busy.lock() {
+            if b.in_flight == 0 {
+                b.since = Some(Instant::now());
+            }
+            b.in_flight += 1;
+        }
+        let read = self.files[piece.file as usize].read_range(piece.offset, piece.len as usize);
+        if let Ok(mut b) = self.busy.lock() {
+            b.in_flight = b.in_flight.saturating_sub(1);
+            if b.in_flight == 0 {
+                if let Some(t) = b.since.take() {
+                    b.seconds += t.elapsed().as_secs_f64();
+                }
+            }
+        }
+        read
+    }
+
+    /// Seconds so far during which at least one of the store's reads was in
+    /// flight (the running stretch included): against a decode's seconds,
+    /// how long the disk stood idle between reads.
+    pub fn busy_seconds(&self) -> f64 {
+        self.busy.lock().map_or(0.0, |b| b.seconds + b.since.map_or(0.0, |t| t.elapsed().as_secs_f64()))
     }
 
     /// Whether reads bypass the page cache.
@@ -219,9 +257,7 @@ impl ExpertStore {
             requests
                 .par_iter()
                 .map(|(i, piece)| {
-                    self.files[piece.file as usize]
-                        .read_range(piece.offset, piece.len as usize)
-                        .with_context(|| format!("reading expert {} of MoE layer {layer}", experts[*i]))
+                    self.read_piece(piece).with_context(|| format!("reading expert {} of MoE layer {layer}", experts[*i]))
                 })
                 .collect::<Result<Vec<_>>>()
         })?;
@@ -309,9 +345,7 @@ impl ExpertStore {
             for (n, &(i, piece)) in requests.iter().enumerate() {
                 let tx = tx.clone();
                 scope.spawn(move |_| {
-                    let read = self.files[piece.file as usize]
-                        .read_range(piece.offset, piece.len as usize)
-                        .with_context(|| format!("reading expert {} of MoE layer {layer}", experts[i]));
+                    let read = self.read_piece(piece).with_context(|| format!("reading expert {} of MoE layer {layer}", experts[i]));
                     // The receiver outlives every read of the scope.
                     let _ = tx.send((n, read, Instant::now()));
                 });
