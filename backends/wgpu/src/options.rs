@@ -44,10 +44,10 @@ pub const INT8_MIN_BYTES: usize = 32 << 20;
 
 /// Interleaved 4-bit weights of at least this many rows take one subgroup per
 /// eight rows in the one-token matvec (fewer: four, for more parallelism).
-/// None do: since a quad's chunks are shared by several subgroups
-/// (`matvec_q4`), four rows are faster at every size measured on an H200
-/// (B's 8192- and 12288-row projections: 1.38 -> 0.96 ms per token,
-/// BENCHMARKS.md).
+/// None do: with a quad's chunks shared by several subgroups (`matvec_q4`),
+/// four rows at every size took B's one-token products (several of 8192
+/// rows or more) from 1.39 to 1.26 ms per token on an H200, a larger share
+/// than A's, which have none (1.36 -> 1.28; BENCHMARKS.md).
 const Q4_EIGHT_ROWS_FROM: usize = usize::MAX;
 
 /// Subgroups that may share a one-token matvec's quad of interleaved 4-bit
