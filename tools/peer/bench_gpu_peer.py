@@ -166,6 +166,9 @@ def ours(a, model, backend, prompt, max_tokens, experts_per_layer, tag):
             res["wait_ms"] = 1e3 * d["wait_seconds"] / passes
             # Of which writing the experts read into their slots.
             res["write_ms"] = 1e3 * d.get("write_seconds", 0.0) / passes
+            # How long no expert read was in flight: the disk left idle.
+            if "disk_busy_seconds" in d:
+                res["disk_idle_ms"] = 1e3 * max(0.0, s["decode_seconds"] - d["disk_busy_seconds"]) / passes
     except Exception as ex:  # noqa: BLE001
         res["error"] = f"{type(ex).__name__}: {ex}; rc={r['rc']}; {r['stderr'][-600:]}"
         log("  " + res["error"])
@@ -405,7 +408,7 @@ def bench_model(a, key, streaming, prompt):
                        "backend_name": next((r.get("backend_name") for r in gpu if r.get("backend_name")), None),
                        "prompt_tokens": gpu[0].get("prompt_tokens"),
                        "beside_reads_ms": median(gpu, "beside_reads_ms"), "wait_ms": median(gpu, "wait_ms"),
-                       "write_ms": median(gpu, "write_ms")}
+                       "write_ms": median(gpu, "write_ms"), "disk_idle_ms": median(gpu, "disk_idle_ms")}
     if streaming:
         pre = ours(a, model, a.gpu_backend, prompt, 1, pool, f"{name}_ours_gpu_prefill_only")
         res["ours_gpu"].update(subtract(gpu[-1], pre))
@@ -415,7 +418,7 @@ def bench_model(a, key, streaming, prompt):
             res["disk_limit_tps"] = res["disk_read_gbs"] * 1e9 / bpt
     if cpu:
         res["ours_cpu_runs"] = cpu
-        res["ours_cpu"] = {k: median(cpu, k) for k in ("prefill", "decode", "beside_reads_ms", "wait_ms", "write_ms")}
+        res["ours_cpu"] = {k: median(cpu, k) for k in ("prefill", "decode", "beside_reads_ms", "wait_ms", "write_ms", "disk_idle_ms")}
         res["ours_cpu"].update(rss_bytes=max((c["rss_bytes"] for c in cpu if c.get("rss_bytes")), default=None),
                                backend_name=next((c["backend_name"] for c in cpu if c.get("backend_name")), None),
                                error=next((c["error"] for c in cpu if c.get("error")), None))
@@ -495,6 +498,8 @@ def table(a, meta, results):
              lambda r: f"{f1(r['ours_gpu'].get('wait_ms'))} / {f1((r.get('ours_cpu') or {}).get('wait_ms'))}"),
             ("of which writing experts into slots, ms, GPU / CPU",
              lambda r: f"{f1(r['ours_gpu'].get('write_ms'))} / {f1((r.get('ours_cpu') or {}).get('write_ms'))}"),
+            ("ms per decoded token with no expert read in flight, GPU / CPU",
+             lambda r: f"{f1(r['ours_gpu'].get('disk_idle_ms'))} / {f1((r.get('ours_cpu') or {}).get('disk_idle_ms'))}"),
             ("decode hit rate", lambda r: f1(100 * r["ours_gpu"]["decode_hit_rate"], 1) + "%" if r["ours_gpu"].get("decode_hit_rate") is not None else "—"),
             ("MB read per decoded token", lambda r: f1((r["ours_gpu"].get("decode_bytes_per_token") or 0) / 1e6, 1)),
             ("expert reads GB/s (ours, decode)", lambda r: f1(r["ours_gpu"].get("decode_read_gbs"), 2)),
