@@ -400,12 +400,12 @@ fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool
     // prompt, so all of them run at the same context depth.
     if std::env::var_os("BENCH_GPU_SKIP_SWEEP").is_some() {
         let timed = |skip: &[&str]| -> Result<f64> {
-            let mut fresh = e.new_state()?;
-            let mut token = argmax(&e.prefill(&prompt, &mut fresh)?);
             // A token chosen ahead in the sequence before is not this one's.
             if let Some((_, read)) = pending.borrow_mut().take() {
                 b.finish_reading_chosen(read)?;
             }
+            let mut fresh = e.new_state()?;
+            let mut token = argmax(&e.prefill(&prompt, &mut fresh)?);
             handle.skip_kernels(skip)?;
             for _ in 0..4 {
                 step(&mut token, &mut fresh)?;

@@ -347,7 +347,8 @@ fn q4i_x(chunks: u32, gshift: u32, xb: u32, i: u32) -> XChunk {
 }
 
 // This lane's partial dot products of four consecutive interleaved 4-bit rows
-// (for matrices too small to fill the GPU at eight rows per subgroup).
+// (matvec_q4, the MoE kernels; a quad's chunks may be shared by several
+// subgroups through `lane` and `lanes`).
 fn rows4_q4i(d: WeightDesc, row0: u32, nrows: u32, xb: u32, lane: u32, lanes: u32, f16s: bool) -> vec4<f32> {
     var acc = vec4<f32>(0.0);
     let chunks = d.row_words / 4u;

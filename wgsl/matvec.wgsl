@@ -9,7 +9,8 @@
 //
 // matvec_q4: matvec of one token and interleaved 4-bit weights, four rows
 // per quad (rows4_q4i), each quad's chunks shared by `parts` subgroups of the
-// workgroup (a shorter chain of loads per lane), summed in order. Its own
+// workgroup (a shorter chain of loads per lane), summed in order (with
+// `parts` 1, rows of up to a subgroup's 32-value chunks, the same loop). Its own
 // entry point: the smaller kernel of the one path decode takes ran ~5%
 // faster on an H200 than the same path inside matvec.
 //
@@ -49,7 +50,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read> aux: array<f32>;
 @group(0) @binding(5) var<storage, read> gate: array<f32>;
 
-// matvec's split quads: each subgroup's partial sums of its quad.
+// matvec_q4's split quads: each subgroup's partial sums of its quad.
 var<workgroup> partial4: array<vec4<f32>, 128>;
 
 @compute @workgroup_size(128)
@@ -107,7 +108,7 @@ fn matvec(
     let ntok = min(4u, p.tokens - t0);
     let xstride = p.x_cols / 4u;
     if (p.tokens == 1u && p.w.fmt == 4u) {
-        // Interleaved 4-bit, large matrices: one subgroup per eight rows.
+        // Interleaved 4-bit, `group_rows` 8 (by option): one subgroup per eight rows.
         let octs = (p.rows + 7u) / 8u;
         for (var oi = wid.x * nsg + sg; oi < octs; oi += nwg.x * nsg) {
             let row0 = oi * 8u;

@@ -56,10 +56,9 @@ pub struct CacheCounters {
     /// as a miss that nobody waited to read.
     pub read_ahead: u64,
     pub read_ahead_used: u64,
-    /// Seconds during which at least one expert read was in flight
-    /// ([`ExpertStore::busy_seconds`]; counted at the layer's call since the
-    /// call before it): beside the decode's seconds, how long the disk stood
-    /// idle between reads.
+    /// Seconds with at least one expert read in flight ([`ExpertStore::busy_seconds`],
+    /// counted as each streaming call has its experts): beside the decode's
+    /// seconds, how long the disk stood idle between reads.
     pub disk_busy_seconds: f64,
 }
 
@@ -150,8 +149,7 @@ pub struct ExpertCache {
     /// streaming decode reads while this layer's are read and computed
     /// ([`ExpertCache::guess_next`]; the best first; 0: none).
     pub read_ahead: usize,
-    /// The experts guessed for the next MoE call, read once this call's own
-    /// reads are issued.
+    /// The experts guessed for the next MoE call, read once this call's own reads are issued.
     guessed: Option<(usize, Vec<u32>)>,
     ahead: Option<Ahead>,
     /// Key (`layer * experts + expert`) held by each routed slot.
@@ -230,7 +228,6 @@ impl ExpertCache {
             b.map_experts(&mut self.pool, &[((routed_keys + layer) as u32, Some(slot as u32))])?;
             self.shared[layer] = true;
         }
-        // Load reads are not a streaming call's.
         self.busy_mark = self.store.busy_seconds();
         Ok(())
     }
@@ -382,6 +379,13 @@ impl ExpertCache {
         Some(layer * self.store.experts_per_layer)
     }
 
+    /// Adds a streaming call's counters, with the store's busy seconds since the call before's.
+    fn count_call(&mut self, layer: usize, mut counters: CacheCounters) {
+        let busy = self.store.busy_seconds();
+        counters.disk_busy_seconds = (busy - std::mem::replace(&mut self.busy_mark, busy)).max(0.0);
+        self.per_layer[layer].add(&counters);
+    }
+
     /// Whether every expert of the model sits in a slot.
     fn holds_all(&self) -> bool {
         self.slot_of.len() == self.store.layers * self.store.experts_per_layer
@@ -432,9 +436,7 @@ impl ExpertCache {
         let hit_count = order.len();
         order.extend(misses);
         let batches: Vec<&[u32]> = order.chunks(self.owner.len()).collect();
-        let busy = self.store.busy_seconds();
-        let disk_busy_seconds = (busy - std::mem::replace(&mut self.busy_mark, busy)).max(0.0);
-        let mut counters = CacheCounters { hits: hit_count as u64, misses: (order.len() - hit_count) as u64, disk_busy_seconds, ..Default::default() };
+        let mut counters = CacheCounters { hits: hit_count as u64, misses: (order.len() - hit_count) as u64, ..Default::default() };
 
         let misses_of = |cache: &ExpertCache, batch: &[u32]| -> Vec<u32> {
             batch.iter().copied().filter(|&e| !cache.slot_of.contains_key(&cache.key(layer, e))).collect()
@@ -548,7 +550,7 @@ impl ExpertCache {
             }
             b.map_experts(&mut self.pool, &table)?;
             if batches.len() == 1 {
-                self.per_layer[layer].add(&counters);
+                self.count_call(layer, counters);
                 return Ok(b.moe(x, &self.pool, routes, key_base)?);
             }
             // Read the next batch while this one computes.
@@ -583,7 +585,7 @@ impl ExpertCache {
         let table: Vec<(u32, Option<u32>)> =
             (0..experts as u32).map(|e| self.key(layer, e)).map(|k| (k, self.slot_of.get(&k).copied())).collect();
         b.map_experts(&mut self.pool, &table)?;
-        self.per_layer[layer].add(&counters);
+        self.count_call(layer, counters);
         let outputs = match total {
             Some(t) => t,
             None => bail!("a MoE call with no tokens"),

@@ -72,6 +72,34 @@ struct Busy {
     seconds: f64,
 }
 
+/// One read counted in [`Busy`] until dropped (also when the read panics).
+struct InFlight<'a>(&'a std::sync::Mutex<Busy>);
+
+impl<'a> InFlight<'a> {
+    fn start(busy: &'a std::sync::Mutex<Busy>) -> InFlight<'a> {
+        if let Ok(mut b) = busy.lock() {
+            if b.in_flight == 0 {
+                b.since = Some(Instant::now());
+            }
+            b.in_flight += 1;
+        }
+        InFlight(busy)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut b) = self.0.lock() {
+            b.in_flight = b.in_flight.saturating_sub(1);
+            if b.in_flight == 0 {
+                if let Some(t) = b.since.take() {
+                    b.seconds += t.elapsed().as_secs_f64();
+                }
+            }
+        }
+    }
+}
+
 fn per_proj_index(name: &str) -> usize {
     match name {
         "gate_proj" => 0,
@@ -212,22 +240,8 @@ impl ExpertStore {
 
     /// One piece of a record, counted in the busy clock while in flight.
     fn read_piece(&self, piece: &Piece) -> Result<RangeBuf> {
-        if let Ok(mut b) = self.busy.lock() {
-            if b.in_flight == 0 {
-                b.since = Some(Instant::now());
-            }
-            b.in_flight += 1;
-        }
-        let read = self.files[piece.file as usize].read_range(piece.offset, piece.len as usize);
-        if let Ok(mut b) = self.busy.lock() {
-            b.in_flight = b.in_flight.saturating_sub(1);
-            if b.in_flight == 0 {
-                if let Some(t) = b.since.take() {
-                    b.seconds += t.elapsed().as_secs_f64();
-                }
-            }
-        }
-        read
+        let _in_flight = InFlight::start(&self.busy);
+        self.files[piece.file as usize].read_range(piece.offset, piece.len as usize)
     }
 
     /// Seconds so far during which at least one of the store's reads was in

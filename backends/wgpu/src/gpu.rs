@@ -252,7 +252,8 @@ impl Gpu {
             let checks = wgpu::ShaderRuntimeChecks { bounds_checks, ..wgpu::ShaderRuntimeChecks::unchecked() };
             // SAFETY: every loop in wgsl/ is a `for` whose counter moves by a
             // positive step (or halves) towards a bound it reaches, which
-            // `tests/shaders.rs::every_loop_terminates` checks of the sources;
+            // `tests/shaders.rs::every_loop_terminates` checks of the sources
+            // (and `compiled_source` of any file read from `wgsl_dir`);
             // with `bounds_checks` off, the caller of
             // `WgpuBackend::new_unchecked` also vouches that every index the
             // kernels compute stays in bounds, which the shape checks in

@@ -79,6 +79,57 @@ const FILES: [(&str, &str); 18] = [
     ("streams.wgsl", include_str!("../../../wgsl/streams.wgsl")),
 ];
 
+/// Increments a kernel's rising `for` loops may take besides `++`: the
+/// subgroup size, workgroup counts and sizes, and positive constants.
+const LOOP_STEPS: &[&str] = &[
+    "lanes", "nwg.x * nsg", "nwg.x", "nsg", "parts", "256u", "128u", "64u", "TK", "TN", "WG", "TILE", "V_BATCH * parts", "parts * lanes",
+    "V_BATCH", "MERGE_BATCH", "wg", "nwg.x * per_wg",
+];
+
+/// Checks that every loop of a kernel file ends, as the kernels are compiled
+/// without wgpu's forced loop bounding (see `gpu.rs`): each is a `for` that
+/// declares its counter and rises by `++` or a [`LOOP_STEPS`] step to a `<`
+/// bound, or halves down to zero; no `loop` or `while`. Returns how many
+/// loops it found, or the first that is not known to end.
+pub fn check_loops(text: &str) -> Result<usize, String> {
+    let code: String = text.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n");
+    if let Some(word) = code.split(|c: char| !c.is_alphanumeric() && c != '_').find(|w| *w == "loop" || *w == "while") {
+        return Err(format!("`{word}` loops are not allowed (only bounded `for` loops)"));
+    }
+    let mut loops = 0;
+    let mut rest = code.as_str();
+    while let Some(at) = rest.find("for (") {
+        let body = &rest[at + 5..];
+        let mut depth = 1;
+        let Some(end) = body.char_indices().find_map(|(i, c)| {
+            depth += match c {
+                '(' => 1,
+                ')' => -1,
+                _ => 0,
+            };
+            (depth == 0).then_some(i)
+        }) else {
+            return Err("an unclosed `for (`".into());
+        };
+        let header = &body[..end];
+        let parts: Vec<&str> = header.split(';').map(str::trim).collect();
+        let known = match (parts.as_slice(), parts.first().and_then(|p| p.strip_prefix("var ")).and_then(|v| v.split_whitespace().next())) {
+            ([_, cond, step], Some(var)) => {
+                let rising = cond.starts_with(&format!("{var} < ")) && (*step == format!("{var}++") || LOOP_STEPS.iter().any(|s| *step == format!("{var} += {s}")));
+                let halving = *cond == format!("{var} > 0u") && *step == format!("{var} >>= 1u");
+                rising || halving
+            }
+            _ => false,
+        };
+        if !known {
+            return Err(format!("`for ({header})` is not a loop known to end"));
+        }
+        loops += 1;
+        rest = &body[end..];
+    }
+    Ok(loops)
+}
+
 /// The built-in text of a file of `wgsl/` (every name the modules join is
 /// one of [`FILES`]).
 fn builtin(name: &str) -> &'static str {
@@ -199,15 +250,21 @@ impl Module {
     /// `immediates` (set with each dispatch, so a kernel reads them without a
     /// memory load first), and with any of its files found in `dir` read from
     /// there instead of the built-in ones ([`WgpuOptions::wgsl_dir`], for
-    /// kernel development). Also says whether any file came from `dir`.
+    /// kernel development; each must pass [`check_loops`], as the built-in
+    /// ones do in the shader tests). Also says whether any file came from
+    /// `dir`.
     ///
     /// [`WgpuOptions::wgsl_dir`]: crate::WgpuOptions::wgsl_dir
     pub fn compiled_source(self, immediates: bool, dir: Option<&std::path::Path>) -> Result<(String, bool), String> {
+        if let Some(d) = dir.filter(|d| !d.is_dir()) {
+            return Err(format!("kernel sources: {} is not a directory (SLOTSTREAM_WGPU_WGSL_DIR)", d.display()));
+        }
         let replaced = std::cell::Cell::new(false);
         let source = self.assemble(|name| {
             let Some(path) = dir.map(|d| d.join(name)) else { return Ok(builtin(name).to_string()) };
             match std::fs::read_to_string(&path) {
                 Ok(text) => {
+                    check_loops(&text).map_err(|e| format!("kernel source {}: {e} (kernels are compiled without loop bounding; see wgsl/README.md)", path.display()))?;
                     replaced.set(true);
                     Ok(text)
                 }

@@ -185,7 +185,8 @@ pub struct WgpuOptions {
     pub route_lanes: bool,
     /// A directory whose `.wgsl` files replace the built-in ones of the same
     /// name (`SLOTSTREAM_WGPU_WGSL_DIR`, for kernel development: variants of
-    /// a kernel timed without rebuilding; which files were read is noted).
+    /// a kernel timed without rebuilding; the backend's name then says "kernels
+    /// from DIR"; a path that is not a directory is an error).
     pub wgsl_dir: Option<std::path::PathBuf>,
 }
 

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use naga::back::msl;
-use slotstream_wgpu::kernels::Module;
+use slotstream_wgpu::kernels::{check_loops, Module};
 
 fn parse_and_validate(module: Module) -> (naga::Module, naga::valid::ModuleInfo) {
     let source = module.source();
@@ -95,7 +95,6 @@ fn every_params_struct_matches_its_rust_mirror() {
 /// workgroup counts and sizes, and positive constants.
 #[test]
 fn every_loop_terminates() {
-    const STEPS: &[&str] = &["lanes", "nwg.x * nsg", "nwg.x", "nsg", "parts", "256u", "128u", "64u", "TK", "TN", "WG", "TILE", "V_BATCH * parts", "parts * lanes", "V_BATCH", "MERGE_BATCH", "wg", "nwg.x * per_wg"];
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../wgsl");
     let mut loops = 0;
     for entry in std::fs::read_dir(&dir).expect("reading wgsl/") {
@@ -104,40 +103,12 @@ fn every_loop_terminates() {
             continue;
         }
         let text = std::fs::read_to_string(&path).expect("reading a kernel file");
-        let code: String = text.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n");
-        let name = path.display();
-        for word in code.split(|c: char| !c.is_alphanumeric() && c != '_') {
-            assert!(word != "loop" && word != "while", "{name}: `{word}` loops are not allowed (only bounded `for` loops)");
-        }
-        let mut rest = code.as_str();
-        while let Some(at) = rest.find("for (") {
-            let body = &rest[at + 5..];
-            let mut depth = 1;
-            let end = body
-                .char_indices()
-                .find(|&(_, c)| {
-                    depth += match c {
-                        '(' => 1,
-                        ')' => -1,
-                        _ => 0,
-                    };
-                    depth == 0
-                })
-                .map(|(i, _)| i)
-                .unwrap_or_else(|| panic!("{name}: unclosed `for (`"));
-            let header = &body[..end];
-            let parts: Vec<&str> = header.split(';').map(str::trim).collect();
-            assert_eq!(parts.len(), 3, "{name}: `for ({header})`");
-            let var = parts[0].strip_prefix("var ").and_then(|v| v.split_whitespace().next()).unwrap_or_else(|| panic!("{name}: `for ({header})` must declare its counter"));
-            let (cond, step) = (parts[1], parts[2]);
-            let rising = cond.starts_with(&format!("{var} < ")) && (step == format!("{var}++") || STEPS.iter().any(|s| step == format!("{var} += {s}")));
-            let halving = cond == format!("{var} > 0u") && step == format!("{var} >>= 1u");
-            assert!(rising || halving, "{name}: `for ({header})` is not a loop known to end");
-            loops += 1;
-            rest = &body[end..];
-        }
+        loops += check_loops(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     }
     assert!(loops > 50, "found only {loops} loops: the scan is broken");
+    for bad in ["for (var i = 0u; i < n; i--) {}", "for (var i = 0u; i != n; i++) {}", "loop { break; }", "while (x) {}", "for (;;) {}", "for (var i = 0u; i < n"] {
+        assert!(check_loops(bad).is_err(), "{bad:?} passed the check");
+    }
 }
 
 #[test]
@@ -152,9 +123,14 @@ fn kernel_files_in_a_directory_replace_the_built_in_ones() {
     assert!(!replaced && norm == Module::Norm.source(), "a module without a file there is the built-in one");
     let (built_in, replaced) = Module::Route.compiled_source(true, None).expect("the built-in sources");
     assert!(!replaced && built_in.contains("var<immediate> p: Params;") && !built_in.contains(marker));
+    std::fs::write(dir.join("route.wgsl"), "fn f() { loop { break; } }\n").expect("writing a kernel file");
+    let err = Module::Route.compiled_source(false, Some(&dir)).expect_err("a loop not known to end");
+    assert!(err.contains("route.wgsl") && err.contains("loop"), "the error names the file and the loop: {err}");
     std::fs::remove_file(dir.join("route.wgsl")).expect("removing the kernel file");
     std::fs::create_dir(dir.join("route.wgsl")).expect("a directory where a file is looked for");
     let err = Module::Route.compiled_source(false, Some(&dir)).expect_err("a kernel path that cannot be read");
     assert!(err.contains("route.wgsl"), "the error names the file: {err}");
     std::fs::remove_dir_all(&dir).expect("cleaning up");
+    let err = Module::Route.compiled_source(false, Some(&dir)).expect_err("a directory that is not there");
+    assert!(err.contains("not a directory"), "{err}");
 }
