@@ -128,9 +128,8 @@ fn expert_store(arch: &ModelArch) -> Result<ExpertStore> {
     let prefixes: Vec<String> = prefixes.into_iter().collect();
     let c = &arch.text;
     // As many reads in flight as the model's runs will have.
-    let opts = LoadOptions::default().with_env_overrides()?;
-    Ok(ExpertStore::new(&ck, &prefixes, stacked, c.num_experts, c.hidden_size, c.moe_intermediate_size, opts.read_threads, &[])?
-        .with_pollers(opts.read_pollers()))
+    let threads = LoadOptions::default().with_env_overrides()?.read_threads;
+    ExpertStore::new(&ck, &prefixes, stacked, c.num_experts, c.hidden_size, c.moe_intermediate_size, threads, &[])
 }
 
 fn median(values: &mut [f64]) -> Option<f64> {

@@ -83,9 +83,6 @@ impl fmt::Display for RunReport<'_> {
         }
         if total.disk_busy_seconds > 0.0 {
             write!(f, "; reads in flight {:.2} s", total.disk_busy_seconds)?;
-            if cache.read_pollers > 0 {
-                write!(f, " ({} cores kept awake)", cache.read_pollers)?;
-            }
         }
         Ok(())
     }

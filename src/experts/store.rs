@@ -18,7 +18,6 @@ use rayon::prelude::*;
 use slotstream_backend::{ExpertLayout, HostExpert, HostMatrix, MatrixData, MatrixFormat};
 
 use crate::checkpoint::Checkpoint;
-use super::pollers::Pollers;
 use crate::direct_io::{DirectFile, RangeBuf};
 
 /// One contiguous byte range of one file.
@@ -62,7 +61,6 @@ pub struct ExpertStore {
     io: rayon::ThreadPool,
     pub record_bytes: u64,
     busy: std::sync::Mutex<Busy>,
-    pollers: Pollers,
 }
 
 /// How long at least one of the store's reads was in flight: the disk busy
@@ -74,29 +72,26 @@ struct Busy {
     seconds: f64,
 }
 
-/// One read counted in [`Busy`] until dropped (also when the read panics);
-/// the store's pollers spin while any is.
-struct InFlight<'a>(&'a ExpertStore);
+/// One read counted in [`Busy`] until dropped (also when the read panics).
+struct InFlight<'a>(&'a std::sync::Mutex<Busy>);
 
 impl<'a> InFlight<'a> {
-    fn start(store: &'a ExpertStore) -> InFlight<'a> {
-        if let Ok(mut b) = store.busy.lock() {
+    fn start(busy: &'a std::sync::Mutex<Busy>) -> InFlight<'a> {
+        if let Ok(mut b) = busy.lock() {
             if b.in_flight == 0 {
                 b.since = Some(Instant::now());
-                store.pollers.reads_started();
             }
             b.in_flight += 1;
         }
-        InFlight(store)
+        InFlight(busy)
     }
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        if let Ok(mut b) = self.0.busy.lock() {
+        if let Ok(mut b) = self.0.lock() {
             b.in_flight = b.in_flight.saturating_sub(1);
             if b.in_flight == 0 {
-                self.0.pollers.reads_ended();
                 if let Some(t) = b.since.take() {
                     b.seconds += t.elapsed().as_secs_f64();
                 }
@@ -230,20 +225,7 @@ impl ExpertStore {
             .context("starting the expert read threads")?;
         let layers = layer_prefixes.len();
         let busy = Default::default();
-        let pollers = Pollers::none();
-        Ok(ExpertStore { layout, experts_per_layer: experts, layers, files, locations, shared: shared_locations, io, record_bytes, busy, pollers })
-    }
-
-    /// The store with `n` pollers keeping cores awake while its reads are in
-    /// flight ([`Pollers`]; fewer run where the system refuses them).
-    pub fn with_pollers(mut self, n: usize) -> ExpertStore {
-        self.pollers = Pollers::start(n);
-        self
-    }
-
-    /// Pollers running beside the reads.
-    pub fn pollers(&self) -> usize {
-        self.pollers.running()
+        Ok(ExpertStore { layout, experts_per_layer: experts, layers, files, locations, shared: shared_locations, io, record_bytes, busy })
     }
 
     /// The id under which [`ExpertStore::read_many`] reads a layer's shared
@@ -258,7 +240,7 @@ impl ExpertStore {
 
     /// One piece of a record, counted in the busy clock while in flight.
     fn read_piece(&self, piece: &Piece) -> Result<RangeBuf> {
-        let _in_flight = InFlight::start(self);
+        let _in_flight = InFlight::start(&self.busy);
         self.files[piece.file as usize].read_range(piece.offset, piece.len as usize)
     }
 

@@ -135,11 +135,7 @@ pub fn assemble(cx: &LoadCx<'_>, layout: Layout, trunk: Trunk, layers: Vec<Decod
 pub fn expert_cache(cx: &LoadCx<'_>, layout: Layout, moe_prefixes: &[String], slots: ExpertSlots, shared: &[bool]) -> Result<ExpertCache> {
     let c = &cx.arch.text;
     let (experts, hidden, inter) = (c.num_experts, c.hidden_size, c.moe_intermediate_size);
-    let store = ExpertStore::new(cx.ck, moe_prefixes, layout == Layout::Mlx, experts, hidden, inter, cx.opts.read_threads, shared)?
-        .with_pollers(cx.opts.read_pollers());
-    if cx.opts.read_pollers.is_some_and(|n| store.pollers() < n) {
-        crate::note!("warning: {} of the {} read pollers asked for run: this system does not let a thread take the lowest priority", store.pollers(), cx.opts.read_pollers());
-    }
+    let store = ExpertStore::new(cx.ck, moe_prefixes, layout == Layout::Mlx, experts, hidden, inter, cx.opts.read_threads, shared)?;
     let total = moe_prefixes.len() * c.num_experts;
     let slots = match slots {
         ExpertSlots::All => total,

@@ -32,9 +32,6 @@ pub struct LoadOptions {
     /// streaming decode reads ahead (`ExpertCache::read_ahead`; 0: none;
     /// `None`: `experts::DEFAULT_READ_AHEAD`).
     pub read_ahead: Option<usize>,
-    /// Threads that keep cores awake while expert reads are in flight
-    /// (`experts::Pollers`; `None`: its default for this system).
-    pub read_pollers: Option<usize>,
 }
 
 /// Default bound of the n-gram row cache.
@@ -51,7 +48,6 @@ impl Default for LoadOptions {
             decode_ahead: true,
             read_threads: crate::experts::ExpertStore::READ_THREADS,
             read_ahead: None,
-            read_pollers: None,
         }
     }
 }
@@ -61,10 +57,9 @@ impl LoadOptions {
     /// projections apart), `SLOTSTREAM_DECODE_AHEAD=0` (wait for each
     /// token before recording the next), `SLOTSTREAM_READ_AHEAD=N` (guessed
     /// experts per token read ahead, 0-64; 0 reads none before its layer is
-    /// routed), `SLOTSTREAM_READ_THREADS=N` (1-256 expert reads in flight)
-    /// and `SLOTSTREAM_READ_POLLERS=N` (0-1024 cores kept awake during
-    /// reads); anything else is an error naming the variable. The only place
-    /// they are read.
+    /// routed) and `SLOTSTREAM_READ_THREADS=N`
+    /// (1-256 expert reads in flight; anything else is an error naming the
+    /// variable). The only place they are read.
     pub fn with_env_overrides(mut self) -> anyhow::Result<Self> {
         let off = |name: &str| std::env::var(name).is_ok_and(|v| v == "0");
         if off("SLOTSTREAM_FUSED_PROJECTIONS") {
@@ -83,17 +78,6 @@ impl LoadOptions {
                 anyhow::anyhow!("SLOTSTREAM_READ_THREADS={v:?}: expected a number of expert reads in flight from 1 to 256 (unset it for the default, {})", self.read_threads)
             })?;
         }
-        if let Ok(v) = std::env::var("SLOTSTREAM_READ_POLLERS") {
-            self.read_pollers = Some(v.trim().parse::<usize>().ok().filter(|n| *n <= 1024).ok_or_else(|| {
-                anyhow::anyhow!("SLOTSTREAM_READ_POLLERS={v:?}: expected how many cores to keep awake while expert reads are in flight, 0 to 1024 (unset it for the default, {})", crate::experts::Pollers::default_count())
-            })?);
-        }
         Ok(self)
-    }
-
-    /// Pollers to start beside the expert reads: the number asked for, else
-    /// the system's default.
-    pub fn read_pollers(&self) -> usize {
-        self.read_pollers.unwrap_or_else(crate::experts::Pollers::default_count)
     }
 }
