@@ -18,9 +18,11 @@ tools/peer/to_gguf.py --outtype q4_0 repacks the same bits into a Q4_0 GGUF: wha
              idle for --idle seconds (ours: `run --max-tokens 1`; theirs: llama-bench -p <prompt>
              -n 0 -r 1 --no-warmup), --first-rounds of each, alternating;
   streaming models (64 experts per layer, --experts-per-layer 16 = 25% of them, routers skewed):
-             our GPU and CPU backends, their runs alternating (--rounds of each: the disk's speed
-             drifts between runs, and both wait on it), with each run's ms per token beside its
-             expert reads; the expert counters of a prefill-only run (--max-tokens 1)
+             our GPU and CPU backends, their runs alternating and which goes first alternating
+             too (--rounds of each: the disk's speed drifts between runs, and both wait on it),
+             with each run's ms per token beside its expert reads and the disk's rate while its
+             reads were in flight (decode tok/s per GB/s of that rate compares the backends with
+             the drift taken out); the expert counters of a prefill-only run (--max-tokens 1)
              are subtracted from the full run's, giving decode-only hit rate, bytes read per token
              and read-wait; the disk's O_DIRECT read rate is measured on the model's own files, and
              the disk-bound limit is that rate / bytes read per token.
@@ -169,6 +171,11 @@ def ours(a, model, backend, prompt, max_tokens, experts_per_layer, tag):
             # How long no expert read was in flight: the disk left idle.
             if "disk_busy_seconds" in d:
                 res["disk_idle_ms"] = 1e3 * max(0.0, s["decode_seconds"] - d["disk_busy_seconds"]) / passes
+                if d["disk_busy_seconds"] > 0 and d.get("bytes_read"):
+                    # The disk's rate while this run's reads were in flight; it
+                    # drifts by tens of percent within minutes on a shared host.
+                    res["busy_read_gbs"] = d["bytes_read"] / 1e9 / d["disk_busy_seconds"]
+                    res["decode_per_busy_gbs"] = s["decode_tokens_per_second"] / res["busy_read_gbs"]
     except Exception as ex:  # noqa: BLE001
         res["error"] = f"{type(ex).__name__}: {ex}; rc={r['rc']}; {r['stderr'][-600:]}"
         log("  " + res["error"])
@@ -388,10 +395,15 @@ def bench_model(a, key, streaming, prompt):
         # how long the machine has been busy, by more than the engines differ.
         if gguf and 0 < i < a.peer_rounds:
             peers.append(peer(a, gguf, f"{name}_llama_{i}"))
-        gpu.append(ours(a, model, a.gpu_backend, prompt, a.decode + 1, pool, f"{name}_ours_gpu_{i}"))
         # Streamed, both backends wait on the disk, whose speed drifts: their
-        # runs alternate and each side's median is compared.
-        if cpu_too and (streaming or i == 0):
+        # runs alternate, which goes first alternates too, and each side's
+        # median is compared (also per GB/s of the disk's rate in each run).
+        cpu_now = cpu_too and (streaming or i == 0)
+        if cpu_now and streaming and i % 2 == 1:
+            cpu.append(ours(a, model, "cpu", prompt, a.decode + 1, pool, f"{name}_ours_cpu_{i}"))
+            cpu_now = False
+        gpu.append(ours(a, model, a.gpu_backend, prompt, a.decode + 1, pool, f"{name}_ours_gpu_{i}"))
+        if cpu_now:
             cpu.append(ours(a, model, "cpu", prompt, a.decode + 1, pool, f"{name}_ours_cpu_{i}"))
     if gguf and not a.keep:
         os.remove(gguf)
@@ -408,7 +420,8 @@ def bench_model(a, key, streaming, prompt):
                        "backend_name": next((r.get("backend_name") for r in gpu if r.get("backend_name")), None),
                        "prompt_tokens": gpu[0].get("prompt_tokens"),
                        "beside_reads_ms": median(gpu, "beside_reads_ms"), "wait_ms": median(gpu, "wait_ms"),
-                       "write_ms": median(gpu, "write_ms"), "disk_idle_ms": median(gpu, "disk_idle_ms")}
+                       "write_ms": median(gpu, "write_ms"), "disk_idle_ms": median(gpu, "disk_idle_ms"),
+                       "busy_read_gbs": median(gpu, "busy_read_gbs"), "decode_per_busy_gbs": median(gpu, "decode_per_busy_gbs")}
     if streaming:
         pre = ours(a, model, a.gpu_backend, prompt, 1, pool, f"{name}_ours_gpu_prefill_only")
         res["ours_gpu"].update(subtract(gpu[-1], pre))
@@ -418,7 +431,8 @@ def bench_model(a, key, streaming, prompt):
             res["disk_limit_tps"] = res["disk_read_gbs"] * 1e9 / bpt
     if cpu:
         res["ours_cpu_runs"] = cpu
-        res["ours_cpu"] = {k: median(cpu, k) for k in ("prefill", "decode", "beside_reads_ms", "wait_ms", "write_ms", "disk_idle_ms")}
+        res["ours_cpu"] = {k: median(cpu, k) for k in ("prefill", "decode", "beside_reads_ms", "wait_ms", "write_ms", "disk_idle_ms",
+                                                       "busy_read_gbs", "decode_per_busy_gbs")}
         res["ours_cpu"].update(rss_bytes=max((c["rss_bytes"] for c in cpu if c.get("rss_bytes")), default=None),
                                backend_name=next((c["backend_name"] for c in cpu if c.get("backend_name")), None),
                                error=next((c["error"] for c in cpu if c.get("error")), None))
@@ -492,6 +506,14 @@ def table(a, meta, results):
             ("GPU decode tok/s", lambda r: f1(r["ours_gpu"]["decode"], 3)),
             ("CPU decode tok/s (same pool)", lambda r: f1((r.get("ours_cpu") or {}).get("decode"), 3)),
             ("GPU / CPU decode", lambda r: ratio(r["ours_gpu"]["decode"], (r.get("ours_cpu") or {}).get("decode"))),
+            ("decode tok/s of each run, GPU; CPU (they alternate, and which goes first)",
+             lambda r: ", ".join(f1(g.get("decode"), 3) for g in r["ours_gpu_runs"]) + "; "
+             + ", ".join(f1(c.get("decode"), 3) for c in r.get("ours_cpu_runs", []))),
+            ("reads GB/s while in flight (the disk's rate in each run), median GPU / CPU",
+             lambda r: f"{f1(r['ours_gpu'].get('busy_read_gbs'), 2)} / {f1((r.get('ours_cpu') or {}).get('busy_read_gbs'), 2)}"),
+            ("decode tok/s per GB/s of that rate (the disk's drift taken out), median GPU / CPU",
+             lambda r: f"{f1(r['ours_gpu'].get('decode_per_busy_gbs'), 3)} / {f1((r.get('ours_cpu') or {}).get('decode_per_busy_gbs'), 3)} = "
+             + ratio(r["ours_gpu"].get("decode_per_busy_gbs"), (r.get("ours_cpu") or {}).get("decode_per_busy_gbs"))),
             ("ms per decoded token beside the reads, GPU / CPU",
              lambda r: f"{f1(r['ours_gpu'].get('beside_reads_ms'))} / {f1((r.get('ours_cpu') or {}).get('beside_reads_ms'))}"),
             ("read wait ms per decoded token, GPU / CPU",
