@@ -150,6 +150,29 @@ fn resident_decode_submits_once_per_token() {
     }
 }
 
+/// A streaming decode reads each MoE layer's routed ids back together with
+/// its guess of the next layer's experts: one wait per MoE layer, plus one
+/// for the logits.
+#[test]
+fn streaming_decode_reads_back_once_per_moe_layer() {
+    if skip() {
+        return;
+    }
+    for name in ["qwen3_next_mlx4", "qwen3_moe_hf"] {
+        let backend = WgpuBackend::new(&AdapterChoice::allow_software()).expect("GPU adapter");
+        let downloads = backend.download_counter();
+        let (e, mut state, mut next, moe_layers) = prefilled(name, backend, ExpertSlots::Count(2), false);
+        assert!(moe_layers > 1, "{name}: the test needs a guess of a next MoE layer");
+        for _ in 0..3 {
+            let before = downloads.load(Ordering::Relaxed);
+            let t = e.model.forward(e.backend.as_ref(), &[next], &mut state, Logits::Last).unwrap();
+            next = argmax(&e.backend.download(&t).unwrap());
+            let per_token = (downloads.load(Ordering::Relaxed) - before) as usize;
+            assert_eq!(per_token, moe_layers + 1, "{name}: {per_token} read-backs for one token of {moe_layers} MoE layers");
+        }
+    }
+}
+
 /// A pool that holds every expert holds each layer's shared expert too (the
 /// fixture's is shaped as its routed experts), and a decoded token runs it in
 /// the routed experts' kernels: no products of its own. A streaming pool runs

@@ -20,6 +20,7 @@
 //! rank, which rounds differently from a streaming pool; tests check that
 //! the tokens are the same.
 
+mod stats;
 mod store;
 
 use std::collections::{HashMap, HashSet};
@@ -28,99 +29,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, ensure, Result};
-use serde::Serialize;
 use slotstream_backend::{add_shared_expert, Backend, ExpertPool, Routes, SharedExpert, Tensor};
 
+pub use stats::{CacheCounters, CacheStats};
 pub use store::{ExpertRecord, ExpertStore};
-
-/// Counters of one MoE layer (or of all of them).
-#[derive(Clone, Debug, Default, Serialize, PartialEq)]
-pub struct CacheCounters {
-    /// Experts found in the pool: distinct experts per call while the pool
-    /// streams; once it holds every expert, routing no longer comes back to
-    /// the host and each routed (token, expert) pair counts as a hit.
-    pub hits: u64,
-    pub misses: u64,
-    pub bytes_read: u64,
-    /// Seconds the read threads were busy (wall time of each batch of reads).
-    pub read_seconds: f64,
-    /// Seconds compute stood still waiting for reads (and for the writes
-    /// into slots of the experts read).
-    pub wait_seconds: f64,
-    /// Seconds spent writing experts read into their slots (as each lands,
-    /// on the thread that collects the reads).
-    pub write_seconds: f64,
-    /// Experts read ahead of their layer's call (guessed from the layer
-    /// before), and how many of them the call then needed. Their bytes and
-    /// read time count in `bytes_read` and `read_seconds`; a used one counts
-    /// as a miss that nobody waited to read.
-    pub read_ahead: u64,
-    pub read_ahead_used: u64,
-    /// Seconds with at least one expert read in flight ([`ExpertStore::busy_seconds`],
-    /// counted as each streaming call has its experts): beside the decode's
-    /// seconds, how long the disk stood idle between reads.
-    pub disk_busy_seconds: f64,
-}
-
-impl CacheCounters {
-    fn add(&mut self, o: &CacheCounters) {
-        self.hits += o.hits;
-        self.misses += o.misses;
-        self.bytes_read += o.bytes_read;
-        self.read_seconds += o.read_seconds;
-        self.wait_seconds += o.wait_seconds;
-        self.write_seconds += o.write_seconds;
-        self.read_ahead += o.read_ahead;
-        self.read_ahead_used += o.read_ahead_used;
-        self.disk_busy_seconds += o.disk_busy_seconds;
-    }
-
-    /// What was counted since `earlier` (counters of the same pool).
-    pub fn since(&self, earlier: &CacheCounters) -> CacheCounters {
-        CacheCounters {
-            hits: self.hits.saturating_sub(earlier.hits),
-            misses: self.misses.saturating_sub(earlier.misses),
-            bytes_read: self.bytes_read.saturating_sub(earlier.bytes_read),
-            read_seconds: (self.read_seconds - earlier.read_seconds).max(0.0),
-            wait_seconds: (self.wait_seconds - earlier.wait_seconds).max(0.0),
-            write_seconds: (self.write_seconds - earlier.write_seconds).max(0.0),
-            read_ahead: self.read_ahead.saturating_sub(earlier.read_ahead),
-            read_ahead_used: self.read_ahead_used.saturating_sub(earlier.read_ahead_used),
-            disk_busy_seconds: (self.disk_busy_seconds - earlier.disk_busy_seconds).max(0.0),
-        }
-    }
-
-    pub fn read_gb_per_second(&self) -> f64 {
-        if self.read_seconds > 0.0 {
-            self.bytes_read as f64 / self.read_seconds / 1e9
-        } else {
-            0.0
-        }
-    }
-
-    pub fn hit_rate(&self) -> f64 {
-        let n = self.hits + self.misses;
-        if n == 0 {
-            0.0
-        } else {
-            self.hits as f64 / n as f64
-        }
-    }
-}
-
-/// Statistics of the expert cache.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct CacheStats {
-    /// Routed-expert slots.
-    pub slots: usize,
-    /// Bytes of the whole pool: its routed slots and `shared_bytes` of
-    /// shared experts held beside them.
-    pub pool_bytes: usize,
-    pub shared_bytes: usize,
-    pub direct_io: bool,
-    pub total: CacheCounters,
-    pub per_layer: Vec<CacheCounters>,
-}
 
 /// Experts of one MoE layer being read ahead of its call.
 struct Ahead {
@@ -327,18 +239,24 @@ impl ExpertCache {
     /// layers) as a guess of MoE layer `layer`'s experts. Those not in a
     /// slot are read once the current call has issued its own reads, and
     /// that call uses whichever it then needs. Output never depends on it.
-    pub fn guess_next(&mut self, b: &dyn Backend, layer: usize, routes: &Routes) -> Result<()> {
+    /// The current call's `current` routes are read back with the guess (one
+    /// round trip on a GPU); their ids are returned for [`ExpertCache::run_layer`].
+    pub fn guess_next(&mut self, b: &dyn Backend, layer: usize, routes: &Routes, current: &Routes) -> Result<Vec<u32>> {
         if layer >= self.store.layers || routes.gating.experts != self.store.experts_per_layer {
             bail!("a guess for MoE layer {layer} over {} experts does not fit the store", routes.gating.experts);
         }
+        let mut both = b.routed_experts_many(&[current, routes])?.into_iter();
+        let (Some(current_ids), Some(guessed)) = (both.next(), both.next()) else {
+            bail!("the backend read back fewer routings than asked for");
+        };
         // Each token's best `read_ahead` guesses (ids come best first).
         let k = routes.gating.top_k.max(1);
-        let mut ids: Vec<u32> = b.routed_experts(routes)?.chunks(k).flat_map(|t| t[..self.read_ahead.min(t.len())].to_vec()).collect();
+        let mut ids: Vec<u32> = guessed.chunks(k).flat_map(|t| t[..self.read_ahead.min(t.len())].to_vec()).collect();
         ids.sort_unstable();
         ids.dedup();
         ids.retain(|&e| (e as usize) < self.store.experts_per_layer && !self.slot_of.contains_key(&self.key(layer, e)));
         self.guessed = (!ids.is_empty()).then_some((layer, ids));
-        Ok(())
+        Ok(current_ids)
     }
 
     /// Takes what is being read ahead for `layer`, counted in `counters`
@@ -359,12 +277,12 @@ impl ExpertCache {
     /// [`ExpertCache::run_layer`] plus the layer's sigmoid-gated shared
     /// expert: in the routed experts' kernels where the pool holds every
     /// expert and this one too ([`Backend::moe_shared`]), else after them.
-    pub fn run_layer_shared(&mut self, b: &dyn Backend, layer: usize, x: &Tensor, routes: &Routes, shared: SharedExpert<'_>) -> Result<Tensor> {
+    pub fn run_layer_shared(&mut self, b: &dyn Backend, layer: usize, x: &Tensor, routes: &Routes, ids: Option<Vec<u32>>, shared: SharedExpert<'_>) -> Result<Tensor> {
         if let Some(key_base) = self.resident(layer, routes) {
             let key = self.shared.get(layer).is_some_and(|&s| s).then(|| self.store.layers * self.store.experts_per_layer + layer);
             return Ok(b.moe_shared(x, &self.pool, routes, key_base, &SharedExpert { key, ..shared })?);
         }
-        let y = self.run_layer(b, layer, x, routes)?;
+        let y = self.run_layer(b, layer, x, routes, ids)?;
         Ok(add_shared_expert(b, &y, x, &shared)?)
     }
 
@@ -413,8 +331,8 @@ impl ExpertCache {
     }
 
     /// Routed-expert output of one MoE layer for `x` (`[tokens, hidden]`)
-    /// routed by `routes`.
-    pub fn run_layer(&mut self, b: &dyn Backend, layer: usize, x: &Tensor, routes: &Routes) -> Result<Tensor> {
+    /// routed by `routes`, whose ids are `ids` where already read back.
+    pub fn run_layer(&mut self, b: &dyn Backend, layer: usize, x: &Tensor, routes: &Routes, ids: Option<Vec<u32>>) -> Result<Tensor> {
         let gating = routes.gating;
         let experts = self.store.experts_per_layer;
         if gating.experts != experts {
@@ -424,7 +342,10 @@ impl ExpertCache {
         if let Some(key_base) = self.resident(layer, routes) {
             return Ok(b.moe(x, &self.pool, routes, key_base)?);
         }
-        let mut needed = b.routed_experts(routes)?;
+        let mut needed = match ids {
+            Some(ids) => ids,
+            None => b.routed_experts(routes)?,
+        };
         needed.sort_unstable();
         needed.dedup();
         if let Some(&e) = needed.iter().find(|&&e| e as usize >= experts) {

@@ -31,6 +31,13 @@ impl Routes {
     pub fn tokens(&self) -> usize {
         self.tensor.rows()
     }
+
+    /// Every token's expert ids (best first) from the rows of `tensor` read
+    /// back: each row holds `top_k` weights, then `top_k` ids as f32 bits.
+    pub fn ids_of_rows(&self, rows: &[f32]) -> Vec<u32> {
+        let k = self.gating.top_k;
+        rows.chunks_exact(2 * k).flat_map(|r| r[..k].iter().map(|v| v.to_bits())).collect()
+    }
 }
 
 /// How one matrix of an expert record is stored.

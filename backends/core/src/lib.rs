@@ -412,9 +412,13 @@ pub trait Backend: Send + Sync {
     /// Every token's expert ids, `[tokens * top_k]` (best first): what a
     /// streaming pool reads back to fetch its misses.
     fn routed_experts(&self, routes: &Routes) -> Result<Vec<u32>> {
-        let k = routes.gating.top_k;
-        let rows = self.download(&routes.tensor)?;
-        Ok(rows.chunks_exact(2 * k).flat_map(|r| r[..k].iter().map(|v| v.to_bits())).collect())
+        Ok(routes.ids_of_rows(&self.download(&routes.tensor)?))
+    }
+    /// [`Backend::routed_experts`] of several routings at once: a GPU
+    /// backend reads them back in one round trip (a streaming pool reads a
+    /// layer's routes with its guess of the next layer's).
+    fn routed_experts_many(&self, routes: &[&Routes]) -> Result<Vec<Vec<u32>>> {
+        routes.iter().map(|r| self.routed_experts(r)).collect()
     }
     /// Allocates a pool of `slots` expert records of `layout`, with a slot
     /// table of `keys` entries that all say "not in the pool".

@@ -123,6 +123,12 @@ impl WgpuBackend {
         self.gpu.submissions.clone()
     }
 
+    /// Counts the host's waits to read data back (one per download, however
+    /// many buffers it reads); stays valid after the backend is moved.
+    pub fn download_counter(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.gpu.downloads.clone()
+    }
+
     /// Host seconds spent recording dispatches and submitting them, and the
     /// number of submissions, since the last call (which resets them).
     pub fn take_host_time(&self) -> (f64, f64, u64) {

@@ -133,6 +133,8 @@ pub struct Gpu {
     /// Submissions the host asked for (downloads, pool writes, flushes); the
     /// periodic ones of `flush_every` are not counted.
     pub submissions: Arc<std::sync::atomic::AtomicU64>,
+    /// Waits for all submitted work to read data back ([`Gpu::download_many`]).
+    pub downloads: Arc<std::sync::atomic::AtomicU64>,
     /// A smaller binding size to shard to than the adapter allows (0: none),
     /// so tests can exercise sharding with small weights.
     pub binding_cap: std::sync::atomic::AtomicU64,
@@ -316,6 +318,7 @@ impl Gpu {
             can_time,
             time_inside,
             submissions: Arc::default(),
+            downloads: Arc::default(),
             binding_cap: std::sync::atomic::AtomicU64::new(0),
             flush_every: std::sync::atomic::AtomicU32::new(options.flush_every),
             flush_first: options.flush_first,
@@ -545,23 +548,7 @@ impl Gpu {
     /// Copies `bytes` bytes of `src` back to the host: submits all recorded
     /// work and waits for it (the one kind of GPU-to-CPU sync).
     pub fn download(&self, src: Bind<'_>, bytes: u64) -> Result<Vec<u8>> {
-        let size = bytes.max(4).div_ceil(4) * 4;
-        let mut slot = self.staging.lock().map_err(|_| BackendError::Device("staging buffer poisoned".into()))?;
-        if slot.as_ref().is_none_or(|b| b.size() < size) {
-            *slot = Some(self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("download"),
-                size: size.max(1 << 20),
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            }));
-        }
-        let Some(staging) = slot.as_ref() else {
-            return Err(BackendError::Device("no staging buffer".into()));
-        };
-        self.submit_with(|enc| enc.copy_buffer_to_buffer(src.buffer, src.offset, staging, 0, size))?;
-        let mut out = self.read_range(staging, size)?;
-        out.truncate(bytes as usize);
-        Ok(out)
+        Ok(self.download_many(&[(src, bytes)])?.into_iter().next().unwrap_or_default())
     }
 
     /// Waits until the GPU has run all submitted work.

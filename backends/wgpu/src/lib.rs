@@ -3,19 +3,15 @@
 //! (Linux, Windows) or Metal (macOS).
 //!
 //! Activations, weights, the expert pool and all per-sequence state stay on
-//! the GPU. Ops are recorded lazily into one command encoder and submitted
-//! when the host needs data back: per decoded token that is one submission
-//! and one wait per MoE layer (the router logits, which decide which experts
-//! the slot pool must hold) plus one for the final logits. Writing an expert
-//! into the pool also submits what was recorded before it (without waiting),
-//! so the write lands after every earlier read of that slot.
+//! the GPU. Ops are recorded lazily into one command encoder and submitted when the host needs
+//! data back: once per decoded token with a resident pool; a streaming pool also reads each MoE
+//! layer's routed ids back. An expert written into the pool lands after every earlier read of its slot.
 //!
-//! This file checks each op's inputs (through `slotstream_backend::checks`)
-//! and hands it to the typed kernel calls of its family's module
-//! (`elementwise.rs`, `norm.rs`, `streams.rs`, `matmul.rs`, `moe.rs`,
-//! `attention.rs`, `recurrent.rs`); `state.rs` holds the per-sequence state,
-//! `gpu.rs` the device and its command recorder, `diagnostics.rs` the hooks
-//! for tests and profiling.
+//! This file checks each op's inputs (through `slotstream_backend::checks`) and hands it to the
+//! typed kernel calls of its family's module (`elementwise.rs`, `norm.rs`, `streams.rs`,
+//! `matmul.rs`, `moe.rs`, `attention.rs`, `recurrent.rs`); `state.rs` holds the per-sequence
+//! state, `gpu.rs` the device and its command recorder, `diagnostics.rs` the hooks for tests
+//! and profiling.
 
 mod attention;
 mod chosen;
@@ -501,6 +497,10 @@ impl Backend for WgpuBackend {
         let per_head = [buf(x.a_log)?, buf(x.dt_bias)?];
         recurrent::gated_delta(&self.gpu, st, inputs, Some((per_head, q_scale, eps)), ob.bind(), tokens, key_heads)?;
         Ok(out)
+    }
+
+    fn routed_experts_many(&self, routes: &[&Routes]) -> Result<Vec<Vec<u32>>> {
+        moe::routed_ids(&self.gpu, routes)
     }
 
     fn route(&self, logits: &Tensor, gating: Gating) -> Result<Routes> {

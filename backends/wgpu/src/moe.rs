@@ -198,6 +198,14 @@ pub(crate) fn route_norm(gpu: &Gpu, w: &GpuWeight, h: &HeldNorm, routes: Bind<'_
     gpu.dispatch("moe_route_norm_wide", &params, &binds, [quads.div_ceil(per) as u32, 1, 1])
 }
 
+/// Every routing's expert ids (best first), read back in one round trip.
+pub(crate) fn routed_ids(gpu: &Gpu, routes: &[&Routes]) -> Result<Vec<Vec<u32>>> {
+    let srcs = routes.iter().map(|r| Ok((buf(&r.tensor)?, 4 * r.tensor.numel() as u64))).collect::<Result<Vec<_>>>()?;
+    let read = gpu.download_many(&srcs)?;
+    let floats = |b: &[u8]| -> Vec<f32> { b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect() };
+    Ok(routes.iter().zip(read).map(|(r, bytes)| r.ids_of_rows(&floats(&bytes))).collect())
+}
+
 /// Sets slot table entries `(key, slot or NO_SLOT)`, in op order.
 pub(crate) fn map(gpu: &Gpu, table: &wgpu::Buffer, entries: &[[u32; 2]]) -> Result<()> {
     for chunk in entries.chunks(64 * MAX_GROUPS as usize) {

@@ -73,19 +73,20 @@ impl MoeBlock {
     /// streaming pool guesses its experts from `x` and reads them ahead.
     pub fn forward(&self, b: &dyn Backend, x: &Tensor, experts: &mut ExpertCache, next: Option<&MoeBlock>) -> Result<Tensor> {
         let (routes, shared_gate) = self.route(b, x)?;
+        let mut ids = None;
         if let Some(next) = next.filter(|_| experts.wants_guess(x.rows())) {
             let (guess, _) = next.route(b, x)?;
-            experts.guess_next(b, next.moe_index, &guess)?;
+            ids = Some(experts.guess_next(b, next.moe_index, &guess, &routes)?);
         }
         let Some(shared) = &self.shared else {
-            return experts.run_layer(b, self.moe_index, x, &routes);
+            return experts.run_layer(b, self.moe_index, x, &routes, ids);
         };
         let gate = shared_gate.context("internal: the router gave no shared expert gate")?;
         if let Some(gate_up) = shared.inputs.single() {
             let s = slotstream_backend::SharedExpert { gate_up, down: &shared.down, gate: &gate, key: None };
-            return experts.run_layer_shared(b, self.moe_index, x, &routes, s);
+            return experts.run_layer_shared(b, self.moe_index, x, &routes, ids, s);
         }
-        let y = experts.run_layer(b, self.moe_index, x, &routes)?;
+        let y = experts.run_layer(b, self.moe_index, x, &routes, ids)?;
         let p = shared.inputs.forward(b, x)?;
         let act = b.silu_mul(p.get("shared_gate")?, p.get("shared_up")?)?;
         Ok(b.matmul_gated_add(&y, &act, &shared.down, &gate)?)

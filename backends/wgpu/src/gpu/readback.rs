@@ -1,6 +1,7 @@
-//! Reads that start with one submission and finish later: the host records
-//! and submits more work in between, and the wait covers only the work
-//! submitted up to the read (a decode step's chosen token, read while the
+//! Reads back to the host: several buffers in one round trip, and reads
+//! that start with one submission and finish later (the host records and
+//! submits more work in between, and the wait covers only the work
+//! submitted up to the read: a decode step's chosen token, read while the
 //! next step runs).
 
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -39,6 +40,46 @@ impl Drop for Outstanding {
 }
 
 impl Gpu {
+    /// Copies each `(src, bytes)` back to the host with one submission of
+    /// all recorded work and one wait for it (what [`Gpu::download`] does
+    /// for one).
+    pub fn download_many(&self, srcs: &[(Bind<'_>, u64)]) -> Result<Vec<Vec<u8>>> {
+        if srcs.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Copies start and end on 4-byte boundaries.
+        let sizes: Vec<u64> = srcs.iter().map(|&(_, bytes)| bytes.max(4).div_ceil(4) * 4).collect();
+        let total: u64 = sizes.iter().sum();
+        let mut slot = self.staging.lock().map_err(|_| BackendError::Device("staging buffer poisoned".into()))?;
+        if slot.as_ref().is_none_or(|b| b.size() < total) {
+            *slot = Some(self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("download"),
+                size: total.max(1 << 20),
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }));
+        }
+        let Some(staging) = slot.as_ref() else {
+            return Err(BackendError::Device("no staging buffer".into()));
+        };
+        self.submit_with(|enc| {
+            let mut at = 0;
+            for (&(src, _), &size) in srcs.iter().zip(&sizes) {
+                enc.copy_buffer_to_buffer(src.buffer, src.offset, staging, at, size);
+                at += size;
+            }
+        })?;
+        let all = self.read_range(staging, total)?;
+        self.downloads.fetch_add(1, Ordering::Relaxed);
+        let mut at = 0;
+        let mut out = Vec::with_capacity(srcs.len());
+        for (&(_, bytes), &size) in srcs.iter().zip(&sizes) {
+            out.push(all[at as usize..(at + bytes) as usize].to_vec());
+            at += size;
+        }
+        Ok(out)
+    }
+
     /// Copies `bytes` bytes of `src` (at most [`MAX_STARTED_READ`]) after all
     /// work recorded so far, and submits it without waiting.
     pub fn start_download(&self, src: Bind<'_>, bytes: u64) -> Result<StartedRead> {

@@ -1,0 +1,92 @@
+//! What the expert cache counts: per MoE layer and for the whole pool.
+
+use serde::Serialize;
+
+/// Counters of one MoE layer (or of all of them).
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct CacheCounters {
+    /// Experts found in the pool: distinct experts per call while the pool
+    /// streams; once it holds every expert, routing no longer comes back to
+    /// the host and each routed (token, expert) pair counts as a hit.
+    pub hits: u64,
+    pub misses: u64,
+    pub bytes_read: u64,
+    /// Seconds the read threads were busy (wall time of each batch of reads).
+    pub read_seconds: f64,
+    /// Seconds compute stood still waiting for reads (and for the writes
+    /// into slots of the experts read).
+    pub wait_seconds: f64,
+    /// Seconds spent writing experts read into their slots (as each lands,
+    /// on the thread that collects the reads).
+    pub write_seconds: f64,
+    /// Experts read ahead of their layer's call (guessed from the layer
+    /// before), and how many of them the call then needed. Their bytes and
+    /// read time count in `bytes_read` and `read_seconds`; a used one counts
+    /// as a miss that nobody waited to read.
+    pub read_ahead: u64,
+    pub read_ahead_used: u64,
+    /// Seconds with at least one expert read in flight ([`super::ExpertStore::busy_seconds`],
+    /// counted as each streaming call has its experts): beside the decode's
+    /// seconds, how long the disk stood idle between reads.
+    pub disk_busy_seconds: f64,
+}
+
+impl CacheCounters {
+    pub(super) fn add(&mut self, o: &CacheCounters) {
+        self.hits += o.hits;
+        self.misses += o.misses;
+        self.bytes_read += o.bytes_read;
+        self.read_seconds += o.read_seconds;
+        self.wait_seconds += o.wait_seconds;
+        self.write_seconds += o.write_seconds;
+        self.read_ahead += o.read_ahead;
+        self.read_ahead_used += o.read_ahead_used;
+        self.disk_busy_seconds += o.disk_busy_seconds;
+    }
+
+    /// What was counted since `earlier` (counters of the same pool).
+    pub fn since(&self, earlier: &CacheCounters) -> CacheCounters {
+        CacheCounters {
+            hits: self.hits.saturating_sub(earlier.hits),
+            misses: self.misses.saturating_sub(earlier.misses),
+            bytes_read: self.bytes_read.saturating_sub(earlier.bytes_read),
+            read_seconds: (self.read_seconds - earlier.read_seconds).max(0.0),
+            wait_seconds: (self.wait_seconds - earlier.wait_seconds).max(0.0),
+            write_seconds: (self.write_seconds - earlier.write_seconds).max(0.0),
+            read_ahead: self.read_ahead.saturating_sub(earlier.read_ahead),
+            read_ahead_used: self.read_ahead_used.saturating_sub(earlier.read_ahead_used),
+            disk_busy_seconds: (self.disk_busy_seconds - earlier.disk_busy_seconds).max(0.0),
+        }
+    }
+
+    pub fn read_gb_per_second(&self) -> f64 {
+        if self.read_seconds > 0.0 {
+            self.bytes_read as f64 / self.read_seconds / 1e9
+        } else {
+            0.0
+        }
+    }
+
+    pub fn hit_rate(&self) -> f64 {
+        let n = self.hits + self.misses;
+        if n == 0 {
+            0.0
+        } else {
+            self.hits as f64 / n as f64
+        }
+    }
+}
+
+/// Statistics of the expert cache.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct CacheStats {
+    /// Routed-expert slots.
+    pub slots: usize,
+    /// Bytes of the whole pool: its routed slots and `shared_bytes` of
+    /// shared experts held beside them.
+    pub pool_bytes: usize,
+    pub shared_bytes: usize,
+    pub direct_io: bool,
+    pub total: CacheCounters,
+    pub per_layer: Vec<CacheCounters>,
+}
