@@ -52,7 +52,10 @@
 #   models), WORK (models and unpacked binaries, default /tmp/gpu-peer), RESULTS (default
 #   $WORK/results; where $OUT is set, table.md, results.json and gpu-peer-logs.tar.gz are
 #   copied there too), JOBS (default nproc), FIRST_ROUNDS (first-prompt runs of each engine per
-#   resident model, default 2; 0 skips them), IDLE (seconds the GPU idles before each, 10).
+#   resident model, default 2; 0 skips them), IDLE (seconds the GPU idles before each, 10),
+#   DECODE (decode passes, default 64; fewer fit more alternating streamed pairs in one call:
+#   the disk's rate drifts, so the streamed GPU/CPU comparison needs many, e.g.
+#   MODELS=A64 ROUNDS=8 DECODE=32).
 # env (prepare): CARGO_BUILD_JOBS (default 1), JOBS/NICE for llama.cpp (2/10), FORCE=1 (rebuild
 #   llama.cpp), VK_PEER_DIR (its source and build tree, default /tmp/slotstream-peer-vk).
 #
@@ -160,6 +163,7 @@ PY
     [ -n "${KEEP:-}" ] && args+=(--keep)
     args+=(--first-rounds "${FIRST_ROUNDS:-2}" --idle "${IDLE:-10}")
     [ -n "${PEER_STREAMING:-}" ] && args+=(--peer-streaming)
+    [ -n "${DECODE:-}" ] && args+=(--decode "$DECODE")
     local rc=0
     PYTHONUNBUFFERED=1 python3 tools/peer/bench_gpu_peer.py "${args[@]}" || rc=$?
     # The device tool brings back at most 8 files from $OUT: the table, the JSON, and every log in one tarball.
