@@ -1,14 +1,15 @@
 // Causal depthwise convolution over time with a carried window; taps are
 // `dilation` steps apart, so the window holds the last hist = (kernel-1)*dilation
 // inputs.
-//   conv1d:      out[t, c] = sum_j w[c, j] * seq[t + j*dilation, c], seq = window ++ x,
-//                then silu(out) when act = 1,
-//                one thread per output value
-//   conv_window: new_window[r, c] = seq[tokens + r, c] for r < hist
+//   conv1d: out[t, c] = sum_j w[c, j] * seq[t + j*dilation, c], seq = window ++ x,
+//           then silu(out) when act = 1, one thread per output value; the
+//           threads after those write the window the next call continues
+//           from, new_window[r, c] = seq[tokens + r, c] for r < hist
+//           (window_n = hist * channels values; a buffer apart from window)
 //
 // Bindings: 0 uniform Params; 2 x [tokens, channels]; 3 out [tokens, channels]
-// or new_window [hist, channels] (read-write); 4 w [channels, kernel];
-// 5 window [hist, channels].
+// (read-write); 4 w [channels, kernel]; 5 window [hist, channels];
+// 6 new_window [hist, channels] (read-write).
 
 struct Params {
     tokens: u32,
@@ -18,7 +19,7 @@ struct Params {
     dilation: u32,
     // conv1d: 1 applies silu to the output (causal_conv1d_silu).
     act: u32,
-    _pad1: u32,
+    window_n: u32,
     _pad2: u32,
 }
 
@@ -27,6 +28,7 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 @group(0) @binding(4) var<storage, read> w: array<f32>;
 @group(0) @binding(5) var<storage, read> window: array<f32>;
+@group(0) @binding(6) var<storage, read_write> new_window: array<f32>;
 
 fn seq(r: u32, c: u32) -> f32 {
     let hist = (p.kernel - 1u) * p.dilation;
@@ -40,6 +42,10 @@ fn seq(r: u32, c: u32) -> f32 {
 fn conv1d(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let i = (wid.y * nwg.x + wid.x) * 256u + li;
     if (i >= p.n) {
+        let j = i - p.n;
+        if (j < p.window_n) {
+            new_window[j] = seq(p.tokens + j / p.channels, j % p.channels);
+        }
         return;
     }
     let t = i / p.channels;
@@ -53,15 +59,4 @@ fn conv1d(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
         acc = acc * (1.0 / (1.0 + exp(-acc)));
     }
     out[i] = acc;
-}
-
-@compute @workgroup_size(256)
-fn conv_window(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let i = (wid.y * nwg.x + wid.x) * 256u + li;
-    if (i >= p.n) {
-        return;
-    }
-    let r = i / p.channels;
-    let c = i % p.channels;
-    out[i] = seq(p.tokens + r, c);
 }

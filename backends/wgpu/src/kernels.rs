@@ -212,7 +212,7 @@ impl Module {
                 "attention_split_regs",
                 "attention_split_rope_regs",
             ],
-            Module::Conv => &["conv1d", "conv_window"],
+            Module::Conv => &["conv1d"],
             Module::GatedDelta => &["gated_delta"],
             Module::Streams => &["repeat_cols", "stream_mean", "add_gated_to_streams", "stream_dot_gate"],
         }

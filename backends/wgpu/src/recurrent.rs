@@ -16,12 +16,13 @@ params! {
         tokens: u32,
         channels: u32,
         kernel: u32,
-        /// Values written (one thread each): outputs, or window values.
+        /// Outputs (one thread each).
         n: u32,
         dilation: u32,
         /// `conv1d`: 1 applies silu to the output.
         act: u32,
-        _pad1: u32,
+        /// Values of the new window, written by the threads after the outputs'.
+        window_n: u32,
         _pad2: u32,
     }
 }
@@ -48,6 +49,7 @@ const CONV_X: u32 = 2;
 const CONV_OUT: u32 = 3;
 const CONV_WEIGHT: u32 = 4;
 const CONV_WINDOW: u32 = 5;
+const CONV_NEW_WINDOW: u32 = 6;
 
 // Bindings of gated_delta.wgsl.
 const Q: u32 = 2;
@@ -73,6 +75,8 @@ pub(crate) fn causal_conv1d(
 ) -> Result<()> {
     let (c, kk, dil) = (st.channels, st.kernel, st.dilation);
     let n = tokens * c;
+    // The window's values, written into the spare buffer in the same dispatch.
+    let hist = (kk - 1) * dil * c;
     let params = ConvParams {
         tokens: tokens as u32,
         channels: c as u32,
@@ -80,15 +84,13 @@ pub(crate) fn causal_conv1d(
         n: n as u32,
         dilation: dil as u32,
         act: silu as u32,
+        window_n: hist as u32,
         ..Default::default()
     };
-    let binds = [(CONV_X, x), (CONV_OUT, out), (CONV_WEIGHT, weight), (CONV_WINDOW, whole(&st.window))];
-    gpu.dispatch("conv1d", &params, &binds, Gpu::grid((n as u64).div_ceil(256)))?;
-    let hist = (kk - 1) * dil * c;
+    let (window, spare) = (whole(&st.window), whole(&st.spare));
+    let binds = [(CONV_X, x), (CONV_OUT, out), (CONV_WEIGHT, weight), (CONV_WINDOW, window), (CONV_NEW_WINDOW, spare)];
+    gpu.dispatch("conv1d", &params, &binds, Gpu::grid(((n + hist) as u64).div_ceil(256)))?;
     if hist > 0 {
-        let params = ConvParams { n: hist as u32, act: 0, ..params };
-        let binds = [(CONV_X, x), (CONV_OUT, whole(&st.spare)), (CONV_WINDOW, whole(&st.window))];
-        gpu.dispatch("conv_window", &params, &binds, Gpu::grid((hist as u64).div_ceil(256)))?;
         std::mem::swap(&mut st.window, &mut st.spare);
     }
     Ok(())
