@@ -170,6 +170,9 @@ fn streaming_decode_reads_back_once_per_moe_layer() {
             let per_token = (downloads.load(Ordering::Relaxed) - before) as usize;
             assert_eq!(per_token, moe_layers + 1, "{name}: {per_token} read-backs for one token of {moe_layers} MoE layers");
         }
+        // The guesses were read (the combined read ran, not one read per layer without them).
+        let read_ahead = e.expert_stats().unwrap().total.read_ahead;
+        assert!(read_ahead > 0, "{name}: no guessed expert was read ahead");
     }
 }
 

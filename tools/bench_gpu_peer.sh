@@ -53,7 +53,7 @@
 #   $WORK/results; where $OUT is set, table.md, results.json and gpu-peer-logs.tar.gz are
 #   copied there too), JOBS (default nproc), FIRST_ROUNDS (first-prompt runs of each engine per
 #   resident model, default 2; 0 skips them), IDLE (seconds the GPU idles before each, 10),
-#   DECODE (decode passes, default 64; fewer fit more alternating streamed pairs in one call:
+#   DECODE (decode passes of both engines, default 64; fewer fit more alternating streamed pairs in one call:
 #   the disk's rate drifts, so the streamed GPU/CPU comparison needs many, e.g.
 #   MODELS=A64 ROUNDS=8 DECODE=32).
 # env (prepare): CARGO_BUILD_JOBS (default 1), JOBS/NICE for llama.cpp (2/10), FORCE=1 (rebuild

@@ -234,23 +234,23 @@ impl ExpertCache {
         self.read_ahead > 0 && tokens <= READ_AHEAD_MAX_TOKENS && !self.holds_all()
     }
 
-    /// Notes `routes` (the next MoE layer's router applied to this layer's
+    /// Notes `guess` (the next MoE layer's router applied to this layer's
     /// input: in trained models the hidden state moves little between
     /// layers) as a guess of MoE layer `layer`'s experts. Those not in a
     /// slot are read once the current call has issued its own reads, and
     /// that call uses whichever it then needs. Output never depends on it.
     /// The current call's `current` routes are read back with the guess (one
     /// round trip on a GPU); their ids are returned for [`ExpertCache::run_layer`].
-    pub fn guess_next(&mut self, b: &dyn Backend, layer: usize, routes: &Routes, current: &Routes) -> Result<Vec<u32>> {
-        if layer >= self.store.layers || routes.gating.experts != self.store.experts_per_layer {
-            bail!("a guess for MoE layer {layer} over {} experts does not fit the store", routes.gating.experts);
+    pub fn guess_next(&mut self, b: &dyn Backend, layer: usize, guess: &Routes, current: &Routes) -> Result<Vec<u32>> {
+        if layer >= self.store.layers || guess.gating.experts != self.store.experts_per_layer {
+            bail!("a guess for MoE layer {layer} over {} experts does not fit the store", guess.gating.experts);
         }
-        let mut both = b.routed_experts_many(&[current, routes])?.into_iter();
+        let mut both = b.routed_experts_many(&[current, guess])?.into_iter();
         let (Some(current_ids), Some(guessed)) = (both.next(), both.next()) else {
             bail!("the backend read back fewer routings than asked for");
         };
         // Each token's best `read_ahead` guesses (ids come best first).
-        let k = routes.gating.top_k.max(1);
+        let k = guess.gating.top_k.max(1);
         let mut ids: Vec<u32> = guessed.chunks(k).flat_map(|t| t[..self.read_ahead.min(t.len())].to_vec()).collect();
         ids.sort_unstable();
         ids.dedup();

@@ -187,7 +187,7 @@ def llama_env(a):
 
 
 def peer(a, gguf, tag):
-    cmd = [os.path.join(a.llama, "bin", "llama-bench"), "-m", gguf, "-ngl", "99", "-p", "256", "-n", "64",
+    cmd = [os.path.join(a.llama, "bin", "llama-bench"), "-m", gguf, "-ngl", "99", "-p", "256", "-n", str(a.decode),
            "-d", f"0,{a.depth}", "-r", str(a.peer_reps), "-o", "json"]
     r = run(cmd, tag, a, env=llama_env(a))
     res = {"cmd": " ".join(["llama-bench"] + cmd[1:2] + [os.path.basename(gguf)] + cmd[3:]),
@@ -507,8 +507,8 @@ def table(a, meta, results):
             ("CPU decode tok/s (same pool)", lambda r: f1((r.get("ours_cpu") or {}).get("decode"), 3)),
             ("GPU / CPU decode", lambda r: ratio(r["ours_gpu"]["decode"], (r.get("ours_cpu") or {}).get("decode"))),
             ("decode tok/s of each run, GPU; CPU (they alternate, and which goes first)",
-             lambda r: ", ".join(f1(g.get("decode"), 3) for g in r["ours_gpu_runs"]) + "; "
-             + ", ".join(f1(c.get("decode"), 3) for c in r.get("ours_cpu_runs", []))),
+             lambda r: "; ".join(", ".join(f1(x.get("decode"), 3) for x in runs)
+                                 for runs in (r["ours_gpu_runs"], r.get("ours_cpu_runs")) if runs)),
             ("reads GB/s while in flight (the disk's rate in each run), median GPU / CPU",
              lambda r: f"{f1(r['ours_gpu'].get('busy_read_gbs'), 2)} / {f1((r.get('ours_cpu') or {}).get('busy_read_gbs'), 2)}"),
             ("decode tok/s per GB/s of that rate (the disk's drift taken out), median GPU / CPU",
@@ -562,7 +562,7 @@ def main():
     ap.add_argument("--peer-rounds", type=positive, default=1,
                     help="llama-bench runs per resident model, alternating with ours (at most --rounds)")
     ap.add_argument("--depth", type=int, default=432)
-    ap.add_argument("--decode", type=int, default=64)
+    ap.add_argument("--decode", type=positive, default=64)
     ap.add_argument("--gpu-backend", default="wgpu")
     ap.add_argument("--cpu", choices=["all", "streaming", "none"], default="all")
     ap.add_argument("--peer-streaming", action="store_true", help="also llama.cpp on the 64-expert models (all resident)")

@@ -33,7 +33,7 @@ impl Routes {
     }
 
     /// Every token's expert ids (best first) from the rows of `tensor` read
-    /// back: each row holds `top_k` weights, then `top_k` ids as f32 bits.
+    /// back: each row holds `top_k` ids (u32 bits), then `top_k` weights.
     pub fn ids_of_rows(&self, rows: &[f32]) -> Vec<u32> {
         let k = self.gating.top_k;
         rows.chunks_exact(2 * k).flat_map(|r| r[..k].iter().map(|v| v.to_bits())).collect()

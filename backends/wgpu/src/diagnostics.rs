@@ -123,8 +123,8 @@ impl WgpuBackend {
         self.gpu.submissions.clone()
     }
 
-    /// Counts the host's waits to read data back (one per download, however
-    /// many buffers it reads); stays valid after the backend is moved.
+    /// Counts the calls of `Gpu::download` / `download_many` (one wait each,
+    /// however many buffers it reads); stays valid after the backend is moved.
     pub fn download_counter(&self) -> Arc<std::sync::atomic::AtomicU64> {
         self.gpu.downloads.clone()
     }

@@ -1,12 +1,13 @@
 //! The device, its cached pipelines and the lazy command recorder.
 //!
 //! Every op records one compute pass into a single pending command encoder;
-//! nothing reaches the GPU until [`Gpu::flush`], which `download` (and writes
-//! into the expert pool) call. A decode step therefore costs one submission
-//! per GPU-to-CPU read: the router logits of each MoE layer and the final
-//! logits. Small per-dispatch parameters go into 256-byte slots of uniform
-//! "arena" buffers that are filled with one `write_buffer` per arena just
-//! before the submission they belong to.
+//! nothing reaches the GPU until a submission: a read back to the host
+//! (`download_many`), a write into the expert pool, or a periodic flush. A
+//! resident decode step is one submission; a streaming one adds one per MoE
+//! layer (its routed ids with the next layer's guess). Small per-dispatch
+//! parameters go into 256-byte slots of uniform "arena" buffers that are
+//! filled with one `write_buffer` per arena just before the submission they
+//! belong to.
 
 mod buffers;
 mod held;
