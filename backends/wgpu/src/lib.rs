@@ -48,7 +48,7 @@ pub use wgpu;
 
 use gpu::{whole, Gpu, MAX_GROUPS};
 use matmul::MatmulChoice;
-use tensors::{buf, new_tensor, weight};
+use tensors::{buf, f32s, new_tensor, weight};
 use weights::{GpuPool, GpuWeight};
 
 /// The wgpu implementation of the backend trait. Clones share the device and
@@ -157,8 +157,7 @@ impl Backend for WgpuBackend {
     }
 
     fn download(&self, t: &Tensor) -> Result<Vec<f32>> {
-        let bytes = self.gpu.download(buf(t)?, 4 * t.numel() as u64)?;
-        Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        Ok(f32s(&self.gpu.download(buf(t)?, 4 * t.numel() as u64)?))
     }
 
     fn keeps_chosen_tokens(&self) -> bool {

@@ -9,7 +9,7 @@ use crate::gpu::{whole, Bind, Gpu, GpuBuf, MAX_GROUPS};
 use crate::kernels::params;
 use crate::matmul::{TiledParams, TILE};
 use crate::norm::HeldNorm;
-use crate::tensors::buf;
+use crate::tensors::{buf, f32s};
 use crate::{not_ours, WgpuBackend};
 use crate::weights::{GpuPool, GpuWeight, PoolMatrix, Shard, WeightDesc};
 
@@ -202,8 +202,7 @@ pub(crate) fn route_norm(gpu: &Gpu, w: &GpuWeight, h: &HeldNorm, routes: Bind<'_
 pub(crate) fn routed_ids(gpu: &Gpu, routes: &[&Routes]) -> Result<Vec<Vec<u32>>> {
     let srcs = routes.iter().map(|r| Ok((buf(&r.tensor)?, 4 * r.tensor.numel() as u64))).collect::<Result<Vec<_>>>()?;
     let read = gpu.download_many(&srcs)?;
-    let floats = |b: &[u8]| -> Vec<f32> { b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect() };
-    Ok(routes.iter().zip(read).map(|(r, bytes)| r.ids_of_rows(&floats(&bytes))).collect())
+    Ok(routes.iter().zip(read).map(|(r, bytes)| r.ids_of_rows(&f32s(&bytes))).collect())
 }
 
 /// Sets slot table entries `(key, slot or NO_SLOT)`, in op order.

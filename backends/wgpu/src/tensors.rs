@@ -28,6 +28,11 @@ pub(crate) fn buf(t: &Tensor) -> Result<Bind<'_>> {
     Err(BackendError::Device("tensor does not belong to the wgpu backend".into()))
 }
 
+/// A tensor's bytes read back, as floats.
+pub(crate) fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
 pub(crate) fn weight(w: &Weight) -> Result<&GpuWeight> {
     w.buffer::<GpuWeight>().ok_or_else(|| BackendError::Device("weight does not belong to the wgpu backend".into()))
 }
