@@ -114,6 +114,8 @@ fn reading_ahead_changes_speed_not_output() {
         let ran = started.elapsed().as_secs_f64();
         for c in [&s, &off] {
             assert!(c.disk_busy_seconds > 0.0 && c.disk_busy_seconds <= ran, "{name}: disk busy time {c:?} in {ran} s");
+            // Between consecutive MoE layers' reads: the time after one's last read and before the next's.
+            assert!(c.lead_seconds > 0.0 && c.tail_seconds > 0.0 && c.lead_seconds + c.tail_seconds <= ran, "{name}: lead and tail {c:?} in {ran} s");
         }
     }
 }

@@ -76,6 +76,9 @@ pub struct ExpertCache {
     per_layer: Vec<CacheCounters>,
     /// The store's busy seconds when a streaming call last counted them.
     busy_mark: f64,
+    /// The MoE layer of the last streaming call and when it handed its
+    /// compute over (the next layer's call counts `lead_seconds` from it).
+    ended: Option<(usize, Instant)>,
 }
 
 impl ExpertCache {
@@ -106,6 +109,7 @@ impl ExpertCache {
             hand: 0,
             per_layer: vec![CacheCounters::default(); layers],
             busy_mark: 0.0,
+            ended: None,
         };
         cache.hold_shared(backend)?;
         Ok(cache)
@@ -163,6 +167,7 @@ impl ExpertCache {
         self.hand = 0;
         self.guessed = None;
         self.ahead = None;
+        self.ended = None;
         self.hold_shared(backend)
     }
 
@@ -381,6 +386,7 @@ impl ExpertCache {
             self.guessed = None;
         }
         let mut started = None;
+        let (mut issued_at, mut landed_at) = (None, None);
 
         let mut total: Option<Tensor> = None;
         for (i, batch) in batches.iter().enumerate() {
@@ -419,6 +425,7 @@ impl ExpertCache {
                 let to_read = &record_misses[..record_misses.len() - covered];
                 let guess = guess.take();
                 let issued = || {
+                    issued_at = Some(Instant::now());
                     started = guess.map(|(l, experts): (usize, Vec<u32>)| Ahead { layer: l, records: store.read_later(l, experts.clone()), experts });
                 };
                 // What was read ahead, once this call's own reads are issued.
@@ -441,7 +448,10 @@ impl ExpertCache {
                 let read = store.read_each(layer, to_read, ready, issued, |at, record| write(&mut *pool, at, &record));
                 counters.wait_seconds += wait.elapsed().as_secs_f64();
                 counters.read_seconds += ahead_secs;
-                read.map(|secs| counters.read_seconds += secs)
+                read.map(|secs| {
+                    counters.read_seconds += secs;
+                    landed_at = Some(wait + std::time::Duration::from_secs_f64(secs));
+                })
             } else {
                 records.iter().enumerate().try_for_each(|(at, record)| write(&mut *pool, at, record))
             };
@@ -471,8 +481,17 @@ impl ExpertCache {
             }
             b.map_experts(&mut self.pool, &table)?;
             if batches.len() == 1 {
+                let out = b.moe(x, &self.pool, routes, key_base)?;
+                let now = Instant::now();
+                if let (Some((before, ended)), Some(issued)) = (self.ended, issued_at) {
+                    if before + 1 == layer {
+                        counters.lead_seconds = issued.saturating_duration_since(ended).as_secs_f64();
+                    }
+                }
+                counters.tail_seconds = landed_at.map_or(0.0, |t| now.saturating_duration_since(t).as_secs_f64());
+                self.ended = Some((layer, now));
                 self.count_call(layer, counters);
-                return Ok(b.moe(x, &self.pool, routes, key_base)?);
+                return Ok(out);
             }
             // Read the next batch while this one computes.
             let next_misses = batches.get(i + 1).map(|bt| misses_of(self, bt)).unwrap_or_default();

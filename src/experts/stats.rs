@@ -29,6 +29,14 @@ pub struct CacheCounters {
     /// counted as each streaming call has its experts): beside the decode's
     /// seconds, how long the disk stood idle between reads.
     pub disk_busy_seconds: f64,
+    /// Seconds from the streaming call before's end to this call's own reads
+    /// being issued: the compute between two MoE layers' reads (on a GPU
+    /// with its read-back of the routes), where only guesses keep the disk busy.
+    pub lead_seconds: f64,
+    /// Seconds from a call's last read landing to the call handing its
+    /// compute over: the last records' writes, the slot table, and the
+    /// compute itself on a backend that runs it there and then (the CPU).
+    pub tail_seconds: f64,
 }
 
 impl CacheCounters {
@@ -42,6 +50,8 @@ impl CacheCounters {
         self.read_ahead += o.read_ahead;
         self.read_ahead_used += o.read_ahead_used;
         self.disk_busy_seconds += o.disk_busy_seconds;
+        self.lead_seconds += o.lead_seconds;
+        self.tail_seconds += o.tail_seconds;
     }
 
     /// What was counted since `earlier` (counters of the same pool).
@@ -56,6 +66,8 @@ impl CacheCounters {
             read_ahead: self.read_ahead.saturating_sub(earlier.read_ahead),
             read_ahead_used: self.read_ahead_used.saturating_sub(earlier.read_ahead_used),
             disk_busy_seconds: (self.disk_busy_seconds - earlier.disk_busy_seconds).max(0.0),
+            lead_seconds: (self.lead_seconds - earlier.lead_seconds).max(0.0),
+            tail_seconds: (self.tail_seconds - earlier.tail_seconds).max(0.0),
         }
     }
 

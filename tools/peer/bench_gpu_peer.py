@@ -171,6 +171,11 @@ def ours(a, model, backend, prompt, max_tokens, experts_per_layer, tag):
             res["wait_ms"] = 1e3 * d["wait_seconds"] / passes
             # Of which writing the experts read into their slots.
             res["write_ms"] = 1e3 * d.get("write_seconds", 0.0) / passes
+            # Between one MoE layer's last read landing and the next layer's reads
+            # going out: the call's tail (writes, table, CPU compute), then the
+            # lead to the next call's reads (compute, GPU read-back).
+            res["tail_ms"] = 1e3 * d.get("tail_seconds", 0.0) / passes
+            res["lead_ms"] = 1e3 * d.get("lead_seconds", 0.0) / passes
             # How long no expert read was in flight: the disk left idle.
             if "disk_busy_seconds" in d:
                 res["disk_idle_ms"] = 1e3 * max(0.0, s["decode_seconds"] - d["disk_busy_seconds"]) / passes
@@ -424,6 +429,7 @@ def bench_model(a, key, streaming, prompt):
                        "prompt_tokens": gpu[0].get("prompt_tokens"),
                        "beside_reads_ms": median(gpu, "beside_reads_ms"), "wait_ms": median(gpu, "wait_ms"),
                        "write_ms": median(gpu, "write_ms"), "disk_idle_ms": median(gpu, "disk_idle_ms"),
+                       "tail_ms": median(gpu, "tail_ms"), "lead_ms": median(gpu, "lead_ms"),
                        "busy_read_gbs": median(gpu, "busy_read_gbs"), "decode_per_busy_gbs": median(gpu, "decode_per_busy_gbs")}
     if streaming:
         pre = ours(a, model, a.gpu_backend, prompt, 1, pool, f"{name}_ours_gpu_prefill_only")
@@ -434,7 +440,7 @@ def bench_model(a, key, streaming, prompt):
             res["disk_limit_tps"] = res["disk_read_gbs"] * 1e9 / bpt
     if cpu:
         res["ours_cpu_runs"] = cpu
-        res["ours_cpu"] = {k: median(cpu, k) for k in ("prefill", "decode", "beside_reads_ms", "wait_ms", "write_ms", "disk_idle_ms",
+        res["ours_cpu"] = {k: median(cpu, k) for k in ("prefill", "decode", "beside_reads_ms", "wait_ms", "write_ms", "disk_idle_ms", "tail_ms", "lead_ms",
                                                        "busy_read_gbs", "decode_per_busy_gbs")}
         res["ours_cpu"].update(rss_bytes=max((c["rss_bytes"] for c in cpu if c.get("rss_bytes")), default=None),
                                backend_name=next((c["backend_name"] for c in cpu if c.get("backend_name")), None),
