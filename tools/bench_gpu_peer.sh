@@ -117,7 +117,12 @@ run_phase() {
     local work=${WORK:-/tmp/gpu-peer}
     local results=${RESULTS:-$work/results}
     mkdir -p "$work/bin" "$work/llama" "$results"
-    [ -f "$CARRY/slotstream.xz" ] && [ -f "$CARRY/llama-vulkan.tar.xz" ] || {
+    # llama.cpp runs on every resident model, and on streamed ones with PEER_STREAMING=1.
+    local peer=0 m
+    for m in $(echo "${MODELS:-A,B,A64,B64}" | tr ',' ' '); do
+        case "$m" in *64) [ -n "${PEER_STREAMING:-}" ] && peer=1 ;; *) peer=1 ;; esac
+    done
+    [ -f "$CARRY/slotstream.xz" ] && { [ "$peer" = 0 ] || [ -f "$CARRY/llama-vulkan.tar.xz" ]; } || {
         echo "missing $CARRY/slotstream.xz or llama-vulkan.tar.xz: run 'tools/bench_gpu_peer.sh prepare' first and carry $CARRY" >&2
         exit 1
     }
@@ -129,8 +134,9 @@ sys.path.insert(0, "tools/peer")
 import pack_binary
 carry, work = sys.argv[1:]
 pack_binary.unpack(os.path.join(carry, "slotstream.xz"), os.path.join(work, "bin", "slotstream"), ".")
-with tarfile.open(os.path.join(carry, "llama-vulkan.tar.xz"), "r:xz") as t:
-    t.extractall(os.path.join(work, "llama"))
+if os.path.exists(os.path.join(carry, "llama-vulkan.tar.xz")):
+    with tarfile.open(os.path.join(carry, "llama-vulkan.tar.xz"), "r:xz") as t:
+        t.extractall(os.path.join(work, "llama"))
 PY
     # NVIDIA's Vulkan driver needs libglvnd's dispatch library beside the loader.
     if ! ldconfig -p 2>/dev/null | grep -q 'libvulkan.so.1 ' || ! ldconfig -p 2>/dev/null | grep -q 'libGLdispatch.so.0 '; then
