@@ -7,7 +7,7 @@ mod common;
 
 use common::check::{affine, matrix, up, TOL};
 use common::{gpu, rel_l2, Rng};
-use slotstream_backend::{Backend, ExpertLayout, HostExpert};
+use slotstream_backend::{Backend, ExpertLayout, Gating, HostExpert};
 use slotstream_cpu::CpuBackend;
 use slotstream_wgpu::{AdapterChoice, WgpuBackend, WgpuOptions};
 
@@ -60,4 +60,41 @@ fn staged_uploads_go_out_a_chunk_at_a_time() {
         let want = cpu.download(&cpu.matmul(&up(&cpu, &x, &[1, cols]), &cpu.load_weight(m).expect("load")).expect("product")).expect("download");
         assert!(rel_l2(&got, &want) <= TOL, "a weight uploaded in chunks differs from the CPU's product");
     }
+}
+
+/// Experts of at least 1 MiB written through staging copy their three
+/// matrices on threads of their own; what lands in each slot is the expert
+/// written there (the MoE output over the slots equals the CPU backend's).
+#[test]
+fn large_experts_are_written_a_matrix_per_thread() {
+    if gpu().is_none() {
+        return;
+    }
+    let g = WgpuBackend::with_options(&AdapterChoice::allow_software(), WgpuOptions { map_primary: false, ..WgpuOptions::from_env() })
+        .expect("opening the device");
+    let cpu = CpuBackend::exact();
+    let mut rng = Rng::new(41);
+    let format = affine(4, 64);
+    // 512 KiB of 4-bit values per matrix: 1.5 MiB per expert.
+    let (hidden, inter, top_k) = (2048, 512, 2);
+    let layout = ExpertLayout { hidden, intermediate: inter, gate: format, up: format, down: format };
+    let experts: Vec<HostExpert<'static>> = (0..3)
+        .map(|_| HostExpert { gate: matrix(&mut rng, format, 1, inter, hidden), up: matrix(&mut rng, format, 1, inter, hidden), down: matrix(&mut rng, format, 1, hidden, inter) })
+        .collect();
+    let x = rng.vec(hidden, 2.0);
+    // Token 0 routed to experts 2 and 0 (held in slots 0 and 2).
+    let logits = [2.0f32, -4.0, 2.5];
+    let gating = Gating { experts: 3, top_k, normalize: true };
+    let run = |b: &dyn Backend| -> Vec<f32> {
+        let mut pool = b.new_expert_pool(&layout, 3, 3).expect("pool");
+        for (slot, e) in experts.iter().rev().enumerate() {
+            b.write_expert(&mut pool, slot, e).expect("write");
+        }
+        b.map_experts(&mut pool, &[(0, Some(2)), (1, Some(1)), (2, Some(0))]).expect("map");
+        let routes = b.route(&up(b, &logits, &[1, 3]), gating).expect("route");
+        b.download(&b.moe(&up(b, &x, &[1, hidden]), &pool, &routes, 0).expect("moe")).expect("download")
+    };
+    assert!(!g.uses_mapped_primary_buffers(), "the pool must take the staged path here");
+    let (got, want) = (run(&g), run(&cpu));
+    assert!(rel_l2(&got, &want) <= TOL, "experts written a matrix per thread differ from the CPU's: rel l2 {}", rel_l2(&got, &want));
 }
