@@ -347,24 +347,20 @@ impl PoolMatrix {
         if self.layout.fmt == FMT_Q4_INTERLEAVED {
             // Interleaved rows, then one (scale, bias) pair word per group (as `write_shard`).
             let (vb, sb) = (self.layout.value_bytes, self.layout.scale_bytes);
-            gpu.write_with(buffer, (first_row * vb) as u64, m.rows * vb, |dst| write_q4_values(values, vb, dst))?;
+            gpu.write_pool(buffer, (first_row * vb) as u64, m.rows * vb, |dst| write_q4_values(values, vb, dst))?;
             let at = s_off as u64 * 4 + (2 * first_row * sb) as u64;
-            return gpu.write_with(buffer, at, 2 * m.rows * sb, |dst| write_pairs(scales, biases, dst));
+            return gpu.write_pool(buffer, at, 2 * m.rows * sb, |dst| write_pairs(scales, biases, dst));
         }
-        gpu.write(buffer, (first_row * self.layout.value_bytes) as u64, values)?;
+        let copy = |at: u64, bytes: &[u8]| gpu.write_pool(buffer, at, bytes.len(), |dst| dst.copy_from_slice(bytes));
+        copy((first_row * self.layout.value_bytes) as u64, values)?;
         if self.layout.scale_bytes > 0 {
             let at = (first_row * self.layout.scale_bytes) as u64;
-            gpu.write(buffer, s_off as u64 * 4 + at, scales)?;
-            gpu.write(buffer, b_off as u64 * 4 + at, biases)?;
+            copy(s_off as u64 * 4 + at, scales)?;
+            copy(b_off as u64 * 4 + at, biases)?;
         }
         Ok(())
     }
 }
-
-/// Experts of at least this many value bytes are written to their
-/// slot with a thread per matrix (A's trunk: 2.4 MB; on an H200 host one
-/// thread copied an expert into staging in ~0.35 ms).
-const PARALLEL_WRITE_BYTES: usize = 1 << 20;
 
 /// The wgpu backend's expert slot pool. Each slot's gate and up matrices
 /// sit side by side in one matrix (`gate_up`: gate rows, then up rows), so
@@ -491,28 +487,9 @@ impl GpuPool {
         }
         let (shard, local) = (slot / self.per_shard, slot % self.per_shard);
         let n = self.shard_slots(shard);
-        let parts = [(&self.gate_up, gate, 0), (&self.gate_up, up, self.intermediate), (&self.down, down, 0)];
-        let bytes: usize = [gate, up, down].iter().map(|m| host_parts(m).0.len()).sum();
-        if gpu.mapped_primary || bytes < PARALLEL_WRITE_BYTES {
-            // Mapped buffers take one mapping at a time (gate and up share one).
-            for (matrix, m, row_off) in parts {
-                matrix.write(gpu, shard, local, n, m, row_off)?;
-            }
-        } else {
-            // A streamed expert's write is a copy into staging memory on the
-            // thread that collects the reads; the experts whose last pieces
-            // land together wait for each other's copies before the layer
-            // computes. Its three matrices are copied at once.
-            std::thread::scope(|scope| -> Result<()> {
-                let [first, rest @ ..] = parts;
-                let others: Vec<_> = rest.into_iter().map(|(matrix, m, row_off)| scope.spawn(move || matrix.write(gpu, shard, local, n, m, row_off))).collect();
-                let mine = first.0.write(gpu, shard, local, n, first.1, first.2);
-                for handle in others {
-                    handle.join().map_err(|_| BackendError::Device("a thread writing an expert panicked".into()))??;
-                }
-                mine
-            })?;
-        }
+        self.gate_up.write(gpu, shard, local, n, gate, 0)?;
+        self.gate_up.write(gpu, shard, local, n, up, self.intermediate)?;
+        self.down.write(gpu, shard, local, n, down, 0)?;
         gpu.send_staged()
     }
 }

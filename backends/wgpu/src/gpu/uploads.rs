@@ -6,7 +6,10 @@
 //! first kernel. Each [`UPLOAD_CHUNK`] bytes now go out in a submission of
 //! their own, after the chunk before has landed: the GPU copies one chunk
 //! while the host reads the next from disk, and staging holds at most two.
-//! An expert written to the pool goes out at once, whatever its size.
+//! An expert written to the pool goes out at once, whatever its size,
+//! through staging memory reused from one expert to the next (a
+//! [`wgpu::util::StagingBelt`]): the queue's writes allocate their staging
+//! anew each time, which cost a streamed expert about as much as its copy.
 
 use slotstream_backend::{BackendError, Result};
 
@@ -14,6 +17,10 @@ use super::{device_error, Gpu};
 
 /// Bytes staged through the queue before they go out in a submission.
 pub const UPLOAD_CHUNK: u64 = 256 << 20;
+
+/// Size of each buffer of the staging reused for pool writes (a larger
+/// write gets a buffer of its own size).
+const POOL_STAGING_BUFFER: u64 = 8 << 20;
 
 /// Bytes staged and not yet sent, bytes sent since an upload was last
 /// waited for, and the last upload submission.
@@ -24,6 +31,11 @@ pub(super) struct Uploads {
     last: Option<wgpu::SubmissionIndex>,
     /// Upload submissions so far (for tests).
     pub(super) submissions: u64,
+    /// Staging reused for pool writes, and the copies out of it recorded
+    /// since the last send. Dropped after each wait for earlier uploads, so
+    /// a bulk load keeps no more of it than a chunk or two.
+    belt: Option<wgpu::util::StagingBelt>,
+    copies: Option<wgpu::CommandEncoder>,
 }
 
 impl Gpu {
@@ -66,7 +78,21 @@ impl Gpu {
             }
             u.unsettled = 0;
         }
-        u.last = Some(self.queue.submit(std::iter::empty()));
+        if settle {
+            // Its buffers still being copied from are freed once they are.
+            u.belt = None;
+        }
+        let copies = u.copies.take().map(|encoder| {
+            if let Some(belt) = u.belt.as_mut() {
+                belt.finish();
+            }
+            encoder.finish()
+        });
+        u.last = Some(self.queue.submit(copies));
+        if let Some(belt) = u.belt.as_mut() {
+            // Each buffer comes back once the GPU has copied out of it.
+            belt.recall();
+        }
         u.unsettled += u.staged;
         u.staged = 0;
         u.submissions += 1;
@@ -78,16 +104,35 @@ impl Gpu {
         self.uploads.lock().map(|u| u.submissions).unwrap_or(0)
     }
 
-    /// Writes `bytes` into `dst` at `offset` after all recorded work: records
-    /// are submitted first, because queue writes land before the next
-    /// submission's commands. With mapped primary buffers the bytes go
-    /// straight into the (unified-memory) buffer.
-    pub fn write(&self, dst: &wgpu::Buffer, offset: u64, bytes: &[u8]) -> Result<()> {
-        self.write_with(dst, offset, bytes.len(), |view| view.copy_from_slice(bytes))
+    /// [`Gpu::write_with`] for an expert pool's slots: through staging
+    /// memory reused from one write to the next, copied out by the next
+    /// [`Gpu::send_staged`], which the caller must make before anything else
+    /// reads `dst`.
+    pub fn write_pool(&self, dst: &wgpu::Buffer, offset: u64, len: usize, fill: impl FnOnce(&mut wgpu::WriteOnly<'_, [u8]>)) -> Result<()> {
+        let Some(size) = wgpu::BufferSize::new(len as u64) else {
+            return Ok(());
+        };
+        let aligned = offset % wgpu::COPY_BUFFER_ALIGNMENT == 0 && size.get() % wgpu::COPY_BUFFER_ALIGNMENT == 0;
+        if self.mapped_primary || !aligned || offset + size.get() > dst.size() {
+            // The queue's write checks what the staging belt would assert.
+            return self.write_with(dst, offset, len, fill);
+        }
+        self.flush()?;
+        let mut guard = self.uploads.lock().map_err(|_| BackendError::Device("upload counter poisoned".into()))?;
+        let u = &mut *guard;
+        let belt = u.belt.get_or_insert_with(|| wgpu::util::StagingBelt::new(self.device.clone(), POOL_STAGING_BUFFER));
+        let encoder = u.copies.get_or_insert_with(|| self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("pool writes") }));
+        let mut view = belt.write_buffer(encoder, dst, offset, size);
+        fill(&mut view.slice(..));
+        drop(view);
+        u.staged += len as u64;
+        Ok(())
     }
 
-    /// Writes `len` bytes at `offset` of `dst` that `fill` puts in place: in
-    /// the mapped buffer, or in the queue's staging for it.
+    /// Writes `len` bytes at `offset` of `dst` that `fill` puts in place,
+    /// after all recorded work (records are submitted first, because queue
+    /// writes land before the next submission's commands): in the mapped
+    /// (unified-memory) buffer, or in the queue's staging for it.
     pub fn write_with(&self, dst: &wgpu::Buffer, offset: u64, len: usize, fill: impl FnOnce(&mut wgpu::WriteOnly<'_, [u8]>)) -> Result<()> {
         let Some(size) = wgpu::BufferSize::new(len as u64) else {
             return Ok(());
