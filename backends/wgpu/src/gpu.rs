@@ -164,6 +164,8 @@ pub struct Gpu {
     uploads: Mutex<uploads::Uploads>,
     /// [`WgpuOptions::upload_chunk`].
     upload_chunk: u64,
+    /// [`WgpuOptions::reuse_staging`].
+    reuse_staging: bool,
 }
 
 /// Nanoseconds the host spent in [`Gpu::dispatch`] (recording) and in
@@ -330,6 +332,7 @@ impl Gpu {
             submitter,
             uploads: Default::default(),
             upload_chunk: options.upload_chunk.max(1),
+            reuse_staging: options.reuse_staging,
         };
         gpu.check_errors("compiling the WGSL kernels")?;
         Ok(gpu)

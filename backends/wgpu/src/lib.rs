@@ -141,7 +141,8 @@ fn not_ours(what: &str) -> BackendError {
 impl Backend for WgpuBackend {
     fn name(&self) -> String {
         let i = &self.gpu.info;
-        let uploads = if self.gpu.mapped_primary { "mapped primary buffers" } else { "staging uploads" };
+        let staging = if self.options.reuse_staging { "staging uploads" } else { "staging uploads, fresh for each pool write" };
+        let uploads = if self.gpu.mapped_primary { "mapped primary buffers" } else { staging };
         let mode = match self.matmul_mode() {
             MatmulMode::Exact => "",
             MatmulMode::Int8 => ", int8 activations for large 4-bit matmuls",

@@ -172,6 +172,11 @@ pub struct WgpuOptions {
     /// through the queue as a discrete GPU does (`SLOTSTREAM_WGPU_MAP_PRIMARY=0`:
     /// tests on lavapipe take the discrete path this way).
     pub map_primary: bool,
+    /// Expert pool writes that go through staging (a discrete GPU) reuse
+    /// its buffers from one write to the next; false gives each write the
+    /// queue's staging of its own, as before (`SLOTSTREAM_WGPU_REUSE_STAGING=0`,
+    /// for measurements).
+    pub reuse_staging: bool,
     /// A pool that holds every expert also holds each MoE layer's shared
     /// expert, which a decoded token then runs as one more rank of the MoE
     /// kernels; false runs it in its own products
@@ -213,6 +218,7 @@ impl Default for WgpuOptions {
             flush_ahead: false,
             upload_chunk: crate::gpu::UPLOAD_CHUNK,
             map_primary: true,
+            reuse_staging: true,
             shared_in_pool: true,
             route_lanes: true,
             wgsl_dir: None,
@@ -265,6 +271,7 @@ impl WgpuOptions {
                 .filter(|&m| m > 0)
                 .map_or(defaults.upload_chunk, |m| m << 20),
             map_primary: var("SLOTSTREAM_WGPU_MAP_PRIMARY").map_or(defaults.map_primary, |v| v != "0"),
+            reuse_staging: var("SLOTSTREAM_WGPU_REUSE_STAGING").map_or(defaults.reuse_staging, |v| v != "0"),
             shared_in_pool: var("SLOTSTREAM_WGPU_SHARED_IN_POOL").map_or(defaults.shared_in_pool, |v| v != "0"),
             route_lanes: var("SLOTSTREAM_WGPU_ROUTE_LANES").map_or(defaults.route_lanes, |v| v != "0"),
             wgsl_dir: var("SLOTSTREAM_WGPU_WGSL_DIR").filter(|v| !v.is_empty()).map(Into::into).or(defaults.wgsl_dir),

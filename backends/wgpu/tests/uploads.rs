@@ -71,8 +71,15 @@ fn pool_writes_reuse_their_staging_and_land_as_written() {
     if gpu().is_none() {
         return;
     }
-    let g = WgpuBackend::with_options(&AdapterChoice::allow_software(), WgpuOptions { map_primary: false, ..WgpuOptions::from_env() })
-        .expect("opening the device");
+    // And with each write's staging of its own (`reuse_staging: false`).
+    for reuse_staging in [true, false] {
+        let g = WgpuBackend::with_options(&AdapterChoice::allow_software(), WgpuOptions { map_primary: false, reuse_staging, ..WgpuOptions::from_env() })
+            .expect("opening the device");
+        rewrite_slots(&g);
+    }
+}
+
+fn rewrite_slots(g: &WgpuBackend) {
     let cpu = CpuBackend::exact();
     let mut rng = Rng::new(41);
     let format = affine(4, 64);
@@ -98,7 +105,7 @@ fn pool_writes_reuse_their_staging_and_land_as_written() {
             let routes = b.route(&up(b, &logits, &[1, 3]), gating).expect("route");
             b.download(&b.moe(&up(b, &x, &[1, hidden]), pool, &routes, 0).expect("moe")).expect("download")
         };
-        let (got, want) = (run(&g, &mut pools.0), run(&cpu, &mut pools.1));
+        let (got, want) = (run(g, &mut pools.0), run(&cpu, &mut pools.1));
         assert!(rel_l2(&got, &want) <= TOL, "round {round}: experts written through reused staging differ from the CPU's: rel l2 {}", rel_l2(&got, &want));
     }
 }

@@ -113,7 +113,7 @@ impl Gpu {
             return Ok(());
         };
         let aligned = offset % wgpu::COPY_BUFFER_ALIGNMENT == 0 && size.get() % wgpu::COPY_BUFFER_ALIGNMENT == 0;
-        if self.mapped_primary || !aligned || offset + size.get() > dst.size() {
+        if self.mapped_primary || !self.reuse_staging || !aligned || offset + size.get() > dst.size() {
             // The queue's write checks what the staging belt would assert.
             return self.write_with(dst, offset, len, fill);
         }
