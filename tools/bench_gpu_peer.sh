@@ -5,6 +5,7 @@
 #
 #   tools/bench_gpu_peer.sh prepare     # here (dev machine): build and pack what travels
 #   tools/bench_gpu_peer.sh run         # there (GPU machine): synthesize, convert, run both
+#   tools/bench_gpu_peer.sh stream      # there: streamed decode, several arms alternating
 #
 # prepare (minutes; ~7 min for llama.cpp on 2 cores, more with our release build beside it):
 #   - our release binary, stripped, xz-compressed without the demo model it embeds (the
@@ -58,6 +59,15 @@
 #   MODELS=A64 ROUNDS=8 DECODE=32).
 # env (prepare): CARGO_BUILD_JOBS (default 1), JOBS/NICE for llama.cpp (2/10), FORCE=1 (rebuild
 #   llama.cpp), VK_PEER_DIR (its source and build tree, default /tmp/slotstream-peer-vk).
+#
+# stream (on the GPU machine, after the same setup as run; llama.cpp not needed): the streamed
+#   trunk $MODEL (A or B, with 64 experts per layer and a pool of 16) decoded by each arm of
+#   $ARMS in turn, $ROUNDS rounds (default 4), the arms' order rotated each round, a short prompt
+#   and $DECODE passes (default 32): tools/peer/stream_pairs.py. An arm is NAME=BACKEND[:VAR=VALUE...],
+#   e.g. ARMS="gpu=wgpu cpu=cpu staged=wgpu:SLOTSTREAM_WGPU_REUSE_STAGING=0" (the default: gpu, cpu).
+#   Prints and keeps (table.md, results.json, in $OUT too) each run's decode, read rate while in
+#   flight, lead and tail between layers' reads, and per arm against the first: the geometric mean
+#   of the rounds' ratios and the rounds won.
 #
 # Local test without a GPU (lavapipe; both engines, tiny models, ~10 minutes on 2 cores):
 #   SMALL=1 ROUNDS=1 PEER_REPS=1 GPU_BACKEND=wgpu:software \
@@ -113,13 +123,14 @@ prepare() {
     echo "carry: $CARRY .gl; on the GPU machine: tools/bench_gpu_peer.sh run"
 }
 
-run_phase() {
-    local work=${WORK:-/tmp/gpu-peer}
-    local results=${RESULTS:-$work/results}
+setup_machine() {
+    work=${WORK:-/tmp/gpu-peer}
+    results=${RESULTS:-$work/results}
     mkdir -p "$work/bin" "$work/llama" "$results"
-    # llama.cpp runs on every resident model, and on streamed ones with PEER_STREAMING=1.
+    # llama.cpp runs on every resident model, and on streamed ones with PEER_STREAMING=1
+    # (never in the stream phase: $1 = 0).
     local peer=0 m
-    for m in $(echo "${MODELS:-A,B,A64,B64}" | tr ',' ' '); do
+    [ "${1:-1}" = 0 ] || for m in $(echo "${MODELS:-A,B,A64,B64}" | tr ',' ' '); do
         case "$m" in *64) [ -n "${PEER_STREAMING:-}" ] && peer=1 ;; *) peer=1 ;; esac
     done
     [ -f "$CARRY/slotstream.xz" ] && { [ "$peer" = 0 ] || [ -f "$CARRY/llama-vulkan.tar.xz" ]; } || {
@@ -154,13 +165,16 @@ PY
     export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
     # llama.cpp skips CPU-type Vulkan devices (lavapipe) unless told which device to use.
     case "${GPU_BACKEND:-wgpu}" in *software*) export GGML_VK_VISIBLE_DEVICES=${GGML_VK_VISIBLE_DEVICES:-0} ;; esac
-    local commit
     commit=$(head -1 "$CARRY/COMMIT" 2>/dev/null || git rev-parse --short=9 HEAD 2>/dev/null || echo unknown)
     [ "$(sed -n 2p "$CARRY/COMMIT" 2>/dev/null)" = dirty ] && commit="$commit (+ uncommitted changes)"
     if command -v nvidia-smi >/dev/null; then
         nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$results/nvidia-smi.csv"
     fi
     echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GB RAM, $(df -h "$work" | awk 'NR==2{print $4}') free under $work"
+}
+
+run_phase() {
+    setup_machine 1
     local args=(--slotstream "$work/bin/slotstream" --llama "$work/llama" --work "$work" --results "$results"
         --models "${MODELS:-A,B,A64,B64}" --rounds "${ROUNDS:-3}" --peer-reps "${PEER_REPS:-3}" --peer-rounds "${PEER_ROUNDS:-1}" --cpu "${CPU:-all}"
         --router-skew "${ROUTER_SKEW:-0.4}" --mixer-out-scale "${MIXER_OUT_SCALE:-0.1}" --gpu-backend "${GPU_BACKEND:-wgpu}" --jobs "${JOBS:-$(nproc)}"
@@ -180,8 +194,26 @@ PY
     return $rc
 }
 
+stream_phase() {
+    setup_machine 0
+    local arms
+    read -r -a arms <<< "${ARMS:-gpu=wgpu cpu=cpu}"
+    local args=(--slotstream "$work/bin/slotstream" --work "$work" --results "$results" --model "${MODEL:-A}"
+        --arms "${arms[@]}" --rounds "${ROUNDS:-4}" --decode "${DECODE:-32}" --router-skew "${ROUTER_SKEW:-0.4}"
+        --mixer-out-scale "${MIXER_OUT_SCALE:-0.1}" --jobs "${JOBS:-$(nproc)}" --commit "$commit")
+    [ -n "${SMALL:-}" ] && args+=(--small)
+    local rc=0
+    PYTHONUNBUFFERED=1 python3 tools/peer/stream_pairs.py "${args[@]}" || rc=$?
+    if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+        cp "$results"/table.md "$results"/results.json "$OUT"/ 2>/dev/null || true
+        tar -C "$results" -czf "$OUT/stream-logs.tar.gz" . || true
+    fi
+    return $rc
+}
+
 case "$phase" in
     prepare) prepare ;;
     run) run_phase ;;
+    stream) stream_phase ;;
     *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

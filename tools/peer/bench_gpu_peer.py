@@ -148,11 +148,12 @@ def run(cmd, tag, a, env=None, timeout=None):
     return r
 
 
-def ours(a, model, backend, prompt, max_tokens, experts_per_layer, tag):
+def ours(a, model, backend, prompt, max_tokens, experts_per_layer, tag, env=None):
     cmd = [a.slotstream, "run", "--model", model, "--backend", backend, "--raw", "--ignore-eos",
            "--max-tokens", str(max_tokens), "--prompt", prompt, "--json", "--experts-per-layer", str(experts_per_layer)]
-    r = run(cmd, tag, a)
-    shown = [("'<%d-token prompt>'" % a.depth) if c == prompt else c for c in cmd]
+    r = run(cmd, tag, a, env=env)
+    label = f"'<{a.depth}-token prompt>'" if getattr(a, "depth", None) else repr(prompt)
+    shown = [label if c == prompt else c for c in cmd]
     res = {"cmd": " ".join(shown), "rss_bytes": r["rss_bytes"],
            "gpu_mib": r["gpu_mib"], "wall_s": r["wall_s"], "sm_mhz": r.get("sm_mhz")}
     try:
@@ -166,6 +167,7 @@ def ours(a, model, backend, prompt, max_tokens, experts_per_layer, tag):
         passes = max(1, s["generated_tokens"] - 1)
         d = s.get("decode_experts")
         if d and d.get("misses"):
+            res["decode_hit_rate"] = d["hits"] / (d["hits"] + d["misses"])
             # What a decoded token costs besides waiting on its expert reads.
             res["beside_reads_ms"] = 1e3 * (s["decode_seconds"] - d["wait_seconds"]) / passes
             res["wait_ms"] = 1e3 * d["wait_seconds"] / passes

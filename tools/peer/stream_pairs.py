@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Streamed decode of several arms (backends, or one backend under settings) on one model,
+alternating run by run on one machine: the disk's rate drifts by tens of percent within
+minutes on a shared host, so two arms compare only over many rounds, each round running
+every arm once in a rotated order. Run by `tools/bench_gpu_peer.sh stream` (which sets the
+machine up); arms as NAME=BACKEND[:VAR=VALUE...], e.g.
+
+    gpu=wgpu cpu=cpu staged=wgpu:SLOTSTREAM_WGPU_REUSE_STAGING=0
+
+Each run: `run --json` with a short prompt (decode-sized MoE calls from the first token),
+--decode passes, the model's 64 experts per layer with a pool of 16 (25%). Per run it logs
+decode tok/s, the disk's rate while reads were in flight, ms per token with no read in
+flight, the lead and tail between layers' reads, writes and waits; at the end, per arm, the
+median and mean decode, decode per GB/s of that rate, and against the first arm the
+geometric mean of the per-round ratios and the rounds it won (table.md, results.json)."""
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_gpu_peer as peer  # noqa: E402
+
+PROMPT = ("It was the best of times, it was the worst of times, it was the age of wisdom, it was the age "
+          "of foolishness, it was the epoch of belief")
+
+
+def parse_arm(text):
+    name, _, spec = text.partition("=")
+    backend, *assignments = spec.split(":SLOTSTREAM_")
+    env = {}
+    for a in assignments:
+        k, eq, v = ("SLOTSTREAM_" + a).partition("=")
+        if not eq:
+            sys.exit(f"arm {text!r}: {k} has no value (NAME=BACKEND[:VAR=VALUE...])")
+        env[k] = v
+    if not name or not backend:
+        sys.exit(f"arm {text!r}: expected NAME=BACKEND[:VAR=VALUE...]")
+    return name, backend, env
+
+
+def per_run(res):
+    return {k: res.get(k) for k in ("decode", "decode_hit_rate", "busy_read_gbs", "decode_per_busy_gbs", "disk_idle_ms", "lead_ms",
+                                    "tail_ms", "write_ms", "wait_ms", "error")}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--slotstream", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--results", required=True)
+    ap.add_argument("--model", default="A", choices=["A", "B"], help="the trunk, with 64 experts per layer")
+    ap.add_argument("--arms", nargs="+", default=["gpu=wgpu", "cpu=cpu"])
+    ap.add_argument("--rounds", type=peer.positive, default=4)
+    ap.add_argument("--decode", type=peer.positive, default=32)
+    ap.add_argument("--small", action="store_true")
+    ap.add_argument("--router-skew", type=float, default=0.4)
+    ap.add_argument("--mixer-out-scale", type=float, default=0.1)
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--timeout", type=int, default=900)
+    ap.add_argument("--commit", default="unknown")
+    a = ap.parse_args()
+    os.makedirs(a.results, exist_ok=True)
+    arms = [parse_arm(t) for t in a.arms]
+    if len({n for n, _, _ in arms}) != len(arms):
+        sys.exit("arm names must differ")
+    family, _, args = (peer.SMALL if a.small else peer.FULL)[a.model]
+    name, model, _ = peer.make_model(a, a.model, family, peer.STREAM_EXPERTS, args, True)
+    runs = {n: [] for n, _, _ in arms}
+    for r in range(a.rounds):
+        for i in range(len(arms)):
+            n, backend, env = arms[(r + i) % len(arms)]
+            res = peer.ours(a, model, backend, PROMPT, a.decode + 1, peer.POOL_PER_LAYER, f"{name}_{n}_{r}", env=dict(os.environ, **env))
+            row = per_run(res)
+            runs[n].append(row)
+            peer.log("  " + n + " " + " ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items() if v is not None))
+    base = arms[0][0]
+    summary = {}
+    for n, _, _ in arms:
+        d = [x["decode"] for x in runs[n] if x.get("decode")]
+        s = {"median": statistics.median(d) if d else None, "mean": statistics.mean(d) if d else None,
+             "per_busy_gbs": peer.median(runs[n], "decode_per_busy_gbs")}
+        pairs = [(x["decode"], y["decode"]) for x, y in zip(runs[n], runs[base]) if x.get("decode") and y.get("decode")]
+        if n != base and pairs:
+            s["geo_mean_ratio"] = math.exp(statistics.mean(math.log(x / y) for x, y in pairs))
+            s["rounds_won"] = f"{sum(x > y for x, y in pairs)} of {len(pairs)}"
+        summary[n] = s
+    json.dump({"commit": a.commit, "model": name, "arms": a.arms, "runs": runs, "summary": summary},
+              open(os.path.join(a.results, "results.json"), "w"), indent=1)
+    f = lambda v, p=3: "—" if v is None else f"{v:.{p}f}"  # noqa: E731
+    lines = [f"slotstream `{a.commit}`, {name} (64 experts per layer, a pool of 16), {a.decode} decode passes, "
+             f"{a.rounds} rounds, arms rotated each round.", "",
+             f"| arm | decode tok/s, each run | median | mean | per GB/s in flight | against {base} (geometric mean of rounds) | rounds won |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for n, _, _ in arms:
+        s = summary[n]
+        each = ", ".join(f(x.get("decode")) for x in runs[n])
+        lines.append(f"| {n} | {each} | {f(s['median'])} | {f(s['mean'])} | {f(s['per_busy_gbs'])} | "
+                     f"{f(s.get('geo_mean_ratio'))} | {s.get('rounds_won', '—')} |")
+    open(os.path.join(a.results, "table.md"), "w").write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    if any(x.get("error") for rs in runs.values() for x in rs):
+        sys.exit("some runs failed (their errors are in results.json)")
+
+
+if __name__ == "__main__":
+    main()
