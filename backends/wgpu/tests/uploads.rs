@@ -71,10 +71,11 @@ fn pool_writes_reuse_their_staging_and_land_as_written() {
     if gpu().is_none() {
         return;
     }
-    // And with each write's staging of its own (`reuse_staging: false`).
-    for reuse_staging in [true, false] {
-        let g = WgpuBackend::with_options(&AdapterChoice::allow_software(), WgpuOptions { map_primary: false, reuse_staging, ..WgpuOptions::from_env() })
-            .expect("opening the device");
+    // And with each write's staging of its own (`reuse_staging: false`), and
+    // with a wait for earlier uploads between writes (a 1 MiB upload chunk).
+    for (reuse_staging, upload_chunk) in [(true, 256 << 20), (false, 256 << 20), (true, 1 << 20)] {
+        let options = WgpuOptions { map_primary: false, reuse_staging, upload_chunk, ..WgpuOptions::from_env() };
+        let g = WgpuBackend::with_options(&AdapterChoice::allow_software(), options).expect("opening the device");
         rewrite_slots(&g);
     }
 }

@@ -78,18 +78,18 @@ impl Gpu {
             }
             u.unsettled = 0;
         }
-        if settle {
-            // Its buffers still being copied from are freed once they are.
-            u.belt = None;
-        }
         let copies = u.copies.take().map(|encoder| {
             if let Some(belt) = u.belt.as_mut() {
+                // Its buffers unmapped, ready to be copied from.
                 belt.finish();
             }
             encoder.finish()
         });
         u.last = Some(self.queue.submit(copies));
-        if let Some(belt) = u.belt.as_mut() {
+        if settle {
+            // Its buffers still being copied from are freed once they are.
+            u.belt = None;
+        } else if let Some(belt) = u.belt.as_mut() {
             // Each buffer comes back once the GPU has copied out of it.
             belt.recall();
         }
