@@ -125,7 +125,7 @@ prepare() {
 
 setup_machine() {
     work=${WORK:-/tmp/gpu-peer}
-    results=${RESULTS:-$work/results}
+    results=${RESULTS:-$work/${2:-results}}
     mkdir -p "$work/bin" "$work/llama" "$results"
     # llama.cpp runs on every resident model, and on streamed ones with PEER_STREAMING=1
     # (never in the stream phase: $1 = 0).
@@ -195,7 +195,7 @@ run_phase() {
 }
 
 stream_phase() {
-    setup_machine 0
+    setup_machine 0 stream-results
     local arms
     read -r -a arms <<< "${ARMS:-gpu=wgpu cpu=cpu}"
     local args=(--slotstream "$work/bin/slotstream" --work "$work" --results "$results" --model "${MODEL:-A}"

@@ -284,6 +284,7 @@ impl ExpertCache {
     /// expert and this one too ([`Backend::moe_shared`]), else after them.
     pub fn run_layer_shared(&mut self, b: &dyn Backend, layer: usize, x: &Tensor, routes: &Routes, ids: Option<Vec<u32>>, shared: SharedExpert<'_>) -> Result<Tensor> {
         if let Some(key_base) = self.resident(layer, routes) {
+            self.ended = None;
             let key = self.shared.get(layer).is_some_and(|&s| s).then(|| self.store.layers * self.store.experts_per_layer + layer);
             return Ok(b.moe_shared(x, &self.pool, routes, key_base, &SharedExpert { key, ..shared })?);
         }
@@ -344,6 +345,9 @@ impl ExpertCache {
             bail!("a router over {} experts for a store of {experts} per layer", gating.experts);
         }
         let key_base = layer * experts;
+        // Only a decode-sized streaming call that follows the layer before's
+        // counts a lead; any other call ends the chain.
+        let ended = self.ended.take();
         if let Some(key_base) = self.resident(layer, routes) {
             return Ok(b.moe(x, &self.pool, routes, key_base)?);
         }
@@ -450,7 +454,8 @@ impl ExpertCache {
                 counters.read_seconds += ahead_secs;
                 read.map(|secs| {
                     counters.read_seconds += secs;
-                    landed_at = Some(wait + std::time::Duration::from_secs_f64(secs));
+                    // With no reads of its own, the call's tail is not counted.
+                    landed_at = (!to_read.is_empty()).then(|| wait + std::time::Duration::from_secs_f64(secs));
                 })
             } else {
                 records.iter().enumerate().try_for_each(|(at, record)| write(&mut *pool, at, record))
@@ -481,17 +486,17 @@ impl ExpertCache {
             }
             b.map_experts(&mut self.pool, &table)?;
             if batches.len() == 1 {
-                let out = b.moe(x, &self.pool, routes, key_base)?;
+                let out = b.moe(x, &self.pool, routes, key_base);
                 let now = Instant::now();
-                if let (Some((before, ended)), Some(issued)) = (self.ended, issued_at) {
+                if let (Some((before, ended)), Some(issued)) = (ended, issued_at) {
                     if before + 1 == layer {
                         counters.lead_seconds = issued.saturating_duration_since(ended).as_secs_f64();
                     }
                 }
                 counters.tail_seconds = landed_at.map_or(0.0, |t| now.saturating_duration_since(t).as_secs_f64());
-                self.ended = Some((layer, now));
+                self.ended = out.is_ok().then_some((layer, now));
                 self.count_call(layer, counters);
-                return Ok(out);
+                return Ok(out?);
             }
             // Read the next batch while this one computes.
             let next_misses = batches.get(i + 1).map(|bt| misses_of(self, bt)).unwrap_or_default();

@@ -12,7 +12,9 @@ Each run: `run --json` with a short prompt (decode-sized MoE calls from the firs
 decode tok/s, the disk's rate while reads were in flight, ms per token with no read in
 flight, the lead and tail between layers' reads, writes and waits; at the end, per arm, the
 median and mean decode, decode per GB/s of that rate, and against the first arm the
-geometric mean of the per-round ratios and the rounds it won (table.md, results.json)."""
+geometric mean of the per-round ratios and the rounds it won (table.md, results.json). Every
+arm inherits this process's environment (a SLOTSTREAM_ variable exported here applies to all).
+With N arms, a multiple of N rounds puts each arm in each position equally often."""
 
 import argparse
 import json
@@ -29,21 +31,18 @@ PROMPT = ("It was the best of times, it was the worst of times, it was the age o
 
 
 def parse_arm(text):
+    """NAME=BACKEND[:VAR=VALUE...]: the backend spec's own parts (wgpu:software) have no '='."""
     name, _, spec = text.partition("=")
-    backend, *assignments = spec.split(":SLOTSTREAM_")
-    env = {}
-    for a in assignments:
-        k, eq, v = ("SLOTSTREAM_" + a).partition("=")
-        if not eq:
-            sys.exit(f"arm {text!r}: {k} has no value (NAME=BACKEND[:VAR=VALUE...])")
-        env[k] = v
-    if not name or not backend:
+    parts = spec.split(":")
+    backend = ":".join(p for p in parts if "=" not in p)
+    env = dict(p.split("=", 1) for p in parts if "=" in p)
+    if not name or not backend or any(not k for k in env):
         sys.exit(f"arm {text!r}: expected NAME=BACKEND[:VAR=VALUE...]")
     return name, backend, env
 
 
 def per_run(res):
-    return {k: res.get(k) for k in ("decode", "decode_hit_rate", "busy_read_gbs", "decode_per_busy_gbs", "disk_idle_ms", "lead_ms",
+    return {k: res.get(k) for k in ("backend_name", "decode", "decode_hit_rate", "busy_read_gbs", "decode_per_busy_gbs", "disk_idle_ms", "lead_ms",
                                     "tail_ms", "write_ms", "wait_ms", "error")}
 
 
@@ -76,7 +75,8 @@ def main():
             res = peer.ours(a, model, backend, PROMPT, a.decode + 1, peer.POOL_PER_LAYER, f"{name}_{n}_{r}", env=dict(os.environ, **env))
             row = per_run(res)
             runs[n].append(row)
-            peer.log("  " + n + " " + " ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items() if v is not None))
+            peer.log("  " + n + " " + " ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                                               for k, v in row.items() if v is not None and k != "backend_name"))
     base = arms[0][0]
     summary = {}
     for n, _, _ in arms:
@@ -91,8 +91,10 @@ def main():
     json.dump({"commit": a.commit, "model": name, "arms": a.arms, "runs": runs, "summary": summary},
               open(os.path.join(a.results, "results.json"), "w"), indent=1)
     f = lambda v, p=3: "—" if v is None else f"{v:.{p}f}"  # noqa: E731
+    names = {n: next((x["backend_name"] for x in runs[n] if x.get("backend_name")), "?") for n, _, _ in arms}
     lines = [f"slotstream `{a.commit}`, {name} (64 experts per layer, a pool of 16), {a.decode} decode passes, "
-             f"{a.rounds} rounds, arms rotated each round.", "",
+             f"{a.rounds} rounds, arms rotated each round. Arms: "
+             + "; ".join(f"{n} = `{t.partition('=')[2]}` ({names[n]})" for (n, _, _), t in zip(arms, a.arms)) + ".", "",
              f"| arm | decode tok/s, each run | median | mean | per GB/s in flight | against {base} (geometric mean of rounds) | rounds won |",
              "|---|---|---:|---:|---:|---:|---:|"]
     for n, _, _ in arms:
