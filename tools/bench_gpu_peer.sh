@@ -173,6 +173,15 @@ PY
     echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GB RAM, $(df -h "$work" | awk 'NR==2{print $4}') free under $work"
 }
 
+# The device tool brings back at most 8 files from $OUT: the table, the JSON, and every
+# log in one tarball named $1.
+copy_out() {
+    if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+        cp "$results"/table.md "$results"/results.json "$OUT"/ 2>/dev/null || true
+        tar -C "$results" -czf "$OUT/$1" . || true
+    fi
+}
+
 run_phase() {
     setup_machine 1
     local args=(--slotstream "$work/bin/slotstream" --llama "$work/llama" --work "$work" --results "$results"
@@ -186,11 +195,7 @@ run_phase() {
     [ -n "${DECODE:-}" ] && args+=(--decode "$DECODE")
     local rc=0
     PYTHONUNBUFFERED=1 python3 tools/peer/bench_gpu_peer.py "${args[@]}" || rc=$?
-    # The device tool brings back at most 8 files from $OUT: the table, the JSON, and every log in one tarball.
-    if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
-        cp "$results"/table.md "$results"/results.json "$OUT"/ 2>/dev/null || true
-        tar -C "$results" -czf "$OUT/gpu-peer-logs.tar.gz" . || true
-    fi
+    copy_out gpu-peer-logs.tar.gz
     return $rc
 }
 
@@ -204,10 +209,7 @@ stream_phase() {
     [ -n "${SMALL:-}" ] && args+=(--small)
     local rc=0
     PYTHONUNBUFFERED=1 python3 tools/peer/stream_pairs.py "${args[@]}" || rc=$?
-    if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
-        cp "$results"/table.md "$results"/results.json "$OUT"/ 2>/dev/null || true
-        tar -C "$results" -czf "$OUT/stream-logs.tar.gz" . || true
-    fi
+    copy_out stream-logs.tar.gz
     return $rc
 }
 

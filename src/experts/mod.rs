@@ -284,7 +284,6 @@ impl ExpertCache {
     /// expert and this one too ([`Backend::moe_shared`]), else after them.
     pub fn run_layer_shared(&mut self, b: &dyn Backend, layer: usize, x: &Tensor, routes: &Routes, ids: Option<Vec<u32>>, shared: SharedExpert<'_>) -> Result<Tensor> {
         if let Some(key_base) = self.resident(layer, routes) {
-            self.ended = None;
             let key = self.shared.get(layer).is_some_and(|&s| s).then(|| self.store.layers * self.store.experts_per_layer + layer);
             return Ok(b.moe_shared(x, &self.pool, routes, key_base, &SharedExpert { key, ..shared })?);
         }

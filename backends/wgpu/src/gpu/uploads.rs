@@ -8,8 +8,10 @@
 //! while the host reads the next from disk, and staging holds at most two.
 //! An expert written to the pool goes out at once, whatever its size,
 //! through staging memory reused from one expert to the next (a
-//! [`wgpu::util::StagingBelt`]): the queue's writes allocate their staging
-//! anew each time, which cost a streamed expert about as much as its copy.
+//! [`wgpu::util::StagingBelt`]) instead of the queue's, which allocates
+//! staging anew for each write (nine per expert; whether that is what a
+//! streamed expert's write cost on an H200 is not yet measured:
+//! BENCHMARKS.md, "reused staging for pool writes").
 
 use slotstream_backend::{BackendError, Result};
 
