@@ -442,34 +442,48 @@ impl Measurement {
 mod tests {
     use super::*;
 
-    /// `ExpertStore::read_each` hands over every record once, whole and with
-    /// its pieces in order (as `read_many` returns them), and stops at the
-    /// first error.
+    /// `ExpertStore::read_each` hands over every matrix of every record
+    /// once, with its pieces' bytes as `read_many` reads them (with `whole`,
+    /// a record's three together and in order), and stops at the first error.
     #[test]
-    fn read_each_gives_each_record_whole_once_and_stops_at_an_error() {
+    fn read_each_gives_each_matrix_once_and_stops_at_an_error() {
+        use slotstream_backend::{ExpertMatrix, HostMatrix, MatrixData};
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_moe_mlx4");
         let store = expert_store(&ModelArch::read(&dir).expect("fixture config")).expect("expert store");
         let experts = [3u32, 0, 7, 1, 5];
         let (want, _) = store.read_many(1, &experts).expect("read_many");
-        let bytes = |r: &crate::experts::ExpertRecord| r.bytes().map(<[u8]>::to_vec).collect::<Vec<_>>();
-        let mut seen = vec![0; experts.len()];
-        store
-            .read_each(1, &experts, || Ok(Vec::new()), || {}, |i, record| {
-                seen[i] += 1;
-                assert_eq!(bytes(&record), bytes(&want[i]), "expert {}", experts[i]);
-                Ok(())
-            })
-            .expect("read_each");
-        assert_eq!(seen, vec![1; experts.len()]);
-        let mut calls = 0;
-        let err = store
-            .read_each(1, &experts, || Ok(Vec::new()), || {}, |_, _| {
-                calls += 1;
-                anyhow::ensure!(calls < 2, "stop here");
-                Ok(())
-            })
-            .expect_err("the second record's error comes back");
-        assert_eq!((calls, err.to_string()), (2, "stop here".to_string()));
+        let bytes = |m: &HostMatrix<'_>| match &m.data {
+            MatrixData::Dense { bytes, .. } => vec![bytes.to_vec()],
+            MatrixData::Affine { words, scales, biases, .. } => vec![words.to_vec(), scales.to_vec(), biases.to_vec()],
+        };
+        for whole in [false, true] {
+            let mut seen = Vec::new();
+            store
+                .read_each(1, &experts, whole, || Ok(Vec::new()), || {}, |i, which, m| {
+                    let e = store.host_expert(&want[i]);
+                    assert_eq!(bytes(m), bytes(e.matrix(which)), "expert {}, {which:?}", experts[i]);
+                    seen.push((i, which));
+                    Ok(())
+                })
+                .expect("read_each");
+            if whole {
+                for record in seen.chunks(3) {
+                    assert_eq!(record, ExpertMatrix::ALL.map(|w| (record[0].0, w)), "a record's matrices together, in order");
+                }
+            }
+            seen.sort_by_key(|&(i, which)| (i, which as usize));
+            let all: Vec<_> = (0..experts.len()).flat_map(|i| ExpertMatrix::ALL.map(|w| (i, w))).collect();
+            assert_eq!(seen, all, "whole: {whole}");
+            let mut calls = 0;
+            let err = store
+                .read_each(1, &experts, whole, || Ok(Vec::new()), || {}, |_, _, _| {
+                    calls += 1;
+                    anyhow::ensure!(calls < 2, "stop here");
+                    Ok(())
+                })
+                .expect_err("the second matrix's error comes back");
+            assert_eq!((calls, err.to_string()), (2, "stop here".to_string()), "whole: {whole}");
+        }
     }
 
     #[test]

@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use slotstream::model::qwen4_exp::hyper::HyperResidual;
 use slotstream::model::{self, ExpertSlots, LoadOptions};
 use slotstream_backend::{
-    Backend, BackendError, DType, ExpertLayout, ExpertPool, GateAct, Gating, HostExpert, HostMatrix, KeySelection, Routes,
+    Backend, BackendError, DType, ExpertLayout, ExpertMatrix, ExpertPool, GateAct, Gating, HostMatrix, KeySelection, Routes,
     Result, State, Tensor, Weight,
 };
 
@@ -147,8 +147,8 @@ impl Backend for ShapeOnly {
     fn map_experts(&self, _: &mut ExpertPool, _: &[(u32, Option<u32>)]) -> Result<()> {
         Err(no("map_experts"))
     }
-    fn write_expert(&self, _: &mut ExpertPool, _: usize, _: &HostExpert<'_>) -> Result<()> {
-        Err(no("write_expert"))
+    fn write_expert_matrix(&self, _: &mut ExpertPool, _: usize, _: ExpertMatrix, _: &HostMatrix<'_>) -> Result<()> {
+        Err(no("write_expert_matrix"))
     }
     fn moe_expert_outputs(&self, _: &Tensor, _: &ExpertPool, _: &Routes, _: usize) -> Result<Tensor> {
         Err(no("moe_expert_outputs"))

@@ -61,6 +61,9 @@ pub struct ExpertCache {
     /// streaming decode reads while this layer's are read and computed
     /// ([`ExpertCache::guess_next`]; the best first; 0: none).
     pub read_ahead: usize,
+    /// Write a streamed expert once all of it has landed instead of each
+    /// matrix as it lands (for before/after measurements).
+    pub write_whole_experts: bool,
     /// The experts guessed for the next MoE call, read once this call's own reads are issued.
     guessed: Option<(usize, Vec<u32>)>,
     ahead: Option<Ahead>,
@@ -101,6 +104,7 @@ impl ExpertCache {
             pool,
             store: Arc::new(store),
             read_ahead: DEFAULT_READ_AHEAD,
+            write_whole_experts: false,
             guessed: None,
             ahead: None,
             owner: vec![None; slots],
@@ -415,11 +419,11 @@ impl ExpertCache {
                 victims.push(s);
             }
             let (store, pool) = (&self.store, &mut self.pool);
-            let mut write_seconds = 0.0;
-            let mut write = |pool: &mut ExpertPool, at: usize, record: &ExpertRecord| -> Result<()> {
+            let write_seconds = std::cell::Cell::new(0.0);
+            let timed = |write: &mut dyn FnMut() -> Result<()>| -> Result<()> {
                 let t = Instant::now();
-                b.write_expert(pool, victims[at] as usize, &store.host_expert(record))?;
-                write_seconds += t.elapsed().as_secs_f64();
+                write()?;
+                write_seconds.set(write_seconds.get() + t.elapsed().as_secs_f64());
                 Ok(())
             };
             let written = if i == 0 {
@@ -448,7 +452,9 @@ impl ExpertCache {
                     ensure!(ready.len() == covered.len(), "the experts read ahead for MoE layer {layer} came back incomplete");
                     Ok(ready)
                 };
-                let read = store.read_each(layer, to_read, ready, issued, |at, record| write(&mut *pool, at, &record));
+                let read = store.read_each(layer, to_read, self.write_whole_experts, ready, issued, |at, which, m| {
+                    timed(&mut || Ok(b.write_expert_matrix(pool, victims[at] as usize, which, m)?))
+                });
                 counters.wait_seconds += wait.elapsed().as_secs_f64();
                 counters.read_seconds += ahead_secs;
                 read.map(|secs| {
@@ -457,9 +463,11 @@ impl ExpertCache {
                     landed_at = (!to_read.is_empty()).then(|| wait + std::time::Duration::from_secs_f64(secs));
                 })
             } else {
-                records.iter().enumerate().try_for_each(|(at, record)| write(&mut *pool, at, record))
+                records.iter().enumerate().try_for_each(|(at, record)| {
+                    timed(&mut || Ok(b.write_expert(pool, victims[at] as usize, &store.host_expert(record))?))
+                })
             };
-            counters.write_seconds += write_seconds;
+            counters.write_seconds += write_seconds.get();
             if let Some(a) = started.take() {
                 self.ahead = Some(a);
             }

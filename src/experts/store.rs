@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use rayon::prelude::*;
-use slotstream_backend::{ExpertLayout, HostExpert, HostMatrix, MatrixData, MatrixFormat};
+use slotstream_backend::{ExpertLayout, ExpertMatrix, HostExpert, HostMatrix, MatrixData, MatrixFormat};
 
 use crate::checkpoint::Checkpoint;
 use crate::direct_io::{DirectFile, RangeBuf};
@@ -270,13 +270,13 @@ impl ExpertStore {
         let pieces: Vec<RangeBuf> = self.io.install(|| {
             requests
                 .par_iter()
-                .map(|(i, piece)| {
+                .map(|(i, _, piece)| {
                     self.read_piece(piece).with_context(|| format!("reading expert {} of MoE layer {layer}", experts[*i]))
                 })
                 .collect::<Result<Vec<_>>>()
         })?;
         let mut records: Vec<ExpertRecord> = experts.iter().map(|_| ExpertRecord { pieces: Vec::with_capacity(9) }).collect();
-        for ((i, _), piece) in requests.iter().zip(pieces) {
+        for ((i, _, _), piece) in requests.iter().zip(pieces) {
             records[*i].pieces.push(piece);
         }
         Ok((records, start.elapsed().as_secs_f64()))
@@ -293,12 +293,14 @@ impl ExpertStore {
     }
 
     /// Every piece of `experts` of `layer`, in record order: (index into
-    /// `experts`, piece).
-    fn requests(&self, layer: usize, experts: &[u32]) -> Vec<(usize, &Piece)> {
+    /// `experts`, matrix (gate 0, up 1, down 2), piece).
+    fn requests(&self, layer: usize, experts: &[u32]) -> Vec<(usize, usize, &Piece)> {
         experts
             .iter()
             .enumerate()
-            .flat_map(|(i, &e)| self.projections(layer, e).iter().flat_map(|p| &p.pieces).map(move |piece| (i, piece)))
+            .flat_map(|(i, &e)| {
+                self.projections(layer, e).iter().enumerate().flat_map(move |(m, p)| p.pieces.iter().map(move |piece| (i, m, piece)))
+            })
             .collect()
     }
 
@@ -315,25 +317,32 @@ impl ExpertStore {
         rx
     }
 
-    /// [`ExpertStore::read_many`] that hands each record to `each` (with its
-    /// index into `experts`) on this thread as soon as its last piece lands,
-    /// while the other reads go on: what the caller does with a record (an
-    /// upload into its slot) overlaps the reads. Once the reads are issued,
-    /// `issued` runs, then the records `ready` gives (read elsewhere: it
-    /// may wait for them) go to `each` as indices `experts.len()..`.
-    /// Returns the seconds until the last piece landed (what `each` did
-    /// after that is not counted). After an error no further record is
-    /// handed over.
+    /// [`ExpertStore::read_many`] that hands each matrix of each record to
+    /// `each` (with the record's index into `experts`) on this thread as
+    /// soon as its last piece lands (with `whole`: all three once the
+    /// record's last piece has), while the other reads go on: what the
+    /// caller does with a matrix (an upload into its slot) overlaps the
+    /// reads, and little is left to do once the last piece has landed. Once
+    /// the reads are issued, `issued` runs, then the records `ready` gives
+    /// (read elsewhere: it may wait for them) go to `each` as indices
+    /// `experts.len()..`. Returns the seconds until the last piece landed
+    /// (what `each` did after that is not counted). After an error nothing
+    /// further is handed over.
     pub fn read_each(
         &self,
         layer: usize,
         experts: &[u32],
+        whole: bool,
         ready: impl FnOnce() -> Result<Vec<ExpertRecord>>,
         issued: impl FnOnce(),
-        mut each: impl FnMut(usize, ExpertRecord) -> Result<()>,
+        mut each: impl FnMut(usize, ExpertMatrix, &HostMatrix<'_>) -> Result<()>,
     ) -> Result<f64> {
-        let hand_ready = |each: &mut dyn FnMut(usize, ExpertRecord) -> Result<()>| -> Result<()> {
-            ready()?.into_iter().enumerate().try_for_each(|(j, r)| each(experts.len() + j, r))
+        let hand_ready = |each: &mut dyn FnMut(usize, ExpertMatrix, &HostMatrix<'_>) -> Result<()>| -> Result<()> {
+            for (j, r) in ready()?.iter().enumerate() {
+                let e = self.host_expert(r);
+                ExpertMatrix::ALL.into_iter().try_for_each(|which| each(experts.len() + j, which, e.matrix(which)))?;
+            }
+            Ok(())
         };
         if experts.is_empty() {
             issued();
@@ -342,21 +351,26 @@ impl ExpertStore {
         }
         let start = Instant::now();
         let requests = self.requests(layer, experts);
-        // Each record's pieces are consecutive requests: (first, count).
-        let mut spans = vec![(0usize, 0usize); experts.len()];
-        for (n, (i, _)) in requests.iter().enumerate() {
-            if spans[*i].1 == 0 {
-                spans[*i].0 = n;
+        // Each matrix's pieces are consecutive requests: (first, count), by
+        // 3 * record + matrix. A group (a matrix, or with `whole` a record)
+        // is handed over once none of its pieces is left in flight.
+        let group = |i: usize, m: usize| if whole { i } else { 3 * i + m };
+        let mut spans = vec![(0usize, 0usize); 3 * experts.len()];
+        let mut left = vec![0usize; 3 * experts.len()];
+        for (n, &(i, m, _)) in requests.iter().enumerate() {
+            let span = &mut spans[3 * i + m];
+            if span.1 == 0 {
+                span.0 = n;
             }
-            spans[*i].1 += 1;
+            span.1 += 1;
+            left[group(i, m)] += 1;
         }
-        let mut left: Vec<usize> = spans.iter().map(|s| s.1).collect();
         let mut landed: Vec<Option<RangeBuf>> = requests.iter().map(|_| None).collect();
         let mut outcome = Ok(());
         let mut landed_at = 0.0;
         let (tx, rx) = std::sync::mpsc::channel();
         self.io.in_place_scope(|scope| {
-            for (n, &(i, piece)) in requests.iter().enumerate() {
+            for (n, &(i, _, piece)) in requests.iter().enumerate() {
                 let tx = tx.clone();
                 scope.spawn(move |_| {
                     let read = self.read_piece(piece).with_context(|| format!("reading expert {} of MoE layer {layer}", experts[i]));
@@ -371,18 +385,23 @@ impl ExpertStore {
                 if outcome.is_err() {
                     continue;
                 }
-                let i = requests[n].0;
+                let (i, m, _) = requests[n];
                 // When the piece landed, not when this thread got to it.
                 landed_at = f64::max(landed_at, at.duration_since(start).as_secs_f64());
                 match read {
                     Err(e) => outcome = Err(e),
                     Ok(buf) => {
                         landed[n] = Some(buf);
-                        left[i] -= 1;
-                        if left[i] == 0 {
-                            let (first, count) = spans[i];
-                            let pieces = landed[first..first + count].iter_mut().filter_map(Option::take).collect();
-                            outcome = each(i, ExpertRecord { pieces });
+                        let g = group(i, m);
+                        left[g] -= 1;
+                        if left[g] == 0 {
+                            let matrices = if whole { 0..3 } else { m..m + 1 };
+                            outcome = matrices.into_iter().try_for_each(|m| {
+                                let (first, count) = spans[3 * i + m];
+                                let pieces: Vec<RangeBuf> = landed[first..first + count].iter_mut().filter_map(Option::take).collect();
+                                let which = ExpertMatrix::ALL[m];
+                                each(i, which, &self.host_matrix(which, &pieces))
+                            });
                         }
                     }
                 }
@@ -395,27 +414,48 @@ impl ExpertStore {
     /// Views a record as the host matrices the backend takes.
     pub fn host_expert<'a>(&self, r: &'a ExpertRecord) -> HostExpert<'a> {
         let l = &self.layout;
-        let mut pieces = r.pieces.iter();
-        let mut next = |rows: usize, cols: usize, f: MatrixFormat| -> HostMatrix<'a> {
-            let mut take = || Cow::Borrowed(pieces.next().map(|p| p.bytes()).unwrap_or(&[]));
-            let data = match f {
-                MatrixFormat::Dense(dtype) => MatrixData::Dense { dtype, bytes: take() },
-                MatrixFormat::Affine { bits, group_size, scale_dtype } => {
-                    let words = take();
-                    let scales = take();
-                    let biases = take();
-                    MatrixData::Affine { bits, group_size, words, scale_dtype, scales, biases }
-                }
-            };
-            HostMatrix { experts: 1, rows, cols, data }
+        let (g, u) = (pieces_of(l.gate), pieces_of(l.up));
+        let n = r.pieces.len();
+        let span = |a: usize, b: usize| &r.pieces[a.min(n)..b.min(n)];
+        HostExpert {
+            gate: self.host_matrix(ExpertMatrix::Gate, span(0, g)),
+            up: self.host_matrix(ExpertMatrix::Up, span(g, g + u)),
+            down: self.host_matrix(ExpertMatrix::Down, span(g + u, n)),
+        }
+    }
+
+    /// Views one matrix's pieces (values, then scales and biases where
+    /// quantized) as the host matrix the backend takes.
+    fn host_matrix<'a>(&self, which: ExpertMatrix, pieces: &'a [RangeBuf]) -> HostMatrix<'a> {
+        let l = &self.layout;
+        let (rows, cols, format) = match which {
+            ExpertMatrix::Gate => (l.intermediate, l.hidden, l.gate),
+            ExpertMatrix::Up => (l.intermediate, l.hidden, l.up),
+            ExpertMatrix::Down => (l.hidden, l.intermediate, l.down),
         };
-        let gate = next(l.intermediate, l.hidden, l.gate);
-        let up = next(l.intermediate, l.hidden, l.up);
-        let down = next(l.hidden, l.intermediate, l.down);
-        HostExpert { gate, up, down }
+        let mut pieces = pieces.iter();
+        let mut take = || Cow::Borrowed(pieces.next().map(|p| p.bytes()).unwrap_or(&[]));
+        let data = match format {
+            MatrixFormat::Dense(dtype) => MatrixData::Dense { dtype, bytes: take() },
+            MatrixFormat::Affine { bits, group_size, scale_dtype } => {
+                let words = take();
+                let scales = take();
+                let biases = take();
+                MatrixData::Affine { bits, group_size, words, scale_dtype, scales, biases }
+            }
+        };
+        HostMatrix { experts: 1, rows, cols, data }
     }
 }
 
+/// Pieces of a matrix stored in `format`: its values, plus scales and
+/// biases where quantized.
+fn pieces_of(format: MatrixFormat) -> usize {
+    match format {
+        MatrixFormat::Dense(_) => 1,
+        MatrixFormat::Affine { .. } => 3,
+    }
+}
 
 /// The index of the file at `path` in `files`, opened on first use.
 fn open_once(files: &mut Vec<DirectFile>, index: &mut std::collections::HashMap<std::path::PathBuf, u32>, path: &std::path::Path) -> Result<u32> {

@@ -32,6 +32,10 @@ pub struct LoadOptions {
     /// streaming decode reads ahead (`ExpertCache::read_ahead`; 0: none;
     /// `None`: `experts::DEFAULT_READ_AHEAD`).
     pub read_ahead: Option<usize>,
+    /// Write a streamed expert to its slot only once all of it has landed,
+    /// instead of each matrix as it lands. Off only for before/after
+    /// measurements.
+    pub write_whole_experts: bool,
 }
 
 /// Default bound of the n-gram row cache.
@@ -48,6 +52,7 @@ impl Default for LoadOptions {
             decode_ahead: true,
             read_threads: crate::experts::ExpertStore::READ_THREADS,
             read_ahead: None,
+            write_whole_experts: false,
         }
     }
 }
@@ -57,9 +62,10 @@ impl LoadOptions {
     /// projections apart), `SLOTSTREAM_DECODE_AHEAD=0` (wait for each
     /// token before recording the next), `SLOTSTREAM_READ_AHEAD=N` (guessed
     /// experts per token read ahead, 0-64; 0 reads none before its layer is
-    /// routed) and `SLOTSTREAM_READ_THREADS=N`
+    /// routed), `SLOTSTREAM_READ_THREADS=N`
     /// (1-256 expert reads in flight; anything else is an error naming the
-    /// variable). The only place they are read.
+    /// variable) and `SLOTSTREAM_WRITE_WHOLE_EXPERTS=1` (write a streamed
+    /// expert once all of it has landed). The only place they are read.
     pub fn with_env_overrides(mut self) -> anyhow::Result<Self> {
         let off = |name: &str| std::env::var(name).is_ok_and(|v| v == "0");
         if off("SLOTSTREAM_FUSED_PROJECTIONS") {
@@ -67,6 +73,9 @@ impl LoadOptions {
         }
         if off("SLOTSTREAM_DECODE_AHEAD") {
             self.decode_ahead = false;
+        }
+        if std::env::var("SLOTSTREAM_WRITE_WHOLE_EXPERTS").is_ok_and(|v| v == "1") {
+            self.write_whole_experts = true;
         }
         if let Ok(v) = std::env::var("SLOTSTREAM_READ_AHEAD") {
             self.read_ahead = Some(v.trim().parse::<usize>().ok().filter(|n| *n <= 64).ok_or_else(|| {

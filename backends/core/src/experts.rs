@@ -76,6 +76,29 @@ pub struct HostExpert<'a> {
     pub down: HostMatrix<'a>,
 }
 
+/// One of an expert's three matrices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertMatrix {
+    Gate,
+    Up,
+    Down,
+}
+
+impl ExpertMatrix {
+    /// In record order.
+    pub const ALL: [ExpertMatrix; 3] = [ExpertMatrix::Gate, ExpertMatrix::Up, ExpertMatrix::Down];
+}
+
+impl<'a> HostExpert<'a> {
+    pub fn matrix(&self, which: ExpertMatrix) -> &HostMatrix<'a> {
+        match which {
+            ExpertMatrix::Gate => &self.gate,
+            ExpertMatrix::Up => &self.up,
+            ExpertMatrix::Down => &self.down,
+        }
+    }
+}
+
 /// A fixed pool of expert slots owned by a backend, shared by all layers,
 /// with its slot table: for each of `keys` experts (key `layer * experts +
 /// expert`; a pool that also holds shared experts keys them after those,

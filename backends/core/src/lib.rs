@@ -21,7 +21,7 @@ pub mod chosen;
 mod host;
 pub mod routing;
 pub use attention::{attention_qk_norm_composed, KeySelection, QkNorm};
-pub use experts::{add_shared_expert, moe_shared_composed, ExpertLayout, ExpertPool, Gating, HostExpert, MatrixFormat, Routes, SharedExpert};
+pub use experts::{add_shared_expert, moe_shared_composed, ExpertLayout, ExpertMatrix, ExpertPool, Gating, HostExpert, MatrixFormat, Routes, SharedExpert};
 pub use host::{DType, HostMatrix, MatrixData};
 
 /// Errors a backend reports. Shape errors are bugs in model code or a malformed
@@ -424,7 +424,13 @@ pub trait Backend: Send + Sync {
     /// table of `keys` entries that all say "not in the pool".
     fn new_expert_pool(&self, layout: &ExpertLayout, slots: usize, keys: usize) -> Result<ExpertPool>;
     /// Copies one expert's weights into slot `slot`.
-    fn write_expert(&self, pool: &mut ExpertPool, slot: usize, expert: &HostExpert<'_>) -> Result<()>;
+    fn write_expert(&self, pool: &mut ExpertPool, slot: usize, expert: &HostExpert<'_>) -> Result<()> {
+        ExpertMatrix::ALL.into_iter().try_for_each(|which| self.write_expert_matrix(pool, slot, which, expert.matrix(which)))
+    }
+    /// Copies one of an expert's matrices into slot `slot`: a streamed
+    /// expert is written matrix by matrix as its reads land, so that little
+    /// is left to write once the last one has.
+    fn write_expert_matrix(&self, pool: &mut ExpertPool, slot: usize, which: ExpertMatrix, m: &HostMatrix<'_>) -> Result<()>;
     /// Sets slot table entries `(key, slot)` (`None`: not in the pool), in op
     /// order: MoE calls recorded before see the old table, later ones the new.
     fn map_experts(&self, pool: &mut ExpertPool, entries: &[(u32, Option<u32>)]) -> Result<()>;

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 use slotstream_backend::{
-    checks, routing, Backend, BackendError, DType, ExpertLayout, ExpertPool, GateAct, Gating, HostExpert,
+    checks, routing, Backend, BackendError, DType, ExpertLayout, ExpertMatrix, ExpertPool, GateAct, Gating,
     HostMatrix, KeySelection, Result, Routes, State, Tensor, Weight,
 };
 
@@ -440,11 +440,13 @@ impl Backend for CpuBackend {
         Ok(ExpertPool::new(Box::new(pool), *layout, slots, keys, bytes))
     }
 
-    fn write_expert(&self, pool: &mut ExpertPool, slot: usize, e: &HostExpert<'_>) -> Result<()> {
+    fn write_expert_matrix(&self, pool: &mut ExpertPool, slot: usize, which: ExpertMatrix, m: &HostMatrix<'_>) -> Result<()> {
         let p = pool.get_mut::<CpuExpertPool>().ok_or_else(|| not_ours("the expert pool"))?;
-        p.gate.write_slot(slot, &e.gate)?;
-        p.up.write_slot(slot, &e.up)?;
-        p.down.write_slot(slot, &e.down)
+        match which {
+            ExpertMatrix::Gate => p.gate.write_slot(slot, m),
+            ExpertMatrix::Up => p.up.write_slot(slot, m),
+            ExpertMatrix::Down => p.down.write_slot(slot, m),
+        }
     }
 
     fn map_experts(&self, pool: &mut ExpertPool, entries: &[(u32, Option<u32>)]) -> Result<()> {

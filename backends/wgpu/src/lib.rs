@@ -33,7 +33,7 @@ mod weights;
 use std::sync::Arc;
 
 use slotstream_backend::{
-    checks, shape_error, Backend, BackendError, DType, DeltaInputs, ExpertLayout, ExpertPool, GateAct, Gating, HostExpert, HostMatrix,
+    checks, shape_error, Backend, BackendError, DType, DeltaInputs, ExpertLayout, ExpertMatrix, ExpertPool, GateAct, Gating, HostExpert, HostMatrix,
     KeySelection, QkNorm, Result, Routes, SharedExpert, State, Tensor, Weight, matmul_swiglu_composed,
     moe_shared_composed, route_matmul_composed,
 };
@@ -91,8 +91,7 @@ impl WgpuBackend {
         let adapter = device::select_adapter(choice)?;
         let gpu = Gpu::open(adapter, &options, bounds_checks)?;
         // Int8 was measured faster on real GPUs; a software rasterizer (tests) stays exact.
-        let by_adapter =
-            if gpu.info.device_type == wgpu::DeviceType::Cpu { MatmulMode::Exact } else { MatmulMode::Int8 };
+        let by_adapter = if gpu.info.device_type == wgpu::DeviceType::Cpu { MatmulMode::Exact } else { MatmulMode::Int8 };
         let mode = options.matmul.unwrap_or(by_adapter);
         Ok(WgpuBackend { gpu: Arc::new(gpu), options, mode })
     }
@@ -121,11 +120,7 @@ impl WgpuBackend {
     }
 
     fn matmul_choice(&self) -> MatmulChoice {
-        MatmulChoice {
-            mode: self.mode,
-            int8_min_bytes: self.options.int8_min_bytes,
-            q4_eight_rows_from: self.options.q4_eight_rows_from,
-        }
+        MatmulChoice { mode: self.mode, int8_min_bytes: self.options.int8_min_bytes, q4_eight_rows_from: self.options.q4_eight_rows_from }
     }
 
     /// A new output tensor of `shape`.
@@ -544,8 +539,11 @@ impl Backend for WgpuBackend {
     }
 
     fn write_expert(&self, pool: &mut ExpertPool, slot: usize, e: &HostExpert<'_>) -> Result<()> {
-        let p = pool.get::<GpuPool>().ok_or_else(|| not_ours("the expert pool"))?;
-        p.write(&self.gpu, slot, &e.gate, &e.up, &e.down)
+        pool.get::<GpuPool>().ok_or_else(|| not_ours("the expert pool"))?.write(&self.gpu, slot, &e.gate, &e.up, &e.down)
+    }
+
+    fn write_expert_matrix(&self, pool: &mut ExpertPool, slot: usize, which: ExpertMatrix, m: &HostMatrix<'_>) -> Result<()> {
+        pool.get::<GpuPool>().ok_or_else(|| not_ours("the expert pool"))?.write_matrix(&self.gpu, slot, which, m)
     }
 
     fn map_experts(&self, pool: &mut ExpertPool, entries: &[(u32, Option<u32>)]) -> Result<()> {

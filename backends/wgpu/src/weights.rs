@@ -6,7 +6,7 @@
 //! biases in their stored precision, laid out as `wgsl/weights.wgsl` reads
 //! them. The expert pool is sharded the same way by slots.
 
-use slotstream_backend::{shape_error, BackendError, DType, HostMatrix, MatrixData, MatrixFormat, Result};
+use slotstream_backend::{shape_error, BackendError, DType, ExpertMatrix, HostMatrix, MatrixData, MatrixFormat, Result};
 use wgpu::WriteOnly;
 
 use crate::gpu::Gpu;
@@ -475,22 +475,34 @@ impl GpuPool {
         self.down.buffers.len()
     }
 
+    /// Writes an expert into `slot`; its copies go out in one submission.
     pub fn write(&self, gpu: &Gpu, slot: usize, gate: &HostMatrix<'_>, up: &HostMatrix<'_>, down: &HostMatrix<'_>) -> Result<()> {
+        self.stage_matrix(gpu, slot, ExpertMatrix::Gate, gate)?;
+        self.stage_matrix(gpu, slot, ExpertMatrix::Up, up)?;
+        self.stage_matrix(gpu, slot, ExpertMatrix::Down, down)?;
+        gpu.send_staged()
+    }
+
+    /// Writes one of an expert's matrices into `slot` and sends it.
+    pub fn write_matrix(&self, gpu: &Gpu, slot: usize, which: ExpertMatrix, m: &HostMatrix<'_>) -> Result<()> {
+        self.stage_matrix(gpu, slot, which, m)?;
+        gpu.send_staged()
+    }
+
+    fn stage_matrix(&self, gpu: &Gpu, slot: usize, which: ExpertMatrix, m: &HostMatrix<'_>) -> Result<()> {
         if slot >= self.slots {
             return Err(shape_error("write_expert", format!("slot {slot} of a pool of {}", self.slots)));
         }
-        if gate.rows != self.intermediate || up.rows != self.intermediate {
-            return Err(shape_error(
-                "write_expert",
-                format!("gate and up of {} and {} rows for experts of {}", gate.rows, up.rows, self.intermediate),
-            ));
+        if which != ExpertMatrix::Down && m.rows != self.intermediate {
+            return Err(shape_error("write_expert", format!("a {which:?} matrix of {} rows for experts of {}", m.rows, self.intermediate)));
         }
         let (shard, local) = (slot / self.per_shard, slot % self.per_shard);
         let n = self.shard_slots(shard);
-        self.gate_up.write(gpu, shard, local, n, gate, 0)?;
-        self.gate_up.write(gpu, shard, local, n, up, self.intermediate)?;
-        self.down.write(gpu, shard, local, n, down, 0)?;
-        gpu.send_staged()
+        match which {
+            ExpertMatrix::Gate => self.gate_up.write(gpu, shard, local, n, m, 0),
+            ExpertMatrix::Up => self.gate_up.write(gpu, shard, local, n, m, self.intermediate),
+            ExpertMatrix::Down => self.down.write(gpu, shard, local, n, m, 0),
+        }
     }
 }
 
