@@ -443,46 +443,63 @@ mod tests {
     use super::*;
 
     /// `ExpertStore::read_each` hands over every matrix of every record
-    /// once, with its pieces' bytes as `read_many` reads them (with `whole`,
-    /// a record's three together and in order), and stops at the first error.
+    /// once, with its pieces' bytes as `read_many` reads them, and the
+    /// records `ready` gives once, after it first has them (as landed) or
+    /// before any read (the earlier handover: each record's three together
+    /// and in order); it stops at the first error.
     #[test]
     fn read_each_gives_each_matrix_once_and_stops_at_an_error() {
         use slotstream_backend::{ExpertMatrix, HostMatrix, MatrixData};
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_moe_mlx4");
         let store = expert_store(&ModelArch::read(&dir).expect("fixture config")).expect("expert store");
-        let experts = [3u32, 0, 7, 1, 5];
-        let (want, _) = store.read_many(1, &experts).expect("read_many");
+        let (experts, ahead) = ([3u32, 0, 7, 1, 5], [2u32, 6]);
+        let (mut want, _) = store.read_many(1, &experts).expect("read_many");
+        want.extend(store.read_many(1, &ahead).expect("read_many").0);
         let bytes = |m: &HostMatrix<'_>| match &m.data {
             MatrixData::Dense { bytes, .. } => vec![bytes.to_vec()],
             MatrixData::Affine { words, scales, biases, .. } => vec![words.to_vec(), scales.to_vec(), biases.to_vec()],
         };
-        for whole in [false, true] {
+        for as_landed in [true, false] {
+            // Ready once two matrices were handed over, or when waited for.
+            let (handed, mut given) = (std::cell::Cell::new(0), false);
+            let ready = |block: bool| {
+                assert!(!given, "ready is asked again after it gave its records");
+                (block || handed.get() == 2).then(|| {
+                    given = true;
+                    Ok(store.read_many(1, &ahead).expect("read_many").0)
+                })
+            };
             let mut seen = Vec::new();
             store
-                .read_each(1, &experts, whole, || Ok(Vec::new()), || {}, |i, which, m| {
+                .read_each(1, &experts, as_landed, ready, || {}, |i, which, m| {
                     let e = store.host_expert(&want[i]);
-                    assert_eq!(bytes(m), bytes(e.matrix(which)), "expert {}, {which:?}", experts[i]);
+                    assert_eq!(bytes(m), bytes(e.matrix(which)), "record {i}, {which:?}");
                     seen.push((i, which));
+                    handed.set(handed.get() + 1);
                     Ok(())
                 })
                 .expect("read_each");
-            if whole {
+            let ready_at = seen.iter().position(|&(i, _)| i >= experts.len()).expect("the ready records were handed over");
+            if as_landed {
+                assert_eq!(ready_at, 2, "handed over as soon as ready(false) had them: after the second matrix");
+            } else {
+                assert_eq!(ready_at, 0, "the earlier handover: ready records first");
                 for record in seen.chunks(3) {
                     assert_eq!(record, ExpertMatrix::ALL.map(|w| (record[0].0, w)), "a record's matrices together, in order");
                 }
             }
             seen.sort_by_key(|&(i, which)| (i, which as usize));
-            let all: Vec<_> = (0..experts.len()).flat_map(|i| ExpertMatrix::ALL.map(|w| (i, w))).collect();
-            assert_eq!(seen, all, "whole: {whole}");
+            let all: Vec<_> = (0..want.len()).flat_map(|i| ExpertMatrix::ALL.map(|w| (i, w))).collect();
+            assert_eq!(seen, all, "as landed: {as_landed}");
             let mut calls = 0;
             let err = store
-                .read_each(1, &experts, whole, || Ok(Vec::new()), || {}, |_, _, _| {
+                .read_each(1, &experts, as_landed, |_| Some(Ok(Vec::new())), || {}, |_, _, _| {
                     calls += 1;
                     anyhow::ensure!(calls < 2, "stop here");
                     Ok(())
                 })
                 .expect_err("the second matrix's error comes back");
-            assert_eq!((calls, err.to_string()), (2, "stop here".to_string()), "whole: {whole}");
+            assert_eq!((calls, err.to_string()), (2, "stop here".to_string()), "as landed: {as_landed}");
         }
     }
 

@@ -28,7 +28,7 @@ use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{bail, ensure, Result};
+use anyhow::{bail, Result};
 use slotstream_backend::{add_shared_expert, Backend, ExpertPool, Routes, SharedExpert, Tensor};
 
 pub use stats::{CacheCounters, CacheStats};
@@ -61,9 +61,11 @@ pub struct ExpertCache {
     /// streaming decode reads while this layer's are read and computed
     /// ([`ExpertCache::guess_next`]; the best first; 0: none).
     pub read_ahead: usize,
-    /// Write a streamed expert once all of it has landed instead of each
-    /// matrix as it lands (for before/after measurements).
-    pub write_whole_experts: bool,
+    /// Write a streamed expert's matrices as they land, and what was read
+    /// ahead for the call as soon as it has; off: the earlier handover,
+    /// what was read ahead first, then each expert whole (for before/after
+    /// measurements; [`ExpertStore::read_each`]).
+    pub write_as_landed: bool,
     /// The experts guessed for the next MoE call, read once this call's own reads are issued.
     guessed: Option<(usize, Vec<u32>)>,
     ahead: Option<Ahead>,
@@ -104,7 +106,7 @@ impl ExpertCache {
             pool,
             store: Arc::new(store),
             read_ahead: DEFAULT_READ_AHEAD,
-            write_whole_experts: false,
+            write_as_landed: true,
             guessed: None,
             ahead: None,
             owner: vec![None; slots],
@@ -437,22 +439,33 @@ impl ExpertCache {
                 };
                 // What was read ahead, once this call's own reads are issued.
                 let mut ahead_secs = 0.0;
-                let ahead = ahead.take();
-                let ready = || -> Result<Vec<ExpertRecord>> {
-                    let Some((a, covered)) = ahead else { return Ok(Vec::new()) };
+                let mut ahead = ahead.take();
+                let ready = |block: bool| -> Option<Result<Vec<ExpertRecord>>> {
+                    let Some((a, _)) = &ahead else { return Some(Ok(Vec::new())) };
+                    let got = if block {
+                        a.records.recv().ok()
+                    } else {
+                        match a.records.try_recv() {
+                            Err(std::sync::mpsc::TryRecvError::Empty) => return None,
+                            got => got.ok(),
+                        }
+                    };
+                    let (a, covered) = ahead.take()?;
                     // A guess that failed to read (or whose job is gone) is
                     // read again here: it is needed now.
-                    let (records, secs) = match a.records.recv() {
-                        Ok(Ok(read)) => read,
-                        _ => return Ok(store.read_many(layer, &covered)?.0),
+                    let (records, secs) = match got {
+                        Some(Ok(read)) => read,
+                        _ => return Some(store.read_many(layer, &covered).map(|(records, _)| records)),
                     };
                     ahead_secs = secs;
                     let mut by_id: HashMap<u32, ExpertRecord> = a.experts.into_iter().zip(records).collect();
                     let ready: Vec<ExpertRecord> = covered.iter().filter_map(|e| by_id.remove(e)).collect();
-                    ensure!(ready.len() == covered.len(), "the experts read ahead for MoE layer {layer} came back incomplete");
-                    Ok(ready)
+                    if ready.len() != covered.len() {
+                        return Some(Err(anyhow::anyhow!("the experts read ahead for MoE layer {layer} came back incomplete")));
+                    }
+                    Some(Ok(ready))
                 };
-                let read = store.read_each(layer, to_read, self.write_whole_experts, ready, issued, |at, which, m| {
+                let read = store.read_each(layer, to_read, self.write_as_landed, ready, issued, |at, which, m| {
                     timed(&mut || Ok(b.write_expert_matrix(pool, victims[at] as usize, which, m)?))
                 });
                 counters.wait_seconds += wait.elapsed().as_secs_f64();

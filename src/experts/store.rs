@@ -319,26 +319,34 @@ impl ExpertStore {
 
     /// [`ExpertStore::read_many`] that hands each matrix of each record to
     /// `each` (with the record's index into `experts`) on this thread as
-    /// soon as its last piece lands (with `whole`: all three once the
-    /// record's last piece has), while the other reads go on: what the
+    /// soon as its last piece lands, while the other reads go on: what the
     /// caller does with a matrix (an upload into its slot) overlaps the
     /// reads, and little is left to do once the last piece has landed. Once
-    /// the reads are issued, `issued` runs, then the records `ready` gives
-    /// (read elsewhere: it may wait for them) go to `each` as indices
-    /// `experts.len()..`. Returns the seconds until the last piece landed
-    /// (what `each` did after that is not counted). After an error nothing
-    /// further is handed over.
+    /// the reads are issued, `issued` runs; the records `ready` gives (read
+    /// elsewhere) go to `each` as indices `experts.len()..` as soon as
+    /// `ready(false)` has them (`None`: not yet; between landings), or at
+    /// the end from `ready(true)`, which may wait. With `as_landed` off, the
+    /// handover is the earlier one (for measurements): `ready(true)` first,
+    /// then each record whole once its last piece has landed. Returns the
+    /// seconds until the last piece landed (what `each` did after that is
+    /// not counted). After an error nothing further is handed over.
     pub fn read_each(
         &self,
         layer: usize,
         experts: &[u32],
-        whole: bool,
-        ready: impl FnOnce() -> Result<Vec<ExpertRecord>>,
+        as_landed: bool,
+        mut ready: impl FnMut(bool) -> Option<Result<Vec<ExpertRecord>>>,
         issued: impl FnOnce(),
         mut each: impl FnMut(usize, ExpertMatrix, &HostMatrix<'_>) -> Result<()>,
     ) -> Result<f64> {
-        let hand_ready = |each: &mut dyn FnMut(usize, ExpertMatrix, &HostMatrix<'_>) -> Result<()>| -> Result<()> {
-            for (j, r) in ready()?.iter().enumerate() {
+        let mut handed = false;
+        let mut hand_ready = |block: bool, each: &mut dyn FnMut(usize, ExpertMatrix, &HostMatrix<'_>) -> Result<()>| -> Result<()> {
+            if handed {
+                return Ok(());
+            }
+            let Some(records) = ready(block) else { return Ok(()) };
+            handed = true;
+            for (j, r) in records?.iter().enumerate() {
                 let e = self.host_expert(r);
                 ExpertMatrix::ALL.into_iter().try_for_each(|which| each(experts.len() + j, which, e.matrix(which)))?;
             }
@@ -346,15 +354,15 @@ impl ExpertStore {
         };
         if experts.is_empty() {
             issued();
-            hand_ready(&mut each)?;
+            hand_ready(true, &mut each)?;
             return Ok(0.0);
         }
         let start = Instant::now();
         let requests = self.requests(layer, experts);
         // Each matrix's pieces are consecutive requests: (first, count), by
-        // 3 * record + matrix. A group (a matrix, or with `whole` a record)
-        // is handed over once none of its pieces is left in flight.
-        let group = |i: usize, m: usize| if whole { i } else { 3 * i + m };
+        // 3 * record + matrix. A group (a matrix, or without `as_landed` a
+        // record) is handed over once none of its pieces is left in flight.
+        let group = |i: usize, m: usize| if as_landed { 3 * i + m } else { i };
         let mut spans = vec![(0usize, 0usize); 3 * experts.len()];
         let mut left = vec![0usize; 3 * experts.len()];
         for (n, &(i, m, _)) in requests.iter().enumerate() {
@@ -380,7 +388,7 @@ impl ExpertStore {
             }
             drop(tx);
             issued();
-            outcome = hand_ready(&mut each);
+            outcome = hand_ready(!as_landed, &mut each);
             for (n, read, at) in rx {
                 if outcome.is_err() {
                     continue;
@@ -395,7 +403,7 @@ impl ExpertStore {
                         let g = group(i, m);
                         left[g] -= 1;
                         if left[g] == 0 {
-                            let matrices = if whole { 0..3 } else { m..m + 1 };
+                            let matrices = if as_landed { m..m + 1 } else { 0..3 };
                             outcome = matrices.into_iter().try_for_each(|m| {
                                 let (first, count) = spans[3 * i + m];
                                 let pieces: Vec<RangeBuf> = landed[first..first + count].iter_mut().filter_map(Option::take).collect();
@@ -405,6 +413,12 @@ impl ExpertStore {
                         }
                     }
                 }
+                if outcome.is_ok() {
+                    outcome = hand_ready(false, &mut each);
+                }
+            }
+            if outcome.is_ok() {
+                outcome = hand_ready(true, &mut each);
             }
         });
         outcome?;

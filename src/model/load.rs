@@ -151,7 +151,7 @@ pub fn expert_cache(cx: &LoadCx<'_>, layout: Layout, moe_prefixes: &[String], sl
     if let Some(n) = cx.opts.read_ahead {
         cache.read_ahead = n;
     }
-    cache.write_whole_experts = cx.opts.write_whole_experts;
+    cache.write_as_landed = cx.opts.write_as_landed;
     if cx.opts.preload_experts && slots >= total {
         cache.load_all(cx.b)?;
     }

@@ -32,10 +32,10 @@ pub struct LoadOptions {
     /// streaming decode reads ahead (`ExpertCache::read_ahead`; 0: none;
     /// `None`: `experts::DEFAULT_READ_AHEAD`).
     pub read_ahead: Option<usize>,
-    /// Write a streamed expert to its slot only once all of it has landed,
-    /// instead of each matrix as it lands. Off only for before/after
-    /// measurements.
-    pub write_whole_experts: bool,
+    /// Write a streamed expert's matrices to its slot as they land, and
+    /// what was read ahead as soon as it has (`ExpertCache::write_as_landed`).
+    /// Off only for before/after measurements.
+    pub write_as_landed: bool,
 }
 
 /// Default bound of the n-gram row cache.
@@ -52,7 +52,7 @@ impl Default for LoadOptions {
             decode_ahead: true,
             read_threads: crate::experts::ExpertStore::READ_THREADS,
             read_ahead: None,
-            write_whole_experts: false,
+            write_as_landed: true,
         }
     }
 }
@@ -64,8 +64,9 @@ impl LoadOptions {
     /// experts per token read ahead, 0-64; 0 reads none before its layer is
     /// routed), `SLOTSTREAM_READ_THREADS=N`
     /// (1-256 expert reads in flight; anything else is an error naming the
-    /// variable) and `SLOTSTREAM_WRITE_WHOLE_EXPERTS=1` (write a streamed
-    /// expert once all of it has landed). The only place they are read.
+    /// variable) and `SLOTSTREAM_WRITE_AS_LANDED=0` (the earlier handover of
+    /// streamed experts: what was read ahead first, then each expert whole).
+    /// The only place they are read.
     pub fn with_env_overrides(mut self) -> anyhow::Result<Self> {
         let off = |name: &str| std::env::var(name).is_ok_and(|v| v == "0");
         if off("SLOTSTREAM_FUSED_PROJECTIONS") {
@@ -74,8 +75,8 @@ impl LoadOptions {
         if off("SLOTSTREAM_DECODE_AHEAD") {
             self.decode_ahead = false;
         }
-        if std::env::var("SLOTSTREAM_WRITE_WHOLE_EXPERTS").is_ok_and(|v| v == "1") {
-            self.write_whole_experts = true;
+        if off("SLOTSTREAM_WRITE_AS_LANDED") {
+            self.write_as_landed = false;
         }
         if let Ok(v) = std::env::var("SLOTSTREAM_READ_AHEAD") {
             self.read_ahead = Some(v.trim().parse::<usize>().ok().filter(|n| *n <= 64).ok_or_else(|| {
