@@ -6,12 +6,13 @@
 //! first kernel. Each [`UPLOAD_CHUNK`] bytes now go out in a submission of
 //! their own, after the chunk before has landed: the GPU copies one chunk
 //! while the host reads the next from disk, and staging holds at most two.
-//! An expert written to the pool goes out at once, whatever its size,
-//! through staging memory reused from one expert to the next (a
+//! An expert (or, streamed, each of its matrices as it lands) written to
+//! the pool goes out at once, whatever its size, through staging memory
+//! reused from one write to the next (a
 //! [`wgpu::util::StagingBelt`]) instead of the queue's, which allocates
-//! staging anew for each write (nine per expert; whether that is what a
-//! streamed expert's write cost on an H200 is not yet measured:
-//! BENCHMARKS.md, "reused staging for pool writes").
+//! staging anew for each write (nine per expert). On an H200 the two took
+//! the same time, side by side on one host (BENCHMARKS.md, "a streamed
+//! expert written as it lands").
 
 use slotstream_backend::{BackendError, Result};
 
@@ -52,8 +53,8 @@ impl Gpu {
         self.send(&mut u, true)
     }
 
-    /// Sends whatever is staged now, however little. A streamed expert
-    /// goes out as soon as it is written: the GPU copies it to its slot
+    /// Sends whatever is staged now, however little. A streamed expert's
+    /// matrix goes out as soon as it is written: the GPU copies it to its slot
     /// while the host still reads the layer's other misses, instead of
     /// copying them all at the layer's next submission, after the last
     /// read. It waits for an earlier upload only once a chunk's worth has
