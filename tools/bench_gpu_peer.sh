@@ -67,7 +67,9 @@
 #   e.g. ARMS="gpu=wgpu cpu=cpu staged=wgpu:SLOTSTREAM_WGPU_REUSE_STAGING=0" (the default: gpu, cpu).
 #   Prints and keeps (table.md, results.json, in $OUT too) each run's decode, read rate while in
 #   flight, lead and tail between layers' reads, and per arm against the first: the geometric mean
-#   of the rounds' ratios and the rounds won.
+#   of the rounds' ratios and the rounds won, MB read per token, and whether it decoded the same
+#   tokens. The default int8 arms decode different tokens and so read different experts; exact
+#   arms (ARMS="gpu=wgpu:exact cpu=cpu:exact") read the same ones.
 #
 # Local test without a GPU (lavapipe; both engines, tiny models, ~10 minutes on 2 cores):
 #   SMALL=1 ROUNDS=1 PEER_REPS=1 GPU_BACKEND=wgpu:software \

@@ -178,6 +178,8 @@ def ours(a, model, backend, prompt, max_tokens, experts_per_layer, tag, env=None
             # lead to the next call's reads (compute, GPU read-back).
             res["tail_ms"] = 1e3 * d.get("tail_seconds", 0.0) / passes
             res["lead_ms"] = 1e3 * d.get("lead_seconds", 0.0) / passes
+            # What was read from disk per decoded token (guesses included).
+            res["decode_mb_per_token"] = d.get("bytes_read", 0) / 1e6 / passes
             # How long no expert read was in flight: the disk left idle.
             if "disk_busy_seconds" in d:
                 res["disk_idle_ms"] = 1e3 * max(0.0, s["decode_seconds"] - d["disk_busy_seconds"]) / passes

@@ -14,7 +14,13 @@ flight, the lead and tail between layers' reads, writes and waits; at the end, p
 median and mean decode, decode per GB/s of that rate, and against the first arm the
 geometric mean of the per-round ratios and the rounds it won (table.md, results.json). Every
 arm inherits this process's environment (a SLOTSTREAM_ variable exported here applies to all).
-With N arms, a multiple of N rounds puts each arm in each position equally often."""
+With N arms, a multiple of N rounds puts each arm in each position equally often.
+
+Arms whose numerics differ (the int8 paths of wgpu and cpu) decode different tokens on these
+models, so they route to and read different experts (hit rates ~1 point apart). Exact arms
+(`gpu=wgpu:exact cpu=cpu:exact`) decode the same tokens and read the same experts: the
+processes compared on the same reads. The table says, per arm, the MB read per decoded token
+and whether every run decoded the same tokens as the first arm's run of that round."""
 
 import argparse
 import json
@@ -42,8 +48,8 @@ def parse_arm(text):
 
 
 def per_run(res):
-    return {k: res.get(k) for k in ("backend_name", "decode", "decode_hit_rate", "busy_read_gbs", "decode_per_busy_gbs", "disk_idle_ms", "lead_ms",
-                                    "tail_ms", "write_ms", "wait_ms", "error")}
+    return {k: res.get(k) for k in ("backend_name", "decode", "decode_hit_rate", "decode_mb_per_token", "busy_read_gbs", "decode_per_busy_gbs",
+                                    "disk_idle_ms", "lead_ms", "tail_ms", "write_ms", "wait_ms", "ids", "error")}
 
 
 def main():
@@ -76,13 +82,17 @@ def main():
             row = per_run(res)
             runs[n].append(row)
             peer.log("  " + n + " " + " ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
-                                               for k, v in row.items() if v is not None and k != "backend_name"))
+                                               for k, v in row.items() if v is not None and k not in ("backend_name", "ids")))
     base = arms[0][0]
     summary = {}
     for n, _, _ in arms:
         d = [x["decode"] for x in runs[n] if x.get("decode")]
         s = {"median": statistics.median(d) if d else None, "mean": statistics.mean(d) if d else None,
-             "per_busy_gbs": peer.median(runs[n], "decode_per_busy_gbs")}
+             "per_busy_gbs": peer.median(runs[n], "decode_per_busy_gbs"),
+             "mb_per_token": peer.median(runs[n], "decode_mb_per_token")}
+        if n != base:
+            same = [x.get("ids") is not None and x.get("ids") == y.get("ids") for x, y in zip(runs[n], runs[base])]
+            s["same_tokens"] = "yes" if same and all(same) else f"{sum(same)} of {len(same)} runs"
         pairs = [(x["decode"], y["decode"]) for x, y in zip(runs[n], runs[base]) if x.get("decode") and y.get("decode")]
         if n != base and pairs:
             s["geo_mean_ratio"] = math.exp(statistics.mean(math.log(x / y) for x, y in pairs))
@@ -95,13 +105,14 @@ def main():
     lines = [f"slotstream `{a.commit}`, {name} (64 experts per layer, a pool of 16), {a.decode} decode passes, "
              f"{a.rounds} rounds, arms rotated each round. Arms: "
              + "; ".join(f"{n} = `{t.partition('=')[2]}` ({names[n]})" for (n, _, _), t in zip(arms, a.arms)) + ".", "",
-             f"| arm | decode tok/s, each run | median | mean | per GB/s in flight | against {base} (geometric mean of rounds) | rounds won |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+             f"| arm | decode tok/s, each run | median | mean | per GB/s in flight | MB read per token | against {base} (geometric mean of rounds) "
+             f"| rounds won | same tokens as {base} |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for n, _, _ in arms:
         s = summary[n]
         each = ", ".join(f(x.get("decode")) for x in runs[n])
-        lines.append(f"| {n} | {each} | {f(s['median'])} | {f(s['mean'])} | {f(s['per_busy_gbs'])} | "
-                     f"{f(s.get('geo_mean_ratio'))} | {s.get('rounds_won', '—')} |")
+        lines.append(f"| {n} | {each} | {f(s['median'])} | {f(s['mean'])} | {f(s['per_busy_gbs'])} | {f(s['mb_per_token'], 1)} | "
+                     f"{f(s.get('geo_mean_ratio'))} | {s.get('rounds_won', '—')} | {s.get('same_tokens', '—')} |")
     open(os.path.join(a.results, "table.md"), "w").write("\n".join(lines) + "\n")
     print("\n".join(lines))
     if any(x.get("error") for rs in runs.values() for x in rs):
