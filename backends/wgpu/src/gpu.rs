@@ -166,6 +166,8 @@ pub struct Gpu {
     upload_chunk: u64,
     /// [`WgpuOptions::reuse_staging`].
     reuse_staging: bool,
+    /// [`WgpuOptions::pool_sends_per_layer`].
+    pool_sends_per_layer: bool,
 }
 
 /// Nanoseconds the host spent in [`Gpu::dispatch`] (recording) and in
@@ -333,6 +335,7 @@ impl Gpu {
             uploads: Default::default(),
             upload_chunk: options.upload_chunk.max(1),
             reuse_staging: options.reuse_staging,
+            pool_sends_per_layer: options.pool_sends_per_layer,
         };
         gpu.check_errors("compiling the WGSL kernels")?;
         Ok(gpu)

@@ -136,8 +136,9 @@ fn not_ours(what: &str) -> BackendError {
 impl Backend for WgpuBackend {
     fn name(&self) -> String {
         let i = &self.gpu.info;
-        let staging = if self.options.reuse_staging { "staging uploads" } else { "staging uploads, fresh for each pool write" };
-        let uploads = if self.gpu.mapped_primary { "mapped primary buffers" } else { staging };
+        let (fresh, per_layer) = (!self.options.reuse_staging, self.options.pool_sends_per_layer);
+        let staging = format!("staging uploads{}{}", if fresh { ", fresh for each pool write" } else { "" }, if per_layer { ", pool writes sent per layer" } else { "" });
+        let uploads = if self.gpu.mapped_primary { "mapped primary buffers".to_string() } else { staging };
         let mode = match self.matmul_mode() {
             MatmulMode::Exact => "",
             MatmulMode::Int8 => ", int8 activations for large 4-bit matmuls",
@@ -550,6 +551,7 @@ impl Backend for WgpuBackend {
         checks::map_experts(entries, pool.keys, pool.slots)?;
         let p = pool.get_mut::<GpuPool>().ok_or_else(|| not_ours("the expert pool"))?;
         let words: Vec<[u32; 2]> = entries.iter().map(|&(k, s)| [k, s.unwrap_or(moe::NO_SLOT)]).collect();
+        self.gpu.send_pool_writes()?; // pool writes left staged go out before the table names their slots
         moe::map(&self.gpu, &p.table, &words)?;
         p.mapped(&words);
         Ok(())

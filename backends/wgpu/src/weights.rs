@@ -483,10 +483,11 @@ impl GpuPool {
         gpu.send_staged()
     }
 
-    /// Writes one of an expert's matrices into `slot` and sends it.
+    /// Writes one of an expert's matrices into `slot` and sends it (or
+    /// leaves it for the next mapping of the table: `Gpu::pool_matrix_written`).
     pub fn write_matrix(&self, gpu: &Gpu, slot: usize, which: ExpertMatrix, m: &HostMatrix<'_>) -> Result<()> {
         self.stage_matrix(gpu, slot, which, m)?;
-        gpu.send_staged()
+        gpu.pool_matrix_written()
     }
 
     fn stage_matrix(&self, gpu: &Gpu, slot: usize, which: ExpertMatrix, m: &HostMatrix<'_>) -> Result<()> {

@@ -7,7 +7,7 @@ mod common;
 
 use common::check::{affine, matrix, up, TOL};
 use common::{gpu, rel_l2, Rng};
-use slotstream_backend::{Backend, ExpertLayout, ExpertPool, Gating, HostExpert};
+use slotstream_backend::{Backend, ExpertLayout, ExpertMatrix, ExpertPool, Gating, HostExpert};
 use slotstream_cpu::CpuBackend;
 use slotstream_wgpu::{AdapterChoice, WgpuBackend, WgpuOptions};
 
@@ -71,16 +71,20 @@ fn pool_writes_reuse_their_staging_and_land_as_written() {
     if gpu().is_none() {
         return;
     }
-    // And with each write's staging of its own (`reuse_staging: false`), and
-    // with a wait for earlier uploads between writes (a 1 MiB upload chunk).
-    for (reuse_staging, upload_chunk) in [(true, 256 << 20), (false, 256 << 20), (true, 1 << 20)] {
-        let options = WgpuOptions { map_primary: false, reuse_staging, upload_chunk, ..WgpuOptions::from_env() };
+    // And with each write's staging of its own (`reuse_staging: false`), with
+    // a wait for earlier uploads between writes (a 1 MiB upload chunk), and
+    // written matrix by matrix, each sent at once or (`pool_sends_per_layer`)
+    // all at the table's mapping.
+    for (reuse_staging, upload_chunk, by_matrix, pool_sends_per_layer) in
+        [(true, 256 << 20, false, false), (false, 256 << 20, false, false), (true, 1 << 20, false, false), (true, 256 << 20, true, false), (true, 256 << 20, true, true)]
+    {
+        let options = WgpuOptions { map_primary: false, reuse_staging, upload_chunk, pool_sends_per_layer, ..WgpuOptions::from_env() };
         let g = WgpuBackend::with_options(&AdapterChoice::allow_software(), options).expect("opening the device");
-        rewrite_slots(&g);
+        rewrite_slots(&g, by_matrix);
     }
 }
 
-fn rewrite_slots(g: &WgpuBackend) {
+fn rewrite_slots(g: &WgpuBackend, by_matrix: bool) {
     let cpu = CpuBackend::exact();
     let mut rng = Rng::new(41);
     let format = affine(4, 64);
@@ -100,7 +104,14 @@ fn rewrite_slots(g: &WgpuBackend) {
     for round in 0..6 {
         let run = |b: &dyn Backend, pool: &mut ExpertPool| -> Vec<f32> {
             for slot in 0..3 {
-                b.write_expert(pool, slot, &experts[(slot + round) % experts.len()]).expect("write");
+                let e = &experts[(slot + round) % experts.len()];
+                if by_matrix {
+                    for which in ExpertMatrix::ALL {
+                        b.write_expert_matrix(pool, slot, which, e.matrix(which)).expect("write");
+                    }
+                } else {
+                    b.write_expert(pool, slot, e).expect("write");
+                }
             }
             b.map_experts(pool, &[(0, Some(2)), (1, Some(1)), (2, Some(0))]).expect("map");
             let routes = b.route(&up(b, &logits, &[1, 3]), gating).expect("route");

@@ -102,6 +102,28 @@ impl Gpu {
         Ok(())
     }
 
+    /// After a streamed expert's matrix was written to the pool: sends it,
+    /// or with [`WgpuOptions::pool_sends_per_layer`](crate::WgpuOptions)
+    /// leaves it staged for [`Gpu::send_pool_writes`], which mapping the
+    /// pool's table makes.
+    pub(crate) fn pool_matrix_written(&self) -> Result<()> {
+        if self.pool_sends_per_layer {
+            return Ok(());
+        }
+        self.send_staged()
+    }
+
+    /// Sends the pool writes' copies left staged, if any (the queue's own
+    /// writes go out with any submission).
+    pub(crate) fn send_pool_writes(&self) -> Result<()> {
+        let mut u = self.uploads.lock().map_err(|_| BackendError::Device("upload counter poisoned".into()))?;
+        if u.copies.is_none() {
+            return Ok(());
+        }
+        let settle = u.unsettled + u.staged >= self.upload_chunk;
+        self.send(&mut u, settle)
+    }
+
     /// Upload submissions so far.
     pub fn upload_submissions(&self) -> u64 {
         self.uploads.lock().map(|u| u.submissions).unwrap_or(0)
