@@ -443,12 +443,14 @@ mod tests {
     use super::*;
 
     /// `ExpertStore::read_each` hands over every matrix of every record
-    /// once, with its pieces' bytes as `read_many` reads them, and the
-    /// records `ready` gives once, after it first has them (as landed) or
-    /// before any read (the earlier handover: each record's three together
-    /// and in order); it stops at the first error.
+    /// once, with its pieces' bytes as `read_many` reads them (matrix by
+    /// matrix as landed, or each record whole), and the records `ready`
+    /// gives once, whole: as soon as it has them (as landed), at the end
+    /// when only waited for, or before any read (the earlier handover). It
+    /// stops at the first error, `ready`'s own included.
     #[test]
     fn read_each_gives_each_matrix_once_and_stops_at_an_error() {
+        use crate::experts::Handover;
         use slotstream_backend::{ExpertMatrix, HostMatrix, MatrixData};
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_moe_mlx4");
         let store = expert_store(&ModelArch::read(&dir).expect("fixture config")).expect("expert store");
@@ -459,47 +461,57 @@ mod tests {
             MatrixData::Dense { bytes, .. } => vec![bytes.to_vec()],
             MatrixData::Affine { words, scales, biases, .. } => vec![words.to_vec(), scales.to_vec(), biases.to_vec()],
         };
-        for as_landed in [true, false] {
-            // Ready once two matrices were handed over, or when waited for.
+        let own = 3 * experts.len();
+        // (as landed, ready without waiting once two matrices were handed over, where the ready records go)
+        for (as_landed, early, ready_at) in [(true, true, 2), (true, false, own), (false, true, 0)] {
             let (handed, mut given) = (std::cell::Cell::new(0), false);
             let ready = |block: bool| {
                 assert!(!given, "ready is asked again after it gave its records");
-                (block || handed.get() == 2).then(|| {
+                (block || (early && handed.get() == 2)).then(|| {
                     given = true;
                     Ok(store.read_many(1, &ahead).expect("read_many").0)
                 })
             };
             let mut seen = Vec::new();
             store
-                .read_each(1, &experts, as_landed, ready, || {}, |i, which, m| {
+                .read_each(1, &experts, as_landed, ready, || {}, |i, h| {
                     let e = store.host_expert(&want[i]);
-                    assert_eq!(bytes(m), bytes(e.matrix(which)), "record {i}, {which:?}");
-                    seen.push((i, which));
+                    let mut check = |which: ExpertMatrix, m: &HostMatrix<'_>| {
+                        assert_eq!(bytes(m), bytes(e.matrix(which)), "record {i}, {which:?}");
+                        seen.push((i, which));
+                    };
+                    match h {
+                        Handover::Matrix(which, m) => {
+                            assert!(as_landed && i < experts.len(), "record {i}: only the call's own records go matrix by matrix, as landed");
+                            check(which, m);
+                        }
+                        Handover::Whole(got) => {
+                            assert!(!as_landed || i >= experts.len(), "record {i} went whole");
+                            ExpertMatrix::ALL.into_iter().for_each(|which| check(which, got.matrix(which)));
+                        }
+                    }
                     handed.set(handed.get() + 1);
                     Ok(())
                 })
                 .expect("read_each");
-            let ready_at = seen.iter().position(|&(i, _)| i >= experts.len()).expect("the ready records were handed over");
-            if as_landed {
-                assert_eq!(ready_at, 2, "handed over as soon as ready(false) had them: after the second matrix");
-            } else {
-                assert_eq!(ready_at, 0, "the earlier handover: ready records first");
-                for record in seen.chunks(3) {
-                    assert_eq!(record, ExpertMatrix::ALL.map(|w| (record[0].0, w)), "a record's matrices together, in order");
-                }
-            }
+            let first_ready = seen.iter().position(|&(i, _)| i >= experts.len()).expect("the ready records were handed over");
+            assert_eq!(first_ready, ready_at, "as landed: {as_landed}, ready early: {early}");
             seen.sort_by_key(|&(i, which)| (i, which as usize));
             let all: Vec<_> = (0..want.len()).flat_map(|i| ExpertMatrix::ALL.map(|w| (i, w))).collect();
             assert_eq!(seen, all, "as landed: {as_landed}");
             let mut calls = 0;
             let err = store
-                .read_each(1, &experts, as_landed, |_| Some(Ok(Vec::new())), || {}, |_, _, _| {
+                .read_each(1, &experts, as_landed, |_| Some(Ok(Vec::new())), || {}, |_, _| {
                     calls += 1;
                     anyhow::ensure!(calls < 2, "stop here");
                     Ok(())
                 })
-                .expect_err("the second matrix's error comes back");
+                .expect_err("the second handover's error comes back");
             assert_eq!((calls, err.to_string()), (2, "stop here".to_string()), "as landed: {as_landed}");
+            let failed = store.read_each(1, &experts, as_landed, |block| block.then(|| Err(anyhow::anyhow!("no guess"))), || {}, |_, _| Ok(()));
+            assert_eq!(failed.expect_err("ready's error comes back").to_string(), "no guess");
+            let never = store.read_each(1, &experts, as_landed, |_| None, || {}, |_, _| Ok(()));
+            assert!(never.is_err(), "a ready that never comes when waited for is an error");
         }
     }
 

@@ -32,7 +32,7 @@ use anyhow::{bail, Result};
 use slotstream_backend::{add_shared_expert, Backend, ExpertPool, Routes, SharedExpert, Tensor};
 
 pub use stats::{CacheCounters, CacheStats};
-pub use store::{ExpertRecord, ExpertStore};
+pub use store::{ExpertRecord, ExpertStore, Handover};
 
 /// Experts of one MoE layer being read ahead of its call.
 struct Ahead {
@@ -465,8 +465,12 @@ impl ExpertCache {
                     }
                     Some(Ok(ready))
                 };
-                let read = store.read_each(layer, to_read, self.write_as_landed, ready, issued, |at, which, m| {
-                    timed(&mut || Ok(b.write_expert_matrix(pool, victims[at] as usize, which, m)?))
+                let read = store.read_each(layer, to_read, self.write_as_landed, ready, issued, |at, handed| {
+                    let slot = victims[at] as usize;
+                    timed(&mut || match handed {
+                        Handover::Matrix(which, m) => Ok(b.write_expert_matrix(pool, slot, which, m)?),
+                        Handover::Whole(e) => Ok(b.write_expert(pool, slot, e)?),
+                    })
                 });
                 counters.wait_seconds += wait.elapsed().as_secs_f64();
                 counters.read_seconds += ahead_secs;

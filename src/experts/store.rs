@@ -39,11 +39,11 @@ pub struct ExpertRecord {
     pieces: Vec<RangeBuf>,
 }
 
-impl ExpertRecord {
-    /// The pieces' bytes, in record order.
-    pub fn bytes(&self) -> impl Iterator<Item = &[u8]> {
-        self.pieces.iter().map(RangeBuf::bytes)
-    }
+/// What [`ExpertStore::read_each`] hands over: one matrix of a record, or
+/// a whole record.
+pub enum Handover<'a> {
+    Matrix(ExpertMatrix, &'a HostMatrix<'a>),
+    Whole(&'a HostExpert<'a>),
 }
 
 /// Locations of all routed experts of a model and the means to read them.
@@ -323,13 +323,14 @@ impl ExpertStore {
     /// caller does with a matrix (an upload into its slot) overlaps the
     /// reads, and little is left to do once the last piece has landed. Once
     /// the reads are issued, `issued` runs; the records `ready` gives (read
-    /// elsewhere) go to `each` as indices `experts.len()..` as soon as
-    /// `ready(false)` has them (`None`: not yet; between landings), or at
-    /// the end from `ready(true)`, which may wait. With `as_landed` off, the
-    /// handover is the earlier one (for measurements): `ready(true)` first,
-    /// then each record whole once its last piece has landed. Returns the
-    /// seconds until the last piece landed (what `each` did after that is
-    /// not counted). After an error nothing further is handed over.
+    /// elsewhere) go to `each` whole, as indices `experts.len()..`, as soon
+    /// as `ready(false)` has them (`None`: not yet; asked between landings),
+    /// or at the end from `ready(true)`, which waits. With `as_landed` off,
+    /// the handover is the earlier one (for measurements): `ready(true)`
+    /// first, then each record whole once its last piece has landed.
+    /// Returns the seconds until the last piece landed (what `each` did
+    /// after that is not counted). After an error nothing further is handed
+    /// over.
     pub fn read_each(
         &self,
         layer: usize,
@@ -337,20 +338,20 @@ impl ExpertStore {
         as_landed: bool,
         mut ready: impl FnMut(bool) -> Option<Result<Vec<ExpertRecord>>>,
         issued: impl FnOnce(),
-        mut each: impl FnMut(usize, ExpertMatrix, &HostMatrix<'_>) -> Result<()>,
+        mut each: impl FnMut(usize, Handover<'_>) -> Result<()>,
     ) -> Result<f64> {
         let mut handed = false;
-        let mut hand_ready = |block: bool, each: &mut dyn FnMut(usize, ExpertMatrix, &HostMatrix<'_>) -> Result<()>| -> Result<()> {
+        let mut hand_ready = |block: bool, each: &mut dyn FnMut(usize, Handover<'_>) -> Result<()>| -> Result<()> {
             if handed {
                 return Ok(());
             }
-            let Some(records) = ready(block) else { return Ok(()) };
+            let records = match ready(block) {
+                Some(records) => records?,
+                None if block => bail!("the experts read ahead for MoE layer {layer} never came"),
+                None => return Ok(()),
+            };
             handed = true;
-            for (j, r) in records?.iter().enumerate() {
-                let e = self.host_expert(r);
-                ExpertMatrix::ALL.into_iter().try_for_each(|which| each(experts.len() + j, which, e.matrix(which)))?;
-            }
-            Ok(())
+            records.iter().enumerate().try_for_each(|(j, r)| each(experts.len() + j, Handover::Whole(&self.host_expert(r))))
         };
         if experts.is_empty() {
             issued();
@@ -372,6 +373,10 @@ impl ExpertStore {
             }
             span.1 += 1;
             left[group(i, m)] += 1;
+        }
+        // A matrix with nothing to read would never be handed over.
+        if let Some(g) = spans.iter().position(|s| s.1 == 0) {
+            bail!("expert {} of MoE layer {layer} has no stored {:?} matrix", experts[g / 3], ExpertMatrix::ALL[g % 3]);
         }
         let mut landed: Vec<Option<RangeBuf>> = requests.iter().map(|_| None).collect();
         let mut outcome = Ok(());
@@ -403,13 +408,19 @@ impl ExpertStore {
                         let g = group(i, m);
                         left[g] -= 1;
                         if left[g] == 0 {
-                            let matrices = if as_landed { m..m + 1 } else { 0..3 };
-                            outcome = matrices.into_iter().try_for_each(|m| {
-                                let (first, count) = spans[3 * i + m];
-                                let pieces: Vec<RangeBuf> = landed[first..first + count].iter_mut().filter_map(Option::take).collect();
-                                let which = ExpertMatrix::ALL[m];
-                                each(i, which, &self.host_matrix(which, &pieces))
-                            });
+                            // A matrix's pieces, or a record's (its matrices' spans are consecutive).
+                            let (first, end) = if as_landed {
+                                (spans[3 * i + m].0, spans[3 * i + m].0 + spans[3 * i + m].1)
+                            } else {
+                                (spans[3 * i].0, spans[3 * i + 2].0 + spans[3 * i + 2].1)
+                            };
+                            let pieces: Vec<RangeBuf> = landed[first..end].iter_mut().filter_map(Option::take).collect();
+                            let which = ExpertMatrix::ALL[m];
+                            outcome = if as_landed {
+                                each(i, Handover::Matrix(which, &self.host_matrix(which, &pieces)))
+                            } else {
+                                each(i, Handover::Whole(&self.host_expert(&ExpertRecord { pieces })))
+                            };
                         }
                     }
                 }

@@ -18,8 +18,8 @@ With N arms, a multiple of N rounds puts each arm in each position equally often
 
 Arms whose numerics differ (the int8 paths of wgpu and cpu) decode different tokens on these
 models, so they route to and read different experts (hit rates ~1 point apart). Exact arms
-(`gpu=wgpu:exact cpu=cpu:exact`) decode the same tokens and read the same experts: the
-processes compared on the same reads. The table says, per arm, the MB read per decoded token
+(`gpu=wgpu:exact cpu=cpu:exact`) should decode the same tokens and read the same experts (the
+processes compared on the same reads); the "same tokens" column checks it. The table says, per arm, the MB read per decoded token
 and whether every run decoded the same tokens as the first arm's run of that round."""
 
 import argparse

@@ -475,8 +475,12 @@ impl GpuPool {
         self.down.buffers.len()
     }
 
-    /// Writes an expert into `slot`; its copies go out in one submission.
+    /// Writes an expert into `slot`; its copies go out in one submission
+    /// (none is staged unless all three fit).
     pub fn write(&self, gpu: &Gpu, slot: usize, gate: &HostMatrix<'_>, up: &HostMatrix<'_>, down: &HostMatrix<'_>) -> Result<()> {
+        self.check_matrix(slot, ExpertMatrix::Gate, gate)?;
+        self.check_matrix(slot, ExpertMatrix::Up, up)?;
+        self.check_matrix(slot, ExpertMatrix::Down, down)?;
         self.stage_matrix(gpu, slot, ExpertMatrix::Gate, gate)?;
         self.stage_matrix(gpu, slot, ExpertMatrix::Up, up)?;
         self.stage_matrix(gpu, slot, ExpertMatrix::Down, down)?;
@@ -490,13 +494,21 @@ impl GpuPool {
         gpu.pool_matrix_written()
     }
 
-    fn stage_matrix(&self, gpu: &Gpu, slot: usize, which: ExpertMatrix, m: &HostMatrix<'_>) -> Result<()> {
+    /// The slot exists and `m` has the rows of the pool's `which` matrices
+    /// (`PoolMatrix::write` checks the rest of its shape).
+    fn check_matrix(&self, slot: usize, which: ExpertMatrix, m: &HostMatrix<'_>) -> Result<()> {
         if slot >= self.slots {
             return Err(shape_error("write_expert", format!("slot {slot} of a pool of {}", self.slots)));
         }
-        if which != ExpertMatrix::Down && m.rows != self.intermediate {
-            return Err(shape_error("write_expert", format!("a {which:?} matrix of {} rows for experts of {}", m.rows, self.intermediate)));
+        let rows = if which == ExpertMatrix::Down { self.down.rows } else { self.intermediate };
+        if m.rows != rows {
+            return Err(shape_error("write_expert", format!("a {which:?} matrix of {} rows for a pool's of {rows}", m.rows)));
         }
+        Ok(())
+    }
+
+    fn stage_matrix(&self, gpu: &Gpu, slot: usize, which: ExpertMatrix, m: &HostMatrix<'_>) -> Result<()> {
+        self.check_matrix(slot, which, m)?;
         let (shard, local) = (slot / self.per_shard, slot % self.per_shard);
         let n = self.shard_slots(shard);
         match which {

@@ -10,9 +10,10 @@
 //! the pool goes out at once, whatever its size, through staging memory
 //! reused from one write to the next (a
 //! [`wgpu::util::StagingBelt`]) instead of the queue's, which allocates
-//! staging anew for each write (nine per expert). On an H200 the two took
-//! the same time, side by side on one host (BENCHMARKS.md, "a streamed
-//! expert written as it lands").
+//! staging anew for each write (nine per expert). On an H200, side by side
+//! on one host, streamed decode per GB/s of the disk's rate was the same
+//! (1.229 against 1.231) and writes took 128 against 118 ms per token: no
+//! gain shown (BENCHMARKS.md, "a streamed expert written as it lands").
 
 use slotstream_backend::{BackendError, Result};
 
