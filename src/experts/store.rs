@@ -409,12 +409,9 @@ impl ExpertStore {
                         left[g] -= 1;
                         if left[g] == 0 {
                             // A matrix's pieces, or a record's (its matrices' spans are consecutive).
-                            let (first, end) = if as_landed {
-                                (spans[3 * i + m].0, spans[3 * i + m].0 + spans[3 * i + m].1)
-                            } else {
-                                (spans[3 * i].0, spans[3 * i + 2].0 + spans[3 * i + 2].1)
-                            };
-                            let pieces: Vec<RangeBuf> = landed[first..end].iter_mut().filter_map(Option::take).collect();
+                            let (first, last) = if as_landed { (3 * i + m, 3 * i + m) } else { (3 * i, 3 * i + 2) };
+                            let pieces: Vec<RangeBuf> =
+                                landed[spans[first].0..spans[last].0 + spans[last].1].iter_mut().filter_map(Option::take).collect();
                             let which = ExpertMatrix::ALL[m];
                             outcome = if as_landed {
                                 each(i, Handover::Matrix(which, &self.host_matrix(which, &pieces)))

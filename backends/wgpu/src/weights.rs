@@ -490,6 +490,7 @@ impl GpuPool {
     /// Writes one of an expert's matrices into `slot` and sends it (or
     /// leaves it for the next mapping of the table: `Gpu::pool_matrix_written`).
     pub fn write_matrix(&self, gpu: &Gpu, slot: usize, which: ExpertMatrix, m: &HostMatrix<'_>) -> Result<()> {
+        self.check_matrix(slot, which, m)?;
         self.stage_matrix(gpu, slot, which, m)?;
         gpu.pool_matrix_written()
     }
@@ -507,8 +508,8 @@ impl GpuPool {
         Ok(())
     }
 
+    /// Stages a matrix [`GpuPool::check_matrix`] passed.
     fn stage_matrix(&self, gpu: &Gpu, slot: usize, which: ExpertMatrix, m: &HostMatrix<'_>) -> Result<()> {
-        self.check_matrix(slot, which, m)?;
         let (shard, local) = (slot / self.per_shard, slot % self.per_shard);
         let n = self.shard_slots(shard);
         match which {

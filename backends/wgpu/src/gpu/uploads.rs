@@ -62,8 +62,14 @@ impl Gpu {
     /// gone out unwaited (a wait here could also wait for the compute
     /// queued before that upload: a streamed prefill's previous batch).
     pub(crate) fn send_staged(&self) -> Result<()> {
+        self.send_if(|u| u.staged > 0)
+    }
+
+    /// Sends what is staged when `due` says so, after the last upload has
+    /// landed once a chunk's worth has gone out unwaited.
+    fn send_if(&self, due: impl FnOnce(&Uploads) -> bool) -> Result<()> {
         let mut u = self.uploads.lock().map_err(|_| BackendError::Device("upload counter poisoned".into()))?;
-        if u.staged == 0 {
+        if !due(&u) {
             return Ok(());
         }
         let settle = u.unsettled + u.staged >= self.upload_chunk;
@@ -117,12 +123,7 @@ impl Gpu {
     /// Sends the pool writes' copies left staged, if any (the queue's own
     /// writes go out with any submission).
     pub(crate) fn send_pool_writes(&self) -> Result<()> {
-        let mut u = self.uploads.lock().map_err(|_| BackendError::Device("upload counter poisoned".into()))?;
-        if u.copies.is_none() {
-            return Ok(());
-        }
-        let settle = u.unsettled + u.staged >= self.upload_chunk;
-        self.send(&mut u, settle)
+        self.send_if(|u| u.copies.is_some())
     }
 
     /// Upload submissions so far.
