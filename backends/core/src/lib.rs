@@ -423,7 +423,10 @@ pub trait Backend: Send + Sync {
     /// Allocates a pool of `slots` expert records of `layout`, with a slot
     /// table of `keys` entries that all say "not in the pool".
     fn new_expert_pool(&self, layout: &ExpertLayout, slots: usize, keys: usize) -> Result<ExpertPool>;
-    /// Copies one expert's weights into slot `slot`.
+    /// Copies one expert's weights into slot `slot`. A write need not reach
+    /// the pool before the table is next mapped ([`Backend::map_experts`]):
+    /// the MoE kernels may read a written slot only after that (a discrete
+    /// GPU sends a layer's writes in one submission there).
     fn write_expert(&self, pool: &mut ExpertPool, slot: usize, expert: &HostExpert<'_>) -> Result<()> {
         ExpertMatrix::ALL.into_iter().try_for_each(|which| self.write_expert_matrix(pool, slot, which, expert.matrix(which)))
     }

@@ -177,11 +177,11 @@ pub struct WgpuOptions {
     /// queue's staging of its own, as before (`SLOTSTREAM_WGPU_REUSE_STAGING=0`,
     /// for measurements).
     pub reuse_staging: bool,
-    /// A streamed expert's matrices wait in staging until the pool's table
-    /// is next mapped (just before the layer's MoE), then go out together
-    /// in one submission, instead of one submission per matrix as it lands
-    /// (`SLOTSTREAM_WGPU_POOL_SENDS=layer`, for measurements: whether the
-    /// submissions while reads are in flight slow the reads).
+    /// Pool writes (a streamed expert's matrices as they land) wait in
+    /// staging until the pool's table is next mapped (just before the
+    /// layer's MoE) and go out in one submission; false sends each as it is
+    /// written, one submission per matrix (`SLOTSTREAM_WGPU_POOL_SENDS=matrix`,
+    /// for measurements: those submissions slowed the disk's reads in flight).
     pub pool_sends_per_layer: bool,
     /// A pool that holds every expert also holds each MoE layer's shared
     /// expert, which a decoded token then runs as one more rank of the MoE
@@ -225,7 +225,7 @@ impl Default for WgpuOptions {
             upload_chunk: crate::gpu::UPLOAD_CHUNK,
             map_primary: true,
             reuse_staging: true,
-            pool_sends_per_layer: false,
+            pool_sends_per_layer: true,
             shared_in_pool: true,
             route_lanes: true,
             wgsl_dir: None,
@@ -279,7 +279,7 @@ impl WgpuOptions {
                 .map_or(defaults.upload_chunk, |m| m << 20),
             map_primary: var("SLOTSTREAM_WGPU_MAP_PRIMARY").map_or(defaults.map_primary, |v| v != "0"),
             reuse_staging: var("SLOTSTREAM_WGPU_REUSE_STAGING").map_or(defaults.reuse_staging, |v| v != "0"),
-            pool_sends_per_layer: var("SLOTSTREAM_WGPU_POOL_SENDS").map_or(defaults.pool_sends_per_layer, |v| v == "layer"),
+            pool_sends_per_layer: var("SLOTSTREAM_WGPU_POOL_SENDS").map_or(defaults.pool_sends_per_layer, |v| v != "matrix"),
             shared_in_pool: var("SLOTSTREAM_WGPU_SHARED_IN_POOL").map_or(defaults.shared_in_pool, |v| v != "0"),
             route_lanes: var("SLOTSTREAM_WGPU_ROUTE_LANES").map_or(defaults.route_lanes, |v| v != "0"),
             wgsl_dir: var("SLOTSTREAM_WGPU_WGSL_DIR").filter(|v| !v.is_empty()).map(Into::into).or(defaults.wgsl_dir),

@@ -475,8 +475,8 @@ impl GpuPool {
         self.down.buffers.len()
     }
 
-    /// Writes an expert into `slot`; its copies go out in one submission
-    /// (none is staged unless all three fit).
+    /// Writes an expert into `slot` (none of its matrices is staged unless
+    /// all three fit); its copies go out as `Gpu::pool_written` says.
     pub fn write(&self, gpu: &Gpu, slot: usize, gate: &HostMatrix<'_>, up: &HostMatrix<'_>, down: &HostMatrix<'_>) -> Result<()> {
         self.check_matrix(slot, ExpertMatrix::Gate, gate)?;
         self.check_matrix(slot, ExpertMatrix::Up, up)?;
@@ -484,15 +484,15 @@ impl GpuPool {
         self.stage_matrix(gpu, slot, ExpertMatrix::Gate, gate)?;
         self.stage_matrix(gpu, slot, ExpertMatrix::Up, up)?;
         self.stage_matrix(gpu, slot, ExpertMatrix::Down, down)?;
-        gpu.send_staged()
+        gpu.pool_written()
     }
 
-    /// Writes one of an expert's matrices into `slot` and sends it (or
-    /// leaves it for the next mapping of the table: `Gpu::pool_matrix_written`).
+    /// Writes one of an expert's matrices into `slot`; its copy goes out as
+    /// `Gpu::pool_written` says.
     pub fn write_matrix(&self, gpu: &Gpu, slot: usize, which: ExpertMatrix, m: &HostMatrix<'_>) -> Result<()> {
         self.check_matrix(slot, which, m)?;
         self.stage_matrix(gpu, slot, which, m)?;
-        gpu.pool_matrix_written()
+        gpu.pool_written()
     }
 
     /// The slot exists and `m` has the rows of the pool's `which` matrices

@@ -35,30 +35,53 @@ fn staged_uploads_go_out_a_chunk_at_a_time() {
         "{staged} bytes of weights went out in {} submissions of {chunk}-byte chunks",
         after_weights - before
     );
-    // An expert pool written slot by slot: its writes count too, where they
-    // are staged (unified memory maps the pool's buffers instead).
-    let layout = ExpertLayout { hidden: cols, intermediate: rows, gate: format, up: format, down: format };
-    let experts: Vec<HostExpert<'static>> = (0..4)
-        .map(|_| HostExpert { gate: matrix(&mut rng, format, 1, rows, cols), up: matrix(&mut rng, format, 1, rows, cols), down: matrix(&mut rng, format, 1, cols, rows) })
-        .collect();
-    let mut pool = g.new_expert_pool(&layout, 4, 4).expect("pool");
-    for (slot, e) in experts.iter().enumerate() {
-        let before = g.upload_submissions();
-        g.write_expert(&mut pool, slot, e).expect("write");
-        let sent = g.upload_submissions() - before;
-        if g.uses_mapped_primary_buffers() {
-            assert_eq!(sent, 0, "a pool write mapped directly went out in submissions of staged bytes");
-        } else {
-            // Each expert as soon as it is written, though it is smaller than a chunk.
-            assert!(sent >= 1, "expert {slot} (~864 KiB, under the {chunk}-byte chunk) still waits in staging");
-        }
-    }
     // What landed is what was written.
     let x = rng.vec(cols, 2.0);
     for (m, w) in weights.iter().zip(&loaded) {
         let got = g.download(&g.matmul(&up(&g, &x, &[1, cols]), w).expect("product")).expect("download");
         let want = cpu.download(&cpu.matmul(&up(&cpu, &x, &[1, cols]), &cpu.load_weight(m).expect("load")).expect("product")).expect("download");
         assert!(rel_l2(&got, &want) <= TOL, "a weight uploaded in chunks differs from the CPU's product");
+    }
+}
+
+/// Pool writes through staging wait for the pool's table to be mapped and
+/// go out then in one submission, or once a chunk's worth is staged;
+/// without `pool_sends_per_layer`, each goes out as it is written.
+#[test]
+fn pool_writes_go_out_at_the_tables_mapping_or_a_chunk_at_a_time() {
+    if gpu().is_none() {
+        return;
+    }
+    let chunk = 1 << 20;
+    let mut rng = Rng::new(43);
+    let format = affine(4, 64);
+    let (rows, cols) = (512, 1024);
+    // ~864 KiB per expert: under a chunk, two over it.
+    let layout = ExpertLayout { hidden: cols, intermediate: rows, gate: format, up: format, down: format };
+    let experts: Vec<HostExpert<'static>> = (0..3)
+        .map(|_| HostExpert { gate: matrix(&mut rng, format, 1, rows, cols), up: matrix(&mut rng, format, 1, rows, cols), down: matrix(&mut rng, format, 1, cols, rows) })
+        .collect();
+    for per_layer in [true, false] {
+        let options = WgpuOptions { upload_chunk: chunk, map_primary: false, pool_sends_per_layer: per_layer, ..WgpuOptions::from_env() };
+        let g = WgpuBackend::with_options(&AdapterChoice::allow_software(), options).expect("opening the device");
+        let mut pool = g.new_expert_pool(&layout, 3, 3).expect("pool");
+        let sends = |g: &WgpuBackend, act: &mut dyn FnMut()| {
+            let before = g.upload_submissions();
+            act();
+            g.upload_submissions() - before
+        };
+        let sent: Vec<u64> = (0..3)
+            .map(|slot| {
+                let written = sends(&g, &mut || g.write_expert(&mut pool, slot, &experts[slot]).expect("write"));
+                if slot == 0 {
+                    let mapped = sends(&g, &mut || g.map_experts(&mut pool, &[(0, Some(0))]).expect("map"));
+                    assert_eq!(mapped, u64::from(per_layer), "per layer {per_layer}: the table's mapping sent {mapped} submissions");
+                }
+                written
+            })
+            .collect();
+        let want = if per_layer { vec![0, 0, 1] } else { vec![1, 1, 1] };
+        assert_eq!(sent, want, "per layer {per_layer}: submissions as each ~864 KiB expert was written, with a {chunk}-byte chunk");
     }
 }
 
@@ -73,11 +96,19 @@ fn pool_writes_reuse_their_staging_and_land_as_written() {
     }
     // And with each write's staging of its own (`reuse_staging: false`), with
     // a wait for earlier uploads between writes (a 1 MiB upload chunk), and
-    // written matrix by matrix, each sent at once or (`pool_sends_per_layer`)
-    // all at the table's mapping.
-    for (reuse_staging, upload_chunk, by_matrix, pool_sends_per_layer) in
-        [(true, 256 << 20, false, false), (false, 256 << 20, false, false), (true, 1 << 20, false, false), (true, 256 << 20, true, false), (true, 256 << 20, true, true)]
-    {
+    // written whole or matrix by matrix, each sent at once or
+    // (`pool_sends_per_layer`) all at the table's mapping, or once a chunk's
+    // worth is staged (a 1 MiB chunk: each expert's 1.5 MiB).
+    for (reuse_staging, upload_chunk, by_matrix, pool_sends_per_layer) in [
+        (true, 256 << 20, false, false),
+        (false, 256 << 20, false, false),
+        (true, 1 << 20, false, false),
+        (true, 256 << 20, true, false),
+        (true, 256 << 20, true, true),
+        (true, 256 << 20, false, true),
+        (true, 1 << 20, true, true),
+        (false, 256 << 20, true, true),
+    ] {
         let options = WgpuOptions { map_primary: false, reuse_staging, upload_chunk, pool_sends_per_layer, ..WgpuOptions::from_env() };
         let g = WgpuBackend::with_options(&AdapterChoice::allow_software(), options).expect("opening the device");
         rewrite_slots(&g, by_matrix);

@@ -7,13 +7,16 @@
 //! their own, after the chunk before has landed: the GPU copies one chunk
 //! while the host reads the next from disk, and staging holds at most two.
 //! An expert (or, streamed, each of its matrices as it lands) written to
-//! the pool goes out at once, whatever its size, through staging memory
-//! reused from one write to the next (a
-//! [`wgpu::util::StagingBelt`]) instead of the queue's, which allocates
-//! staging anew for each write (nine per expert). On an H200, side by side
+//! the pool goes through staging memory reused from one write to the next
+//! (a [`wgpu::util::StagingBelt`]) instead of the queue's, which allocates
+//! staging anew for each write (nine per expert); on an H200, side by side
 //! on one host, streamed decode per GB/s of the disk's rate was the same
 //! (1.229 against 1.231) and writes took 128 against 118 ms per token: no
 //! gain shown (BENCHMARKS.md, "a streamed expert written as it lands").
+//! The copies wait in it until the pool's table is next mapped (just
+//! before the layer's MoE) and go out in one submission: sending each
+//! matrix as it landed, about 860 submissions a streamed token, slowed the
+//! disk's reads in flight (BENCHMARKS.md, "pool writes sent per layer").
 
 use slotstream_backend::{BackendError, Result};
 
@@ -54,19 +57,10 @@ impl Gpu {
         self.send(&mut u, true)
     }
 
-    /// Sends whatever is staged now, however little. A streamed expert's
-    /// matrix goes out as soon as it is written: the GPU copies it to its slot
-    /// while the host still reads the layer's other misses, instead of
-    /// copying them all at the layer's next submission, after the last
-    /// read. It waits for an earlier upload only once a chunk's worth has
-    /// gone out unwaited (a wait here could also wait for the compute
-    /// queued before that upload: a streamed prefill's previous batch).
-    pub(crate) fn send_staged(&self) -> Result<()> {
-        self.send_if(|u| u.staged > 0)
-    }
-
     /// Sends what is staged when `due` says so, after the last upload has
-    /// landed once a chunk's worth has gone out unwaited.
+    /// landed once a chunk's worth has gone out unwaited (a wait could also
+    /// wait for the compute queued before that upload: a streamed prefill's
+    /// previous batch, so it is not made for less).
     fn send_if(&self, due: impl FnOnce(&Uploads) -> bool) -> Result<()> {
         let mut u = self.uploads.lock().map_err(|_| BackendError::Device("upload counter poisoned".into()))?;
         if !due(&u) {
@@ -109,15 +103,17 @@ impl Gpu {
         Ok(())
     }
 
-    /// After a streamed expert's matrix was written to the pool: sends it,
-    /// or with [`WgpuOptions::pool_sends_per_layer`](crate::WgpuOptions)
-    /// leaves it staged for [`Gpu::send_pool_writes`], which mapping the
-    /// pool's table makes.
-    pub(crate) fn pool_matrix_written(&self) -> Result<()> {
+    /// After an expert or one of its matrices was written to the pool:
+    /// leaves the copies staged for [`Gpu::send_pool_writes`], which mapping
+    /// the pool's table makes, until a chunk's worth is staged (so staging
+    /// stays bounded whatever a layer misses); with
+    /// [`WgpuOptions::pool_sends_per_layer`](crate::WgpuOptions) false,
+    /// sends them at once.
+    pub(crate) fn pool_written(&self) -> Result<()> {
         if self.pool_sends_per_layer {
-            return Ok(());
+            return self.send_if(|u| u.staged >= self.upload_chunk);
         }
-        self.send_staged()
+        self.send_if(|u| u.staged > 0)
     }
 
     /// Sends the pool writes' copies left staged, if any (the queue's own
@@ -133,7 +129,7 @@ impl Gpu {
 
     /// [`Gpu::write_with`] for an expert pool's slots: through staging
     /// memory reused from one write to the next, copied out by the next
-    /// [`Gpu::send_staged`], which the caller must make before anything else
+    /// send ([`Gpu::pool_written`], [`Gpu::send_pool_writes`]), which the caller must make before anything else
     /// reads `dst`.
     pub fn write_pool(&self, dst: &wgpu::Buffer, offset: u64, len: usize, fill: impl FnOnce(&mut wgpu::WriteOnly<'_, [u8]>)) -> Result<()> {
         let Some(size) = wgpu::BufferSize::new(len as u64) else {
