@@ -181,7 +181,7 @@ pub struct WgpuOptions {
     /// staging until the pool's table is next mapped (just before the
     /// layer's MoE) and go out in one submission; false sends each as it is
     /// written, one submission per matrix (`SLOTSTREAM_WGPU_POOL_SENDS=matrix`,
-    /// for measurements: those submissions slowed the disk's reads in flight).
+    /// for measurements).
     pub pool_sends_per_layer: bool,
     /// A pool that holds every expert also holds each MoE layer's shared
     /// expert, which a decoded token then runs as one more rank of the MoE

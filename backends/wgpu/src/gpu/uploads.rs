@@ -14,9 +14,11 @@
 //! (1.229 against 1.231) and writes took 128 against 118 ms per token: no
 //! gain shown (BENCHMARKS.md, "a streamed expert written as it lands").
 //! The copies wait in it until the pool's table is next mapped (just
-//! before the layer's MoE) and go out in one submission: sending each
-//! matrix as it landed, about 860 submissions a streamed token, slowed the
-//! disk's reads in flight (BENCHMARKS.md, "pool writes sent per layer").
+//! before the layer's MoE) and go out in one submission, about 48 a
+//! streamed token instead of about 860 with each matrix sent as it lands:
+//! decode was the same within the disk's drift and the host spent 30-40 ms
+//! a token less writing (BENCHMARKS.md, "a layer's pool writes in one
+//! submission").
 
 use slotstream_backend::{BackendError, Result};
 
