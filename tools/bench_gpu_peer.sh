@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # slotstream's wgpu backend vs llama.cpp's Vulkan backend on the same weights, in one run on
-# one GPU machine (issue 14, item 5). Two phases, because the GPU machine has no network and
+# one GPU machine (issue 14, item 5). Phases, because the GPU machine has no network and
 # receives only the repository plus at most 64 MiB of carried, git-ignored files:
 #
 #   tools/bench_gpu_peer.sh prepare     # here (dev machine): build and pack what travels
 #   tools/bench_gpu_peer.sh run         # there (GPU machine): synthesize, convert, run both
 #   tools/bench_gpu_peer.sh stream      # there: streamed decode, several arms alternating
+#   tools/bench_gpu_peer.sh disk        # there, after stream: the disk's rate with idle gaps
 #
 # prepare (minutes; ~7 min for llama.cpp on 2 cores, more with our release build beside it):
 #   - our release binary, stripped, xz-compressed without the demo model it embeds (the
@@ -70,6 +71,14 @@
 #   of the rounds' ratios and the rounds won, MB read per token, and whether it decoded the same
 #   tokens. The default int8 arms decode different tokens and so read different experts; exact
 #   arms (ARMS="gpu=wgpu:exact cpu=cpu:exact") read the same ones.
+#
+# disk (there, after stream, which builds the A64 or B64 model: MODEL, or DIR for any
+#   directory): tools/peer/disk_pace.py reads that model's files in bursts of expert-sized
+#   O_DIRECT reads (16 MB, 16 in flight, as a decoded layer's misses) with idle gaps between
+#   them (GAPS_MS, default 0,1,2,5; GAP_SECONDS per gap per round, default 6; ROUNDS, default
+#   3). Whether the disk's average rate stays the same whatever idle time it is left: the
+#   streamed GPU and CPU backends read at the same average rate while the GPU leaves the disk
+#   idle less. Keeps table.md and results.json (in $OUT too).
 #
 # Local test without a GPU (lavapipe; both engines, tiny models, ~10 minutes on 2 cores):
 #   SMALL=1 ROUNDS=1 PEER_REPS=1 GPU_BACKEND=wgpu:software \
@@ -215,9 +224,20 @@ stream_phase() {
     return $rc
 }
 
+disk_phase() {
+    work=${WORK:-/tmp/gpu-peer}
+    results=${RESULTS:-$work/disk-results}
+    mkdir -p "$results"
+    local dir=${DIR:-$work/${MODEL:-A}64}
+    python3 tools/peer/disk_pace.py --dir "$dir" --gaps-ms "${GAPS_MS:-0,1,2,5}" --seconds "${GAP_SECONDS:-6}" \
+        --rounds "${ROUNDS:-3}" --out "$results/results.json" | tee "$results/table.md"
+    copy_out disk-logs.tar.gz
+}
+
 case "$phase" in
     prepare) prepare ;;
     run) run_phase ;;
     stream) stream_phase ;;
+    disk) disk_phase ;;
     *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
