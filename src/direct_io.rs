@@ -9,6 +9,7 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result};
 
@@ -33,7 +34,10 @@ struct AlignedBuf {
 
 impl AlignedBuf {
     fn new(len: usize) -> AlignedBuf {
-        let raw = vec![0u8; len + ALIGN];
+        AlignedBuf::within(vec![0u8; len + ALIGN], len)
+    }
+    /// `len` bytes at the first `ALIGN` boundary of `raw` (at least `len + ALIGN` long).
+    fn within(raw: Vec<u8>, len: usize) -> AlignedBuf {
         let start = raw.as_ptr().align_offset(ALIGN);
         AlignedBuf { raw, start, len }
     }
@@ -47,15 +51,73 @@ impl AlignedBuf {
 
 /// Bytes read by [`DirectFile::read_range`]: the aligned buffer the read
 /// filled and where the asked-for range sits in it (nothing is copied out).
+/// Read through [`ReadBuffers`], its buffer goes back there when dropped.
 pub struct RangeBuf {
     buf: AlignedBuf,
     skip: usize,
     len: usize,
+    home: Option<Arc<ReadBuffers>>,
 }
 
 impl RangeBuf {
     pub fn bytes(&self) -> &[u8] {
         &self.buf.as_ref()[self.skip..self.skip + self.len]
+    }
+}
+
+impl Drop for RangeBuf {
+    fn drop(&mut self) {
+        if let Some(home) = self.home.take() {
+            home.give_back(std::mem::take(&mut self.buf.raw));
+        }
+    }
+}
+
+/// Buffers of dropped [`RangeBuf`]s kept for the next reads, up to `keep`
+/// bytes (the rest is freed). A streamer reads the same few piece sizes over
+/// and over: a kept buffer needs no allocation, no zeroing and no page
+/// faults, work that a fresh one puts inside every read (faults where the
+/// allocator has handed the memory back to the system).
+pub struct ReadBuffers {
+    keep: usize,
+    free: Mutex<(Vec<Vec<u8>>, usize)>,
+}
+
+impl ReadBuffers {
+    pub fn new(keep: usize) -> ReadBuffers {
+        ReadBuffers { keep, free: Mutex::new((Vec::new(), 0)) }
+    }
+
+    /// A kept buffer for `len` aligned bytes, not more than twice the size
+    /// needed; else a new one.
+    fn take(&self, len: usize) -> AlignedBuf {
+        let need = len + ALIGN;
+        let kept = self.free.lock().ok().and_then(|mut free| {
+            let (list, held) = &mut *free;
+            let at = list.iter().position(|b| b.len() >= need && b.len() <= 2 * need)?;
+            let raw = list.swap_remove(at);
+            *held -= raw.len();
+            Some(raw)
+        });
+        match kept {
+            Some(raw) => AlignedBuf::within(raw, len),
+            None => AlignedBuf::new(len),
+        }
+    }
+
+    fn give_back(&self, raw: Vec<u8>) {
+        if let Ok(mut free) = self.free.lock() {
+            let (list, held) = &mut *free;
+            if !raw.is_empty() && *held + raw.len() <= self.keep {
+                *held += raw.len();
+                list.push(raw);
+            }
+        }
+    }
+
+    /// Bytes kept for reuse now.
+    pub fn held(&self) -> usize {
+        self.free.lock().map_or(0, |f| f.1)
     }
 }
 
@@ -88,22 +150,32 @@ impl DirectFile {
         self.direct
     }
 
-    /// `len` bytes at `offset`, in place in an aligned buffer.
+    /// `len` bytes at `offset`, in place in a new aligned buffer.
     pub fn read_range(&self, offset: u64, len: usize) -> Result<RangeBuf> {
+        self.read_range_in(offset, len, None)
+    }
+
+    /// `len` bytes at `offset`, in place in an aligned buffer from `buffers`
+    /// (where it goes back once the result is dropped), or a new one.
+    pub fn read_range_in(&self, offset: u64, len: usize, buffers: Option<&Arc<ReadBuffers>>) -> Result<RangeBuf> {
+        let home = buffers.cloned();
+        let buffer = |n: usize| home.as_ref().map_or_else(|| AlignedBuf::new(n), |b| b.take(n));
         let fail = |e: std::io::Error| {
             anyhow::anyhow!("reading {len} bytes at offset {offset} of {}: {e}", self.path.display())
         };
         if !self.direct {
-            let mut buf = AlignedBuf::new(len);
+            let mut buf = buffer(len);
             self.file.read_exact_at(buf.as_mut(), offset).map_err(fail)?;
-            return Ok(RangeBuf { buf, skip: 0, len });
+            return Ok(RangeBuf { buf, skip: 0, len, home });
         }
         // Direct I/O wants aligned offsets and lengths: read the aligned span
         // around the range. Near the end of the file the span may run past it;
         // read what exists.
         let start = offset / ALIGN as u64 * ALIGN as u64;
         let end = (offset + len as u64).div_ceil(ALIGN as u64) * ALIGN as u64;
-        let mut buf = AlignedBuf::new((end - start) as usize);
+        // A kept buffer holds an earlier read's bytes: only the filled part
+        // (which covers the range) is ever looked at.
+        let mut buf = buffer((end - start) as usize);
         let mut filled = 0usize;
         let want = (offset + len as u64 - start) as usize;
         while filled < want {
@@ -113,11 +185,63 @@ impl DirectFile {
             }
             filled += n;
         }
-        Ok(RangeBuf { buf, skip: (offset - start) as usize, len })
+        Ok(RangeBuf { buf, skip: (offset - start) as usize, len, home })
     }
 
     /// `len` bytes at `offset`, copied out.
     pub fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
         Ok(self.read_range(offset, len)?.bytes().to_vec())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file_of(len: usize) -> (tempfile::TempDir, DirectFile, Vec<u8>) {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let bytes: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4096) as u8).collect();
+        let path = dir.path().join("data.bin");
+        std::fs::write(&path, &bytes).expect("writing the test file");
+        let file = DirectFile::open(&path).expect("opening the test file");
+        (dir, file, bytes)
+    }
+
+    #[test]
+    fn kept_buffers_are_reused_and_show_only_the_new_reads_bytes() {
+        let (_dir, file, bytes) = file_of(64 << 10);
+        let buffers = Arc::new(ReadBuffers::new(1 << 20));
+        let first = file.read_range_in(100, 20_000, Some(&buffers)).expect("first read");
+        assert_eq!(first.bytes(), &bytes[100..20_100]);
+        let at = first.buf.raw.as_ptr();
+        drop(first);
+        assert!(buffers.held() >= 20_000, "a dropped read's buffer is kept");
+        // A shorter range at another offset takes the same buffer (its
+        // earlier bytes still in it) and shows only what it read.
+        let second = file.read_range_in(30_001, 12_000, Some(&buffers)).expect("second read");
+        assert_eq!(second.buf.raw.as_ptr(), at, "the kept buffer is reused");
+        assert_eq!(buffers.held(), 0);
+        assert_eq!(second.bytes(), &bytes[30_001..42_001]);
+        // One much smaller than the kept buffer gets a new one.
+        drop(second);
+        let small = file.read_range_in(5, 100, Some(&buffers)).expect("small read");
+        assert_ne!(small.buf.raw.as_ptr(), at);
+        assert_eq!(small.bytes(), &bytes[5..105]);
+    }
+
+    #[test]
+    fn no_more_than_the_bound_is_kept() {
+        let (_dir, file, _) = file_of(64 << 10);
+        let buffers = Arc::new(ReadBuffers::new(30_000));
+        let reads: Vec<RangeBuf> =
+            (0..3).map(|i| file.read_range_in(i * 8192, 16_384, Some(&buffers)).expect("read")).collect();
+        drop(reads);
+        let held = buffers.held();
+        assert!(held > 0 && held <= 30_000, "held {held} of a 30000-byte bound");
+        let none = Arc::new(ReadBuffers::new(0));
+        drop(file.read_range_in(0, 4096, Some(&none)).expect("read"));
+        assert_eq!(none.held(), 0);
+        // Without buffers the read's own allocation is freed as before.
+        assert_eq!(file.read_range(10, 10).expect("read").bytes().len(), 10);
     }
 }

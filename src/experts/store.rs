@@ -18,7 +18,7 @@ use rayon::prelude::*;
 use slotstream_backend::{ExpertLayout, ExpertMatrix, HostExpert, HostMatrix, MatrixData, MatrixFormat};
 
 use crate::checkpoint::Checkpoint;
-use crate::direct_io::{DirectFile, RangeBuf};
+use crate::direct_io::{DirectFile, RangeBuf, ReadBuffers};
 
 /// One contiguous byte range of one file.
 #[derive(Clone, Copy, Debug)]
@@ -61,6 +61,8 @@ pub struct ExpertStore {
     io: rayon::ThreadPool,
     pub record_bytes: u64,
     busy: std::sync::Mutex<Busy>,
+    /// Where landed pieces' buffers go back once written, for later reads.
+    buffers: Arc<ReadBuffers>,
 }
 
 /// How long at least one of the store's reads was in flight: the disk busy
@@ -111,6 +113,9 @@ fn per_proj_index(name: &str) -> usize {
 impl ExpertStore {
     /// Default number of read threads: reads in flight at once.
     pub const READ_THREADS: usize = 16;
+    /// Default bound of the read buffers kept for reuse (a layer's misses of
+    /// the flagship are ~40 MB; counted in the planner's runtime share).
+    pub const KEEP_READ_BUFFERS: usize = 64 << 20;
 
     /// Finds every expert of every MoE layer in the checkpoint. `layer_prefixes`
     /// are the MoE blocks' module paths (`model.layers.{i}.mlp`), `stacked`
@@ -225,7 +230,19 @@ impl ExpertStore {
             .context("starting the expert read threads")?;
         let layers = layer_prefixes.len();
         let busy = Default::default();
-        Ok(ExpertStore { layout, experts_per_layer: experts, layers, files, locations, shared: shared_locations, io, record_bytes, busy })
+        let buffers = Arc::new(ReadBuffers::new(Self::KEEP_READ_BUFFERS));
+        Ok(ExpertStore { layout, experts_per_layer: experts, layers, files, locations, shared: shared_locations, io, record_bytes, busy, buffers })
+    }
+
+    /// Keep at most `bytes` of landed pieces' buffers for later reads (0: a
+    /// new buffer for every read, as before; for measurements).
+    pub fn keep_read_buffers(&mut self, bytes: usize) {
+        self.buffers = Arc::new(ReadBuffers::new(bytes));
+    }
+
+    /// Bytes of read buffers kept for reuse now.
+    pub fn kept_read_buffers(&self) -> usize {
+        self.buffers.held()
     }
 
     /// The id under which [`ExpertStore::read_many`] reads a layer's shared
@@ -241,7 +258,7 @@ impl ExpertStore {
     /// One piece of a record, counted in the busy clock while in flight.
     fn read_piece(&self, piece: &Piece) -> Result<RangeBuf> {
         let _in_flight = InFlight::start(&self.busy);
-        self.files[piece.file as usize].read_range(piece.offset, piece.len as usize)
+        self.files[piece.file as usize].read_range_in(piece.offset, piece.len as usize, Some(&self.buffers))
     }
 
     /// Seconds so far during which at least one of the store's reads was in

@@ -135,7 +135,10 @@ pub fn assemble(cx: &LoadCx<'_>, layout: Layout, trunk: Trunk, layers: Vec<Decod
 pub fn expert_cache(cx: &LoadCx<'_>, layout: Layout, moe_prefixes: &[String], slots: ExpertSlots, shared: &[bool]) -> Result<ExpertCache> {
     let c = &cx.arch.text;
     let (experts, hidden, inter) = (c.num_experts, c.hidden_size, c.moe_intermediate_size);
-    let store = ExpertStore::new(cx.ck, moe_prefixes, layout == Layout::Mlx, experts, hidden, inter, cx.opts.read_threads, shared)?;
+    let mut store = ExpertStore::new(cx.ck, moe_prefixes, layout == Layout::Mlx, experts, hidden, inter, cx.opts.read_threads, shared)?;
+    if !cx.opts.reuse_read_buffers {
+        store.keep_read_buffers(0);
+    }
     let total = moe_prefixes.len() * c.num_experts;
     let slots = match slots {
         ExpertSlots::All => total,

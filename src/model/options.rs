@@ -36,6 +36,10 @@ pub struct LoadOptions {
     /// what was read ahead as soon as it has (`ExpertCache::write_as_landed`).
     /// Off only for before/after measurements.
     pub write_as_landed: bool,
+    /// Keep streamed pieces' read buffers for later reads
+    /// (`ExpertStore::keep_read_buffers`). Off only for before/after
+    /// measurements.
+    pub reuse_read_buffers: bool,
 }
 
 /// Default bound of the n-gram row cache.
@@ -53,6 +57,7 @@ impl Default for LoadOptions {
             read_threads: crate::experts::ExpertStore::READ_THREADS,
             read_ahead: None,
             write_as_landed: true,
+            reuse_read_buffers: true,
         }
     }
 }
@@ -65,7 +70,8 @@ impl LoadOptions {
     /// routed), `SLOTSTREAM_READ_THREADS=N`
     /// (1-256 expert reads in flight; anything else is an error naming the
     /// variable) and `SLOTSTREAM_WRITE_AS_LANDED=0` (the earlier handover of
-    /// streamed experts: what was read ahead first, then each expert whole).
+    /// streamed experts: what was read ahead first, then each expert whole)
+    /// and `SLOTSTREAM_REUSE_READ_BUFFERS=0` (a new buffer for every read).
     /// The only place they are read.
     pub fn with_env_overrides(mut self) -> anyhow::Result<Self> {
         let off = |name: &str| std::env::var(name).is_ok_and(|v| v == "0");
@@ -77,6 +83,9 @@ impl LoadOptions {
         }
         if off("SLOTSTREAM_WRITE_AS_LANDED") {
             self.write_as_landed = false;
+        }
+        if off("SLOTSTREAM_REUSE_READ_BUFFERS") {
+            self.reuse_read_buffers = false;
         }
         if let Ok(v) = std::env::var("SLOTSTREAM_READ_AHEAD") {
             self.read_ahead = Some(v.trim().parse::<usize>().ok().filter(|n| *n <= 64).ok_or_else(|| {

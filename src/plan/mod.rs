@@ -32,8 +32,9 @@ pub const GB: f64 = 1e9;
 pub const KNEE_FRACTION: f64 = 0.40;
 /// Experts per layer below which auto never goes (the reference floor).
 pub const FLOOR_EXPERTS_PER_LAYER: usize = 14;
-/// The runtime itself, thread stacks, read buffers in flight and allocator
-/// slack; activations come on top (see [`ModelCosts::runtime_bytes`]).
+/// The runtime itself, thread stacks, read buffers in flight or kept for
+/// reuse (`ExpertStore::KEEP_READ_BUFFERS`) and allocator slack; activations
+/// come on top (see [`ModelCosts::runtime_bytes`]).
 pub const RUNTIME_BASE_BYTES: u64 = 200_000_000;
 
 /// Prompt tokens processed per forward pass during prefill (the engine's
