@@ -473,8 +473,11 @@ mod tests {
                 })
             };
             let mut seen = Vec::new();
+            // (stage, matrices handed over by then)
+            let stages = std::cell::RefCell::new(Vec::new());
+            let last_own = std::cell::Cell::new(0);
             store
-                .read_each(1, &experts, as_landed, ready, || {}, |i, h| {
+                .read_each(1, &experts, as_landed, ready, |at| stages.borrow_mut().push((at, handed.get())), |i, h| {
                     let e = store.host_expert(&want[i]);
                     let mut check = |which: ExpertMatrix, m: &HostMatrix<'_>| {
                         assert_eq!(bytes(m), bytes(e.matrix(which)), "record {i}, {which:?}");
@@ -490,10 +493,20 @@ mod tests {
                             ExpertMatrix::ALL.into_iter().for_each(|which| check(which, got.matrix(which)));
                         }
                     }
+                    if i < experts.len() {
+                        last_own.set(handed.get());
+                    }
                     handed.set(handed.get() + 1);
                     Ok(())
                 })
                 .expect("read_each");
+            // Issued before anything lands; Landed once, before the last of the
+            // call's own groups is handed over.
+            let stages = stages.into_inner();
+            assert_eq!(stages.len(), 2, "{stages:?}");
+            assert_eq!(stages[0], (crate::experts::Progress::Issued, 0));
+            assert_eq!(stages[1].0, crate::experts::Progress::Landed);
+            assert!(stages[1].1 <= last_own.get(), "landed said after the last own handover ({}): {stages:?}", last_own.get());
             let first_ready = seen.iter().position(|&(i, _)| i >= experts.len()).expect("the ready records were handed over");
             assert_eq!(first_ready, ready_at, "as landed: {as_landed}, ready early: {early}");
             seen.sort_by_key(|&(i, which)| (i, which as usize));
@@ -501,16 +514,16 @@ mod tests {
             assert_eq!(seen, all, "as landed: {as_landed}");
             let mut calls = 0;
             let err = store
-                .read_each(1, &experts, as_landed, |_| Some(Ok(Vec::new())), || {}, |_, _| {
+                .read_each(1, &experts, as_landed, |_| Some(Ok(Vec::new())), |_| {}, |_, _| {
                     calls += 1;
                     anyhow::ensure!(calls < 2, "stop here");
                     Ok(())
                 })
                 .expect_err("the second handover's error comes back");
             assert_eq!((calls, err.to_string()), (2, "stop here".to_string()), "as landed: {as_landed}");
-            let failed = store.read_each(1, &experts, as_landed, |block| block.then(|| Err(anyhow::anyhow!("no guess"))), || {}, |_, _| Ok(()));
+            let failed = store.read_each(1, &experts, as_landed, |block| block.then(|| Err(anyhow::anyhow!("no guess"))), |_| {}, |_, _| Ok(()));
             assert_eq!(failed.expect_err("ready's error comes back").to_string(), "no guess");
-            let never = store.read_each(1, &experts, as_landed, |_| None, || {}, |_, _| Ok(()));
+            let never = store.read_each(1, &experts, as_landed, |_| None, |_| {}, |_, _| Ok(()));
             assert!(never.is_err(), "a ready that never comes when waited for is an error");
         }
     }

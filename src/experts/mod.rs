@@ -32,7 +32,7 @@ use anyhow::{bail, Result};
 use slotstream_backend::{add_shared_expert, Backend, ExpertPool, Routes, SharedExpert, Tensor};
 
 pub use stats::{CacheCounters, CacheStats};
-pub use store::{ExpertRecord, ExpertStore, Handover};
+pub use store::{ExpertRecord, ExpertStore, Handover, Progress};
 
 /// Experts of one MoE layer being read ahead of its call.
 struct Ahead {
@@ -66,7 +66,12 @@ pub struct ExpertCache {
     /// what was read ahead first, then each expert whole (for before/after
     /// measurements; [`ExpertStore::read_each`]).
     pub write_as_landed: bool,
-    /// The experts guessed for the next MoE call, read once this call's own reads are issued.
+    /// Read the guess for the next MoE call once this call's own reads have
+    /// landed, so that the disk works through the time between two layers'
+    /// reads (this layer's compute, the next one's routing); off: as soon
+    /// as they are issued, queued behind them (for before/after measurements).
+    pub ahead_after_landing: bool,
+    /// The experts guessed for the next MoE call.
     guessed: Option<(usize, Vec<u32>)>,
     ahead: Option<Ahead>,
     /// Key (`layer * experts + expert`) held by each routed slot.
@@ -107,6 +112,7 @@ impl ExpertCache {
             store: Arc::new(store),
             read_ahead: DEFAULT_READ_AHEAD,
             write_as_landed: true,
+            ahead_after_landing: true,
             guessed: None,
             ahead: None,
             owner: vec![None; slots],
@@ -432,10 +438,15 @@ impl ExpertCache {
                 let wait = Instant::now();
                 let covered = ahead.as_ref().map_or(0, |(_, c)| c.len());
                 let to_read = &record_misses[..record_misses.len() - covered];
-                let guess = guess.take();
-                let issued = || {
-                    issued_at = Some(Instant::now());
-                    started = guess.map(|(l, experts): (usize, Vec<u32>)| Ahead { layer: l, records: store.read_later(l, experts.clone()), experts });
+                let mut guess = guess.take();
+                let after_landing = self.ahead_after_landing;
+                let progress = |at: Progress| {
+                    if at == Progress::Issued {
+                        issued_at = Some(Instant::now());
+                    }
+                    if (at == Progress::Landed) == after_landing {
+                        started = guess.take().map(|(l, experts): (usize, Vec<u32>)| Ahead { layer: l, records: store.read_later(l, experts.clone()), experts });
+                    }
                 };
                 // What was read ahead, once this call's own reads are issued.
                 let mut ahead_secs = 0.0;
@@ -465,7 +476,7 @@ impl ExpertCache {
                     }
                     Some(Ok(ready))
                 };
-                let read = store.read_each(layer, to_read, self.write_as_landed, ready, issued, |at, handed| {
+                let read = store.read_each(layer, to_read, self.write_as_landed, ready, progress, |at, handed| {
                     let slot = victims[at] as usize;
                     timed(&mut || match handed {
                         Handover::Matrix(which, m) => Ok(b.write_expert_matrix(pool, slot, which, m)?),

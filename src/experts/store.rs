@@ -46,6 +46,16 @@ pub enum Handover<'a> {
     Whole(&'a HostExpert<'a>),
 }
 
+/// Where [`ExpertStore::read_each`] is, for its `progress` callback.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Progress {
+    /// Every read of the call is issued.
+    Issued,
+    /// The last of them has landed (right after `Issued` when there are
+    /// none); not said after a failed read.
+    Landed,
+}
+
 /// Locations of all routed experts of a model and the means to read them.
 pub struct ExpertStore {
     pub layout: ExpertLayout,
@@ -339,7 +349,9 @@ impl ExpertStore {
     /// soon as its last piece lands, while the other reads go on: what the
     /// caller does with a matrix (an upload into its slot) overlaps the
     /// reads, and little is left to do once the last piece has landed. Once
-    /// the reads are issued, `issued` runs; the records `ready` gives (read
+    /// the reads are issued, `progress(Issued)` runs, and `progress(Landed)`
+    /// as the last lands, before its matrix is handed over (what the disk
+    /// should read next can go out then); the records `ready` gives (read
     /// elsewhere) go to `each` whole, as indices `experts.len()..`, as soon
     /// as `ready(false)` has them (`None`: not yet; asked between landings),
     /// or at the end from `ready(true)`, which waits. With `as_landed` off,
@@ -354,7 +366,7 @@ impl ExpertStore {
         experts: &[u32],
         as_landed: bool,
         mut ready: impl FnMut(bool) -> Option<Result<Vec<ExpertRecord>>>,
-        issued: impl FnOnce(),
+        mut progress: impl FnMut(Progress),
         mut each: impl FnMut(usize, Handover<'_>) -> Result<()>,
     ) -> Result<f64> {
         let mut handed = false;
@@ -371,7 +383,8 @@ impl ExpertStore {
             records.iter().enumerate().try_for_each(|(j, r)| each(experts.len() + j, Handover::Whole(&self.host_expert(r))))
         };
         if experts.is_empty() {
-            issued();
+            progress(Progress::Issued);
+            progress(Progress::Landed);
             hand_ready(true, &mut each)?;
             return Ok(0.0);
         }
@@ -409,11 +422,16 @@ impl ExpertStore {
                 });
             }
             drop(tx);
-            issued();
+            progress(Progress::Issued);
             outcome = hand_ready(!as_landed, &mut each);
+            let mut in_flight = requests.len();
             for (n, read, at) in rx {
+                in_flight -= 1;
                 if outcome.is_err() {
                     continue;
+                }
+                if in_flight == 0 && read.is_ok() {
+                    progress(Progress::Landed);
                 }
                 let (i, m, _) = requests[n];
                 // When the piece landed, not when this thread got to it.

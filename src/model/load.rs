@@ -155,6 +155,7 @@ pub fn expert_cache(cx: &LoadCx<'_>, layout: Layout, moe_prefixes: &[String], sl
         cache.read_ahead = n;
     }
     cache.write_as_landed = cx.opts.write_as_landed;
+    cache.ahead_after_landing = cx.opts.ahead_after_landing;
     if cx.opts.preload_experts && slots >= total {
         cache.load_all(cx.b)?;
     }

@@ -40,6 +40,10 @@ pub struct LoadOptions {
     /// (`ExpertStore::keep_read_buffers`). Off only for before/after
     /// measurements.
     pub reuse_read_buffers: bool,
+    /// Read the next MoE layer's guessed experts once the layer's own reads
+    /// have landed (`ExpertCache::ahead_after_landing`). Off only for
+    /// before/after measurements.
+    pub ahead_after_landing: bool,
 }
 
 /// Default bound of the n-gram row cache.
@@ -58,6 +62,7 @@ impl Default for LoadOptions {
             read_ahead: None,
             write_as_landed: true,
             reuse_read_buffers: true,
+            ahead_after_landing: true,
         }
     }
 }
@@ -71,7 +76,9 @@ impl LoadOptions {
     /// (1-256 expert reads in flight; anything else is an error naming the
     /// variable) and `SLOTSTREAM_WRITE_AS_LANDED=0` (the earlier handover of
     /// streamed experts: what was read ahead first, then each expert whole)
-    /// and `SLOTSTREAM_REUSE_READ_BUFFERS=0` (a new buffer for every read).
+    /// `SLOTSTREAM_REUSE_READ_BUFFERS=0` (a new buffer for every read) and
+    /// `SLOTSTREAM_AHEAD_AFTER_LANDING=0` (the guess read as soon as the
+    /// layer's own reads are issued).
     /// The only place they are read.
     pub fn with_env_overrides(mut self) -> anyhow::Result<Self> {
         let off = |name: &str| std::env::var(name).is_ok_and(|v| v == "0");
@@ -86,6 +93,9 @@ impl LoadOptions {
         }
         if off("SLOTSTREAM_REUSE_READ_BUFFERS") {
             self.reuse_read_buffers = false;
+        }
+        if off("SLOTSTREAM_AHEAD_AFTER_LANDING") {
+            self.ahead_after_landing = false;
         }
         if let Ok(v) = std::env::var("SLOTSTREAM_READ_AHEAD") {
             self.read_ahead = Some(v.trim().parse::<usize>().ok().filter(|n| *n <= 64).ok_or_else(|| {
