@@ -500,13 +500,14 @@ mod tests {
                     Ok(())
                 })
                 .expect("read_each");
-            // Issued before anything lands; Landed once, before the last of the
-            // call's own groups is handed over.
+            // Issued before anything lands; Draining, then Landed, once each,
+            // before the last of the call's own groups is handed over.
+            use crate::experts::Progress;
             let stages = stages.into_inner();
-            assert_eq!(stages.len(), 2, "{stages:?}");
-            assert_eq!(stages[0], (crate::experts::Progress::Issued, 0));
-            assert_eq!(stages[1].0, crate::experts::Progress::Landed);
-            assert!(stages[1].1 <= last_own.get(), "landed said after the last own handover ({}): {stages:?}", last_own.get());
+            let said: Vec<Progress> = stages.iter().map(|s| s.0).collect();
+            assert_eq!(said, [Progress::Issued, Progress::Draining, Progress::Landed], "{stages:?}");
+            assert_eq!(stages[0].1, 0);
+            assert!(stages[2].1 <= last_own.get(), "landed said after the last own handover ({}): {stages:?}", last_own.get());
             let first_ready = seen.iter().position(|&(i, _)| i >= experts.len()).expect("the ready records were handed over");
             assert_eq!(first_ready, ready_at, "as landed: {as_landed}, ready early: {early}");
             seen.sort_by_key(|&(i, which)| (i, which as usize));

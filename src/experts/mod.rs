@@ -66,11 +66,13 @@ pub struct ExpertCache {
     /// what was read ahead first, then each expert whole (for before/after
     /// measurements; [`ExpertStore::read_each`]).
     pub write_as_landed: bool,
-    /// Read the guess for the next MoE call once this call's own reads have
+    /// When the guess for the next MoE call goes out: at
+    /// [`Progress::Landed`] (the default), once this call's own reads have
     /// landed, so that the disk works through the time between two layers'
-    /// reads (this layer's compute, the next one's routing); off: as soon
-    /// as they are issued, queued behind them (for before/after measurements).
-    pub ahead_after_landing: bool,
+    /// reads (this layer's compute, the next one's routing); at `Draining`,
+    /// once a read thread would stand idle; at `Issued`, queued behind them
+    /// (the earlier order). Other than the default only for measurements.
+    pub ahead_start: Progress,
     /// The experts guessed for the next MoE call.
     guessed: Option<(usize, Vec<u32>)>,
     ahead: Option<Ahead>,
@@ -112,7 +114,7 @@ impl ExpertCache {
             store: Arc::new(store),
             read_ahead: DEFAULT_READ_AHEAD,
             write_as_landed: true,
-            ahead_after_landing: true,
+            ahead_start: Progress::Landed,
             guessed: None,
             ahead: None,
             owner: vec![None; slots],
@@ -439,12 +441,12 @@ impl ExpertCache {
                 let covered = ahead.as_ref().map_or(0, |(_, c)| c.len());
                 let to_read = &record_misses[..record_misses.len() - covered];
                 let mut guess = guess.take();
-                let after_landing = self.ahead_after_landing;
+                let ahead_start = self.ahead_start;
                 let progress = |at: Progress| {
                     if at == Progress::Issued {
                         issued_at = Some(Instant::now());
                     }
-                    if (at == Progress::Landed) == after_landing {
+                    if at == ahead_start {
                         started = guess.take().map(|(l, experts): (usize, Vec<u32>)| Ahead { layer: l, records: store.read_later(l, experts.clone()), experts });
                     }
                 };

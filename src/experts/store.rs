@@ -51,7 +51,10 @@ pub enum Handover<'a> {
 pub enum Progress {
     /// Every read of the call is issued.
     Issued,
-    /// The last of them has landed (right after `Issued` when there are
+    /// Fewer of them are in flight than there are read threads: a thread
+    /// would stand idle (right after `Issued` when there are that few).
+    Draining,
+    /// The last of them has landed (right after `Draining` when there are
     /// none); not said after a failed read.
     Landed,
 }
@@ -349,8 +352,9 @@ impl ExpertStore {
     /// soon as its last piece lands, while the other reads go on: what the
     /// caller does with a matrix (an upload into its slot) overlaps the
     /// reads, and little is left to do once the last piece has landed. Once
-    /// the reads are issued, `progress(Issued)` runs, and `progress(Landed)`
-    /// as the last lands, before its matrix is handed over (what the disk
+    /// the reads are issued, `progress(Issued)` runs, `progress(Draining)`
+    /// once a read thread would stand idle and `progress(Landed)` as the last
+    /// lands, each before the landed matrix is handed over (what the disk
     /// should read next can go out then); the records `ready` gives (read
     /// elsewhere) go to `each` whole, as indices `experts.len()..`, as soon
     /// as `ready(false)` has them (`None`: not yet; asked between landings),
@@ -384,6 +388,7 @@ impl ExpertStore {
         };
         if experts.is_empty() {
             progress(Progress::Issued);
+            progress(Progress::Draining);
             progress(Progress::Landed);
             hand_ready(true, &mut each)?;
             return Ok(0.0);
@@ -423,12 +428,21 @@ impl ExpertStore {
             }
             drop(tx);
             progress(Progress::Issued);
-            outcome = hand_ready(!as_landed, &mut each);
+            let threads = self.io.current_num_threads();
             let mut in_flight = requests.len();
+            let mut draining = in_flight < threads;
+            if draining {
+                progress(Progress::Draining);
+            }
+            outcome = hand_ready(!as_landed, &mut each);
             for (n, read, at) in rx {
                 in_flight -= 1;
                 if outcome.is_err() {
                     continue;
+                }
+                if !draining && in_flight < threads && read.is_ok() {
+                    draining = true;
+                    progress(Progress::Draining);
                 }
                 if in_flight == 0 && read.is_ok() {
                     progress(Progress::Landed);

@@ -155,7 +155,7 @@ pub fn expert_cache(cx: &LoadCx<'_>, layout: Layout, moe_prefixes: &[String], sl
         cache.read_ahead = n;
     }
     cache.write_as_landed = cx.opts.write_as_landed;
-    cache.ahead_after_landing = cx.opts.ahead_after_landing;
+    cache.ahead_start = cx.opts.ahead_start;
     if cx.opts.preload_experts && slots >= total {
         cache.load_all(cx.b)?;
     }

@@ -40,10 +40,10 @@ pub struct LoadOptions {
     /// (`ExpertStore::keep_read_buffers`). Off only for before/after
     /// measurements.
     pub reuse_read_buffers: bool,
-    /// Read the next MoE layer's guessed experts once the layer's own reads
-    /// have landed (`ExpertCache::ahead_after_landing`). Off only for
+    /// When a streamed layer's guess for the next MoE layer is read
+    /// (`ExpertCache::ahead_start`). Other than the default only for
     /// before/after measurements.
-    pub ahead_after_landing: bool,
+    pub ahead_start: crate::experts::Progress,
 }
 
 /// Default bound of the n-gram row cache.
@@ -62,7 +62,7 @@ impl Default for LoadOptions {
             read_ahead: None,
             write_as_landed: true,
             reuse_read_buffers: true,
-            ahead_after_landing: true,
+            ahead_start: crate::experts::Progress::Landed,
         }
     }
 }
@@ -77,8 +77,9 @@ impl LoadOptions {
     /// variable) and `SLOTSTREAM_WRITE_AS_LANDED=0` (the earlier handover of
     /// streamed experts: what was read ahead first, then each expert whole)
     /// `SLOTSTREAM_REUSE_READ_BUFFERS=0` (a new buffer for every read) and
-    /// `SLOTSTREAM_AHEAD_AFTER_LANDING=0` (the guess read as soon as the
-    /// layer's own reads are issued).
+    /// `SLOTSTREAM_AHEAD_START=issued|draining|landed` (when the guess for
+    /// the next layer is read: as the layer's own reads go out, once a read
+    /// thread would stand idle, or once they have landed, the default).
     /// The only place they are read.
     pub fn with_env_overrides(mut self) -> anyhow::Result<Self> {
         let off = |name: &str| std::env::var(name).is_ok_and(|v| v == "0");
@@ -94,8 +95,14 @@ impl LoadOptions {
         if off("SLOTSTREAM_REUSE_READ_BUFFERS") {
             self.reuse_read_buffers = false;
         }
-        if off("SLOTSTREAM_AHEAD_AFTER_LANDING") {
-            self.ahead_after_landing = false;
+        if let Ok(v) = std::env::var("SLOTSTREAM_AHEAD_START") {
+            use crate::experts::Progress;
+            self.ahead_start = match v.trim() {
+                "issued" => Progress::Issued,
+                "draining" => Progress::Draining,
+                "landed" => Progress::Landed,
+                _ => anyhow::bail!("SLOTSTREAM_AHEAD_START={v:?}: expected issued, draining or landed (unset it for the default, landed)"),
+            };
         }
         if let Ok(v) = std::env::var("SLOTSTREAM_READ_AHEAD") {
             self.read_ahead = Some(v.trim().parse::<usize>().ok().filter(|n| *n <= 64).ok_or_else(|| {
