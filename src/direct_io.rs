@@ -116,7 +116,8 @@ impl ReadBuffers {
     }
 
     /// Bytes kept for reuse now.
-    pub fn held(&self) -> usize {
+    #[cfg(test)]
+    fn held(&self) -> usize {
         self.free.lock().map_or(0, |f| f.1)
     }
 }

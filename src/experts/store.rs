@@ -253,11 +253,6 @@ impl ExpertStore {
         self.buffers = Arc::new(ReadBuffers::new(bytes));
     }
 
-    /// Bytes of read buffers kept for reuse now.
-    pub fn kept_read_buffers(&self) -> usize {
-        self.buffers.held()
-    }
-
     /// The id under which [`ExpertStore::read_many`] reads a layer's shared
     /// expert, and the layers that have one it can read.
     pub fn shared_id(&self) -> u32 {
