@@ -114,6 +114,11 @@ fn reading_ahead_changes_speed_not_output() {
         let ran = started.elapsed().as_secs_f64();
         for c in [&s, &off] {
             assert!(c.disk_busy_seconds > 0.0 && c.disk_busy_seconds <= ran, "{name}: disk busy time {c:?} in {ran} s");
+            // Each read's own time, summed: at most the read threads' worth of
+            // the busy time (a guess still in flight at the end is in neither).
+            let threads = slotstream::experts::ExpertStore::READ_THREADS as f64;
+            assert!(c.disk_reads > 0 && c.disk_read_seconds > 0.0, "{name}: read times {c:?}");
+            assert!(c.disk_read_seconds <= c.disk_busy_seconds * threads * 1.001, "{name}: more reads in flight than threads: {c:?}");
             // Between consecutive MoE layers' reads: the time after one's last read and before the next's.
             assert!(c.lead_seconds > 0.0 && c.tail_seconds > 0.0 && c.lead_seconds + c.tail_seconds <= ran, "{name}: lead and tail {c:?} in {ran} s");
         }

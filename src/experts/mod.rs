@@ -32,7 +32,7 @@ use anyhow::{bail, Result};
 use slotstream_backend::{add_shared_expert, Backend, ExpertPool, Routes, SharedExpert, Tensor};
 
 pub use stats::{CacheCounters, CacheStats};
-pub use store::{ExpertRecord, ExpertStore, Handover, Progress};
+pub use store::{ExpertRecord, ExpertStore, Handover, Progress, ReadTimes};
 
 /// Experts of one MoE layer being read ahead of its call.
 struct Ahead {
@@ -86,8 +86,8 @@ pub struct ExpertCache {
     referenced: Vec<bool>,
     hand: usize,
     per_layer: Vec<CacheCounters>,
-    /// The store's busy seconds when a streaming call last counted them.
-    busy_mark: f64,
+    /// The store's busy seconds and read times when a streaming call last counted them.
+    busy_mark: (f64, ReadTimes),
     /// The MoE layer of the last streaming call and when it handed its
     /// compute over (the next layer's call counts `lead_seconds` from it).
     ended: Option<(usize, Instant)>,
@@ -122,7 +122,7 @@ impl ExpertCache {
             referenced: vec![false; slots],
             hand: 0,
             per_layer: vec![CacheCounters::default(); layers],
-            busy_mark: 0.0,
+            busy_mark: (0.0, ReadTimes::default()),
             ended: None,
         };
         cache.hold_shared(backend)?;
@@ -158,7 +158,7 @@ impl ExpertCache {
             b.map_experts(&mut self.pool, &[((routed_keys + layer) as u32, Some(slot as u32))])?;
             self.shared[layer] = true;
         }
-        self.busy_mark = self.store.busy_seconds();
+        self.busy_mark = self.mark();
         Ok(())
     }
 
@@ -202,7 +202,7 @@ impl ExpertCache {
 
     pub fn reset_stats(&mut self) {
         self.per_layer.iter_mut().for_each(|c| *c = CacheCounters::default());
-        self.busy_mark = self.store.busy_seconds();
+        self.busy_mark = self.mark();
     }
 
     /// Reads every expert into its own slot (the pool must have one for
@@ -243,7 +243,7 @@ impl ExpertCache {
         }
         let table: Vec<(u32, Option<u32>)> = (0..(self.store.layers * experts) as u32).map(|k| (k, Some(k))).collect();
         b.map_experts(&mut self.pool, &table)?;
-        self.busy_mark = self.store.busy_seconds();
+        self.busy_mark = self.mark();
         Ok(())
     }
 
@@ -318,9 +318,16 @@ impl ExpertCache {
 
     /// Adds a streaming call's counters, with the store's busy seconds since the call before's.
     fn count_call(&mut self, layer: usize, mut counters: CacheCounters) {
-        let busy = self.store.busy_seconds();
-        counters.disk_busy_seconds = (busy - std::mem::replace(&mut self.busy_mark, busy)).max(0.0);
+        let (busy, times) = self.mark();
+        let (busy_before, times_before) = std::mem::replace(&mut self.busy_mark, (busy, times));
+        counters.disk_busy_seconds = (busy - busy_before).max(0.0);
+        counters.disk_reads = times.reads.saturating_sub(times_before.reads);
+        counters.disk_read_seconds = (times.seconds - times_before.seconds).max(0.0);
         self.per_layer[layer].add(&counters);
+    }
+
+    fn mark(&self) -> (f64, ReadTimes) {
+        (self.store.busy_seconds(), self.store.read_times())
     }
 
     /// Whether every expert of the model sits in a slot.

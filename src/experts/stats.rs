@@ -29,6 +29,11 @@ pub struct CacheCounters {
     /// counted as each streaming call has its experts): beside the decode's
     /// seconds, how long the disk stood idle between reads.
     pub disk_busy_seconds: f64,
+    /// Reads (pieces of records) that ended, and their seconds in flight
+    /// summed: over `disk_busy_seconds`, the reads in flight on average
+    /// while any was; over `disk_reads`, a read's mean time.
+    pub disk_reads: u64,
+    pub disk_read_seconds: f64,
     /// Seconds from the streaming call before's end to this call's own reads
     /// being issued: the compute between two MoE layers' reads (on a GPU
     /// with its read-back of the routes), where only guesses keep the disk busy.
@@ -50,6 +55,8 @@ impl CacheCounters {
         self.read_ahead += o.read_ahead;
         self.read_ahead_used += o.read_ahead_used;
         self.disk_busy_seconds += o.disk_busy_seconds;
+        self.disk_reads += o.disk_reads;
+        self.disk_read_seconds += o.disk_read_seconds;
         self.lead_seconds += o.lead_seconds;
         self.tail_seconds += o.tail_seconds;
     }
@@ -66,6 +73,8 @@ impl CacheCounters {
             read_ahead: self.read_ahead.saturating_sub(earlier.read_ahead),
             read_ahead_used: self.read_ahead_used.saturating_sub(earlier.read_ahead_used),
             disk_busy_seconds: (self.disk_busy_seconds - earlier.disk_busy_seconds).max(0.0),
+            disk_reads: self.disk_reads.saturating_sub(earlier.disk_reads),
+            disk_read_seconds: (self.disk_read_seconds - earlier.disk_read_seconds).max(0.0),
             lead_seconds: (self.lead_seconds - earlier.lead_seconds).max(0.0),
             tail_seconds: (self.tail_seconds - earlier.tail_seconds).max(0.0),
         }

@@ -79,16 +79,25 @@ pub struct ExpertStore {
 }
 
 /// How long at least one of the store's reads was in flight: the disk busy
-/// on its behalf ([`ExpertStore::busy_seconds`]).
+/// on its behalf ([`ExpertStore::busy_seconds`]), and each read's own time.
 #[derive(Default)]
 struct Busy {
     in_flight: usize,
     since: Option<Instant>,
     seconds: f64,
+    reads: ReadTimes,
+}
+
+/// Reads that have ended and their seconds in flight, summed: over the busy
+/// seconds, how many reads were in flight on average.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ReadTimes {
+    pub reads: u64,
+    pub seconds: f64,
 }
 
 /// One read counted in [`Busy`] until dropped (also when the read panics).
-struct InFlight<'a>(&'a std::sync::Mutex<Busy>);
+struct InFlight<'a>(&'a std::sync::Mutex<Busy>, Instant);
 
 impl<'a> InFlight<'a> {
     fn start(busy: &'a std::sync::Mutex<Busy>) -> InFlight<'a> {
@@ -98,7 +107,7 @@ impl<'a> InFlight<'a> {
             }
             b.in_flight += 1;
         }
-        InFlight(busy)
+        InFlight(busy, Instant::now())
     }
 }
 
@@ -106,6 +115,8 @@ impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         if let Ok(mut b) = self.0.lock() {
             b.in_flight = b.in_flight.saturating_sub(1);
+            b.reads.reads += 1;
+            b.reads.seconds += self.1.elapsed().as_secs_f64();
             if b.in_flight == 0 {
                 if let Some(t) = b.since.take() {
                     b.seconds += t.elapsed().as_secs_f64();
@@ -274,6 +285,11 @@ impl ExpertStore {
     /// how long the disk stood idle between reads.
     pub fn busy_seconds(&self) -> f64 {
         self.busy.lock().map_or(0.0, |b| b.seconds + b.since.map_or(0.0, |t| t.elapsed().as_secs_f64()))
+    }
+
+    /// The reads ended so far and their seconds in flight, summed.
+    pub fn read_times(&self) -> ReadTimes {
+        self.busy.lock().map_or(ReadTimes::default(), |b| b.reads)
     }
 
     /// Whether reads bypass the page cache.

@@ -188,6 +188,11 @@ def ours(a, model, backend, prompt, max_tokens, experts_per_layer, tag, env=None
                     # drifts by tens of percent within minutes on a shared host.
                     res["busy_read_gbs"] = d["bytes_read"] / 1e9 / d["disk_busy_seconds"]
                     res["decode_per_busy_gbs"] = s["decode_tokens_per_second"] / res["busy_read_gbs"]
+                if d["disk_busy_seconds"] > 0 and d.get("disk_reads"):
+                    # Reads in flight on average while any was, and a read's mean
+                    # time: a shallow queue and slow reads look alike in the rate.
+                    res["reads_in_flight"] = d["disk_read_seconds"] / d["disk_busy_seconds"]
+                    res["ms_per_read"] = 1e3 * d["disk_read_seconds"] / d["disk_reads"]
     except Exception as ex:  # noqa: BLE001
         res["error"] = f"{type(ex).__name__}: {ex}; rc={r['rc']}; {r['stderr'][-600:]}"
         log("  " + res["error"])
@@ -434,7 +439,8 @@ def bench_model(a, key, streaming, prompt):
                        "beside_reads_ms": median(gpu, "beside_reads_ms"), "wait_ms": median(gpu, "wait_ms"),
                        "write_ms": median(gpu, "write_ms"), "disk_idle_ms": median(gpu, "disk_idle_ms"),
                        "tail_ms": median(gpu, "tail_ms"), "lead_ms": median(gpu, "lead_ms"),
-                       "busy_read_gbs": median(gpu, "busy_read_gbs"), "decode_per_busy_gbs": median(gpu, "decode_per_busy_gbs")}
+                       "busy_read_gbs": median(gpu, "busy_read_gbs"), "decode_per_busy_gbs": median(gpu, "decode_per_busy_gbs"),
+                       "reads_in_flight": median(gpu, "reads_in_flight"), "ms_per_read": median(gpu, "ms_per_read")}
     if streaming:
         pre = ours(a, model, a.gpu_backend, prompt, 1, pool, f"{name}_ours_gpu_prefill_only")
         res["ours_gpu"].update(subtract(gpu[-1], pre))
@@ -445,7 +451,7 @@ def bench_model(a, key, streaming, prompt):
     if cpu:
         res["ours_cpu_runs"] = cpu
         res["ours_cpu"] = {k: median(cpu, k) for k in ("prefill", "decode", "beside_reads_ms", "wait_ms", "write_ms", "disk_idle_ms", "tail_ms", "lead_ms",
-                                                       "busy_read_gbs", "decode_per_busy_gbs")}
+                                                       "busy_read_gbs", "decode_per_busy_gbs", "reads_in_flight", "ms_per_read")}
         res["ours_cpu"].update(rss_bytes=max((c["rss_bytes"] for c in cpu if c.get("rss_bytes")), default=None),
                                backend_name=next((c["backend_name"] for c in cpu if c.get("backend_name")), None),
                                error=next((c["error"] for c in cpu if c.get("error")), None))

@@ -9,7 +9,8 @@ machine up); arms as NAME=BACKEND[:VAR=VALUE...], e.g.
 
 Each run: `run --json` with a short prompt (decode-sized MoE calls from the first token),
 --decode passes, the model's 64 experts per layer with a pool of 16 (25%). Per run it logs
-decode tok/s, the disk's rate while reads were in flight, ms per token with no read in
+decode tok/s, the disk's rate while reads were in flight (with the reads in flight on
+average then, and a read's mean time), ms per token with no read in
 flight, the lead and tail between layers' reads, writes and waits; at the end, per arm, the
 median and mean decode, decode per GB/s of that rate, and against the first arm the
 geometric mean of the per-round ratios and the rounds it won (table.md, results.json). Every
@@ -48,7 +49,7 @@ def parse_arm(text):
 
 
 def per_run(res):
-    return {k: res.get(k) for k in ("backend_name", "decode", "decode_hit_rate", "decode_mb_per_token", "busy_read_gbs", "decode_per_busy_gbs",
+    return {k: res.get(k) for k in ("backend_name", "decode", "decode_hit_rate", "decode_mb_per_token", "busy_read_gbs", "decode_per_busy_gbs", "reads_in_flight", "ms_per_read",
                                     "disk_idle_ms", "lead_ms", "tail_ms", "write_ms", "wait_ms", "ids", "error")}
 
 
@@ -89,7 +90,9 @@ def main():
         d = [x["decode"] for x in runs[n] if x.get("decode")]
         s = {"median": statistics.median(d) if d else None, "mean": statistics.mean(d) if d else None,
              "per_busy_gbs": peer.median(runs[n], "decode_per_busy_gbs"),
-             "mb_per_token": peer.median(runs[n], "decode_mb_per_token")}
+             "mb_per_token": peer.median(runs[n], "decode_mb_per_token"),
+             "busy_gbs": peer.median(runs[n], "busy_read_gbs"), "reads_in_flight": peer.median(runs[n], "reads_in_flight"),
+             "ms_per_read": peer.median(runs[n], "ms_per_read")}
         if n != base:
             same = [x.get("ids") is not None and x.get("ids") == y.get("ids") for x, y in zip(runs[n], runs[base])]
             s["same_tokens"] = "yes" if same and all(same) else f"{sum(same)} of {len(same)} runs"
@@ -105,14 +108,14 @@ def main():
     lines = [f"slotstream `{a.commit}`, {name} (64 experts per layer, a pool of 16), {a.decode} decode passes, "
              f"{a.rounds} rounds, arms rotated each round. Arms: "
              + "; ".join(f"{n} = `{t.partition('=')[2]}` ({names[n]})" for (n, _, _), t in zip(arms, a.arms)) + ".", "",
-             f"| arm | decode tok/s, each run | median | mean | per GB/s in flight | MB read per token | against {base} (geometric mean of rounds) "
-             f"| rounds won | same tokens as {base} |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+             f"| arm | decode tok/s, each run | median | mean | per GB/s in flight | MB read per token | GB/s in flight | reads in flight "
+             f"| ms per read | against {base} (geometric mean of rounds) | rounds won | same tokens as {base} |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for n, _, _ in arms:
         s = summary[n]
         each = ", ".join(f(x.get("decode")) for x in runs[n])
         lines.append(f"| {n} | {each} | {f(s['median'])} | {f(s['mean'])} | {f(s['per_busy_gbs'])} | {f(s['mb_per_token'], 1)} | "
-                     f"{f(s.get('geo_mean_ratio'))} | {s.get('rounds_won', '—')} | {s.get('same_tokens', '—')} |")
+                     f"{f(s['busy_gbs'], 2)} | {f(s['reads_in_flight'], 1)} | {f(s['ms_per_read'], 2)} | {f(s.get('geo_mean_ratio'))} | {s.get('rounds_won', '—')} | {s.get('same_tokens', '—')} |")
     open(os.path.join(a.results, "table.md"), "w").write("\n".join(lines) + "\n")
     print("\n".join(lines))
     if any(x.get("error") for rs in runs.values() for x in rs):
