@@ -166,8 +166,9 @@ pub struct Gpu {
     upload_chunk: u64,
     /// [`WgpuOptions::reuse_staging`].
     reuse_staging: bool,
-    /// [`WgpuOptions::pool_sends_per_layer`].
+    /// [`WgpuOptions::pool_sends_per_layer`], [`WgpuOptions::pool_send_every`].
     pool_sends_per_layer: bool,
+    pool_send_every: u64,
 }
 
 /// Nanoseconds the host spent in [`Gpu::dispatch`] (recording) and in
@@ -336,6 +337,7 @@ impl Gpu {
             upload_chunk: options.upload_chunk.max(1),
             reuse_staging: options.reuse_staging,
             pool_sends_per_layer: options.pool_sends_per_layer,
+            pool_send_every: options.pool_send_every.max(1),
         };
         gpu.check_errors("compiling the WGSL kernels")?;
         Ok(gpu)

@@ -45,8 +45,9 @@ fn staged_uploads_go_out_a_chunk_at_a_time() {
 }
 
 /// Pool writes through staging wait for the pool's table to be mapped and
-/// go out then in one submission, or once a chunk's worth is staged;
-/// without `pool_sends_per_layer`, each goes out as it is written.
+/// go out then in one submission, or once a chunk's worth (or
+/// `pool_send_every`) is staged; without `pool_sends_per_layer`, each goes
+/// out as it is written.
 #[test]
 fn pool_writes_go_out_at_the_tables_mapping_or_a_chunk_at_a_time() {
     if gpu().is_none() {
@@ -61,8 +62,15 @@ fn pool_writes_go_out_at_the_tables_mapping_or_a_chunk_at_a_time() {
     let experts: Vec<HostExpert<'static>> = (0..3)
         .map(|_| HostExpert { gate: matrix(&mut rng, format, 1, rows, cols), up: matrix(&mut rng, format, 1, rows, cols), down: matrix(&mut rng, format, 1, cols, rows) })
         .collect();
-    for per_layer in [true, false] {
-        let options = WgpuOptions { upload_chunk: chunk, map_primary: false, pool_sends_per_layer: per_layer, ..WgpuOptions::from_env() };
+    // (per layer, send every, submissions as each expert is written, at the first mapping)
+    for (per_layer, every, want, at_mapping) in [(true, u64::MAX, [0, 0, 1], 1), (false, u64::MAX, [1, 1, 1], 0), (true, 512 << 10, [1, 1, 1], 0)] {
+        let options = WgpuOptions {
+            upload_chunk: chunk,
+            map_primary: false,
+            pool_sends_per_layer: per_layer,
+            pool_send_every: every,
+            ..WgpuOptions::from_env()
+        };
         let g = WgpuBackend::with_options(&AdapterChoice::allow_software(), options).expect("opening the device");
         let mut pool = g.new_expert_pool(&layout, 3, 3).expect("pool");
         let sends = |g: &WgpuBackend, act: &mut dyn FnMut()| {
@@ -75,13 +83,12 @@ fn pool_writes_go_out_at_the_tables_mapping_or_a_chunk_at_a_time() {
                 let written = sends(&g, &mut || g.write_expert(&mut pool, slot, &experts[slot]).expect("write"));
                 if slot == 0 {
                     let mapped = sends(&g, &mut || g.map_experts(&mut pool, &[(0, Some(0))]).expect("map"));
-                    assert_eq!(mapped, u64::from(per_layer), "per layer {per_layer}: the table's mapping sent {mapped} submissions");
+                    assert_eq!(mapped, at_mapping, "per layer {per_layer}, every {every}: the table's mapping sent {mapped} submissions");
                 }
                 written
             })
             .collect();
-        let want = if per_layer { vec![0, 0, 1] } else { vec![1, 1, 1] };
-        assert_eq!(sent, want, "per layer {per_layer}: submissions as each ~864 KiB expert was written, with a {chunk}-byte chunk");
+        assert_eq!(sent, want, "per layer {per_layer}, every {every}: submissions as each ~864 KiB expert was written, with a {chunk}-byte chunk");
     }
 }
 

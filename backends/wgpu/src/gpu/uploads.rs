@@ -108,12 +108,13 @@ impl Gpu {
     /// After an expert or one of its matrices was written to the pool:
     /// leaves the copies staged for [`Gpu::send_pool_writes`], which mapping
     /// the pool's table makes, until a chunk's worth is staged (so staging
-    /// stays bounded whatever a layer misses); with
+    /// stays bounded whatever a layer misses) or
+    /// [`WgpuOptions::pool_send_every`](crate::WgpuOptions); with
     /// [`WgpuOptions::pool_sends_per_layer`](crate::WgpuOptions) false,
     /// sends them at once.
     pub(crate) fn pool_written(&self) -> Result<()> {
         if self.pool_sends_per_layer {
-            return self.send_if(|u| u.staged >= self.upload_chunk);
+            return self.send_if(|u| u.staged >= self.upload_chunk.min(self.pool_send_every));
         }
         self.send_if(|u| u.staged > 0)
     }
