@@ -75,6 +75,13 @@ const FLUSH_EVERY: u32 = 64;
 /// for (see [`WgpuOptions::flush_first`]).
 const FLUSH_FIRST: u32 = 8;
 
+/// Bytes of streamed pool writes staged before they go out without waiting
+/// for the table's mapping. On an H200 (A's trunk with 64 experts, a pool of
+/// 25%) 4 MiB shortened the time between two MoE layers' reads by ~9 ms a
+/// token and decoded 1.049x as fast as sending a layer's writes at once
+/// (BENCHMARKS.md, issue 14).
+const POOL_SEND_EVERY: u64 = 4 << 20;
+
 /// Settings of a [`crate::WgpuBackend`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WgpuOptions {
@@ -184,10 +191,11 @@ pub struct WgpuOptions {
     /// for measurements).
     pub pool_sends_per_layer: bool,
     /// With `pool_sends_per_layer`, also send the pool writes once this
-    /// many bytes wait in staging, so that the GPU copies a layer's first
-    /// experts into their slots while the last are read
-    /// (`SLOTSTREAM_WGPU_POOL_SENDS=<MiB>`; the default, `u64::MAX`, leaves
-    /// them for the table's mapping or a whole upload chunk).
+    /// many bytes wait in staging ([`POOL_SEND_EVERY`] by default), so that
+    /// the GPU copies a layer's first experts into their slots while the
+    /// last are read (`SLOTSTREAM_WGPU_POOL_SENDS=<MiB>`; `=layer`:
+    /// `u64::MAX`, all at the table's mapping or a whole upload chunk, for
+    /// measurements).
     pub pool_send_every: u64,
     /// A pool that holds every expert also holds each MoE layer's shared
     /// expert, which a decoded token then runs as one more rank of the MoE
@@ -232,7 +240,7 @@ impl Default for WgpuOptions {
             map_primary: true,
             reuse_staging: true,
             pool_sends_per_layer: true,
-            pool_send_every: u64::MAX,
+            pool_send_every: POOL_SEND_EVERY,
             shared_in_pool: true,
             route_lanes: true,
             wgsl_dir: None,
@@ -287,10 +295,10 @@ impl WgpuOptions {
             map_primary: var("SLOTSTREAM_WGPU_MAP_PRIMARY").map_or(defaults.map_primary, |v| v != "0"),
             reuse_staging: var("SLOTSTREAM_WGPU_REUSE_STAGING").map_or(defaults.reuse_staging, |v| v != "0"),
             pool_sends_per_layer: var("SLOTSTREAM_WGPU_POOL_SENDS").map_or(defaults.pool_sends_per_layer, |v| v != "matrix"),
-            pool_send_every: var("SLOTSTREAM_WGPU_POOL_SENDS")
-                .and_then(|v| v.parse::<u64>().ok())
-                .filter(|&m| m > 0)
-                .map_or(defaults.pool_send_every, |m| m << 20),
+            pool_send_every: match var("SLOTSTREAM_WGPU_POOL_SENDS") {
+                Some(v) if v == "layer" => u64::MAX,
+                v => v.and_then(|v| v.parse::<u64>().ok()).filter(|&m| m > 0).map_or(defaults.pool_send_every, |m| m << 20),
+            },
             shared_in_pool: var("SLOTSTREAM_WGPU_SHARED_IN_POOL").map_or(defaults.shared_in_pool, |v| v != "0"),
             route_lanes: var("SLOTSTREAM_WGPU_ROUTE_LANES").map_or(defaults.route_lanes, |v| v != "0"),
             wgsl_dir: var("SLOTSTREAM_WGPU_WGSL_DIR").filter(|v| !v.is_empty()).map(Into::into).or(defaults.wgsl_dir),
