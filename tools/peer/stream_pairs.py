@@ -53,6 +53,45 @@ def per_run(res):
                                     "disk_idle_ms", "lead_ms", "tail_ms", "write_ms", "wait_ms", "ids", "error")}
 
 
+def write_summary(a, name, arms, runs, rounds_done):
+    """results.json and table.md over the rounds so far (rewritten after each round, so a
+    run stopped part way keeps what it measured)."""
+    base = arms[0][0]
+    summary = {}
+    for n, _, _ in arms:
+        d = [x["decode"] for x in runs[n] if x.get("decode")]
+        s = {"median": statistics.median(d) if d else None, "mean": statistics.mean(d) if d else None,
+             "per_busy_gbs": peer.median(runs[n], "decode_per_busy_gbs"),
+             "mb_per_token": peer.median(runs[n], "decode_mb_per_token"),
+             "busy_gbs": peer.median(runs[n], "busy_read_gbs"), "reads_in_flight": peer.median(runs[n], "reads_in_flight"),
+             "ms_per_read": peer.median(runs[n], "ms_per_read")}
+        if n != base:
+            same = [x.get("ids") is not None and x.get("ids") == y.get("ids") for x, y in zip(runs[n], runs[base])]
+            s["same_tokens"] = "yes" if same and all(same) else f"{sum(same)} of {len(same)} runs"
+        pairs = [(x["decode"], y["decode"]) for x, y in zip(runs[n], runs[base]) if x.get("decode") and y.get("decode")]
+        if n != base and pairs:
+            s["geo_mean_ratio"] = math.exp(statistics.mean(math.log(x / y) for x, y in pairs))
+            s["rounds_won"] = f"{sum(x > y for x, y in pairs)} of {len(pairs)}"
+        summary[n] = s
+    json.dump({"commit": a.commit, "model": name, "arms": a.arms, "runs": runs, "summary": summary},
+              open(os.path.join(a.results, "results.json"), "w"), indent=1)
+    f = lambda v, p=3: "—" if v is None else f"{v:.{p}f}"  # noqa: E731
+    names = {n: next((x["backend_name"] for x in runs[n] if x.get("backend_name")), "?") for n, _, _ in arms}
+    lines = [f"slotstream `{a.commit}`, {name} (64 experts per layer, a pool of 16), {a.decode} decode passes, "
+             f"{rounds_done} rounds, arms rotated each round. Arms: "
+             + "; ".join(f"{n} = `{t.partition('=')[2]}` ({names[n]})" for (n, _, _), t in zip(arms, a.arms)) + ".", "",
+             f"| arm | decode tok/s, each run | median | mean | per GB/s in flight | MB read per token | GB/s in flight | reads in flight "
+             f"| ms per read | against {base} (geometric mean of rounds) | rounds won | same tokens as {base} |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for n, _, _ in arms:
+        s = summary[n]
+        each = ", ".join(f(x.get("decode")) for x in runs[n])
+        lines.append(f"| {n} | {each} | {f(s['median'])} | {f(s['mean'])} | {f(s['per_busy_gbs'])} | {f(s['mb_per_token'], 1)} | "
+                     f"{f(s['busy_gbs'], 2)} | {f(s['reads_in_flight'], 1)} | {f(s['ms_per_read'], 2)} | {f(s.get('geo_mean_ratio'))} | {s.get('rounds_won', '—')} | {s.get('same_tokens', '—')} |")
+    open(os.path.join(a.results, "table.md"), "w").write("\n".join(lines) + "\n")
+    return lines
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--slotstream", required=True)
@@ -84,39 +123,8 @@ def main():
             runs[n].append(row)
             peer.log("  " + n + " " + " ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
                                                for k, v in row.items() if v is not None and k not in ("backend_name", "ids")))
-    base = arms[0][0]
-    summary = {}
-    for n, _, _ in arms:
-        d = [x["decode"] for x in runs[n] if x.get("decode")]
-        s = {"median": statistics.median(d) if d else None, "mean": statistics.mean(d) if d else None,
-             "per_busy_gbs": peer.median(runs[n], "decode_per_busy_gbs"),
-             "mb_per_token": peer.median(runs[n], "decode_mb_per_token"),
-             "busy_gbs": peer.median(runs[n], "busy_read_gbs"), "reads_in_flight": peer.median(runs[n], "reads_in_flight"),
-             "ms_per_read": peer.median(runs[n], "ms_per_read")}
-        if n != base:
-            same = [x.get("ids") is not None and x.get("ids") == y.get("ids") for x, y in zip(runs[n], runs[base])]
-            s["same_tokens"] = "yes" if same and all(same) else f"{sum(same)} of {len(same)} runs"
-        pairs = [(x["decode"], y["decode"]) for x, y in zip(runs[n], runs[base]) if x.get("decode") and y.get("decode")]
-        if n != base and pairs:
-            s["geo_mean_ratio"] = math.exp(statistics.mean(math.log(x / y) for x, y in pairs))
-            s["rounds_won"] = f"{sum(x > y for x, y in pairs)} of {len(pairs)}"
-        summary[n] = s
-    json.dump({"commit": a.commit, "model": name, "arms": a.arms, "runs": runs, "summary": summary},
-              open(os.path.join(a.results, "results.json"), "w"), indent=1)
-    f = lambda v, p=3: "—" if v is None else f"{v:.{p}f}"  # noqa: E731
-    names = {n: next((x["backend_name"] for x in runs[n] if x.get("backend_name")), "?") for n, _, _ in arms}
-    lines = [f"slotstream `{a.commit}`, {name} (64 experts per layer, a pool of 16), {a.decode} decode passes, "
-             f"{a.rounds} rounds, arms rotated each round. Arms: "
-             + "; ".join(f"{n} = `{t.partition('=')[2]}` ({names[n]})" for (n, _, _), t in zip(arms, a.arms)) + ".", "",
-             f"| arm | decode tok/s, each run | median | mean | per GB/s in flight | MB read per token | GB/s in flight | reads in flight "
-             f"| ms per read | against {base} (geometric mean of rounds) | rounds won | same tokens as {base} |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for n, _, _ in arms:
-        s = summary[n]
-        each = ", ".join(f(x.get("decode")) for x in runs[n])
-        lines.append(f"| {n} | {each} | {f(s['median'])} | {f(s['mean'])} | {f(s['per_busy_gbs'])} | {f(s['mb_per_token'], 1)} | "
-                     f"{f(s['busy_gbs'], 2)} | {f(s['reads_in_flight'], 1)} | {f(s['ms_per_read'], 2)} | {f(s.get('geo_mean_ratio'))} | {s.get('rounds_won', '—')} | {s.get('same_tokens', '—')} |")
-    open(os.path.join(a.results, "table.md"), "w").write("\n".join(lines) + "\n")
+        write_summary(a, name, arms, runs, r + 1)
+    lines = write_summary(a, name, arms, runs, a.rounds)
     print("\n".join(lines))
     if any(x.get("error") for rs in runs.values() for x in rs):
         sys.exit("some runs failed (their errors are in results.json)")
