@@ -159,23 +159,6 @@ impl DirectFile {
     /// `len` bytes at `offset`, in place in an aligned buffer from `buffers`
     /// (where it goes back once the result is dropped), or a new one.
     pub fn read_range_in(&self, offset: u64, len: usize, buffers: Option<&Arc<ReadBuffers>>) -> Result<RangeBuf> {
-        self.read_range_split(offset, len, buffers, 0, &|| ())
-    }
-
-    /// [`DirectFile::read_range_in`] as reads of at most `split` bytes
-    /// (rounded up to the alignment; 0: one read) run as jobs of the rayon
-    /// pool this runs in, each holding what `watch` gives while in flight:
-    /// a long range's reads then spread over the pool's idle threads
-    /// instead of one thread reading it all. Outside a rayon pool, or
-    /// without direct I/O, one read.
-    pub fn read_range_split<G>(
-        &self,
-        offset: u64,
-        len: usize,
-        buffers: Option<&Arc<ReadBuffers>>,
-        split: usize,
-        watch: &(dyn Fn() -> G + Sync),
-    ) -> Result<RangeBuf> {
         let home = buffers.cloned();
         let buffer = |n: usize| home.as_ref().map_or_else(|| AlignedBuf::new(n), |b| b.take(n));
         let fail = |e: std::io::Error| {
@@ -183,7 +166,6 @@ impl DirectFile {
         };
         if !self.direct {
             let mut buf = buffer(len);
-            let _in_flight = watch();
             self.file.read_exact_at(buf.as_mut(), offset).map_err(fail)?;
             return Ok(RangeBuf { buf, skip: 0, len, home });
         }
@@ -195,49 +177,16 @@ impl DirectFile {
         // A kept buffer holds an earlier read's bytes: only the filled part
         // (which covers the range) is ever looked at.
         let mut buf = buffer((end - start) as usize);
-        let want = (offset + len as u64 - start) as usize;
-        let split = split.div_ceil(ALIGN) * ALIGN;
-        if split == 0 || want <= split || rayon::current_thread_index().is_none() {
-            let _in_flight = watch();
-            self.fill(buf.as_mut(), start, want).map_err(fail)?;
-        } else {
-            // Each part reads its aligned stretch and needs the bytes of the range in it.
-            let failed = Mutex::new(None);
-            rayon::scope(|scope| {
-                for (i, part) in buf.as_mut().chunks_mut(split).enumerate() {
-                    let (at, failed) = (i * split, &failed);
-                    if at >= want {
-                        break;
-                    }
-                    scope.spawn(move |_| {
-                        let _in_flight = watch();
-                        if let Err(e) = self.fill(part, start + at as u64, (want - at).min(split)) {
-                            if let Ok(mut f) = failed.lock() {
-                                f.get_or_insert(e);
-                            }
-                        }
-                    });
-                }
-            });
-            if let Some(e) = failed.into_inner().ok().flatten() {
-                return Err(fail(e));
-            }
-        }
-        Ok(RangeBuf { buf, skip: (offset - start) as usize, len, home })
-    }
-
-    /// Reads into `buf` from `at` until its first `want` bytes are filled
-    /// (the file may end in the rest).
-    fn fill(&self, buf: &mut [u8], at: u64, want: usize) -> std::io::Result<()> {
         let mut filled = 0usize;
+        let want = (offset + len as u64 - start) as usize;
         while filled < want {
-            let n = self.file.read_at(&mut buf[filled..], at + filled as u64)?;
+            let n = self.file.read_at(&mut buf.as_mut()[filled..], start + filled as u64).map_err(fail)?;
             if n == 0 {
-                return Err(std::io::ErrorKind::UnexpectedEof.into());
+                return Err(fail(std::io::ErrorKind::UnexpectedEof.into()));
             }
             filled += n;
         }
-        Ok(())
+        Ok(RangeBuf { buf, skip: (offset - start) as usize, len, home })
     }
 
     /// `len` bytes at `offset`, copied out.
@@ -279,27 +228,6 @@ mod tests {
         let small = file.read_range_in(5, 100, Some(&buffers)).expect("small read");
         assert_ne!(small.buf.raw.as_ptr(), at);
         assert_eq!(small.bytes(), &bytes[5..105]);
-    }
-
-    #[test]
-    fn a_range_read_in_parts_has_the_same_bytes() {
-        let (_dir, file, bytes) = file_of(100_000);
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().expect("a pool");
-        let parts = std::sync::atomic::AtomicUsize::new(0);
-        let watch = || parts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        // (offset, len, split) -> parts read: the aligned span over 8 KiB parts;
-        // up to the end of the file; one part no longer than the split.
-        for (offset, len, split, want) in [(100, 50_000, 8192, 7), (1, 99_999, 8000, 13), (4096, 8192, 8192, 1), (10, 20, 0, 1)] {
-            parts.store(0, std::sync::atomic::Ordering::Relaxed);
-            let read = pool.install(|| file.read_range_split(offset, len, None, split, &watch)).expect("read in parts");
-            assert_eq!(read.bytes(), &bytes[offset as usize..offset as usize + len], "{offset} {len} {split}");
-            let got = parts.load(std::sync::atomic::Ordering::Relaxed);
-            assert_eq!(got, if file.is_direct() { want } else { 1 }, "reads for {offset} {len} {split}");
-        }
-        // Outside a rayon pool: one read.
-        parts.store(0, std::sync::atomic::Ordering::Relaxed);
-        assert_eq!(file.read_range_split(100, 50_000, None, 8192, &watch).expect("read").bytes(), &bytes[100..50_100]);
-        assert_eq!(parts.load(std::sync::atomic::Ordering::Relaxed), 1);
     }
 
     #[test]

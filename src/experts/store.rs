@@ -76,9 +76,6 @@ pub struct ExpertStore {
     busy: std::sync::Mutex<Busy>,
     /// Where landed pieces' buffers go back once written, for later reads.
     buffers: Arc<ReadBuffers>,
-    /// Pieces longer than this many bytes are read in parts by the read
-    /// threads, each part its own read (0: whole pieces, the default).
-    pub read_split: usize,
 }
 
 /// How long at least one of the store's reads was in flight: the disk busy
@@ -258,7 +255,7 @@ impl ExpertStore {
         let layers = layer_prefixes.len();
         let busy = Default::default();
         let buffers = Arc::new(ReadBuffers::new(Self::KEEP_READ_BUFFERS));
-        Ok(ExpertStore { layout, experts_per_layer: experts, layers, files, locations, shared: shared_locations, io, record_bytes, busy, buffers, read_split: 0 })
+        Ok(ExpertStore { layout, experts_per_layer: experts, layers, files, locations, shared: shared_locations, io, record_bytes, busy, buffers })
     }
 
     /// Keep at most `bytes` of landed pieces' buffers for later reads (0: a
@@ -277,11 +274,10 @@ impl ExpertStore {
         (0..self.layers).filter(|&l| self.shared.get(l).is_some_and(Option::is_some)).collect()
     }
 
-    /// One piece of a record (in parts where longer than `read_split`),
-    /// each read counted in the busy clock while in flight.
+    /// One piece of a record, counted in the busy clock while in flight.
     fn read_piece(&self, piece: &Piece) -> Result<RangeBuf> {
-        let watch = || InFlight::start(&self.busy);
-        self.files[piece.file as usize].read_range_split(piece.offset, piece.len as usize, Some(&self.buffers), self.read_split, &watch)
+        let _in_flight = InFlight::start(&self.busy);
+        self.files[piece.file as usize].read_range_in(piece.offset, piece.len as usize, Some(&self.buffers))
     }
 
     /// Seconds so far during which at least one of the store's reads was in

@@ -139,7 +139,6 @@ pub fn expert_cache(cx: &LoadCx<'_>, layout: Layout, moe_prefixes: &[String], sl
     if !cx.opts.reuse_read_buffers {
         store.keep_read_buffers(0);
     }
-    store.read_split = cx.opts.read_split;
     let total = moe_prefixes.len() * c.num_experts;
     let slots = match slots {
         ExpertSlots::All => total,

@@ -44,10 +44,6 @@ pub struct LoadOptions {
     /// (`ExpertCache::ahead_start`). Other than the default only for
     /// before/after measurements.
     pub ahead_start: crate::experts::Progress,
-    /// Bytes of one expert read at most: a longer piece is read in parts
-    /// by the read threads (`ExpertStore::read_split`; 0: whole pieces,
-    /// the default). Other than the default only for measurements.
-    pub read_split: usize,
 }
 
 /// Default bound of the n-gram row cache.
@@ -67,7 +63,6 @@ impl Default for LoadOptions {
             write_as_landed: true,
             reuse_read_buffers: true,
             ahead_start: crate::experts::Progress::Landed,
-            read_split: 0,
         }
     }
 }
@@ -84,9 +79,8 @@ impl LoadOptions {
     /// `SLOTSTREAM_REUSE_READ_BUFFERS=0` (a new buffer for every read) and
     /// `SLOTSTREAM_AHEAD_START=issued|draining|landed` (when the guess for
     /// the next layer is read: as the layer's own reads go out, once a read
-    /// thread would stand idle, or once they have landed, the default) and
-    /// `SLOTSTREAM_READ_SPLIT_KIB=N` (expert pieces longer than N KiB read
-    /// in parts; 0, the default: whole). The only place they are read.
+    /// thread would stand idle, or once they have landed, the default).
+    /// The only place they are read.
     pub fn with_env_overrides(mut self) -> anyhow::Result<Self> {
         let off = |name: &str| std::env::var(name).is_ok_and(|v| v == "0");
         if off("SLOTSTREAM_FUSED_PROJECTIONS") {
@@ -114,11 +108,6 @@ impl LoadOptions {
             self.read_ahead = Some(v.trim().parse::<usize>().ok().filter(|n| *n <= 64).ok_or_else(|| {
                 anyhow::anyhow!("SLOTSTREAM_READ_AHEAD={v:?}: expected how many guessed experts per token to read ahead, 0 to 64 (unset it for the default, {})", crate::experts::DEFAULT_READ_AHEAD)
             })?);
-        }
-        if let Ok(v) = std::env::var("SLOTSTREAM_READ_SPLIT_KIB") {
-            self.read_split = v.trim().parse::<usize>().ok().filter(|n| *n <= 1 << 20).map(|n| n << 10).ok_or_else(|| {
-                anyhow::anyhow!("SLOTSTREAM_READ_SPLIT_KIB={v:?}: expected the KiB of one expert read at most, 0 (whole pieces, the default) to 1048576")
-            })?;
         }
         if let Ok(v) = std::env::var("SLOTSTREAM_READ_THREADS") {
             self.read_threads = v.trim().parse::<usize>().ok().filter(|n| (1..=256).contains(n)).ok_or_else(|| {
