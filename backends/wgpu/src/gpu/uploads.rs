@@ -13,12 +13,14 @@
 //! on one host, streamed decode per GB/s of the disk's rate was the same
 //! (1.229 against 1.231) and writes took 128 against 118 ms per token: no
 //! gain shown (BENCHMARKS.md, "a streamed expert written as it lands").
-//! The copies wait in it until the pool's table is next mapped (just
-//! before the layer's MoE) and go out in one submission, about 48 a
-//! streamed token instead of about 860 with each matrix sent as it lands:
-//! decode was the same within the disk's drift and the host spent 30-40 ms
-//! a token less writing (BENCHMARKS.md, "a layer's pool writes in one
-//! submission").
+//! The copies wait in it until 4 MiB are staged or the pool's table is
+//! next mapped (just before the layer's MoE), and go out in one submission:
+//! about 4 per streamed layer of A's trunk, instead of one per matrix as it
+//! lands (about 860 a token, 30-40 ms a token more host time for the same
+//! decode) or one per layer (the GPU then copied the whole layer's experts
+//! after the last landed, ~9 ms a token more between two layers' reads;
+//! BENCHMARKS.md, "a layer's pool writes in one submission" and "pool
+//! writes every 4 MiB").
 
 use slotstream_backend::{BackendError, Result};
 
