@@ -166,8 +166,7 @@ pub struct Gpu {
     upload_chunk: u64,
     /// [`WgpuOptions::reuse_staging`].
     reuse_staging: bool,
-    /// [`WgpuOptions::pool_sends_per_layer`], [`WgpuOptions::pool_send_every`].
-    pool_sends_per_layer: bool,
+    /// [`WgpuOptions::pool_send_every`].
     pool_send_every: u64,
 }
 
@@ -336,8 +335,7 @@ impl Gpu {
             uploads: Default::default(),
             upload_chunk: options.upload_chunk.max(1),
             reuse_staging: options.reuse_staging,
-            pool_sends_per_layer: options.pool_sends_per_layer,
-            pool_send_every: options.pool_send_every.max(1),
+            pool_send_every: options.pool_send_every,
         };
         gpu.check_errors("compiling the WGSL kernels")?;
         Ok(gpu)

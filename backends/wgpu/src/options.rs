@@ -185,17 +185,13 @@ pub struct WgpuOptions {
     /// for measurements).
     pub reuse_staging: bool,
     /// Pool writes (a streamed expert's matrices as they land) wait in
-    /// staging until the pool's table is next mapped (just before the
-    /// layer's MoE) and go out in one submission; false sends each as it is
-    /// written, one submission per matrix (`SLOTSTREAM_WGPU_POOL_SENDS=matrix`,
-    /// for measurements).
-    pub pool_sends_per_layer: bool,
-    /// With `pool_sends_per_layer`, also send the pool writes once this
-    /// many bytes wait in staging ([`POOL_SEND_EVERY`] by default), so that
-    /// the GPU copies a layer's first experts into their slots while the
-    /// last are read (`SLOTSTREAM_WGPU_POOL_SENDS=<MiB>`; `=layer`:
-    /// `u64::MAX`, all at the table's mapping or a whole upload chunk, for
-    /// measurements).
+    /// staging until this many bytes are staged ([`POOL_SEND_EVERY`] by
+    /// default), the pool's table is next mapped (just before the layer's
+    /// MoE) or an upload chunk is staged, and go out in one submission, so
+    /// that the GPU copies a layer's first experts into their slots while
+    /// the last are read (`SLOTSTREAM_WGPU_POOL_SENDS=<MiB>`; for
+    /// measurements `=layer`, `u64::MAX`: all at the table's mapping; and
+    /// `=matrix`, 0: each as it is written).
     pub pool_send_every: u64,
     /// A pool that holds every expert also holds each MoE layer's shared
     /// expert, which a decoded token then runs as one more rank of the MoE
@@ -239,7 +235,6 @@ impl Default for WgpuOptions {
             upload_chunk: crate::gpu::UPLOAD_CHUNK,
             map_primary: true,
             reuse_staging: true,
-            pool_sends_per_layer: true,
             pool_send_every: POOL_SEND_EVERY,
             shared_in_pool: true,
             route_lanes: true,
@@ -294,9 +289,9 @@ impl WgpuOptions {
                 .map_or(defaults.upload_chunk, |m| m << 20),
             map_primary: var("SLOTSTREAM_WGPU_MAP_PRIMARY").map_or(defaults.map_primary, |v| v != "0"),
             reuse_staging: var("SLOTSTREAM_WGPU_REUSE_STAGING").map_or(defaults.reuse_staging, |v| v != "0"),
-            pool_sends_per_layer: var("SLOTSTREAM_WGPU_POOL_SENDS").map_or(defaults.pool_sends_per_layer, |v| v != "matrix"),
             pool_send_every: match var("SLOTSTREAM_WGPU_POOL_SENDS") {
                 Some(v) if v == "layer" => u64::MAX,
+                Some(v) if v == "matrix" => 0,
                 v => v.and_then(|v| v.parse::<u64>().ok()).filter(|&m| m > 0).map_or(defaults.pool_send_every, |m| m << 20),
             },
             shared_in_pool: var("SLOTSTREAM_WGPU_SHARED_IN_POOL").map_or(defaults.shared_in_pool, |v| v != "0"),

@@ -46,8 +46,8 @@ fn staged_uploads_go_out_a_chunk_at_a_time() {
 
 /// Pool writes through staging wait for the pool's table to be mapped and
 /// go out then in one submission, or once a chunk's worth (or
-/// `pool_send_every`) is staged; without `pool_sends_per_layer`, each goes
-/// out as it is written.
+/// `pool_send_every`) is staged; with `pool_send_every` 0, each goes out as
+/// it is written.
 #[test]
 fn pool_writes_go_out_at_the_tables_mapping_or_a_chunk_at_a_time() {
     if gpu().is_none() {
@@ -62,15 +62,9 @@ fn pool_writes_go_out_at_the_tables_mapping_or_a_chunk_at_a_time() {
     let experts: Vec<HostExpert<'static>> = (0..3)
         .map(|_| HostExpert { gate: matrix(&mut rng, format, 1, rows, cols), up: matrix(&mut rng, format, 1, rows, cols), down: matrix(&mut rng, format, 1, cols, rows) })
         .collect();
-    // (per layer, send every, submissions as each expert is written, at the first mapping)
-    for (per_layer, every, want, at_mapping) in [(true, u64::MAX, [0, 0, 1], 1), (false, u64::MAX, [1, 1, 1], 0), (true, 512 << 10, [1, 1, 1], 0)] {
-        let options = WgpuOptions {
-            upload_chunk: chunk,
-            map_primary: false,
-            pool_sends_per_layer: per_layer,
-            pool_send_every: every,
-            ..WgpuOptions::from_env()
-        };
+    // (send every, submissions as each expert is written, at the first mapping)
+    for (every, want, at_mapping) in [(u64::MAX, [0, 0, 1], 1), (0, [1, 1, 1], 0), (512 << 10, [1, 1, 1], 0)] {
+        let options = WgpuOptions { upload_chunk: chunk, map_primary: false, pool_send_every: every, ..WgpuOptions::from_env() };
         let g = WgpuBackend::with_options(&AdapterChoice::allow_software(), options).expect("opening the device");
         let mut pool = g.new_expert_pool(&layout, 3, 3).expect("pool");
         let sends = |g: &WgpuBackend, act: &mut dyn FnMut()| {
@@ -83,12 +77,12 @@ fn pool_writes_go_out_at_the_tables_mapping_or_a_chunk_at_a_time() {
                 let written = sends(&g, &mut || g.write_expert(&mut pool, slot, &experts[slot]).expect("write"));
                 if slot == 0 {
                     let mapped = sends(&g, &mut || g.map_experts(&mut pool, &[(0, Some(0))]).expect("map"));
-                    assert_eq!(mapped, at_mapping, "per layer {per_layer}, every {every}: the table's mapping sent {mapped} submissions");
+                    assert_eq!(mapped, at_mapping, "every {every}: the table's mapping sent {mapped} submissions");
                 }
                 written
             })
             .collect();
-        assert_eq!(sent, want, "per layer {per_layer}, every {every}: submissions as each ~864 KiB expert was written, with a {chunk}-byte chunk");
+        assert_eq!(sent, want, "every {every}: submissions as each ~864 KiB expert was written, with a {chunk}-byte chunk");
     }
 }
 
@@ -104,9 +98,9 @@ fn pool_writes_reuse_their_staging_and_land_as_written() {
     // And with each write's staging of its own (`reuse_staging: false`), with
     // a wait for earlier uploads between writes (a 1 MiB upload chunk), and
     // written whole or matrix by matrix, each sent at once or
-    // (`pool_sends_per_layer`) all at the table's mapping, or once a chunk's
+    // (`pool_send_every` u64::MAX) all at the table's mapping, or once a chunk's
     // worth is staged (a 1 MiB chunk: each expert's 1.5 MiB).
-    for (reuse_staging, upload_chunk, by_matrix, pool_sends_per_layer) in [
+    for (reuse_staging, upload_chunk, by_matrix, per_layer) in [
         (true, 256 << 20, false, false),
         (false, 256 << 20, false, false),
         (true, 1 << 20, false, false),
@@ -116,7 +110,8 @@ fn pool_writes_reuse_their_staging_and_land_as_written() {
         (true, 1 << 20, true, true),
         (false, 256 << 20, true, true),
     ] {
-        let options = WgpuOptions { map_primary: false, reuse_staging, upload_chunk, pool_sends_per_layer, ..WgpuOptions::from_env() };
+        let pool_send_every = if per_layer { u64::MAX } else { 0 };
+        let options = WgpuOptions { map_primary: false, reuse_staging, upload_chunk, pool_send_every, ..WgpuOptions::from_env() };
         let g = WgpuBackend::with_options(&AdapterChoice::allow_software(), options).expect("opening the device");
         rewrite_slots(&g, by_matrix);
     }

@@ -109,16 +109,12 @@ impl Gpu {
 
     /// After an expert or one of its matrices was written to the pool:
     /// leaves the copies staged for [`Gpu::send_pool_writes`], which mapping
-    /// the pool's table makes, until a chunk's worth is staged (so staging
-    /// stays bounded whatever a layer misses) or
-    /// [`WgpuOptions::pool_send_every`](crate::WgpuOptions); with
-    /// [`WgpuOptions::pool_sends_per_layer`](crate::WgpuOptions) false,
-    /// sends them at once.
+    /// the pool's table makes, until
+    /// [`WgpuOptions::pool_send_every`](crate::WgpuOptions) bytes or a
+    /// chunk's worth are staged (so staging stays bounded whatever a layer
+    /// misses); with `pool_send_every` 0, sends them at once.
     pub(crate) fn pool_written(&self) -> Result<()> {
-        if self.pool_sends_per_layer {
-            return self.send_if(|u| u.staged >= self.upload_chunk.min(self.pool_send_every));
-        }
-        self.send_if(|u| u.staged > 0)
+        self.send_if(|u| u.staged > 0 && u.staged >= self.upload_chunk.min(self.pool_send_every))
     }
 
     /// Sends the pool writes' copies left staged, if any (the queue's own
