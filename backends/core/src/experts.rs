@@ -40,6 +40,25 @@ impl Routes {
     }
 }
 
+/// Bytes of a pool write (a streamed expert's matrix copied into its slot)
+/// each thread takes by default: backends split larger writes into parts of
+/// about this size, whole rows each, and write them side by side. One thread
+/// copying a streamed token's experts (~750 MB on A's 64-expert trunk) took
+/// 72-114 ms of its 100-175 ms on a fast file system (BENCHMARKS.md, "pool
+/// writes side by side").
+pub const POOL_WRITE_PART: usize = 128 << 10;
+
+/// Rows in each part when `rows` rows of `row_bytes` bytes are written in
+/// parts of about `part_bytes` ([`POOL_WRITE_PART`]): all of them (one part,
+/// the calling thread) where `part_bytes` is 0 or the write is smaller than
+/// two parts, else at least one.
+pub fn rows_per_part(rows: usize, row_bytes: usize, part_bytes: usize) -> usize {
+    if part_bytes == 0 || rows.saturating_mul(row_bytes) < part_bytes.saturating_mul(2) {
+        return rows.max(1);
+    }
+    (part_bytes / row_bytes.max(1)).max(1)
+}
+
 /// How one matrix of an expert record is stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MatrixFormat {
@@ -156,3 +175,20 @@ pub fn add_shared_expert<B: Backend + ?Sized>(b: &B, y: &Tensor, x: &Tensor, sha
     b.matmul_gated_add(y, &act, shared.down, shared.gate)
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::rows_per_part;
+
+    #[test]
+    fn a_write_splits_in_whole_rows_only_when_two_parts_fit() {
+        // 0: one part; under two parts' bytes: one part.
+        assert_eq!(rows_per_part(512, 1024, 0), 512);
+        assert_eq!(rows_per_part(100, 1024, 64 << 10), 100);
+        // 512 KiB in 128 KiB parts: 128 rows each.
+        assert_eq!(rows_per_part(512, 1024, 128 << 10), 128);
+        // Rows larger than a part: one row each.
+        assert_eq!(rows_per_part(8, 4096, 1024), 1);
+        assert_eq!(rows_per_part(0, 1024, 1024), 1);
+    }
+}

@@ -21,7 +21,7 @@ pub mod chosen;
 mod host;
 pub mod routing;
 pub use attention::{attention_qk_norm_composed, KeySelection, QkNorm};
-pub use experts::{add_shared_expert, moe_shared_composed, ExpertLayout, ExpertMatrix, ExpertPool, Gating, HostExpert, MatrixFormat, Routes, SharedExpert};
+pub use experts::{add_shared_expert, moe_shared_composed, rows_per_part, ExpertLayout, ExpertMatrix, ExpertPool, Gating, HostExpert, MatrixFormat, Routes, SharedExpert, POOL_WRITE_PART};
 pub use host::{DType, HostMatrix, MatrixData};
 
 /// Errors a backend reports. Shape errors are bugs in model code or a malformed

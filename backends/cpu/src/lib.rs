@@ -443,9 +443,9 @@ impl Backend for CpuBackend {
     fn write_expert_matrix(&self, pool: &mut ExpertPool, slot: usize, which: ExpertMatrix, m: &HostMatrix<'_>) -> Result<()> {
         let p = pool.get_mut::<CpuExpertPool>().ok_or_else(|| not_ours("the expert pool"))?;
         match which {
-            ExpertMatrix::Gate => p.gate.write_slot(slot, m),
-            ExpertMatrix::Up => p.up.write_slot(slot, m),
-            ExpertMatrix::Down => p.down.write_slot(slot, m),
+            ExpertMatrix::Gate => p.gate.write_slot(slot, m, self.options.pool_write_part),
+            ExpertMatrix::Up => p.up.write_slot(slot, m, self.options.pool_write_part),
+            ExpertMatrix::Down => p.down.write_slot(slot, m, self.options.pool_write_part),
         }
     }
 

@@ -2,6 +2,8 @@
 //! `SLOTSTREAM_CPU_*` environment variables (for measurements and the CLI);
 //! nothing below the backend's constructor reads the environment.
 
+use slotstream_backend::POOL_WRITE_PART;
+
 use crate::matmul::MatmulMode;
 
 /// Which int8 kernel 4-bit matmuls use in [`MatmulMode::Int8`].
@@ -24,6 +26,11 @@ pub struct CpuOptions {
     /// Int8 matmuls of fewer weight bytes (times tokens) than this run on the
     /// calling thread (`SLOTSTREAM_CPU_SERIAL_KB`, in KiB).
     pub serial_bytes: usize,
+    /// A streamed expert's matrix is copied into its pool slot by the
+    /// compute threads in parts of about this many bytes, side by side (the
+    /// threads wait on the expert reads meanwhile); 0 copies on the calling
+    /// thread alone (`SLOTSTREAM_CPU_POOL_WRITE_KB`, in KiB, for measurements).
+    pub pool_write_part: usize,
 }
 
 /// Measured on the 2-core dev VM (BENCHMARKS.md, CPU section): at 32 KB the
@@ -35,7 +42,7 @@ impl Default for CpuOptions {
     /// The fast backend: int8 activations for 4-bit weights, the best int8
     /// kernel, the measured serial threshold.
     fn default() -> Self {
-        CpuOptions { matmul: MatmulMode::Int8, int8_kernel: Int8Kernel::Best, serial_bytes: SERIAL_BYTES }
+        CpuOptions { matmul: MatmulMode::Int8, int8_kernel: Int8Kernel::Best, serial_bytes: SERIAL_BYTES, pool_write_part: POOL_WRITE_PART }
     }
 }
 
@@ -57,6 +64,9 @@ impl CpuOptions {
             serial_bytes: var("SLOTSTREAM_CPU_SERIAL_KB")
                 .and_then(|kb| kb.parse::<usize>().ok())
                 .map_or(defaults.serial_bytes, |kb| kb << 10),
+            pool_write_part: var("SLOTSTREAM_CPU_POOL_WRITE_KB")
+                .and_then(|kb| kb.parse::<usize>().ok())
+                .map_or(defaults.pool_write_part, |kb| kb << 10),
         }
     }
 }

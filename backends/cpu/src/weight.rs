@@ -3,7 +3,8 @@
 //! one matrix or a stack of expert matrices (the expert pool).
 
 use half::{bf16, f16};
-use slotstream_backend::{shape_error, DType, HostMatrix, MatrixData, MatrixFormat, Result};
+use rayon::prelude::*;
+use slotstream_backend::{rows_per_part, shape_error, DType, HostMatrix, MatrixData, MatrixFormat, Result};
 
 /// How a weight's values are stored on the CPU.
 pub enum Store {
@@ -129,8 +130,9 @@ impl CpuWeight {
     }
 
     /// Overwrites matrix `slot` of the stack with a single host matrix of the
-    /// same shape and format.
-    pub fn write_slot(&mut self, slot: usize, m: &HostMatrix<'_>) -> Result<()> {
+    /// same shape and format; a 4-bit matrix's words in parts of about
+    /// `part_bytes` on the compute threads side by side (0: this thread alone).
+    pub fn write_slot(&mut self, slot: usize, m: &HostMatrix<'_>, part_bytes: usize) -> Result<()> {
         m.validate()?;
         if slot >= self.experts || m.experts != 1 || m.rows != self.rows || m.cols != self.cols {
             return Err(shape_error(
@@ -160,8 +162,17 @@ impl CpuWeight {
             ) if (*bits, *group_size) == (*b, *g) => {
                 let per_word = 32 / *bits as usize;
                 let wr = slot * n / per_word..(slot + 1) * n / per_word;
-                for (o, c) in words[wr].iter_mut().zip(w.chunks_exact(4)) {
-                    *o = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                let row_words = self.cols / per_word;
+                let part = rows_per_part(self.rows, 4 * row_words, part_bytes) * row_words;
+                let copy = |(o, c): (&mut [u32], &[u8])| {
+                    for (o, c) in o.iter_mut().zip(c.chunks_exact(4)) {
+                        *o = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                    }
+                };
+                if part >= wr.len() {
+                    copy((&mut words[wr], w));
+                } else {
+                    words[wr].par_chunks_mut(part).zip(w.par_chunks(4 * part)).for_each(copy);
                 }
                 let gr = slot * n / *group_size..(slot + 1) * n / *group_size;
                 scales.write(gr.start, *scale_dtype, s)?;
@@ -255,5 +266,37 @@ pub(crate) fn test_matrix(bits: u32, group: usize, rows: usize, cols: usize) -> 
             scales: Cow::Owned(scales),
             biases: Cow::Owned(biases),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{test_matrix, CpuWeight, Store};
+
+    /// A slot written in parts side by side holds the same words as one
+    /// written on this thread, in its own slot only.
+    #[test]
+    fn a_slot_written_in_parts_holds_the_matrix() {
+        let (rows, cols) = (37, 128);
+        let m = test_matrix(4, 64, rows, cols);
+        let words = |w: &CpuWeight| match &w.store {
+            Store::Affine { words, .. } => words.clone(),
+            _ => panic!("a 4-bit pool"),
+        };
+        // Three slots of other words (the seeded matrix, three times as tall).
+        let fresh = || CpuWeight { experts: 3, rows, ..CpuWeight::from_host(&test_matrix(4, 64, 3 * rows, cols)) };
+        let before = words(&fresh());
+        let mut one = fresh();
+        one.write_slot(1, &m, 0).expect("write");
+        // 64 bytes a part: one row of 128 4-bit columns each.
+        for part in [64, 100, 1 << 20] {
+            let mut split = fresh();
+            split.write_slot(1, &m, part).expect("write");
+            assert_eq!(words(&split), words(&one), "{part}-byte parts");
+        }
+        let (w, n) = (words(&one), rows * cols / 8);
+        assert_eq!(w[..n], before[..n], "slot 0 untouched");
+        assert_eq!(w[2 * n..], before[2 * n..], "slot 2 untouched");
+        assert_ne!(w[n..2 * n], before[n..2 * n], "slot 1 written");
     }
 }

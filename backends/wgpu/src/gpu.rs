@@ -168,6 +168,8 @@ pub struct Gpu {
     reuse_staging: bool,
     /// [`WgpuOptions::pool_send_every`].
     pool_send_every: u64,
+    /// [`WgpuOptions::pool_write_part`].
+    pub(crate) pool_write_part: usize,
 }
 
 /// Nanoseconds the host spent in [`Gpu::dispatch`] (recording) and in
@@ -336,6 +338,7 @@ impl Gpu {
             upload_chunk: options.upload_chunk.max(1),
             reuse_staging: options.reuse_staging,
             pool_send_every: options.pool_send_every,
+            pool_write_part: options.pool_write_part,
         };
         gpu.check_errors("compiling the WGSL kernels")?;
         Ok(gpu)

@@ -24,6 +24,7 @@ mod matmul;
 mod moe;
 mod norm;
 mod options;
+mod parts;
 mod recurrent;
 mod state;
 mod streams;

@@ -2,6 +2,8 @@
 //! `SLOTSTREAM_WGPU_*` environment variables (for measurements and the CLI);
 //! nothing below the backend's constructor reads the environment.
 
+use slotstream_backend::POOL_WRITE_PART;
+
 /// How one-token matmuls of 4-bit weights treat the activations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MatmulMode {
@@ -193,6 +195,12 @@ pub struct WgpuOptions {
     /// measurements `=layer`, `u64::MAX`: all at the table's mapping; and
     /// `=matrix`, 0: each as it is written).
     pub pool_send_every: u64,
+    /// A pool write (a streamed expert's matrix into its slot's staging or
+    /// mapped memory) is filled in parts of about this many bytes on rayon's
+    /// threads side by side ([`POOL_WRITE_PART`] by default); 0 fills it on
+    /// the calling thread alone (`SLOTSTREAM_WGPU_POOL_WRITE_KB`, in KiB, for
+    /// measurements).
+    pub pool_write_part: usize,
     /// A pool that holds every expert also holds each MoE layer's shared
     /// expert, which a decoded token then runs as one more rank of the MoE
     /// kernels; false runs it in its own products
@@ -236,6 +244,7 @@ impl Default for WgpuOptions {
             map_primary: true,
             reuse_staging: true,
             pool_send_every: POOL_SEND_EVERY,
+            pool_write_part: POOL_WRITE_PART,
             shared_in_pool: true,
             route_lanes: true,
             wgsl_dir: None,
@@ -294,6 +303,9 @@ impl WgpuOptions {
                 Some(v) if v == "matrix" => 0,
                 v => v.and_then(|v| v.parse::<u64>().ok()).filter(|&m| m > 0).map_or(defaults.pool_send_every, |m| m << 20),
             },
+            pool_write_part: var("SLOTSTREAM_WGPU_POOL_WRITE_KB")
+                .and_then(|kb| kb.parse::<usize>().ok())
+                .map_or(defaults.pool_write_part, |kb| kb << 10),
             shared_in_pool: var("SLOTSTREAM_WGPU_SHARED_IN_POOL").map_or(defaults.shared_in_pool, |v| v != "0"),
             route_lanes: var("SLOTSTREAM_WGPU_ROUTE_LANES").map_or(defaults.route_lanes, |v| v != "0"),
             wgsl_dir: var("SLOTSTREAM_WGPU_WGSL_DIR").filter(|v| !v.is_empty()).map(Into::into).or(defaults.wgsl_dir),

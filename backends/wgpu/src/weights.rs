@@ -12,6 +12,7 @@ use wgpu::WriteOnly;
 use crate::gpu::Gpu;
 use crate::kernels::params;
 use crate::options::Q4Layout;
+use crate::parts::fill_rows;
 
 params! {
     /// `WeightDesc` of `wgsl/weights.wgsl`: how a kernel decodes one weight shard.
@@ -347,12 +348,15 @@ impl PoolMatrix {
         if self.layout.fmt == FMT_Q4_INTERLEAVED {
             // Interleaved rows, then one (scale, bias) pair word per group (as `write_shard`).
             let (vb, sb) = (self.layout.value_bytes, self.layout.scale_bytes);
-            gpu.write_pool(buffer, (first_row * vb) as u64, m.rows * vb, |dst| write_q4_values(values, vb, dst))?;
+            let part = gpu.pool_write_part;
+            gpu.write_pool(buffer, (first_row * vb) as u64, m.rows * vb, |dst| fill_rows(values, vb, dst, vb, part, |s, d| write_q4_values(s, vb, d)))?;
             let at = s_off as u64 * 4 + (2 * first_row * sb) as u64;
             return gpu.write_pool(buffer, at, 2 * m.rows * sb, |dst| write_pairs(scales, biases, dst));
         }
         let copy = |at: u64, bytes: &[u8]| gpu.write_pool(buffer, at, bytes.len(), |dst| dst.copy_from_slice(bytes));
-        copy((first_row * self.layout.value_bytes) as u64, values)?;
+        let vb = self.layout.value_bytes;
+        let part = gpu.pool_write_part;
+        gpu.write_pool(buffer, (first_row * vb) as u64, values.len(), |dst| fill_rows(values, vb, dst, vb, part, |s, d| d.copy_from_slice(s)))?;
         if self.layout.scale_bytes > 0 {
             let at = (first_row * self.layout.scale_bytes) as u64;
             copy(s_off as u64 * 4 + at, scales)?;

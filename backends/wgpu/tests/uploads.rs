@@ -115,6 +115,13 @@ fn pool_writes_reuse_their_staging_and_land_as_written() {
         let g = WgpuBackend::with_options(&AdapterChoice::allow_software(), options).expect("opening the device");
         rewrite_slots(&g, by_matrix);
     }
+    // Each write's views filled on this thread alone, and in 4 KiB parts
+    // side by side (the default splits the 512 KiB matrices in four).
+    for pool_write_part in [0, 4 << 10] {
+        let options = WgpuOptions { map_primary: false, pool_write_part, ..WgpuOptions::from_env() };
+        let g = WgpuBackend::with_options(&AdapterChoice::allow_software(), options).expect("opening the device");
+        rewrite_slots(&g, true);
+    }
 }
 
 fn rewrite_slots(g: &WgpuBackend, by_matrix: bool) {
