@@ -71,6 +71,9 @@
 #   of the rounds' ratios and the rounds won, MB read per token, and whether it decoded the same
 #   tokens. The default int8 arms decode different tokens and so read different experts; exact
 #   arms (ARMS="gpu=wgpu:exact cpu=cpu:exact") read the same ones.
+#   WORK=/dev/shm/gpu-peer puts the model on tmpfs (where it is large enough): reads at memory
+#   speed, which shows what each backend costs beside the disk (BENCHMARKS.md, "from a fast
+#   file system").
 #
 # disk (there, after stream, which builds the A64 or B64 model: MODEL, or DIR for any
 #   directory): tools/peer/disk_pace.py reads that model's files in bursts of expert-sized
