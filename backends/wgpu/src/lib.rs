@@ -7,11 +7,10 @@
 //! data back: once per decoded token with a resident pool; a streaming pool also reads each MoE
 //! layer's routed ids back. An expert written into the pool lands after every earlier read of its slot.
 //!
-//! This file checks each op's inputs (through `slotstream_backend::checks`) and hands it to the
-//! typed kernel calls of its family's module (`elementwise.rs`, `norm.rs`, `streams.rs`,
-//! `matmul.rs`, `moe.rs`, `attention.rs`, `recurrent.rs`); `state.rs` holds the per-sequence
-//! state, `gpu.rs` the device and its command recorder, `diagnostics.rs` the hooks for tests
-//! and profiling.
+//! This file checks each op's inputs (through `slotstream_backend::checks`) and hands it to the typed kernel
+//! calls of its family's module (`elementwise.rs`, `norm.rs`, `streams.rs`, `matmul.rs`, `moe.rs`, `attention.rs`,
+//! `recurrent.rs`); `state.rs` holds the per-sequence state, `gpu.rs` the device and its command recorder,
+//! `weights.rs` weights and the pool (`parts.rs` its writes), `diagnostics.rs` hooks for tests and profiling.
 
 mod attention;
 mod chosen;
