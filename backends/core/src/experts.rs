@@ -175,7 +175,6 @@ pub fn add_shared_expert<B: Backend + ?Sized>(b: &B, y: &Tensor, x: &Tensor, sha
     b.matmul_gated_add(y, &act, shared.down, shared.gate)
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::rows_per_part;
