@@ -5,8 +5,8 @@
 //! GPU), and the pool's slot table (expert -> slot) lives there too. When the
 //! pool holds every expert, a MoE call never leaves the device. Otherwise,
 //! per MoE call: read back the routed expert ids, pin the layer's experts
-//! already in a slot (hits), choose victims for the rest with CLOCK (a
-//! reference bit per slot, pinned slots skipped), read the misses with many
+//! already in a slot (hits), give the rest the slots of the experts needed
+//! least lately (`evict.rs`; pinned slots skipped), read the misses with many
 //! reads in flight, update the slot table, and compute. When a call needs more
 //! experts than there are slots (a long prefill touches nearly every expert),
 //! the experts are taken in batches that fit, hits first, and the next
@@ -20,6 +20,7 @@
 //! rank, which rounds differently from a streaming pool; tests check that
 //! the tokens are the same.
 
+mod evict;
 mod stats;
 mod store;
 
@@ -31,6 +32,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use slotstream_backend::{add_shared_expert, Backend, ExpertPool, Routes, SharedExpert, Tensor};
 
+pub use evict::{Eviction, DEFAULT_HALF_LIFE};
 pub use stats::{CacheCounters, CacheStats};
 pub use store::{ExpertRecord, ExpertStore, Handover, Progress, ReadTimes};
 
@@ -83,8 +85,7 @@ pub struct ExpertCache {
     /// keys): never evicted.
     shared: Vec<bool>,
     slot_of: HashMap<u32, u32>,
-    referenced: Vec<bool>,
-    hand: usize,
+    victims: evict::Victims,
     per_layer: Vec<CacheCounters>,
     /// The store's busy seconds and read times when a streaming call last counted them.
     busy_mark: (f64, ReadTimes),
@@ -107,7 +108,7 @@ impl ExpertCache {
             bail!("the expert pool needs at least one slot");
         }
         let pool = Self::new_pool(backend, &store, slots)?;
-        let layers = store.layers;
+        let (layers, store_experts) = (store.layers, store.experts_per_layer);
         let mut cache = ExpertCache {
             shared: vec![false; layers],
             pool,
@@ -119,8 +120,7 @@ impl ExpertCache {
             ahead: None,
             owner: vec![None; slots],
             slot_of: HashMap::new(),
-            referenced: vec![false; slots],
-            hand: 0,
+            victims: evict::Victims::new(Eviction::default(), layers * store_experts, slots),
             per_layer: vec![CacheCounters::default(); layers],
             busy_mark: (0.0, ReadTimes::default()),
             ended: None,
@@ -177,8 +177,7 @@ impl ExpertCache {
         self.pool = Self::new_pool(backend, &self.store, slots)?;
         self.owner = vec![None; slots];
         self.slot_of.clear();
-        self.referenced = vec![false; slots];
-        self.hand = 0;
+        self.victims.resize(slots);
         self.guessed = None;
         self.ahead = None;
         self.ended = None;
@@ -339,21 +338,11 @@ impl ExpertCache {
         key_of(self.store.experts_per_layer, layer, expert)
     }
 
-    /// CLOCK: the next slot that is not pinned and not recently referenced.
-    fn victim(&mut self, pinned: &HashSet<u32>) -> u32 {
-        let n = self.owner.len();
-        loop {
-            let s = self.hand;
-            self.hand = (self.hand + 1) % n;
-            if pinned.contains(&(s as u32)) {
-                continue;
-            }
-            if self.owner[s].is_some() && self.referenced[s] {
-                self.referenced[s] = false;
-                continue;
-            }
-            return s as u32;
-        }
+    /// Sets how missed experts choose their slots (the default:
+    /// [`Eviction::Frequency`]); what the pool has learnt of the routing is
+    /// dropped.
+    pub fn set_eviction(&mut self, policy: Eviction) {
+        self.victims = evict::Victims::new(policy, self.store.layers * self.store.experts_per_layer, self.owner.len());
     }
 
     /// Routed-expert output of one MoE layer for `x` (`[tokens, hidden]`)
@@ -380,6 +369,7 @@ impl ExpertCache {
         if let Some(&e) = needed.iter().find(|&&e| e as usize >= experts) {
             bail!("router chose expert {e} of {experts}");
         }
+        self.victims.needed(routes.tokens(), self.store.layers, needed.iter().map(|&e| key_of(experts, layer, e)));
         // Hits first: they need no reads and their compute hides the first reads.
         let (mut order, misses): (Vec<u32>, Vec<u32>) =
             needed.iter().partition(|&&e| self.slot_of.contains_key(&self.key(layer, e)));
@@ -420,20 +410,17 @@ impl ExpertCache {
             for &e in batch.iter() {
                 if let Some(&s) = self.slot_of.get(&self.key(layer, e)) {
                     pinned.insert(s);
-                    self.referenced[s as usize] = true;
+                    self.victims.touched(s);
                     slot_for.insert(e, s);
                 }
             }
             let mut table: Vec<(u32, Option<u32>)> = Vec::new();
-            let mut victims = Vec::with_capacity(record_misses.len());
-            for _ in &record_misses {
-                let s = self.victim(&pinned);
-                pinned.insert(s);
+            let victims = self.victims.choose(record_misses.len(), &self.owner, &pinned);
+            for &s in &victims {
                 if let Some(old) = self.owner[s as usize].take() {
                     self.slot_of.remove(&old);
                     table.push((old, None));
                 }
-                victims.push(s);
             }
             let (store, pool) = (&self.store, &mut self.pool);
             let write_seconds = std::cell::Cell::new(0.0);
@@ -519,7 +506,7 @@ impl ExpertCache {
                 let key = self.key(layer, *e);
                 self.owner[s as usize] = Some(key);
                 self.slot_of.insert(key, s);
-                self.referenced[s as usize] = true;
+                self.victims.touched(s);
                 slot_for.insert(*e, s);
                 table.push((key, Some(s)));
             }

@@ -156,6 +156,7 @@ pub fn expert_cache(cx: &LoadCx<'_>, layout: Layout, moe_prefixes: &[String], sl
     }
     cache.write_as_landed = cx.opts.write_as_landed;
     cache.ahead_start = cx.opts.ahead_start;
+    cache.set_eviction(cx.opts.eviction);
     if cx.opts.preload_experts && slots >= total {
         cache.load_all(cx.b)?;
     }

@@ -44,6 +44,10 @@ pub struct LoadOptions {
     /// (`ExpertCache::ahead_start`). Other than the default only for
     /// before/after measurements.
     pub ahead_start: crate::experts::Progress,
+    /// How a streaming pool's missed experts choose their slots
+    /// (`ExpertCache::set_eviction`). Other than the default only for
+    /// before/after measurements.
+    pub eviction: crate::experts::Eviction,
 }
 
 /// Default bound of the n-gram row cache.
@@ -63,6 +67,7 @@ impl Default for LoadOptions {
             write_as_landed: true,
             reuse_read_buffers: true,
             ahead_start: crate::experts::Progress::Landed,
+            eviction: crate::experts::Eviction::default(),
         }
     }
 }
@@ -79,7 +84,10 @@ impl LoadOptions {
     /// `SLOTSTREAM_REUSE_READ_BUFFERS=0` (a new buffer for every read) and
     /// `SLOTSTREAM_AHEAD_START=issued|draining|landed` (when the guess for
     /// the next layer is read: as the layer's own reads go out, once a read
-    /// thread would stand idle, or once they have landed, the default).
+    /// thread would stand idle, or once they have landed, the default) and
+    /// `SLOTSTREAM_EVICTION=frequency[:HALF_LIFE]|clock` (which slots missed
+    /// experts take: those of the experts needed least lately, counts halved
+    /// every HALF_LIFE tokens, the default; or CLOCK's).
     /// The only place they are read.
     pub fn with_env_overrides(mut self) -> anyhow::Result<Self> {
         let off = |name: &str| std::env::var(name).is_ok_and(|v| v == "0");
@@ -103,6 +111,11 @@ impl LoadOptions {
                 "landed" => Progress::Landed,
                 _ => anyhow::bail!("SLOTSTREAM_AHEAD_START={v:?}: expected issued, draining or landed (unset it for the default, landed)"),
             };
+        }
+        if let Ok(v) = std::env::var("SLOTSTREAM_EVICTION") {
+            self.eviction = crate::experts::Eviction::parse(&v).ok_or_else(|| {
+                anyhow::anyhow!("SLOTSTREAM_EVICTION={v:?}: expected frequency, frequency:<half-life in tokens> or clock (unset it for the default, frequency:{})", crate::experts::DEFAULT_HALF_LIFE)
+            })?;
         }
         if let Ok(v) = std::env::var("SLOTSTREAM_READ_AHEAD") {
             self.read_ahead = Some(v.trim().parse::<usize>().ok().filter(|n| *n <= 64).ok_or_else(|| {
