@@ -55,7 +55,7 @@ const READ_AHEAD_MAX_TOKENS: usize = 4;
 /// ahead" and "the shared expert in the pool").
 pub const DEFAULT_READ_AHEAD: usize = 2;
 
-/// The slot pool, its CLOCK bookkeeping and the store it is filled from.
+/// The slot pool, the eviction policy's bookkeeping and the store it is filled from.
 pub struct ExpertCache {
     pool: ExpertPool,
     store: Arc<ExpertStore>,
