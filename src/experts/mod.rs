@@ -416,6 +416,9 @@ impl ExpertCache {
             }
             let mut table: Vec<(u32, Option<u32>)> = Vec::new();
             let victims = self.victims.choose(record_misses.len(), &self.owner, &pinned);
+            if victims.len() != record_misses.len() {
+                bail!("{} slots left for {} missed experts of MoE layer {layer}", victims.len(), record_misses.len());
+            }
             for &s in &victims {
                 if let Some(old) = self.owner[s as usize].take() {
                     self.slot_of.remove(&old);

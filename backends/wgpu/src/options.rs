@@ -2,8 +2,6 @@
 //! `SLOTSTREAM_WGPU_*` environment variables (for measurements and the CLI);
 //! nothing below the backend's constructor reads the environment.
 
-use slotstream_backend::POOL_WRITE_PART;
-
 /// How one-token matmuls of 4-bit weights treat the activations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MatmulMode {
@@ -196,10 +194,15 @@ pub struct WgpuOptions {
     /// `=matrix`, 0: each as it is written).
     pub pool_send_every: u64,
     /// A pool write (a streamed expert's matrix into its slot's staging or
-    /// mapped memory) is filled in parts of about this many bytes on rayon's
-    /// threads side by side ([`POOL_WRITE_PART`] by default); 0 fills it on
-    /// the calling thread alone (`SLOTSTREAM_WGPU_POOL_WRITE_KB`, in KiB, for
-    /// measurements).
+    /// mapped memory) is filled on the calling thread (0, the default) or in
+    /// parts of about this many bytes on rayon's threads side by side
+    /// (`SLOTSTREAM_WGPU_POOL_WRITE_KB`, in KiB, e.g. 128 as
+    /// [`slotstream_backend::POOL_WRITE_PART`], for measurements). Unlike the CPU backend's
+    /// slots, NVIDIA's staging memory is not written faster by more threads
+    /// (87 against 89 ms per token on an H100), and the threads it takes
+    /// slowed the streamer's reads from the SSD: 2.05 against 1.70 ms each,
+    /// decode 1.21x with the calling thread alone (BENCHMARKS.md, "evicting
+    /// the least needed expert").
     pub pool_write_part: usize,
     /// A pool that holds every expert also holds each MoE layer's shared
     /// expert, which a decoded token then runs as one more rank of the MoE
@@ -244,7 +247,7 @@ impl Default for WgpuOptions {
             map_primary: true,
             reuse_staging: true,
             pool_send_every: POOL_SEND_EVERY,
-            pool_write_part: POOL_WRITE_PART,
+            pool_write_part: 0,
             shared_in_pool: true,
             route_lanes: true,
             wgsl_dir: None,
