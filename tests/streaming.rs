@@ -124,3 +124,24 @@ fn reading_ahead_changes_speed_not_output() {
         }
     }
 }
+
+/// The default eviction keeps the experts a trained router keeps coming
+/// back to: on the demo model with 8 of 32 experts per layer it reads at
+/// least a tenth less than CLOCK (23% less: 56.5 against 73.2 MB), and the
+/// tokens are the same.
+#[test]
+fn evicting_the_least_needed_expert_reads_less_than_clock_and_changes_nothing() {
+    use slotstream::experts::Eviction;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/demo/model");
+    let run = |eviction: Eviction| {
+        let opts = LoadOptions { expert_slots: ExpertSlots::Count(8 * 6), eviction, ..Default::default() };
+        let e = Engine::load(&dir, Box::new(slotstream_cpu::CpuBackend::exact()), &opts).expect("loading the demo model");
+        let prompt = e.codec.encode("Once upon a time there was a little girl who lived in a village near the forest", false).unwrap();
+        let ids = greedy(&e, &prompt, 96, None);
+        (ids, e.expert_stats().unwrap().total.bytes_read)
+    };
+    let (clock_ids, clock_bytes) = run(Eviction::Clock);
+    let (ids, bytes) = run(Eviction::default());
+    assert_eq!(ids, clock_ids, "the eviction policy changed the output");
+    assert!(bytes * 10 < clock_bytes * 9, "least needed read {bytes} bytes, CLOCK {clock_bytes}");
+}

@@ -169,26 +169,19 @@ mod tests {
 
     #[test]
     fn counts_fade_with_the_half_life() {
-        let owner = full();
-        let mut v = Victims::new(Eviction::Frequency { half_life: 4.0 }, 16, 4);
-        for _ in 0..4 {
-            v.needed(1, 1, [0].into_iter());
-        }
-        // Experts 1-3 are needed in each of the next 16 tokens: by then
-        // expert 0's four calls weigh less than 4 / 16.
-        for _ in 0..16 {
-            v.needed(1, 1, [1, 2, 3].into_iter());
-        }
-        assert_eq!(v.choose(1, &owner, &HashSet::new()), vec![0]);
-        // Without the fading (a half-life far longer than the run), 0 would stay.
-        let mut w = Victims::new(Eviction::Frequency { half_life: 1e9 }, 16, 4);
-        for _ in 0..20 {
-            w.needed(1, 1, [0].into_iter());
-        }
-        for _ in 0..16 {
-            w.needed(1, 1, [1, 2, 3].into_iter());
-        }
-        assert_ne!(w.choose(1, &owner, &HashSet::new()), vec![0]);
+        // Expert 0 is needed in `early` tokens, then experts 1-3 in each of
+        // the next 16; which slot goes first?
+        let first_choice = |half_life: f64, early: usize| {
+            let mut v = Victims::new(Eviction::Frequency { half_life }, 16, 4);
+            (0..early).for_each(|_| v.needed(1, 1, [0].into_iter()));
+            (0..16).for_each(|_| v.needed(1, 1, [1, 2, 3].into_iter()));
+            v.choose(1, &full(), &HashSet::new())
+        };
+        // Expert 0 was needed more often (20 times against 16), but four
+        // half-lives ago: its count has faded below the others'.
+        assert_eq!(first_choice(4.0, 20), vec![0]);
+        // Without the fading (a half-life far longer than the run), 0 stays.
+        assert_ne!(first_choice(1e9, 20), vec![0]);
     }
 
     #[test]
