@@ -14,6 +14,10 @@
 //! call needs are updated.
 
 use std::collections::HashSet;
+use std::io::{LineWriter, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
 
 /// How a streaming pool chooses the slots its missed experts take.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -141,6 +145,26 @@ impl Victims {
     }
 }
 
+/// Each streaming MoE call's distinct experts, one line per call
+/// (`layer tokens id,id,...`), to replay against eviction policies
+/// (`tools/peer/eviction_sim.py`).
+pub(super) struct Trace {
+    out: LineWriter<std::fs::File>,
+    path: PathBuf,
+}
+
+impl Trace {
+    pub(super) fn create(path: &Path) -> Result<Trace> {
+        let file = std::fs::File::create(path).with_context(|| format!("creating the routing trace {}", path.display()))?;
+        Ok(Trace { out: LineWriter::new(file), path: path.to_path_buf() })
+    }
+
+    pub(super) fn call(&mut self, layer: usize, tokens: usize, ids: &[u32]) -> Result<()> {
+        let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
+        writeln!(self.out, "{layer} {tokens} {}", ids.join(",")).with_context(|| format!("writing the routing trace {}", self.path.display()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -197,6 +221,17 @@ mod tests {
             assert_eq!(v.choose(0, &owner, &pinned), Vec::<u32>::new());
             assert_eq!(v.choose(3, &owner, &pinned).len(), 2, "{policy:?}: only two slots are free");
         }
+    }
+
+    #[test]
+    fn a_trace_holds_a_line_per_call() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("trace");
+        let mut t = Trace::create(&path).unwrap();
+        t.call(0, 33, &[1, 4, 9]).unwrap();
+        t.call(1, 1, &[]).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "0 33 1,4,9\n1 1 \n", "each line is out as written");
+        assert!(Trace::create(&dir.path().join("no/such/dir")).is_err());
     }
 
     #[test]

@@ -86,6 +86,7 @@ pub struct ExpertCache {
     shared: Vec<bool>,
     slot_of: HashMap<u32, u32>,
     victims: evict::Victims,
+    trace: Option<evict::Trace>,
     per_layer: Vec<CacheCounters>,
     /// The store's busy seconds and read times when a streaming call last counted them.
     busy_mark: (f64, ReadTimes),
@@ -121,6 +122,7 @@ impl ExpertCache {
             owner: vec![None; slots],
             slot_of: HashMap::new(),
             victims: evict::Victims::new(Eviction::default(), layers * store_experts, slots),
+            trace: None,
             per_layer: vec![CacheCounters::default(); layers],
             busy_mark: (0.0, ReadTimes::default()),
             ended: None,
@@ -345,6 +347,12 @@ impl ExpertCache {
         self.victims = evict::Victims::new(policy, self.store.layers * self.store.experts_per_layer, self.owner.len());
     }
 
+    /// Writes each streaming call's distinct experts to `path`, a line each.
+    pub fn trace_routing(&mut self, path: &std::path::Path) -> Result<()> {
+        self.trace = Some(evict::Trace::create(path)?);
+        Ok(())
+    }
+
     /// Routed-expert output of one MoE layer for `x` (`[tokens, hidden]`)
     /// routed by `routes`, whose ids are `ids` where already read back.
     pub fn run_layer(&mut self, b: &dyn Backend, layer: usize, x: &Tensor, routes: &Routes, ids: Option<Vec<u32>>) -> Result<Tensor> {
@@ -370,6 +378,9 @@ impl ExpertCache {
             bail!("router chose expert {e} of {experts}");
         }
         self.victims.needed(routes.tokens(), self.store.layers, needed.iter().map(|&e| key_of(experts, layer, e)));
+        if let Some(trace) = &mut self.trace {
+            trace.call(layer, routes.tokens(), &needed)?;
+        }
         // Hits first: they need no reads and their compute hides the first reads.
         let (mut order, misses): (Vec<u32>, Vec<u32>) =
             needed.iter().partition(|&&e| self.slot_of.contains_key(&self.key(layer, e)));

@@ -157,6 +157,9 @@ pub fn expert_cache(cx: &LoadCx<'_>, layout: Layout, moe_prefixes: &[String], sl
     cache.write_as_landed = cx.opts.write_as_landed;
     cache.ahead_start = cx.opts.ahead_start;
     cache.set_eviction(cx.opts.eviction);
+    if let Some(path) = &cx.opts.routing_trace {
+        cache.trace_routing(path)?;
+    }
     if cx.opts.preload_experts && slots >= total {
         cache.load_all(cx.b)?;
     }

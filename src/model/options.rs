@@ -48,6 +48,9 @@ pub struct LoadOptions {
     /// (`ExpertCache::set_eviction`). Other than the default only for
     /// before/after measurements.
     pub eviction: crate::experts::Eviction,
+    /// Where to write each streaming MoE call's experts
+    /// (`ExpertCache::trace_routing`), for tools/peer/eviction_sim.py.
+    pub routing_trace: Option<std::path::PathBuf>,
 }
 
 /// Default bound of the n-gram row cache.
@@ -68,6 +71,7 @@ impl Default for LoadOptions {
             reuse_read_buffers: true,
             ahead_start: crate::experts::Progress::Landed,
             eviction: crate::experts::Eviction::default(),
+            routing_trace: None,
         }
     }
 }
@@ -87,8 +91,9 @@ impl LoadOptions {
     /// thread would stand idle, or once they have landed, the default) and
     /// `SLOTSTREAM_EVICTION=frequency[:HALF_LIFE]|clock` (which slots missed
     /// experts take: those of the experts needed least lately, counts halved
-    /// every HALF_LIFE tokens, the default; or CLOCK's).
-    /// The only place they are read.
+    /// every HALF_LIFE tokens, the default; or CLOCK's) and
+    /// `SLOTSTREAM_ROUTING_TRACE=FILE` (each streaming MoE call's experts,
+    /// a line each). The only place they are read.
     pub fn with_env_overrides(mut self) -> anyhow::Result<Self> {
         let off = |name: &str| std::env::var(name).is_ok_and(|v| v == "0");
         if off("SLOTSTREAM_FUSED_PROJECTIONS") {
@@ -116,6 +121,9 @@ impl LoadOptions {
             self.eviction = crate::experts::Eviction::parse(&v).ok_or_else(|| {
                 anyhow::anyhow!("SLOTSTREAM_EVICTION={v:?}: expected frequency, frequency:<half-life in tokens> or clock (unset it for the default, frequency:{})", crate::experts::DEFAULT_HALF_LIFE)
             })?;
+        }
+        if let Some(path) = std::env::var_os("SLOTSTREAM_ROUTING_TRACE").filter(|p| !p.is_empty()) {
+            self.routing_trace = Some(path.into());
         }
         if let Ok(v) = std::env::var("SLOTSTREAM_READ_AHEAD") {
             self.read_ahead = Some(v.trim().parse::<usize>().ok().filter(|n| *n <= 64).ok_or_else(|| {

@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Replays a routing trace against expert-pool eviction policies and prints each one's decode
+hit rate (the share of decoded tokens' expert uses already in a slot).
+
+The trace comes from the product: SLOTSTREAM_ROUTING_TRACE=FILE slotstream run ... with a pool
+smaller than the model (--experts-per-layer N) writes one line per streaming MoE call,
+`layer tokens id,id,...` (the call's distinct experts). The policies:
+
+  clock     a reference bit per slot, set when its expert is needed (the product's old policy)
+  lru       least recently needed
+  counts:H  the product's default: per expert, the count of calls that needed it, each call
+            halved after H tokens (H=0: never halved); the lowest count gives up its slot
+  optimum   Belady: the expert needed again furthest ahead (knows the future; a bound)
+
+As in the product, a call's own experts keep their slots and empty slots go first.
+
+    python3 tools/peer/eviction_sim.py TRACE --per-layer 16 [--half-lives 16,64,256,0]
+"""
+import argparse
+import math
+from collections import OrderedDict
+
+
+def load(path):
+    calls = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            parts = line.split()
+            if len(parts) not in (2, 3):
+                raise SystemExit(f"{path}:{n}: expected 'layer tokens id,id,...', got {line.strip()!r}")
+            ids = [int(x) for x in parts[2].split(",")] if len(parts) == 3 else []
+            calls.append((int(parts[0]), int(parts[1]), ids))
+    return calls
+
+
+def replay(calls, experts, slots, layers, policy, half_life=64.0):
+    """Decode hits and misses of `policy` over `calls` with `slots` slots."""
+    keyed = [(tokens, [layer * experts + e for e in ids]) for layer, tokens, ids in calls]
+    hits = misses = 0
+    held = OrderedDict()  # key -> policy state (recency order for lru)
+    clock_slots, referenced, hand = [], [], 0
+    score, now = {}, 0.0
+    rate = math.log(2) / half_life if half_life else 0.0
+    next_use = []
+    if policy == "optimum":
+        later = {}
+        for i in range(len(keyed) - 1, -1, -1):
+            next_use.append({k: later.get(k, math.inf) for k in keyed[i][1]})
+            for k in keyed[i][1]:
+                later[k] = i
+        next_use.reverse()
+    for i, (tokens, keys) in enumerate(keyed):
+        now += tokens / layers
+        present = {k for k in keys if k in held}
+        missed = [k for k in keys if k not in present]
+        if tokens == 1:
+            hits += len(present)
+            misses += len(missed)
+        own = set(keys)
+        if policy == "clock":
+            for k in present:
+                referenced[held[k]] = True
+            pinned = {held[k] for k in present}
+            for k in missed[: max(0, slots - len(pinned))]:
+                if len(clock_slots) < slots:
+                    s = len(clock_slots)
+                    clock_slots.append(None)
+                    referenced.append(False)
+                else:
+                    while True:
+                        s, hand = hand, (hand + 1) % slots
+                        if s in pinned:
+                            continue
+                        if referenced[s]:
+                            referenced[s] = False
+                            continue
+                        break
+                    del held[clock_slots[s]]
+                pinned.add(s)
+                clock_slots[s] = k
+                held[k] = s
+                referenced[s] = True
+            continue
+        if policy == "counts":
+            for k in keys:
+                old = score.get(k)
+                count = math.exp(old - now * rate) if old is not None else 0.0
+                score[k] = math.log(count + 1.0) + now * rate
+        for k in keys:
+            if policy == "lru" and k in held:
+                held.move_to_end(k)
+        for k in missed:
+            if len(held) >= slots:
+                free = [c for c in held if c not in own]
+                if not free:
+                    continue
+                if policy == "lru":
+                    victim = free[0]
+                elif policy == "counts":
+                    victim = min(free, key=lambda c: score[c])
+                else:
+                    victim = max(free, key=lambda c: held[c])
+                del held[victim]
+            held[k] = next_use[i][k] if policy == "optimum" else True
+        if policy == "optimum":
+            for k in present:
+                held[k] = next_use[i][k]
+    return hits, misses
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("trace")
+    ap.add_argument("--per-layer", type=int, required=True, help="slots per MoE layer (the pool is this times the layers)")
+    ap.add_argument("--experts", type=int, help="experts per layer (default: the largest id in the trace plus one)")
+    ap.add_argument("--half-lives", default="16,64,256,0", help="counts' half-lives in tokens, 0 for none")
+    a = ap.parse_args()
+    calls = load(a.trace)
+    if not calls:
+        raise SystemExit(f"{a.trace} holds no calls: was the pool smaller than the model?")
+    layers = max(c[0] for c in calls) + 1
+    experts = a.experts or max((max(c[2]) for c in calls if c[2]), default=0) + 1
+    slots = a.per_layer * layers
+    decode = sum(1 for c in calls if c[1] == 1)
+    print(f"{a.trace}: {len(calls)} calls ({decode} decode), {layers} MoE layers, {experts} experts each, {slots} slots")
+    runs = [("clock", None), ("lru", None)] + [("counts", float(h)) for h in a.half_lives.split(",")] + [("optimum", None)]
+    for policy, h in runs:
+        hits, misses = replay(calls, experts, slots, layers, policy, h or 0.0)
+        name = policy if h is None else f"counts:{h:g}"
+        print(f"  {name:12} decode hits {100 * hits / max(1, hits + misses):5.1f}%  ({hits} hits, {misses} misses)")
+
+
+if __name__ == "__main__":
+    main()
