@@ -55,6 +55,10 @@ impl Eviction {
     }
 }
 
+/// Up to this many victims are chosen in one pass that keeps the lowest
+/// seen; more (a long prefill's batch) by selecting among all.
+const FEW: usize = 32;
+
 /// The policy's state over a pool's slots and the model's expert keys.
 pub(super) struct Victims {
     policy: Eviction,
@@ -65,11 +69,13 @@ pub(super) struct Victims {
     /// CLOCK's bit per slot and its hand.
     referenced: Vec<bool>,
     hand: usize,
+    /// Scratch: which slots a call pinned.
+    mask: Vec<bool>,
 }
 
 impl Victims {
     pub(super) fn new(policy: Eviction, keys: usize, slots: usize) -> Victims {
-        Victims { policy, score: vec![f64::NEG_INFINITY; keys], now: 0.0, referenced: vec![false; slots], hand: 0 }
+        Victims { policy, score: vec![f64::NEG_INFINITY; keys], now: 0.0, referenced: vec![false; slots], hand: 0, mask: Vec::new() }
     }
 
     /// A pool of `slots`, starting empty; the counts are kept.
@@ -112,15 +118,34 @@ impl Victims {
                 (0..n).map(|_| self.clock(owner, &mut pinned)).collect()
             }
             Eviction::Frequency { .. } => {
-                let score = |s: usize| owner[s].map_or(f64::NEG_INFINITY, |k| self.score.get(k as usize).copied().unwrap_or(f64::NEG_INFINITY));
-                let mut free: Vec<(f64, u32)> =
-                    (0..owner.len()).filter(|s| !pinned.contains(&(*s as u32))).map(|s| (score(s), s as u32)).collect();
+                // A pinned slot's mask, set here and cleared below: one bool
+                // per slot is checked far faster than the set.
+                self.mask.resize(owner.len(), false);
+                pinned.iter().for_each(|&p| self.mask[p as usize] = true);
+                let score = |k: u32| self.score.get(k as usize).copied().unwrap_or(f64::NEG_INFINITY);
                 let by = |a: &(f64, u32), b: &(f64, u32)| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1));
-                if free.len() > n {
-                    free.select_nth_unstable_by(n - 1, by);
-                    free.truncate(n);
+                let candidates = owner.iter().zip(&self.mask).enumerate().filter(|(_, (_, &pinned))| !pinned);
+                let mut free: Vec<(f64, u32)> = Vec::with_capacity(n.min(FEW) + 1);
+                if n <= FEW {
+                    // A decode's few misses: keep the lowest `n` seen, in order.
+                    for (s, (o, _)) in candidates {
+                        let c = (o.map_or(f64::NEG_INFINITY, score), s as u32);
+                        if free.len() == n && free.last().is_some_and(|w| by(&c, w).is_ge()) {
+                            continue;
+                        }
+                        let at = free.partition_point(|x| by(x, &c).is_lt());
+                        free.insert(at, c);
+                        free.truncate(n);
+                    }
+                } else {
+                    free.extend(candidates.map(|(s, (o, _))| (o.map_or(f64::NEG_INFINITY, score), s as u32)));
+                    if free.len() > n {
+                        free.select_nth_unstable_by(n - 1, by);
+                        free.truncate(n);
+                    }
+                    free.sort_unstable_by(by);
                 }
-                free.sort_unstable_by(by);
+                pinned.iter().for_each(|&p| self.mask[p as usize] = false);
                 free.into_iter().map(|(_, s)| s).collect()
             }
         }
@@ -232,6 +257,25 @@ mod tests {
         t.call(1, 1, &[]).unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "0 33 1,4,9\n1 1 \n", "each line is out as written");
         assert!(Trace::create(&dir.path().join("no/such/dir")).is_err());
+    }
+
+    #[test]
+    fn a_few_victims_or_many_are_the_lowest_counts_in_order() {
+        // 100 slots holding keys 0..100, key k needed (k * 37) % 101 + 1 times;
+        // slots 3 and 50 pinned, 7 empty.
+        let mut owner: Vec<Option<u32>> = (0..100).map(Some).collect();
+        owner[7] = None;
+        let pinned: HashSet<u32> = [3, 50].into_iter().collect();
+        let mut v = Victims::new(Eviction::Frequency { half_life: 1e9 }, 100, 100);
+        for k in 0..100u32 {
+            (0..=(k * 37) % 101).for_each(|_| v.needed(0, 1, [k].into_iter()));
+        }
+        let mut want: Vec<u32> = (0..100).filter(|s| !pinned.contains(s) && *s != 7).collect();
+        want.sort_by_key(|&k| ((k * 37) % 101, k));
+        want.insert(0, 7);
+        for n in [1, 5, FEW, FEW + 1, 60, 98] {
+            assert_eq!(v.choose(n, &owner, &pinned), want[..n], "{n} victims");
+        }
     }
 
     #[test]
