@@ -86,9 +86,10 @@ def replay(calls, experts, slots, layers, policy, half_life=64.0):
                 old = score.get(k)
                 count = math.exp(old - now * rate) if old is not None else 0.0
                 score[k] = math.log(count + 1.0) + now * rate
-        for k in keys:
-            if policy == "lru" and k in held:
-                held.move_to_end(k)
+        if policy == "lru":
+            for k in keys:  # in the call's order, so that ties fall the same way each run
+                if k in present:
+                    held.move_to_end(k)
         for k in missed:
             if len(held) >= slots:
                 free = [c for c in held if c not in own]
