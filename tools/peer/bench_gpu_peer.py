@@ -138,7 +138,9 @@ def run(cmd, tag, a, env=None, timeout=None):
         p.returncode = os.waitstatus_to_exitcode(status)
     wall = time.time() - t0
     r = {"rc": p.returncode, "stdout": open(outp).read(), "stderr": open(errp).read(), "wall_s": round(wall, 2),
-         "rss_bytes": ru.ru_maxrss * 1024, "gpu_mib": gm.peak_mib}
+         "rss_bytes": ru.ru_maxrss * 1024, "gpu_mib": gm.peak_mib,
+         # CPU seconds the process spent (its threads, user and kernel), and times it was preempted.
+         "cpu_s": round(ru.ru_utime + ru.ru_stime, 2), "preempted": ru.ru_nivcsw}
     if gm.clocks:
         # Seconds into the run and the SM clock then: where a first prompt ran slow, why.
         with open(os.path.join(a.results, f"{tag}.clocks.csv"), "w") as f:
@@ -154,7 +156,7 @@ def ours(a, model, backend, prompt, max_tokens, experts_per_layer, tag, env=None
     r = run(cmd, tag, a, env=env)
     label = f"'<{a.depth}-token prompt>'" if getattr(a, "depth", None) else repr(prompt)
     shown = [label if c == prompt else c for c in cmd]
-    res = {"cmd": " ".join(shown), "rss_bytes": r["rss_bytes"],
+    res = {"cmd": " ".join(shown), "rss_bytes": r["rss_bytes"], "cpu_s": r.get("cpu_s"), "preempted": r.get("preempted"),
            "gpu_mib": r["gpu_mib"], "wall_s": r["wall_s"], "sm_mhz": r.get("sm_mhz")}
     try:
         o = json.loads(r["stdout"].strip().splitlines()[-1])

@@ -11,7 +11,7 @@ Each run: `run --json` with a short prompt (decode-sized MoE calls from the firs
 --decode passes, the model's 64 experts per layer with a pool of 16 (25%). Per run it logs
 decode tok/s, the disk's rate while reads were in flight (with the reads in flight on
 average then, and a read's mean time), ms per token with no read in
-flight, the lead and tail between layers' reads, writes and waits; at the end, per arm, the
+flight, the lead and tail between layers' reads, writes and waits, the CPU seconds the process spent; at the end, per arm, the
 median and mean decode, decode per GB/s of that rate, and against the first arm the
 geometric mean of the per-round ratios and the rounds it won (table.md, results.json). Every
 arm inherits this process's environment (a SLOTSTREAM_ variable exported here applies to all).
@@ -50,7 +50,7 @@ def parse_arm(text):
 
 def per_run(res):
     return {k: res.get(k) for k in ("backend_name", "decode", "decode_hit_rate", "decode_mb_per_token", "busy_read_gbs", "decode_per_busy_gbs", "reads_in_flight", "ms_per_read",
-                                    "disk_idle_ms", "lead_ms", "tail_ms", "write_ms", "wait_ms", "ids", "error")}
+                                    "disk_idle_ms", "lead_ms", "tail_ms", "write_ms", "wait_ms", "cpu_s", "preempted", "ids", "error")}
 
 
 def write_summary(a, name, arms, runs, rounds_done):

@@ -11,6 +11,7 @@
 
 mod buffers;
 mod held;
+mod host_staging;
 mod profile;
 mod readback;
 mod record;
@@ -297,6 +298,7 @@ impl Gpu {
             true => Some(submit::Submitter::start(queue.clone(), host_time.thread_ns.clone())?),
             false => None,
         };
+        let host_staging = if options.host_staging && !mapped_primary { host_staging::HostStaging::new(&device) } else { None };
         let gpu = Gpu {
             device,
             queue,
@@ -334,7 +336,7 @@ impl Gpu {
             flush_ahead: options.flush_ahead,
             host_time,
             submitter,
-            uploads: Default::default(),
+            uploads: Mutex::new(uploads::Uploads::new(host_staging)),
             upload_chunk: options.upload_chunk.max(1),
             reuse_staging: options.reuse_staging,
             pool_send_every: options.pool_send_every,
