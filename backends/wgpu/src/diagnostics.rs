@@ -62,12 +62,6 @@ impl WgpuBackend {
         self.gpu.upload_submissions()
     }
 
-    /// The host-cached memory pool writes are staged in, when it is not
-    /// wgpu's staging, and the bytes of it held now.
-    pub fn host_staging(&self) -> Option<(String, u64)> {
-        self.gpu.host_staging()
-    }
-
     /// Smallest and largest subgroup size the adapter reports.
     pub fn subgroup_sizes(&self) -> (u32, u32) {
         (self.gpu.subgroup_min, self.gpu.subgroup_max)

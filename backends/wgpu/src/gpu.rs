@@ -11,7 +11,6 @@
 
 mod buffers;
 mod held;
-mod host_staging;
 mod profile;
 mod readback;
 mod record;
@@ -298,7 +297,6 @@ impl Gpu {
             true => Some(submit::Submitter::start(queue.clone(), host_time.thread_ns.clone())?),
             false => None,
         };
-        let host_staging = if options.host_staging && !mapped_primary { host_staging::HostStaging::new(&device) } else { None };
         let gpu = Gpu {
             device,
             queue,
@@ -336,7 +334,7 @@ impl Gpu {
             flush_ahead: options.flush_ahead,
             host_time,
             submitter,
-            uploads: Mutex::new(uploads::Uploads::new(host_staging)),
+            uploads: Default::default(),
             upload_chunk: options.upload_chunk.max(1),
             reuse_staging: options.reuse_staging,
             pool_send_every: options.pool_send_every,

@@ -136,8 +136,8 @@ fn not_ours(what: &str) -> BackendError {
 impl Backend for WgpuBackend {
     fn name(&self) -> String {
         let i = &self.gpu.info;
-        let (fresh, each, host) = (!self.options.reuse_staging, self.options.pool_send_every == 0, self.gpu.host_staging().map(|h| h.0));
-        let staging = format!("staging uploads{}{}", host.map_or(if fresh { ", fresh for each pool write".into() } else { String::new() }, |h| format!(", pool writes staged in {h}")), if each { ", pool writes sent as written" } else { "" });
+        let (fresh, each) = (!self.options.reuse_staging, self.options.pool_send_every == 0);
+        let staging = format!("staging uploads{}{}", if fresh { ", fresh for each pool write" } else { "" }, if each { ", pool writes sent as written" } else { "" });
         let uploads = if self.gpu.mapped_primary { "mapped primary buffers".to_string() } else { staging };
         let mode = match self.matmul_mode() {
             MatmulMode::Exact => "",

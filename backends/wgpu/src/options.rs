@@ -184,12 +184,6 @@ pub struct WgpuOptions {
     /// queue's staging of its own, as before (`SLOTSTREAM_WGPU_REUSE_STAGING=0`,
     /// for measurements).
     pub reuse_staging: bool,
-    /// Expert pool writes that go through staging are staged in memory the
-    /// host caches, allocated through Vulkan, where the adapter has it
-    /// (`gpu/host_staging.rs`); false takes wgpu's staging, which on a GPU
-    /// with a resizable BAR is the GPU's own memory written across PCIe
-    /// (`SLOTSTREAM_WGPU_HOST_STAGING=0`, for measurements).
-    pub host_staging: bool,
     /// Pool writes (a streamed expert's matrices as they land) wait in
     /// staging until this many bytes are staged ([`POOL_SEND_EVERY`] by
     /// default), the pool's table is next mapped (just before the layer's
@@ -252,7 +246,6 @@ impl Default for WgpuOptions {
             upload_chunk: crate::gpu::UPLOAD_CHUNK,
             map_primary: true,
             reuse_staging: true,
-            host_staging: true,
             pool_send_every: POOL_SEND_EVERY,
             pool_write_part: 0,
             shared_in_pool: true,
@@ -308,7 +301,6 @@ impl WgpuOptions {
                 .map_or(defaults.upload_chunk, |m| m << 20),
             map_primary: var("SLOTSTREAM_WGPU_MAP_PRIMARY").map_or(defaults.map_primary, |v| v != "0"),
             reuse_staging: var("SLOTSTREAM_WGPU_REUSE_STAGING").map_or(defaults.reuse_staging, |v| v != "0"),
-            host_staging: var("SLOTSTREAM_WGPU_HOST_STAGING").map_or(defaults.host_staging, |v| v != "0"),
             pool_send_every: match var("SLOTSTREAM_WGPU_POOL_SENDS") {
                 Some(v) if v == "layer" => u64::MAX,
                 Some(v) if v == "matrix" => 0,

@@ -24,7 +24,6 @@
 
 use slotstream_backend::{BackendError, Result};
 
-use super::host_staging::HostStaging;
 use super::{device_error, Gpu};
 
 /// Bytes staged through the queue before they go out in a submission.
@@ -48,15 +47,6 @@ pub(super) struct Uploads {
     /// a bulk load keeps no more of it than a chunk or two.
     belt: Option<wgpu::util::StagingBelt>,
     copies: Option<wgpu::CommandEncoder>,
-    /// Pool writes' staging in host-cached memory, used instead of `belt`
-    /// where the adapter has it ([`HostStaging`]).
-    host: Option<HostStaging>,
-}
-
-impl Uploads {
-    pub(super) fn new(host: Option<HostStaging>) -> Uploads {
-        Uploads { host, ..Default::default() }
-    }
 }
 
 impl Gpu {
@@ -104,12 +94,6 @@ impl Gpu {
             encoder.finish()
         });
         u.last = Some(self.queue.submit(copies));
-        if let Some(host) = u.host.as_mut() {
-            host.sent(&self.queue);
-            if settle {
-                host.settle();
-            }
-        }
         if settle {
             // Its buffers still being copied from are freed once they are.
             u.belt = None;
@@ -144,13 +128,6 @@ impl Gpu {
         self.uploads.lock().map(|u| u.submissions).unwrap_or(0)
     }
 
-    /// The memory pool writes are staged in when it is not wgpu's own
-    /// ([`HostStaging`]), and the bytes of it held now.
-    pub fn host_staging(&self) -> Option<(String, u64)> {
-        let u = self.uploads.lock().ok()?;
-        u.host.as_ref().map(|h| (h.describe(), h.bytes()))
-    }
-
     /// [`Gpu::write_with`] for an expert pool's slots: through staging
     /// memory reused from one write to the next, copied out by the next
     /// send ([`Gpu::pool_written`], [`Gpu::send_pool_writes`]), which the caller must make before anything else
@@ -167,12 +144,6 @@ impl Gpu {
         self.flush()?;
         let mut guard = self.uploads.lock().map_err(|_| BackendError::Device("upload counter poisoned".into()))?;
         let u = &mut *guard;
-        if let Some(host) = u.host.as_mut() {
-            let encoder = u.copies.get_or_insert_with(|| self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("pool writes") }));
-            host.write(&self.device, encoder, dst, offset, size.get(), fill).map_err(BackendError::Device)?;
-            u.staged += len as u64;
-            return Ok(());
-        }
         let belt = u.belt.get_or_insert_with(|| wgpu::util::StagingBelt::new(self.device.clone(), POOL_STAGING_BUFFER));
         let encoder = u.copies.get_or_insert_with(|| self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("pool writes") }));
         let mut view = belt.write_buffer(encoder, dst, offset, size);
