@@ -11,7 +11,8 @@ Each run: `run --json` with a short prompt (decode-sized MoE calls from the firs
 --decode passes, the model's 64 experts per layer with a pool of 16 (25%). Per run it logs
 decode tok/s, the disk's rate while reads were in flight (with the reads in flight on
 average then, and a read's mean time), ms per token with no read in
-flight, the lead and tail between layers' reads, writes and waits, the CPU seconds the process spent; at the end, per arm, the
+flight, the lead and tail between layers' reads, writes and waits, and the process's CPU
+seconds and involuntary context switches (`cpu_s`, `preempted`); at the end, per arm, the
 median and mean decode, decode per GB/s of that rate, and against the first arm the
 geometric mean of the per-round ratios and the rounds it won (table.md, results.json). Every
 arm inherits this process's environment (a SLOTSTREAM_ variable exported here applies to all).
