@@ -18,6 +18,12 @@ geometric mean of the per-round ratios and the rounds it won (table.md, results.
 arm inherits this process's environment (a SLOTSTREAM_ variable exported here applies to all).
 With N arms, a multiple of N rounds puts each arm in each position equally often.
 
+An arm's BESIDE=gpu (not passed to the run) keeps the GPU busy from another process while that
+arm runs: `slotstream run --backend wgpu` on the demo model, over and over (resident decode,
+a submission and a read-back per token; BESIDE=software runs it on lavapipe, to try this
+without a GPU). `cpu=cpu cpuG=cpu:BESIDE=gpu` tells whether a GPU in use slows the disk's
+reads of a process that does not touch it.
+
 Arms whose numerics differ (the int8 paths of wgpu and cpu) decode different tokens on these
 models, so they route to and read different experts (hit rates ~1 point apart). Exact arms
 (`gpu=wgpu:exact cpu=cpu:exact`) should decode the same tokens and read the same experts (the
@@ -28,7 +34,10 @@ import argparse
 import json
 import math
 import os
+import shlex
+import signal
 import statistics
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -47,6 +56,33 @@ def parse_arm(text):
     if not name or not backend or any(not k for k in env):
         sys.exit(f"arm {text!r}: expected NAME=BACKEND[:VAR=VALUE...]")
     return name, backend, env
+
+
+# BESIDE's loads: the backend each runs on (software: lavapipe, to try this without a GPU).
+LOADS = {"gpu": "wgpu", "software": "wgpu:software"}
+
+
+def beside(a, load, tag):
+    """Starts `load` (BESIDE's value) in a process group of its own, logging to
+    RESULTS/TAG.beside.log; None for no load."""
+    if load is None:
+        return None
+    log = os.path.join(a.results, f"{tag}.beside.log")
+    # A run that fails (no GPU) is logged and retried a second later, not in a tight loop.
+    loop = (f"while :; do if {shlex.quote(a.slotstream)} run --backend {LOADS[load]} --raw --ignore-eos --max-tokens 400 "
+            "--prompt 'Once upon a time' >/dev/null 2>>\"$BESIDE_LOG\"; then echo done >>\"$BESIDE_LOG\"; else sleep 1; fi; done")
+    return subprocess.Popen(["bash", "-c", loop], env=dict(os.environ, BESIDE_LOG=log), start_new_session=True), log
+
+
+def stop(load):
+    """Stops a load from `beside` and everything it started; how many of its runs completed."""
+    if load is None:
+        return None
+    proc, log = load
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait()
+    with open(log) as f:
+        return sum(line.strip() == "done" for line in f)
 
 
 def per_run(res):
@@ -109,18 +145,30 @@ def main():
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--commit", default="unknown")
     a = ap.parse_args()
+    # Stopped (a time limit): leave through `finally`, so that no load keeps running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     os.makedirs(a.results, exist_ok=True)
     arms = [parse_arm(t) for t in a.arms]
     if len({n for n, _, _ in arms}) != len(arms):
         sys.exit("arm names must differ")
+    if any(env.get("BESIDE", "gpu") not in LOADS for _, _, env in arms):
+        sys.exit(f"BESIDE: the loads are {', '.join(LOADS)}")
     family, _, args = (peer.SMALL if a.small else peer.FULL)[a.model]
     name, model, _ = peer.make_model(a, a.model, family, peer.STREAM_EXPERTS, args, True)
     runs = {n: [] for n, _, _ in arms}
     for r in range(a.rounds):
         for i in range(len(arms)):
             n, backend, env = arms[(r + i) % len(arms)]
-            res = peer.ours(a, model, backend, PROMPT, a.decode + 1, peer.POOL_PER_LAYER, f"{name}_{n}_{r}", env=dict(os.environ, **env))
+            env = dict(env)
+            tag = f"{name}_{n}_{r}"
+            load = beside(a, env.pop("BESIDE", None), tag)
+            try:
+                res = peer.ours(a, model, backend, PROMPT, a.decode + 1, peer.POOL_PER_LAYER, tag, env=dict(os.environ, **env))
+            finally:
+                done = stop(load)
             row = per_run(res)
+            if done is not None:
+                row["beside_runs"] = done
             runs[n].append(row)
             peer.log("  " + n + " " + " ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
                                                for k, v in row.items() if v is not None and k not in ("backend_name", "ids")))
