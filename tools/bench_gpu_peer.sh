@@ -66,6 +66,8 @@
 #   $ARMS in turn, $ROUNDS rounds (default 4), the arms' order rotated each round, a short prompt
 #   and $DECODE passes (default 32): tools/peer/stream_pairs.py. An arm is NAME=BACKEND[:VAR=VALUE...],
 #   e.g. ARMS="gpu=wgpu cpu=cpu staged=wgpu:SLOTSTREAM_WGPU_REUSE_STAGING=0" (the default: gpu, cpu).
+#   BESIDE=gpu in an arm keeps the GPU busy from another process while it runs (cpuG=cpu:BESIDE=gpu:
+#   does a GPU in use slow the reads of a process that does not touch it?).
 #   Prints and keeps (table.md, results.json, in $OUT too) each run's decode, read rate while in
 #   flight, lead and tail between layers' reads, and per arm against the first: the geometric mean
 #   of the rounds' ratios and the rounds won, MB read per token, and whether it decoded the same
