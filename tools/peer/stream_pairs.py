@@ -22,7 +22,9 @@ An arm's BESIDE=gpu (not passed to the run) keeps the GPU busy from another proc
 arm runs: `slotstream run --backend wgpu` on the demo model, over and over (resident decode,
 a submission and a read-back per token; BESIDE=software runs it on lavapipe, to try this
 without a GPU). `cpu=cpu cpuG=cpu:BESIDE=gpu` tells whether a GPU in use slows the disk's
-reads of a process that does not touch it.
+reads of a process that does not touch it: compare the ms per read, not the decode (the load's
+host thread takes a core from the CPU backend too). Each run logs how many of the load's runs
+completed (`beside_runs`).
 
 Arms whose numerics differ (the int8 paths of wgpu and cpu) decode different tokens on these
 models, so they route to and read different experts (hit rates ~1 point apart). Exact arms
