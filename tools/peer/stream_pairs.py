@@ -83,6 +83,8 @@ def stop(load):
     proc, log = load
     os.killpg(proc.pid, signal.SIGTERM)
     proc.wait()
+    if not os.path.exists(log):  # stopped before its first run began
+        return 0
     with open(log) as f:
         return sum(line.strip() == "done" for line in f)
 
