@@ -11,10 +11,12 @@ smaller than the model (--experts-per-layer N) writes one line per streaming MoE
   counts:H  the product's default: per expert, the count of calls that needed it, each call
             halved after H tokens (H=0: never halved); the lowest count gives up its slot
   optimum   Belady: the expert needed again furthest ahead (knows the future; a bound)
+  next:H    counts:H, but a victim is never one of the next call's experts while another can
+            go (a perfect guess of the next MoE layer kept in the pool: what such a guard could gain)
 
 As in the product, a call's own experts keep their slots and empty slots go first.
 
-    python3 tools/peer/eviction_sim.py TRACE --per-layer 16 [--half-lives 16,64,256,0]
+    python3 tools/peer/eviction_sim.py TRACE --per-layer 16 [--half-lives 16,64,256,0] [--next]
 """
 import argparse
 import math
@@ -33,7 +35,7 @@ def load(path):
     return calls
 
 
-def replay(calls, experts, slots, layers, policy, half_life=64.0):
+def replay(calls, experts, slots, layers, policy, half_life=64.0, keep_next=False):
     """Decode hits and misses of `policy` over `calls` with `slots` slots."""
     keyed = [(tokens, [layer * experts + e for e in ids]) for layer, tokens, ids in calls]
     hits = misses = 0
@@ -57,6 +59,7 @@ def replay(calls, experts, slots, layers, policy, half_life=64.0):
             hits += len(present)
             misses += len(missed)
         own = set(keys)
+        upcoming = set(keyed[i + 1][1]) if keep_next and i + 1 < len(keyed) else set()
         if policy == "clock":
             for k in present:
                 referenced[held[k]] = True
@@ -93,6 +96,7 @@ def replay(calls, experts, slots, layers, policy, half_life=64.0):
         for k in missed:
             if len(held) >= slots:
                 free = [c for c in held if c not in own]
+                free = [c for c in free if c not in upcoming] or free
                 if not free:
                     continue
                 if policy == "lru":
@@ -115,6 +119,7 @@ def main():
     ap.add_argument("--per-layer", type=int, required=True, help="slots per MoE layer (the pool is this times the layers)")
     ap.add_argument("--experts", type=int, help="experts per layer (default: the largest id in the trace plus one)")
     ap.add_argument("--half-lives", default="16,64,256,0", help="counts' half-lives in tokens, 0 for none")
+    ap.add_argument("--next", action="store_true", help="also next:H for each half-life")
     a = ap.parse_args()
     calls = load(a.trace)
     if not calls:
@@ -124,10 +129,12 @@ def main():
     slots = a.per_layer * layers
     decode = sum(1 for c in calls if c[1] == 1)
     print(f"{a.trace}: {len(calls)} calls ({decode} decode), {layers} MoE layers, {experts} experts each, {slots} slots")
-    runs = [("clock", None), ("lru", None)] + [("counts", float(h)) for h in a.half_lives.split(",")] + [("optimum", None)]
-    for policy, h in runs:
-        hits, misses = replay(calls, experts, slots, layers, policy, h or 0.0)
-        name = policy if h is None else f"counts:{h:g}"
+    half_lives = [float(h) for h in a.half_lives.split(",")]
+    runs = [("clock", None, False), ("lru", None, False)] + [("counts", h, False) for h in half_lives]
+    runs += [("counts", h, True) for h in half_lives if a.next] + [("optimum", None, False)]
+    for policy, h, keep_next in runs:
+        hits, misses = replay(calls, experts, slots, layers, policy, h or 0.0, keep_next)
+        name = policy if h is None else f"{'next' if keep_next else 'counts'}:{h:g}"
         print(f"  {name:12} decode hits {100 * hits / max(1, hits + misses):5.1f}%  ({hits} hits, {misses} misses)")
 
 
