@@ -21,7 +21,8 @@ With N arms, a multiple of N rounds puts each arm in each position equally often
 An arm's BESIDE=gpu (not passed to the run) keeps the GPU busy from another process while that
 arm runs: `slotstream run --backend wgpu` on the demo model, over and over (resident decode,
 a submission and a read-back per token; BESIDE=software runs it on lavapipe, to try this
-without a GPU). `cpu=cpu cpuG=cpu:BESIDE=gpu` tells whether a GPU in use slows the disk's
+without a GPU; BESIDE=pcie copies host memory to the GPU at B64's streamed rate through
+PyTorch, `pcie_load.py`). `cpu=cpu cpuG=cpu:BESIDE=gpu` tells whether a GPU in use slows the disk's
 reads of a process that does not touch it: compare the ms per read, not the decode (the load's
 host thread takes a core from the CPU backend too). Each run logs how many of the load's runs
 completed (`beside_runs`).
@@ -60,8 +61,15 @@ def parse_arm(text):
     return name, backend, env
 
 
-# BESIDE's loads: the backend each runs on (software: lavapipe, to try this without a GPU).
-LOADS = {"gpu": "wgpu", "software": "wgpu:software"}
+# BESIDE's loads: the command each runs over and over, given the binary (software: lavapipe,
+# to try this without a GPU; pcie: host-to-GPU copies alone, through PyTorch).
+def decode_load(backend):
+    return lambda slotstream: (f"{shlex.quote(slotstream)} run --backend {backend} --raw --ignore-eos --max-tokens 400 "
+                               "--prompt 'Once upon a time' >/dev/null")
+
+
+LOADS = {"gpu": decode_load("wgpu"), "software": decode_load("wgpu:software"),
+         "pcie": lambda _: f"{shlex.quote(sys.executable)} {shlex.quote(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'pcie_load.py'))} --log \"$BESIDE_LOG\""}
 
 
 def beside(a, load, tag):
@@ -71,8 +79,8 @@ def beside(a, load, tag):
         return None
     log = os.path.join(a.results, f"{tag}.beside.log")
     # A run that fails (no GPU) is logged and retried a second later, not in a tight loop.
-    loop = (f"while :; do if {shlex.quote(a.slotstream)} run --backend {LOADS[load]} --raw --ignore-eos --max-tokens 400 "
-            "--prompt 'Once upon a time' >/dev/null 2>>\"$BESIDE_LOG\"; then echo done >>\"$BESIDE_LOG\"; else sleep 1; fi; done")
+    loop = (f"while :; do if {LOADS[load](a.slotstream)} 2>>\"$BESIDE_LOG\"; then echo done >>\"$BESIDE_LOG\"; "
+            "else sleep 1; fi; done")
     return subprocess.Popen(["bash", "-c", loop], env=dict(os.environ, BESIDE_LOG=log), start_new_session=True), log
 
 
@@ -86,7 +94,7 @@ def stop(load):
     if not os.path.exists(log):  # stopped before its first run began
         return 0
     with open(log) as f:
-        return sum(line.strip() == "done" for line in f)
+        return sum(line.startswith("done") for line in f)
 
 
 def per_run(res):
