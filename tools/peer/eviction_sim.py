@@ -11,16 +11,18 @@ smaller than the model (--experts-per-layer N) writes one line per streaming MoE
   counts:H  the product's default: per expert, the count of calls that needed it, each call
             halved after H tokens (H=0: never halved); the lowest count gives up its slot
   optimum   Belady: the expert needed again furthest ahead (knows the future; a bound)
+  future:W  the fewest uses in the next W tokens (knows the future: a bound on what any
+            estimate of experts' rates, counts among them, could reach)
   next:H    counts:H, but a victim is never one of the next call's experts while another can
             go (a perfect guess of the next MoE layer kept in the pool: what such a guard could gain)
 
 As in the product, a call's own experts keep their slots and empty slots go first.
 
-    python3 tools/peer/eviction_sim.py TRACE --per-layer 16 [--half-lives 16,64,256,0] [--next]
+    python3 tools/peer/eviction_sim.py TRACE --per-layer 16 [--half-lives 16,64,256,0] [--next] [--future 128,512]
 """
 import argparse
 import math
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 
 
 def load(path):
@@ -35,9 +37,11 @@ def load(path):
     return calls
 
 
-def replay(calls, experts, slots, layers, policy, half_life=64.0, keep_next=False):
-    """Decode hits and misses of `policy` over `calls` with `slots` slots."""
+def replay(calls, experts, slots, layers, policy, half_life=64.0, keep_next=False, window=0):
+    """Decode hits and misses of `policy` over `calls` with `slots` slots (`window`: future's tokens)."""
     keyed = [(tokens, [layer * experts + e for e in ids]) for layer, tokens, ids in calls]
+    ahead = window * layers  # future: the calls after this one that its counts look at
+    coming = Counter(k for _, keys in keyed[1:1 + ahead] for k in keys)
     hits = misses = 0
     held = OrderedDict()  # key -> policy state (recency order for lru)
     clock_slots, referenced, hand = [], [], 0
@@ -103,6 +107,8 @@ def replay(calls, experts, slots, layers, policy, half_life=64.0, keep_next=Fals
                     victim = free[0]
                 elif policy == "counts":
                     victim = min(free, key=lambda c: score[c])
+                elif policy == "future":
+                    victim = min(free, key=lambda c: coming[c])
                 else:
                     victim = max(free, key=lambda c: held[c])
                 del held[victim]
@@ -110,6 +116,9 @@ def replay(calls, experts, slots, layers, policy, half_life=64.0, keep_next=Fals
         if policy == "optimum":
             for k in present:
                 held[k] = next_use[i][k]
+        if policy == "future":  # slide the window one call on
+            coming.subtract(keyed[i + 1][1] if i + 1 < len(keyed) else [])
+            coming.update(keyed[i + 1 + ahead][1] if i + 1 + ahead < len(keyed) else [])
     return hits, misses
 
 
@@ -120,6 +129,7 @@ def main():
     ap.add_argument("--experts", type=int, help="experts per layer (default: the largest id in the trace plus one)")
     ap.add_argument("--half-lives", default="16,64,256,0", help="counts' half-lives in tokens, 0 for none")
     ap.add_argument("--next", action="store_true", help="also next:H for each half-life")
+    ap.add_argument("--future", default="", help="also future:W for each of these windows, in tokens")
     a = ap.parse_args()
     calls = load(a.trace)
     if not calls:
@@ -131,10 +141,15 @@ def main():
     print(f"{a.trace}: {len(calls)} calls ({decode} decode), {layers} MoE layers, {experts} experts each, {slots} slots")
     half_lives = [float(h) for h in a.half_lives.split(",")]
     runs = [("clock", None, False), ("lru", None, False)] + [("counts", h, False) for h in half_lives]
-    runs += [("counts", h, True) for h in half_lives if a.next] + [("optimum", None, False)]
+    runs += [("counts", h, True) for h in half_lives if a.next]
+    runs += [("future", int(w), False) for w in a.future.split(",") if w] + [("optimum", None, False)]
     for policy, h, keep_next in runs:
-        hits, misses = replay(calls, experts, slots, layers, policy, h or 0.0, keep_next)
-        name = policy if h is None else f"{'next' if keep_next else 'counts'}:{h:g}"
+        if policy == "future":
+            hits, misses = replay(calls, experts, slots, layers, policy, window=h)
+            name = f"future:{h}"
+        else:
+            hits, misses = replay(calls, experts, slots, layers, policy, h or 0.0, keep_next)
+            name = policy if h is None else f"{'next' if keep_next else 'counts'}:{h:g}"
         print(f"  {name:12} decode hits {100 * hits / max(1, hits + misses):5.1f}%  ({hits} hits, {misses} misses)")
 
 
