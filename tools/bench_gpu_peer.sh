@@ -67,7 +67,9 @@
 #   and $DECODE passes (default 32): tools/peer/stream_pairs.py. An arm is NAME=BACKEND[:VAR=VALUE...],
 #   e.g. ARMS="gpu=wgpu cpu=cpu staged=wgpu:SLOTSTREAM_WGPU_REUSE_STAGING=0" (the default: gpu, cpu).
 #   BESIDE=gpu in an arm keeps the GPU busy from another process while it runs (cpuG=cpu:BESIDE=gpu:
-#   does a GPU in use slow the reads of a process that does not touch it?).
+#   does a GPU in use slow the reads of a process that does not touch it?); BESIDE=pcie copies host
+#   memory to the GPU at the streamed rate instead (PyTorch). CPUS=LIST runs the arm under taskset;
+#   CPUS=away on every CPU but those taking the model disk's interrupts.
 #   Prints and keeps (table.md, results.json, in $OUT too) each run's decode, read rate while in
 #   flight, lead and tail between layers' reads, and per arm against the first: the geometric mean
 #   of the rounds' ratios and the rounds won, MB read per token, and whether it decoded the same

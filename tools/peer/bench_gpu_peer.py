@@ -150,8 +150,9 @@ def run(cmd, tag, a, env=None, timeout=None):
     return r
 
 
-def ours(a, model, backend, prompt, max_tokens, experts_per_layer, tag, env=None):
-    cmd = [a.slotstream, "run", "--model", model, "--backend", backend, "--raw", "--ignore-eos",
+def ours(a, model, backend, prompt, max_tokens, experts_per_layer, tag, env=None, wrap=()):
+    """One run of ours; `wrap` goes before the command (taskset -c CPUS, say)."""
+    cmd = [*wrap, a.slotstream, "run", "--model", model, "--backend", backend, "--raw", "--ignore-eos",
            "--max-tokens", str(max_tokens), "--prompt", prompt, "--json", "--experts-per-layer", str(experts_per_layer)]
     r = run(cmd, tag, a, env=env)
     label = f"'<{a.depth}-token prompt>'" if getattr(a, "depth", None) else repr(prompt)

@@ -27,6 +27,12 @@ reads of a process that does not touch it: compare the ms per read, not the deco
 host thread takes a core from the CPU backend too). Each run logs how many of the load's runs
 completed (`beside_runs`).
 
+An arm's CPUS (not passed to the run either) runs it under `taskset -c CPUS`; CPUS=away runs it
+on every CPU but those that take the interrupts of the disk holding the model (from
+/proc/interrupts), so that nothing of the run delays the disk's completions on those CPUs.
+`gpu=wgpu cpu=cpu gpuA=wgpu:CPUS=away cpuA=cpu:CPUS=away` tells whether the GPU process's reads
+are slower because of where its threads run (the GPU driver's work beside the disk's interrupts).
+
 Arms whose numerics differ (the int8 paths of wgpu and cpu) decode different tokens on these
 models, so they route to and read different experts (hit rates ~1 point apart). Exact arms
 (`gpu=wgpu:exact cpu=cpu:exact`) should decode the same tokens and read the same experts (the
@@ -95,6 +101,40 @@ def stop(load):
         return 0
     with open(log) as f:
         return sum(line.startswith("done") for line in f)
+
+
+def disk_irq_cpus(path):
+    """The CPUs that have taken interrupts of the block device holding `path` (its
+    /proc/interrupts lines are named after the device: virtio0-req.0, nvme0q1, ...)."""
+    st = os.stat(path)
+    node = os.path.realpath(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
+    if not os.path.exists(os.path.join(node, "device")):  # a partition: its disk is the parent
+        node = os.path.dirname(node)
+    if not os.path.exists(os.path.join(node, "device")):
+        sys.exit(f"CPUS=away: {path} is on no block device (tmpfs?), so no disk's interrupts to keep away from")
+    dev = os.path.basename(os.path.realpath(os.path.join(node, "device")))
+    with open("/proc/interrupts") as f:
+        cpus = [int(c[3:]) for c in f.readline().split()]
+        lines = [line.split() for line in f]
+    took = {cpu for parts in lines if parts and parts[-1].startswith(dev)
+            for cpu, n in zip(cpus, parts[1:1 + len(cpus)]) if n.isdigit() and int(n) > 0}
+    if not took:
+        sys.exit(f"CPUS=away: no interrupts of {dev} (the disk holding {path}) in /proc/interrupts")
+    return took
+
+
+def wrap_for(cpus, model):
+    """The command prefix for an arm's CPUS value."""
+    if cpus is None:
+        return []
+    if cpus == "away":
+        mine = os.sched_getaffinity(0)
+        rest = sorted(mine - disk_irq_cpus(model))
+        if not rest:
+            sys.exit("CPUS=away: the disk's interrupts go to every CPU this process may use")
+        cpus = ",".join(map(str, rest))
+        peer.log(f"  CPUS=away: {cpus}")
+    return ["taskset", "-c", cpus]
 
 
 def per_run(res):
@@ -173,9 +213,10 @@ def main():
             n, backend, env = arms[(r + i) % len(arms)]
             env = dict(env)
             tag = f"{name}_{n}_{r}"
+            wrap = wrap_for(env.pop("CPUS", None), model)
             load = beside(a, env.pop("BESIDE", None), tag)
             try:
-                res = peer.ours(a, model, backend, PROMPT, a.decode + 1, peer.POOL_PER_LAYER, tag, env=dict(os.environ, **env))
+                res = peer.ours(a, model, backend, PROMPT, a.decode + 1, peer.POOL_PER_LAYER, tag, env=dict(os.environ, **env), wrap=wrap)
             finally:
                 done = stop(load)
             row = per_run(res)
