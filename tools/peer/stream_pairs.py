@@ -43,6 +43,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shlex
 import signal
 import statistics
@@ -116,7 +117,8 @@ def disk_irq_cpus(path):
     with open("/proc/interrupts") as f:
         cpus = [int(c[3:]) for c in f.readline().split()]
         lines = [line.split() for line in f]
-    took = {cpu for parts in lines if parts and parts[-1].startswith(dev)
+    named = re.compile(re.escape(dev) + r"(\D|$)")  # virtio1's lines, not virtio10's
+    took = {cpu for parts in lines if parts and named.match(parts[-1])
             for cpu, n in zip(cpus, parts[1:1 + len(cpus)]) if n.isdigit() and int(n) > 0}
     if not took:
         sys.exit(f"CPUS=away: no interrupts of {dev} (the disk holding {path}) in /proc/interrupts")
