@@ -1,13 +1,18 @@
 //! Which slots a MoE call's missed experts take.
 //!
 //! By default the slot whose expert has been needed least, lately: each
-//! expert keeps a count of the MoE calls that needed it, each call weighing
+//! expert keeps a count of the tokens that chose it, each token weighing
 //! half as much after a half-life of tokens. A router keeps coming back to
 //! some experts more than others; a recency order (CLOCK, LRU) forgets them
 //! as soon as a few tokens pass them by. On the trained demo model with 8 of
 //! 32 experts per layer, the same routing traces hit 70.7% against CLOCK's
 //! 58.1%, and on a synthetic qwen3_moe with 16 of 64 per layer 39.9% against
-//! 27.5% (BENCHMARKS.md, "evicting the least needed expert").
+//! 27.5% (BENCHMARKS.md, "evicting the least needed expert"). Counting
+//! tokens rather than calls lets a prompt's routing say how often each
+//! expert is chosen, where a call over the whole prompt would add one to
+//! nearly every expert: on the synthetic trunk the GPU benchmark streams
+//! (a 30-word prompt, 24 tokens decoded), 42.1% against 34.9%
+//! (BENCHMARKS.md, "counting a prompt's tokens").
 //!
 //! The counts decay together, so they are kept as `ln(count) + now * rate`:
 //! ordering those orders the counts at any one time, and only the experts a
@@ -22,9 +27,12 @@ use anyhow::{Context, Result};
 /// How a streaming pool chooses the slots its missed experts take.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Eviction {
-    /// The slot whose expert's count of calls that needed it, each halved
+    /// The slot whose expert's count of tokens that chose it, each halved
     /// after `half_life` tokens, is lowest (empty slots first). The default.
     Frequency { half_life: f64 },
+    /// As `Frequency`, but a call adds one to each expert it needed, however
+    /// many of its tokens chose it (the earlier count, for measurements).
+    Calls { half_life: f64 },
     /// CLOCK: a reference bit per slot, set when its expert is needed,
     /// cleared as the hand passes (the earlier policy, for measurements).
     Clock,
@@ -42,15 +50,20 @@ impl Default for Eviction {
 }
 
 impl Eviction {
-    /// `frequency`, `frequency:<half-life in tokens>` or `clock`.
+    /// `frequency`, `calls` (each `:<half-life in tokens>` or not) or `clock`.
     pub fn parse(s: &str) -> Option<Eviction> {
-        match s.trim() {
-            "clock" => Some(Eviction::Clock),
-            "frequency" => Some(Eviction::default()),
-            other => {
-                let half_life = other.strip_prefix("frequency:")?.parse::<f64>().ok()?;
-                (half_life.is_finite() && half_life > 0.0).then_some(Eviction::Frequency { half_life })
-            }
+        let s = s.trim();
+        if s == "clock" {
+            return Some(Eviction::Clock);
+        }
+        let (name, half_life) = match s.split_once(':') {
+            Some((name, h)) => (name, h.parse::<f64>().ok().filter(|h| h.is_finite() && *h > 0.0)?),
+            None => (s, DEFAULT_HALF_LIFE),
+        };
+        match name {
+            "frequency" => Some(Eviction::Frequency { half_life }),
+            "calls" => Some(Eviction::Calls { half_life }),
+            _ => None,
         }
     }
 }
@@ -85,14 +98,15 @@ impl Victims {
     }
 
     /// Notes one MoE call over `tokens` tokens, out of `layers` MoE layers,
-    /// that needed `keys`.
-    pub(super) fn needed(&mut self, tokens: usize, layers: usize, keys: impl Iterator<Item = u32>) {
-        let Eviction::Frequency { half_life } = self.policy else { return };
+    /// that needed `uses`: each key and how many of the call's tokens chose it.
+    pub(super) fn needed(&mut self, tokens: usize, layers: usize, uses: impl Iterator<Item = (u32, u32)>) {
+        let (Eviction::Frequency { half_life } | Eviction::Calls { half_life }) = self.policy else { return };
+        let per_token = matches!(self.policy, Eviction::Frequency { .. });
         self.now += tokens as f64 / layers.max(1) as f64;
         let rate = std::f64::consts::LN_2 / half_life;
-        for k in keys {
+        for (k, n) in uses {
             if let Some(s) = self.score.get_mut(k as usize) {
-                let count = (*s - self.now * rate).exp() + 1.0;
+                let count = (*s - self.now * rate).exp() + if per_token { n as f64 } else { 1.0 };
                 *s = count.ln() + self.now * rate;
             }
         }
@@ -117,7 +131,7 @@ impl Victims {
                 let mut pinned = pinned.clone();
                 (0..n).map(|_| self.clock(owner, &mut pinned)).collect()
             }
-            Eviction::Frequency { .. } => {
+            Eviction::Frequency { .. } | Eviction::Calls { .. } => {
                 // A pinned slot's mask, set here and cleared below: one bool
                 // per slot is checked far faster than the set.
                 self.mask.resize(owner.len(), false);
@@ -170,9 +184,14 @@ impl Victims {
     }
 }
 
+/// Each distinct id of `sorted` and how many times it occurs.
+pub(super) fn uses(sorted: &[u32]) -> Vec<(u32, u32)> {
+    sorted.chunk_by(|a, b| a == b).map(|run| (run[0], run.len() as u32)).collect()
+}
+
 /// Each streaming MoE call's distinct experts, one line per call
-/// (`layer tokens id,id,...`), to replay against eviction policies
-/// (`tools/peer/eviction_sim.py`).
+/// (`layer tokens id,id:n,...`: `:n` where n > 1 of the call's tokens chose
+/// it), to replay against eviction policies (`tools/peer/eviction_sim.py`).
 pub(super) struct Trace {
     out: LineWriter<std::fs::File>,
     path: PathBuf,
@@ -184,8 +203,9 @@ impl Trace {
         Ok(Trace { out: LineWriter::new(file), path: path.to_path_buf() })
     }
 
-    pub(super) fn call(&mut self, layer: usize, tokens: usize, ids: &[u32]) -> Result<()> {
-        let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
+    /// `uses`: each distinct expert and how many of the call's tokens chose it.
+    pub(super) fn call(&mut self, layer: usize, tokens: usize, uses: &[(u32, u32)]) -> Result<()> {
+        let ids: Vec<String> = uses.iter().map(|&(id, n)| if n > 1 { format!("{id}:{n}") } else { id.to_string() }).collect();
         writeln!(self.out, "{layer} {tokens} {}", ids.join(",")).with_context(|| format!("writing the routing trace {}", self.path.display()))
     }
 }
@@ -204,9 +224,9 @@ mod tests {
         let owner = full();
         let mut v = Victims::new(Eviction::default(), 16, 4);
         for _ in 0..5 {
-            v.needed(1, 1, [0].into_iter());
+            v.needed(1, 1, [0].map(|k| (k, 1)).into_iter());
         }
-        v.needed(1, 1, [1, 2, 3].into_iter());
+        v.needed(1, 1, [1, 2, 3].map(|k| (k, 1)).into_iter());
         let mut chosen = v.choose(3, &owner, &HashSet::new());
         chosen.sort_unstable();
         assert_eq!(chosen, vec![1, 2, 3], "slot 0's expert was needed five times");
@@ -217,13 +237,28 @@ mod tests {
     }
 
     #[test]
+    fn a_prompts_tokens_count_each_one() {
+        // One call over a 40-token prompt: expert 0 chosen by 30 tokens, 1-3
+        // by fewer; then 8 decoded tokens that need 1-3 and not 0.
+        let run = |policy| {
+            let mut v = Victims::new(policy, 16, 4);
+            v.needed(40, 1, [(0, 30), (1, 4), (2, 3), (3, 3)].into_iter());
+            (0..8).for_each(|_| v.needed(1, 1, [(1, 1), (2, 1), (3, 1)].into_iter()));
+            v.choose(1, &full(), &HashSet::new())
+        };
+        assert_ne!(run(Eviction::default()), vec![0], "the prompt chose expert 0 most");
+        // Counting calls, the prompt added one to each: 0 goes first.
+        assert_eq!(run(Eviction::Calls { half_life: DEFAULT_HALF_LIFE }), vec![0]);
+    }
+
+    #[test]
     fn counts_fade_with_the_half_life() {
         // Expert 0 is needed in `early` tokens, then experts 1-3 in each of
         // the next 16; which slot goes first?
         let first_choice = |half_life: f64, early: usize| {
             let mut v = Victims::new(Eviction::Frequency { half_life }, 16, 4);
-            (0..early).for_each(|_| v.needed(1, 1, [0].into_iter()));
-            (0..16).for_each(|_| v.needed(1, 1, [1, 2, 3].into_iter()));
+            (0..early).for_each(|_| v.needed(1, 1, [0].map(|k| (k, 1)).into_iter()));
+            (0..16).for_each(|_| v.needed(1, 1, [1, 2, 3].map(|k| (k, 1)).into_iter()));
             v.choose(1, &full(), &HashSet::new())
         };
         // Expert 0 was needed more often (20 times against 16), but four
@@ -240,7 +275,7 @@ mod tests {
         let pinned: HashSet<u32> = [0, 1].into_iter().collect();
         for policy in [Eviction::default(), Eviction::Clock] {
             let mut v = Victims::new(policy, 16, 4);
-            v.needed(1, 1, [3].into_iter());
+            v.needed(1, 1, [3].map(|k| (k, 1)).into_iter());
             (0..4).for_each(|s| v.touched(s));
             assert_eq!(v.choose(2, &owner, &pinned), vec![2, 3], "{policy:?}");
             assert_eq!(v.choose(0, &owner, &pinned), Vec::<u32>::new());
@@ -253,9 +288,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("trace");
         let mut t = Trace::create(&path).unwrap();
-        t.call(0, 33, &[1, 4, 9]).unwrap();
+        t.call(0, 33, &[(1, 1), (4, 12), (9, 1)]).unwrap();
         t.call(1, 1, &[]).unwrap();
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "0 33 1,4,9\n1 1 \n", "each line is out as written");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "0 33 1,4:12,9\n1 1 \n", "each line is out as written");
         assert!(Trace::create(&dir.path().join("no/such/dir")).is_err());
     }
 
@@ -268,7 +303,7 @@ mod tests {
         let pinned: HashSet<u32> = [3, 50].into_iter().collect();
         let mut v = Victims::new(Eviction::Frequency { half_life: 1e9 }, 100, 100);
         for k in 0..100u32 {
-            (0..=(k * 37) % 101).for_each(|_| v.needed(0, 1, [k].into_iter()));
+            (0..=(k * 37) % 101).for_each(|_| v.needed(0, 1, [(k, 1)].into_iter()));
         }
         let mut want: Vec<u32> = (0..100).filter(|s| !pinned.contains(s) && *s != 7).collect();
         want.sort_by_key(|&k| ((k * 37) % 101, k));
@@ -283,7 +318,9 @@ mod tests {
         assert_eq!(Eviction::parse("clock"), Some(Eviction::Clock));
         assert_eq!(Eviction::parse(" frequency "), Some(Eviction::default()));
         assert_eq!(Eviction::parse("frequency:16"), Some(Eviction::Frequency { half_life: 16.0 }));
-        for bad in ["", "lru", "frequency:", "frequency:0", "frequency:-3", "frequency:inf", "frequency:x"] {
+        assert_eq!(Eviction::parse("calls"), Some(Eviction::Calls { half_life: DEFAULT_HALF_LIFE }));
+        assert_eq!(Eviction::parse("calls:256"), Some(Eviction::Calls { half_life: 256.0 }));
+        for bad in ["", "lru", "frequency:", "frequency:0", "frequency:-3", "frequency:inf", "frequency:x", "clock:4", "calls:"] {
             assert_eq!(Eviction::parse(bad), None, "{bad:?}");
         }
     }

@@ -373,13 +373,14 @@ impl ExpertCache {
             None => b.routed_experts(routes)?,
         };
         needed.sort_unstable();
+        let uses = evict::uses(&needed);
         needed.dedup();
         if let Some(&e) = needed.iter().find(|&&e| e as usize >= experts) {
             bail!("router chose expert {e} of {experts}");
         }
-        self.victims.needed(routes.tokens(), self.store.layers, needed.iter().map(|&e| key_of(experts, layer, e)));
+        self.victims.needed(routes.tokens(), self.store.layers, uses.iter().map(|&(e, n)| (key_of(experts, layer, e), n)));
         if let Some(trace) = &mut self.trace {
-            trace.call(layer, routes.tokens(), &needed)?;
+            trace.call(layer, routes.tokens(), &uses)?;
         }
         // Hits first: they need no reads and their compute hides the first reads.
         let (mut order, misses): (Vec<u32>, Vec<u32>) =

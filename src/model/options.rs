@@ -119,7 +119,7 @@ impl LoadOptions {
         }
         if let Ok(v) = std::env::var("SLOTSTREAM_EVICTION") {
             self.eviction = crate::experts::Eviction::parse(&v).ok_or_else(|| {
-                anyhow::anyhow!("SLOTSTREAM_EVICTION={v:?}: expected frequency, frequency:<half-life in tokens> or clock (unset it for the default, frequency:{})", crate::experts::DEFAULT_HALF_LIFE)
+                anyhow::anyhow!("SLOTSTREAM_EVICTION={v:?}: expected frequency, calls (each may add :<half-life in tokens>) or clock (unset it for the default, frequency:{})", crate::experts::DEFAULT_HALF_LIFE)
             })?;
         }
         if let Some(path) = std::env::var_os("SLOTSTREAM_ROUTING_TRACE").filter(|p| !p.is_empty()) {
