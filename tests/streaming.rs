@@ -144,4 +144,7 @@ fn evicting_the_least_needed_expert_reads_less_than_clock_and_changes_nothing() 
     let (ids, bytes) = run(Eviction::default());
     assert_eq!(ids, clock_ids, "the eviction policy changed the output");
     assert!(bytes * 10 < clock_bytes * 9, "least needed read {bytes} bytes, CLOCK {clock_bytes}");
+    // Counting calls rather than tokens changes which experts stay, not the tokens.
+    let (calls_ids, _) = run(Eviction::Calls { half_life: slotstream::experts::DEFAULT_HALF_LIFE });
+    assert_eq!(calls_ids, ids, "counting calls changed the output");
 }
