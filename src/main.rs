@@ -536,8 +536,9 @@ fn run(args: RunArgs) -> Result<()> {
 
 fn perplexity(args: PerplexityArgs) -> Result<()> {
     let model = resolve_model(args.model.as_deref())?;
-    let (engine, _) = load_planned(&model.dir, &args.memory.request(), &args.backend.backend)?;
+    // Before the load, which may take minutes.
     let text = std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
+    let (engine, _) = load_planned(&model.dir, &args.memory.request(), &args.backend.backend)?;
     let ids = engine.codec.encode(&text, false)?;
     if ids.len() < args.window {
         anyhow::bail!(
