@@ -107,7 +107,9 @@ impl DoctorReport {
     /// Reads the model's costs (from its directory, or the flagship's known
     /// sizes), the machine's memory and free disk, and plans.
     pub fn build(request: &DoctorRequest) -> Result<DoctorReport> {
-        let model_path = Path::new(&request.model);
+        // The bundled demo by the name `serve` lists it under, as `run` takes it.
+        let demo_dir = (request.model == crate::demo::NAME && !Path::new(&request.model).is_dir()).then(crate::demo::model_dir).transpose()?;
+        let model_path = demo_dir.as_deref().unwrap_or(Path::new(&request.model));
         let known = FLAGSHIP_NAMES.contains(&request.model.as_str());
         let mut model = if known {
             ModelCosts::flagship()

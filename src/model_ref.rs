@@ -40,6 +40,8 @@ fn resolve_with(
     let found = |dir: PathBuf, name: &str| ResolvedModel { dir, name: name.to_string(), is_demo: false };
     match spec {
         Some(dir) if Path::new(dir).is_dir() => Ok(found(PathBuf::from(dir), &directory_name(Path::new(dir)))),
+        // The name `serve` lists the bundled demo under.
+        Some(demo::NAME) => Ok(ResolvedModel { dir: demo_dir()?, name: demo::NAME.to_string(), is_demo: true }),
         Some(spec) if looks_like_a_repo(spec) && !Path::new(spec).exists() => {
             bail!("--model {spec}: no such directory (for a Hugging Face repo, write hf:{spec} and pull it first)")
         }
@@ -184,6 +186,12 @@ mod tests {
         assert!(!model.is_demo);
 
         let demo = resolve_with(None, not_installed, || Ok(PathBuf::from("/demo"))).expect("the demo is bundled");
+        assert_eq!(demo, ResolvedModel { dir: PathBuf::from("/demo"), name: demo::NAME.into(), is_demo: true });
+    }
+
+    #[test]
+    fn the_demos_served_name_runs_it() {
+        let demo = resolve_with(Some(demo::NAME), in_cache, || Ok(PathBuf::from("/demo"))).expect("the demo is bundled");
         assert_eq!(demo, ResolvedModel { dir: PathBuf::from("/demo"), name: demo::NAME.into(), is_demo: true });
     }
 }
