@@ -136,7 +136,9 @@ fn openai_forced_and_named_tool_calls_parse_and_follow_their_schemas() {
                           "max_tokens": 120, "seed": seed, "temperature": 1.0});
         let v = s.json("/v1/chat/completions", &body);
         let choice0 = &v["choices"][0];
-        assert_eq!(choice0["finish_reason"], "tool_calls", "{v}");
+        // Parallel calls may go on until the limit cuts them: then "length", as OpenAI answers.
+        let want = if v["usage"]["completion_tokens"] == 120 { "length" } else { "tool_calls" };
+        assert_eq!(choice0["finish_reason"], want, "{v}");
         let calls = choice0["message"]["tool_calls"].as_array().expect("tool_calls");
         assert!(!calls.is_empty(), "{v}");
         for call in calls {
@@ -187,6 +189,64 @@ fn openai_streams_tool_call_deltas_and_takes_results_back() {
     ]);
     let v = s.json("/v1/chat/completions", &json!({"model": MODEL, "messages": history, "tools": tools(), "max_tokens": 4}));
     assert!(v["usage"]["prompt_tokens"].as_u64().is_some_and(|n| n > 100), "{v}");
+}
+
+/// Markup of either call form, which never belongs in `content`.
+fn has_call_markup(text: &str) -> bool {
+    ["<tool", "tool_call>", "\"name\"", "<function", "<parameter"].iter().any(|m| text.contains(m))
+}
+
+/// Forces calls under limits that cut them off, streamed and not: when the
+/// limit ended the generation, finish_reason is "length" (calls or not), the
+/// cut call leaves no markup in the content, and calls before it come back
+/// whole (checked by `check`).
+fn check_cut_off_calls(s: &Server, tools: &Value, check: fn(&str, &Value)) {
+    for max_tokens in [3u64, 8, 64, 100, 200] {
+        let body = json!({"model": MODEL, "messages": user("Weather?"), "tools": tools, "tool_choice": "required",
+                          "max_tokens": max_tokens, "temperature": 0, "stream_options": {"include_usage": true}});
+        let v = s.json("/v1/chat/completions", &body);
+        let choice = &v["choices"][0];
+        let want = if v["usage"]["completion_tokens"] == max_tokens { "length" } else { "tool_calls" };
+        assert_eq!(choice["finish_reason"], want, "max_tokens {max_tokens}: {v}");
+        let content = choice["message"]["content"].as_str().unwrap_or_default();
+        assert!(!has_call_markup(content), "max_tokens {max_tokens}: the cut call is left in the content: {v}");
+        let calls = choice["message"]["tool_calls"].as_array().cloned().unwrap_or_default();
+        if max_tokens <= 8 {
+            assert!(calls.is_empty() && want == "length", "{max_tokens} tokens finish no call: {v}");
+        }
+        if max_tokens == 200 {
+            assert!(!calls.is_empty(), "the calls finished before the cut one come back: {v}");
+        }
+        for call in &calls {
+            let name = call["function"]["name"].as_str().expect("a name");
+            check(name, &serde_json::from_str(call["function"]["arguments"].as_str().expect("arguments")).expect("JSON"));
+        }
+
+        let mut body = body;
+        body["stream"] = true.into();
+        let (status, text) = s.post("/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{text}");
+        let chunks: Vec<Value> =
+            text.lines().filter_map(|l| l.strip_prefix("data: ")).filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).expect("a chunk")).collect();
+        let content: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+        assert!(!has_call_markup(&content), "max_tokens {max_tokens}: the cut call is streamed as content: {text}");
+        for call in chunks.iter().filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array()).flatten() {
+            let name = call["function"]["name"].as_str().expect("a name");
+            check(name, &serde_json::from_str(call["function"]["arguments"].as_str().expect("arguments")).expect("JSON"));
+        }
+        let used = chunks.iter().find_map(|c| c["usage"]["completion_tokens"].as_u64()).expect("usage");
+        let want = if used == max_tokens { "length" } else { "tool_calls" };
+        let last = chunks.iter().rev().find(|c| !c["choices"][0]["finish_reason"].is_null()).expect("a final chunk");
+        assert_eq!(last["choices"][0]["finish_reason"], want, "max_tokens {max_tokens}, streamed: {text}");
+    }
+}
+
+#[test]
+fn calls_the_token_limit_cuts_off_end_with_length_and_leave_no_markup() {
+    let dir = tool_model();
+    check_cut_off_calls(&start(dir.path()), &tools(), check_arguments);
+    let dir = model_with_template("xml_tool_calling.jinja");
+    check_cut_off_calls(&start(dir.path()), &coder_tools(), check_coder_arguments);
 }
 
 #[test]

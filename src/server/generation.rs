@@ -132,16 +132,17 @@ pub struct GenerationStream {
 
 impl GenerationStream {
     /// Queues the events of a split piece: reasoning, then the answer's text
-    /// and tool calls in order.
-    fn queue(&mut self, split: Split, last: bool) {
+    /// and tool calls in order. `ended`: how the generation ended, once this
+    /// is its last piece.
+    fn queue(&mut self, split: Split, ended: Option<FinishReason>) {
         if !split.thinking.is_empty() {
             self.ready.push_back(Event::Delta(Split { thinking: split.thinking, content: String::new() }));
         }
         let parts = match &mut self.tool_calls {
             Some(calls) => {
                 let mut parts = calls.push(&split.content);
-                if last {
-                    parts.extend(calls.finish());
+                if let Some(finish) = ended {
+                    parts.extend(calls.finish(finish != FinishReason::Stop));
                 }
                 parts
             }
@@ -174,12 +175,13 @@ impl GenerationStream {
                         Some(s) => s.push(&t),
                         None => Split { thinking: String::new(), content: t },
                     };
-                    self.queue(split, false);
+                    self.queue(split, None);
                 }
                 Some(Piece::Done(summary)) => {
+                    let finish = summary.finish;
                     self.done = Some(summary);
                     let rest = self.splitter.as_mut().map(|s| s.finish()).unwrap_or_default();
-                    self.queue(rest, true);
+                    self.queue(rest, Some(finish));
                 }
                 Some(Piece::Failed(e)) => {
                     self.finished = true;
@@ -529,4 +531,36 @@ fn run_generation(
         eval: Duration::from_secs_f64(out.stats.decode_seconds),
         total: arrived.elapsed(),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The answer both APIs get from a generation whose engine wrote
+    /// `pieces` and ended for `finish`.
+    fn answer(pieces: &[&str], finish: FinishReason) -> Answer {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+        let (outbox, rx) = delivery::channel(64, Duration::from_secs(5), runtime.handle().clone());
+        for piece in pieces {
+            assert!(outbox.send(Piece::Text(piece.to_string())), "the channel has room");
+        }
+        let (zero, completion_tokens) = (Duration::ZERO, pieces.len());
+        let summary = Summary { prompt_tokens: 1, cached_tokens: 0, completion_tokens, finish, context: Vec::new(), prompt_eval: zero, eval: zero, total: zero };
+        assert!(outbox.send(Piece::Done(summary)), "the channel has room");
+        let tool_calls = Some(ToolCallSplitter::new(Some(ToolCallForm::Json), &[]));
+        let stream = GenerationStream { rx, splitter: None, tool_calls, ready: VecDeque::new(), done: None, finished: false };
+        runtime.block_on(stream.collect()).map(|(answer, _)| answer).unwrap_or_else(|e| panic!("{}", e.message))
+    }
+
+    #[test]
+    fn a_call_the_length_cut_off_is_dropped_and_the_calls_before_it_kept() {
+        let whole = "\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n</tool_call>";
+        let pieces = ["Sure.", whole, "\n<tool_call>\n{\"name\": \"add\", \"argu"];
+        let cut = answer(&pieces, FinishReason::Length);
+        assert_eq!((cut.content.as_str(), cut.tool_calls.len()), ("Sure.", 1), "the cut call is neither text nor a call");
+        // Stopped otherwise (a stop sequence), what the model wrote stays text.
+        let stopped = answer(&pieces, FinishReason::Stop);
+        assert!(stopped.content.ends_with("\"argu") && stopped.tool_calls.len() == 1, "{}", stopped.content);
+    }
 }

@@ -157,10 +157,13 @@ fn message_text(content: Option<Value>, i: usize) -> Result<String, ApiError> {
     }
 }
 
+/// OpenAI's `finish_reason`: "length" whenever the limit cut the
+/// generation, calls or not (as OpenAI answers), else "tool_calls" if the
+/// model called a tool.
 fn finish_reason(f: FinishReason, called: bool) -> &'static str {
     match f {
-        _ if called => "tool_calls",
         FinishReason::Length => "length",
+        _ if called => "tool_calls",
         FinishReason::Stop | FinishReason::Cancelled => "stop",
     }
 }

@@ -245,8 +245,8 @@ enum CallSyntax {
 
 /// Splits streamed answer text into text and tool calls. Text that might
 /// open a call is held back until it is known; blank text around calls is
-/// dropped; a call that never closes (the length ran out) or does not parse
-/// stays text.
+/// dropped; a call that does not parse stays text, and so does one that
+/// never closes, unless the generation was cut short (see [`Self::finish`]).
 #[derive(Default)]
 pub struct ToolCallSplitter {
     syntax: CallSyntax,
@@ -307,10 +307,18 @@ impl ToolCallSplitter {
         }
     }
 
-    /// Whatever is still held back, as text.
-    pub fn finish(&mut self) -> Vec<Part> {
+    /// Whatever is still held back, as text. When the generation was `cut`
+    /// short (the length ran out, or a shutdown), a call still open, or the start of its
+    /// tag, is dropped with the blank text before it: it is no call, and
+    /// returned as text it would put the template's markup in the answer.
+    pub fn finish(&mut self, cut: bool) -> Vec<Part> {
         let mut out = Vec::new();
         let mut rest = std::mem::take(&mut self.pending);
+        if cut && (self.inside || !rest.is_empty()) {
+            self.inside = false;
+            self.blank.clear();
+            return out;
+        }
         if self.inside {
             rest.insert_str(0, TOOL_CALL_OPEN);
             self.inside = false;
@@ -345,9 +353,14 @@ mod tests {
         split_with(ToolCallSplitter::default(), pieces)
     }
 
-    fn split_with(mut s: ToolCallSplitter, pieces: &[&str]) -> Vec<Part> {
+    fn split_with(s: ToolCallSplitter, pieces: &[&str]) -> Vec<Part> {
+        split_ended(s, pieces, false)
+    }
+
+    /// As [`split_with`], for a generation that was `cut` short or not.
+    fn split_ended(mut s: ToolCallSplitter, pieces: &[&str], cut: bool) -> Vec<Part> {
         let mut parts: Vec<Part> = pieces.iter().flat_map(|p| s.push(p)).collect();
-        parts.extend(s.finish());
+        parts.extend(s.finish(cut));
         let mut out: Vec<Part> = Vec::new();
         for part in parts {
             match (out.last_mut(), part) {
@@ -408,8 +421,10 @@ mod tests {
             let splitter = ToolCallSplitter::new(Some(ToolCallForm::XmlParameters), &tools.wire);
             assert_eq!(split_with(splitter, &refs), want, "pieces of {size} characters");
         }
-        // A call the length cut short stays text.
+        // A call the length cut short is dropped; one that ended otherwise unclosed stays text.
         let cut = "<tool_call>\n<function=add>\n<parameter=a>\n2\n</param";
+        let splitter = ToolCallSplitter::new(Some(ToolCallForm::XmlParameters), &tools.wire);
+        assert_eq!(split_ended(splitter, &[&text, "\n", cut], true), want, "a cut call after whole ones");
         let splitter = ToolCallSplitter::new(Some(ToolCallForm::XmlParameters), &tools.wire);
         assert_eq!(split_with(splitter, &[cut]), vec![Part::Text(cut.into())]);
         // The JSON form does not read XML calls.
@@ -422,6 +437,25 @@ mod tests {
         let got = split(&["a <tool", " b", "  "]);
         let all: String = got.iter().map(|p| if let Part::Text(t) = p { t.clone() } else { panic!("{p:?}") }).collect();
         assert_eq!(all, "a <tool b  ");
+    }
+
+    #[test]
+    fn a_call_the_length_cut_short_is_dropped_and_the_calls_before_it_kept() {
+        let whole = "Checking.<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n</tool_call>";
+        let cut = "\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \" ";
+        let want = vec![Part::Text("Checking.".into()), call("add", json!({"a": 1}))];
+        let text = format!("{whole}{cut}");
+        for size in [1, 2, 7, text.len()] {
+            let chars: Vec<char> = text.chars().collect();
+            let pieces: Vec<String> = chars.chunks(size).map(|c| c.iter().collect()).collect();
+            let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
+            assert_eq!(split_ended(ToolCallSplitter::default(), &refs, true), want, "pieces of {size} characters");
+        }
+        // Cut before the first call closed, or inside its opening tag: no call and no markup.
+        assert_eq!(split_ended(ToolCallSplitter::default(), &["\n<tool_call>\n{\"name\": \"f\", \"argu"], true), vec![]);
+        assert_eq!(split_ended(ToolCallSplitter::default(), &["Sure. <tool_c"], true), vec![Part::Text("Sure. ".into())]);
+        // Text the cut ends in stays text.
+        assert_eq!(split_ended(ToolCallSplitter::default(), &["plain text, cut"], true), vec![Part::Text("plain text, cut".into())]);
     }
 
     #[test]
