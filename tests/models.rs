@@ -145,7 +145,7 @@ fn now() -> f64 {
 
 #[test]
 fn two_models_are_served_by_name_in_turn_and_loaded_on_first_use() {
-    let s = start(common::server_options(4096, 4), None, false);
+    let s = start(common::server_options(8192, 4), None, false);
     let (tags, openai) = s.listed();
     assert_eq!((tags.clone(), openai), (vec![MOE.to_string(), NEXT.to_string()], vec![MOE.to_string(), NEXT.to_string()]));
     assert_eq!(s.loaded_names(), [MOE], "only the first model loads at start");
@@ -155,6 +155,8 @@ fn two_models_are_served_by_name_in_turn_and_loaded_on_first_use() {
     assert_eq!(show["details"]["family"], "qwen3_next");
     assert_eq!(show["slotstream"]["loaded"], false);
     assert_eq!(s.loaded_names(), [MOE]);
+    // Its context: --max-context (8192), at most the model's own (4096).
+    assert!(show["parameters"].as_str().is_some_and(|p| p.starts_with("num_ctx 4096\n")), "{show}");
 
     // In turn, and back: each answers as it did the first time (its own weights).
     let moe = s.answer(MOE, json!({}));

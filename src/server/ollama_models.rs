@@ -125,7 +125,9 @@ fn describe(app: &AppState, m: &ModelInfo, codec: &TextCodec, memory: Option<sup
     }
     // Ollama's `parameters`: one `name value` per line, the values the
     // server uses unless a request says otherwise.
-    let mut parameters = format!("num_ctx {}", app.options.max_context);
+    // The context a request gets: --max-context, at most the model's own.
+    let num_ctx = m.context_length.map_or(app.options.max_context, |c| app.options.max_context.min(c as usize));
+    let mut parameters = format!("num_ctx {num_ctx}");
     for stop in codec.eos_ids.iter().filter_map(|&id| codec.decode_special(id)) {
         parameters.push_str(&format!("\nstop {}", json!(stop)));
     }
