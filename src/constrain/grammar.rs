@@ -62,10 +62,49 @@ pub(super) fn styled(schema: &Value) -> Result<Value> {
         Value::Object(_) => schema.clone(),
         _ => bail!("a JSON schema must be an object"),
     };
+    bounded_integers(&mut schema);
     if let Some(obj) = schema.as_object_mut() {
         obj.insert("x-guidance".into(), json_style());
     }
     Ok(schema)
+}
+
+/// The largest integer every JSON parser reads exactly (2^53 - 1).
+const SAFE_INTEGER: i64 = (1 << 53) - 1;
+
+/// An integer the schema leaves unbounded is held to +-(2^53 - 1), here and
+/// in nested schemas: at most 16 digits, where a weak model could otherwise
+/// write digits until its tokens run out (llama.cpp's JSON grammars cap
+/// them likewise). Bounds a schema sets stay as written.
+fn bounded_integers(schema: &mut Value) {
+    match schema {
+        Value::Object(obj) => {
+            let integer = match obj.get("type") {
+                Some(Value::String(t)) => t == "integer",
+                Some(Value::Array(ts)) => ts.iter().any(|t| t == "integer"),
+                _ => false,
+            };
+            if integer {
+                // The bound of `keys` the schema sets, if any.
+                let set = |keys: [&str; 2]| keys.iter().find_map(|k| obj.get(*k)).map(|v| v.as_f64().unwrap_or(f64::NAN));
+                let (low, high) = (set(["minimum", "exclusiveMinimum"]), set(["maximum", "exclusiveMaximum"]));
+                // A bound added never contradicts the other one the schema sets.
+                if low.is_none() && high.is_none_or(|h| h >= -SAFE_INTEGER as f64) {
+                    obj.insert("minimum".into(), (-SAFE_INTEGER).into());
+                }
+                if high.is_none() && low.is_none_or(|l| l <= SAFE_INTEGER as f64) {
+                    obj.insert("maximum".into(), SAFE_INTEGER.into());
+                }
+            }
+            for (key, child) in obj.iter_mut() {
+                if !matches!(key.as_str(), "const" | "enum" | "default" | "examples") {
+                    bounded_integers(child);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(bounded_integers),
+        _ => {}
+    }
 }
 
 /// A call's arguments carry only the parameters its tool declares: an object

@@ -265,3 +265,26 @@ fn a_string_pattern_becomes_a_regex_over_the_whole_value() {
     assert_eq!(whole_text_regex("^x\\\\$"), "(?:x\\\\)", "after an escaped backslash, $ anchors");
     assert_eq!(whole_text_regex("a\\/b"), "(?s:.*)(?:a\\/b)(?s:.*)", "an escaped slash stays as it is");
 }
+
+#[test]
+fn an_integer_without_bounds_stops_within_sixteen_digits() {
+    // Unbounded, a weak model (random logits here) may write digits until its
+    // tokens run out; JSON parsers read integers exactly only to 2^53 - 1.
+    let grammars = fixture_grammars();
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}, "m": {"type": ["integer", "null"]}},
+                        "required": ["n", "m"], "additionalProperties": false});
+    for seed in 0..24 {
+        let mut c = grammars.constraint(&ConstraintSpec::JsonSchema(schema.clone())).expect("the schema compiles");
+        let text = generate(&grammars, &mut c, "", seed);
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("seed {seed}: {e}: {text}"));
+        for key in ["n", "m"] {
+            let whole = v[key].as_f64().is_some_and(|x| x.fract() == 0.0 && x.abs() < 2f64.powi(53));
+            assert!(v[key].is_null() || whole, "seed {seed}: {key} = {}", v[key]);
+        }
+    }
+    // A schema's own bounds stay as written.
+    let bounded = json!({"type": "integer", "minimum": 100000000000000000i64});
+    let mut c = grammars.constraint(&ConstraintSpec::JsonSchema(bounded)).expect("the schema compiles");
+    let text = generate(&grammars, &mut c, "", 1);
+    assert!(text.parse::<i64>().is_ok_and(|n| n >= 100000000000000000), "{text}");
+}
