@@ -23,6 +23,9 @@ pub fn tune_allocator() {
 /// Sizes the global compute thread pool (the CPU backend's), where `threads`
 /// is given; otherwise it uses every core. Only the first call can take effect.
 pub fn set_compute_threads(threads: Option<usize>) -> Result<()> {
+    if threads == Some(0) {
+        anyhow::bail!("--threads 0: give at least 1 (leave --threads out to use every core)");
+    }
     if let Some(n) = threads {
         rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("setting the thread count")?;
     }

@@ -169,8 +169,9 @@ fn serve_refuses_a_name_clients_cannot_send() {
 
 #[test]
 fn run_refuses_generation_flags_out_of_range_before_loading() {
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (&["--max-tokens", "0"], "--max-tokens must be at least 1"),
+        (&["--threads", "0"], "--threads 0: give at least 1"),
         (&["--temperature", "-1"], "temperature must be >= 0"),
         (&["--top-p", "0"], "top_p must be in (0, 1]"),
         (&["--repeat-penalty", "-2"], "repetition penalty must be > 0"),
