@@ -77,7 +77,7 @@ pub(super) fn verify_copy(spec: &ModelSpec, root: &Path, threads: usize) -> Resu
         repo.save_verified(&verified)?;
     }
     if bad > 0 {
-        bail!("{bad} of {} files of {name} are missing or damaged; download them again with:\n  {pull_command}", manifest.files.len());
+        bail!("{bad} of {} files of {name} are missing or damaged; download them with:\n  {pull_command}", manifest.files.len());
     }
     console::print_line(format_args!("all {} files of {name} verified", checks.len()))?;
     Ok(())
