@@ -77,32 +77,41 @@ const SAFE_INTEGER: i64 = (1 << 53) - 1;
 /// write digits until its tokens run out (llama.cpp's JSON grammars cap
 /// them likewise). Bounds a schema sets stay as written.
 fn bounded_integers(schema: &mut Value) {
+    each_schema(schema, &mut |obj| {
+        let integer = match obj.get("type") {
+            Some(Value::String(t)) => t == "integer",
+            Some(Value::Array(ts)) => ts.iter().any(|t| t == "integer"),
+            _ => false,
+        };
+        if !integer {
+            return;
+        }
+        // The bound of `keys` the schema sets, if any.
+        let set = |keys: [&str; 2]| keys.iter().find_map(|k| obj.get(*k)).map(|v| v.as_f64().unwrap_or(f64::NAN));
+        let (low, high) = (set(["minimum", "exclusiveMinimum"]), set(["maximum", "exclusiveMaximum"]));
+        // A bound added never contradicts the other one the schema sets.
+        if low.is_none() && high.is_none_or(|h| h >= -SAFE_INTEGER as f64) {
+            obj.insert("minimum".into(), (-SAFE_INTEGER).into());
+        }
+        if high.is_none() && low.is_none_or(|l| l <= SAFE_INTEGER as f64) {
+            obj.insert("maximum".into(), SAFE_INTEGER.into());
+        }
+    });
+}
+
+/// Calls `f` on every object of `schema` and of the schemas nested in it
+/// (not on data a schema holds: `const`, `enum`, `default`, `examples`).
+fn each_schema(schema: &mut Value, f: &mut impl FnMut(&mut serde_json::Map<String, Value>)) {
     match schema {
         Value::Object(obj) => {
-            let integer = match obj.get("type") {
-                Some(Value::String(t)) => t == "integer",
-                Some(Value::Array(ts)) => ts.iter().any(|t| t == "integer"),
-                _ => false,
-            };
-            if integer {
-                // The bound of `keys` the schema sets, if any.
-                let set = |keys: [&str; 2]| keys.iter().find_map(|k| obj.get(*k)).map(|v| v.as_f64().unwrap_or(f64::NAN));
-                let (low, high) = (set(["minimum", "exclusiveMinimum"]), set(["maximum", "exclusiveMaximum"]));
-                // A bound added never contradicts the other one the schema sets.
-                if low.is_none() && high.is_none_or(|h| h >= -SAFE_INTEGER as f64) {
-                    obj.insert("minimum".into(), (-SAFE_INTEGER).into());
-                }
-                if high.is_none() && low.is_none_or(|l| l <= SAFE_INTEGER as f64) {
-                    obj.insert("maximum".into(), SAFE_INTEGER.into());
-                }
-            }
+            f(obj);
             for (key, child) in obj.iter_mut() {
                 if !matches!(key.as_str(), "const" | "enum" | "default" | "examples") {
-                    bounded_integers(child);
+                    each_schema(child, f);
                 }
             }
         }
-        Value::Array(items) => items.iter_mut().for_each(bounded_integers),
+        Value::Array(items) => items.iter_mut().for_each(|item| each_schema(item, f)),
         _ => {}
     }
 }
@@ -114,24 +123,15 @@ fn bounded_integers(schema: &mut Value) {
 /// arguments the function would not take (which a small model otherwise
 /// does, until its tokens run out).
 pub(super) fn declared_only(schema: &mut Value) {
-    match schema {
-        Value::Object(obj) => {
-            let open = obj.contains_key("properties")
-                && !obj.contains_key("additionalProperties")
-                && !obj.contains_key("patternProperties")
-                && !obj.contains_key("unevaluatedProperties");
-            if open {
-                obj.insert("additionalProperties".into(), false.into());
-            }
-            for (key, child) in obj.iter_mut() {
-                if !matches!(key.as_str(), "const" | "enum" | "default" | "examples") {
-                    declared_only(child);
-                }
-            }
+    each_schema(schema, &mut |obj| {
+        let open = obj.contains_key("properties")
+            && !obj.contains_key("additionalProperties")
+            && !obj.contains_key("patternProperties")
+            && !obj.contains_key("unevaluatedProperties");
+        if open {
+            obj.insert("additionalProperties".into(), false.into());
         }
-        Value::Array(items) => items.iter_mut().for_each(declared_only),
-        _ => {}
-    }
+    });
 }
 
 /// The schema of one call's JSON: its name and its arguments, in that order.
