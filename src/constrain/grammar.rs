@@ -116,12 +116,13 @@ fn each_schema(schema: &mut Value, f: &mut impl FnMut(&mut serde_json::Map<Strin
     }
 }
 
-/// A call's arguments carry only the parameters its tool declares: an object
-/// schema that lists `properties` and says nothing of others gets
-/// `additionalProperties: false`, here and in nested objects. Every call
-/// still validates against the tool's own schema; it just never invents
-/// arguments the function would not take (which a small model otherwise
-/// does, until its tokens run out).
+/// An object schema that lists `properties` and says nothing of others gets
+/// `additionalProperties: false`, here and in nested objects: a call's
+/// arguments carry only the parameters its tool declares, and a response
+/// only the keys its schema lists (as llama.cpp's schema grammars read a
+/// schema). The output still validates against the schema as given; it just
+/// never invents keys (which a small model otherwise does, until its tokens
+/// run out).
 pub(super) fn declared_only(schema: &mut Value) {
     each_schema(schema, &mut |obj| {
         let open = obj.contains_key("properties")

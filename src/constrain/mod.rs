@@ -100,7 +100,13 @@ impl Grammars {
 fn lark(spec: &ConstraintSpec) -> Result<(String, Option<String>)> {
     match spec {
         ConstraintSpec::JsonObject => Ok((format!("start: {}\n", grammar::json_rule(&serde_json::json!({"type": "object"}))?), None)),
-        ConstraintSpec::JsonSchema(schema) => Ok((format!("start: {}\n", grammar::json_rule(schema)?), None)),
+        ConstraintSpec::JsonSchema(schema) => {
+            // An object lists all its keys unless it says otherwise, as
+            // llama.cpp's schema grammars (and so Ollama's) read it.
+            let mut schema = schema.clone();
+            grammar::declared_only(&mut schema);
+            Ok((format!("start: {}\n", grammar::json_rule(&schema)?), None))
+        }
         ConstraintSpec::ToolCalls { tools, forced, parallel, form } => {
             let calls = match form {
                 ToolCallForm::Json => grammar::json_calls(tools)?,

@@ -161,6 +161,23 @@ fn tool_arguments_carry_only_declared_parameters() {
 }
 
 #[test]
+fn a_schemas_objects_carry_only_the_properties_it_lists() {
+    // As llama.cpp's (and so Ollama's) schema grammars read it: no
+    // additionalProperties means none, else a weak model adds keys until its
+    // tokens run out.
+    let grammars = fixture_grammars();
+    let open = json!({"type": "object", "properties": {"a": {"type": "boolean"}, "b": {"type": "object", "properties": {"c": {"type": "null"}}}}});
+    for seed in 0..6 {
+        let mut c = grammars.constraint(&ConstraintSpec::JsonSchema(open.clone())).expect("compiles");
+        let text = generate(&grammars, &mut c, "", seed);
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("seed {seed}: {e}: {text}"));
+        let keys = |o: &Value| o.as_object().map(|o| o.keys().cloned().collect::<Vec<_>>()).unwrap_or_default();
+        assert!(keys(&v).iter().all(|k| k == "a" || k == "b"), "seed {seed}: {text}");
+        assert!(keys(&v["b"]).iter().all(|k| k == "c"), "seed {seed}: {text}");
+    }
+}
+
+#[test]
 fn the_trigger_is_found_across_token_boundaries() {
     let mut t = Trigger::new("<tool_call>".into());
     assert_eq!(t.push(b"Sure <tool"), None);
