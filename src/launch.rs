@@ -27,10 +27,9 @@ pub struct PlannedModel {
 }
 
 impl PlannedModel {
-    /// Plans `request` for the model in `dir` on this machine as it is now,
+    /// Plans `request` for the model `arch` on this machine as it is now,
     /// for `backend` (whose KV cache dtype sizes the context).
-    pub fn new(dir: &Path, request: &PlanRequest, backend: &dyn Backend) -> Result<PlannedModel> {
-        let arch = ModelArch::read(dir)?;
+    pub fn new(arch: ModelArch, request: &PlanRequest, backend: &dyn Backend) -> Result<PlannedModel> {
         let mut costs = costs_on(&arch, BackendCosts::of(backend))?;
         let mut machine = MachineMemory::detect();
         // What `doctor --measure` measured for this backend and disk, else the defaults (the banner says which).
@@ -85,8 +84,10 @@ pub fn resolve_model(spec: Option<&str>) -> Result<ResolvedModel> {
 
 /// Plans memory for a model, shows the plan and the backend, and loads it.
 pub fn load_planned(dir: &Path, request: &PlanRequest, backend: &BackendSpec) -> Result<(Engine, PlannedModel)> {
+    // A folder that holds no model is named before any GPU is looked for.
+    let arch = ModelArch::read(dir)?;
     let backend = backend.create()?;
-    let planned = PlannedModel::new(dir, request, backend.as_ref())?;
+    let planned = PlannedModel::new(arch, request, backend.as_ref())?;
     note!("{}", planned.banner());
     note!("  backend: {}", backend.name());
     let engine = planned.load(backend)?;
@@ -199,9 +200,10 @@ impl ModelLoader for ServeLoader {
     }
 
     fn load(&self, dir: &Path) -> Result<LoadedEngine> {
+        let arch = ModelArch::read(dir)?;
         let backend = self.backend.create()?;
         self.remember_kind(backend.as_ref());
-        let planned = PlannedModel::new(dir, &self.request, backend.as_ref())?;
+        let planned = PlannedModel::new(arch, &self.request, backend.as_ref())?;
         note!("{}", planned.banner());
         note!("  backend: {}", backend.name());
         let engine = planned.load(backend)?;

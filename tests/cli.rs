@@ -194,3 +194,13 @@ fn run_refuses_an_empty_prompt_from_stdin() {
     assert!(stderr.contains("the prompt read from stdin is empty"), "{stderr}");
     assert!(output.stdout.is_empty(), "an empty prompt generated text: {}", String::from_utf8_lossy(&output.stdout));
 }
+
+#[test]
+fn a_folder_that_holds_no_model_is_named_before_any_gpu_is_looked_for() {
+    let empty = tempfile::tempdir().expect("creating a scratch folder");
+    let output = slotstream().args(["run", "--model"]).arg(empty.path()).args(["--prompt", "Hi"]).output().expect("running slotstream");
+    let stderr = stderr_of(&output);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("a model directory?"), "{stderr}");
+    assert!(!stderr.contains("GPU"), "the folder must be checked before a backend is chosen:\n{stderr}");
+}
