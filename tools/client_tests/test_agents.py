@@ -113,10 +113,20 @@ def test_ollama_format_with_a_pydantic_schema(ol, seed):
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_openai_required_tool_calls_parse(oa, seed):
     r = oa.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
-                                   max_tokens=160, temperature=1, seed=seed)
+                                   parallel_tool_calls=False, max_tokens=160, temperature=1, seed=seed)
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls"
-    assert choice.message.tool_calls
+    (call,) = choice.message.tool_calls
+    check_openai_call(call)
+    # Parallel calls: a random model may go on calling until the token limit,
+    # which then ends the choice ("length"); every call returned is whole.
+    r = oa.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
+                                   max_tokens=160, temperature=1, seed=seed)
+    choice = r.choices[0]
+    assert choice.finish_reason in ("tool_calls", "length")
+    if choice.finish_reason == "length":
+        assert r.usage.completion_tokens == 160
+    assert choice.message.tool_calls and not choice.message.content
     for call in choice.message.tool_calls:
         check_openai_call(call)
 
@@ -135,7 +145,7 @@ def test_openai_named_tool_call_and_result(oa):
 
 def test_openai_streamed_tool_call_deltas(oa):
     stream = oa.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
-                                        max_tokens=160, temperature=0, stream=True)
+                                        parallel_tool_calls=False, max_tokens=160, temperature=0, stream=True)
     calls, finish = {}, None
     for chunk in stream:
         delta = chunk.choices[0].delta
@@ -145,7 +155,7 @@ def test_openai_streamed_tool_call_deltas(oa):
             entry["name"] += d.function.name or ""
             entry["arguments"] += d.function.arguments or ""
         finish = chunk.choices[0].finish_reason or finish
-    assert finish == "tool_calls" and calls
+    assert finish == "tool_calls" and len(calls) == 1
     for entry in calls.values():
         assert entry["id"]
         ARGUMENTS[entry["name"]].model_validate_json(entry["arguments"])
