@@ -63,7 +63,7 @@ for family in qwen3_moe qwen3_next; do
     prompt=$("$PY" -c 'print(" ".join(["the sea and the ship"] * 20))')
     ids=()
     for epl in 4 16; do
-        ids+=("$(./target/release/slotstream run --model "$synth" --raw --ignore-eos --max-tokens 24 --prompt "$prompt" \
+        ids+=("$("${CARGO_TARGET_DIR:-target}/release/slotstream" run --model "$synth" --raw --ignore-eos --max-tokens 24 --prompt "$prompt" \
             --experts-per-layer $epl --json 2>/dev/null | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["generated_ids"])')")
     done
     if [ "${ids[0]}" != "${ids[1]}" ]; then
