@@ -137,6 +137,26 @@ fn dtype_of(d: Dtype) -> Option<DType> {
     }
 }
 
+/// Whether an index's shard name is a path below the model directory (no
+/// root, no `..`, no `.`), so one file has one name and none lies outside.
+fn is_inside_the_folder(name: &str) -> bool {
+    !name.is_empty() && Path::new(name).components().all(|c| matches!(c, std::path::Component::Normal(_)))
+}
+
+/// The size a safetensors file's header says the whole file has (the header
+/// plus the end of its last tensor), when the header parses.
+fn described_len(file: &[u8]) -> Option<usize> {
+    let header_len = usize::try_from(u64::from_le_bytes(file.get(..8)?.try_into().ok()?)).ok()?;
+    let header: serde_json::Value = serde_json::from_slice(file.get(8..8usize.checked_add(header_len)?)?).ok()?;
+    let data_end = header
+        .as_object()?
+        .values()
+        .filter_map(|tensor| tensor.get("data_offsets")?.get(1)?.as_u64())
+        .max()
+        .unwrap_or(0);
+    (8 + header_len).checked_add(usize::try_from(data_end).ok()?)
+}
+
 fn file_name(p: &Path) -> String {
     p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| p.display().to_string())
 }
@@ -157,6 +177,13 @@ impl Checkpoint {
             let mut names: Vec<String> = map.values().filter_map(|v| v.as_str().map(String::from)).collect();
             names.sort();
             names.dedup();
+            if let Some(outside) = names.iter().find(|name| !is_inside_the_folder(name)) {
+                bail!(
+                    "{} names the shard '{outside}', which is not a file inside the model directory: the index is \
+                     corrupt (re-download the model)",
+                    index_path.display()
+                );
+            }
             names
         } else {
             let mut names: Vec<String> = std::fs::read_dir(dir)
@@ -195,10 +222,18 @@ impl Checkpoint {
         let map = unsafe { Mmap::map(&file) }.with_context(|| format!("mapping {}", path.display()))?;
         let (header_len, meta) = SafeTensors::read_metadata(&map).map_err(|e| {
             let what = match e {
-                SafeTensorError::MetadataIncompleteBuffer => format!(
-                    "is truncated: its header describes more data than the file's {} bytes (re-download it)",
-                    map.len()
-                ),
+                SafeTensorError::MetadataIncompleteBuffer => match described_len(&map) {
+                    Some(described) if described < map.len() => format!(
+                        "has {} bytes after the {described} bytes its header describes (a corrupt or mixed-up \
+                         download; re-download it)",
+                        map.len() - described
+                    ),
+                    described => format!(
+                        "is truncated: its header describes {} bytes of data but the file has {} (re-download it)",
+                        described.map_or_else(|| "more".to_string(), |d| d.to_string()),
+                        map.len()
+                    ),
+                },
                 SafeTensorError::HeaderTooSmall | SafeTensorError::InvalidHeaderLength => {
                     "is too short to be a safetensors file (truncated or not a safetensors file)".to_string()
                 }

@@ -103,11 +103,11 @@ struct PerplexityArgs {
     /// UTF-8 text to score.
     #[arg(long)]
     file: PathBuf,
-    /// Tokens per window.
-    #[arg(long, default_value_t = 256)]
+    /// Tokens per window (at least 2).
+    #[arg(long, default_value_t = 256, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(2..))]
     window: usize,
     /// Score at most this many windows (default: every whole window).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     max_windows: Option<usize>,
     /// Feed each window one token at a time, as decoding does (the one-token
     /// kernels, e.g. a GPU's int8 activations, score the text).

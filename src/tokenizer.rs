@@ -51,6 +51,9 @@ pub enum ToolCallForm {
 pub struct TextCodec {
     tokenizer: tokenizers::Tokenizer,
     chat_template: Option<String>,
+    /// The file the chat template was read from, for its errors (its name
+    /// only: they also go to HTTP clients).
+    template_file: &'static str,
     bos_token: Option<String>,
     eos_token: Option<String>,
     /// Token ids that end generation.
@@ -86,10 +89,11 @@ impl TextCodec {
             Some(text) => serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", cfg_path.display()))?,
             None => serde_json::Value::Null,
         };
-        let template_file = dir.join("chat_template.jinja");
-        let chat_template = if let Some(text) = model_files::read_text_if_present(&template_file, model_files::TEMPLATE_MAX_BYTES)? {
+        let mut template_file = "chat_template.jinja";
+        let chat_template = if let Some(text) = model_files::read_text_if_present(&dir.join(template_file), model_files::TEMPLATE_MAX_BYTES)? {
             Some(text)
         } else {
+            template_file = "tokenizer_config.json";
             match cfg.get("chat_template") {
                 Some(serde_json::Value::String(s)) => Some(s.clone()),
                 // A list of named templates: use the default one.
@@ -122,7 +126,7 @@ impl TextCodec {
         eos_ids.sort();
         eos_ids.dedup();
         let max_token_bytes = tokenizer.get_vocab(true).keys().map(String::len).max().unwrap_or(1).max(1);
-        Ok(TextCodec { tokenizer, chat_template, bos_token, eos_token, eos_ids, max_token_bytes })
+        Ok(TextCodec { tokenizer, chat_template, template_file, bos_token, eos_token, eos_ids, max_token_bytes })
     }
 
     /// Token ids of `text`; `special` adds the tokenizer's own BOS/EOS wrapping.
@@ -144,6 +148,22 @@ impl TextCodec {
 
     pub fn vocab_size(&self) -> usize {
         self.tokenizer.get_vocab_size(true)
+    }
+
+    /// Refuses a tokenizer with a token the model has no embedding for (one
+    /// from another model): such a token would otherwise fail mid-request,
+    /// blamed on the prompt.
+    pub fn check_fits_model(&self, model_vocab: usize, dir: &Path) -> Result<()> {
+        let vocab = self.tokenizer.get_vocab(true);
+        let Some((token, &id)) = vocab.iter().max_by_key(|(_, id)| **id) else { return Ok(()) };
+        if (id as usize) < model_vocab {
+            return Ok(());
+        }
+        anyhow::bail!(
+            "{} has the token {token:?} as id {id}, but the model has embeddings for ids below {model_vocab} only \
+             (config.json vocab_size): the tokenizer belongs to another model; re-download the model's tokenizer files",
+            dir.join("tokenizer.json").display()
+        )
     }
 
     /// The fill-in-the-middle tokens (prefix, suffix, middle), when the
@@ -232,7 +252,9 @@ impl TextCodec {
             Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
         });
         env.add_filter("tojson", python_tojson);
-        env.add_template("chat", template).context("the model's chat template does not parse")?;
+        let origin = self.template_file;
+        let fix = "fix the template, or send the prompt raw (run --raw, \"raw\": true on /api/generate, /v1/completions)";
+        env.add_template("chat", template).with_context(|| format!("the chat template in {origin} does not parse; {fix}"))?;
         let tmpl = env.get_template("chat").context("loading the chat template")?;
         let mut ctx = std::collections::BTreeMap::<&str, minijinja::Value>::new();
         ctx.insert("messages", minijinja::Value::from_serialize(messages));
@@ -257,13 +279,13 @@ impl TextCodec {
         match rendered {
             Ok(()) => String::from_utf8(out.text).context("the chat template rendered text that is not UTF-8"),
             Err(e) if out.text.len() >= limit => Err(anyhow!(
-                "the chat template wrote over {limit} bytes for {input_bytes} bytes of messages; it is broken or hostile ({e})"
+                "the chat template in {origin} wrote over {limit} bytes for {input_bytes} bytes of messages; it is broken or hostile ({e})"
             )),
             Err(e) if e.kind() == minijinja::ErrorKind::OutOfFuel => Err(anyhow!(
-                "the chat template did more work than {messages} message(s) can need and was stopped; it is broken or hostile",
+                "the chat template in {origin} did more work than {messages} message(s) can need and was stopped; it is broken or hostile",
                 messages = messages.len()
             )),
-            Err(e) => Err(e).context("rendering the chat template"),
+            Err(e) => Err(e).with_context(|| format!("rendering the chat template in {origin} (it refused these messages or is broken)")),
         }
     }
 }
@@ -395,7 +417,7 @@ mod tests {
     fn a_template_that_writes_without_end_is_stopped() {
         let (_dir, codec) = codec_with_template("{% for i in range(100000) %}{{ 'x' * 1000000 }}{% endfor %}");
         let error = render_within_seconds(codec).expect_err("too much output");
-        assert!(error.to_string().contains("the chat template wrote over"), "{error:#}");
+        assert!(error.to_string().contains("the chat template in chat_template.jinja wrote over"), "{error:#}");
     }
 
     #[test]

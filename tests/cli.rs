@@ -186,6 +186,23 @@ fn run_refuses_generation_flags_out_of_range_before_loading() {
 }
 
 #[test]
+fn perplexity_refuses_windows_that_score_nothing_before_loading() {
+    for (flag, value) in [("--window", "1"), ("--max-windows", "0")] {
+        let output = slotstream()
+            .args(["perplexity", "--backend", "cpu", "--file", "README.md", "--model"])
+            .arg(fixture())
+            .args([flag, value])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("running slotstream");
+        let stderr = stderr_of(&output);
+        assert_eq!(output.status.code(), Some(2), "{flag} {value}: {stderr}");
+        assert!(stderr.contains(&format!("invalid value '{value}' for '{flag}")), "{flag} {value}: {stderr}");
+        assert!(!stderr.contains("memory plan"), "{flag} must be checked before the model is planned and loaded:\n{stderr}");
+    }
+}
+
+#[test]
 fn run_refuses_an_empty_prompt_from_stdin() {
     // `slotstream()` gives the command an empty stdin, as `run </dev/null` or a pipe that sent nothing.
     let output = slotstream().args(["run", "--model"]).arg(fixture()).args(["--backend", "cpu"]).output().expect("running slotstream");

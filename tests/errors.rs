@@ -251,3 +251,87 @@ fn a_caller_can_cancel_at_every_step_while_text_is_held_back() {
     assert_eq!((out.generated_ids.len(), calls), (1, 1), "cancelled at the first token, not after {}", out.generated_ids.len());
     assert_eq!(out.finish_reason, slotstream::generate::FinishReason::Cancelled);
 }
+
+/// Rewrites a safetensors file's JSON header with `edit`, keeping its data.
+fn edit_header(path: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let bytes = std::fs::read(path).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+    edit(&mut header);
+    let mut text = serde_json::to_vec(&header).unwrap();
+    text.resize(text.len().next_multiple_of(8), b' ');
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend(text);
+    out.extend(&bytes[8 + header_len..]);
+    std::fs::write(path, out).unwrap();
+}
+
+#[test]
+fn bytes_after_the_described_data_are_not_called_a_truncation() {
+    let dir = copy_fixture("qwen3_moe_mlx4");
+    let shard = first_shard(dir.path());
+    let mut file = std::fs::OpenOptions::new().append(true).open(&shard).unwrap();
+    std::io::Write::write_all(&mut file, &[0u8; 1000]).unwrap();
+    let err = load_error(dir.path());
+    assert!(err.contains("model.safetensors has 1000 bytes after the") && !err.contains("truncated"), "{err}");
+    // A header that describes more than the file holds is a truncation, with both sizes.
+    let dir = copy_fixture("qwen3_moe_mlx4");
+    let shard = first_shard(dir.path());
+    let len = std::fs::metadata(&shard).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&shard).unwrap().set_len(len - 1000).unwrap();
+    let err = load_error(dir.path());
+    assert!(err.contains("truncated") && err.contains(&format!("the file has {}", len - 1000)), "{err}");
+}
+
+#[test]
+fn a_header_whose_offsets_do_not_match_its_shapes_is_refused() {
+    let dir = copy_fixture("qwen3_moe_mlx4");
+    let shard = first_shard(dir.path());
+    edit_header(&shard, |h| h["lm_head.biases"]["data_offsets"] = serde_json::json!([0, 4096]));
+    let err = load_error(dir.path());
+    assert!(err.contains("model.safetensors has an invalid safetensors header"), "{err}");
+}
+
+#[test]
+fn an_index_naming_a_shard_outside_the_model_folder_is_refused() {
+    for outside in ["/etc/passwd", "../model.safetensors", "./model.safetensors"] {
+        let dir = copy_fixture("qwen3_moe_mlx4");
+        let index = dir.path().join("model.safetensors.index.json");
+        let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&index).unwrap()).unwrap();
+        v["weight_map"]["lm_head.weight"] = outside.into();
+        std::fs::write(&index, v.to_string()).unwrap();
+        let err = load_error(dir.path());
+        assert!(err.contains(&format!("names the shard '{outside}', which is not a file inside the model directory")), "{err}");
+    }
+}
+
+#[test]
+fn a_tokenizer_with_ids_the_model_has_no_embedding_for_is_refused() {
+    let dir = copy_fixture("qwen3_moe_mlx4");
+    let path = dir.path().join("tokenizer.json");
+    let mut tokenizer: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let vocab = tokenizer["model"]["vocab"].as_object().unwrap().len() + tokenizer["added_tokens"].as_array().unwrap().len();
+    tokenizer["added_tokens"].as_array_mut().unwrap().push(serde_json::json!({
+        "id": vocab, "content": "<|extra|>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true
+    }));
+    std::fs::write(&path, tokenizer.to_string()).unwrap();
+    let err = load_error(dir.path());
+    assert!(err.contains("tokenizer.json has the token \"<|extra|>\"") && err.contains("another model"), "{err}");
+}
+
+#[test]
+fn a_chat_template_that_fails_names_its_file() {
+    let message = [slotstream::tokenizer::ChatMessage { role: "user".into(), content: "Hi".into() }];
+    let dir = copy_fixture("qwen3_moe_mlx4");
+    let config_path = dir.path().join("tokenizer_config.json");
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config["chat_template"] = "{% for m in messages %}{{ m.content | no_such_filter }}{% endfor %}".into();
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let codec = slotstream::tokenizer::TextCodec::load(dir.path(), &[]).unwrap();
+    let err = format!("{:#}", codec.apply_chat_template(&message, true, None).unwrap_err());
+    assert!(err.contains("chat template in tokenizer_config.json") && err.contains("no_such_filter"), "{err}");
+    std::fs::write(dir.path().join("chat_template.jinja"), "{% for m in messages %}").unwrap();
+    let codec = slotstream::tokenizer::TextCodec::load(dir.path(), &[]).unwrap();
+    let err = format!("{:#}", codec.apply_chat_template(&message, true, None).unwrap_err());
+    assert!(err.contains("chat template in chat_template.jinja does not parse") && err.contains("raw"), "{err}");
+}

@@ -521,6 +521,24 @@ fn a_body_declared_over_the_limit_is_refused_before_it_is_read() {
 }
 
 #[test]
+fn a_value_of_the_wrong_type_is_refused_naming_its_field() {
+    let s = start(Setup::default());
+    let msgs = json!([{"role": "user", "content": "Hi"}]);
+    let cases: [(&str, Value, &str); 5] = [
+        ("/api/chat", json!({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]}), "messages[0].content: invalid type"),
+        ("/api/chat", json!({"model": MODEL, "messages": [{"content": "Hi"}]}), "messages[0]: missing field `role`"),
+        ("/api/generate", json!({"model": MODEL, "prompt": "Hi", "options": {"stop": [1]}}), "options.stop[0]: invalid type"),
+        ("/v1/chat/completions", json!({"model": MODEL, "messages": msgs, "stop": 5}), "stop: invalid type: integer `5`, expected a string or a list"),
+        ("/v1/completions", json!({"model": MODEL, "prompt": "Hi", "stream_options": {"include_usage": "yes"}}), "stream_options.include_usage: invalid type"),
+    ];
+    for (path, body, needle) in cases {
+        let r = s.post(path, &body);
+        assert_eq!(r.status, 400, "{path} {body}: {}", r.text());
+        assert!(r.error().contains(needle), "{path} {body}: error {:?} should contain {needle:?}", r.error());
+    }
+}
+
+#[test]
 fn a_bad_max_tokens_is_refused_even_beside_max_completion_tokens() {
     let s = start(Setup::default());
     let msgs = json!([{"role": "user", "content": "Hi"}]);

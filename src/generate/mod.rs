@@ -135,6 +135,7 @@ impl Engine {
     pub fn load_arch(arch: &ModelArch, backend: Box<dyn Backend>, opts: &model::LoadOptions) -> Result<Engine> {
         let model = model::load(arch, backend.as_ref(), opts)?;
         let codec = TextCodec::load(&arch.dir, &arch.eos_ids())?;
+        codec.check_fits_model(model.vocab_size(), &arch.dir)?;
         Ok(Engine { backend, model, codec, prefill_chunk: DEFAULT_PREFILL_CHUNK, drafter: None, decode_ahead: opts.decode_ahead })
     }
 

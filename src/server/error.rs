@@ -44,9 +44,17 @@ impl ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, message)
     }
 
-    /// The body could not be read or parsed as the endpoint's JSON.
-    pub fn invalid_json(e: serde_json::Error) -> ApiError {
-        ApiError::bad_request(format!("invalid JSON body: {e}"))
+    /// The body could not be parsed as the endpoint's JSON; a value of the
+    /// wrong type or a missing field is named by its path in `body`.
+    pub fn invalid_json(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        // A syntax error, or one about the whole body, has no field to name.
+        if path == "." || inner.classify() != serde_json::error::Category::Data {
+            ApiError::bad_request(format!("invalid JSON body: {inner}"))
+        } else {
+            ApiError::bad_request(format!("invalid JSON body: {path}: {inner}"))
+        }
     }
 }
 

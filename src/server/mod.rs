@@ -417,7 +417,28 @@ fn parse_body<T: serde::de::DeserializeOwned>(
     if is_blank(&bytes) {
         return Err(ApiError::bad_request("the request body is empty; send a JSON object"));
     }
-    serde_json::from_slice(&bytes).map_err(ApiError::invalid_json)
+    from_json(&bytes)
+}
+
+/// Parses `bytes` as one JSON value of type `T` (nothing after it); an error
+/// names the field it is about (`messages[0].content`).
+fn from_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(ApiError::invalid_json)?;
+    de.end().map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?;
+    Ok(value)
+}
+
+/// Parses a JSON body as two values, each from all of its fields (a part
+/// ignores the other's): an error names the field, as one from
+/// `#[serde(flatten)]` could not.
+fn parse_body_parts<A: serde::de::DeserializeOwned, B: serde::de::DeserializeOwned>(
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<(A, B), ApiError> {
+    let bytes = body.map_err(|r| ApiError::new(r.status(), r.body_text()))?;
+    let first: A = parse_body(Ok(bytes.clone()))?;
+    let second = from_json(&bytes)?;
+    Ok((first, second))
 }
 
 fn is_blank(b: &[u8]) -> bool {

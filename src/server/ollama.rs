@@ -29,11 +29,37 @@ type Body = Result<Bytes, BytesRejection>;
 type Reply = Result<Response, OllamaError>;
 
 /// `stop` may be one string or a list.
-#[derive(Deserialize)]
-#[serde(untagged)]
 pub enum StringOrList {
     One(String),
     Many(Vec<String>),
+}
+
+/// By hand rather than `#[serde(untagged)]`, whose error serde_json places
+/// at the end of the enclosing object, so the field could not be named.
+impl<'de> Deserialize<'de> for StringOrList {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Either;
+        impl<'de> serde::de::Visitor<'de> for Either {
+            type Value = StringOrList;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string or a list of strings")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<StringOrList, E> {
+                Ok(StringOrList::One(s.to_string()))
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<StringOrList, A::Error> {
+                let mut list = Vec::new();
+                while let Some(item) = seq.next_element::<String>()? {
+                    list.push(item);
+                }
+                Ok(StringOrList::Many(list))
+            }
+        }
+        deserializer.deserialize_any(Either)
+    }
 }
 
 impl StringOrList {
@@ -45,7 +71,8 @@ impl StringOrList {
     }
 }
 
-/// Ollama `options`. Unknown options are ignored, as Ollama does.
+/// Ollama `options`. Unknown options are ignored, as Ollama does; a sampler
+/// Ollama has and slotstream lacks is refused, never silently skipped.
 #[derive(Deserialize, Default)]
 struct Options {
     temperature: Option<f32>,
@@ -61,6 +88,7 @@ struct Options {
     presence_penalty: Option<f32>,
     frequency_penalty: Option<f32>,
     mirostat: Option<i64>,
+    typical_p: Option<f32>,
 }
 
 /// Sampler and length settings from `options`, with Ollama's defaults.
@@ -75,6 +103,9 @@ fn map_options(o: Option<Options>) -> Result<Mapped, ApiError> {
     let o = o.unwrap_or_default();
     if o.mirostat.is_some_and(|m| m != 0) {
         return Err(ApiError::unsupported("mirostat sampling modes ('mirostat')"));
+    }
+    if o.typical_p.is_some_and(|p| p != 1.0) {
+        return Err(ApiError::unsupported("locally typical sampling ('typical_p' other than 1)"));
     }
     let context_limit = match o.num_ctx {
         None => None,
@@ -455,5 +486,14 @@ mod tests {
         assert_eq!(m.stop, vec!["x".to_string()]);
         let o: Options = serde_json::from_value(json!({"num_predict": -7})).expect("options parse");
         assert!(map_options(Some(o)).is_err());
+    }
+
+    #[test]
+    fn a_sampler_ollama_has_and_slotstream_lacks_is_refused() {
+        let o: Options = serde_json::from_value(json!({"typical_p": 0.5})).expect("options parse");
+        let error = map_options(Some(o)).err().expect("typical_p 0.5 should be refused");
+        assert!(error.message.contains("'typical_p' other than 1"), "{}", error.message);
+        let o: Options = serde_json::from_value(json!({"typical_p": 1.0, "tfs_z": 1.0})).expect("options parse");
+        assert!(map_options(Some(o)).is_ok(), "typical_p 1 is the default, no sampling change");
     }
 }

@@ -18,7 +18,7 @@ use super::error::{json_response, OpenAiError};
 use super::ollama::{is_present, StringOrList};
 use super::tools::{self, ToolCall};
 use super::{
-    parse_body, start_generation, stream_body, streaming, ApiError, AppState, Event, GenerationRequest, OutputConstraint, PromptInput,
+    parse_body_parts, start_generation, stream_body, streaming, ApiError, AppState, Event, GenerationRequest, OutputConstraint, PromptInput,
     Summary,
 };
 use crate::constrain::ConstraintSpec;
@@ -35,7 +35,8 @@ struct StreamOptions {
     include_usage: bool,
 }
 
-/// Fields both endpoints share.
+/// Fields both endpoints share, read from the body beside the endpoint's
+/// own (not `#[serde(flatten)]`, whose errors cannot say which field broke).
 #[derive(Deserialize)]
 struct Common {
     #[serde(default)]
@@ -58,8 +59,6 @@ struct Common {
 
 #[derive(Deserialize)]
 struct ChatBody {
-    #[serde(flatten)]
-    common: Common,
     #[serde(default)]
     messages: Vec<Message>,
     max_tokens: Option<i64>,
@@ -88,8 +87,6 @@ struct Message {
 
 #[derive(Deserialize)]
 struct CompletionBody {
-    #[serde(flatten)]
-    common: Common,
     prompt: Option<Value>,
     max_tokens: Option<i64>,
     logprobs: Option<Value>,
@@ -357,7 +354,7 @@ async fn respond(app: &Arc<AppState>, req: GenerationRequest, shaper: Shaper, st
 }
 
 pub async fn chat_completions(State(app): State<Arc<AppState>>, body: Body) -> Reply {
-    let mut b: ChatBody = parse_body(body)?;
+    let (mut common, mut b): (Common, ChatBody) = parse_body_parts(body)?;
     if is_present(&b.functions) || is_present(&b.function_call) {
         return Err(ApiError::unsupported("legacy functions ('functions', 'function_call'); send 'tools'").into());
     }
@@ -376,7 +373,7 @@ pub async fn chat_completions(State(app): State<Arc<AppState>>, body: Body) -> R
     if is_present(&b.audio) || b.modalities.as_ref().is_some_and(|m| m.as_array().is_none_or(|a| a.iter().any(|x| x != "text"))) {
         return Err(ApiError::unsupported("audio outputs").into());
     }
-    let (sampling, stop) = map_common(&mut b.common)?;
+    let (sampling, stop) = map_common(&mut common)?;
     let think = match b.reasoning_effort.as_deref() {
         None => None,
         Some("none") => Some(false),
@@ -415,10 +412,10 @@ pub async fn chat_completions(State(app): State<Arc<AppState>>, body: Body) -> R
     // Both are checked, though max_completion_tokens wins: a bad value is never ignored.
     let legacy_max = max_tokens(b.max_tokens, "max_tokens")?;
     let max = max_tokens(b.max_completion_tokens, "max_completion_tokens")?.or(legacy_max);
-    let include_usage = b.common.stream_options.as_ref().is_some_and(|o| o.include_usage);
-    let shaper = Shaper::new(Kind::Chat, b.common.model.clone(), include_usage);
+    let include_usage = common.stream_options.as_ref().is_some_and(|o| o.include_usage);
+    let shaper = Shaper::new(Kind::Chat, common.model.clone(), include_usage);
     let req = GenerationRequest {
-        model: b.common.model,
+        model: common.model,
         prompt: PromptInput::Chat(messages),
         max_tokens: max,
         context_limit: None,
@@ -430,7 +427,7 @@ pub async fn chat_completions(State(app): State<Arc<AppState>>, body: Body) -> R
         constraint,
         keep_alive: None,
     };
-    respond(&app, req, shaper, streaming(b.common.stream, false)).await
+    respond(&app, req, shaper, streaming(common.stream, false)).await
 }
 
 /// The prompt of a completion: a string, a list of one string, a list of
@@ -455,7 +452,7 @@ fn completion_prompt(v: Option<Value>) -> Result<PromptInput, ApiError> {
 }
 
 pub async fn completions(State(app): State<Arc<AppState>>, body: Body) -> Reply {
-    let mut b: CompletionBody = parse_body(body)?;
+    let (mut common, b): (Common, CompletionBody) = parse_body_parts(body)?;
     if is_present(&b.logprobs) {
         return Err(ApiError::unsupported("logprobs").into());
     }
@@ -465,7 +462,7 @@ pub async fn completions(State(app): State<Arc<AppState>>, body: Body) -> Reply 
     if b.best_of.is_some_and(|n| n > 1) {
         return Err(ApiError::unsupported("multiple choices (best_of > 1)").into());
     }
-    let (sampling, stop) = map_common(&mut b.common)?;
+    let (sampling, stop) = map_common(&mut common)?;
     let prompt = match (completion_prompt(b.prompt)?, b.suffix.filter(|s| !s.is_empty())) {
         (PromptInput::Text { text, .. }, Some(suffix)) => PromptInput::Fill { prefix: text, suffix, context: Vec::new() },
         (_, Some(_)) => return Err(ApiError::bad_request("'suffix' needs 'prompt' as text, not token ids").into()),
@@ -473,10 +470,10 @@ pub async fn completions(State(app): State<Arc<AppState>>, body: Body) -> Reply 
     };
     // OpenAI's default for completions is 16 tokens.
     let max = max_tokens(b.max_tokens, "max_tokens")?.unwrap_or(16);
-    let include_usage = b.common.stream_options.as_ref().is_some_and(|o| o.include_usage);
-    let shaper = Shaper::new(Kind::Completion, b.common.model.clone(), include_usage);
+    let include_usage = common.stream_options.as_ref().is_some_and(|o| o.include_usage);
+    let shaper = Shaper::new(Kind::Completion, common.model.clone(), include_usage);
     let req = GenerationRequest {
-        model: b.common.model,
+        model: common.model,
         prompt,
         max_tokens: Some(max),
         context_limit: None,
@@ -488,7 +485,7 @@ pub async fn completions(State(app): State<Arc<AppState>>, body: Body) -> Reply 
         constraint: None,
         keep_alive: None,
     };
-    respond(&app, req, shaper, streaming(b.common.stream, false)).await
+    respond(&app, req, shaper, streaming(common.stream, false)).await
 }
 
 fn model_object(m: &super::ModelInfo) -> Value {
