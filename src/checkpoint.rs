@@ -264,10 +264,13 @@ impl Checkpoint {
         Ok(())
     }
 
-    /// For multimodal checkpoints (qwen4_exp): keeps the language model's
-    /// tensors under their names without the `language_model.` prefix (the
-    /// names config.json's quantization overrides use) and drops the vision
-    /// tower, which slotstream does not run. Returns how many tensors were dropped.
+    /// For multimodal checkpoints (qwen4_exp, qwen3_5_moe): keeps the language
+    /// model's tensors under the names a text-only checkpoint gives them
+    /// (mlx-lm's `language_model.model.X` and transformers'
+    /// `model.language_model.X` become `model.X`, `language_model.lm_head`
+    /// becomes `lm_head`), renames config.json's quantization overrides to
+    /// match, and drops the vision tower and any multi-token-prediction head,
+    /// which slotstream does not run. Returns how many tensors were dropped.
     pub fn keep_language_model(&mut self) -> usize {
         let before = self.tensors.len();
         let tensors = std::mem::take(&mut self.tensors);
@@ -276,12 +279,19 @@ impl Checkpoint {
             .filter_map(|(name, e)| {
                 if let Some(rest) = name.strip_prefix("language_model.") {
                     Some((rest.to_string(), e))
-                } else if name.starts_with("vision_tower.") || name.starts_with("model.visual.") {
+                } else if let Some(rest) = name.strip_prefix("model.language_model.") {
+                    Some((format!("model.{rest}"), e))
+                } else if name.starts_with("vision_tower.") || name.starts_with("model.visual.") || name.starts_with("mtp.") {
                     None
                 } else {
                     Some((name, e))
                 }
             })
+            .collect();
+        let overrides = std::mem::take(&mut self.quant.overrides);
+        self.quant.overrides = overrides
+            .into_iter()
+            .map(|(module, q)| (module.strip_prefix("language_model.").map_or(module.clone(), str::to_string), q))
             .collect();
         before - self.tensors.len()
     }
@@ -372,11 +382,7 @@ impl Checkpoint {
         let sname = format!("{prefix}.scales");
         let with = |last: usize| -> Vec<usize> { lead.iter().copied().chain([rows, last]).collect() };
         if !self.has(&sname) {
-            let e = self.expect_shape(&wname, &with(cols))?;
-            let dtype = dtype_of(e.dtype).ok_or_else(|| {
-                anyhow!("tensor '{wname}' in {} has dtype {:?} but no '{sname}': expected f32/f16/bf16 or MLX quantized", self.file_of(e), e.dtype)
-            })?;
-            return Ok(MatrixLayout { format: MatrixFormat::Dense(dtype), tensors: vec![wname] });
+            return self.dense_layout(&wname, &with(cols));
         }
         let QuantParams { bits, group_size } = self.quant.for_module(prefix).ok_or_else(|| {
             anyhow!("'{prefix}' is stored quantized ('{sname}' exists) but config.json has no quantization settings for it")
@@ -405,6 +411,15 @@ impl Checkpoint {
         let scale_dtype = dtype_of(se.dtype)
             .ok_or_else(|| anyhow!("'{sname}' has dtype {:?}; expected f32, f16 or bf16", se.dtype))?;
         Ok(MatrixLayout { format: MatrixFormat::Affine { bits, group_size, scale_dtype }, tensors: vec![wname, sname, bname] })
+    }
+
+    /// An unquantized tensor `name` of the given shape (f32, f16 or bf16).
+    pub fn dense_layout(&self, name: &str, shape: &[usize]) -> Result<MatrixLayout> {
+        let e = self.expect_shape(name, shape)?;
+        let dtype = dtype_of(e.dtype).ok_or_else(|| {
+            anyhow!("tensor '{name}' in {} has dtype {:?}: expected f32/f16/bf16, or MLX quantized with scales", self.file_of(e), e.dtype)
+        })?;
+        Ok(MatrixLayout { format: MatrixFormat::Dense(dtype), tensors: vec![name.to_string()] })
     }
 
     /// Reads a weight matrix (see [`Checkpoint::matrix_layout`]).

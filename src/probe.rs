@@ -30,7 +30,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use slotstream_backend::{Backend, DType, HostMatrix, MatrixData, MatrixFormat};
 
-use crate::experts::ExpertStore;
+use crate::experts::{ExpertStore, ExpertTensors};
 use crate::generate::{Engine, GenerateRequest};
 use crate::model::{LoadOptions, ModelArch};
 use crate::plan::rates::{self, ComputeRates, DiskRates, Measured, RateCache, RateKeys, RateSource};
@@ -113,13 +113,16 @@ pub struct ComputeProbe {
 fn expert_store(arch: &ModelArch) -> Result<ExpertStore> {
     let ck = arch.open_checkpoint()?;
     let mut prefixes = BTreeSet::new();
-    let mut stacked = false;
+    let mut tensors = ExpertTensors::PerExpert;
     for name in ck.names() {
         if let Some(i) = name.find(".switch_mlp.") {
             prefixes.insert(name[..i].to_string());
-            stacked = true;
+            tensors = ExpertTensors::Stacked;
         } else if let Some(i) = name.find(".mlp.experts.") {
             prefixes.insert(name[..i + ".mlp".len()].to_string());
+            if name.ends_with(".experts.gate_up_proj") {
+                tensors = ExpertTensors::Fused;
+            }
         }
     }
     if prefixes.is_empty() {
@@ -129,7 +132,7 @@ fn expert_store(arch: &ModelArch) -> Result<ExpertStore> {
     let c = &arch.text;
     // As many reads in flight as the model's runs will have.
     let threads = LoadOptions::default().with_env_overrides()?.read_threads;
-    ExpertStore::new(&ck, &prefixes, stacked, c.num_experts, c.hidden_size, c.moe_intermediate_size, threads, &[])
+    ExpertStore::new(&ck, &prefixes, tensors, c.num_experts, c.hidden_size, c.moe_intermediate_size, threads, &[])
 }
 
 fn median(values: &mut [f64]) -> Option<f64> {

@@ -1,4 +1,4 @@
-//! The wgpu backend runs the four fixture models exactly like the CPU backend:
+//! The wgpu backend runs the fixture models exactly like the CPU backend:
 //! greedy tokens identical to the oracle's (which the CPU backend matches, see
 //! parity.rs), last-position logits within the same relative L2 of 1e-4, also
 //! with the smallest expert pool (streaming through every slot), and a decode
@@ -66,6 +66,14 @@ fn qwen3_next_hf_bf16_on_wgpu() {
 #[test]
 fn qwen3_next_mlx_4bit_on_wgpu() {
     check_fixture("qwen3_next_mlx4", ExpertSlots::All);
+}
+
+/// Qwen3.5: transformers' fused experts streamed through the smallest pool,
+/// mlx-lm's 4-bit all resident.
+#[test]
+fn qwen3_5_moe_on_wgpu() {
+    check_fixture("qwen3_5_moe_hf", ExpertSlots::Count(2));
+    check_fixture("qwen3_5_moe_mlx4", ExpertSlots::All);
 }
 
 /// The smallest pool (one token's experts) streams every expert through the

@@ -34,7 +34,7 @@ use slotstream_backend::{add_shared_expert, Backend, ExpertPool, Routes, SharedE
 
 pub use evict::{Eviction, DEFAULT_HALF_LIFE};
 pub use stats::{CacheCounters, CacheStats};
-pub use store::{ExpertRecord, ExpertStore, Handover, Progress, ReadTimes};
+pub use store::{ExpertRecord, ExpertStore, ExpertTensors, Handover, Progress, ReadTimes};
 
 /// Experts of one MoE layer being read ahead of its call.
 struct Ahead {

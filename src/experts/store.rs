@@ -3,7 +3,8 @@
 //! An expert record is its three projections, each stored as one piece (plain
 //! floats) or three (MLX affine: packed values, scales, biases). In mlx-lm's
 //! stacked layout each expert's slice of a piece is contiguous; in transformers'
-//! layout each expert has its own tensors. Reads bypass the page cache
+//! older layout each expert has its own tensors; in its newer one gate and up
+//! share one stacked tensor, each expert's slice holding both halves. Reads bypass the page cache
 //! (`O_DIRECT` on Linux, `F_NOCACHE` on macOS) so the memory budget means what
 //! it says; where the file system refuses that, plain reads are used and the
 //! summary says so.
@@ -126,6 +127,21 @@ impl Drop for InFlight<'_> {
     }
 }
 
+/// How a checkpoint names its routed experts' tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertTensors {
+    /// transformers before 5: one tensor per expert and projection
+    /// (`experts.{e}.gate_proj.weight`).
+    PerExpert,
+    /// mlx-lm: each projection stacked over the experts
+    /// (`switch_mlp.gate_proj.weight` `[E, out, in]`, quantized or not).
+    Stacked,
+    /// transformers 5: gate and up fused and stacked (`experts.gate_up_proj`
+    /// `[E, 2I, H]`, gate first) beside `experts.down_proj` `[E, H, I]`;
+    /// unquantized.
+    Fused,
+}
+
 fn per_proj_index(name: &str) -> usize {
     match name {
         "gate_proj" => 0,
@@ -142,14 +158,14 @@ impl ExpertStore {
     pub const KEEP_READ_BUFFERS: usize = 64 << 20;
 
     /// Finds every expert of every MoE layer in the checkpoint. `layer_prefixes`
-    /// are the MoE blocks' module paths (`model.layers.{i}.mlp`), `stacked`
-    /// whether experts are stacked (`switch_mlp`) or one tensor per expert;
-    /// `shared[i]`: also the shared expert `{prefix}.shared_expert` of layer
-    /// i, where it is stored as the routed experts are.
+    /// are the MoE blocks' module paths (`model.layers.{i}.mlp`), `tensors`
+    /// how the checkpoint names them; `shared[i]`: also the shared expert
+    /// `{prefix}.shared_expert` of layer i, where it is stored as the routed
+    /// experts are.
     pub fn new(
         ck: &Checkpoint,
         layer_prefixes: &[String],
-        stacked: bool,
+        tensors: ExpertTensors,
         experts: usize,
         hidden: usize,
         intermediate: usize,
@@ -163,19 +179,26 @@ impl ExpertStore {
         let projections = [("gate_proj", intermediate, hidden), ("up_proj", intermediate, hidden), ("down_proj", hidden, intermediate)];
         for prefix in layer_prefixes {
             let mut formats = Vec::new();
-            // Per projection: (format, tensor names, per-expert stride of each).
+            // Per projection: its name, its tensors' names (expert 0's where
+            // each expert has its own) and which part of each expert's slice
+            // it is (fused gate and up: half 0 and 1 of 2).
             let mut per_proj = Vec::new();
             for (name, rows, cols) in projections {
-                let module =
-                    if stacked { format!("{prefix}.switch_mlp.{name}") } else { format!("{prefix}.experts.0.{name}") };
-                let lead: &[usize] = if stacked { &[experts] } else { &[] };
-                let m = ck.matrix_layout(&module, lead, rows, cols)?;
-                formats.push(m.format);
-                let suffixes: &[&str] = match m.format {
-                    MatrixFormat::Dense(_) => &["weight"],
-                    MatrixFormat::Affine { .. } => &["weight", "scales", "biases"],
+                let m = match tensors {
+                    ExpertTensors::Stacked => ck.matrix_layout(&format!("{prefix}.switch_mlp.{name}"), &[experts], rows, cols)?,
+                    ExpertTensors::PerExpert => ck.matrix_layout(&format!("{prefix}.experts.0.{name}"), &[], rows, cols)?,
+                    ExpertTensors::Fused if name == "down_proj" => {
+                        ck.dense_layout(&format!("{prefix}.experts.down_proj"), &[experts, rows, cols])?
+                    }
+                    ExpertTensors::Fused => ck.dense_layout(&format!("{prefix}.experts.gate_up_proj"), &[experts, 2 * rows, cols])?,
                 };
-                per_proj.push((name, suffixes, module));
+                formats.push(m.format);
+                let part = match (tensors, name) {
+                    (ExpertTensors::Fused, "gate_proj") => (0, 2),
+                    (ExpertTensors::Fused, "up_proj") => (1, 2),
+                    _ => (0, 1),
+                };
+                per_proj.push((name, m.tensors, part));
             }
             let this = ExpertLayout { hidden, intermediate, gate: formats[0], up: formats[1], down: formats[2] };
             match &layout {
@@ -187,30 +210,31 @@ impl ExpertStore {
                 ),
             }
             for e in 0..experts {
-                for (name, suffixes, module) in &per_proj {
+                for (name, names, (part, parts)) in &per_proj {
                     let mut pieces = Vec::new();
-                    for s in suffixes.iter() {
-                        let tensor = if stacked {
-                            format!("{module}.{s}")
-                        } else {
+                    for first in names {
+                        let tensor = if tensors == ExpertTensors::PerExpert {
                             // Validates every expert's tensors, not just expert 0's.
                             let m = format!("{prefix}.experts.{e}.{name}");
-                            if e > 0 && *s == "weight" {
+                            if e > 0 && first.ends_with(".weight") {
                                 let (rows, cols) = if *name == "down_proj" { (hidden, intermediate) } else { (intermediate, hidden) };
                                 if ck.matrix_layout(&m, &[], rows, cols)?.format != formats[per_proj_index(name)] {
                                     bail!("expert {e} of '{prefix}' is stored differently from expert 0");
                                 }
                             }
-                            format!("{m}.{s}")
+                            first.replacen(&format!("{prefix}.experts.0."), &format!("{prefix}.experts.{e}."), 1)
+                        } else {
+                            first.clone()
                         };
                         let entry = ck.entry(&tensor)?;
                         let fi = open_once(&mut files, &mut file_index, &ck.dir.join(ck.file_of(entry)))?;
                         let total = (entry.end - entry.start) as u64;
-                        let (offset, len) = if stacked {
-                            let per = total / experts as u64;
-                            (entry.start as u64 + e as u64 * per, per)
-                        } else {
+                        let (offset, len) = if tensors == ExpertTensors::PerExpert {
                             (entry.start as u64, total)
+                        } else {
+                            let per = total / experts as u64;
+                            let len = per / *parts as u64;
+                            (entry.start as u64 + e as u64 * per + *part as u64 * len, len)
                         };
                         pieces.push(Piece { file: fi, offset, len });
                     }

@@ -24,16 +24,21 @@ pub enum Family {
     Qwen3Next,
     /// Qwen3.8-Flash-Next: qwen3_next plus hyper-connections, QSA, PLE and MTP.
     Qwen4Exp,
+    /// Qwen3.5 MoE (Qwen3.5-35B-A3B and relatives): qwen3_next's trunk with
+    /// the Gated DeltaNet's projections apart, in a vision-language
+    /// checkpoint whose vision tower slotstream skips.
+    Qwen35Moe,
 }
 
 impl Family {
-    const SUPPORTED: &'static str = "qwen3_moe, qwen3_next, qwen4_exp";
+    const SUPPORTED: &'static str = "qwen3_moe, qwen3_next, qwen3_5_moe, qwen4_exp";
 
     fn from_model_type(model_type: &str, config_path: &Path) -> Result<Family> {
         match model_type {
             "qwen3_moe" => Ok(Family::Qwen3Moe),
             "qwen3_next" => Ok(Family::Qwen3Next),
             "qwen4_exp" => Ok(Family::Qwen4Exp),
+            "qwen3_5_moe" => Ok(Family::Qwen35Moe),
             "" => bail!("{} has no 'model_type'", config_path.display()),
             other => bail!(
                 "model_type '{other}' in {} is not supported (supported: {})",
@@ -49,6 +54,7 @@ impl Family {
             Family::Qwen3Moe => "qwen3_moe",
             Family::Qwen3Next => "qwen3_next",
             Family::Qwen4Exp => "qwen4_exp",
+            Family::Qwen35Moe => "qwen3_5_moe",
         }
     }
 }
@@ -124,6 +130,14 @@ impl ModelArch {
             Family::Qwen4Exp => {
                 let t = raw.get("text_config").context("config.json of a qwen4_exp model has no 'text_config'")?;
                 (MoeConfig::parse(t)?, Some(Qwen4Config::parse(t)?), true)
+            }
+            Family::Qwen35Moe => {
+                let t = raw.get("text_config").context("config.json of a qwen3_5_moe model has no 'text_config'")?;
+                let mut text = MoeConfig::parse(t)?;
+                // Its router always renormalises the chosen experts' weights
+                // (transformers, mlx-lm); configs need not say so.
+                text.norm_topk_prob |= t.get("norm_topk_prob").is_none();
+                (text, None, true)
             }
             _ => (MoeConfig::parse(&raw)?, None, false),
         };
@@ -394,6 +408,23 @@ mod tests {
             let e = arch(config(key, value)).expect_err(key);
             assert!(format!("{e:#}").contains(says), "{key}: {e:#}");
         }
+    }
+
+    #[test]
+    fn qwen3_5_moe_reads_its_text_config_and_renormalises_by_default() {
+        let mut text = hybrid(serde_json::json!({"rope_parameters": {"rope_type": "default", "rope_theta": 1e7,
+            "partial_rotary_factor": 0.5, "mrope_section": [1, 1, 0]}}));
+        text["model_type"] = "qwen3_5_moe_text".into();
+        let a = arch(serde_json::json!({"model_type": "qwen3_5_moe", "text_config": text.clone()})).unwrap();
+        assert_eq!(a.family, Family::Qwen35Moe);
+        assert!(a.multimodal && a.text.norm_topk_prob);
+        assert_eq!((a.text.rope_theta(), a.text.partial_rotary_factor()), (1e7, 0.5));
+        assert_eq!(a.attention_layers(), 1);
+        text["norm_topk_prob"] = false.into();
+        let a = arch(serde_json::json!({"model_type": "qwen3_5_moe", "text_config": text})).unwrap();
+        assert!(!a.text.norm_topk_prob);
+        let e = arch(serde_json::json!({"model_type": "qwen3_5_moe"})).unwrap_err();
+        assert!(format!("{e:#}").contains("no 'text_config'"), "{e:#}");
     }
 
     #[test]

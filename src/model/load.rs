@@ -15,13 +15,14 @@ use super::blocks::moe::MoeBlock;
 use super::layer::{DecoderLayer, FeedForward, Head, PreNorm};
 use super::options::ExpertSlots;
 use crate::checkpoint::Checkpoint;
-use crate::experts::{ExpertCache, ExpertStore};
+use crate::experts::{ExpertCache, ExpertStore, ExpertTensors};
 
 /// How a checkpoint stores its experts and norms.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Layout {
-    /// transformers: one tensor per expert (`mlp.experts.{e}.gate_proj`).
-    HuggingFace,
+    /// transformers: one tensor per expert (`mlp.experts.{e}.gate_proj`), or
+    /// since transformers 5 gate and up fused (`mlp.experts.gate_up_proj`).
+    HuggingFace { fused: bool },
     /// mlx-lm: experts stacked (`mlp.switch_mlp.gate_proj`).
     Mlx,
 }
@@ -34,13 +35,29 @@ impl Layout {
         if ck.has(&format!("{p}.switch_mlp.gate_proj.weight")) {
             Ok(Layout::Mlx)
         } else if ck.has(&format!("{p}.experts.0.gate_proj.weight")) {
-            Ok(Layout::HuggingFace)
+            Ok(Layout::HuggingFace { fused: false })
+        } else if ck.has(&format!("{p}.experts.gate_up_proj")) {
+            Ok(Layout::HuggingFace { fused: true })
         } else {
             bail!(
-                "cannot find layer {l}'s experts in {}: expected '{p}.switch_mlp.gate_proj.weight' (mlx-lm) \
-                 or '{p}.experts.0.gate_proj.weight' (transformers)",
+                "cannot find layer {l}'s experts in {}: expected '{p}.switch_mlp.gate_proj.weight' (mlx-lm), \
+                 '{p}.experts.0.gate_proj.weight' or '{p}.experts.gate_up_proj' (transformers)",
                 ck.dir.display()
             )
+        }
+    }
+
+    /// Whether the checkpoint is in transformers' layout (zero-centred norms
+    /// where the family has them).
+    pub fn is_transformers(self) -> bool {
+        matches!(self, Layout::HuggingFace { .. })
+    }
+
+    pub fn expert_tensors(self) -> ExpertTensors {
+        match self {
+            Layout::Mlx => ExpertTensors::Stacked,
+            Layout::HuggingFace { fused: false } => ExpertTensors::PerExpert,
+            Layout::HuggingFace { fused: true } => ExpertTensors::Fused,
         }
     }
 }
@@ -135,7 +152,7 @@ pub fn assemble(cx: &LoadCx<'_>, layout: Layout, trunk: Trunk, layers: Vec<Decod
 pub fn expert_cache(cx: &LoadCx<'_>, layout: Layout, moe_prefixes: &[String], slots: ExpertSlots, shared: &[bool]) -> Result<ExpertCache> {
     let c = &cx.arch.text;
     let (experts, hidden, inter) = (c.num_experts, c.hidden_size, c.moe_intermediate_size);
-    let mut store = ExpertStore::new(cx.ck, moe_prefixes, layout == Layout::Mlx, experts, hidden, inter, cx.opts.read_threads, shared)?;
+    let mut store = ExpertStore::new(cx.ck, moe_prefixes, layout.expert_tensors(), experts, hidden, inter, cx.opts.read_threads, shared)?;
     if !cx.opts.reuse_read_buffers {
         store.keep_read_buffers(0);
     }

@@ -8,7 +8,7 @@
 //! - [`speculative`]: the state a draft head for speculative decoding keeps.
 //! - [`load`], [`options`]: what every loader shares, and how to load.
 //! - One file or folder per family: `qwen3_moe.rs`, `qwen3_next.rs`,
-//!   `qwen4_exp/` (hyper-connections, PLE and its n-gram table, QSA, MTP).
+//!   `qwen3_5_moe.rs`, `qwen4_exp/` (hyper-connections, PLE and its n-gram table, QSA, MTP).
 //!   Adding a family is a new file and a line in [`load`].
 
 pub mod arch;
@@ -18,6 +18,7 @@ pub mod decoder;
 pub mod layer;
 pub mod load;
 pub mod options;
+mod qwen3_5_moe;
 mod qwen3_moe;
 pub(crate) mod qwen3_next;
 pub mod qwen4_exp;
@@ -37,6 +38,7 @@ pub fn load(arch: &ModelArch, backend: &dyn Backend, opts: &LoadOptions) -> Resu
         Family::Qwen3Moe => qwen3_moe::load(arch, backend, opts),
         Family::Qwen3Next => qwen3_next::load(arch, backend, opts),
         Family::Qwen4Exp => qwen4_exp::load(arch, backend, opts),
+        Family::Qwen35Moe => qwen3_5_moe::load(arch, backend, opts),
     };
     result.with_context(|| format!("loading the {} model in {}", arch.family.model_type(), arch.dir.display()))
 }

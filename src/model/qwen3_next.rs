@@ -79,12 +79,24 @@ fn delta_net(cx: &LoadCx<'_>, l: &str) -> Result<GatedDeltaNet> {
 }
 
 pub fn load(arch: &ModelArch, b: &dyn Backend, opts: &LoadOptions) -> Result<DecoderModel> {
+    load_hybrid(arch, b, opts, delta_net)
+}
+
+/// qwen3_next's trunk, each Gated DeltaNet layer built by `delta_net` from
+/// the checkpoint's `{layer}.linear_attn` (the families store its
+/// projections differently).
+pub(crate) fn load_hybrid(
+    arch: &ModelArch,
+    b: &dyn Backend,
+    opts: &LoadOptions,
+    delta_net: fn(&LoadCx<'_>, &str) -> Result<GatedDeltaNet>,
+) -> Result<DecoderModel> {
     let ck = arch.open_checkpoint()?;
     let cx = LoadCx { b, ck: &ck, arch, opts };
     let c = &arch.text;
     let layout = Layout::detect(&ck, arch.first_moe_layer())?;
     // transformers' zero-centred norms become plain weights by adding one.
-    let shift = if layout == Layout::HuggingFace { 1.0 } else { 0.0 };
+    let shift = if layout.is_transformers() { 1.0 } else { 0.0 };
     let trunk = Trunk::with_final_norm(&cx, shift)?;
     let mut layers = Vec::with_capacity(arch.layers());
     let mut moe_prefixes = Vec::new();

@@ -80,8 +80,12 @@ fn serialize_format<S: serde::Serializer>(format: &MatrixFormat, s: S) -> Result
 }
 
 /// The format of the first MoE layer's gate projection, in either layout
-/// (stacked `switch_mlp` or one tensor per expert).
+/// (stacked `switch_mlp`, one tensor per expert, or gate and up fused).
 fn expert_format(ck: &Checkpoint, experts: usize, intermediate: usize, hidden: usize) -> Option<MatrixFormat> {
+    let fused = ck.names().filter(|n| n.ends_with(".mlp.experts.gate_up_proj")).min();
+    if let Some(name) = fused {
+        return ck.dense_layout(name, &[experts, 2 * intermediate, hidden]).ok().map(|m| m.format);
+    }
     let name = ck.names().filter(|n| ModelArch::is_routed_expert_tensor(n) && n.ends_with(".gate_proj.weight")).min()?;
     let module = name.strip_suffix(".weight")?;
     let lead: &[usize] = if name.contains(".switch_mlp.") { &[experts] } else { &[] };

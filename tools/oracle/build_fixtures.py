@@ -1,9 +1,10 @@
-"""Build the four tiny test models and their goldens into tests/fixtures/.
+"""Build the six tiny test models and their goldens into tests/fixtures/.
 
     .venv/bin/python tools/oracle/build_fixtures.py [--out tests/fixtures]
 
-Writes, for each family F in {qwen3_moe, qwen3_next}:
-  F_hf/    Hugging Face layout, bf16 safetensors (qwen3_next: 2 shards + index)
+Writes, for each family F in {qwen3_moe, qwen3_next, qwen3_5_moe}:
+  F_hf/    Hugging Face layout, bf16 safetensors (qwen3_next, qwen3_5_moe: 2
+           shards + index; qwen3_5_moe: transformers 5's fused experts)
   F_mlx4/  the same model through `mlx_lm.convert(quantize=True, q_bits=4,
            q_group_size=64)`, exactly how mlx-community checkpoints are made
 and a golden.json in every directory (see goldens.py).

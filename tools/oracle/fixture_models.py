@@ -239,7 +239,7 @@ def qwen3_next_is_linear(cfg: dict, layer: int) -> bool:
     return (layer + 1) % cfg["full_attention_interval"] != 0
 
 
-def qwen3_next_init(rng: np.random.Generator, cfg: dict) -> Dict[str, np.ndarray]:
+def qwen3_next_init(rng: np.random.Generator, cfg: dict, split_projections: bool = False) -> Dict[str, np.ndarray]:
     init = Init(rng)
     H, V = cfg["hidden_size"], cfg["vocab_size"]
     nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
@@ -256,8 +256,14 @@ def qwen3_next_init(rng: np.random.Generator, cfg: dict) -> Dict[str, np.ndarray
         w[f"{p}.input_layernorm.weight"] = init.shifted_norm(H)
         if qwen3_next_is_linear(cfg, l):
             a = f"{p}.linear_attn"
-            w[f"{a}.in_proj_qkvz.weight"] = init.linear(2 * key_dim + 2 * value_dim, H)
-            w[f"{a}.in_proj_ba.weight"] = init.linear(2 * nv, H)
+            if split_projections:  # qwen3_5_moe: q|k|v, z, b and a apart, not grouped per key head
+                w[f"{a}.in_proj_qkv.weight"] = init.linear(2 * key_dim + value_dim, H)
+                w[f"{a}.in_proj_z.weight"] = init.linear(value_dim, H)
+                w[f"{a}.in_proj_b.weight"] = init.linear(nv, H)
+                w[f"{a}.in_proj_a.weight"] = init.linear(nv, H)
+            else:
+                w[f"{a}.in_proj_qkvz.weight"] = init.linear(2 * key_dim + 2 * value_dim, H)
+                w[f"{a}.in_proj_ba.weight"] = init.linear(2 * nv, H)
             # MLX Conv1d layout [out_channels, kernel, in_channels / groups].
             w[f"{a}.conv1d.weight"] = init.normal((conv_dim, K, 1), 0.5)
             # Decay rate A in [0.05, 0.6]: state survives a few tokens, so the
@@ -317,9 +323,63 @@ def qwen3_next_to_hf(weights, cfg):
 
 def next_shard_of(key: str) -> int:
     """Shard 1: embeddings and layers 0-1; shard 2: layers 2-3, final norm, lm_head."""
+    key = key.replace("model.language_model.", "model.", 1)
     if key.startswith("model.layers."):
         return 0 if int(key.split(".")[2]) < 2 else 1
     return 0 if key.startswith("model.embed_tokens") else 1
+
+
+# --------------------------------------------------------------------------
+# Qwen3.5-MoE (Qwen3.5-35B-A3B and relatives): Qwen3-Next's trunk with the
+# Gated DeltaNet projections apart, inside a vision-language checkpoint
+# (`text_config`; tensors under `model.language_model.` in transformers,
+# `language_model.model.` in mlx-lm) whose transformers layout fuses each
+# layer's experts (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj`).
+# --------------------------------------------------------------------------
+
+QWEN3_5_MOE_TEXT_CONFIG = {
+    k: v for k, v in QWEN3_NEXT_CONFIG.items()
+    if k not in ("architectures", "model_type", "partial_rotary_factor", "rope_theta", "rope_scaling", "transformers_version")
+} | {
+    "model_type": "qwen3_5_moe_text",
+    "norm_topk_prob": True,
+    "rope_parameters": {"rope_type": "default", "mrope_section": [4, 2, 2], "mrope_interleaved": True,
+                        "rope_theta": 10000000, "partial_rotary_factor": 0.25},
+}
+
+QWEN3_5_MOE_CONFIG = {
+    "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+    "model_type": "qwen3_5_moe",
+    "text_config": QWEN3_5_MOE_TEXT_CONFIG,
+    "vision_config": {"model_type": "qwen3_5_moe", "depth": 2, "hidden_size": 64, "out_hidden_size": 128},
+    "image_token_id": 248056,
+    "tie_word_embeddings": False,
+    "transformers_version": "5.2.0",
+}
+
+
+def qwen3_5_moe_init(rng: np.random.Generator, cfg: dict) -> Dict[str, np.ndarray]:
+    w = qwen3_next_init(rng, cfg["text_config"], split_projections=True)
+    return {f"language_model.{k}": v for k, v in w.items()}
+
+
+def qwen3_5_moe_to_hf(weights, cfg):
+    """mlx-lm's names and forms -> transformers': zero-centred norms, conv1d
+    [C, 1, K], fused experts, `model.language_model.` prefix."""
+    out = {}
+    for k, v in weights.items():
+        k = k.removeprefix("language_model.")
+        if ".mlp.switch_mlp." in k:
+            prefix, proj = k.split(".mlp.switch_mlp.")
+            if proj == "down_proj.weight":
+                out[f"{prefix}.mlp.experts.down_proj"] = v
+            elif proj == "gate_proj.weight":
+                up = weights[f"language_model.{prefix}.mlp.switch_mlp.up_proj.weight"]
+                out[f"{prefix}.mlp.experts.gate_up_proj"] = np.concatenate([v, up], axis=1)
+            continue
+        out[k] = v
+    out = qwen3_next_to_hf(out, cfg)
+    return {k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k: v for k, v in out.items()}
 
 
 SPECS = {
@@ -337,6 +397,14 @@ SPECS = {
         config=QWEN3_NEXT_CONFIG,
         init_weights=qwen3_next_init,
         to_hf=qwen3_next_to_hf,
+        shards=[lambda k: next_shard_of(k) == 0, lambda k: next_shard_of(k) == 1],
+    ),
+    "qwen3_5_moe": FixtureSpec(
+        name="qwen3_5_moe",
+        seed=28,  # same criterion, searched separately
+        config=QWEN3_5_MOE_CONFIG,
+        init_weights=qwen3_5_moe_init,
+        to_hf=qwen3_5_moe_to_hf,
         shards=[lambda k: next_shard_of(k) == 0, lambda k: next_shard_of(k) == 1],
     ),
 }

@@ -114,7 +114,9 @@ def run_layers(model, ids: list):
             mx.eval(h)
             per_layer.append(np.array(h[0, -1]))
         h = inner.norm(h)
-        logits = model.lm_head(h) if hasattr(model, "lm_head") else inner.embed_tokens.as_linear(h)
+        # Vision-language checkpoints keep the head under `language_model`.
+        head = getattr(model, "language_model", model)
+        logits = head.lm_head(h) if hasattr(head, "lm_head") else inner.embed_tokens.as_linear(h)
         logits = np.array(logits[0])
     finally:
         for mlp, gate in wrapped:

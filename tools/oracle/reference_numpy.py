@@ -50,19 +50,29 @@ def load_weights(d: Path, config: dict) -> dict:
             w[k] = dequantize(v, raw[f"{p}.scales"], raw[f"{p}.biases"], q["bits"], q["group_size"])
         else:
             w[k] = v.astype(np.float64)
+    # Vision-language checkpoints (qwen3_5_moe): the language model's names.
+    w = {k.removeprefix("language_model.").replace("model.language_model.", "model.", 1): v for k, v in w.items()}
     if not any(".experts." in k for k in w):
         return w  # MLX layout: already stacked / shifted / [C, K, 1]
     # HF layout -> the layout this file computes with.
     out = {}
     E = config["num_experts"]
     for k, v in w.items():
+        if k.endswith(".mlp.experts.gate_up_proj"):  # transformers 5: [E, 2I, H], gate first
+            prefix = k.removesuffix(".experts.gate_up_proj")
+            half = v.shape[1] // 2
+            out[f"{prefix}.switch_mlp.gate_proj.weight"], out[f"{prefix}.switch_mlp.up_proj.weight"] = v[:, :half], v[:, half:]
+            continue
+        if k.endswith(".mlp.experts.down_proj"):
+            out[k.replace(".experts.down_proj", ".switch_mlp.down_proj.weight")] = v
+            continue
         if ".mlp.experts." in k:
             prefix, rest = k.split(".mlp.experts.")
             e, proj = rest.split(".", 1)
             stacked = out.setdefault(f"{prefix}.mlp.switch_mlp.{proj}", [None] * E)
             stacked[int(e)] = v
             continue
-        if config["model_type"] == "qwen3_next":
+        if config["model_type"] in ("qwen3_next", "qwen3_5_moe"):
             if k.endswith((".input_layernorm.weight", ".post_attention_layernorm.weight",
                            "model.norm.weight", ".q_norm.weight", ".k_norm.weight")):
                 v = v + 1.0  # HF stores w of a (1+w) norm
@@ -175,13 +185,22 @@ def gated_deltanet(x, w, p, cfg):
     nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
     dk, dv, K = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"], cfg["linear_conv_kernel_dim"]
     r = nv // nk
-    # Projections are grouped per key head: [q(dk) k(dk) v(r*dv) z(r*dv)] and [b(r) a(r)].
-    qkvz = linear(x, w[f"{p}.in_proj_qkvz.weight"]).reshape(L, nk, 2 * dk + 2 * r * dv)
-    ba = linear(x, w[f"{p}.in_proj_ba.weight"]).reshape(L, nk, 2 * r)
-    q, k = qkvz[..., :dk], qkvz[..., dk:2 * dk]
-    v = qkvz[..., 2 * dk:2 * dk + r * dv].reshape(L, nv, dv)
-    z = qkvz[..., 2 * dk + r * dv:].reshape(L, nv, dv)
-    b, a = ba[..., :r].reshape(L, nv), ba[..., r:].reshape(L, nv)
+    if f"{p}.in_proj_qkv.weight" in w:
+        # qwen3_5_moe: [all q | all k | all v], z, b and a, each its own projection.
+        qkv = linear(x, w[f"{p}.in_proj_qkv.weight"])
+        q = qkv[:, :nk * dk].reshape(L, nk, dk)
+        k = qkv[:, nk * dk:2 * nk * dk].reshape(L, nk, dk)
+        v = qkv[:, 2 * nk * dk:].reshape(L, nv, dv)
+        z = linear(x, w[f"{p}.in_proj_z.weight"]).reshape(L, nv, dv)
+        b, a = linear(x, w[f"{p}.in_proj_b.weight"]), linear(x, w[f"{p}.in_proj_a.weight"])
+    else:
+        # qwen3_next groups per key head: [q(dk) k(dk) v(r*dv) z(r*dv)] and [b(r) a(r)].
+        qkvz = linear(x, w[f"{p}.in_proj_qkvz.weight"]).reshape(L, nk, 2 * dk + 2 * r * dv)
+        ba = linear(x, w[f"{p}.in_proj_ba.weight"]).reshape(L, nk, 2 * r)
+        q, k = qkvz[..., :dk], qkvz[..., dk:2 * dk]
+        v = qkvz[..., 2 * dk:2 * dk + r * dv].reshape(L, nv, dv)
+        z = qkvz[..., 2 * dk + r * dv:].reshape(L, nv, dv)
+        b, a = ba[..., :r].reshape(L, nv), ba[..., r:].reshape(L, nv)
 
     # Causal depthwise conv over channels [all q | all k | all v], then SiLU.
     mixed = np.concatenate([q.reshape(L, -1), k.reshape(L, -1), v.reshape(L, -1)], axis=-1)
@@ -236,6 +255,10 @@ def forward(w, cfg, ids):
 
 def check_fixture(d: Path) -> dict:
     cfg = json.loads((d / "config.json").read_text())
+    if "text_config" in cfg:  # a vision-language checkpoint: its language model's settings
+        rope = cfg["text_config"].get("rope_parameters", {})
+        cfg = cfg["text_config"] | {k: rope[k] for k in ("rope_theta", "partial_rotary_factor") if k in rope} | {
+            k: cfg[k] for k in ("model_type", "quantization") if k in cfg}
     golden = json.loads((d / "golden.json").read_text())
     w = load_weights(d, cfg)
     result = {}
