@@ -38,7 +38,8 @@ impl Family {
             "qwen3_moe" => Ok(Family::Qwen3Moe),
             "qwen3_next" => Ok(Family::Qwen3Next),
             "qwen4_exp" => Ok(Family::Qwen4Exp),
-            "qwen3_5_moe" => Ok(Family::Qwen35Moe),
+            // The vision-language checkpoint, and its language model alone.
+            "qwen3_5_moe" | "qwen3_5_moe_text" => Ok(Family::Qwen35Moe),
             "" => bail!("{} has no 'model_type'", config_path.display()),
             other => bail!(
                 "model_type '{other}' in {} is not supported (supported: {})",
@@ -132,12 +133,23 @@ impl ModelArch {
                 (MoeConfig::parse(t)?, Some(Qwen4Config::parse(t)?), true)
             }
             Family::Qwen35Moe => {
-                let t = raw.get("text_config").context("config.json of a qwen3_5_moe model has no 'text_config'")?;
-                let mut text = MoeConfig::parse(t)?;
-                // Its router always renormalises the chosen experts' weights
-                // (transformers, mlx-lm); configs need not say so.
-                text.norm_topk_prob |= t.get("norm_topk_prob").is_none();
-                (text, None, true)
+                let mut t = match raw.get("text_config") {
+                    Some(t) => t.clone(),
+                    None if raw.get("model_type").and_then(|m| m.as_str()) == Some("qwen3_5_moe_text") => raw.clone(),
+                    None => bail!("config.json of a qwen3_5_moe model has no 'text_config'"),
+                };
+                // transformers' defaults, which configs need not state: the
+                // router always renormalises the chosen experts' weights, and
+                // RoPE turns a quarter of each head.
+                if let Some(t) = t.as_object_mut() {
+                    t.entry("norm_topk_prob").or_insert(true.into());
+                    let in_rope = t.get("rope_parameters").is_some_and(|r| r.get("partial_rotary_factor").is_some());
+                    if !in_rope {
+                        t.entry("partial_rotary_factor").or_insert(0.25.into());
+                    }
+                }
+                let text = MoeConfig::parse(&t)?;
+                (text, None, raw.get("text_config").is_some())
             }
             _ => (MoeConfig::parse(&raw)?, None, false),
         };
@@ -423,6 +435,11 @@ mod tests {
         text["norm_topk_prob"] = false.into();
         let a = arch(serde_json::json!({"model_type": "qwen3_5_moe", "text_config": text})).unwrap();
         assert!(!a.text.norm_topk_prob);
+        let a = arch(text.clone()).unwrap();
+        assert!(a.family == Family::Qwen35Moe && !a.multimodal && !a.text.norm_topk_prob);
+        text["rope_parameters"] = serde_json::json!({"rope_type": "default", "rope_theta": 1e7});
+        text["head_dim"] = 8.into();
+        assert_eq!(arch(text.clone()).unwrap().text.partial_rotary_factor(), 0.25);
         let e = arch(serde_json::json!({"model_type": "qwen3_5_moe"})).unwrap_err();
         assert!(format!("{e:#}").contains("no 'text_config'"), "{e:#}");
     }
