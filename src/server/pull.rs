@@ -132,7 +132,6 @@ pub async fn pull(State(app): State<Arc<AppState>>, body: Result<Bytes, BytesRej
     std::thread::Builder::new()
         .name(format!("pull {repo}"))
         .spawn(move || {
-            let _slot = slot;
             note!("pulling {spec}");
             let observer = Arc::new(ProgressLines(tx.clone()));
             let last = match crate::pull::pull_model(&source, &spec, observer) {
@@ -145,6 +144,9 @@ pub async fn pull(State(app): State<Arc<AppState>>, body: Result<Bytes, BytesRej
                     json!({"error": format!("pulling {spec}: {e:#}")})
                 }
             };
+            // The pull has ended before its client hears so: a delete sent
+            // on the answer must not find it still running.
+            drop(slot);
             let _ = tx.blocking_send(last);
         })
         .map_err(|e| ApiError::internal(format!("starting the pull: {e}")))?;
