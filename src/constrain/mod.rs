@@ -82,7 +82,22 @@ impl Grammars {
     /// A constraint following `spec`; a schema or tool list the engine cannot
     /// compile is an error that says why (the caller answers 400).
     pub fn constraint(&self, spec: &ConstraintSpec) -> Result<GrammarConstraint> {
+        self.constraint_after(spec, false)
+    }
+
+    /// As [`Self::constraint`]; `reasoning_open`: the prompt ends inside a
+    /// `<think>` block it opened (Qwen3.5's templates do, thinking on), so the
+    /// output is the model's reasoning up to `</think>` first, and the
+    /// constraint holds from there on (a call drafted in the reasoning
+    /// neither arms nor satisfies it).
+    pub fn constraint_after(&self, spec: &ConstraintSpec, reasoning_open: bool) -> Result<GrammarConstraint> {
         let (lark, trigger) = lark(spec)?;
+        let (lark, trigger) = match (trigger, reasoning_open) {
+            (Some(t), true) => (lark, Some(Trigger::after(&[THINK_CLOSE, &t]))),
+            (Some(t), false) => (lark, Some(Trigger::after(&[&t]))),
+            (None, true) => (after_reasoning(&lark)?, None),
+            (None, false) => (lark, None),
+        };
         let parser = self
             .factory
             .create_parser(TopLevelGrammar::from_lark(lark))
@@ -91,8 +106,24 @@ impl Grammars {
         if let Some(e) = matcher.get_error() {
             bail!("{}", first_line(&e));
         }
-        Ok(GrammarConstraint { matcher, trie: self.trie.clone(), trigger: trigger.map(Trigger::new) })
+        Ok(GrammarConstraint { matcher, trie: self.trie.clone(), trigger })
     }
+}
+
+/// Ends the reasoning a prompt opened.
+const THINK_CLOSE: &str = "</think>";
+
+/// `lark` (whose `start` rule is the constrained output) preceded by free
+/// reasoning that ends at its first `</think>`, and a little blank (a weak
+/// model could otherwise spend its tokens on blanks).
+fn after_reasoning(lark: &str) -> Result<String> {
+    let Some(body) = lark.strip_prefix("start:") else { bail!("the grammar does not begin with its start rule") };
+    Ok(format!(
+        "start: REASONING BLANK? constrained\n\
+         REASONING: /(?s:.*)<\\/think>/ & ~/(?s:.*)<\\/think>(?s:.)+/\n\
+         BLANK: /[ \\t\\r\\n]{{1,3}}/\n\
+         constrained:{body}"
+    ))
 }
 
 /// The Lark grammar for `spec`, and the text that must be generated before
@@ -130,28 +161,44 @@ fn first_line(s: &str) -> &str {
 /// Text that switches a constraint on: until it has been generated the
 /// output is free.
 struct Trigger {
+    /// The text that switches it on.
     text: Vec<u8>,
-    /// The last bytes generated, at most as many as the trigger has.
+    /// Texts to be generated first, in order (the end of the reasoning).
+    before: Vec<Vec<u8>>,
+    /// The last bytes generated, at most as many as the text looked for has.
     recent: Vec<u8>,
 }
 
 impl Trigger {
-    fn new(text: String) -> Trigger {
-        Trigger { text: text.into_bytes(), recent: Vec::new() }
+    /// Waits for each of `texts` in turn; the last one switches the constraint on.
+    fn after(texts: &[&str]) -> Trigger {
+        let mut texts: Vec<Vec<u8>> = texts.iter().filter(|t| !t.is_empty()).map(|t| t.as_bytes().to_vec()).collect();
+        let text = texts.pop().unwrap_or_default();
+        texts.reverse();
+        Trigger { text, before: texts, recent: Vec::new() }
     }
 
     /// Adds a token's bytes; returns the bytes that followed the trigger in
     /// them when the trigger is now complete.
     fn push(&mut self, bytes: &[u8]) -> Option<Vec<u8>> {
+        let looked_for = self.before.last().unwrap_or(&self.text).clone();
+        if looked_for.is_empty() {
+            return Some(bytes.to_vec());
+        }
         let start = self.recent.len();
         self.recent.extend_from_slice(bytes);
-        let first_end = start.saturating_sub(self.text.len() - 1);
-        let found = (first_end..=self.recent.len().saturating_sub(self.text.len()))
-            .find(|&at| self.recent[at..].starts_with(&self.text));
+        let first_end = start.saturating_sub(looked_for.len() - 1);
+        let found = (first_end..=self.recent.len().saturating_sub(looked_for.len()))
+            .find(|&at| self.recent[at..].starts_with(&looked_for));
         if let Some(at) = found {
-            return Some(self.recent[at + self.text.len()..].to_vec());
+            let rest = self.recent[at + looked_for.len()..].to_vec();
+            if self.before.pop().is_none() {
+                return Some(rest);
+            }
+            self.recent.clear();
+            return self.push(&rest);
         }
-        let keep = self.text.len() - 1;
+        let keep = looked_for.len() - 1;
         if self.recent.len() > keep {
             self.recent.drain(..self.recent.len() - keep);
         }

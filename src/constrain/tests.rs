@@ -179,12 +179,19 @@ fn a_schemas_objects_carry_only_the_properties_it_lists() {
 
 #[test]
 fn the_trigger_is_found_across_token_boundaries() {
-    let mut t = Trigger::new("<tool_call>".into());
+    let mut t = Trigger::after(&["<tool_call>"]);
     assert_eq!(t.push(b"Sure <tool"), None);
     assert_eq!(t.push(b"_ca"), None);
     assert_eq!(t.push(b"ll>\n{"), Some(b"\n{".to_vec()));
-    let mut t = Trigger::new("<tool_call>".into());
+    let mut t = Trigger::after(&["<tool_call>"]);
     assert_eq!(t.push(b"<tool_call>"), Some(Vec::new()));
+    // After the reasoning's end only, which may share a token with the trigger.
+    let mut t = Trigger::after(&["</think>", "<tool_call>"]);
+    assert_eq!(t.push(b"<tool_call> </thi"), None);
+    assert_eq!(t.push(b"nk>\n<tool_"), None);
+    assert_eq!(t.push(b"call>\n{"), Some(b"\n{".to_vec()));
+    let mut t = Trigger::after(&["</think>", "<tool_call>"]);
+    assert_eq!(t.push(b"</think><tool_call>x"), Some(b"x".to_vec()));
 }
 
 /// Tools whose parameters cover each way the XML form writes a value.
@@ -304,4 +311,53 @@ fn an_integer_without_bounds_stops_within_sixteen_digits() {
     let mut c = grammars.constraint(&ConstraintSpec::JsonSchema(bounded)).expect("the schema compiles");
     let text = generate(&grammars, &mut c, "", 1);
     assert!(text.parse::<i64>().is_ok_and(|n| n >= 100000000000000000), "{text}");
+}
+
+/// Whether `constraint` lets the output end now (an end-of-sequence token unmasked).
+fn may_end(constraint: &mut GrammarConstraint) -> bool {
+    let mut logits = vec![0.0f32; 512];
+    !constraint.mask(&mut logits).expect("a mask") || logits[509] == 0.0
+}
+
+#[test]
+fn after_a_prompt_that_opens_the_reasoning_the_constraint_holds_from_its_end() {
+    // Output after `<think>` (in the prompt): reasoning, `</think>`, then the constrained part.
+    let grammars = fixture_grammars();
+    let reasoning = "Maybe <tool_call>{\"name\": 1}</tool_call> or {\"a\": 2}?\n</think>\n\n";
+    for form in [ToolCallForm::Json, ToolCallForm::XmlParameters] {
+        let spec = ConstraintSpec::ToolCalls { tools: weather_tools(), forced: true, parallel: false, form };
+        for seed in 0..4 {
+            let mut c = grammars.constraint_after(&spec, true).expect("the tools compile");
+            assert!(!may_end(&mut c), "a forced call cannot be skipped by ending in the reasoning");
+            let text = generate(&grammars, &mut c, reasoning, seed);
+            let blank_and_answer = text.strip_prefix(reasoning).unwrap_or_else(|| panic!("{text:?}"));
+            let answer = blank_and_answer.trim_start();
+            assert!(blank_and_answer.len() - answer.len() <= 1, "at most 3 blanks after the reasoning: {text:?}");
+            assert!(answer.starts_with("<tool_call>\n") && answer.ends_with("</tool_call>"), "{form:?} seed {seed}: {answer:?}");
+            if form == ToolCallForm::Json {
+                assert_eq!(parse_calls(answer).len(), 1, "{answer}");
+            }
+        }
+    }
+    let schema = ConstraintSpec::JsonSchema(json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}));
+    let mut c = grammars.constraint_after(&schema, true).expect("the schema compiles");
+    let text = generate(&grammars, &mut c, "hmm</think>", 3);
+    let json: Value = serde_json::from_str(text.strip_prefix("hmm</think>").expect("the reasoning")).expect("JSON after it");
+    assert!(json["n"].is_i64(), "{text}");
+    // Without an open reasoning the output is constrained from its start.
+    let mut c = grammars.constraint(&schema).expect("the schema compiles");
+    assert!(c.commit(grammars.trie.greedy_tokenize(b"h")[0]).is_err(), "text before the JSON");
+}
+
+#[test]
+fn a_call_drafted_in_the_reasoning_does_not_arm_the_trigger() {
+    let grammars = fixture_grammars();
+    let spec = ConstraintSpec::ToolCalls { tools: weather_tools(), forced: false, parallel: false, form: ToolCallForm::Json };
+    let mut c = grammars.constraint_after(&spec, true).expect("the tools compile");
+    for id in grammars.trie.greedy_tokenize(b"I could <tool_call>\nnot JSON </tool_call>\n</think>\n\nSure. ") {
+        assert!(!c.commit(id).expect("free text"));
+    }
+    assert!(may_end(&mut c), "the answer may end without a call");
+    let text = generate(&grammars, &mut c, "<tool_call>", 2);
+    assert_eq!(parse_calls(&text).len(), 1, "the call after the reasoning is held to the grammar: {text:?}");
 }

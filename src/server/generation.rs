@@ -66,7 +66,8 @@ pub struct GenerationRequest {
     pub sampling: SamplingParams,
     pub stop: Vec<String>,
     /// Thinking on/off for templates that support it; `Some(true)` also
-    /// splits the reasoning out of the answer.
+    /// splits the reasoning out of the answer (as a prompt that opens the
+    /// reasoning itself always does).
     pub think: Option<bool>,
     /// Tools for the chat template (`{"type": "function", "function": {...}}`).
     pub tools: Vec<serde_json::Value>,
@@ -259,7 +260,7 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
     let prepared = tokio::task::spawn_blocking(move || {
         let prepared = (|| -> Result<_, ApiError> {
             let rendered = render_prompt(&model.engine, prompt, &tools, think, limit)?;
-            let constraint = wanted.map(|w| output_constraint(&model, &w)).transpose()?;
+            let constraint = wanted.map(|w| output_constraint(&model, &w, rendered.1)).transpose()?;
             Ok((rendered, constraint))
         })();
         (model, prepared)
@@ -309,14 +310,18 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
         };
         sender.send(piece);
     });
-    let splitter = (think == Some(true)).then(|| ThinkingSplitter::new(opens_thinking));
+    // A prompt that opens the reasoning itself (Qwen3.5's, thinking on by
+    // default) gets it split out even unasked: its answer would otherwise
+    // carry the reasoning and a stray `</think>`.
+    let splitter = (think == Some(true) || opens_thinking).then(|| ThinkingSplitter::new(opens_thinking));
     let tool_calls = req.parse_tool_calls.then(|| ToolCallSplitter::new(form, &req.tools));
     Ok(GenerationStream { rx, splitter, tool_calls, ready: VecDeque::new(), done: None, finished: false })
 }
 
 /// The grammar for `wanted` over this model's vocabulary (the vocabulary's
-/// trie is built on the first request that asks for one).
-fn output_constraint(model: &Resident, wanted: &OutputConstraint) -> Result<GrammarConstraint, ApiError> {
+/// trie is built on the first request that asks for one); `reasoning_open`:
+/// the prompt ends inside a `<think>` block, which the output closes first.
+fn output_constraint(model: &Resident, wanted: &OutputConstraint, reasoning_open: bool) -> Result<GrammarConstraint, ApiError> {
     let grammars = model
         .grammars
         .get_or_init(|| {
@@ -328,7 +333,7 @@ fn output_constraint(model: &Resident, wanted: &OutputConstraint) -> Result<Gram
         .as_ref()
         .map_err(|e| ApiError::bad_request(format!("'{}' cannot be followed with this model: {e}", wanted.field)))?;
     grammars
-        .constraint(&wanted.spec.in_form(model.engine.codec.tool_call_form()))
+        .constraint_after(&wanted.spec.in_form(model.engine.codec.tool_call_form()), reasoning_open)
         .map_err(|e| ApiError::bad_request(format!("'{}' cannot be compiled into a grammar: {e:#}", wanted.field)))
 }
 
@@ -540,6 +545,10 @@ mod tests {
     /// The answer both APIs get from a generation whose engine wrote
     /// `pieces` and ended for `finish`.
     fn answer(pieces: &[&str], finish: FinishReason) -> Answer {
+        answer_split(pieces, finish, None, ToolCallSplitter::new(Some(ToolCallForm::Json), &[]))
+    }
+
+    fn answer_split(pieces: &[&str], finish: FinishReason, splitter: Option<ThinkingSplitter>, calls: ToolCallSplitter) -> Answer {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
         let (outbox, rx) = delivery::channel(64, Duration::from_secs(5), runtime.handle().clone());
         for piece in pieces {
@@ -548,8 +557,7 @@ mod tests {
         let (zero, completion_tokens) = (Duration::ZERO, pieces.len());
         let summary = Summary { prompt_tokens: 1, cached_tokens: 0, completion_tokens, finish, context: Vec::new(), prompt_eval: zero, eval: zero, total: zero };
         assert!(outbox.send(Piece::Done(summary)), "the channel has room");
-        let tool_calls = Some(ToolCallSplitter::new(Some(ToolCallForm::Json), &[]));
-        let stream = GenerationStream { rx, splitter: None, tool_calls, ready: VecDeque::new(), done: None, finished: false };
+        let stream = GenerationStream { rx, splitter, tool_calls: Some(calls), ready: VecDeque::new(), done: None, finished: false };
         runtime.block_on(stream.collect()).map(|(answer, _)| answer).unwrap_or_else(|e| panic!("{}", e.message))
     }
 
@@ -562,5 +570,15 @@ mod tests {
         // Stopped otherwise (a stop sequence), what the model wrote stays text.
         let stopped = answer(&pieces, FinishReason::Stop);
         assert!(stopped.content.ends_with("\"argu") && stopped.tool_calls.len() == 1, "{}", stopped.content);
+    }
+
+    #[test]
+    fn a_call_after_reasoning_the_prompt_opened_is_a_call_and_the_reasoning_is_not_text() {
+        let tool = serde_json::json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}}}});
+        let calls = ToolCallSplitter::new(Some(ToolCallForm::XmlParameters), &[tool]);
+        let pieces = ["I should call f.\n</th", "ink>\n\n<tool_call>\n<function=f>\n<parameter=n>\n2\n</parameter>\n</function>\n</tool_call>"];
+        let got = answer_split(&pieces, FinishReason::Stop, Some(ThinkingSplitter::new(true)), calls);
+        assert_eq!((got.thinking.as_str(), got.content.as_str()), ("I should call f.\n", ""));
+        assert_eq!((got.tool_calls.len(), got.tool_calls[0].arguments_json.as_str()), (1, "{\"n\": 2}"));
     }
 }
