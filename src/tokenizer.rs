@@ -82,7 +82,7 @@ impl TextCodec {
         }
         let tokenizer_text = model_files::read_text(&tok_path, model_files::TOKENIZER_MAX_BYTES)?;
         let tokenizer = tokenizers::Tokenizer::from_bytes(tokenizer_text.as_bytes())
-            .map_err(|e| anyhow!("reading {}: {e}", tok_path.display()))?;
+            .map_err(|e| anyhow!("reading {}: {e} (a damaged or incomplete download? re-download the model)", tok_path.display()))?;
         drop(tokenizer_text);
         let cfg_path = dir.join("tokenizer_config.json");
         let cfg: serde_json::Value = match model_files::read_text_if_present(&cfg_path, model_files::CONFIG_MAX_BYTES)? {
@@ -104,7 +104,11 @@ impl TextCodec {
                     .and_then(|t| t.get("template"))
                     .and_then(|t| t.as_str())
                     .map(String::from),
-                _ => None,
+                None | Some(serde_json::Value::Null) => None,
+                Some(other) => anyhow::bail!(
+                    "{}: chat_template is {other}, not a template (a string, or a list of named templates)",
+                    cfg_path.display()
+                ),
             }
         };
         let bos_token = special_token(&cfg, "bos_token");

@@ -335,3 +335,19 @@ fn a_chat_template_that_fails_names_its_file() {
     let err = format!("{:#}", codec.apply_chat_template(&message, true, None).unwrap_err());
     assert!(err.contains("chat template in chat_template.jinja does not parse") && err.contains("raw"), "{err}");
 }
+
+#[test]
+fn a_chat_template_of_the_wrong_type_or_a_damaged_tokenizer_is_named() {
+    let dir = copy_fixture("qwen3_moe_mlx4");
+    let config_path = dir.path().join("tokenizer_config.json");
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config["chat_template"] = 5.into();
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let err = format!("{:#}", slotstream::tokenizer::TextCodec::load(dir.path(), &[]).err().expect("refused"));
+    assert!(err.contains("tokenizer_config.json: chat_template is 5, not a template"), "{err}");
+    let tokenizer = dir.path().join("tokenizer.json");
+    let bytes = std::fs::read(&tokenizer).unwrap();
+    std::fs::write(&tokenizer, &bytes[..bytes.len() / 2]).unwrap();
+    let err = format!("{:#}", slotstream::tokenizer::TextCodec::load(dir.path(), &[]).err().expect("refused"));
+    assert!(err.contains("tokenizer.json") && err.contains("re-download"), "{err}");
+}
