@@ -4,10 +4,10 @@
 //! floats) or three (MLX affine: packed values, scales, biases). In mlx-lm's
 //! stacked layout each expert's slice of a piece is contiguous; in transformers'
 //! older layout each expert has its own tensors; in its newer one gate and up
-//! share one stacked tensor, each expert's slice holding both halves. Reads bypass the page cache
-//! (`O_DIRECT` on Linux, `F_NOCACHE` on macOS) so the memory budget means what
-//! it says; where the file system refuses that, plain reads are used and the
-//! summary says so.
+//! share one stacked tensor, each expert's slice holding both halves. Reads
+//! bypass the page cache (`O_DIRECT` on Linux, `F_NOCACHE` on macOS) so the
+//! memory budget means what it says; where the file system refuses that,
+//! plain reads are used and the summary says so.
 
 use std::borrow::Cow;
 use std::sync::mpsc::Receiver;
