@@ -72,14 +72,14 @@ def bf16_bytes(a):
 class ShardWriter:
     """Collects (name, dtype, shape, producer) and writes safetensors shards."""
 
-    def __init__(self, out_dir, shard_bytes, rng, seed=0, jobs=1):
-        self.out_dir = out_dir
+    def __init__(self, out_dir, shard_bytes, rng, seed=0, jobs=1, prefix=""):
+        self.out_dir, self.prefix = out_dir, prefix
         self.shard_bytes = shard_bytes
         self.pending = []  # (name, dtype, shape, nbytes, producer(rng) -> bytes)
         self.rng, self.seed, self.jobs = rng, seed, jobs
 
     def add(self, name, dtype, shape, nbytes, producer):
-        self.pending.append((name, dtype, list(shape), nbytes, producer))
+        self.pending.append((self.prefix + name, dtype, list(shape), nbytes, producer))
 
     def finish(self):
         shards, cur, size = [], [], 0
@@ -155,14 +155,14 @@ def _write_one(task):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--family", choices=["qwen3_moe", "qwen3_next"], default="qwen3_moe")
+    p.add_argument("--family", choices=["qwen3_moe", "qwen3_next", "qwen3_5_moe"], default="qwen3_moe")
     p.add_argument("--out", required=True)
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--experts", type=int, default=64)
     p.add_argument("--top-k", type=int, default=8)
     p.add_argument("--moe-inter", type=int, default=768)
-    p.add_argument("--shared-inter", type=int, default=512, help="qwen3_next shared expert")
+    p.add_argument("--shared-inter", type=int, default=512, help="qwen3_next, qwen3_5_moe shared expert")
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--kv-heads", type=int, default=4)
     p.add_argument("--head-dim", type=int, default=128)
@@ -179,7 +179,9 @@ def main():
 
     rng = np.random.default_rng(a.seed)
     os.makedirs(a.out, exist_ok=True)
-    w = ShardWriter(a.out, int(a.shard_gb * 1e9), rng, a.seed, a.jobs)
+    # mlx-lm names a vision-language checkpoint's language model `language_model.model...`.
+    prefix = "language_model." if a.family == "qwen3_5_moe" else ""
+    w = ShardWriter(a.out, int(a.shard_gb * 1e9), rng, a.seed, a.jobs, prefix)
     h, bits, group = a.hidden, a.bits, a.group
     counter = [0]
 
@@ -250,7 +252,8 @@ def main():
         "eos_token_id": 0,
         "quantization": {"group_size": group, "bits": bits, "mode": "affine"},
     }
-    if a.family == "qwen3_next":
+    hybrid = a.family in ("qwen3_next", "qwen3_5_moe")
+    if hybrid:
         nk, nv, dk, dv = 4, 8, 128, 128
         config.update({
             "linear_num_key_heads": nk, "linear_num_value_heads": nv,
@@ -265,7 +268,7 @@ def main():
         vector(f"{p_}.post_attention_layernorm.weight", h)
         full = a.family == "qwen3_moe" or (l + 1) % 4 == 0
         if full:
-            qrows = heads * hd * (2 if a.family == "qwen3_next" else 1)
+            qrows = heads * hd * (2 if hybrid else 1)
             quantized(f"{p_}.self_attn.q_proj", [], qrows, h)
             quantized(f"{p_}.self_attn.k_proj", [], kvh * hd, h)
             quantized(f"{p_}.self_attn.v_proj", [], kvh * hd, h)
@@ -275,8 +278,14 @@ def main():
         else:
             la = f"{p_}.linear_attn"
             conv = 2 * nk * dk + nv * dv
-            quantized(f"{la}.in_proj_qkvz", [], 2 * nk * dk + 2 * nv * dv, h)
-            quantized(f"{la}.in_proj_ba", [], 2 * nv, h)
+            if a.family == "qwen3_5_moe":  # its projections apart
+                quantized(f"{la}.in_proj_qkv", [], conv, h)
+                quantized(f"{la}.in_proj_z", [], nv * dv, h)
+                quantized(f"{la}.in_proj_b", [], nv, h)
+                quantized(f"{la}.in_proj_a", [], nv, h)
+            else:
+                quantized(f"{la}.in_proj_qkvz", [], 2 * nk * dk + 2 * nv * dv, h)
+                quantized(f"{la}.in_proj_ba", [], 2 * nv, h)
             w.add(f"{la}.conv1d.weight", "BF16", [conv, 4, 1], conv * 8,
                   lambda r: bf16_bytes(0.5 * r.standard_normal(conv * 4)))
             vector(f"{la}.A_log", nv, 0.0, 0.5)
@@ -290,18 +299,26 @@ def main():
         if a.router_skew:
             skew = np.exp(a.router_skew * np.random.default_rng([a.seed, 11, l]).standard_normal(a.experts))
         quantized(f"{m}.gate", [], a.experts, h, bits=8, group=64, row_scale=skew)
-        if a.family == "qwen3_next":
+        if hybrid:
             config["quantization"][f"{m}.shared_expert_gate"] = {"group_size": 64, "bits": 8}
             quantized(f"{m}.shared_expert_gate", [], 1, h, bits=8, group=64)
         for proj, rows, cols in [("gate_proj", a.moe_inter, h), ("up_proj", a.moe_inter, h), ("down_proj", h, a.moe_inter)]:
             quantized(f"{m}.switch_mlp.{proj}", [a.experts], rows, cols)
-        if a.family == "qwen3_next":
+        if hybrid:
             for proj, rows, cols in [("gate_proj", a.shared_inter, h), ("up_proj", a.shared_inter, h), ("down_proj", h, a.shared_inter)]:
                 quantized(f"{m}.shared_expert.{proj}", [], rows, cols)
     vector("model.norm.weight", h)
     quantized("lm_head", [], a.vocab, h)
 
     total = w.finish()
+    if a.family == "qwen3_5_moe":
+        # A vision-language checkpoint as mlx-lm writes it: the language
+        # model's settings under text_config, its tensors (and quantization
+        # overrides) under language_model.
+        quant = config.pop("quantization")
+        config = {"model_type": "qwen3_5_moe", "tie_word_embeddings": False,
+                  "text_config": config | {"model_type": "qwen3_5_moe_text"},
+                  "quantization": {k if not isinstance(v, dict) else f"language_model.{k}": v for k, v in quant.items()}}
     config["quantization_config"] = config["quantization"]
     with open(os.path.join(a.out, "config.json"), "w") as f:
         json.dump(config, f, indent=1)

@@ -56,7 +56,7 @@ cargo test --test demo
 
 echo "[verify] cache size never changes output: synthetic models, minimum pool vs all experts resident"
 cargo build --release --quiet
-for family in qwen3_moe qwen3_next; do
+for family in qwen3_moe qwen3_next qwen3_5_moe; do
     synth="$tmp/synth-$family"
     "$PY" tools/synth.py --family "$family" --out "$synth" --hidden 512 --layers 4 --experts 16 --top-k 4 \
         --moe-inter 256 --shared-inter 256 --heads 4 --kv-heads 2 --head-dim 128 --vocab 2048 --seed 3 >/dev/null 2>&1
