@@ -271,29 +271,40 @@ impl Checkpoint {
     /// becomes `lm_head`), renames config.json's quantization overrides to
     /// match, and drops the vision tower and any multi-token-prediction head,
     /// which slotstream does not run. Returns how many tensors were dropped.
-    pub fn keep_language_model(&mut self) -> usize {
+    pub fn keep_language_model(&mut self) -> Result<usize> {
         let before = self.tensors.len();
-        let tensors = std::mem::take(&mut self.tensors);
-        self.tensors = tensors
-            .into_iter()
-            .filter_map(|(name, e)| {
-                if let Some(rest) = name.strip_prefix("language_model.") {
-                    Some((rest.to_string(), e))
-                } else if let Some(rest) = name.strip_prefix("model.language_model.") {
-                    Some((format!("model.{rest}"), e))
-                } else if name.starts_with("vision_tower.") || name.starts_with("model.visual.") || name.starts_with("mtp.") {
-                    None
-                } else {
-                    Some((name, e))
-                }
-            })
-            .collect();
-        let overrides = std::mem::take(&mut self.quant.overrides);
-        self.quant.overrides = overrides
-            .into_iter()
-            .map(|(module, q)| (module.strip_prefix("language_model.").map_or(module.clone(), str::to_string), q))
-            .collect();
-        before - self.tensors.len()
+        let mut kept = BTreeMap::new();
+        for (name, e) in std::mem::take(&mut self.tensors) {
+            let renamed = if let Some(rest) = name.strip_prefix("language_model.") {
+                rest.to_string()
+            } else if let Some(rest) = name.strip_prefix("model.language_model.") {
+                format!("model.{rest}")
+            } else if name.starts_with("vision_tower.") || name.starts_with("model.visual.") || name.starts_with("mtp.") {
+                continue;
+            } else {
+                name.clone()
+            };
+            // Two spellings of one tensor: a mixed-up download, whichever
+            // were kept.
+            if let Some(other) = kept.insert(renamed.clone(), (name.clone(), e)) {
+                bail!(
+                    "the tensors '{}' and '{name}' in {} are the same tensor of the language model, stored twice \
+                     (files of two downloads mixed in one folder?): keep one checkpoint's files",
+                    other.0,
+                    self.dir.display()
+                );
+            }
+        }
+        self.tensors = kept.into_iter().map(|(name, (_, e))| (name, e)).collect();
+        let mut overrides = HashMap::new();
+        for (module, q) in std::mem::take(&mut self.quant.overrides) {
+            let renamed = module.strip_prefix("language_model.").map_or(module.clone(), str::to_string);
+            if overrides.insert(renamed, q).is_some_and(|other| other != q) {
+                bail!("config.json's quantization names '{module}' twice, with different settings");
+            }
+        }
+        self.quant.overrides = overrides;
+        Ok(before - self.tensors.len())
     }
 
     /// Renames every tensor `{prefix}X` to `X` and drops the others (the

@@ -505,3 +505,18 @@ fn a_suffix_asks_for_the_middle_with_the_vocabulary_s_fim_tokens_in_both_apis() 
         "options": {"temperature": 0, "num_predict": 6}}));
     assert_eq!(ollama["response"].as_str(), Some(text), "{v}\n{ollama}");
 }
+
+/// A raw prompt that ends in `<think>` is the client's own: what the model
+/// writes comes back as the completion's text, not as unasked reasoning.
+#[test]
+fn a_raw_prompt_ending_in_think_gets_its_text_back() {
+    let dir = tool_model();
+    let s = start(dir.path());
+    for prompt in ["Once upon a time", "Once upon a time <think>"] {
+        let v = s.json("/v1/completions", &json!({"model": MODEL, "prompt": prompt, "max_tokens": 12, "temperature": 0}));
+        assert!(!v["choices"][0]["text"].as_str().unwrap_or_default().is_empty(), "{prompt:?}: {v}");
+        let v = s.json("/api/generate", &json!({"model": MODEL, "prompt": prompt, "raw": true, "stream": false,
+                                                "options": {"num_predict": 12, "temperature": 0}}));
+        assert!(!v["response"].as_str().unwrap_or_default().is_empty() && v.get("thinking").is_none(), "{prompt:?}: {v}");
+    }
+}

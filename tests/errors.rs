@@ -351,3 +351,18 @@ fn a_chat_template_of_the_wrong_type_or_a_damaged_tokenizer_is_named() {
     let err = format!("{:#}", slotstream::tokenizer::TextCodec::load(dir.path(), &[]).err().expect("refused"));
     assert!(err.contains("tokenizer.json") && err.contains("re-download"), "{err}");
 }
+
+#[test]
+fn one_tensor_stored_under_two_of_a_vision_language_checkpoints_names_is_refused() {
+    let dir = copy_fixture("qwen3_5_moe_mlx4");
+    std::fs::remove_file(dir.path().join("model.safetensors.index.json")).unwrap();
+    // transformers' name for the final norm, beside mlx-lm's in the model file.
+    let mut header = br#"{"model.language_model.norm.weight":{"dtype":"BF16","shape":[128],"data_offsets":[0,256]}}"#.to_vec();
+    header.resize(header.len().div_ceil(8) * 8, b' ');
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend(header);
+    file.extend([0u8; 256]);
+    std::fs::write(dir.path().join("zz-extra.safetensors"), file).unwrap();
+    let err = load_error(dir.path());
+    assert!(err.contains("'language_model.model.norm.weight' and 'model.language_model.norm.weight'") && err.contains("stored twice"), "{err}");
+}

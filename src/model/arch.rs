@@ -265,7 +265,7 @@ impl ModelArch {
     pub fn open_checkpoint(&self) -> Result<Checkpoint> {
         let mut ck = Checkpoint::open(&self.dir, self.quant.clone())?;
         if self.multimodal {
-            ck.keep_language_model();
+            ck.keep_language_model()?;
         }
         Ok(ck)
     }

@@ -394,7 +394,9 @@ fn render_prompt(
         }
         codec.encode(text, false).map_err(|e| ApiError::bad_request(format!("{e:#}")))
     };
-    let (ids, text) = match prompt {
+    // `templated`: the chat template wrote the text (a raw prompt that ends
+    // in `<think>` is the client's own, its output plain text).
+    let (ids, text, templated) = match prompt {
         PromptInput::Chat(messages) => {
             if !codec.has_chat_template() {
                 return Err(ApiError::bad_request(
@@ -402,10 +404,11 @@ fn render_prompt(
                 ));
             }
             let text = template(&messages)?;
-            (encode(&text)?, text)
+            (encode(&text)?, text, true)
         }
         PromptInput::Text { text, system, raw, context } => {
-            let text = if raw || !codec.has_chat_template() {
+            let templated = !raw && codec.has_chat_template();
+            let text = if !templated {
                 text
             } else {
                 let mut messages = Vec::new();
@@ -417,9 +420,9 @@ fn render_prompt(
             };
             let mut ids = context;
             ids.extend(encode(&text)?);
-            (ids, text)
+            (ids, text, templated)
         }
-        PromptInput::Ids(ids) => (ids, String::new()),
+        PromptInput::Ids(ids) => (ids, String::new(), false),
         PromptInput::Fill { prefix, suffix, mut context } => {
             let ids = codec.fill_in_the_middle(&prefix, &suffix).map_err(|e| ApiError::bad_request(format!("{e:#}")))?;
             let Some(ids) = ids else {
@@ -428,7 +431,7 @@ fn render_prompt(
                 ));
             };
             context.extend(ids);
-            (context, String::new())
+            (context, String::new(), false)
         }
     };
     let vocab = engine.vocab_size();
@@ -438,7 +441,7 @@ fn render_prompt(
     if ids.is_empty() {
         return Err(ApiError::bad_request("the prompt is empty"));
     }
-    Ok((ids, text.trim_end().ends_with("<think>")))
+    Ok((ids, templated && text.trim_end().ends_with("<think>")))
 }
 
 /// Runs one generation on the calling (blocking) thread. `Ok(None)`: the
