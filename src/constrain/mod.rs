@@ -161,48 +161,43 @@ fn first_line(s: &str) -> &str {
 /// Text that switches a constraint on: until it has been generated the
 /// output is free.
 struct Trigger {
-    /// The text that switches it on.
-    text: Vec<u8>,
-    /// Texts to be generated first, in order (the end of the reasoning).
-    before: Vec<Vec<u8>>,
+    /// Texts to be generated in turn (the end of the reasoning first, where
+    /// the prompt opened it); the last one switches the constraint on.
+    texts: Vec<Vec<u8>>,
+    /// The text looked for now.
+    next: usize,
     /// The last bytes generated, at most as many as the text looked for has.
     recent: Vec<u8>,
 }
 
 impl Trigger {
-    /// Waits for each of `texts` in turn; the last one switches the constraint on.
     fn after(texts: &[&str]) -> Trigger {
-        let mut texts: Vec<Vec<u8>> = texts.iter().filter(|t| !t.is_empty()).map(|t| t.as_bytes().to_vec()).collect();
-        let text = texts.pop().unwrap_or_default();
-        texts.reverse();
-        Trigger { text, before: texts, recent: Vec::new() }
+        let texts = texts.iter().filter(|t| !t.is_empty()).map(|t| t.as_bytes().to_vec()).collect();
+        Trigger { texts, next: 0, recent: Vec::new() }
     }
 
     /// Adds a token's bytes; returns the bytes that followed the trigger in
     /// them when the trigger is now complete.
     fn push(&mut self, bytes: &[u8]) -> Option<Vec<u8>> {
-        let looked_for = self.before.last().unwrap_or(&self.text).clone();
-        if looked_for.is_empty() {
-            return Some(bytes.to_vec());
-        }
-        let start = self.recent.len();
+        let mut start = self.recent.len();
         self.recent.extend_from_slice(bytes);
-        let first_end = start.saturating_sub(looked_for.len() - 1);
-        let found = (first_end..=self.recent.len().saturating_sub(looked_for.len()))
-            .find(|&at| self.recent[at..].starts_with(&looked_for));
-        if let Some(at) = found {
-            let rest = self.recent[at + looked_for.len()..].to_vec();
-            if self.before.pop().is_none() {
-                return Some(rest);
-            }
-            self.recent.clear();
-            return self.push(&rest);
+        loop {
+            let Some(looked_for) = self.texts.get(self.next) else { return Some(std::mem::take(&mut self.recent)) };
+            let first_end = start.saturating_sub(looked_for.len() - 1);
+            let found = (first_end..=self.recent.len().saturating_sub(looked_for.len()))
+                .find(|&at| self.recent[at..].starts_with(looked_for));
+            let Some(at) = found else {
+                let keep = looked_for.len() - 1;
+                if self.recent.len() > keep {
+                    self.recent.drain(..self.recent.len() - keep);
+                }
+                return None;
+            };
+            // Look for the next text in what followed this one.
+            self.recent.drain(..at + looked_for.len());
+            self.next += 1;
+            start = 0;
         }
-        let keep = looked_for.len() - 1;
-        if self.recent.len() > keep {
-            self.recent.drain(..self.recent.len() - keep);
-        }
-        None
     }
 }
 
