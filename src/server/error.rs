@@ -45,7 +45,7 @@ impl ApiError {
     }
 
     /// The body could not be parsed as the endpoint's JSON; a value of the
-    /// wrong type or a missing field is named by its path in `body`.
+    /// wrong type or a missing field is named by its path (`messages[0].content`).
     pub fn invalid_json(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
         let path = e.path().to_string();
         let inner = e.into_inner();
