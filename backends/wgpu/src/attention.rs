@@ -53,6 +53,27 @@ params! {
     }
 }
 
+params! {
+    /// `Params` of `wgsl/flash_attention.wgsl`.
+    pub struct FlashParams {
+        tokens: u32,
+        heads: u32,
+        kv_heads: u32,
+        past: u32,
+        /// Tokens per workgroup.
+        tb: u32,
+        /// Key slices per row (a power of two; rows * slices <= 64).
+        slices: u32,
+        /// Key chunks per (kv head, token block), and keys per chunk.
+        splits: u32,
+        chunk: u32,
+        scale: f32,
+        fresh: u32,
+        _pad0: u32,
+        _pad1: u32,
+    }
+}
+
 // Bindings of rope.wgsl.
 const ROPE_X: u32 = 2;
 const ROPE_OUT: u32 = 3;
@@ -168,6 +189,11 @@ pub(crate) fn attend(
                 (words, most_keys, sel.block, sel.per_query + 1)
             }
         };
+    if sel_stride == 0 && rope.is_none() {
+        if let Some(pipeline) = flash_pipeline(gpu, cache, heads, tokens, cache.len) {
+            return flash_attend(gpu, pipeline, cache, [q, out], tokens, heads, scale, fresh);
+        }
+    }
     let sel_buf = gpu.small_input("key selection", bytemuck::cast_slice(&words))?;
     let pairs = tokens * heads;
     let (chunk, splits) = split_keys(pairs, most_keys, gpu.attention_min_chunk);
@@ -221,6 +247,106 @@ pub(crate) fn attend(
         return Ok(());
     }
     gpu.dispatch("attention_merge", &params, &[(OUT, out), (PARTIALS, partials.bind())], Gpu::grid(pairs as u64))
+}
+
+/// Workgroups a flash attention call aims for: two per SM of an H200 or
+/// H100 (132), each 256 invocations; fewer chunks cost less to merge.
+const FLASH_TARGET_WORKGROUPS: usize = 264;
+/// Fewest keys per flash attention chunk.
+const FLASH_MIN_CHUNK: usize = 128;
+/// Keys from which a decode step (one token) takes `flash_attention`:
+/// below, the split kernels, which normalise and rotate q and the fresh key
+/// in the same dispatch, are faster.
+pub(crate) const FLASH_DECODE_MIN_KEYS: usize = 1024;
+/// Invocations of `flash_attention` in a slot (one row and key slice).
+const FLASH_SLOT_LANES: u32 = 4;
+/// Slots of a `flash_attention` workgroup.
+const FLASH_SLOTS: usize = 64;
+
+/// The `flash_attention` pipeline for this cache's head dim, when the call
+/// can take it: dense attention (the caller checks), a head dim it is
+/// compiled for, query groups of at most 64 heads, subgroups of whole slots,
+/// and a prefill or a decode step over enough keys (`keys`, the fresh
+/// ones included).
+pub(crate) fn flash_pipeline(gpu: &Gpu, cache: &GpuKvCache, heads: usize, tokens: usize, keys: usize) -> Option<&'static str> {
+    let name = match cache.head_dim {
+        64 => "flash_attention_hd64",
+        128 => "flash_attention_hd128",
+        256 => "flash_attention_hd256",
+        _ => return None,
+    };
+    let group = heads / cache.kv_heads.max(1);
+    let subgroups_fit = gpu.subgroup_min >= FLASH_SLOT_LANES && gpu.subgroup_max <= 256;
+    let long_enough = tokens > 1 || keys >= FLASH_DECODE_MIN_KEYS;
+    (gpu.flash_attention && group <= FLASH_SLOTS && subgroups_fit && long_enough && gpu.has_kernel(name)).then_some(name)
+}
+
+/// The launch shape of `flash_attention`: tokens per workgroup, key slices,
+/// chunks and keys per chunk (a multiple of the kernel's tile, `2048 /
+/// head_dim` keys).
+fn flash_shape(tokens: usize, heads: usize, kv_heads: usize, head_dim: usize, keys: usize) -> [usize; 4] {
+    let group = heads / kv_heads;
+    let tb = (FLASH_SLOTS / group).clamp(1, tokens);
+    let rows = tb * group;
+    let mut slices = 1;
+    while rows * slices * 2 <= FLASH_SLOTS {
+        slices *= 2;
+    }
+    let base = kv_heads * tokens.div_ceil(tb);
+    let tile = 2048 / head_dim;
+    let wanted = FLASH_TARGET_WORKGROUPS.div_ceil(base).min(keys.div_ceil(FLASH_MIN_CHUNK)).max(1);
+    let chunk = keys.div_ceil(wanted).div_ceil(tile) * tile;
+    [tb, slices, keys.div_ceil(chunk), chunk]
+}
+
+/// Dense causal attention of the last `tokens` positions of `cache` through
+/// `flash_attention` (`pipeline`, from [`flash_pipeline`]), then
+/// `attention_merge` when the keys were cut into chunks.
+#[allow(clippy::too_many_arguments)]
+fn flash_attend(
+    gpu: &Gpu,
+    pipeline: &'static str,
+    cache: &GpuKvCache,
+    [q, out]: [Bind<'_>; 2],
+    tokens: usize,
+    heads: usize,
+    scale: f32,
+    fresh: Option<(Bind<'_>, Bind<'_>)>,
+) -> Result<()> {
+    let (kv_heads, hd) = (cache.kv_heads, cache.head_dim);
+    let [tb, slices, splits, chunk] = flash_shape(tokens, heads, kv_heads, hd, cache.len);
+    let params = FlashParams {
+        tokens: tokens as u32,
+        heads: heads as u32,
+        kv_heads: kv_heads as u32,
+        past: (cache.len - tokens) as u32,
+        tb: tb as u32,
+        slices: slices as u32,
+        splits: splits as u32,
+        chunk: chunk as u32,
+        scale,
+        fresh: fresh.is_some() as u32,
+        ..Default::default()
+    };
+    let pairs = tokens * heads;
+    let partials = gpu.alloc(4 * (pairs * splits * (hd + 2)) as u64)?;
+    let (knew, vnew) = fresh.unwrap_or((q, q));
+    let (keys, values) = (whole(&cache.keys), whole(&cache.values));
+    let binds = [(Q, q), (OUT, out), (KEYS, keys), (VALUES, values), (PARTIALS, partials.bind()), (KNEW, knew), (VNEW, vnew)];
+    let groups = kv_heads * tokens.div_ceil(tb) * splits;
+    gpu.dispatch(pipeline, &params, &binds, Gpu::grid(groups as u64))?;
+    if splits == 1 {
+        return Ok(());
+    }
+    let merge = AttentionParams {
+        tokens: tokens as u32,
+        heads: heads as u32,
+        kv_heads: kv_heads as u32,
+        head_dim: hd as u32,
+        splits: splits as u32,
+        ..Default::default()
+    };
+    gpu.dispatch("attention_merge", &merge, &[(OUT, out), (PARTIALS, partials.bind())], Gpu::grid(pairs as u64))
 }
 
 /// Keys per chunk and chunks per (token, head) for `pairs` (token, head)
@@ -279,7 +405,10 @@ pub(crate) fn attention_qk_norm(b: &WgpuBackend, [q, k, v]: [&Tensor; 3], cache:
     selection: Option<&KeySelection>, norm: &QkNorm<'_>) -> Result<Tensor> {
     let c = cache.get_mut::<GpuKvCache>().ok_or_else(|| crate::not_ours("the KV cache"))?;
     let fits = q.rows() == 1 && norm.head_dim == c.head_dim && norm.weights.iter().all(|w| w.numel() == c.head_dim);
-    if !fits || c.head_dim > ROPE_MAX_HEAD_DIM || b.gpu.limits.max_storage_buffers_per_shader_stage < 12 {
+    // Long contexts: flash attention, after one dispatch that normalises and
+    // rotates q and k (with the fresh row, c.len + 1 keys).
+    let long = selection.is_none() && flash_pipeline(&b.gpu, c, heads, 1, c.len + 1).is_some();
+    if !fits || long || c.head_dim > ROPE_MAX_HEAD_DIM || b.gpu.limits.max_storage_buffers_per_shader_stage < 12 {
         return attention_qk_norm_composed(b, q, k, v, cache, heads, scale, selection, norm);
     }
     let hd = c.head_dim;

@@ -98,6 +98,8 @@ pub struct Gpu {
     pub attention_min_chunk: usize,
     /// [`WgpuOptions::attention_regs`].
     pub attention_regs: bool,
+    /// [`WgpuOptions::flash_attention`].
+    pub flash_attention: bool,
     /// Split attention merges its splits in its last workgroup per pair
     /// ([`WgpuOptions::merge_in_split`], Vulkan only), with these counts
     /// (`merge_counts` in `wgsl/attention.wgsl`, zero between dispatches;
@@ -272,16 +274,23 @@ impl Gpu {
                 if entry.ends_with("_1024") && !wide_workgroups {
                     continue; // the adapter's workgroups are smaller; callers check has_kernel
                 }
-                let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                    label: Some(entry),
-                    layout: None,
-                    module: &shader,
-                    entry_point: Some(entry),
-                    compilation_options: Default::default(),
-                    cache: None,
-                });
-                let layout = pipeline.get_bind_group_layout(0);
-                kernels.insert(entry, Kernel { pipeline, layout, family: entry });
+                let plain = [crate::kernels::Pipeline { name: entry, constants: &[] }];
+                let pipelines = match module.pipelines(entry) {
+                    [] => &plain[..],
+                    specialised => specialised,
+                };
+                for spec in pipelines {
+                    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                        label: Some(spec.name),
+                        layout: None,
+                        module: &shader,
+                        entry_point: Some(entry),
+                        compilation_options: wgpu::PipelineCompilationOptions { constants: spec.constants, ..Default::default() },
+                        cache: None,
+                    });
+                    let layout = pipeline.get_bind_group_layout(0);
+                    kernels.insert(spec.name, Kernel { pipeline, layout, family: spec.name });
+                }
             }
         }
         let (subgroup_min, subgroup_max) = (info.subgroup_min_size.max(1), info.subgroup_max_size.max(1));
@@ -305,6 +314,7 @@ impl Gpu {
             views: options.views,
             attention_min_chunk: options.attention_min_chunk,
             attention_regs: options.attention_regs,
+            flash_attention: options.flash_attention,
             merge_in_split,
             merge_counts,
             matvec_split: options.matvec_split,

@@ -58,7 +58,7 @@ pub const UNIFORM_PARAMS: &str = "@group(0) @binding(0) var<uniform> p: Params;"
 pub const IMMEDIATE_PARAMS: &str = "var<immediate> p: Params;";
 
 /// Every file in `wgsl/` as built in, by name.
-const FILES: [(&str, &str); 18] = [
+const FILES: [(&str, &str); 19] = [
     ("weights.wgsl", include_str!("../../../wgsl/weights.wgsl")),
     ("dot.wgsl", include_str!("../../../wgsl/dot.wgsl")),
     ("reduce.wgsl", include_str!("../../../wgsl/reduce.wgsl")),
@@ -74,6 +74,7 @@ const FILES: [(&str, &str); 18] = [
     ("rope.wgsl", include_str!("../../../wgsl/rope.wgsl")),
     ("attention.wgsl", include_str!("../../../wgsl/attention.wgsl")),
     ("attention_regs.wgsl", include_str!("../../../wgsl/attention_regs.wgsl")),
+    ("flash_attention.wgsl", include_str!("../../../wgsl/flash_attention.wgsl")),
     ("conv.wgsl", include_str!("../../../wgsl/conv.wgsl")),
     ("gated_delta.wgsl", include_str!("../../../wgsl/gated_delta.wgsl")),
     ("streams.wgsl", include_str!("../../../wgsl/streams.wgsl")),
@@ -83,7 +84,7 @@ const FILES: [(&str, &str); 18] = [
 /// subgroup size, workgroup counts and sizes, and positive constants.
 const LOOP_STEPS: &[&str] = &[
     "lanes", "nwg.x * nsg", "nwg.x", "nsg", "parts", "256u", "128u", "64u", "TK", "TN", "WG", "TILE", "V_BATCH * parts", "parts * lanes",
-    "V_BATCH", "MERGE_BATCH", "wg", "nwg.x * per_wg",
+    "V_BATCH", "MERGE_BATCH", "wg", "nwg.x * per_wg", "BK", "p.slices",
 ];
 
 /// Checks that every loop of a kernel file ends, as the kernels are compiled
@@ -136,6 +137,21 @@ fn builtin(name: &str) -> &'static str {
     FILES.iter().find(|f| f.0 == name).map_or("", |f| f.1)
 }
 
+/// A pipeline of an entry point specialised by override constants.
+#[derive(Clone, Copy, Debug)]
+pub struct Pipeline {
+    /// What dispatches name it by.
+    pub name: &'static str,
+    pub constants: &'static [(&'static str, f64)],
+}
+
+/// `flash_attention` for each head dim it is compiled for (`HD`).
+const FLASH_PIPELINES: [Pipeline; 3] = [
+    Pipeline { name: "flash_attention_hd64", constants: &[("HD", 64.0)] },
+    Pipeline { name: "flash_attention_hd128", constants: &[("HD", 128.0)] },
+    Pipeline { name: "flash_attention_hd256", constants: &[("HD", 256.0)] },
+];
+
 /// One compiled shader module: a kernel family and its entry points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Module {
@@ -149,13 +165,14 @@ pub enum Module {
     Norm,
     Rope,
     Attention,
+    FlashAttention,
     Conv,
     GatedDelta,
     Streams,
 }
 
 impl Module {
-    pub const ALL: [Module; 13] = [
+    pub const ALL: [Module; 14] = [
         Module::Matvec,
         Module::MatvecQ8,
         Module::MatmulTiled,
@@ -166,6 +183,7 @@ impl Module {
         Module::Norm,
         Module::Rope,
         Module::Attention,
+        Module::FlashAttention,
         Module::Conv,
         Module::GatedDelta,
         Module::Streams,
@@ -184,6 +202,7 @@ impl Module {
             Module::Norm => "norm",
             Module::Rope => "rope",
             Module::Attention => "attention",
+            Module::FlashAttention => "flash_attention",
             Module::Conv => "conv",
             Module::GatedDelta => "gated_delta",
             Module::Streams => "streams",
@@ -212,9 +231,20 @@ impl Module {
                 "attention_split_regs",
                 "attention_split_rope_regs",
             ],
+            Module::FlashAttention => &["flash_attention"],
             Module::Conv => &["conv1d"],
             Module::GatedDelta => &["gated_delta"],
             Module::Streams => &["repeat_cols", "stream_mean", "add_gated_to_streams", "stream_dot_gate"],
+        }
+    }
+
+    /// The pipelines compiled from the WGSL entry point `entry` of this
+    /// module: one per set of override constants, each under its own name
+    /// (what `Gpu::dispatch` takes), or the entry point itself, once.
+    pub fn pipelines(self, entry: &'static str) -> &'static [Pipeline] {
+        match (self, entry) {
+            (Module::FlashAttention, "flash_attention") => &FLASH_PIPELINES,
+            _ => &[],
         }
     }
 
@@ -231,6 +261,7 @@ impl Module {
             Module::Norm => ParamsLayout::of::<norm::NormParams>(),
             Module::Rope => ParamsLayout::of::<attention::RopeParams>(),
             Module::Attention => ParamsLayout::of::<attention::AttentionParams>(),
+            Module::FlashAttention => ParamsLayout::of::<attention::FlashParams>(),
             Module::Conv => ParamsLayout::of::<recurrent::ConvParams>(),
             Module::GatedDelta => ParamsLayout::of::<recurrent::GatedDeltaParams>(),
             Module::Streams => ParamsLayout::of::<streams::StreamParams>(),
@@ -290,6 +321,7 @@ impl Module {
             Module::Norm => &["norm.wgsl"],
             Module::Rope => &["rope.wgsl"],
             Module::Attention => &["reduce.wgsl", "attention.wgsl", "attention_regs.wgsl"],
+            Module::FlashAttention => &["flash_attention.wgsl"],
             Module::Conv => &["conv.wgsl"],
             Module::GatedDelta => &["gated_delta.wgsl"],
             Module::Streams => &["streams.wgsl"],

@@ -122,6 +122,12 @@ pub struct WgpuOptions {
     /// `SLOTSTREAM_WGPU_ATTENTION_REGS=0` keeps `attention_split*`, for
     /// measurements).
     pub attention_regs: bool,
+    /// Dense attention of a prefill, or of a decode step over at least
+    /// `FLASH_DECODE_MIN_KEYS` keys, takes `flash_attention` (key tiles in
+    /// workgroup memory, one workgroup per kv head's query group) where the
+    /// head dim is one it is compiled for (`SLOTSTREAM_WGPU_FLASH=0` keeps
+    /// the per-head kernels, for measurements and the parity tests).
+    pub flash_attention: bool,
     /// Split decode attention merges the splits of each (token, head) in the
     /// last of its workgroups to finish, one dispatch instead of two, where
     /// the backend orders memory across workgroups (Vulkan;
@@ -234,6 +240,7 @@ impl Default for WgpuOptions {
             q4_eight_rows_from: Q4_EIGHT_ROWS_FROM,
             attention_min_chunk: crate::attention::MIN_CHUNK,
             attention_regs: true,
+            flash_attention: true,
             merge_in_split: true,
             fuse_norms: true,
             matvec_split: MATVEC_SPLIT,
@@ -283,6 +290,7 @@ impl WgpuOptions {
                 .filter(|&n: &usize| n > 0)
                 .unwrap_or(defaults.attention_min_chunk),
             attention_regs: var("SLOTSTREAM_WGPU_ATTENTION_REGS").map_or(defaults.attention_regs, |v| v != "0"),
+            flash_attention: var("SLOTSTREAM_WGPU_FLASH").map_or(defaults.flash_attention, |v| v != "0"),
             merge_in_split: var("SLOTSTREAM_WGPU_MERGE_IN_SPLIT").map_or(defaults.merge_in_split, |v| v != "0"),
             fuse_norms: var("SLOTSTREAM_WGPU_FUSE_NORMS").map_or(defaults.fuse_norms, |v| v != "0"),
             matvec_split: var("SLOTSTREAM_WGPU_MATVEC_SPLIT")

@@ -581,3 +581,33 @@ fn backend_name_reports_upload_path() {
     let path = if g.uses_mapped_primary_buffers() { "mapped primary buffers" } else { "staging uploads" };
     assert!(name.contains(path), "name '{name}' should say '{path}'");
 }
+
+/// `flash_attention` (dense attention of prefills and of long-context decode
+/// steps) in every launch shape: query groups of 1, 6, 8 and 12 heads
+/// (workgroups of 64, 10, 8 and 5 tokens, some slots idle), head dims 64,
+/// 128 and 256, token counts that do not fill the last workgroup, a prefill
+/// long enough to be cut into key chunks, a chunk of prompt after a long
+/// past (chunks beyond some rows' positions), and decode steps past
+/// `FLASH_DECODE_MIN_KEYS` keys (key slices merged in the workgroup, the
+/// fresh rows written by the kernel, then read back from the cache). The
+/// per-head kernels (`SLOTSTREAM_WGPU_FLASH=0`) give the same outputs.
+#[test]
+fn flash_attention_every_shape() {
+    let Some(_) = gpu() else { return };
+    let per_head = WgpuBackend::with_options(&AdapterChoice::allow_software(), WgpuOptions { flash_attention: false, ..WgpuOptions::from_env() })
+        .expect("opening a second wgpu backend");
+    let cases = [([4, 4, 64], [300usize, 5, 1, 1]), ([12, 2, 128], [37, 990, 1, 1]), ([16, 2, 256], [1030, 1, 2, 1]), ([24, 2, 64], [700, 400, 1, 3])];
+    for (i, (dims, calls)) in cases.into_iter().enumerate() {
+        let [heads, kvh, hd] = dims;
+        let mut rng = Rng::new(140 + i as u64);
+        let steps: Vec<AttentionStep> = calls
+            .iter()
+            .map(|&t| (t, rng.vec(t * heads * hd, 3.0), rng.vec(t * kvh * hd, 3.0), rng.vec(t * kvh * hd, 2.0), None))
+            .collect();
+        let name = format!("flash_attention{i}");
+        check(&name, 2e-5, |b| attention_steps(b, dims, &steps, 0));
+        let [flash, plain] = [gpu().expect("a gpu"), &per_head].map(|b| b.download(&attention_steps(b, dims, &steps, 0)).expect("download"));
+        let err = rel_l2(&flash, &plain);
+        assert!(err <= 2e-5, "{name}: flash attention differs from the per-head kernels, rel L2 {err:.3e}");
+    }
+}

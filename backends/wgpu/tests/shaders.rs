@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use naga::back::msl;
-use slotstream_wgpu::kernels::{check_loops, Module};
+use slotstream_wgpu::kernels::{check_loops, Module, Pipeline};
 
 fn parse_and_validate(module: Module) -> (naga::Module, naga::valid::ModuleInfo) {
     let source = module.source();
@@ -37,11 +37,26 @@ fn every_module_validates_and_translates_to_msl() {
             .map(|e| (e.to_string(), msl::EntryPointResources { resources: resources.clone(), immediates_buffer: None, sizes_buffer: Some(30) }))
             .collect();
         let options = msl::Options { lang_version: (2, 4), per_entry_point_map, fake_missing_bindings: false, ..Default::default() };
-        for entry in module.entry_points() {
+        for &entry in module.entry_points() {
             let pipeline = msl::PipelineOptions { entry_point: Some((naga::ShaderStage::Compute, entry.to_string())), ..Default::default() };
-            let (msl_source, _) = msl::write_string(&parsed, &info, &options, &pipeline)
-                .unwrap_or_else(|e| panic!("{}.wgsl entry '{entry}' does not translate to MSL: {e}", module.name()));
-            assert!(msl_source.contains(&format!("kernel void {entry}")), "{}: no MSL kernel named {entry}", module.name());
+            // Each specialisation's override constants applied, as wgpu does
+            // before translating (or none: the defaults).
+            let plain = [Pipeline { name: entry, constants: &[] }];
+            let specs = match module.pipelines(entry) {
+                [] => &plain[..],
+                specs => specs,
+            };
+            for spec in specs {
+                let mut constants = naga::back::PipelineConstants::default();
+                for &(name, value) in spec.constants {
+                    constants.insert(name.to_string(), value);
+                }
+                let (parsed, info) = naga::back::pipeline_constants::process_overrides(&parsed, &info, None, &constants)
+                    .unwrap_or_else(|e| panic!("{}: the constants of {}: {e}", module.name(), spec.name));
+                let (msl_source, _) = msl::write_string(&parsed, &info, &options, &pipeline)
+                    .unwrap_or_else(|e| panic!("{}.wgsl entry '{entry}' ({}) does not translate to MSL: {e}", module.name(), spec.name));
+                assert!(msl_source.contains(&format!("kernel void {entry}")), "{}: no MSL kernel named {entry}", module.name());
+            }
         }
     }
 }

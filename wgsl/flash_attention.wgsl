@@ -1,0 +1,325 @@
+// flash_attention: causal grouped-query attention over every key 0..=pos
+// (dense; key selections take attention.wgsl), in tiles of keys staged in
+// workgroup memory with an online softmax ("flash attention"), for long
+// prompts and for decode at long contexts. The new keys and values are
+// already in the cache, or (`fresh`, one token) in knew / vnew.
+//
+// One workgroup takes one kv head, a block of `tb` consecutive tokens and
+// one chunk of `chunk` keys: its rows are the tb * group (token, head)
+// pairs of that kv head's query heads, so each key and value row it stages
+// serves every query head of the group. The 256 invocations form 64 slots of
+// 4 lanes (one subgroup holds lanes/4 whole slots; the host needs subgroups
+// of at least 4); slot s takes row s / slices and key slice s % slices
+// (keys slice, slice + slices, .. of each tile), so that a decode step with
+// few rows still puts every slot to work. Lane l of a slot holds the query's
+// and the output's vec4 runs l, l + 4, l + 8, .. (HD/16 of them) in
+// registers: a score is four partial dots summed by two subgroup shuffles.
+//
+// Tiles of BK keys (8 KiB of keys and 8 KiB of values): every invocation
+// loads its share of the next tile into registers while the slots work on
+// the current one. A row's keys past its own position are masked, and the
+// tiles of a workgroup end at its last token's position, so fully masked
+// causal blocks are never read. Workgroups of later token blocks (more
+// keys) are numbered first.
+//
+// Output: with one chunk per row (splits = 1), the normalised rows go to
+// `out` [tokens, heads * HD]; otherwise each chunk writes the partial
+// [max, sum of exp, unnormalised weighted values] of each row to `partials`
+// at ((t * heads + h) * splits + chunk) * (HD + 2), as attention.wgsl's
+// split kernels do, and its attention_merge sums them. The slices of a row
+// are merged within the workgroup first (in workgroup memory, a quarter of
+// the head dim at a time).
+//
+// HD (the head dim) is an override constant: one pipeline per head dim
+// (64, 128, 256), so that every register loop has a fixed trip count.
+//
+// Bindings: 0 uniform Params; 2 q [tokens, heads * HD]; 3 out (same shape);
+// 4 keys, 5 values [positions, kv_heads * HD] (read-write: `fresh` writes
+// the new row); 6 partials (f32); 8 knew, 9 vnew [1, kv_heads * HD].
+
+struct Params {
+    tokens: u32,
+    heads: u32,
+    kv_heads: u32,
+    // Cached positions before this call's tokens.
+    past: u32,
+    // Tokens per workgroup.
+    tb: u32,
+    // Key slices per row (a power of two; rows * slices <= 64).
+    slices: u32,
+    // Key chunks per (kv head, token block), and keys per chunk (a multiple of BK).
+    splits: u32,
+    chunk: u32,
+    scale: f32,
+    // 1: one token whose key and value rows are in knew / vnew (written to
+    // the cache at `past` by the workgroup whose chunk holds that position).
+    fresh: u32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> out: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read_write> keys: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read_write> values: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read_write> partials: array<f32>;
+@group(0) @binding(8) var<storage, read> knew: array<vec4<f32>>;
+@group(0) @binding(9) var<storage, read> vnew: array<vec4<f32>>;
+
+override HD: u32 = 128u;
+// vec4 runs per row, and per lane.
+const MAX_PER: u32 = 16u;
+override HD4: u32 = HD / 4u;
+override PER: u32 = HD / 16u;
+// Keys per tile; vec4s per tile of keys (and of values); per invocation.
+override BK: u32 = 2048u / HD;
+const TILE4: u32 = 512u;
+const LOADS: u32 = 2u;
+const WG: u32 = 256u;
+const SLOTS: u32 = 64u;
+// Below any score: exp(NO_SCORE - m) is 0 for every real max m.
+const NO_SCORE: f32 = -3.0e38;
+
+var<workgroup> k_sh: array<vec4<f32>, TILE4>;
+var<workgroup> v_sh: array<vec4<f32>, TILE4>;
+// Each slot's running max and sum, for the merge of a row's slices.
+var<workgroup> ml_sh: array<vec2<f32>, SLOTS>;
+
+// Row j's vec4 run `col` of kv head kh, keys or values.
+fn kv_run(is_key: bool, j: u32, kh: u32, col: u32) -> vec4<f32> {
+    if (p.fresh != 0u && j >= p.past) {
+        let i = (j - p.past) * p.kv_heads * HD4 + kh * HD4 + col;
+        if (is_key) {
+            return knew[i];
+        }
+        return vnew[i];
+    }
+    let i = j * p.kv_heads * HD4 + kh * HD4 + col;
+    if (is_key) {
+        return keys[i];
+    }
+    return values[i];
+}
+
+// The merge area: the two tiles' workgroup memory as one array of 2 * TILE4.
+fn put_merge(i: u32, v: vec4<f32>) {
+    if (i < TILE4) {
+        k_sh[i] = v;
+    } else {
+        v_sh[i - TILE4] = v;
+    }
+}
+
+fn get_merge(i: u32) -> vec4<f32> {
+    if (i < TILE4) {
+        return k_sh[i];
+    }
+    return v_sh[i - TILE4];
+}
+
+// Row r of the workgroup: its token (t) and head (h).
+fn row_token(tblock: u32, r: u32) -> u32 {
+    return tblock * p.tb + r / (p.heads / p.kv_heads);
+}
+
+fn row_head(kh: u32, r: u32) -> u32 {
+    let group = p.heads / p.kv_heads;
+    return kh * group + r % group;
+}
+
+// Writes a row's result: normalised to `out` (one chunk), else as a
+// partial; `run` is the vec4 run index of `v` (sum of weighted values).
+fn write_run(t: u32, h: u32, c: u32, run: u32, v: vec4<f32>, l: f32) {
+    let pair = t * p.heads + h;
+    if (p.splits == 1u) {
+        out[pair * HD4 + run] = select(v / l, vec4<f32>(0.0), l == 0.0);
+        return;
+    }
+    let b = (pair * p.splits + c) * (HD + 2u) + 2u + run * 4u;
+    partials[b] = v.x;
+    partials[b + 1u] = v.y;
+    partials[b + 2u] = v.z;
+    partials[b + 3u] = v.w;
+}
+
+fn write_ml(t: u32, h: u32, c: u32, m: f32, l: f32) {
+    if (p.splits == 1u) {
+        return;
+    }
+    let b = ((t * p.heads + h) * p.splits + c) * (HD + 2u);
+    partials[b] = m;
+    partials[b + 1u] = l;
+}
+
+@compute @workgroup_size(256)
+fn flash_attention(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let group = p.heads / p.kv_heads;
+    let tblocks = (p.tokens + p.tb - 1u) / p.tb;
+    let g = wid.y * nwg.x + wid.x;
+    // Uniform per workgroup: the whole workgroup leaves or stays.
+    if (g >= p.kv_heads * tblocks * p.splits) {
+        return;
+    }
+    let c = g % p.splits;
+    let kh = (g / p.splits) % p.kv_heads;
+    let tblock = tblocks - 1u - g / (p.splits * p.kv_heads);
+    let rows = p.tb * group;
+    let slot = sg * (lanes / 4u) + lane / 4u;
+    let part = lane % 4u;
+    let row = slot / p.slices;
+    let slice = slot % p.slices;
+    let t = row_token(tblock, row);
+    let h = row_head(kh, row);
+    let live = row < rows && t < p.tokens;
+    let pos = p.past + t;
+    let last_t = min(p.tokens, (tblock + 1u) * p.tb) - 1u;
+    let n_keys = p.past + last_t + 1u;
+    let first = min(c * p.chunk, n_keys);
+    let end = min(first + p.chunk, n_keys);
+
+    // With `fresh`: the chunk holding position `past` writes the new rows.
+    if (p.fresh != 0u && first <= p.past && p.past < end) {
+        for (var i = li; i < HD4; i += WG) {
+            let dst = p.past * p.kv_heads * HD4 + kh * HD4 + i;
+            keys[dst] = knew[kh * HD4 + i];
+            values[dst] = vnew[kh * HD4 + i];
+        }
+    }
+
+    var qr: array<vec4<f32>, MAX_PER>;
+    var o: array<vec4<f32>, MAX_PER>;
+    if (live) {
+        let qb = (t * p.heads + h) * HD4;
+        for (var i = 0u; i < PER; i++) {
+            qr[i] = q[qb + part + 4u * i] * p.scale;
+            o[i] = vec4<f32>(0.0);
+        }
+    }
+    var m = NO_SCORE;
+    var l = 0.0;
+
+    // This invocation's share of a tile: vec4 li + u * WG of its keys and of
+    // its values (key (li + u * WG) / HD4, run (li + u * WG) % HD4).
+    var kr: array<vec4<f32>, LOADS>;
+    var vr: array<vec4<f32>, LOADS>;
+    for (var u = 0u; u < LOADS; u++) {
+        let e = li + u * WG;
+        let j = first + e / HD4;
+        if (j < end) {
+            kr[u] = kv_run(true, j, kh, e % HD4);
+            vr[u] = kv_run(false, j, kh, e % HD4);
+        }
+    }
+    for (var j0 = first; j0 < end; j0 += BK) {
+        workgroupBarrier();
+        for (var u = 0u; u < LOADS; u++) {
+            k_sh[li + u * WG] = kr[u];
+            v_sh[li + u * WG] = vr[u];
+        }
+        workgroupBarrier();
+        let next = j0 + BK;
+        for (var u = 0u; u < LOADS; u++) {
+            let e = li + u * WG;
+            let j = next + e / HD4;
+            if (j < end) {
+                kr[u] = kv_run(true, j, kh, e % HD4);
+                vr[u] = kv_run(false, j, kh, e % HD4);
+            }
+        }
+        let n = min(BK, end - j0);
+        if (live) {
+            for (var k = slice; k < n; k += p.slices) {
+                let kb = k * HD4 + part;
+                var s = 0.0;
+                for (var i = 0u; i < PER; i++) {
+                    s += dot(qr[i], k_sh[kb + 4u * i]);
+                }
+                // The slot's four lanes run the same keys: its partners.
+                s += subgroupShuffleXor(s, 1u);
+                s += subgroupShuffleXor(s, 2u);
+                if (j0 + k <= pos) {
+                    if (s > m) {
+                        let r = exp(m - s);
+                        l *= r;
+                        for (var i = 0u; i < PER; i++) {
+                            o[i] *= r;
+                        }
+                        m = s;
+                    }
+                    let e = exp(s - m);
+                    l += e;
+                    for (var i = 0u; i < PER; i++) {
+                        o[i] += e * v_sh[kb + 4u * i];
+                    }
+                }
+            }
+        }
+    }
+
+    if (p.slices == 1u) {
+        if (live) {
+            for (var i = 0u; i < PER; i++) {
+                write_run(t, h, c, part + 4u * i, o[i], l);
+            }
+            if (part == 0u) {
+                write_ml(t, h, c, m, l);
+            }
+        }
+        return;
+    }
+
+    // Merge each row's slices: every slot's (max, sum), then a quarter of
+    // the runs at a time (lane `r` of each slot) through the merge area.
+    workgroupBarrier();
+    if (part == 0u) {
+        ml_sh[slot] = select(vec2<f32>(NO_SCORE, 0.0), vec2<f32>(m, l), live);
+    }
+    workgroupBarrier();
+    var mx = NO_SCORE;
+    let r0 = min(row, SLOTS / p.slices - 1u) * p.slices;
+    for (var s2 = 0u; s2 < p.slices; s2++) {
+        mx = max(mx, ml_sh[r0 + s2].x);
+    }
+    let f = exp(m - mx);
+    let span = rows * PER;
+    for (var r = 0u; r < 4u; r++) {
+        if (part == r && row < rows) {
+            for (var i = 0u; i < PER; i++) {
+                put_merge(slot * PER + i, select(vec4<f32>(0.0), o[i] * f, live));
+            }
+        }
+        workgroupBarrier();
+        for (var e = li; e < span; e += WG) {
+            let rr = e / PER;
+            let i = e % PER;
+            let tt = row_token(tblock, rr);
+            if (tt < p.tokens) {
+                var rm = NO_SCORE;
+                for (var s2 = 0u; s2 < p.slices; s2++) {
+                    rm = max(rm, ml_sh[rr * p.slices + s2].x);
+                }
+                var sum = vec4<f32>(0.0);
+                var rl = 0.0;
+                for (var s2 = 0u; s2 < p.slices; s2++) {
+                    let ml = ml_sh[rr * p.slices + s2];
+                    rl += ml.y * exp(ml.x - rm);
+                    sum += get_merge((rr * p.slices + s2) * PER + i);
+                }
+                let hh = row_head(kh, rr);
+                write_run(tt, hh, c, r + 4u * i, sum, rl);
+                if (r == 0u && i == 0u) {
+                    write_ml(tt, hh, c, rm, rl);
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+}
