@@ -7,6 +7,7 @@
 #   tools/bench_gpu_peer.sh run         # there (GPU machine): synthesize, convert, run both
 #   tools/bench_gpu_peer.sh stream      # there: streamed decode, several arms alternating
 #   tools/bench_gpu_peer.sh disk        # there, after stream: the disk's rate with idle gaps
+#   tools/bench_gpu_peer.sh long        # there: long prompts and contexts (tools/peer/bench_long.py)
 #
 # prepare (minutes; ~7 min for llama.cpp on 2 cores, more with our release build beside it):
 #   - our release binary, stripped, xz-compressed without the demo model it embeds (the
@@ -79,6 +80,11 @@
 #   speed, which shows what each backend costs beside the disk (BENCHMARKS.md, "from a fast
 #   file system").
 #
+# long (there, after the same setup as run): prefill of N-token prompts and decode at depth N
+#   (LENGTHS, default 8192,32768) of A and B resident against llama-bench's ppN and tg64 @ dN,
+#   peak GPU memory of both, ours with SLOTSTREAM_WGPU_FLASH=0 too (FLASH_OFF=1), and per-kernel
+#   times of both at the first length where prepare packed the bench_gpu example (LONG=1 prepare).
+#
 # disk (there, after stream, which builds the A64 or B64 model: MODEL, or DIR for any
 #   directory): tools/peer/disk_pace.py reads that model's files in bursts of expert-sized
 #   O_DIRECT reads (16 MB, 16 in flight, as a decoded layer's misses) with idle gaps between
@@ -109,6 +115,13 @@ prepare() {
     # splice it back there (sha256-checked).
     python3 tools/peer/pack_binary.py pack "$CARRY/slotstream" "$CARRY/slotstream.xz" tools/demo/model/model.safetensors
     rm -f "$CARRY/slotstream"
+    if [ -n "${LONG:-}" ]; then
+        # The per-kernel timer of the long phase.
+        nice -n 5 cargo build --release --example bench_gpu
+        strip -o "$CARRY/bench_gpu" "$target/release/examples/bench_gpu"
+        python3 tools/peer/pack_binary.py pack "$CARRY/bench_gpu" "$CARRY/bench_gpu.xz" tools/demo/model/model.safetensors
+        rm -f "$CARRY/bench_gpu"
+    fi
     if [ -n "${FORCE:-}" ] || [ ! -f "$CARRY/llama-vulkan.tar.xz" ]; then
         tools/peer/build_llama_cpp_vulkan.sh "$CARRY/llama-vulkan.tar.xz"
     fi
@@ -163,6 +176,8 @@ sys.path.insert(0, "tools/peer")
 import pack_binary
 carry, work = sys.argv[1:]
 pack_binary.unpack(os.path.join(carry, "slotstream.xz"), os.path.join(work, "bin", "slotstream"), ".")
+if os.path.exists(os.path.join(carry, "bench_gpu.xz")):
+    pack_binary.unpack(os.path.join(carry, "bench_gpu.xz"), os.path.join(work, "bin", "bench_gpu"), ".")
 if os.path.exists(os.path.join(carry, "llama-vulkan.tar.xz")):
     with tarfile.open(os.path.join(carry, "llama-vulkan.tar.xz"), "r:xz") as t:
         t.extractall(os.path.join(work, "llama"))
@@ -231,6 +246,22 @@ stream_phase() {
     return $rc
 }
 
+long_phase() {
+    setup_machine 1 long-results
+    local args=(--slotstream "$work/bin/slotstream" --llama "$work/llama" --work "$work" --results "$results"
+        --models "${MODELS:-A,B}" --lengths "${LENGTHS:-8192,32768}" --peer-reps "${PEER_REPS:-2}"
+        --router-skew "${ROUTER_SKEW:-0.4}" --mixer-out-scale "${MIXER_OUT_SCALE:-0.1}" --gpu-backend "${GPU_BACKEND:-wgpu}"
+        --jobs "${JOBS:-$(nproc)}" --commit "$commit")
+    [ -n "${SMALL:-}" ] && args+=(--small)
+    [ -n "${KEEP:-}" ] && args+=(--keep)
+    [ -n "${FLASH_OFF:-}" ] && args+=(--flash-off)
+    [ -x "$work/bin/bench_gpu" ] && args+=(--bench-gpu "$work/bin/bench_gpu")
+    local rc=0
+    PYTHONUNBUFFERED=1 python3 tools/peer/bench_long.py "${args[@]}" || rc=$?
+    copy_out long-logs.tar.gz
+    return $rc
+}
+
 disk_phase() {
     work=${WORK:-/tmp/gpu-peer}
     results=${RESULTS:-$work/disk-results}
@@ -246,5 +277,6 @@ case "$phase" in
     run) run_phase ;;
     stream) stream_phase ;;
     disk) disk_phase ;;
+    long) long_phase ;;
     *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -47,7 +47,8 @@
 // rms_norm_rope does; the fresh key written to the cache is the rotated one.
 //
 // Bindings: 0 uniform Params; 2 q [tokens, heads*head_dim]; 3 out (read-write,
-// same shape); 4 keys, 5 values [positions, kv_heads*head_dim] (read-write);
+// same shape); 4 keys, 5 values [positions, kv_heads*head_dim] (read-write;
+// f32, or with `half` f16 two to a word);
 // 6 partials [tokens*heads*splits, head_dim + 2] (f32 bits in atomics;
 // attention_split writes, attention_merge reads); 7 sel u32; 8 knew, 9 vnew
 // [1, kv_heads*head_dim]; 10 cs, 11 q_weight, 12 k_weight [head_dim] (rope);
@@ -75,13 +76,19 @@ struct Params {
     k_eps: f32,
     // 1: the split kernels merge the splits themselves (see above).
     merge: u32,
+    // 1: the cache holds f16 (two per word, the lower half first), else f32.
+    half: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> q: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
-@group(0) @binding(4) var<storage, read_write> keys: array<f32>;
-@group(0) @binding(5) var<storage, read_write> values: array<f32>;
+// The cache's words: f32 bits, or two f16 (`half`).
+@group(0) @binding(4) var<storage, read_write> keys: array<u32>;
+@group(0) @binding(5) var<storage, read_write> values: array<u32>;
 @group(0) @binding(6) var<storage, read_write> partials: array<atomic<u32>>;
 @group(0) @binding(7) var<storage, read> sel: array<u32>;
 @group(0) @binding(8) var<storage, read> knew: array<f32>;
@@ -116,14 +123,57 @@ fn key_at(j: u32, kv_cols: u32, off: u32, d: u32) -> f32 {
         }
         return knew[(j - p.past) * kv_cols + off];
     }
-    return keys[j * kv_cols + off];
+    return cached(true, j * kv_cols + off);
+}
+
+// Element i of the cache's keys or values, as f32 or f16 (`half`).
+fn cached(is_key: bool, i: u32) -> f32 {
+    var w = 0u;
+    if (p.half != 0u) {
+        if (is_key) {
+            w = keys[i / 2u];
+        } else {
+            w = values[i / 2u];
+        }
+        return unpack2x16float(w)[i % 2u];
+    }
+    if (is_key) {
+        w = keys[i];
+    } else {
+        w = values[i];
+    }
+    return bitcast<f32>(w);
+}
+
+// Stores elements i and (when `two`) i + 1 of a key or value row in the
+// cache (f16: i even, and both).
+fn store_pair(is_key: bool, i: u32, v: vec2<f32>, two: bool) {
+    if (p.half != 0u) {
+        if (is_key) {
+            keys[i / 2u] = pack2x16float(v);
+        } else {
+            values[i / 2u] = pack2x16float(v);
+        }
+        return;
+    }
+    if (is_key) {
+        keys[i] = bitcast<u32>(v.x);
+        if (two) {
+            keys[i + 1u] = bitcast<u32>(v.y);
+        }
+    } else {
+        values[i] = bitcast<u32>(v.x);
+        if (two) {
+            values[i + 1u] = bitcast<u32>(v.y);
+        }
+    }
 }
 
 fn value_at(j: u32, kv_cols: u32, off: u32) -> f32 {
     if (p.fresh != 0u && j >= p.past) {
         return vnew[(j - p.past) * kv_cols + off];
     }
-    return values[j * kv_cols + off];
+    return cached(false, j * kv_cols + off);
 }
 
 // With `fresh`: workgroup g writes the new key and value rows of its kv head
@@ -142,13 +192,18 @@ fn store_fresh(g: u32, li: u32) {
     let kv_cols = p.kv_heads * p.head_dim;
     let src = t * kv_cols + (h / group) * p.head_dim;
     let dst = (p.past + t) * kv_cols + (h / group) * p.head_dim;
-    for (var d = li; d < p.head_dim; d += WG) {
+    // Two values per thread, so that an f16 word has one writer (f16 caches
+    // have head dims of a multiple of four; f32 ones may be odd).
+    for (var d2 = li; d2 < (p.head_dim + 1u) / 2u; d2 += WG) {
+        let d = 2u * d2;
+        let two = d + 1u < p.head_dim;
+        let e = min(d + 1u, p.head_dim - 1u);
         if (p.rope != 0u) {
-            keys[dst + d] = q_sh[KN + d];
+            store_pair(true, dst + d, vec2<f32>(q_sh[KN + d], q_sh[KN + e]), two);
         } else {
-            keys[dst + d] = knew[src + d];
+            store_pair(true, dst + d, vec2<f32>(knew[src + d], knew[src + e]), two);
         }
-        values[dst + d] = vnew[src + d];
+        store_pair(false, dst + d, vec2<f32>(vnew[src + d], vnew[src + e]), two);
     }
 }
 

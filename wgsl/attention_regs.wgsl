@@ -36,10 +36,18 @@ fn row4(buf_keys: bool, j: u32, at: u32) -> vec4<f32> {
         return vec4<f32>(vnew[i], vnew[i + 1u], vnew[i + 2u], vnew[i + 3u]);
     }
     let i = j * p.kv_heads * p.head_dim + at;
-    if (buf_keys) {
-        return vec4<f32>(keys[i], keys[i + 1u], keys[i + 2u], keys[i + 3u]);
+    if (p.half != 0u) {
+        // `at` is a multiple of four: two whole words.
+        var w = vec2<u32>(values[i / 2u], values[i / 2u + 1u]);
+        if (buf_keys) {
+            w = vec2<u32>(keys[i / 2u], keys[i / 2u + 1u]);
+        }
+        return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
     }
-    return vec4<f32>(values[i], values[i + 1u], values[i + 2u], values[i + 3u]);
+    if (buf_keys) {
+        return bitcast<vec4<f32>>(vec4<u32>(keys[i], keys[i + 1u], keys[i + 2u], keys[i + 3u]));
+    }
+    return bitcast<vec4<f32>>(vec4<u32>(values[i], values[i + 1u], values[i + 2u], values[i + 3u]));
 }
 
 // Key slot `i` of the query's key list (see attention.wgsl's selection), its

@@ -33,9 +33,14 @@
 // HD (the head dim) is an override constant: one pipeline per head dim
 // (64, 128, 256), so that every register loop has a fixed trip count.
 //
+// kv_store: the `tokens` key and value rows of knew / vnew [tokens, kv_heads *
+// HD] (f32) into the cache at positions past.., one invocation per run of
+// four values: a prefill's append to an f16 cache.
+//
 // Bindings: 0 uniform Params; 2 q [tokens, heads * HD]; 3 out (same shape);
 // 4 keys, 5 values [positions, kv_heads * HD] (read-write: `fresh` writes
-// the new row); 6 partials (f32); 8 knew, 9 vnew [1, kv_heads * HD].
+// the new row; f32, or with `half` f16 two to a word); 6 partials (f32);
+// 8 knew, 9 vnew [1, kv_heads * HD] (kv_store: [tokens, kv_heads * HD]).
 
 struct Params {
     tokens: u32,
@@ -54,15 +59,17 @@ struct Params {
     // 1: one token whose key and value rows are in knew / vnew (written to
     // the cache at `past` by the workgroup whose chunk holds that position).
     fresh: u32,
+    // 1: the cache holds f16 (two per word, the lower half first), else f32.
+    half: u32,
     _pad0: u32,
-    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> out: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read_write> keys: array<vec4<f32>>;
-@group(0) @binding(5) var<storage, read_write> values: array<vec4<f32>>;
+// The cache in pairs of words: two f32, or four f16 (`half`).
+@group(0) @binding(4) var<storage, read_write> keys: array<vec2<u32>>;
+@group(0) @binding(5) var<storage, read_write> values: array<vec2<u32>>;
 @group(0) @binding(6) var<storage, read_write> partials: array<f32>;
 @group(0) @binding(8) var<storage, read> knew: array<vec4<f32>>;
 @group(0) @binding(9) var<storage, read> vnew: array<vec4<f32>>;
@@ -95,11 +102,46 @@ fn kv_run(is_key: bool, j: u32, kh: u32, col: u32) -> vec4<f32> {
         }
         return vnew[i];
     }
-    let i = j * p.kv_heads * HD4 + kh * HD4 + col;
-    if (is_key) {
-        return keys[i];
+    return cached(is_key, j * p.kv_heads * HD4 + kh * HD4 + col);
+}
+
+// Run i (four values) of the cache's keys or values.
+fn cached(is_key: bool, i: u32) -> vec4<f32> {
+    if (p.half != 0u) {
+        var w = values[i];
+        if (is_key) {
+            w = keys[i];
+        }
+        return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
     }
-    return values[i];
+    var a = values[2u * i];
+    var b = values[2u * i + 1u];
+    if (is_key) {
+        a = keys[2u * i];
+        b = keys[2u * i + 1u];
+    }
+    return bitcast<vec4<f32>>(vec4<u32>(a, b));
+}
+
+// Stores run i (four values) of a key or value row in the cache.
+fn store_run(is_key: bool, i: u32, v: vec4<f32>) {
+    if (p.half != 0u) {
+        let w = vec2<u32>(pack2x16float(v.xy), pack2x16float(v.zw));
+        if (is_key) {
+            keys[i] = w;
+        } else {
+            values[i] = w;
+        }
+        return;
+    }
+    let u = bitcast<vec4<u32>>(v);
+    if (is_key) {
+        keys[2u * i] = u.xy;
+        keys[2u * i + 1u] = u.zw;
+    } else {
+        values[2u * i] = u.xy;
+        values[2u * i + 1u] = u.zw;
+    }
 }
 
 // The merge area: the two tiles' workgroup memory as one array of 2 * TILE4.
@@ -189,8 +231,8 @@ fn flash_attention(
     if (p.fresh != 0u && first <= p.past && p.past < end) {
         for (var i = li; i < HD4; i += WG) {
             let dst = p.past * p.kv_heads * HD4 + kh * HD4 + i;
-            keys[dst] = knew[kh * HD4 + i];
-            values[dst] = vnew[kh * HD4 + i];
+            store_run(true, dst, knew[kh * HD4 + i]);
+            store_run(false, dst, vnew[kh * HD4 + i]);
         }
     }
 
@@ -321,5 +363,18 @@ fn flash_attention(
             }
         }
         workgroupBarrier();
+    }
+}
+
+@compute @workgroup_size(256)
+fn kv_store(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
+    let i = (wid.y * nwg.x + wid.x) * WG + li;
+    if (i < p.tokens * p.kv_heads * HD4) {
+        store_run(true, p.past * p.kv_heads * HD4 + i, knew[i]);
+        store_run(false, p.past * p.kv_heads * HD4 + i, vnew[i]);
     }
 }

@@ -50,6 +50,11 @@ params! {
         k_eps: f32,
         /// 1: the split kernels merge the splits themselves (binding 13).
         merge: u32,
+        /// 1: the cache holds f16.
+        half: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
     }
 }
 
@@ -69,8 +74,9 @@ params! {
         chunk: u32,
         scale: f32,
         fresh: u32,
+        /// 1: the cache holds f16.
+        half: u32,
         _pad0: u32,
-        _pad1: u32,
     }
 }
 
@@ -213,6 +219,7 @@ pub(crate) fn attend(
         rope_half: rope.as_ref().map_or(0, |r| r.half as u32),
         q_eps: rope.as_ref().map_or(0.0, |r| r.eps[0]),
         k_eps: rope.as_ref().map_or(0.0, |r| r.eps[1]),
+        half: cache.half as u32,
         ..Default::default()
     };
     let (keys, values, sel) = ((KEYS, whole(&cache.keys)), (VALUES, whole(&cache.values)), (SELECTION, whole(&sel_buf)));
@@ -326,6 +333,7 @@ fn flash_attend(
         chunk: chunk as u32,
         scale,
         fresh: fresh.is_some() as u32,
+        half: cache.half as u32,
         ..Default::default()
     };
     let pairs = tokens * heads;
@@ -347,6 +355,35 @@ fn flash_attend(
         ..Default::default()
     };
     gpu.dispatch("attention_merge", &merge, &[(OUT, out), (PARTIALS, partials.bind())], Gpu::grid(pairs as u64))
+}
+
+/// Whether a new KV cache of heads of `head_dim` keeps f16: in the fast
+/// (int8) matmul mode, as the CPU backend does, where `kv_store` and
+/// `flash_attention` are compiled for the head dim (the per-head kernels
+/// read f16 of any head dim of a multiple of four).
+pub(crate) fn kv_in_f16(gpu: &Gpu, fast: bool, head_dim: usize) -> bool {
+    fast && gpu.has_kernel(&format!("kv_store_hd{head_dim}"))
+}
+
+/// Records appending `tokens` rows of keys `k` and values `v` (f32
+/// `[tokens, kv_heads*head_dim]`) to `cache`: a copy into an f32 cache,
+/// `kv_store` (rounding to f16) into an f16 one.
+pub(crate) fn append(gpu: &Gpu, cache: &mut GpuKvCache, k: Bind<'_>, v: Bind<'_>, tokens: usize) -> Result<()> {
+    if !cache.half {
+        return cache.append(k, v, tokens);
+    }
+    let past = cache.len;
+    cache.append_in_kernel(tokens)?;
+    let entry = match cache.head_dim {
+        64 => "kv_store_hd64",
+        128 => "kv_store_hd128",
+        256 => "kv_store_hd256",
+        hd => return Err(slotstream_backend::BackendError::Unsupported(format!("an f16 KV cache of head dim {hd}"))),
+    };
+    let params = FlashParams { tokens: tokens as u32, kv_heads: cache.kv_heads as u32, past: past as u32, half: 1, ..Default::default() };
+    let runs = (tokens * cache.kv_heads * cache.head_dim / 4) as u64;
+    let binds = [(KEYS, whole(&cache.keys)), (VALUES, whole(&cache.values)), (KNEW, k), (VNEW, v)];
+    gpu.dispatch(entry, &params, &binds, Gpu::grid(runs.div_ceil(256)))
 }
 
 /// Keys per chunk and chunks per (token, head) for `pairs` (token, head)

@@ -152,6 +152,13 @@ const FLASH_PIPELINES: [Pipeline; 3] = [
     Pipeline { name: "flash_attention_hd256", constants: &[("HD", 256.0)] },
 ];
 
+/// `kv_store` for each head dim of an f16 cache (`HD`).
+const KV_STORE_PIPELINES: [Pipeline; 3] = [
+    Pipeline { name: "kv_store_hd64", constants: &[("HD", 64.0)] },
+    Pipeline { name: "kv_store_hd128", constants: &[("HD", 128.0)] },
+    Pipeline { name: "kv_store_hd256", constants: &[("HD", 256.0)] },
+];
+
 /// One compiled shader module: a kernel family and its entry points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Module {
@@ -231,7 +238,7 @@ impl Module {
                 "attention_split_regs",
                 "attention_split_rope_regs",
             ],
-            Module::FlashAttention => &["flash_attention"],
+            Module::FlashAttention => &["flash_attention", "kv_store"],
             Module::Conv => &["conv1d"],
             Module::GatedDelta => &["gated_delta"],
             Module::Streams => &["repeat_cols", "stream_mean", "add_gated_to_streams", "stream_dot_gate"],
@@ -244,6 +251,7 @@ impl Module {
     pub fn pipelines(self, entry: &'static str) -> &'static [Pipeline] {
         match (self, entry) {
             (Module::FlashAttention, "flash_attention") => &FLASH_PIPELINES,
+            (Module::FlashAttention, "kv_store") => &KV_STORE_PIPELINES,
             _ => &[],
         }
     }

@@ -396,11 +396,14 @@ impl Backend for WgpuBackend {
     }
 
     fn new_kv_cache(&self, kv_heads: usize, head_dim: usize) -> Result<State> {
-        Ok(State::new(Box::new(GpuKvCache::new(&self.gpu, kv_heads, head_dim))))
+        let half = attention::kv_in_f16(&self.gpu, self.mode == MatmulMode::Int8, head_dim);
+        Ok(State::new(Box::new(GpuKvCache::new(&self.gpu, kv_heads, head_dim, half))))
     }
 
     fn kv_cache_dtype(&self) -> DType {
-        DType::F32
+        // The head dim is not known here: f16 where the fast mode keeps it
+        // for the common head dims (the memory plan's estimate).
+        if attention::kv_in_f16(&self.gpu, self.mode == MatmulMode::Int8, 128) { DType::F16 } else { DType::F32 }
     }
 
     fn kv_len(&self, cache: &State) -> Result<usize> {
@@ -428,7 +431,7 @@ impl Backend for WgpuBackend {
             c.append_in_kernel(1)?;
             Some((buf(k)?, buf(v)?))
         } else {
-            c.append(buf(k)?, buf(v)?, tokens)?;
+            attention::append(&self.gpu, c, buf(k)?, buf(v)?, tokens)?;
             None
         };
         let (out, ob) = self.output(vec![tokens, heads * hd])?;

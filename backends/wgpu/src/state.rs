@@ -1,4 +1,4 @@
-//! Per-sequence state on the device: the KV cache (grown by doubling), the
+//! Per-sequence state on the device: the KV cache (grown by a quarter), the
 //! window of a causal convolution and the gated delta rule's matrix state.
 //! Each holds the device it lives on, so it can copy itself.
 
@@ -18,12 +18,13 @@ fn duplicate_buffer(gpu: &Gpu, b: &wgpu::Buffer, label: &str) -> Result<wgpu::Bu
     Ok(copy)
 }
 
-/// Keys and values of one attention layer, f32 `[capacity, kv_heads*head_dim]`,
-/// grown by doubling.
+/// Keys and values of one attention layer, `[capacity, kv_heads*head_dim]`
+/// of f32, or of f16 two to a word (`half`), grown by a quarter.
 pub struct GpuKvCache {
     gpu: Arc<Gpu>,
     pub(crate) kv_heads: usize,
     pub(crate) head_dim: usize,
+    pub(crate) half: bool,
     pub(crate) len: usize,
     capacity: usize,
     pub(crate) keys: wgpu::Buffer,
@@ -31,13 +32,14 @@ pub struct GpuKvCache {
 }
 
 impl GpuKvCache {
-    pub(crate) fn new(gpu: &Arc<Gpu>, kv_heads: usize, head_dim: usize) -> GpuKvCache {
+    pub(crate) fn new(gpu: &Arc<Gpu>, kv_heads: usize, head_dim: usize, half: bool) -> GpuKvCache {
         let capacity = KV_INITIAL_CAPACITY;
-        let row = 4 * (kv_heads * head_dim) as u64;
+        let row = if half { 2 } else { 4 } * (kv_heads * head_dim) as u64;
         GpuKvCache {
             gpu: gpu.clone(),
             kv_heads,
             head_dim,
+            half,
             len: 0,
             capacity,
             keys: gpu.zeroed("kv keys", row * capacity as u64),
@@ -45,10 +47,20 @@ impl GpuKvCache {
         }
     }
 
+    /// Bytes of one position's keys (or values).
+    fn row_bytes(&self) -> u64 {
+        (if self.half { 2 } else { 4 }) * (self.kv_heads * self.head_dim) as u64
+    }
+
     /// Records appending `tokens` rows of keys `k` and values `v`
-    /// (`[tokens, kv_heads*head_dim]` each), growing the cache first if needed.
+    /// (`[tokens, kv_heads*head_dim]` each, f32) to an f32 cache, growing it
+    /// first if needed (an f16 cache converts them in a kernel:
+    /// `attention::append`).
     pub(crate) fn append(&mut self, k: Bind<'_>, v: Bind<'_>, tokens: usize) -> Result<()> {
-        let row = 4 * (self.kv_heads * self.head_dim) as u64;
+        if self.half {
+            return Err(BackendError::Device("an f16 KV cache takes its rows through kv_store, not a copy".into()));
+        }
+        let row = self.row_bytes();
         let past = self.len;
         self.reserve(tokens)?;
         self.gpu.copy(k.buffer, k.offset, &self.keys, row * past as u64, row * tokens as u64)?;
@@ -66,11 +78,15 @@ impl GpuKvCache {
     }
 
     /// Room for `tokens` more positions (a copy into a larger cache when full).
-    fn reserve(&mut self, tokens: usize) -> Result<()> {
-        let row = 4 * (self.kv_heads * self.head_dim) as u64;
+    pub(crate) fn reserve(&mut self, tokens: usize) -> Result<()> {
+        let row = self.row_bytes();
         let past = self.len;
         if past + tokens > self.capacity {
-            let capacity = (2 * self.capacity).max(past + tokens);
+            // A quarter more, in whole initial capacities: at most 25% of
+            // the cache unused (doubling left up to half of a long
+            // context's cache unused), for a copy of the cache every
+            // quarter of its length.
+            let capacity = (self.capacity + self.capacity / 4).max(past + tokens).div_ceil(KV_INITIAL_CAPACITY) * KV_INITIAL_CAPACITY;
             if row * capacity as u64 > self.gpu.max_binding() {
                 return Err(BackendError::Unsupported(format!(
                     "a KV cache of {capacity} positions exceeds the adapter's storage binding limit"

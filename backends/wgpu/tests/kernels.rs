@@ -611,3 +611,41 @@ fn flash_attention_every_shape() {
         assert!(err <= 2e-5, "{name}: flash attention differs from the per-head kernels, rel L2 {err:.3e}");
     }
 }
+
+/// An f16 KV cache (the fast matmul mode's, as on the CPU backend): prefills
+/// (`kv_store` rounds the rows), decode steps through the per-head kernels
+/// (norm and rotary embedding inside, the fresh rows written as f16) and
+/// through `flash_attention` past `FLASH_DECODE_MIN_KEYS` keys, against the
+/// CPU backend's f16 cache (the same rounding of every key and value).
+#[test]
+fn attention_with_an_f16_cache() {
+    let Some(_) = gpu() else { return };
+    let g = WgpuBackend::with_options(&AdapterChoice::allow_software(), WgpuOptions { matmul: Some(MatmulMode::Int8), ..WgpuOptions::from_env() })
+        .expect("opening a second wgpu backend");
+    let cpu = CpuBackend::with_mode(slotstream_cpu::MatmulMode::Int8);
+    assert_eq!((g.kv_cache_dtype(), cpu.kv_cache_dtype()), (DType::F16, DType::F16));
+    for (i, dims) in [[8, 2, 128], [16, 2, 256], [4, 4, 64]].into_iter().enumerate() {
+        let [heads, kvh, hd] = dims;
+        let mut rng = Rng::new(170 + i as u64);
+        let (qw, kw) = (rng.vec(hd, 1.0), rng.vec(hd, 1.0));
+        let steps: Vec<(usize, Vec<f32>, Vec<f32>, Vec<f32>)> = [300usize, 1, 2, 730, 1, 1]
+            .iter()
+            .map(|&t| (t, rng.vec(t * heads * hd, 3.0), rng.vec(t * kvh * hd, 3.0), rng.vec(t * kvh * hd, 2.0)))
+            .collect();
+        let run = |b: &dyn Backend| {
+            let (qw, kw) = (up(b, &qw, &[hd]), up(b, &kw, &[hd]));
+            let mut cache = b.new_kv_cache(kvh, hd).unwrap();
+            let mut start = 0;
+            let mut outs = Vec::new();
+            for (t, q, k, v) in &steps {
+                let (q, k, v) = (up(b, q, &[*t, heads * hd]), up(b, k, &[*t, kvh * hd]), up(b, v, &[*t, kvh * hd]));
+                let norm = QkNorm { weights: [&qw, &kw], eps: [1e-6, 1e-5], head_dim: hd, rotary_dim: hd / 2, theta: 1e6, start_pos: start };
+                outs.push(b.attention_qk_norm(&q, &k, &v, &mut cache, heads, 1.0 / (hd as f32).sqrt(), None, &norm).unwrap());
+                start += t;
+            }
+            b.download(&b.concat_rows(&outs.iter().collect::<Vec<_>>()).unwrap()).unwrap()
+        };
+        let err = rel_l2(&run(&g), &run(&cpu));
+        assert!(err <= 1e-4, "{dims:?}: an f16 cache on the GPU differs from the CPU backend's, rel L2 {err:.3e}");
+    }
+}

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Long prompts and long contexts: slotstream's wgpu backend against llama.cpp's Vulkan backend
+on the same weights, one GPU, one run (issue 46, item 6). Driven by tools/bench_gpu_peer.sh
+(its `long` phase), on the models of tools/peer/bench_gpu_peer.py (A, B: every expert resident).
+
+Per model and per context length N in --lengths (default 8192,32768):
+  llama.cpp: llama-bench -ngl 99 -p N -n 64 -d 0 (prefill ppN, decode tg64 from depth 0), then
+             -p 0 -n 64 -d N (tg64 @ dN); -r --peer-reps. Its peak GPU memory in the tg64 @ dN run.
+  ours:      slotstream run --backend wgpu --raw --ignore-eos, a prompt of N tokens then 65 tokens:
+             the prompt's prefill tok/s (as ppN) and decode from depth N (as tg64 @ dN); peak GPU
+             memory. With --flash-off, the same with SLOTSTREAM_WGPU_FLASH=0 (the per-head
+             attention kernels) at the first length, before and after on one machine.
+  per-op:    with --bench-gpu, our kernel times (bench_gpu --prompt N: decode at depth N and the
+             N-token prefill by kernel) and llama.cpp's (GGML_VK_PERF_LOGGER=1 llama-bench -p 0 -n 4
+             -d N), raw logs kept for BENCHMARKS.md, at the first length only.
+Prints one markdown table; results.json, table.md and every log go to --results.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_gpu_peer as bp  # noqa: E402
+
+
+def peer_rows(a, gguf, tag, p, n, d, reps, env=None):
+    cmd = [os.path.join(a.llama, "bin", "llama-bench"), "-m", gguf, "-ngl", "99", "-p", str(p), "-n", str(n),
+           "-d", str(d), "-r", str(reps), "-o", "json"]
+    r = bp.run(cmd, tag, a, env=env or bp.llama_env(a))
+    out = {"gpu_mib": r["gpu_mib"], "wall_s": r["wall_s"], "rc": r["rc"]}
+    try:
+        rows = json.loads(r["stdout"][r["stdout"].index("["):])
+        for row in rows:
+            kind = "prefill" if row["n_prompt"] and not row["n_gen"] else "decode"
+            out[kind] = row["avg_ts"]
+            out[kind + "_sd"] = row["stddev_ts"]
+            out["build"], out["flash_attn"] = row.get("build_commit"), row.get("flash_attn")
+    except Exception as ex:  # noqa: BLE001
+        out["error"] = f"{type(ex).__name__}: {ex}; rc={r['rc']}; {r['stderr'][-600:]}"
+        bp.log("  " + out["error"])
+    return out
+
+
+def ours_long(a, model, experts, prompt, tag, env=None):
+    r = bp.ours(a, model, a.gpu_backend, prompt, a.decode + 1, experts, tag, env=env)
+    return {k: r.get(k) for k in ("prefill", "decode", "prompt_tokens", "gpu_mib", "wall_s", "error", "backend_name")}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--slotstream", required=True)
+    ap.add_argument("--bench-gpu", help="our bench_gpu example, for per-kernel times")
+    ap.add_argument("--llama", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--results", required=True)
+    ap.add_argument("--models", default="A,B")
+    ap.add_argument("--lengths", default="8192,32768")
+    ap.add_argument("--decode", type=bp.positive, default=64)
+    ap.add_argument("--peer-reps", type=int, default=2)
+    ap.add_argument("--flash-off", action="store_true", help="also ours with SLOTSTREAM_WGPU_FLASH=0 at the first length")
+    ap.add_argument("--gpu-backend", default="wgpu")
+    ap.add_argument("--small", action="store_true")
+    ap.add_argument("--router-skew", type=float, default=0.4)
+    ap.add_argument("--mixer-out-scale", type=float, default=0.1)
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--timeout", type=int, default=900)
+    ap.add_argument("--commit", default="unknown")
+    a = ap.parse_args()
+    a.depth = None
+    os.makedirs(a.work, exist_ok=True)
+    os.makedirs(a.results, exist_ok=True)
+    lengths = [int(x) for x in a.lengths.split(",") if x.strip()]
+    prompts = {n: bp.calibrate_prompt(a, n) for n in lengths}
+    results = []
+    for key in [k.strip() for k in a.models.split(",") if k.strip()]:
+        family, experts, args = (bp.SMALL if a.small else bp.FULL)[key]
+        name, model, _ = bp.make_model(a, key, family, experts, args, False)
+        gguf, _ = bp.make_gguf(a, name, model)
+        bp.log(f"== {key}")
+        res = {"key": key, "family": family, "lengths": {}}
+        for i, n in enumerate(lengths):
+            prompt, n_prompt = prompts[n]
+            row = {"prompt_tokens": n_prompt}
+            row["peer_pp"] = peer_rows(a, gguf, f"{key}_llama_pp{n}", n, a.decode, 0, a.peer_reps)
+            row["peer_tg"] = peer_rows(a, gguf, f"{key}_llama_tg_d{n}", 0, a.decode, n, a.peer_reps)
+            a.depth = n_prompt
+            row["ours"] = ours_long(a, model, experts, prompt, f"{key}_ours_{n}")
+            if i == 0 and a.flash_off:
+                env = dict(os.environ, SLOTSTREAM_WGPU_FLASH="0")
+                row["ours_flash_off"] = ours_long(a, model, experts, prompt, f"{key}_ours_{n}_flash_off", env=env)
+            if i == 0 and a.bench_gpu:
+                bp.run([a.bench_gpu, "--model", model, "--prompt", str(n), "--decode", "16", "--no-matvec", "--flush", "16",
+                        "--depth", "32", "--pp", "32"], f"{key}_ours_kernels_{n}", a)
+                env = dict(bp.llama_env(a), GGML_VK_PERF_LOGGER="1")
+                peer_rows(a, gguf, f"{key}_llama_kernels_d{n}", 0, 4, n, 1, env=env)
+            res["lengths"][n] = row
+            json.dump(results + [res], open(os.path.join(a.results, "results.json"), "w"), indent=1, default=str)
+        results.append(res)
+        if not a.keep:
+            os.remove(gguf)
+            bp.shutil.rmtree(model, ignore_errors=True)
+    md = table(a, results)
+    open(os.path.join(a.results, "table.md"), "w").write(md + "\n")
+    json.dump({"commit": a.commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "results": results},
+              open(os.path.join(a.results, "results.json"), "w"), indent=1, default=str)
+    print(md)
+
+
+def f(x, nd=1):
+    return "—" if x is None else f"{x:.{nd}f}"
+
+
+def ratio(x, y):
+    return "—" if not x or not y else f"{x / y:.2f}x"
+
+
+def table(a, results):
+    lines = [f"commit {a.commit}; ours: `run --backend {a.gpu_backend}`, theirs: llama-bench (Vulkan), same Q4_0 bits", "",
+             "| model | context | ours prefill | theirs ppN | ratio | ours decode @ dN | theirs tg64 @ dN | ratio "
+             "| ours GPU MiB | theirs GPU MiB | ours flash off: prefill / decode |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        for n, row in r["lengths"].items():
+            o, pp, tg = row["ours"], row["peer_pp"], row["peer_tg"]
+            off = row.get("ours_flash_off")
+            off_s = f"{f(off.get('prefill'))} / {f(off.get('decode'))}" if off else "—"
+            lines.append(f"| {r['key']} | {row['prompt_tokens']} | {f(o.get('prefill'))} | {f(pp.get('prefill'))} "
+                         f"| {ratio(o.get('prefill'), pp.get('prefill'))} | {f(o.get('decode'))} | {f(tg.get('decode'))} "
+                         f"| {ratio(o.get('decode'), tg.get('decode'))} | {o.get('gpu_mib')} | {tg.get('gpu_mib')} | {off_s} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
