@@ -150,10 +150,10 @@ def run(cmd, tag, a, env=None, timeout=None):
     return r
 
 
-def ours(a, model, backend, prompt, max_tokens, experts_per_layer, tag, env=None, wrap=()):
-    """One run of ours; `wrap` goes before the command (taskset -c CPUS, say)."""
+def ours(a, model, backend, prompt, max_tokens, experts_per_layer, tag, env=None, wrap=(), extra=()):
+    """One run of ours; `wrap` goes before the command (taskset -c CPUS, say), `extra` after it."""
     cmd = [*wrap, a.slotstream, "run", "--model", model, "--backend", backend, "--raw", "--ignore-eos",
-           "--max-tokens", str(max_tokens), "--prompt", prompt, "--json", "--experts-per-layer", str(experts_per_layer)]
+           "--max-tokens", str(max_tokens), "--prompt", prompt, "--json", "--experts-per-layer", str(experts_per_layer), *extra]
     r = run(cmd, tag, a, env=env)
     label = f"'<{a.depth}-token prompt>'" if getattr(a, "depth", None) else repr(prompt)
     shown = [label if c == prompt else c for c in cmd]
@@ -304,10 +304,15 @@ def calibrate_prompt(a, target):
         subprocess.run([sys.executable, os.path.join(REPO, "tools", "synth.py"), "--out", tiny, "--hidden", "64",
                         "--layers", "1", "--experts", "4", "--top-k", "2", "--moe-inter", "64", "--heads", "2",
                         "--kv-heads", "1", "--head-dim", "32", "--vocab", "4096"], check=True, capture_output=True)
+        # Room for the longest prompts the search tries.
+        cfg_path = os.path.join(tiny, "config.json")
+        cfg = json.load(open(cfg_path))
+        cfg["max_position_embeddings"] = 1 << 20
+        json.dump(cfg, open(cfg_path, "w"), indent=1)
 
     def count(n):
         r = subprocess.run([a.slotstream, "run", "--model", tiny, "--backend", "cpu", "--raw", "--max-tokens", "1",
-                            "--prompt", text[:n], "--json"], capture_output=True, text=True)
+                            "--plan-context", str(1 << 20), "--prompt", text[:n], "--json"], capture_output=True, text=True)
         if r.returncode:
             sys.exit(f"calibration run failed: {r.stderr[-800:]}")
         return json.loads(r.stdout.strip().splitlines()[-1])["stats"]["prompt_tokens"]

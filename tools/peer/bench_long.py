@@ -17,6 +17,7 @@ Prints one markdown table; results.json, table.md and every log go to --results.
 """
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -24,6 +25,25 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_gpu_peer as bp  # noqa: E402
+
+
+def calibrated(a, n):
+    """bench_gpu_peer's calibrate_prompt, remembered in tools/peer/long_prompts.json (characters
+    of the calibration text per token count): on the GPU machine, a 32k-token calibration would
+    spend minutes of device time."""
+    path = os.path.join(bp.HERE, "long_prompts.json")
+    known = json.load(open(path)) if os.path.exists(path) else {}
+    text = ""
+    for f in ["ARCHITECTURE.md", "README.md", "BENCHMARKS.md"]:
+        text += open(os.path.join(bp.REPO, f), encoding="utf-8").read() + "\n"
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    entry = known.get(str(n))
+    if entry and entry.get("text_sha256") == digest:
+        return text[:entry["chars"]], entry["tokens"]
+    prompt, tokens = bp.calibrate_prompt(a, n)
+    known[str(n)] = {"chars": len(prompt), "tokens": tokens, "text_sha256": digest}
+    json.dump(known, open(path, "w"), indent=1)
+    return prompt, tokens
 
 
 def peer_rows(a, gguf, tag, p, n, d, reps, env=None):
@@ -45,7 +65,9 @@ def peer_rows(a, gguf, tag, p, n, d, reps, env=None):
 
 
 def ours_long(a, model, experts, prompt, tag, env=None):
-    r = bp.ours(a, model, a.gpu_backend, prompt, a.decode + 1, experts, tag, env=env)
+    # The plan's context: the prompt and the tokens it generates.
+    extra = ("--plan-context", str(a.depth + a.decode + 64))
+    r = bp.ours(a, model, a.gpu_backend, prompt, a.decode + 1, experts, tag, env=env, extra=extra)
     return {k: r.get(k) for k in ("prefill", "decode", "prompt_tokens", "gpu_mib", "wall_s", "error", "backend_name")}
 
 
@@ -74,7 +96,7 @@ def main():
     os.makedirs(a.work, exist_ok=True)
     os.makedirs(a.results, exist_ok=True)
     lengths = [int(x) for x in a.lengths.split(",") if x.strip()]
-    prompts = {n: bp.calibrate_prompt(a, n) for n in lengths}
+    prompts = {n: calibrated(a, n) for n in lengths}
     results = []
     for key in [k.strip() for k in a.models.split(",") if k.strip()]:
         family, experts, args = (bp.SMALL if a.small else bp.FULL)[key]
