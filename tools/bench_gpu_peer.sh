@@ -83,7 +83,8 @@
 # long (there, after the same setup as run): prefill of N-token prompts and decode at depth N
 #   (LENGTHS, default 8192,32768) of A and B resident against llama-bench's ppN and tg64 @ dN,
 #   peak GPU memory of both, ours with SLOTSTREAM_WGPU_FLASH=0 too (FLASH_OFF=1), and per-kernel
-#   times of both at the first length where prepare packed the bench_gpu example (LONG=1 prepare).
+#   times of both at the first length where prepare packed the bench_gpu example (LONG=1 prepare);
+#   LIMIT=SECONDS stops it there and still copies out what it measured.
 #
 # disk (there, after stream, which builds the A64 or B64 model: MODEL, or DIR for any
 #   directory): tools/peer/disk_pace.py reads that model's files in bursts of expert-sized
@@ -257,7 +258,8 @@ long_phase() {
     [ -n "${FLASH_OFF:-}" ] && args+=(--flash-off)
     [ -x "$work/bin/bench_gpu" ] && args+=(--bench-gpu "$work/bin/bench_gpu")
     local rc=0
-    PYTHONUNBUFFERED=1 python3 tools/peer/bench_long.py "${args[@]}" || rc=$?
+    # LIMIT (seconds): stop there and still bring back what was measured.
+    PYTHONUNBUFFERED=1 timeout "${LIMIT:-86400}" python3 tools/peer/bench_long.py "${args[@]}" || rc=$?
     copy_out long-logs.tar.gz
     return $rc
 }
