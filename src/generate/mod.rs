@@ -22,6 +22,10 @@ use stop::StopMatcher;
 use crate::experts::{CacheCounters, CacheStats};
 use crate::model::{self, DecoderModel, Logits, ModelArch, SequenceState};
 pub use crate::plan::DEFAULT_PREFILL_CHUNK;
+
+/// Positions of answer tokens a generation's KV caches are given room for
+/// before its prompt is fed (past them they grow as they need).
+const DECODE_RESERVE: usize = 1024;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::tokenizer::{StreamDecoder, TextCodec};
 
@@ -210,6 +214,7 @@ impl Engine {
             bail!("the prompt is empty: give at least one token");
         }
         let start = state.position;
+        self.model.reserve(self.backend.as_ref(), state, start + ids.len())?;
         let chunks = ids.chunks(self.prefill_chunk.max(1));
         let last = chunks.len() - 1;
         let mut logits = Vec::new();
@@ -230,6 +235,7 @@ impl Engine {
         if end > ids.len() {
             bail!("internal: prefill up to {end} of {} tokens", ids.len());
         }
+        self.model.reserve(self.backend.as_ref(), state, end)?;
         while state.position < end {
             if cancelled() {
                 return Ok(false);
@@ -310,6 +316,10 @@ impl Engine {
         )?;
         let fed = req.prompt_ids.len() - state.position;
         let start = Instant::now();
+        // The KV caches hold the prompt and the first answer tokens from the
+        // start, so that a long prompt's answer does not copy them to grow.
+        let answer = max_tokens.min(DECODE_RESERVE);
+        self.model.reserve(self.backend.as_ref(), state, req.prompt_ids.len() + answer)?;
         let logits = self.prefill(&req.prompt_ids[state.position..], state)?;
         let prefill_seconds = start.elapsed().as_secs_f64();
 

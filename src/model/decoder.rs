@@ -259,6 +259,17 @@ impl DecoderModel {
         Ok(())
     }
 
+    /// Room for `positions` positions in every KV cache of `s`
+    /// ([`Backend::kv_reserve`]): a prefill's caches allocated once.
+    pub fn reserve(&self, b: &dyn Backend, s: &mut SequenceState, positions: usize) -> Result<()> {
+        for st in &mut s.layers {
+            if let MixerState::Attention(a) = &mut st.mixer {
+                b.kv_reserve(&mut a.kv, positions)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Deep copy of a sequence's state.
     pub fn clone_state(&self, b: &dyn Backend, s: &SequenceState) -> Result<SequenceState> {
         let layers = s.layers.iter().map(|l| l.clone_with(b)).collect::<Result<Vec<_>>>()?;

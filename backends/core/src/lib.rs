@@ -346,6 +346,13 @@ pub trait Backend: Send + Sync {
     fn kv_len(&self, cache: &State) -> Result<usize>;
     /// Drops every position from `len` on (speculative decoding's rollback).
     fn kv_truncate(&self, cache: &mut State, len: usize) -> Result<()>;
+    /// Room for `positions` positions in all, ahead of the appends that
+    /// bring them (a long prompt's cache allocated once, not grown chunk by
+    /// chunk); a hint: appends still grow the cache as they need.
+    fn kv_reserve(&self, cache: &mut State, positions: usize) -> Result<()> {
+        let _ = (cache, positions);
+        Ok(())
+    }
     /// Appends `k, v: [tokens, kv_heads*head_dim]`, then attends causally:
     /// query `i` (at position `kv_len_before + i`) sees every key up to its own
     /// position, or only the keys `selection` allows it.

@@ -418,6 +418,11 @@ impl Backend for WgpuBackend {
         Ok(())
     }
 
+    fn kv_reserve(&self, cache: &mut State, positions: usize) -> Result<()> {
+        let c = cache.get_mut::<GpuKvCache>().ok_or_else(|| not_ours("the KV cache"))?;
+        c.reserve(positions.saturating_sub(c.len))
+    }
+
     fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, cache: &mut State, heads: usize, scale: f32, selection: Option<&KeySelection>) -> Result<Tensor> {
         let c = cache.get_mut::<GpuKvCache>().ok_or_else(|| not_ours("the KV cache"))?;
         let hd = c.head_dim;
