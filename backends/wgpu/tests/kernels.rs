@@ -649,3 +649,35 @@ fn attention_with_an_f16_cache() {
         assert!(err <= 1e-4, "{dims:?}: an f16 cache on the GPU differs from the CPU backend's, rel L2 {err:.3e}");
     }
 }
+
+/// Decode steps past `FLASH_DECODE_MIN_KEYS` keys with the query/key norm
+/// and rotary embedding folded in: `flash_attention` normalises and rotates
+/// q and the fresh key itself where each value's rotary partner is in the
+/// same lane (half rotary spans of 16, 32 and 64 values, full and partial),
+/// and otherwise composes (a half span of 20); f32 caches.
+#[test]
+fn flash_attention_with_the_qk_norm_inside() {
+    let cases = [([8, 2, 128], 128), ([4, 1, 256], 64), ([8, 2, 64], 32), ([8, 2, 128], 40)];
+    for (i, (dims, rotary)) in cases.into_iter().enumerate() {
+        let [heads, kvh, hd] = dims;
+        let mut rng = Rng::new(190 + i as u64);
+        let (qw, kw) = (rng.vec(hd, 1.0), rng.vec(hd, 1.0));
+        let steps: Vec<(usize, Vec<f32>, Vec<f32>, Vec<f32>)> = [1030usize, 1, 1, 2, 1]
+            .iter()
+            .map(|&t| (t, rng.vec(t * heads * hd, 3.0), rng.vec(t * kvh * hd, 3.0), rng.vec(t * kvh * hd, 2.0)))
+            .collect();
+        check(&format!("flash_attention_qk_norm{i}"), 2e-5, |b| {
+            let (qw, kw) = (up(b, &qw, &[hd]), up(b, &kw, &[hd]));
+            let mut cache = b.new_kv_cache(kvh, hd).unwrap();
+            let mut start = 0;
+            let mut outs = Vec::new();
+            for (t, q, k, v) in &steps {
+                let (q, k, v) = (up(b, q, &[*t, heads * hd]), up(b, k, &[*t, kvh * hd]), up(b, v, &[*t, kvh * hd]));
+                let norm = QkNorm { weights: [&qw, &kw], eps: [1e-6, 1e-5], head_dim: hd, rotary_dim: rotary, theta: 1e6, start_pos: start };
+                outs.push(b.attention_qk_norm(&q, &k, &v, &mut cache, heads, 1.0 / (hd as f32).sqrt(), None, &norm).unwrap());
+                start += t;
+            }
+            b.concat_rows(&outs[1..].iter().collect::<Vec<_>>()).unwrap()
+        });
+    }
+}
