@@ -261,9 +261,10 @@ pub(crate) fn attend(
     gpu.dispatch("attention_merge", &params, &[(OUT, out), (PARTIALS, partials.bind())], Gpu::grid(pairs as u64))
 }
 
-/// Workgroups a flash attention call aims for: two per SM of an H200 or
-/// H100 (132), each 256 invocations; fewer chunks cost less to merge.
-const FLASH_TARGET_WORKGROUPS: usize = 264;
+/// Workgroups a flash attention call aims for by default
+/// ([`crate::WgpuOptions::flash_workgroups`]): two per SM of an H200 or H100
+/// (132), each 256 invocations; fewer chunks cost less to merge.
+pub(crate) const FLASH_TARGET_WORKGROUPS: usize = 264;
 /// Fewest keys per flash attention chunk.
 const FLASH_MIN_CHUNK: usize = 128;
 /// Keys from which a decode step (one token) takes `flash_attention`:
@@ -302,7 +303,7 @@ fn flash_rope_fits(half: usize, head_dim: usize) -> bool {
 /// The launch shape of `flash_attention`: tokens per workgroup, key slices,
 /// chunks and keys per chunk (a multiple of the kernel's tile, `2048 /
 /// head_dim` keys).
-fn flash_shape(tokens: usize, heads: usize, kv_heads: usize, head_dim: usize, keys: usize) -> [usize; 4] {
+fn flash_shape(tokens: usize, heads: usize, kv_heads: usize, head_dim: usize, keys: usize, target: usize) -> [usize; 4] {
     let group = heads / kv_heads;
     let tb = (FLASH_SLOTS / group).clamp(1, tokens);
     let rows = tb * group;
@@ -312,7 +313,7 @@ fn flash_shape(tokens: usize, heads: usize, kv_heads: usize, head_dim: usize, ke
     }
     let base = kv_heads * tokens.div_ceil(tb);
     let tile = 2048 / head_dim;
-    let wanted = FLASH_TARGET_WORKGROUPS.div_ceil(base).min(keys.div_ceil(FLASH_MIN_CHUNK)).max(1);
+    let wanted = target.div_ceil(base).min(keys.div_ceil(FLASH_MIN_CHUNK)).max(1);
     let chunk = keys.div_ceil(wanted).div_ceil(tile) * tile;
     [tb, slices, keys.div_ceil(chunk), chunk]
 }
@@ -333,7 +334,7 @@ fn flash_attend(
     rope: Option<QkRope<'_>>,
 ) -> Result<()> {
     let (kv_heads, hd) = (cache.kv_heads, cache.head_dim);
-    let [tb, slices, splits, chunk] = flash_shape(tokens, heads, kv_heads, hd, cache.len);
+    let [tb, slices, splits, chunk] = flash_shape(tokens, heads, kv_heads, hd, cache.len, gpu.flash_workgroups);
     let params = FlashParams {
         tokens: tokens as u32,
         heads: heads as u32,

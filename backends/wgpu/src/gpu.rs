@@ -100,6 +100,8 @@ pub struct Gpu {
     pub attention_regs: bool,
     /// [`WgpuOptions::flash_attention`].
     pub flash_attention: bool,
+    /// [`WgpuOptions::flash_workgroups`].
+    pub flash_workgroups: usize,
     /// Split attention merges its splits in its last workgroup per pair
     /// ([`WgpuOptions::merge_in_split`], Vulkan only), with these counts
     /// (`merge_counts` in `wgsl/attention.wgsl`, zero between dispatches;
@@ -315,6 +317,7 @@ impl Gpu {
             attention_min_chunk: options.attention_min_chunk,
             attention_regs: options.attention_regs,
             flash_attention: options.flash_attention,
+            flash_workgroups: options.flash_workgroups,
             merge_in_split,
             merge_counts,
             matvec_split: options.matvec_split,

@@ -128,6 +128,9 @@ pub struct WgpuOptions {
     /// head dim is one it is compiled for (`SLOTSTREAM_WGPU_FLASH=0` keeps
     /// the per-head kernels, for measurements and the parity tests).
     pub flash_attention: bool,
+    /// Workgroups a `flash_attention` call aims for, by cutting the keys
+    /// into chunks (`SLOTSTREAM_WGPU_FLASH_WORKGROUPS`, for measurements).
+    pub flash_workgroups: usize,
     /// Split decode attention merges the splits of each (token, head) in the
     /// last of its workgroups to finish, one dispatch instead of two, where
     /// the backend orders memory across workgroups (Vulkan;
@@ -241,6 +244,7 @@ impl Default for WgpuOptions {
             attention_min_chunk: crate::attention::MIN_CHUNK,
             attention_regs: true,
             flash_attention: true,
+            flash_workgroups: crate::attention::FLASH_TARGET_WORKGROUPS,
             merge_in_split: true,
             fuse_norms: true,
             matvec_split: MATVEC_SPLIT,
@@ -291,6 +295,7 @@ impl WgpuOptions {
                 .unwrap_or(defaults.attention_min_chunk),
             attention_regs: var("SLOTSTREAM_WGPU_ATTENTION_REGS").map_or(defaults.attention_regs, |v| v != "0"),
             flash_attention: var("SLOTSTREAM_WGPU_FLASH").map_or(defaults.flash_attention, |v| v != "0"),
+            flash_workgroups: var("SLOTSTREAM_WGPU_FLASH_WORKGROUPS").and_then(|v| v.parse().ok()).filter(|&n| n > 0).unwrap_or(defaults.flash_workgroups),
             merge_in_split: var("SLOTSTREAM_WGPU_MERGE_IN_SPLIT").map_or(defaults.merge_in_split, |v| v != "0"),
             fuse_norms: var("SLOTSTREAM_WGPU_FUSE_NORMS").map_or(defaults.fuse_norms, |v| v != "0"),
             matvec_split: var("SLOTSTREAM_WGPU_MATVEC_SPLIT")
