@@ -88,6 +88,10 @@ struct Params {
 @group(0) @binding(12) var<storage, read> k_weight: array<f32>;
 
 override HD: u32 = 128u;
+// Rows per slot: 2 (prefill with head dims up to 128, slices = 1) gives each
+// slot rows s and s + 64, so that every key and value run read from
+// workgroup memory feeds two rows.
+override ROWS: u32 = 1u;
 // vec4 runs per row, and per lane.
 const MAX_PER: u32 = 16u;
 override HD4: u32 = HD / 4u;
@@ -284,6 +288,11 @@ fn flash_attention(
     let h = row_head(kh, row);
     let live = row < rows && t < p.tokens;
     let pos = p.past + t;
+    let row2 = row + SLOTS;
+    let t2 = row_token(tblock, row2);
+    let h2 = row_head(kh, row2);
+    let live2 = ROWS == 2u && row2 < rows && t2 < p.tokens;
+    let pos2 = p.past + t2;
     let last_t = min(p.tokens, (tblock + 1u) * p.tb) - 1u;
     let n_keys = p.past + last_t + 1u;
     let first = min(c * p.chunk, n_keys);
@@ -331,6 +340,16 @@ fn flash_attention(
     }
     var m = NO_SCORE;
     var l = 0.0;
+    var q2: array<vec4<f32>, MAX_PER>;
+    var o2: array<vec4<f32>, MAX_PER>;
+    if (live2) {
+        let qb = (t2 * p.heads + h2) * HD4;
+        for (var i = 0u; i < PER; i++) {
+            q2[i] = q[qb + part + 4u * i] * p.scale;
+        }
+    }
+    var m2 = NO_SCORE;
+    var l2 = 0.0;
 
     // This invocation's share of a tile: vec4 li + u * WG of its keys and of
     // its values (key (li + u * WG) / HD4, run (li + u * WG) % HD4).
@@ -365,12 +384,22 @@ fn flash_attention(
             for (var k = slice; k < n; k += p.slices) {
                 let kb = k * HD4 + part;
                 var s = 0.0;
+                var s2 = 0.0;
                 for (var i = 0u; i < PER; i++) {
-                    s += dot(qr[i], k_sh[kb + 4u * i]);
+                    let kv = k_sh[kb + 4u * i];
+                    s += dot(qr[i], kv);
+                    if (ROWS == 2u) {
+                        s2 += dot(q2[i], kv);
+                    }
                 }
                 // The slot's four lanes run the same keys: its partners.
                 s += subgroupShuffleXor(s, 1u);
                 s += subgroupShuffleXor(s, 2u);
+                if (ROWS == 2u) {
+                    s2 += subgroupShuffleXor(s2, 1u);
+                    s2 += subgroupShuffleXor(s2, 2u);
+                }
+                var e = 0.0;
                 if (j0 + k <= pos) {
                     if (s > m) {
                         let r = exp(m - s);
@@ -380,10 +409,27 @@ fn flash_attention(
                         }
                         m = s;
                     }
-                    let e = exp(s - m);
+                    e = exp(s - m);
                     l += e;
-                    for (var i = 0u; i < PER; i++) {
-                        o[i] += e * v_sh[kb + 4u * i];
+                }
+                var e2 = 0.0;
+                if (live2 && j0 + k <= pos2) {
+                    if (s2 > m2) {
+                        let r = exp(m2 - s2);
+                        l2 *= r;
+                        for (var i = 0u; i < PER; i++) {
+                            o2[i] *= r;
+                        }
+                        m2 = s2;
+                    }
+                    e2 = exp(s2 - m2);
+                    l2 += e2;
+                }
+                for (var i = 0u; i < PER; i++) {
+                    let vv = v_sh[kb + 4u * i];
+                    o[i] += e * vv;
+                    if (ROWS == 2u) {
+                        o2[i] += e2 * vv;
                     }
                 }
             }
@@ -397,6 +443,14 @@ fn flash_attention(
             }
             if (part == 0u) {
                 write_ml(t, h, c, m, l);
+            }
+        }
+        if (live2) {
+            for (var i = 0u; i < PER; i++) {
+                write_run(t2, h2, c, part + 4u * i, o2[i], l2);
+            }
+            if (part == 0u) {
+                write_ml(t2, h2, c, m2, l2);
             }
         }
         return;

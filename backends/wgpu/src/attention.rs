@@ -303,9 +303,9 @@ fn flash_rope_fits(half: usize, head_dim: usize) -> bool {
 /// The launch shape of `flash_attention`: tokens per workgroup, key slices,
 /// chunks and keys per chunk (a multiple of the kernel's tile, `2048 /
 /// head_dim` keys).
-fn flash_shape(tokens: usize, heads: usize, kv_heads: usize, head_dim: usize, keys: usize, target: usize) -> [usize; 4] {
+fn flash_shape(tokens: usize, heads: usize, kv_heads: usize, head_dim: usize, keys: usize, target: usize, rows_per_slot: usize) -> [usize; 4] {
     let group = heads / kv_heads;
-    let tb = (FLASH_SLOTS / group).clamp(1, tokens);
+    let tb = (rows_per_slot * FLASH_SLOTS / group).clamp(1, tokens);
     let rows = tb * group;
     let mut slices = 1;
     while rows * slices * 2 <= FLASH_SLOTS {
@@ -334,7 +334,15 @@ fn flash_attend(
     rope: Option<QkRope<'_>>,
 ) -> Result<()> {
     let (kv_heads, hd) = (cache.kv_heads, cache.head_dim);
-    let [tb, slices, splits, chunk] = flash_shape(tokens, heads, kv_heads, hd, cache.len, gpu.flash_workgroups);
+    // Two rows per slot where one row each leaves no slot idle (a prefill).
+    let two = match pipeline {
+        "flash_attention_hd64" if gpu.flash_two_rows && tokens * (heads / kv_heads) > FLASH_SLOTS => Some("flash_attention_hd64_r2"),
+        "flash_attention_hd128" if gpu.flash_two_rows && tokens * (heads / kv_heads) > FLASH_SLOTS => Some("flash_attention_hd128_r2"),
+        _ => None,
+    };
+    let pipeline = two.unwrap_or(pipeline);
+    let rows_per_slot = if two.is_some() { 2 } else { 1 };
+    let [tb, slices, splits, chunk] = flash_shape(tokens, heads, kv_heads, hd, cache.len, gpu.flash_workgroups, rows_per_slot);
     let params = FlashParams {
         tokens: tokens as u32,
         heads: heads as u32,

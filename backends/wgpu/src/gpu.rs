@@ -102,6 +102,8 @@ pub struct Gpu {
     pub flash_attention: bool,
     /// [`WgpuOptions::flash_workgroups`].
     pub flash_workgroups: usize,
+    /// [`WgpuOptions::flash_two_rows`].
+    pub flash_two_rows: bool,
     /// Split attention merges its splits in its last workgroup per pair
     /// ([`WgpuOptions::merge_in_split`], Vulkan only), with these counts
     /// (`merge_counts` in `wgsl/attention.wgsl`, zero between dispatches;
@@ -318,6 +320,7 @@ impl Gpu {
             attention_regs: options.attention_regs,
             flash_attention: options.flash_attention,
             flash_workgroups: options.flash_workgroups,
+            flash_two_rows: options.flash_two_rows,
             merge_in_split,
             merge_counts,
             matvec_split: options.matvec_split,

@@ -145,11 +145,14 @@ pub struct Pipeline {
     pub constants: &'static [(&'static str, f64)],
 }
 
-/// `flash_attention` for each head dim it is compiled for (`HD`).
-const FLASH_PIPELINES: [Pipeline; 3] = [
+/// `flash_attention` for each head dim it is compiled for (`HD`), and with
+/// two rows per slot (`ROWS`, prefill) for head dims up to 128.
+const FLASH_PIPELINES: [Pipeline; 5] = [
     Pipeline { name: "flash_attention_hd64", constants: &[("HD", 64.0)] },
     Pipeline { name: "flash_attention_hd128", constants: &[("HD", 128.0)] },
     Pipeline { name: "flash_attention_hd256", constants: &[("HD", 256.0)] },
+    Pipeline { name: "flash_attention_hd64_r2", constants: &[("HD", 64.0), ("ROWS", 2.0)] },
+    Pipeline { name: "flash_attention_hd128_r2", constants: &[("HD", 128.0), ("ROWS", 2.0)] },
 ];
 
 /// `kv_store` for each head dim of an f16 cache (`HD`).

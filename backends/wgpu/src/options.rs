@@ -131,6 +131,10 @@ pub struct WgpuOptions {
     /// Workgroups a `flash_attention` call aims for, by cutting the keys
     /// into chunks (`SLOTSTREAM_WGPU_FLASH_WORKGROUPS`, for measurements).
     pub flash_workgroups: usize,
+    /// Prefills with head dims up to 128 give each slot of
+    /// `flash_attention` two rows (`SLOTSTREAM_WGPU_FLASH_ROWS=1` keeps one,
+    /// for measurements).
+    pub flash_two_rows: bool,
     /// Split decode attention merges the splits of each (token, head) in the
     /// last of its workgroups to finish, one dispatch instead of two, where
     /// the backend orders memory across workgroups (Vulkan;
@@ -245,6 +249,7 @@ impl Default for WgpuOptions {
             attention_regs: true,
             flash_attention: true,
             flash_workgroups: crate::attention::FLASH_TARGET_WORKGROUPS,
+            flash_two_rows: true,
             merge_in_split: true,
             fuse_norms: true,
             matvec_split: MATVEC_SPLIT,
@@ -295,6 +300,7 @@ impl WgpuOptions {
                 .unwrap_or(defaults.attention_min_chunk),
             attention_regs: var("SLOTSTREAM_WGPU_ATTENTION_REGS").map_or(defaults.attention_regs, |v| v != "0"),
             flash_attention: var("SLOTSTREAM_WGPU_FLASH").map_or(defaults.flash_attention, |v| v != "0"),
+            flash_two_rows: var("SLOTSTREAM_WGPU_FLASH_ROWS").map_or(defaults.flash_two_rows, |v| v != "1"),
             flash_workgroups: var("SLOTSTREAM_WGPU_FLASH_WORKGROUPS").and_then(|v| v.parse().ok()).filter(|&n| n > 0).unwrap_or(defaults.flash_workgroups),
             merge_in_split: var("SLOTSTREAM_WGPU_MERGE_IN_SPLIT").map_or(defaults.merge_in_split, |v| v != "0"),
             fuse_norms: var("SLOTSTREAM_WGPU_FUSE_NORMS").map_or(defaults.fuse_norms, |v| v != "0"),
