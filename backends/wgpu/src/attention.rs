@@ -2,7 +2,7 @@
 //! embedding, and causal (optionally block-sparse) attention against a KV
 //! cache the new keys and values were already appended to (`state.rs`).
 
-use slotstream_backend::{attention_qk_norm_composed, checks, KeySelection, QkNorm, Result, State, Tensor};
+use slotstream_backend::{attention_qk_norm_composed, checks, BackendError, KeySelection, QkNorm, Result, State, Tensor};
 
 use crate::gpu::{whole, Bind, Gpu};
 use crate::kernels::params;
@@ -416,7 +416,7 @@ pub(crate) fn append(gpu: &Gpu, cache: &mut GpuKvCache, k: Bind<'_>, v: Bind<'_>
         64 => "kv_store_hd64",
         128 => "kv_store_hd128",
         256 => "kv_store_hd256",
-        hd => return Err(slotstream_backend::BackendError::Unsupported(format!("an f16 KV cache of head dim {hd}"))),
+        hd => return Err(BackendError::Unsupported(format!("an f16 KV cache of head dim {hd}"))),
     };
     let params = FlashParams { tokens: tokens as u32, kv_heads: cache.kv_heads as u32, past: past as u32, half: 1, ..Default::default() };
     let runs = (tokens * cache.kv_heads * cache.head_dim / 4) as u64;
@@ -470,6 +470,29 @@ fn selection_rows(sel: &KeySelection, past: usize, tokens: usize) -> (Vec<u32>, 
         most = most.max(count * block + pos + 1 - own * block);
     }
     (words, most)
+}
+
+/// `Backend::attention` on the wgpu backend: a decode step's new key and
+/// value rows are read where they are by the attention kernel, which writes
+/// them to the cache itself; a prefill's are appended first.
+pub(crate) fn attention(b: &WgpuBackend, [q, k, v]: [&Tensor; 3], cache: &mut State, heads: usize, scale: f32,
+    selection: Option<&KeySelection>) -> Result<Tensor> {
+    let c = cache.get_mut::<GpuKvCache>().ok_or_else(|| crate::not_ours("the KV cache"))?;
+    let hd = c.head_dim;
+    let tokens = checks::attention(q, k, v, heads, c.kv_heads, hd, selection)?;
+    if hd > 512 {
+        return Err(BackendError::Unsupported(format!("attention head dim {hd} (the kernel takes up to 512)")));
+    }
+    let fresh = if tokens == 1 {
+        c.append_in_kernel(1)?;
+        Some((buf(k)?, buf(v)?))
+    } else {
+        append(&b.gpu, c, buf(k)?, buf(v)?, tokens)?;
+        None
+    };
+    let (out, ob) = new_tensor(&b.gpu, tokens * heads * hd, vec![tokens, heads * hd])?;
+    attend(&b.gpu, c, buf(q)?, ob.bind(), tokens, heads, scale, selection, fresh, None)?;
+    Ok(out)
 }
 
 /// `Backend::attention_qk_norm` on the wgpu backend: one token (decode) in

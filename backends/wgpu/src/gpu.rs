@@ -11,6 +11,7 @@
 
 mod buffers;
 mod held;
+mod pipelines;
 mod profile;
 mod readback;
 mod record;
@@ -243,60 +244,13 @@ impl Gpu {
                 slot.get_or_insert_with(|| e.to_string());
             }
         }));
-        let mut kernels = HashMap::new();
-        let mut kernels_from = None;
         // Entry points of 1024 invocations (`*_1024`), for adapters that allow
         // them in subgroups of 8 or more (their workgroup memory has a slot
         // per subgroup for 128).
         let wide_workgroups = limits.max_compute_invocations_per_workgroup >= 1024
             && limits.max_compute_workgroup_size_x >= 1024
             && info.subgroup_min_size >= 8;
-        for module in Module::ALL {
-            let (source, replaced) = module.compiled_source(immediates, options.wgsl_dir.as_deref()).map_err(BackendError::Device)?;
-            if replaced {
-                kernels_from = options.wgsl_dir.clone();
-            }
-            let desc = wgpu::ShaderModuleDescriptor {
-                label: Some(module.name()),
-                source: wgpu::ShaderSource::Wgsl(source.into()),
-            };
-            // Loops are never forced to a bounded trip count: that counter
-            // keeps drivers from unrolling the kernels' fixed-length inner
-            // loops, which then index their register arrays through memory
-            // (the tiled prefill kernels ran 6x slower on an H200).
-            let checks = wgpu::ShaderRuntimeChecks { bounds_checks, ..wgpu::ShaderRuntimeChecks::unchecked() };
-            // SAFETY: every loop in wgsl/ is a `for` whose counter moves by a
-            // positive step (or halves) towards a bound it reaches, which
-            // `tests/shaders.rs::every_loop_terminates` checks of the sources
-            // (and `compiled_source` of any file read from `wgsl_dir`);
-            // with `bounds_checks` off, the caller of
-            // `WgpuBackend::new_unchecked` also vouches that every index the
-            // kernels compute stays in bounds, which the shape checks in
-            // lib.rs establish for well-formed inputs.
-            let shader = unsafe { device.create_shader_module_trusted(desc, checks) };
-            for &entry in module.entry_points() {
-                if entry.ends_with("_1024") && !wide_workgroups {
-                    continue; // the adapter's workgroups are smaller; callers check has_kernel
-                }
-                let plain = [crate::kernels::Pipeline { name: entry, constants: &[] }];
-                let pipelines = match module.pipelines(entry) {
-                    [] => &plain[..],
-                    specialised => specialised,
-                };
-                for spec in pipelines {
-                    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                        label: Some(spec.name),
-                        layout: None,
-                        module: &shader,
-                        entry_point: Some(entry),
-                        compilation_options: wgpu::PipelineCompilationOptions { constants: spec.constants, ..Default::default() },
-                        cache: None,
-                    });
-                    let layout = pipeline.get_bind_group_layout(0);
-                    kernels.insert(spec.name, Kernel { pipeline, layout, family: spec.name });
-                }
-            }
-        }
+        let (kernels, kernels_from) = pipelines::compile(&device, options, immediates, bounds_checks, wide_workgroups)?;
         let (subgroup_min, subgroup_max) = (info.subgroup_min_size.max(1), info.subgroup_max_size.max(1));
         let host_time = HostTime::default();
         let merge_in_split = options.merge_in_split && orders_across_workgroups(info.backend);

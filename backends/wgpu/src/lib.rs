@@ -424,24 +424,7 @@ impl Backend for WgpuBackend {
     }
 
     fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, cache: &mut State, heads: usize, scale: f32, selection: Option<&KeySelection>) -> Result<Tensor> {
-        let c = cache.get_mut::<GpuKvCache>().ok_or_else(|| not_ours("the KV cache"))?;
-        let hd = c.head_dim;
-        let tokens = checks::attention(q, k, v, heads, c.kv_heads, hd, selection)?;
-        if hd > 512 {
-            return Err(BackendError::Unsupported(format!("attention head dim {hd} (the kernel takes up to 512)")));
-        }
-        // One token (decode): the attention kernel reads the new key and
-        // value rows where they are and writes them to the cache itself.
-        let fresh = if tokens == 1 {
-            c.append_in_kernel(1)?;
-            Some((buf(k)?, buf(v)?))
-        } else {
-            attention::append(&self.gpu, c, buf(k)?, buf(v)?, tokens)?;
-            None
-        };
-        let (out, ob) = self.output(vec![tokens, heads * hd])?;
-        attention::attend(&self.gpu, c, buf(q)?, ob.bind(), tokens, heads, scale, selection, fresh, None)?;
-        Ok(out)
+        attention::attention(self, [q, k, v], cache, heads, scale, selection)
     }
 
     fn attention_qk_norm(&self, q: &Tensor, k: &Tensor, v: &Tensor, cache: &mut State, heads: usize, scale: f32,
