@@ -40,8 +40,7 @@
 // Bindings: 0 uniform Params; 2 q [tokens, heads * HD]; 3 out (same shape);
 // 4 keys, 5 values [positions, kv_heads * HD] (read-write: `fresh` writes
 // the new row; f32, or with `half` f16 two to a word); 6 partials (f32);
-// 8 knew, 9 vnew [1, kv_heads * HD] (kv_store: [tokens, kv_heads * HD]);
-// 10 cs [1, rope_half, (cos, sin)], 11 q_weight, 12 k_weight [HD] (`rope`).
+// 8 knew, 9 vnew [1, kv_heads * HD] (kv_store: [tokens, kv_heads * HD]).
 
 struct Params {
     tokens: u32,
@@ -62,15 +61,6 @@ struct Params {
     fresh: u32,
     // 1: the cache holds f16 (two per word, the lower half first), else f32.
     half: u32,
-    // 1 (with `fresh`): q and the fresh key row are raw projections, each
-    // normalised (RMSNorm with q_weight / k_weight, eps q_eps / k_eps) and
-    // its first 2 * rope_half values rotated here (rotate-half, angles
-    // `cs`), as norm.wgsl's rms_norm_rope does; rope_half is a multiple of
-    // 16, so that a value's partner is in the same lane.
-    rope: u32,
-    rope_half: u32,
-    q_eps: f32,
-    k_eps: f32,
     _pad0: u32,
 }
 
@@ -83,9 +73,6 @@ struct Params {
 @group(0) @binding(6) var<storage, read_write> partials: array<f32>;
 @group(0) @binding(8) var<storage, read> knew: array<vec4<f32>>;
 @group(0) @binding(9) var<storage, read> vnew: array<vec4<f32>>;
-@group(0) @binding(10) var<storage, read> cs: array<f32>;
-@group(0) @binding(11) var<storage, read> q_weight: array<f32>;
-@group(0) @binding(12) var<storage, read> k_weight: array<f32>;
 
 override HD: u32 = 128u;
 // Rows per slot: 2 (prefill with head dims up to 128, slices = 1) gives each
@@ -112,8 +99,7 @@ var<workgroup> ml_sh: array<vec2<f32>, SLOTS>;
 
 // Row j's vec4 run `col` of kv head kh, keys or values.
 fn kv_run(is_key: bool, j: u32, kh: u32, col: u32) -> vec4<f32> {
-    // With `rope` the fresh rows are in the cache already (stored rotated).
-    if (p.fresh != 0u && p.rope == 0u && j >= p.past) {
+    if (p.fresh != 0u && j >= p.past) {
         let i = (j - p.past) * p.kv_heads * HD4 + kh * HD4 + col;
         if (is_key) {
             return knew[i];
@@ -159,54 +145,6 @@ fn store_run(is_key: bool, i: u32, v: vec4<f32>) {
     } else {
         values[2u * i] = u.xy;
         values[2u * i + 1u] = u.zw;
-    }
-}
-
-// Weights of dims 4 * run .. 4 * run + 3 (the key's with `second`).
-fn weight4(second: bool, run: u32) -> vec4<f32> {
-    let d = 4u * run;
-    if (second) {
-        return vec4<f32>(k_weight[d], k_weight[d + 1u], k_weight[d + 2u], k_weight[d + 3u]);
-    }
-    return vec4<f32>(q_weight[d], q_weight[d + 1u], q_weight[d + 2u], q_weight[d + 3u]);
-}
-
-// A row held by a slot's lanes (runs part, part + 4, ..), normalised and
-// rotated in place (`rope`): the sum of squares over the four lanes, then
-// each value with its partner half a rotary span away (in the same lane).
-fn norm_rope(v: ptr<function, array<vec4<f32>, MAX_PER>>, part: u32, second: bool) {
-    var ss = 0.0;
-    for (var i = 0u; i < PER; i++) {
-        ss += dot((*v)[i], (*v)[i]);
-    }
-    ss += subgroupShuffleXor(ss, 1u);
-    ss += subgroupShuffleXor(ss, 2u);
-    let r = inverseSqrt(ss / f32(HD) + select(p.q_eps, p.k_eps, second));
-    var x: array<vec4<f32>, MAX_PER>;
-    for (var i = 0u; i < PER; i++) {
-        x[i] = (*v)[i] * r * weight4(second, part + 4u * i);
-    }
-    let half = p.rope_half;
-    let hop = half / 16u;
-    for (var i = 0u; i < PER; i++) {
-        let d = 4u * (part + 4u * i);
-        if (d < 2u * half) {
-            // The partner run, found by comparison so that every index stays
-            // a constant (registers, not memory).
-            let below = d < half;
-            var other = vec4<f32>(0.0);
-            for (var k = 0u; k < PER; k++) {
-                if ((below && k == i + hop) || (!below && k + hop == i)) {
-                    other = x[k];
-                }
-            }
-            let a = select(d - half, d, below);
-            let c = vec4<f32>(cs[2u * a], cs[2u * a + 2u], cs[2u * a + 4u], cs[2u * a + 6u]);
-            let sn = vec4<f32>(cs[2u * a + 1u], cs[2u * a + 3u], cs[2u * a + 5u], cs[2u * a + 7u]);
-            (*v)[i] = x[i] * c + select(other, -other, below) * sn;
-        } else {
-            (*v)[i] = x[i];
-        }
     }
 }
 
@@ -298,29 +236,12 @@ fn flash_attention(
     let first = min(c * p.chunk, n_keys);
     let end = min(first + p.chunk, n_keys);
 
-    // With `fresh`: the chunk holding position `past` writes the new rows
-    // (with `rope`, slot 0 normalises and rotates the key first, and the
-    // workgroup reads both back from the cache).
+    // With `fresh`: the chunk holding position `past` writes the new rows.
     if (p.fresh != 0u && first <= p.past && p.past < end) {
-        let dst = p.past * p.kv_heads * HD4 + kh * HD4;
-        if (p.rope == 0u) {
-            for (var i = li; i < HD4; i += WG) {
-                store_run(true, dst + i, knew[kh * HD4 + i]);
-                store_run(false, dst + i, vnew[kh * HD4 + i]);
-            }
-        } else {
-            if (slot == 0u) {
-                var kr0: array<vec4<f32>, MAX_PER>;
-                for (var i = 0u; i < PER; i++) {
-                    kr0[i] = knew[kh * HD4 + part + 4u * i];
-                }
-                norm_rope(&kr0, part, true);
-                for (var i = 0u; i < PER; i++) {
-                    store_run(true, dst + part + 4u * i, kr0[i]);
-                    store_run(false, dst + part + 4u * i, vnew[kh * HD4 + part + 4u * i]);
-                }
-            }
-            storageBarrier();
+        for (var i = li; i < HD4; i += WG) {
+            let dst = p.past * p.kv_heads * HD4 + kh * HD4 + i;
+            store_run(true, dst, knew[kh * HD4 + i]);
+            store_run(false, dst, vnew[kh * HD4 + i]);
         }
     }
 
@@ -329,13 +250,8 @@ fn flash_attention(
     if (live) {
         let qb = (t * p.heads + h) * HD4;
         for (var i = 0u; i < PER; i++) {
-            qr[i] = q[qb + part + 4u * i];
-        }
-        if (p.rope != 0u) {
-            norm_rope(&qr, part, false);
-        }
-        for (var i = 0u; i < PER; i++) {
-            qr[i] *= p.scale;
+            qr[i] = q[qb + part + 4u * i] * p.scale;
+            o[i] = vec4<f32>(0.0);
         }
     }
     var m = NO_SCORE;

@@ -76,11 +76,6 @@ params! {
         fresh: u32,
         /// 1: the cache holds f16.
         half: u32,
-        /// 1: q and the fresh key are normalised and rotated in the kernel.
-        rope: u32,
-        rope_half: u32,
-        q_eps: f32,
-        k_eps: f32,
         _pad0: u32,
     }
 }
@@ -200,9 +195,9 @@ pub(crate) fn attend(
                 (words, most_keys, sel.block, sel.per_query + 1)
             }
         };
-    if sel_stride == 0 && rope.as_ref().is_none_or(|r| flash_rope_fits(r.half, cache.head_dim)) {
+    if sel_stride == 0 && rope.is_none() {
         if let Some(pipeline) = flash_pipeline(gpu, cache, heads, tokens, cache.len) {
-            return flash_attend(gpu, pipeline, cache, [q, out], tokens, heads, scale, fresh, rope);
+            return flash_attend(gpu, pipeline, cache, [q, out], tokens, heads, scale, fresh);
         }
     }
     let sel_buf = gpu.small_input("key selection", bytemuck::cast_slice(&words))?;
@@ -294,12 +289,6 @@ pub(crate) fn flash_pipeline(gpu: &Gpu, cache: &GpuKvCache, heads: usize, tokens
     (gpu.flash_attention && group <= FLASH_SLOTS && subgroups_fit && long_enough && gpu.has_kernel(name)).then_some(name)
 }
 
-/// Whether `flash_attention` can rotate `half` pairs of a head of
-/// `head_dim` itself: each value's partner in the same lane.
-fn flash_rope_fits(half: usize, head_dim: usize) -> bool {
-    half % 16 == 0 && 2 * half <= head_dim
-}
-
 /// The launch shape of `flash_attention`: tokens per workgroup, key slices,
 /// chunks and keys per chunk (a multiple of the kernel's tile, `2048 /
 /// head_dim` keys).
@@ -331,7 +320,6 @@ fn flash_attend(
     heads: usize,
     scale: f32,
     fresh: Option<(Bind<'_>, Bind<'_>)>,
-    rope: Option<QkRope<'_>>,
 ) -> Result<()> {
     let (kv_heads, hd) = (cache.kv_heads, cache.head_dim);
     // Two rows per slot where one row each leaves no slot idle (a prefill).
@@ -355,30 +343,13 @@ fn flash_attend(
         scale,
         fresh: fresh.is_some() as u32,
         half: cache.half as u32,
-        rope: rope.is_some() as u32,
-        rope_half: rope.as_ref().map_or(0, |r| r.half as u32),
-        q_eps: rope.as_ref().map_or(0.0, |r| r.eps[0]),
-        k_eps: rope.as_ref().map_or(0.0, |r| r.eps[1]),
         ..Default::default()
     };
     let pairs = tokens * heads;
     let partials = gpu.alloc(4 * (pairs * splits * (hd + 2)) as u64)?;
     let (knew, vnew) = fresh.unwrap_or((q, q));
     let (keys, values) = (whole(&cache.keys), whole(&cache.values));
-    // Without `rope` the kernel never reads bindings 10-12, which its layout holds all the same.
-    let (angles, [qw, kw]) = rope.map_or((q, [q, q]), |r| (r.angles, r.weights));
-    let binds = [
-        (Q, q),
-        (OUT, out),
-        (KEYS, keys),
-        (VALUES, values),
-        (PARTIALS, partials.bind()),
-        (KNEW, knew),
-        (VNEW, vnew),
-        (ROPE_ANGLES_IN, angles),
-        (Q_WEIGHT, qw),
-        (K_WEIGHT, kw),
-    ];
+    let binds = [(Q, q), (OUT, out), (KEYS, keys), (VALUES, values), (PARTIALS, partials.bind()), (KNEW, knew), (VNEW, vnew)];
     let groups = kv_heads * tokens.div_ceil(tb) * splits;
     gpu.dispatch(pipeline, &params, &binds, Gpu::grid(groups as u64))?;
     if splits == 1 {
@@ -503,11 +474,10 @@ pub(crate) fn attention_qk_norm(b: &WgpuBackend, [q, k, v]: [&Tensor; 3], cache:
     selection: Option<&KeySelection>, norm: &QkNorm<'_>) -> Result<Tensor> {
     let c = cache.get_mut::<GpuKvCache>().ok_or_else(|| crate::not_ours("the KV cache"))?;
     let fits = q.rows() == 1 && norm.head_dim == c.head_dim && norm.weights.iter().all(|w| w.numel() == c.head_dim);
-    // Long contexts take flash attention (with the fresh row, c.len + 1
-    // keys), which rotates pairs of whole runs of a lane only.
+    // Long contexts: flash attention, after one dispatch that normalises and
+    // rotates q and k (with the fresh row, c.len + 1 keys).
     let long = selection.is_none() && flash_pipeline(&b.gpu, c, heads, 1, c.len + 1).is_some();
-    let rope_in_flash = flash_rope_fits(norm.rotary_dim / 2, c.head_dim);
-    if !fits || (long && !rope_in_flash) || c.head_dim > ROPE_MAX_HEAD_DIM || b.gpu.limits.max_storage_buffers_per_shader_stage < 12 {
+    if !fits || long || c.head_dim > ROPE_MAX_HEAD_DIM || b.gpu.limits.max_storage_buffers_per_shader_stage < 12 {
         return attention_qk_norm_composed(b, q, k, v, cache, heads, scale, selection, norm);
     }
     let hd = c.head_dim;
