@@ -368,8 +368,12 @@ fn a_pulled_model_streams_progress_then_is_served_listed_and_deleted() {
         let e = s.error("POST", "/api/pull", &json!({"model": bad}), 400);
         assert!(e.contains("pull") || e.contains("required"), "{bad}: {e}");
     }
-    let e = s.error("POST", "/api/pull", &json!({"model": "org/missing", "stream": false}), 500);
-    assert!(e.contains("org/missing"), "{e}");
+    let long = format!("org/{}", "n".repeat(10_000));
+    let e = s.error("POST", "/api/pull", &json!({"model": long}), 400);
+    assert!(e.contains("at most 256"), "{e}");
+    // The hub's 404 is the client's error, not the server's.
+    let e = s.error("POST", "/api/pull", &json!({"model": "org/missing", "stream": false}), 404);
+    assert!(e.contains("org/missing") && e.contains("no such repository"), "{e}");
 
     // Deleted: unloaded, gone from the cache and the lists; a --model directory is refused.
     let (status, text) = s.send("DELETE", "/api/delete", &json!({"model": "org/name"}));
