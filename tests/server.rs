@@ -590,3 +590,39 @@ fn a_prompt_surely_too_long_is_refused_by_its_size_before_tokenizing() {
     assert!(r.error().contains("judged by its size in bytes"), "{}", r.error());
     assert!(t.elapsed() < Duration::from_secs(5), "took {:?}", t.elapsed());
 }
+
+#[test]
+fn a_malformed_chunked_body_is_a_bad_request() {
+    let s = start(Setup::default());
+    let head = "POST /api/chat HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+    for (what, chunks) in [
+        ("a chunk size that is no number", "zz\r\n{}\r\n0\r\n\r\n"),
+        ("a chunk size beyond 64 bits", "FFFFFFFFFFFFFFFFFF\r\n{}\r\n0\r\n\r\n"),
+        ("a chunk longer than its size", "1\r\n{}\r\n0\r\n\r\n"),
+    ] {
+        let reply = s.raw(format!("{head}{chunks}").as_bytes());
+        assert_eq!(reply.status, 400, "{what}: {}", reply.text());
+    }
+    assert_eq!(s.get("/api/version").status, 200, "still serving");
+}
+
+#[test]
+fn queued_requests_hear_503_when_the_server_shuts_down() {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let timeouts = Timeouts { shutdown_grace: Duration::from_secs(2), ..Timeouts::default() };
+    let setup = Setup { no_eos: true, timeouts, ..Setup::default() };
+    let (s, returned) = start_until(setup, async move {
+        let _ = stopped.await;
+    });
+    let _running = open_stream(&s, &json!({"model": MODEL, "prompt": "Go on", "options": {"num_predict": 4000}}));
+    let addr = s.addr;
+    let queued = std::thread::spawn(move || {
+        Server { addr }.post("/api/generate", &json!({"model": MODEL, "prompt": "Hi", "stream": false, "options": greedy()}))
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    stop.send(()).expect("signalling shutdown");
+    let reply = queued.join().expect("the queued client");
+    assert_eq!(reply.status, 503, "{}", reply.text());
+    assert!(reply.error().contains("shutting down"), "{}", reply.error());
+    returned.recv_timeout(Duration::from_secs(10)).expect("serve_on returned");
+}

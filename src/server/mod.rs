@@ -130,6 +130,8 @@ pub struct AppState {
     stopping: AtomicBool,
     /// Prompts being rendered and tokenized at once (see `PROMPT_WORKERS`).
     prompt_work: Semaphore,
+    /// Grammars being compiled at once (see `generation::GRAMMAR_WORKERS`).
+    grammar_work: Arc<Semaphore>,
     /// Pulls in progress, by the repository they write into.
     pulls: Arc<pull::PullsInProgress>,
 }
@@ -157,6 +159,7 @@ impl AppState {
             waiting: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
             prompt_work: Semaphore::new(PROMPT_WORKERS),
+            grammar_work: Arc::new(Semaphore::new(generation::GRAMMAR_WORKERS)),
             pulls: Arc::new(pull::PullsInProgress::default()),
         }))
     }
