@@ -476,3 +476,20 @@ fn number_output_stays_within_its_bounds_or_the_schema_is_refused() {
     assert!(failures.is_empty(), "{} outputs outside their bounds:\n{}", failures.len(), failures.join("\n"));
     assert!(refused.is_empty(), "ordinary ranges refused:\n{}", refused.join("\n"));
 }
+
+#[test]
+fn many_pattern_properties_are_refused_before_they_compile_for_minutes() {
+    let grammars = fixture_grammars();
+    let patterns = |n: usize| -> Value {
+        let each: serde_json::Map<String, Value> = (0..n).map(|i| (format!("^p{i}_[a-z]+$"), json!({"type": "integer"}))).collect();
+        json!({"type": "object", "patternProperties": each, "additionalProperties": false})
+    };
+    let t = std::time::Instant::now();
+    let error = grammars.constraint(&ConstraintSpec::JsonSchema(patterns(1000))).err().expect("refused");
+    assert!(error.to_string().contains("1000 patternProperties; the most this server compiles is 64"), "{error}");
+    assert!(t.elapsed() < std::time::Duration::from_secs(1), "refused after {:?}", t.elapsed());
+    // Nested ones count together.
+    let nested = json!({"type": "object", "properties": {"a": patterns(40), "b": patterns(40)}});
+    assert!(grammars.constraint(&ConstraintSpec::JsonSchema(nested)).is_err());
+    grammars.constraint(&ConstraintSpec::JsonSchema(patterns(8))).expect("a few compile");
+}
