@@ -626,3 +626,20 @@ fn queued_requests_hear_503_when_the_server_shuts_down() {
     assert!(reply.error().contains("shutting down"), "{}", reply.error());
     returned.recv_timeout(Duration::from_secs(10)).expect("serve_on returned");
 }
+
+#[test]
+fn a_schema_too_large_to_compile_is_refused_before_it_is_parsed() {
+    // Parsed, the JSON of 700,000 properties takes over a gigabyte.
+    let s = start(Setup::default());
+    let properties: serde_json::Map<String, Value> = (0..700_000).map(|i| (format!("p{i}"), json!({"type": "integer"}))).collect();
+    let schema = json!({"type": "object", "properties": properties});
+    for (path, body) in [
+        ("/api/chat", json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "format": schema})),
+        ("/v1/chat/completions", json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})),
+    ] {
+        let reply = s.post(path, &body);
+        assert_eq!(reply.status, 400, "{}", reply.text());
+        assert!(reply.error().contains("bytes of JSON; the most this server reads is 524288 bytes"), "{}", reply.error());
+    }
+}
