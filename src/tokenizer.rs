@@ -863,6 +863,27 @@ mod tests {
     }
 
     #[test]
+    fn no_client_text_becomes_a_control_token() {
+        // Random messages of special tokens' text, their pieces, the escape's
+        // own character and the characters that name specials after it.
+        use rand::{Rng, SeedableRng};
+        let (_dir, codec) = codec_with_template("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}");
+        let pieces = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "\u{E000}", "\u{E001}", "\u{10_0000}", "\u{10_0001}", "<|im_", "end|>", "a", " ", "\n", "é"];
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(49);
+        for case in 0..300 {
+            let content: String = (0..rng.random_range(0..16)).map(|_| pieces[rng.random_range(0..pieces.len())]).collect();
+            let turns = [ChatTurn { role: "user".into(), content: content.clone(), ..ChatTurn::default() }];
+            let prompt = codec.chat_prompt(&turns, &[], false, None).expect("renders");
+            assert_eq!(prompt.text, format!("<|im_start|>user\n{content}<|im_end|>\n"), "case {case}");
+            let ids = codec.encode_prompt(&prompt).expect("tokenizes");
+            let control: Vec<u32> = ids.iter().copied().filter(|id| (509..=511).contains(id)).collect();
+            assert_eq!(control, [510, 511], "case {case}: {content:?} gave {ids:?}");
+            assert_eq!(codec.decode(&ids).expect("decodes"), format!("user\n{content}\n"), "case {case}");
+            assert!(!codec.encode_plain(&content).expect("tokenizes").iter().any(|id| (509..=511).contains(id)), "case {case}");
+        }
+    }
+
+    #[test]
     fn an_ordinary_template_renders() {
         let (_dir, codec) = codec_with_template("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}");
         assert_eq!(render_within_seconds(codec).expect("renders"), "<user>hi");
