@@ -202,13 +202,14 @@ fn held_exactly(obj: &serde_json::Map<String, Value>, key: &str) -> bool {
         _ if f.fract() != 0.0 || f.abs() >= 1e30 => None,
         _ => Some(f as i128),
     };
+    // (Casts saturate: a float beyond i128 stays far from any i64.)
     let meant = match (meant, lowest, exclusive) {
-        (Some(i), true, true) => i + 1,
-        (Some(i), false, true) => i - 1,
+        (Some(i), true, true) => i.saturating_add(1),
+        (Some(i), false, true) => i.saturating_sub(1),
         (Some(i), _, false) => i,
-        (None, true, true) => f.floor() as i128 + 1,
+        (None, true, true) => (f.floor() as i128).saturating_add(1),
         (None, true, false) => f.ceil() as i128,
-        (None, false, true) => f.ceil() as i128 - 1,
+        (None, false, true) => (f.ceil() as i128).saturating_sub(1),
         (None, false, false) => f.floor() as i128,
     };
     let held = match (lowest, exclusive, f.fract() != 0.0) {
@@ -280,8 +281,8 @@ fn short_number_bounds(schema: &mut Value) -> Result<()> {
         let exponent = match (low, high) {
             (None, None) => return,
             (Some((l, false)), Some((h, false))) if l == h => return,
-            (Some((l, _)), Some((h, _))) => (h - l).log10().floor() as i32 - 3,
-            (Some((b, _)), None) | (None, Some((b, _))) if b != 0.0 => b.abs().log10().floor() as i32 - 5,
+            (Some((l, _)), Some((h, _))) => ((h - l).log10().floor() as i32).saturating_sub(3),
+            (Some((b, _)), None) | (None, Some((b, _))) if b != 0.0 => (b.abs().log10().floor() as i32).saturating_sub(5),
             _ => -6,
         };
         if exponent < FINEST_NUMBER_STEP {
