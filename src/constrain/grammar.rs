@@ -107,8 +107,44 @@ impl ConstraintSpec {
                  (their grammar's cost grows with the cube of their number: 300 take seconds, 1,000 minutes)"
             );
         }
+        schemas.iter().try_for_each(|schema| ref_cycle(schema))?;
         schemas.into_iter().try_for_each(check_numbers)
     }
+}
+
+/// Refuses `$ref`s that lead back to themselves without anything between
+/// (`a` is `b`, `b` is `a`): no value satisfies them, and the grammar engine
+/// finds that only mid-output where they are nested (a 500 then, not a 400).
+/// A reference back to the root from inside an object (a linked list) is an
+/// ordinary recursive schema.
+fn ref_cycle(root: &Value) -> Result<()> {
+    let mut schema = root.clone();
+    let mut starts = Vec::new();
+    each_schema(&mut schema, &mut |obj| {
+        if let Some(Value::String(target)) = obj.get("$ref") {
+            starts.push(target.clone());
+        }
+    });
+    // Targets whose chain of references is known to end (each is walked once).
+    let mut ends = std::collections::HashSet::new();
+    for start in starts {
+        let (mut chain, mut on_chain) = (Vec::new(), std::collections::HashSet::new());
+        let mut target = start;
+        while let Some(pointer) = target.strip_prefix('#') {
+            if ends.contains(&target) {
+                break;
+            }
+            if !on_chain.insert(target.clone()) {
+                chain.push(target);
+                bail!("the $refs {} only name each other: no value satisfies them", chain.join(" -> "));
+            }
+            chain.push(target.clone());
+            let Some(Value::String(next)) = root.pointer(pointer).and_then(|s| s.get("$ref")) else { break };
+            target = next.clone();
+        }
+        ends.extend(chain);
+    }
+    Ok(())
 }
 
 /// The most `patternProperties` entries one request's schemas may hold

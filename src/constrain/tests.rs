@@ -423,6 +423,11 @@ fn refs_that_only_name_each_other_are_refused_up_front() {
     let cycle = json!({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}});
     let error = grammars.constraint(&ConstraintSpec::JsonSchema(cycle)).err().expect("refused");
     assert!(error.to_string().contains("admits no output") || error.to_string().contains("ref"), "{error}");
+    // Deeper in the schema: the output's start is allowed, its property never is.
+    let nested = json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/x"}}, "required": ["a"],
+                        "$defs": {"x": {"$ref": "#/$defs/y"}, "y": {"$ref": "#/$defs/x"}}});
+    let error = grammars.constraint(&ConstraintSpec::JsonSchema(nested)).err().expect("refused");
+    assert!(error.to_string().contains("$ref"), "{error}");
 }
 
 #[test]
