@@ -209,8 +209,7 @@ fn answer(engine: &Engine, settings: &ChatSettings, messages: &[ChatMessage], ca
         conversation.push(ChatMessage { role: "system".into(), content: system.clone() });
     }
     conversation.extend(messages.iter().cloned());
-    let prompt = engine.codec.apply_chat_template(&conversation, true, settings.think)?;
-    let ids = engine.codec.encode(&prompt, false)?;
+    let ids = engine.codec.chat_ids(&conversation, settings.think)?;
     let max_tokens = match generate::tokens_within_context(ids.len(), settings.max_tokens, settings.context, "the planned context") {
         Ok(n) => n,
         Err(e) => {

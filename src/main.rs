@@ -352,18 +352,19 @@ impl PullArgs {
 }
 
 impl RunArgs {
-    /// The prompt as the model reads it: the chat template around the user's
-    /// message (and system message), or the text as-is with `--raw`.
-    fn prompt_text(&self, engine: &Engine, prompt: &str) -> Result<String> {
+    /// The prompt's token ids: the chat template around the user's message
+    /// (and system message), whose special tokens' text stays plain text, or
+    /// the text as-is with `--raw` (where that text is control tokens).
+    fn prompt_ids(&self, engine: &Engine, prompt: &str) -> Result<Vec<u32>> {
         if self.raw {
-            return Ok(prompt.to_string());
+            return engine.codec.encode(prompt, false);
         }
         let mut messages = Vec::new();
         if let Some(system) = &self.system {
             messages.push(ChatMessage { role: "system".into(), content: system.clone() });
         }
         messages.push(ChatMessage { role: "user".into(), content: prompt.to_string() });
-        engine.codec.apply_chat_template(&messages, true, self.think)
+        engine.codec.chat_ids(&messages, self.think)
     }
 
     /// `--prompt`, or stdin for `--prompt -` or a piped stdin; `None`: no
@@ -459,7 +460,18 @@ impl DoctorArgs {
 
 fn main() -> ExitCode {
     process::tune_allocator();
+    // A chat template's renderer: a child of this program (see `tokenizer`).
+    if std::env::args_os().nth(1).is_some_and(|a| a == slotstream::tokenizer::TEMPLATE_RENDERER_ARG) {
+        return slotstream::tokenizer::template_renderer_main();
+    }
     process::ensure_runtime_dir();
+    // Chat templates come with models, which a client may pull: each renders
+    // in a child process whose memory is bounded.
+    // (Linux's /proc/self/exe runs this program even once an upgrade has replaced its file.)
+    let exe = if cfg!(target_os = "linux") { Ok(std::path::PathBuf::from("/proc/self/exe")) } else { std::env::current_exe() };
+    if let Ok(exe) = exe {
+        slotstream::tokenizer::isolate_chat_templates(exe);
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run(args),
@@ -492,7 +504,7 @@ fn run(args: RunArgs) -> Result<()> {
     let Some(prompt) = prompt else {
         return slotstream::chat::run_chat(&engine, args.chat_settings(&engine));
     };
-    let prompt_ids = engine.codec.encode(&args.prompt_text(&engine, &prompt)?, false)?;
+    let prompt_ids = args.prompt_ids(&engine, &prompt)?;
     let request = args.bounded_request(prompt_ids, engine.context_length())?;
     // Ctrl-C from here on stops the answer, and the summary still comes.
     process::catch_interrupt()?;

@@ -221,3 +221,60 @@ fn a_folder_that_holds_no_model_is_named_before_any_gpu_is_looked_for() {
     assert!(stderr.contains("a model directory?"), "{stderr}");
     assert!(!stderr.contains("GPU"), "the folder must be checked before a backend is chosen:\n{stderr}");
 }
+
+/// The fixture model with `template` as its chat template, in a scratch folder.
+fn fixture_with_template(template: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("a scratch folder");
+    for entry in std::fs::read_dir(fixture()).expect("listing the fixture").flatten() {
+        std::fs::copy(entry.path(), dir.path().join(entry.file_name())).expect("copying the fixture");
+    }
+    std::fs::write(dir.path().join("chat_template.jinja"), template).expect("writing the template");
+    dir
+}
+
+/// The largest resident set of any child process waited for so far, in bytes.
+fn children_peak_rss() -> u64 {
+    // SAFETY: getrusage fills the struct it is given.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_CHILDREN covers every descendant waited for.
+    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) }, 0);
+    usage.ru_maxrss as u64 * 1024
+}
+
+#[test]
+fn a_chat_template_that_doubles_a_string_is_stopped_within_its_memory() {
+    // 1000 bytes doubled 20 times is 1 GB (and 1.5 GB at its peak) in one
+    // string that is never written out: fuel and the output's limit do not
+    // see it, the renderer's memory limit does.
+    let dir = fixture_with_template(
+        "{% set ns = namespace(s='x' * 1000) %}{% for i in range(20) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}\
+         {{ ns.s | length }}{% for m in messages %}{{ m.content }}{% endfor %}",
+    );
+    let t = std::time::Instant::now();
+    let output = slotstream()
+        .arg("run")
+        .arg("--model")
+        .arg(dir.path())
+        .args(["--prompt", "hi", "--max-tokens", "2", "--backend", "cpu"])
+        .output()
+        .expect("running slotstream");
+    let stderr = stderr_of(&output);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("chat template in chat_template.jinja needed more than 256 MiB of memory"), "{stderr}");
+    let peak = children_peak_rss();
+    assert!(peak < 700 << 20, "a process peaked at {} MB", peak >> 20);
+    assert!(t.elapsed() < std::time::Duration::from_secs(60), "took {:?}", t.elapsed());
+    // An ordinary template still renders in its own process.
+    let dir = fixture_with_template("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n");
+    let output = slotstream()
+        .arg("run")
+        .arg("--model")
+        .arg(dir.path())
+        .args(["--prompt", "hi", "--max-tokens", "2", "--backend", "cpu", "--json"])
+        .output()
+        .expect("running slotstream");
+    assert!(output.status.success(), "{}", stderr_of(&output));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("one JSON object");
+    let prompt: Vec<u64> = report["prompt_ids"].as_array().expect("prompt ids").iter().filter_map(|v| v.as_u64()).collect();
+    assert_eq!((prompt.first(), prompt.iter().filter(|&&id| id == 510).count()), (Some(&510), 2), "{prompt:?}");
+}

@@ -3,7 +3,9 @@
 //! (`Checkpoint::open_file` and the tensor reads after it), and chat
 //! templates with their messages (`TextCodec`). Each input comes from a valid
 //! file, mutated, or from arbitrary bytes; every one must give `Ok` or a clear
-//! `Err`, never a panic, an abort or a hang; and HTTP request bodies sent to
+//! `Err`, never a panic, an abort or a hang; JSON schemas and tool
+//! definitions (`Grammars::constraint`), which compile or are refused within
+//! seconds; and HTTP request bodies sent to
 //! `slotstream serve`, which must get a 2xx or a 4xx naming what was wrong.
 //! Cases are bounded so the suite
 //! runs in seconds (`PROPTEST_CASES` raises them for a longer hunt).
@@ -215,6 +217,77 @@ proptest! {
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => prop_assert!(false, "a template ran for over 10 s"),
                 Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => prop_assert!(false, "rendering a template panicked"),
             }
+        }
+    }
+}
+
+// ---- JSON schemas and tool definitions ----
+// Random schemas (nested, recursive through $ref, with patterns, bounds and
+// enums) and the tools built from them: each compiles into a grammar or is
+// refused with a reason, within seconds, never a panic.
+
+/// A schema built from the keywords the grammar engine reads, nested.
+fn schema() -> impl Strategy<Value = Value> {
+    let number = prop_oneof![Just(json!(0)), Just(json!(-1)), Just(json!(1e-10)), Just(json!(9007199254740991i64)),
+        Just(json!(1e19)), Just(json!(i64::MIN)), Just(json!(u64::MAX)), any::<i32>().prop_map(|v| json!(v)), any::<f64>().prop_map(|v| json!(v))];
+    let leaf = prop_oneof![
+        Just(json!({"type": "string"})),
+        Just(json!({"type": "boolean"})),
+        Just(json!({"$ref": "#"})),
+        Just(json!({"$ref": "#/$defs/a"})),
+        Just(json!({"type": "string", "pattern": "^((a|aa)*b)+$"})),
+        Just(json!({"enum": ["x</tool_call>", "y</parameter>", 1, null]})),
+        Just(json!({"const": "</function>"})),
+        (prop_oneof![Just("integer"), Just("number")], prop::sample::select(vec!["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"]), number.clone(),
+            prop::sample::select(vec!["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"]), number)
+            .prop_map(|(t, k1, v1, k2, v2)| json!({"type": t, k1: v1, k2: v2})),
+        odd_value(),
+    ];
+    leaf.prop_recursive(4, 24, 4, |inner| {
+        prop_oneof![
+            prop::collection::vec(("[a-c]{1,3}", inner.clone()), 0..4).prop_map(|props| {
+                let required: Vec<Value> = props.iter().map(|(k, _)| json!(k)).collect();
+                json!({"type": "object", "properties": props.into_iter().collect::<serde_json::Map<_, _>>(), "required": required})
+            }),
+            inner.clone().prop_map(|items| json!({"type": "array", "items": items, "maxItems": 3})),
+            prop::collection::vec(inner.clone(), 1..4).prop_map(|any| json!({"anyOf": any})),
+            prop::collection::vec(inner.clone(), 1..3).prop_map(|all| json!({"allOf": all})),
+            (inner.clone(), inner.clone()).prop_map(|(a, b)| json!({"$ref": "#/$defs/a", "$defs": {"a": a, "b": b}})),
+            inner.clone().prop_map(|p| json!({"type": "object", "patternProperties": {"^x[0-9]+$": p}, "additionalProperties": false})),
+        ]
+    })
+}
+
+fn fixture_grammars() -> &'static slotstream::constrain::Grammars {
+    static GRAMMARS: std::sync::OnceLock<slotstream::constrain::Grammars> = std::sync::OnceLock::new();
+    GRAMMARS.get_or_init(|| {
+        slotstream::constrain::Grammars::load(Path::new("tests/fixtures/qwen3_moe_mlx4"), 512, &[509, 511]).expect("the fixture's vocabulary")
+    })
+}
+
+proptest! {
+    #![proptest_config(cases(96))]
+
+    #[test]
+    fn json_schemas_and_tools_compile_or_are_refused_within_seconds(schema in schema(), forced in any::<bool>()) {
+        use slotstream::constrain::{ConstraintSpec, ToolCallForm, ToolSpec};
+        let grammars = fixture_grammars();
+        let tools = vec![
+            ToolSpec { name: "f".into(), parameters: json!({"type": "object", "properties": {"x": schema.clone()}, "required": ["x"]}) },
+            ToolSpec { name: "g</tool_call>".into(), parameters: schema.clone() },
+        ];
+        let specs = [
+            ConstraintSpec::JsonSchema(schema),
+            ConstraintSpec::ToolCalls { tools: tools.clone(), forced, parallel: true, form: ToolCallForm::Json },
+            ConstraintSpec::ToolCalls { tools, forced, parallel: false, form: ToolCallForm::XmlParameters },
+        ];
+        for spec in specs {
+            let t = std::time::Instant::now();
+            if let Err(e) = grammars.constraint(&spec) {
+                prop_assert!(!e.to_string().is_empty(), "an error without a reason");
+                prop_assert!(!e.to_string().contains("panic"), "the grammar engine panicked: {e}");
+            }
+            prop_assert!(t.elapsed() < std::time::Duration::from_secs(10), "{spec:?} took {:?}", t.elapsed());
         }
     }
 }

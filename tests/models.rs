@@ -368,8 +368,12 @@ fn a_pulled_model_streams_progress_then_is_served_listed_and_deleted() {
         let e = s.error("POST", "/api/pull", &json!({"model": bad}), 400);
         assert!(e.contains("pull") || e.contains("required"), "{bad}: {e}");
     }
-    let e = s.error("POST", "/api/pull", &json!({"model": "org/missing", "stream": false}), 500);
-    assert!(e.contains("org/missing"), "{e}");
+    let long = format!("org/{}", "n".repeat(10_000));
+    let e = s.error("POST", "/api/pull", &json!({"model": long}), 400);
+    assert!(e.contains("at most 256"), "{e}");
+    // The hub's 404 is the client's error, not the server's.
+    let e = s.error("POST", "/api/pull", &json!({"model": "org/missing", "stream": false}), 404);
+    assert!(e.contains("org/missing") && e.contains("no such repository"), "{e}");
 
     // Deleted: unloaded, gone from the cache and the lists; a --model directory is refused.
     let (status, text) = s.send("DELETE", "/api/delete", &json!({"model": "org/name"}));
@@ -382,6 +386,41 @@ fn a_pulled_model_streams_progress_then_is_served_listed_and_deleted() {
     let refused = s.error("DELETE", "/api/delete", &json!({"model": MOE}), 400);
     assert!(refused.contains("--model"), "{refused}");
     assert!(common::fixture(MOE).join("model.safetensors").is_file(), "a --model directory was touched");
+}
+
+#[test]
+fn a_shutdown_stops_a_running_pull_and_leaves_it_resumable() {
+    let hub = pull_support::HubServer::start(repo_files(NEXT));
+    hub.faults().bytes_per_second = Some(50_000);
+    let scratch = tempfile::tempdir().expect("a scratch folder");
+    let cache = scratch.path().join("hub");
+    let mut options = common::server_options(4096, 4);
+    options.pulls = Some(PullSource {
+        cache_root: cache.clone(),
+        endpoint: hub.endpoint(),
+        token: Some(pull_support::TOKEN.to_string()),
+        network: NetworkSettings::default(),
+        transfer: TransferSettings { connections: 2, chunk_bytes: 1 << 20, checkpoint_bytes: 16384 },
+    });
+    let directories = vec![(MOE.to_string(), common::fixture(MOE))];
+    let app = AppState::new(ModelCatalog::new(directories, Some(cache.clone())), Arc::new(common::FixtureLoader { no_eos: false, mtp: false }), options)
+        .expect("valid options");
+    let s = Server { addr: common::serve_in_background(app.clone()) };
+    let addr = s.addr;
+    let pulling = std::thread::spawn(move || Server { addr }.send("POST", "/api/pull", &json!({"model": "org/name"})));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(!pulling.is_finished(), "the throttled pull should still run");
+    let stopped = Instant::now();
+    app.stop_generations();
+    let (status, text) = pulling.join().expect("the pulling client");
+    assert!(stopped.elapsed() < Duration::from_secs(5), "the pull ran {:?} past the shutdown", stopped.elapsed());
+    assert_eq!(status, 200, "{text}");
+    let last = text.lines().last().unwrap_or_default();
+    assert!(last.contains("shutting down") && last.contains("resumes"), "{text}");
+    let partial = std::fs::read_dir(cache.join("models--org--name").join("blobs"))
+        .map(|files| files.flatten().any(|f| f.file_name().to_string_lossy().ends_with(".slotstream-partial")))
+        .unwrap_or(false);
+    assert!(partial, "the partial download was not kept to resume from");
 }
 
 #[test]

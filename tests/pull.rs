@@ -141,6 +141,56 @@ fn fresh_pull_lays_out_the_cache_like_huggingface_hub() {
 }
 
 #[test]
+fn the_token_does_not_follow_a_redirect_to_another_port_of_the_hub_s_host() {
+    let files = repo_files();
+    let server = HubServer::start(files.clone());
+    server.faults().storage_on_another_port = true;
+    let scratch = Scratch::new("other-port");
+    assert_success(&pull(&server, &scratch, &[]));
+    assert_complete_cache(&scratch, &files);
+    let log = server.take_log();
+    assert_eq!(log.hub_requests_without_token, 0, "HF_TOKEN must reach the hub");
+    assert!(log.storage_requests > 0, "LFS files must come through the redirect");
+    assert_eq!(log.storage_requests_with_auth, 0, "another port of the hub's host is another server: the token must not reach it");
+}
+
+/// Sets `path` and everything in it read-only (or back to writable).
+fn set_read_only(path: &Path, read_only: bool) {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = fs::symlink_metadata(path).expect("reading a cache entry");
+    if meta.file_type().is_symlink() {
+        return;
+    }
+    if meta.is_dir() {
+        for entry in fs::read_dir(path).expect("listing the cache").flatten() {
+            set_read_only(&entry.path(), read_only);
+        }
+    }
+    let mode = match (meta.is_dir(), read_only) {
+        (true, true) => 0o555,
+        (true, false) => 0o755,
+        (false, true) => 0o444,
+        (false, false) => 0o644,
+    };
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).expect("changing a cache entry's mode");
+}
+
+#[test]
+fn a_complete_model_in_a_moved_read_only_cache_is_found() {
+    let files = repo_files();
+    let server = HubServer::start(files.clone());
+    let scratch = Scratch::new("moved");
+    assert_success(&pull(&server, &scratch, &[]));
+    let moved = scratch.0.join("elsewhere");
+    fs::rename(scratch.cache(), &moved).expect("moving the cache");
+    set_read_only(&moved, true);
+    let found = locate_model_in(&moved, MODEL);
+    set_read_only(&moved, false);
+    let found = found.unwrap_or_else(|e| panic!("the moved cache's model is not found: {e:#}"));
+    assert_eq!(found, moved.join("models--org--name").join("snapshots").join(COMMIT));
+}
+
+#[test]
 fn flaky_server_still_yields_a_verified_model() {
     let files = repo_files();
     let server = HubServer::start(files.clone());

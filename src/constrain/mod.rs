@@ -27,7 +27,7 @@ use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
 use llguidance::{Matcher, ParserFactory};
 
-pub use grammar::{ConstraintSpec, ToolCallForm, ToolSpec, TOOL_CALL_CLOSE, TOOL_CALL_OPEN};
+pub use grammar::{ConstraintSpec, ToolCallForm, ToolSpec, MAX_SCHEMA_BYTES, TOOL_CALL_CLOSE, TOOL_CALL_OPEN};
 pub use xml_calls::{declared_parameters, ParameterText};
 
 use crate::generate::TokenConstraint;
@@ -91,6 +91,7 @@ impl Grammars {
     /// constraint holds from there on (a call drafted in the reasoning
     /// neither arms nor satisfies it).
     pub fn constraint_after(&self, spec: &ConstraintSpec, reasoning_open: bool) -> Result<GrammarConstraint> {
+        spec.check()?;
         let (lark, trigger) = lark(spec)?;
         let (lark, trigger) = match (trigger, reasoning_open) {
             (Some(t), true) => (lark, Some(Trigger::after(&[THINK_CLOSE, &t]))),
@@ -102,9 +103,14 @@ impl Grammars {
             .factory
             .create_parser(TopLevelGrammar::from_lark(lark))
             .map_err(|e| anyhow!("{}", first_line(&e.to_string())))?;
-        let matcher = Matcher::new(Ok(parser));
+        let mut matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
             bail!("{}", first_line(&e));
+        }
+        // A grammar that allows no first token (a schema whose `$ref`s only
+        // name each other, say) is found here, not mid-generation.
+        if let Err(e) = matcher.compute_mask() {
+            bail!("it admits no output at all ({}): a schema whose $refs only refer to each other, or one no value satisfies?", first_line(&e.to_string()));
         }
         Ok(GrammarConstraint { matcher, trie: self.trie.clone(), trigger })
     }

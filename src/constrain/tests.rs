@@ -361,3 +361,140 @@ fn a_call_drafted_in_the_reasoning_does_not_arm_the_trigger() {
     let text = generate(&grammars, &mut c, "<tool_call>", 2);
     assert_eq!(parse_calls(&text).len(), 1, "the call after the reasoning is held to the grammar: {text:?}");
 }
+
+#[test]
+fn schemas_over_the_size_limit_are_refused_naming_it() {
+    let grammars = fixture_grammars();
+    let properties: serde_json::Map<String, Value> = (0..20_000).map(|i| (format!("property_{i}"), json!({"type": "integer"}))).collect();
+    let huge = json!({"type": "object", "properties": properties});
+    let error = grammars.constraint(&ConstraintSpec::JsonSchema(huge.clone())).err().expect("refused");
+    assert!(error.to_string().contains(&format!("more than {MAX_SCHEMA_BYTES} bytes of JSON")), "{error}");
+    // Tools count together: each small, all of them too large.
+    let tools: Vec<ToolSpec> = (0..200)
+        .map(|i| ToolSpec { name: format!("tool_{i}"), parameters: json!({"type": "object", "properties": {"x": {"type": "string", "description": "d".repeat(2000)}}}) })
+        .collect();
+    let spec = ConstraintSpec::ToolCalls { tools, forced: true, parallel: false, form: ToolCallForm::Json };
+    let error = grammars.constraint(&spec).err().expect("refused");
+    assert!(error.to_string().contains("the tools' names and parameters hold more than"), "{error}");
+}
+
+#[test]
+fn bounds_the_output_could_not_be_held_to_are_refused_up_front() {
+    let grammars = fixture_grammars();
+    let refused = |schema: Value, why: &str| {
+        let error = grammars.constraint(&ConstraintSpec::JsonSchema(schema.clone())).err().unwrap_or_else(|| panic!("{schema} compiles"));
+        assert!(error.to_string().contains(why), "{schema}: {error}");
+    };
+    refused(json!({"type": "integer", "minimum": 1e19}), "the integer bound minimum 1e+19 is beyond");
+    refused(json!({"type": "integer", "maximum": 10000000000000000000u64}), "is beyond what constrained output can hold");
+    refused(json!({"type": "object", "properties": {"n": {"type": "integer", "exclusiveMaximum": -1e20}}}), "is beyond");
+    refused(json!({"type": "integer", "minimum": 0.2, "maximum": 0.8}), "admits no integer");
+    refused(json!({"type": "integer", "exclusiveMinimum": 3, "exclusiveMaximum": 4}), "admits no integer");
+    refused(json!({"type": "number", "exclusiveMinimum": 1, "maximum": 1}), "admits no number");
+    // Within 64 bits, bounds stay as written.
+    refused(json!({"type": "integer", "minimum": i64::MIN}), "is beyond");
+    refused(json!({"type": "number", "exclusiveMinimum": 0, "maximum": 1e-22}), "finer than 1e-16");
+    refused(json!({"type": "integer", "minimum": -i64::MAX}), "is beyond");
+    // 2^53 + 1 would be read as 2^53, below the minimum.
+    refused(json!({"type": "integer", "minimum": 9007199254740993i64}), "is beyond");
+    // Bounds a 64-bit float holds exactly stay as written, large or not.
+    let mut c = grammars.constraint(&ConstraintSpec::JsonSchema(json!({"type": "integer", "minimum": -4611686018427387904i64}))).expect("compiles");
+    let text = generate(&grammars, &mut c, "", 2);
+    assert!(text.parse::<i64>().is_ok(), "{text}");
+}
+
+#[test]
+fn an_exclusive_bound_at_the_safe_integer_leaves_the_schema_satisfiable() {
+    // The server's own bound (2^53 - 1) is not added where it would leave no integer.
+    let grammars = fixture_grammars();
+    let schema = json!({"type": "integer", "exclusiveMinimum": 9007199254740991i64});
+    let mut c = grammars.constraint(&ConstraintSpec::JsonSchema(schema)).expect("a satisfiable schema compiles");
+    for id in grammars.trie.greedy_tokenize(b"9007199254740992") {
+        c.commit(id).expect("2^53 is allowed");
+    }
+    assert!(may_end(&mut c), "2^53 is a whole answer");
+    let upper = json!({"type": "integer", "exclusiveMaximum": -9007199254740991i64});
+    grammars.constraint(&ConstraintSpec::JsonSchema(upper)).expect("a satisfiable schema compiles");
+}
+
+#[test]
+fn refs_that_only_name_each_other_are_refused_up_front() {
+    let grammars = fixture_grammars();
+    let cycle = json!({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}});
+    let error = grammars.constraint(&ConstraintSpec::JsonSchema(cycle)).err().expect("refused");
+    assert!(error.to_string().contains("admits no output") || error.to_string().contains("ref"), "{error}");
+    // Deeper in the schema: the output's start is allowed, its property never is.
+    let nested = json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/x"}}, "required": ["a"],
+                        "$defs": {"x": {"$ref": "#/$defs/y"}, "y": {"$ref": "#/$defs/x"}}});
+    let error = grammars.constraint(&ConstraintSpec::JsonSchema(nested)).err().expect("refused");
+    assert!(error.to_string().contains("$ref"), "{error}");
+}
+
+#[test]
+fn an_xml_fixed_value_holding_call_markup_is_refused() {
+    let grammars = fixture_grammars();
+    for markup in ["</parameter>", "</function>", "</tool_call>"] {
+        let tool = ToolSpec {
+            name: "f".into(),
+            parameters: json!({"type": "object", "properties": {"mode": {"enum": ["ok", format!("x{markup}y")]}}, "required": ["mode"]}),
+        };
+        let xml = ConstraintSpec::ToolCalls { tools: vec![tool.clone()], forced: true, parallel: false, form: ToolCallForm::XmlParameters };
+        let error = grammars.constraint(&xml).err().expect("refused");
+        assert!(error.to_string().contains("holds this model's tool-call markup"), "{error}");
+        // The JSON form writes it inside a JSON string, where the server's splitter reads past it.
+        let json_form = ConstraintSpec::ToolCalls { tools: vec![tool], forced: true, parallel: false, form: ToolCallForm::Json };
+        grammars.constraint(&json_form).expect("the JSON form compiles");
+    }
+}
+
+#[test]
+fn number_output_stays_within_its_bounds_or_the_schema_is_refused() {
+    // Random bounds, tiny ranges and large ones, exclusive or not: a schema
+    // that compiles gives numbers within its bounds, whatever the logits.
+    let grammars = fixture_grammars();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    let (mut failures, mut refused) = (Vec::new(), Vec::new());
+    for case in 0..300 {
+        let scale = 10f64.powi(rng.random_range(-12..12));
+        let low = (rng.random_range(-1.0..1.0) * scale * 1000.0).round() / 1000.0;
+        let width = scale * 10f64.powi(rng.random_range(-12..3));
+        let high = low + width;
+        let (low_open, high_open) = (rng.random_bool(0.5), rng.random_bool(0.5));
+        let mut schema = json!({"type": "number"});
+        schema[if low_open { "exclusiveMinimum" } else { "minimum" }] = json!(low);
+        schema[if high_open { "exclusiveMaximum" } else { "maximum" }] = json!(high);
+        let Ok(mut c) = grammars.constraint(&ConstraintSpec::JsonSchema(schema.clone())) else {
+            // Only extreme ranges may be refused.
+            if width > 1e-9 && low.abs() < 1e9 {
+                refused.push(schema.to_string());
+            }
+            continue;
+        };
+        let text = generate(&grammars, &mut c, "", case);
+        let Ok(x) = text.parse::<f64>() else { continue };
+        let above = if low_open { x > low } else { x >= low };
+        let below = if high_open { x < high } else { x <= high };
+        if !(above && below) {
+            failures.push(format!("{schema} gave {text}"));
+        }
+    }
+    assert!(failures.is_empty(), "{} outputs outside their bounds:\n{}", failures.len(), failures.join("\n"));
+    assert!(refused.is_empty(), "ordinary ranges refused:\n{}", refused.join("\n"));
+}
+
+#[test]
+fn many_pattern_properties_are_refused_before_they_compile_for_minutes() {
+    let grammars = fixture_grammars();
+    let patterns = |n: usize| -> Value {
+        let each: serde_json::Map<String, Value> = (0..n).map(|i| (format!("^p{i}_[a-z]+$"), json!({"type": "integer"}))).collect();
+        json!({"type": "object", "patternProperties": each, "additionalProperties": false})
+    };
+    let t = std::time::Instant::now();
+    let error = grammars.constraint(&ConstraintSpec::JsonSchema(patterns(1000))).err().expect("refused");
+    assert!(error.to_string().contains("1000 patternProperties; the most this server compiles is 64"), "{error}");
+    assert!(t.elapsed() < std::time::Duration::from_secs(1), "refused after {:?}", t.elapsed());
+    // Nested ones count together.
+    let nested = json!({"type": "object", "properties": {"a": patterns(40), "b": patterns(40)}});
+    assert!(grammars.constraint(&ConstraintSpec::JsonSchema(nested)).is_err());
+    grammars.constraint(&ConstraintSpec::JsonSchema(patterns(8))).expect("a few compile");
+}

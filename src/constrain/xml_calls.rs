@@ -91,6 +91,10 @@ pub fn declared_parameters(tool: &ToolSpec) -> Result<Vec<(String, Value, bool)>
         .collect())
 }
 
+/// The tags that end a value, a call's function and a call: a fixed value
+/// (`enum`, `const`) written as text cannot hold them.
+const MARKUP: [&str; 3] = ["</parameter>", "</function>", "</tool_call>"];
+
 /// Text never holds the tag that ends a call. (A parameter's text runs up to
 /// and including its closing tag, which it holds once, at its end: the lexer
 /// then cannot read past it.)
@@ -124,6 +128,14 @@ pub fn lark_calls(tools: &[ToolSpec]) -> Result<String> {
                     format!("{open} TEXT_{t}_{p} \"\\n\"")
                 }
                 ParameterText::OneOf(values) => {
+                    if let Some(v) = values.iter().find(|v| MARKUP.iter().any(|m| v.contains(m))) {
+                        bail!(
+                            "the value {v:?} of parameter '{name}' of tool '{}' holds this model's tool-call markup ({}), \
+                             which its XML tool calls cannot write inside a value",
+                            tool.name,
+                            MARKUP.join(", ")
+                        );
+                    }
                     let values: Vec<String> = values.iter().map(|v| lark_string(v)).collect();
                     format!("{open} ({}) {close}", values.join(" | "))
                 }

@@ -220,7 +220,7 @@ impl RepoCache {
             .flatten()
             .and_then(|text| serde_json::from_str(&text).ok())
             .unwrap_or_default();
-        VerifiedFiles { records }
+        VerifiedFiles { records, repo: fs::canonicalize(&self.dir).ok() }
     }
 
     pub fn save_verified(&self, verified: &VerifiedFiles) -> Result<()> {
@@ -232,9 +232,15 @@ impl RepoCache {
 /// path. A record holds only while the file keeps the size and modification time it
 /// had when hashed, so `run` can trust a file without re-reading 100 GB, and a file
 /// that another tool put there is hashed once before it is used.
+///
+/// A record is keyed by the file's path within its repository's folder
+/// (`blobs/<hash>`), so a cache moved or mounted elsewhere (read-only, say)
+/// keeps its records; an absolute path is a record an older slotstream wrote.
 #[derive(Default, Debug)]
 pub struct VerifiedFiles {
     records: BTreeMap<String, VerifiedRecord>,
+    /// The repository's folder, its real path.
+    repo: Option<PathBuf>,
 }
 
 #[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
@@ -246,21 +252,44 @@ struct VerifiedRecord {
 
 impl VerifiedFiles {
     pub fn is_verified(&self, file: &Path, digest: &Digest) -> bool {
-        let Some((key, size, modified_ns)) = file_identity(file) else { return false };
-        self.records.get(&key)
-            == Some(&VerifiedRecord { size, modified_ns, digest: digest.clone() })
+        let Some((real, size, modified_ns)) = file_identity(file) else { return false };
+        let want = VerifiedRecord { size, modified_ns, digest: digest.clone() };
+        self.keys(&real).iter().any(|key| self.records.get(key) == Some(&want))
     }
 
     pub fn mark_verified(&mut self, file: &Path, digest: &Digest) {
-        if let Some((key, size, modified_ns)) = file_identity(file) {
+        if let Some((real, size, modified_ns)) = file_identity(file) {
+            for key in self.keys(&real) {
+                self.records.remove(&key);
+            }
+            let key = self.key(&real);
             self.records.insert(key, VerifiedRecord { size, modified_ns, digest: digest.clone() });
         }
     }
 
     pub fn forget(&mut self, file: &Path) {
         if let Ok(real) = fs::canonicalize(file) {
-            self.records.remove(&real.to_string_lossy().into_owned());
+            for key in self.keys(&real) {
+                self.records.remove(&key);
+            }
         }
+    }
+
+    /// The key of a file (its real path): within the repository's folder
+    /// when it lies there, else the whole path.
+    fn key(&self, real: &Path) -> String {
+        match self.repo.as_deref().and_then(|repo| real.strip_prefix(repo).ok()) {
+            Some(within) => within.to_string_lossy().into_owned(),
+            None => real.to_string_lossy().into_owned(),
+        }
+    }
+
+    /// The keys a record of `real` may have: its own, and the whole path an
+    /// older record used.
+    fn keys(&self, real: &Path) -> Vec<String> {
+        let whole = real.to_string_lossy().into_owned();
+        let key = self.key(real);
+        if key == whole { vec![whole] } else { vec![key, whole] }
     }
 }
 
@@ -288,11 +317,12 @@ fn refuse_special(path: &Path, meta: &fs::Metadata) -> Result<()> {
     bail!("{} is {kind}, not a regular file: slotstream keeps its pull records there; delete it and pull again", path.display())
 }
 
-fn file_identity(file: &Path) -> Option<(String, u64, u128)> {
+/// A file's real path, size and modification time.
+fn file_identity(file: &Path) -> Option<(PathBuf, u64, u128)> {
     let real = fs::canonicalize(file).ok()?;
     let meta = fs::metadata(&real).ok()?;
     let modified_ns = meta.modified().ok()?.duration_since(UNIX_EPOCH).ok()?.as_nanos();
-    Some((real.to_string_lossy().into_owned(), meta.len(), modified_ns))
+    Some((real, meta.len(), modified_ns))
 }
 
 /// Replaces `path` with `bytes` so that a crash leaves either the old or the new

@@ -60,6 +60,23 @@ pub enum Failure {
     Fatal(anyhow::Error),
 }
 
+/// The hub refused what was asked for: no such repository, revision or
+/// file (404), or one this token may not read (401, 403). The server answers
+/// a client's pull with its status.
+#[derive(Debug)]
+pub struct HubRefused {
+    pub status: u16,
+    message: String,
+}
+
+impl std::fmt::Display for HubRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for HubRefused {}
+
 /// What the hub says about one file at one revision.
 #[derive(Clone, Debug)]
 pub struct FileMetadata {
@@ -114,6 +131,10 @@ pub struct HubClient {
     unreachable: AtomicU32,
 }
 
+/// Redirects followed for one request (the hub redirects a file to its
+/// storage host, a renamed repository to its new name).
+const MAX_REDIRECTS: usize = 10;
+
 /// Tries to reach a hub that no request has reached yet, before saying the
 /// network is down: a name lookup or a connection that fails this many times
 /// in a row (a second apart at most) will not mend in the next minutes.
@@ -136,8 +157,10 @@ impl HubClient {
         );
         let agent = builder
             .http_status_as_error(false)
-            // The CDN a `resolve` URL redirects to must not see the token.
-            .redirect_auth_headers(RedirectAuthHeaders::SameHost)
+            // Redirects are followed by `follow`, which sends the token to the
+            // endpoint only (ureq's `SameHost` would send it to any port of
+            // the endpoint's host): none a redirect leads to sees it.
+            .redirect_auth_headers(RedirectAuthHeaders::Never)
             .timeout_resolve(Some(settings.connect_timeout))
             .timeout_connect(Some(settings.connect_timeout.min(settings.stall_timeout)))
             .timeout_recv_response(Some(settings.stall_timeout))
@@ -173,7 +196,7 @@ impl HubClient {
             percent_encode(revision, false)
         );
         self.with_retries(&format!("listing the files of {repo} at {revision}"), || {
-            let mut response = self.call(self.agent.get(&url).header("Accept", "application/json"))?;
+            let mut response = self.follow(&url, |url| self.agent.get(url).header("Accept", "application/json"))?;
             check_status(&response, &url, repo)?;
             let text = response
                 .body_mut()
@@ -227,14 +250,32 @@ impl HubClient {
     /// Starts a GET of `url` for bytes `start..end` (end exclusive), following redirects.
     /// The caller validates `Content-Range` and reads the body.
     pub fn get_range(&self, url: &str, start: u64, end: u64) -> Result<Response<Body>, Failure> {
-        let request = self
-            .agent
-            .get(url)
-            .header("Range", format!("bytes={start}-{}", end - 1))
-            .header("Accept-Encoding", "identity");
-        let response = self.call(request)?;
+        let response = self.follow(url, |url| {
+            self.agent.get(url).header("Range", format!("bytes={start}-{}", end - 1)).header("Accept-Encoding", "identity")
+        })?;
         check_status(&response, url, "")?;
         Ok(response)
+    }
+
+    /// Sends the request `make` builds for `url`, following redirects one by
+    /// one, so that each request carries the token only when it goes to the
+    /// endpoint itself (its scheme, host and port).
+    fn follow(
+        &self,
+        url: &str,
+        make: impl Fn(&str) -> ureq::RequestBuilder<ureq::typestate::WithoutBody>,
+    ) -> Result<Response<Body>, Failure> {
+        let mut url = url.to_string();
+        for _ in 0..=MAX_REDIRECTS {
+            let response = self.call(make(&url).config().max_redirects(0).build())?;
+            if !response.status().is_redirection() || response.status() == 304 {
+                return Ok(response);
+            }
+            let location = header(response.headers(), "location")
+                .ok_or_else(|| Failure::Fatal(anyhow!("{url} redirected without a Location header")))?;
+            url = join_url(&url, location);
+        }
+        Err(Failure::Fatal(anyhow!("{url} redirected more than {MAX_REDIRECTS} times")))
     }
 
     fn call(
@@ -284,8 +325,9 @@ impl HubClient {
     }
 
     fn is_endpoint(&self, uri: &ureq::http::Uri) -> bool {
-        let endpoint_authority = self.endpoint.split("://").nth(1).unwrap_or("").split('/').next();
-        uri.authority().map(|a| a.as_str()) == endpoint_authority
+        let (scheme, rest) = self.endpoint.split_once("://").unwrap_or(("", ""));
+        let endpoint_authority = rest.split('/').next();
+        uri.scheme_str().is_some_and(|s| s.eq_ignore_ascii_case(scheme)) && uri.authority().map(|a| a.as_str()) == endpoint_authority
     }
 
     /// Runs `attempt` until it succeeds, fails fatally, or `max_attempts` retryable
@@ -355,13 +397,17 @@ fn check_status(response: &Response<Body>, url: &str, repo: &str) -> Result<(), 
                 .map(Duration::from_secs);
             Err(Failure::Retry(anyhow!("{url} answered HTTP {status}"), retry_after))
         }
-        401 | 403 => Err(Failure::Fatal(anyhow!(
-            "{url} answered HTTP {status}: the repository {repo} is private or gated; accept its \
-             terms on the hub and set HF_TOKEN to an access token"
-        ))),
-        404 => Err(Failure::Fatal(anyhow!(
-            "{url} answered HTTP 404: no such repository, revision or file"
-        ))),
+        401 | 403 => Err(Failure::Fatal(anyhow::Error::new(HubRefused {
+            status,
+            message: format!(
+                "{url} answered HTTP {status}: the repository {repo} is private or gated; accept its \
+                 terms on the hub and set HF_TOKEN to an access token"
+            ),
+        }))),
+        404 => Err(Failure::Fatal(anyhow::Error::new(HubRefused {
+            status,
+            message: format!("{url} answered HTTP 404: no such repository, revision or file"),
+        }))),
         _ => Err(Failure::Fatal(anyhow!("{url} answered HTTP {status}"))),
     }
 }

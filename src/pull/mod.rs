@@ -32,7 +32,7 @@ use cache::hub_cache_root;
 use manifest::ModelSpec;
 use puller::Puller;
 
-pub use hub::NetworkSettings;
+pub use hub::{HubRefused, NetworkSettings};
 pub use installed::{client_name, delete_installed, installed_models, InstalledModel};
 pub use locate::{locate_model, locate_model_in};
 pub use manifest::DEFAULT_MODEL;

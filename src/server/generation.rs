@@ -18,12 +18,12 @@ use super::thinking::{Split, ThinkingSplitter};
 use super::tools::{Part, ToolCall, ToolCallSplitter};
 use super::keep_alive::KeepAlive;
 use super::{lock, ApiError, AppState, Lease, Resident};
-use crate::constrain::{ConstraintSpec, GrammarConstraint};
+use crate::constrain::{ConstraintSpec, GrammarConstraint, Grammars};
 use crate::generate::{Engine, FinishReason, GenerateRequest, TokenConstraint};
 use crate::note;
 use crate::model::SequenceState;
 use crate::sampling::SamplingParams;
-use crate::tokenizer::{ChatMessage, ChatTurn, ToolCallForm};
+use crate::tokenizer::{ChatMessage, ChatPrompt, ChatTurn, ToolCallForm};
 
 /// What the prompt is made of.
 #[derive(Clone, Debug)]
@@ -255,18 +255,19 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
     let form = model.engine.codec.tool_call_form();
     let (prompt, think, tools, wanted) = (req.prompt.clone(), req.think, req.tools.clone(), req.constraint.clone());
     // Rendering and tokenizing take a CPU and memory in proportion to the
-    // prompt: a few at a time, whatever the number of clients.
-    let working = app.prompt_work.acquire().await.map_err(|_| ApiError::internal("the server is shutting down"))?;
+    // prompt: a few at a time, whatever the number of clients. (The
+    // vocabulary's trie for a grammar is built here too, once per model.)
+    let working = app.prompt_work.acquire().await.map_err(|_| shutting_down())?;
     let prepared = tokio::task::spawn_blocking(move || {
         let prepared = (|| -> Result<_, ApiError> {
             let rendered = render_prompt(&model.engine, prompt, &tools, think, limit)?;
-            let constraint = wanted.map(|w| output_constraint(&model, &w, rendered.1)).transpose()?;
-            Ok((rendered, constraint))
+            let grammars = wanted.as_ref().map(|w| model_grammars(&model, w)).transpose()?;
+            Ok((rendered, grammars))
         })();
         (model, prepared)
     });
     let (model, prepared) = prepared.await.map_err(|e| ApiError::internal(format!("rendering the prompt failed: {e}")))?;
-    let ((prompt_ids, opens_thinking), constraint) = prepared?;
+    let ((prompt_ids, opens_thinking), grammars) = prepared?;
     drop(working);
     let prompt_len = prompt_ids.len();
     if prompt_len >= limit {
@@ -289,6 +290,13 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
             "the prompt ({prompt_len} tokens) plus the requested {max_tokens} tokens exceeds the context limit of {limit} tokens"
         )));
     }
+    let constraint = match (grammars, req.constraint) {
+        (Some(grammars), Some(wanted)) => {
+            let spec = wanted.spec.in_form(form);
+            Some(compile_grammar(app, grammars, spec, wanted.field, opens_thinking).await?)
+        }
+        _ => None,
+    };
 
     let permit = wait_turn(app).await?;
     let (sender, rx) = delivery::channel(64, app.options.timeouts.write, tokio::runtime::Handle::current());
@@ -318,23 +326,64 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
     Ok(GenerationStream { rx, splitter, tool_calls, ready: VecDeque::new(), done: None, finished: false })
 }
 
-/// The grammar for `wanted` over this model's vocabulary (the vocabulary's
-/// trie is built on the first request that asks for one); `reasoning_open`:
-/// the prompt ends inside a `<think>` block, which the output closes first.
-fn output_constraint(model: &Resident, wanted: &OutputConstraint, reasoning_open: bool) -> Result<GrammarConstraint, ApiError> {
-    let grammars = model
+/// The grammar engine over this model's vocabulary (its trie is built on
+/// the first request that asks for a grammar).
+fn model_grammars(model: &Resident, wanted: &OutputConstraint) -> Result<Arc<Grammars>, ApiError> {
+    model
         .grammars
         .get_or_init(|| {
             let engine = &model.engine;
-            crate::constrain::Grammars::load(&engine.arch().dir, engine.vocab_size(), &engine.codec.eos_ids)
-                .map(Arc::new)
-                .map_err(|e| format!("{e:#}"))
+            Grammars::load(&engine.arch().dir, engine.vocab_size(), &engine.codec.eos_ids).map(Arc::new).map_err(|e| format!("{e:#}"))
         })
-        .as_ref()
-        .map_err(|e| ApiError::bad_request(format!("'{}' cannot be followed with this model: {e}", wanted.field)))?;
-    grammars
-        .constraint_after(&wanted.spec.in_form(model.engine.codec.tool_call_form()), reasoning_open)
-        .map_err(|e| ApiError::bad_request(format!("'{}' cannot be compiled into a grammar: {e:#}", wanted.field)))
+        .clone()
+        .map_err(|e| ApiError::bad_request(format!("'{}' cannot be followed with this model: {e}", wanted.field)))
+}
+
+/// Grammars compiled at once: apart from the prompt work plain requests
+/// need, so requests with schemas never hold up those without.
+pub const GRAMMAR_WORKERS: usize = 2;
+/// How long a request waits for its grammar: for a compile slot, then for the
+/// compile (a schema within the size limit takes far less, see the README).
+pub const GRAMMAR_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Compiles `spec` (the request's `field`) on a blocking thread, at most
+/// [`GRAMMAR_WORKERS`] at once; `reasoning_open`: the prompt ends inside a
+/// `<think>` block, which the output closes first. A request that leaves, or
+/// whose grammar takes longer than [`GRAMMAR_DEADLINE`], stops waiting (the
+/// grammar engine cannot stop a compile midway: the compile runs out on its
+/// thread, holding its slot, and its result is dropped).
+async fn compile_grammar(
+    app: &AppState,
+    grammars: Arc<Grammars>,
+    spec: ConstraintSpec,
+    field: &'static str,
+    reasoning_open: bool,
+) -> Result<GrammarConstraint, ApiError> {
+    let deadline = tokio::time::Instant::now() + GRAMMAR_DEADLINE;
+    let slot = tokio::time::timeout_at(deadline, app.grammar_work.clone().acquire_owned()).await.map_err(|_| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the server is busy compiling other requests' grammars (at most {GRAMMAR_WORKERS} at once); retry later"),
+        )
+    })?;
+    let slot = slot.map_err(|_| shutting_down())?;
+    let compiled = tokio::task::spawn_blocking(move || {
+        let _slot = slot;
+        grammars.constraint_after(&spec, reasoning_open)
+    });
+    match tokio::time::timeout_at(deadline, compiled).await {
+        Ok(Ok(Ok(constraint))) => Ok(constraint),
+        Ok(Ok(Err(e))) => Err(ApiError::bad_request(format!("'{field}' cannot be compiled into a grammar: {e:#}"))),
+        Ok(Err(e)) => Err(ApiError::internal(format!("compiling '{field}' into a grammar failed: {e}"))),
+        Err(_) => Err(ApiError::bad_request(format!(
+            "'{field}' did not compile into a grammar within {} s; send a simpler schema (fewer patternProperties, patterns and alternatives)",
+            GRAMMAR_DEADLINE.as_secs()
+        ))),
+    }
+}
+
+fn shutting_down() -> ApiError {
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down; the request was not answered")
 }
 
 /// Waits for the generation slot in FIFO order, or refuses when the queue is full.
@@ -350,7 +399,7 @@ async fn wait_turn(app: &Arc<AppState>) -> Result<OwnedSemaphorePermit, ApiError
             format!("the server is busy: {} requests are already waiting (--queue); retry later", app.options.queue),
         ));
     }
-    app.turn.clone().acquire_owned().await.map_err(|_| ApiError::internal("the server is shutting down"))
+    app.turn.clone().acquire_owned().await.map_err(|_| shutting_down())
 }
 
 /// Turns the prompt into token ids; also says whether the rendered prompt
@@ -363,7 +412,7 @@ fn render_prompt(
     limit: usize,
 ) -> Result<(Vec<u32>, bool), ApiError> {
     let codec = &engine.codec;
-    let template = |messages: &[ChatTurn]| -> Result<String, ApiError> {
+    let template = |messages: &[ChatTurn]| -> Result<ChatPrompt, ApiError> {
         if think == Some(true) && !codec.chat_template().is_some_and(|t| t.contains("enable_thinking")) {
             return Err(ApiError::bad_request(
                 "this model does not support thinking: its chat template has no enable_thinking switch",
@@ -379,12 +428,12 @@ fn render_prompt(
                 ))
             }
         }
-        codec.render_chat(messages, tools, true, think).map_err(|e| ApiError::bad_request(format!("{e:#}")))
+        codec.chat_prompt(messages, tools, true, think).map_err(|e| ApiError::bad_request(format!("{e:#}")))
     };
     // The rendered text (tools and tool calls included, which the check on
     // the request's messages does not count) is judged by its size before
     // any of it is tokenized.
-    let encode = |text: &str| {
+    let check_size = |text: &str| {
         let fewest = codec.fewest_tokens(text.len());
         if fewest >= limit {
             return Err(ApiError::bad_request(format!(
@@ -392,7 +441,16 @@ fn render_prompt(
                  generate within the context limit of {limit} tokens"
             )));
         }
-        codec.encode(text, false).map_err(|e| ApiError::bad_request(format!("{e:#}")))
+        Ok(())
+    };
+    let tokenizing = |e: anyhow::Error| ApiError::bad_request(format!("{e:#}"));
+    // Control tokens come from the chat template only: client text in it is
+    // tokenized as plain text. A raw prompt is the client's own template
+    // (its special tokens' text are control tokens, as Ollama reads it).
+    let chat = |messages: &[ChatTurn]| -> Result<(Vec<u32>, String), ApiError> {
+        let prompt = template(messages)?;
+        check_size(&prompt.text)?;
+        Ok((codec.encode_prompt(&prompt).map_err(tokenizing)?, prompt.text))
     };
     // `templated`: the chat template wrote the text (a raw prompt that ends
     // in `<think>` is the client's own, its output plain text).
@@ -403,23 +461,24 @@ fn render_prompt(
                     "this model has no chat template; use /api/generate with \"raw\": true or /v1/completions",
                 ));
             }
-            let text = template(&messages)?;
-            (encode(&text)?, text, true)
+            let (ids, text) = chat(&messages)?;
+            (ids, text, true)
         }
         PromptInput::Text { text, system, raw, context } => {
             let templated = !raw && codec.has_chat_template();
-            let text = if !templated {
-                text
+            let (encoded, text) = if !templated {
+                check_size(&text)?;
+                (codec.encode(&text, false).map_err(tokenizing)?, text)
             } else {
                 let mut messages = Vec::new();
                 if let Some(s) = system.filter(|s| !s.is_empty()) {
                     messages.push(ChatTurn::from(ChatMessage { role: "system".into(), content: s }));
                 }
                 messages.push(ChatTurn::from(ChatMessage { role: "user".into(), content: text }));
-                template(&messages)?
+                chat(&messages)?
             };
             let mut ids = context;
-            ids.extend(encode(&text)?);
+            ids.extend(encoded);
             (ids, text, templated)
         }
         PromptInput::Ids(ids) => (ids, String::new(), false),

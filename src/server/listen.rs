@@ -145,12 +145,29 @@ pub(super) async fn read_body_within(State(timeout): State<Duration>, req: Reque
     let (parts, body) = req.into_parts();
     match tokio::time::timeout(timeout, axum::body::to_bytes(body, MAX_BODY_BYTES)).await {
         Ok(Ok(bytes)) => next.run(Request::from_parts(parts, axum::body::Body::from(bytes))).await,
-        Ok(Err(e)) => error_for_path(&path, ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("reading the request body: {e}"))),
+        Ok(Err(e)) if over_the_limit(&e) => error_for_path(
+            &path,
+            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("the request body is over {MAX_BODY_BYTES} bytes, the most this server reads")),
+        ),
+        // A body that breaks off or is badly chunked.
+        Ok(Err(e)) => error_for_path(&path, ApiError::bad_request(format!("reading the request body: {e}: send a whole body"))),
         Err(_) => error_for_path(
             &path,
             ApiError::new(StatusCode::REQUEST_TIMEOUT, format!("the request body did not arrive within {timeout:?}")),
         ),
     }
+}
+
+/// Whether reading a body failed for its size (not for being malformed).
+fn over_the_limit(e: &axum::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if c.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// A connection whose writes fail once one has waited longer than `limit`

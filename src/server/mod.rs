@@ -130,6 +130,8 @@ pub struct AppState {
     stopping: AtomicBool,
     /// Prompts being rendered and tokenized at once (see `PROMPT_WORKERS`).
     prompt_work: Semaphore,
+    /// Grammars being compiled at once (see `generation::GRAMMAR_WORKERS`).
+    grammar_work: Arc<Semaphore>,
     /// Pulls in progress, by the repository they write into.
     pulls: Arc<pull::PullsInProgress>,
 }
@@ -157,6 +159,7 @@ impl AppState {
             waiting: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
             prompt_work: Semaphore::new(PROMPT_WORKERS),
+            grammar_work: Arc::new(Semaphore::new(generation::GRAMMAR_WORKERS)),
             pulls: Arc::new(pull::PullsInProgress::default()),
         }))
     }
@@ -439,6 +442,30 @@ fn parse_body_parts<A: serde::de::DeserializeOwned, B: serde::de::DeserializeOwn
     let first: A = parse_body(Ok(bytes.clone()))?;
     let second = from_json(&bytes)?;
     Ok((first, second))
+}
+
+/// A field a request may make large (a schema, a tool list), kept as its
+/// JSON text until its size is checked: parsed, a schema takes some 50 times
+/// its size in memory (a 22 MB `format` of 700,000 properties took 1.2 GB).
+type RawJson = Option<Box<serde_json::value::RawValue>>;
+
+/// The most JSON text of a schema field (`format`, `response_format`) read:
+/// twice what its grammar may hold, for the blanks of pretty-printed JSON.
+const MAX_SCHEMA_FIELD_BYTES: usize = 2 * crate::constrain::MAX_SCHEMA_BYTES;
+/// The most JSON text of `tools` read (their descriptions go to the template).
+const MAX_TOOLS_FIELD_BYTES: usize = 4 * crate::constrain::MAX_SCHEMA_BYTES;
+
+/// Parses `raw`, the request's `field`, when it is at most `limit` bytes.
+fn bounded_json(raw: RawJson, field: &str, limit: usize) -> Result<Option<serde_json::Value>, ApiError> {
+    let Some(raw) = raw else { return Ok(None) };
+    let text = raw.get();
+    if text.len() > limit {
+        return Err(ApiError::bad_request(format!(
+            "'{field}' is {} bytes of JSON; the most this server reads is {limit} bytes",
+            text.len()
+        )));
+    }
+    serde_json::from_str(text).map_err(|e| ApiError::bad_request(format!("'{field}' is not valid JSON: {e}")))
 }
 
 fn is_blank(b: &[u8]) -> bool {

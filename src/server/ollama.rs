@@ -17,8 +17,8 @@ use super::keep_alive::KeepAlive;
 use super::model_info::rfc3339;
 use super::tools::{self, ToolCall, ToolChoice};
 use super::{
-    parse_body, start_generation, stream_body, streaming, ApiError, AppState, Event, GenerationRequest, OutputConstraint, PromptInput,
-    Summary,
+    bounded_json, parse_body, start_generation, stream_body, streaming, ApiError, AppState, Event, GenerationRequest, OutputConstraint, PromptInput,
+    RawJson, Summary, MAX_SCHEMA_FIELD_BYTES, MAX_TOOLS_FIELD_BYTES,
 };
 use crate::constrain::ConstraintSpec;
 use crate::generate::FinishReason;
@@ -193,7 +193,7 @@ struct GenerateBody {
     prompt: String,
     suffix: Option<String>,
     images: Option<Value>,
-    format: Option<Value>,
+    format: RawJson,
     options: Option<Options>,
     system: Option<String>,
     template: Option<String>,
@@ -225,8 +225,8 @@ struct ChatBody {
     model: String,
     #[serde(default)]
     messages: Vec<Message>,
-    tools: Option<Value>,
-    format: Option<Value>,
+    tools: RawJson,
+    format: RawJson,
     options: Option<Options>,
     stream: Option<bool>,
     think: Option<Value>,
@@ -332,7 +332,7 @@ fn ollama_call(call: &ToolCall, index: usize) -> Value {
 pub async fn generate(State(app): State<Arc<AppState>>, body: Body) -> Reply {
     let b: GenerateBody = parse_body(body)?;
     refuse_unsupported(&b.images, b.logprobs)?;
-    let format = parse_format(b.format)?;
+    let format = parse_format(bounded_json(b.format, "format", MAX_SCHEMA_FIELD_BYTES)?)?;
     if b.template.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::unsupported("custom prompt templates ('template')").into());
     }
@@ -391,8 +391,8 @@ pub async fn generate(State(app): State<Arc<AppState>>, body: Body) -> Reply {
 pub async fn chat(State(app): State<Arc<AppState>>, body: Body) -> Reply {
     let b: ChatBody = parse_body(body)?;
     refuse_unsupported(&None, b.logprobs)?;
-    let format = parse_format(b.format)?;
-    let tools = tools::parse_tools(b.tools)?;
+    let format = parse_format(bounded_json(b.format, "format", MAX_SCHEMA_FIELD_BYTES)?)?;
+    let tools = tools::parse_tools(bounded_json(b.tools, "tools", MAX_TOOLS_FIELD_BYTES)?)?;
     if format.is_some() && !tools.specs.is_empty() {
         return Err(ApiError::bad_request("'format' together with 'tools' is not supported; send one or the other").into());
     }

@@ -18,8 +18,8 @@ use super::error::{json_response, OpenAiError};
 use super::ollama::{is_present, StringOrList};
 use super::tools::{self, ToolCall};
 use super::{
-    parse_body_parts, start_generation, stream_body, streaming, ApiError, AppState, Event, GenerationRequest, OutputConstraint, PromptInput,
-    Summary,
+    bounded_json, parse_body_parts, start_generation, stream_body, streaming, ApiError, AppState, Event, GenerationRequest, OutputConstraint,
+    PromptInput, RawJson, Summary, MAX_SCHEMA_FIELD_BYTES, MAX_TOOLS_FIELD_BYTES,
 };
 use crate::constrain::ConstraintSpec;
 use crate::generate::FinishReason;
@@ -65,12 +65,12 @@ struct ChatBody {
     max_completion_tokens: Option<i64>,
     logprobs: Option<bool>,
     top_logprobs: Option<i64>,
-    tools: Option<Value>,
+    tools: RawJson,
     tool_choice: Option<Value>,
     parallel_tool_calls: Option<bool>,
     functions: Option<Value>,
     function_call: Option<Value>,
-    response_format: Option<Value>,
+    response_format: RawJson,
     reasoning_effort: Option<String>,
     modalities: Option<Value>,
     audio: Option<Value>,
@@ -358,12 +358,12 @@ pub async fn chat_completions(State(app): State<Arc<AppState>>, body: Body) -> R
     if is_present(&b.functions) || is_present(&b.function_call) {
         return Err(ApiError::unsupported("legacy functions ('functions', 'function_call'); send 'tools'").into());
     }
-    let tools = tools::parse_tools(b.tools.take())?;
+    let tools = tools::parse_tools(bounded_json(b.tools.take(), "tools", MAX_TOOLS_FIELD_BYTES)?)?;
     let choice = tools::parse_tool_choice(b.tool_choice.take(), &tools)?;
     if b.logprobs == Some(true) || b.top_logprobs.is_some() {
         return Err(ApiError::unsupported("logprobs").into());
     }
-    let format = parse_response_format(b.response_format.take())?;
+    let format = parse_response_format(bounded_json(b.response_format.take(), "response_format", MAX_SCHEMA_FIELD_BYTES)?)?;
     let calls = tools::tool_constraint(&tools, &choice, b.parallel_tool_calls.unwrap_or(true));
     if calls.is_some() && format.is_some() {
         return Err(ApiError::bad_request("'response_format' together with 'tools' is not supported; send one or the other").into());

@@ -28,6 +28,10 @@ type Reply = Result<Response, OllamaError>;
 /// Pulls that may run at once (each uses its own connections and a thread).
 pub const MAX_PULLS: usize = 2;
 
+/// The longest name a pull may ask for (the hub's repository names are 96
+/// characters at most; a revision adds a few dozen).
+const MAX_NAME_BYTES: usize = 256;
+
 /// The repositories being pulled into.
 #[derive(Default)]
 pub struct PullsInProgress(Mutex<HashSet<String>>);
@@ -71,6 +75,12 @@ impl PullsInProgress {
 fn pull_spec(requested: &str) -> Result<String, ApiError> {
     let requested = requested.trim();
     let requested = requested.strip_suffix(":latest").unwrap_or(requested);
+    if requested.len() > MAX_NAME_BYTES {
+        return Err(ApiError::bad_request(format!(
+            "'model' is {} bytes long; a model name or Hugging Face repository (ORG/NAME[@REVISION]) is at most {MAX_NAME_BYTES}",
+            requested.len()
+        )));
+    }
     if requested.is_empty() {
         return Err(ApiError::bad_request("'model' is required: a known model name or a Hugging Face repository, ORG/NAME"));
     }
@@ -92,7 +102,7 @@ fn repo_of(spec: &str) -> String {
 /// Turns pull events into Ollama's progress objects on a channel; never
 /// blocks the download threads (a client that reads slowly misses some
 /// intermediate counts, never the end).
-struct ProgressLines(mpsc::Sender<Value>);
+struct ProgressLines(mpsc::Sender<Value>, Arc<AppState>);
 
 impl PullObserver for ProgressLines {
     fn event(&self, event: PullEvent) {
@@ -107,11 +117,16 @@ impl PullObserver for ProgressLines {
     }
 
     /// The client has gone once nobody reads the lines: a streamed response
-    /// whose connection closed, or a waiting handler that was dropped.
+    /// whose connection closed, or a waiting handler that was dropped. A
+    /// shutdown stops the pull too (its partial files stay, to resume from).
     fn cancelled(&self) -> bool {
-        self.0.is_closed()
+        self.0.is_closed() || self.1.stopping()
     }
 }
+
+/// The HTTP status a failed pull's last line carries to the handler (left
+/// out of the streamed lines).
+const STATUS_KEY: &str = "http_status";
 
 #[derive(Deserialize)]
 struct PullBody {
@@ -129,11 +144,12 @@ pub async fn pull(State(app): State<Arc<AppState>>, body: Result<Bytes, BytesRej
     let repo = repo_of(&spec);
     let slot = app.pulls.start(&repo)?;
     let (tx, mut rx) = mpsc::channel::<Value>(256);
+    let stopping = app.clone();
     std::thread::Builder::new()
         .name(format!("pull {repo}"))
         .spawn(move || {
             note!("pulling {spec}");
-            let observer = Arc::new(ProgressLines(tx.clone()));
+            let observer = Arc::new(ProgressLines(tx.clone(), stopping.clone()));
             let last = match crate::pull::pull_model(&source, &spec, observer) {
                 Ok(dir) => {
                     note!("pulled {spec} into {}", dir.display());
@@ -141,7 +157,19 @@ pub async fn pull(State(app): State<Arc<AppState>>, body: Result<Bytes, BytesRej
                 }
                 Err(e) => {
                     note!("pulling {spec} failed: {e:#}");
-                    json!({"error": format!("pulling {spec}: {e:#}")})
+                    // The hub's refusal is the client's error (no such
+                    // repository, or a gated one); anything else the server's.
+                    let status = match e.downcast_ref::<crate::pull::HubRefused>().map(|r| r.status) {
+                        _ if stopping.stopping() => StatusCode::SERVICE_UNAVAILABLE.as_u16(),
+                        Some(404) => StatusCode::NOT_FOUND.as_u16(),
+                        Some(_) => StatusCode::FORBIDDEN.as_u16(),
+                        None => StatusCode::INTERNAL_SERVER_ERROR.as_u16(),
+                    };
+                    let error = match stopping.stopping() {
+                        true => format!("pulling {spec} stopped: the server is shutting down (the next pull resumes it)"),
+                        false => format!("pulling {spec}: {e:#}"),
+                    };
+                    json!({"error": error, STATUS_KEY: status})
                 }
             };
             // The pull has ended before its client hears so: a delete sent
@@ -152,7 +180,10 @@ pub async fn pull(State(app): State<Arc<AppState>>, body: Result<Bytes, BytesRej
         .map_err(|e| ApiError::internal(format!("starting the pull: {e}")))?;
     if streaming(b.stream, true) {
         let lines = futures_util::stream::unfold(rx, |mut rx| async move {
-            let line = rx.recv().await?;
+            let mut line = rx.recv().await?;
+            if let Some(fields) = line.as_object_mut() {
+                fields.remove(STATUS_KEY);
+            }
             Some((Bytes::from(format!("{line}\n")), rx))
         });
         return Ok((StatusCode::OK, [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")], stream_body(lines))
@@ -163,7 +194,8 @@ pub async fn pull(State(app): State<Arc<AppState>>, body: Result<Bytes, BytesRej
             return Ok(json_response(StatusCode::OK, &line));
         }
         if let Some(error) = line.get("error").and_then(Value::as_str) {
-            return Err(ApiError::internal(error.to_string()).into());
+            let status = line.get(STATUS_KEY).and_then(Value::as_u64).and_then(|s| StatusCode::from_u16(s as u16).ok());
+            return Err(ApiError::new(status.unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), error.to_string()).into());
         }
     }
     Err(ApiError::internal("the pull stopped without a result").into())
@@ -232,6 +264,10 @@ mod tests {
             assert_eq!(error.status, StatusCode::BAD_REQUEST, "{bad}");
         }
         assert_eq!(repo_of("hf:org/name@v1"), "org/name");
+        let long = format!("org/{}", "n".repeat(10_000));
+        let error = pull_spec(&long).expect_err("a name longer than any file name");
+        assert_eq!(error.status, StatusCode::BAD_REQUEST);
+        assert!(error.message.contains("at most 256"), "{}", error.message);
     }
 
     #[test]

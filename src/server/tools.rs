@@ -21,6 +21,10 @@ pub struct Tools {
     pub specs: Vec<ToolSpec>,
 }
 
+/// The most tools one request may give (their schemas together are bounded
+/// too: `crate::constrain::MAX_SCHEMA_BYTES`).
+pub const MAX_TOOLS: usize = 128;
+
 /// Reads `tools` (`[{"type": "function", "function": {"name", "description",
 /// "parameters"}}]`, the same in both APIs).
 pub fn parse_tools(v: Option<Value>) -> Result<Tools, ApiError> {
@@ -29,6 +33,12 @@ pub fn parse_tools(v: Option<Value>) -> Result<Tools, ApiError> {
         Some(Value::Array(list)) => list,
         Some(_) => return Err(ApiError::bad_request("'tools' must be a list of {\"type\": \"function\", \"function\": {...}} objects")),
     };
+    if list.len() > MAX_TOOLS {
+        return Err(ApiError::bad_request(format!(
+            "'tools' lists {} tools; the most a request may give is {MAX_TOOLS} (as OpenAI's API allows)",
+            list.len()
+        )));
+    }
     let mut tools = Tools::default();
     for (i, tool) in list.into_iter().enumerate() {
         let kind = tool.get("type").and_then(Value::as_str).unwrap_or("function");
@@ -45,18 +55,26 @@ pub fn parse_tools(v: Option<Value>) -> Result<Tools, ApiError> {
         if tools.specs.iter().any(|t| t.name == name) {
             return Err(ApiError::bad_request(format!("tools[{i}].function.name '{name}' is given twice")));
         }
+        // A call's arguments are an object: its schema is an object's.
         let parameters = match function.get("parameters") {
             None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
-            Some(p @ Value::Object(o)) if o.get("type").is_none_or(|t| t.is_string() || t.is_array()) => p.clone(),
-            Some(_) => {
+            Some(p @ Value::Object(o)) if o.get("type").is_none_or(|t| t == "object") => p.clone(),
+            Some(p) => {
+                let what = if p.is_object() { "a schema of something other than an object" } else { "not a JSON schema" };
                 return Err(ApiError::bad_request(format!(
-                    "tools[{i}].function.parameters is not a JSON schema: give an object such as {{\"type\": \"object\", \"properties\": {{...}}}}"
-                )))
+                    "tools[{i}].function.parameters is {what}: a call's arguments are an object, so give an object schema \
+                     such as {{\"type\": \"object\", \"properties\": {{...}}}}"
+                )));
             }
         };
         let mut function = function.clone();
         function.insert("parameters".into(), parameters.clone());
         tools.wire.push(json!({"type": "function", "function": function}));
+        // Without a `type` the schema still describes the arguments' object.
+        let mut parameters = parameters;
+        if let Some(schema) = parameters.as_object_mut() {
+            schema.entry("type").or_insert_with(|| "object".into());
+        }
         tools.specs.push(ToolSpec { name, parameters });
     }
     Ok(tools)
@@ -252,6 +270,8 @@ pub struct ToolCallSplitter {
     syntax: CallSyntax,
     pending: String,
     inside: bool,
+    /// Where in `pending` to look for the call's closing tag.
+    close_from: usize,
     /// Blank text waiting to learn whether a call or more text follows.
     blank: String,
     saw_call: bool,
@@ -268,6 +288,15 @@ impl ToolCallSplitter {
         ToolCallSplitter { syntax, ..ToolCallSplitter::default() }
     }
 
+    /// Whether a call's body that does not parse is one cut at a closing tag
+    /// it holds (so the call goes on), not a broken one.
+    fn unfinished(&self, body: &str) -> bool {
+        match &self.syntax {
+            CallSyntax::Json => serde_json::from_str::<Value>(body).is_err_and(|e| e.is_eof()),
+            CallSyntax::Xml(_) => !body.trim_end().ends_with("</function>"),
+        }
+    }
+
     fn parse(&self, body: &str) -> Option<ToolCall> {
         match &self.syntax {
             CallSyntax::Json => ToolCall::parse(body),
@@ -280,11 +309,29 @@ impl ToolCallSplitter {
         let mut out = Vec::new();
         loop {
             if self.inside {
-                let Some(at) = self.pending.find(TOOL_CALL_CLOSE) else { return out };
-                let body = self.pending[..at].to_string();
+                // A closing tag inside the call (in a string of its
+                // arguments, or its tool's name) does not end it: the call
+                // ends at the first closing tag after a whole call.
+                let Some(at) = self.pending[self.close_from..].find(TOOL_CALL_CLOSE).map(|i| i + self.close_from) else {
+                    // A tag split between pieces is found whole next time.
+                    let mut from = self.pending.len().saturating_sub(TOOL_CALL_CLOSE.len() - 1).max(self.close_from);
+                    while !self.pending.is_char_boundary(from) {
+                        from -= 1;
+                    }
+                    self.close_from = from;
+                    return out;
+                };
+                let body = &self.pending[..at];
+                let call = self.parse(body);
+                if call.is_none() && self.unfinished(body) {
+                    self.close_from = at + TOOL_CALL_CLOSE.len();
+                    continue;
+                }
+                let body = body.to_string();
                 self.pending.drain(..at + TOOL_CALL_CLOSE.len());
                 self.inside = false;
-                match self.parse(&body) {
+                self.close_from = 0;
+                match call {
                     Some(call) => {
                         self.blank.clear();
                         self.saw_call = true;
@@ -316,12 +363,14 @@ impl ToolCallSplitter {
         let mut rest = std::mem::take(&mut self.pending);
         if cut && (self.inside || !rest.is_empty()) {
             self.inside = false;
+            self.close_from = 0;
             self.blank.clear();
             return out;
         }
         if self.inside {
             rest.insert_str(0, TOOL_CALL_OPEN);
             self.inside = false;
+            self.close_from = 0;
         }
         self.text(rest, &mut out);
         if !self.saw_call && !self.blank.is_empty() {
@@ -433,6 +482,31 @@ mod tests {
     }
 
     #[test]
+    fn a_closing_tag_inside_a_call_does_not_cut_it() {
+        let tools = parse_tools(Some(json!([{"type": "function", "function": {"name": "a</tool_call>b", "parameters": {"type": "object",
+            "properties": {"s": {"const": "</tool_call>"}}}}}])))
+        .expect("valid tools");
+        let text = "<tool_call>\n{\"name\": \"a</tool_call>b\", \"arguments\": {\"s\": \"</tool_call>\"}}\n</tool_call> after";
+        let want = vec![
+            Part::Call(ToolCall {
+                name: "a</tool_call>b".into(),
+                arguments: json!({"s": "</tool_call>"}).as_object().cloned().unwrap_or_default(),
+                arguments_json: "{\"s\": \"</tool_call>\"}".into(),
+            }),
+            Part::Text(" after".into()),
+        ];
+        for size in [1, 3, 11, text.len()] {
+            let chars: Vec<char> = text.chars().collect();
+            let pieces: Vec<String> = chars.chunks(size).map(|c| c.iter().collect()).collect();
+            let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
+            let splitter = ToolCallSplitter::new(Some(ToolCallForm::Json), &tools.wire);
+            assert_eq!(split_with(splitter, &refs), want, "pieces of {size} characters");
+        }
+        // A broken call still becomes text at its closing tag.
+        assert_eq!(split(&["<tool_call>oops</tool_call> more"]), vec![Part::Text("<tool_call>oops</tool_call> more".into())]);
+    }
+
+    #[test]
     fn text_without_calls_passes_unchanged() {
         let got = split(&["a <tool", " b", "  "]);
         let all: String = got.iter().map(|p| if let Part::Text(t) = p { t.clone() } else { panic!("{p:?}") }).collect();
@@ -473,10 +547,21 @@ mod tests {
         .expect("valid tools");
         assert_eq!(tools.specs.len(), 2);
         assert_eq!(tools.specs[1].parameters, json!({"type": "object", "properties": {}}));
+        let many: Vec<Value> = (0..=MAX_TOOLS).map(|i| json!({"type": "function", "function": {"name": format!("f{i}")}})).collect();
+        let bad = parse_tools(Some(Value::Array(many))).expect_err("too many tools");
+        assert!(bad.message.contains("lists 129 tools; the most a request may give is 128"), "{}", bad.message);
         let bad = parse_tools(Some(json!([{"type": "function", "function": {"name": "f", "parameters": "x"}}]))).expect_err("a string is no schema");
         assert!(bad.message.contains("tools[0].function.parameters is not a JSON schema"), "{}", bad.message);
         let bad = parse_tools(Some(json!([{"type": "function", "function": {"name": "f", "parameters": {"type": 3}}}]))).expect_err("type 3");
-        assert!(bad.message.contains("not a JSON schema"), "{}", bad.message);
+        assert!(bad.message.contains("a schema of something other than an object"), "{}", bad.message);
+        for not_object in [json!({"type": "string"}), json!({"type": ["object", "null"]}), json!({"type": "array", "items": {}})] {
+            let bad = parse_tools(Some(json!([{"type": "function", "function": {"name": "f", "parameters": not_object}}])))
+                .expect_err("arguments that are no object");
+            assert!(bad.message.contains("a call's arguments are an object"), "{}", bad.message);
+        }
+        let untyped = parse_tools(Some(json!([{"type": "function", "function": {"name": "f", "parameters": {"properties": {}}}}])))
+            .expect("a schema without a type");
+        assert_eq!(untyped.specs[0].parameters["type"], "object", "the grammar holds the arguments to an object");
         let unknown = parse_tool_choice(Some(json!({"type": "function", "function": {"name": "h"}})), &tools).expect_err("unknown");
         assert!(unknown.message.contains("'h', which is not in 'tools'"), "{}", unknown.message);
         assert_eq!(parse_tool_choice(Some(json!("required")), &tools).expect("required"), ToolChoice::Required);

@@ -75,6 +75,9 @@ pub struct Faults {
     pub truncate: Option<(String, usize)>,
     /// Per-connection throttle.
     pub bytes_per_second: Option<u64>,
+    /// Redirect LFS files to the storage listener on another port of the
+    /// hub's own host (127.0.0.1), not to `localhost`.
+    pub storage_on_another_port: bool,
 }
 
 #[derive(Default)]
@@ -111,15 +114,19 @@ impl HubServer {
         let listener = TcpListener::bind("127.0.0.1:0").expect("binding the test hub server");
         let port = listener.local_addr().expect("test server address").port();
         let state = Arc::new(Mutex::new(State { files, faults: Faults::default(), log: Log::default(), downloads_in_flight: 0, generation: 0 }));
-        let shared = Arc::clone(&state);
-        thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
-                let state = Arc::clone(&shared);
-                thread::spawn(move || {
-                    let _ = handle(stream, &state, port);
-                });
-            }
-        });
+        let storage = TcpListener::bind("127.0.0.1:0").expect("binding the test storage server");
+        let storage_port = storage.local_addr().expect("test storage address").port();
+        for listener in [listener, storage] {
+            let shared = Arc::clone(&state);
+            thread::spawn(move || {
+                for stream in listener.incoming().flatten() {
+                    let state = Arc::clone(&shared);
+                    thread::spawn(move || {
+                        let _ = handle(stream, &state, port, storage_port);
+                    });
+                }
+            });
+        }
         HubServer { port, state }
     }
 
@@ -212,7 +219,7 @@ fn reason(status: u16) -> &'static str {
     }
 }
 
-fn handle(mut stream: TcpStream, state: &Mutex<State>, port: u16) -> std::io::Result<()> {
+fn handle(mut stream: TcpStream, state: &Mutex<State>, port: u16, storage_port: u16) -> std::io::Result<()> {
     let request = read_request(&stream)?;
     let path = request.path.clone();
     let authorized = request.headers.get("authorization").map(String::as_str) == Some(&format!("Bearer {TOKEN}"));
@@ -255,7 +262,10 @@ fn handle(mut stream: TcpStream, state: &Mutex<State>, port: u16) -> std::io::Re
                 ("X-Linked-Etag", format!("\"{blob}\"")),
                 ("X-Linked-Size", file.content.len().to_string()),
                 ("ETag", "\"0000000000000000000000000000000000000000\"".into()),
-                ("Location", format!("http://localhost:{port}/storage/{blob}")),
+                ("Location", match lock(state).faults.storage_on_another_port {
+                    true => format!("http://127.0.0.1:{storage_port}/storage/{blob}"),
+                    false => format!("http://localhost:{port}/storage/{blob}"),
+                }),
             ];
             return respond(&mut stream, 302, &headers, b"");
         }
