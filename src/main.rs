@@ -459,19 +459,8 @@ impl DoctorArgs {
 }
 
 fn main() -> ExitCode {
-    process::tune_allocator();
-    // A chat template's renderer: a child of this program (see `tokenizer`).
-    if std::env::args_os().nth(1).is_some_and(|a| a == slotstream::tokenizer::TEMPLATE_RENDERER_ARG) {
-        return slotstream::tokenizer::template_renderer_main();
-    }
-    process::ensure_runtime_dir();
-    // Chat templates come with models, which a client may pull: each renders
-    // in a child process whose memory is bounded.
-    // (Linux's /proc/self/exe runs this program even once an upgrade has replaced its file.)
-    let exe = if cfg!(target_os = "linux") { Ok(std::path::PathBuf::from("/proc/self/exe")) } else { std::env::current_exe() };
-    if let Ok(exe) = exe {
-        slotstream::tokenizer::isolate_chat_templates(exe);
-    }
+    // A chat template's renderer (a child of this program) ends there.
+    if let Some(code) = process::start() { return code; }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run(args),

@@ -102,3 +102,38 @@ pub fn ensure_runtime_dir() {
 pub fn clear_interrupt() {
     INTERRUPTED.store(false, std::sync::atomic::Ordering::SeqCst);
 }
+
+/// What the command line does first, before any thread starts: the
+/// allocator's settings, then either this process is a chat template's
+/// renderer (the exit code to return), or the runtime directory is set and
+/// chat templates render in child processes from now on (`None`).
+pub fn start() -> Option<std::process::ExitCode> {
+    tune_allocator();
+    if let Some(code) = run_as_template_renderer() {
+        return Some(code);
+    }
+    ensure_runtime_dir();
+    isolate_chat_templates();
+    None
+}
+
+/// Runs this process as a chat template's renderer when its first argument
+/// asks for one ([`crate::tokenizer::TEMPLATE_RENDERER_ARG`]): the exit code
+/// to return, or `None` for every other command.
+pub fn run_as_template_renderer() -> Option<std::process::ExitCode> {
+    std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == crate::tokenizer::TEMPLATE_RENDERER_ARG)
+        .then(crate::tokenizer::template_renderer_main)
+}
+
+/// Chat templates come with models, which a client may pull: from now on
+/// each renders in a child process of this program whose memory is bounded
+/// (Linux's /proc/self/exe runs this program even once an upgrade has
+/// replaced its file).
+pub fn isolate_chat_templates() {
+    let exe = if cfg!(target_os = "linux") { Ok(std::path::PathBuf::from("/proc/self/exe")) } else { std::env::current_exe() };
+    if let Ok(exe) = exe {
+        crate::tokenizer::isolate_chat_templates(exe);
+    }
+}
