@@ -192,7 +192,9 @@ fn metadata_endpoints_describe_the_model() {
     let root = s.get("/");
     assert_eq!((root.status, root.text().as_str()), (200, "Ollama is running"));
     assert_eq!(s.request("HEAD", "/", &[], b"").status, 200);
-    assert!(s.get("/api/version").json()["version"].is_string());
+    let version = s.get("/api/version").json()["version"].as_str().map(String::from).expect("a version string");
+    let parts: Vec<u32> = version.split('.').map(|p| p.parse().expect("a number")).collect();
+    assert!(parts >= vec![0, 13, 4], "Codex CLI refuses Ollama below 0.13.4; we say {version}");
     let tags = s.get("/api/tags").json();
     assert_eq!(tags["models"][0]["name"], MODEL);
     assert_eq!(tags["models"][0]["details"]["family"], "qwen3_moe");
@@ -301,13 +303,16 @@ fn unsupported_features_and_bad_requests_answer_400() {
         ("/api/chat", json!({"model": MODEL, "messages": msgs, "options": {"temperature": "hot"}}), "invalid"),
         ("/api/generate", json!({"model": MODEL, "prompt": "word ".repeat(400)}), "context"),
         ("/v1/chat/completions", json!({"model": MODEL, "messages": msgs, "max_tokens": 1000}), "context"),
-        ("/api/chat", json!({"model": MODEL, "messages": msgs, "options": {"num_ctx": 100000}}), "max-context"),
+        // A num_ctx above the server's maximum is capped to it, as Ollama does.
+        ("/api/chat", json!({"model": MODEL, "messages": msgs, "options": {"num_ctx": 1_000_000, "num_predict": 1000}}), "context limit of 256"),
     ];
     for (path, body, needle) in cases {
         let r = s.post(path, &body);
         assert_eq!(r.status, 400, "{path} {body}: {}", r.text());
         assert!(r.error().contains(needle), "{path}: error {:?} should mention {needle:?}", r.error());
     }
+    let capped = s.post("/api/chat", &json!({"model": MODEL, "messages": msgs, "stream": false, "options": {"num_ctx": 1_000_000, "num_predict": 2}}));
+    assert_eq!(capped.status, 200, "num_ctx 1,000,000 is served within --max-context: {}", capped.text());
     let malformed = s.request("POST", "/api/chat", &[], b"{\"model\": ");
     assert_eq!(malformed.status, 400);
     assert!(malformed.error().contains("invalid JSON"));

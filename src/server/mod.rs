@@ -1,9 +1,9 @@
-//! `slotstream serve`: the Ollama and OpenAI HTTP APIs over every installed
-//! model.
+//! `slotstream serve`: the Ollama, OpenAI (chat, completions, Responses) and
+//! Anthropic (Messages) HTTP APIs over every installed model.
 //!
-//! `ollama.rs` and `openai.rs` translate their wire formats into one
-//! [`GenerationRequest`]; [`start_generation`] is the single entry point both
-//! call. It finds the model in the catalog (`catalog.rs`: `--model`
+//! `ollama.rs`, `openai.rs`, `responses.rs` and `anthropic.rs` translate
+//! their wire formats into one [`GenerationRequest`]; [`start_generation`] is
+//! the single entry point they all call. It finds the model in the catalog (`catalog.rs`: `--model`
 //! directories and pulled models), takes a lease on it (`residency.rs`: loaded
 //! on first use, unloaded after its keep-alive or for another model's memory),
 //! renders and tokenizes the prompt, checks it against the context limit,
@@ -14,10 +14,12 @@
 //! earlier request already fed. `/api/pull` and `/api/delete` (`pull.rs`)
 //! manage the pulled models.
 
+mod anthropic;
 mod catalog;
 mod delivery;
 mod elastic;
 mod error;
+mod event_stream;
 mod generation;
 mod guard;
 mod keep_alive;
@@ -31,6 +33,7 @@ mod prefix_cache;
 mod pull;
 mod request_log;
 mod residency;
+mod responses;
 mod thinking;
 mod tools;
 
@@ -52,8 +55,9 @@ use crate::note;
 
 pub use catalog::{CatalogEntry, ModelCatalog, Origin};
 pub use error::ApiError;
+use generation::count_prompt_tokens;
 pub use generation::{start_generation, Answer, Event, GenerationRequest, GenerationStream, OutputConstraint, PromptInput, Summary};
-use error::{OllamaError, OpenAiError};
+use error::{AnthropicError, OllamaError, OpenAiError};
 pub use keep_alive::{KeepAlive, DEFAULT_KEEP_ALIVE};
 pub use model_info::{MemoryReport, ModelInfo};
 pub use ollama_env::OllamaEnv;
@@ -249,7 +253,9 @@ async fn cors(State(extra): State<Arc<Vec<String>>>, req: Request, next: Next) -
 
 /// An error in the flavour of the API the path belongs to.
 fn error_for_path(path: &str, e: ApiError) -> Response {
-    if path.starts_with("/v1/") {
+    if path == "/v1/messages" || path.starts_with("/v1/messages/") {
+        AnthropicError(e).into_response()
+    } else if path.starts_with("/v1/") {
         OpenAiError(e).into_response()
     } else {
         OllamaError(e).into_response()
@@ -300,6 +306,9 @@ pub fn router(app: Arc<AppState>, bound: SocketAddr) -> Router {
         .route("/api/embeddings", any(embeddings_refused))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/models", get(openai::models))
         .route("/v1/models/{*model}", get(openai::model))
         .route("/v1/embeddings", any(embeddings_refused))

@@ -317,6 +317,7 @@ fn generation_request(
         sampling: m.sampling,
         stop: m.stop,
         think,
+        think_if_supported: false,
         tools: Vec::new(),
         parse_tool_calls: false,
         constraint,

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Real clients against a real server: builds slotstream, serves a fixture model
-# on a free port, runs the official `ollama` and `openai` Python packages
+# on a free port, runs the official `ollama`, `openai` and `anthropic` Python packages
 # (test_clients.py, which also pulls a model from a local hub-like server,
 # tiny_hub.py) and the robustness script, then stops the server. A second
 # server runs the same weights with a tool-calling chat template
-# (tests/templates/tool_calling.jinja) for tool calling and structured output (test_agents.py).
+# (tests/templates/tool_calling.jinja) for tool calling and structured output
+# (test_agents.py), and OpenAI's Responses and Anthropic's Messages APIs
+# (test_responses_messages.py).
 #
 #   tools/client_tests/run.sh [fixture]    (default: qwen3_moe_mlx4)
 set -euo pipefail
@@ -110,7 +112,8 @@ battery_url="$url" battery_server="$server"
 
 status=0
 SLOTSTREAM_URL="$plain_url" SLOTSTREAM_MODEL="$fixture" SLOTSTREAM_HUB_MODEL="org/tiny" "$venv/bin/pytest" -q "$here/test_clients.py" || status=1
-SLOTSTREAM_TOOLS_URL="$tools_url" SLOTSTREAM_MODEL="$fixture" "$venv/bin/pytest" -q "$here/test_agents.py" "$here/test_langchain.py" || status=1
+SLOTSTREAM_TOOLS_URL="$tools_url" SLOTSTREAM_MODEL="$fixture" "$venv/bin/pytest" -q "$here/test_agents.py" "$here/test_langchain.py" \
+    "$here/test_responses_messages.py" || status=1
 "$venv/bin/python" "$root/tools/robustness.py" --url "$battery_url" --model "$fixture" --queue "$queue" \
     --write-timeout 2 --header-timeout 2 --body-timeout 2 --endless-model endless --looping-model looping || status=1
 check_alive "$plain_server" "$fixture" || status=1
