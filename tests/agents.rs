@@ -903,3 +903,19 @@ fn reasoning_comes_back_in_each_api_s_own_form() {
     plain.json("/v1/messages", &json!({"model": MODEL, "max_tokens": 2, "thinking": {"type": "enabled", "budget_tokens": 1024},
                                        "messages": [{"role": "user", "content": "Hi"}]}));
 }
+
+#[test]
+fn messages_follow_an_output_schema() {
+    let dir = tool_model();
+    let s = start(dir.path());
+    let schema = json!({"type": "object", "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 120}},
+                        "required": ["age"], "additionalProperties": false});
+    let body = json!({"model": MODEL, "max_tokens": 40, "messages": [{"role": "user", "content": "How old?"}],
+                      "output_config": {"format": {"type": "json_schema", "schema": schema}}});
+    let v = s.json("/v1/messages", &body);
+    let answer: Value = serde_json::from_str(&message_text(&v)).unwrap_or_else(|e| panic!("not JSON ({e}): {v}"));
+    assert!(answer["age"].as_i64().is_some_and(|a| (0..=120).contains(&a)), "{answer}");
+    let e = s.error("/v1/messages", &json!({"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "x"}],
+        "output_config": {"format": {"type": "yaml"}}}));
+    assert!(e.contains("output_config.format must be"), "{e}");
+}

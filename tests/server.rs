@@ -595,3 +595,84 @@ fn a_prompt_surely_too_long_is_refused_by_its_size_before_tokenizing() {
     assert!(r.error().contains("judged by its size in bytes"), "{}", r.error());
     assert!(t.elapsed() < Duration::from_secs(5), "took {:?}", t.elapsed());
 }
+
+/// The value of the sample `name{labels}` in a Prometheus exposition (0 when absent).
+fn sample(text: &str, name_and_labels: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name_and_labels).and_then(|rest| rest.strip_prefix(' ')))
+        .map_or(0.0, |v| v.trim().parse().unwrap_or_else(|e| panic!("{name_and_labels}: {v:?} is no number: {e}")))
+}
+
+#[test]
+fn health_and_metrics_move_with_requests() {
+    let s = start(Setup::default());
+    assert_eq!(s.get("/health").status, 200);
+    let ready = s.get("/health/ready");
+    assert_eq!((ready.status, ready.json()["status"].as_str()), (200, Some("ready")));
+    let before = s.get("/metrics");
+    assert_eq!(before.status, 200);
+    assert!(before.header("content-type").is_some_and(|t| t.contains("openmetrics-text")), "{:?}", before.header("content-type"));
+    let model = format!("{{model_name=\"{MODEL}\"}}");
+    let (mut generated, mut prompted, mut reasons) = (0.0, 0.0, Vec::new());
+    for _ in 0..2 {
+        let r = s.post("/api/generate", &json!({"model": MODEL, "prompt": "Once upon a time", "stream": false, "options": greedy()}));
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        generated += v["eval_count"].as_f64().expect("eval_count");
+        prompted += v["prompt_eval_count"].as_f64().expect("prompt_eval_count");
+        reasons.push(v["done_reason"].as_str().expect("done_reason").to_string());
+    }
+    let text = s.get("/metrics").text();
+    assert!(text.trim_end().ends_with("# EOF"), "an OpenMetrics exposition ends with # EOF");
+    assert_eq!(sample(&text, &format!("slotstream:e2e_request_latency_seconds_count{model}")), 2.0, "{text}");
+    assert_eq!(sample(&text, &format!("slotstream:time_to_first_token_seconds_count{model}")), 2.0, "{text}");
+    assert!(sample(&text, &format!("slotstream:inter_token_latency_seconds_count{model}")) >= 2.0, "{text}");
+    assert_eq!(sample(&text, &format!("slotstream:generation_tokens_total{model}")), generated, "{text}");
+    assert_eq!(sample(&text, &format!("slotstream:prompt_tokens_total{model}")), prompted, "{text}");
+    let finished = format!("slotstream:request_success_total{{model_name=\"{MODEL}\",finished_reason=\"{}\"}}", reasons[0]);
+    assert_eq!(reasons[0], reasons[1], "greedy: the same answer twice");
+    assert_eq!(sample(&text, &finished), 2.0, "{text}");
+    assert_eq!(sample(&text, &format!("slotstream:prefix_cache_queries_total{model}")), 2.0, "{text}");
+    assert_eq!(sample(&text, &format!("slotstream:prefix_cache_hits_total{model}")), 1.0, "the second prompt is the first's: {text}");
+    assert!(sample(&text, &format!("slotstream:expert_pool_hits_total{model}")) > 0.0, "{text}");
+    assert_eq!(sample(&text, "slotstream:http_requests_total{endpoint=\"/api/generate\",status=\"200\"}"), 2.0, "{text}");
+    assert_eq!(sample(&text, &format!("slotstream:num_requests_running{model}")), 0.0, "{text}");
+    // A path no route has counts as "other", so made-up paths cannot grow the metrics.
+    assert_eq!(s.get("/no/such/path").status, 404);
+    let text = s.get("/metrics").text();
+    assert_eq!(sample(&text, "slotstream:http_requests_total{endpoint=\"other\",status=\"404\"}"), 1.0, "{text}");
+    assert!(!text.contains("/no/such/path"), "{text}");
+}
+
+/// SIGTERM's drain (`AppState::start_draining`): new generations and
+/// `/health/ready` get 503 while a running generation streams to its end.
+#[test]
+fn a_drain_refuses_new_requests_and_lets_running_ones_finish() {
+    let loader = std::sync::Arc::new(common::FixtureLoader { no_eos: true, mtp: false });
+    let catalog = ModelCatalog::new(vec![(MODEL.to_string(), fixture(MODEL))], None);
+    let app = AppState::new(catalog, loader, common::server_options(32768, 4)).expect("valid server options");
+    app.load_at_start(MODEL).expect("loading the fixture");
+    let s = Server { addr: common::serve_in_background(app.clone()) };
+    let mut running = open_stream(&s, &json!({"model": MODEL, "prompt": "Go on", "options": {"num_predict": 3000}}));
+    app.start_draining();
+    let ready = s.get("/health/ready");
+    assert_eq!(ready.status, 503, "{}", ready.text());
+    let refused = s.post("/api/generate", &json!({"model": MODEL, "prompt": "Hi", "stream": false}));
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert!(refused.error().contains("about to stop"), "{}", refused.error());
+    let refused = s.post("/v1/messages", &json!({"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}));
+    assert_eq!((refused.status, refused.json()["error"]["type"].as_str()), (503, Some("overloaded_error")), "{}", refused.text());
+    assert_eq!(s.get("/api/tags").status, 200, "metadata still answers");
+    // The connection stays open (keep-alive): read up to the final chunk.
+    let (mut rest, mut buf) = (Vec::new(), [0u8; 4096]);
+    let whole_final_line = |text: &str| text.find("\"done\":true").is_some_and(|at| text[at..].contains('\n'));
+    while !whole_final_line(&String::from_utf8_lossy(&rest)) {
+        let n = running.read(&mut buf).expect("reading the running stream");
+        assert!(n > 0, "the stream ended without its final chunk: {}", String::from_utf8_lossy(&rest));
+        rest.extend_from_slice(&buf[..n]);
+    }
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(rest.contains("\"done_reason\":\"length\""), "the running generation ends whole: {rest}");
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a runtime");
+    assert!(runtime.block_on(app.drained(Duration::from_secs(10))), "nothing runs or waits after it");
+}

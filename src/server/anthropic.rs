@@ -28,6 +28,7 @@ use super::event_stream::{sse_response, whole_answer};
 use super::ollama::StringOrList;
 use super::tools::{self, ToolChoice};
 use super::{count_prompt_tokens, parse_body, start_generation, streaming, ApiError, AppState, GenerationRequest, OutputConstraint, PromptInput};
+use crate::constrain::ConstraintSpec;
 use crate::note;
 use blocks::BlockWriter;
 use crate::sampling::SamplingParams;
@@ -57,6 +58,23 @@ struct GenerationFields {
     top_p: Option<f32>,
     top_k: Option<i64>,
     stream: Option<bool>,
+    output_config: Option<OutputConfig>,
+}
+
+#[derive(Deserialize)]
+struct OutputConfig {
+    format: Option<Value>,
+}
+
+/// `output_config.format`: `{"type": "json_schema", "schema": {...}}`.
+fn output_format(config: Option<OutputConfig>) -> Result<Option<OutputConstraint>, ApiError> {
+    let Some(format) = config.and_then(|c| c.format).filter(|f| !f.is_null()) else { return Ok(None) };
+    match (format.get("type").and_then(Value::as_str), format.get("schema")) {
+        (Some("json_schema"), Some(schema @ Value::Object(_))) => {
+            Ok(Some(OutputConstraint { spec: ConstraintSpec::JsonSchema(schema.clone()), field: "output_config.format" }))
+        }
+        _ => Err(ApiError::bad_request("output_config.format must be {\"type\": \"json_schema\", \"schema\": {...}}")),
+    }
 }
 
 #[derive(Deserialize)]
@@ -257,6 +275,8 @@ struct Prompt {
     choice: ToolChoice,
     parallel: bool,
     think: Option<bool>,
+    /// What the answer must follow (`output_config.format`), if anything.
+    format: Option<OutputConstraint>,
 }
 
 fn read_prompt(p: PromptFields) -> Result<Prompt, ApiError> {
@@ -264,7 +284,7 @@ fn read_prompt(p: PromptFields) -> Result<Prompt, ApiError> {
     let (choice, parallel) = tool_choice(p.tool_choice, &tools)?;
     let think = thinking(p.thinking)?;
     let turns = chat_turns(system_text(p.system)?, p.messages)?;
-    Ok(Prompt { model: p.model, turns, tools, choice, parallel, think })
+    Ok(Prompt { model: p.model, turns, tools, choice, parallel, think, format: None })
 }
 
 /// Anthropic's sampler: temperature 1 unless given (0 to 1), top_p and
@@ -284,6 +304,7 @@ fn sampling(g: &GenerationFields) -> Result<SamplingParams, ApiError> {
 
 fn generation_request(prompt: Prompt, max_tokens: Option<usize>, sampling: SamplingParams, stop: Vec<String>) -> GenerationRequest {
     let calls = tools::tool_constraint(&prompt.tools, &prompt.choice, prompt.parallel);
+    let format = prompt.format;
     GenerationRequest {
         model: prompt.model,
         prompt: PromptInput::Chat(prompt.turns),
@@ -295,7 +316,7 @@ fn generation_request(prompt: Prompt, max_tokens: Option<usize>, sampling: Sampl
         think_if_supported: true,
         parse_tool_calls: calls.is_some(),
         tools: prompt.tools.wire,
-        constraint: calls.map(|spec| OutputConstraint { spec, field: "tools" }),
+        constraint: calls.map(|spec| OutputConstraint { spec, field: "tools" }).or(format),
         keep_alive: None,
     }
 }
@@ -309,7 +330,11 @@ pub async fn messages(State(app): State<Arc<AppState>>, body: Result<Bytes, Byte
     };
     let sampling = sampling(&g)?;
     let stop = g.stop_sequences.map(StringOrList::into_vec).unwrap_or_default();
-    let prompt = read_prompt(p)?;
+    let mut prompt = read_prompt(p)?;
+    prompt.format = output_format(g.output_config)?;
+    if prompt.format.is_some() && tools::tool_constraint(&prompt.tools, &prompt.choice, prompt.parallel).is_some() {
+        return Err(ApiError::bad_request("'output_config.format' together with 'tools' is not supported; send one or the other").into());
+    }
     let model = prompt.model.clone();
     let req = generation_request(prompt, Some(max_tokens), sampling, stop);
     let gen = start_generation(&app, req).await?;

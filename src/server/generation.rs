@@ -302,19 +302,24 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
         )));
     }
 
-    let permit = wait_turn(app).await?;
+    let permit = wait_turn(app, &model.name).await?;
+    let running = app.metrics.running(&model.name);
     let (sender, rx) = delivery::channel(64, app.options.timeouts.write, tokio::runtime::Handle::current());
     let job = GenerateRequest { prompt_ids, max_tokens, sampling: req.sampling, stop: req.stop, ignore_eos: false };
     let app2 = app.clone();
     tokio::task::spawn_blocking(move || {
         let _permit = permit;
         let outcome = run_generation(&app2, &model, &job, constraint, &sender, arrived);
+        // Not running by the time its client hears the end.
+        drop(running);
+        let name = model.name.clone();
         // The model's keep-alive starts before the client hears the end, so
         // what it asks next (`/api/ps`) sees the model as this request left it.
         drop(model);
         let piece = match outcome {
             Ok(Some(summary)) => {
                 log.finished(&summary);
+                app2.metrics.finished(&name, summary.total, summary.prompt_tokens, summary.completion_tokens, summary.finish);
                 Piece::Done(summary)
             }
             Ok(None) => return, // cancelled: nobody is listening
@@ -376,12 +381,13 @@ fn output_constraint(model: &Resident, wanted: &OutputConstraint, reasoning_open
 }
 
 /// Waits for the generation slot in FIFO order, or refuses when the queue is full.
-async fn wait_turn(app: &Arc<AppState>) -> Result<OwnedSemaphorePermit, ApiError> {
+async fn wait_turn(app: &Arc<AppState>, model: &str) -> Result<OwnedSemaphorePermit, ApiError> {
     if let Ok(p) = app.turn.clone().try_acquire_owned() {
         return Ok(p);
     }
     let queued = app.waiting.fetch_add(1, Ordering::SeqCst) + 1;
     let _waiting = Waiting(&app.waiting);
+    let _counted = app.metrics.waiting(model);
     if queued > app.options.queue {
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -433,7 +439,15 @@ fn run_generation(
         }
     }
     let constraint = constraint.as_mut().map(|c| c as &mut dyn TokenConstraint);
+    // Called once per generated token: the first token's time and the gaps.
+    let mut last_token: Option<Instant> = None;
     let out = engine.generate_constrained(&mut state, req, constraint, |piece| {
+        let now = Instant::now();
+        match last_token {
+            None => app.metrics.first_token(&model.name, now - arrived),
+            Some(last) => app.metrics.inter_token(&model.name, now - last),
+        }
+        last_token = Some(now);
         if app.stopping() {
             return ControlFlow::Break(());
         }

@@ -24,6 +24,7 @@ mod generation;
 mod guard;
 mod keep_alive;
 mod listen;
+mod metrics;
 mod model_info;
 mod ollama;
 mod ollama_env;
@@ -132,10 +133,13 @@ pub struct AppState {
     waiting: AtomicUsize,
     /// Set on shutdown: running generations stop at their next token.
     stopping: AtomicBool,
+    /// Set by SIGTERM: new generations are refused while running ones finish.
+    draining: AtomicBool,
     /// Prompts being rendered and tokenized at once (see `PROMPT_WORKERS`).
     prompt_work: Semaphore,
     /// Pulls in progress, by the repository they write into.
     pulls: Arc<pull::PullsInProgress>,
+    metrics: Arc<metrics::Metrics>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -153,13 +157,16 @@ impl AppState {
             options.prefix_cache,
             options.max_context,
         ));
+        let metrics = Arc::new(metrics::Metrics::new(residency.clone()));
         Ok(Arc::new(AppState {
             catalog,
+            metrics,
             residency,
             options,
             turn: Arc::new(Semaphore::new(1)),
             waiting: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
             prompt_work: Semaphore::new(PROMPT_WORKERS),
             pulls: Arc::new(pull::PullsInProgress::default()),
         }))
@@ -185,6 +192,33 @@ impl AppState {
         self.stopping.load(Ordering::SeqCst)
     }
 
+    /// Refuses new generations (503, and `/health/ready` too) while those
+    /// running or waiting go on: SIGTERM's drain, so a router sends new
+    /// requests elsewhere and none in flight is lost.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Waits until no generation runs or waits, at most `grace`; false when
+    /// some were still going.
+    pub async fn drained(&self, grace: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + grace;
+        loop {
+            if self.turn.available_permits() > 0 && self.waiting.load(Ordering::SeqCst) == 0 {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Whether new requests are refused: draining or shutting down.
+    fn refusing(&self) -> bool {
+        self.draining.load(Ordering::SeqCst) || self.stopping()
+    }
+
     /// The catalog entry and description of the model a request names: 400
     /// without a name, 404 for a model this server does not have.
     fn find_model(&self, requested: &str) -> Result<(CatalogEntry, ModelInfo), ApiError> {
@@ -201,6 +235,12 @@ impl AppState {
     /// A lease on the model a request names, loading it if needed. Waiting
     /// for a load counts against `--queue` as waiting for the turn does.
     async fn lease(&self, requested: &str, keep_alive: Option<KeepAlive>) -> Result<Lease, ApiError> {
+        if self.refusing() {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the server is about to stop and takes no new requests; send this one to another server",
+            ));
+        }
         let (entry, info) = self.find_model(requested)?;
         let keep_alive = keep_alive.unwrap_or(self.options.keep_alive);
         if let Some(lease) = self.residency.lease_if_loaded(&entry.name, keep_alive) {
@@ -288,12 +328,28 @@ async fn root() -> &'static str {
     "Ollama is running"
 }
 
+/// `/health`: the server is up and answering.
+async fn health() -> Response {
+    error::json_response(StatusCode::OK, &serde_json::json!({"status": "ok"}))
+}
+
+/// `/health/ready`: whether it takes requests; 503 once it drains or shuts down.
+async fn ready(State(app): State<Arc<AppState>>) -> Response {
+    if app.refusing() {
+        return error::json_response(StatusCode::SERVICE_UNAVAILABLE, &serde_json::json!({"status": "shutting down"}));
+    }
+    error::json_response(StatusCode::OK, &serde_json::json!({"status": "ready"}))
+}
+
 /// The full router over `app`, served on `bound`.
 pub fn router(app: Arc<AppState>, bound: SocketAddr) -> Router {
     let body_timeout = app.options.timeouts.body;
     let origins = Arc::new(app.options.origins.clone());
     Router::new()
         .route("/", get(root))
+        .route("/health", get(health))
+        .route("/health/ready", get(ready))
+        .route("/metrics", get(metrics::metrics))
         .route("/api/version", get(ollama_models::version))
         .route("/api/tags", get(ollama_models::tags))
         .route("/api/ps", get(ollama_models::ps))
@@ -319,7 +375,7 @@ pub fn router(app: Arc<AppState>, bound: SocketAddr) -> Router {
         .layer(axum::middleware::from_fn(guard::check_length))
         .layer(axum::middleware::from_fn_with_state(origins, cors))
         .layer(axum::middleware::from_fn_with_state(bound, guard::check_host))
-        .layer(axum::middleware::from_fn(request_log::log_requests))
+        .layer(axum::middleware::from_fn_with_state(app.metrics.clone(), request_log::log_requests))
         .with_state(app)
 }
 
@@ -370,13 +426,26 @@ pub fn serve(config: ServeConfig) -> Result<()> {
             note!("  and {} pulled model(s): {}", pulled.len(), pulled.join(", "));
         }
         elastic::spawn(app.clone());
-        // The first SIGINT or SIGTERM cancels the running and waiting
-        // generations and shuts down (open connections get --shutdown-grace
-        // to take their last chunk); a second one exits at once.
+        // The first SIGINT cancels the running and waiting generations and
+        // shuts down (open connections get --shutdown-grace to take their
+        // last chunk); SIGTERM first drains: new requests get 503 while the
+        // running and waiting ones get --shutdown-grace to finish. A second
+        // signal exits at once.
         let (first_sender, first) = tokio::sync::oneshot::channel::<()>();
         let watched = app.clone();
         let signals = async move {
-            shutdown_signal().await;
+            if shutdown_signal().await == Signal::Terminate {
+                let grace = watched.options.timeouts.shutdown_grace;
+                note!("SIGTERM: draining: new requests get 503; running and waiting generations get {grace:?} to finish");
+                watched.start_draining();
+                tokio::select! {
+                    _ = watched.drained(grace) => {}
+                    _ = shutdown_signal() => {
+                        note!("exiting now");
+                        return;
+                    }
+                }
+            }
             let running = usize::from(watched.turn.available_permits() == 0);
             let waiting = watched.waiting.load(Ordering::SeqCst);
             note!(
@@ -396,20 +465,26 @@ pub fn serve(config: ServeConfig) -> Result<()> {
     Ok(())
 }
 
+#[derive(PartialEq)]
+enum Signal {
+    Interrupt,
+    Terminate,
+}
+
 /// SIGINT (Ctrl-C) or SIGTERM.
-async fn shutdown_signal() {
+async fn shutdown_signal() -> Signal {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
         if let Ok(mut terminate) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = terminate.recv() => {}
-            }
-            return;
+            return tokio::select! {
+                _ = tokio::signal::ctrl_c() => Signal::Interrupt,
+                _ = terminate.recv() => Signal::Terminate,
+            };
         }
     }
     let _ = tokio::signal::ctrl_c().await;
+    Signal::Interrupt
 }
 
 /// Whether a request asked for streaming, with each API's default.

@@ -6,11 +6,13 @@ JSON must parse and validate whatever the model would say."""
 
 import json
 import os
+import urllib.request
 
 import anthropic
 import openai
 import pydantic
 import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 URL = os.environ.get("SLOTSTREAM_TOOLS_URL", "http://127.0.0.1:11434")
 MODEL = os.environ.get("SLOTSTREAM_MODEL", "qwen3_moe_mlx4")
@@ -105,14 +107,16 @@ def test_responses_refusals(oa):
 # --- Anthropic Messages -----------------------------------------------------------------
 
 TOOL = {"name": ADD["name"], "description": ADD["description"], "input_schema": ADD["schema"]}
+# The SDK no longer has sampling arguments; the server still reads them (older clients send them).
+GREEDY = {"extra_body": {"temperature": 0}}
 
 
 def test_messages_create_and_stream(an):
-    m = an.messages.create(model=MODEL, max_tokens=12, temperature=0, system="Be brief.",
+    m = an.messages.create(model=MODEL, max_tokens=12, **GREEDY, system="Be brief.",
                            messages=[{"role": "user", "content": "Say hello."}])
     assert m.role == "assistant" and m.stop_reason in ("end_turn", "max_tokens")
     text = "".join(b.text for b in m.content if b.type == "text")
-    with an.messages.stream(model=MODEL, max_tokens=12, temperature=0, system="Be brief.",
+    with an.messages.stream(model=MODEL, max_tokens=12, **GREEDY, system="Be brief.",
                             messages=[{"role": "user", "content": "Say hello."}]) as stream:
         streamed = "".join(stream.text_stream)
         final = stream.get_final_message()
@@ -121,13 +125,13 @@ def test_messages_create_and_stream(an):
 
 
 def test_messages_forced_tool_use_and_result(an):
-    m = an.messages.create(model=MODEL, max_tokens=120, temperature=0, tools=[TOOL],
+    m = an.messages.create(model=MODEL, max_tokens=120, **GREEDY, tools=[TOOL],
                            tool_choice={"type": "tool", "name": "add_numbers"},
                            messages=[{"role": "user", "content": "What is 2 plus 3?"}])
     (use,) = [b for b in m.content if b.type == "tool_use"]
     assert m.stop_reason == "tool_use" and use.name == "add_numbers"
     AddArgs.model_validate(use.input)
-    with an.messages.stream(model=MODEL, max_tokens=120, temperature=0, tools=[TOOL],
+    with an.messages.stream(model=MODEL, max_tokens=120, **GREEDY, tools=[TOOL],
                             tool_choice={"type": "any", "disable_parallel_tool_use": True},
                             messages=[{"role": "user", "content": "What is 2 plus 3?"}]) as stream:
         final = stream.get_final_message()
@@ -139,6 +143,12 @@ def test_messages_forced_tool_use_and_result(an):
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "5"}]},
     ])
     assert follow.stop_reason in ("end_turn", "max_tokens", "tool_use")
+
+
+def test_messages_structured_output(an):
+    m = an.messages.create(model=MODEL, max_tokens=80, **GREEDY, messages=[{"role": "user", "content": "A person?"}],
+                           output_config={"format": {"type": "json_schema", "schema": Person.model_json_schema()}})
+    Person.model_validate_json("".join(b.text for b in m.content if b.type == "text"))
 
 
 def test_messages_count_tokens(an):
@@ -158,3 +168,38 @@ def test_messages_errors(an):
         an.messages.create(model=MODEL, max_tokens=4, messages=[
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9", "content": "5"}]}])
     assert "toolu_9" in str(e.value)
+
+
+# --- Serving operations -----------------------------------------------------------------
+
+
+def scrape():
+    with urllib.request.urlopen(URL + "/metrics", timeout=30) as r:
+        assert "openmetrics-text" in r.headers["Content-Type"]
+        families = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+    return families
+
+
+def count(families, name, **labels):
+    """The `_count` of histogram `name`, or the value of counter `name`, for `labels`."""
+    family = families.get(name)
+    if family is None:
+        return 0
+    suffix = "_count" if family.type == "histogram" else "_total"
+    return sum(s.value for s in family.samples if s.name == name + suffix and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def test_metrics_parse_and_move_with_requests(oa):
+    before = scrape()
+    oa.responses.create(model=MODEL, input="Hi", max_output_tokens=3)
+    after = scrape()
+    for name in ["slotstream:e2e_request_latency_seconds", "slotstream:time_to_first_token_seconds"]:
+        assert after[name].type == "histogram"
+        assert count(after, name, model_name=MODEL) == count(before, name, model_name=MODEL) + 1, name
+    assert count(after, "slotstream:generation_tokens", model_name=MODEL) > count(before, "slotstream:generation_tokens", model_name=MODEL)
+    assert count(after, "slotstream:http_requests", endpoint="/v1/responses", status="200") >= 1
+    for name in ["slotstream:num_requests_running", "slotstream:num_requests_waiting", "slotstream:expert_pool_hits",
+                 "slotstream:prefix_cache_queries", "slotstream:inter_token_latency_seconds"]:
+        assert name in after, name
+    with urllib.request.urlopen(URL + "/health/ready", timeout=30) as r:
+        assert r.status == 200 and json.load(r)["status"] == "ready"
