@@ -919,3 +919,26 @@ fn messages_follow_an_output_schema() {
         "output_config": {"format": {"type": "yaml"}}}));
     assert!(e.contains("output_config.format must be"), "{e}");
 }
+
+/// What Claude Code sends: reminders as system messages between the turns
+/// and a `max_tokens` of 32000 whatever the context (a cap, lowered to what
+/// the context holds, as `max_output_tokens` is on the Responses API).
+#[test]
+fn token_limits_beyond_the_context_are_caps_in_the_agent_apis() {
+    let dir = tool_model();
+    let s = start(dir.path());
+    let messages = json!([
+        {"role": "user", "content": "Hi"},
+        {"role": "system", "content": "<system-reminder>Be brief.</system-reminder>"},
+        {"role": "user", "content": [{"type": "text", "text": "Say hello."}]},
+    ]);
+    let v = s.json("/v1/messages", &json!({"model": MODEL, "max_tokens": 32000, "temperature": 0, "messages": messages}));
+    let used = v["usage"]["input_tokens"].as_u64().unwrap_or(0) + v["usage"]["output_tokens"].as_u64().unwrap_or(0);
+    assert!(used <= 4096, "within the context: {v}");
+    assert!(v["stop_reason"] == "end_turn" || v["stop_reason"] == "max_tokens", "{v}");
+    let v = s.json("/v1/responses", &json!({"model": MODEL, "input": "Hi", "max_output_tokens": 1_000_000, "temperature": 0}));
+    assert!(v["usage"]["total_tokens"].as_u64().is_some_and(|n| n <= 4096), "{v}");
+    // OpenAI chat keeps its word: max_tokens over the context is refused.
+    let e = s.error("/v1/chat/completions", &json!({"model": MODEL, "messages": user("Hi"), "max_tokens": 1_000_000}));
+    assert!(e.contains("exceeds the context limit"), "{e}");
+}

@@ -136,8 +136,9 @@ fn chat_turns(system: Option<String>, messages: Vec<Message>) -> Result<Vec<Chat
     }
     let mut tool_use_ids: Vec<String> = Vec::new();
     for (i, m) in messages.into_iter().enumerate() {
-        if m.role != "user" && m.role != "assistant" {
-            return Err(ApiError::bad_request(format!("messages[{i}].role '{}' is not user or assistant", m.role)));
+        // Claude Code sends its reminders as system messages between the turns.
+        if !matches!(m.role.as_str(), "user" | "assistant" | "system") {
+            return Err(ApiError::bad_request(format!("messages[{i}].role '{}' is not user, assistant or system", m.role)));
         }
         let blocks = match m.content {
             Value::String(s) => {
@@ -309,6 +310,7 @@ fn generation_request(prompt: Prompt, max_tokens: Option<usize>, sampling: Sampl
         model: prompt.model,
         prompt: PromptInput::Chat(prompt.turns),
         max_tokens,
+        max_tokens_is_a_cap: true,
         context_limit: None,
         sampling,
         stop,

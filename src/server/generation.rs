@@ -65,6 +65,10 @@ pub struct GenerationRequest {
     pub prompt: PromptInput,
     /// `None`: up to the context limit.
     pub max_tokens: Option<usize>,
+    /// `max_tokens` is a cap the context may lower (Anthropic's required
+    /// `max_tokens`, which Claude Code sets to 32000, and Responses'
+    /// `max_output_tokens`) rather than a number the context must hold.
+    pub max_tokens_is_a_cap: bool,
     /// The request's own context window (Ollama `num_ctx`); at most the server's.
     pub context_limit: Option<usize>,
     pub sampling: SamplingParams,
@@ -295,7 +299,12 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
             "the prompt is {prompt_len} tokens, which leaves no room to generate within the model's context of {model_context} tokens (max_position_embeddings)"
         )));
     }
-    let max_tokens = req.max_tokens.unwrap_or(limit - prompt_len);
+    let room = limit - prompt_len;
+    let max_tokens = match req.max_tokens {
+        Some(n) if req.max_tokens_is_a_cap => n.min(room),
+        Some(n) => n,
+        None => room,
+    };
     if prompt_len.saturating_add(max_tokens) > limit {
         return Err(ApiError::bad_request(format!(
             "the prompt ({prompt_len} tokens) plus the requested {max_tokens} tokens exceeds the context limit of {limit} tokens"

@@ -313,6 +313,7 @@ fn generation_request(
         model,
         prompt,
         max_tokens: m.max_tokens,
+        max_tokens_is_a_cap: false,
         context_limit: m.context_limit,
         sampling: m.sampling,
         stop: m.stop,

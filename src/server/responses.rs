@@ -353,6 +353,7 @@ pub async fn create(State(app): State<Arc<AppState>>, body: Result<Bytes, BytesR
         model: b.model,
         prompt: PromptInput::Chat(turns),
         max_tokens: max,
+        max_tokens_is_a_cap: true,
         context_limit: None,
         sampling,
         stop: Vec::new(),

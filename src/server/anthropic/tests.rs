@@ -106,8 +106,8 @@ fn bad_blocks_and_choices_are_named() {
     };
     let e = refused(json!([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9", "content": "3"}]}]));
     assert!(e.contains("messages[0].content[0] is the result of tool_use_id 'toolu_9', which answers no tool_use"), "{e}");
-    let e = refused(json!([{"role": "system", "content": "x"}]));
-    assert!(e.contains("messages[0].role 'system'"), "{e}");
+    let e = refused(json!([{"role": "tool", "content": "x"}]));
+    assert!(e.contains("messages[0].role 'tool' is not user, assistant or system"), "{e}");
     let e = refused(json!([{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f"}]}]));
     assert!(e.contains("messages[0].content[0] is a tool_use block in a user message"), "{e}");
     let e = refused(json!([]));
