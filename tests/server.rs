@@ -676,3 +676,22 @@ fn a_drain_refuses_new_requests_and_lets_running_ones_finish() {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a runtime");
     assert!(runtime.block_on(app.drained(Duration::from_secs(10))), "nothing runs or waits after it");
 }
+
+/// Ollama's `load_duration`: the time a request waited for its model to load.
+#[test]
+fn load_duration_is_the_load_a_request_waited_for() {
+    let loader = std::sync::Arc::new(common::FixtureLoader { no_eos: false, mtp: false });
+    let catalog = ModelCatalog::new(vec![(MODEL.to_string(), fixture(MODEL))], None);
+    let app = AppState::new(catalog, loader, common::server_options(4096, 4)).expect("valid server options");
+    let s = Server { addr: common::serve_in_background(app) };
+    let ask = || {
+        let r = s.post("/api/generate", &json!({"model": MODEL, "prompt": "Hi", "stream": false, "options": {"num_predict": 2}}));
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        (v["load_duration"].as_u64().expect("load_duration"), v["total_duration"].as_u64().expect("total_duration"))
+    };
+    let (first_load, first_total) = ask();
+    let (second_load, _) = ask();
+    assert!(first_load > 0 && first_load <= first_total, "the first request loaded the model: {first_load} of {first_total} ns");
+    assert!(second_load < first_load / 10, "the second found it loaded: {second_load} ns vs {first_load} ns");
+}

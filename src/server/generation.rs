@@ -113,6 +113,8 @@ pub struct Summary {
     pub context: Vec<u32>,
     pub prompt_eval: Duration,
     pub eval: Duration,
+    /// Taking the model: loading it, or waiting for its load (Ollama's `load_duration`).
+    pub load: Duration,
     /// From the request's arrival to the end, queueing included.
     pub total: Duration,
 }
@@ -259,7 +261,10 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
     req.sampling.validate().map_err(ApiError::bad_request)?;
     let max_context = app.options.max_context;
     let limit = context_limit(req.context_limit, max_context);
+    let leasing = Instant::now();
     let model = app.lease(&req.model, req.keep_alive).await?;
+    // Loading it, or waiting for another request's load (near 0 when loaded).
+    let load = leasing.elapsed();
     let fewest = req.prompt.fewest_tokens(&model.engine.codec);
     if fewest >= limit {
         return Err(ApiError::bad_request(format!(
@@ -318,7 +323,8 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
     let app2 = app.clone();
     tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        let outcome = run_generation(&app2, &model, &job, constraint, &sender, arrived);
+        let outcome = run_generation(&app2, &model, &job, constraint, &sender, arrived)
+            .map(|summary| summary.map(|summary| Summary { load, ..summary }));
         // Not running by the time its client hears the end.
         drop(running);
         let name = model.name.clone();
@@ -514,6 +520,7 @@ fn run_generation(
         context,
         prompt_eval: prefill_body + Duration::from_secs_f64(out.stats.prefill_seconds),
         eval: Duration::from_secs_f64(out.stats.decode_seconds),
+        load: Duration::ZERO,
         total: arrived.elapsed(),
     }))
 }

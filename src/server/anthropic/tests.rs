@@ -16,6 +16,7 @@ fn summary(finish: FinishReason, stop_sequence: Option<&str>) -> Summary {
         context: Vec::new(),
         prompt_eval: zero,
         eval: zero,
+        load: zero,
         total: zero,
     }
 }

@@ -16,7 +16,7 @@ fn answer_split(pieces: &[&str], finish: FinishReason, splitter: Option<Thinking
         assert!(outbox.send(Piece::Text(piece.to_string())), "the channel has room");
     }
     let (zero, completion_tokens) = (Duration::ZERO, pieces.len());
-    let summary = Summary { prompt_tokens: 1, cached_tokens: 0, completion_tokens, finish, stop_sequence: None, context: Vec::new(), prompt_eval: zero, eval: zero, total: zero };
+    let summary = Summary { prompt_tokens: 1, cached_tokens: 0, completion_tokens, finish, stop_sequence: None, context: Vec::new(), prompt_eval: zero, eval: zero, load: zero, total: zero };
     assert!(outbox.send(Piece::Done(summary)), "the channel has room");
     let stream = GenerationStream { rx, splitter, tool_calls: Some(calls), ready: VecDeque::new(), done: None, finished: false, prompt_tokens: 1 };
     runtime.block_on(stream.collect()).map(|(answer, _)| answer).unwrap_or_else(|e| panic!("{}", e.message))

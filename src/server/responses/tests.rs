@@ -21,6 +21,7 @@ fn summary(finish: FinishReason) -> Summary {
         context: Vec::new(),
         prompt_eval: zero,
         eval: zero,
+        load: zero,
         total: zero,
     }
 }
