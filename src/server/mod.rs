@@ -3,8 +3,9 @@
 //!
 //! `ollama.rs`, `openai.rs`, `responses.rs` and `anthropic.rs` translate
 //! their wire formats into one [`GenerationRequest`]; [`start_generation`] is
-//! the single entry point they all call. It finds the model in the catalog (`catalog.rs`: `--model`
-//! directories and pulled models), takes a lease on it (`residency.rs`: loaded
+//! the single entry point they all call. It finds the model in the catalog
+//! (`catalog.rs`: `--model` directories and pulled models), takes a lease on
+//! it (`residency.rs`: loaded
 //! on first use, unloaded after its keep-alive or for another model's memory),
 //! renders and tokenizes the prompt, checks it against the context limit,
 //! waits its turn in a bounded FIFO queue (one generation at a time), and runs
@@ -12,7 +13,9 @@
 //! A client that goes away drops the receiving end, and the engine stops at
 //! its next check. The prefix cache lets a request skip the prompt tokens an
 //! earlier request already fed. `/api/pull` and `/api/delete` (`pull.rs`)
-//! manage the pulled models.
+//! manage the pulled models. `/health`, `/health/ready` and `/metrics`
+//! (`metrics.rs`) serve orchestrators and routers; SIGTERM drains (new
+//! requests get 503 while running ones finish) before it stops.
 
 mod anthropic;
 mod catalog;
