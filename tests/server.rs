@@ -635,6 +635,8 @@ fn health_and_metrics_move_with_requests() {
     assert_eq!(sample(&text, &format!("slotstream:prefix_cache_queries_total{model}")), 2.0, "{text}");
     assert_eq!(sample(&text, &format!("slotstream:prefix_cache_hits_total{model}")), 1.0, "the second prompt is the first's: {text}");
     assert!(sample(&text, &format!("slotstream:expert_pool_hits_total{model}")) > 0.0, "{text}");
+    let kv = sample(&text, &format!("slotstream:kv_cache_usage_perc{model}"));
+    assert!(kv > 0.0 && kv <= 1.0, "the prefix cache holds the prompts' states: {kv}");
     assert_eq!(sample(&text, "slotstream:http_requests_total{endpoint=\"/api/generate\",status=\"200\"}"), 2.0, "{text}");
     assert_eq!(sample(&text, &format!("slotstream:num_requests_running{model}")), 0.0, "{text}");
     // A path no route has counts as "other", so made-up paths cannot grow the metrics.

@@ -5,8 +5,9 @@
 //! time to first token, inter-token latency and end-to-end latency
 //! histograms, prompt and generation tokens, finished requests by reason;
 //! per loaded model, read at each scrape, the expert pool's hits, misses and
-//! bytes read and the prefix cache's queries and hits (these restart from 0
-//! when a model reloads, which Prometheus reads as a counter reset); and per
+//! bytes read, the prefix cache's queries and hits (these restart from 0
+//! when a model reloads, which Prometheus reads as a counter reset) and
+//! `kv_cache_usage_perc`, the share of its token budget it holds; and per
 //! endpoint, HTTP requests by status and their latency.
 
 use std::fmt;
@@ -17,7 +18,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
@@ -207,6 +208,7 @@ impl Collector for LoadedModels {
     fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
         let models = self.0.loaded();
         let (mut hits, mut misses, mut bytes, mut queries, mut cache_hits) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut usage = Vec::new();
         for model in &models {
             let experts = lock(&model.expert_stats).total.clone();
             hits.push((model.name.clone(), experts.hits));
@@ -216,13 +218,22 @@ impl Collector for LoadedModels {
                 let stats = lock(cache).stats();
                 queries.push((model.name.clone(), stats.hits + stats.misses));
                 cache_hits.push((model.name.clone(), stats.hits));
+                usage.push((model.name.clone(), stats.tokens as f64 / stats.token_budget.max(1) as f64));
             }
         }
         per_model(&mut encoder, "slotstream:expert_pool_hits", "Routed experts found in the slot pool", &hits)?;
         per_model(&mut encoder, "slotstream:expert_pool_misses", "Routed experts read from disk into the slot pool", &misses)?;
         per_model(&mut encoder, "slotstream:expert_bytes_read", "Bytes of experts read from disk", &bytes)?;
         per_model(&mut encoder, "slotstream:prefix_cache_queries", "Requests that looked up the prefix cache", &queries)?;
-        per_model(&mut encoder, "slotstream:prefix_cache_hits", "Requests that reused a cached prompt prefix", &cache_hits)
+        per_model(&mut encoder, "slotstream:prefix_cache_hits", "Requests that reused a cached prompt prefix", &cache_hits)?;
+        // One sequence runs at a time; the KV states kept are the prefix cache's.
+        let help = "Fraction of the prefix cache's token budget its kept KV states hold";
+        let mut family = encoder.encode_descriptor("slotstream:kv_cache_usage_perc", help, None, MetricType::Gauge)?;
+        for (model, fraction) in &usage {
+            let labels = [("model_name", model.as_str())];
+            ConstGauge::new(*fraction).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
     }
 }
 
