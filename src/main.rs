@@ -201,8 +201,9 @@ struct ServeArgs {
     /// slowly that generation has waited on it this long in all.
     #[arg(long, default_value_t = 60.0)]
     write_timeout_secs: f64,
-    /// After Ctrl-C or SIGTERM has stopped the running generations, seconds
-    /// open connections get to take what they were sent and close.
+    /// After SIGTERM, seconds running and waiting generations get to finish
+    /// while new requests get 503 (Ctrl-C stops them at once); then, after
+    /// either, seconds open connections get to take what they were sent and close.
     #[arg(long, default_value_t = 10.0)]
     shutdown_grace_secs: f64,
     #[command(flatten)]

@@ -1,131 +1,15 @@
 //! What agents and apps send: tool calling and structured output through
-//! both APIs, over a fixture model served with a tool-calling chat template
+//! every API (Ollama, OpenAI chat, OpenAI Responses, Anthropic Messages),
+//! over a fixture model served with a tool-calling chat template
 //! (`tests/templates/tool_calling.jinja`). The fixture's weights are
 //! random, so whatever the model would say, the constrained calls and JSON
 //! must parse and follow their schemas.
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
-use std::time::Duration;
-
 use serde_json::{json, Value};
-use slotstream::server::{AppState, ModelCatalog};
 
-const MODEL: &str = "qwen3_moe_mlx4";
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
-}
-
-/// The fixture model's files with the (Hermes-style) tool-calling template beside them.
-fn tool_model() -> tempfile::TempDir {
-    model_with_template("tool_calling.jinja")
-}
-
-/// The fixture model's files with `template` (in `tests/templates`) as its chat template.
-fn model_with_template(template: &str) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("a scratch folder");
-    for entry in std::fs::read_dir(fixture(MODEL)).expect("the fixture") {
-        let path = entry.expect("a fixture file").path();
-        std::fs::copy(&path, dir.path().join(path.file_name().expect("a name"))).expect("copying a fixture file");
-    }
-    std::fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/templates").join(template), dir.path().join("chat_template.jinja"))
-        .expect("the template");
-    dir
-}
-
-struct Server {
-    addr: SocketAddr,
-}
-
-fn start(dir: &Path) -> Server {
-    let loader = std::sync::Arc::new(common::FixtureLoader { no_eos: false, mtp: false });
-    let catalog = ModelCatalog::new(vec![(MODEL.to_string(), dir.to_path_buf())], None);
-    let app = AppState::new(catalog, loader, common::server_options(4096, 4)).expect("valid server options");
-    app.load_at_start(MODEL).unwrap_or_else(|e| panic!("loading {}: {e:#}", dir.display()));
-    Server { addr: common::serve_in_background(app) }
-}
-
-impl Server {
-    /// POSTs `body`; returns the status and the (de-chunked) body.
-    fn post(&self, path: &str, body: &Value) -> (u16, String) {
-        let body = body.to_string();
-        let mut s = TcpStream::connect(self.addr).expect("connecting");
-        s.set_read_timeout(Some(Duration::from_secs(120))).expect("a timeout");
-        let head = format!(
-            "POST {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            self.addr,
-            body.len()
-        );
-        s.write_all(head.as_bytes()).and_then(|()| s.write_all(body.as_bytes())).expect("sending");
-        let mut buf = Vec::new();
-        s.read_to_end(&mut buf).expect("reading the response");
-        let text = String::from_utf8_lossy(&buf).into_owned();
-        let (head, mut rest) = text.split_once("\r\n\r\n").expect("a response head");
-        let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).expect("a status");
-        if !head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-            return (status, rest.to_string());
-        }
-        let mut out = String::new();
-        while let Some((size, after)) = rest.split_once("\r\n") {
-            let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-            if size == 0 || after.len() < size {
-                break;
-            }
-            out.push_str(&after[..size]);
-            rest = after[size..].trim_start_matches("\r\n");
-        }
-        (status, out)
-    }
-
-    fn json(&self, path: &str, body: &Value) -> Value {
-        let (status, text) = self.post(path, body);
-        assert_eq!(status, 200, "{path} {body}: {text}");
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?} is not JSON: {e}"))
-    }
-
-    fn error(&self, path: &str, body: &Value) -> String {
-        let (status, text) = self.post(path, body);
-        assert_eq!(status, 400, "{path} {body}: {text}");
-        let v: Value = serde_json::from_str(&text).expect("a JSON error");
-        v["error"].as_str().or(v["error"]["message"].as_str()).expect("an error message").to_string()
-    }
-}
-
-fn tools() -> Value {
-    json!([
-        {"type": "function", "function": {"name": "get_weather", "description": "Weather for a day",
-            "parameters": {"type": "object", "properties": {"day": {"type": "integer", "minimum": 1, "maximum": 7},
-                "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["day", "unit"], "additionalProperties": false}}},
-        {"type": "function", "function": {"name": "add", "description": "Adds",
-            "parameters": {"type": "object", "properties": {"a": {"type": "integer", "minimum": -1000, "maximum": 1000},
-                "b": {"type": "integer", "minimum": -1000, "maximum": 1000}},
-                "required": ["a", "b"], "additionalProperties": false}}},
-    ])
-}
-
-/// Checks a call's arguments against the tools above.
-fn check_arguments(name: &str, args: &Value) {
-    let obj = args.as_object().unwrap_or_else(|| panic!("{name}: arguments {args} are not an object"));
-    match name {
-        "get_weather" => {
-            assert!(args["day"].as_i64().is_some_and(|d| (1..=7).contains(&d)), "{args}");
-            assert!(args["unit"] == "celsius" || args["unit"] == "fahrenheit", "{args}");
-            assert_eq!(obj.len(), 2, "{args}");
-        }
-        "add" => {
-            assert!(args["a"].is_i64() && args["b"].is_i64() && obj.len() == 2, "{args}");
-        }
-        other => panic!("the model called {other}, which is not a tool"),
-    }
-}
-
-fn user(text: &str) -> Value {
-    json!([{"role": "user", "content": text}])
-}
+use common::tools_server::*;
 
 #[test]
 fn openai_forced_and_named_tool_calls_parse_and_follow_their_schemas() {

@@ -1,5 +1,5 @@
 //! What a new user meets first, through the real binary: Ctrl-C stops `serve`
-//! within a second and `run` with its summary, a port in use and a missing
+//! within a second (SIGTERM after draining) and `run` with its summary, a port in use and a missing
 //! network are found at once, the prompt can come from stdin, and the server
 //! logs a line per request.
 
@@ -113,22 +113,24 @@ fn demo_without_eos(scratch: &std::path::Path) -> PathBuf {
 
 #[test]
 fn ctrl_c_stops_serve_mid_generation_within_a_second() {
-    stops_serve_mid_generation_within_a_second(libc::SIGINT, "Ctrl-C");
+    stops_serve_mid_generation(libc::SIGINT, "Ctrl-C", Duration::ZERO);
 }
 
-/// SIGTERM (what service managers and `docker stop` send) stops `serve` as
-/// Ctrl-C does.
+/// SIGTERM (what service managers, `docker stop` and Kubernetes send) first
+/// drains (new requests get 503) for `--shutdown-grace-secs`, then stops
+/// `serve` as Ctrl-C does: a generation that outlasts the grace is cancelled.
 #[test]
-fn sigterm_stops_serve_mid_generation_within_a_second() {
-    stops_serve_mid_generation_within_a_second(libc::SIGTERM, "SIGTERM");
+fn sigterm_drains_then_stops_serve_mid_generation_within_its_grace() {
+    stops_serve_mid_generation(libc::SIGTERM, "SIGTERM", Duration::from_secs(1));
 }
 
-fn stops_serve_mid_generation_within_a_second(sig: libc::c_int, what: &str) {
+/// `drain`: how long the signal lets generations finish first.
+fn stops_serve_mid_generation(sig: libc::c_int, what: &str, drain: Duration) {
     let scratch = tempfile::tempdir().expect("creating a scratch folder");
     let mut server = slotstream()
         .args(["serve", "--model"])
         .arg(demo_without_eos(scratch.path()))
-        .args(["--backend", "cpu", "--port", "0", "--name", "fixture"])
+        .args(["--backend", "cpu", "--port", "0", "--name", "fixture", "--shutdown-grace-secs", "1"])
         .stderr(Stdio::piped())
         .spawn()
         .expect("starting slotstream serve");
@@ -155,10 +157,17 @@ fn stops_serve_mid_generation_within_a_second(sig: libc::c_int, what: &str) {
 
     signal(&server, sig);
     let started = Instant::now();
+    if !drain.is_zero() {
+        wait_for_line(&lines, "draining", &mut seen);
+        let mut refused = http(port, &post("/api/generate", body));
+        let mut status_line = [0u8; 12];
+        refused.read_exact(&mut status_line).expect("the status line of a request during the drain");
+        assert_eq!(&status_line, b"HTTP/1.1 503", "a new request during the drain");
+    }
     let status = wait_within(&mut server, Duration::from_secs(5), "serve");
     let took = started.elapsed();
     let said = wait_for_line(&lines, "shutting down", &mut seen);
-    assert!(took < Duration::from_secs(1), "serve took {took:?} to exit after {what}:\n{}", seen.join("\n"));
+    assert!(took < drain + Duration::from_secs(1), "serve took {took:?} to exit after {what}:\n{}", seen.join("\n"));
     assert!(status.success(), "{status:?}");
     assert!(said.contains("cancelling 1 running and 1 waiting"), "{said}");
     // Both clients got an answer that ends, not a hang.

@@ -64,6 +64,38 @@ pub struct OllamaError(pub ApiError);
 /// OpenAI writes errors as `{"error": {"message", "type", "param", "code"}}`.
 pub struct OpenAiError(pub ApiError);
 
+/// Anthropic writes errors as `{"type": "error", "error": {"type", "message"}}`.
+pub struct AnthropicError(pub ApiError);
+
+impl From<ApiError> for AnthropicError {
+    fn from(e: ApiError) -> Self {
+        AnthropicError(e)
+    }
+}
+
+impl AnthropicError {
+    pub fn body(&self) -> serde_json::Value {
+        let kind = match self.0.status {
+            StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::FORBIDDEN => "permission_error",
+            StatusCode::NOT_FOUND => "not_found_error",
+            StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
+            StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+            StatusCode::SERVICE_UNAVAILABLE => "overloaded_error",
+            s if s.is_server_error() => "api_error",
+            _ => "invalid_request_error",
+        };
+        serde_json::json!({ "type": "error", "error": { "type": kind, "message": self.0.message } })
+    }
+}
+
+impl IntoResponse for AnthropicError {
+    fn into_response(self) -> Response {
+        RequestLog::current().failed(&self.0.message);
+        json_response(self.0.status, &self.body())
+    }
+}
+
 impl From<ApiError> for OllamaError {
     fn from(e: ApiError) -> Self {
         OllamaError(e)

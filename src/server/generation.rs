@@ -2,6 +2,8 @@
 //! translate into, the turn queue, prompt rendering, and the engine call on a
 //! blocking thread whose text comes back as a stream of events.
 
+mod prompt;
+
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -19,11 +21,13 @@ use super::tools::{Part, ToolCall, ToolCallSplitter};
 use super::keep_alive::KeepAlive;
 use super::{lock, ApiError, AppState, Lease, Resident};
 use crate::constrain::{ConstraintSpec, GrammarConstraint, Grammars};
-use crate::generate::{Engine, FinishReason, GenerateRequest, TokenConstraint};
+use crate::generate::{FinishReason, GenerateRequest, TokenConstraint};
 use crate::note;
 use crate::model::SequenceState;
 use crate::sampling::SamplingParams;
-use crate::tokenizer::{ChatMessage, ChatPrompt, ChatTurn, ToolCallForm};
+use crate::tokenizer::ChatTurn;
+pub use prompt::count_prompt_tokens;
+use prompt::{render_prompt, think_for};
 
 /// What the prompt is made of.
 #[derive(Clone, Debug)]
@@ -61,6 +65,10 @@ pub struct GenerationRequest {
     pub prompt: PromptInput,
     /// `None`: up to the context limit.
     pub max_tokens: Option<usize>,
+    /// `max_tokens` is a cap the context may lower (Anthropic's required
+    /// `max_tokens`, which Claude Code sets to 32000, and Responses'
+    /// `max_output_tokens`) rather than a number the context must hold.
+    pub max_tokens_is_a_cap: bool,
     /// The request's own context window (Ollama `num_ctx`); at most the server's.
     pub context_limit: Option<usize>,
     pub sampling: SamplingParams,
@@ -69,6 +77,10 @@ pub struct GenerationRequest {
     /// splits the reasoning out of the answer (as a prompt that opens the
     /// reasoning itself always does).
     pub think: Option<bool>,
+    /// `think: Some(true)` on a model whose template has no thinking switch
+    /// is dropped instead of refused (the Responses and Messages APIs, whose
+    /// agents send their reasoning settings to every model).
+    pub think_if_supported: bool,
     /// Tools for the chat template (`{"type": "function", "function": {...}}`).
     pub tools: Vec<serde_json::Value>,
     /// Cut tool calls out of the answer (as [`Event::ToolCall`]).
@@ -95,10 +107,14 @@ pub struct Summary {
     pub cached_tokens: usize,
     pub completion_tokens: usize,
     pub finish: FinishReason,
+    /// The request's stop string that ended the generation, if one did.
+    pub stop_sequence: Option<String>,
     /// Prompt plus generated ids (Ollama's `context`).
     pub context: Vec<u32>,
     pub prompt_eval: Duration,
     pub eval: Duration,
+    /// Taking the model: loading it, or waiting for its load (Ollama's `load_duration`).
+    pub load: Duration,
     /// From the request's arrival to the end, queueing included.
     pub total: Duration,
 }
@@ -129,9 +145,15 @@ pub struct GenerationStream {
     ready: VecDeque<Event>,
     done: Option<Summary>,
     finished: bool,
+    prompt_tokens: usize,
 }
 
 impl GenerationStream {
+    /// The prompt's length in tokens, known before the first event.
+    pub fn prompt_tokens(&self) -> usize {
+        self.prompt_tokens
+    }
+
     /// Queues the events of a split piece: reasoning, then the answer's text
     /// and tool calls in order. `ended`: how the generation ended, once this
     /// is its last piece.
@@ -238,13 +260,11 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
     log.model(&req.model);
     req.sampling.validate().map_err(ApiError::bad_request)?;
     let max_context = app.options.max_context;
-    let limit = req.context_limit.unwrap_or(max_context);
-    if limit > max_context {
-        return Err(ApiError::bad_request(format!(
-            "num_ctx {limit} is larger than this server's --max-context {max_context}"
-        )));
-    }
+    let limit = context_limit(req.context_limit, max_context);
+    let leasing = Instant::now();
     let model = app.lease(&req.model, req.keep_alive).await?;
+    // Loading it, or waiting for another request's load (near 0 when loaded).
+    let load = leasing.elapsed();
     let fewest = req.prompt.fewest_tokens(&model.engine.codec);
     if fewest >= limit {
         return Err(ApiError::bad_request(format!(
@@ -253,7 +273,8 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
         )));
     }
     let form = model.engine.codec.tool_call_form();
-    let (prompt, think, tools, wanted) = (req.prompt.clone(), req.think, req.tools.clone(), req.constraint.clone());
+    let think = think_for(&req, &model.engine.codec);
+    let (prompt, tools, wanted) = (req.prompt.clone(), req.tools.clone(), req.constraint.clone());
     // Rendering and tokenizing take a CPU and memory in proportion to the
     // prompt: a few at a time, whatever the number of clients. (The
     // vocabulary's trie for a grammar is built here too, once per model.)
@@ -284,7 +305,12 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
             "the prompt is {prompt_len} tokens, which leaves no room to generate within the model's context of {model_context} tokens (max_position_embeddings)"
         )));
     }
-    let max_tokens = req.max_tokens.unwrap_or(limit - prompt_len);
+    let room = limit - prompt_len;
+    let max_tokens = match req.max_tokens {
+        Some(n) if req.max_tokens_is_a_cap => n.min(room),
+        Some(n) => n,
+        None => room,
+    };
     if prompt_len.saturating_add(max_tokens) > limit {
         return Err(ApiError::bad_request(format!(
             "the prompt ({prompt_len} tokens) plus the requested {max_tokens} tokens exceeds the context limit of {limit} tokens"
@@ -298,19 +324,25 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
         _ => None,
     };
 
-    let permit = wait_turn(app).await?;
+    let permit = wait_turn(app, &model.name).await?;
+    let running = app.metrics.running(&model.name);
     let (sender, rx) = delivery::channel(64, app.options.timeouts.write, tokio::runtime::Handle::current());
     let job = GenerateRequest { prompt_ids, max_tokens, sampling: req.sampling, stop: req.stop, ignore_eos: false };
     let app2 = app.clone();
     tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        let outcome = run_generation(&app2, &model, &job, constraint, &sender, arrived);
+        let outcome = run_generation(&app2, &model, &job, constraint, &sender, arrived)
+            .map(|summary| summary.map(|summary| Summary { load, ..summary }));
+        // Not running by the time its client hears the end.
+        drop(running);
+        let name = model.name.clone();
         // The model's keep-alive starts before the client hears the end, so
         // what it asks next (`/api/ps`) sees the model as this request left it.
         drop(model);
         let piece = match outcome {
             Ok(Some(summary)) => {
                 log.finished(&summary);
+                app2.metrics.finished(&name, summary.total, summary.prompt_tokens, summary.completion_tokens, summary.finish);
                 Piece::Done(summary)
             }
             Ok(None) => return, // cancelled: nobody is listening
@@ -323,7 +355,33 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
     // carry the reasoning and a stray `</think>`.
     let splitter = (think == Some(true) || opens_thinking).then(|| ThinkingSplitter::new(opens_thinking));
     let tool_calls = req.parse_tool_calls.then(|| ToolCallSplitter::new(form, &req.tools));
-    Ok(GenerationStream { rx, splitter, tool_calls, ready: VecDeque::new(), done: None, finished: false })
+    Ok(GenerationStream { rx, splitter, tool_calls, ready: VecDeque::new(), done: None, finished: false, prompt_tokens: prompt_len })
+}
+
+/// The context a request gets: its own limit (Ollama's `num_ctx`), capped
+/// at the server's `--max-context` with a note, as Ollama caps it (clients
+/// such as aider ask for more than a server has as their chats grow).
+fn context_limit(requested: Option<usize>, max_context: usize) -> usize {
+    match requested {
+        Some(n) if n > max_context => {
+            note!("num_ctx {n} is larger than --max-context {max_context}; using {max_context}");
+            max_context
+        }
+        Some(n) => n,
+        None => max_context,
+    }
+}
+
+/// Which of `stops` ended a generation that wrote `emitted` (the engine
+/// leaves the stop string out) and whose tokens decode to `full`.
+fn matched_stop(full: &str, emitted: &str, stops: &[String]) -> Option<String> {
+    let after = full.strip_prefix(emitted).unwrap_or(full);
+    stops
+        .iter()
+        .filter(|s| !s.is_empty())
+        .filter_map(|s| after.find(s.as_str()).map(|at| (at, s)))
+        .min_by_key(|(at, _)| *at)
+        .map(|(_, s)| s.clone())
 }
 
 /// The grammar engine over this model's vocabulary (its trie is built on
@@ -387,12 +445,13 @@ fn shutting_down() -> ApiError {
 }
 
 /// Waits for the generation slot in FIFO order, or refuses when the queue is full.
-async fn wait_turn(app: &Arc<AppState>) -> Result<OwnedSemaphorePermit, ApiError> {
+async fn wait_turn(app: &Arc<AppState>, model: &str) -> Result<OwnedSemaphorePermit, ApiError> {
     if let Ok(p) = app.turn.clone().try_acquire_owned() {
         return Ok(p);
     }
     let queued = app.waiting.fetch_add(1, Ordering::SeqCst) + 1;
     let _waiting = Waiting(&app.waiting);
+    let _counted = app.metrics.waiting(model);
     if queued > app.options.queue {
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -400,107 +459,6 @@ async fn wait_turn(app: &Arc<AppState>) -> Result<OwnedSemaphorePermit, ApiError
         ));
     }
     app.turn.clone().acquire_owned().await.map_err(|_| shutting_down())
-}
-
-/// Turns the prompt into token ids; also says whether the rendered prompt
-/// already opens a `<think>` block.
-fn render_prompt(
-    engine: &Engine,
-    prompt: PromptInput,
-    tools: &[serde_json::Value],
-    think: Option<bool>,
-    limit: usize,
-) -> Result<(Vec<u32>, bool), ApiError> {
-    let codec = &engine.codec;
-    let template = |messages: &[ChatTurn]| -> Result<ChatPrompt, ApiError> {
-        if think == Some(true) && !codec.chat_template().is_some_and(|t| t.contains("enable_thinking")) {
-            return Err(ApiError::bad_request(
-                "this model does not support thinking: its chat template has no enable_thinking switch",
-            ));
-        }
-        let with_tools = !tools.is_empty() || messages.iter().any(|m| !m.tool_calls.is_empty() || m.role == "tool");
-        match codec.tool_call_form() {
-            _ if !with_tools => {}
-            Some(ToolCallForm::Json | ToolCallForm::XmlParameters) => {}
-            None => {
-                return Err(ApiError::bad_request(
-                    "this model does not support tools: its chat template never reads 'tools'; remove 'tools' and tool messages",
-                ))
-            }
-        }
-        codec.chat_prompt(messages, tools, true, think).map_err(|e| ApiError::bad_request(format!("{e:#}")))
-    };
-    // The rendered text (tools and tool calls included, which the check on
-    // the request's messages does not count) is judged by its size before
-    // any of it is tokenized.
-    let check_size = |text: &str| {
-        let fewest = codec.fewest_tokens(text.len());
-        if fewest >= limit {
-            return Err(ApiError::bad_request(format!(
-                "the rendered prompt is at least {fewest} tokens (judged by its size in bytes), which leaves no room to \
-                 generate within the context limit of {limit} tokens"
-            )));
-        }
-        Ok(())
-    };
-    let tokenizing = |e: anyhow::Error| ApiError::bad_request(format!("{e:#}"));
-    // Control tokens come from the chat template only: client text in it is
-    // tokenized as plain text. A raw prompt is the client's own template
-    // (its special tokens' text are control tokens, as Ollama reads it).
-    let chat = |messages: &[ChatTurn]| -> Result<(Vec<u32>, String), ApiError> {
-        let prompt = template(messages)?;
-        check_size(&prompt.text)?;
-        Ok((codec.encode_prompt(&prompt).map_err(tokenizing)?, prompt.text))
-    };
-    // `templated`: the chat template wrote the text (a raw prompt that ends
-    // in `<think>` is the client's own, its output plain text).
-    let (ids, text, templated) = match prompt {
-        PromptInput::Chat(messages) => {
-            if !codec.has_chat_template() {
-                return Err(ApiError::bad_request(
-                    "this model has no chat template; use /api/generate with \"raw\": true or /v1/completions",
-                ));
-            }
-            let (ids, text) = chat(&messages)?;
-            (ids, text, true)
-        }
-        PromptInput::Text { text, system, raw, context } => {
-            let templated = !raw && codec.has_chat_template();
-            let (encoded, text) = if !templated {
-                check_size(&text)?;
-                (codec.encode(&text, false).map_err(tokenizing)?, text)
-            } else {
-                let mut messages = Vec::new();
-                if let Some(s) = system.filter(|s| !s.is_empty()) {
-                    messages.push(ChatTurn::from(ChatMessage { role: "system".into(), content: s }));
-                }
-                messages.push(ChatTurn::from(ChatMessage { role: "user".into(), content: text }));
-                chat(&messages)?
-            };
-            let mut ids = context;
-            ids.extend(encoded);
-            (ids, text, templated)
-        }
-        PromptInput::Ids(ids) => (ids, String::new(), false),
-        PromptInput::Fill { prefix, suffix, mut context } => {
-            let ids = codec.fill_in_the_middle(&prefix, &suffix).map_err(|e| ApiError::bad_request(format!("{e:#}")))?;
-            let Some(ids) = ids else {
-                return Err(ApiError::bad_request(
-                    "this model does not support insert ('suffix', fill-in-the-middle): its vocabulary has no FIM tokens",
-                ));
-            };
-            context.extend(ids);
-            (context, String::new(), false)
-        }
-    };
-    let vocab = engine.vocab_size();
-    if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
-        return Err(ApiError::bad_request(format!("token id {bad} is outside the model's vocabulary of {vocab}")));
-    }
-    if ids.is_empty() {
-        return Err(ApiError::bad_request("the prompt is empty"));
-    }
-    Ok((ids, templated && text.trim_end().ends_with("<think>")))
 }
 
 /// Runs one generation on the calling (blocking) thread. `Ok(None)`: the
@@ -545,7 +503,15 @@ fn run_generation(
         }
     }
     let constraint = constraint.as_mut().map(|c| c as &mut dyn TokenConstraint);
+    // Called once per generated token: the first token's time and the gaps.
+    let mut last_token: Option<Instant> = None;
     let out = engine.generate_constrained(&mut state, req, constraint, |piece| {
+        let now = Instant::now();
+        match last_token {
+            None => app.metrics.first_token(&model.name, now - arrived),
+            Some(last) => app.metrics.inter_token(&model.name, now - last),
+        }
+        last_token = Some(now);
         if app.stopping() {
             return ControlFlow::Break(());
         }
@@ -586,9 +552,16 @@ fn run_generation(
         }
         return Ok(None);
     }
+    let stop_sequence = match out.finish_reason {
+        FinishReason::Stop if !req.stop.is_empty() => {
+            engine.codec.decode(&out.generated_ids).ok().and_then(|full| matched_stop(&full, &out.text, &req.stop))
+        }
+        _ => None,
+    };
     let mut context = out.prompt_ids;
     context.extend(&out.generated_ids);
     Ok(Some(Summary {
+        stop_sequence,
         prompt_tokens: out.stats.prompt_tokens,
         cached_tokens,
         completion_tokens: out.stats.generated_tokens,
@@ -596,51 +569,10 @@ fn run_generation(
         context,
         prompt_eval: prefill_body + Duration::from_secs_f64(out.stats.prefill_seconds),
         eval: Duration::from_secs_f64(out.stats.decode_seconds),
+        load: Duration::ZERO,
         total: arrived.elapsed(),
     }))
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The answer both APIs get from a generation whose engine wrote
-    /// `pieces` and ended for `finish`.
-    fn answer(pieces: &[&str], finish: FinishReason) -> Answer {
-        answer_split(pieces, finish, None, ToolCallSplitter::new(Some(ToolCallForm::Json), &[]))
-    }
-
-    fn answer_split(pieces: &[&str], finish: FinishReason, splitter: Option<ThinkingSplitter>, calls: ToolCallSplitter) -> Answer {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
-        let (outbox, rx) = delivery::channel(64, Duration::from_secs(5), runtime.handle().clone());
-        for piece in pieces {
-            assert!(outbox.send(Piece::Text(piece.to_string())), "the channel has room");
-        }
-        let (zero, completion_tokens) = (Duration::ZERO, pieces.len());
-        let summary = Summary { prompt_tokens: 1, cached_tokens: 0, completion_tokens, finish, context: Vec::new(), prompt_eval: zero, eval: zero, total: zero };
-        assert!(outbox.send(Piece::Done(summary)), "the channel has room");
-        let stream = GenerationStream { rx, splitter, tool_calls: Some(calls), ready: VecDeque::new(), done: None, finished: false };
-        runtime.block_on(stream.collect()).map(|(answer, _)| answer).unwrap_or_else(|e| panic!("{}", e.message))
-    }
-
-    #[test]
-    fn a_call_the_length_cut_off_is_dropped_and_the_calls_before_it_kept() {
-        let whole = "\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n</tool_call>";
-        let pieces = ["Sure.", whole, "\n<tool_call>\n{\"name\": \"add\", \"argu"];
-        let cut = answer(&pieces, FinishReason::Length);
-        assert_eq!((cut.content.as_str(), cut.tool_calls.len()), ("Sure.", 1), "the cut call is neither text nor a call");
-        // Stopped otherwise (a stop sequence), what the model wrote stays text.
-        let stopped = answer(&pieces, FinishReason::Stop);
-        assert!(stopped.content.ends_with("\"argu") && stopped.tool_calls.len() == 1, "{}", stopped.content);
-    }
-
-    #[test]
-    fn a_call_after_reasoning_the_prompt_opened_is_a_call_and_the_reasoning_is_not_text() {
-        let tool = serde_json::json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}}}});
-        let calls = ToolCallSplitter::new(Some(ToolCallForm::XmlParameters), &[tool]);
-        let pieces = ["I should call f.\n</th", "ink>\n\n<tool_call>\n<function=f>\n<parameter=n>\n2\n</parameter>\n</function>\n</tool_call>"];
-        let got = answer_split(&pieces, FinishReason::Stop, Some(ThinkingSplitter::new(true)), calls);
-        assert_eq!((got.thinking.as_str(), got.content.as_str()), ("I should call f.\n", ""));
-        assert_eq!((got.tool_calls.len(), got.tool_calls[0].arguments_json.as_str()), (1, "{\"n\": 2}"));
-    }
-}
+mod tests;

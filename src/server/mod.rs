@@ -1,10 +1,11 @@
-//! `slotstream serve`: the Ollama and OpenAI HTTP APIs over every installed
-//! model.
+//! `slotstream serve`: the Ollama, OpenAI (chat, completions, Responses) and
+//! Anthropic (Messages) HTTP APIs over every installed model.
 //!
-//! `ollama.rs` and `openai.rs` translate their wire formats into one
-//! [`GenerationRequest`]; [`start_generation`] is the single entry point both
-//! call. It finds the model in the catalog (`catalog.rs`: `--model`
-//! directories and pulled models), takes a lease on it (`residency.rs`: loaded
+//! `ollama.rs`, `openai.rs`, `responses.rs` and `anthropic.rs` translate
+//! their wire formats into one [`GenerationRequest`]; [`start_generation`] is
+//! the single entry point they all call. It finds the model in the catalog
+//! (`catalog.rs`: `--model` directories and pulled models), takes a lease on
+//! it (`residency.rs`: loaded
 //! on first use, unloaded after its keep-alive or for another model's memory),
 //! renders and tokenizes the prompt, checks it against the context limit,
 //! waits its turn in a bounded FIFO queue (one generation at a time), and runs
@@ -12,16 +13,21 @@
 //! A client that goes away drops the receiving end, and the engine stops at
 //! its next check. The prefix cache lets a request skip the prompt tokens an
 //! earlier request already fed. `/api/pull` and `/api/delete` (`pull.rs`)
-//! manage the pulled models.
+//! manage the pulled models. `/health`, `/health/ready` and `/metrics`
+//! (`metrics.rs`) serve orchestrators and routers; SIGTERM drains (new
+//! requests get 503 while running ones finish) before it stops.
 
+mod anthropic;
 mod catalog;
 mod delivery;
 mod elastic;
 mod error;
+mod event_stream;
 mod generation;
 mod guard;
 mod keep_alive;
 mod listen;
+mod metrics;
 mod model_info;
 mod ollama;
 mod ollama_env;
@@ -31,6 +37,7 @@ mod prefix_cache;
 mod pull;
 mod request_log;
 mod residency;
+mod responses;
 mod thinking;
 mod tools;
 
@@ -52,8 +59,9 @@ use crate::note;
 
 pub use catalog::{CatalogEntry, ModelCatalog, Origin};
 pub use error::ApiError;
+use generation::count_prompt_tokens;
 pub use generation::{start_generation, Answer, Event, GenerationRequest, GenerationStream, OutputConstraint, PromptInput, Summary};
-use error::{OllamaError, OpenAiError};
+use error::{AnthropicError, OllamaError, OpenAiError};
 pub use keep_alive::{KeepAlive, DEFAULT_KEEP_ALIVE};
 pub use model_info::{MemoryReport, ModelInfo};
 pub use ollama_env::OllamaEnv;
@@ -128,12 +136,15 @@ pub struct AppState {
     waiting: AtomicUsize,
     /// Set on shutdown: running generations stop at their next token.
     stopping: AtomicBool,
+    /// Set by SIGTERM: new generations are refused while running ones finish.
+    draining: AtomicBool,
     /// Prompts being rendered and tokenized at once (see `PROMPT_WORKERS`).
     prompt_work: Semaphore,
     /// Grammars being compiled at once (see `generation::GRAMMAR_WORKERS`).
     grammar_work: Arc<Semaphore>,
     /// Pulls in progress, by the repository they write into.
     pulls: Arc<pull::PullsInProgress>,
+    metrics: Arc<metrics::Metrics>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -151,13 +162,16 @@ impl AppState {
             options.prefix_cache,
             options.max_context,
         ));
+        let metrics = Arc::new(metrics::Metrics::new(residency.clone()));
         Ok(Arc::new(AppState {
             catalog,
+            metrics,
             residency,
             options,
             turn: Arc::new(Semaphore::new(1)),
             waiting: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
             prompt_work: Semaphore::new(PROMPT_WORKERS),
             grammar_work: Arc::new(Semaphore::new(generation::GRAMMAR_WORKERS)),
             pulls: Arc::new(pull::PullsInProgress::default()),
@@ -184,6 +198,33 @@ impl AppState {
         self.stopping.load(Ordering::SeqCst)
     }
 
+    /// Refuses new generations (503, and `/health/ready` too) while those
+    /// running or waiting go on: SIGTERM's drain, so a router sends new
+    /// requests elsewhere and none in flight is lost.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Waits until no generation runs or waits, at most `grace`; false when
+    /// some were still going.
+    pub async fn drained(&self, grace: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + grace;
+        loop {
+            if self.turn.available_permits() > 0 && self.waiting.load(Ordering::SeqCst) == 0 {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Whether new requests are refused: draining or shutting down.
+    fn refusing(&self) -> bool {
+        self.draining.load(Ordering::SeqCst) || self.stopping()
+    }
+
     /// The catalog entry and description of the model a request names: 400
     /// without a name, 404 for a model this server does not have.
     fn find_model(&self, requested: &str) -> Result<(CatalogEntry, ModelInfo), ApiError> {
@@ -200,6 +241,12 @@ impl AppState {
     /// A lease on the model a request names, loading it if needed. Waiting
     /// for a load counts against `--queue` as waiting for the turn does.
     async fn lease(&self, requested: &str, keep_alive: Option<KeepAlive>) -> Result<Lease, ApiError> {
+        if self.refusing() {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the server is about to stop and takes no new requests; send this one to another server",
+            ));
+        }
         let (entry, info) = self.find_model(requested)?;
         let keep_alive = keep_alive.unwrap_or(self.options.keep_alive);
         if let Some(lease) = self.residency.lease_if_loaded(&entry.name, keep_alive) {
@@ -252,7 +299,9 @@ async fn cors(State(extra): State<Arc<Vec<String>>>, req: Request, next: Next) -
 
 /// An error in the flavour of the API the path belongs to.
 fn error_for_path(path: &str, e: ApiError) -> Response {
-    if path.starts_with("/v1/") {
+    if path == "/v1/messages" || path.starts_with("/v1/messages/") {
+        AnthropicError(e).into_response()
+    } else if path.starts_with("/v1/") {
         OpenAiError(e).into_response()
     } else {
         OllamaError(e).into_response()
@@ -285,12 +334,28 @@ async fn root() -> &'static str {
     "Ollama is running"
 }
 
+/// `/health`: the server is up and answering.
+async fn health() -> Response {
+    error::json_response(StatusCode::OK, &serde_json::json!({"status": "ok"}))
+}
+
+/// `/health/ready`: whether it takes requests; 503 once it drains or shuts down.
+async fn ready(State(app): State<Arc<AppState>>) -> Response {
+    if app.refusing() {
+        return error::json_response(StatusCode::SERVICE_UNAVAILABLE, &serde_json::json!({"status": "shutting down"}));
+    }
+    error::json_response(StatusCode::OK, &serde_json::json!({"status": "ready"}))
+}
+
 /// The full router over `app`, served on `bound`.
 pub fn router(app: Arc<AppState>, bound: SocketAddr) -> Router {
     let body_timeout = app.options.timeouts.body;
     let origins = Arc::new(app.options.origins.clone());
     Router::new()
         .route("/", get(root))
+        .route("/health", get(health))
+        .route("/health/ready", get(ready))
+        .route("/metrics", get(metrics::metrics))
         .route("/api/version", get(ollama_models::version))
         .route("/api/tags", get(ollama_models::tags))
         .route("/api/ps", get(ollama_models::ps))
@@ -303,6 +368,9 @@ pub fn router(app: Arc<AppState>, bound: SocketAddr) -> Router {
         .route("/api/embeddings", any(embeddings_refused))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/models", get(openai::models))
         .route("/v1/models/{*model}", get(openai::model))
         .route("/v1/embeddings", any(embeddings_refused))
@@ -313,7 +381,7 @@ pub fn router(app: Arc<AppState>, bound: SocketAddr) -> Router {
         .layer(axum::middleware::from_fn(guard::check_length))
         .layer(axum::middleware::from_fn_with_state(origins, cors))
         .layer(axum::middleware::from_fn_with_state(bound, guard::check_host))
-        .layer(axum::middleware::from_fn(request_log::log_requests))
+        .layer(axum::middleware::from_fn_with_state(app.metrics.clone(), request_log::log_requests))
         .with_state(app)
 }
 
@@ -364,13 +432,26 @@ pub fn serve(config: ServeConfig) -> Result<()> {
             note!("  and {} pulled model(s): {}", pulled.len(), pulled.join(", "));
         }
         elastic::spawn(app.clone());
-        // The first SIGINT or SIGTERM cancels the running and waiting
-        // generations and shuts down (open connections get --shutdown-grace
-        // to take their last chunk); a second one exits at once.
+        // The first SIGINT cancels the running and waiting generations and
+        // shuts down (open connections get --shutdown-grace to take their
+        // last chunk); SIGTERM first drains: new requests get 503 while the
+        // running and waiting ones get --shutdown-grace to finish. A second
+        // signal exits at once.
         let (first_sender, first) = tokio::sync::oneshot::channel::<()>();
         let watched = app.clone();
         let signals = async move {
-            shutdown_signal().await;
+            if shutdown_signal().await == Signal::Terminate {
+                let grace = watched.options.timeouts.shutdown_grace;
+                note!("SIGTERM: draining: new requests get 503; running and waiting generations get {grace:?} to finish");
+                watched.start_draining();
+                tokio::select! {
+                    _ = watched.drained(grace) => {}
+                    _ = shutdown_signal() => {
+                        note!("exiting now");
+                        return;
+                    }
+                }
+            }
             let running = usize::from(watched.turn.available_permits() == 0);
             let waiting = watched.waiting.load(Ordering::SeqCst);
             note!(
@@ -390,20 +471,26 @@ pub fn serve(config: ServeConfig) -> Result<()> {
     Ok(())
 }
 
+#[derive(PartialEq)]
+enum Signal {
+    Interrupt,
+    Terminate,
+}
+
 /// SIGINT (Ctrl-C) or SIGTERM.
-async fn shutdown_signal() {
+async fn shutdown_signal() -> Signal {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
         if let Ok(mut terminate) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = terminate.recv() => {}
-            }
-            return;
+            return tokio::select! {
+                _ = tokio::signal::ctrl_c() => Signal::Interrupt,
+                _ = terminate.recv() => Signal::Terminate,
+            };
         }
     }
     let _ = tokio::signal::ctrl_c().await;
+    Signal::Interrupt
 }
 
 /// Whether a request asked for streaming, with each API's default.

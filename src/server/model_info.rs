@@ -33,7 +33,9 @@ pub struct ModelInfo {
     pub parameter_count: u64,
     /// Bytes of the checkpoint files on disk.
     pub file_bytes: u64,
-    /// A fingerprint of the checkpoint headers (not a content hash).
+    /// sha256 over what defines the model: each weight file's header and a
+    /// sample of its data, the config, the tokenizer and the chat template
+    /// (see [`definition_digest`]).
     pub digest: String,
     pub modified_at: SystemTime,
     pub config: serde_json::Value,
@@ -55,9 +57,6 @@ impl ModelInfo {
             Some(b) => ("mlx".to_string(), format!("{b}bit")),
             None => ("safetensors".to_string(), arch.torch_dtype().unwrap_or("unknown").to_uppercase()),
         };
-        // The digest: sha256 of every weight file's header and of the config, as
-        // Ollama's digests are sha256 (of its blobs), stable across builds.
-        let mut hasher = Sha256::new();
         let mut parameter_count = 0u64;
         let mut file_bytes = 0u64;
         let mut modified_at = SystemTime::UNIX_EPOCH;
@@ -71,12 +70,10 @@ impl ModelInfo {
                 modified_at = modified_at.max(meta.modified().unwrap_or(SystemTime::UNIX_EPOCH));
             }
             if let Some(header) = read_safetensors_header(path) {
-                hasher.update(header.to_string().as_bytes());
                 parameter_count += count_parameters(&header, bits);
             }
         }
-        hasher.update(config.to_string().as_bytes());
-        let digest = crate::hex::lower(&hasher.finalize());
+        let digest = definition_digest(dir, &files, &config);
         let t = &arch.text;
         let mut model_info = serde_json::Map::new();
         model_info.insert("general.architecture".into(), family.clone().into());
@@ -121,6 +118,76 @@ impl ModelInfo {
         let requested = requested.trim();
         requested == self.name || requested.strip_suffix(":latest") == Some(self.name.as_str())
     }
+}
+
+/// Files besides the weights that change what a model answers: its
+/// configuration, tokenizer and chat template.
+const DEFINITION_FILES: [&str; 10] = [
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "chat_template.json",
+];
+
+/// Bytes read from each end of a weight file's data for the digest.
+const WEIGHT_SAMPLE_BYTES: u64 = 64 << 10;
+
+/// Bytes of one definition file the digest reads at most.
+const DEFINITION_FILE_LIMIT: u64 = 256 << 20;
+
+/// sha256 (hex) over what defines the model in `dir`: each weight file's
+/// name, size, header and the first and last [`WEIGHT_SAMPLE_BYTES`] of its
+/// data (hashing every weight would read the whole checkpoint at start;
+/// fine-tunes of one shape differ in the sample), its `config` (as
+/// `ModelArch` read it), then each of [`DEFINITION_FILES`] that is there, by
+/// name and content. Two models that
+/// differ only in their chat template get different digests; clients (the
+/// `llm-ollama` plugin) fold models with one digest into one. Files that
+/// cannot be read count as absent; the digest never fails.
+pub fn definition_digest(dir: &Path, files: &[std::path::PathBuf], config: &serde_json::Value) -> String {
+    let mut hasher = Sha256::new();
+    let mut tagged = |tag: &str, name: &str, bytes: &[u8]| {
+        hasher.update(format!("{tag} {name} {}\n", bytes.len()).as_bytes());
+        hasher.update(bytes);
+    };
+    for path in files.iter().filter(|p| p.extension().is_some_and(|x| x == "safetensors")) {
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        tagged("weights", &name, &weight_sample(path).unwrap_or_default());
+    }
+    tagged("config", "config.json", config.to_string().as_bytes());
+    for name in DEFINITION_FILES {
+        let Ok(mut f) = crate::model_files::open_regular(&dir.join(name)) else { continue };
+        let mut bytes = Vec::new();
+        if (&mut f).take(DEFINITION_FILE_LIMIT).read_to_end(&mut bytes).is_ok() {
+            tagged("file", name, &bytes);
+        }
+    }
+    crate::hex::lower(&hasher.finalize())
+}
+
+/// A weight file's size, header and the two ends of its data.
+fn weight_sample(path: &Path) -> Option<Vec<u8>> {
+    use std::io::{Seek, SeekFrom};
+    let mut f = crate::model_files::open_regular(path).ok()?;
+    let size = f.metadata().ok()?.len();
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len).ok()?;
+    let header_len = u64::from_le_bytes(len).min(100 << 20).min(size.saturating_sub(8));
+    let mut out = size.to_le_bytes().to_vec();
+    (&mut f).take(header_len).read_to_end(&mut out).ok()?;
+    let data_start = 8 + header_len;
+    let head = WEIGHT_SAMPLE_BYTES.min(size - data_start);
+    (&mut f).take(head).read_to_end(&mut out).ok()?;
+    let tail_start = size.saturating_sub(WEIGHT_SAMPLE_BYTES).max(data_start + head);
+    f.seek(SeekFrom::Start(tail_start)).ok()?;
+    f.take(size - tail_start).read_to_end(&mut out).ok()?;
+    Some(out)
 }
 
 fn read_safetensors_header(path: &Path) -> Option<serde_json::Value> {
@@ -220,6 +287,35 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_digest_covers_the_chat_template_tokenizer_and_weights() {
+        let dir = tempfile::tempdir().expect("a scratch folder");
+        let write = |name: &str, bytes: &[u8]| std::fs::write(dir.path().join(name), bytes).expect("writing");
+        let mut weights = 8u64.to_le_bytes().to_vec();
+        weights.extend(b"{}      ");
+        weights.extend(vec![1u8; 300 << 10]);
+        write("model.safetensors", &weights);
+        let files = vec![dir.path().join("model.safetensors")];
+        let digest = || definition_digest(dir.path(), &files, &serde_json::json!({}));
+        let first = digest();
+        assert_eq!(first.len(), 64, "sha256 in hex: {first}");
+        assert_eq!(digest(), first, "stable");
+        assert_ne!(definition_digest(dir.path(), &files, &serde_json::json!({"n": 1})), first, "the config counts");
+        write("chat_template.jinja", b"{{ messages }}");
+        let templated = digest();
+        assert_ne!(templated, first, "a chat template changes the digest");
+        write("chat_template.jinja", b"{{ messages[0] }}");
+        assert_ne!(digest(), templated, "another chat template changes it again");
+        write("tokenizer.json", b"{}");
+        let tokenized = digest();
+        assert_ne!(tokenized, templated, "the tokenizer counts");
+        // The last bytes of the weights' data (a fine-tune of the same shape).
+        let last = weights.len() - 1;
+        weights[last] = 2;
+        write("model.safetensors", &weights);
+        assert_ne!(digest(), tokenized, "the weights' data counts");
+    }
 
     #[test]
     fn timestamps_are_rfc3339() {

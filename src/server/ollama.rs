@@ -250,7 +250,7 @@ fn final_fields(obj: &mut serde_json::Map<String, Value>, s: &Summary) {
     obj.insert("done".into(), true.into());
     obj.insert("done_reason".into(), done_reason(s.finish).into());
     obj.insert("total_duration".into(), nanos(s.total).into());
-    obj.insert("load_duration".into(), 0.into());
+    obj.insert("load_duration".into(), nanos(s.load).into());
     obj.insert("prompt_eval_count".into(), s.prompt_tokens.into());
     obj.insert("prompt_eval_duration".into(), nanos(s.prompt_eval).into());
     obj.insert("eval_count".into(), s.completion_tokens.into());
@@ -313,10 +313,12 @@ fn generation_request(
         model,
         prompt,
         max_tokens: m.max_tokens,
+        max_tokens_is_a_cap: false,
         context_limit: m.context_limit,
         sampling: m.sampling,
         stop: m.stop,
         think,
+        think_if_supported: false,
         tools: Vec::new(),
         parse_tool_calls: false,
         constraint,

@@ -21,9 +21,11 @@ use crate::tokenizer::TextCodec;
 type Reply = Result<Response, OllamaError>;
 
 /// The Ollama API version this server speaks: clients gate features on it
-/// (VS Code's agent mode wants at least 0.6.4; tool calling, structured
-/// outputs and `/api/show` capabilities are all there by this one).
-pub const OLLAMA_API_VERSION: &str = "0.12.0";
+/// (VS Code's agent mode wants at least 0.6.4; Codex CLI's `--oss` refuses
+/// anything older than 0.13.4, the first with `/v1/responses`). Tool calling,
+/// structured outputs, `/api/show` capabilities and the Responses API are all
+/// there by this one.
+pub const OLLAMA_API_VERSION: &str = "0.13.4";
 
 pub async fn version() -> Response {
     json_response(StatusCode::OK, &json!({"version": OLLAMA_API_VERSION, "slotstream": env!("CARGO_PKG_VERSION")}))

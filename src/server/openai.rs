@@ -107,24 +107,32 @@ fn map_common(c: &mut Common) -> Result<(SamplingParams, Vec<String>), ApiError>
         return Err(ApiError::unsupported("logit biases ('logit_bias')"));
     }
     let sampling = SamplingParams {
-        temperature: c.temperature.unwrap_or(1.0),
-        top_p: c.top_p.unwrap_or(1.0),
         top_k: c.top_k.unwrap_or(0).max(0) as usize,
         min_p: c.min_p.unwrap_or(0.0),
-        seed: c.seed.map(|s| s as u64),
         repetition_penalty: c.repeat_penalty.unwrap_or(1.0),
         presence_penalty: c.presence_penalty.unwrap_or(0.0),
         frequency_penalty: c.frequency_penalty.unwrap_or(0.0),
+        ..sampling_params(c.temperature, c.top_p, c.seed)?
+    };
+    let stop = c.stop.take().map(StringOrList::into_vec).unwrap_or_default();
+    Ok((sampling, stop))
+}
+
+/// OpenAI's sampler (temperature 1 and top_p 1 unless given), checked.
+pub(super) fn sampling_params(temperature: Option<f32>, top_p: Option<f32>, seed: Option<i64>) -> Result<SamplingParams, ApiError> {
+    let sampling = SamplingParams {
+        temperature: temperature.unwrap_or(1.0),
+        top_p: top_p.unwrap_or(1.0),
+        seed: seed.map(|s| s as u64),
         ..SamplingParams::default()
     };
     if !(0.0..=2.0).contains(&sampling.temperature) {
         return Err(ApiError::bad_request(format!("temperature must be between 0 and 2, got {}", sampling.temperature)));
     }
-    let stop = c.stop.take().map(StringOrList::into_vec).unwrap_or_default();
-    Ok((sampling, stop))
+    Ok(sampling)
 }
 
-fn max_tokens(v: Option<i64>, name: &str) -> Result<Option<usize>, ApiError> {
+pub(super) fn max_tokens(v: Option<i64>, name: &str) -> Result<Option<usize>, ApiError> {
     match v {
         None => Ok(None),
         Some(n) if n >= 1 => Ok(Some(usize::try_from(n).unwrap_or(usize::MAX))),
@@ -194,15 +202,20 @@ fn usage(s: &Summary) -> Value {
     })
 }
 
-fn unix_now() -> u64 {
+pub(super) fn unix_now() -> u64 {
     SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
-fn new_id(prefix: &str) -> String {
+/// Hex digits no other id of this process has: the time and a counter.
+pub(super) fn unique_hex() -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let t = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
-    format!("{prefix}-{t:x}{n:04x}")
+    format!("{t:x}{n:04x}")
+}
+
+fn new_id(prefix: &str) -> String {
+    format!("{prefix}-{}", unique_hex())
 }
 
 /// Which endpoint a response belongs to.
@@ -264,7 +277,10 @@ impl Shaper {
                     delta.insert("content".into(), content.into());
                 }
                 if !thinking.is_empty() {
+                    // Both names: `reasoning` (Ollama, OpenRouter) and
+                    // `reasoning_content` (vLLM, DeepSeek, LM Studio, langchain-openai).
                     delta.insert("reasoning".into(), thinking.into());
+                    delta.insert("reasoning_content".into(), thinking.into());
                 }
                 json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
             }
@@ -308,7 +324,8 @@ impl Shaper {
                 let content = if called && answer.content.is_empty() { Value::Null } else { answer.content.into() };
                 let mut message = json!({"role": "assistant", "content": content});
                 if !answer.thinking.is_empty() {
-                    message["reasoning"] = answer.thinking.into();
+                    message["reasoning"] = answer.thinking.clone().into();
+                    message["reasoning_content"] = answer.thinking.into();
                 }
                 if called {
                     let calls: Vec<Value> =
@@ -418,10 +435,12 @@ pub async fn chat_completions(State(app): State<Arc<AppState>>, body: Body) -> R
         model: common.model,
         prompt: PromptInput::Chat(messages),
         max_tokens: max,
+        max_tokens_is_a_cap: false,
         context_limit: None,
         sampling,
         stop,
         think,
+        think_if_supported: false,
         tools: tools.wire,
         parse_tool_calls,
         constraint,
@@ -476,10 +495,12 @@ pub async fn completions(State(app): State<Arc<AppState>>, body: Body) -> Reply 
         model: common.model,
         prompt,
         max_tokens: Some(max),
+        max_tokens_is_a_cap: false,
         context_limit: None,
         sampling,
         stop,
         think: None,
+        think_if_supported: false,
         tools: Vec::new(),
         parse_tool_calls: false,
         constraint: None,

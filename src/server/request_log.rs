@@ -1,6 +1,6 @@
 //! One line on stderr per request, once its response has been sent (or its
 //! client left): method, path, status, model, tokens and time, e.g.
-//! `POST /api/chat 200 slotstream-demo 12+64 tokens (8 reused, Stop) 1.234s`;
+//! `POST /api/chat 200 slotstream-demo 12+64 tokens (8 reused, stop) 1.234s`;
 //! a request answered with an error adds its message, so the operator sees
 //! why (`POST /v1/chat/completions 400 0.000s: invalid JSON body: ...`).
 //!
@@ -14,11 +14,12 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use axum::body::{Body, Bytes};
-use axum::extract::Request;
+use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
 use http_body::{Frame, SizeHint};
 
+use super::metrics::Metrics;
 use super::{lock, Summary};
 use crate::note;
 
@@ -61,13 +62,16 @@ impl RequestLog {
 
 /// Middleware: runs the request with a fresh slot and logs its line when the
 /// response body ends or is dropped.
-pub(super) async fn log_requests(req: Request, next: Next) -> Response {
+/// Each request also counts in the HTTP metrics, by its route.
+pub(super) async fn log_requests(State(metrics): State<Arc<Metrics>>, req: Request, next: Next) -> Response {
     let started = Instant::now();
     let head = format!("{} {}", req.method(), req.uri().path());
+    // The route, not the path: paths clients make up would grow the metrics without bound.
+    let endpoint = req.extensions().get::<MatchedPath>().map_or("other", MatchedPath::as_str).to_string();
     let log = RequestLog::default();
     let response = CURRENT.scope(log.clone(), next.run(req)).await;
     let status = response.status().as_u16();
-    let line = Line { head, status, log, started };
+    let line = Line { head, status, log, started, endpoint, metrics };
     response.map(|inner| Body::new(LoggedBody { inner, line: Some(line) }))
 }
 
@@ -76,6 +80,8 @@ struct Line {
     status: u16,
     log: RequestLog,
     started: Instant,
+    endpoint: String,
+    metrics: Arc<Metrics>,
 }
 
 impl Line {
@@ -89,8 +95,11 @@ impl Line {
         }
         if let Some(summary) = &details.summary {
             s += &format!(
-                " {}+{} tokens ({} reused, {:?})",
-                summary.prompt_tokens, summary.completion_tokens, summary.cached_tokens, summary.finish
+                " {}+{} tokens ({} reused, {})",
+                summary.prompt_tokens,
+                summary.completion_tokens,
+                summary.cached_tokens,
+                format!("{:?}", summary.finish).to_lowercase()
             );
         }
         s += &format!(" {:.3}s", self.started.elapsed().as_secs_f64());
@@ -116,6 +125,7 @@ struct LoggedBody {
 impl LoggedBody {
     fn finish(&mut self, complete: bool) {
         if let Some(line) = self.line.take() {
+            line.metrics.http(&line.endpoint, line.status, line.started.elapsed());
             note!("{}", line.render(complete));
         }
     }

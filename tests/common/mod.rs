@@ -1,6 +1,9 @@
 //! What the integration tests share: the fixture models and their oracle goldens.
 #![allow(dead_code)] // each test binary uses a different part
 
+pub mod raw_server;
+pub mod tools_server;
+
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;

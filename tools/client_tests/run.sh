@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Real clients against a real server: builds slotstream, serves a fixture model
-# on a free port, runs the official `ollama` and `openai` Python packages
+# on a free port, runs the official `ollama`, `openai` and `anthropic` Python packages
 # (test_clients.py, which also pulls a model from a local hub-like server,
 # tiny_hub.py) and the robustness script, then stops the server. A second
 # server runs the same weights with a tool-calling chat template
-# (tests/templates/tool_calling.jinja) for tool calling and structured output (test_agents.py).
+# (tests/templates/tool_calling.jinja) for tool calling and structured output
+# (test_agents.py), and OpenAI's Responses and Anthropic's Messages APIs
+# (test_responses_messages.py).
 #
 #   tools/client_tests/run.sh [fixture]    (default: qwen3_moe_mlx4)
 set -euo pipefail
@@ -40,6 +42,7 @@ start_server() {
     HF_HUB_CACHE="$(mktemp -d -p "$scratch")" HF_ENDPOINT="$hub_url" HF_TOKEN= \
         "$bin" serve --model "$1" --name "$fixture" --port "$port" --queue "$queue" "${@:2}" >"$log" 2>&1 &
     server=$!
+    server_log="$log"
     servers+=("$server")
     url="http://127.0.0.1:$port"
     for _ in $(seq 1 100); do
@@ -110,9 +113,44 @@ battery_url="$url" battery_server="$server"
 
 status=0
 SLOTSTREAM_URL="$plain_url" SLOTSTREAM_MODEL="$fixture" SLOTSTREAM_HUB_MODEL="org/tiny" "$venv/bin/pytest" -q "$here/test_clients.py" || status=1
-SLOTSTREAM_TOOLS_URL="$tools_url" SLOTSTREAM_MODEL="$fixture" "$venv/bin/pytest" -q "$here/test_agents.py" "$here/test_langchain.py" || status=1
+SLOTSTREAM_TOOLS_URL="$tools_url" SLOTSTREAM_MODEL="$fixture" "$venv/bin/pytest" -q "$here/test_agents.py" "$here/test_langchain.py" \
+    "$here/test_responses_messages.py" || status=1
 "$venv/bin/python" "$root/tools/robustness.py" --url "$battery_url" --model "$fixture" --queue "$queue" \
     --write-timeout 2 --header-timeout 2 --body-timeout 2 --endless-model endless --looping-model looping || status=1
+# Codex CLI end to end through its built-in Ollama provider (`--oss`): the
+# version floor it checks, /api/tags, then a streamed /v1/responses. Its prompt
+# (instructions and tools) is some 15k tokens: a copy of the tool model with
+# room for it. The weights are random, so only the exchange is checked.
+if command -v npm >/dev/null; then
+    codex_dir="$here/.node"
+    if [ ! -x "$codex_dir/node_modules/.bin/codex" ]; then
+        npm install --silent --no-audit --no-fund --prefix "$codex_dir" @openai/codex@0.171.0
+    fi
+    codex_model="$scratch/codex"
+    mkdir "$codex_model" "$scratch/codex_home" "$scratch/codex_work"
+    cp "$tools_model"/* "$codex_model/"
+    "$venv/bin/python" - "$codex_model/config.json" <<'PY'
+import json, pathlib, sys
+path = pathlib.Path(sys.argv[1])
+config = json.loads(path.read_text())
+config["max_position_embeddings"] = 32768
+path.write_text(json.dumps(config))
+PY
+    start_server "$codex_model" --max-context 32768
+    if (cd "$scratch/codex_work" && CODEX_HOME="$scratch/codex_home" CODEX_OSS_BASE_URL="$url/v1" timeout 300 \
+            "$codex_dir/node_modules/.bin/codex" exec --oss --local-provider ollama -m "$fixture" --sandbox read-only \
+            --skip-git-repo-check "Say hello." </dev/null >"$scratch/codex.out" 2>&1) \
+        && grep -q "POST /v1/responses 200" "$server_log"; then
+        echo "codex exec --oss: answered through /v1/responses"
+    else
+        echo "codex exec --oss failed:" >&2
+        tail -20 "$scratch/codex.out" >&2
+        tail -5 "$server_log" >&2
+        status=1
+    fi
+else
+    echo "npm not found: the Codex CLI check did not run" >&2
+fi
 check_alive "$plain_server" "$fixture" || status=1
 check_alive "$battery_server" "$fixture with short timeouts" || status=1
 check_alive "$tools_server" "$fixture with tools" || status=1
