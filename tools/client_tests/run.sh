@@ -134,6 +134,9 @@ import json, pathlib, sys
 path = pathlib.Path(sys.argv[1])
 config = json.loads(path.read_text())
 config["max_position_embeddings"] = 32768
+# qwen4_exp (and other vision-language layouts) keep it in text_config.
+if isinstance(config.get("text_config"), dict):
+    config["text_config"]["max_position_embeddings"] = 32768
 path.write_text(json.dumps(config))
 PY
     start_server "$codex_model" --max-context 32768
