@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Context, Result};
 use serde::Serialize;
 
 /// One rendering of a chat template: the template, the file it came from
@@ -76,7 +76,7 @@ fn limit_memory(bytes: u64) -> Result<()> {
         let limit = libc::rlimit { rlim_cur: bytes as libc::rlim_t, rlim_max: bytes as libc::rlim_t };
         // SAFETY: setrlimit reads the struct it is given and changes only this process's limit.
         if unsafe { libc::setrlimit(libc::RLIMIT_DATA, &limit) } != 0 {
-            bail!("limiting the chat template renderer's memory: {}", std::io::Error::last_os_error());
+            anyhow::bail!("limiting the chat template renderer's memory: {}", std::io::Error::last_os_error());
         }
     }
     #[cfg(not(target_os = "linux"))]
