@@ -50,13 +50,17 @@ impl ConstraintSpec {
 
 /// How JSON is written: compact separators as Python's `json.dumps` writes
 /// them (as chat templates render earlier calls), no free whitespace (a
-/// small model could otherwise spend its tokens on blanks).
-fn json_style() -> Value {
-    json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
+/// small model could otherwise spend its tokens on blanks). `lenient`: the
+/// keywords the engine does not implement are left unenforced instead of
+/// refused (tool parameters: agents such as Claude Code send schemas with
+/// `propertyNames`, and a call that ignores one is still a call the client
+/// checks; a response format is held to all of its schema or refused).
+fn json_style(lenient: bool) -> Value {
+    json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": ", "lenient": lenient})
 }
 
-/// The schema with the JSON style attached.
-pub(super) fn styled(schema: &Value) -> Result<Value> {
+/// The schema with the JSON style attached ([`json_style`]'s `lenient`).
+pub(super) fn styled(schema: &Value, lenient: bool) -> Result<Value> {
     let mut schema = match schema {
         Value::Bool(true) => json!({}),
         Value::Object(_) => schema.clone(),
@@ -65,7 +69,7 @@ pub(super) fn styled(schema: &Value) -> Result<Value> {
     bounded_integers(&mut schema);
     short_number_bounds(&mut schema)?;
     if let Some(obj) = schema.as_object_mut() {
-        obj.insert("x-guidance".into(), json_style());
+        obj.insert("x-guidance".into(), json_style(lenient));
     }
     Ok(schema)
 }
@@ -454,14 +458,14 @@ fn call_schema(tools: &[ToolSpec]) -> Result<Value> {
     }
 }
 
-/// A rule's body for JSON following `schema`.
-pub(super) fn json_rule(schema: &Value) -> Result<String> {
-    Ok(format!("%json {}", styled(schema)?))
+/// A rule's body for JSON following `schema` (`lenient`: see [`json_style`]).
+pub(super) fn json_rule(schema: &Value, lenient: bool) -> Result<String> {
+    Ok(format!("%json {}", styled(schema, lenient)?))
 }
 
 /// The `call` rule for calls of `tools` in the Hermes / Qwen JSON form.
 pub(super) fn json_calls(tools: &[ToolSpec]) -> Result<String> {
-    Ok(format!("call: {}\n", json_rule(&call_schema(tools)?)?))
+    Ok(format!("call: {}\n", json_rule(&call_schema(tools)?, true)?))
 }
 
 /// The grammar of tool calls between their tags around `calls` (the `call`

@@ -136,13 +136,13 @@ fn after_reasoning(lark: &str) -> Result<String> {
 /// it applies (`None`: from the first token).
 fn lark(spec: &ConstraintSpec) -> Result<(String, Option<String>)> {
     match spec {
-        ConstraintSpec::JsonObject => Ok((format!("start: {}\n", grammar::json_rule(&serde_json::json!({"type": "object"}))?), None)),
+        ConstraintSpec::JsonObject => Ok((format!("start: {}\n", grammar::json_rule(&serde_json::json!({"type": "object"}), false)?), None)),
         ConstraintSpec::JsonSchema(schema) => {
             // An object lists all its keys unless it says otherwise, as
             // llama.cpp's schema grammars (and so Ollama's) read it.
             let mut schema = schema.clone();
             grammar::declared_only(&mut schema);
-            Ok((format!("start: {}\n", grammar::json_rule(&schema)?), None))
+            Ok((format!("start: {}\n", grammar::json_rule(&schema, false)?), None))
         }
         ConstraintSpec::ToolCalls { tools, forced, parallel, form } => {
             let calls = match form {

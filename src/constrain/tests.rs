@@ -145,6 +145,22 @@ fn schemas_the_engine_cannot_compile_are_refused_with_a_reason() {
     assert!(error.to_string().contains("parameters of tool 'f' are not a JSON schema"), "{error}");
 }
 
+/// Claude Code's tools name `propertyNames`, which the engine does not
+/// implement: a tool's parameters compile with it left unenforced, while a
+/// response format that uses it is still refused.
+#[test]
+fn tool_schemas_with_keywords_the_engine_lacks_still_compile() {
+    let grammars = fixture_grammars();
+    let schema = json!({"type": "object", "properties": {"env": {"type": "object", "propertyNames": {"pattern": "^[A-Z_]+$"}}}});
+    for form in [ToolCallForm::Json, ToolCallForm::XmlParameters] {
+        let tools = vec![ToolSpec { name: "f".into(), parameters: schema.clone() }];
+        let spec = ConstraintSpec::ToolCalls { tools, forced: true, parallel: false, form };
+        grammars.constraint(&spec).unwrap_or_else(|e| panic!("{form:?}: a tool with propertyNames: {e:#}"));
+    }
+    let error = grammars.constraint(&ConstraintSpec::JsonSchema(schema)).err().expect("a format with propertyNames is refused");
+    assert!(error.to_string().contains("propertyNames"), "{error}");
+}
+
 #[test]
 fn tool_arguments_carry_only_declared_parameters() {
     let grammars = fixture_grammars();

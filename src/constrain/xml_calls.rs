@@ -142,7 +142,7 @@ pub fn lark_calls(tools: &[ToolSpec]) -> Result<String> {
                 ParameterText::Json => {
                     let mut schema = schema;
                     declared_only(&mut schema);
-                    rules.push_str(&format!("value_{t}_{p}: %json {}\n", styled(&schema)?));
+                    rules.push_str(&format!("value_{t}_{p}: %json {}\n", styled(&schema, true)?));
                     format!("{open} value_{t}_{p} {close}")
                 }
             };
