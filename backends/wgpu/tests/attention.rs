@@ -16,7 +16,7 @@ use slotstream_wgpu::{AdapterChoice, MatmulMode, WgpuBackend, WgpuOptions};
 fn attention_prefill_then_decode_gqa() {
     let mut rng = Rng::new(8);
     let (heads, kvh, hd) = (8, 2, 64);
-    let steps: Vec<(usize, Vec<f32>, Vec<f32>, Vec<f32>)> = [7usize, 1, 1, 300]
+    let steps: Vec<QkStep> = [7usize, 1, 1, 300]
         .iter()
         .map(|&t| (t, rng.vec(t * heads * hd, 2.0), rng.vec(t * kvh * hd, 2.0), rng.vec(t * kvh * hd, 2.0)))
         .collect();
@@ -129,22 +129,12 @@ fn attention_with_the_qk_norm_inside() {
         let [heads, kvh, hd] = dims;
         let mut rng = Rng::new(90 + i as u64);
         let (qw, kw) = (rng.vec(hd, 1.0), rng.vec(hd, 1.0));
-        let steps: Vec<(usize, Vec<f32>, Vec<f32>, Vec<f32>)> = [300usize, 1, 1, 1, 3, 1]
+        let steps: Vec<QkStep> = [300usize, 1, 1, 1, 3, 1]
             .iter()
             .map(|&t| (t, rng.vec(t * heads * hd, 3.0), rng.vec(t * kvh * hd, 3.0), rng.vec(t * kvh * hd, 2.0)))
             .collect();
         check(&format!("attention_qk_norm{i}"), 2e-5, |b| {
-            let (qw, kw) = (up(b, &qw, &[hd]), up(b, &kw, &[hd]));
-            let mut cache = b.new_kv_cache(kvh, hd).unwrap();
-            let mut start = 0;
-            let mut outs = Vec::new();
-            for (t, q, k, v) in &steps {
-                let (q, k, v) = (up(b, q, &[*t, heads * hd]), up(b, k, &[*t, kvh * hd]), up(b, v, &[*t, kvh * hd]));
-                let norm = QkNorm { weights: [&qw, &kw], eps: [1e-6, 1e-5], head_dim: hd, rotary_dim: rotary, theta: 1e6, start_pos: start };
-                outs.push(b.attention_qk_norm(&q, &k, &v, &mut cache, heads, 1.0 / (hd as f32).sqrt(), None, &norm).unwrap());
-                start += t;
-            }
-            b.concat_rows(&outs[1..].iter().collect::<Vec<_>>()).unwrap()
+            qk_norm_steps(b, dims, rotary, [&qw, &kw], &steps, 1)
         });
     }
 }
@@ -227,22 +217,12 @@ fn attention_with_an_f16_cache() {
         let [heads, kvh, hd] = dims;
         let mut rng = Rng::new(170 + i as u64);
         let (qw, kw) = (rng.vec(hd, 1.0), rng.vec(hd, 1.0));
-        let steps: Vec<(usize, Vec<f32>, Vec<f32>, Vec<f32>)> = [300usize, 1, 2, 730, 1, 1]
+        let steps: Vec<QkStep> = [300usize, 1, 2, 730, 1, 1]
             .iter()
             .map(|&t| (t, rng.vec(t * heads * hd, 3.0), rng.vec(t * kvh * hd, 3.0), rng.vec(t * kvh * hd, 2.0)))
             .collect();
         let run = |b: &dyn Backend| {
-            let (qw, kw) = (up(b, &qw, &[hd]), up(b, &kw, &[hd]));
-            let mut cache = b.new_kv_cache(kvh, hd).unwrap();
-            let mut start = 0;
-            let mut outs = Vec::new();
-            for (t, q, k, v) in &steps {
-                let (q, k, v) = (up(b, q, &[*t, heads * hd]), up(b, k, &[*t, kvh * hd]), up(b, v, &[*t, kvh * hd]));
-                let norm = QkNorm { weights: [&qw, &kw], eps: [1e-6, 1e-5], head_dim: hd, rotary_dim: hd / 2, theta: 1e6, start_pos: start };
-                outs.push(b.attention_qk_norm(&q, &k, &v, &mut cache, heads, 1.0 / (hd as f32).sqrt(), None, &norm).unwrap());
-                start += t;
-            }
-            b.download(&b.concat_rows(&outs.iter().collect::<Vec<_>>()).unwrap()).unwrap()
+            b.download(&qk_norm_steps(b, dims, hd / 2, [&qw, &kw], &steps, 0)).unwrap()
         };
         let err = rel_l2(&run(&g), &run(&cpu));
         assert!(err <= 1e-4, "{dims:?}: an f16 cache on the GPU differs from the CPU backend's, rel L2 {err:.3e}");
@@ -262,22 +242,31 @@ fn flash_attention_with_the_qk_norm_inside() {
         let [heads, kvh, hd] = dims;
         let mut rng = Rng::new(190 + i as u64);
         let (qw, kw) = (rng.vec(hd, 1.0), rng.vec(hd, 1.0));
-        let steps: Vec<(usize, Vec<f32>, Vec<f32>, Vec<f32>)> = [1030usize, 1, 1, 2, 1]
+        let steps: Vec<QkStep> = [1030usize, 1, 1, 2, 1]
             .iter()
             .map(|&t| (t, rng.vec(t * heads * hd, 3.0), rng.vec(t * kvh * hd, 3.0), rng.vec(t * kvh * hd, 2.0)))
             .collect();
         check(&format!("flash_attention_qk_norm{i}"), 2e-5, |b| {
-            let (qw, kw) = (up(b, &qw, &[hd]), up(b, &kw, &[hd]));
-            let mut cache = b.new_kv_cache(kvh, hd).unwrap();
-            let mut start = 0;
-            let mut outs = Vec::new();
-            for (t, q, k, v) in &steps {
-                let (q, k, v) = (up(b, q, &[*t, heads * hd]), up(b, k, &[*t, kvh * hd]), up(b, v, &[*t, kvh * hd]));
-                let norm = QkNorm { weights: [&qw, &kw], eps: [1e-6, 1e-5], head_dim: hd, rotary_dim: rotary, theta: 1e6, start_pos: start };
-                outs.push(b.attention_qk_norm(&q, &k, &v, &mut cache, heads, 1.0 / (hd as f32).sqrt(), None, &norm).unwrap());
-                start += t;
-            }
-            b.concat_rows(&outs[1..].iter().collect::<Vec<_>>()).unwrap()
+            qk_norm_steps(b, dims, rotary, [&qw, &kw], &steps, 1)
         });
     }
 }
+
+/// Runs `attention_qk_norm` calls of `steps` (tokens, q, k, v) on one cache,
+/// with query/key norm weights `qw`, `kw` and `rotary` rotated dims, and
+/// returns the outputs of steps `from..` as one tensor.
+fn qk_norm_steps(b: &dyn Backend, [heads, kvh, hd]: [usize; 3], rotary: usize, [qw, kw]: [&[f32]; 2], steps: &[QkStep], from: usize) -> Tensor {
+    let (qw, kw) = (up(b, qw, &[hd]), up(b, kw, &[hd]));
+    let mut cache = b.new_kv_cache(kvh, hd).unwrap();
+    let mut start = 0;
+    let mut outs = Vec::new();
+    for (t, q, k, v) in steps {
+        let (q, k, v) = (up(b, q, &[*t, heads * hd]), up(b, k, &[*t, kvh * hd]), up(b, v, &[*t, kvh * hd]));
+        let norm = QkNorm { weights: [&qw, &kw], eps: [1e-6, 1e-5], head_dim: hd, rotary_dim: rotary, theta: 1e6, start_pos: start };
+        outs.push(b.attention_qk_norm(&q, &k, &v, &mut cache, heads, 1.0 / (hd as f32).sqrt(), None, &norm).unwrap());
+        start += t;
+    }
+    b.concat_rows(&outs[from..].iter().collect::<Vec<_>>()).unwrap()
+}
+
+type QkStep = (usize, Vec<f32>, Vec<f32>, Vec<f32>);
