@@ -25,6 +25,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_gpu_peer as bp  # noqa: E402
+from gpu_peer_table import f1 as f, ratio  # noqa: E402
 
 
 def calibrated(a, n):
@@ -134,14 +135,6 @@ def main():
     json.dump({"commit": a.commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "results": results},
               open(os.path.join(a.results, "results.json"), "w"), indent=1, default=str)
     print(md)
-
-
-def f(x, nd=1):
-    return "—" if x is None else f"{x:.{nd}f}"
-
-
-def ratio(x, y):
-    return "—" if not x or not y else f"{x / y:.2f}x"
 
 
 def table(a, results):
