@@ -271,18 +271,32 @@ const FLASH_SLOT_LANES: u32 = 4;
 /// Slots of a `flash_attention` workgroup.
 const FLASH_SLOTS: usize = 64;
 
+/// The pipelines compiled for a head dim (`kernels.rs`'s `FLASH_PIPELINES`
+/// and `KV_STORE_PIPELINES`): `flash_attention`, its two-rows-per-slot form
+/// (head dims up to 128), and `kv_store`.
+struct HeadDimKernels {
+    flash: &'static str,
+    two_rows: Option<&'static str>,
+    kv_store: &'static str,
+}
+
+fn head_dim_kernels(head_dim: usize) -> Option<HeadDimKernels> {
+    let (flash, two_rows, kv_store) = match head_dim {
+        64 => ("flash_attention_hd64", Some("flash_attention_hd64_r2"), "kv_store_hd64"),
+        128 => ("flash_attention_hd128", Some("flash_attention_hd128_r2"), "kv_store_hd128"),
+        256 => ("flash_attention_hd256", None, "kv_store_hd256"),
+        _ => return None,
+    };
+    Some(HeadDimKernels { flash, two_rows, kv_store })
+}
+
 /// The `flash_attention` pipeline for this cache's head dim, when the call
 /// can take it: dense attention (the caller checks), a head dim it is
 /// compiled for, query groups of at most 64 heads, subgroups of whole slots,
 /// and a prefill or a decode step over enough keys (`keys`, the fresh
 /// ones included).
 pub(crate) fn flash_pipeline(gpu: &Gpu, cache: &GpuKvCache, heads: usize, tokens: usize, keys: usize) -> Option<&'static str> {
-    let name = match cache.head_dim {
-        64 => "flash_attention_hd64",
-        128 => "flash_attention_hd128",
-        256 => "flash_attention_hd256",
-        _ => return None,
-    };
+    let name = head_dim_kernels(cache.head_dim)?.flash;
     let group = heads / cache.kv_heads.max(1);
     let subgroups_fit = gpu.subgroup_min >= FLASH_SLOT_LANES && gpu.subgroup_max <= 256;
     let long_enough = tokens > 1 || keys >= FLASH_DECODE_MIN_KEYS;
@@ -323,11 +337,8 @@ fn flash_attend(
 ) -> Result<()> {
     let (kv_heads, hd) = (cache.kv_heads, cache.head_dim);
     // Two rows per slot where one row each leaves no slot idle (a prefill).
-    let two = match pipeline {
-        "flash_attention_hd64" if gpu.flash_two_rows && tokens * (heads / kv_heads) > FLASH_SLOTS => Some("flash_attention_hd64_r2"),
-        "flash_attention_hd128" if gpu.flash_two_rows && tokens * (heads / kv_heads) > FLASH_SLOTS => Some("flash_attention_hd128_r2"),
-        _ => None,
-    };
+    let fills = gpu.flash_two_rows && tokens * (heads / kv_heads) > FLASH_SLOTS;
+    let two = head_dim_kernels(hd).and_then(|k| k.two_rows).filter(|_| fills);
     let pipeline = two.unwrap_or(pipeline);
     let rows_per_slot = if two.is_some() { 2 } else { 1 };
     let [tb, slices, splits, chunk] = flash_shape(tokens, heads, kv_heads, hd, cache.len, gpu.flash_workgroups, rows_per_slot);
@@ -371,7 +382,7 @@ fn flash_attend(
 /// `flash_attention` are compiled for the head dim (the per-head kernels
 /// read f16 of any head dim of a multiple of four).
 pub(crate) fn kv_in_f16(gpu: &Gpu, fast: bool, head_dim: usize) -> bool {
-    fast && gpu.has_kernel(&format!("kv_store_hd{head_dim}"))
+    fast && head_dim_kernels(head_dim).is_some_and(|k| gpu.has_kernel(k.kv_store))
 }
 
 /// Records appending `tokens` rows of keys `k` and values `v` (f32
@@ -383,12 +394,8 @@ pub(crate) fn append(gpu: &Gpu, cache: &mut GpuKvCache, k: Bind<'_>, v: Bind<'_>
     }
     let past = cache.len;
     cache.append_in_kernel(tokens)?;
-    let entry = match cache.head_dim {
-        64 => "kv_store_hd64",
-        128 => "kv_store_hd128",
-        256 => "kv_store_hd256",
-        hd => return Err(BackendError::Unsupported(format!("an f16 KV cache of head dim {hd}"))),
-    };
+    let hd = cache.head_dim;
+    let entry = head_dim_kernels(hd).ok_or_else(|| BackendError::Unsupported(format!("an f16 KV cache of head dim {hd}")))?.kv_store;
     let params = FlashParams { tokens: tokens as u32, kv_heads: cache.kv_heads as u32, past: past as u32, half: 1, ..Default::default() };
     let runs = (tokens * cache.kv_heads * cache.head_dim / 4) as u64;
     let binds = [(KEYS, whole(&cache.keys)), (VALUES, whole(&cache.values)), (KNEW, k), (VNEW, v)];
