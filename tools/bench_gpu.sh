@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU benchmarks of the wgpu backend (see examples/bench_gpu.rs):
+# GPU benchmarks of the wgpu backend (see examples/bench_gpu/main.rs):
 #   (a) 4-/8-bit matvec bandwidth on a 65536 x 8192 matrix (288 MB at 4 bits,
 #       far beyond any L2) as a fraction of the measured device copy bandwidth;
 #   (b) decode tok/s of a synthetic qwen3_next-shaped model fully resident on

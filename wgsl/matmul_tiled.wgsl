@@ -1,12 +1,14 @@
-// Prefill-sized products in 64 x 64 output tiles, any weight format (see
-// weights.wgsl): each workgroup stages 32-column slices of 64 dequantized
-// weight rows and of 64 x rows in workgroup memory (16 KiB), and each of its
+// Prefill-sized products in 64 x 64 output tiles (and 128 x 128, see
+// matmul_wide), any weight format (see weights.wgsl): each workgroup
+// stages 32-column slices of 64 dequantized weight rows and of 64 x rows in
+// workgroup memory (16 KiB), and each of its
 // 256 invocations accumulates a 4 x 4 block of outputs, so a weight value is
 // decoded once per 64 rows of x and every workgroup-memory load feeds four
 // multiply-adds. The next slice's global loads are issued before the current
 // slice is multiplied (see Staged), so their latency hides behind it.
 //
 //   matmul_tiled:     out[t, out_off + r] = sum_c W[r, c] * x[t, c]   (dense weights)
+//   matmul_wide:      the same in 128 x 128 tiles
 //   moe_sort:         one workgroup: groups the (token, rank) pairs of one MoE call
 //                     by expert (only experts with a slot in this pool shard), and
 //                     lists the call's tiles: up to 64 pairs of one expert each
@@ -65,8 +67,9 @@ const TK: u32 = 32u;
 // is weight row m of the tile at column k0 + k.
 // Each group of 8 columns is offset by two more vec4s (tile_at_k), so that
 // the stores of the four column groups fall in different banks.
-var<workgroup> wt: array<vec4<f32>, 518>;
-var<workgroup> xt: array<vec4<f32>, 518>;
+// (520: room for matmul_wide's layout, see wide_at.)
+var<workgroup> wt: array<vec4<f32>, 520>;
+var<workgroup> xt: array<vec4<f32>, 520>;
 
 // Index of the 4-row vector `q` of tile column `k` in wt and xt.
 fn tile_at_k(k: u32, q: u32) -> u32 {
@@ -185,6 +188,104 @@ fn matmul_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
             if (r < p.rows && t < p.tokens) {
                 out[t * p.out_cols + p.out_off + r] = acc[j][c];
             }
+        }
+    }
+}
+
+// matmul_wide: the dense product in 128 x 128 tiles, for products with
+// enough of them to fill the GPU: invocation (tx, ty) = (li % 16,
+// li / 16) accumulates rows 4tx.. and 64 + 4tx.. (+4) against tokens 4ty.. and
+// 64 + 4ty.. (+4), 64 outputs, so each k step's four 16-byte workgroup-memory
+// loads feed 64 multiply-adds; slices are 16 columns (DK), staged by 256
+// invocations of one weight row and one x row each (m = li / 2, columns
+// 8 * (li % 2) .. + 8). Each output is still the sum over k in order, as in
+// matmul_tiled, so both give the same bits.
+const DM: u32 = 128u;
+const DK: u32 = 16u;
+
+// Index of the 4-row vector `q` (of 32) of slice column `k` in wt and xt:
+// each group of 8 columns is offset by four more vec4s, so that the two
+// column groups' stores fall in different banks.
+fn wide_at(k: u32, q: u32) -> u32 {
+    return k * 32u + 4u * (k >> 3u) + q;
+}
+
+fn wide_store(s: Staged, m: u32, cg: u32) {
+    for (var j = 0u; j < 8u; j++) {
+        var wv = s.w[j];
+        if (s.packed) {
+            wv = s.sb.x * f32((s.word >> (4u * j)) & 15u) + s.sb.y;
+        }
+        let at = wide_at(8u * cg + j, m / 4u);
+        wt[at][m % 4u] = wv;
+        xt[at][m % 4u] = s.x[j];
+    }
+}
+
+// acc[8h + j]: rows 64h + 4tx .. + 4 against token (j < 4: 4ty + j; else 64 + 4ty + j - 4).
+fn wide_accumulate(acc: ptr<function, array<vec4<f32>, 16>>, tx: u32, ty: u32) {
+    for (var k = 0u; k < DK; k++) {
+        let base = wide_at(k, 0u);
+        let a0 = wt[base + tx];
+        let a1 = wt[base + 16u + tx];
+        let b0 = xt[base + ty];
+        let b1 = xt[base + 16u + ty];
+        (*acc)[0] += a0 * b0.x;
+        (*acc)[1] += a0 * b0.y;
+        (*acc)[2] += a0 * b0.z;
+        (*acc)[3] += a0 * b0.w;
+        (*acc)[4] += a0 * b1.x;
+        (*acc)[5] += a0 * b1.y;
+        (*acc)[6] += a0 * b1.z;
+        (*acc)[7] += a0 * b1.w;
+        (*acc)[8] += a1 * b0.x;
+        (*acc)[9] += a1 * b0.y;
+        (*acc)[10] += a1 * b0.z;
+        (*acc)[11] += a1 * b0.w;
+        (*acc)[12] += a1 * b1.x;
+        (*acc)[13] += a1 * b1.y;
+        (*acc)[14] += a1 * b1.z;
+        (*acc)[15] += a1 * b1.w;
+    }
+}
+
+// Four rows from `r` of token `t`'s output, those inside the matrix.
+fn wide_put(v: vec4<f32>, r: u32, t: u32) {
+    if (t >= p.tokens) {
+        return;
+    }
+    let at = t * p.out_cols + p.out_off + r;
+    for (var c = 0u; c < 4u; c++) {
+        if (r + c < p.rows) {
+            out[at + c] = v[c];
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn matmul_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let row0 = wid.x * DM;
+    let tok0 = wid.y * DM;
+    let m = li / 2u;
+    let cg = li % 2u;
+    let tx = li % 16u;
+    let ty = li / 16u;
+    var acc: array<vec4<f32>, 16>;
+    var next = fetch(row0 + m, row0 + m < p.rows, tok0 + m, tok0 + m < p.tokens, 8u * cg);
+    for (var k0 = 0u; k0 < p.x_cols; k0 += DK) {
+        wide_store(next, m, cg);
+        workgroupBarrier();
+        if (k0 + DK < p.x_cols) {
+            next = fetch(row0 + m, row0 + m < p.rows, tok0 + m, tok0 + m < p.tokens, k0 + DK + 8u * cg);
+        }
+        wide_accumulate(&acc, tx, ty);
+        workgroupBarrier();
+    }
+    for (var h = 0u; h < 2u; h++) {
+        let r = row0 + 64u * h + 4u * tx;
+        for (var j = 0u; j < 4u; j++) {
+            wide_put(acc[8u * h + j], r, tok0 + 4u * ty + j);
+            wide_put(acc[8u * h + 4u + j], r, tok0 + 64u + 4u * ty + j);
         }
     }
 }

@@ -229,11 +229,17 @@ pub(crate) fn matvec_epilogue(gpu: &Gpu, w: &GpuWeight, x: Bind<'_>, tokens: usi
     Ok(Some(()))
 }
 
-/// Rows and tokens of one output tile of `wgsl/matmul_tiled.wgsl`.
+/// Rows and tokens (or pairs) of one output tile of `wgsl/matmul_tiled.wgsl`.
 pub(crate) const TILE: usize = 64;
+/// Rows and tokens of one output tile of its `matmul_wide`.
+const WIDE_TILE: usize = 128;
+/// Products with at least this many 128 x 128 tiles take `matmul_wide`
+/// (twice the multiply-adds per workgroup-memory load); smaller ones keep
+/// four times as many 64 x 64 tiles to spread over the GPU's cores.
+const WIDE_MIN_TILES: usize = 128;
 
 /// `out[t, out_off + r] = W[r] . x[t]` for one shard and many tokens, in
-/// 64 x 64 tiles.
+/// 64 x 64 or 128 x 128 tiles.
 fn matmul_tiled(gpu: &Gpu, s: &Shard, x: Bind<'_>, out: Bind<'_>, tokens: usize, total_rows: usize) -> Result<()> {
     let params = TiledParams {
         w: s.desc,
@@ -244,8 +250,10 @@ fn matmul_tiled(gpu: &Gpu, s: &Shard, x: Bind<'_>, out: Bind<'_>, tokens: usize,
         x_cols: s.desc.cols,
         ..Default::default()
     };
-    let groups = [s.rows.div_ceil(TILE) as u32, tokens.div_ceil(TILE) as u32, 1];
-    gpu.dispatch("matmul_tiled", &params, &[(W_WORDS, whole(&s.buffer)), (X, x), (X_VEC4, x), (OUT, out)], groups)
+    let wide = [s.rows.div_ceil(WIDE_TILE) as u32, tokens.div_ceil(WIDE_TILE) as u32, 1];
+    let (entry, tile) = if (wide[0] * wide[1]) as usize >= WIDE_MIN_TILES { ("matmul_wide", WIDE_TILE) } else { ("matmul_tiled", TILE) };
+    let groups = [s.rows.div_ceil(tile) as u32, tokens.div_ceil(tile) as u32, 1];
+    gpu.dispatch(entry, &params, &[(W_WORDS, whole(&s.buffer)), (X, x), (X_VEC4, x), (OUT, out)], groups)
 }
 
 /// `out = x @ W^T` for `x: [tokens, w.cols]`, shard by shard.

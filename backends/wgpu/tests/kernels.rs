@@ -49,6 +49,24 @@ fn matmul_all_formats_decode_and_prefill() {
     }
 }
 
+/// The dense prefill products over several tiles in both directions, with
+/// partial tiles of rows and tokens, and (f16 weights, 264 columns) a last
+/// slice half past the matrix: 200 x 150 in 64 x 64 tiles (`matmul_tiled`),
+/// 1000 x 2040 in 128 of 128 x 128 (`matmul_wide`).
+#[test]
+fn matmul_tiled_many_tiles() {
+    let formats = [(affine(4, 32), 288), (MatrixFormat::Affine { bits: 4, group_size: 64, scale_dtype: DType::F16 }, 320), (MatrixFormat::Dense(DType::F16), 264)];
+    for ((format, cols), (rows, tokens)) in formats.into_iter().flat_map(|f| [(f, (200, 150)), (f, (1000, 2040))]) {
+        let mut rng = Rng::new(23);
+        let m = matrix(&mut rng, format, 1, rows, cols);
+        let x = rng.vec(tokens * cols, 2.0);
+        check(&format!("matmul_tiled_{}_c{cols}_{rows}x{tokens}", format_name(format)), TOL, |b| {
+            let w = b.load_weight(&m).expect("load_weight");
+            b.matmul(&up(b, &x, &[tokens, cols]), &w).expect("matmul")
+        });
+    }
+}
+
 /// One-token products of interleaved 4-bit weights take eight rows per
 /// subgroup only from `q4_eight_rows_from` rows on (by default never): a
 /// second backend with that option at 1 reaches the kernel.

@@ -9,9 +9,13 @@
 //!
 //!     cargo run --release --example bench_gpu -- [--adapter auto] [--model DIR]
 //!
+//! (d) with `--gemm T:K:N,...`, prefill-sized 4-bit products only (`gemm.rs`).
+//!
 //! `BENCH_GPU_SKIP=k1,k2` decodes without those kernels' dispatches (wrong
 //! tokens): the time a token saves is what they cost in the chain, untimed;
 //! `BENCH_GPU_SKIP_SWEEP=1` does so for each kernel family in turn.
+
+mod gemm;
 
 use std::time::Instant;
 
@@ -38,10 +42,11 @@ struct Args {
     /// The warm prefill measurement: `pp` tokens after `depth` (llama-bench's `-p` and `-d`).
     depth: usize,
     pp: usize,
+    gemm: Vec<(usize, usize, usize)>,
 }
 
 fn parse_args() -> Result<Args> {
-    let mut a = Args { adapter: AdapterChoice::auto(), model: None, copy_mib: 1024, rows: 65536, cols: 8192, reps: 50, prompt: 256, decode: 64, flushes: vec![0, 8, 12, 24, 16], depth: 432, pp: 256, matvec: true };
+    let mut a = Args { adapter: AdapterChoice::auto(), model: None, copy_mib: 1024, rows: 65536, cols: 8192, reps: 50, prompt: 256, decode: 64, flushes: vec![0, 8, 12, 24, 16], depth: 432, pp: 256, matvec: true, gemm: Vec::new() };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
@@ -58,6 +63,7 @@ fn parse_args() -> Result<Args> {
             "--pp" => a.pp = value()?.parse()?,
             "--flush" => a.flushes = value()?.split(',').map(|v| v.trim().parse()).collect::<Result<_, _>>()?,
             "--no-matvec" => a.matvec = false,
+            "--gemm" => a.gemm = gemm::parse_shapes(&value()?)?,
             other => bail!("unknown flag {other}"),
         }
     }
@@ -502,6 +508,9 @@ fn main() -> Result<()> {
     let args = parse_args()?;
     let b = WgpuBackend::new(&args.adapter)?;
     println!("device: {} (subgroup sizes {:?}; parameters as {})", b.name(), b.subgroup_sizes(), if b.immediates() { "immediates" } else { "uniform buffers" });
+    if !args.gemm.is_empty() {
+        return gemm::bench(&b, &args.gemm, args.reps);
+    }
     let copy_engine = copy_bandwidth(&b, args.copy_mib, 20)?;
     println!("copy_buffer_to_buffer bandwidth: {copy_engine:.0} GB/s (read + write, {} MiB buffer)", args.copy_mib);
     // The reference ceiling: a copy measured outside wgpu (tools/bench_gpu.sh passes
