@@ -164,6 +164,16 @@ fn get_merge(i: u32) -> vec4<f32> {
     return v_sh[i - TILE4];
 }
 
+// Lane `part` of a slot holds partial dots `d` of four keys (its runs):
+// returns key `part`'s whole score, summed over the slot's four lanes in
+// three shuffles (each step keeps the half of the keys its lane ends with).
+fn spread(d: vec4<f32>, part: u32) -> f32 {
+    let hi = (part & 2u) != 0u;
+    let x = select(d.xy, d.zw, hi) + subgroupShuffleXor(select(d.zw, d.xy, hi), 2u);
+    let lo = (part & 1u) != 0u;
+    return select(x.x, x.y, lo) + subgroupShuffleXor(select(x.y, x.x, lo), 1u);
+}
+
 // Row r of the workgroup: its token (t) and head (h).
 fn row_token(tblock: u32, r: u32) -> u32 {
     return tblock * p.tb + r / (p.heads / p.kv_heads);
@@ -296,18 +306,76 @@ fn flash_attention(
             }
         }
         let n = min(BK, end - j0);
-        if (live) {
-            for (var k = slice; k < n; k += p.slices) {
-                let kb = k * HD4 + part;
-                var s = 0.0;
-                var s2 = 0.0;
+        if (live && p.slices == 1u) {
+            for (var k = 0u; k < n; k += 4u) {
+                // Keys k .. k + 3 at once: each lane's partial dots of the
+                // four, summed over the slot so that lane `part` holds key
+                // k + part's score; one max, one rescale and one exp a lane
+                // for the four; each key's weight is then read from its lane.
+                var d = vec4<f32>(0.0);
+                var d2 = vec4<f32>(0.0);
                 for (var i = 0u; i < PER; i++) {
-                    let kv = k_sh[kb + 4u * i];
-                    s += dot(qr[i], kv);
+                    let r = part + 4u * i;
+                    let k0 = k_sh[k * HD4 + r];
+                    let k1 = k_sh[(k + 1u) * HD4 + r];
+                    let k2 = k_sh[(k + 2u) * HD4 + r];
+                    let k3 = k_sh[(k + 3u) * HD4 + r];
+                    d += vec4<f32>(dot(qr[i], k0), dot(qr[i], k1), dot(qr[i], k2), dot(qr[i], k3));
                     if (ROWS == 2u) {
-                        s2 += dot(q2[i], kv);
+                        d2 += vec4<f32>(dot(q2[i], k0), dot(q2[i], k1), dot(q2[i], k2), dot(q2[i], k3));
                     }
                 }
+                let j = j0 + k + part;
+                let ok = vec2<bool>(k + part < n && j <= pos, live2 && k + part < n && j <= pos2);
+                let sc = select(vec2<f32>(NO_SCORE), vec2<f32>(spread(d, part), spread(d2, part)), ok);
+                var mb = max(sc, subgroupShuffleXor(sc, 1u));
+                mb = max(mb, subgroupShuffleXor(mb, 2u));
+                if (mb.x > m) {
+                    let r = exp(m - mb.x);
+                    l *= r;
+                    for (var i = 0u; i < PER; i++) {
+                        o[i] *= r;
+                    }
+                    m = mb.x;
+                }
+                if (ROWS == 2u && mb.y > m2) {
+                    let r = exp(m2 - mb.y);
+                    l2 *= r;
+                    for (var i = 0u; i < PER; i++) {
+                        o2[i] *= r;
+                    }
+                    m2 = mb.y;
+                }
+                let e = select(vec2<f32>(0.0), exp(sc - vec2<f32>(m, m2)), ok);
+                l += e.x;
+                l2 += e.y;
+                for (var kk = 0u; kk < 4u; kk++) {
+                    let ek = subgroupShuffle(e, lane - part + kk);
+                    for (var i = 0u; i < PER; i++) {
+                        let vv = v_sh[(k + kk) * HD4 + part + 4u * i];
+                        o[i] += ek.x * vv;
+                        if (ROWS == 2u) {
+                            o2[i] += ek.y * vv;
+                        }
+                    }
+                }
+            }
+        } else if (live) {
+            for (var k = slice; k < n; k += p.slices) {
+                let kb = k * HD4 + part;
+                // Four independent sums per row (a dot's chain of adds is the
+                // latency of its products), added at the end.
+                var sv = vec4<f32>(0.0);
+                var sv2 = vec4<f32>(0.0);
+                for (var i = 0u; i < PER; i++) {
+                    let kv = k_sh[kb + 4u * i];
+                    sv += qr[i] * kv;
+                    if (ROWS == 2u) {
+                        sv2 += q2[i] * kv;
+                    }
+                }
+                var s = (sv.x + sv.y) + (sv.z + sv.w);
+                var s2 = (sv2.x + sv2.y) + (sv2.z + sv2.w);
                 // The slot's four lanes run the same keys: its partners.
                 s += subgroupShuffleXor(s, 1u);
                 s += subgroupShuffleXor(s, 2u);
@@ -353,6 +421,11 @@ fn flash_attention(
     }
 
     if (p.slices == 1u) {
+        // The four-key blocks kept a sum per lane: the slot's total.
+        l += subgroupShuffleXor(l, 1u);
+        l += subgroupShuffleXor(l, 2u);
+        l2 += subgroupShuffleXor(l2, 1u);
+        l2 += subgroupShuffleXor(l2, 2u);
         if (live) {
             for (var i = 0u; i < PER; i++) {
                 write_run(t, h, c, part + 4u * i, o[i], l);
