@@ -11,11 +11,12 @@
 //   matmul_wide:      the same in 128 x 128 tiles
 //   moe_sort:         one workgroup: groups the (token, rank) pairs of one MoE call
 //                     by expert (only experts with a slot in this pool shard), and
-//                     lists the call's tiles: up to 64 pairs of one expert each
+//                     lists the call's tiles: up to tile_pairs pairs of one expert each
 //   moe_gate_up_tiled: act[pair, i] = silu(gate row i . x[token]) * (up row i . x[token])
 //                     over the tile list (gate and up of the expert's slot, side by
 //                     side in one pool matrix as in moe.wgsl)
 //   moe_down_tiled:   vals[pair, r] = down row r . act[pair] over the tile list
+//   moe_gate_up_wide, moe_down_wide: the same in 128 x 128 tiles (128 pairs a tile)
 // The MoE forms give each expert's weights to whole tiles of its pairs, so a
 // pool row is read once per 64 of them instead of once per pair; the weighted
 // sum over ranks is moe.wgsl's moe_combine.
@@ -25,7 +26,7 @@
 // 7 table u32 (the pool's slot table); 10 sort (moe_sort's output, atomics) and
 // 11 groups (the same buffer, read by the tiled kernels): word 0 the number of
 // tiles, then `experts` cursors, then `max_tiles` tiles (expert, first sorted
-// position << 7 | pairs), then the sorted pair indices.
+// position << 8 | pairs), then the sorted pair indices.
 
 struct Params {
     w: WeightDesc,
@@ -44,9 +45,10 @@ struct Params {
     // The pool shard's slots: slot_base..slot_end.
     slot_base: u32,
     slot_end: u32,
-    // Tiles the tile list has room for (ceil(pairs / 64) + experts).
+    // Tiles the tile list has room for (ceil(pairs / tile_pairs) + experts).
     max_tiles: u32,
-    _pad0: u32,
+    // Pairs per MoE tile: 64 (moe_*_tiled) or 128 (moe_*_wide).
+    tile_pairs: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -262,25 +264,38 @@ fn wide_put(v: vec4<f32>, r: u32, t: u32) {
     }
 }
 
+// The products of a 128 x 128 tile over every column: invocation li stages
+// weight row `wrow` and x row `xrow` (zeros where not valid) of each slice,
+// the next slice's loads in flight while the current one is multiplied.
+fn wide_products(acc: ptr<function, array<vec4<f32>, 16>>, li: u32, wrow: u32, wvalid: bool, xrow: u32, xvalid: bool) {
+    let m = li / 2u;
+    let cg = li % 2u;
+    var next = fetch(wrow, wvalid, xrow, xvalid, 8u * cg);
+    for (var k0 = 0u; k0 < p.x_cols; k0 += DK) {
+        wide_store(next, m, cg);
+        workgroupBarrier();
+        if (k0 + DK < p.x_cols) {
+            next = fetch(wrow, wvalid, xrow, xvalid, k0 + DK + 8u * cg);
+        }
+        wide_accumulate(acc, li % 16u, li / 16u);
+        workgroupBarrier();
+    }
+}
+
+// Tile column j (0..8) of invocation row ty: 4ty + j, then 64 + 4ty + j - 4.
+fn wide_col(ty: u32, j: u32) -> u32 {
+    return select(4u * ty + j, 60u + 4u * ty + j, j >= 4u);
+}
+
 @compute @workgroup_size(256)
 fn matmul_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let row0 = wid.x * DM;
     let tok0 = wid.y * DM;
     let m = li / 2u;
-    let cg = li % 2u;
     let tx = li % 16u;
     let ty = li / 16u;
     var acc: array<vec4<f32>, 16>;
-    var next = fetch(row0 + m, row0 + m < p.rows, tok0 + m, tok0 + m < p.tokens, 8u * cg);
-    for (var k0 = 0u; k0 < p.x_cols; k0 += DK) {
-        wide_store(next, m, cg);
-        workgroupBarrier();
-        if (k0 + DK < p.x_cols) {
-            next = fetch(row0 + m, row0 + m < p.rows, tok0 + m, tok0 + m < p.tokens, k0 + DK + 8u * cg);
-        }
-        wide_accumulate(&acc, tx, ty);
-        workgroupBarrier();
-    }
+    wide_products(&acc, li, row0 + m, row0 + m < p.rows, tok0 + m, tok0 + m < p.tokens);
     for (var h = 0u; h < 2u; h++) {
         let r = row0 + 64u * h + 4u * tx;
         for (var j = 0u; j < 4u; j++) {
@@ -338,12 +353,13 @@ fn moe_sort(@builtin(local_invocation_index) li: u32) {
     let per = (p.experts + 255u) / 256u;
     let e0 = min(li * per, p.experts);
     let e1 = min(e0 + per, p.experts);
+    let tp = max(p.tile_pairs, 1u);
     var pairs = 0u;
     var tiles = 0u;
     for (var e = e0; e < e1; e++) {
         let n = atomicLoad(&sort[cursor_at(e)]);
         pairs += n;
-        tiles += (n + TN - 1u) / TN;
+        tiles += (n + tp - 1u) / tp;
     }
     part_pairs[li] = pairs;
     part_tiles[li] = tiles;
@@ -366,9 +382,9 @@ fn moe_sort(@builtin(local_invocation_index) li: u32) {
     var tile = part_tiles[li];
     for (var e = e0; e < e1; e++) {
         let n = atomicLoad(&sort[cursor_at(e)]);
-        for (var s = 0u; s < n; s += TN) {
+        for (var s = 0u; s < n; s += tp) {
             atomicStore(&sort[tile_at(tile)], e);
-            atomicStore(&sort[tile_at(tile) + 1u], ((pos + s) << 7u) | min(TN, n - s));
+            atomicStore(&sort[tile_at(tile) + 1u], ((pos + s) << 8u) | min(tp, n - s));
             tile++;
         }
         atomicStore(&sort[cursor_at(e)], pos);
@@ -395,7 +411,7 @@ fn tile_of(y: u32, li: u32) -> vec4<u32> {
         if (y < groups[0]) {
             let e = groups[tile_at(y)];
             let packed = groups[tile_at(y) + 1u];
-            t = vec4<u32>(table[p.key_base + e] - p.slot_base, packed >> 7u, packed & 127u, 0u);
+            t = vec4<u32>(table[p.key_base + e] - p.slot_base, packed >> 8u, packed & 255u, 0u);
         }
         wg_tile = t;
     }
@@ -486,6 +502,78 @@ fn moe_down_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
                 let r = row0 + 4u * tx + c;
                 if (r < p.rows) {
                     out[q * p.out_cols + r] = acc[j][c];
+                }
+            }
+        }
+    }
+}
+
+// moe_gate_up_tiled and moe_down_tiled in 128 x 128 tiles (matmul_wide's
+// products), for calls with 128 pairs an expert or more on average.
+@compute @workgroup_size(256)
+fn moe_gate_up_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let tile = tile_of(wid.y, li);
+    if (tile.z == 0u) {
+        return;
+    }
+    // Tile row m: gate (even m) or up (odd m) row i0 + m / 2 of the expert.
+    let i0 = wid.x * (DM / 2u);
+    let m = li / 2u;
+    let i = i0 + m / 2u;
+    var pair = 0u;
+    if (m < tile.z) {
+        pair = groups[sorted_at(tile.y + m)];
+    }
+    var acc: array<vec4<f32>, 16>;
+    wide_products(&acc, li, tile.x * 2u * p.rows + (m % 2u) * p.rows + i, i < p.rows, pair / p.top_k, m < tile.z);
+    // acc[8h + j] = (gate a, up a, gate a + 1, up a + 1) for a = i0 + 32h + 2tx.
+    let tx = li % 16u;
+    let ty = li / 16u;
+    for (var h = 0u; h < 2u; h++) {
+        let a = i0 + 32u * h + 2u * tx;
+        for (var j = 0u; j < 8u; j++) {
+            let n = wide_col(ty, j);
+            if (n < tile.z) {
+                let q = groups[sorted_at(tile.y + n)];
+                let v = acc[8u * h + j];
+                if (a < p.rows) {
+                    out[q * p.out_cols + a] = silu(v.x) * v.y;
+                }
+                if (a + 1u < p.rows) {
+                    out[q * p.out_cols + a + 1u] = silu(v.z) * v.w;
+                }
+            }
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn moe_down_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let tile = tile_of(wid.y, li);
+    if (tile.z == 0u) {
+        return;
+    }
+    let row0 = wid.x * DM;
+    let m = li / 2u;
+    var pair = 0u;
+    if (m < tile.z) {
+        pair = groups[sorted_at(tile.y + m)];
+    }
+    var acc: array<vec4<f32>, 16>;
+    wide_products(&acc, li, tile.x * p.rows + row0 + m, row0 + m < p.rows, pair, m < tile.z);
+    let tx = li % 16u;
+    let ty = li / 16u;
+    for (var h = 0u; h < 2u; h++) {
+        let r = row0 + 64u * h + 4u * tx;
+        for (var j = 0u; j < 8u; j++) {
+            let n = wide_col(ty, j);
+            if (n < tile.z) {
+                let q = groups[sorted_at(tile.y + n)];
+                let v = acc[8u * h + j];
+                for (var c = 0u; c < 4u; c++) {
+                    if (r + c < p.rows) {
+                        out[q * p.out_cols + r + c] = v[c];
+                    }
                 }
             }
         }

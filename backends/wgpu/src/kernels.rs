@@ -84,7 +84,7 @@ const FILES: [(&str, &str); 19] = [
 /// subgroup size, workgroup counts and sizes, and positive constants.
 const LOOP_STEPS: &[&str] = &[
     "lanes", "nwg.x * nsg", "nwg.x", "nsg", "parts", "256u", "128u", "64u", "TK", "TN", "WG", "TILE", "V_BATCH * parts", "parts * lanes",
-    "V_BATCH", "MERGE_BATCH", "wg", "nwg.x * per_wg", "BK", "DK", "4u", "p.slices",
+    "V_BATCH", "MERGE_BATCH", "wg", "nwg.x * per_wg", "BK", "DK", "4u", "tp", "p.slices",
 ];
 
 /// Checks that every loop of a kernel file ends, as the kernels are compiled
@@ -223,7 +223,7 @@ impl Module {
         match self {
             Module::Matvec => &["matvec_q4", "matvec", "matvec_epilogue"],
             Module::MatvecQ8 => &["quantize_x8", "matvec_q8"],
-            Module::MatmulTiled => &["matmul_tiled", "matmul_wide", "moe_sort", "moe_gate_up_tiled", "moe_down_tiled"],
+            Module::MatmulTiled => &["matmul_tiled", "matmul_wide", "moe_sort", "moe_gate_up_tiled", "moe_down_tiled", "moe_gate_up_wide", "moe_down_wide"],
             Module::Moe => &["moe_map", "moe_gate_up", "moe_down", "moe_combine", "moe_down_combine"],
             Module::Route => &["moe_route", "moe_route_matmul", "moe_route_norm", "moe_route_norm_q8", "moe_route_norm_wide"],
             Module::Embed => &["embed", "argmax_parts", "embed_chosen"],

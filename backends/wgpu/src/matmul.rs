@@ -71,7 +71,8 @@ params! {
         slot_end: u32,
         /// Room in the MoE tile list.
         max_tiles: u32,
-        _pad0: u32,
+        /// Pairs per MoE tile (64, or 128 for the wide kernels).
+        tile_pairs: u32,
     }
 }
 
@@ -232,7 +233,7 @@ pub(crate) fn matvec_epilogue(gpu: &Gpu, w: &GpuWeight, x: Bind<'_>, tokens: usi
 /// Rows and tokens (or pairs) of one output tile of `wgsl/matmul_tiled.wgsl`.
 pub(crate) const TILE: usize = 64;
 /// Rows and tokens of one output tile of its `matmul_wide`.
-const WIDE_TILE: usize = 128;
+pub(crate) const WIDE_TILE: usize = 128;
 /// Products with at least this many 128 x 128 tiles take `matmul_wide`
 /// (twice the multiply-adds per workgroup-memory load); smaller ones keep
 /// four times as many 64 x 64 tiles to spread over the GPU's cores.

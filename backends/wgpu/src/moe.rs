@@ -7,7 +7,7 @@ use slotstream_backend::{checks, BackendError, ExpertPool, Gating, Result, Route
 
 use crate::gpu::{whole, Bind, Gpu, GpuBuf, MAX_GROUPS};
 use crate::kernels::params;
-use crate::matmul::{TiledParams, TILE};
+use crate::matmul::{TiledParams, TILE, WIDE_TILE};
 use crate::norm::HeldNorm;
 use crate::tensors::{buf, f32s};
 use crate::{not_ours, WgpuBackend};
@@ -340,7 +340,10 @@ fn tiled_outputs(gpu: &Gpu, c: &Call<'_>, out: &wgpu::Buffer) -> Result<()> {
     let (hidden, inter) = (pool.gate_up.layout_cols(), pool.intermediate);
     let pairs = c.tokens * c.gating.top_k;
     let experts = c.gating.experts;
-    let max_tiles = pairs.div_ceil(TILE) + experts.min(pairs);
+    // 128 x 128 tiles where an expert gets 128 pairs on average.
+    let wide = pairs >= WIDE_TILE * experts;
+    let (tile, gate_up, down) = if wide { (WIDE_TILE, "moe_gate_up_wide", "moe_down_wide") } else { (TILE, "moe_gate_up_tiled", "moe_down_tiled") };
+    let max_tiles = pairs.div_ceil(tile) + experts.min(pairs);
     let sort = gpu.alloc(4 * (1 + experts + 2 * max_tiles + pairs) as u64)?;
     let act = gpu.alloc(4 * (pairs * inter) as u64)?;
     let table = whole(&pool.table);
@@ -359,18 +362,20 @@ fn tiled_outputs(gpu: &Gpu, c: &Call<'_>, out: &wgpu::Buffer) -> Result<()> {
             slot_base: base as u32,
             slot_end: (base + shard_slots) as u32,
             max_tiles: max_tiles as u32,
+            tile_pairs: tile as u32,
             ..Default::default()
         };
         let sort_params = params(&pool.gate_up, inter, hidden, inter);
         gpu.dispatch("moe_sort", &sort_params, &[(ROUTES, c.routes), (TABLE, table), (SORT, sort.bind())], [1, 1, 1])?;
-        let gate_up = whole(&pool.gate_up.buffers[shard]);
-        let binds = [(W_WORDS, gate_up), (X, c.x), (X_VEC4, c.x), (OUT, act.bind()), (TABLE, table), (GROUPS, sort.bind())];
-        let groups = [inter.div_ceil(TILE / 2) as u32, max_tiles as u32, 1];
-        gpu.dispatch("moe_gate_up_tiled", &sort_params, &binds, groups)?;
-        let down = whole(&pool.down.buffers[shard]);
-        let binds = [(W_WORDS, down), (X, act.bind()), (X_VEC4, act.bind()), (OUT, whole(out)), (TABLE, table), (GROUPS, sort.bind())];
-        let groups = [hidden.div_ceil(TILE) as u32, max_tiles as u32, 1];
-        gpu.dispatch("moe_down_tiled", &params(&pool.down, hidden, inter, hidden), &binds, groups)?;
+        let weights = whole(&pool.gate_up.buffers[shard]);
+        let binds = [(W_WORDS, weights), (X, c.x), (X_VEC4, c.x), (OUT, act.bind()), (TABLE, table), (GROUPS, sort.bind())];
+        // A tile's rows are gate and up rows in turn: half as many of each.
+        let groups = [inter.div_ceil(tile / 2) as u32, max_tiles as u32, 1];
+        gpu.dispatch(gate_up, &sort_params, &binds, groups)?;
+        let weights = whole(&pool.down.buffers[shard]);
+        let binds = [(W_WORDS, weights), (X, act.bind()), (X_VEC4, act.bind()), (OUT, whole(out)), (TABLE, table), (GROUPS, sort.bind())];
+        let groups = [hidden.div_ceil(tile) as u32, max_tiles as u32, 1];
+        gpu.dispatch(down, &params(&pool.down, hidden, inter, hidden), &binds, groups)?;
     }
     Ok(())
 }

@@ -396,16 +396,18 @@ fn sharded_weights_and_pool_match_cpu() {
 }
 
 /// Prefill-sized calls take the tiled kernels (pairs grouped by expert, 64 to
-/// a tile; `wgsl/matmul_tiled.wgsl`): many pairs per expert, tiles cut short,
-/// an expert with no slot, every pool format, and a pool in several shards.
+/// a tile, or with 300 tokens 128 to a tile, `moe_*_wide`;
+/// `wgsl/matmul_tiled.wgsl`): many pairs per expert, tiles cut short, an
+/// expert with no slot, every pool format, and a pool in several shards.
 #[test]
 fn tiled_expert_ffn_for_many_tokens() {
     if gpu().is_none() {
         return;
     }
-    let (hidden, inter, tokens) = (192, 128, 100);
+    let (hidden, inter) = (192, 128);
     let gating = Gating { experts: 4, top_k: 2, normalize: true };
-    for format in [affine(4, 64), affine(8, 64), MatrixFormat::Dense(DType::BF16)] {
+    let cases = [affine(4, 64), affine(8, 64), MatrixFormat::Dense(DType::BF16)].into_iter().flat_map(|f| [(f, 100), (f, 300)]);
+    for (format, tokens) in cases {
         let mut rng = Rng::new(41);
         let layout = ExpertLayout { hidden, intermediate: inter, gate: format, up: format, down: format };
         let experts = random_experts(&mut rng, format, hidden, inter, 3);
@@ -420,7 +422,7 @@ fn tiled_expert_ffn_for_many_tokens() {
             out
         };
         let want = run(&CpuBackend::exact());
-        let name = format_name(format);
+        let name = format!("{}, {tokens} tokens", format_name(format));
         let got = run(gpu().unwrap());
         let err = rel_l2(&got, &want);
         assert!(err <= TOL, "{name}: tiled MoE differs from the CPU backend: rel L2 {err:.3e}");
