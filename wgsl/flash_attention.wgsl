@@ -9,9 +9,10 @@
 // pairs of that kv head's query heads, so each key and value row it stages
 // serves every query head of the group. The 256 invocations form 64 slots of
 // 4 lanes (one subgroup holds lanes/4 whole slots; the host needs subgroups
-// of at least 4); slot s takes row s / slices and key slice s % slices
-// (keys slice, slice + slices, .. of each tile), so that a decode step with
-// few rows still puts every slot to work. Lane l of a slot holds the query's
+// of at least 4); slot s takes row s % (64 / slices) and key slice
+// s / (64 / slices) (keys slice, slice + slices, .. of each tile), so that a
+// decode step with few rows still puts every slot to work, and the slots of
+// one subgroup read the same keys. Lane l of a slot holds the query's
 // and the output's vec4 runs l, l + 4, l + 8, .. (HD/16 of them) in
 // registers: a score is four partial dots summed by two subgroup shuffles.
 //
@@ -230,8 +231,11 @@ fn flash_attention(
     let rows = p.tb * group;
     let slot = sg * (lanes / 4u) + lane / 4u;
     let part = lane % 4u;
-    let row = slot / p.slices;
-    let slice = slot % p.slices;
+    // Slot (row, slice) = slice * nr + row: the slots of a subgroup share a
+    // slice, so each key run they read from workgroup memory is one broadcast.
+    let nr = SLOTS / p.slices;
+    let row = slot % nr;
+    let slice = slot / nr;
     let t = row_token(tblock, row);
     let h = row_head(kh, row);
     let live = row < rows && t < p.tokens;
@@ -453,9 +457,9 @@ fn flash_attention(
     }
     workgroupBarrier();
     var mx = NO_SCORE;
-    let r0 = min(row, SLOTS / p.slices - 1u) * p.slices;
+
     for (var s2 = 0u; s2 < p.slices; s2++) {
-        mx = max(mx, ml_sh[r0 + s2].x);
+        mx = max(mx, ml_sh[s2 * nr + row].x);
     }
     let f = exp(m - mx);
     let span = rows * PER;
@@ -473,14 +477,14 @@ fn flash_attention(
             if (tt < p.tokens) {
                 var rm = NO_SCORE;
                 for (var s2 = 0u; s2 < p.slices; s2++) {
-                    rm = max(rm, ml_sh[rr * p.slices + s2].x);
+                    rm = max(rm, ml_sh[s2 * nr + rr].x);
                 }
                 var sum = vec4<f32>(0.0);
                 var rl = 0.0;
                 for (var s2 = 0u; s2 < p.slices; s2++) {
-                    let ml = ml_sh[rr * p.slices + s2];
+                    let ml = ml_sh[s2 * nr + rr];
                     rl += ml.y * exp(ml.x - rm);
-                    sum += get_merge((rr * p.slices + s2) * PER + i);
+                    sum += get_merge((s2 * nr + rr) * PER + i);
                 }
                 let hh = row_head(kh, rr);
                 write_run(tt, hh, c, r + 4u * i, sum, rl);
