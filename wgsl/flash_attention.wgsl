@@ -80,6 +80,9 @@ override HD: u32 = 128u;
 // slot rows s and s + 64, so that every key and value run read from
 // workgroup memory feeds two rows.
 override ROWS: u32 = 1u;
+// One row per slot (decode, and head dims over 128) has the registers to
+// keep two tiles' loads in flight: its few rows do little work per tile.
+override DEEP: bool = ROWS == 1u;
 // vec4 runs per row, and per lane.
 const MAX_PER: u32 = 16u;
 override HD4: u32 = HD / 4u;
@@ -146,6 +149,20 @@ fn store_run(is_key: bool, i: u32, v: vec4<f32>) {
     } else {
         values[2u * i] = u.xy;
         values[2u * i + 1u] = u.zw;
+    }
+}
+
+// This invocation's share of the tile of keys j0.. (before `end`): vec4
+// li + u * WG of its keys and of its values (key (li + u * WG) / HD4, run
+// (li + u * WG) % HD4).
+fn fetch_tile(kr: ptr<function, array<vec4<f32>, LOADS>>, vr: ptr<function, array<vec4<f32>, LOADS>>, j0: u32, end: u32, kh: u32, li: u32) {
+    for (var u = 0u; u < LOADS; u++) {
+        let e = li + u * WG;
+        let j = j0 + e / HD4;
+        if (j < end) {
+            (*kr)[u] = kv_run(true, j, kh, e % HD4);
+            (*vr)[u] = kv_run(false, j, kh, e % HD4);
+        }
     }
 }
 
@@ -281,17 +298,14 @@ fn flash_attention(
     var m2 = NO_SCORE;
     var l2 = 0.0;
 
-    // This invocation's share of a tile: vec4 li + u * WG of its keys and of
-    // its values (key (li + u * WG) / HD4, run (li + u * WG) % HD4).
+    // With DEEP, kr2 / vr2 hold the tile after: two tiles' loads in flight.
     var kr: array<vec4<f32>, LOADS>;
     var vr: array<vec4<f32>, LOADS>;
-    for (var u = 0u; u < LOADS; u++) {
-        let e = li + u * WG;
-        let j = first + e / HD4;
-        if (j < end) {
-            kr[u] = kv_run(true, j, kh, e % HD4);
-            vr[u] = kv_run(false, j, kh, e % HD4);
-        }
+    var kr2: array<vec4<f32>, LOADS>;
+    var vr2: array<vec4<f32>, LOADS>;
+    fetch_tile(&kr, &vr, first, end, kh, li);
+    if (DEEP) {
+        fetch_tile(&kr2, &vr2, first + BK, end, kh, li);
     }
     for (var j0 = first; j0 < end; j0 += BK) {
         workgroupBarrier();
@@ -300,14 +314,12 @@ fn flash_attention(
             v_sh[li + u * WG] = vr[u];
         }
         workgroupBarrier();
-        let next = j0 + BK;
-        for (var u = 0u; u < LOADS; u++) {
-            let e = li + u * WG;
-            let j = next + e / HD4;
-            if (j < end) {
-                kr[u] = kv_run(true, j, kh, e % HD4);
-                vr[u] = kv_run(false, j, kh, e % HD4);
-            }
+        if (DEEP) {
+            kr = kr2;
+            vr = vr2;
+            fetch_tile(&kr2, &vr2, j0 + 2u * BK, end, kh, li);
+        } else {
+            fetch_tile(&kr, &vr, j0 + BK, end, kh, li);
         }
         let n = min(BK, end - j0);
         if (live && p.slices == 1u) {

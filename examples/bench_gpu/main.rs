@@ -10,7 +10,8 @@
 //!     cargo run --release --example bench_gpu -- [--adapter auto] [--model DIR]
 //!
 //! (d) with `--gemm T:K:N,...`, prefill-sized 4-bit products only (`gemm.rs`);
-//! (e) with `--model DIR --chunks N,...`, prefill only, by chunk size (`prefill.rs`).
+//! (e) with `--model DIR --chunks N,...`, prefill only, by chunk size, or with
+//!     `--depth-decode N` decode after it (`prefill.rs`).
 //!
 //! `BENCH_GPU_SKIP=k1,k2` decodes without those kernels' dispatches (wrong
 //! tokens): the time a token saves is what they cost in the chain, untimed;
@@ -46,10 +47,12 @@ struct Args {
     pp: usize,
     gemm: Vec<(usize, usize, usize)>,
     chunks: Vec<usize>,
+    /// With --chunks: greedy tokens decoded after each timed prefill.
+    depth_decode: usize,
 }
 
 fn parse_args() -> Result<Args> {
-    let mut a = Args { adapter: AdapterChoice::auto(), model: None, copy_mib: 1024, rows: 65536, cols: 8192, reps: 50, prompt: 256, decode: 64, flushes: vec![0, 8, 12, 24, 16], depth: 432, pp: 256, matvec: true, gemm: Vec::new(), chunks: Vec::new() };
+    let mut a = Args { adapter: AdapterChoice::auto(), model: None, copy_mib: 1024, rows: 65536, cols: 8192, reps: 50, prompt: 256, decode: 64, flushes: vec![0, 8, 12, 24, 16], depth: 432, pp: 256, matvec: true, gemm: Vec::new(), chunks: Vec::new(), depth_decode: 0 };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
@@ -67,6 +70,7 @@ fn parse_args() -> Result<Args> {
             "--flush" => a.flushes = value()?.split(',').map(|v| v.trim().parse()).collect::<Result<_, _>>()?,
             "--no-matvec" => a.matvec = false,
             "--gemm" => a.gemm = gemm::parse_shapes(&value()?)?,
+            "--depth-decode" => a.depth_decode = value()?.parse()?,
             "--chunks" => a.chunks = value()?.split(',').map(|v| v.trim().parse()).collect::<Result<_, _>>()?,
             other => bail!("unknown flag {other}"),
         }
@@ -516,7 +520,7 @@ fn main() -> Result<()> {
         return gemm::bench(&b, &args.gemm, args.reps);
     }
     if let (Some(dir), false) = (&args.model, args.chunks.is_empty()) {
-        return prefill::bench(&b, dir, args.prompt, &args.chunks);
+        return prefill::bench(&b, dir, args.prompt, &args.chunks, args.depth_decode);
     }
     let copy_engine = copy_bandwidth(&b, args.copy_mib, 20)?;
     println!("copy_buffer_to_buffer bandwidth: {copy_engine:.0} GB/s (read + write, {} MiB buffer)", args.copy_mib);
