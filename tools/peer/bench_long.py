@@ -85,6 +85,8 @@ def main():
     ap.add_argument("--peer-reps", type=int, default=2)
     ap.add_argument("--flash-off", action="store_true", help="also ours with SLOTSTREAM_WGPU_FLASH=0 at the first length")
     ap.add_argument("--sweep-workgroups", help="also ours at the first length with each SLOTSTREAM_WGPU_FLASH_WORKGROUPS, e.g. 132,528")
+    ap.add_argument("--variant-wgsl", help="also ours at every length with SLOTSTREAM_WGPU_WGSL_DIR=DIR "
+                    "(another commit's kernel files, compared in the same call)")
     ap.add_argument("--gpu-backend", default="wgpu")
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--router-skew", type=float, default=0.4)
@@ -113,6 +115,9 @@ def main():
             row["peer_tg"] = peer_rows(a, gguf, f"{key}_llama_tg_d{n}", 0, a.decode, n, a.peer_reps)
             a.depth = n_prompt
             row["ours"] = ours_long(a, model, experts, prompt, f"{key}_ours_{n}")
+            if a.variant_wgsl:
+                env = dict(os.environ, SLOTSTREAM_WGPU_WGSL_DIR=os.path.abspath(a.variant_wgsl))
+                row["ours_variant"] = ours_long(a, model, experts, prompt, f"{key}_ours_{n}_variant", env=env)
             if i == 0 and a.flash_off:
                 env = dict(os.environ, SLOTSTREAM_WGPU_FLASH="0")
                 row["ours_flash_off"] = ours_long(a, model, experts, prompt, f"{key}_ours_{n}_flash_off", env=env)
@@ -152,6 +157,9 @@ def table(a, results):
                          f"| {ratio(o.get('decode'), tg.get('decode'))} | {o.get('gpu_mib')} | {tg.get('gpu_mib')} | {off_s} |")
     for r in results:
         for n, row in r["lengths"].items():
+            if "ours_variant" in row:
+                o = row["ours_variant"]
+                lines.append(f"\n{r['key']} @ {n}, kernels of {a.variant_wgsl}: prefill {f(o.get('prefill'))}, decode {f(o.get('decode'))}")
             for w, o in row.get("ours_workgroups", {}).items():
                 lines.append(f"\n{r['key']} @ {n}, SLOTSTREAM_WGPU_FLASH_WORKGROUPS={w}: prefill {f(o.get('prefill'))}, decode {f(o.get('decode'))}")
     return "\n".join(lines)
