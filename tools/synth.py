@@ -54,6 +54,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURE_TOKENIZER = os.path.join(HERE, "..", "tests", "fixtures", "qwen3_moe_mlx4")
+FIXTURE_NEXT = os.path.join(HERE, "..", "tests", "fixtures", "qwen3_next_mlx4")
+REFERENCE = os.path.join(HERE, "..", "..", "shared", "reference", "qwen3.8-flash-next")
 
 
 def bf16_round(a):
@@ -155,7 +157,7 @@ def _write_one(task):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--family", choices=["qwen3_moe", "qwen3_next", "qwen3_5_moe"], default="qwen3_moe")
+    p.add_argument("--family", choices=["qwen3_moe", "qwen3_next", "qwen3_5_moe", "qwen4_exp"], default="qwen3_moe")
     p.add_argument("--out", required=True)
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--layers", type=int, default=8)
@@ -175,7 +177,21 @@ def main():
     p.add_argument("--symmetric", action="store_true", help="biases = -2^(bits-1) * scales (exact Q4_0, see above)")
     p.add_argument("--router-skew", type=float, default=0.0, help="log-normal spread of router row norms (see above)")
     p.add_argument("--mixer-out-scale", type=float, default=1.0, help="attention/DeltaNet output projections x this (see above)")
+    p.add_argument("--reference", default=REFERENCE, help="qwen4_exp: the published config.json and tensor_shapes.json")
+    p.add_argument("--ngram-gb", type=float, default=None, help="qwen4_exp: n-gram table size (default: the published 32 GB)")
+    p.add_argument("--router-gain", type=float, default=1.0, help="qwen4_exp: router rows x this (softmax sharpness only)")
+    p.add_argument("--tiny", action="store_true", help="qwen4_exp: toy sizes, same structure (the tests' fixture)")
+    p.add_argument("--plan-only", action="store_true", help="qwen4_exp: check the tensor list against --reference, write nothing")
     a = p.parse_args()
+
+    if a.family == "qwen4_exp":
+        import synth_qwen4
+        rng = np.random.default_rng(a.seed)
+        if not a.plan_only:
+            os.makedirs(a.out, exist_ok=True)
+        w = ShardWriter(a.out, int(a.shard_gb * 1e9), rng, a.seed, a.jobs)
+        print(json.dumps(synth_qwen4.write(a, w, bf16_bytes, FIXTURE_NEXT)))
+        return
 
     rng = np.random.default_rng(a.seed)
     os.makedirs(a.out, exist_ok=True)
