@@ -79,6 +79,7 @@ class ShardWriter:
         self.shard_bytes = shard_bytes
         self.pending = []  # (name, dtype, shape, nbytes, producer(rng) -> bytes)
         self.rng, self.seed, self.jobs = rng, seed, jobs
+        self.only = None  # name -> bool: rewrite only these tensors in place (--rewrite-routers)
 
     def add(self, name, dtype, shape, nbytes, producer):
         self.pending.append((self.prefix + name, dtype, list(shape), nbytes, producer))
@@ -108,6 +109,22 @@ class ShardWriter:
             hb = json.dumps(header, separators=(",", ":")).encode()
             hb += b" " * ((8 - len(hb) % 8) % 8)
             path = os.path.join(self.out_dir, fname)
+            if self.only:
+                # Rewrite some tensors of an existing model written with the same layout.
+                if not os.path.exists(path):
+                    sys.exit(f"{path} is missing: not the layout these options write (--rewrite-routers needs "
+                             "the options the model was written with)")
+                with open(path, "rb") as f:
+                    if f.read(8 + len(hb)) != struct.pack("<Q", len(hb)) + hb:
+                        sys.exit(f"{path}: not the layout these options write (--rewrite-routers needs the "
+                                 "options the model was written with)")
+                pos = 8 + len(hb)
+                for name, _, _, nbytes, _ in shard:
+                    if self.only(name):
+                        tasks.append((index[name], path, pos))
+                    pos += nbytes
+                total += off
+                continue
             with open(path, "wb") as f:
                 f.write(struct.pack("<Q", len(hb)))
                 f.write(hb)
@@ -131,9 +148,11 @@ class ShardWriter:
             _WRITER = self
             # Biggest first, so the pool does not end on one long tensor.
             tasks.sort(key=lambda t: -self.pending[t[0]][3])
-            with multiprocessing.get_context("fork").Pool(self.jobs) as pool:
+            with multiprocessing.get_context("fork").Pool(max(1, self.jobs)) as pool:
                 for _ in pool.imap_unordered(_write_one, tasks):
                     pass
+        if self.only:
+            return total
         with open(os.path.join(self.out_dir, "model.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
         return total
@@ -181,6 +200,8 @@ def main():
     p.add_argument("--ngram-gb", type=float, default=None, help="qwen4_exp: n-gram table size (default: the published 32 GB)")
     p.add_argument("--router-gain", type=float, default=1.0, help="qwen4_exp: router rows x this (softmax sharpness only)")
     p.add_argument("--tiny", action="store_true", help="qwen4_exp: toy sizes, same structure (the tests' fixture)")
+    p.add_argument("--rewrite-routers", action="store_true",
+                   help="qwen4_exp: rewrite only the routers of the model at --out (written with the same options and --jobs > 1), e.g. to recalibrate")
     p.add_argument("--plan-only", action="store_true", help="qwen4_exp: check the tensor list against --reference, write nothing")
     a = p.parse_args()
 
@@ -190,6 +211,10 @@ def main():
         if not a.plan_only:
             os.makedirs(a.out, exist_ok=True)
         w = ShardWriter(a.out, int(a.shard_gb * 1e9), rng, a.seed, a.jobs)
+        if a.rewrite_routers:
+            if a.jobs < 2:
+                sys.exit("--rewrite-routers needs --jobs > 1 (each tensor then has its own generator), as the model was written")
+            w.only = lambda name: name.endswith(".mlp.gate.weight")
         print(json.dumps(synth_qwen4.write(a, w, bf16_bytes, FIXTURE_NEXT)))
         return
 

@@ -274,7 +274,13 @@ def producer(entry, part, a, bf16_bytes, tc):
     return lambda r: bf16_bytes(gain * r.standard_normal(count) / np.sqrt(cols))
 
 
+# The options that decide a qwen4_exp synthetic's bytes, kept in its synth.json.
+RECORDED = ["family", "layers", "tiny", "ngram_gb", "seed", "jobs", "shard_gb", "router_skew", "router_gain"]
+
+
 def write(a, writer, bf16_bytes, fixture_tokenizer):
+    if a.symmetric or a.mixer_out_scale != 1.0:
+        sys.exit("--symmetric and --mixer-out-scale are not supported for qwen4_exp")
     ref_dir = a.reference
     cfg_path = os.path.join(ref_dir, "config.json")
     if not os.path.exists(cfg_path):
@@ -298,6 +304,11 @@ def write(a, writer, bf16_bytes, fixture_tokenizer):
     for name, dtype, shape, nbytes, entry, part in rows:
         writer.add(name, dtype, shape, nbytes, producer(entry, part, a, bf16_bytes, tc))
     total = writer.finish()
+    # What made this model, so that a measurement can name the routing it used.
+    with open(os.path.join(a.out, "synth.json"), "w") as f:
+        json.dump({k: getattr(a, k) for k in RECORDED}, f, indent=1)
+    if writer.only:
+        return {"out": a.out, "rewrote": "routers", "router_skew": a.router_skew}
     with open(os.path.join(a.out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
     eos = tc["eos_token_id"]
