@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""The flagship slice streamed at the memory shares of real machines (issue 50): run by
+tools/bench_flagship.sh (the dev VM's CPU) and `tools/bench_gpu_peer.sh flagship` (the device).
+
+For each machine size M GB in --shares, the slice gets M * layers / 48 GB (`--memory-gb`: the
+slice's share of that machine, as its 12 of 48 layers are a quarter of the model's experts)
+and the planner picks the pool. Per share:
+  decode   a --decode-prompt-chars prompt, then --decode tokens: decode tok/s, the planner's
+           pool and estimate, decode hit rate, MB read per token, n-gram rows read per token,
+           and the disk-bound limit: the disk's rate / the bytes read per decoded token
+  layers   the same decode on the slice's first 4 layers (a config-only view of the same files)
+           with the pool per layer the planner gave the slice: per-layer time and the rest
+           (embeddings, lm_head, sampling), extrapolated to 48 layers (see below)
+  prefill  a --prefill-tokens prompt (about) from a cold page cache (the model's files evicted
+           with posix_fadvise), one token generated: prefill tok/s, time to first token (wall,
+           load included), bytes read and the disk-bound limit (those bytes / the disk's rate)
+The disk's rate: tools/peer/disk_pace.py reading the slice's files in expert-sized O_DIRECT
+pieces, 16 in flight, no idle gaps (what a layer's misses look like), before the runs.
+
+Extrapolation to 48 layers: a decoded token costs fixed + layers x per_layer; from the 12- and
+4-layer runs at the same pool per layer, per_layer = (t12 - t4) / 8 and fixed = t4 - 4 per_layer,
+so t48 = fixed + 48 per_layer. It assumes every layer costs what the slice's layers cost on
+average (the 4-layer pattern repeats: 3 DeltaNet + 1 QSA), that the 48-layer model's pool per
+layer (and so its hit rate) is the slice's at the same share of a 4x larger machine, and that
+the disk's rate holds at 4x the bytes per token; the n-gram table (32 GB instead of the slice's
+--ngram-gb) costs the same rows per token.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def prompt_text(chars):
+    """English text of the repository (README.md, then ARCHITECTURE.md), `chars` long."""
+    text = ""
+    for name in ["README.md", "ARCHITECTURE.md"]:
+        with open(os.path.join(ROOT, name), encoding="utf-8") as f:
+            text += f.read() + "\n"
+    while len(text) < chars:
+        text += text
+    return text[:chars]
+
+
+def evict(model):
+    """Drop the model's files from the page cache (this process's files only)."""
+    for name in os.listdir(model):
+        path = os.path.join(model, name)
+        if os.path.isfile(path):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def run(a, model, prompt, max_tokens, extra, log):
+    cmd = [a.slotstream, "run", "--model", model, "--backend", a.backend, "--raw", "--ignore-eos", "--json",
+           "--max-tokens", str(max_tokens), "--plan-context", str(a.plan_context), "--prompt", "-"] + extra
+    env = dict(os.environ, XDG_CACHE_HOME=a.cache)
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, input=prompt.encode(), capture_output=True, env=env)
+    wall = time.monotonic() - t0
+    with open(log, "wb") as f:
+        f.write(b"$ " + " ".join(cmd[:-1] + ["<prompt>"]).encode() + b"\n" + p.stderr + b"\n" + p.stdout)
+    if p.returncode != 0:
+        sys.exit(f"{' '.join(cmd[:4])} failed ({p.returncode}); see {log}:\n{p.stderr.decode()[-2000:]}")
+    o = json.loads(p.stdout)
+    o["wall_seconds"] = wall
+    return o
+
+
+def view(model, layers, out):
+    """A config-only copy of `model` with its first `layers` layers (the shards linked)."""
+    os.makedirs(out, exist_ok=True)
+    for name in os.listdir(model):
+        dst = os.path.join(out, name)
+        if name != "config.json" and not os.path.lexists(dst):
+            os.symlink(os.path.join(os.path.abspath(model), name), dst)
+    with open(os.path.join(model, "config.json")) as f:
+        cfg = json.load(f)
+    tc = cfg["text_config"]
+    tc["num_hidden_layers"], tc["layer_types"] = layers, tc["layer_types"][:layers]
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    return out
+
+
+def disk_rate(a):
+    out = os.path.join(a.results, "disk.json")
+    subprocess.run([sys.executable, os.path.join(HERE, "disk_pace.py"), "--dir", a.model, "--gaps-ms", "0",
+                    "--piece-kib", "2700", "--burst-mb", "28", "--threads", "16", "--seconds", str(a.disk_seconds),
+                    "--rounds", "2", "--out", out], check=True, stdout=subprocess.DEVNULL)
+    with open(out) as f:
+        d = json.load(f)
+    return d, [m["average_gbs"] for m in next(iter(d["runs"].values()))]
+
+
+def experts(o, part):
+    e = o["stats"]["decode_experts"] if part == "decode" else o["experts"]["total"]
+    if part == "prefill":
+        d = o["stats"]["decode_experts"]
+        e = {k: e[k] - d.get(k, 0) for k in ("hits", "misses", "bytes_read")}
+    return e
+
+
+def summarize(a, share, dec, lay, pre, rate):
+    layers = a.layers
+    gen = dec["stats"]["generated_tokens"]
+    de = experts(dec, "decode")
+    uses = de["hits"] + de["misses"]
+    bpt = de["bytes_read"] / max(1, gen)
+    ng = dec.get("ngram_rows") or {}
+    toks = dec["stats"]["prompt_tokens"] + gen
+    plan = dec["plan"]
+    t12 = 1 / dec["stats"]["decode_tokens_per_second"]
+    t4 = 1 / lay["stats"]["decode_tokens_per_second"]
+    per_layer = (t12 - t4) / (layers - 4)
+    fixed = t4 - 4 * per_layer
+    pe = experts(pre, "prefill")
+    pt = pre["stats"]["prompt_tokens"]
+    png = pre.get("ngram_rows") or {}
+    return {
+        "machine_gb": share, "memory_gb": round(share * layers / 48, 2),
+        "plan": {k: plan.get(k) for k in ("mode", "reason", "slots", "pool_bytes", "experts_per_layer", "peak_bytes",
+                                          "expected_decode_tokens_per_second")},
+        "decode": {
+            "tokens": gen, "prompt_tokens": dec["stats"]["prompt_tokens"], "tok_s": dec["stats"]["decode_tokens_per_second"],
+            "hit_rate": de["hits"] / max(1, uses), "mb_per_token": bpt / 1e6, "misses_per_token": de["misses"] / max(1, gen),
+            "ngram_rows_read_per_token": ng.get("misses", 0) / max(1, toks), "ngram_rows_per_token": (ng.get("hits", 0) + ng.get("misses", 0)) / max(1, toks),
+            "disk_limit_tok_s": rate * 1e9 / bpt if bpt else None,
+            "waited_ms_per_token": 1e3 * dec["stats"]["decode_experts"]["wait_seconds"] / max(1, gen),
+            "compute_limit_tok_s": gen / max(1e-9, dec["stats"]["decode_seconds"] - dec["stats"]["decode_experts"]["wait_seconds"]),
+            "peak_rss_gb": (dec.get("peak_rss_bytes") or 0) / 1e9,
+        },
+        "layers": {"view_layers": 4, "view_tok_s": lay["stats"]["decode_tokens_per_second"],
+                   "view_hit_rate": experts(lay, "decode")["hits"] / max(1, sum(experts(lay, "decode")[k] for k in ("hits", "misses"))),
+                   "per_layer_ms": per_layer * 1e3, "fixed_ms": fixed * 1e3,
+                   "extrapolated_48_tok_s": 1 / (fixed + 48 * per_layer) if fixed + 48 * per_layer > 0 else None,
+                   "disk_limit_48_tok_s": rate * 1e9 / (bpt * 48 / layers) if bpt else None},
+        "prefill": {
+            "prompt_tokens": pt, "tok_s": pre["stats"]["prefill_tokens_per_second"], "seconds": pre["stats"]["prefill_seconds"],
+            "ttft_wall_s": pre["wall_seconds"], "gb_read": pe["bytes_read"] / 1e9, "hit_rate": pe["hits"] / max(1, pe["hits"] + pe["misses"]),
+            "disk_limit_tok_s": pt / (pe["bytes_read"] / (rate * 1e9)) if pe["bytes_read"] else None,
+            "ngram_rows_read_per_token": png.get("misses", 0) / max(1, pt), "peak_rss_gb": (pre.get("peak_rss_bytes") or 0) / 1e9,
+        },
+    }
+
+
+def table(a, rows, rate, rates):
+    f = lambda v, p=2: "-" if v is None else f"{v:.{p}f}"
+    out = [f"Flagship slice: {a.layers} of 48 layers, {a.backend}, commit {a.commit}, {a.machine}; routing "
+           f"{a.routing}; disk {rate:.2f} GB/s ({', '.join(f'{r:.2f}' for r in rates)}; disk_pace.py, 2.7 MB O_DIRECT reads, 16 in flight)", "",
+           "| machine | slice's share | planner: pool (experts/layer, GB) | planner's decode estimate | decode tok/s | disk-bound limit | ratio | waited for reads | compute-bound limit | decode hits | MB read/token | n-gram rows read/token | peak RSS |",
+           "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        p, d = r["plan"], r["decode"]
+        ratio = d["tok_s"] / d["disk_limit_tok_s"] if d["disk_limit_tok_s"] else None
+        out.append(f"| {r['machine_gb']} GB | {r['memory_gb']} GB | {f(p['experts_per_layer'], 0)}, {f(p['pool_bytes'] / 1e9)} GB | "
+                   f"{f(p['expected_decode_tokens_per_second'])} | {f(d['tok_s'])} | {f(d['disk_limit_tok_s'])} | {f(ratio)} | "
+                   f"{f(d['waited_ms_per_token'], 0)} ms/token | {f(d['compute_limit_tok_s'])} | "
+                   f"{100 * d['hit_rate']:.1f}% | {f(d['mb_per_token'], 1)} | {f(d['ngram_rows_read_per_token'], 1)} | {f(d['peak_rss_gb'])} GB |")
+    out += ["", f"Prefill of a ~{a.prefill_tokens}-token prompt from a cold page cache, one token generated:", "",
+            "| machine | prompt tokens | prefill tok/s | disk-bound limit | GB read | expert hits | time to first token (wall, load included) | n-gram rows read/token | peak RSS |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        p = r["prefill"]
+        out.append(f"| {r['machine_gb']} GB | {p['prompt_tokens']} | {f(p['tok_s'])} | {f(p['disk_limit_tok_s'])} | {f(p['gb_read'], 1)} | "
+                   f"{100 * p['hit_rate']:.1f}% | {f(p['ttft_wall_s'], 1)} s | {f(p['ngram_rows_read_per_token'], 1)} | {f(p['peak_rss_gb'])} GB |")
+    out += ["", "Per-layer time extrapolated to 48 layers (same pool per layer; tools/peer/bench_flagship.py says what it assumes):", "",
+            "| machine (48 layers) | 12-layer decode | 4-layer decode | per layer | rest (embed, lm_head, sampling) | 48 layers, extrapolated | 48 layers, disk-bound limit | the seed (M5 Pro 48 GB) |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        l, d = r["layers"], r["decode"]
+        out.append(f"| {r['machine_gb']} GB | {f(d['tok_s'])} tok/s | {f(l['view_tok_s'])} tok/s | {f(l['per_layer_ms'], 1)} ms | {f(l['fixed_ms'], 1)} ms | "
+                   f"{f(l['extrapolated_48_tok_s'])} tok/s | {f(l['disk_limit_48_tok_s'])} tok/s | {'12 tok/s' if r['machine_gb'] == 48 else '-'} |")
+    return "\n".join(out) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--slotstream", required=True)
+    ap.add_argument("--model", required=True, help="the slice (tools/synth.py --family qwen4_exp --layers N)")
+    ap.add_argument("--backend", default="cpu")
+    ap.add_argument("--shares", default="16,24,48", help="machine sizes in GB")
+    ap.add_argument("--decode", type=int, default=64)
+    ap.add_argument("--decode-prompt-chars", type=int, default=600)
+    ap.add_argument("--prefill-tokens", type=int, default=8192)
+    ap.add_argument("--chars-per-token", type=float, default=1.5, help="of the fixture tokenizer on the prompt text")
+    ap.add_argument("--plan-context", type=int, default=9216)
+    ap.add_argument("--disk-seconds", type=float, default=5.0)
+    ap.add_argument("--results", required=True)
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--machine", default="")
+    a = ap.parse_args()
+    os.makedirs(a.results, exist_ok=True)
+    a.cache = os.path.join(a.results, "cache")  # the planner's rates and run history, this benchmark's own
+    with open(os.path.join(a.model, "config.json")) as f:
+        a.layers = json.load(f)["text_config"]["num_hidden_layers"]
+    synth = os.path.join(a.model, "synth.json")
+    a.routing = "unknown (no synth.json)"
+    if os.path.exists(synth):
+        with open(synth) as f:
+            s = json.load(f)
+        a.routing = f"--router-skew {s.get('router_skew')} (tools/synth.py)"
+    print(f"load average before: {os.getloadavg()}", flush=True)
+    d, rates = disk_rate(a)
+    rate = sum(rates) / len(rates)
+    print(f"disk: {rate:.2f} GB/s", flush=True)
+    lay_model = view(a.model, 4, os.path.join(a.results, "view4"))
+    dec_prompt = prompt_text(a.decode_prompt_chars)
+    pre_prompt = prompt_text(int(a.prefill_tokens * a.chars_per_token))
+    rows, raw = [], []
+    for share in [float(x) for x in a.shares.split(",")]:
+        share = int(share) if share == int(share) else share
+        mem = ["--memory-gb", f"{share * a.layers / 48:.2f}"]
+        dec = run(a, a.model, dec_prompt, a.decode, mem, os.path.join(a.results, f"decode-{share}.log"))
+        epl = max(1, int(round(dec["plan"]["experts_per_layer"])))
+        print(f"{share} GB: decode {dec['stats']['decode_tokens_per_second']:.2f} tok/s, pool {epl}/layer", flush=True)
+        lay = run(a, lay_model, dec_prompt, a.decode, ["--experts-per-layer", str(epl)], os.path.join(a.results, f"layers4-{share}.log"))
+        evict(a.model)
+        pre = run(a, a.model, pre_prompt, 1, mem, os.path.join(a.results, f"prefill-{share}.log"))
+        print(f"{share} GB: prefill {pre['stats']['prefill_tokens_per_second']:.2f} tok/s, ttft {pre['wall_seconds']:.1f} s", flush=True)
+        rows.append(summarize(a, share, dec, lay, pre, rate))
+        raw.append({"decode": dec, "layers4": lay, "prefill": pre})
+        md = table(a, rows, rate, rates)
+        with open(os.path.join(a.results, "table.md"), "w") as f:
+            f.write(md)
+        with open(os.path.join(a.results, "results.json"), "w") as f:
+            json.dump({"commit": a.commit, "machine": a.machine, "loadavg_after": os.getloadavg(), "backend": a.backend, "routing": a.routing, "disk_gbps": rates,
+                       "prompt_sha256": hashlib.sha256(pre_prompt.encode()).hexdigest(), "rows": rows, "runs": raw}, f, indent=1)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
