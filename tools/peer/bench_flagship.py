@@ -103,6 +103,18 @@ def disk_rate(a):
     return d, [m["average_gbs"] for m in next(iter(d["runs"].values()))]
 
 
+def flagship_plan(a, machine_gb):
+    """The planner's auto choice for the published 48-layer model on a machine of `machine_gb`
+    (its known sizes, no weights; 85% of the RAM reclaimable): what a user of that machine gets."""
+    cmd = [a.slotstream, "doctor", "--model", "qwen3.8-flash-next:4bit", "--backend", a.backend, "--sim-ram", str(machine_gb),
+           "--sim-available", f"{0.85 * machine_gb:.2f}", "--json"]
+    p = subprocess.run(cmd, capture_output=True, env=dict(os.environ, XDG_CACHE_HOME=a.cache))
+    if p.returncode != 0:
+        return {"error": p.stderr.decode()[-500:]}
+    plan = json.loads(p.stdout)["plan"]
+    return {k: plan.get(k) for k in ("reason", "experts_per_layer", "pool_bytes", "peak_bytes", "expected_decode_tokens_per_second")}
+
+
 def experts(o, part):
     e = o["stats"]["decode_experts"] if part == "decode" else o["experts"]["total"]
     if part == "prefill":
@@ -128,7 +140,7 @@ def summarize(a, share, dec, lay, pre, rate):
     pt = pre["stats"]["prompt_tokens"]
     png = pre.get("ngram_rows") or {}
     return {
-        "machine_gb": share, "memory_gb": round(share * layers / 48, 2),
+        "machine_gb": share, "memory_gb": round(share * layers / 48, 2), "disk_gbps": rate, "commit": a.commit,
         "plan": {k: plan.get(k) for k in ("mode", "reason", "slots", "pool_bytes", "experts_per_layer", "peak_bytes",
                                           "expected_decode_tokens_per_second")},
         "decode": {
@@ -158,13 +170,13 @@ def table(a, rows, rate, rates):
     f = lambda v, p=2: "-" if v is None else f"{v:.{p}f}"
     out = [f"Flagship slice: {a.layers} of 48 layers, {a.backend}, commit {a.commit}, {a.machine}; routing "
            f"{a.routing}; disk {rate:.2f} GB/s ({', '.join(f'{r:.2f}' for r in rates)}; disk_pace.py, 2.7 MB O_DIRECT reads, 16 in flight)", "",
-           "| machine | slice's share | planner: pool (experts/layer, GB) | planner's decode estimate | decode tok/s | disk-bound limit | ratio | waited for reads | compute-bound limit | decode hits | MB read/token | n-gram rows read/token | peak RSS |",
-           "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| machine | slice's share | planner: pool (experts/layer, GB) | planner's decode estimate | flagship on this machine (auto): experts/layer | decode tok/s | disk-bound limit | ratio | waited for reads | compute-bound limit | decode hits | MB read/token | n-gram rows read/token | peak RSS |",
+           "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         p, d = r["plan"], r["decode"]
         ratio = d["tok_s"] / d["disk_limit_tok_s"] if d["disk_limit_tok_s"] else None
         out.append(f"| {r['machine_gb']} GB | {r['memory_gb']} GB | {f(p['experts_per_layer'], 0)}, {f(p['pool_bytes'] / 1e9)} GB | "
-                   f"{f(p['expected_decode_tokens_per_second'])} | {f(d['tok_s'])} | {f(d['disk_limit_tok_s'])} | {f(ratio)} | "
+                   f"{f(p['expected_decode_tokens_per_second'])} | {f((r.get('flagship_plan') or {}).get('experts_per_layer'), 0)} | {f(d['tok_s'])} | {f(d['disk_limit_tok_s'])} | {f(ratio)} | "
                    f"{f(d['waited_ms_per_token'], 0)} ms/token | {f(d['compute_limit_tok_s'])} | "
                    f"{100 * d['hit_rate']:.1f}% | {f(d['mb_per_token'], 1)} | {f(d['ngram_rows_read_per_token'], 1)} | {f(d['peak_rss_gb'])} GB |")
     out += ["", f"Prefill of a ~{a.prefill_tokens}-token prompt from a cold page cache, one token generated:", "",
@@ -217,8 +229,19 @@ def main():
     lay_model = view(a.model, 4, os.path.join(a.results, "view4"))
     dec_prompt = prompt_text(a.decode_prompt_chars)
     pre_prompt = prompt_text(int(a.prefill_tokens * a.chars_per_token))
-    rows, raw = [], []
-    for share in [float(x) for x in a.shares.split(",")]:
+    # Rows of an earlier call (the device runs the shares in several calls) are kept.
+    rows, raw, saved = [], [], os.path.join(a.results, "results.json")
+    if os.path.exists(saved):
+        with open(saved) as f:
+            old = json.load(f)
+        rows, raw = old["rows"], old["runs"]
+    shares = [float(x) for x in a.shares.split(",") if x.strip()]
+    keep = [i for i, r in enumerate(rows) if float(r["machine_gb"]) not in shares]
+    rows, raw = [rows[i] for i in keep], [raw[i] for i in keep]
+    for r in rows:
+        r["flagship_plan"] = flagship_plan(a, r["machine_gb"])
+    md = table(a, sorted(rows, key=lambda r: r["machine_gb"]), rate, rates)
+    for share in shares:
         share = int(share) if share == int(share) else share
         mem = ["--memory-gb", f"{share * a.layers / 48:.2f}"]
         dec = run(a, a.model, dec_prompt, a.decode, mem, os.path.join(a.results, f"decode-{share}.log"))
@@ -229,14 +252,21 @@ def main():
         pre = run(a, a.model, pre_prompt, 1, mem, os.path.join(a.results, f"prefill-{share}.log"))
         print(f"{share} GB: prefill {pre['stats']['prefill_tokens_per_second']:.2f} tok/s, ttft {pre['wall_seconds']:.1f} s", flush=True)
         rows.append(summarize(a, share, dec, lay, pre, rate))
+        rows[-1]["flagship_plan"] = flagship_plan(a, share)
         raw.append({"decode": dec, "layers4": lay, "prefill": pre})
-        md = table(a, rows, rate, rates)
-        with open(os.path.join(a.results, "table.md"), "w") as f:
-            f.write(md)
-        with open(os.path.join(a.results, "results.json"), "w") as f:
-            json.dump({"commit": a.commit, "machine": a.machine, "loadavg_after": os.getloadavg(), "backend": a.backend, "routing": a.routing, "disk_gbps": rates,
-                       "prompt_sha256": hashlib.sha256(pre_prompt.encode()).hexdigest(), "rows": rows, "runs": raw}, f, indent=1)
+        md = table(a, sorted(rows, key=lambda r: r["machine_gb"]), rate, rates)
+        write(a, md, rows, raw, rates, pre_prompt)
+    write(a, md, rows, raw, rates, pre_prompt)
     print(md)
+
+
+def write(a, md, rows, raw, rates, pre_prompt):
+    with open(os.path.join(a.results, "table.md"), "w") as f:
+        f.write(md)
+    with open(os.path.join(a.results, "results.json"), "w") as f:
+        json.dump({"commit": a.commit, "machine": a.machine, "loadavg_after": os.getloadavg(), "backend": a.backend,
+                   "routing": a.routing, "disk_gbps": rates, "prompt_sha256": hashlib.sha256(pre_prompt.encode()).hexdigest(),
+                   "rows": rows, "runs": raw}, f, indent=1)
 
 
 if __name__ == "__main__":
