@@ -42,7 +42,7 @@ PYTHONUNBUFFERED=1 python3 tools/peer/bench_flagship.py --slotstream "$bin" --mo
     --commit "$commit" --machine "$machine" || rc=$?
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
     cp "$results"/table.md "$results"/results.json "$OUT"/ 2>/dev/null || true
-    tar -C "$results" --exclude=view4 --exclude=cache -czf "$OUT/flagship-logs.tar.gz" . || true
+    tar -C "$results" --exclude="view*" --exclude=cache -czf "$OUT/flagship-logs.tar.gz" . || true
 fi
 [ "${KEEP:-1}" = 0 ] && rm -rf "$dir"
 exit $rc

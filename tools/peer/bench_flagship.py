@@ -95,8 +95,11 @@ def view(model, layers, out):
 
 def disk_rate(a):
     out = os.path.join(a.results, "disk.json")
+    # An expert record (2.7 MB) per read; smaller on a toy model's small files.
+    largest = max(os.path.getsize(os.path.join(a.model, n)) for n in os.listdir(a.model))
+    piece = max(4, min(2700, largest // 4096 // 4 * 4))
     subprocess.run([sys.executable, os.path.join(HERE, "disk_pace.py"), "--dir", a.model, "--gaps-ms", "0",
-                    "--piece-kib", "2700", "--burst-mb", "28", "--threads", "16", "--seconds", str(a.disk_seconds),
+                    "--piece-kib", str(piece), "--burst-mb", "28", "--threads", "16", "--seconds", str(a.disk_seconds),
                     "--rounds", "2", "--out", out], check=True, stdout=subprocess.DEVNULL)
     with open(out) as f:
         d = json.load(f)
@@ -134,8 +137,9 @@ def summarize(a, share, dec, lay, pre, rate):
     plan = dec["plan"]
     t12 = 1 / dec["stats"]["decode_tokens_per_second"]
     t4 = 1 / lay["stats"]["decode_tokens_per_second"]
-    per_layer = (t12 - t4) / (layers - 4)
-    fixed = t4 - 4 * per_layer
+    v = lay["view_layers"]
+    per_layer = (t12 - t4) / (layers - v)
+    fixed = t4 - v * per_layer
     pe = experts(pre, "prefill")
     pt = pre["stats"]["prompt_tokens"]
     png = pre.get("ngram_rows") or {}
@@ -152,7 +156,7 @@ def summarize(a, share, dec, lay, pre, rate):
             "compute_limit_tok_s": gen / max(1e-9, dec["stats"]["decode_seconds"] - dec["stats"]["decode_experts"]["wait_seconds"]),
             "peak_rss_gb": (dec.get("peak_rss_bytes") or 0) / 1e9,
         },
-        "layers": {"view_layers": 4, "view_tok_s": lay["stats"]["decode_tokens_per_second"],
+        "layers": {"view_layers": v, "view_tok_s": lay["stats"]["decode_tokens_per_second"],
                    "view_hit_rate": experts(lay, "decode")["hits"] / max(1, sum(experts(lay, "decode")[k] for k in ("hits", "misses"))),
                    "per_layer_ms": per_layer * 1e3, "fixed_ms": fixed * 1e3,
                    "extrapolated_48_tok_s": 1 / (fixed + 48 * per_layer) if fixed + 48 * per_layer > 0 else None,
@@ -187,11 +191,11 @@ def table(a, rows, rate, rates):
         out.append(f"| {r['machine_gb']} GB | {p['prompt_tokens']} | {f(p['tok_s'])} | {f(p['disk_limit_tok_s'])} | {f(p['gb_read'], 1)} | "
                    f"{100 * p['hit_rate']:.1f}% | {f(p['ttft_wall_s'], 1)} s | {f(p['ngram_rows_read_per_token'], 1)} | {f(p['peak_rss_gb'])} GB |")
     out += ["", "Per-layer time extrapolated to 48 layers (same pool per layer; tools/peer/bench_flagship.py says what it assumes):", "",
-            "| machine (48 layers) | 12-layer decode | 4-layer decode | per layer | rest (embed, lm_head, sampling) | 48 layers, extrapolated | 48 layers, disk-bound limit | the seed (M5 Pro 48 GB) |",
+            "| machine (48 layers) | slice's decode | its first layers' decode | per layer | rest (embed, lm_head, sampling) | 48 layers, extrapolated | 48 layers, disk-bound limit | the seed (M5 Pro 48 GB) |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         l, d = r["layers"], r["decode"]
-        out.append(f"| {r['machine_gb']} GB | {f(d['tok_s'])} tok/s | {f(l['view_tok_s'])} tok/s | {f(l['per_layer_ms'], 1)} ms | {f(l['fixed_ms'], 1)} ms | "
+        out.append(f"| {r['machine_gb']} GB | {f(d['tok_s'])} tok/s | {f(l['view_tok_s'])} tok/s ({l['view_layers']} layers) | {f(l['per_layer_ms'], 1)} ms | {f(l['fixed_ms'], 1)} ms | "
                    f"{f(l['extrapolated_48_tok_s'])} tok/s | {f(l['disk_limit_48_tok_s'])} tok/s | {'12 tok/s' if r['machine_gb'] == 48 else '-'} |")
     return "\n".join(out) + "\n"
 
@@ -226,7 +230,10 @@ def main():
     d, rates = disk_rate(a)
     rate = sum(rates) / len(rates)
     print(f"disk: {rate:.2f} GB/s", flush=True)
-    lay_model = view(a.model, 4, os.path.join(a.results, "view4"))
+    # A slice of 12 layers is timed again on its first 4 (one 3 DeltaNet + 1 QSA period fewer
+    # layers than any multiple of 4); a toy slice of 4 layers on its first 2.
+    a.view_layers = 4 if a.layers > 4 else 2
+    lay_model = view(a.model, a.view_layers, os.path.join(a.results, f"view{a.view_layers}"))
     dec_prompt = prompt_text(a.decode_prompt_chars)
     pre_prompt = prompt_text(int(a.prefill_tokens * a.chars_per_token))
     # Rows of an earlier call (the device runs the shares in several calls) are kept.
@@ -247,7 +254,9 @@ def main():
         dec = run(a, a.model, dec_prompt, a.decode, mem, os.path.join(a.results, f"decode-{share}.log"))
         epl = max(1, int(round(dec["plan"]["experts_per_layer"])))
         print(f"{share} GB: decode {dec['stats']['decode_tokens_per_second']:.2f} tok/s, pool {epl}/layer", flush=True)
-        lay = run(a, lay_model, dec_prompt, a.decode, ["--experts-per-layer", str(epl)], os.path.join(a.results, f"layers4-{share}.log"))
+        lay = run(a, lay_model, dec_prompt, a.decode, ["--experts-per-layer", str(epl)],
+                  os.path.join(a.results, f"layers{a.view_layers}-{share}.log"))
+        lay["view_layers"] = a.view_layers
         evict(a.model)
         pre = run(a, a.model, pre_prompt, 1, mem, os.path.join(a.results, f"prefill-{share}.log"))
         print(f"{share} GB: prefill {pre['stats']['prefill_tokens_per_second']:.2f} tok/s, ttft {pre['wall_seconds']:.1f} s", flush=True)
