@@ -146,7 +146,7 @@ def summarize(a, share, dec, lay, pre, rate):
     return {
         "machine_gb": share, "memory_gb": round(share * layers / 48, 2), "disk_gbps": rate, "commit": a.commit,
         "plan": {k: plan.get(k) for k in ("mode", "reason", "slots", "pool_bytes", "experts_per_layer", "peak_bytes",
-                                          "expected_decode_tokens_per_second")},
+                                          "expected_decode_tokens_per_second", "expected_decode_from_runs")},
         "decode": {
             "tokens": gen, "prompt_tokens": dec["stats"]["prompt_tokens"], "tok_s": dec["stats"]["decode_tokens_per_second"],
             "hit_rate": de["hits"] / max(1, uses), "mb_per_token": bpt / 1e6, "misses_per_token": de["misses"] / max(1, gen),
@@ -180,7 +180,7 @@ def table(a, rows, rate, rates):
         p, d = r["plan"], r["decode"]
         ratio = d["tok_s"] / d["disk_limit_tok_s"] if d["disk_limit_tok_s"] else None
         out.append(f"| {r['machine_gb']} GB | {r['memory_gb']} GB | {f(p['experts_per_layer'], 0)}, {f(p['pool_bytes'] / 1e9)} GB | "
-                   f"{f(p['expected_decode_tokens_per_second'])} | {f((r.get('flagship_plan') or {}).get('experts_per_layer'), 0)} | {f(d['tok_s'])} | {f(d['disk_limit_tok_s'])} | {f(ratio)} | "
+                   f"{f(p['expected_decode_tokens_per_second'])} ({'runs' if p.get('expected_decode_from_runs') else 'rates'}) | {f((r.get('flagship_plan') or {}).get('experts_per_layer'), 0)} | {f(d['tok_s'])} | {f(d['disk_limit_tok_s'])} | {f(ratio)} | "
                    f"{f(d['waited_ms_per_token'], 0)} ms/token | {f(d['compute_limit_tok_s'])} | "
                    f"{100 * d['hit_rate']:.1f}% | {f(d['mb_per_token'], 1)} | {f(d['ngram_rows_read_per_token'], 1)} | {f(d['peak_rss_gb'])} GB |")
     out += ["", f"Prefill of a ~{a.prefill_tokens}-token prompt from a cold page cache, one token generated:", "",
@@ -228,6 +228,11 @@ def main():
         a.routing = f"--router-skew {s.get('router_skew')} (tools/synth.py)"
     print(f"load average before: {os.getloadavg()}", flush=True)
     d, rates = disk_rate(a)
+    # The planner's rates for this machine and backend, measured before any run (its estimates
+    # then start from them; later shares' estimates also learn from the earlier runs).
+    subprocess.run([a.slotstream, "doctor", "--model", a.model, "--backend", a.backend, "--measure"],
+                   env=dict(os.environ, XDG_CACHE_HOME=a.cache), stdout=open(os.path.join(a.results, "doctor.log"), "w"),
+                   stderr=subprocess.STDOUT, check=True)
     rate = sum(rates) / len(rates)
     print(f"disk: {rate:.2f} GB/s", flush=True)
     # A slice of 12 layers is timed again on its first 4 (one 3 DeltaNet + 1 QSA period fewer
