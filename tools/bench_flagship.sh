@@ -12,7 +12,7 @@
 #
 # env: DIR (the slice, default /work/f50-models/slice12), LAYERS (12), NGRAM_GB (8: the published
 #   32 GB scaled to 12/48), ROUTER_SKEW (0.45), JOBS (nproc), BACKEND (cpu), SHARES (16,24,48),
-#   DECODE (64), PREFILL (8192), RESULTS (default $DIR-results), SLOTSTREAM (the binary; default
+#   PHASES (decode,prefill: either alone, to split a run over calls), DECODE (64), PREFILL (8192), RESULTS (default $DIR-results), SLOTSTREAM (the binary; default
 #   target/release/slotstream, built here), REFERENCE (the published config and tensor shapes),
 #   KEEP=0 deletes the slice afterwards.
 set -euo pipefail
@@ -38,7 +38,7 @@ commit=${COMMIT:-$(git rev-parse --short=9 HEAD 2>/dev/null || echo unknown)}
 machine=${MACHINE:-"$(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GB RAM, $(uname -r)"}
 rc=0
 PYTHONUNBUFFERED=1 python3 tools/peer/bench_flagship.py --slotstream "$bin" --model "$dir" --backend "${BACKEND:-cpu}" \
-    --shares "${SHARES:-16,24,48}" --decode "${DECODE:-64}" --prefill-tokens "${PREFILL:-8192}" --results "$results" \
+    --shares "${SHARES:-16,24,48}" --phases "${PHASES:-decode,prefill}" --decode "${DECODE:-64}" --prefill-tokens "${PREFILL:-8192}" --results "$results" \
     --commit "$commit" --machine "$machine" || rc=$?
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
     cp "$results"/table.md "$results"/results.json "$OUT"/ 2>/dev/null || true

@@ -126,7 +126,7 @@ def experts(o, part):
     return e
 
 
-def summarize(a, share, dec, lay, pre, rate):
+def summarize_decode(a, dec, lay, rate):
     layers = a.layers
     gen = dec["stats"]["generated_tokens"]
     de = experts(dec, "decode")
@@ -140,33 +140,42 @@ def summarize(a, share, dec, lay, pre, rate):
     v = lay["view_layers"]
     per_layer = (t12 - t4) / (layers - v)
     fixed = t4 - v * per_layer
-    pe = experts(pre, "prefill")
-    pt = pre["stats"]["prompt_tokens"]
-    png = pre.get("ngram_rows") or {}
+    le = experts(lay, "decode")
     return {
-        "machine_gb": share, "memory_gb": round(share * layers / 48, 2), "disk_gbps": rate, "commit": a.commit,
-        "plan": {k: plan.get(k) for k in ("mode", "reason", "slots", "pool_bytes", "experts_per_layer", "peak_bytes",
+        "plan": {k: plan.get(k) for k in ("mode", "reason", "slots", "pool_bytes", "experts_per_layer", "peak_bytes", "total_experts",
                                           "expected_decode_tokens_per_second", "expected_decode_from_runs")},
         "decode": {
             "tokens": gen, "prompt_tokens": dec["stats"]["prompt_tokens"], "tok_s": dec["stats"]["decode_tokens_per_second"],
             "hit_rate": de["hits"] / max(1, uses), "mb_per_token": bpt / 1e6, "misses_per_token": de["misses"] / max(1, gen),
-            "ngram_rows_read_per_token": ng.get("misses", 0) / max(1, toks), "ngram_rows_per_token": (ng.get("hits", 0) + ng.get("misses", 0)) / max(1, toks),
+            "ngram_rows_read_per_token": ng.get("misses", 0) / max(1, toks),
+            "ngram_rows_per_token": (ng.get("hits", 0) + ng.get("misses", 0)) / max(1, toks),
             "disk_limit_tok_s": rate * 1e9 / bpt if bpt else None,
             "waited_ms_per_token": 1e3 * dec["stats"]["decode_experts"]["wait_seconds"] / max(1, gen),
             "compute_limit_tok_s": gen / max(1e-9, dec["stats"]["decode_seconds"] - dec["stats"]["decode_experts"]["wait_seconds"]),
             "peak_rss_gb": (dec.get("peak_rss_bytes") or 0) / 1e9,
         },
         "layers": {"view_layers": v, "view_tok_s": lay["stats"]["decode_tokens_per_second"],
-                   "view_hit_rate": experts(lay, "decode")["hits"] / max(1, sum(experts(lay, "decode")[k] for k in ("hits", "misses"))),
+                   "view_hit_rate": le["hits"] / max(1, le["hits"] + le["misses"]),
                    "per_layer_ms": per_layer * 1e3, "fixed_ms": fixed * 1e3,
                    "extrapolated_48_tok_s": 1 / (fixed + 48 * per_layer) if fixed + 48 * per_layer > 0 else None,
                    "disk_limit_48_tok_s": rate * 1e9 / (bpt * 48 / layers) if bpt else None},
-        "prefill": {
-            "prompt_tokens": pt, "tok_s": pre["stats"]["prefill_tokens_per_second"], "seconds": pre["stats"]["prefill_seconds"],
-            "ttft_wall_s": pre["wall_seconds"], "gb_read": pe["bytes_read"] / 1e9, "hit_rate": pe["hits"] / max(1, pe["hits"] + pe["misses"]),
-            "disk_limit_tok_s": pt / (pe["bytes_read"] / (rate * 1e9)) if pe["bytes_read"] else None,
-            "ngram_rows_read_per_token": png.get("misses", 0) / max(1, pt), "peak_rss_gb": (pre.get("peak_rss_bytes") or 0) / 1e9,
-        },
+    }
+
+
+def summarize_prefill(a, pre, rate):
+    pe = experts(pre, "prefill")
+    pt = pre["stats"]["prompt_tokens"]
+    png = pre.get("ngram_rows") or {}
+    plan = pre["plan"]
+    # The floor: a cold pool reads every routed expert at least once (a long prompt routes to
+    # nearly all of them); what the chunks read beyond that is the prefill's own choice.
+    floor = plan["total_experts"] * plan["pool_bytes"] / max(1, plan["slots"])
+    return {
+        "prompt_tokens": pt, "tok_s": pre["stats"]["prefill_tokens_per_second"], "seconds": pre["stats"]["prefill_seconds"],
+        "ttft_wall_s": pre["wall_seconds"], "gb_read": pe["bytes_read"] / 1e9, "hit_rate": pe["hits"] / max(1, pe["hits"] + pe["misses"]),
+        "disk_limit_tok_s": pt / (pe["bytes_read"] / (rate * 1e9)) if pe["bytes_read"] else None,
+        "floor_gb": floor / 1e9, "floor_limit_tok_s": pt / (floor / (rate * 1e9)) if floor else None,
+        "ngram_rows_read_per_token": png.get("misses", 0) / max(1, pt), "peak_rss_gb": (pre.get("peak_rss_bytes") or 0) / 1e9,
     }
 
 
@@ -176,7 +185,7 @@ def table(a, rows, rate, rates):
            f"{a.routing}; disk {rate:.2f} GB/s ({', '.join(f'{r:.2f}' for r in rates)}; disk_pace.py, 2.7 MB O_DIRECT reads, 16 in flight)", "",
            "| machine | slice's share | planner: pool (experts/layer, GB) | planner's decode estimate | flagship on this machine (auto): experts/layer | decode tok/s | disk-bound limit | ratio | waited for reads | compute-bound limit | decode hits | MB read/token | n-gram rows read/token | peak RSS |",
            "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
+    for r in [r for r in rows if "decode" in r]:
         p, d = r["plan"], r["decode"]
         ratio = d["tok_s"] / d["disk_limit_tok_s"] if d["disk_limit_tok_s"] else None
         out.append(f"| {r['machine_gb']} GB | {r['memory_gb']} GB | {f(p['experts_per_layer'], 0)}, {f(p['pool_bytes'] / 1e9)} GB | "
@@ -184,16 +193,17 @@ def table(a, rows, rate, rates):
                    f"{f(d['waited_ms_per_token'], 0)} ms/token | {f(d['compute_limit_tok_s'])} | "
                    f"{100 * d['hit_rate']:.1f}% | {f(d['mb_per_token'], 1)} | {f(d['ngram_rows_read_per_token'], 1)} | {f(d['peak_rss_gb'])} GB |")
     out += ["", f"Prefill of a ~{a.prefill_tokens}-token prompt from a cold page cache, one token generated:", "",
-            "| machine | prompt tokens | prefill tok/s | disk-bound limit | GB read | expert hits | time to first token (wall, load included) | n-gram rows read/token | peak RSS |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
+            "| machine | prompt tokens | prefill tok/s | disk-bound limit (bytes read) | GB read | disk-bound limit (each expert once) | expert hits | time to first token (wall, load included) | n-gram rows read/token | peak RSS |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in [r for r in rows if "prefill" in r]:
         p = r["prefill"]
         out.append(f"| {r['machine_gb']} GB | {p['prompt_tokens']} | {f(p['tok_s'])} | {f(p['disk_limit_tok_s'])} | {f(p['gb_read'], 1)} | "
+                   f"{f(p.get('floor_limit_tok_s'), 0)} ({f(p.get('floor_gb'), 1)} GB) | "
                    f"{100 * p['hit_rate']:.1f}% | {f(p['ttft_wall_s'], 1)} s | {f(p['ngram_rows_read_per_token'], 1)} | {f(p['peak_rss_gb'])} GB |")
     out += ["", "Per-layer time extrapolated to 48 layers (same pool per layer; tools/peer/bench_flagship.py says what it assumes):", "",
             "| machine (48 layers) | slice's decode | its first layers' decode | per layer | rest (embed, lm_head, sampling) | 48 layers, extrapolated | 48 layers, disk-bound limit | the seed (M5 Pro 48 GB) |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
+    for r in [r for r in rows if "layers" in r]:
         l, d = r["layers"], r["decode"]
         out.append(f"| {r['machine_gb']} GB | {f(d['tok_s'])} tok/s | {f(l['view_tok_s'])} tok/s ({l['view_layers']} layers) | {f(l['per_layer_ms'], 1)} ms | {f(l['fixed_ms'], 1)} ms | "
                    f"{f(l['extrapolated_48_tok_s'])} tok/s | {f(l['disk_limit_48_tok_s'])} tok/s | {'12 tok/s' if r['machine_gb'] == 48 else '-'} |")
@@ -212,6 +222,7 @@ def main():
     ap.add_argument("--chars-per-token", type=float, default=1.5, help="of the fixture tokenizer on the prompt text")
     ap.add_argument("--plan-context", type=int, default=9216)
     ap.add_argument("--disk-seconds", type=float, default=5.0)
+    ap.add_argument("--phases", default="decode,prefill", help="decode (with the layer view), prefill, or both")
     ap.add_argument("--results", required=True)
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--machine", default="")
@@ -241,46 +252,54 @@ def main():
     lay_model = view(a.model, a.view_layers, os.path.join(a.results, f"view{a.view_layers}"))
     dec_prompt = prompt_text(a.decode_prompt_chars)
     pre_prompt = prompt_text(int(a.prefill_tokens * a.chars_per_token))
-    # Rows of an earlier call (the device runs the shares in several calls) are kept.
-    rows, raw, saved = [], [], os.path.join(a.results, "results.json")
+    # Rows of an earlier call (the device runs the shares and phases in several calls) are kept.
+    rows, raw, saved = {}, {}, os.path.join(a.results, "results.json")
     if os.path.exists(saved):
         with open(saved) as f:
             old = json.load(f)
-        rows, raw = old["rows"], old["runs"]
-    shares = [float(x) for x in a.shares.split(",") if x.strip()]
-    keep = [i for i, r in enumerate(rows) if float(r["machine_gb"]) not in shares]
-    rows, raw = [rows[i] for i in keep], [raw[i] for i in keep]
-    for r in rows:
-        r["flagship_plan"] = flagship_plan(a, r["machine_gb"])
-    md = table(a, sorted(rows, key=lambda r: r["machine_gb"]), rate, rates)
-    for share in shares:
+        rows = {float(r["machine_gb"]): r for r in old["rows"]}
+        raw = {float(k): v for k, v in old["runs"].items()} if isinstance(old["runs"], dict) else \
+            {float(r["machine_gb"]): v for r, v in zip(old["rows"], old["runs"])}
+    phases = set(a.phases.split(","))
+    for share in [float(x) for x in a.shares.split(",") if x.strip()]:
         share = int(share) if share == int(share) else share
+        row, runs = rows.setdefault(float(share), {}), raw.setdefault(float(share), {})
+        row.update({"machine_gb": share, "memory_gb": round(share * a.layers / 48, 2)})
         mem = ["--memory-gb", f"{share * a.layers / 48:.2f}"]
-        dec = run(a, a.model, dec_prompt, a.decode, mem, os.path.join(a.results, f"decode-{share}.log"))
-        epl = max(1, int(round(dec["plan"]["experts_per_layer"])))
-        print(f"{share} GB: decode {dec['stats']['decode_tokens_per_second']:.2f} tok/s, pool {epl}/layer", flush=True)
-        lay = run(a, lay_model, dec_prompt, a.decode, ["--experts-per-layer", str(epl)],
-                  os.path.join(a.results, f"layers{a.view_layers}-{share}.log"))
-        lay["view_layers"] = a.view_layers
-        evict(a.model)
-        pre = run(a, a.model, pre_prompt, 1, mem, os.path.join(a.results, f"prefill-{share}.log"))
-        print(f"{share} GB: prefill {pre['stats']['prefill_tokens_per_second']:.2f} tok/s, ttft {pre['wall_seconds']:.1f} s", flush=True)
-        rows.append(summarize(a, share, dec, lay, pre, rate))
-        rows[-1]["flagship_plan"] = flagship_plan(a, share)
-        raw.append({"decode": dec, "layers4": lay, "prefill": pre})
-        md = table(a, sorted(rows, key=lambda r: r["machine_gb"]), rate, rates)
-        write(a, md, rows, raw, rates, pre_prompt)
-    write(a, md, rows, raw, rates, pre_prompt)
+        if "decode" in phases:
+            dec = run(a, a.model, dec_prompt, a.decode, mem, os.path.join(a.results, f"decode-{share}.log"))
+            epl = max(1, int(round(dec["plan"]["experts_per_layer"])))
+            print(f"{share} GB: decode {dec['stats']['decode_tokens_per_second']:.2f} tok/s, pool {epl}/layer", flush=True)
+            lay = run(a, lay_model, dec_prompt, a.decode, ["--experts-per-layer", str(epl)],
+                      os.path.join(a.results, f"layers{a.view_layers}-{share}.log"))
+            lay["view_layers"] = a.view_layers
+            row.update(summarize_decode(a, dec, lay, rate))
+            row.update({"decode_disk_gbps": rate, "decode_commit": a.commit})
+            runs.update({"decode": dec, "layers": lay})
+        if "prefill" in phases:
+            evict(a.model)
+            pre = run(a, a.model, pre_prompt, 1, mem, os.path.join(a.results, f"prefill-{share}.log"))
+            print(f"{share} GB: prefill {pre['stats']['prefill_tokens_per_second']:.2f} tok/s, ttft {pre['wall_seconds']:.1f} s", flush=True)
+            row["prefill"] = summarize_prefill(a, pre, rate)
+            row.update({"prefill_disk_gbps": rate, "prefill_commit": a.commit})
+            runs["prefill"] = pre
+        write(a, rows, raw, rates, pre_prompt, rate)
+    md = write(a, rows, raw, rates, pre_prompt, rate)
     print(md)
 
 
-def write(a, md, rows, raw, rates, pre_prompt):
+def write(a, rows, raw, rates, pre_prompt, rate):
+    for share, r in rows.items():
+        r["flagship_plan"] = flagship_plan(a, r["machine_gb"])
+    ordered = [rows[k] for k in sorted(rows)]
+    md = table(a, ordered, rate, rates)
     with open(os.path.join(a.results, "table.md"), "w") as f:
         f.write(md)
     with open(os.path.join(a.results, "results.json"), "w") as f:
         json.dump({"commit": a.commit, "machine": a.machine, "loadavg_after": os.getloadavg(), "backend": a.backend,
                    "routing": a.routing, "disk_gbps": rates, "prompt_sha256": hashlib.sha256(pre_prompt.encode()).hexdigest(),
-                   "rows": rows, "runs": raw}, f, indent=1)
+                   "rows": ordered, "runs": {str(k): raw[k] for k in sorted(raw)}}, f, indent=1)
+    return md
 
 
 if __name__ == "__main__":
