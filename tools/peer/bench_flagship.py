@@ -258,8 +258,19 @@ def main():
         with open(saved) as f:
             old = json.load(f)
         rows = {float(r["machine_gb"]): r for r in old["rows"]}
+        for r in rows.values():  # rows written before rows kept their own disk rate: their call's
+            r.setdefault("disk_gbps", sum(old["disk_gbps"]) / len(old["disk_gbps"]))
         raw = {float(k): v for k, v in old["runs"].items()} if isinstance(old["runs"], dict) else \
             {float(r["machine_gb"]): v for r, v in zip(old["rows"], old["runs"])}
+    for share, runs in raw.items():
+        # Summaries recomputed from the kept runs (with the disk rate of their call).
+        row = rows.setdefault(share, {"machine_gb": share, "memory_gb": round(share * a.layers / 48, 2)})
+        lay = runs.get("layers") or runs.get("layers4")
+        if runs.get("decode") and lay:
+            lay.setdefault("view_layers", 4)
+            row.update(summarize_decode(a, runs["decode"], lay, row.get("decode_disk_gbps") or row.get("disk_gbps") or rate))
+        if runs.get("prefill"):
+            row["prefill"] = summarize_prefill(a, runs["prefill"], row.get("prefill_disk_gbps") or row.get("disk_gbps") or rate)
     phases = set(a.phases.split(","))
     for share in [float(x) for x in a.shares.split(",") if x.strip()]:
         share = int(share) if share == int(share) else share
