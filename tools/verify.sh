@@ -48,6 +48,8 @@ if [ -f ../shared/reference/qwen3.8-flash-next/config.json ]; then
   "$PY" tools/synth.py --family qwen4_exp --tiny --layers 4 --jobs 2 --router-skew 0.5 --shard-gb 0.001 \
       --out "$tmp/slice_tiny" >/dev/null 2>&1
   diff -r tests/fixtures/qwen4_exp_slice_tiny "$tmp/slice_tiny"
+  # At full size every text tensor of the 48 layers matches the published names, shapes and dtypes.
+  "$PY" tools/synth.py --family qwen4_exp --layers 48 --plan-only --out "$tmp/unused"
 else
   echo "[verify] skipped: ../shared/reference/qwen3.8-flash-next (the published config) is not here"
 fi
