@@ -8,6 +8,8 @@
 #   tools/bench_gpu_peer.sh stream      # there: streamed decode, several arms alternating
 #   tools/bench_gpu_peer.sh disk        # there, after stream: the disk's rate with idle gaps
 #   tools/bench_gpu_peer.sh long        # there: long prompts and contexts (tools/peer/bench_long.py)
+#   tools/bench_gpu_peer.sh flagship    # there: the flagship slice at 16/24/48 GB shares (tools/bench_flagship.sh;
+#                                       #   NO_PEER=1 prepare skips llama.cpp; SHARES=16 then SHARES=24,48 fit 10-minute calls)
 #
 # prepare (minutes; ~7 min for llama.cpp on 2 cores, more with our release build beside it):
 #   - our release binary, stripped, xz-compressed without the demo model it embeds (the
@@ -125,7 +127,13 @@ prepare() {
         python3 tools/peer/pack_binary.py pack "$CARRY/bench_gpu" "$CARRY/bench_gpu.xz" tools/demo/model/model.safetensors
         rm -f "$CARRY/bench_gpu"
     fi
-    if [ -n "${FORCE:-}" ] || [ ! -f "$CARRY/llama-vulkan.tar.xz" ]; then
+    # The flagship phase's config and tensor shapes (the device has no ../shared).
+    mkdir -p "$CARRY/flagship-reference"
+    cp ../shared/reference/qwen3.8-flash-next/config.json ../shared/reference/qwen3.8-flash-next/tensor_shapes.json \
+        "$CARRY/flagship-reference/" 2>/dev/null || echo "warning: no ../shared/reference/qwen3.8-flash-next (the flagship phase needs it)" >&2
+    if [ -n "${NO_PEER:-}" ]; then
+        echo "NO_PEER=1: llama.cpp not built (the flagship and stream phases do not need it)"
+    elif [ -n "${FORCE:-}" ] || [ ! -f "$CARRY/llama-vulkan.tar.xz" ]; then
         tools/peer/build_llama_cpp_vulkan.sh "$CARRY/llama-vulkan.tar.xz"
     fi
     {
@@ -278,8 +286,20 @@ disk_phase() {
     copy_out disk-logs.tar.gz
 }
 
+# The flagship slice (issue 50; tools/bench_flagship.sh) with the GPU backend: the slice is written
+# under $WORK (26 GB, kept for the next call while the machine stays warm), then each share of
+# $SHARES; rows of earlier calls stay in the table.
+flagship_phase() {
+    setup_machine 0 flagship-results
+    DIR=${DIR:-$work/flagship-slice12} RESULTS=$results SLOTSTREAM=$work/bin/slotstream \
+        REFERENCE=$CARRY/flagship-reference BACKEND=${GPU_BACKEND:-wgpu} COMMIT=$commit \
+        MACHINE="$(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GB RAM, $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" \
+        tools/bench_flagship.sh
+}
+
 case "$phase" in
     prepare) prepare ;;
+    flagship) flagship_phase ;;
     run) run_phase ;;
     stream) stream_phase ;;
     disk) disk_phase ;;

@@ -40,6 +40,35 @@ Options for the GPU peer benchmark (tools/bench_gpu_peer.sh):
                    the busiest quarter takes ~47%, a 16-of-64 LRU pool hits ~28-29% in
                    decode. Neither models the token-to-token locality of real text, so hit
                    rates stay a lower bound of a trained model's.
+
+qwen4_exp (Qwen3.8-Flash-Next slices; tools/synth_qwen4.py, tools/bench_flagship.sh):
+    python3 tools/synth.py --family qwen4_exp --layers 12 --ngram-gb 8 --jobs 2 \
+        --router-skew 0.45 --out /work/f50-models/slice12        # ~26 GB, 12 of the 48 layers
+  --layers N       the first N of the 48 layers with their real shapes (512 experts top-10, every
+                   4th layer QSA, PLE and the n-gram table at layer 1), trunk and lm_head
+  --ngram-gb G     the n-gram table scaled to G GB (the published one is 32 GB): a smaller base
+                   table size, the same hash, rows of 100 bytes, 128 shards
+  --tiny           the same structure at toy sizes (tests/fixtures/qwen4_exp_slice_tiny)
+  --rewrite-routers  rewrite only the routers of an existing slice (same options, --jobs > 1):
+                   recalibrating a 26 GB slice takes seconds
+  --router-skew for qwen4_exp, calibrated against published hit-rate curves of trained MoE
+                   models (FreeToken: 36.6% of Qwen3.8's experts resident -> 92.2-94.5% hits;
+                   Qwen3.6-35B-A3B: a 2 GB pool (~11% of its experts) -> 60%, 8 GB (~44%) -> 91%).
+                   The routers are unquantized bf16 as published, so no --mixer-out-scale is needed:
+                   with S = 0 a 12-layer slice already routes token by token (decode hits 23.6% /
+                   53.6% with 12% / 36.6% of the experts resident, a uniform router's ~12% / ~37%
+                   plus the hidden state's drift). Measured on the 12-layer slice: 96 tokens
+                   decoded after a 288-token prompt (Shakespeare), SLOTSTREAM_ROUTING_TRACE replayed
+                   by tools/peer/eviction_sim.py with the product's eviction (tokens:64):
+                     resident share     11%    12%    25%    36.6%   44%    50%
+                     S = 0              -      23.6   -      53.6    -      -
+                     S = 0.4            -      57.3   80.0   90.0    -      96.0
+                     S = 0.45           59.7   61.9   84.4   93.0    96.1   97.9
+                   S = 0.45 is the calibration: FreeToken's point (93.0% in 92.2-94.5%) and
+                   Qwen3.6's small-pool point (59.7% vs 60%); above ~40% it hits more than
+                   Qwen3.6's 91% at 44% (a popularity skew alone has a thinner tail of rare
+                   experts than a trained router), so large-pool figures are optimistic there.
+                   Streaming measurements name the skew they used (the slice's synth.json).
 """
 
 import argparse
@@ -54,6 +83,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURE_TOKENIZER = os.path.join(HERE, "..", "tests", "fixtures", "qwen3_moe_mlx4")
+FIXTURE_NEXT = os.path.join(HERE, "..", "tests", "fixtures", "qwen3_next_mlx4")
+REFERENCE = os.path.join(HERE, "..", "..", "shared", "reference", "qwen3.8-flash-next")
 
 
 def bf16_round(a):
@@ -77,6 +108,7 @@ class ShardWriter:
         self.shard_bytes = shard_bytes
         self.pending = []  # (name, dtype, shape, nbytes, producer(rng) -> bytes)
         self.rng, self.seed, self.jobs = rng, seed, jobs
+        self.only = None  # name -> bool: rewrite only these tensors in place (--rewrite-routers)
 
     def add(self, name, dtype, shape, nbytes, producer):
         self.pending.append((self.prefix + name, dtype, list(shape), nbytes, producer))
@@ -106,6 +138,22 @@ class ShardWriter:
             hb = json.dumps(header, separators=(",", ":")).encode()
             hb += b" " * ((8 - len(hb) % 8) % 8)
             path = os.path.join(self.out_dir, fname)
+            if self.only:
+                # Rewrite some tensors of an existing model written with the same layout.
+                if not os.path.exists(path):
+                    sys.exit(f"{path} is missing: not the layout these options write (--rewrite-routers needs "
+                             "the options the model was written with)")
+                with open(path, "rb") as f:
+                    if f.read(8 + len(hb)) != struct.pack("<Q", len(hb)) + hb:
+                        sys.exit(f"{path}: not the layout these options write (--rewrite-routers needs the "
+                                 "options the model was written with)")
+                pos = 8 + len(hb)
+                for name, _, _, nbytes, _ in shard:
+                    if self.only(name):
+                        tasks.append((index[name], path, pos))
+                    pos += nbytes
+                total += off
+                continue
             with open(path, "wb") as f:
                 f.write(struct.pack("<Q", len(hb)))
                 f.write(hb)
@@ -129,9 +177,11 @@ class ShardWriter:
             _WRITER = self
             # Biggest first, so the pool does not end on one long tensor.
             tasks.sort(key=lambda t: -self.pending[t[0]][3])
-            with multiprocessing.get_context("fork").Pool(self.jobs) as pool:
+            with multiprocessing.get_context("fork").Pool(max(1, self.jobs)) as pool:
                 for _ in pool.imap_unordered(_write_one, tasks):
                     pass
+        if self.only:
+            return total
         with open(os.path.join(self.out_dir, "model.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
         return total
@@ -155,7 +205,7 @@ def _write_one(task):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--family", choices=["qwen3_moe", "qwen3_next", "qwen3_5_moe"], default="qwen3_moe")
+    p.add_argument("--family", choices=["qwen3_moe", "qwen3_next", "qwen3_5_moe", "qwen4_exp"], default="qwen3_moe")
     p.add_argument("--out", required=True)
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--layers", type=int, default=8)
@@ -173,9 +223,29 @@ def main():
     p.add_argument("--shard-gb", type=float, default=2.0)
     p.add_argument("--jobs", type=int, default=1, help="processes writing tensors (see above)")
     p.add_argument("--symmetric", action="store_true", help="biases = -2^(bits-1) * scales (exact Q4_0, see above)")
-    p.add_argument("--router-skew", type=float, default=0.0, help="log-normal spread of router row norms (see above)")
+    p.add_argument("--router-skew", type=float, default=0.0, help="log-normal spread of router row norms; qwen4_exp: 0.45 matches published hit-rate curves (see above)")
     p.add_argument("--mixer-out-scale", type=float, default=1.0, help="attention/DeltaNet output projections x this (see above)")
+    p.add_argument("--reference", default=REFERENCE, help="qwen4_exp: the published config.json and tensor_shapes.json")
+    p.add_argument("--ngram-gb", type=float, default=None, help="qwen4_exp: n-gram table size (default: the published 32 GB)")
+    p.add_argument("--router-gain", type=float, default=1.0, help="qwen4_exp: router rows x this (softmax sharpness only)")
+    p.add_argument("--tiny", action="store_true", help="qwen4_exp: toy sizes, same structure (the tests' fixture)")
+    p.add_argument("--rewrite-routers", action="store_true",
+                   help="qwen4_exp: rewrite only the routers of the model at --out (written with the same options and --jobs > 1), e.g. to recalibrate")
+    p.add_argument("--plan-only", action="store_true", help="qwen4_exp: check the tensor list against --reference, write nothing")
     a = p.parse_args()
+
+    if a.family == "qwen4_exp":
+        import synth_qwen4
+        rng = np.random.default_rng(a.seed)
+        if not a.plan_only:
+            os.makedirs(a.out, exist_ok=True)
+        w = ShardWriter(a.out, int(a.shard_gb * 1e9), rng, a.seed, a.jobs)
+        if a.rewrite_routers:
+            if a.jobs < 2:
+                sys.exit("--rewrite-routers needs --jobs > 1 (each tensor then has its own generator), as the model was written")
+            w.only = lambda name: name.endswith(".mlp.gate.weight")
+        print(json.dumps(synth_qwen4.write(a, w, bf16_bytes, FIXTURE_NEXT)))
+        return
 
     rng = np.random.default_rng(a.seed)
     os.makedirs(a.out, exist_ok=True)

@@ -43,6 +43,17 @@ echo "[verify] independent float64 numpy forward vs goldens"
 echo "[verify] qwen4_exp: numpy oracle rebuilds tests/fixtures/qwen4_exp_tiny byte for byte"
 "$PY" tools/oracle/qwen4_exp/build.py --check
 
+echo "[verify] qwen4_exp: tools/synth.py rebuilds tests/fixtures/qwen4_exp_slice_tiny byte for byte"
+if [ -f ../shared/reference/qwen3.8-flash-next/config.json ]; then
+  "$PY" tools/synth.py --family qwen4_exp --tiny --layers 4 --jobs 2 --router-skew 0.5 --shard-gb 0.001 \
+      --out "$tmp/slice_tiny" >/dev/null 2>&1
+  diff -r tests/fixtures/qwen4_exp_slice_tiny "$tmp/slice_tiny"
+  # At full size every text tensor of the 48 layers matches the published names, shapes and dtypes.
+  "$PY" tools/synth.py --family qwen4_exp --layers 48 --plan-only --out "$tmp/unused"
+else
+  echo "[verify] skipped: ../shared/reference/qwen3.8-flash-next (the published config) is not here"
+fi
+
 echo "[verify] demo model perplexity with the oracle vs tools/demo/oracle_perplexity.json"
 "$PY" tools/demo/perplexity_oracle.py --model tools/demo/model --file tools/demo/heldout_sample.txt --out "$tmp/demo_ppl.json" >/dev/null
 "$PY" - "$tmp/demo_ppl.json" tools/demo/oracle_perplexity.json <<'PY'
