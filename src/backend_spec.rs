@@ -97,14 +97,18 @@ impl BackendSpec {
         match self {
             BackendSpec::Cpu { exact: false } => Ok(Box::new(CpuBackend::new())),
             BackendSpec::Cpu { exact: true } => Ok(Box::new(CpuBackend::exact())),
-            BackendSpec::Auto => match WgpuBackend::with_options(&AdapterChoice::auto(), WgpuOptions::from_env()) {
-                Ok(gpu) => Ok(Box::new(gpu)),
-                Err(e) => {
-                    let why = no_gpu_reason(&e);
-                    note!("note: no usable GPU, so the CPU runs the model (--backend cpu chooses it without looking for one): {why}");
-                    Ok(Box::new(CpuBackend::new()))
+            BackendSpec::Auto => {
+                // A mistyped SLOTSTREAM_WGPU_* setting is an error, not a reason to use the CPU.
+                WgpuOptions::check_process_env().map_err(|e| anyhow::anyhow!("the GPU settings in the environment: {e}"))?;
+                match WgpuBackend::with_options(&AdapterChoice::auto(), WgpuOptions::from_env()) {
+                    Ok(gpu) => Ok(Box::new(gpu)),
+                    Err(e) => {
+                        let why = no_gpu_reason(&e);
+                        note!("note: no usable GPU, so the CPU runs the model (--backend cpu chooses it without looking for one): {why}");
+                        Ok(Box::new(CpuBackend::new()))
+                    }
                 }
-            },
+            }
             BackendSpec::Wgpu { adapter, exact } => {
                 let mut options = WgpuOptions::from_env();
                 if *exact {

@@ -87,8 +87,7 @@
 #   peak GPU memory of both, ours with SLOTSTREAM_WGPU_FLASH=0 too (FLASH_OFF=1), and per-kernel
 #   times of both at the first length where prepare packed the bench_gpu example (LONG=1 prepare);
 #   VARIANT_WGSL=DIR also runs ours with another commit's kernel files (SLOTSTREAM_WGPU_WGSL_DIR);
-#   LIMIT=SECONDS stops it there and still copies out what it measured; SWEEP_WORKGROUPS=132,528
-#   also runs ours at the first length with each SLOTSTREAM_WGPU_FLASH_WORKGROUPS.
+#   LIMIT=SECONDS stops it there and still copies out what it measured.
 #
 # disk (there, after stream, which builds the A64 or B64 model: MODEL, or DIR for any
 #   directory): tools/peer/disk_pace.py reads that model's files in bursts of expert-sized
@@ -266,7 +265,6 @@ long_phase() {
     [ -n "${SMALL:-}" ] && args+=(--small)
     [ -n "${KEEP:-}" ] && args+=(--keep)
     [ -n "${FLASH_OFF:-}" ] && args+=(--flash-off)
-    [ -n "${SWEEP_WORKGROUPS:-}" ] && args+=(--sweep-workgroups "$SWEEP_WORKGROUPS")
     [ -n "${VARIANT_WGSL:-}" ] && args+=(--variant-wgsl "$VARIANT_WGSL")
     [ -x "$work/bin/bench_gpu" ] && args+=(--bench-gpu "$work/bin/bench_gpu")
     local rc=0

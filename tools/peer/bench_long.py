@@ -84,7 +84,6 @@ def main():
     ap.add_argument("--decode", type=bp.positive, default=64)
     ap.add_argument("--peer-reps", type=int, default=2)
     ap.add_argument("--flash-off", action="store_true", help="also ours with SLOTSTREAM_WGPU_FLASH=0 at the first length")
-    ap.add_argument("--sweep-workgroups", help="also ours at the first length with each SLOTSTREAM_WGPU_FLASH_WORKGROUPS, e.g. 132,528")
     ap.add_argument("--variant-wgsl", help="also ours at every length with SLOTSTREAM_WGPU_WGSL_DIR=DIR "
                     "(another commit's kernel files, compared in the same call)")
     ap.add_argument("--gpu-backend", default="wgpu")
@@ -121,9 +120,6 @@ def main():
             if i == 0 and a.flash_off:
                 env = dict(os.environ, SLOTSTREAM_WGPU_FLASH="0")
                 row["ours_flash_off"] = ours_long(a, model, experts, prompt, f"{key}_ours_{n}_flash_off", env=env)
-            for w in (a.sweep_workgroups.split(",") if i == 0 and a.sweep_workgroups else []):
-                env = dict(os.environ, SLOTSTREAM_WGPU_FLASH_WORKGROUPS=w.strip())
-                row.setdefault("ours_workgroups", {})[w.strip()] = ours_long(a, model, experts, prompt, f"{key}_ours_{n}_wg{w.strip()}", env=env)
             if i == 0 and a.bench_gpu:
                 bp.run([a.bench_gpu, "--model", model, "--prompt", str(n), "--decode", "16", "--no-matvec", "--flush", "16",
                         "--depth", "32", "--pp", "32"], f"{key}_ours_kernels_{n}", a)
@@ -160,8 +156,6 @@ def table(a, results):
             if "ours_variant" in row:
                 o = row["ours_variant"]
                 lines.append(f"\n{r['key']} @ {n}, kernels of {a.variant_wgsl}: prefill {f(o.get('prefill'))}, decode {f(o.get('decode'))}")
-            for w, o in row.get("ours_workgroups", {}).items():
-                lines.append(f"\n{r['key']} @ {n}, SLOTSTREAM_WGPU_FLASH_WORKGROUPS={w}: prefill {f(o.get('prefill'))}, decode {f(o.get('decode'))}")
     return "\n".join(lines)
 
 

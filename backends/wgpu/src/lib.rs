@@ -88,6 +88,7 @@ impl WgpuBackend {
     }
 
     fn open(choice: &AdapterChoice, options: WgpuOptions, bounds_checks: bool) -> Result<WgpuBackend> {
+        WgpuOptions::check_process_env().map_err(BackendError::Unsupported)?;
         let adapter = device::select_adapter(choice)?;
         let gpu = Gpu::open(adapter, &options, bounds_checks)?;
         // Int8 was measured faster on real GPUs; a software rasterizer (tests) stays exact.

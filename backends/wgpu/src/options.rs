@@ -129,11 +129,10 @@ pub struct WgpuOptions {
     /// the per-head kernels, for measurements and the parity tests).
     pub flash_attention: bool,
     /// Workgroups a `flash_attention` call aims for, by cutting the keys
-    /// into chunks (`SLOTSTREAM_WGPU_FLASH_WORKGROUPS`, for measurements).
+    /// into chunks (in code only: BENCHMARKS.md's sweeps chose 264).
     pub flash_workgroups: usize,
     /// Prefills with head dims up to 128 give each slot of
-    /// `flash_attention` two rows (`SLOTSTREAM_WGPU_FLASH_ROWS=1` keeps one,
-    /// for measurements).
+    /// `flash_attention` two rows (in code only; one row was slower).
     pub flash_two_rows: bool,
     /// Split decode attention merges the splits of each (token, head) in the
     /// last of its workgroups to finish, one dispatch instead of two, where
@@ -271,9 +270,106 @@ impl Default for WgpuOptions {
     }
 }
 
+/// What a `SLOTSTREAM_WGPU_*` variable may hold.
+#[derive(Clone, Copy)]
+enum Value {
+    /// `0` or `1`.
+    Flag,
+    /// A whole number, at least the given one.
+    AtLeast(u64),
+    /// A whole number in a range.
+    Within(u64, u64),
+    /// One of the words, or (`true`) a whole number above 0.
+    Words(&'static [&'static str], bool),
+    /// A directory.
+    Path,
+}
+
+/// Every variable [`WgpuOptions::from_env`] reads, and what it may hold.
+const VARIABLES: &[(&str, Value)] = &[
+    ("SLOTSTREAM_WGPU_MATMUL", Value::Words(&["exact", "int8"], false)),
+    ("SLOTSTREAM_WGPU_INT8_MIN_BYTES", Value::AtLeast(0)),
+    ("SLOTSTREAM_WGPU_VIEWS", Value::Flag),
+    ("SLOTSTREAM_WGPU_FLUSH_EVERY", Value::AtLeast(0)),
+    ("SLOTSTREAM_WGPU_FLUSH_FIRST", Value::AtLeast(0)),
+    ("SLOTSTREAM_WGPU_Q4_LAYOUT", Value::Words(&["mlx", "interleaved"], false)),
+    ("SLOTSTREAM_WGPU_Q4_EIGHT_ROWS_FROM", Value::AtLeast(0)),
+    ("SLOTSTREAM_WGPU_ATTENTION_MIN_CHUNK", Value::AtLeast(1)),
+    ("SLOTSTREAM_WGPU_ATTENTION_REGS", Value::Flag),
+    ("SLOTSTREAM_WGPU_FLASH", Value::Flag),
+    ("SLOTSTREAM_WGPU_MERGE_IN_SPLIT", Value::Flag),
+    ("SLOTSTREAM_WGPU_FUSE_NORMS", Value::Flag),
+    ("SLOTSTREAM_WGPU_MATVEC_SPLIT", Value::Within(1, 4)),
+    ("SLOTSTREAM_WGPU_IMMEDIATES", Value::Flag),
+    ("SLOTSTREAM_WGPU_SUBMIT_THREAD", Value::Flag),
+    ("SLOTSTREAM_WGPU_ROUTE_ROWS", Value::AtLeast(0)),
+    ("SLOTSTREAM_WGPU_ROUTE_WIDE_ROWS", Value::AtLeast(0)),
+    ("SLOTSTREAM_WGPU_TIME_INSIDE", Value::Flag),
+    ("SLOTSTREAM_WGPU_FLUSH_AHEAD", Value::Flag),
+    ("SLOTSTREAM_WGPU_UPLOAD_CHUNK_MIB", Value::AtLeast(1)),
+    ("SLOTSTREAM_WGPU_MAP_PRIMARY", Value::Flag),
+    ("SLOTSTREAM_WGPU_REUSE_STAGING", Value::Flag),
+    ("SLOTSTREAM_WGPU_POOL_SENDS", Value::Words(&["layer", "matrix"], true)),
+    ("SLOTSTREAM_WGPU_POOL_WRITE_KB", Value::AtLeast(0)),
+    ("SLOTSTREAM_WGPU_SHARED_IN_POOL", Value::Flag),
+    ("SLOTSTREAM_WGPU_ROUTE_LANES", Value::Flag),
+    ("SLOTSTREAM_WGPU_WGSL_DIR", Value::Path),
+];
+
+/// Why `value` is not what `kind` allows, if it is not.
+fn bad_value(kind: Value, value: &str) -> Option<String> {
+    let number = value.parse::<u64>().ok();
+    match kind {
+        Value::Flag if value == "0" || value == "1" => None,
+        Value::Flag => Some("0 or 1".into()),
+        Value::AtLeast(min) if number.is_some_and(|n| n >= min) => None,
+        Value::AtLeast(min) => Some(format!("a whole number from {min}")),
+        Value::Within(lo, hi) if number.is_some_and(|n| (lo..=hi).contains(&n)) => None,
+        Value::Within(lo, hi) => Some(format!("a whole number from {lo} to {hi}")),
+        Value::Words(words, numbers) if words.contains(&value) || (numbers && number.is_some_and(|n| n > 0)) => None,
+        Value::Words(words, numbers) => Some(format!("{}{}", words.join(" or "), if numbers { " or a number above 0" } else { "" })),
+        Value::Path => None,
+    }
+}
+
 impl WgpuOptions {
+    /// Every `SLOTSTREAM_WGPU_*` variable set in `vars` that the backend does
+    /// not read, or that holds a value it does not take: a mistyped setting is
+    /// an error, not a silent default.
+    pub fn check_env(vars: impl IntoIterator<Item = (String, String)>) -> Result<(), String> {
+        let mut problems = Vec::new();
+        for (name, value) in vars {
+            if !name.starts_with("SLOTSTREAM_WGPU_") {
+                continue;
+            }
+            match VARIABLES.iter().find(|(known, _)| *known == name) {
+                None => problems.push(format!(
+                    "{name} is not a setting of the wgpu backend (unset it; the settings are {})",
+                    VARIABLES.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+                )),
+                Some((_, kind)) => {
+                    if let Some(want) = bad_value(*kind, &value) {
+                        problems.push(format!("{name}={value:?}: want {want}"));
+                    }
+                }
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("; "))
+        }
+    }
+
+    /// [`WgpuOptions::check_env`] on this process's environment.
+    pub fn check_process_env() -> Result<(), String> {
+        WgpuOptions::check_env(std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.to_string_lossy().into_owned()))))
+    }
+
     /// The defaults, overridden by whichever `SLOTSTREAM_WGPU_*` variables are
-    /// set: the one place the wgpu backend reads the environment.
+    /// set: the one place the wgpu backend reads the environment (values
+    /// [`WgpuOptions::check_env`] refuses are left at their defaults here;
+    /// opening the backend reports them).
     pub fn from_env() -> Self {
         let var = |name: &str| std::env::var(name).ok();
         let defaults = WgpuOptions::default();
@@ -300,8 +396,8 @@ impl WgpuOptions {
                 .unwrap_or(defaults.attention_min_chunk),
             attention_regs: var("SLOTSTREAM_WGPU_ATTENTION_REGS").map_or(defaults.attention_regs, |v| v != "0"),
             flash_attention: var("SLOTSTREAM_WGPU_FLASH").map_or(defaults.flash_attention, |v| v != "0"),
-            flash_two_rows: var("SLOTSTREAM_WGPU_FLASH_ROWS").map_or(defaults.flash_two_rows, |v| v != "1"),
-            flash_workgroups: var("SLOTSTREAM_WGPU_FLASH_WORKGROUPS").and_then(|v| v.parse().ok()).filter(|&n| n > 0).unwrap_or(defaults.flash_workgroups),
+            flash_two_rows: defaults.flash_two_rows,
+            flash_workgroups: defaults.flash_workgroups,
             merge_in_split: var("SLOTSTREAM_WGPU_MERGE_IN_SPLIT").map_or(defaults.merge_in_split, |v| v != "0"),
             fuse_norms: var("SLOTSTREAM_WGPU_FUSE_NORMS").map_or(defaults.fuse_norms, |v| v != "0"),
             matvec_split: var("SLOTSTREAM_WGPU_MATVEC_SPLIT")
@@ -331,6 +427,42 @@ impl WgpuOptions {
             shared_in_pool: var("SLOTSTREAM_WGPU_SHARED_IN_POOL").map_or(defaults.shared_in_pool, |v| v != "0"),
             route_lanes: var("SLOTSTREAM_WGPU_ROUTE_LANES").map_or(defaults.route_lanes, |v| v != "0"),
             wgsl_dir: var("SLOTSTREAM_WGPU_WGSL_DIR").filter(|v| !v.is_empty()).map(Into::into).or(defaults.wgsl_dir),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WgpuOptions;
+
+    fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn mistyped_settings_are_refused() {
+        let good = [
+            ("SLOTSTREAM_WGPU_FLASH", "0"),
+            ("SLOTSTREAM_WGPU_POOL_SENDS", "layer"),
+            ("SLOTSTREAM_WGPU_POOL_SENDS", "8"),
+            ("SLOTSTREAM_WGPU_MATVEC_SPLIT", "4"),
+            ("SLOTSTREAM_WGPU_WGSL_DIR", "/tmp/k"),
+            ("SLOTSTREAM_OTHER", "x"),
+            ("PATH", "/bin"),
+        ];
+        assert_eq!(WgpuOptions::check_env(vars(&good)), Ok(()));
+        let bad = [
+            ("SLOTSTREAM_WGPU_FLASH", "yes", "0 or 1"),
+            ("SLOTSTREAM_WGPU_FLAHS", "0", "not a setting"),
+            ("SLOTSTREAM_WGPU_FLASH_WORKGROUPS", "264", "not a setting"),
+            ("SLOTSTREAM_WGPU_MATVEC_SPLIT", "5", "from 1 to 4"),
+            ("SLOTSTREAM_WGPU_MATMUL", "fast", "exact or int8"),
+            ("SLOTSTREAM_WGPU_UPLOAD_CHUNK_MIB", "0", "from 1"),
+            ("SLOTSTREAM_WGPU_POOL_SENDS", "-3", "layer or matrix or a number above 0"),
+        ];
+        for (name, value, want) in bad {
+            let e = WgpuOptions::check_env(vars(&[(name, value)])).unwrap_err();
+            assert!(e.contains(name) && e.contains(want), "{name}={value}: {e}");
         }
     }
 }
