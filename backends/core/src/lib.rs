@@ -471,6 +471,12 @@ pub trait Backend: Send + Sync {
         false
     }
 
+    /// The most prompt tokens one forward pass should take on this backend,
+    /// if it has a bound of its own: a prefill's chunk stays within it.
+    fn prefill_rows_max(&self) -> Option<usize> {
+        None
+    }
+
     // ---- tokens chosen on the device (see [`chosen`]) ----
     /// Whether this backend keeps chosen tokens on the device (the methods
     /// below); a backend whose tensors are host memory gains nothing by it.

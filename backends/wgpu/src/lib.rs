@@ -130,6 +130,12 @@ impl WgpuBackend {
     }
 }
 
+/// Prompt tokens per forward pass at most. A chunk's activations grow with
+/// it (a MoE call keeps `top_k` hidden-sized rows per token) while the
+/// kernels gain little past 2,048 rows: on an H100, A's 8k-token prefill ran
+/// 2,353 tok/s in chunks of 2,048 and 2,455 in one of 8,192 (BENCHMARKS.md).
+pub const PREFILL_ROWS_MAX: usize = 2048;
+
 fn not_ours(what: &str) -> BackendError {
     BackendError::Device(format!("{what} does not belong to the wgpu backend"))
 }
@@ -158,6 +164,9 @@ impl Backend for WgpuBackend {
         Ok(f32s(&self.gpu.download(buf(t)?, 4 * t.numel() as u64)?))
     }
 
+    fn prefill_rows_max(&self) -> Option<usize> {
+        Some(PREFILL_ROWS_MAX)
+    }
     fn keeps_chosen_tokens(&self) -> bool {
         true
     }
