@@ -69,7 +69,9 @@ impl PlannedModel {
         .with_env_overrides()?;
         let bytes = self.costs.resident_bytes + self.plan.pool_bytes;
         let _shown = LoadIndicator::start(format!("loading {:.2} GB of weights", bytes as f64 / 1e9));
-        Engine::load_arch(&self.arch, backend, &options)
+        let mut engine = Engine::load_arch(&self.arch, backend, &options)?;
+        engine.prefill_chunk = self.plan.prefill_chunk;
+        Ok(engine)
     }
 }
 

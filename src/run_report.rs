@@ -84,6 +84,10 @@ impl fmt::Display for RunReport<'_> {
         if total.disk_busy_seconds > 0.0 {
             write!(f, "; reads in flight {:.2} s", total.disk_busy_seconds)?;
         }
+        let prompt = &stats.prefill_experts;
+        if prompt.bytes_read > 0 {
+            write!(f, "\nprompt: {}", prompt.describe())?;
+        }
         Ok(())
     }
 }
@@ -110,6 +114,7 @@ mod tests {
                 prefill_tokens_per_second: 4.0,
                 decode_tokens_per_second: 4.0,
                 decode_experts: Default::default(),
+                prefill_experts: Default::default(),
             },
         }
     }
