@@ -215,13 +215,15 @@ fn plan_with(model: &ModelCosts, machine: &MachineMemory, req: &PlanRequest, mtp
     let floor_slots = (FLOOR_EXPERTS_PER_LAYER.max(model.top_k).min(model.experts_per_layer)) * model.moe_layers;
     // A pool of every expert may hold copies of the shared experts too.
     let full_extra = model.full_pool_extra_bytes;
-    let bytes_for = |slots: usize| fixed + slots as u64 * record + if slots >= total_experts { full_extra } else { 0 };
+    // A streaming pool also keeps the staging its long calls' other misses run from.
+    let staging = model.staging_bytes();
+    let bytes_for = |slots: usize| fixed + slots as u64 * record + if slots >= total_experts { full_extra } else { staging };
     let slots_within = |bytes: u64| {
         let n = (bytes.saturating_sub(fixed) / record) as usize;
-        if n >= total_experts && bytes < bytes_for(total_experts) {
-            total_experts.saturating_sub(1)
-        } else {
+        if n >= total_experts && bytes >= bytes_for(total_experts) {
             n
+        } else {
+            ((bytes.saturating_sub(fixed + staging) / record) as usize).min(total_experts.saturating_sub(1))
         }
     };
     let mut notes = Vec::new();
@@ -288,10 +290,8 @@ fn plan_with(model: &ModelCosts, machine: &MachineMemory, req: &PlanRequest, mtp
     // The chunk grows into what is left of the memory the process may use:
     // the size asked for with --memory-gb, else what auto may use here.
     let limit = if mode == PlanMode::MemoryGb { target } else { auto_limit(machine).0 };
-    let staging = if slots < total_experts { model.staging_bytes() } else { 0 };
-    let spare = limit.saturating_sub(bytes_for(slots) + staging);
-    let prefill_chunk = prefill_chunk(model, spare, req.context_tokens);
-    let peak = bytes_for(slots) + staging + (prefill_chunk - DEFAULT_PREFILL_CHUNK) as u64 * model.activation_bytes_per_token();
+    let prefill_chunk = prefill_chunk(model, limit.saturating_sub(bytes_for(slots)), req.context_tokens);
+    let peak = bytes_for(slots) + (prefill_chunk - DEFAULT_PREFILL_CHUNK) as u64 * model.activation_bytes_per_token();
     let estimate = model.estimate_decode(slots, &machine.rates);
     if mode != PlanMode::Auto {
         reason = format!("{} sets the pool: {} of {} experts per layer", mode.label(), slots / model.moe_layers.max(1), model.experts_per_layer);

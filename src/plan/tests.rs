@@ -13,9 +13,16 @@ fn summary(p: &Plan) -> serde_json::Value {
         "experts_per_layer": (p.experts_per_layer * 10.0).round() / 10.0,
         "pool_gb": r(p.pool_bytes),
         "peak_gb": r(p.peak_bytes),
+        "prefill_chunk": p.prefill_chunk,
         "mtp": p.mtp,
         "notes": p.notes,
     })
+}
+
+/// A plan's peak without the activations its prefill chunk has beyond the
+/// smallest chunk's (they grow into whatever memory the pool leaves).
+fn peak_at_the_smallest_chunk(p: &Plan, model: &ModelCosts) -> u64 {
+    p.peak_bytes - (p.prefill_chunk - DEFAULT_PREFILL_CHUNK) as u64 * model.activation_bytes_per_token()
 }
 
 fn case(name: &str, machine: MachineMemory, req: PlanRequest) -> Plan {
@@ -162,7 +169,7 @@ fn mtp_follows_the_request_and_the_room_left() {
     assert!(!off.mtp);
     // At the knee the pool stays the same and the head comes on top.
     assert_eq!(p.slots, off.slots);
-    assert_eq!(p.peak_bytes, off.peak_bytes + flagship.mtp_bytes);
+    assert_eq!(peak_at_the_smallest_chunk(&p, &flagship), peak_at_the_smallest_chunk(&off, &flagship) + flagship.mtp_bytes);
     // 16 GB busy: the head would squeeze the pool, so auto leaves it off; on forces it.
     let busy = mac(16.0, 6.5);
     assert!(!plan(&flagship, &busy, &req(MtpMode::Auto)).unwrap().mtp);
@@ -242,12 +249,15 @@ fn a_full_pool_counts_the_shared_experts_it_holds() {
     let (with, without) = (plan(&model, &m, &every).unwrap(), plan(&arithmetic_model(), &m, &every).unwrap());
     assert_eq!((with.slots, without.slots), (all, all));
     assert_eq!(with.peak_bytes, without.peak_bytes + 50_000_000);
-    // Every record fits, the copies do not: one slot fewer, no copies.
+    // Every record fits, the copies do not: a streaming pool, no copies,
+    // and room for the staging its long calls run misses from (32 records
+    // here, of which the 10 MB spare holds 10).
     let tight = PlanRequest { experts_per_layer: None, memory_gb: Some((without.peak_bytes + 10_000_000) as f64 / 1e9), ..every };
     assert_eq!(plan(&arithmetic_model(), &m, &tight).unwrap().slots, all);
     let p = plan(&model, &m, &tight).unwrap();
-    assert_eq!(p.slots, all - 1);
-    assert!(p.peak_bytes <= without.peak_bytes, "{} > {}", p.peak_bytes, without.peak_bytes);
+    assert_eq!(model.staging_bytes(), 32 * model.expert_record_bytes);
+    assert_eq!(p.slots, all - 22);
+    assert!(p.peak_bytes <= p.target_bytes, "{} > {}: the pool, staging or activations past --memory-gb", p.peak_bytes, p.target_bytes);
 }
 
 fn arithmetic_rates() -> Rates {
