@@ -151,6 +151,13 @@ impl ExpertCache {
         self.owner.len()
     }
 
+    /// The keys (`layer * experts + expert`) of the routed experts in the pool, in order.
+    pub fn held(&self) -> Vec<u32> {
+        let mut keys: Vec<u32> = self.owner.iter().flatten().copied().collect();
+        keys.sort_unstable();
+        keys
+    }
+
     /// Reads each shared expert the store has into the slots the pool has
     /// after the routed ones and maps it under key `layers * experts + layer`.
     fn hold_shared(&mut self, b: &dyn Backend) -> Result<()> {

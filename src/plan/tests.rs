@@ -485,3 +485,24 @@ fn the_banner_says_whether_the_speed_is_measured_from_runs_or_the_rates() {
     assert!(rates.contains("from the rates and hit rate above (this model's streaming runs were not timed on this machine"), "{rates}");
     assert_eq!(line(&model, here(&arithmetic_rates()), 64), "", "a resident pool has no speed line");
 }
+
+/// The prefill chunk takes what memory the pool leaves, in steps of the
+/// smallest chunk, up to the planned context and the longest chunk.
+#[test]
+fn the_prefill_chunk_grows_with_the_memory_left_up_to_the_context() {
+    let model = arithmetic_model();
+    let per_token = model.activation_bytes_per_token();
+    // 24 rows of 1024 + 3 x 8 rows of 1024 + 3 x 8 rows of 256, as f32.
+    assert_eq!(per_token, ((24 + 24) * 1024 + 24 * 256) * 4);
+    assert_eq!(prefill_chunk(&model, 0, 32768), DEFAULT_PREFILL_CHUNK);
+    // Room for 1000 tokens more than the smallest chunk: 1256, down to a whole step.
+    assert_eq!(prefill_chunk(&model, 1000 * per_token, 32768), 1024);
+    assert_eq!(prefill_chunk(&model, 1 << 40, 32768), MAX_PREFILL_CHUNK);
+    assert_eq!(prefill_chunk(&model, 1 << 40, 3000), 3072, "no longer than the context needs, in whole steps");
+    assert_eq!(prefill_chunk(&model, 1 << 40, 0), DEFAULT_PREFILL_CHUNK);
+    // A plan on a roomy machine gives the long chunk and counts it in the peak.
+    let req = PlanRequest { experts_per_layer: Some(16), context_tokens: 8192, ..Default::default() };
+    let p = plan(&model, &mac(48.0, 40.0), &req).unwrap();
+    assert_eq!(p.prefill_chunk, MAX_PREFILL_CHUNK);
+    assert_eq!(p.peak_bytes - peak_at_the_smallest_chunk(&p, &model), (MAX_PREFILL_CHUNK - DEFAULT_PREFILL_CHUNK) as u64 * per_token);
+}
