@@ -17,7 +17,7 @@ use slotstream_backend::{Backend, ExpertPool, Routes, Tensor};
 
 use super::placement::Placement;
 use super::read_ahead::GroupReads;
-use super::{CacheCounters, ExpertCache, ExpertRecord, Handover, Progress};
+use super::{CacheCounters, ExpertCache, ExpertRecord, ExpertStore, Handover, Progress};
 
 /// Staged experts written and computed at a time. The staging pool holds two
 /// groups, so that a GPU can write one while the other computes.
@@ -63,19 +63,17 @@ impl ExpertCache {
             self.count_call(layer, counters);
             return Ok(out?);
         }
-        let group = STAGING_GROUP.min(self.store.experts_per_layer).max(1);
-        let mut reads = GroupReads::start(&self.store, layer, placed.staged.chunks(group).map(<[u32]>::to_vec).collect());
+        if self.staging.is_none() {
+            self.staging = Some(Staging::new(b, &self.store)?);
+        }
+        let staging = self.staging.as_mut().ok_or_else(|| anyhow::anyhow!("internal: no staging pool"))?;
+        let mut reads = GroupReads::start(&self.store, layer, placed.staged.chunks(staging.group).map(<[u32]>::to_vec).collect());
         // The pool's experts compute while the first staged group is read.
         let pooled = !placed.hits.is_empty() || !placed.to_pool.is_empty();
         let outputs = if pooled { Some(b.moe_expert_outputs(x, &self.pool, routes, key_base)?) } else { None };
-        if self.staging.is_none() {
-            self.staging = Some(b.new_expert_pool(&self.store.layout, 2 * group, self.store.experts_per_layer)?);
-        }
-        let (store, staging) = (&self.store, self.staging.as_mut().ok_or_else(|| anyhow::anyhow!("internal: no staging pool"))?);
-        let mut mapped: Vec<u32> = Vec::new();
-        let ran = run_staged(b, store, staging, &mut reads, &mut mapped, group, x, routes, outputs, &mut counters);
+        let ran = staging.run(b, &mut reads, x, routes, outputs, &mut counters);
         // The staging table says "no slot" again, whatever happened.
-        let cleared = b.map_experts(staging, &mapped.iter().map(|&e| (e, None)).collect::<Vec<_>>());
+        let cleared = staging.clear(b);
         let outputs = ran?;
         cleared?;
         self.count_call(layer, counters);
@@ -191,43 +189,57 @@ impl ExpertCache {
     }
 }
 
-/// The staged groups, each written into its half of `staging` as it comes
-/// and run over every token routed to it, gathered into `outputs`; `mapped`
-/// keeps the experts the staging table maps for the caller to clear.
-#[allow(clippy::too_many_arguments)]
-fn run_staged(
-    b: &dyn Backend,
-    store: &super::ExpertStore,
-    staging: &mut ExpertPool,
-    reads: &mut GroupReads,
-    mapped: &mut Vec<u32>,
+/// The pool a long call's misses that find no free slot run from: two
+/// groups of [`STAGING_GROUP`] slots, a table over one layer's experts.
+pub(super) struct Staging {
+    pool: ExpertPool,
     group: usize,
-    x: &Tensor,
-    routes: &Routes,
-    mut outputs: Option<Tensor>,
-    counters: &mut CacheCounters,
-) -> Result<Tensor> {
-    let mut half = 0;
-    while let Some(read) = reads.next_group() {
-        let read = read?;
-        counters.read_seconds += read.read_seconds;
-        counters.wait_seconds += read.wait_seconds;
-        counters.bytes_read += read.records.len() as u64 * store.record_bytes;
-        let base = half * group;
-        let written = Instant::now();
-        for (i, record) in read.records.iter().enumerate() {
-            b.write_expert(staging, base + i, &store.host_expert(record))?;
-        }
-        counters.write_seconds += written.elapsed().as_secs_f64();
-        let mut table: Vec<(u32, Option<u32>)> = mapped.drain(..).map(|e| (e, None)).collect();
-        table.extend(read.experts.iter().enumerate().map(|(i, &e)| (e, Some((base + i) as u32))));
-        b.map_experts(staging, &table)?;
-        mapped.extend(&read.experts);
-        outputs = Some(match outputs {
-            None => b.moe_expert_outputs(x, staging, routes, 0)?,
-            Some(o) => b.moe_expert_outputs_into(o, x, staging, routes, 0)?,
-        });
-        half ^= 1;
+    /// The experts its table maps now.
+    mapped: Vec<u32>,
+}
+
+impl Staging {
+    fn new(b: &dyn Backend, store: &ExpertStore) -> Result<Staging> {
+        let group = STAGING_GROUP.min(store.experts_per_layer).max(1);
+        Ok(Staging { pool: b.new_expert_pool(&store.layout, 2 * group, store.experts_per_layer)?, group, mapped: Vec::new() })
     }
-    outputs.ok_or_else(|| anyhow::anyhow!("a MoE call with no experts"))
+
+    pub fn bytes(&self) -> usize {
+        self.pool.bytes
+    }
+
+    /// Runs each group `reads` brings, written into the half the group
+    /// before did not use, over every token routed to it; the outputs are
+    /// gathered into `outputs` (made by the first group where `None`).
+    fn run(&mut self, b: &dyn Backend, reads: &mut GroupReads, x: &Tensor, routes: &Routes, mut outputs: Option<Tensor>, counters: &mut CacheCounters) -> Result<Tensor> {
+        let mut half = 0;
+        while let Some(read) = reads.next_group() {
+            let read = read?;
+            counters.read_seconds += read.read_seconds;
+            counters.wait_seconds += read.wait_seconds;
+            counters.bytes_read += read.records.len() as u64 * reads.store().record_bytes;
+            let base = half * self.group;
+            let written = Instant::now();
+            for (i, record) in read.records.iter().enumerate() {
+                b.write_expert(&mut self.pool, base + i, &reads.store().host_expert(record))?;
+            }
+            counters.write_seconds += written.elapsed().as_secs_f64();
+            let mut table: Vec<(u32, Option<u32>)> = self.mapped.drain(..).map(|e| (e, None)).collect();
+            table.extend(read.experts.iter().enumerate().map(|(i, &e)| (e, Some((base + i) as u32))));
+            b.map_experts(&mut self.pool, &table)?;
+            self.mapped.extend(&read.experts);
+            outputs = Some(match outputs {
+                None => b.moe_expert_outputs(x, &self.pool, routes, 0)?,
+                Some(o) => b.moe_expert_outputs_into(o, x, &self.pool, routes, 0)?,
+            });
+            half ^= 1;
+        }
+        outputs.ok_or_else(|| anyhow::anyhow!("a MoE call with no experts"))
+    }
+
+    /// Unmaps the experts the table maps.
+    fn clear(&mut self, b: &dyn Backend) -> Result<()> {
+        let table: Vec<(u32, Option<u32>)> = self.mapped.drain(..).map(|e| (e, None)).collect();
+        Ok(b.map_experts(&mut self.pool, &table)?)
+    }
 }

@@ -3,22 +3,24 @@
 //!
 //! The router's logits are routed where they were computed (a kernel on a
 //! GPU), and the pool's slot table (expert -> slot) lives there too. When the
-//! pool holds every expert, a MoE call never leaves the device. Otherwise,
-//! per MoE call: read back the routed expert ids, pin the layer's experts
-//! already in a slot (hits), give the rest the slots of the experts needed
-//! least lately (`evict.rs`; pinned slots skipped), read the misses with many
-//! reads in flight, update the slot table, and compute. When a call needs more
-//! experts than there are slots (a long prefill touches nearly every expert),
-//! the experts are taken in batches that fit, hits first, and the next
-//! batch's reads overlap the current batch's compute.
+//! pool holds every expert, a MoE call never leaves the device. Otherwise a
+//! MoE call reads back the routed expert ids and runs in three steps, each in
+//! its own file: `placement.rs` says where each expert runs from (the slot
+//! that holds it; for a miss, a slot of the experts needed least lately,
+//! `evict.rs`, at decode, or at prefill a free slot or else the transient
+//! staging pool, so that a prompt leaves decode's experts in the pool);
+//! `read_ahead.rs` keeps the disk busy ahead of the compute (a decode's guess
+//! of the next layer's experts, a prefill's next group of staged experts);
+//! `execute.rs` reads the misses, fills the slot tables and computes,
+//! expert-major: each expert once over all of the call's tokens routed to it.
 //!
 //! Output never depends on the pool size: each (token, expert) output is
-//! computed the same way wherever the expert sits, batches write disjoint rows,
-//! and the weighted sum runs in routing-rank order at the end. That holds bit
-//! for bit on the CPU backend. On the wgpu backend a pool that holds every
-//! expert keeps 4-bit slots interleaved and runs the shared expert as one more
-//! rank, which rounds differently from a streaming pool; tests check that
-//! the tokens are the same.
+//! computed the same way wherever the expert sits, the pool's and the staging
+//! groups' calls write disjoint rows, and the weighted sum runs in
+//! routing-rank order at the end. That holds bit for bit on the CPU backend.
+//! On the wgpu backend a pool that holds every expert keeps 4-bit slots
+//! interleaved and runs the shared expert as one more rank, which rounds
+//! differently from a streaming pool; tests check that the tokens are the same.
 
 mod evict;
 mod execute;
@@ -40,7 +42,9 @@ pub use stats::{CacheCounters, CacheStats, PromptReads, ReadMark};
 pub use store::{ExpertRecord, ExpertStore, ExpertTensors, Handover, Progress, ReadTimes};
 
 /// Most tokens of a MoE call that reads ahead the next call's guessed experts
-/// (decode, a few drafted tokens; a prefill touches most experts anyway).
+/// and gives its misses the slots of experts needed least lately: a decode
+/// step (a few drafted tokens). A longer call (a prefill chunk, which touches
+/// most experts) runs misses that find no free slot from staging.
 const READ_AHEAD_MAX_TOKENS: usize = 4;
 
 /// Guessed experts per token read ahead by default ([`ExpertCache::read_ahead`]).
@@ -76,7 +80,7 @@ pub struct ExpertCache {
     ahead: Option<read_ahead::Ahead>,
     /// Where a long call's misses that have no free slot run from, made on
     /// first use ([`STAGING_GROUP`]).
-    staging: Option<ExpertPool>,
+    staging: Option<execute::Staging>,
     /// Per key, 1 + the [`ExpertCache::mark_reads`] epoch in which it last missed (0: never).
     missed_in: Vec<u32>,
     epoch: u32,
@@ -208,7 +212,7 @@ impl ExpertCache {
             slots: self.owner.len(),
             pool_bytes: self.pool.bytes,
             shared_bytes: self.pool.bytes / self.pool.slots.max(1) * (self.pool.slots - self.owner.len()),
-            staging_bytes: self.staging.as_ref().map_or(0, |s| s.bytes),
+            staging_bytes: self.staging.as_ref().map_or(0, |s| s.bytes()),
             direct_io: self.store.direct_io(),
             total,
             per_layer: self.per_layer.clone(),

@@ -87,6 +87,10 @@ impl GroupReads {
         reads
     }
 
+    pub fn store(&self) -> &ExpertStore {
+        &self.store
+    }
+
     fn issue(&mut self) {
         self.in_flight = self.groups.next().map(|experts| (experts.clone(), self.store.read_later(self.layer, experts)));
     }
