@@ -137,6 +137,7 @@ mod tests {
         assert_eq!(json["generated_ids"], serde_json::json!([3]));
         assert_eq!(json["finish_reason"], "length");
         assert_eq!(json["stats"]["prompt_tokens"], 2);
+        assert!(json["stats"]["prefill_experts"]["passes"].is_number() && json["plan"]["prefill_chunk"].is_u64(), "{json}");
         assert_eq!(json["backend"], "cpu");
         assert!(json["peak_rss_bytes"].is_null() && json["plan"]["slots"].is_u64(), "{json}");
         assert!(json.get("ngram_rows").is_none(), "{json}");
