@@ -185,7 +185,7 @@ fn expected_speeds(model: &ModelCosts, machine: &MachineMemory, context_tokens: 
         .filter(|&n| n >= floor && n <= model.experts_per_layer)
         .collect();
     sizes.dedup();
-    let fixed_bytes = model.fixed_bytes(context_tokens) + model.runtime_bytes();
+    let fixed_bytes = model.fixed_bytes(context_tokens) + model.runtime_bytes(plan::DEFAULT_PREFILL_CHUNK);
     sizes
         .into_iter()
         .map(|experts_per_layer| {

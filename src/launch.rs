@@ -52,6 +52,21 @@ impl PlannedModel {
         &self.arch.dir
     }
 
+    /// What a context of `tokens` costs beyond the `planned` tokens the plan
+    /// holds KV for: said where such a context is refused.
+    pub fn context_need(&self, tokens: usize, planned: usize) -> String {
+        let per_token = self.costs.kv_bytes_per_token;
+        let more = per_token * tokens.saturating_sub(planned) as u64;
+        format!(
+            "a context of {tokens} tokens needs {:.2} GB of KV cache, {:.2} GB more than the planned {planned} \
+             (a peak of ~{:.1} GB; {:.1} GB is reclaimable now)",
+            (per_token * tokens as u64) as f64 / 1e9,
+            more as f64 / 1e9,
+            (self.plan.peak_bytes + more) as f64 / 1e9,
+            self.machine.available as f64 / 1e9
+        )
+    }
+
     /// The plan's banner, shown before loading.
     pub fn banner(&self) -> String {
         self.plan.banner(&self.costs, &self.machine)
@@ -69,7 +84,9 @@ impl PlannedModel {
         .with_env_overrides()?;
         let bytes = self.costs.resident_bytes + self.plan.pool_bytes;
         let _shown = LoadIndicator::start(format!("loading {:.2} GB of weights", bytes as f64 / 1e9));
-        Engine::load_arch(&self.arch, backend, &options)
+        let mut engine = Engine::load_arch(&self.arch, backend, &options)?;
+        engine.prefill_chunk = self.plan.prefill_chunk;
+        Ok(engine)
     }
 }
 

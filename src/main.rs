@@ -13,7 +13,7 @@ use clap::{Args, Parser, Subcommand};
 use slotstream::backend_spec::BackendSpec;
 use slotstream::doctor::{DoctorReport, DoctorRequest, MachineOverrides};
 use slotstream::generate::{self, Engine, GenerateRequest};
-use slotstream::launch::{load_planned, resolve_model, ServeLoader, ServedModels};
+use slotstream::launch::{load_planned, resolve_model, PlannedModel, ServeLoader, ServedModels};
 use slotstream::plan::{self, PlanRequest};
 use slotstream::pull::{NetworkSettings, PullOptions, TransferSettings, DEFAULT_MODEL};
 use slotstream::run_report::RunReport;
@@ -401,19 +401,19 @@ impl RunArgs {
     }
 
     /// The request, with `--max-tokens` cut to what fits in the context the
-    /// memory was planned for (`--plan-context`, at most the model's).
-    fn bounded_request(&self, prompt_ids: Vec<u32>, model_context: usize) -> Result<GenerateRequest> {
+    /// memory was planned for (`--plan-context`, at most the model's); a
+    /// context refused says what memory a long enough one needs (`planned`).
+    fn bounded_request(&self, prompt_ids: Vec<u32>, model_context: usize, planned: &PlannedModel) -> Result<GenerateRequest> {
         let (context, what) = if self.memory.plan_context < model_context {
             (self.memory.plan_context, "the planned context (--plan-context)")
         } else {
             (model_context, "the model's context (max_position_embeddings)")
         };
+        let need = || planned.context_need((prompt_ids.len() + self.max_tokens).min(model_context), self.memory.plan_context);
         let max_tokens = match generate::tokens_within_context(prompt_ids.len(), self.max_tokens, context, what) {
             Ok(n) => n,
-            Err(e) if model_context == usize::MAX => anyhow::bail!("{e}, or raise --plan-context"),
-            Err(e) if context < model_context => {
-                anyhow::bail!("{e}, or raise --plan-context (the model takes up to {model_context} tokens)")
-            }
+            Err(e) if model_context == usize::MAX => anyhow::bail!("{e}, or raise --plan-context: {}", need()),
+            Err(e) if context < model_context => anyhow::bail!("{e}, or raise --plan-context (the model takes up to {model_context} tokens): {}", need()),
             Err(e) => return Err(e),
         };
         if max_tokens < self.max_tokens {
@@ -495,7 +495,7 @@ fn run(args: RunArgs) -> Result<()> {
         return slotstream::chat::run_chat(&engine, args.chat_settings(&engine));
     };
     let prompt_ids = args.prompt_ids(&engine, &prompt)?;
-    let request = args.bounded_request(prompt_ids, engine.context_length())?;
+    let request = args.bounded_request(prompt_ids, engine.context_length(), &planned)?;
     // Ctrl-C from here on stops the answer, and the summary still comes.
     process::catch_interrupt()?;
     // A write error ends generation; it is reported once the engine returns.

@@ -84,6 +84,10 @@ impl fmt::Display for RunReport<'_> {
         if total.disk_busy_seconds > 0.0 {
             write!(f, "; reads in flight {:.2} s", total.disk_busy_seconds)?;
         }
+        let prompt = &stats.prefill_experts;
+        if prompt.bytes_read > 0 {
+            write!(f, "\nprompt: {}", prompt.describe())?;
+        }
         Ok(())
     }
 }
@@ -110,6 +114,7 @@ mod tests {
                 prefill_tokens_per_second: 4.0,
                 decode_tokens_per_second: 4.0,
                 decode_experts: Default::default(),
+                prefill_experts: Default::default(),
             },
         }
     }
@@ -132,6 +137,7 @@ mod tests {
         assert_eq!(json["generated_ids"], serde_json::json!([3]));
         assert_eq!(json["finish_reason"], "length");
         assert_eq!(json["stats"]["prompt_tokens"], 2);
+        assert!(json["stats"]["prefill_experts"]["passes"].is_number() && json["plan"]["prefill_chunk"].is_u64(), "{json}");
         assert_eq!(json["backend"], "cpu");
         assert!(json["peak_rss_bytes"].is_null() && json["plan"]["slots"].is_u64(), "{json}");
         assert!(json.get("ngram_rows").is_none(), "{json}");

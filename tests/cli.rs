@@ -106,6 +106,8 @@ fn run_generates_no_further_than_the_planned_context() {
     let stderr = stderr_of(&output);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("leaves no room to generate") && stderr.contains("raise --plan-context"), "{stderr}");
+    // What a context long enough would take.
+    assert!(stderr.contains("GB of KV cache") && stderr.contains("more than the planned 2"), "{stderr}");
 }
 
 #[test]

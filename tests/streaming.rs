@@ -148,3 +148,36 @@ fn evicting_the_least_needed_expert_reads_less_than_clock_and_changes_nothing() 
     let (calls_ids, _) = run(Eviction::Calls { half_life: slotstream::experts::DEFAULT_HALF_LIFE });
     assert_eq!(calls_ids, ids, "counting calls changed the output");
 }
+
+/// A prompt chunk (a call of more tokens than a decode step) runs the misses
+/// that find no free slot from staging: the experts decode put in the pool
+/// stay there, each missed expert is read once per chunk, and the first
+/// token is the oracle's.
+#[test]
+fn a_long_prompt_reads_each_missed_expert_once_per_chunk_and_keeps_the_pool() {
+    let name = "qwen3_moe_mlx4";
+    let case = case(name, "long");
+    let mut e = engine(name, ExpertSlots::Count(6));
+    let b = e.backend.as_ref();
+    // Decode-sized calls fill the pool.
+    let mut state = e.new_state().unwrap();
+    for &t in &case.prompt_ids[..4] {
+        e.model.forward(b, &[t], &mut state, Logits::Last).unwrap();
+    }
+    let held = e.model.experts.lock().unwrap().held();
+    assert_eq!(held.len(), 6, "decode should have filled the pool: {held:?}");
+    let tokens = case.prompt_ids.len();
+    for chunk in [tokens, 5] {
+        e.prefill_chunk = chunk;
+        let mark = e.mark_expert_reads().unwrap();
+        let mut fresh = e.new_state().unwrap();
+        let logits = e.prefill(&case.prompt_ids, &mut fresh).unwrap();
+        let reads = e.expert_reads_since(&mark).unwrap();
+        assert!(reads.staged > 0 && reads.missed_experts > 0, "chunks of {chunk}: nothing ran from staging: {reads:?}");
+        assert_eq!(reads.staged, reads.misses, "chunks of {chunk}: a full pool gave a miss a slot: {reads:?}");
+        let chunks = tokens.div_ceil(chunk) as f64;
+        assert!(reads.passes <= chunks, "chunks of {chunk}: {} passes over the missed experts in {chunks} chunks: {reads:?}", reads.passes);
+        assert_eq!(e.model.experts.lock().unwrap().held(), held, "chunks of {chunk}: the prompt evicted decode's experts");
+        assert_eq!(argmax(&logits), case.greedy_ids[0], "chunks of {chunk}: the first token differs from the oracle's");
+    }
+}

@@ -10,6 +10,9 @@ pub struct CacheCounters {
     /// the host and each routed (token, expert) pair counts as a hit.
     pub hits: u64,
     pub misses: u64,
+    /// Of the misses, those run from the staging pool (a long call's misses
+    /// with no free slot), read for the call and dropped after it.
+    pub staged: u64,
     pub bytes_read: u64,
     /// Seconds the read threads were busy (wall time of each batch of reads).
     pub read_seconds: f64,
@@ -48,6 +51,7 @@ impl CacheCounters {
     pub(super) fn add(&mut self, o: &CacheCounters) {
         self.hits += o.hits;
         self.misses += o.misses;
+        self.staged += o.staged;
         self.bytes_read += o.bytes_read;
         self.read_seconds += o.read_seconds;
         self.wait_seconds += o.wait_seconds;
@@ -66,6 +70,7 @@ impl CacheCounters {
         CacheCounters {
             hits: self.hits.saturating_sub(earlier.hits),
             misses: self.misses.saturating_sub(earlier.misses),
+            staged: self.staged.saturating_sub(earlier.staged),
             bytes_read: self.bytes_read.saturating_sub(earlier.bytes_read),
             read_seconds: (self.read_seconds - earlier.read_seconds).max(0.0),
             wait_seconds: (self.wait_seconds - earlier.wait_seconds).max(0.0),
@@ -107,7 +112,60 @@ pub struct CacheStats {
     /// shared experts held beside them.
     pub pool_bytes: usize,
     pub shared_bytes: usize,
+    /// Bytes of the staging pool long calls' misses run from (0 until one has).
+    pub staging_bytes: usize,
     pub direct_io: bool,
     pub total: CacheCounters,
     pub per_layer: Vec<CacheCounters>,
+}
+
+/// Where the counting of a prompt's expert reads started ([`super::ExpertCache::mark_reads`]).
+#[derive(Clone, Debug)]
+pub struct ReadMark {
+    pub(super) epoch: u32,
+    pub(super) counters: CacheCounters,
+}
+
+/// What a prompt (or any stretch of calls since a [`ReadMark`]) read of the
+/// routed experts: its bytes read as passes over the distinct experts that
+/// missed. Expert-major prefill reads each missed expert once per chunk.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct PromptReads {
+    pub hits: u64,
+    pub misses: u64,
+    /// Misses run from the staging pool (not kept in the pool).
+    pub staged: u64,
+    pub bytes_read: u64,
+    /// Distinct experts that missed at least once, and their bytes.
+    pub missed_experts: u64,
+    pub missed_bytes: u64,
+    /// `bytes_read / missed_bytes` (0 when nothing missed).
+    pub passes: f64,
+}
+
+impl PromptReads {
+    /// `read 1.23 GB of experts, 1.05 passes over 384 missed (0.17 GB; 300 run from staging)`.
+    pub fn describe(&self) -> String {
+        format!(
+            "read {:.2} GB of experts, {:.2} passes over the {} that missed ({:.2} GB; {} runs from staging)",
+            self.bytes_read as f64 / 1e9,
+            self.passes,
+            self.missed_experts,
+            self.missed_bytes as f64 / 1e9,
+            self.staged
+        )
+    }
+
+    pub(super) fn new(counters: &CacheCounters, missed_experts: u64, record_bytes: u64) -> PromptReads {
+        let missed_bytes = missed_experts * record_bytes;
+        PromptReads {
+            hits: counters.hits,
+            misses: counters.misses,
+            staged: counters.staged,
+            bytes_read: counters.bytes_read,
+            missed_experts,
+            missed_bytes,
+            passes: if missed_bytes > 0 { counters.bytes_read as f64 / missed_bytes as f64 } else { 0.0 },
+        }
+    }
 }

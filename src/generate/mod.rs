@@ -19,7 +19,7 @@ pub use decode::MtpStats;
 use decode::{DecodeStrategy, Plain, Speculative};
 use stop::StopMatcher;
 
-use crate::experts::{CacheCounters, CacheStats};
+use crate::experts::{CacheCounters, CacheStats, PromptReads, ReadMark};
 use crate::model::{self, DecoderModel, Logits, ModelArch, SequenceState};
 pub use crate::plan::DEFAULT_PREFILL_CHUNK;
 
@@ -94,6 +94,8 @@ pub struct GenerateStats {
     /// The expert pool's counters during decode (prefill left out): what a
     /// decode-speed estimate's hit rate is about.
     pub decode_experts: CacheCounters,
+    /// What the prompt read of the routed experts, as passes over those that missed.
+    pub prefill_experts: PromptReads,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -186,6 +188,16 @@ impl Engine {
         if let Err(e) = kept {
             crate::note!("note: this run's expert hit rate was not kept for later estimates: {e:#}");
         }
+    }
+
+    /// Starts counting a prompt's expert reads (for [`Engine::expert_reads_since`]).
+    pub fn mark_expert_reads(&self) -> Result<ReadMark> {
+        self.model.mark_expert_reads()
+    }
+
+    /// What the calls since `mark` read of the routed experts.
+    pub fn expert_reads_since(&self, mark: &ReadMark) -> Result<PromptReads> {
+        self.model.expert_reads_since(mark)
     }
 
     /// Gives the expert pool `slots` slots (between generations); returns the new statistics.
@@ -315,6 +327,7 @@ impl Engine {
             "the model's context (max_position_embeddings)",
         )?;
         let fed = req.prompt_ids.len() - state.position;
+        let mark = self.mark_expert_reads()?;
         let start = Instant::now();
         // The KV caches hold the prompt and the first answer tokens from the
         // start, so that a long prompt's answer does not copy them to grow.
@@ -323,6 +336,7 @@ impl Engine {
         let logits = self.prefill(&req.prompt_ids[state.position..], state)?;
         let prefill_seconds = start.elapsed().as_secs_f64();
 
+        let prefill_experts = self.expert_reads_since(&mark)?;
         let experts_before_decode = self.expert_stats()?.total;
         let decode_start = Instant::now();
         let mut strategy: Box<dyn DecodeStrategy> = match &self.model.draft {
@@ -403,6 +417,7 @@ impl Engine {
             // The first generated token comes from the prefill's logits.
             decode_tokens_per_second: per_second(generated.len().saturating_sub(1), decode_seconds),
             decode_experts: self.expert_stats()?.total.since(&experts_before_decode),
+            prefill_experts,
         };
         Ok(GenerateOutput { prompt_ids: req.prompt_ids.clone(), generated_ids: generated, fed_end, text, finish_reason: finish, stats })
     }

@@ -11,7 +11,7 @@ use super::blocks::attention::AttentionState;
 use super::blocks::delta::DeltaState;
 use super::layer::{DecoderLayer, Head, Hidden, LayerState, MixerState, RowCacheStats};
 use super::speculative::DraftState;
-use crate::experts::{CacheStats, ExpertCache};
+use crate::experts::{CacheStats, ExpertCache, PromptReads, ReadMark};
 
 pub struct DecoderModel {
     pub arch: ModelArch,
@@ -302,6 +302,16 @@ impl DecoderModel {
     /// Counters of the expert pool.
     pub fn expert_stats(&self) -> Result<CacheStats> {
         Ok(experts_lock(&self.experts)?.stats())
+    }
+
+    /// Starts counting a prompt's expert reads ([`ExpertCache::mark_reads`]).
+    pub fn mark_expert_reads(&self) -> Result<ReadMark> {
+        Ok(experts_lock(&self.experts)?.mark_reads())
+    }
+
+    /// The expert reads since `mark`.
+    pub fn expert_reads_since(&self, mark: &ReadMark) -> Result<PromptReads> {
+        Ok(experts_lock(&self.experts)?.reads_since(mark))
     }
 
     /// Gives the expert pool `slots` slots (between requests).

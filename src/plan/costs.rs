@@ -52,6 +52,8 @@ pub struct ModelCosts {
     pub experts_per_layer: usize,
     pub top_k: usize,
     pub hidden_size: usize,
+    /// Rows of each routed expert's gate and up projections.
+    pub moe_intermediate: usize,
     /// KV cache bytes per token of context (keys and values as the backend
     /// stores them, plus QSA indexer keys).
     pub kv_bytes_per_token: u64,
@@ -113,12 +115,26 @@ impl ModelCosts {
     }
 
     /// Runtime memory besides weights, caches and the pool: a fixed base plus
-    /// the activations of one prefill chunk (about 24 hidden-sized f32 rows
-    /// per token through a layer, and the per-expert outputs of a MoE call).
-    pub fn runtime_bytes(&self) -> u64 {
-        let chunk = super::DEFAULT_PREFILL_CHUNK as u64;
-        let per_token = (24 + 3 * self.top_k as u64) * self.hidden_size as u64 * 4;
-        super::RUNTIME_BASE_BYTES + chunk * per_token
+    /// the activations of one prefill chunk of `prefill_chunk` tokens.
+    pub fn runtime_bytes(&self, prefill_chunk: usize) -> u64 {
+        super::RUNTIME_BASE_BYTES + prefill_chunk as u64 * self.activation_bytes_per_token()
+    }
+
+    /// Activations per token of a prefill chunk: about 24 hidden-sized f32
+    /// rows through a layer, a MoE call's per-expert outputs (the gathered
+    /// rows, each expert's own, and the outputs the call keeps: three
+    /// `top_k x hidden` rows) and its experts' intermediate rows (gate, up
+    /// and their product: three `top_k x moe_intermediate`).
+    pub fn activation_bytes_per_token(&self) -> u64 {
+        let hidden_rows = (24 + 3 * self.top_k as u64) * self.hidden_size as u64;
+        let expert_rows = 3 * self.top_k as u64 * self.moe_intermediate as u64;
+        (hidden_rows + expert_rows) * 4
+    }
+
+    /// The staging pool a streaming pool's long calls run their other
+    /// misses from (two groups of [`crate::experts::STAGING_GROUP`]).
+    pub fn staging_bytes(&self) -> u64 {
+        2 * crate::experts::STAGING_GROUP.min(self.experts_per_layer) as u64 * self.expert_record_bytes
     }
 
     /// Memory that does not depend on the pool size.
@@ -244,6 +260,7 @@ impl ModelCosts {
             experts_per_layer: c.num_experts,
             top_k: c.num_experts_per_tok,
             hidden_size: c.hidden_size,
+            moe_intermediate: c.moe_intermediate_size,
             kv_bytes_per_token: arch.context_bytes_per_token(kv),
             state_bytes: arch.fixed_state_bytes(),
             extra_bytes: if ngram > 0 { crate::model::DEFAULT_NGRAM_CACHE_BYTES as u64 } else { 0 },
@@ -274,6 +291,8 @@ impl ModelCosts {
             experts_per_layer: 512,
             top_k: 10,
             hidden_size: 2560,
+            // 3 x 2560 x 640 4-bit values with a bf16 scale and bias per 64: the record's 2,764,800 bytes.
+            moe_intermediate: 640,
             // 12 full-attention layers x (K and V x 2 KV heads x 256 as `kv`,
             // plus the QSA indexer's 128-wide raw key and a quarter of a pooled key in f32).
             kv_bytes_per_token: 12 * ((2 * 2 * 256 * kv.size()) as u64 + (128 + 32) * 4),

@@ -37,9 +37,16 @@ pub const FLOOR_EXPERTS_PER_LAYER: usize = 14;
 /// come on top (see [`ModelCosts::runtime_bytes`]).
 pub const RUNTIME_BASE_BYTES: u64 = 200_000_000;
 
-/// Prompt tokens processed per forward pass during prefill (the engine's
-/// default; the planner sizes activations by it).
+/// Prompt tokens processed per forward pass during prefill where nothing
+/// planned it (the engine's default), and the least a plan gives: the pool is
+/// sized with a chunk's activations at this size.
 pub const DEFAULT_PREFILL_CHUNK: usize = 256;
+
+/// The longest prefill chunk a plan gives, where memory allows and the
+/// planned context is as long. A streaming pool reads a chunk's missed
+/// experts once each (expert-major prefill), so fewer, longer chunks read
+/// less; past a few thousand tokens a chunk's matmuls gain little.
+pub const MAX_PREFILL_CHUNK: usize = 8192;
 
 /// Whether to load the MTP head for speculative decoding.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -123,8 +130,12 @@ pub struct Plan {
     pub slots: usize,
     pub pool_bytes: u64,
     pub experts_per_layer: f64,
-    /// Trunk + pool + KV/state for the planned context + runtime overhead.
+    /// Trunk + pool + KV/state for the planned context + runtime overhead
+    /// (the activations of a prefill chunk among it).
     pub peak_bytes: u64,
+    /// Prompt tokens per forward pass: as many as the memory left beside
+    /// the pool holds the activations of ([`prefill_chunk`]).
+    pub prefill_chunk: usize,
     pub min_slots: usize,
     pub total_experts: usize,
     pub expected_decode_tokens_per_second: f64,
@@ -199,18 +210,20 @@ fn plan_with(model: &ModelCosts, machine: &MachineMemory, req: &PlanRequest, mtp
     let total_experts = model.total_experts();
     let record = model.expert_record_bytes.max(1);
     let head = if mtp { model.mtp_bytes } else { 0 };
-    let fixed = model.fixed_bytes(req.context_tokens) + model.runtime_bytes() + head;
+    let fixed = model.fixed_bytes(req.context_tokens) + model.runtime_bytes(DEFAULT_PREFILL_CHUNK) + head;
     let engine_min = model.engine_min_slots();
     let floor_slots = (FLOOR_EXPERTS_PER_LAYER.max(model.top_k).min(model.experts_per_layer)) * model.moe_layers;
     // A pool of every expert may hold copies of the shared experts too.
     let full_extra = model.full_pool_extra_bytes;
-    let bytes_for = |slots: usize| fixed + slots as u64 * record + if slots >= total_experts { full_extra } else { 0 };
+    // A streaming pool also keeps the staging its long calls' other misses run from.
+    let staging = model.staging_bytes();
+    let bytes_for = |slots: usize| fixed + slots as u64 * record + if slots >= total_experts { full_extra } else { staging };
     let slots_within = |bytes: u64| {
         let n = (bytes.saturating_sub(fixed) / record) as usize;
-        if n >= total_experts && bytes < bytes_for(total_experts) {
-            total_experts.saturating_sub(1)
-        } else {
+        if n >= total_experts && bytes >= bytes_for(total_experts) {
             n
+        } else {
+            ((bytes.saturating_sub(fixed + staging) / record) as usize).min(total_experts.saturating_sub(1))
         }
     };
     let mut notes = Vec::new();
@@ -274,7 +287,11 @@ fn plan_with(model: &ModelCosts, machine: &MachineMemory, req: &PlanRequest, mtp
         }
     }
     let pool_bytes = slots as u64 * record;
-    let peak = bytes_for(slots);
+    // The chunk grows into what is left of the memory the process may use:
+    // the size asked for with --memory-gb, else what auto may use here.
+    let limit = if mode == PlanMode::MemoryGb { target } else { auto_limit(machine).0 };
+    let prefill_chunk = prefill_chunk(model, limit.saturating_sub(bytes_for(slots)), req.context_tokens);
+    let peak = bytes_for(slots) + (prefill_chunk - DEFAULT_PREFILL_CHUNK) as u64 * model.activation_bytes_per_token();
     let estimate = model.estimate_decode(slots, &machine.rates);
     if mode != PlanMode::Auto {
         reason = format!("{} sets the pool: {} of {} experts per layer", mode.label(), slots / model.moe_layers.max(1), model.experts_per_layer);
@@ -287,6 +304,7 @@ fn plan_with(model: &ModelCosts, machine: &MachineMemory, req: &PlanRequest, mtp
         pool_bytes,
         experts_per_layer: slots as f64 / model.moe_layers.max(1) as f64,
         peak_bytes: peak,
+        prefill_chunk,
         min_slots: engine_min,
         total_experts,
         expected_decode_tokens_per_second: estimate.tokens_per_second(),
@@ -294,6 +312,18 @@ fn plan_with(model: &ModelCosts, machine: &MachineMemory, req: &PlanRequest, mtp
         mtp,
         notes,
     })
+}
+
+/// Prompt tokens per prefill chunk: whole multiples of
+/// [`DEFAULT_PREFILL_CHUNK`] from it up to [`MAX_PREFILL_CHUNK`], no longer
+/// than the planned context needs, with the activations beyond the smallest
+/// chunk's within `spare` bytes.
+pub fn prefill_chunk(model: &ModelCosts, spare: u64, context_tokens: usize) -> usize {
+    let step = DEFAULT_PREFILL_CHUNK;
+    let fits = (spare / model.activation_bytes_per_token().max(1)) as usize;
+    let wanted = context_tokens.div_ceil(step) * step;
+    let chunk = (step + fits).min(wanted).min(MAX_PREFILL_CHUNK);
+    (chunk / step * step).max(step)
 }
 
 /// The memory auto may use on `machine`, and what sets it: 70% of RAM, the
@@ -391,6 +421,11 @@ impl Plan {
                 gb(model.mtp_bytes)
             );
         }
+        s += &format!(
+            "  prompt: chunks of up to {} tokens ({:.2} GB of activations)\n",
+            self.prefill_chunk,
+            gb(self.prefill_chunk as u64 * model.activation_bytes_per_token())
+        );
         s += &format!(
             "  expect: peak ~{:.1} GB, decode ~{:.1} tok/s (estimate)",
             gb(self.peak_bytes),

@@ -484,6 +484,7 @@ fn run_generation(
         None => engine.new_state()?,
     };
     let cached_tokens = state.position;
+    let mark = engine.mark_expert_reads()?;
     // Feed all but the last prompt token here, in chunks, so a client that
     // leaves during a long prefill is noticed, and so the prompt's state can be
     // kept for the next request.
@@ -496,6 +497,11 @@ fn run_generation(
         return Ok(None);
     }
     let prefill_body = started.elapsed();
+    let reads = engine.expert_reads_since(&mark)?;
+    if reads.bytes_read > 0 {
+        let fed = state.position - cached_tokens;
+        note!("prompt: {fed} tokens in {:.2} s: {}", prefill_body.as_secs_f64(), reads.describe());
+    }
     if let Some(c) = &model.prefix_cache {
         if state.position > cached_tokens {
             let snapshot = copy(&state)?;

@@ -58,6 +58,11 @@ impl Tensor {
     pub fn buffer<T: 'static>(&self) -> Option<&T> {
         self.buffer.downcast_ref::<T>()
     }
+    /// The backend buffer to write in place, where no other tensor shares
+    /// it. Only backends call this.
+    pub fn buffer_mut<T: 'static>(&mut self) -> Option<&mut T> {
+        Arc::get_mut(&mut self.buffer)?.downcast_mut::<T>()
+    }
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
@@ -112,6 +117,11 @@ impl Weight {
     }
     pub fn buffer<T: 'static>(&self) -> Option<&T> {
         self.buffer.downcast_ref::<T>()
+    }
+    /// The backend buffer to write in place, where no other tensor shares
+    /// it. Only backends call this.
+    pub fn buffer_mut<T: 'static>(&mut self) -> Option<&mut T> {
+        Arc::get_mut(&mut self.buffer)?.downcast_mut::<T>()
     }
 }
 
@@ -450,6 +460,15 @@ pub trait Backend: Send + Sync {
     /// and is zero when the table has none, so outputs of calls over disjoint
     /// tables add up exactly.
     fn moe_expert_outputs(&self, x: &Tensor, pool: &ExpertPool, routes: &Routes, key_base: usize) -> Result<Tensor>;
+    /// [`Backend::moe_expert_outputs`] gathered into `outputs` (`[tokens,
+    /// top_k, hidden]`): the rows whose expert `pool`'s table has are
+    /// written, the others kept. A call whose experts sit in several pools
+    /// (a streaming pool and the staging its misses run from) collects
+    /// their outputs in one tensor. By default a second call's outputs are
+    /// added (the rows are disjoint, so the sum is exact).
+    fn moe_expert_outputs_into(&self, outputs: Tensor, x: &Tensor, pool: &ExpertPool, routes: &Routes, key_base: usize) -> Result<Tensor> {
+        self.add(&outputs, &self.moe_expert_outputs(x, pool, routes, key_base)?)
+    }
     /// `sum_r weight[t, r] * outputs[t, r, :]` with the routes' weights, summed in rank order.
     fn moe_combine(&self, outputs: &Tensor, routes: &Routes) -> Result<Tensor>;
     /// The routed experts' weighted output, `[tokens, hidden]`: equal to

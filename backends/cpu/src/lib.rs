@@ -13,6 +13,7 @@ mod conv;
 mod delta;
 mod kv_cache;
 mod matmul;
+mod moe;
 mod options;
 #[cfg(target_arch = "x86_64")]
 mod q8;
@@ -459,48 +460,23 @@ impl Backend for CpuBackend {
     }
 
     fn moe_expert_outputs(&self, x: &Tensor, pool: &ExpertPool, routes: &Routes, key_base: usize) -> Result<Tensor> {
-        let p = pool.get::<CpuExpertPool>().ok_or_else(|| not_ours("the expert pool"))?;
-        let (tokens, top_k) = checks::moe_routes(x, p.gate.cols, routes, key_base, pool.keys)?;
-        let hidden = x.cols();
-        let xd = data(x)?;
-        let rd = data(&routes.tensor)?;
-        // (token, rank) of each slot's users, so each expert's weights are read once per call.
-        let mut by_slot: std::collections::BTreeMap<u32, Vec<(usize, usize)>> = Default::default();
-        for t in 0..tokens {
-            for r in 0..top_k {
-                let id = rd[t * 2 * top_k + r].to_bits() as usize;
-                let slot = if id < routes.gating.experts { p.table[key_base + id] } else { NO_SLOT };
-                if slot != NO_SLOT {
-                    by_slot.entry(slot).or_default().push((t, r));
-                }
-            }
+        let mut out = vec![0.0f32; x.rows() * routes.gating.top_k * x.cols()];
+        moe::expert_outputs(self, x, pool, routes, key_base, &mut out)?;
+        Ok(tensor(out, vec![x.rows(), routes.gating.top_k, x.cols()]))
+    }
+
+    fn moe_expert_outputs_into(&self, mut outputs: Tensor, x: &Tensor, pool: &ExpertPool, routes: &Routes, key_base: usize) -> Result<Tensor> {
+        let shape = [x.rows(), routes.gating.top_k, x.cols()];
+        if outputs.shape() != shape {
+            return Err(slotstream_backend::shape_error("moe_expert_outputs_into", format!("outputs {:?}, expected {shape:?}", outputs.shape())));
         }
-        let groups: Vec<(u32, Vec<(usize, usize)>)> = by_slot.into_iter().collect();
-        let run = |(slot, users): &(u32, Vec<(usize, usize)>), parallel: bool| {
-            let s = *slot as usize;
-            let xs: Vec<f32> = users.iter().flat_map(|&(t, _)| xd[t * hidden..(t + 1) * hidden].iter().copied()).collect();
-            let n = users.len();
-            let g = matmul::matmul(&xs, n, &p.gate, s, &self.plan, parallel);
-            let u = matmul::matmul(&xs, n, &p.up, s, &self.plan, parallel);
-            let act: Vec<f32> = g.iter().zip(&u).map(|(g, u)| silu(*g) * u).collect();
-            matmul::matmul(&act, n, &p.down, s, &self.plan, parallel)
-        };
-        // At decode each expert's matrices are small (a few hundred KB): one
-        // parallel region over the experts, each computed by one thread, costs
-        // far less than three thread-pool round trips per expert.
-        let results: Vec<Vec<f32>> = if groups.len() > 1 && rayon::current_num_threads() > 1 {
-            groups.par_iter().map(|g| run(g, false)).collect()
-        } else {
-            groups.iter().map(|g| run(g, true)).collect()
-        };
-        let mut out = vec![0.0f32; tokens * top_k * hidden];
-        for ((_, users), y) in groups.iter().zip(&results) {
-            for (i, &(t, r)) in users.iter().enumerate() {
-                let row = t * top_k + r;
-                out[row * hidden..(row + 1) * hidden].copy_from_slice(&y[i * hidden..(i + 1) * hidden]);
-            }
+        if outputs.buffer_mut::<Buf>().is_none() {
+            // Shared with another tensor (or not ours): written into a copy.
+            outputs = tensor(data(&outputs)?.to_vec(), shape.to_vec());
         }
-        Ok(tensor(out, vec![tokens, top_k, hidden]))
+        let out = outputs.buffer_mut::<Buf>().ok_or_else(|| not_ours("the outputs tensor"))?;
+        moe::expert_outputs(self, x, pool, routes, key_base, out)?;
+        Ok(outputs)
     }
 
     fn moe_combine(&self, outputs: &Tensor, routes: &Routes) -> Result<Tensor> {
