@@ -294,3 +294,20 @@ fn decoding_one_token_ahead_keeps_the_tokens_and_reports_a_fed_end_of_sequence()
         assert_eq!(went_on.generated_ids, fresh.generated_ids, "{name}");
     }
 }
+
+/// A plan's prefill chunk past the wgpu backend's own bound runs in chunks of
+/// that bound (`Backend::prefill_rows_max`); the CPU backend takes it whole.
+#[test]
+fn prefill_chunks_stay_within_the_backend_bound() {
+    if skip() {
+        return;
+    }
+    let mut e = gpu_engine("qwen3_moe_mlx4", ExpertSlots::All);
+    e.prefill_chunk = 100_000;
+    assert_eq!(e.chunk_tokens(), slotstream_wgpu::PREFILL_ROWS_MAX);
+    e.prefill_chunk = 300;
+    assert_eq!(e.chunk_tokens(), 300);
+    let mut cpu = Engine::load(&fixture("qwen3_moe_mlx4"), Box::new(slotstream_cpu::CpuBackend::exact()), &LoadOptions::default()).expect("cpu engine");
+    cpu.prefill_chunk = 100_000;
+    assert_eq!(cpu.chunk_tokens(), 100_000);
+}

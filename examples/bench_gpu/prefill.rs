@@ -25,6 +25,7 @@ pub fn bench(b: &WgpuBackend, dir: &std::path::Path, prompt_len: usize, chunks: 
     let prompt: Vec<u32> = (0..prompt_len).map(|_| rng.word() % e.vocab_size() as u32).collect();
     for &chunk in chunks {
         e.prefill_chunk = chunk;
+        let chunk = e.chunk_tokens();
         // The first prefill at a chunk size creates its buffers and pipelines
         // (decode at depth times the decode only: no warm-up).
         if decode == 0 {

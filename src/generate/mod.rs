@@ -38,6 +38,8 @@ pub struct Engine {
     pub backend: Box<dyn Backend>,
     pub model: DecoderModel,
     pub codec: TextCodec,
+    /// Prompt tokens per forward pass asked for (the plan's); the backend may
+    /// bound it ([`Engine::chunk_tokens`]).
     pub prefill_chunk: usize,
     /// For tests of speculative decoding's verification: drafts chosen by the
     /// test instead of the head (accepted and rejected drafts on demand).
@@ -220,6 +222,12 @@ impl Engine {
         self.model.state_bytes(self.backend.as_ref(), state)
     }
 
+    /// Prompt tokens per forward pass: [`Engine::prefill_chunk`], within the
+    /// backend's own bound ([`Backend::prefill_rows_max`]).
+    pub fn chunk_tokens(&self) -> usize {
+        self.prefill_chunk.clamp(1, self.backend.prefill_rows_max().unwrap_or(usize::MAX).max(1))
+    }
+
     /// Feeds `ids` in chunks and returns the last position's logits.
     pub fn prefill(&self, ids: &[u32], state: &mut SequenceState) -> Result<Vec<f32>> {
         if ids.is_empty() {
@@ -227,7 +235,7 @@ impl Engine {
         }
         let start = state.position;
         self.model.reserve(self.backend.as_ref(), state, start + ids.len())?;
-        let chunks = ids.chunks(self.prefill_chunk.max(1));
+        let chunks = ids.chunks(self.chunk_tokens());
         let last = chunks.len() - 1;
         let mut logits = Vec::new();
         for (i, chunk) in chunks.enumerate() {
@@ -252,7 +260,7 @@ impl Engine {
             if cancelled() {
                 return Ok(false);
             }
-            let stop = end.min(state.position + self.prefill_chunk.max(1));
+            let stop = end.min(state.position + self.chunk_tokens());
             let from = state.position;
             self.forward_hidden(&ids[from..stop], state, &ids[from..end], from)?;
         }
