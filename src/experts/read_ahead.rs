@@ -12,11 +12,14 @@ use slotstream_backend::{Backend, Routes};
 
 use super::{CacheCounters, ExpertCache, ExpertRecord, ExpertStore};
 
+/// Where a read on the store's threads sends its records and seconds ([`ExpertStore::read_later`]).
+type Landing = Receiver<Result<(Vec<ExpertRecord>, f64)>>;
+
 /// Experts of one MoE layer being read ahead of its call.
 pub(super) struct Ahead {
     pub layer: usize,
     pub experts: Vec<u32>,
-    pub records: Receiver<Result<(Vec<ExpertRecord>, f64)>>,
+    pub records: Landing,
 }
 
 impl ExpertCache {
@@ -67,7 +70,7 @@ pub(super) struct GroupReads {
     store: Arc<ExpertStore>,
     layer: usize,
     groups: std::vec::IntoIter<Vec<u32>>,
-    in_flight: Option<(Vec<u32>, Receiver<Result<(Vec<ExpertRecord>, f64)>>)>,
+    in_flight: Option<(Vec<u32>, Landing)>,
 }
 
 /// One group's records as they came back.
