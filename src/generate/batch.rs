@@ -11,8 +11,9 @@
 //! the oldest waiting longer than [`PATIENCE`]) runs one pass over the
 //! waiting steps, oldest first, and hands each its logits and state back.
 //! Sequences join and leave between any two steps, so a request that
-//! arrives while others decode feeds its prompt (a chunk at a time, between
-//! their steps: both take the expert pool's lock) and then joins them.
+//! arrives while others decode feeds its prompt a chunk at a time, between
+//! their steps (every pass takes a [`Batcher::pass_turn`], first come first
+//! served), and then joins them.
 //!
 //! [`DecoderModel::forward_batch`]: crate::model::DecoderModel::forward_batch
 
@@ -40,6 +41,9 @@ pub struct Batcher {
     parallel: usize,
     shared: Mutex<Shared>,
     changed: Condvar,
+    /// Tickets for forward passes: (next to hand out, now serving).
+    turns: Mutex<(u64, u64)>,
+    turn_done: Condvar,
 }
 
 #[derive(Default)]
@@ -81,7 +85,27 @@ impl Batcher {
         if parallel == 0 || parallel > MAX_PARALLEL {
             bail!("--parallel {parallel} is out of range: give 1 to {MAX_PARALLEL} sequences");
         }
-        Ok(Batcher { parallel, shared: Mutex::new(Shared::default()), changed: Condvar::new() })
+        Ok(Batcher {
+            parallel,
+            shared: Mutex::new(Shared::default()),
+            changed: Condvar::new(),
+            turns: Mutex::new((0, 0)),
+            turn_done: Condvar::new(),
+        })
+    }
+
+    /// Waits for this thread's turn to run a forward pass, in the order the
+    /// turns were asked for: a prompt's next chunk runs after the pass now
+    /// running, not after every decode step that follows it (the expert
+    /// pool's lock alone lets the thread that just let go take it again).
+    pub fn pass_turn(&self) -> PassTurn<'_> {
+        let mut turns = self.turns.lock().unwrap_or_else(|p| p.into_inner());
+        let ticket = turns.0;
+        turns.0 += 1;
+        while turns.1 != ticket {
+            turns = self.turn_done.wait(turns).unwrap_or_else(|p| p.into_inner());
+        }
+        PassTurn { batcher: self }
     }
 
     pub fn parallel(&self) -> usize {
@@ -103,6 +127,18 @@ impl Batcher {
     pub fn join(&self) -> Member<'_> {
         self.lock().decoding += 1;
         Member { batcher: self }
+    }
+}
+
+/// The right to run a forward pass, until dropped.
+pub struct PassTurn<'a> {
+    batcher: &'a Batcher,
+}
+
+impl Drop for PassTurn<'_> {
+    fn drop(&mut self) {
+        self.batcher.turns.lock().unwrap_or_else(|p| p.into_inner()).1 += 1;
+        self.batcher.turn_done.notify_all();
     }
 }
 
@@ -165,6 +201,7 @@ impl Member<'_> {
 fn run_pass(engine: &Engine, mut steps: Vec<Step>) -> Vec<(u64, Done)> {
     let b = engine.backend.as_ref();
     let tokens: Vec<u32> = steps.iter().map(|s| s.token).collect();
+    let _turn = engine.batch.pass_turn();
     let outcome = catch_unwind(AssertUnwindSafe(|| -> Result<Vec<Vec<f32>>> {
         if let [one] = steps.as_mut_slice() {
             // Alone: the plain one-token pass.

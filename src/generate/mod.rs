@@ -273,6 +273,7 @@ impl Engine {
     pub(crate) fn forward_hidden(&self, chunk: &[u32], state: &mut SequenceState, known: &[u32], known_start: usize) -> Result<Tensor> {
         let b = self.backend.as_ref();
         let first = state.position;
+        let _turn = self.batch.pass_turn();
         let h = self.model.hidden(b, chunk, state)?;
         if let (Some(head), Some(draft)) = (&self.model.draft, state.draft.as_mut()) {
             draft.record(first, &h);
