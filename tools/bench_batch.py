@@ -40,9 +40,9 @@ def main():
     p.add_argument("--url", default="http://127.0.0.1:11434")
     p.add_argument("--model", required=True)
     p.add_argument("--streams", type=int, default=4)
-    p.add_argument("--tokens", type=int, default=64)
-    p.add_argument("--words", type=int, default=40, help="words per prompt")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--words", type=int, default=8, help="words per prompt")
+    p.add_argument("--rounds", type=int, default=5)
     a = p.parse_args()
     prompts = [prompt(i, a.words) for i in range(a.streams)]
     generate(a.url, a.model, prompts[0], 4)  # warm-up: load, first pages in

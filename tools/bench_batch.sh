@@ -21,7 +21,7 @@ if [ ! -f "$dir/config.json" ]; then
     --moe-inter 512 --router-skew 0.4 --mixer-out-scale 0.1 >&2
 fi
 ./target/release/slotstream serve --model "$dir" --name synth --backend "$backend" --port "$port" \
-  --parallel "$streams" --no-prefix-cache 2>/tmp/bench_batch_server.log &
+  --parallel "$streams" --no-prefix-cache ${SERVE_ARGS:-} 2>/tmp/bench_batch_server.log &
 server=$!
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
 for _ in $(seq 1 120); do
@@ -29,4 +29,4 @@ for _ in $(seq 1 120); do
   sleep 0.5
 done
 echo "commit $(git rev-parse --short HEAD), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
-"$py" tools/bench_batch.py --url "http://127.0.0.1:$port" --model synth --streams "$streams"
+"$py" tools/bench_batch.py --url "http://127.0.0.1:$port" --model synth --streams "$streams" ${BENCH_ARGS:-}
