@@ -1,7 +1,9 @@
 //! Continuous batching changes speed, never output: on the exact CPU backend
 //! a batched decode step gives each sequence the logits, bit for bit, of its
 //! step alone, and concurrent greedy streams (1, 2 and 4 at once) generate
-//! each stream's text alone, for every fixture family.
+//! each stream's text alone, for every fixture family; through `serve
+//! --parallel 4`, greedy, sampled and grammar-constrained requests at once
+//! answer as they do alone.
 
 mod common;
 
@@ -128,4 +130,44 @@ fn concurrent_streams_generate_their_text_alone() {
             assert_eq!(after, before, "{name} cannot batch: its sequences decode alone");
         }
     }
+}
+
+fn metric(text: &str, name: &str) -> u64 {
+    let line = text.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"));
+    line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{line}: not a count"))
+}
+
+#[test]
+fn a_parallel_server_answers_each_request_as_alone() {
+    use common::raw_server::{start, Setup, MODEL};
+    use serde_json::json;
+    let s = start(Setup { parallel: 4, prefix_cache: false, ..Setup::default() });
+    let options = |extra: serde_json::Value| {
+        let mut o = json!({"temperature": 0, "repeat_penalty": 1.0, "num_predict": 32});
+        o.as_object_mut().expect("an object").extend(extra.as_object().expect("an object").clone());
+        o
+    };
+    let bodies = [
+        json!({"model": MODEL, "prompt": "The sea was calm", "raw": true, "stream": false, "options": options(json!({}))}),
+        json!({"model": MODEL, "prompt": "A river of stone", "raw": true, "stream": false, "options": options(json!({}))}),
+        json!({"model": MODEL, "prompt": "Copper signals", "raw": true, "stream": false,
+               "options": options(json!({"temperature": 0.8, "top_k": 20, "seed": 7}))}),
+        json!({"model": MODEL, "prompt": "Give me a JSON object", "stream": false, "format": "json", "options": options(json!({}))}),
+    ];
+    let answer = |body: &serde_json::Value| {
+        let reply = s.post("/api/generate", body);
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        reply.json()["response"].as_str().expect("a response").to_string()
+    };
+    let alone: Vec<String> = bodies.iter().map(answer).collect();
+    let together: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = bodies.iter().map(|b| scope.spawn(move || answer(b))).collect();
+        handles.into_iter().map(|h| h.join().expect("a request thread")).collect()
+    });
+    for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(a, t, "request {i} answered differently beside the others");
+    }
+    let metrics = s.get("/metrics").text();
+    let (passes, rows) = (metric(&metrics, "slotstream:decode_batch_passes"), metric(&metrics, "slotstream:decode_batch_rows"));
+    assert!(passes > 0 && rows >= passes, "passes {passes}, rows {rows}");
 }

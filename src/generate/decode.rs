@@ -149,7 +149,10 @@ impl DecodeStrategy for Plain<'_> {
                 let last = *history.last().context("internal: decoding with an empty history")?;
                 match &self.batch {
                     Some(batch) => batch.step(engine, last, state)?,
-                    None => b.download(&engine.model.forward(b, &[last], state, Logits::Last)?)?,
+                    None => {
+                        let _turn = engine.batch.pass_turn();
+                        b.download(&engine.model.forward(b, &[last], state, Logits::Last)?)?
+                    }
                 }
             }
         };

@@ -181,8 +181,11 @@ impl Engine {
         self.model.resident_bytes as u64
     }
 
-    /// Expert cache statistics so far.
+    /// Expert cache statistics so far. Read in a pass turn: the pool's lock
+    /// alone would let a decoding thread, taking it pass after pass, keep
+    /// another generation waiting here.
     pub fn expert_stats(&self) -> Result<CacheStats> {
+        let _turn = self.batch.pass_turn();
         self.model.expert_stats()
     }
 
