@@ -211,12 +211,17 @@ impl AppState {
         self.draining.store(true, Ordering::SeqCst);
     }
 
+    /// Generations holding a turn now.
+    fn generations_running(&self) -> usize {
+        self.options.parallel.saturating_sub(self.turn.available_permits())
+    }
+
     /// Waits until no generation runs or waits, at most `grace`; false when
     /// some were still going.
     pub async fn drained(&self, grace: std::time::Duration) -> bool {
         let deadline = tokio::time::Instant::now() + grace;
         loop {
-            if self.turn.available_permits() > 0 && self.waiting.load(Ordering::SeqCst) == 0 {
+            if self.generations_running() == 0 && self.waiting.load(Ordering::SeqCst) == 0 {
                 return true;
             }
             if tokio::time::Instant::now() >= deadline {
@@ -458,7 +463,7 @@ pub fn serve(config: ServeConfig) -> Result<()> {
                     }
                 }
             }
-            let running = usize::from(watched.turn.available_permits() == 0);
+            let running = watched.generations_running();
             let waiting = watched.waiting.load(Ordering::SeqCst);
             note!(
                 "shutting down: cancelling {running} running and {waiting} waiting generation(s) (a second Ctrl-C exits at once)"
