@@ -101,7 +101,7 @@ impl Metrics {
             http_seconds: Family::new_with_constructor(http_buckets as fn() -> Histogram),
             registry: Registry::default(),
         };
-        registry.register("slotstream:num_requests_running", "Requests generating (one at a time)", m.running.clone());
+        registry.register("slotstream:num_requests_running", "Requests generating (up to --parallel at once)", m.running.clone());
         registry.register("slotstream:num_requests_waiting", "Requests waiting for their turn or for their model to load", m.waiting.clone());
         registry.register("slotstream:time_to_first_token_seconds", "From a request's arrival to its first token", m.first_token.clone());
         registry.register("slotstream:inter_token_latency_seconds", "Between consecutive generated tokens", m.inter_token.clone());
