@@ -89,6 +89,16 @@ fn no_gpu_reason(e: &BackendError) -> String {
 }
 
 impl BackendSpec {
+    /// Generations `serve` runs at once unless told: the CPU backend
+    /// batches their decode steps; a GPU runs one generation at a time
+    /// until its backend batches too (and `auto` may pick one).
+    pub fn default_parallel(&self) -> usize {
+        match self {
+            BackendSpec::Cpu { .. } => 4,
+            BackendSpec::Auto | BackendSpec::Wgpu { .. } => 1,
+        }
+    }
+
     /// Builds the backend. `auto` without a usable GPU falls back to the CPU
     /// with a note on stderr; an explicit wgpu spec fails instead. The wgpu
     /// backend picks its matmul mode by adapter unless `SLOTSTREAM_WGPU_MATMUL`

@@ -6,14 +6,14 @@
 //! message is fed. Ctrl-C stops the answer, not the chat.
 
 use std::ops::ControlFlow;
+use std::sync::Mutex;
 
 use anyhow::{Context, Result};
 use rustyline::error::ReadlineError;
 use rustyline::DefaultEditor;
 
-use crate::generate::{self, Engine, GenerateRequest};
+use crate::generate::{self, Engine, GenerateRequest, PrefixCache, TurnEnd, TurnOutput};
 use crate::sampling::SamplingParams;
-use crate::server::PrefixCache;
 use crate::tokenizer::ChatMessage;
 use crate::{console, note, process};
 
@@ -48,7 +48,7 @@ const HELP: &str = "\
 pub fn run_chat(engine: &Engine, mut settings: ChatSettings) -> Result<()> {
     let mut editor = DefaultEditor::new().context("opening the terminal for the chat")?;
     let mut messages: Vec<ChatMessage> = Vec::new();
-    let mut cache = PrefixCache::new(CACHED_STATES, settings.context);
+    let cache = Mutex::new(PrefixCache::new(CACHED_STATES, settings.context));
     process::catch_interrupt()?;
     note!("chat: type a message; /? for help, /bye or Ctrl-D to leave");
     while let Some(input) = read_message(&mut editor)? {
@@ -68,7 +68,7 @@ pub fn run_chat(engine: &Engine, mut settings: ChatSettings) -> Result<()> {
             continue;
         }
         messages.push(ChatMessage { role: "user".into(), content: text.to_string() });
-        match answer(engine, &settings, &messages, &mut cache)? {
+        match answer(engine, &settings, &messages, &cache)? {
             Some(reply) => messages.push(ChatMessage { role: "assistant".into(), content: reply }),
             // Nothing was said: the question goes too.
             None => {
@@ -203,7 +203,7 @@ fn set(settings: &mut ChatSettings, name: &str, value: &str) -> Result<(), Strin
 
 /// Generates the answer to the conversation so far, printing it as it
 /// comes; `None` when Ctrl-C came before any of it.
-fn answer(engine: &Engine, settings: &ChatSettings, messages: &[ChatMessage], cache: &mut PrefixCache) -> Result<Option<String>> {
+fn answer(engine: &Engine, settings: &ChatSettings, messages: &[ChatMessage], cache: &Mutex<PrefixCache>) -> Result<Option<String>> {
     let mut conversation = Vec::new();
     if let Some(system) = &settings.system {
         conversation.push(ChatMessage { role: "system".into(), content: system.clone() });
@@ -217,18 +217,6 @@ fn answer(engine: &Engine, settings: &ChatSettings, messages: &[ChatMessage], ca
             return Ok(None);
         }
     };
-    let mut state = match cache.lookup(&ids, |s| engine.clone_state(s))? {
-        Some(state) => state,
-        None => engine.new_state()?,
-    };
-    let reused = state.position;
-    if !engine.prefill_until(&ids, ids.len() - 1, &mut state, process::interrupted)? {
-        note!("(stopped)");
-        return Ok(None);
-    }
-    if state.position > reused {
-        cache.insert(ids[..state.position].to_vec(), engine.clone_state(&state)?);
-    }
     let request = GenerateRequest {
         prompt_ids: ids,
         max_tokens,
@@ -237,7 +225,7 @@ fn answer(engine: &Engine, settings: &ChatSettings, messages: &[ChatMessage], ca
         ignore_eos: settings.ignore_eos,
     };
     let mut write_error = None;
-    let out = engine.generate_from(&mut state, &request, |piece| {
+    let ended = engine.run_turn(Some(cache), &request, None, process::interrupted, |piece| {
         if process::interrupted() {
             return ControlFlow::Break(());
         }
@@ -247,12 +235,17 @@ fn answer(engine: &Engine, settings: &ChatSettings, messages: &[ChatMessage], ca
         }
         ControlFlow::Continue(())
     })?;
+    let TurnOutput { out, cached_tokens: reused, .. } = match ended {
+        TurnEnd::Done(turn) => turn,
+        TurnEnd::CancelledInPrompt { .. } => {
+            note!("(stopped)");
+            return Ok(None);
+        }
+    };
     if let Some(e) = write_error {
         return Err(e);
     }
-    engine.keep_hit_rate(&out.stats);
     console::print("\n")?;
-    cache.insert(out.state_ids(state.position), state);
     let stopped = if process::interrupted() { ", stopped" } else { "" };
     note!(
         "({} prompt tokens, {reused} reused; {} generated at {:.1} tok/s{stopped})",

@@ -181,6 +181,10 @@ struct ServeArgs {
     /// Requests that may wait while one generates; more get 503.
     #[arg(long, default_value_t = 16)]
     queue: usize,
+    /// Generations run at once, decode steps batched (default: from
+    /// OLLAMA_NUM_PARALLEL, else 4 on `--backend cpu[:exact]`, else 1).
+    #[arg(long)]
+    parallel: Option<usize>,
     /// Compute threads for the CPU backend (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -212,18 +216,8 @@ struct ServeArgs {
 
 impl ServeArgs {
     fn timeouts(&self) -> Result<server::Timeouts> {
-        let secs = |flag: &str, value: f64| {
-            Duration::try_from_secs_f64(value)
-                .ok()
-                .filter(|d| !d.is_zero())
-                .with_context(|| format!("--{flag} {value} is not a positive number of seconds"))
-        };
-        Ok(server::Timeouts {
-            header: secs("header-timeout-secs", self.header_timeout_secs)?,
-            body: secs("body-timeout-secs", self.body_timeout_secs)?,
-            write: secs("write-timeout-secs", self.write_timeout_secs)?,
-            shutdown_grace: secs("shutdown-grace-secs", self.shutdown_grace_secs)?,
-        })
+        let (header, body) = (self.header_timeout_secs, self.body_timeout_secs);
+        server::Timeouts::from_secs(header, body, self.write_timeout_secs, self.shutdown_grace_secs)
     }
 }
 
@@ -583,6 +577,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         origins: ollama_env.origins(),
         keep_alive: ollama_env.keep_alive(args.keep_alive.as_deref())?,
         max_loaded_models: ollama_env.max_loaded_models(args.max_loaded_models)?,
+        parallel: ollama_env.num_parallel(args.parallel, args.backend.backend.default_parallel())?,
         pulls: slotstream::pull::PullSource::from_env()
             .map_err(|e| note!("/api/pull is off: {e:#}"))
             .ok(),

@@ -113,7 +113,7 @@ fn demo_without_eos(scratch: &std::path::Path) -> PathBuf {
 
 #[test]
 fn ctrl_c_stops_serve_mid_generation_within_a_second() {
-    stops_serve_mid_generation(libc::SIGINT, "Ctrl-C", Duration::ZERO);
+    stops_serve_mid_generation(libc::SIGINT, "Ctrl-C", Duration::ZERO, 1);
 }
 
 /// SIGTERM (what service managers, `docker stop` and Kubernetes send) first
@@ -121,16 +121,24 @@ fn ctrl_c_stops_serve_mid_generation_within_a_second() {
 /// `serve` as Ctrl-C does: a generation that outlasts the grace is cancelled.
 #[test]
 fn sigterm_drains_then_stops_serve_mid_generation_within_its_grace() {
-    stops_serve_mid_generation(libc::SIGTERM, "SIGTERM", Duration::from_secs(1));
+    stops_serve_mid_generation(libc::SIGTERM, "SIGTERM", Duration::from_secs(1), 1);
 }
 
-/// `drain`: how long the signal lets generations finish first.
-fn stops_serve_mid_generation(sig: libc::c_int, what: &str, drain: Duration) {
+/// With `--parallel 4` both generations run (two turns left free), and the
+/// drain waits for both.
+#[test]
+fn sigterm_drains_every_running_generation_with_parallel() {
+    stops_serve_mid_generation(libc::SIGTERM, "SIGTERM", Duration::from_secs(1), 4);
+}
+
+/// `drain`: how long the signal lets generations finish first; `parallel`:
+/// generations at once (1: the second request waits).
+fn stops_serve_mid_generation(sig: libc::c_int, what: &str, drain: Duration, parallel: usize) {
     let scratch = tempfile::tempdir().expect("creating a scratch folder");
     let mut server = slotstream()
         .args(["serve", "--model"])
         .arg(demo_without_eos(scratch.path()))
-        .args(["--backend", "cpu", "--port", "0", "--name", "fixture", "--shutdown-grace-secs", "1"])
+        .args(["--backend", "cpu", "--parallel", &parallel.to_string(), "--port", "0", "--name", "fixture", "--shutdown-grace-secs", "1"])
         .stderr(Stdio::piped())
         .spawn()
         .expect("starting slotstream serve");
@@ -169,7 +177,10 @@ fn stops_serve_mid_generation(sig: libc::c_int, what: &str, drain: Duration) {
     let said = wait_for_line(&lines, "shutting down", &mut seen);
     assert!(took < drain + Duration::from_secs(1), "serve took {took:?} to exit after {what}:\n{}", seen.join("\n"));
     assert!(status.success(), "{status:?}");
-    assert!(said.contains("cancelling 1 running and 1 waiting"), "{said}");
+    // The generations outlast the drain, which waits for them all.
+    assert!(took >= drain, "serve exited {took:?} after {what}, before its drain of {drain:?}");
+    let expected = if parallel == 1 { "cancelling 1 running and 1 waiting" } else { "cancelling 2 running and 0 waiting" };
+    assert!(said.contains(expected), "{said}");
     // Both clients got an answer that ends, not a hang.
     for (what, stream) in [("running", &mut running), ("waiting", &mut waiting)] {
         stream.set_read_timeout(Some(Duration::from_secs(5))).expect("setting a read timeout");

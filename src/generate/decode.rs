@@ -12,6 +12,7 @@ use serde::Serialize;
 use slotstream_backend::chosen::PendingRead;
 use slotstream_backend::Tensor;
 
+use super::batch::Member;
 use super::{Engine, TokenConstraint};
 use crate::model::{Logits, SequenceState};
 use crate::sampling::Sampler;
@@ -72,11 +73,13 @@ pub(super) trait DecodeStrategy {
 /// on it) before token k is read back, so the device never waits for the
 /// host between tokens. The state then holds every token returned, the one
 /// that ended the output (an end-of-sequence) included.
-pub(super) struct Plain {
+pub(super) struct Plain<'a> {
     /// Logits to sample the next token from (the prefill's, at first).
     logits: Option<Vec<f32>>,
     /// The next token, chosen on the device and being read back.
     ahead: Option<Ahead>,
+    /// Steps taken in passes with the other decoding sequences (never ahead).
+    batch: Option<Member<'a>>,
 }
 
 struct Ahead {
@@ -84,9 +87,14 @@ struct Ahead {
     read: PendingRead,
 }
 
-impl Plain {
+impl<'a> Plain<'a> {
     pub fn new(prefill_logits: Vec<f32>) -> Self {
-        Plain { logits: Some(prefill_logits), ahead: None }
+        Plain { logits: Some(prefill_logits), ahead: None, batch: None }
+    }
+
+    /// Each step in a pass with the other sequences of `batch`.
+    pub fn batched(prefill_logits: Vec<f32>, batch: Member<'a>) -> Self {
+        Plain { logits: Some(prefill_logits), ahead: None, batch: Some(batch) }
     }
 
     /// Whether tokens after this one may be chosen on the device.
@@ -117,7 +125,7 @@ enum Fed<'a> {
     Chosen(&'a Tensor),
 }
 
-impl DecodeStrategy for Plain {
+impl DecodeStrategy for Plain<'_> {
     fn next_token(
         &mut self,
         engine: &Engine,
@@ -128,7 +136,7 @@ impl DecodeStrategy for Plain {
         more: bool,
     ) -> Result<Option<u32>> {
         let b = engine.backend.as_ref();
-        let ahead = more && Self::ahead_allowed(engine, state, sampler, constraint.is_some());
+        let ahead = more && self.batch.is_none() && Self::ahead_allowed(engine, state, sampler, constraint.is_some());
         if let Some(a) = self.ahead.take() {
             if ahead {
                 self.ahead = Some(Self::feed(engine, state, Fed::Chosen(&a.chosen))?);
@@ -139,7 +147,13 @@ impl DecodeStrategy for Plain {
             Some(l) => l,
             None => {
                 let last = *history.last().context("internal: decoding with an empty history")?;
-                b.download(&engine.model.forward(b, &[last], state, Logits::Last)?)?
+                match &self.batch {
+                    Some(batch) => batch.step(engine, last, state)?,
+                    None => {
+                        let _turn = engine.batch.pass_turn();
+                        b.download(&engine.model.forward(b, &[last], state, Logits::Last)?)?
+                    }
+                }
             }
         };
         if let Some(c) = constraint {
@@ -156,6 +170,8 @@ impl DecodeStrategy for Plain {
 
     fn finish(&mut self, _engine: &Engine, _state: &mut SequenceState) -> Result<()> {
         self.ahead = None;
+        // Out of the decoding set: the others stop waiting for this sequence.
+        self.batch = None;
         Ok(())
     }
 }

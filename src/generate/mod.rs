@@ -4,7 +4,10 @@
 //! streaming text out as it is produced. The CLI and the server call the
 //! [`Engine`]'s methods and never reach into the model.
 
+mod batch;
 mod decode;
+mod prefix_cache;
+mod session;
 mod stop;
 
 use std::ops::ControlFlow;
@@ -15,7 +18,10 @@ use anyhow::{bail, Result};
 use serde::Serialize;
 use slotstream_backend::{Backend, Tensor};
 
+pub use batch::{BatchCounters, Batcher, MAX_PARALLEL};
 pub use decode::MtpStats;
+pub use prefix_cache::{PrefixCache, PrefixCacheStats};
+pub use session::{lock_cache, TurnEnd, TurnOutput};
 use decode::{DecodeStrategy, Plain, Speculative};
 use stop::StopMatcher;
 
@@ -47,6 +53,9 @@ pub struct Engine {
     /// Decode greedy tokens one ahead where the backend and model allow
     /// (`decode::Plain`; `LoadOptions::decode_ahead`).
     pub decode_ahead: bool,
+    /// The sequences decoding at once, whose steps share forward passes
+    /// (up to 1 by default: [`Engine::set_parallel`]).
+    pub batch: Batcher,
 }
 
 /// Limits which tokens may come next (a JSON schema, a tool call's grammar).
@@ -144,7 +153,16 @@ impl Engine {
         let model = model::load(arch, backend.as_ref(), opts)?;
         let codec = TextCodec::load(&arch.dir, &arch.eos_ids())?;
         codec.check_fits_model(model.vocab_size(), &arch.dir)?;
-        Ok(Engine { backend, model, codec, prefill_chunk: DEFAULT_PREFILL_CHUNK, drafter: None, decode_ahead: opts.decode_ahead })
+        let batch = Batcher::new(1)?;
+        Ok(Engine { backend, model, codec, prefill_chunk: DEFAULT_PREFILL_CHUNK, drafter: None, decode_ahead: opts.decode_ahead, batch })
+    }
+
+    /// Lets up to `parallel` sequences that decode at the same time (each on
+    /// its own thread) share forward passes; 1 decodes each alone. Set
+    /// between generations.
+    pub fn set_parallel(&mut self, parallel: usize) -> Result<()> {
+        self.batch = Batcher::new(parallel)?;
+        Ok(())
     }
 
     /// The loaded checkpoint's description.
@@ -167,8 +185,11 @@ impl Engine {
         self.model.resident_bytes as u64
     }
 
-    /// Expert cache statistics so far.
+    /// Expert cache statistics so far. Read in a pass turn: the pool's lock
+    /// alone would let a decoding thread, taking it pass after pass, keep
+    /// another generation waiting here.
     pub fn expert_stats(&self) -> Result<CacheStats> {
+        let _turn = self.batch.pass_turn();
         self.model.expert_stats()
     }
 
@@ -275,6 +296,7 @@ impl Engine {
     pub(crate) fn forward_hidden(&self, chunk: &[u32], state: &mut SequenceState, known: &[u32], known_start: usize) -> Result<Tensor> {
         let b = self.backend.as_ref();
         let first = state.position;
+        let _turn = self.batch.pass_turn();
         let h = self.model.hidden(b, chunk, state)?;
         if let (Some(head), Some(draft)) = (&self.model.draft, state.draft.as_mut()) {
             draft.record(first, &h);
@@ -347,8 +369,9 @@ impl Engine {
         let prefill_experts = self.expert_reads_since(&mark)?;
         let experts_before_decode = self.expert_stats()?.total;
         let decode_start = Instant::now();
-        let mut strategy: Box<dyn DecodeStrategy> = match &self.model.draft {
+        let mut strategy: Box<dyn DecodeStrategy + '_> = match &self.model.draft {
             Some(_) if constraint.is_none() => Box::new(Speculative::new(logits)),
+            _ if self.batch.parallel() > 1 && self.model.batches(state) => Box::new(Plain::batched(logits, self.batch.join())),
             _ => Box::new(Plain::new(logits)),
         };
         let mut sampler = Sampler::new(req.sampling.clone());

@@ -236,14 +236,63 @@ impl DecoderLayer {
                     (Mixer::Delta(d), MixerState::Delta(s)) => d.forward(b, input, s),
                     _ => bail!("sequence state does not match the layer kind"),
                 },
-                Block::FeedForward => match &self.ffn {
-                    FeedForward::Dense(m) => m.forward(b, input),
-                    FeedForward::Moe(m) => m.forward(b, input, experts, next_moe),
-                },
+                Block::FeedForward => self.feed_forward(b, input, experts, next_moe),
             }
         };
         let inputs = ResidualInputs { ids, state: residual, read_ahead };
         self.residual.forward_hidden(b, x, inputs, &mut block)
+    }
+
+    /// One decode step of several sequences: row `i` of `x` is sequence
+    /// `i`'s token at position `starts[i]`, mixed over its own state
+    /// `mixers[i]`; the feed-forward takes every row at once (a MoE block's
+    /// experts are the union of the rows' routes, each read once). Only for
+    /// wirings that keep no per-sequence state of their own and read no ids.
+    pub fn forward_batch(
+        &self,
+        b: &dyn Backend,
+        x: Hidden,
+        starts: &[usize],
+        mixers: &mut [&mut MixerState],
+        experts: &mut ExpertCache,
+        next_moe: Option<&MoeBlock>,
+    ) -> Result<Hidden> {
+        let mut block = |which: Block, input: &Tensor| -> Result<Tensor> {
+            match which {
+                Block::Mixer => match &self.mixer {
+                    Mixer::Attention(a) => {
+                        let mut states = mixers
+                            .iter_mut()
+                            .map(|m| match &mut **m {
+                                MixerState::Attention(s) => Ok(s),
+                                MixerState::Delta(_) => bail!("sequence state does not match the layer kind"),
+                            })
+                            .collect::<Result<Vec<_>>>()?;
+                        a.forward_batch(b, input, &mut states, starts)
+                    }
+                    Mixer::Delta(d) => {
+                        let mut states = mixers
+                            .iter_mut()
+                            .map(|m| match &mut **m {
+                                MixerState::Delta(s) => Ok(s),
+                                MixerState::Attention(_) => bail!("sequence state does not match the layer kind"),
+                            })
+                            .collect::<Result<Vec<_>>>()?;
+                        d.forward_batch(b, input, &mut states)
+                    }
+                },
+                Block::FeedForward => self.feed_forward(b, input, experts, next_moe),
+            }
+        };
+        let inputs = ResidualInputs { ids: &[], state: &mut [], read_ahead: None };
+        self.residual.forward_hidden(b, x, inputs, &mut block)
+    }
+
+    fn feed_forward(&self, b: &dyn Backend, input: &Tensor, experts: &mut ExpertCache, next_moe: Option<&MoeBlock>) -> Result<Tensor> {
+        match &self.ffn {
+            FeedForward::Dense(m) => m.forward(b, input),
+            FeedForward::Moe(m) => m.forward(b, input, experts, next_moe),
+        }
     }
 }
 

@@ -4,7 +4,8 @@
 //! - [`blocks`]: attention, Gated DeltaNet, MLP, MoE, norms, projections:
 //!   the pieces the families share.
 //! - [`layer`], [`decoder`]: a decoder layer (mixer + feed-forward around a
-//!   residual wiring) and the whole model with its per-sequence state.
+//!   residual wiring) and the whole model with its per-sequence state;
+//!   `batch.rs`: one decode step of several sequences in one pass.
 //! - [`speculative`]: the state a draft head for speculative decoding keeps.
 //! - [`load`], [`options`]: what every loader shares, and how to load.
 //! - One file or folder per family: `qwen3_moe.rs`, `qwen3_next.rs`,
@@ -12,6 +13,7 @@
 //!   Adding a family is a new file and a line in [`load`].
 
 pub mod arch;
+mod batch;
 pub mod blocks;
 pub mod config;
 pub mod decoder;

@@ -38,8 +38,9 @@ pub fn spawn(app: Arc<AppState>) {
 /// One governor tick for one model.
 async fn govern(app: &Arc<AppState>, model: Arc<Resident>, now: f64) {
     let Some((elastic, governor)) = &model.elastic else { return };
-    // Holding the generation permit makes the resize happen between requests.
-    let permit = app.turn.clone().try_acquire_owned().ok();
+    // Holding every generation turn makes the resize happen between requests.
+    let turns = u32::try_from(app.options.parallel).unwrap_or(u32::MAX);
+    let permit = app.turn.clone().try_acquire_many_owned(turns).ok();
     let (pool, shared) = {
         let stats = lock(&model.expert_stats);
         (stats.pool_bytes as u64, stats.shared_bytes as u64)

@@ -21,9 +21,8 @@ use super::tools::{Part, ToolCall, ToolCallSplitter};
 use super::keep_alive::KeepAlive;
 use super::{lock, ApiError, AppState, Lease, Resident};
 use crate::constrain::{ConstraintSpec, GrammarConstraint, Grammars};
-use crate::generate::{FinishReason, GenerateRequest, TokenConstraint};
+use crate::generate::{lock_cache, FinishReason, GenerateRequest, TokenConstraint, TurnEnd, TurnOutput};
 use crate::note;
-use crate::model::SequenceState;
 use crate::sampling::SamplingParams;
 use crate::tokenizer::ChatTurn;
 pub use prompt::count_prompt_tokens;
@@ -472,46 +471,11 @@ fn run_generation(
     arrived: Instant,
 ) -> Result<Option<Summary>> {
     let engine = &model.engine;
-    let copy = |s: &SequenceState| engine.clone_state(s);
-    let ids = &req.prompt_ids;
-    let started = Instant::now();
-    let cached = match &model.prefix_cache {
-        Some(c) => lock(c).lookup(ids, copy)?,
-        None => None,
-    };
-    let mut state = match cached {
-        Some(s) => s,
-        None => engine.new_state()?,
-    };
-    let cached_tokens = state.position;
-    let mark = engine.mark_expert_reads()?;
-    // Feed all but the last prompt token here, in chunks, so a client that
-    // leaves during a long prefill is noticed, and so the prompt's state can be
-    // kept for the next request.
-    if !engine.prefill_until(ids, ids.len() - 1, &mut state, || tx.gone() || app.stopping())? {
-        note!("generation: cancelled during prefill at token {} of {}", state.position, ids.len());
-        if app.stopping() {
-            // Nothing was generated yet: the client learns why.
-            tx.send(Piece::Failed(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down; the request was not answered")));
-        }
-        return Ok(None);
-    }
-    let prefill_body = started.elapsed();
-    let reads = engine.expert_reads_since(&mark)?;
-    if reads.bytes_read > 0 {
-        let fed = state.position - cached_tokens;
-        note!("prompt: {fed} tokens in {:.2} s: {}", prefill_body.as_secs_f64(), reads.describe());
-    }
-    if let Some(c) = &model.prefix_cache {
-        if state.position > cached_tokens {
-            let snapshot = copy(&state)?;
-            lock(c).insert(ids[..state.position].to_vec(), snapshot);
-        }
-    }
     let constraint = constraint.as_mut().map(|c| c as &mut dyn TokenConstraint);
+    let cache = model.prefix_cache.as_ref();
     // Called once per generated token: the first token's time and the gaps.
     let mut last_token: Option<Instant> = None;
-    let out = engine.generate_constrained(&mut state, req, constraint, |piece| {
+    let ended = engine.run_turn(cache, req, constraint, || tx.gone() || app.stopping(), |piece| {
         let now = Instant::now();
         match last_token {
             None => app.metrics.first_token(&model.name, now - arrived),
@@ -530,24 +494,23 @@ fn run_generation(
         } else {
             ControlFlow::Break(())
         }
-    });
-    let out = match out {
-        Ok(o) => o,
-        Err(e) => {
-            if let Some(c) = &model.prefix_cache {
-                lock(c).clear();
+    })?;
+    let TurnOutput { out, cached_tokens, prompt_feed } = match ended {
+        TurnEnd::Done(turn) => turn,
+        TurnEnd::CancelledInPrompt { position } => {
+            note!("generation: cancelled during prefill at token {position} of {}", req.prompt_ids.len());
+            if app.stopping() {
+                // Nothing was generated yet: the client learns why.
+                tx.send(Piece::Failed(shutting_down()));
             }
-            return Err(e);
+            return Ok(None);
         }
     };
     if let Ok(stats) = engine.expert_stats() {
         *lock(&model.expert_stats) = stats;
     }
-    engine.keep_hit_rate(&out.stats);
-    if let Some(c) = &model.prefix_cache {
-        let mut cache = lock(c);
-        cache.insert(out.state_ids(state.position), state);
-        let bytes: u64 = cache.states().map(|s| engine.state_bytes(s)).sum();
+    if let Some(c) = cache {
+        let bytes: u64 = lock_cache(c).states().map(|s| engine.state_bytes(s)).sum();
         model.cache_state_bytes.store(bytes as usize, Ordering::Relaxed);
     }
     // Cancelled by a shutdown, the stream still ends with its summary.
@@ -573,7 +536,7 @@ fn run_generation(
         completion_tokens: out.stats.generated_tokens,
         finish: out.finish_reason,
         context,
-        prompt_eval: prefill_body + Duration::from_secs_f64(out.stats.prefill_seconds),
+        prompt_eval: prompt_feed + Duration::from_secs_f64(out.stats.prefill_seconds),
         eval: Duration::from_secs_f64(out.stats.decode_seconds),
         load: Duration::ZERO,
         total: arrived.elapsed(),

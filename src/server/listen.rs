@@ -52,6 +52,25 @@ impl Default for Timeouts {
     }
 }
 
+impl Timeouts {
+    /// The timeouts from the command line's seconds (header, body, write,
+    /// shutdown grace), each a positive number.
+    pub fn from_secs(header: f64, body: f64, write: f64, shutdown_grace: f64) -> Result<Timeouts> {
+        let secs = |flag: &str, value: f64| {
+            Duration::try_from_secs_f64(value)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .with_context(|| format!("--{flag} {value} is not a positive number of seconds"))
+        };
+        Ok(Timeouts {
+            header: secs("header-timeout-secs", header)?,
+            body: secs("body-timeout-secs", body)?,
+            write: secs("write-timeout-secs", write)?,
+            shutdown_grace: secs("shutdown-grace-secs", shutdown_grace)?,
+        })
+    }
+}
+
 /// Serves `app` on `listener` until `shutdown` resolves, then shuts down as
 /// the module's comment says.
 pub async fn serve_on(

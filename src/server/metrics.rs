@@ -101,7 +101,7 @@ impl Metrics {
             http_seconds: Family::new_with_constructor(http_buckets as fn() -> Histogram),
             registry: Registry::default(),
         };
-        registry.register("slotstream:num_requests_running", "Requests generating (one at a time)", m.running.clone());
+        registry.register("slotstream:num_requests_running", "Requests generating (up to --parallel at once)", m.running.clone());
         registry.register("slotstream:num_requests_waiting", "Requests waiting for their turn or for their model to load", m.waiting.clone());
         registry.register("slotstream:time_to_first_token_seconds", "From a request's arrival to its first token", m.first_token.clone());
         registry.register("slotstream:inter_token_latency_seconds", "Between consecutive generated tokens", m.inter_token.clone());
@@ -208,8 +208,11 @@ impl Collector for LoadedModels {
     fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
         let models = self.0.loaded();
         let (mut hits, mut misses, mut bytes, mut queries, mut cache_hits) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let mut usage = Vec::new();
+        let (mut usage, mut passes, mut rows) = (Vec::new(), Vec::new(), Vec::new());
         for model in &models {
+            let batch = model.engine.batch.counters();
+            passes.push((model.name.clone(), batch.passes));
+            rows.push((model.name.clone(), batch.rows));
             let experts = lock(&model.expert_stats).total.clone();
             hits.push((model.name.clone(), experts.hits));
             misses.push((model.name.clone(), experts.misses));
@@ -226,7 +229,11 @@ impl Collector for LoadedModels {
         per_model(&mut encoder, "slotstream:expert_bytes_read", "Bytes of experts read from disk", &bytes)?;
         per_model(&mut encoder, "slotstream:prefix_cache_queries", "Requests that looked up the prefix cache", &queries)?;
         per_model(&mut encoder, "slotstream:prefix_cache_hits", "Requests that reused a cached prompt prefix", &cache_hits)?;
-        // One sequence runs at a time; the KV states kept are the prefix cache's.
+        let help = "Decode passes of sequences generating together (--parallel above 1)";
+        per_model(&mut encoder, "slotstream:decode_batch_passes", help, &passes)?;
+        let help = "Sequence steps those passes computed (divided by the passes: the mean batch)";
+        per_model(&mut encoder, "slotstream:decode_batch_rows", help, &rows)?;
+        // The KV states kept between requests are the prefix cache's.
         let help = "Fraction of the prefix cache's token budget its kept KV states hold";
         let mut family = encoder.encode_descriptor("slotstream:kv_cache_usage_perc", help, None, MetricType::Gauge)?;
         for (model, fraction) in &usage {

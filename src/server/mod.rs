@@ -33,7 +33,6 @@ mod ollama;
 mod ollama_env;
 mod ollama_models;
 mod openai;
-mod prefix_cache;
 mod pull;
 mod request_log;
 mod residency;
@@ -65,7 +64,7 @@ use error::{AnthropicError, OllamaError, OpenAiError};
 pub use keep_alive::{KeepAlive, DEFAULT_KEEP_ALIVE};
 pub use model_info::{MemoryReport, ModelInfo};
 pub use ollama_env::OllamaEnv;
-pub use prefix_cache::{PrefixCache, PrefixCacheStats};
+pub use crate::generate::{PrefixCache, PrefixCacheStats};
 pub use residency::{Lease, LoadedEngine, ModelLoader, Resident};
 
 /// Request bodies larger than this get 413.
@@ -99,6 +98,9 @@ pub struct ServerOptions {
     pub keep_alive: KeepAlive,
     /// Models loaded at once at most.
     pub max_loaded_models: usize,
+    /// Generations run at once, their decode steps batched into shared
+    /// forward passes (`--parallel`, `OLLAMA_NUM_PARALLEL`); 1 runs one at a time.
+    pub parallel: usize,
     /// Where `/api/pull` pulls from and into; `None` refuses pulls.
     pub pulls: Option<crate::pull::PullSource>,
 }
@@ -112,6 +114,9 @@ impl ServerOptions {
         }
         if self.max_loaded_models == 0 {
             anyhow::bail!("--max-loaded-models must be at least 1");
+        }
+        if self.parallel == 0 || self.parallel > crate::generate::MAX_PARALLEL {
+            anyhow::bail!("--parallel must be 1 to {} generations", crate::generate::MAX_PARALLEL);
         }
         Ok(())
     }
@@ -131,7 +136,7 @@ pub struct AppState {
     catalog: ModelCatalog,
     residency: Arc<residency::Residency>,
     options: ServerOptions,
-    /// One permit: the right to generate. Tokio's semaphore is FIFO-fair.
+    /// `parallel` permits: the right to generate. Tokio's semaphore is FIFO-fair.
     turn: Arc<Semaphore>,
     waiting: AtomicUsize,
     /// Set on shutdown: running generations stop at their next token.
@@ -161,14 +166,15 @@ impl AppState {
             options.max_loaded_models,
             options.prefix_cache,
             options.max_context,
+            options.parallel,
         ));
         let metrics = Arc::new(metrics::Metrics::new(residency.clone()));
         Ok(Arc::new(AppState {
             catalog,
             metrics,
             residency,
+            turn: Arc::new(Semaphore::new(options.parallel)),
             options,
-            turn: Arc::new(Semaphore::new(1)),
             waiting: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
             draining: AtomicBool::new(false),
@@ -205,12 +211,17 @@ impl AppState {
         self.draining.store(true, Ordering::SeqCst);
     }
 
+    /// Generations holding a turn now.
+    fn generations_running(&self) -> usize {
+        self.options.parallel.saturating_sub(self.turn.available_permits())
+    }
+
     /// Waits until no generation runs or waits, at most `grace`; false when
     /// some were still going.
     pub async fn drained(&self, grace: std::time::Duration) -> bool {
         let deadline = tokio::time::Instant::now() + grace;
         loop {
-            if self.turn.available_permits() > 0 && self.waiting.load(Ordering::SeqCst) == 0 {
+            if self.generations_running() == 0 && self.waiting.load(Ordering::SeqCst) == 0 {
                 return true;
             }
             if tokio::time::Instant::now() >= deadline {
@@ -452,7 +463,7 @@ pub fn serve(config: ServeConfig) -> Result<()> {
                     }
                 }
             }
-            let running = usize::from(watched.turn.available_permits() == 0);
+            let running = watched.generations_running();
             let waiting = watched.waiting.load(Ordering::SeqCst);
             note!(
                 "shutting down: cancelling {running} running and {waiting} waiting generation(s) (a second Ctrl-C exits at once)"

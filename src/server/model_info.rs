@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use crate::experts::CacheStats;
 use crate::model::ModelArch;
 
-use super::prefix_cache::PrefixCacheStats;
+use crate::generate::PrefixCacheStats;
 
 /// Ollama's `details` object.
 #[derive(Clone, Debug, Serialize)]

@@ -2,7 +2,8 @@
 //! this one place: `OLLAMA_HOST` (where to listen, when `--host`/`--port`
 //! do not say), `OLLAMA_ORIGINS` (browser origins allowed besides the
 //! loopback ones), `OLLAMA_KEEP_ALIVE` (how long an idle model stays loaded)
-//! and `OLLAMA_MAX_LOADED_MODELS`, each when its flag does not say.
+//! `OLLAMA_MAX_LOADED_MODELS` and `OLLAMA_NUM_PARALLEL` (generations decoded
+//! together), each when its flag does not say.
 
 use std::net::IpAddr;
 
@@ -20,6 +21,7 @@ pub struct OllamaEnv {
     pub origins: Option<String>,
     pub keep_alive: Option<String>,
     pub max_loaded_models: Option<String>,
+    pub num_parallel: Option<String>,
 }
 
 impl OllamaEnv {
@@ -30,6 +32,7 @@ impl OllamaEnv {
             origins: read("OLLAMA_ORIGINS"),
             keep_alive: read("OLLAMA_KEEP_ALIVE"),
             max_loaded_models: read("OLLAMA_MAX_LOADED_MODELS"),
+            num_parallel: read("OLLAMA_NUM_PARALLEL"),
         }
     }
 
@@ -56,6 +59,22 @@ impl OllamaEnv {
                 Ok(0) => Ok(super::DEFAULT_MAX_LOADED_MODELS),
                 Ok(n) => Ok(n),
                 Err(_) => bail!("OLLAMA_MAX_LOADED_MODELS={value:?} is not a number of models"),
+            },
+        }
+    }
+
+    /// Generations decoded together: `--parallel`, else `OLLAMA_NUM_PARALLEL`
+    /// (0 there means the default, as in Ollama), else `default`.
+    pub fn num_parallel(&self, flag: Option<usize>, default: usize) -> Result<usize> {
+        if let Some(n) = flag {
+            return Ok(n);
+        }
+        match &self.num_parallel {
+            None => Ok(default),
+            Some(value) => match value.parse::<usize>() {
+                Ok(0) => Ok(default),
+                Ok(n) => Ok(n),
+                Err(_) => bail!("OLLAMA_NUM_PARALLEL={value:?} is not a number of generations"),
             },
         }
     }
@@ -255,6 +274,18 @@ mod tests {
         assert!(!wildcard_match("a*b*c", "axxbyy") && !wildcard_match("a*c", "acb") && !wildcard_match("", "a"));
         let long = "a".repeat(5000);
         assert!(!wildcard_match(&format!("{}b", "*a".repeat(50)), &long), "a hostile pattern still ends");
+    }
+
+    #[test]
+    fn num_parallel_comes_from_the_flag_then_the_environment() {
+        let e = OllamaEnv { num_parallel: Some("3".into()), ..OllamaEnv::default() };
+        assert_eq!(e.num_parallel(None, 4).expect("3"), 3);
+        assert_eq!(e.num_parallel(Some(2), 4).expect("2"), 2);
+        assert_eq!(OllamaEnv::default().num_parallel(None, 4).expect("default"), 4);
+        let zero = OllamaEnv { num_parallel: Some("0".into()), ..OllamaEnv::default() };
+        assert_eq!(zero.num_parallel(None, 1).expect("0 is the default"), 1);
+        let bad = OllamaEnv { num_parallel: Some("lots".into()), ..OllamaEnv::default() };
+        assert!(bad.num_parallel(None, 1).unwrap_err().to_string().contains("OLLAMA_NUM_PARALLEL"));
     }
 
     #[test]

@@ -142,10 +142,12 @@ pub struct Residency {
     max_loaded: usize,
     prefix_cache: bool,
     max_context: usize,
+    /// Sequences each loaded engine decodes together.
+    parallel: usize,
 }
 
 impl Residency {
-    pub fn new(loader: Arc<dyn ModelLoader>, max_loaded: usize, prefix_cache: bool, max_context: usize) -> Residency {
+    pub fn new(loader: Arc<dyn ModelLoader>, max_loaded: usize, prefix_cache: bool, max_context: usize, parallel: usize) -> Residency {
         Residency {
             loaded: Mutex::new(Vec::new()),
             loading: tokio::sync::Mutex::new(()),
@@ -154,6 +156,7 @@ impl Residency {
             max_loaded: max_loaded.max(1),
             prefix_cache,
             max_context,
+            parallel,
         }
     }
 
@@ -223,7 +226,8 @@ impl Residency {
     fn load(&self, entry: &CatalogEntry, info: ModelInfo) -> Result<Arc<Resident>> {
         let started = Instant::now();
         let loaded = self.loader.load(&entry.dir).map_err(|e| e.context(format!("{} from {}", entry.name, entry.dir.display())))?;
-        let engine = loaded.engine;
+        let mut engine = loaded.engine;
+        engine.set_parallel(self.parallel)?;
         note!("loaded {} in {:.1}s", entry.name, started.elapsed().as_secs_f64());
         let prefix_cache =
             self.prefix_cache.then(|| Mutex::new(PrefixCache::new(PREFIX_CACHE_ENTRIES, self.max_context)));

@@ -140,6 +140,7 @@ pub fn server_options(max_context: usize, queue: usize) -> slotstream::server::S
         origins: Vec::new(),
         keep_alive: slotstream::server::DEFAULT_KEEP_ALIVE,
         max_loaded_models: slotstream::server::DEFAULT_MAX_LOADED_MODELS,
+        parallel: 1,
         pulls: None,
     }
 }

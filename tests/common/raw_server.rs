@@ -42,6 +42,8 @@ pub struct Setup {
     /// Load the MTP head (speculative decoding) when the model has one.
     pub mtp: bool,
     pub timeouts: Timeouts,
+    /// Generations run at once (`--parallel`).
+    pub parallel: usize,
 }
 
 impl Default for Setup {
@@ -55,6 +57,7 @@ impl Default for Setup {
             no_eos: false,
             mtp: false,
             timeouts: Timeouts::default(),
+            parallel: 1,
         }
     }
 }
@@ -74,6 +77,7 @@ pub fn start_until(
     let mut options = super::server_options(setup.max_context, setup.queue);
     options.prefix_cache = setup.prefix_cache;
     options.timeouts = setup.timeouts;
+    options.parallel = setup.parallel;
     let catalog = ModelCatalog::new(vec![(setup.fixture.to_string(), dir.clone())], None);
     let app = AppState::new(catalog, loader, options).expect("valid server options");
     app.load_at_start(setup.fixture).unwrap_or_else(|e| panic!("loading {}: {e:#}", dir.display()));

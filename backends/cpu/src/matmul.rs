@@ -205,6 +205,13 @@ fn dot_q8(words: &[u32], x: &[f32]) -> f32 {
 
 const PREFETCH_ROWS: usize = 4;
 
+/// Calls of up to this many tokens compute each output as a one-token call
+/// does (`dot_row` per token), so a decode step over a batch of sequences
+/// gives every sequence the row its decode alone would get (concurrency
+/// changes speed, never output). Longer calls (prefill) dequantize each
+/// weight row once for all their tokens.
+pub(crate) const ROW_EXACT_TOKENS: usize = 16;
+
 /// One parallel task's share of a matmul: a run of consecutive output rows.
 struct RowTask<'a> {
     w: &'a CpuWeight,
@@ -348,7 +355,7 @@ pub(crate) fn matmul(x: &[f32], tokens: usize, w: &CpuWeight, expert: usize, pla
     let groups = w.group_size().map(|g| k / g).unwrap_or(0);
     let mut out_nt = vec![0.0f32; n * tokens];
     let chunk = rows_per_task(k, tokens);
-    let fused = tokens == 1 || matches!(w.store, Store::F32(_));
+    let fused = tokens <= ROW_EXACT_TOKENS || matches!(w.store, Store::F32(_));
     let task = RowTask { w, x, xsums: &xsums, tokens, k, groups, fused, base, chunk };
     let avx2 = has_avx2_fma();
     let run = |c: usize, out: &mut [f32]| {
@@ -455,6 +462,24 @@ mod tests {
                 for t in [0, 1, 5, 63, 64, 69] {
                     let one = crate::q8::matmul_q8(&x[t * cols..(t + 1) * cols], 1, &w, 0, vnni, 0, true).unwrap();
                     assert_eq!(&all[t * rows..(t + 1) * rows], &one[..], "group {group} vnni {vnni} token {t}");
+                }
+            }
+        }
+    }
+
+    /// Up to [`ROW_EXACT_TOKENS`] tokens, every token's outputs are bit
+    /// for bit those of a call with that token alone, in every weight format.
+    #[test]
+    fn exact_rows_independent_of_batch() {
+        for (bits, group) in [(4, 32), (4, 64), (8, 64), (2, 64)] {
+            let (rows, cols) = (37, 256);
+            let w = CpuWeight::from_host(&quantized(bits, group, rows, cols));
+            for tokens in [2, 4, ROW_EXACT_TOKENS] {
+                let x: Vec<f32> = (0..tokens * cols).map(|i| ((i * 7919) % 113) as f32 / 113.0 - 0.5).collect();
+                let all = matmul(&x, tokens, &w, 0, &exact(), true);
+                for t in 0..tokens {
+                    let one = matmul(&x[t * cols..(t + 1) * cols], 1, &w, 0, &exact(), true);
+                    assert_eq!(&all[t * rows..(t + 1) * rows], &one[..], "bits {bits} group {group} tokens {tokens} token {t}");
                 }
             }
         }

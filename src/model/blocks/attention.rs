@@ -81,6 +81,31 @@ impl Attention {
             (None, None) => None,
             _ => bail!("attention layer and its state disagree about the key selector"),
         };
+        let (q, k, v, gate) = self.project(b, x)?;
+        let out = self.attend(b, &q, &k, &v, st, start, selection.as_ref())?;
+        self.output(b, out, gate)
+    }
+
+    /// One token of each of several sequences (row `i` of `x` is sequence
+    /// `i`'s, at position `starts[i]`, over its own KV cache `states[i]`):
+    /// the projections take every row in one product, attention runs per
+    /// sequence. Dense attention only (no key selector).
+    pub fn forward_batch(&self, b: &dyn Backend, x: &Tensor, states: &mut [&mut AttentionState], starts: &[usize]) -> Result<Tensor> {
+        if self.selector.is_some() {
+            bail!("internal: a batched decode step through attention with a key selector");
+        }
+        let (q, k, v, gate) = self.project(b, x)?;
+        let mut outs = Vec::with_capacity(states.len());
+        for (i, (st, &start)) in states.iter_mut().zip(starts).enumerate() {
+            let row = |t: &Tensor| b.slice_rows(t, i, 1);
+            outs.push(self.attend(b, &row(&q)?, &row(&k)?, &row(&v)?, st, start, None)?);
+        }
+        let out = b.concat_rows(&outs.iter().collect::<Vec<_>>())?;
+        self.output(b, out, gate)
+    }
+
+    /// `q`, `k`, `v` and the output gate (when `gated`) of `x`.
+    fn project(&self, b: &dyn Backend, x: &Tensor) -> Result<(Tensor, Tensor, Tensor, Option<Tensor>)> {
         let (h, hd) = (self.heads, self.head_dim);
         let p = self.qkv.forward(b, x)?;
         let (projected, k, v) = (p.get("q")?, p.get("k")?, p.get("v")?);
@@ -89,6 +114,13 @@ impl Attention {
         } else {
             (projected.clone(), None)
         };
+        Ok((q, k.clone(), v.clone(), gate))
+    }
+
+    /// Attention of one sequence's queries over its cache (extended by `k`, `v`).
+    #[allow(clippy::too_many_arguments)]
+    fn attend(&self, b: &dyn Backend, q: &Tensor, k: &Tensor, v: &Tensor, st: &mut AttentionState, start: usize, selection: Option<&KeySelection>) -> Result<Tensor> {
+        let hd = self.head_dim;
         if b.kv_len(&st.kv)? != start {
             bail!("KV cache holds {} positions but the call starts at {start}", b.kv_len(&st.kv)?);
         }
@@ -101,10 +133,15 @@ impl Attention {
             start_pos: start,
         };
         let scale = (hd as f32).powf(-0.5);
-        let mut out = b.attention_qk_norm(&q, k, v, &mut st.kv, h, scale, selection.as_ref(), &norm)?;
-        if let Some(gate) = gate {
-            out = b.sigmoid_mul(&out, &gate)?;
-        }
+        Ok(b.attention_qk_norm(q, k, v, &mut st.kv, self.heads, scale, selection, &norm)?)
+    }
+
+    /// The gate (when `gated`) and the output projection.
+    fn output(&self, b: &dyn Backend, out: Tensor, gate: Option<Tensor>) -> Result<Tensor> {
+        let out = match gate {
+            Some(gate) => b.sigmoid_mul(&out, &gate)?,
+            None => out,
+        };
         Ok(b.matmul(&out, &self.o_proj)?)
     }
 }
