@@ -41,6 +41,7 @@ use slotstream_backend::chosen::PendingRead;
 
 pub use device::AdapterChoice;
 pub use gpu::FamilyTime;
+pub use matmul::PREFILL_ROWS_MAX;
 pub use options::{MatmulMode, Q4Layout, WgpuOptions, INT8_MIN_BYTES};
 pub use state::{GpuConvState, GpuKvCache, GpuRecurrentState};
 /// The wgpu version this backend is built on (for `device_type` and similar).
@@ -129,12 +130,6 @@ impl WgpuBackend {
         new_tensor(&self.gpu, shape.iter().product(), shape)
     }
 }
-
-/// Prompt tokens per forward pass at most. A chunk's activations grow with
-/// it (a MoE call keeps `top_k` hidden-sized rows per token) while the
-/// kernels gain little past 2,048 rows: on an H100, A's 8k-token prefill ran
-/// 2,353 tok/s in chunks of 2,048 and 2,455 in one of 8,192 (BENCHMARKS.md).
-pub const PREFILL_ROWS_MAX: usize = 2048;
 
 fn not_ours(what: &str) -> BackendError {
     BackendError::Device(format!("{what} does not belong to the wgpu backend"))

@@ -230,6 +230,12 @@ pub(crate) fn matvec_epilogue(gpu: &Gpu, w: &GpuWeight, x: Bind<'_>, tokens: usi
     Ok(Some(()))
 }
 
+/// Prompt tokens per forward pass at most. A chunk's activations grow with
+/// it (a MoE call keeps `top_k` hidden-sized rows per token) while the
+/// kernels gain little past 2,048 rows: on an H100, A's 8k-token prefill ran
+/// 2,353 tok/s in chunks of 2,048 and 2,455 in one of 8,192 (BENCHMARKS.md).
+pub const PREFILL_ROWS_MAX: usize = 2048;
+
 /// Rows and tokens (or pairs) of one output tile of `wgsl/matmul_tiled.wgsl`.
 pub(crate) const TILE: usize = 64;
 /// Rows and tokens of one output tile of its `matmul_wide`.
