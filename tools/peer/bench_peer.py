@@ -23,7 +23,8 @@ machine falls on both sides alike.
       tokenizer) and --depth-tokens generated (default 32), `--plan-context` D plus room;
       peer: `llama-bench -p 0 -n 32 -d P` (decode of 32 tokens after P tokens of
       context, P = our prompt's token count) and `llama-bench -p P -n 0` (prefill of
-      P tokens from an empty context), the same threads.
+      P tokens from an empty context), the same threads; each with llama.cpp's
+      default flash attention (on) and with `-fa 0`.
 """
 
 import argparse
@@ -254,15 +255,20 @@ def main():
             results.append((label, rnd, o))
             print(json.dumps({k: v for k, v in o.items() if k != "cmd"}), flush=True)
             depth = o.get("prompt_tokens", a.depth)
-            # Decode of depth_tokens after `depth` tokens of context (and from an empty one).
-            p = peer(a, gguf, 0, a.depth_tokens, ["-r", "3"], tag=f"depth_peer_{rnd}", decode_depth=depth)
-            if a.depth_prefill:
-                pp = peer(a, gguf, depth, 0, ["-r", "1"], tag=f"depth_peer_pp_{rnd}")
-                p.update({k: pp[k] for k in ("prefill", "prompt_tokens") if k in pp})
-                if "error" in pp:
-                    p["error"] = "prefill: " + pp["error"]
-            results.append((label, rnd, p))
-            print(json.dumps({k: v for k, v in p.items() if k != "cmd"}), flush=True)
+            # Decode of depth_tokens after `depth` tokens of context (and from an empty one),
+            # with llama.cpp's default (flash attention: on for the CPU) and without it
+            # (-fa 0: faster here at depth, so the fairer bar).
+            for fa in ("default", "0"):
+                extra = ["-r", "3"] + ([] if fa == "default" else ["-fa", fa])
+                p = peer(a, gguf, 0, a.depth_tokens, extra, tag=f"depth_peer_fa{fa}_{rnd}", decode_depth=depth)
+                p["engine"] = "llama.cpp" + ("" if fa == "default" else f" -fa {fa}")
+                if a.depth_prefill:
+                    pp = peer(a, gguf, depth, 0, ["-r", "1"] + extra[2:], tag=f"depth_peer_pp_fa{fa}_{rnd}")
+                    p.update({k: pp[k] for k in ("prefill", "prompt_tokens") if k in pp})
+                    if "error" in pp:
+                        p["error"] = "prefill: " + pp["error"]
+                results.append((label, rnd, p))
+                print(json.dumps({k: v for k, v in p.items() if k != "cmd"}), flush=True)
 
     if "a" not in skip:
         resident("a", a.model_a, a.gguf_a, a.experts_a)
