@@ -1,6 +1,6 @@
 //! Decode attention at depth for the CPU backend (issue 46):
 //!
-//!   cargo run --release -p slotstream-cpu --example attention_bench [depth] [layers]
+//!   cargo run --release -p slotstream-cpu --example attention_bench [depth] [layers] [reps]
 //!
 //! The attention of bench_peer's model a (16 query heads over 4 KV heads of
 //! 64) for one new token after `depth` positions (default 8192), in each of
@@ -25,7 +25,7 @@ fn hash(x: &[f32]) -> u64 {
 
 fn main() {
     let arg = |i: usize, default: usize| std::env::args().nth(i).and_then(|s| s.parse().ok()).unwrap_or(default);
-    let (depth, layers) = (arg(1, 8192), arg(2, 8));
+    let (depth, layers, reps) = (arg(1, 8192), arg(2, 8), arg(3, 10));
     let (heads, kvh, hd) = (16usize, 4usize, 64usize);
     let scale = 1.0 / (hd as f32).sqrt();
     for mode in [MatmulMode::Exact, MatmulMode::Int8] {
@@ -52,7 +52,6 @@ fn main() {
         b.kv_truncate(&mut caches[0], depth).expect("truncate");
         let mut best = f64::MAX;
         for _ in 0..5 {
-            let reps = 10;
             let t = Instant::now();
             for _ in 0..reps {
                 for c in caches.iter_mut() {
