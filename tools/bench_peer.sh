@@ -3,6 +3,9 @@
 #
 #   tools/bench_peer.sh                 # (a) resident + (b) under a cgroup memory limit
 #   SKIP=b tools/bench_peer.sh          # only (a) and the qwen3_next resident run; SKIP=a,next: only (b)
+#   DEPTH=8192 SKIP=a,next,b tools/bench_peer.sh   # only (depth): model a's decode after a
+#                                       # ~8192-token prompt (and its prefill) against llama-bench
+#                                       # -p 0 -n 32 -d P and -p P, the same threads (issue 46)
 #
 # Needs root (cgroup v1 memory controller at /sys/fs/cgroup/memory) for (b).
 # Builds: slotstream release binary ($CARGO_TARGET_DIR, default ./target),
@@ -45,16 +48,19 @@ make_model() {  # family, name, synth args...
 }
 make_model qwen3_moe moe-a --hidden 1024 --layers 8 --experts 32 --top-k 4 --moe-inter 512 \
   --heads 16 --kv-heads 4 --head-dim 64 --vocab 4096 --seed 1
-make_model qwen3_moe moe-b14 --hidden 2048 --layers 14 --experts 64 --top-k 8 --moe-inter 768 \
+skipping() { [[ ",${SKIP:-}," == *",$1,"* ]]; }
+skipping b || make_model qwen3_moe moe-b14 --hidden 2048 --layers 14 --experts 64 --top-k 8 --moe-inter 768 \
   --vocab 32768 --seed 2
-make_model qwen3_next next-a --hidden 1024 --layers 8 --experts 32 --top-k 4 --moe-inter 512 \
+skipping next || make_model qwen3_next next-a --hidden 1024 --layers 8 --experts 32 --top-k 4 --moe-inter 512 \
   --shared-inter 512 --heads 16 --kv-heads 4 --head-dim 64 --vocab 4096 --seed 4
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(free -g | awk '/Mem:/{print $2}') GB RAM; load: $(cut -d' ' -f1-3 /proc/loadavg)"
-du -sh "$M"/moe-a "$M"/moe-a-$QTYPE.gguf "$M"/moe-b14 "$M"/moe-b14-$QTYPE.gguf
+du -sh "$M"/moe-a "$M"/moe-a-$QTYPE.gguf
+skipping b || du -sh "$M"/moe-b14 "$M"/moe-b14-$QTYPE.gguf
 prompt_file=../shared/corpus/shakespeare.txt
 [ -f "$prompt_file" ] || prompt_file=/work/shared/corpus/shakespeare.txt
 exec "$py" tools/peer/bench_peer.py --slotstream "$CARGO_TARGET_DIR/release/slotstream" --llama-bin "$LB" \
   --model-a "$M/moe-a" --gguf-a "$M/moe-a-$QTYPE.gguf" --experts-a 32 \
   --model-next "$M/next-a" --gguf-next "$M/next-a-$QTYPE.gguf" --experts-next 32 \
   --model-b "$M/moe-b14" --gguf-b "$M/moe-b14-$QTYPE.gguf" \
-  --b-experts-per-layer "${B_EXPERTS_PER_LAYER:-11}" --limit-mib "$LIMIT_MIB" --rounds "$ROUNDS" --prompt-file "$prompt_file" --skip "${SKIP:-}"
+  --b-experts-per-layer "${B_EXPERTS_PER_LAYER:-11}" --limit-mib "$LIMIT_MIB" --rounds "$ROUNDS" --prompt-file "$prompt_file" --skip "${SKIP:-}" \
+  --depth "${DEPTH:-0}" --depth-tokens "${DEPTH_TOKENS:-32}"

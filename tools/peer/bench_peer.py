@@ -18,6 +18,13 @@ machine falls on both sides alike.
       mmapped file, so the kernel pages them in and out under the limit).
       The model files are evicted from the page cache (posix_fadvise DONTNEED)
       before each run, so neither side starts with pages charged elsewhere.
+  (depth, with --depth D) model a resident, CPU, 2 threads, at a long context:
+      ours: `slotstream run --backend cpu` with a ~D-token prompt (calibrated with our
+      tokenizer) and --depth-tokens generated (default 32), `--plan-context` D plus room;
+      peer: `llama-bench -p 0 -n 32 -d P` (decode of 32 tokens after P tokens of
+      context, P = our prompt's token count) and `llama-bench -p P -n 0` (prefill of
+      P tokens from an empty context), the same threads; each with llama.cpp's
+      default flash attention (on) and with `-fa 0`.
 """
 
 import argparse
@@ -85,14 +92,15 @@ class Cgroup:
         return ["sh", "-c", f'echo $$ > {self.path}/cgroup.procs && exec "$@"', "sh"] + cmd
 
 
-def run_timed(cmd, tag, outdir, timeout):
+def run_timed(cmd, tag, outdir, timeout, stdin=None):
     tv = os.path.join(outdir, f"{tag}.time")
     t0 = time.time()
     # Own process group, so that a timeout stops the engine too, not only /usr/bin/time.
     pr = subprocess.Popen(["/usr/bin/time", "-v", "-o", tv] + cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                           text=True, errors="replace", start_new_session=True)
     try:
-        out, err = pr.communicate(timeout=timeout)
+        out, err = pr.communicate(input=stdin, timeout=timeout)
         rc = pr.returncode
     except subprocess.TimeoutExpired:
         os.killpg(pr.pid, 15)
@@ -106,11 +114,12 @@ def run_timed(cmd, tag, outdir, timeout):
 
 
 def ours(a, model, prompt, max_tokens, mem_args, cg=None, tag="ours"):
+    # The prompt goes in on stdin: a long one would pass the argument-size limit.
     cmd = [a.slotstream, "run", "--model", model, "--raw", "--ignore-eos", "--max-tokens", str(max_tokens),
-           "--prompt", prompt, "--json", "--threads", str(a.threads)] + mem_args
+           "--prompt", "-", "--json", "--threads", str(a.threads)] + mem_args
     if cg:
         cmd = cg.wrap(cmd)
-    r = run_timed(cmd, tag, a.outdir, a.timeout)
+    r = run_timed(cmd, tag, a.outdir, a.timeout, stdin=prompt)
     res = {"engine": "slotstream", "cmd": cmd, "max_rss": r["max_rss"], "status": r["status"], "wall_s": r["wall_s"]}
     try:
         o = json.loads(r["stdout"].strip().splitlines()[-1])
@@ -204,6 +213,9 @@ def main():
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--outdir", default="/tmp/slotstream-peer/bench")
     ap.add_argument("--skip", default="", help="comma list of a,next,b to skip")
+    ap.add_argument("--depth", type=int, default=0, help="also compare decode at this depth on model a (0: skip)")
+    ap.add_argument("--depth-tokens", type=int, default=32, help="tokens decoded at --depth")
+    ap.add_argument("--depth-prefill", type=int, default=1, help="also time the peer's prefill of the depth prompt (0: no)")
     a = ap.parse_args()
     os.makedirs(a.outdir, exist_ok=True)
     skip = set(filter(None, a.skip.split(",")))
@@ -227,10 +239,44 @@ def main():
             results.append((f"{label} no-repack", rnd, p))
             print(json.dumps({k: v for k, v in p.items() if k != "cmd"}), flush=True)
 
+    def at_depth(label, model, gguf, experts):
+        text = open(a.prompt_file, encoding="utf-8").read()
+        # Calibrate on a prefix of a quarter of the depth (~2 characters a token).
+        probe = text[:a.depth // 2]
+        cal = ours(a, model, probe, 1, ["--experts-per-layer", str(experts), "--backend", "cpu"], tag=f"{label}_depth_calibrate")
+        if "error" in cal:
+            sys.exit(f"calibration failed: {cal['error']}")
+        prompt = text[:int(len(probe) * a.depth / cal["prompt_tokens"])]
+        plan = ["--experts-per-layer", str(experts), "--backend", "cpu",
+                "--plan-context", str(a.depth * 9 // 8 + a.depth_tokens)]
+        label = f"{label} @ depth"
+        for rnd in range(a.rounds):
+            o = ours(a, model, prompt, a.depth_tokens, plan, tag=f"depth_ours_{rnd}")
+            results.append((label, rnd, o))
+            print(json.dumps({k: v for k, v in o.items() if k != "cmd"}), flush=True)
+            depth = o.get("prompt_tokens", a.depth)
+            # Decode of depth_tokens after `depth` tokens of context (and from an empty one),
+            # with llama.cpp's default (flash attention: on for the CPU) and without it
+            # (-fa 0: faster here at depth, so the fairer bar).
+            for fa in ("default", "0"):
+                extra = ["-r", "3"] + ([] if fa == "default" else ["-fa", fa])
+                p = peer(a, gguf, 0, a.depth_tokens, extra, tag=f"depth_peer_fa{fa}_{rnd}", decode_depth=depth)
+                p["engine"] = "llama.cpp" + ("" if fa == "default" else f" -fa {fa}")
+                if a.depth_prefill:
+                    pp = peer(a, gguf, depth, 0, ["-r", "1"] + extra[2:], tag=f"depth_peer_pp_fa{fa}_{rnd}")
+                    p.update({k: pp[k] for k in ("prefill", "prompt_tokens") if k in pp})
+                    if "error" in pp:
+                        p["error"] = "prefill: " + pp["error"]
+                results.append((label, rnd, p))
+                print(json.dumps({k: v for k, v in p.items() if k != "cmd"}), flush=True)
+
     if "a" not in skip:
         resident("a", a.model_a, a.gguf_a, a.experts_a)
     if "next" not in skip and a.model_next:
         resident("a qwen3_next", a.model_next, a.gguf_next, a.experts_next)
+
+    if a.depth:
+        at_depth("a", a.model_a, a.gguf_a, a.experts_a)
 
     if "b" not in skip:
         limit = a.limit_mib * 2**20

@@ -31,8 +31,14 @@ if ! command -v cmake >/dev/null; then
     apt-get install -y cmake || { apt-get update && apt-get install -y cmake; }
 fi
 
+# Without AMX: on this VM's Sapphire Rapids CPU, -march=native compiles
+# llama.cpp's AMX matmuls, and they crash (SIGSEGV in ggml_backend_amx_mul_mat)
+# on any prompt of this model (llama-bench -p 64). Everything else -march=native
+# gives (AVX-512, VNNI, its Q4_0 repacking) stays. An explicit -mno-* wins over
+# -march=native's implied flags in GCC.
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 cmake -S llama.cpp -B llama.cpp/build -DCMAKE_BUILD_TYPE=Release \
-    -DGGML_NATIVE=ON -DLLAMA_CURL=OFF
+    -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DCMAKE_C_FLAGS="$NO_AMX" -DCMAKE_CXX_FLAGS="$NO_AMX"
 cmake --build llama.cpp/build --config Release -j "$JOBS" \
     --target llama-bench llama-completion llama-quantize
 ls -l llama.cpp/build/bin/llama-bench llama.cpp/build/bin/llama-completion llama.cpp/build/bin/llama-quantize

@@ -3,7 +3,7 @@
 //! them.
 
 use crate::for_each_piece;
-use crate::kv_cache::{simd_kernels, KvCache, KvElem, Rows};
+use crate::kv_cache::{simd_kernels, HeadRows, KvCache, KvElem, Rows};
 
 impl KvCache {
     /// Attention of `tokens` queries (`q`, `[tokens, heads*head_dim]`, the
@@ -12,16 +12,14 @@ impl KvCache {
     /// Returns `[tokens, heads*head_dim]`.
     pub(crate) fn attend(&self, q: &[f32], tokens: usize, heads: usize, scale: f32, selected: Option<&[Vec<usize>]>) -> Vec<f32> {
         match &self.rows {
-            Rows::F32 { keys, values } => self.attend_rows(keys, values, q, tokens, heads, scale, selected),
-            Rows::F16 { keys, values } => self.attend_rows(keys, values, q, tokens, heads, scale, selected),
+            Rows::F32(rows) => self.attend_rows(rows, q, tokens, heads, scale, selected),
+            Rows::F16(rows) => self.attend_rows(rows, q, tokens, heads, scale, selected),
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn attend_rows<E: KvElem>(
         &self,
-        keys: &[E],
-        values: &[E],
+        rows: &HeadRows<E>,
         qd: &[f32],
         tokens: usize,
         heads: usize,
@@ -40,7 +38,7 @@ impl KvCache {
             // (prefill; at decode a single query reads each key once anyway).
             let total = past + tokens;
             let kts: Vec<Vec<f32>> = if selected.is_none() && tokens > 1 {
-                (0..kvh).map(|g| transpose_keys(keys, total, kvh * hd, g * hd, hd)).collect()
+                rows.keys.iter().map(|k| transpose_keys(k, total, hd)).collect()
             } else {
                 Vec::new()
             };
@@ -50,10 +48,8 @@ impl KvCache {
                 let (t, g) = (i / kvh, i % kvh);
                 let ag = AttnGroup {
                     q: &qd[(t * heads + g * group) * hd..(t * heads + (g + 1) * group) * hd],
-                    keys,
-                    values,
-                    stride: kvh * hd,
-                    offset: g * hd,
+                    keys: &rows.keys[g],
+                    values: &rows.values[g],
                     visible: past + t + 1,
                     only: selected.map(|s| s[t].as_slice()),
                     scale,
@@ -69,10 +65,8 @@ impl KvCache {
             let (t, h) = (i / heads, i % heads);
             let head = AttnHead {
                 q: &qd[(t * heads + h) * hd..(t * heads + h + 1) * hd],
-                keys,
-                values,
-                stride: kvh * hd,
-                offset: (h / group) * hd,
+                keys: &rows.keys[h / group],
+                values: &rows.values[h / group],
                 visible: past + t + 1,
                 only: selected.map(|s| s[t].as_slice()),
                 scale,
@@ -94,10 +88,9 @@ impl KvCache {
 /// `0..visible`, or only those listed in `only` (block-sparse attention).
 struct AttnHead<'a, E> {
     q: &'a [f32],
+    /// One KV head's `[positions, hd]` keys and values.
     keys: &'a [E],
     values: &'a [E],
-    stride: usize,
-    offset: usize,
     visible: usize,
     only: Option<&'a [usize]>,
     scale: f32,
@@ -107,7 +100,7 @@ impl<E: KvElem> AttnHead<'_, E> {
     #[inline(always)]
     fn run(&self, o: &mut [f32]) {
         let hd = self.q.len();
-        let at = |j: usize| -> std::ops::Range<usize> { j * self.stride + self.offset..j * self.stride + self.offset + hd };
+        let at = |j: usize| -> std::ops::Range<usize> { j * hd..(j + 1) * hd };
         let key = |n: usize| self.only.map_or(n, |o| o[n]);
         let count = self.only.map_or(self.visible, |o| o.len());
         let mut scores: Vec<f32> =
@@ -140,10 +133,9 @@ impl<E: KvElem> AttnHead<'_, E> {
 struct AttnGroup<'a, E> {
     /// `[heads_in_group, hd]` queries.
     q: &'a [f32],
+    /// The KV head's `[positions, hd]` keys and values.
     keys: &'a [E],
     values: &'a [E],
-    stride: usize,
-    offset: usize,
     visible: usize,
     only: Option<&'a [usize]>,
     scale: f32,
@@ -218,15 +210,15 @@ unsafe fn softmax_avx2(sc: &mut [f32]) {
     }
 }
 
-/// Keys of KV head `g` (`[positions, stride]` at `offset`) transposed into
-/// blocks of 8 positions: `[ceil(positions / 8), hd, 8]`, zero-padded.
+/// One KV head's keys (`[positions, hd]`) transposed into blocks of 8
+/// positions: `[ceil(positions / 8), hd, 8]`, zero-padded.
 #[cfg(target_arch = "x86_64")]
-fn transpose_keys<E: KvElem>(keys: &[E], positions: usize, stride: usize, offset: usize, hd: usize) -> Vec<f32> {
+fn transpose_keys<E: KvElem>(keys: &[E], positions: usize, hd: usize) -> Vec<f32> {
     let blocks = positions.div_ceil(8);
     let mut kt = vec![0.0f32; blocks * hd * 8];
     for p in 0..positions {
         let (b, l) = (p / 8, p % 8);
-        let row = &keys[p * stride + offset..p * stride + offset + hd];
+        let row = &keys[p * hd..(p + 1) * hd];
         for (d, v) in row.iter().enumerate() {
             kt[(b * hd + d) * 8 + l] = v.to_f32();
         }
@@ -284,33 +276,36 @@ impl<E: KvElem> AttnGroup<'_, E> {
         }
     }
 
-    /// `o[i] = sum_n p[i][n] * v[n]` for `Q` queries (`p` rows `cpad` apart,
-    /// already normalised), `DV` vectors of `hd` at a time held in registers.
+    /// `o[i] += sum_n p[i][n] * v[n]` over the keys `n0..n1` in order, for
+    /// `Q` queries (`p` rows `pstride` apart, already normalised), `DV`
+    /// vectors of `hd` at a time held in registers. `o` holds the sums over
+    /// the keys before `n0` (zeros at the start), so splitting the keys
+    /// into ranges gives the same bits as one range.
     #[inline(always)]
-    unsafe fn weighted_values<const Q: usize, const DV: usize>(&self, p: &[f32], cpad: usize, count: usize, o: &mut [f32]) {
+    unsafe fn weighted_values<const Q: usize, const DV: usize>(&self, p: &[f32], pstride: usize, n0: usize, n1: usize, o: &mut [f32]) {
         use std::arch::x86_64::*;
         let hd = self.hd;
-        assert!(p.len() >= (Q - 1) * cpad + count && o.len() >= Q * hd && hd % (8 * DV) == 0);
-        assert!(count == 0 || (count - 1) * self.stride + self.offset + hd <= self.values.len());
-        let vp = self.values.as_ptr().add(self.offset);
+        assert!(n0 <= n1 && p.len() >= (Q - 1) * pstride + n1 && o.len() >= Q * hd && hd % (8 * DV) == 0);
+        assert!(n1 * hd <= self.values.len());
+        let vp = self.values.as_ptr();
         let pp = p.as_ptr();
         let op = o.as_mut_ptr();
         let mut d0 = 0;
         while d0 < hd {
             let mut acc = [[_mm256_setzero_ps(); DV]; Q];
-            for n in 0..count {
-                let vr = vp.add(n * self.stride + d0);
-                // Rows `stride` apart: fetch ahead (a prefetch never faults).
-                let ahead = vr.wrapping_add(16 * self.stride) as *const i8;
-                for line in (0..DV * 8 * std::mem::size_of::<E>()).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line));
+            for (i, a) in acc.iter_mut().enumerate() {
+                for (j, aj) in a.iter_mut().enumerate() {
+                    *aj = _mm256_loadu_ps(op.add(i * hd + d0 + 8 * j));
                 }
+            }
+            for n in n0..n1 {
+                let vr = vp.add(n * hd + d0);
                 let mut v = [_mm256_setzero_ps(); DV];
                 for (j, vv) in v.iter_mut().enumerate() {
                     *vv = E::load8(vr.add(8 * j));
                 }
                 for (i, a) in acc.iter_mut().enumerate() {
-                    let w = _mm256_set1_ps(*pp.add(i * cpad + n));
+                    let w = _mm256_set1_ps(*pp.add(i * pstride + n));
                     for j in 0..DV {
                         a[j] = _mm256_fmadd_ps(w, v[j], a[j]);
                     }
@@ -325,6 +320,36 @@ impl<E: KvElem> AttnGroup<'_, E> {
         }
     }
 
+    /// `o[i] = sum_n p[i][n] * v[n]` for `Q` queries over the first `count`
+    /// keys (`o` zeroed), in tiles of keys small enough to stay in L1 while
+    /// every query pair and slice of `hd` passes over them: the values come
+    /// from memory once.
+    #[inline(always)]
+    unsafe fn values_tiled<const Q: usize>(&self, p: &[f32], pstride: usize, count: usize, o: &mut [f32]) {
+        let hd = self.hd;
+        let tile = (16384 / (hd * std::mem::size_of::<E>())).max(8);
+        let mut n0 = 0;
+        while n0 < count {
+            let n1 = (n0 + tile).min(count);
+            if hd % 32 == 0 {
+                // Two queries x 4 vectors = 8 accumulators at a time.
+                let mut i = 0;
+                while i + 2 <= Q {
+                    self.weighted_values::<2, 4>(&p[i * pstride..], pstride, n0, n1, &mut o[i * hd..]);
+                    i += 2;
+                }
+                if i < Q {
+                    self.weighted_values::<1, 4>(&p[i * pstride..], pstride, n0, n1, &mut o[i * hd..]);
+                }
+            } else {
+                for i in 0..Q {
+                    self.weighted_values::<1, 1>(&p[i * pstride..], pstride, n0, n1, &mut o[i * hd..]);
+                }
+            }
+            n0 = n1;
+        }
+    }
+
     /// Queries `q0..q0 + Q` over all visible keys via the transposed keys.
     #[inline(always)]
     unsafe fn run_t<const Q: usize>(&self, kt: &[f32], q0: usize, o: &mut [f32], scores: &mut Vec<f32>) {
@@ -336,21 +361,7 @@ impl<E: KvElem> AttnGroup<'_, E> {
         for sc in scores.chunks_exact_mut(cpad) {
             softmax_avx2(&mut sc[..count]);
         }
-        if self.hd % 32 == 0 {
-            // Two queries x 4 vectors = 8 accumulators at a time.
-            let mut i = 0;
-            while i + 2 <= Q {
-                self.weighted_values::<2, 4>(&scores[i * cpad..], cpad, count, &mut o[i * self.hd..]);
-                i += 2;
-            }
-            if i < Q {
-                self.weighted_values::<1, 4>(&scores[i * cpad..], cpad, count, &mut o[i * self.hd..]);
-            }
-        } else {
-            for i in 0..Q {
-                self.weighted_values::<1, 1>(&scores[i * cpad..], cpad, count, &mut o[i * self.hd..]);
-            }
-        }
+        self.values_tiled::<Q>(scores, cpad, count, o);
     }
 
     /// Queries `q0..q0 + Q` of the group into `o` (`[Q, hd]`, zeroed);
@@ -365,14 +376,14 @@ impl<E: KvElem> AttnGroup<'_, E> {
         scores.clear();
         scores.resize(Q * count, 0.0);
         let qp = self.q.as_ptr().add(q0 * hd);
-        let row = |n: usize| self.only.map_or(n, |o| o[n]) * self.stride + self.offset;
+        let row = |n: usize| self.only.map_or(n, |o| o[n]) * hd;
         if let Some(only) = self.only {
             assert!(only.iter().all(|&j| j < self.visible));
         }
-        assert!((self.visible - 1) * self.stride + self.offset + hd <= self.keys.len().min(self.values.len()));
+        assert!(self.visible * hd <= self.keys.len().min(self.values.len()));
         let kp = self.keys.as_ptr();
-        // Rows are `stride` floats apart (KV heads interleaved), which the
-        // hardware prefetcher follows poorly: fetch a few rows ahead.
+        // A key selection's rows are scattered, which the hardware
+        // prefetcher cannot follow: fetch a few rows ahead.
         const AHEAD: usize = 16;
         let prefetch_row = |base: *const E, n: usize| {
             if n < count {
@@ -407,19 +418,7 @@ impl<E: KvElem> AttnGroup<'_, E> {
             inv[i] = 1.0;
         }
         if self.only.is_none() && hd % 32 == 0 {
-            // Accumulators in registers: two queries x 32 dimensions at a time.
-            let vp = self.values.as_ptr();
-            for n in 0..AHEAD.min(count) {
-                prefetch_row(vp, n);
-            }
-            let mut i = 0;
-            while i + 2 <= Q {
-                self.weighted_values::<2, 4>(&scores[i * count..], count, count, &mut o[i * hd..]);
-                i += 2;
-            }
-            if i < Q {
-                self.weighted_values::<1, 4>(&scores[i * count..], count, count, &mut o[i * hd..]);
-            }
+            self.values_tiled::<Q>(scores, count, count, o);
             return;
         }
         let vp = self.values.as_ptr();

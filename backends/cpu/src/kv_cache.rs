@@ -15,6 +15,7 @@ use crate::matmul;
 /// An element type of the KV cache.
 pub(crate) trait KvElem: Copy + Send + Sync + 'static {
     fn to_f32(self) -> f32;
+    fn from_f32(x: f32) -> Self;
     /// `sum q[i] * row[i]`.
     fn dot(q: &[f32], row: &[Self]) -> f32;
     /// Eight consecutive elements as f32 (needs AVX2 and F16C).
@@ -26,6 +27,10 @@ impl KvElem for f32 {
     #[inline(always)]
     fn to_f32(self) -> f32 {
         self
+    }
+    #[inline(always)]
+    fn from_f32(x: f32) -> f32 {
+        x
     }
     #[inline(always)]
     fn dot(q: &[f32], row: &[f32]) -> f32 {
@@ -44,6 +49,10 @@ impl KvElem for f16 {
         f16::to_f32(self)
     }
     #[inline(always)]
+    fn from_f32(x: f32) -> f16 {
+        f16::from_f32(x)
+    }
+    #[inline(always)]
     fn dot(q: &[f32], row: &[f16]) -> f32 {
         q.iter().zip(row).map(|(a, b)| a * b.to_f32()).sum()
     }
@@ -54,10 +63,59 @@ impl KvElem for f16 {
     }
 }
 
-/// Cached keys and values of one layer, `[positions, kv_heads*head_dim]`.
+/// Cached keys and values of one layer, each KV head's in its own
+/// `[positions, head_dim]` rows: a decode step reads one head's keys (then
+/// values) as one sequential stream, which the hardware prefetcher follows.
+pub(crate) struct HeadRows<E> {
+    pub(crate) keys: Vec<Vec<E>>,
+    pub(crate) values: Vec<Vec<E>>,
+}
+
+impl<E: KvElem> HeadRows<E> {
+    fn new(kv_heads: usize) -> Self {
+        HeadRows { keys: vec![Vec::new(); kv_heads], values: vec![Vec::new(); kv_heads] }
+    }
+
+    /// Elements held per head.
+    fn elements(&self) -> usize {
+        self.keys.first().map_or(0, Vec::len)
+    }
+
+    /// Room for `n` elements per head.
+    fn reserve(&mut self, n: usize) {
+        self.keys.iter_mut().chain(self.values.iter_mut()).for_each(|r| r.reserve_exact(n.saturating_sub(r.len())));
+    }
+
+    fn truncate(&mut self, n: usize) {
+        self.keys.iter_mut().chain(self.values.iter_mut()).for_each(|r| r.truncate(n));
+    }
+
+    /// Appends `[tokens, kv_heads*hd]` keys and values, split by head.
+    fn append(&mut self, k: &[f32], v: &[f32], hd: usize) {
+        let heads = self.keys.len();
+        for (rows, x) in [(&mut self.keys, k), (&mut self.values, v)] {
+            for (h, r) in rows.iter_mut().enumerate() {
+                r.reserve(x.len() / heads);
+                for t in x.chunks_exact(heads * hd) {
+                    r.extend(t[h * hd..(h + 1) * hd].iter().map(|&x| E::from_f32(x)));
+                }
+            }
+        }
+    }
+
+    fn duplicate(&self) -> Self {
+        HeadRows { keys: self.keys.clone(), values: self.values.clone() }
+    }
+
+    fn bytes(&self) -> usize {
+        2 * self.keys.len() * self.elements() * std::mem::size_of::<E>()
+    }
+}
+
+/// The cache's rows in its element type.
 pub(crate) enum Rows {
-    F32 { keys: Vec<f32>, values: Vec<f32> },
-    F16 { keys: Vec<f16>, values: Vec<f16> },
+    F32(HeadRows<f32>),
+    F16(HeadRows<f16>),
 }
 
 /// Keys and values of one attention layer.
@@ -81,9 +139,9 @@ impl KvCache {
     /// An empty cache; `half` stores f16 (see [`KvCache::dtype`]).
     pub(crate) fn new(kv_heads: usize, head_dim: usize, half: bool) -> KvCache {
         let rows = if KvCache::dtype(half) == DType::F16 {
-            Rows::F16 { keys: Vec::new(), values: Vec::new() }
+            Rows::F16(HeadRows::new(kv_heads))
         } else {
-            Rows::F32 { keys: Vec::new(), values: Vec::new() }
+            Rows::F32(HeadRows::new(kv_heads))
         };
         KvCache { kv_heads, head_dim, rows }
     }
@@ -98,38 +156,36 @@ impl KvCache {
 
     pub(crate) fn len(&self) -> usize {
         let n = match &self.rows {
-            Rows::F32 { keys, .. } => keys.len(),
-            Rows::F16 { keys, .. } => keys.len(),
+            Rows::F32(r) => r.elements(),
+            Rows::F16(r) => r.elements(),
         };
-        n / (self.kv_heads * self.head_dim)
+        n / self.head_dim
+    }
+
+    /// Room for `positions` positions in all (a hint: appends still grow
+    /// the cache as they need).
+    pub(crate) fn reserve(&mut self, positions: usize) {
+        let n = positions.saturating_mul(self.head_dim);
+        match &mut self.rows {
+            Rows::F32(r) => r.reserve(n),
+            Rows::F16(r) => r.reserve(n),
+        }
     }
 
     /// Keeps the first `len` positions (`len <= self.len()`).
     pub(crate) fn truncate(&mut self, len: usize) {
-        let n = len * self.kv_heads * self.head_dim;
+        let n = len * self.head_dim;
         match &mut self.rows {
-            Rows::F32 { keys, values } => {
-                keys.truncate(n);
-                values.truncate(n);
-            }
-            Rows::F16 { keys, values } => {
-                keys.truncate(n);
-                values.truncate(n);
-            }
+            Rows::F32(r) => r.truncate(n),
+            Rows::F16(r) => r.truncate(n),
         }
     }
 
     /// Appends rows of keys and values (`[tokens, kv_heads*head_dim]` each).
     pub(crate) fn append(&mut self, k: &[f32], v: &[f32]) {
         match &mut self.rows {
-            Rows::F32 { keys, values } => {
-                keys.extend_from_slice(k);
-                values.extend_from_slice(v);
-            }
-            Rows::F16 { keys, values } => {
-                keys.extend(k.iter().map(|&x| f16::from_f32(x)));
-                values.extend(v.iter().map(|&x| f16::from_f32(x)));
-            }
+            Rows::F32(r) => r.append(k, v, self.head_dim),
+            Rows::F16(r) => r.append(k, v, self.head_dim),
         }
     }
 }
@@ -149,16 +205,16 @@ pub(crate) fn simd_kernels() -> bool {
 impl DeviceState for KvCache {
     fn duplicate(&self) -> Result<Box<dyn DeviceState>> {
         let rows = match &self.rows {
-            Rows::F32 { keys, values } => Rows::F32 { keys: keys.clone(), values: values.clone() },
-            Rows::F16 { keys, values } => Rows::F16 { keys: keys.clone(), values: values.clone() },
+            Rows::F32(r) => Rows::F32(r.duplicate()),
+            Rows::F16(r) => Rows::F16(r.duplicate()),
         };
         Ok(Box::new(KvCache { kv_heads: self.kv_heads, head_dim: self.head_dim, rows }))
     }
 
     fn bytes(&self) -> usize {
         match &self.rows {
-            Rows::F32 { keys, values } => 4 * (keys.len() + values.len()),
-            Rows::F16 { keys, values } => 2 * (keys.len() + values.len()),
+            Rows::F32(r) => r.bytes(),
+            Rows::F16(r) => r.bytes(),
         }
     }
 }

@@ -365,6 +365,11 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn kv_reserve(&self, cache: &mut State, positions: usize) -> Result<()> {
+        kv_cache(cache)?.reserve(positions);
+        Ok(())
+    }
+
     fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, cache: &mut State, heads: usize, scale: f32, selection: Option<&KeySelection>) -> Result<Tensor> {
         let c = kv_cache(cache)?;
         let hd = c.head_dim();
