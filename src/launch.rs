@@ -85,7 +85,15 @@ impl PlannedModel {
         let bytes = self.costs.resident_bytes + self.plan.pool_bytes;
         let _shown = LoadIndicator::start(format!("loading {:.2} GB of weights", bytes as f64 / 1e9));
         let mut engine = Engine::load_arch(&self.arch, backend, &options)?;
-        engine.prefill_chunk = self.plan.prefill_chunk;
+        // Long chunks are for a streaming pool, which reads each missed
+        // expert once a chunk. A pool that holds every expert reads nothing:
+        // its chunk is what the backend runs best (its bound, else the
+        // default), so that a cancelled prompt stops soon.
+        engine.prefill_chunk = if self.plan.slots >= self.plan.total_experts {
+            engine.backend.prefill_rows_max().unwrap_or(crate::plan::DEFAULT_PREFILL_CHUNK).min(self.plan.prefill_chunk)
+        } else {
+            self.plan.prefill_chunk
+        };
         Ok(engine)
     }
 }
