@@ -139,14 +139,15 @@ fn fetch(row: u32, valid: bool, xrow: u32, xvalid: bool, col: u32) -> Staged {
 }
 
 // Stores a fetched share as tile row `m` (weights) and tile column `m` (x),
-// columns 8 * cg .. + 8 of the slice.
-fn store(s: Staged, m: u32, cg: u32) {
+// columns 8 * cg .. + 8 of the slice, in the 64-row layout (tile_at_k) or
+// matmul_wide's 128-row one (`wide`, wide_at).
+fn store(s: Staged, m: u32, cg: u32, wide: bool) {
     for (var j = 0u; j < 8u; j++) {
         var wv = s.w[j];
         if (s.packed) {
             wv = s.sb.x * f32((s.word >> (4u * j)) & 15u) + s.sb.y;
         }
-        let at = tile_at_k(8u * cg + j, m / 4u);
+        let at = select(tile_at_k(8u * cg + j, m / 4u), wide_at(8u * cg + j, m / 4u), wide);
         wt[at][m % 4u] = wv;
         xt[at][m % 4u] = s.x[j];
     }
@@ -175,7 +176,7 @@ fn matmul_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     var acc: array<vec4<f32>, 4>;
     var next = fetch(row0 + m, row0 + m < p.rows, tok0 + m, tok0 + m < p.tokens, 8u * cg);
     for (var k0 = 0u; k0 < p.x_cols; k0 += TK) {
-        store(next, m, cg);
+        store(next, m, cg, false);
         workgroupBarrier();
         if (k0 + TK < p.x_cols) {
             next = fetch(row0 + m, row0 + m < p.rows, tok0 + m, tok0 + m < p.tokens, k0 + TK + 8u * cg);
@@ -210,18 +211,6 @@ const DK: u32 = 16u;
 // column groups' stores fall in different banks.
 fn wide_at(k: u32, q: u32) -> u32 {
     return k * 32u + 4u * (k >> 3u) + q;
-}
-
-fn wide_store(s: Staged, m: u32, cg: u32) {
-    for (var j = 0u; j < 8u; j++) {
-        var wv = s.w[j];
-        if (s.packed) {
-            wv = s.sb.x * f32((s.word >> (4u * j)) & 15u) + s.sb.y;
-        }
-        let at = wide_at(8u * cg + j, m / 4u);
-        wt[at][m % 4u] = wv;
-        xt[at][m % 4u] = s.x[j];
-    }
 }
 
 // acc[8h + j]: rows 64h + 4tx .. + 4 against token (j < 4: 4ty + j; else 64 + 4ty + j - 4).
@@ -272,7 +261,7 @@ fn wide_products(acc: ptr<function, array<vec4<f32>, 16>>, li: u32, wrow: u32, w
     let cg = li % 2u;
     var next = fetch(wrow, wvalid, xrow, xvalid, 8u * cg);
     for (var k0 = 0u; k0 < p.x_cols; k0 += DK) {
-        wide_store(next, m, cg);
+        store(next, m, cg, true);
         workgroupBarrier();
         if (k0 + DK < p.x_cols) {
             next = fetch(wrow, wvalid, xrow, xvalid, k0 + DK + 8u * cg);
@@ -443,7 +432,7 @@ fn moe_gate_up_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
     var acc: array<vec4<f32>, 4>;
     var next = fetch(row, i < p.rows, pair / p.top_k, m < tile.z, 8u * cg);
     for (var k0 = 0u; k0 < p.x_cols; k0 += TK) {
-        store(next, m, cg);
+        store(next, m, cg, false);
         workgroupBarrier();
         if (k0 + TK < p.x_cols) {
             next = fetch(row, i < p.rows, pair / p.top_k, m < tile.z, k0 + TK + 8u * cg);
@@ -486,7 +475,7 @@ fn moe_down_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     let wrow = tile.x * p.rows + row0 + m;
     var next = fetch(wrow, row0 + m < p.rows, pair, m < tile.z, 8u * cg);
     for (var k0 = 0u; k0 < p.x_cols; k0 += TK) {
-        store(next, m, cg);
+        store(next, m, cg, false);
         workgroupBarrier();
         if (k0 + TK < p.x_cols) {
             next = fetch(wrow, row0 + m < p.rows, pair, m < tile.z, k0 + TK + 8u * cg);
