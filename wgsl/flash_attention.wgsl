@@ -521,3 +521,98 @@ fn kv_store(
         store_run(false, p.past * p.kv_heads * HD4 + i, vnew[i]);
     }
 }
+
+// flash_merge: sums the chunks' partials of flash_attention (splits > 1)
+// into `out`. One workgroup per (token, head) pair and block of MERGE_RUNS
+// vec4 runs of the head; its 256 invocations are MERGE_GROUPS groups of
+// MERGE_RUNS, group g summing chunks g, g + MERGE_GROUPS, .. of its run, so
+// that each invocation has only a few loads to wait for, all issued at once.
+// The pair's max and sum of exp come from every invocation's share of the
+// chunks, reduced over subgroups and then over the workgroup.
+const MERGE_RUNS: u32 = 8u;
+const MERGE_GROUPS: u32 = WG / MERGE_RUNS;
+// Chunks an invocation loads before it uses any.
+const MERGE_LOADS: u32 = 4u;
+
+var<workgroup> merge_red: array<f32, WG>;
+var<workgroup> merge_acc: array<vec4<f32>, WG>;
+
+fn partial_ml(pair: u32, c: u32) -> vec2<f32> {
+    let b = (pair * p.splits + c) * (HD + 2u);
+    return vec2<f32>(partials[b], partials[b + 1u]);
+}
+
+// The workgroup's total of `v` (max when `is_max`), through each
+// subgroup's first lane.
+fn workgroup_reduce(v: f32, is_max: bool, sg: u32, nsg: u32, lane: u32) -> f32 {
+    let s = select(subgroupAdd(v), subgroupMax(v), is_max);
+    workgroupBarrier();
+    if (lane == 0u) {
+        merge_red[sg] = s;
+    }
+    workgroupBarrier();
+    var r = merge_red[0];
+    for (var i = 1u; i < nsg; i++) {
+        r = select(r + merge_red[i], max(r, merge_red[i]), is_max);
+    }
+    return r;
+}
+
+@compute @workgroup_size(256)
+fn flash_merge(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+) {
+    let blocks = (HD4 + MERGE_RUNS - 1u) / MERGE_RUNS;
+    let g = wid.y * nwg.x + wid.x;
+    // Uniform per workgroup: the whole workgroup leaves or stays.
+    if (g >= p.tokens * p.heads * blocks) {
+        return;
+    }
+    let pair = g / blocks;
+    var mx = NO_SCORE;
+    for (var c = li; c < p.splits; c += WG) {
+        mx = max(mx, partial_ml(pair, c).x);
+    }
+    mx = workgroup_reduce(mx, true, sg, nsg, lane);
+    var l = 0.0;
+    for (var c = li; c < p.splits; c += WG) {
+        let ml = partial_ml(pair, c);
+        l += ml.y * exp(ml.x - mx);
+    }
+    l = workgroup_reduce(l, false, sg, nsg, lane);
+
+    let run = (g % blocks) * MERGE_RUNS + li % MERGE_RUNS;
+    let group = li / MERGE_RUNS;
+    var acc = vec4<f32>(0.0);
+    if (run < HD4) {
+        for (var c0 = group; c0 < p.splits; c0 += MERGE_GROUPS * MERGE_LOADS) {
+            var w: array<f32, MERGE_LOADS>;
+            var v: array<vec4<f32>, MERGE_LOADS>;
+            for (var u = 0u; u < MERGE_LOADS; u++) {
+                // Past the last chunk: the last one again, weighted 0.
+                let c = c0 + u * MERGE_GROUPS;
+                let b = (pair * p.splits + min(c, p.splits - 1u)) * (HD + 2u);
+                w[u] = select(0.0, exp(partials[b] - mx), c < p.splits);
+                let o = b + 2u + run * 4u;
+                v[u] = vec4<f32>(partials[o], partials[o + 1u], partials[o + 2u], partials[o + 3u]);
+            }
+            for (var u = 0u; u < MERGE_LOADS; u++) {
+                acc += w[u] * v[u];
+            }
+        }
+    }
+    merge_acc[li] = acc;
+    workgroupBarrier();
+    if (li < MERGE_RUNS && run < HD4) {
+        var sum = vec4<f32>(0.0);
+        for (var i = 0u; i < MERGE_GROUPS; i++) {
+            sum += merge_acc[i * MERGE_RUNS + li];
+        }
+        out[pair * HD4 + run] = select(sum / l, vec4<f32>(0.0), l == 0.0);
+    }
+}

@@ -268,26 +268,29 @@ const FLASH_MIN_CHUNK: usize = 128;
 pub(crate) const FLASH_DECODE_MIN_KEYS: usize = 1024;
 /// Invocations of `flash_attention` in a slot (one row and key slice).
 const FLASH_SLOT_LANES: u32 = 4;
+/// vec4 runs of a head a `flash_merge` workgroup sums (its `MERGE_RUNS`).
+const FLASH_MERGE_RUNS: usize = 8;
 /// Slots of a `flash_attention` workgroup.
 const FLASH_SLOTS: usize = 64;
 
 /// The pipelines compiled for a head dim (`kernels.rs`'s `FLASH_PIPELINES`
-/// and `KV_STORE_PIPELINES`): `flash_attention`, its two-rows-per-slot form
+/// `KV_STORE_PIPELINES` and `FLASH_MERGE_PIPELINES`): `flash_attention`, its two-rows-per-slot form
 /// (head dims up to 128), and `kv_store`.
 struct HeadDimKernels {
     flash: &'static str,
     two_rows: Option<&'static str>,
     kv_store: &'static str,
+    merge: &'static str,
 }
 
 fn head_dim_kernels(head_dim: usize) -> Option<HeadDimKernels> {
-    let (flash, two_rows, kv_store) = match head_dim {
-        64 => ("flash_attention_hd64", Some("flash_attention_hd64_r2"), "kv_store_hd64"),
-        128 => ("flash_attention_hd128", Some("flash_attention_hd128_r2"), "kv_store_hd128"),
-        256 => ("flash_attention_hd256", None, "kv_store_hd256"),
+    let (flash, two_rows, kv_store, merge) = match head_dim {
+        64 => ("flash_attention_hd64", Some("flash_attention_hd64_r2"), "kv_store_hd64", "flash_merge_hd64"),
+        128 => ("flash_attention_hd128", Some("flash_attention_hd128_r2"), "kv_store_hd128", "flash_merge_hd128"),
+        256 => ("flash_attention_hd256", None, "kv_store_hd256", "flash_merge_hd256"),
         _ => return None,
     };
-    Some(HeadDimKernels { flash, two_rows, kv_store })
+    Some(HeadDimKernels { flash, two_rows, kv_store, merge })
 }
 
 /// The `flash_attention` pipeline for this cache's head dim, when the call
@@ -366,15 +369,10 @@ fn flash_attend(
     if splits == 1 {
         return Ok(());
     }
-    let merge = AttentionParams {
-        tokens: tokens as u32,
-        heads: heads as u32,
-        kv_heads: kv_heads as u32,
-        head_dim: hd as u32,
-        splits: splits as u32,
-        ..Default::default()
-    };
-    gpu.dispatch("attention_merge", &merge, &[(OUT, out), (PARTIALS, partials.bind())], Gpu::grid(pairs as u64))
+    // flash_merge: a workgroup per pair and block of FLASH_MERGE_RUNS vec4 runs.
+    let merge = head_dim_kernels(hd).ok_or_else(|| BackendError::Unsupported(format!("flash attention of head dim {hd}")))?.merge;
+    let blocks = (hd / 4).div_ceil(FLASH_MERGE_RUNS);
+    gpu.dispatch(merge, &params, &[(OUT, out), (PARTIALS, partials.bind())], Gpu::grid((pairs * blocks) as u64))
 }
 
 /// Whether a new KV cache of heads of `head_dim` keeps f16: in the fast

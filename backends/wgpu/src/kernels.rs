@@ -162,6 +162,13 @@ const KV_STORE_PIPELINES: [Pipeline; 3] = [
     Pipeline { name: "kv_store_hd256", constants: &[("HD", 256.0)] },
 ];
 
+/// `flash_merge` for each head dim (`HD`).
+const FLASH_MERGE_PIPELINES: [Pipeline; 3] = [
+    Pipeline { name: "flash_merge_hd64", constants: &[("HD", 64.0)] },
+    Pipeline { name: "flash_merge_hd128", constants: &[("HD", 128.0)] },
+    Pipeline { name: "flash_merge_hd256", constants: &[("HD", 256.0)] },
+];
+
 /// One compiled shader module: a kernel family and its entry points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Module {
@@ -241,7 +248,7 @@ impl Module {
                 "attention_split_regs",
                 "attention_split_rope_regs",
             ],
-            Module::FlashAttention => &["flash_attention", "kv_store"],
+            Module::FlashAttention => &["flash_attention", "kv_store", "flash_merge"],
             Module::Conv => &["conv1d"],
             Module::GatedDelta => &["gated_delta"],
             Module::Streams => &["repeat_cols", "stream_mean", "add_gated_to_streams", "stream_dot_gate"],
@@ -255,6 +262,7 @@ impl Module {
         match (self, entry) {
             (Module::FlashAttention, "flash_attention") => &FLASH_PIPELINES,
             (Module::FlashAttention, "kv_store") => &KV_STORE_PIPELINES,
+            (Module::FlashAttention, "flash_merge") => &FLASH_MERGE_PIPELINES,
             _ => &[],
         }
     }
