@@ -101,26 +101,26 @@ var<workgroup> v_sh: array<vec4<f32>, TILE4>;
 // Each slot's running max and sum, for the merge of a row's slices.
 var<workgroup> ml_sh: array<vec2<f32>, SLOTS>;
 
-// Row j's vec4 run `col` of kv head kh, keys or values.
-fn kv_run(is_key: bool, j: u32, kh: u32, col: u32) -> vec4<f32> {
-    if (p.fresh != 0u && j >= p.past) {
+// Row j's vec4 run `col` of kv head kh, keys or values, as the words that
+// hold it: four f32 (a fresh row, or an f32 cache), or four f16 in the
+// first two. The words are converted only where they are used (`as_run`),
+// so that a tile's loads stay in flight while the slots work on the tile
+// before (a conversion right after the load would wait for it).
+fn kv_words(is_key: bool, j: u32, kh: u32, col: u32) -> vec4<u32> {
+    if (is_fresh(j)) {
         let i = (j - p.past) * p.kv_heads * HD4 + kh * HD4 + col;
         if (is_key) {
-            return knew[i];
+            return bitcast<vec4<u32>>(knew[i]);
         }
-        return vnew[i];
+        return bitcast<vec4<u32>>(vnew[i]);
     }
-    return cached(is_key, j * p.kv_heads * HD4 + kh * HD4 + col);
-}
-
-// Run i (four values) of the cache's keys or values.
-fn cached(is_key: bool, i: u32) -> vec4<f32> {
+    let i = j * p.kv_heads * HD4 + kh * HD4 + col;
     if (p.half != 0u) {
         var w = values[i];
         if (is_key) {
             w = keys[i];
         }
-        return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+        return vec4<u32>(w, 0u, 0u);
     }
     var a = values[2u * i];
     var b = values[2u * i + 1u];
@@ -128,7 +128,19 @@ fn cached(is_key: bool, i: u32) -> vec4<f32> {
         a = keys[2u * i];
         b = keys[2u * i + 1u];
     }
-    return bitcast<vec4<f32>>(vec4<u32>(a, b));
+    return vec4<u32>(a, b);
+}
+
+fn is_fresh(j: u32) -> bool {
+    return p.fresh != 0u && j >= p.past;
+}
+
+// The four values of row j's words from kv_words.
+fn as_run(w: vec4<u32>, j: u32) -> vec4<f32> {
+    if (p.half != 0u && !is_fresh(j)) {
+        return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+    }
+    return bitcast<vec4<f32>>(w);
 }
 
 // Stores run i (four values) of a key or value row in the cache.
@@ -155,13 +167,13 @@ fn store_run(is_key: bool, i: u32, v: vec4<f32>) {
 // This invocation's share of the tile of keys j0.. (before `end`): vec4
 // li + u * WG of its keys and of its values (key (li + u * WG) / HD4, run
 // (li + u * WG) % HD4).
-fn fetch_tile(kr: ptr<function, array<vec4<f32>, LOADS>>, vr: ptr<function, array<vec4<f32>, LOADS>>, j0: u32, end: u32, kh: u32, li: u32) {
+fn fetch_tile(kr: ptr<function, array<vec4<u32>, LOADS>>, vr: ptr<function, array<vec4<u32>, LOADS>>, j0: u32, end: u32, kh: u32, li: u32) {
     for (var u = 0u; u < LOADS; u++) {
         let e = li + u * WG;
         let j = j0 + e / HD4;
         if (j < end) {
-            (*kr)[u] = kv_run(true, j, kh, e % HD4);
-            (*vr)[u] = kv_run(false, j, kh, e % HD4);
+            (*kr)[u] = kv_words(true, j, kh, e % HD4);
+            (*vr)[u] = kv_words(false, j, kh, e % HD4);
         }
     }
 }
@@ -299,10 +311,10 @@ fn flash_attention(
     var l2 = 0.0;
 
     // With DEEP, kr2 / vr2 hold the tile after: two tiles' loads in flight.
-    var kr: array<vec4<f32>, LOADS>;
-    var vr: array<vec4<f32>, LOADS>;
-    var kr2: array<vec4<f32>, LOADS>;
-    var vr2: array<vec4<f32>, LOADS>;
+    var kr: array<vec4<u32>, LOADS>;
+    var vr: array<vec4<u32>, LOADS>;
+    var kr2: array<vec4<u32>, LOADS>;
+    var vr2: array<vec4<u32>, LOADS>;
     fetch_tile(&kr, &vr, first, end, kh, li);
     if (DEEP) {
         fetch_tile(&kr2, &vr2, first + BK, end, kh, li);
@@ -310,8 +322,9 @@ fn flash_attention(
     for (var j0 = first; j0 < end; j0 += BK) {
         workgroupBarrier();
         for (var u = 0u; u < LOADS; u++) {
-            k_sh[li + u * WG] = kr[u];
-            v_sh[li + u * WG] = vr[u];
+            let j = j0 + (li + u * WG) / HD4;
+            k_sh[li + u * WG] = as_run(kr[u], j);
+            v_sh[li + u * WG] = as_run(vr[u], j);
         }
         workgroupBarrier();
         if (DEEP) {
