@@ -7,7 +7,8 @@
 # (tests/templates/tool_calling.jinja) for tool calling and structured output
 # (test_agents.py), and OpenAI's Responses and Anthropic's Messages APIs
 # (test_responses_messages.py). A third serves the bundled demo, asked as Open
-# WebUI asks, with tools attached (test_demo.py).
+# WebUI asks, with tools attached (test_demo.py). test_litellm.py runs two
+# replicas behind LiteLLM's proxy and stops one, then the other, mid-run.
 #
 #   tools/client_tests/run.sh [fixture]    (default: qwen3_moe_mlx4)
 set -euo pipefail
@@ -23,6 +24,15 @@ if ! cmp -s "$here/requirements.txt" "$venv/requirements.installed" 2>/dev/null;
     [ -x "$venv/bin/pip" ] || python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet -r "$here/requirements.txt"
     cp "$here/requirements.txt" "$venv/requirements.installed"
+fi
+
+# LiteLLM's proxy for test_litellm.py, apart: it pins its own versions of
+# packages the clients above use.
+litellm_venv="$here/.venv-litellm"
+if ! cmp -s "$here/requirements-litellm.txt" "$litellm_venv/requirements.installed" 2>/dev/null; then
+    [ -x "$litellm_venv/bin/pip" ] || python3 -m venv "$litellm_venv"
+    "$litellm_venv/bin/pip" install --quiet -r "$here/requirements-litellm.txt"
+    cp "$here/requirements-litellm.txt" "$litellm_venv/requirements.installed"
 fi
 
 cargo build --quiet --manifest-path "$root/Cargo.toml" --bin slotstream
@@ -132,6 +142,11 @@ SLOTSTREAM_URL="$plain_url" SLOTSTREAM_MODEL="$fixture" SLOTSTREAM_HUB_MODEL="or
 SLOTSTREAM_TOOLS_URL="$tools_url" SLOTSTREAM_MODEL="$fixture" "$venv/bin/pytest" -q "$here/test_agents.py" "$here/test_langchain.py" \
     "$here/test_responses_messages.py" || status=1
 SLOTSTREAM_DEMO_URL="$demo_url" "$venv/bin/pytest" -q "$here/test_demo.py" || status=1
+# Two replicas of the fixture behind LiteLLM's proxy, one drained and one
+# killed mid-run (the test starts and stops them; bounded at 10 minutes).
+SLOTSTREAM_BIN="$bin" SLOTSTREAM_FIXTURE_DIR="$root/tests/fixtures/$fixture" SLOTSTREAM_MODEL="$fixture" \
+    LITELLM_BIN="$litellm_venv/bin/litellm" SLOTSTREAM_SCRATCH="$(mktemp -d -p "$scratch")" \
+    timeout 600 "$venv/bin/pytest" -q "$here/test_litellm.py" || status=1
 "$venv/bin/python" "$root/tools/robustness.py" --url "$battery_url" --model "$fixture" --queue "$queue" \
     --write-timeout 2 --header-timeout 2 --body-timeout 2 --endless-model endless --looping-model looping || status=1
 # Codex CLI end to end through its built-in Ollama provider (`--oss`): the
