@@ -99,6 +99,9 @@ fn run_without_a_model_uses_the_demo_and_prints_english() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("bundled") && stderr.contains("slotstream pull qwen3.8-flash-next:4bit"), "{stderr}");
+    // A model held in memory whole is one line, not the plan (that is -v's).
+    assert!(!stderr.contains("memory plan") && stderr.lines().any(|l| l.starts_with("every expert in memory")), "{stderr}");
+    assert!(stderr.lines().count() <= 3, "{stderr}");
     let text = String::from_utf8_lossy(&out.stdout);
     let (words, hits) = english_words(&text);
     assert!(words >= 15 && hits * 6 >= words, "does not read as English: {text:?}");
