@@ -56,12 +56,13 @@ struct MemoryArgs {
     /// Keep the whole process within this many GB.
     #[arg(long)]
     memory_gb: Option<f64>,
-    /// Context length the KV cache is planned for: `run` generates no
-    /// further than this (or the model's own context, if shorter); `serve`
-    /// sizes memory for it and takes a longer request (up to --max-context)
-    /// when memory allows its KV cache.
+    /// Context length the KV cache is planned for: `run` generates no further (nor past the
+    /// model's own); `serve` takes longer requests, to --max-context, while memory allows.
     #[arg(long, default_value_t = 4096)]
     plan_context: usize,
+    /// Show the memory plan (and `run`'s speeds) also when every expert fits in memory.
+    #[arg(short, long)]
+    verbose: bool,
     /// Speculative decoding with the model's MTP head: auto (on when the
     /// head exists and the memory plan has room for it), on or off.
     #[arg(long, default_value = "auto")]
@@ -123,9 +124,8 @@ struct PerplexityArgs {
 
 #[derive(Args)]
 struct DoctorArgs {
-    /// Model directory, `qwen3.8-flash-next:4bit` (sizes known without the
-    /// weights) or `slotstream-demo`. Default: the model `run` takes, the
-    /// flagship if it is installed, else the bundled demo.
+    /// Model directory, `qwen3.8-flash-next:4bit` (sizes known without the weights) or
+    /// `slotstream-demo`; default: the model `run` takes (the flagship if installed, else the demo).
     #[arg(long)]
     model: Option<String>,
     #[command(flatten)]
@@ -209,10 +209,6 @@ struct ServeArgs {
     /// slowly that generation has waited on it this long in all.
     #[arg(long, default_value_t = 60.0)]
     write_timeout_secs: f64,
-    /// Show the memory plan of every model loaded, also of one held in
-    /// memory whole (a streaming one always shows it).
-    #[arg(short, long)]
-    verbose: bool,
     /// After SIGTERM, seconds running and waiting generations get to finish
     /// while new requests get 503 (Ctrl-C stops them at once); then, after
     /// either, seconds open connections get to take what they were sent and close.
@@ -285,10 +281,6 @@ struct RunArgs {
     /// Print one JSON object (ids, text, stats) instead of streaming text.
     #[arg(long)]
     json: bool,
-    /// Show the memory plan before and the speeds after, also for a model
-    /// held in memory whole (a streaming one always shows them).
-    #[arg(short, long)]
-    verbose: bool,
     /// Compute threads for the CPU backend (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -488,10 +480,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// Exit status of a run stopped by Ctrl-C, as shells report a command ended
-/// by SIGINT (128 + 2).
-const INTERRUPTED: u8 = 130;
-
 fn run(args: RunArgs) -> Result<ExitCode> {
     process::set_compute_threads(args.threads)?;
     // The generation flags are checked before a model loads.
@@ -501,7 +489,7 @@ fn run(args: RunArgs) -> Result<ExitCode> {
     args.generate_request(Vec::new(), 1).sampling.validate().map_err(|e| anyhow::anyhow!("invalid sampling flags: {e}"))?;
     let prompt = args.read_prompt()?;
     let model = resolve_model(args.model.as_deref())?;
-    let (engine, planned) = load_planned(&model.dir, &args.memory.request(), &args.backend.backend, args.verbose)?;
+    let (engine, planned) = load_planned(&model.dir, &args.memory.request(), &args.backend.backend, args.memory.verbose)?;
     let Some(prompt) = prompt else {
         return slotstream::chat::run_chat(&engine, args.chat_settings(&engine)).map(|()| ExitCode::SUCCESS);
     };
@@ -539,14 +527,13 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         console::print_line(serde_json::to_string(&report)?)?;
     } else {
         console::print_line("")?;
-        // A streaming pool's speeds say how well it is sized.
-        if args.verbose || !slotstream::launch::is_resident(&planned.plan) {
+        if args.memory.verbose || !slotstream::launch::is_resident(&planned.plan) {
             note!("{report}");
         }
     }
     if process::interrupted() {
         note!("interrupted (Ctrl-C)");
-        return Ok(ExitCode::from(INTERRUPTED));
+        return Ok(ExitCode::from(130)); // 128 + SIGINT, as shells report it
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -576,11 +563,8 @@ fn perplexity(args: PerplexityArgs) -> Result<()> {
 
 fn doctor(args: DoctorArgs) -> Result<()> {
     let report = DoctorReport::build(&args.request())?;
-    if args.json {
-        console::print_line(serde_json::to_string_pretty(&report)?)
-    } else {
-        console::print_line(&report)
-    }
+    let text = if args.json { serde_json::to_string_pretty(&report)? } else { report.to_string() };
+    console::print_line(text)
 }
 
 fn serve(args: ServeArgs) -> Result<()> {
@@ -610,7 +594,7 @@ fn serve(args: ServeArgs) -> Result<()> {
     let (directories, load_first) = ServedModels::resolve(&args.model, &args.name)?;
     let cache = options.pulls.as_ref().map(|p| p.cache_root.clone());
     let catalog = server::ModelCatalog::new(directories, cache);
-    let loader = ServeLoader::new(args.backend.backend.clone(), args.memory.request(), !args.no_elastic, args.verbose);
+    let loader = ServeLoader::new(args.backend.backend.clone(), args.memory.request(), !args.no_elastic, args.memory.verbose);
     let config = server::ServeConfig { listener, catalog, loader: std::sync::Arc::new(loader), load_first, options };
     server::serve(config)
 }
