@@ -104,19 +104,25 @@ impl BackendSpec {
     /// backend picks its matmul mode by adapter unless `SLOTSTREAM_WGPU_MATMUL`
     /// or an `:exact` spec decides.
     pub fn create(&self) -> Result<Box<dyn Backend>> {
+        let (backend, no_gpu) = self.create_quietly()?;
+        if let Some(why) = no_gpu {
+            note!("note: no usable GPU, so the CPU runs the model (--backend cpu chooses it without looking for one): {why}");
+        }
+        Ok(backend)
+    }
+
+    /// [`Self::create`] without the note: with why `auto` found no usable
+    /// GPU, when it fell back to the CPU.
+    pub fn create_quietly(&self) -> Result<(Box<dyn Backend>, Option<String>)> {
         match self {
-            BackendSpec::Cpu { exact: false } => Ok(Box::new(CpuBackend::new())),
-            BackendSpec::Cpu { exact: true } => Ok(Box::new(CpuBackend::exact())),
+            BackendSpec::Cpu { exact: false } => Ok((Box::new(CpuBackend::new()), None)),
+            BackendSpec::Cpu { exact: true } => Ok((Box::new(CpuBackend::exact()), None)),
             BackendSpec::Auto => {
                 // A mistyped SLOTSTREAM_WGPU_* setting is an error, not a reason to use the CPU.
                 WgpuOptions::check_process_env().map_err(|e| anyhow::anyhow!("the GPU settings in the environment: {e}"))?;
                 match WgpuBackend::with_options(&AdapterChoice::auto(), WgpuOptions::from_env()) {
-                    Ok(gpu) => Ok(Box::new(gpu)),
-                    Err(e) => {
-                        let why = no_gpu_reason(&e);
-                        note!("note: no usable GPU, so the CPU runs the model (--backend cpu chooses it without looking for one): {why}");
-                        Ok(Box::new(CpuBackend::new()))
-                    }
+                    Ok(gpu) => Ok((Box::new(gpu), None)),
+                    Err(e) => Ok((Box::new(CpuBackend::new()), Some(no_gpu_reason(&e)))),
                 }
             }
             BackendSpec::Wgpu { adapter, exact } => {
@@ -126,7 +132,7 @@ impl BackendSpec {
                 }
                 let gpu = WgpuBackend::with_options(adapter, options)
                     .map_err(|e| anyhow::anyhow!("--backend {self}: {}; --backend cpu runs the model on the CPU", no_gpu_reason(&e)))?;
-                Ok(Box::new(gpu))
+                Ok((Box::new(gpu), None))
             }
         }
     }

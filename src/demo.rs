@@ -23,7 +23,7 @@ pub const NAME: &str = "slotstream-demo";
 
 /// One line for users: what is running and how to get the real model.
 pub const NOTE: &str = "note: no model installed, running the bundled 24M-parameter demo model \
-(trained on public-domain English); run a qwen3_moe, qwen3_next or qwen4_exp checkpoint with \
+(trained on public-domain English); run a qwen3_moe, qwen3_5_moe, qwen3_next or qwen4_exp checkpoint with \
 --model DIR, or fetch Qwen3.8-Flash-Next with `slotstream pull qwen3.8-flash-next:4bit`";
 
 /// A short digest of the bundled files. A retrained model has the same
@@ -55,4 +55,14 @@ pub fn model_dir() -> Result<PathBuf> {
         std::fs::rename(&tmp, &path).with_context(|| format!("renaming {} into place", tmp.display()))?;
     }
     Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_note_names_every_model_type_slotstream_loads() {
+        for model_type in crate::model::Family::SUPPORTED.split(", ") {
+            assert!(super::NOTE.contains(&format!("{model_type},")) || super::NOTE.contains(&format!("{model_type} ")), "{model_type}");
+        }
+    }
 }

@@ -19,6 +19,22 @@ use crate::{disk, pull};
 /// Names that mean the flagship, whose sizes are known without its weights.
 const FLAGSHIP_NAMES: [&str; 2] = ["qwen3.8-flash-next:4bit", "qwen3.8-flash-next"];
 
+/// The model `doctor` plans when none is named: the one `run` takes, the
+/// flagship where it is installed, else the bundled demo (said on stderr,
+/// with how to plan the flagship before downloading it).
+pub fn default_model() -> String {
+    let installed = pull::InstallStatus::of_known(pull::DEFAULT_MODEL).is_ok_and(|s| s.installed_at.is_some());
+    if installed {
+        return pull::DEFAULT_MODEL.to_string();
+    }
+    note!(
+        "note: no model installed, so this plans the bundled demo, as `run` would use it; \
+         `slotstream doctor --model {}` plans the flagship before it is pulled",
+        pull::DEFAULT_MODEL
+    );
+    crate::demo::NAME.to_string()
+}
+
 /// Experts per layer the speed table shows, besides the model's minimum and
 /// all of its experts (the reference measurements' pool sizes).
 const TABLE_EXPERTS_PER_LAYER: [usize; 5] = [30, 60, 120, 150, 205];

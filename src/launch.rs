@@ -89,7 +89,7 @@ impl PlannedModel {
         // expert once a chunk. A pool that holds every expert reads nothing:
         // its chunk is what the backend runs best (its bound, else the
         // default), so that a cancelled prompt stops soon.
-        engine.prefill_chunk = if self.plan.slots >= self.plan.total_experts {
+        engine.prefill_chunk = if is_resident(&self.plan) {
             engine.backend.prefill_rows_max().unwrap_or(crate::plan::DEFAULT_PREFILL_CHUNK).min(self.plan.prefill_chunk)
         } else {
             self.plan.prefill_chunk
@@ -107,16 +107,43 @@ pub fn resolve_model(spec: Option<&str>) -> Result<ResolvedModel> {
     Ok(model)
 }
 
-/// Plans memory for a model, shows the plan and the backend, and loads it.
-pub fn load_planned(dir: &Path, request: &PlanRequest, backend: &BackendSpec) -> Result<(Engine, PlannedModel)> {
+/// Plans memory for a model, tells what will run (see [`announce`]), and
+/// loads it.
+pub fn load_planned(dir: &Path, request: &PlanRequest, backend: &BackendSpec, verbose: bool) -> Result<(Engine, PlannedModel)> {
     // A folder that holds no model is named before any GPU is looked for.
     let arch = ModelArch::read(dir)?;
-    let backend = backend.create()?;
+    let (backend, no_gpu) = backend.create_quietly()?;
     let planned = PlannedModel::new(arch, request, backend.as_ref())?;
-    note!("{}", planned.banner());
-    note!("  backend: {}", backend.name());
+    announce(&planned, &backend.name(), no_gpu.as_deref(), verbose);
     let engine = planned.load(backend)?;
     Ok((engine, planned))
+}
+
+/// Whether the plan holds every expert in memory, so that nothing is read
+/// from disk after loading.
+pub fn is_resident(plan: &Plan) -> bool {
+    plan.slots >= plan.total_experts
+}
+
+/// The plan's banner and the backend (and why no GPU runs it, where `auto`
+/// found none) with `verbose` or when experts stream from disk, whose
+/// estimates are worth reading; else one line.
+fn announce(planned: &PlannedModel, backend: &str, no_gpu: Option<&str>, verbose: bool) {
+    if verbose || !is_resident(&planned.plan) {
+        if let Some(why) = no_gpu {
+            note!("note: no usable GPU, so the CPU runs the model (--backend cpu chooses it without looking for one): {why}");
+        }
+        note!("{}", planned.banner());
+        note!("  backend: {backend}");
+    } else {
+        note!("{}", one_line(planned.plan.peak_bytes, backend, no_gpu.is_some()));
+    }
+}
+
+/// What [`announce`] says of a resident model.
+fn one_line(peak_bytes: u64, backend: &str, no_gpu: bool) -> String {
+    let gpu = if no_gpu { "; no usable GPU (-v says why)" } else { "" };
+    format!("every expert in memory (peak ~{:.1} GB), on {backend}{gpu}", peak_bytes as f64 / 1e9)
 }
 
 /// The `--model` directories `serve` answers for besides the pulled models.
@@ -172,6 +199,8 @@ pub struct ServeLoader {
     pub request: PlanRequest,
     /// Let an auto-sized pool follow free memory (`--no-elastic` turns it off).
     pub elastic: bool,
+    /// The whole plan on every load, resident or not (`-v`).
+    pub verbose: bool,
     /// What the backend's kind changes in a plan, learnt from the first backend made.
     kind: Mutex<Option<BackendCosts>>,
 }
@@ -200,8 +229,8 @@ fn costs_on(arch: &ModelArch, kind: BackendCosts) -> Result<ModelCosts> {
 }
 
 impl ServeLoader {
-    pub fn new(backend: BackendSpec, request: PlanRequest, elastic: bool) -> ServeLoader {
-        ServeLoader { backend, request, elastic, kind: Mutex::new(None) }
+    pub fn new(backend: BackendSpec, request: PlanRequest, elastic: bool, verbose: bool) -> ServeLoader {
+        ServeLoader { backend, request, elastic, verbose, kind: Mutex::new(None) }
     }
 
     fn remember_kind(&self, backend: &dyn Backend) -> BackendCosts {
@@ -226,11 +255,10 @@ impl ModelLoader for ServeLoader {
 
     fn load(&self, dir: &Path) -> Result<LoadedEngine> {
         let arch = ModelArch::read(dir)?;
-        let backend = self.backend.create()?;
+        let (backend, no_gpu) = self.backend.create_quietly()?;
         self.remember_kind(backend.as_ref());
         let planned = PlannedModel::new(arch, &self.request, backend.as_ref())?;
-        note!("{}", planned.banner());
-        note!("  backend: {}", backend.name());
+        announce(&planned, &backend.name(), no_gpu.as_deref(), self.verbose);
         let engine = planned.load(backend)?;
         // Only an auto-sized pool follows free memory: an explicit size is a promise.
         let elastic = (self.elastic && planned.plan.mode == PlanMode::Auto)
@@ -274,5 +302,18 @@ impl Drop for LoadIndicator {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_resident_model_is_one_short_line_naming_the_backend() {
+        let line = one_line(412_000_000, "cpu (2 threads)", true);
+        assert_eq!(line, "every expert in memory (peak ~0.4 GB), on cpu (2 threads); no usable GPU (-v says why)");
+        assert!(!line.contains('\n') && line.len() < 100);
+        assert_eq!(one_line(5_000_000_000, "wgpu (NVIDIA H100)", false), "every expert in memory (peak ~5.0 GB), on wgpu (NVIDIA H100)");
     }
 }

@@ -56,10 +56,13 @@ struct MemoryArgs {
     /// Keep the whole process within this many GB.
     #[arg(long)]
     memory_gb: Option<f64>,
-    /// Context length the KV cache is planned for; `run` generates no
-    /// further than this (or the model's own context, if shorter).
+    /// Context length the KV cache is planned for: `run` generates no further (nor past the
+    /// model's own); `serve` takes longer requests, to --max-context, while memory allows.
     #[arg(long, default_value_t = 4096)]
     plan_context: usize,
+    /// Show the memory plan (and `run`'s speeds) also when every expert fits in memory.
+    #[arg(short, long)]
+    verbose: bool,
     /// Speculative decoding with the model's MTP head: auto (on when the
     /// head exists and the memory plan has room for it), on or off.
     #[arg(long, default_value = "auto")]
@@ -121,9 +124,10 @@ struct PerplexityArgs {
 
 #[derive(Args)]
 struct DoctorArgs {
-    /// Model directory, or `qwen3.8-flash-next:4bit` (sizes known without the weights).
-    #[arg(long, default_value = "qwen3.8-flash-next:4bit")]
-    model: String,
+    /// Model directory, `qwen3.8-flash-next:4bit` (sizes known without the weights) or
+    /// `slotstream-demo`; default: the model `run` takes (the flagship if installed, else the demo).
+    #[arg(long)]
+    model: Option<String>,
     #[command(flatten)]
     memory: MemoryArgs,
     /// Measure this machine's rates for the speed estimates (seconds) and keep them.
@@ -440,7 +444,7 @@ impl RunArgs {
 impl DoctorArgs {
     fn request(&self) -> DoctorRequest {
         DoctorRequest {
-            model: self.model.clone(),
+            model: self.model.clone().unwrap_or_else(slotstream::doctor::default_model),
             plan: self.memory.request(),
             machine: MachineOverrides {
                 ram_gb: self.sim_ram,
@@ -457,15 +461,16 @@ fn main() -> ExitCode {
     // A chat template's renderer (a child of this program) ends there.
     if let Some(code) = process::start() { return code; }
     let cli = Cli::parse();
+    let done = |result: Result<()>| result.map(|()| ExitCode::SUCCESS);
     let result = match cli.command {
         Command::Run(args) => run(args),
-        Command::Doctor(args) => doctor(args),
-        Command::Serve(args) => serve(args),
-        Command::Pull(args) => args.options().and_then(|options| slotstream::pull::run_pull(&options)),
-        Command::Perplexity(args) => perplexity(args),
+        Command::Doctor(args) => done(doctor(args)),
+        Command::Serve(args) => done(serve(args)),
+        Command::Pull(args) => done(args.options().and_then(|options| slotstream::pull::run_pull(&options))),
+        Command::Perplexity(args) => done(perplexity(args)),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         // The reader of our output left (`| head`): nothing more to say.
         Err(e) if console::is_closed_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
@@ -475,7 +480,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(args: RunArgs) -> Result<()> {
+fn run(args: RunArgs) -> Result<ExitCode> {
     process::set_compute_threads(args.threads)?;
     // The generation flags are checked before a model loads.
     if args.max_tokens == 0 {
@@ -484,9 +489,9 @@ fn run(args: RunArgs) -> Result<()> {
     args.generate_request(Vec::new(), 1).sampling.validate().map_err(|e| anyhow::anyhow!("invalid sampling flags: {e}"))?;
     let prompt = args.read_prompt()?;
     let model = resolve_model(args.model.as_deref())?;
-    let (engine, planned) = load_planned(&model.dir, &args.memory.request(), &args.backend.backend)?;
+    let (engine, planned) = load_planned(&model.dir, &args.memory.request(), &args.backend.backend, args.memory.verbose)?;
     let Some(prompt) = prompt else {
-        return slotstream::chat::run_chat(&engine, args.chat_settings(&engine));
+        return slotstream::chat::run_chat(&engine, args.chat_settings(&engine)).map(|()| ExitCode::SUCCESS);
     };
     let prompt_ids = args.prompt_ids(&engine, &prompt)?;
     let request = args.bounded_request(prompt_ids, engine.context_length(), &planned)?;
@@ -522,19 +527,22 @@ fn run(args: RunArgs) -> Result<()> {
         console::print_line(serde_json::to_string(&report)?)?;
     } else {
         console::print_line("")?;
-        note!("{report}");
+        if args.memory.verbose || !slotstream::launch::is_resident(&planned.plan) {
+            note!("{report}");
+        }
     }
     if process::interrupted() {
         note!("interrupted (Ctrl-C)");
+        return Ok(ExitCode::from(130)); // 128 + SIGINT, as shells report it
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }
 
 fn perplexity(args: PerplexityArgs) -> Result<()> {
     let model = resolve_model(args.model.as_deref())?;
     // Before the load, which may take minutes.
     let text = std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
-    let (engine, _) = load_planned(&model.dir, &args.memory.request(), &args.backend.backend)?;
+    let (engine, _) = load_planned(&model.dir, &args.memory.request(), &args.backend.backend, true)?;
     let ids = engine.codec.encode(&text, false)?;
     if ids.len() < args.window {
         anyhow::bail!(
@@ -555,11 +563,8 @@ fn perplexity(args: PerplexityArgs) -> Result<()> {
 
 fn doctor(args: DoctorArgs) -> Result<()> {
     let report = DoctorReport::build(&args.request())?;
-    if args.json {
-        console::print_line(serde_json::to_string_pretty(&report)?)
-    } else {
-        console::print_line(&report)
-    }
+    let text = if args.json { serde_json::to_string_pretty(&report)? } else { report.to_string() };
+    console::print_line(text)
 }
 
 fn serve(args: ServeArgs) -> Result<()> {
@@ -589,7 +594,7 @@ fn serve(args: ServeArgs) -> Result<()> {
     let (directories, load_first) = ServedModels::resolve(&args.model, &args.name)?;
     let cache = options.pulls.as_ref().map(|p| p.cache_root.clone());
     let catalog = server::ModelCatalog::new(directories, cache);
-    let loader = ServeLoader::new(args.backend.backend.clone(), args.memory.request(), !args.no_elastic);
+    let loader = ServeLoader::new(args.backend.backend.clone(), args.memory.request(), !args.no_elastic, args.memory.verbose);
     let config = server::ServeConfig { listener, catalog, loader: std::sync::Arc::new(loader), load_first, options };
     server::serve(config)
 }

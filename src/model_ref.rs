@@ -58,6 +58,11 @@ fn resolve_with(
                 Ok(dir) => Ok(found(dir, name)),
                 // A known name or repo comes first; a file of that name is named as one.
                 Err(_) if Path::new(spec).is_file() => bail!("{}", a_file(spec)),
+                // Neither a folder nor a name `pull` knows: most likely a mistyped path.
+                Err(e) if !Path::new(spec).exists() && pull::check_spec(spec).is_err() => bail!(
+                    "--model {spec}: no such directory, nor a model name ({e:#}); `--model {}` runs the bundled demo",
+                    demo::NAME
+                ),
                 Err(e) => Err(e),
             }
         }
@@ -126,6 +131,16 @@ mod tests {
         std::fs::create_dir(&dir).expect("creating the model folder");
         let model = resolve_with(dir.to_str(), not_installed, no_demo).expect("a directory resolves");
         assert_eq!(model, ResolvedModel { dir: dir.clone(), name: "my-model".into(), is_demo: false });
+    }
+
+    #[test]
+    fn a_name_that_is_neither_a_folder_nor_a_model_says_so_and_names_the_demo() {
+        let error = resolve_with(Some("nonexistent"), not_installed, no_demo).expect_err("no such model");
+        let text = format!("{error:#}");
+        assert!(text.starts_with("--model nonexistent: no such directory") && text.contains("slotstream-demo"), "{text}");
+        // A known name that is not downloaded keeps its own advice.
+        let error = resolve_with(Some("qwen3.8-flash-next:4bit"), not_installed, no_demo).expect_err("not downloaded");
+        assert!(format!("{error:#}").contains("is not downloaded"), "{error:#}");
     }
 
     #[test]

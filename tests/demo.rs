@@ -99,6 +99,9 @@ fn run_without_a_model_uses_the_demo_and_prints_english() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("bundled") && stderr.contains("slotstream pull qwen3.8-flash-next:4bit"), "{stderr}");
+    // A model held in memory whole is one line, not the plan (that is -v's).
+    assert!(!stderr.contains("memory plan") && stderr.lines().any(|l| l.starts_with("every expert in memory")), "{stderr}");
+    assert!(stderr.lines().count() <= 3, "{stderr}");
     let text = String::from_utf8_lossy(&out.stdout);
     let (words, hits) = english_words(&text);
     assert!(words >= 15 && hits * 6 >= words, "does not read as English: {text:?}");
@@ -141,4 +144,40 @@ fn trained_qwen4_exp_matches_its_oracle_and_its_mtp_head_is_accepted() {
     assert!(m.acceptance() > 0.3 && !m.paused, "the trained head should be accepted often: {m:?}");
     let words: Vec<&str> = with.text.split(|c: char| !c.is_alphabetic()).filter(|w| !w.is_empty()).collect();
     assert!(words.len() >= 20, "expected English words: {:?}", with.text);
+}
+
+/// The demo's chat template reads `tools` (Open WebUI attaches its built-in
+/// tools to every chat), written Qwen-style; a chat without tools renders
+/// exactly the ChatML it was fine-tuned on.
+#[test]
+fn the_demo_template_renders_tools_qwen_style_and_plain_chats_as_trained() {
+    use slotstream::tokenizer::{ChatTurn, TextCodec, ToolCallForm};
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let codec = TextCodec::load(&root.join("tools/demo/model"), &[]).expect("the demo's tokenizer");
+    assert_eq!(codec.tool_call_form(), Some(ToolCallForm::Json));
+    let turn = |role: &str, content: &str| ChatTurn { role: role.into(), content: content.into(), ..ChatTurn::default() };
+    let chat = [turn("system", "Be brief."), turn("user", " Hello! "), turn("assistant", "Hi."), turn("user", "Why?")];
+    let plain = codec.render_chat(&chat, &[], true, None).expect("renders");
+    assert_eq!(
+        plain,
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\nHi.<|im_end|>\n\
+         <|im_start|>user\nWhy?<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let tool = serde_json::json!({"type": "function", "function": {"name": "get_current_timestamp", "parameters": {"type": "object"}}});
+    let call = serde_json::json!({"id": "c1", "type": "function", "function": {"name": "get_current_timestamp", "arguments": {}}});
+    let with_tools = [
+        turn("system", "Be brief."),
+        turn("user", "What time is it?"),
+        ChatTurn { role: "assistant".into(), tool_calls: vec![call], ..ChatTurn::default() },
+        ChatTurn { role: "tool".into(), content: "12:00".into(), tool_call_id: Some("c1".into()), ..ChatTurn::default() },
+    ];
+    let text = codec.render_chat(&with_tools, &[tool], true, None).expect("renders");
+    let want = "<|im_start|>system\nBe brief.\n\nFunctions you can call, one JSON signature per line:\n<tools>\n\
+        {\"function\": {\"name\": \"get_current_timestamp\", \"parameters\": {\"type\": \"object\"}}, \"type\": \"function\"}\n</tools>\n\
+        To call one, answer with\n<tool_call>\n{\"name\": \"<function name>\", \"arguments\": {<arguments as JSON>}}\n</tool_call><|im_end|>\n\
+        <|im_start|>user\nWhat time is it?<|im_end|>\n\
+        <|im_start|>assistant\n<tool_call>\n{\"name\": \"get_current_timestamp\", \"arguments\": {}}\n</tool_call><|im_end|>\n\
+        <|im_start|>user\n<tool_response>\n12:00\n</tool_response><|im_end|>\n\
+        <|im_start|>assistant\n";
+    assert_eq!(text, want);
 }

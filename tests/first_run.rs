@@ -247,7 +247,7 @@ fn ctrl_c_in_run_stops_the_answer_and_prints_the_summary() {
         .args(["run", "--model"])
         .arg(fixture())
         .args(["--prompt", "The sea was calm", "--raw", "--backend", "cpu", "--ignore-eos", "--max-tokens", "3000"])
-        .args(["--plan-context", "4096"])
+        .args(["--plan-context", "4096", "-v"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -259,7 +259,7 @@ fn ctrl_c_in_run_stops_the_answer_and_prints_the_summary() {
     let status = wait_within(&mut run, Duration::from_secs(10), "run");
     let mut stderr = String::new();
     run.stderr.take().expect("stderr is piped").read_to_string(&mut stderr).expect("reading stderr");
-    assert!(status.success(), "{status:?}\n{stderr}");
+    assert_eq!(status.code(), Some(130), "a run stopped by Ctrl-C exits 130, as shells expect:\n{stderr}");
     assert!(stderr.contains("generated") && stderr.contains("decode"), "no summary after Ctrl-C:\n{stderr}");
     assert!(stderr.contains("interrupted (Ctrl-C)"), "{stderr}");
 }
@@ -283,7 +283,25 @@ fn pull_without_a_network_fails_in_seconds_naming_the_network() {
         assert_eq!(output.status.code(), Some(1), "{endpoint}: {stderr}");
         assert!(stderr.contains("no network connection") && stderr.contains(endpoint), "{endpoint}: {stderr}");
         assert!(took < Duration::from_secs(10), "{endpoint}: pull took {took:?} to give up:\n{stderr}");
+        // Nothing came, so nothing is left: not the model's folders, nor the cache's.
+        assert!(!scratch.path().join("hub").exists(), "{endpoint}: a failed pull left folders behind");
     }
+}
+
+#[test]
+fn verify_of_a_model_never_pulled_says_so_in_one_line() {
+    let scratch = tempfile::tempdir().expect("creating a scratch folder");
+    let output = slotstream()
+        .args(["pull", "--verify", "qwen3.8-flash-next:4bit"])
+        .env("HF_HUB_CACHE", scratch.path().join("hub"))
+        .env("HF_HOME", scratch.path().join("hf-home"))
+        .output()
+        .expect("running slotstream pull --verify");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(output.stdout.is_empty(), "{}", String::from_utf8_lossy(&output.stdout));
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("never pulled") && stderr.contains("slotstream pull qwen3.8-flash-next:4bit"), "{stderr}");
 }
 
 #[test]

@@ -29,7 +29,7 @@ fn slotstream(home: &Path, args: &[&str]) -> Output {
 fn run_fixture(home: &Path) -> String {
     let model = fixture();
     let model = model.to_str().expect("a UTF-8 path");
-    let output = slotstream(home, &["run", "--model", model, "--prompt", "The sea", "--raw", "--max-tokens", "2", "--backend", "cpu"]);
+    let output = slotstream(home, &["run", "--model", model, "--prompt", "The sea", "--raw", "--max-tokens", "2", "--backend", "cpu", "-v"]);
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert!(output.status.success(), "{stderr}");
     stderr

@@ -42,13 +42,13 @@ fi
 ratios=$(mktemp)
 trap 'rm -f "$ratios"' EXIT
 
-# One run as "<case>": the estimate, the measured decode tok/s, the expert-cache
+# One run as "<case>" (-v: the banner, resident or not): the estimate, the measured decode tok/s, the expert-cache
 # line and where the estimate came from; its ratio is kept for the summary.
 measure() {
   local case=$1 err out estimate hits speed
   shift
   err=$(mktemp)
-  out=$("$bin" run --backend cpu --json --ignore-eos "$@" 2>"$err") || { cat "$err" >&2; rm -f "$err"; return 1; }
+  out=$("$bin" run -v --backend cpu --json --ignore-eos "$@" 2>"$err") || { cat "$err" >&2; rm -f "$err"; return 1; }
   estimate=$(sed -n 's/.*decode ~\([0-9.]*\) tok\/s (estimate).*/\1/p' "$err")
   hits=$(sed -n 's/^ *hits: .*\(assumed\|measured from [0-9]* runs\?\).*/\1/p' "$err")
   speed=$(sed -n 's/^ *speed: *//p' "$err")

@@ -31,7 +31,8 @@ pub enum Family {
 }
 
 impl Family {
-    const SUPPORTED: &'static str = "qwen3_moe, qwen3_next, qwen3_5_moe, qwen4_exp";
+    /// The `model_type`s slotstream loads (the demo's note names them too).
+    pub const SUPPORTED: &'static str = "qwen3_moe, qwen3_next, qwen3_5_moe, qwen4_exp";
 
     fn from_model_type(model_type: &str, config_path: &Path) -> Result<Family> {
         match model_type {

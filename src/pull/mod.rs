@@ -23,7 +23,7 @@ mod recheck;
 mod transfer;
 mod verify;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Result;
@@ -61,7 +61,9 @@ pub fn run_pull(options: &PullOptions) -> Result<()> {
         return recheck::verify_copy(&spec, &root, options.transfer.connections);
     }
     let hub = hub::HubClient::from_env(options.network.clone());
-    let snapshot = Puller::new(&spec, &root, hub, options.skip_optional)?.pull(&options.transfer)?;
+    let snapshot = leaving_no_empty_folders(&spec, &root, || {
+        Puller::new(&spec, &root, hub, options.skip_optional)?.pull(&options.transfer)
+    })?;
     crate::console::print_line(format_args!("{} is ready in {}", spec.display_name(), snapshot.display()))?;
     Ok(())
 }
@@ -99,7 +101,44 @@ pub fn pull_model(source: &PullSource, spec: &str, observer: Arc<dyn PullObserve
     observer.event(PullEvent::Manifest);
     let spec = ModelSpec::parse(spec)?;
     let hub = hub::HubClient::new(&source.endpoint, source.token.clone(), source.network.clone());
-    Puller::new(&spec, &source.cache_root, hub, false)?.observed_by(observer).pull(&source.transfer)
+    leaving_no_empty_folders(&spec, &source.cache_root, || {
+        Puller::new(&spec, &source.cache_root, hub, false)?.observed_by(observer).pull(&source.transfer)
+    })
+}
+
+/// Runs `pull` (which makes the model's cache folders first); when it fails
+/// having kept nothing (no network, no such repository), removes the folders
+/// it made: the model's, and the cache's own where it was made for it.
+fn leaving_no_empty_folders(spec: &ModelSpec, root: &Path, pull: impl FnOnce() -> Result<PathBuf>) -> Result<PathBuf> {
+    let root_existed = root.exists();
+    let result = pull();
+    if result.is_err() {
+        let repo = cache::RepoCache::new(root, spec.cache_repo());
+        // Not while another pull of the model holds them.
+        if holds_nothing(repo.dir()) {
+            if let Ok(_lock) = repo.lock() {
+                let _ = std::fs::remove_dir_all(repo.dir());
+            }
+        }
+        if !root_existed {
+            let _ = std::fs::remove_dir(root); // only if empty
+        }
+    }
+    result
+}
+
+/// Whether `dir` holds folders and `pull`'s lock file only (an unreadable
+/// entry counts as something).
+fn holds_nothing(dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else { return false };
+    entries.into_iter().all(|entry| {
+        let Ok(entry) = entry else { return false };
+        match entry.file_type() {
+            Ok(kind) if kind.is_dir() => holds_nothing(&entry.path()),
+            Ok(kind) if kind.is_file() => entry.file_name() == "pull.lock",
+            _ => false,
+        }
+    })
 }
 
 /// Checks a model name the way `pull` reads it, without touching the network

@@ -23,6 +23,9 @@ pub(super) fn verify_copy(spec: &ModelSpec, root: &Path, threads: usize) -> Resu
     // Verification may delete files: keep a concurrent pull out.
     let _lock = if repo.state_dir().is_dir() { Some(repo.lock()?) } else { None };
     let commit = &manifest.primary.revision;
+    if !repo.snapshot_dir(commit).exists() {
+        bail!("{name} was never pulled: nothing of it is in {}; `{pull_command}` downloads it", repo.dir().display());
+    }
     let mut verified = repo.load_verified();
     let mut checks = Vec::new();
     let mut bad = 0;

@@ -6,7 +6,9 @@
 # server runs the same weights with a tool-calling chat template
 # (tests/templates/tool_calling.jinja) for tool calling and structured output
 # (test_agents.py), and OpenAI's Responses and Anthropic's Messages APIs
-# (test_responses_messages.py).
+# (test_responses_messages.py). A third serves the bundled demo, asked as Open
+# WebUI asks, with tools attached (test_demo.py). test_litellm.py runs two
+# replicas behind LiteLLM's proxy and stops one, then the other, mid-run.
 #
 #   tools/client_tests/run.sh [fixture]    (default: qwen3_moe_mlx4)
 set -euo pipefail
@@ -24,6 +26,15 @@ if ! cmp -s "$here/requirements.txt" "$venv/requirements.installed" 2>/dev/null;
     cp "$here/requirements.txt" "$venv/requirements.installed"
 fi
 
+# LiteLLM's proxy for test_litellm.py, apart: it pins its own versions of
+# packages the clients above use.
+litellm_venv="$here/.venv-litellm"
+if ! cmp -s "$here/requirements-litellm.txt" "$litellm_venv/requirements.installed" 2>/dev/null; then
+    [ -x "$litellm_venv/bin/pip" ] || python3 -m venv "$litellm_venv"
+    "$litellm_venv/bin/pip" install --quiet -r "$here/requirements-litellm.txt"
+    cp "$here/requirements-litellm.txt" "$litellm_venv/requirements.installed"
+fi
+
 cargo build --quiet --manifest-path "$root/Cargo.toml" --bin slotstream
 bin="${CARGO_TARGET_DIR:-$root/target}/debug/slotstream"
 
@@ -31,16 +42,27 @@ scratch="$(mktemp -d)"
 servers=()
 trap 'for p in "${servers[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; rm -rf "$scratch"' EXIT
 
+free_port() {
+    "$venv/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
 # Serves the model directory $1 as $fixture (further arguments go to serve);
 # sets $url and $server.
 start_server() {
+    start_serve --model "$1" --name "$fixture" "${@:2}"
+}
+
+# Starts `serve` with the arguments given on a free port; sets $url, $server
+# and $server_log, and waits until it answers.
+start_serve() {
     local port log
-    port="$("$venv/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+    port="$(free_port)"
     log="$(mktemp -p "$scratch")"
     # An empty model cache of its own: the served models are the fixture's
-    # alone until a test pulls one from the local hub.
-    HF_HUB_CACHE="$(mktemp -d -p "$scratch")" HF_ENDPOINT="$hub_url" HF_TOKEN= \
-        "$bin" serve --model "$1" --name "$fixture" --port "$port" --queue "$queue" "${@:2}" >"$log" 2>&1 &
+    # alone until a test pulls one from the local hub; and a slotstream cache
+    # of its own, where the bundled demo is unpacked.
+    HF_HUB_CACHE="$(mktemp -d -p "$scratch")" HF_ENDPOINT="$hub_url" HF_TOKEN= XDG_CACHE_HOME="$scratch/xdg" \
+        "$bin" serve --port "$port" --queue "$queue" "$@" >"$log" 2>&1 &
     server=$!
     server_log="$log"
     servers+=("$server")
@@ -111,10 +133,20 @@ start_server "$root/tests/fixtures/$fixture" "${timeouts[@]}" \
     --model "$endless_model" --name endless --model "$looping_model" --name looping
 battery_url="$url" battery_server="$server"
 
+# With no model installed and none named, `serve` serves the bundled demo.
+start_serve
+demo_url="$url" demo_server="$server"
+
 status=0
 SLOTSTREAM_URL="$plain_url" SLOTSTREAM_MODEL="$fixture" SLOTSTREAM_HUB_MODEL="org/tiny" "$venv/bin/pytest" -q "$here/test_clients.py" || status=1
 SLOTSTREAM_TOOLS_URL="$tools_url" SLOTSTREAM_MODEL="$fixture" "$venv/bin/pytest" -q "$here/test_agents.py" "$here/test_langchain.py" \
     "$here/test_responses_messages.py" || status=1
+SLOTSTREAM_DEMO_URL="$demo_url" "$venv/bin/pytest" -q "$here/test_demo.py" || status=1
+# Two replicas of the fixture behind LiteLLM's proxy, one drained and one
+# killed mid-run (the test starts and stops them; bounded at 10 minutes).
+SLOTSTREAM_BIN="$bin" SLOTSTREAM_FIXTURE_DIR="$root/tests/fixtures/$fixture" SLOTSTREAM_MODEL="$fixture" \
+    LITELLM_BIN="$litellm_venv/bin/litellm" SLOTSTREAM_SCRATCH="$(mktemp -d -p "$scratch")" \
+    timeout 600 "$venv/bin/pytest" -q "$here/test_litellm.py" || status=1
 "$venv/bin/python" "$root/tools/robustness.py" --url "$battery_url" --model "$fixture" --queue "$queue" \
     --write-timeout 2 --header-timeout 2 --body-timeout 2 --endless-model endless --looping-model looping || status=1
 # Codex CLI end to end through its built-in Ollama provider (`--oss`): the
@@ -157,4 +189,5 @@ fi
 check_alive "$plain_server" "$fixture" || status=1
 check_alive "$battery_server" "$fixture with short timeouts" || status=1
 check_alive "$tools_server" "$fixture with tools" || status=1
+check_alive "$demo_server" "the bundled demo" || status=1
 exit "$status"
