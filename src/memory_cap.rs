@@ -4,9 +4,11 @@
 //! the bytes allocated since the cap was set would pass it (Rust then aborts
 //! the process with "memory allocation of N bytes failed", which its parent
 //! reports). That bounds the bytes of every value such work makes, macOS
-//! included, where `RLIMIT_DATA` is not enforced; on Linux `RLIMIT_DATA`
-//! bounds the data segment and private mappings as well. Without a cap
-//! (every other process) an allocation costs one extra relaxed load.
+//! included, where `RLIMIT_DATA` is not enforced. On Linux `RLIMIT_DATA`
+//! backs it up at twice the cap (the data segment and private mappings: the
+//! allocator's own overhead, memory not allocated through Rust), so there
+//! too the heap cap is what stops a template or schema that grows. Without
+//! a cap (every other process) an allocation costs one extra relaxed load.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
@@ -21,7 +23,8 @@ static HEAP: CappedHeap = CappedHeap;
 pub fn cap_memory(bytes: u64) -> Result<()> {
     #[cfg(target_os = "linux")]
     {
-        let limit = libc::rlimit { rlim_cur: bytes as libc::rlim_t, rlim_max: bytes as libc::rlim_t };
+        let backstop = bytes.saturating_mul(2) as libc::rlim_t;
+        let limit = libc::rlimit { rlim_cur: backstop, rlim_max: backstop };
         // SAFETY: setrlimit reads the struct it is given and changes only this process's limit.
         if unsafe { libc::setrlimit(libc::RLIMIT_DATA, &limit) } != 0 {
             anyhow::bail!("limiting this process's memory: {}", std::io::Error::last_os_error());
