@@ -103,16 +103,17 @@ pub fn clear_interrupt() {
     INTERRUPTED.store(false, std::sync::atomic::Ordering::SeqCst);
 }
 
-/// What the command line does first, before any thread starts: the
-/// allocator's settings, then either this process is a chat template's
-/// renderer or a grammar's probe (the exit code to return), or the runtime
-/// directory is set and chat templates render and grammars compile first in
-/// child processes from now on (`None`).
+/// What the command line does first, before any thread starts: either this
+/// process is a chat template's renderer or a grammar's probe (the exit code
+/// to return), or the allocator's settings and the runtime directory are
+/// set, and chat templates render and grammars compile first in child
+/// processes from now on (`None`).
 pub fn start() -> Option<std::process::ExitCode> {
-    tune_allocator();
+    // A child keeps glibc's defaults: its large values go back to the system when freed.
     if let Some(code) = run_as_child() {
         return Some(code);
     }
+    tune_allocator();
     ensure_runtime_dir();
     isolate_chat_templates();
     None

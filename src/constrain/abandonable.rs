@@ -131,6 +131,8 @@ impl Probe {
     fn start(exe: &Path, lark: String) -> Result<Probe> {
         let mut child = Command::new(exe)
             .arg(GRAMMAR_PROBE_ARG)
+            // One that stops at its memory cap aborts: without a backtrace, which takes seconds and memory.
+            .env("RUST_BACKTRACE", "0")
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

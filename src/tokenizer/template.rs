@@ -117,6 +117,8 @@ impl TemplateJob {
         let origin = &self.origin;
         let mut child = Command::new(exe)
             .arg(TEMPLATE_RENDERER_ARG)
+            // One that stops at its memory cap aborts: without a backtrace, which takes seconds and memory.
+            .env("RUST_BACKTRACE", "0")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
