@@ -302,7 +302,10 @@ def main():
         scratch = tempfile.mkdtemp(prefix="soak-models-")
         served = [("soak-demo", a.model)] + hostile_models(a.model, scratch)
         hostile = [name for name, _ in served[1:]]
-        cmd = [a.binary, "serve", "--backend", a.backend, "--port", str(port)]
+        # Every model stays loaded: the soak is about hostile requests, not
+        # models evicted and loaded again (with more models than the default 3
+        # loaded at once, each hostile chat loads one and evicts another).
+        cmd = [a.binary, "serve", "--backend", a.backend, "--port", str(port), "--max-loaded-models", str(len(served))]
         for name, d in served:
             cmd += ["--model", d, "--name", name]
         server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(os.devnull, "w"))
