@@ -122,7 +122,7 @@ impl Drop for ProbeKiller {
         let mut child = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(child) = child.as_mut() {
             // The process is reaped (and taken) under this lock, so its id is still its own.
-            let _ = &child; // MUTATION: no kill
+            let _ = child.kill();
         }
     }
 }
