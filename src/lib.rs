@@ -13,6 +13,7 @@ pub mod doctor;
 pub mod experts;
 pub mod generate;
 pub mod hex;
+pub mod memory_cap;
 pub mod launch;
 pub mod model;
 pub mod model_files;

@@ -103,37 +103,47 @@ pub fn clear_interrupt() {
     INTERRUPTED.store(false, std::sync::atomic::Ordering::SeqCst);
 }
 
-/// What the command line does first, before any thread starts: the
-/// allocator's settings, then either this process is a chat template's
-/// renderer (the exit code to return), or the runtime directory is set and
-/// chat templates render in child processes from now on (`None`).
+/// What the command line does first, before any thread starts: either this
+/// process is a chat template's renderer or a grammar's probe (the exit code
+/// to return), or the allocator's settings and the runtime directory are
+/// set, and chat templates render and grammars compile first in child
+/// processes from now on (`None`).
 pub fn start() -> Option<std::process::ExitCode> {
-    tune_allocator();
-    if let Some(code) = run_as_template_renderer() {
+    // A child keeps glibc's defaults: its large values go back to the system when freed.
+    if let Some(code) = run_as_child() {
         return Some(code);
     }
+    tune_allocator();
     ensure_runtime_dir();
     isolate_chat_templates();
     None
 }
 
-/// Runs this process as a chat template's renderer when its first argument
-/// asks for one ([`crate::tokenizer::TEMPLATE_RENDERER_ARG`]): the exit code
-/// to return, or `None` for every other command.
-pub fn run_as_template_renderer() -> Option<std::process::ExitCode> {
-    std::env::args_os()
-        .nth(1)
-        .is_some_and(|a| a == crate::tokenizer::TEMPLATE_RENDERER_ARG)
-        .then(crate::tokenizer::template_renderer_main)
+/// Runs this process as a chat template's renderer or a grammar's probe
+/// when its first argument asks for one
+/// ([`crate::tokenizer::TEMPLATE_RENDERER_ARG`],
+/// [`crate::constrain::GRAMMAR_PROBE_ARG`]): the exit code to return, or
+/// `None` for every other command.
+pub fn run_as_child() -> Option<std::process::ExitCode> {
+    let first = std::env::args_os().nth(1)?;
+    if first == crate::tokenizer::TEMPLATE_RENDERER_ARG {
+        Some(crate::tokenizer::template_renderer_main())
+    } else if first == crate::constrain::GRAMMAR_PROBE_ARG {
+        Some(crate::constrain::grammar_probe_main())
+    } else {
+        None
+    }
 }
 
-/// Chat templates come with models, which a client may pull: from now on
-/// each renders in a child process of this program whose memory is bounded
-/// (Linux's /proc/self/exe runs this program even once an upgrade has
-/// replaced its file).
+/// Chat templates come with models, which a client may pull, and schemas
+/// with requests: from now on each template renders, and each grammar
+/// compiles first, in a child process of this program whose memory is
+/// bounded and which can be killed (Linux's /proc/self/exe runs this
+/// program even once an upgrade has replaced its file).
 pub fn isolate_chat_templates() {
     let exe = if cfg!(target_os = "linux") { Ok(std::path::PathBuf::from("/proc/self/exe")) } else { std::env::current_exe() };
     if let Ok(exe) = exe {
-        crate::tokenizer::isolate_chat_templates(exe);
+        crate::tokenizer::isolate_chat_templates(exe.clone());
+        crate::constrain::isolate_grammar_compiles(exe);
     }
 }

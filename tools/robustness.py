@@ -14,7 +14,9 @@ end the server must still be serving. Standard library only.
 `--queue` must match the server's `--queue` (the overflow case relies on it),
 and the timeouts the server's (start it with short ones, a few seconds, for a
 quick run). The slow-reader cases need `--endless-model`, a served model that
-never ends its answers, and the template case `--looping-model`; without them
+never ends its answers, and the template cases `--looping-model` and
+`--growing-model` (`{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set
+ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}`); without them
 those cases are reported as skipped. tools/client_tests/run.sh starts such a
 server. Exit status 0 when every case that ran passed.
 """
@@ -631,6 +633,21 @@ def _looping_template():
 case("a chat template that loops without end is stopped")(_looping_template)
 
 
+def _growing_template():
+    """A chat template that doubles a string 40 times (a terabyte) is stopped
+    by its renderer's memory bound, with 400, and the server stays small."""
+    if not ARGS.growing_model:
+        raise Skip("needs --growing-model (a model whose chat template doubles a string 40 times)")
+    t = time.time()
+    st, _, b = request("POST", "/api/chat", {"model": ARGS.growing_model, "messages": MSGS, "stream": False}, timeout=60)
+    took = time.time() - t
+    expect(st, 400, b, "memory")
+    assert took < 30, f"the template ran {took:.1f}s before it was stopped"
+
+
+case("a chat template that doubles a string without end is stopped by its memory bound")(_growing_template)
+
+
 def main():
     global ARGS
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -646,6 +663,7 @@ def main():
                    help="how long the endless model takes to fill a stuck client's socket buffers")
     p.add_argument("--endless-model", help="a model served that never ends its answers (for the slow-reader cases)")
     p.add_argument("--looping-model", help="a model served whose chat template loops without end")
+    p.add_argument("--growing-model", help="a model served whose chat template doubles a string 40 times")
     ARGS = p.parse_args()
     # Time a slow prefill once, so the disconnect cases know what "prompt" means.
     t = time.time()

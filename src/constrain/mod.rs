@@ -15,7 +15,10 @@
 //! [`TokenConstraint`]. A constraint may wait for a trigger (the text that
 //! opens a tool call) and leave the output free until it appears, so a model
 //! that answers in prose instead pays nothing but a byte comparison.
+//! A server compiles with [`Grammars::constraint_until`], which a client
+//! that leaves (or a deadline) stops at once (`abandonable.rs`).
 
+mod abandonable;
 mod grammar;
 mod xml_calls;
 
@@ -27,6 +30,7 @@ use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
 use llguidance::{Matcher, ParserFactory};
 
+pub use abandonable::{grammar_probe_main, isolate_grammar_compiles, probe_until, CompileFailure, GRAMMAR_PROBE_ARG, PROBE_MEMORY_BYTES};
 pub use grammar::{ConstraintSpec, ToolCallForm, ToolSpec, MAX_SCHEMA_BYTES, TOOL_CALL_CLOSE, TOOL_CALL_OPEN};
 pub use xml_calls::{declared_parameters, ParameterText};
 
@@ -91,29 +95,49 @@ impl Grammars {
     /// constraint holds from there on (a call drafted in the reasoning
     /// neither arms nor satisfies it).
     pub fn constraint_after(&self, spec: &ConstraintSpec, reasoning_open: bool) -> Result<GrammarConstraint> {
+        self.build(GrammarPlan::new(spec, reasoning_open)?)
+    }
+
+    /// Compiles a planned grammar over this model's vocabulary.
+    fn build(&self, plan: GrammarPlan) -> Result<GrammarConstraint> {
+        let matcher = compile(&self.factory, plan.lark)?;
+        Ok(GrammarConstraint { matcher, trie: self.trie.clone(), trigger: plan.trigger })
+    }
+}
+
+/// What a constraint compiles: its Lark grammar, and the trigger that
+/// switches it on (checked and written, not yet compiled).
+struct GrammarPlan {
+    lark: String,
+    trigger: Option<Trigger>,
+}
+
+impl GrammarPlan {
+    fn new(spec: &ConstraintSpec, reasoning_open: bool) -> Result<GrammarPlan> {
         spec.check()?;
         let (lark, trigger) = lark(spec)?;
-        let (lark, trigger) = match (trigger, reasoning_open) {
-            (Some(t), true) => (lark, Some(Trigger::after(&[THINK_CLOSE, &t]))),
-            (Some(t), false) => (lark, Some(Trigger::after(&[&t]))),
-            (None, true) => (after_reasoning(&lark)?, None),
-            (None, false) => (lark, None),
-        };
-        let parser = self
-            .factory
-            .create_parser(TopLevelGrammar::from_lark(lark))
-            .map_err(|e| anyhow!("{}", first_line(&e.to_string())))?;
-        let mut matcher = Matcher::new(Ok(parser));
-        if let Some(e) = matcher.get_error() {
-            bail!("{}", first_line(&e));
-        }
-        // A grammar that allows no first token (a schema whose `$ref`s only
-        // name each other, say) is found here, not mid-generation.
-        if let Err(e) = matcher.compute_mask() {
-            bail!("it admits no output at all ({}): a schema whose $refs only refer to each other, or one no value satisfies?", first_line(&e.to_string()));
-        }
-        Ok(GrammarConstraint { matcher, trie: self.trie.clone(), trigger })
+        Ok(match (trigger, reasoning_open) {
+            (Some(t), true) => GrammarPlan { lark, trigger: Some(Trigger::after(&[THINK_CLOSE, &t])) },
+            (Some(t), false) => GrammarPlan { lark, trigger: Some(Trigger::after(&[&t])) },
+            (None, true) => GrammarPlan { lark: after_reasoning(&lark)?, trigger: None },
+            (None, false) => GrammarPlan { lark, trigger: None },
+        })
     }
+}
+
+/// Compiles `lark` with `factory` into a matcher that allows a first token.
+fn compile(factory: &ParserFactory, lark: String) -> Result<Matcher> {
+    let parser = factory.create_parser(TopLevelGrammar::from_lark(lark)).map_err(|e| anyhow!("{}", first_line(&e.to_string())))?;
+    let mut matcher = Matcher::new(Ok(parser));
+    if let Some(e) = matcher.get_error() {
+        bail!("{}", first_line(&e));
+    }
+    // A grammar that allows no first token (a schema whose `$ref`s only
+    // name each other, say) is found here, not mid-generation.
+    if let Err(e) = matcher.compute_mask() {
+        bail!("it admits no output at all ({}): a schema whose $refs only refer to each other, or one no value satisfies?", first_line(&e.to_string()));
+    }
+    Ok(matcher)
 }
 
 /// Ends the reasoning a prompt opened.

@@ -20,7 +20,7 @@ use super::thinking::{Split, ThinkingSplitter};
 use super::tools::{Part, ToolCall, ToolCallSplitter};
 use super::keep_alive::KeepAlive;
 use super::{lock, ApiError, AppState, Lease, Resident};
-use crate::constrain::{ConstraintSpec, GrammarConstraint, Grammars};
+use crate::constrain::{CompileFailure, ConstraintSpec, GrammarConstraint, Grammars};
 use crate::generate::{lock_cache, FinishReason, GenerateRequest, TokenConstraint, TurnEnd, TurnOutput};
 use crate::note;
 use crate::sampling::SamplingParams;
@@ -403,12 +403,11 @@ pub const GRAMMAR_WORKERS: usize = 2;
 /// compile (a schema within the size limit takes far less, see the README).
 pub const GRAMMAR_DEADLINE: Duration = Duration::from_secs(10);
 
-/// Compiles `spec` (the request's `field`) on a blocking thread, at most
-/// [`GRAMMAR_WORKERS`] at once; `reasoning_open`: the prompt ends inside a
-/// `<think>` block, which the output closes first. A request that leaves, or
-/// whose grammar takes longer than [`GRAMMAR_DEADLINE`], stops waiting (the
-/// grammar engine cannot stop a compile midway: the compile runs out on its
-/// thread, holding its slot, and its result is dropped).
+/// Compiles `spec` (the request's `field`), at most [`GRAMMAR_WORKERS`] at
+/// once; `reasoning_open`: the prompt ends inside a `<think>` block, which
+/// the output closes first. A request that leaves, or whose grammar takes
+/// longer than [`GRAMMAR_DEADLINE`], stops its compile (see
+/// [`Grammars::constraint_until`]).
 async fn compile_grammar(
     app: &AppState,
     grammars: Arc<Grammars>,
@@ -424,15 +423,11 @@ async fn compile_grammar(
         )
     })?;
     let slot = slot.map_err(|_| shutting_down())?;
-    let compiled = tokio::task::spawn_blocking(move || {
-        let _slot = slot;
-        grammars.constraint_after(&spec, reasoning_open)
-    });
-    match tokio::time::timeout_at(deadline, compiled).await {
-        Ok(Ok(Ok(constraint))) => Ok(constraint),
-        Ok(Ok(Err(e))) => Err(ApiError::bad_request(format!("'{field}' cannot be compiled into a grammar: {e:#}"))),
-        Ok(Err(e)) => Err(ApiError::internal(format!("compiling '{field}' into a grammar failed: {e}"))),
-        Err(_) => Err(ApiError::bad_request(format!(
+    match grammars.constraint_until(spec, reasoning_open, deadline, slot).await {
+        Ok(constraint) => Ok(constraint),
+        Err(CompileFailure::Refused(e)) => Err(ApiError::bad_request(format!("'{field}' cannot be compiled into a grammar: {e:#}"))),
+        Err(CompileFailure::Broken(e)) => Err(ApiError::internal(format!("compiling '{field}' into a grammar failed: {e:#}"))),
+        Err(CompileFailure::Late) => Err(ApiError::bad_request(format!(
             "'{field}' did not compile into a grammar within {} s; send a simpler schema (fewer patternProperties, patterns and alternatives)",
             GRAMMAR_DEADLINE.as_secs()
         ))),

@@ -1,7 +1,10 @@
 //! Rendering a chat template: minijinja with transformers' settings, its
 //! steps (fuel) and output bounded, in a child process of this program whose
-//! memory is bounded where [`isolate_chat_templates`] was called (a
-//! template comes with a model, which a client may pull).
+//! memory is bounded (on every OS: its heap is capped) where
+//! [`isolate_chat_templates`] was called (a template comes with a model,
+//! which a client may pull). Without that call (library use, tests) a
+//! template renders in the calling process, its steps and output bounded
+//! but not its memory.
 
 use std::path::Path;
 
@@ -38,9 +41,11 @@ pub fn isolate_chat_templates(exe: std::path::PathBuf) {
     let _ = TEMPLATE_RENDERER.set(exe);
 }
 
-/// Memory a chat template's renderer may use (Linux: its data segment and
-/// private mappings): a base, plus a multiple of the messages' bytes for the
-/// copies the template makes.
+/// Memory a chat template's renderer may use: a base, plus a multiple of the
+/// messages' bytes for the copies the template makes. Every OS caps its heap
+/// (the bytes of every value minijinja makes, through the process's
+/// allocator); Linux bounds its data segment and private mappings as well
+/// (`RLIMIT_DATA`, which macOS does not enforce). See [`crate::memory_cap::cap_memory`].
 const TEMPLATE_MEMORY_BASE_BYTES: u64 = 256 << 20;
 const TEMPLATE_MEMORY_PER_INPUT_BYTE: u64 = 16;
 
@@ -56,7 +61,7 @@ pub fn template_renderer_main() -> std::process::ExitCode {
         .and_then(|_| serde_json::from_str::<TemplateJob>(&input).context("reading the chat template's job"))
         .and_then(|job| {
             drop(std::mem::take(&mut input));
-            limit_memory(TEMPLATE_MEMORY_BASE_BYTES + TEMPLATE_MEMORY_PER_INPUT_BYTE * job.input_bytes as u64)?;
+            crate::memory_cap::cap_memory(TEMPLATE_MEMORY_BASE_BYTES + TEMPLATE_MEMORY_PER_INPUT_BYTE * job.input_bytes as u64)?;
             job.render()
         });
     match rendered {
@@ -67,21 +72,6 @@ pub fn template_renderer_main() -> std::process::ExitCode {
             std::process::ExitCode::from(2)
         }
     }
-}
-
-/// Bounds this process's memory (its data segment and private mappings).
-fn limit_memory(bytes: u64) -> Result<()> {
-    #[cfg(target_os = "linux")]
-    {
-        let limit = libc::rlimit { rlim_cur: bytes as libc::rlim_t, rlim_max: bytes as libc::rlim_t };
-        // SAFETY: setrlimit reads the struct it is given and changes only this process's limit.
-        if unsafe { libc::setrlimit(libc::RLIMIT_DATA, &limit) } != 0 {
-            anyhow::bail!("limiting the chat template renderer's memory: {}", std::io::Error::last_os_error());
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = bytes;
-    Ok(())
 }
 
 impl TemplateJob {
@@ -127,6 +117,8 @@ impl TemplateJob {
         let origin = &self.origin;
         let mut child = Command::new(exe)
             .arg(TEMPLATE_RENDERER_ARG)
+            // One that stops at its memory cap aborts: without a backtrace, which takes seconds and memory.
+            .env("RUST_BACKTRACE", "0")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

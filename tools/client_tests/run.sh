@@ -128,9 +128,15 @@ mkdir "$looping_model"
 cp "$root/tests/fixtures/$fixture"/* "$looping_model/"
 echo '{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}{{ messages[0].content }}' \
     >"$looping_model/chat_template.jinja"
+growing_model="$scratch/growing"
+mkdir "$growing_model"
+cp "$root/tests/fixtures/$fixture"/* "$growing_model/"
+echo "{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}" \
+    >"$growing_model/chat_template.jinja"
 timeouts=(--write-timeout-secs 2 --header-timeout-secs 2 --body-timeout-secs 2)
 start_server "$root/tests/fixtures/$fixture" "${timeouts[@]}" \
-    --model "$endless_model" --name endless --model "$looping_model" --name looping
+    --model "$endless_model" --name endless --model "$looping_model" --name looping \
+    --model "$growing_model" --name growing
 battery_url="$url" battery_server="$server"
 
 # With no model installed and none named, `serve` serves the bundled demo.
@@ -148,7 +154,7 @@ SLOTSTREAM_BIN="$bin" SLOTSTREAM_FIXTURE_DIR="$root/tests/fixtures/$fixture" SLO
     LITELLM_BIN="$litellm_venv/bin/litellm" SLOTSTREAM_SCRATCH="$(mktemp -d -p "$scratch")" \
     timeout 600 "$venv/bin/pytest" -q "$here/test_litellm.py" || status=1
 "$venv/bin/python" "$root/tools/robustness.py" --url "$battery_url" --model "$fixture" --queue "$queue" \
-    --write-timeout 2 --header-timeout 2 --body-timeout 2 --endless-model endless --looping-model looping || status=1
+    --write-timeout 2 --header-timeout 2 --body-timeout 2 --endless-model endless --looping-model looping --growing-model growing || status=1
 # Codex CLI end to end through its built-in Ollama provider (`--oss`): the
 # version floor it checks, /api/tags, then a streamed /v1/responses. Its prompt
 # (instructions and tools) is some 15k tokens: a copy of the tool model with
