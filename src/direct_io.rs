@@ -25,27 +25,36 @@ pub struct DirectFile {
     direct: bool,
 }
 
-/// A heap buffer whose usable part starts at an `ALIGN` boundary.
+/// A buffer of its own anonymous mapping (page-aligned, so `ALIGN`-aligned),
+/// of which the first `len` bytes are used. Not from the heap: the process
+/// keeps freed heap memory in each thread's arena until 512 MB lie free at
+/// its top (`process::tune_allocator`), and with a read thread per arena the
+/// streamers' freed buffers stayed there, 0.2-0.4 GB over `--memory-gb` on
+/// the flagship slice (BENCHMARKS.md, the flagship section). A mapping goes
+/// back to the system when dropped; [`ReadBuffers`] keeps some for reuse.
 struct AlignedBuf {
-    raw: Vec<u8>,
-    start: usize,
+    /// `None` only once given back, in [`RangeBuf`]'s drop.
+    map: Option<memmap2::MmapMut>,
     len: usize,
 }
 
 impl AlignedBuf {
-    fn new(len: usize) -> AlignedBuf {
-        AlignedBuf::within(vec![0u8; len + ALIGN], len)
+    fn new(len: usize) -> Result<AlignedBuf> {
+        let map = memmap2::MmapMut::map_anon(len.max(1)).with_context(|| format!("mapping a {len}-byte read buffer"))?;
+        Ok(AlignedBuf { map: Some(map), len })
     }
-    /// `len` bytes at the first `ALIGN` boundary of `raw` (at least `len + ALIGN` long).
-    fn within(raw: Vec<u8>, len: usize) -> AlignedBuf {
-        let start = raw.as_ptr().align_offset(ALIGN);
-        AlignedBuf { raw, start, len }
+    /// `len` bytes at the start of `map` (at least `len` long).
+    fn within(map: memmap2::MmapMut, len: usize) -> AlignedBuf {
+        AlignedBuf { map: Some(map), len }
     }
     fn as_mut(&mut self) -> &mut [u8] {
-        &mut self.raw[self.start..self.start + self.len]
+        match &mut self.map {
+            Some(m) => &mut m[..self.len],
+            None => &mut [],
+        }
     }
     fn as_ref(&self) -> &[u8] {
-        &self.raw[self.start..self.start + self.len]
+        self.map.as_ref().map_or(&[], |m| &m[..self.len])
     }
 }
 
@@ -67,8 +76,8 @@ impl RangeBuf {
 
 impl Drop for RangeBuf {
     fn drop(&mut self) {
-        if let Some(home) = self.home.take() {
-            home.give_back(std::mem::take(&mut self.buf.raw));
+        if let (Some(home), Some(map)) = (self.home.take(), self.buf.map.take()) {
+            home.give_back(map);
         }
     }
 }
@@ -80,7 +89,7 @@ impl Drop for RangeBuf {
 /// allocator has handed the memory back to the system).
 pub struct ReadBuffers {
     keep: usize,
-    free: Mutex<(Vec<Vec<u8>>, usize)>,
+    free: Mutex<(Vec<memmap2::MmapMut>, usize)>,
 }
 
 impl ReadBuffers {
@@ -88,29 +97,29 @@ impl ReadBuffers {
         ReadBuffers { keep, free: Mutex::new((Vec::new(), 0)) }
     }
 
-    /// A kept buffer for `len` aligned bytes, not more than twice the size
-    /// needed; else a new one.
-    fn take(&self, len: usize) -> AlignedBuf {
-        let need = len + ALIGN;
+    /// A kept buffer for `len` bytes, not more than twice the size needed;
+    /// else a new one.
+    fn take(&self, len: usize) -> Result<AlignedBuf> {
+        let need = len.max(1);
         let kept = self.free.lock().ok().and_then(|mut free| {
             let (list, held) = &mut *free;
             let at = list.iter().position(|b| b.len() >= need && b.len() <= 2 * need)?;
-            let raw = list.swap_remove(at);
-            *held -= raw.len();
-            Some(raw)
+            let map = list.swap_remove(at);
+            *held -= map.len();
+            Some(map)
         });
         match kept {
-            Some(raw) => AlignedBuf::within(raw, len),
+            Some(map) => Ok(AlignedBuf::within(map, len)),
             None => AlignedBuf::new(len),
         }
     }
 
-    fn give_back(&self, raw: Vec<u8>) {
+    fn give_back(&self, map: memmap2::MmapMut) {
         if let Ok(mut free) = self.free.lock() {
             let (list, held) = &mut *free;
-            if !raw.is_empty() && *held + raw.len() <= self.keep {
-                *held += raw.len();
-                list.push(raw);
+            if *held + map.len() <= self.keep {
+                *held += map.len();
+                list.push(map);
             }
         }
     }
@@ -161,11 +170,12 @@ impl DirectFile {
     pub fn read_range_in(&self, offset: u64, len: usize, buffers: Option<&Arc<ReadBuffers>>) -> Result<RangeBuf> {
         let home = buffers.cloned();
         let buffer = |n: usize| home.as_ref().map_or_else(|| AlignedBuf::new(n), |b| b.take(n));
+        let buffer = |n: usize| buffer(n).with_context(|| format!("reading {len} bytes at offset {offset} of {}", self.path.display()));
         let fail = |e: std::io::Error| {
             anyhow::anyhow!("reading {len} bytes at offset {offset} of {}: {e}", self.path.display())
         };
         if !self.direct {
-            let mut buf = buffer(len);
+            let mut buf = buffer(len)?;
             self.file.read_exact_at(buf.as_mut(), offset).map_err(fail)?;
             return Ok(RangeBuf { buf, skip: 0, len, home });
         }
@@ -176,7 +186,7 @@ impl DirectFile {
         let end = (offset + len as u64).div_ceil(ALIGN as u64) * ALIGN as u64;
         // A kept buffer holds an earlier read's bytes: only the filled part
         // (which covers the range) is ever looked at.
-        let mut buf = buffer((end - start) as usize);
+        let mut buf = buffer((end - start) as usize)?;
         let mut filled = 0usize;
         let want = (offset + len as u64 - start) as usize;
         while filled < want {
@@ -214,19 +224,19 @@ mod tests {
         let buffers = Arc::new(ReadBuffers::new(1 << 20));
         let first = file.read_range_in(100, 20_000, Some(&buffers)).expect("first read");
         assert_eq!(first.bytes(), &bytes[100..20_100]);
-        let at = first.buf.raw.as_ptr();
+        let at = first.buf.as_ref().as_ptr();
         drop(first);
         assert!(buffers.held() >= 20_000, "a dropped read's buffer is kept");
         // A shorter range at another offset takes the same buffer (its
         // earlier bytes still in it) and shows only what it read.
         let second = file.read_range_in(30_001, 12_000, Some(&buffers)).expect("second read");
-        assert_eq!(second.buf.raw.as_ptr(), at, "the kept buffer is reused");
+        assert_eq!(second.buf.as_ref().as_ptr(), at, "the kept buffer is reused");
         assert_eq!(buffers.held(), 0);
         assert_eq!(second.bytes(), &bytes[30_001..42_001]);
         // One much smaller than the kept buffer gets a new one.
         drop(second);
         let small = file.read_range_in(5, 100, Some(&buffers)).expect("small read");
-        assert_ne!(small.buf.raw.as_ptr(), at);
+        assert_ne!(small.buf.as_ref().as_ptr(), at);
         assert_eq!(small.bytes(), &bytes[5..105]);
     }
 

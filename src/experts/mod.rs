@@ -27,6 +27,7 @@ mod execute;
 mod placement;
 mod read_ahead;
 mod stats;
+mod coalesce;
 mod store;
 
 use std::collections::HashMap;

@@ -21,13 +21,7 @@ use slotstream_backend::{ExpertLayout, ExpertMatrix, HostExpert, HostMatrix, Mat
 use crate::checkpoint::Checkpoint;
 use crate::direct_io::{DirectFile, RangeBuf, ReadBuffers};
 
-/// One contiguous byte range of one file.
-#[derive(Clone, Copy, Debug)]
-pub struct Piece {
-    pub file: u32,
-    pub offset: u64,
-    pub len: u64,
-}
+use super::coalesce::{self, Piece, PieceBuf};
 
 /// The pieces of one projection: values, then scales and biases if quantized.
 #[derive(Clone, Debug)]
@@ -35,9 +29,10 @@ struct ProjectionPieces {
     pieces: Vec<Piece>,
 }
 
-/// An expert read into memory: each piece in the buffer it was read into.
+/// An expert read into memory: each piece a view of the read that brought
+/// it (reads of neighbouring pieces join: [`coalesce`]).
 pub struct ExpertRecord {
-    pieces: Vec<RangeBuf>,
+    pieces: Vec<PieceBuf>,
 }
 
 /// What [`ExpertStore::read_each`] hands over: one matrix of a record, or
@@ -298,7 +293,8 @@ impl ExpertStore {
         (0..self.layers).filter(|&l| self.shared.get(l).is_some_and(Option::is_some)).collect()
     }
 
-    /// One piece of a record, counted in the busy clock while in flight.
+    /// One read (a piece of a record, or a span over several), counted in
+    /// the busy clock while in flight.
     fn read_piece(&self, piece: &Piece) -> Result<RangeBuf> {
         let _in_flight = InFlight::start(&self.busy);
         self.files[piece.file as usize].read_range_in(piece.offset, piece.len as usize, Some(&self.buffers))
@@ -321,9 +317,9 @@ impl ExpertStore {
         self.files.iter().all(|f| f.is_direct())
     }
 
-    /// Reads several experts of one layer with many reads in flight (every
-    /// piece of every expert is its own request); returns the records in
-    /// order and the seconds spent.
+    /// Reads several experts of one layer with many reads in flight (pieces
+    /// of neighbouring experts joined where they lie close: [`coalesce`]);
+    /// returns the records in order and the seconds spent.
     pub fn read_many(&self, layer: usize, experts: &[u32]) -> Result<(Vec<ExpertRecord>, f64)> {
         if experts.is_empty() {
             // Waking the read pool (16 threads that spin before they sleep)
@@ -331,20 +327,36 @@ impl ExpertStore {
             return Ok((Vec::new(), 0.0));
         }
         let start = Instant::now();
-        let requests = self.requests(layer, experts);
-        let pieces: Vec<RangeBuf> = self.io.install(|| {
-            requests
+        let (requests, pieces, reads) = self.plan_reads(layer, experts);
+        let landed: Vec<RangeBuf> = self.io.install(|| {
+            reads
                 .par_iter()
-                .map(|(i, _, piece)| {
-                    self.read_piece(piece).with_context(|| format!("reading expert {} of MoE layer {layer}", experts[*i]))
+                .map(|r| {
+                    let first = experts[requests[r.parts[0].0].0];
+                    self.read_piece(&r.span).with_context(|| format!("reading expert {first} of MoE layer {layer}"))
                 })
                 .collect::<Result<Vec<_>>>()
         })?;
+        let mut views: Vec<Option<PieceBuf>> = requests.iter().map(|_| None).collect();
+        for (r, buf) in reads.iter().zip(landed) {
+            for (n, view) in coalesce::split(buf, r, &pieces) {
+                views[n] = Some(view);
+            }
+        }
         let mut records: Vec<ExpertRecord> = experts.iter().map(|_| ExpertRecord { pieces: Vec::with_capacity(9) }).collect();
-        for ((i, _, _), piece) in requests.iter().zip(pieces) {
-            records[*i].pieces.push(piece);
+        for ((i, _, _), view) in requests.iter().zip(views) {
+            records[*i].pieces.extend(view);
         }
         Ok((records, start.elapsed().as_secs_f64()))
+    }
+
+    /// [`ExpertStore::requests`], their pieces, and the reads that cover them.
+    #[allow(clippy::type_complexity)]
+    fn plan_reads(&self, layer: usize, experts: &[u32]) -> (Vec<(usize, usize, &Piece)>, Vec<&Piece>, Vec<coalesce::Read>) {
+        let requests = self.requests(layer, experts);
+        let pieces: Vec<&Piece> = requests.iter().map(|r| r.2).collect();
+        let reads = coalesce::plan(&pieces, coalesce::JOIN_GAP, coalesce::MAX_READ);
+        (requests, pieces, reads)
     }
 
     /// Expert `e` of `layer`'s projections ([`ExpertStore::shared_id`]: its
@@ -429,7 +441,7 @@ impl ExpertStore {
             return Ok(0.0);
         }
         let start = Instant::now();
-        let requests = self.requests(layer, experts);
+        let (requests, pieces, reads) = self.plan_reads(layer, experts);
         // Each matrix's pieces are consecutive requests: (first, count), by
         // 3 * record + matrix. A group (a matrix, or without `as_landed` a
         // record) is handed over once none of its pieces is left in flight.
@@ -448,29 +460,30 @@ impl ExpertStore {
         if let Some(g) = spans.iter().position(|s| s.1 == 0) {
             bail!("expert {} of MoE layer {layer} has no stored {:?} matrix", experts[g / 3], ExpertMatrix::ALL[g % 3]);
         }
-        let mut landed: Vec<Option<RangeBuf>> = requests.iter().map(|_| None).collect();
+        let mut landed: Vec<Option<PieceBuf>> = requests.iter().map(|_| None).collect();
         let mut outcome = Ok(());
         let mut landed_at = 0.0;
         let (tx, rx) = std::sync::mpsc::channel();
         self.io.in_place_scope(|scope| {
-            for (n, &(i, _, piece)) in requests.iter().enumerate() {
+            for (k, r) in reads.iter().enumerate() {
                 let tx = tx.clone();
+                let first = experts[requests[r.parts[0].0].0];
                 scope.spawn(move |_| {
-                    let read = self.read_piece(piece).with_context(|| format!("reading expert {} of MoE layer {layer}", experts[i]));
+                    let read = self.read_piece(&r.span).with_context(|| format!("reading expert {first} of MoE layer {layer}"));
                     // The receiver outlives every read of the scope.
-                    let _ = tx.send((n, read, Instant::now()));
+                    let _ = tx.send((k, read, Instant::now()));
                 });
             }
             drop(tx);
             progress(Progress::Issued);
             let threads = self.io.current_num_threads();
-            let mut in_flight = requests.len();
+            let mut in_flight = reads.len();
             let mut draining = in_flight < threads;
             if draining {
                 progress(Progress::Draining);
             }
             outcome = hand_ready(!as_landed, &mut each);
-            for (n, read, at) in rx {
+            for (k, read, at) in rx {
                 in_flight -= 1;
                 if outcome.is_err() {
                     continue;
@@ -482,26 +495,37 @@ impl ExpertStore {
                 if in_flight == 0 && read.is_ok() {
                     progress(Progress::Landed);
                 }
-                let (i, m, _) = requests[n];
-                // When the piece landed, not when this thread got to it.
+                // When the read landed, not when this thread got to it.
                 landed_at = f64::max(landed_at, at.duration_since(start).as_secs_f64());
-                match read {
-                    Err(e) => outcome = Err(e),
-                    Ok(buf) => {
-                        landed[n] = Some(buf);
-                        let g = group(i, m);
-                        left[g] -= 1;
-                        if left[g] == 0 {
-                            // A matrix's pieces, or a record's (its matrices' spans are consecutive).
-                            let (first, last) = if as_landed { (3 * i + m, 3 * i + m) } else { (3 * i, 3 * i + 2) };
-                            let pieces: Vec<RangeBuf> =
-                                landed[spans[first].0..spans[last].0 + spans[last].1].iter_mut().filter_map(Option::take).collect();
-                            let which = ExpertMatrix::ALL[m];
-                            outcome = if as_landed {
-                                each(i, Handover::Matrix(which, &self.host_matrix(which, &pieces)))
-                            } else {
-                                each(i, Handover::Whole(&self.host_expert(&ExpertRecord { pieces })))
-                            };
+                let buf = match read {
+                    Err(e) => {
+                        outcome = Err(e);
+                        continue;
+                    }
+                    Ok(buf) => buf,
+                };
+                for (n, view) in coalesce::split(buf, &reads[k], &pieces) {
+                    if outcome.is_err() {
+                        break;
+                    }
+                    landed[n] = Some(view);
+                    let (i, m, _) = requests[n];
+                    let g = group(i, m);
+                    left[g] -= 1;
+                    if left[g] == 0 {
+                        // A matrix's pieces, or a record's (its matrices' spans are consecutive).
+                        let (first, last) = if as_landed { (3 * i + m, 3 * i + m) } else { (3 * i, 3 * i + 2) };
+                        let pieces: Vec<PieceBuf> =
+                            landed[spans[first].0..spans[last].0 + spans[last].1].iter_mut().filter_map(Option::take).collect();
+                        let which = ExpertMatrix::ALL[m];
+                        outcome = if as_landed {
+                            each(i, Handover::Matrix(which, &self.host_matrix(which, &pieces)))
+                        } else {
+                            each(i, Handover::Whole(&self.host_expert(&ExpertRecord { pieces })))
+                        };
+                        // Between handovers, as between landings.
+                        if outcome.is_ok() {
+                            outcome = hand_ready(false, &mut each);
                         }
                     }
                 }
@@ -532,7 +556,7 @@ impl ExpertStore {
 
     /// Views one matrix's pieces (values, then scales and biases where
     /// quantized) as the host matrix the backend takes.
-    fn host_matrix<'a>(&self, which: ExpertMatrix, pieces: &'a [RangeBuf]) -> HostMatrix<'a> {
+    fn host_matrix<'a>(&self, which: ExpertMatrix, pieces: &'a [PieceBuf]) -> HostMatrix<'a> {
         let l = &self.layout;
         let (rows, cols, format) = match which {
             ExpertMatrix::Gate => (l.intermediate, l.hidden, l.gate),

@@ -114,10 +114,18 @@ impl ModelCosts {
         crate::experts::ExpertCache::min_slots(self.top_k)
     }
 
-    /// Runtime memory besides weights, caches and the pool: a fixed base plus
-    /// the activations of one prefill chunk of `prefill_chunk` tokens.
+    /// Runtime memory besides weights, caches and the pool: a fixed base, the
+    /// expert reads in flight ([`ModelCosts::reads_in_flight_bytes`]) and the
+    /// activations of one prefill chunk of `prefill_chunk` tokens.
     pub fn runtime_bytes(&self, prefill_chunk: usize) -> u64 {
-        super::RUNTIME_BASE_BYTES + prefill_chunk as u64 * self.activation_bytes_per_token()
+        super::RUNTIME_BASE_BYTES + self.reads_in_flight_bytes() + prefill_chunk as u64 * self.activation_bytes_per_token()
+    }
+
+    /// Expert records read but not yet written into their slots: at most a
+    /// prompt's staged group and the next one read ahead (a decode's misses
+    /// and guesses are fewer). The buffers kept for reuse are in the base.
+    pub fn reads_in_flight_bytes(&self) -> u64 {
+        self.staging_bytes()
     }
 
     /// Activations per token of a prefill chunk: about 24 hidden-sized f32

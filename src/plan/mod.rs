@@ -7,13 +7,15 @@
 //! GPU working-set limit less 2 GB and what is reclaimable now less a safety
 //! margin. When every expert fits within that, the pool holds them all (the
 //! fastest plan: no reads after loading); otherwise it stops at the knee
-//! (where more cache stopped making decode faster) or lower, and never goes
+//! (where more cache stops making decode faster, from the model's hit-rate
+//! curve and the machine's rates: [`knee`]) or lower, and never goes
 //! below the model's minimum.
 
 pub mod costs;
 pub mod estimate;
 pub mod governor;
 pub mod hits;
+pub mod knee;
 pub mod machine;
 pub mod rates;
 pub mod speeds;
@@ -28,13 +30,14 @@ pub const GB: f64 = 1e9;
 
 /// Share of each layer's experts at which the reference measurements stopped
 /// getting faster (the flagship's 33 GB knee: 5.5 GB trunk, caches and KV + 205 of 512
-/// experts per layer).
+/// experts per layer). The planner derives each model's knee on each machine
+/// instead ([`knee`]); the miss probe sizes its pool with this.
 pub const KNEE_FRACTION: f64 = 0.40;
 /// Experts per layer below which auto never goes (the reference floor).
 pub const FLOOR_EXPERTS_PER_LAYER: usize = 14;
-/// The runtime itself, thread stacks, read buffers in flight or kept for
-/// reuse (`ExpertStore::KEEP_READ_BUFFERS`) and allocator slack; activations
-/// come on top (see [`ModelCosts::runtime_bytes`]).
+/// The runtime itself, thread stacks, read buffers kept for reuse
+/// (`ExpertStore::KEEP_READ_BUFFERS`) and allocator slack; the reads in
+/// flight and activations come on top (see [`ModelCosts::runtime_bytes`]).
 pub const RUNTIME_BASE_BYTES: u64 = 200_000_000;
 
 /// Prompt tokens processed per forward pass during prefill where nothing
@@ -366,8 +369,9 @@ fn auto_target(
         );
         return (all, why);
     }
-    let knee_per_layer = (model.experts_per_layer as f64 * KNEE_FRACTION).ceil() as usize;
-    let knee = bytes_for_experts_per_layer(knee_per_layer);
+    let floor_per_layer = FLOOR_EXPERTS_PER_LAYER.max(model.top_k).min(model.experts_per_layer);
+    let k = knee::Knee::for_plan(model, &machine.rates, floor_per_layer);
+    let knee = bytes_for_experts_per_layer(k.experts_per_layer);
     let mut why = format!(
         "streaming: all {} experts per layer need {:.1} GB, over the {:.1} GB auto may use ({what})",
         model.experts_per_layer,
@@ -375,10 +379,22 @@ fn auto_target(
         gb(limit)
     );
     let mut target = if knee <= limit {
-        why += &format!(
-            "; the pool stops at the knee ({knee_per_layer} per layer, {:.0}%), where more cache stopped making decode faster",
-            KNEE_FRACTION * 100.0
-        );
+        let pct = 100.0 * k.experts_per_layer as f64 / model.experts_per_layer.max(1) as f64;
+        why += &if k.measured {
+            format!(
+                "; the pool stops at the knee ({} per layer, {pct:.0}%: ~{:.1}% hits, reads {:.1}% of the compute), \
+                 where more cache stops making decode faster",
+                k.experts_per_layer,
+                100.0 * k.hit_rate,
+                100.0 * k.read_share
+            )
+        } else {
+            format!(
+                "; the pool stops at the knee ({} per layer, {pct:.0}%: the reference's, until a streaming run \
+                 here measures this model's routing), where more cache stopped making decode faster",
+                k.experts_per_layer
+            )
+        };
         knee
     } else if limit >= floor {
         why += "; the pool takes what that leaves";

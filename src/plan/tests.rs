@@ -38,10 +38,20 @@ fn mac(ram: f64, available: f64) -> MachineMemory {
     MachineMemory::simulated(ram, Some(available), Some(machine::macos::default_working_set((ram * 1e9) as u64) as f64 / 1e9))
 }
 
+/// Not streamed here yet, the flagship's routing is not measured: auto
+/// plans with the reference's knee (33 GB, 205 of 512 per layer).
 #[test]
 fn flagship_48gb_pristine_plans_the_knee() {
     let p = case("48gb_pristine", mac(48.0, 40.0), PlanRequest::default());
     assert!((32.0e9..34.0e9).contains(&(p.target_bytes as f64)), "the knee is about 33 GB");
+    assert!(p.reason.contains("the reference's"), "{}", p.reason);
+}
+
+/// The flagship after runs here measured FreeToken's routing (93.3% hits at
+/// 36.6% of the experts).
+fn flagship_with_skewed_routing() -> ModelCosts {
+    let run = hits::HitRun { share: 0.366, hit_rate: 0.933, expert_uses: 10_000, unix_seconds: 0, timing: None };
+    ModelCosts { hit_curve: hits::HitRateCurve::fit(&[run]).expect("fits"), ..ModelCosts::flagship() }
 }
 
 #[test]
@@ -88,6 +98,20 @@ fn a_model_that_fits_is_resident_and_one_that_does_not_streams_at_the_knee() {
     let tight = plan(&flagship, &MachineMemory::simulated(64.0, Some(60.0), None), &req).unwrap();
     assert_eq!(tight.slots, 48 * 205, "{tight:?}");
     assert!(tight.reason.starts_with("streaming:") && tight.reason.contains("knee"), "{}", tight.reason);
+    // Once runs here measured its routing, the knee is the one its rates and
+    // routing give (reads 8% of the compute): on this simulated Linux machine
+    // (a 0.7 GB/s disk, 2 cores) more cache pays longer than the reference's.
+    let skewed = flagship_with_skewed_routing();
+    let roomier = MachineMemory::simulated(96.0, Some(90.0), None);
+    let knee = knee::Knee::of(&skewed, &roomier.rates, FLOOR_EXPERTS_PER_LAYER);
+    assert!(knee.measured && knee.experts_per_layer > 205, "{knee:?}");
+    let measured = plan(&skewed, &roomier, &req).unwrap();
+    assert_eq!(measured.slots, 48 * knee.experts_per_layer, "{measured:?}");
+    assert!(measured.reason.contains("knee") && measured.reason.contains("of the compute"), "{}", measured.reason);
+    // Its fast disk and routing, a smaller knee than the reference's share.
+    let fast = MachineMemory { rates: Rates { disk: rates::DiskRates { read_gbps: 17.3, read_latency_ms: 0.05 }, ..roomier.rates.clone() }, ..roomier };
+    let small = plan(&skewed, &fast, &req).unwrap();
+    assert!(small.slots < 48 * 205 && small.reason.contains("knee"), "{small:?}");
 
     // A 2.5 GB synthetic qwen3_moe (the issue's: 64 experts per layer, top-8).
     let synthetic = ModelCosts {
