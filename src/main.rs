@@ -57,9 +57,11 @@ struct MemoryArgs {
     #[arg(long)]
     memory_gb: Option<f64>,
     /// Context length the KV cache is planned for; `run` generates no
-    /// further than this (or the model's own context, if shorter).
-    #[arg(long, default_value_t = 4096)]
-    plan_context: usize,
+    /// further than this (or the model's own context, if shorter). Default:
+    /// as long as the model takes and the memory allows (an auto-sized pool
+    /// gives slots to reach 32768 tokens; the plan says so).
+    #[arg(long)]
+    plan_context: Option<usize>,
     /// Speculative decoding with the model's MTP head: auto (on when the
     /// head exists and the memory plan has room for it), on or off.
     #[arg(long, default_value = "auto")]
@@ -82,6 +84,9 @@ struct BackendArgs {
     backend: BackendSpec,
 }
 
+/// The context a plan holds KV for at least, when none is asked for.
+const DEFAULT_PLAN_CONTEXT: usize = 4096;
+
 impl MemoryArgs {
     /// What the planner is asked for.
     fn request(&self) -> PlanRequest {
@@ -89,7 +94,8 @@ impl MemoryArgs {
             experts_per_layer: self.experts_per_layer,
             pool_gb: self.pool_gb,
             memory_gb: self.memory_gb,
-            context_tokens: self.plan_context,
+            context_tokens: self.plan_context.unwrap_or(DEFAULT_PLAN_CONTEXT),
+            grow_to: self.plan_context.is_none().then_some(usize::MAX),
             mtp: self.mtp,
         }
     }
@@ -172,9 +178,11 @@ struct ServeArgs {
     /// Port (default: from OLLAMA_HOST, else 11434).
     #[arg(long)]
     port: Option<u16>,
-    /// Most prompt plus completion tokens per request.
-    #[arg(long, default_value_t = 32768)]
-    max_context: usize,
+    /// Most prompt plus completion tokens per request, and the context the
+    /// memory is planned for unless --plan-context says otherwise. Default:
+    /// what each model and its memory plan allow (`/api/ps` shows it).
+    #[arg(long)]
+    max_context: Option<usize>,
     /// Start every request from an empty state (exact reproducibility).
     #[arg(long)]
     no_prefix_cache: bool,
@@ -382,7 +390,7 @@ impl RunArgs {
 
     /// The chat's settings: the sampling flags, and the context the memory
     /// was planned for (at most the model's).
-    fn chat_settings(&self, engine: &Engine) -> slotstream::chat::ChatSettings {
+    fn chat_settings(&self, engine: &Engine, planned: &PlannedModel) -> slotstream::chat::ChatSettings {
         slotstream::chat::ChatSettings {
             sampling: self.generate_request(Vec::new(), self.max_tokens).sampling,
             max_tokens: self.max_tokens,
@@ -390,20 +398,21 @@ impl RunArgs {
             think: self.think,
             stop: self.stop.clone(),
             ignore_eos: self.ignore_eos,
-            context: self.memory.plan_context.min(engine.context_length()),
+            context: planned.plan.context_tokens.min(engine.context_length()),
         }
     }
 
     /// The request, with `--max-tokens` cut to what fits in the context the
-    /// memory was planned for (`--plan-context`, at most the model's); a
-    /// context refused says what memory a long enough one needs (`planned`).
+    /// memory was planned for (at most the model's); a context refused says
+    /// what memory a long enough one needs (`planned`).
     fn bounded_request(&self, prompt_ids: Vec<u32>, model_context: usize, planned: &PlannedModel) -> Result<GenerateRequest> {
-        let (context, what) = if self.memory.plan_context < model_context {
-            (self.memory.plan_context, "the planned context (--plan-context)")
+        let planned_context = planned.plan.context_tokens;
+        let (context, what) = if planned_context < model_context {
+            (planned_context, "the planned context")
         } else {
-            (model_context, "the model's context (max_position_embeddings)")
+            (model_context, "the model's context (max_position_embeddings, with its RoPE scaling)")
         };
-        let need = || planned.context_need((prompt_ids.len() + self.max_tokens).min(model_context), self.memory.plan_context);
+        let need = || planned.context_need((prompt_ids.len() + self.max_tokens).min(model_context));
         let max_tokens = match generate::tokens_within_context(prompt_ids.len(), self.max_tokens, context, what) {
             Ok(n) => n,
             Err(e) if model_context == usize::MAX => anyhow::bail!("{e}, or raise --plan-context: {}", need()),
@@ -486,7 +495,7 @@ fn run(args: RunArgs) -> Result<()> {
     let model = resolve_model(args.model.as_deref())?;
     let (engine, planned) = load_planned(&model.dir, &args.memory.request(), &args.backend.backend)?;
     let Some(prompt) = prompt else {
-        return slotstream::chat::run_chat(&engine, args.chat_settings(&engine));
+        return slotstream::chat::run_chat(&engine, args.chat_settings(&engine, &planned));
     };
     let prompt_ids = args.prompt_ids(&engine, &prompt)?;
     let request = args.bounded_request(prompt_ids, engine.context_length(), &planned)?;
@@ -570,7 +579,8 @@ fn serve(args: ServeArgs) -> Result<()> {
         server::check_model_name(name)?; // before the slow part, loading
     }
     let options = server::ServerOptions {
-        max_context: args.max_context,
+        // Unset: each model's own and its plan's bound requests (`Resident::context_limit`).
+        max_context: args.max_context.unwrap_or(usize::MAX),
         prefix_cache: !args.no_prefix_cache,
         queue: args.queue,
         timeouts,
@@ -589,7 +599,11 @@ fn serve(args: ServeArgs) -> Result<()> {
     let (directories, load_first) = ServedModels::resolve(&args.model, &args.name)?;
     let cache = options.pulls.as_ref().map(|p| p.cache_root.clone());
     let catalog = server::ModelCatalog::new(directories, cache);
-    let loader = ServeLoader::new(args.backend.backend.clone(), args.memory.request(), !args.no_elastic);
+    let mut request = args.memory.request();
+    if let (Some(n), None) = (args.max_context, args.memory.plan_context) {
+        (request.context_tokens, request.grow_to) = (n, None);
+    }
+    let loader = ServeLoader::new(args.backend.backend.clone(), request, !args.no_elastic);
     let config = server::ServeConfig { listener, catalog, loader: std::sync::Arc::new(loader), load_first, options };
     server::serve(config)
 }

@@ -1,0 +1,71 @@
+//! A context past 4k tokens: the YaRN fixture (its config takes 8,192) fed
+//! a prompt of 4,200 tokens decodes the same greedy ids on the wgpu backend
+//! (lavapipe in CI; the default mode and `:exact`) as on `cpu:exact`, with
+//! the last prompt position's logits within the oracle tolerance.
+//!
+//! Needs a Vulkan (or Metal) device; lavapipe is enough. Without one the
+//! wgpu half fails with instructions, unless SLOTSTREAM_SKIP_GPU_TESTS=1.
+
+mod common;
+
+use common::{case, fixture, rel_l2, MAX_REL_L2};
+use slotstream::generate::{Engine, GenerateRequest};
+use slotstream::model::LoadOptions;
+use slotstream::sampling::SamplingParams;
+use slotstream_backend::Backend;
+use slotstream_wgpu::{AdapterChoice, MatmulMode, WgpuBackend, WgpuOptions};
+
+const FIXTURE: &str = "qwen3_moe_yarn";
+const PROMPT_TOKENS: usize = 4200;
+const GENERATED: usize = 24;
+
+/// The fixture's 675-token case, repeated to [`PROMPT_TOKENS`].
+fn long_prompt() -> Vec<u32> {
+    let text = case(FIXTURE, "beyond").prompt_ids;
+    text.iter().copied().cycle().take(PROMPT_TOKENS).collect()
+}
+
+/// The last prompt position's logits and the greedy ids after it.
+fn decode(backend: Box<dyn Backend>, prompt: &[u32]) -> (Vec<f32>, Vec<u32>) {
+    let name = backend.name();
+    let e = Engine::load(&fixture(FIXTURE), backend, &LoadOptions::default())
+        .unwrap_or_else(|e| panic!("loading {FIXTURE} on {name}: {e:#}"));
+    assert!(e.context_length() >= PROMPT_TOKENS + GENERATED, "{FIXTURE}'s context is {}", e.context_length());
+    let mut state = e.new_state().unwrap();
+    let logits = e.prefill(prompt, &mut state).unwrap_or_else(|e| panic!("prefill on {name}: {e:#}"));
+    let req = GenerateRequest {
+        prompt_ids: prompt.to_vec(),
+        max_tokens: GENERATED,
+        sampling: SamplingParams::default(),
+        stop: vec![],
+        ignore_eos: true,
+    };
+    let out = e.generate(&req, |_| std::ops::ControlFlow::Continue(())).unwrap_or_else(|e| panic!("generate on {name}: {e:#}"));
+    (logits, out.generated_ids)
+}
+
+#[test]
+fn a_4k_context_decodes_the_same_on_wgpu_as_on_cpu_exact() {
+    let prompt = long_prompt();
+    let (cpu_logits, cpu_ids) = decode(Box::new(slotstream_cpu::CpuBackend::exact()), &prompt);
+    assert_eq!(cpu_ids.len(), GENERATED);
+    if std::env::var("SLOTSTREAM_SKIP_GPU_TESTS").is_ok_and(|v| v == "1") {
+        eprintln!("SLOTSTREAM_SKIP_GPU_TESTS=1: skipping the wgpu half");
+        return;
+    }
+    for (mode, matmul) in [("default", None), ("exact", Some(MatmulMode::Exact))] {
+        let options = WgpuOptions { matmul: matmul.or(WgpuOptions::from_env().matmul), ..WgpuOptions::from_env() };
+        let backend = WgpuBackend::with_options(&AdapterChoice::allow_software(), options).unwrap_or_else(|e| {
+            panic!(
+                "no GPU adapter: {e}\nInstall a Vulkan driver (apt-get install -y mesa-vulkan-drivers; \
+                 VK_DRIVER_FILES=/usr/share/vulkan/icd.d/lvp_icd.x86_64.json XDG_RUNTIME_DIR=/tmp) \
+                 or set SLOTSTREAM_SKIP_GPU_TESTS=1"
+            )
+        });
+        let (logits, ids) = decode(Box::new(backend), &prompt);
+        let err = rel_l2(&logits, &cpu_logits);
+        assert!(err <= MAX_REL_L2, "wgpu ({mode}) at {PROMPT_TOKENS} tokens: last-position logits rel L2 {err:.3e} from cpu:exact");
+        assert_eq!(ids, cpu_ids, "wgpu ({mode}) at {PROMPT_TOKENS} tokens: greedy ids differ from cpu:exact");
+        eprintln!("wgpu ({mode}) at {PROMPT_TOKENS}+{GENERATED} positions: rel L2 {err:.2e}, {GENERATED} greedy ids equal to cpu:exact");
+    }
+}
