@@ -378,3 +378,51 @@ impl Qwen4Config {
         (self.ngram_size - 1) * self.heads_per_ngram
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(extra: serde_json::Value) -> Result<MoeConfig> {
+        let mut c = serde_json::json!({"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 512, "num_experts": 8,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 32, "rope_theta": 1e6, "max_position_embeddings": 40960});
+        c.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        MoeConfig::parse(&c)
+    }
+
+    #[test]
+    fn yarn_scales_the_rope_and_the_context() {
+        // Qwen3's recipe: factor 4 over the trained 32768.
+        let c = config(serde_json::json!({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}})).unwrap();
+        let yarn = c.rope().yarn.expect("yarn");
+        assert_eq!((yarn.factor, yarn.original_context, yarn.beta_fast, yarn.beta_slow, yarn.truncate), (4.0, 32768.0, 32.0, 1.0, true));
+        assert!((yarn.attention_factor - (0.1 * 4f64.ln() + 1.0)).abs() < 1e-12);
+        assert_eq!(c.context_length(), Some(131072));
+        // `type` (older configs), an explicit attention factor, and transformers 5's rope_parameters.
+        let c = config(serde_json::json!({"rope_scaling": {"type": "yarn", "factor": 2, "attention_factor": 1.5}})).unwrap();
+        assert_eq!((c.rope().yarn.unwrap().attention_factor, c.context_length()), (1.5, Some(81920)));
+        let c = config(serde_json::json!({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e7, "factor": 8, "original_max_position_embeddings": 4096}})).unwrap();
+        assert_eq!(c.context_length(), Some(40960));
+        // Unscaled: none.
+        assert_eq!(config(serde_json::json!({"rope_scaling": null})).unwrap().rope().yarn, None);
+        assert_eq!(config(serde_json::json!({"rope_scaling": {"rope_type": "default"}})).unwrap().context_length(), Some(40960));
+    }
+
+    #[test]
+    fn other_scalings_and_bad_yarn_values_are_refused_by_name() {
+        for (scaling, says) in [
+            (serde_json::json!({"rope_type": "linear", "factor": 2.0}), "'linear' RoPE scaling"),
+            (serde_json::json!({"type": "dynamic", "factor": 2.0}), "'dynamic' RoPE scaling"),
+            (serde_json::json!({"rope_type": "yarn"}), "needs a 'factor'"),
+            (serde_json::json!({"rope_type": "yarn", "factor": 0.5}), "factor 0.5"),
+            (serde_json::json!({"rope_type": "yarn", "factor": "4"}), "factor is \"4\", not a number"),
+            (serde_json::json!({"rope_type": "yarn", "factor": 4, "beta_fast": -1}), "beta_fast"),
+            (serde_json::json!({"rope_type": "yarn", "factor": 4, "truncate": 1}), "truncate"),
+            (serde_json::json!({"rope_type": "yarn", "factor": 1000, "original_max_position_embeddings": 1 << 20}), "extends the context"),
+        ] {
+            let e = config(serde_json::json!({ "rope_scaling": scaling })).unwrap_err();
+            assert!(format!("{e:#}").contains(says), "{scaling}: {e:#}");
+        }
+    }
+}
