@@ -56,10 +56,9 @@ struct MemoryArgs {
     /// Keep the whole process within this many GB.
     #[arg(long)]
     memory_gb: Option<f64>,
-    /// Context length the KV cache is planned for; `run` generates no
-    /// further than this (or the model's own context, if shorter). Default:
-    /// as long as the model takes and the memory allows (an auto-sized pool
-    /// gives slots to reach 32768 tokens; the plan says so).
+    /// Context length the KV cache is planned for; `run` generates no further
+    /// than this. Default: as long as the model takes and memory allows (an
+    /// auto-sized pool gives slots to reach 32768 tokens; the plan says so).
     #[arg(long)]
     plan_context: Option<usize>,
     /// Speculative decoding with the model's MTP head: auto (on when the
@@ -84,9 +83,6 @@ struct BackendArgs {
     backend: BackendSpec,
 }
 
-/// The context a plan holds KV for at least, when none is asked for.
-const DEFAULT_PLAN_CONTEXT: usize = 4096;
-
 impl MemoryArgs {
     /// What the planner is asked for.
     fn request(&self) -> PlanRequest {
@@ -94,10 +90,10 @@ impl MemoryArgs {
             experts_per_layer: self.experts_per_layer,
             pool_gb: self.pool_gb,
             memory_gb: self.memory_gb,
-            context_tokens: self.plan_context.unwrap_or(DEFAULT_PLAN_CONTEXT),
-            grow_to: self.plan_context.is_none().then_some(usize::MAX),
             mtp: self.mtp,
+            ..Default::default()
         }
+        .for_context(self.plan_context)
     }
 }
 
@@ -178,9 +174,8 @@ struct ServeArgs {
     /// Port (default: from OLLAMA_HOST, else 11434).
     #[arg(long)]
     port: Option<u16>,
-    /// Most prompt plus completion tokens per request, and the context the
-    /// memory is planned for unless --plan-context says otherwise. Default:
-    /// what each model and its memory plan allow (`/api/ps` shows it).
+    /// Most prompt plus completion tokens per request, and the context planned
+    /// for unless --plan-context is given. Default: what each model's plan allows.
     #[arg(long)]
     max_context: Option<usize>,
     /// Start every request from an empty state (exact reproducibility).
@@ -579,8 +574,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         server::check_model_name(name)?; // before the slow part, loading
     }
     let options = server::ServerOptions {
-        // Unset: each model's own and its plan's bound requests (`Resident::context_limit`).
-        max_context: args.max_context.unwrap_or(usize::MAX),
+        max_context: args.max_context.unwrap_or(usize::MAX), // else each model's plan bounds it
         prefix_cache: !args.no_prefix_cache,
         queue: args.queue,
         timeouts,
@@ -599,10 +593,7 @@ fn serve(args: ServeArgs) -> Result<()> {
     let (directories, load_first) = ServedModels::resolve(&args.model, &args.name)?;
     let cache = options.pulls.as_ref().map(|p| p.cache_root.clone());
     let catalog = server::ModelCatalog::new(directories, cache);
-    let mut request = args.memory.request();
-    if let (Some(n), None) = (args.max_context, args.memory.plan_context) {
-        (request.context_tokens, request.grow_to) = (n, None);
-    }
+    let request = args.memory.request().for_context(args.memory.plan_context.or(args.max_context));
     let loader = ServeLoader::new(args.backend.backend.clone(), request, !args.no_elastic);
     let config = server::ServeConfig { listener, catalog, loader: std::sync::Arc::new(loader), load_first, options };
     server::serve(config)

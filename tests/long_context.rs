@@ -1,7 +1,10 @@
 //! A context past 4k tokens: the YaRN fixture (its config takes 8,192) fed
-//! a prompt of 4,200 tokens decodes the same greedy ids on the wgpu backend
-//! (lavapipe in CI; the default mode and `:exact`) as on `cpu:exact`, with
-//! the last prompt position's logits within the oracle tolerance.
+//! a prompt of 4,100 tokens decodes the same greedy ids on the wgpu backend
+//! as on `cpu:exact`, with the prompt's logits within the oracle tolerance.
+//! On lavapipe (CI) the default mode is `:exact` (f32 matmuls and KV on a
+//! software rasterizer), so one run covers both. Prefill takes the engine's
+//! default chunk (256): on lavapipe, 2,048-token chunks (what `run` gives a
+//! resident wgpu model) took 2.5x as long here.
 //!
 //! Needs a Vulkan (or Metal) device; lavapipe is enough. Without one the
 //! wgpu half fails with instructions, unless SLOTSTREAM_SKIP_GPU_TESTS=1.
@@ -16,8 +19,8 @@ use slotstream_backend::Backend;
 use slotstream_wgpu::{AdapterChoice, MatmulMode, WgpuBackend, WgpuOptions};
 
 const FIXTURE: &str = "qwen3_moe_yarn";
-const PROMPT_TOKENS: usize = 4200;
-const GENERATED: usize = 24;
+const PROMPT_TOKENS: usize = 4100;
+const GENERATED: usize = 16;
 
 /// The fixture's 675-token case, repeated to [`PROMPT_TOKENS`].
 fn long_prompt() -> Vec<u32> {
@@ -59,19 +62,17 @@ fn a_4k_context_decodes_the_same_on_wgpu_as_on_cpu_exact() {
         eprintln!("SLOTSTREAM_SKIP_GPU_TESTS=1: skipping the wgpu half");
         return;
     }
-    for (mode, matmul) in [("default", None), ("exact", Some(MatmulMode::Exact))] {
-        let options = WgpuOptions { matmul: matmul.or(WgpuOptions::from_env().matmul), ..WgpuOptions::from_env() };
-        let backend = WgpuBackend::with_options(&AdapterChoice::allow_software(), options).unwrap_or_else(|e| {
-            panic!(
-                "no GPU adapter: {e}\nInstall a Vulkan driver (apt-get install -y mesa-vulkan-drivers; \
-                 VK_DRIVER_FILES=/usr/share/vulkan/icd.d/lvp_icd.x86_64.json XDG_RUNTIME_DIR=/tmp) \
-                 or set SLOTSTREAM_SKIP_GPU_TESTS=1"
-            )
-        });
-        let (logits, ids) = decode(Box::new(backend), &prompt);
-        let err = rel_l2(&logits, &cpu_logits);
-        assert!(err <= MAX_REL_L2, "wgpu ({mode}) at {PROMPT_TOKENS} tokens: prompt logits rel L2 {err:.3e} from cpu:exact");
-        assert_eq!(ids, cpu_ids, "wgpu ({mode}) at {PROMPT_TOKENS} tokens: greedy ids differ from cpu:exact");
-        eprintln!("wgpu ({mode}) at {PROMPT_TOKENS}+{GENERATED} positions: rel L2 {err:.2e}, {GENERATED} greedy ids equal to cpu:exact");
-    }
+    let backend = WgpuBackend::with_options(&AdapterChoice::allow_software(), WgpuOptions::from_env()).unwrap_or_else(|e| {
+        panic!(
+            "no GPU adapter: {e}\nInstall a Vulkan driver (apt-get install -y mesa-vulkan-drivers; \
+             VK_DRIVER_FILES=/usr/share/vulkan/icd.d/lvp_icd.x86_64.json XDG_RUNTIME_DIR=/tmp) \
+             or set SLOTSTREAM_SKIP_GPU_TESTS=1"
+        )
+    });
+    let mode = if backend.matmul_mode() == MatmulMode::Exact { "exact" } else { "int8" };
+    let (logits, ids) = decode(Box::new(backend), &prompt);
+    let err = rel_l2(&logits, &cpu_logits);
+    assert!(err <= MAX_REL_L2, "wgpu ({mode}) at {PROMPT_TOKENS} tokens: prompt logits rel L2 {err:.3e} from cpu:exact");
+    assert_eq!(ids, cpu_ids, "wgpu ({mode}) at {PROMPT_TOKENS} tokens: greedy ids differ from cpu:exact");
+    eprintln!("wgpu ({mode}) at {PROMPT_TOKENS}+{GENERATED} positions: rel L2 {err:.2e}, {GENERATED} greedy ids equal to cpu:exact");
 }

@@ -104,6 +104,20 @@ pub struct PlanRequest {
     pub mtp: MtpMode,
 }
 
+/// The context a plan holds KV for at least when none is asked for.
+pub const DEFAULT_PLAN_CONTEXT: usize = 4096;
+
+impl PlanRequest {
+    /// Exactly `tokens` of context when given; else at least
+    /// [`DEFAULT_PLAN_CONTEXT`], grown to the model's where memory allows.
+    pub fn for_context(self, tokens: Option<usize>) -> PlanRequest {
+        match tokens {
+            Some(n) => PlanRequest { context_tokens: n, grow_to: None, ..self },
+            None => PlanRequest { context_tokens: DEFAULT_PLAN_CONTEXT, grow_to: Some(usize::MAX), ..self },
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum PlanMode {
