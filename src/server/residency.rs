@@ -75,8 +75,12 @@ impl Resident {
     /// The longest context a request may use: `server_max` (--max-context),
     /// at most the model's own and the context its plan holds KV for.
     pub fn context_limit(&self, server_max: usize) -> usize {
-        let planned = lock(&self.plan).as_ref().map_or(usize::MAX, |p| p.context_tokens);
-        server_max.min(planned).min(self.engine.context_length())
+        server_max.min(self.planned_context()).min(self.engine.context_length())
+    }
+
+    /// The context the model's memory plan holds KV for (unbounded without a plan).
+    pub fn planned_context(&self) -> usize {
+        lock(&self.plan).as_ref().map_or(usize::MAX, |p| p.context_tokens)
     }
 
     /// Why a context of `tokens` is refused: the memory it needs beyond the
