@@ -52,19 +52,10 @@ impl PlannedModel {
         &self.arch.dir
     }
 
-    /// What a context of `tokens` costs beyond the `planned` tokens the plan
-    /// holds KV for: said where such a context is refused.
-    pub fn context_need(&self, tokens: usize, planned: usize) -> String {
-        let per_token = self.costs.kv_bytes_per_token;
-        let more = per_token * tokens.saturating_sub(planned) as u64;
-        format!(
-            "a context of {tokens} tokens needs {:.2} GB of KV cache, {:.2} GB more than the planned {planned} \
-             (a peak of ~{:.1} GB; {:.1} GB is reclaimable now)",
-            (per_token * tokens as u64) as f64 / 1e9,
-            more as f64 / 1e9,
-            (self.plan.peak_bytes + more) as f64 / 1e9,
-            self.machine.available as f64 / 1e9
-        )
+    /// What a context of `tokens` costs beyond the tokens the plan holds KV
+    /// for: said where such a context is refused.
+    pub fn context_need(&self, tokens: usize) -> String {
+        self.plan.context_need(tokens, Some(self.machine.available))
     }
 
     /// The plan's banner, shown before loading.
@@ -261,8 +252,10 @@ impl ModelLoader for ServeLoader {
         announce(&planned, &backend.name(), no_gpu.as_deref(), self.verbose);
         let engine = planned.load(backend)?;
         // Only an auto-sized pool follows free memory: an explicit size is a promise.
+        // Re-plans keep the context this plan holds KV for (requests are bounded by it).
+        let request = PlanRequest { context_tokens: planned.plan.context_tokens, grow_to: None, ..self.request.clone() };
         let elastic = (self.elastic && planned.plan.mode == PlanMode::Auto)
-            .then(|| Elastic { costs: planned.costs.clone(), request: self.request.clone() });
+            .then(|| Elastic { costs: planned.costs.clone(), request });
         Ok(LoadedEngine { engine, plan: Some(planned.plan), elastic })
     }
 }

@@ -56,10 +56,11 @@ struct MemoryArgs {
     /// Keep the whole process within this many GB.
     #[arg(long)]
     memory_gb: Option<f64>,
-    /// Context length the KV cache is planned for: `run` generates no further (nor past the
-    /// model's own); `serve` takes longer requests, to --max-context, while memory allows.
-    #[arg(long, default_value_t = 4096)]
-    plan_context: usize,
+    /// Context length the KV cache is planned for; `run` generates no further than this.
+    /// Default: as long as the model takes and memory allows (an auto-sized pool gives
+    /// slots to reach 32768 tokens; the plan says so).
+    #[arg(long)]
+    plan_context: Option<usize>,
     /// Show the memory plan (and `run`'s speeds) also when every expert fits in memory.
     #[arg(short, long)]
     verbose: bool,
@@ -72,15 +73,14 @@ struct MemoryArgs {
 /// Which compute backend runs the model.
 #[derive(Args, Clone)]
 struct BackendArgs {
-    /// `auto` (a real GPU through wgpu if there is one, else the CPU), `cpu`
-    /// (int8 activations for 4-bit weights, like llama.cpp), `cpu:exact` (f32
-    /// activations everywhere: the reference the oracle tests use), `wgpu` (a
-    /// real GPU or fail), `wgpu:software` (allow a software rasterizer such as
-    /// lavapipe, for tests) or `wgpu:NAME` (an adapter whose name contains NAME).
-    /// On a real GPU one-token 4-bit matmuls take int8 activations; a `:exact`
-    /// suffix (`wgpu:exact`, `wgpu:software:exact`, ...) or
-    /// `SLOTSTREAM_WGPU_MATMUL=exact` keeps f32 (a software rasterizer, only
-    /// used by tests, defaults to f32; `SLOTSTREAM_WGPU_MATMUL=int8` overrides).
+    /// `auto` (a real GPU through wgpu if there is one, else the CPU), `cpu` (int8
+    /// activations for 4-bit weights, like llama.cpp), `cpu:exact` (f32 activations
+    /// everywhere: the reference the oracle tests use), `wgpu` (a real GPU or fail),
+    /// `wgpu:software` (allow a software rasterizer such as lavapipe, for tests) or
+    /// `wgpu:NAME` (an adapter whose name contains NAME). On a real GPU one-token 4-bit
+    /// matmuls take int8 activations; a `:exact` suffix (`wgpu:exact`, ...) or
+    /// `SLOTSTREAM_WGPU_MATMUL=exact` keeps f32 (a software rasterizer, only used by
+    /// tests, defaults to f32; `SLOTSTREAM_WGPU_MATMUL=int8` overrides).
     #[arg(long, default_value = "auto")]
     backend: BackendSpec,
 }
@@ -92,9 +92,10 @@ impl MemoryArgs {
             experts_per_layer: self.experts_per_layer,
             pool_gb: self.pool_gb,
             memory_gb: self.memory_gb,
-            context_tokens: self.plan_context,
             mtp: self.mtp,
+            ..Default::default()
         }
+        .for_context(self.plan_context)
     }
 }
 
@@ -151,23 +152,22 @@ struct DoctorArgs {
 
 #[derive(Args)]
 struct ServeArgs {
-    /// A model to serve besides every pulled one: a directory, a known model
-    /// name (`qwen3.8-flash-next:4bit`) or `hf:ORG/NAME[@REV]` pulled earlier.
-    /// May be given several times; the first is loaded at start. Default: the
-    /// flagship if it is installed, else the bundled demo model.
+    /// A model to serve besides every pulled one: a directory, a known model name
+    /// (`qwen3.8-flash-next:4bit`) or `hf:ORG/NAME[@REV]` pulled earlier. May be given
+    /// several times; the first is loaded at start. Default: the flagship if it is
+    /// installed, else the bundled demo model.
     #[arg(long)]
     model: Vec<String>,
     /// Name clients use for a `--model`: the first `--name` names the first
     /// `--model`, and so on (default: the directory's name).
     #[arg(long)]
     name: Vec<String>,
-    /// How long a model stays loaded after its last request: a duration
-    /// (`30s`, `10m`, `1h`) or seconds; 0 unloads at once, a negative value
-    /// keeps models loaded (default: from OLLAMA_KEEP_ALIVE, else 5m).
+    /// How long a model stays loaded after its last request: a duration (`30s`, `10m`,
+    /// `1h`) or seconds; 0 unloads at once, a negative value keeps models loaded
+    /// (default: from OLLAMA_KEEP_ALIVE, else 5m).
     #[arg(long, allow_hyphen_values = true)]
     keep_alive: Option<String>,
-    /// Models loaded at once at most (default: from OLLAMA_MAX_LOADED_MODELS,
-    /// else 3); free memory may allow fewer.
+    /// Models loaded at once at most (default: from OLLAMA_MAX_LOADED_MODELS, else 3).
     #[arg(long)]
     max_loaded_models: Option<usize>,
     /// Address to listen on (default: from OLLAMA_HOST, else 127.0.0.1).
@@ -176,9 +176,10 @@ struct ServeArgs {
     /// Port (default: from OLLAMA_HOST, else 11434).
     #[arg(long)]
     port: Option<u16>,
-    /// Most prompt plus completion tokens per request.
-    #[arg(long, default_value_t = 32768)]
-    max_context: usize,
+    /// Most prompt plus completion tokens per request, and the context planned
+    /// for unless --plan-context is given. Default: what each model's plan allows.
+    #[arg(long)]
+    max_context: Option<usize>,
     /// Start every request from an empty state (exact reproducibility).
     #[arg(long)]
     no_prefix_cache: bool,
@@ -384,9 +385,8 @@ impl RunArgs {
         Ok(Some(text.trim_end_matches(['\n', '\r']).to_string()))
     }
 
-    /// The chat's settings: the sampling flags, and the context the memory
-    /// was planned for (at most the model's).
-    fn chat_settings(&self, engine: &Engine) -> slotstream::chat::ChatSettings {
+    /// The chat's settings: the sampling flags, and the planned context (at most the model's).
+    fn chat_settings(&self, engine: &Engine, planned: &PlannedModel) -> slotstream::chat::ChatSettings {
         slotstream::chat::ChatSettings {
             sampling: self.generate_request(Vec::new(), self.max_tokens).sampling,
             max_tokens: self.max_tokens,
@@ -394,20 +394,19 @@ impl RunArgs {
             think: self.think,
             stop: self.stop.clone(),
             ignore_eos: self.ignore_eos,
-            context: self.memory.plan_context.min(engine.context_length()),
+            context: planned.plan.context_tokens.min(engine.context_length()),
         }
     }
 
-    /// The request, with `--max-tokens` cut to what fits in the context the
-    /// memory was planned for (`--plan-context`, at most the model's); a
-    /// context refused says what memory a long enough one needs (`planned`).
+    /// The request, with `--max-tokens` cut to what fits in the planned context (at most the
+    /// model's); a context refused says what memory a long enough one needs (`planned`).
     fn bounded_request(&self, prompt_ids: Vec<u32>, model_context: usize, planned: &PlannedModel) -> Result<GenerateRequest> {
-        let (context, what) = if self.memory.plan_context < model_context {
-            (self.memory.plan_context, "the planned context (--plan-context)")
+        let (context, what) = if planned.plan.context_tokens < model_context {
+            (planned.plan.context_tokens, "the planned context")
         } else {
-            (model_context, "the model's context (max_position_embeddings)")
+            (model_context, "the model's context (max_position_embeddings, with its RoPE scaling)")
         };
-        let need = || planned.context_need((prompt_ids.len() + self.max_tokens).min(model_context), self.memory.plan_context);
+        let need = || planned.context_need((prompt_ids.len() + self.max_tokens).min(model_context));
         let max_tokens = match generate::tokens_within_context(prompt_ids.len(), self.max_tokens, context, what) {
             Ok(n) => n,
             Err(e) if model_context == usize::MAX => anyhow::bail!("{e}, or raise --plan-context: {}", need()),
@@ -491,7 +490,7 @@ fn run(args: RunArgs) -> Result<ExitCode> {
     let model = resolve_model(args.model.as_deref())?;
     let (engine, planned) = load_planned(&model.dir, &args.memory.request(), &args.backend.backend, args.memory.verbose)?;
     let Some(prompt) = prompt else {
-        return slotstream::chat::run_chat(&engine, args.chat_settings(&engine)).map(|()| ExitCode::SUCCESS);
+        return slotstream::chat::run_chat(&engine, args.chat_settings(&engine, &planned)).map(|()| ExitCode::SUCCESS);
     };
     let prompt_ids = args.prompt_ids(&engine, &prompt)?;
     let request = args.bounded_request(prompt_ids, engine.context_length(), &planned)?;
@@ -575,7 +574,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         server::check_model_name(name)?; // before the slow part, loading
     }
     let options = server::ServerOptions {
-        max_context: args.max_context,
+        max_context: args.max_context.unwrap_or(usize::MAX), // else each model's plan bounds it
         prefix_cache: !args.no_prefix_cache,
         queue: args.queue,
         timeouts,
@@ -594,7 +593,8 @@ fn serve(args: ServeArgs) -> Result<()> {
     let (directories, load_first) = ServedModels::resolve(&args.model, &args.name)?;
     let cache = options.pulls.as_ref().map(|p| p.cache_root.clone());
     let catalog = server::ModelCatalog::new(directories, cache);
-    let loader = ServeLoader::new(args.backend.backend.clone(), args.memory.request(), !args.no_elastic, args.memory.verbose);
+    let request = args.memory.request().for_context(args.memory.plan_context.or(args.max_context));
+    let loader = ServeLoader::new(args.backend.backend.clone(), request, !args.no_elastic, args.memory.verbose);
     let config = server::ServeConfig { listener, catalog, loader: std::sync::Arc::new(loader), load_first, options };
     server::serve(config)
 }

@@ -110,6 +110,24 @@ fn run_generates_no_further_than_the_planned_context() {
     assert!(stderr.contains("GB of KV cache") && stderr.contains("more than the planned 2"), "{stderr}");
 }
 
+/// With no --plan-context the plan holds KV for the model's whole context
+/// (the YaRN fixture: 256 trained positions x 32 = 8,192), `run --json` and
+/// the banner say so, and generation may use it.
+#[test]
+fn run_plans_the_models_own_context_by_default() {
+    let yarn = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_moe_yarn");
+    let output = slotstream()
+        .args(["run", "--prompt", "The sea was calm", "--raw", "--backend", "cpu", "--max-tokens", "4", "--json", "--model"])
+        .arg(&yarn)
+        .output()
+        .expect("running slotstream");
+    assert!(output.status.success(), "{}", stderr_of(&output));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("one JSON object");
+    assert_eq!(report["plan"]["context_tokens"], 8192, "{report}");
+    assert!(report["plan"]["kv_bytes_per_token"].as_u64().is_some_and(|b| b > 0), "{report}");
+    assert!(stderr_of(&output).contains("context: 8192 tokens"), "{}", stderr_of(&output));
+}
+
 #[test]
 fn a_revision_that_is_a_path_is_refused_without_reading_it() {
     let scratch = tempfile::tempdir().expect("creating a scratch folder");

@@ -102,7 +102,7 @@ impl Backend for ShapeOnly {
     fn l2_normalize(&self, _: &Tensor, _: usize, _: f32, _: f32) -> Result<Tensor> {
         Err(no("l2_normalize"))
     }
-    fn rope(&self, _: &Tensor, _: usize, _: usize, _: f32, _: usize) -> Result<Tensor> {
+    fn rope(&self, _: &Tensor, _: usize, _: usize, _: slotstream_backend::Rope, _: usize) -> Result<Tensor> {
         Err(no("rope"))
     }
     fn new_kv_cache(&self, _: usize, _: usize) -> Result<State> {

@@ -68,6 +68,12 @@ fn qwen3_next_mlx_4bit_on_wgpu() {
     check_fixture("qwen3_next_mlx4", ExpertSlots::All);
 }
 
+/// YaRN-scaled RoPE (the rotation table from the host, as on the CPU).
+#[test]
+fn qwen3_moe_yarn_on_wgpu() {
+    check_fixture("qwen3_moe_yarn", ExpertSlots::All);
+}
+
 /// Qwen3.5: transformers' fused experts streamed through the smallest pool,
 /// mlx-lm's 4-bit all resident.
 #[test]

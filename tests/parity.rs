@@ -60,6 +60,13 @@ fn qwen3_5_moe_mlx_4bit_matches_oracle() {
     check_fixture("qwen3_5_moe_mlx4");
 }
 
+/// YaRN (`rope_scaling` factor 32 over a trained 256): the float64 numpy
+/// oracle's logits and greedy ids, at 41, 315 and 675 tokens.
+#[test]
+fn qwen3_moe_yarn_matches_oracle() {
+    check_fixture("qwen3_moe_yarn");
+}
+
 /// transformers' fused experts (gate and up halves of one stacked tensor),
 /// streamed through the smallest pool, give the oracle's output too.
 #[test]

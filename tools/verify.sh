@@ -40,6 +40,9 @@ echo "[verify] comparing with tests/fixtures"
 echo "[verify] independent float64 numpy forward vs goldens"
 "$PY" tools/oracle/reference_numpy.py tests/fixtures
 
+echo "[verify] qwen3_moe_yarn: the numpy oracle (YaRN) rebuilds tests/fixtures/qwen3_moe_yarn"
+"$PY" tools/oracle/yarn_fixture.py --check
+
 echo "[verify] qwen4_exp: numpy oracle rebuilds tests/fixtures/qwen4_exp_tiny byte for byte"
 "$PY" tools/oracle/qwen4_exp/build.py --check
 

@@ -246,9 +246,10 @@ impl ModelArch {
         self.text.eos_ids()
     }
 
-    /// The trained context length, when the config states it.
+    /// The longest context the model takes, when the config states it
+    /// (`max_position_embeddings`, extended by YaRN where it asks).
     pub fn context_length(&self) -> Option<u64> {
-        self.text.max_position_embeddings
+        self.text.context_length()
     }
 
     /// The unquantized weights' dtype as the config names it (`torch_dtype`).

@@ -3,7 +3,7 @@
 
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
-use slotstream_backend::GateAct;
+use slotstream_backend::{GateAct, Rope, Yarn};
 
 fn default_eps() -> f32 {
     1e-6
@@ -60,8 +60,6 @@ pub struct MoeConfig {
     #[serde(default)]
     pub rope_parameters: Option<RopeParameters>,
     #[serde(default)]
-    pub rope_scaling: Option<serde_json::Value>,
-    #[serde(default)]
     pub tie_word_embeddings: bool,
     #[serde(default)]
     pub attention_bias: bool,
@@ -102,12 +100,16 @@ pub struct MoeConfig {
     /// The dtype of unquantized weights (shown to clients).
     #[serde(default)]
     pub torch_dtype: Option<serde_json::Value>,
+    /// YaRN, when `rope_scaling` (or `rope_parameters`) asks for it.
+    #[serde(skip)]
+    pub yarn: Option<Yarn>,
 }
 
 impl MoeConfig {
     pub fn parse(value: &serde_json::Value) -> Result<MoeConfig> {
-        let c: MoeConfig = serde_json::from_value(value.clone())
+        let mut c: MoeConfig = serde_json::from_value(value.clone())
             .context("config.json is missing a field this architecture needs, or has one of the wrong type")?;
+        c.yarn = rope_scaling(value, c.max_position_embeddings)?;
         c.check()?;
         Ok(c)
     }
@@ -115,17 +117,6 @@ impl MoeConfig {
     fn check(&self) -> Result<()> {
         if self.attention_bias {
             bail!("config.json sets attention_bias: true, which these Qwen families never use and slotstream does not support");
-        }
-        if let Some(scaling) = &self.rope_scaling {
-            let kind = scaling.get("rope_type").or_else(|| scaling.get("type")).and_then(|t| t.as_str());
-            if !scaling.is_null() && kind != Some("default") {
-                bail!("config.json rope_scaling {scaling} is not supported yet (only unscaled RoPE)");
-            }
-        }
-        if let Some(kind) = self.rope_parameters.as_ref().and_then(|r| r.rope_type.as_deref()) {
-            if kind != "default" {
-                bail!("config.json rope_parameters.rope_type '{kind}' is not supported yet (only 'default')");
-            }
         }
         if self.num_attention_heads == 0 || self.kv_heads() == 0 || self.num_attention_heads % self.kv_heads() != 0 {
             bail!(
@@ -173,6 +164,9 @@ impl MoeConfig {
                 bail!("config.json: max_position_embeddings is {context} (expected 1 to {})", 1u64 << 24);
             }
         }
+        if let Some(context) = self.context_length().filter(|&n| n > 1 << 24) {
+            bail!("config.json: rope_scaling extends the context to {context} positions (expected at most {})", 1u64 << 24);
+        }
         let theta = self.rope_theta();
         if !(theta.is_finite() && theta > 0.0) {
             bail!("config.json: rope_theta {theta} is not a positive number");
@@ -209,6 +203,21 @@ impl MoeConfig {
             .unwrap_or(10000.0)
     }
 
+    /// The rotary embedding: `rope_theta`, YaRN-scaled where the config asks.
+    pub fn rope(&self) -> Rope {
+        Rope { theta: self.rope_theta(), yarn: self.yarn }
+    }
+
+    /// The longest context the model takes: `max_position_embeddings`, or
+    /// YaRN's trained context times its factor where that is longer.
+    pub fn context_length(&self) -> Option<u64> {
+        let scaled = self.yarn.map(|y| (y.original_context * y.factor).round() as u64);
+        match (self.max_position_embeddings, scaled) {
+            (Some(m), Some(s)) => Some(m.max(s)),
+            (m, s) => m.or(s),
+        }
+    }
+
     pub fn partial_rotary_factor(&self) -> f32 {
         self.partial_rotary_factor
             .or_else(|| self.rope_parameters.as_ref().and_then(|r| r.partial_rotary_factor))
@@ -229,6 +238,61 @@ impl MoeConfig {
             format!("layer {layer} is a dense MLP layer but config.json has no intermediate_size")
         })
     }
+}
+
+/// YaRN from `rope_scaling`, or from transformers 5's `rope_parameters`
+/// (the same keys), as the HF convention defines them: `factor`,
+/// `original_max_position_embeddings` (default: `max_position_embeddings`),
+/// `beta_fast` (32), `beta_slow` (1), `attention_factor` (default: from
+/// `factor`, `mscale` and `mscale_all_dim`), `truncate` (true). `None` for
+/// unscaled RoPE; any other scaling is refused.
+fn rope_scaling(config: &serde_json::Value, max_positions: Option<u64>) -> Result<Option<Yarn>> {
+    let present = |key| config.get(key).filter(|v: &&serde_json::Value| !v.is_null());
+    let Some((key, scaling)) = present("rope_scaling").map(|s| ("rope_scaling", s)).or_else(|| present("rope_parameters").map(|s| ("rope_parameters", s)))
+    else {
+        return Ok(None);
+    };
+    let kind = scaling.get("rope_type").or_else(|| scaling.get("type")).and_then(|t| t.as_str()).unwrap_or("default");
+    match kind {
+        "default" => return Ok(None),
+        "yarn" => {}
+        other => bail!("config.json {key} asks for '{other}' RoPE scaling ({scaling}), which slotstream does not support (only 'yarn' and unscaled RoPE)"),
+    }
+    let number = |name: &str| -> Result<Option<f64>> {
+        match scaling.get(name) {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(v) => v.as_f64().filter(|x| x.is_finite()).map(Some).with_context(|| format!("config.json {key}: {name} is {v}, not a number")),
+        }
+    };
+    let factor = number("factor")?.with_context(|| format!("config.json {key}: YaRN needs a 'factor' (how many times the trained context)"))?;
+    if !(1.0..=1024.0).contains(&factor) {
+        bail!("config.json {key}: YaRN factor {factor} is not between 1 and 1024");
+    }
+    let original = match number("original_max_position_embeddings")? {
+        Some(n) => n,
+        None => max_positions.with_context(|| {
+            format!("config.json {key}: YaRN needs original_max_position_embeddings (or max_position_embeddings)")
+        })? as f64,
+    };
+    if !(1.0..=(1u64 << 24) as f64).contains(&original) {
+        bail!("config.json {key}: original_max_position_embeddings {original} is not between 1 and {}", 1u64 << 24);
+    }
+    let (beta_fast, beta_slow) = (number("beta_fast")?.unwrap_or(32.0), number("beta_slow")?.unwrap_or(1.0));
+    if !(beta_fast > 0.0 && beta_slow > 0.0) {
+        bail!("config.json {key}: YaRN beta_fast {beta_fast} and beta_slow {beta_slow} must be positive");
+    }
+    let attention_factor = match number("attention_factor")? {
+        Some(a) => a,
+        None => Yarn::default_attention_factor(factor, number("mscale")?, number("mscale_all_dim")?),
+    };
+    if !(attention_factor > 0.0 && attention_factor.is_finite()) {
+        bail!("config.json {key}: YaRN attention factor {attention_factor} is not a positive number");
+    }
+    let truncate = match scaling.get("truncate") {
+        None | Some(serde_json::Value::Null) => true,
+        Some(v) => v.as_bool().with_context(|| format!("config.json {key}: truncate is {v}, not true or false"))?,
+    };
+    Ok(Some(Yarn { factor, original_context: original, beta_fast, beta_slow, attention_factor, truncate }))
 }
 
 /// Refuses a value outside `least..=most`, naming the key and the range.
@@ -312,5 +376,53 @@ impl Qwen4Config {
     /// N-gram heads per token: every order from 2 to `ngram_size`, `heads_per_ngram` each.
     pub fn ngram_heads(&self) -> usize {
         (self.ngram_size - 1) * self.heads_per_ngram
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(extra: serde_json::Value) -> Result<MoeConfig> {
+        let mut c = serde_json::json!({"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 512, "num_experts": 8,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 32, "rope_theta": 1e6, "max_position_embeddings": 40960});
+        c.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        MoeConfig::parse(&c)
+    }
+
+    #[test]
+    fn yarn_scales_the_rope_and_the_context() {
+        // Qwen3's recipe: factor 4 over the trained 32768.
+        let c = config(serde_json::json!({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}})).unwrap();
+        let yarn = c.rope().yarn.expect("yarn");
+        assert_eq!((yarn.factor, yarn.original_context, yarn.beta_fast, yarn.beta_slow, yarn.truncate), (4.0, 32768.0, 32.0, 1.0, true));
+        assert!((yarn.attention_factor - (0.1 * 4f64.ln() + 1.0)).abs() < 1e-12);
+        assert_eq!(c.context_length(), Some(131072));
+        // `type` (older configs), an explicit attention factor, and transformers 5's rope_parameters.
+        let c = config(serde_json::json!({"rope_scaling": {"type": "yarn", "factor": 2, "attention_factor": 1.5}})).unwrap();
+        assert_eq!((c.rope().yarn.unwrap().attention_factor, c.context_length()), (1.5, Some(81920)));
+        let c = config(serde_json::json!({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e7, "factor": 8, "original_max_position_embeddings": 4096}})).unwrap();
+        assert_eq!(c.context_length(), Some(40960));
+        // Unscaled: none.
+        assert_eq!(config(serde_json::json!({"rope_scaling": null})).unwrap().rope().yarn, None);
+        assert_eq!(config(serde_json::json!({"rope_scaling": {"rope_type": "default"}})).unwrap().context_length(), Some(40960));
+    }
+
+    #[test]
+    fn other_scalings_and_bad_yarn_values_are_refused_by_name() {
+        for (scaling, says) in [
+            (serde_json::json!({"rope_type": "linear", "factor": 2.0}), "'linear' RoPE scaling"),
+            (serde_json::json!({"type": "dynamic", "factor": 2.0}), "'dynamic' RoPE scaling"),
+            (serde_json::json!({"rope_type": "yarn"}), "needs a 'factor'"),
+            (serde_json::json!({"rope_type": "yarn", "factor": 0.5}), "factor 0.5"),
+            (serde_json::json!({"rope_type": "yarn", "factor": "4"}), "factor is \"4\", not a number"),
+            (serde_json::json!({"rope_type": "yarn", "factor": 4, "beta_fast": -1}), "beta_fast"),
+            (serde_json::json!({"rope_type": "yarn", "factor": 4, "truncate": 1}), "truncate"),
+            (serde_json::json!({"rope_type": "yarn", "factor": 1000, "original_max_position_embeddings": 1 << 20}), "extends the context"),
+        ] {
+            let e = config(serde_json::json!({ "rope_scaling": scaling })).unwrap_err();
+            assert!(format!("{e:#}").contains(says), "{scaling}: {e:#}");
+        }
     }
 }

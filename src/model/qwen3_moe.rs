@@ -38,7 +38,7 @@ pub fn load(arch: &ModelArch, b: &dyn Backend, opts: &LoadOptions) -> Result<Dec
             kv_heads: kvh,
             head_dim: hd,
             rotary_dim: hd,
-            rope_theta: c.rope_theta(),
+            rope: c.rope(),
             gated: false,
             selector: None,
         };

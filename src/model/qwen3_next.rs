@@ -43,7 +43,7 @@ pub(crate) fn gated_attention(cx: &LoadCx<'_>, a: &str, norm_shift: f32, selecto
         kv_heads: kvh,
         head_dim: hd,
         rotary_dim: (hd as f32 * c.partial_rotary_factor()) as usize,
-        rope_theta: c.rope_theta(),
+        rope: c.rope(),
         gated: true,
         selector,
     })

@@ -57,6 +57,8 @@ pub struct ModelCosts {
     /// KV cache bytes per token of context (keys and values as the backend
     /// stores them, plus QSA indexer keys).
     pub kv_bytes_per_token: u64,
+    /// The longest context the model takes (its config's, YaRN included).
+    pub context_length: Option<usize>,
     /// Recurrent and convolution state, independent of context length.
     pub state_bytes: u64,
     /// Other resident caches the model needs (the n-gram row cache).
@@ -270,6 +272,7 @@ impl ModelCosts {
             hidden_size: c.hidden_size,
             moe_intermediate: c.moe_intermediate_size,
             kv_bytes_per_token: arch.context_bytes_per_token(kv),
+            context_length: arch.context_length().map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
             state_bytes: arch.fixed_state_bytes(),
             extra_bytes: if ngram > 0 { crate::model::DEFAULT_NGRAM_CACHE_BYTES as u64 } else { 0 },
             mtp_bytes: if arch.qwen4.is_some() { std::fs::metadata(mtp_path).map(|m| m.len()).unwrap_or(0) } else { 0 },
@@ -304,6 +307,7 @@ impl ModelCosts {
             // 12 full-attention layers x (K and V x 2 KV heads x 256 as `kv`,
             // plus the QSA indexer's 128-wide raw key and a quarter of a pooled key in f32).
             kv_bytes_per_token: 12 * ((2 * 2 * 256 * kv.size()) as u64 + (128 + 32) * 4),
+            context_length: Some(262_144),
             // 36 DeltaNet layers: 48 heads x 128 x 128 f32 state + a 3-step conv window.
             state_bytes: 36 * (48 * 128 * 128 + 3 * (2 * 16 * 128 + 48 * 128)) * 4,
             // The bounded n-gram row cache.

@@ -11,6 +11,7 @@
 //! curve and the machine's rates: [`knee`]) or lower, and never goes
 //! below the model's minimum.
 
+pub mod context;
 pub mod costs;
 pub mod estimate;
 pub mod governor;
@@ -96,9 +97,28 @@ pub struct PlanRequest {
     pub experts_per_layer: Option<usize>,
     pub pool_gb: Option<f64>,
     pub memory_gb: Option<f64>,
-    /// Tokens of context the KV cache is planned for.
+    /// Tokens of context the KV cache is planned for (with `grow_to`: at least).
     pub context_tokens: usize,
+    /// Grow the context past `context_tokens` into the memory left, up to
+    /// this many tokens (the model's own context): the default when no
+    /// context is asked for. An auto-sized pool gives slots to reach
+    /// [`context::AUTO_CONTEXT_FLOOR`].
+    pub grow_to: Option<usize>,
     pub mtp: MtpMode,
+}
+
+/// The context a plan holds KV for at least when none is asked for.
+pub const DEFAULT_PLAN_CONTEXT: usize = 4096;
+
+impl PlanRequest {
+    /// Exactly `tokens` of context when given; else at least
+    /// [`DEFAULT_PLAN_CONTEXT`], grown to the model's where memory allows.
+    pub fn for_context(self, tokens: Option<usize>) -> PlanRequest {
+        match tokens {
+            Some(n) => PlanRequest { context_tokens: n, grow_to: None, ..self },
+            None => PlanRequest { context_tokens: DEFAULT_PLAN_CONTEXT, grow_to: Some(usize::MAX), ..self },
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -147,6 +167,10 @@ pub struct Plan {
     pub expected_decode_from_runs: Option<estimate::FromRuns>,
     /// Whether the MTP head is loaded (its bytes are in `peak_bytes`).
     pub mtp: bool,
+    /// Tokens of context the KV cache is planned for (its bytes are in `peak_bytes`).
+    pub context_tokens: usize,
+    /// What each token of context costs in KV cache.
+    pub kv_bytes_per_token: u64,
     pub notes: Vec<String>,
 }
 
@@ -213,7 +237,10 @@ fn plan_with(model: &ModelCosts, machine: &MachineMemory, req: &PlanRequest, mtp
     let total_experts = model.total_experts();
     let record = model.expert_record_bytes.max(1);
     let head = if mtp { model.mtp_bytes } else { 0 };
-    let fixed = model.fixed_bytes(req.context_tokens) + model.runtime_bytes(DEFAULT_PREFILL_CHUNK) + head;
+    // No more context than the model takes.
+    let model_context = model.context_length.unwrap_or(usize::MAX);
+    let base_context = req.context_tokens.min(model_context);
+    let fixed = model.fixed_bytes(base_context) + model.runtime_bytes(DEFAULT_PREFILL_CHUNK) + head;
     let engine_min = model.engine_min_slots();
     let floor_slots = (FLOOR_EXPERTS_PER_LAYER.max(model.top_k).min(model.experts_per_layer)) * model.moe_layers;
     // A pool of every expert may hold copies of the shared experts too.
@@ -289,12 +316,30 @@ fn plan_with(model: &ModelCosts, machine: &MachineMemory, req: &PlanRequest, mtp
             ));
         }
     }
-    let pool_bytes = slots as u64 * record;
-    // The chunk grows into what is left of the memory the process may use:
-    // the size asked for with --memory-gb, else what auto may use here.
+    // The context, then the chunk, grow into what is left of the memory the
+    // process may use: the size asked for with --memory-gb, else what auto may use here.
     let limit = if mode == PlanMode::MemoryGb { target } else { auto_limit(machine).0 };
-    let prefill_chunk = prefill_chunk(model, limit.saturating_sub(bytes_for(slots)), req.context_tokens);
-    let peak = bytes_for(slots) + (prefill_chunk - DEFAULT_PREFILL_CHUNK) as u64 * model.activation_bytes_per_token();
+    let (slots, context_tokens) = match req.grow_to {
+        Some(most) if most.min(model_context) > base_context => {
+            let room = context::ContextRoom {
+                base: base_context,
+                most: most.min(model_context),
+                kv_bytes_per_token: model.kv_bytes_per_token,
+                limit,
+                may_trade: matches!(mode, PlanMode::Auto | PlanMode::MemoryGb),
+                floor_slots: floor_slots.max(engine_min).min(slots),
+                record_bytes: record,
+            };
+            let grown = context::extend(&room, slots, bytes_for);
+            notes.extend(grown.note);
+            (grown.slots, grown.tokens)
+        }
+        _ => (slots, base_context),
+    };
+    let planned = bytes_for(slots) + (context_tokens - base_context) as u64 * model.kv_bytes_per_token;
+    let pool_bytes = slots as u64 * record;
+    let prefill_chunk = prefill_chunk(model, limit.saturating_sub(planned), context_tokens);
+    let peak = planned + (prefill_chunk - DEFAULT_PREFILL_CHUNK) as u64 * model.activation_bytes_per_token();
     let estimate = model.estimate_decode(slots, &machine.rates);
     if mode != PlanMode::Auto {
         reason = format!("{} sets the pool: {} of {} experts per layer", mode.label(), slots / model.moe_layers.max(1), model.experts_per_layer);
@@ -313,6 +358,8 @@ fn plan_with(model: &ModelCosts, machine: &MachineMemory, req: &PlanRequest, mtp
         expected_decode_tokens_per_second: estimate.tokens_per_second(),
         expected_decode_from_runs: estimate.from_runs,
         mtp,
+        context_tokens,
+        kv_bytes_per_token: model.kv_bytes_per_token,
         notes,
     })
 }
@@ -417,6 +464,25 @@ fn auto_target(
 }
 
 impl Plan {
+    /// What a context of `tokens` costs beyond the tokens this plan holds KV
+    /// for (and, when known, the memory reclaimable now): said where such a
+    /// context is refused.
+    pub fn context_need(&self, tokens: usize, available: Option<u64>) -> String {
+        let per_token = self.kv_bytes_per_token;
+        let more = per_token * tokens.saturating_sub(self.context_tokens) as u64;
+        let mut s = format!(
+            "a context of {tokens} tokens needs {:.2} GB of KV cache, {:.2} GB more than the planned {} (a peak of ~{:.1} GB",
+            gb(per_token * tokens as u64),
+            gb(more),
+            self.context_tokens,
+            gb(self.peak_bytes + more)
+        );
+        if let Some(available) = available {
+            s += &format!("; {:.1} GB is reclaimable now", gb(available));
+        }
+        s + ")"
+    }
+
     /// The banner printed at the start of `run` and `serve`.
     pub fn banner(&self, model: &ModelCosts, machine: &MachineMemory) -> String {
         let mut s = format!("slotstream memory plan ({})\n", self.mode.label());
@@ -441,6 +507,11 @@ impl Plan {
             "  prompt: chunks of up to {} tokens ({:.2} GB of activations)\n",
             self.prefill_chunk,
             gb(self.prefill_chunk as u64 * model.activation_bytes_per_token())
+        );
+        s += &format!(
+            "  context: {} tokens ({:.2} GB of KV cache)\n",
+            self.context_tokens,
+            gb(self.context_tokens as u64 * self.kv_bytes_per_token)
         );
         s += &format!(
             "  expect: peak ~{:.1} GB, decode ~{:.1} tok/s (estimate)",

@@ -124,6 +124,7 @@ fn a_model_that_fits_is_resident_and_one_that_does_not_streams_at_the_knee() {
         hidden_size: 2048,
         moe_intermediate: 768,
         kv_bytes_per_token: 14 * 2 * 4 * 128 * 2,
+        context_length: None,
         state_bytes: 0,
         extra_bytes: 0,
         mtp_bytes: 0,
@@ -252,6 +253,7 @@ fn arithmetic_model() -> ModelCosts {
         hidden_size: 1024,
         moe_intermediate: 256,
         kv_bytes_per_token: 0,
+        context_length: None,
         state_bytes: 0,
         extra_bytes: 0,
         mtp_bytes: 0,
@@ -529,4 +531,30 @@ fn the_prefill_chunk_grows_with_the_memory_left_up_to_the_context() {
     let p = plan(&model, &mac(48.0, 40.0), &req).unwrap();
     assert_eq!(p.prefill_chunk, MAX_PREFILL_CHUNK);
     assert_eq!(p.peak_bytes - peak_at_the_smallest_chunk(&p, &model), (MAX_PREFILL_CHUNK - DEFAULT_PREFILL_CHUNK) as u64 * per_token);
+}
+
+/// With no context asked for, the context grows to what memory allows; where
+/// that is short of 32k tokens an auto pool gives slots for it, and says so;
+/// an explicit pool keeps its slots.
+#[test]
+fn the_default_context_trades_pool_slots_for_kv_and_says_so() {
+    let model = ModelCosts::flagship();
+    let fixed = PlanRequest { context_tokens: 4096, ..Default::default() };
+    let grow = PlanRequest { grow_to: Some(usize::MAX), ..fixed.clone() };
+    let (before, after) = (plan(&model, &mac(48.0, 40.0), &fixed).unwrap(), plan(&model, &mac(48.0, 40.0), &grow).unwrap());
+    assert_eq!(before.context_tokens, 4096);
+    assert!(after.context_tokens >= context::AUTO_CONTEXT_FLOOR && after.slots < before.slots, "{after:?}");
+    let kv = (after.context_tokens - 4096) as u64 * model.kv_bytes_per_token;
+    assert!(after.notes.iter().any(|n| n.contains("to the KV cache")), "{:?}", after.notes);
+    // The peak holds the longer context's KV in place of the slots given.
+    let traded = (before.slots - after.slots) as u64 * model.expert_record_bytes;
+    assert_eq!(peak_at_the_smallest_chunk(&after, &model), peak_at_the_smallest_chunk(&before, &model) - traded + kv);
+    assert!(after.banner(&model, &mac(48.0, 40.0)).contains(&format!("context: {} tokens", after.context_tokens)));
+    // Plenty of memory: the model's whole context, the pool untouched.
+    let big = plan(&model, &MachineMemory::simulated(512.0, Some(480.0), None), &grow).unwrap();
+    assert_eq!(big.context_tokens, 262_144);
+    let explicit = PlanRequest { experts_per_layer: Some(100), ..grow };
+    let p = plan(&model, &mac(48.0, 40.0), &explicit).unwrap();
+    assert_eq!(p.experts_per_layer, 100.0);
+    assert!(!p.notes.iter().any(|n| n.contains("to the KV cache")), "{:?}", p.notes);
 }

@@ -264,6 +264,9 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
     let model = app.lease(&req.model, req.keep_alive).await?;
     // Loading it, or waiting for another request's load (near 0 when loaded).
     let load = leasing.elapsed();
+    // No longer than its memory plan holds KV for (the model's own context
+    // ends a generation softly, below).
+    let limit = limit.min(model.planned_context());
     let fewest = req.prompt.fewest_tokens(&model.engine.codec);
     if fewest >= limit {
         return Err(ApiError::bad_request(format!(
@@ -292,7 +295,8 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
     let prompt_len = prompt_ids.len();
     if prompt_len >= limit {
         return Err(ApiError::bad_request(format!(
-            "the prompt is {prompt_len} tokens, which leaves no room to generate within the context limit of {limit} tokens"
+            "the prompt is {prompt_len} tokens, which leaves no room to generate within the context limit of {limit} tokens{}",
+            model.context_need(prompt_len + 1)
         )));
     }
     // The model's own context bounds every request, whatever --max-context
@@ -312,7 +316,8 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
     };
     if prompt_len.saturating_add(max_tokens) > limit {
         return Err(ApiError::bad_request(format!(
-            "the prompt ({prompt_len} tokens) plus the requested {max_tokens} tokens exceeds the context limit of {limit} tokens"
+            "the prompt ({prompt_len} tokens) plus the requested {max_tokens} tokens exceeds the context limit of {limit} tokens{}",
+            model.context_need(prompt_len.saturating_add(max_tokens))
         )));
     }
     let constraint = match (grammars, req.constraint) {

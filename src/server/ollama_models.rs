@@ -72,8 +72,8 @@ pub async fn ps(State(app): State<Arc<AppState>>) -> Response {
             entry.insert("size".into(), memory.total_bytes.into());
             entry.insert("expires_at".into(), rfc3339(m.expires_at()).into());
             entry.insert("size_vram".into(), 0.into());
-            // What a request may use: --max-context, at most the model's own.
-            entry.insert("context_length".into(), app.options.max_context.min(m.engine.context_length()).into());
+            // What a request may use: --max-context, at most the model's own and its plan's.
+            entry.insert("context_length".into(), m.context_limit(app.options.max_context).into());
             entry.insert("memory".into(), json!(memory));
             Value::Object(entry)
         })
@@ -106,14 +106,17 @@ pub async fn show(State(app): State<Arc<AppState>>, body: Result<Bytes, BytesRej
                 &read_codec
             }
         };
-        Ok(describe(&app2, &info, codec, loaded.as_ref().map(|m| m.memory())))
+        let context = loaded.as_ref().map(|m| m.context_limit(app2.options.max_context));
+        Ok(describe(&app2, &info, codec, loaded.as_ref().map(|m| m.memory()), context))
     })
     .await
     .map_err(|e| super::ApiError::internal(format!("describing the model stopped: {e}")))??;
     Ok(json_response(StatusCode::OK, &shown))
 }
 
-fn describe(app: &AppState, m: &ModelInfo, codec: &TextCodec, memory: Option<super::MemoryReport>) -> Value {
+/// `context`: what a request may use of the loaded model (its plan's bound
+/// included); unloaded, --max-context at most the model's own.
+fn describe(app: &AppState, m: &ModelInfo, codec: &TextCodec, memory: Option<super::MemoryReport>, context: Option<usize>) -> Value {
     let template = codec.chat_template().unwrap_or("").to_string();
     let mut capabilities = vec!["completion"];
     if codec.template_supports_tools() {
@@ -127,8 +130,8 @@ fn describe(app: &AppState, m: &ModelInfo, codec: &TextCodec, memory: Option<sup
     }
     // Ollama's `parameters`: one `name value` per line, the values the
     // server uses unless a request says otherwise.
-    // The context a request gets: --max-context, at most the model's own.
-    let num_ctx = m.context_length.map_or(app.options.max_context, |c| app.options.max_context.min(c as usize));
+    let own = m.context_length.map_or(usize::MAX, |c| usize::try_from(c).unwrap_or(usize::MAX));
+    let num_ctx = context.unwrap_or(app.options.max_context.min(own));
     let mut parameters = format!("num_ctx {num_ctx}");
     for stop in codec.eos_ids.iter().filter_map(|&id| codec.decode_special(id)) {
         parameters.push_str(&format!("\nstop {}", json!(stop)));
@@ -144,7 +147,7 @@ fn describe(app: &AppState, m: &ModelInfo, codec: &TextCodec, memory: Option<sup
         "modified_at": rfc3339(m.modified_at),
         "config": m.config,
         "slotstream": {
-            "max_context": app.options.max_context,
+            "max_context": num_ctx,
             "queue": app.options.queue,
             "loaded": memory.is_some(),
             "memory": memory,

@@ -72,6 +72,23 @@ pub struct Resident {
 }
 
 impl Resident {
+    /// The longest context a request may use: `server_max` (--max-context),
+    /// at most the model's own and the context its plan holds KV for.
+    pub fn context_limit(&self, server_max: usize) -> usize {
+        server_max.min(self.planned_context()).min(self.engine.context_length())
+    }
+
+    /// The context the model's memory plan holds KV for (unbounded without a plan).
+    pub fn planned_context(&self) -> usize {
+        lock(&self.plan).as_ref().map_or(usize::MAX, |p| p.context_tokens)
+    }
+
+    /// Why a context of `tokens` is refused: the memory it needs beyond the
+    /// plan's KV (empty without a plan).
+    pub fn context_need(&self, tokens: usize) -> String {
+        lock(&self.plan).as_ref().map_or_else(String::new, |p| format!(": {}", p.context_need(tokens, None)))
+    }
+
     pub fn memory(&self) -> MemoryReport {
         let expert_cache = lock(&self.expert_stats).clone();
         let prefix_cache = match &self.prefix_cache {
@@ -229,8 +246,9 @@ impl Residency {
         let mut engine = loaded.engine;
         engine.set_parallel(self.parallel)?;
         note!("loaded {} in {:.1}s", entry.name, started.elapsed().as_secs_f64());
+        let context = loaded.plan.as_ref().map_or(usize::MAX, |p| p.context_tokens).min(engine.context_length());
         let prefix_cache =
-            self.prefix_cache.then(|| Mutex::new(PrefixCache::new(PREFIX_CACHE_ENTRIES, self.max_context)));
+            self.prefix_cache.then(|| Mutex::new(PrefixCache::new(PREFIX_CACHE_ENTRIES, self.max_context.min(context))));
         Ok(Arc::new(Resident {
             name: entry.name.clone(),
             dir: entry.dir.clone(),

@@ -63,9 +63,10 @@ def compare_json_values(a, b, tol: float, where: str, errs: list) -> None:
         errs.append(f"{where}: {b!r} vs committed {a!r}")
 
 
-# Built elsewhere: tools/oracle/qwen4_exp/build.py --check compares qwen4_exp_tiny, tools/verify.sh
+# Built elsewhere: tools/oracle/qwen4_exp/build.py --check compares qwen4_exp_tiny, yarn_fixture.py --check
+# qwen3_moe_yarn, tools/verify.sh
 # rebuilds qwen4_exp_slice_tiny with tools/synth.py.
-OTHER_ORACLES = {"qwen4_exp_tiny", "qwen4_exp_slice_tiny"}
+OTHER_ORACLES = {"qwen4_exp_tiny", "qwen4_exp_slice_tiny", "qwen3_moe_yarn"}
 
 
 def compare_dirs(committed: Path, regenerated: Path, tol: float) -> list:

@@ -106,12 +106,55 @@ def linear(x, w):
     return x @ w.T
 
 
-def rope(x, dims, theta, positions):
-    """Rotate-half (non-interleaved) RoPE on the first `dims` features. x: [L, H, D]."""
-    half = dims // 2
+def yarn_frequencies(inv, dims, theta, scaling, max_positions):
+    """YaRN (Peng et al. 2023, "NTK-by-parts" + attention factor), from the paper's formulas.
+
+    A pair whose wavelength 2*pi/inv turns more than beta_fast times over the trained
+    context L keeps its frequency; fewer than beta_slow times, it is divided by the
+    factor s; between, a linear blend over the pair index. The pair index that turns r
+    times is d * ln(L / (2*pi*r)) / (2 ln theta). cos and sin are scaled by the
+    attention factor (default 0.1 ln s + 1).
+    """
+    s = float(scaling["factor"])
+    L = float(scaling.get("original_max_position_embeddings") or max_positions)
+    fast, slow = float(scaling.get("beta_fast") or 32), float(scaling.get("beta_slow") or 1)
+
+    def pair_turning(r):
+        return dims * np.log(L / (2 * np.pi * r)) / (2 * np.log(theta))
+
+    low, high = pair_turning(fast), pair_turning(slow)
+    if scaling.get("truncate", True):
+        low, high = np.floor(low), np.ceil(high)
+    low, high = max(low, 0.0), min(high, dims - 1.0)
+    if low == high:
+        high += 0.001
+    slowed = np.clip((np.arange(len(inv), dtype=np.float64) - low) / (high - low), 0.0, 1.0)
+    blended = inv / s * slowed + inv * (1.0 - slowed)
+    factor = scaling.get("attention_factor")
+    if factor is None:
+        def m(scale):
+            return 1.0 if s <= 1 else 0.1 * scale * np.log(s) + 1.0
+        ms, ms_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        factor = m(ms) / m(ms_all) if ms and ms_all else m(1.0)
+    return blended, float(factor)
+
+
+def rope(x, dims, cfg, positions):
+    """Rotate-half (non-interleaved) RoPE on the first `dims` features. x: [L, H, D].
+
+    Plain RoPE at cfg["rope_theta"], or YaRN when cfg["rope_scaling"] asks for it.
+    """
+    half, theta = dims // 2, float(cfg["rope_theta"])
     inv = theta ** (-np.arange(0, half, dtype=np.float64) * 2.0 / dims)
+    magnitude = 1.0
+    scaling = cfg.get("rope_scaling") or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "yarn":
+        inv, magnitude = yarn_frequencies(inv, dims, theta, scaling, cfg.get("max_position_embeddings"))
+    elif kind != "default":
+        raise ValueError(f"rope_scaling {kind} is not implemented here")
     ang = positions[:, None] * inv[None, :]
-    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    cos, sin = magnitude * np.cos(ang)[:, None, :], magnitude * np.sin(ang)[:, None, :]
     x1, x2 = x[..., :half], x[..., half:dims]
     return np.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos, x[..., dims:]], axis=-1)
 
@@ -160,7 +203,7 @@ def qwen3_moe_attention(x, w, p, cfg):
     q = rms_norm(linear(x, w[f"{p}.q_proj.weight"]).reshape(L, nh, hd), w[f"{p}.q_norm.weight"], eps)
     k = rms_norm(linear(x, w[f"{p}.k_proj.weight"]).reshape(L, nkv, hd), w[f"{p}.k_norm.weight"], eps)
     v = linear(x, w[f"{p}.v_proj.weight"]).reshape(L, nkv, hd)
-    q, k = rope(q, hd, cfg["rope_theta"], pos), rope(k, hd, cfg["rope_theta"], pos)
+    q, k = rope(q, hd, cfg, pos), rope(k, hd, cfg, pos)
     return linear(attention(q, k, v, hd ** -0.5).reshape(L, nh * hd), w[f"{p}.o_proj.weight"])
 
 
@@ -175,7 +218,7 @@ def qwen3_next_attention(x, w, p, cfg):
     k = rms_norm(linear(x, w[f"{p}.k_proj.weight"]).reshape(L, nkv, hd), w[f"{p}.k_norm.weight"], eps)
     v = linear(x, w[f"{p}.v_proj.weight"]).reshape(L, nkv, hd)
     rd = int(hd * cfg["partial_rotary_factor"])
-    q, k = rope(q, rd, cfg["rope_theta"], pos), rope(k, rd, cfg["rope_theta"], pos)
+    q, k = rope(q, rd, cfg, pos), rope(k, rd, cfg, pos)
     o = attention(q, k, v, hd ** -0.5).reshape(L, nh * hd)
     return linear(o * sigmoid(gate), w[f"{p}.o_proj.weight"])
 

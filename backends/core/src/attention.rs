@@ -54,7 +54,7 @@ pub struct QkNorm<'a> {
     pub eps: [f32; 2],
     pub head_dim: usize,
     pub rotary_dim: usize,
-    pub theta: f32,
+    pub rope: crate::Rope,
     pub start_pos: usize,
 }
 
@@ -73,7 +73,7 @@ pub fn attention_qk_norm_composed<B: Backend + ?Sized>(
     n: &QkNorm<'_>,
 ) -> Result<Tensor> {
     let (q_shape, k_shape) = ([q.rows(), q.cols()], [k.rows(), k.cols()]);
-    let (q, k) = b.rms_norm_rope_pair(q, k, n.weights, n.head_dim, n.eps, n.rotary_dim, n.theta, n.start_pos)?;
+    let (q, k) = b.rms_norm_rope_pair(q, k, n.weights, n.head_dim, n.eps, n.rotary_dim, n.rope, n.start_pos)?;
     let (q, k) = (q.reshape(&q_shape)?, k.reshape(&k_shape)?);
     b.attention(&q, &k, v, cache, heads, scale, selection)
 }

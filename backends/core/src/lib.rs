@@ -19,10 +19,12 @@ pub mod checks;
 mod experts;
 pub mod chosen;
 mod host;
+mod rope;
 pub mod routing;
 pub use attention::{attention_qk_norm_composed, KeySelection, QkNorm};
 pub use experts::{add_shared_expert, moe_shared_composed, rows_per_part, ExpertLayout, ExpertMatrix, ExpertPool, Gating, HostExpert, MatrixFormat, Routes, SharedExpert, POOL_WRITE_PART};
 pub use host::{DType, HostMatrix, MatrixData};
+pub use rope::{Rope, Yarn};
 
 /// Errors a backend reports. Shape errors are bugs in model code or a malformed
 /// checkpoint that slipped past the loader; the message says which.
@@ -324,27 +326,27 @@ pub trait Backend: Send + Sync {
     // ---- attention ----
     /// Rotary embedding (rotate-half / GPT-NeoX layout) on the first `rotary_dim`
     /// values of each head of `x: [tokens, heads, head_dim]`; token `i` sits at
-    /// position `start_pos + i`.
-    fn rope(&self, x: &Tensor, head_dim: usize, rotary_dim: usize, theta: f32, start_pos: usize)
+    /// position `start_pos + i`, its angles [`Rope::table`]'s.
+    fn rope(&self, x: &Tensor, head_dim: usize, rotary_dim: usize, rope: Rope, start_pos: usize)
         -> Result<Tensor>;
     /// Per-head RMSNorm (weight of `head_dim` values) and then [`Backend::rope`]
     /// on `x: [tokens, heads*head_dim]`: the q/k norm of attention and its
     /// rotary embedding in one op; equal to `rope(rms_norm(x))`. Returns
     /// `[tokens, heads, head_dim]`.
     #[allow(clippy::too_many_arguments)]
-    fn rms_norm_rope(&self, x: &Tensor, weight: &Tensor, head_dim: usize, eps: f32, rotary_dim: usize, theta: f32, start_pos: usize)
+    fn rms_norm_rope(&self, x: &Tensor, weight: &Tensor, head_dim: usize, eps: f32, rotary_dim: usize, rope: Rope, start_pos: usize)
         -> Result<Tensor> {
         let normed = self.rms_norm(x, Some(weight), head_dim, eps)?;
         let heads = x.cols() / head_dim.max(1);
-        self.rope(&normed.reshape(&[x.rows(), heads, head_dim])?, head_dim, rotary_dim, theta, start_pos)
+        self.rope(&normed.reshape(&[x.rows(), heads, head_dim])?, head_dim, rotary_dim, rope, start_pos)
     }
     /// [`Backend::rms_norm_rope`] of the queries `q` and of the keys `k` of
     /// the same tokens (each with its own norm weight and eps) in one op.
     #[allow(clippy::too_many_arguments)]
-    fn rms_norm_rope_pair(&self, q: &Tensor, k: &Tensor, weights: [&Tensor; 2], head_dim: usize, eps: [f32; 2], rotary_dim: usize, theta: f32, start_pos: usize)
+    fn rms_norm_rope_pair(&self, q: &Tensor, k: &Tensor, weights: [&Tensor; 2], head_dim: usize, eps: [f32; 2], rotary_dim: usize, rope: Rope, start_pos: usize)
         -> Result<(Tensor, Tensor)> {
-        let q = self.rms_norm_rope(q, weights[0], head_dim, eps[0], rotary_dim, theta, start_pos)?;
-        let k = self.rms_norm_rope(k, weights[1], head_dim, eps[1], rotary_dim, theta, start_pos)?;
+        let q = self.rms_norm_rope(q, weights[0], head_dim, eps[0], rotary_dim, rope, start_pos)?;
+        let k = self.rms_norm_rope(k, weights[1], head_dim, eps[1], rotary_dim, rope, start_pos)?;
         Ok((q, k))
     }
     fn new_kv_cache(&self, kv_heads: usize, head_dim: usize) -> Result<State>;

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use rayon::prelude::*;
 use slotstream_backend::{
     checks, routing, Backend, BackendError, DType, ExpertLayout, ExpertMatrix, ExpertPool, GateAct, Gating,
-    HostMatrix, KeySelection, Result, Routes, State, Tensor, Weight,
+    HostMatrix, KeySelection, Result, Rope, Routes, State, Tensor, Weight,
 };
 
 pub use conv::ConvState;
@@ -325,24 +325,10 @@ impl Backend for CpuBackend {
         Ok(tensor(out, x.shape().to_vec()))
     }
 
-    fn rope(&self, x: &Tensor, head_dim: usize, rotary_dim: usize, theta: f32, start_pos: usize) -> Result<Tensor> {
+    fn rope(&self, x: &Tensor, head_dim: usize, rotary_dim: usize, rope: Rope, start_pos: usize) -> Result<Tensor> {
         let (_, heads_per_token) = checks::rope(x, head_dim, rotary_dim)?;
-        let half = rotary_dim / 2;
-        let inv_freq: Vec<f64> =
-            (0..half).map(|i| (theta as f64).powf(-((2 * i) as f64) / rotary_dim as f64)).collect();
         let mut out = data(x)?.to_vec();
-        for (t, tok) in out.chunks_exact_mut(heads_per_token * head_dim).enumerate() {
-            let pos = (start_pos + t) as f64;
-            let cs: Vec<(f32, f32)> =
-                inv_freq.iter().map(|f| ((pos * f).cos() as f32, (pos * f).sin() as f32)).collect();
-            for head in tok.chunks_exact_mut(head_dim) {
-                for (i, &(c, s)) in cs.iter().enumerate() {
-                    let (a, b) = (head[i], head[i + half]);
-                    head[i] = a * c - b * s;
-                    head[i + half] = b * c + a * s;
-                }
-            }
-        }
+        rope.apply(&mut out, head_dim, heads_per_token, rotary_dim, start_pos);
         Ok(tensor(out, x.shape().to_vec()))
     }
 

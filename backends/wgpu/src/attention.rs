@@ -2,7 +2,7 @@
 //! embedding, and causal (optionally block-sparse) attention against a KV
 //! cache the new keys and values were already appended to (`state.rs`).
 
-use slotstream_backend::{attention_qk_norm_composed, checks, BackendError, KeySelection, QkNorm, Result, State, Tensor};
+use slotstream_backend::{attention_qk_norm_composed, checks, BackendError, KeySelection, QkNorm, Result, Rope, State, Tensor};
 
 use crate::gpu::{whole, Bind, Gpu};
 use crate::kernels::params;
@@ -138,32 +138,21 @@ pub(crate) fn rope(
     values: usize,
     [tokens, heads, head_dim]: [usize; 3],
     rotary_dim: usize,
-    theta: f32,
+    rope: Rope,
     start_pos: usize,
 ) -> Result<()> {
     let half = rotary_dim / 2;
-    let angles = rope_angles(gpu, tokens, rotary_dim, theta, start_pos)?;
+    let angles = rope_angles(gpu, tokens, rotary_dim, rope, start_pos)?;
     let n = values;
     let params = RopeParams { n: n as u32, heads: heads as u32, head_dim: head_dim as u32, half: half as u32 };
     let binds = [(ROPE_X, x), (ROPE_OUT, out), (ROPE_ANGLES, whole(&angles))];
     gpu.dispatch("rope", &params, &binds, Gpu::grid((n as u64).div_ceil(256)))
 }
 
-/// The rotary table `[tokens, rotary_dim / 2, (cos, sin)]` for positions
-/// `start_pos..start_pos + tokens`, as a small input of the next submission.
-pub(crate) fn rope_angles(gpu: &Gpu, tokens: usize, rotary_dim: usize, theta: f32, start_pos: usize) -> Result<wgpu::Buffer> {
-    let half = rotary_dim / 2;
-    // Angles in f64 on the host, exactly as the CPU backend computes them.
-    let inv_freq: Vec<f64> = (0..half).map(|i| (theta as f64).powf(-((2 * i) as f64) / rotary_dim as f64)).collect();
-    let mut table = Vec::with_capacity(tokens * half * 2);
-    for t in 0..tokens {
-        let pos = (start_pos + t) as f64;
-        for f in &inv_freq {
-            table.push((pos * f).cos() as f32);
-            table.push((pos * f).sin() as f32);
-        }
-    }
-    gpu.small_input("rope angles", bytemuck::cast_slice(&table))
+/// The rotary table [`Rope::table`] for positions `start_pos..start_pos +
+/// tokens`, as a small input of the next submission.
+pub(crate) fn rope_angles(gpu: &Gpu, tokens: usize, rotary_dim: usize, rope: Rope, start_pos: usize) -> Result<wgpu::Buffer> {
+    gpu.small_input("rope angles", bytemuck::cast_slice(&rope.table(rotary_dim, start_pos, tokens)))
 }
 
 /// Attention of the last `tokens` positions of `cache` (queries `q`) over
@@ -489,7 +478,7 @@ pub(crate) fn attention_qk_norm(b: &WgpuBackend, [q, k, v]: [&Tensor; 3], cache:
     checks::attention(q, k, v, heads, c.kv_heads, hd, selection)?;
     checks::rope(&q.reshape(&[1, heads, hd])?, hd, norm.rotary_dim)?;
     c.append_in_kernel(1)?;
-    let angles = rope_angles(&b.gpu, 1, norm.rotary_dim, norm.theta, norm.start_pos)?;
+    let angles = rope_angles(&b.gpu, 1, norm.rotary_dim, norm.rope, norm.start_pos)?;
     let rope = QkRope {
         angles: whole(&angles),
         weights: [buf(norm.weights[0])?, buf(norm.weights[1])?],

@@ -34,7 +34,7 @@ use std::sync::Arc;
 
 use slotstream_backend::{
     checks, shape_error, Backend, BackendError, DType, DeltaInputs, ExpertLayout, ExpertMatrix, ExpertPool, GateAct, Gating, HostExpert, HostMatrix,
-    KeySelection, QkNorm, Result, Routes, SharedExpert, State, Tensor, Weight, matmul_swiglu_composed,
+    KeySelection, QkNorm, Result, Rope, Routes, SharedExpert, State, Tensor, Weight, matmul_swiglu_composed,
     moe_shared_composed, route_matmul_composed,
 };
 use slotstream_backend::chosen::PendingRead;
@@ -371,15 +371,15 @@ impl Backend for WgpuBackend {
         Ok(out)
     }
 
-    fn rope(&self, x: &Tensor, head_dim: usize, rotary_dim: usize, theta: f32, start_pos: usize) -> Result<Tensor> {
+    fn rope(&self, x: &Tensor, head_dim: usize, rotary_dim: usize, rope: Rope, start_pos: usize) -> Result<Tensor> {
         let (tokens, heads) = checks::rope(x, head_dim, rotary_dim)?;
         let (out, ob) = self.output(x.shape().to_vec())?;
         let dims = [tokens, heads, head_dim];
-        attention::rope(&self.gpu, buf(x)?, ob.bind(), x.numel(), dims, rotary_dim, theta, start_pos)?;
+        attention::rope(&self.gpu, buf(x)?, ob.bind(), x.numel(), dims, rotary_dim, rope, start_pos)?;
         Ok(out)
     }
 
-    fn rms_norm_rope(&self, x: &Tensor, w: &Tensor, head_dim: usize, eps: f32, rotary_dim: usize, theta: f32, start_pos: usize)
+    fn rms_norm_rope(&self, x: &Tensor, w: &Tensor, head_dim: usize, eps: f32, rotary_dim: usize, rope: Rope, start_pos: usize)
         -> Result<Tensor> {
         checks::rms_norm_weight(x, Some(w), head_dim)?;
         let heads = checks::groups_of("rms_norm_rope", x, head_dim)? / x.rows().max(1);
@@ -389,15 +389,15 @@ impl Backend for WgpuBackend {
             return Err(shape_error("rms_norm_rope", format!("a weight of {} values for heads of {head_dim}", w.numel())));
         }
         let (out, ob) = self.output(vec![tokens, heads, head_dim])?;
-        let angles = attention::rope_angles(&self.gpu, tokens, rotary_dim, theta, start_pos)?;
+        let angles = attention::rope_angles(&self.gpu, tokens, rotary_dim, rope, start_pos)?;
         let dims = [tokens, heads, head_dim];
         norm::rms_norm_rope(&self.gpu, buf(&shaped)?, buf(w)?, whole(&angles), ob.bind(), dims, eps, rotary_dim)?;
         Ok(out)
     }
 
-    fn rms_norm_rope_pair(&self, q: &Tensor, k: &Tensor, weights: [&Tensor; 2], head_dim: usize, eps: [f32; 2], rotary_dim: usize, theta: f32, start_pos: usize)
+    fn rms_norm_rope_pair(&self, q: &Tensor, k: &Tensor, weights: [&Tensor; 2], head_dim: usize, eps: [f32; 2], rotary_dim: usize, rope: Rope, start_pos: usize)
         -> Result<(Tensor, Tensor)> {
-        norm::rms_norm_rope_pair(&self.gpu, [q, k], weights, head_dim, eps, rotary_dim, theta, start_pos)
+        norm::rms_norm_rope_pair(&self.gpu, [q, k], weights, head_dim, eps, rotary_dim, rope, start_pos)
     }
 
     fn new_kv_cache(&self, kv_heads: usize, head_dim: usize) -> Result<State> {

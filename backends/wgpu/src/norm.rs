@@ -235,7 +235,7 @@ pub(crate) fn rms_norm_rope_pair(
     head_dim: usize,
     eps: [f32; 2],
     rotary_dim: usize,
-    theta: f32,
+    rope: slotstream_backend::Rope,
     start_pos: usize,
 ) -> Result<(Tensor, Tensor)> {
     let mut sets = Vec::with_capacity(2);
@@ -255,7 +255,7 @@ pub(crate) fn rms_norm_rope_pair(
     }
     let (qo, qb) = new_tensor(gpu, tokens * sets[0].1 * head_dim, vec![tokens, sets[0].1, head_dim])?;
     let (ko, kb) = new_tensor(gpu, tokens * sets[1].1 * head_dim, vec![tokens, sets[1].1, head_dim])?;
-    let angles = crate::attention::rope_angles(gpu, tokens, rotary_dim, theta, start_pos)?;
+    let angles = crate::attention::rope_angles(gpu, tokens, rotary_dim, rope, start_pos)?;
     let first = NormRope { x: buf(&sets[0].0)?, weight: buf(weights[0])?, out: qb.bind(), heads: sets[0].1, eps: eps[0] };
     let second = NormRope { x: buf(&sets[1].0)?, weight: buf(weights[1])?, out: kb.bind(), heads: sets[1].1, eps: eps[1] };
     rms_norm_rope_sets(gpu, first, Some(second), whole(&angles), tokens, head_dim, rotary_dim)?;

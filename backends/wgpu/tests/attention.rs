@@ -262,7 +262,7 @@ fn qk_norm_steps(b: &dyn Backend, [heads, kvh, hd]: [usize; 3], rotary: usize, [
     let mut outs = Vec::new();
     for (t, q, k, v) in steps {
         let (q, k, v) = (up(b, q, &[*t, heads * hd]), up(b, k, &[*t, kvh * hd]), up(b, v, &[*t, kvh * hd]));
-        let norm = QkNorm { weights: [&qw, &kw], eps: [1e-6, 1e-5], head_dim: hd, rotary_dim: rotary, theta: 1e6, start_pos: start };
+        let norm = QkNorm { weights: [&qw, &kw], eps: [1e-6, 1e-5], head_dim: hd, rotary_dim: rotary, rope: slotstream_backend::Rope::plain(1e6), start_pos: start };
         outs.push(b.attention_qk_norm(&q, &k, &v, &mut cache, heads, 1.0 / (hd as f32).sqrt(), None, &norm).unwrap());
         start += t;
     }

@@ -14,7 +14,7 @@ mod common;
 
 use common::check::{affine, check, format_name, matrix, up, TOL};
 use common::{gpu, rel_l2, Rng};
-use slotstream_backend::{Backend, DType, GateAct, MatrixFormat, Tensor};
+use slotstream_backend::{Backend, DType, GateAct, MatrixFormat, Rope, Tensor, Yarn};
 use slotstream_cpu::CpuBackend;
 use slotstream_wgpu::{AdapterChoice, MatmulMode, WgpuBackend, WgpuOptions};
 
@@ -286,12 +286,16 @@ fn multi_stream_residual_ops() {
 fn rope_partial_and_full() {
     let mut rng = Rng::new(4);
     let x = rng.vec(3 * 4 * 64, 2.0);
-    check("rope_partial", TOL, |b| b.rope(&up(b, &x, &[3, 4, 64]), 64, 16, 1e7, 1000).unwrap());
-    check("rope_full", TOL, |b| b.rope(&up(b, &x, &[3, 4, 64]), 64, 64, 1e6, 5).unwrap());
+    check("rope_partial", TOL, |b| b.rope(&up(b, &x, &[3, 4, 64]), 64, 16, Rope::plain(1e7), 1000).unwrap());
+    check("rope_full", TOL, |b| b.rope(&up(b, &x, &[3, 4, 64]), 64, 64, Rope::plain(1e6), 5).unwrap());
+    // YaRN: blended frequencies and cos/sin scaled by the attention factor.
+    let yarn = Yarn { factor: 4.0, original_context: 256.0, beta_fast: 32.0, beta_slow: 1.0, attention_factor: 1.2, truncate: true };
+    let yarn = Rope { theta: 1e6, yarn: Some(yarn) };
+    check("rope_yarn_partial", TOL, |b| b.rope(&up(b, &x, &[3, 4, 64]), 64, 32, yarn, 3000).unwrap());
     // The q/k norm and the rotation in one op.
     let w = rng.vec(64, 1.0);
-    check("rms_norm_rope_partial", TOL, |b| b.rms_norm_rope(&up(b, &x, &[3, 256]), &up(b, &w, &[64]), 64, 1e-6, 16, 1e7, 1000).unwrap());
-    check("rms_norm_rope_full", TOL, |b| b.rms_norm_rope(&up(b, &x, &[3, 256]), &up(b, &w, &[64]), 64, 1e-6, 64, 1e6, 5).unwrap());
+    check("rms_norm_rope_partial", TOL, |b| b.rms_norm_rope(&up(b, &x, &[3, 256]), &up(b, &w, &[64]), 64, 1e-6, 16, Rope::plain(1e7), 1000).unwrap());
+    check("rms_norm_rope_full", TOL, |b| b.rms_norm_rope(&up(b, &x, &[3, 256]), &up(b, &w, &[64]), 64, 1e-6, 64, Rope::plain(1e6), 5).unwrap());
     // Queries and keys (fewer heads, their own weight and eps) in one op;
     // the keys are a column slice of the same rows, as from a fused projection.
     let wk = rng.vec(64, 1.0);
@@ -299,7 +303,7 @@ fn rope_partial_and_full() {
     check("rms_norm_rope_pair", TOL, |b| {
         let t = up(b, &qk, &[3, 384]);
         let (q, k) = (b.slice_cols(&t, 0, 256).unwrap(), b.slice_cols(&t, 256, 128).unwrap());
-        let (q, k) = b.rms_norm_rope_pair(&q, &k, [&up(b, &w, &[64]), &up(b, &wk, &[64])], 64, [1e-6, 1e-5], 32, 1e6, 7).unwrap();
+        let (q, k) = b.rms_norm_rope_pair(&q, &k, [&up(b, &w, &[64]), &up(b, &wk, &[64])], 64, [1e-6, 1e-5], 32, Rope::plain(1e6), 7).unwrap();
         let (q, k) = (q.reshape(&[3, 256]).unwrap(), k.reshape(&[3, 128]).unwrap());
         b.concat_rows(&[&q.reshape(&[12, 64]).unwrap(), &k.reshape(&[6, 64]).unwrap()]).unwrap()
     });

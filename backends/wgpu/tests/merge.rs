@@ -25,7 +25,7 @@ fn decode_steps(b: &dyn Backend, [heads, kvh, hd]: [usize; 3], seed: u64) -> Vec
     for t in [300usize, 1, 1, 1, 1] {
         let (q, k, v) = (rng.vec(t * heads * hd, 3.0), rng.vec(t * kvh * hd, 3.0), rng.vec(t * kvh * hd, 2.0));
         let (q, k, v) = (up(&q, &[t, heads * hd]), up(&k, &[t, kvh * hd]), up(&v, &[t, kvh * hd]));
-        let norm = QkNorm { weights: [&qw, &kw], eps: [1e-6, 1e-5], head_dim: hd, rotary_dim: hd, theta: 1e6, start_pos: start };
+        let norm = QkNorm { weights: [&qw, &kw], eps: [1e-6, 1e-5], head_dim: hd, rotary_dim: hd, rope: slotstream_backend::Rope::plain(1e6), start_pos: start };
         let out = b.attention_qk_norm(&q, &k, &v, &mut cache, heads, 1.0 / (hd as f32).sqrt(), None, &norm).expect("attention_qk_norm");
         if t == 1 {
             outs.push(out);

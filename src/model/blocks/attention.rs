@@ -40,7 +40,7 @@ pub struct Attention {
     pub kv_heads: usize,
     pub head_dim: usize,
     pub rotary_dim: usize,
-    pub rope_theta: f32,
+    pub rope: slotstream_backend::Rope,
     pub gated: bool,
     pub selector: Option<Box<dyn KeySelector>>,
 }
@@ -129,7 +129,7 @@ impl Attention {
             eps: [self.q_norm.eps, self.k_norm.eps],
             head_dim: hd,
             rotary_dim: self.rotary_dim,
-            theta: self.rope_theta,
+            rope: self.rope,
             start_pos: start,
         };
         let scale = (hd as f32).powf(-0.5);

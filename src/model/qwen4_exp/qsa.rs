@@ -35,7 +35,7 @@ pub struct Indexer {
     /// Positions per compressed block.
     pub ratio: usize,
     pub rotary_dim: usize,
-    pub rope_theta: f32,
+    pub rope: slotstream_backend::Rope,
     pub eps: f32,
 }
 
@@ -108,7 +108,7 @@ impl Indexer {
             budget: q.indexer_budget,
             ratio: q.indexer_compress_ratio,
             rotary_dim: rotary_dim.min(ihd),
-            rope_theta: c.rope_theta(),
+            rope: c.rope(),
             eps: c.rms_norm_eps,
         })
     }
@@ -172,7 +172,7 @@ impl KeySelector for Indexer {
             }
             key.iter_mut().for_each(|k| *k /= self.ratio as f32);
             rms_norm(&mut key, &self.k_norm, self.eps);
-            rope(&mut key, self.rotary_dim, self.rope_theta, n * self.ratio);
+            self.rope.apply(&mut key, self.head_dim, 1, self.rotary_dim, n * self.ratio);
             st.blocks.extend_from_slice(&key);
         }
         let per_query = self.top_blocks();
@@ -192,7 +192,7 @@ impl KeySelector for Indexer {
                 let mut q: Vec<f32> = qk[t * qk_row..t * qk_row + self.heads * hd].to_vec();
                 for head in q.chunks_exact_mut(hd) {
                     rms_norm(head, &self.q_norm, self.eps);
-                    rope(head, self.rotary_dim, self.rope_theta, pos);
+                    self.rope.apply(head, self.head_dim, 1, self.rotary_dim, pos);
                 }
                 // Blocks wholly at or before the query.
                 let visible = (pos + 1) / self.ratio;
@@ -231,19 +231,6 @@ fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
     x.iter_mut().zip(w).for_each(|(v, w)| *v = *v * r * w);
 }
 
-/// Rotate-half RoPE on the first `rotary_dim` values, angles as the backends
-/// compute them (f64, rounded to f32).
-fn rope(x: &mut [f32], rotary_dim: usize, theta: f32, pos: usize) {
-    let half = rotary_dim / 2;
-    for i in 0..half {
-        let f = (theta as f64).powf(-((2 * i) as f64) / rotary_dim as f64);
-        let (c, s) = ((pos as f64 * f).cos() as f32, (pos as f64 * f).sin() as f32);
-        let (a, b) = (x[i], x[i + half]);
-        x[i] = a * c - b * s;
-        x[i + half] = b * c + a * s;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -259,7 +246,7 @@ mod tests {
             budget: 32,
             ratio: 4,
             rotary_dim: 0,
-            rope_theta: 1.0,
+            rope: slotstream_backend::Rope::plain(1.0),
             eps: 1e-6,
         };
         // Position 35 sees 36 keys = 9 blocks > 8.
