@@ -6,7 +6,9 @@
 #   tools/bench_batch.sh [MODEL_DIR] [STREAMS] [BACKEND]
 #
 # Defaults: /tmp/slotstream-synth-batch (written if missing), 4 streams,
-# --backend cpu. The server runs with --parallel STREAMS.
+# --backend cpu. The server runs with --parallel STREAMS. BENCH_NO_BUILD=1 uses
+# the release binary as it is. BENCH_TTFT=1 runs tools/bench_ttft.py instead:
+# a short request's time to first token alone and while long prompts prefill.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir="${1:-/tmp/slotstream-synth-batch}"
@@ -15,7 +17,7 @@ backend="${3:-cpu}"
 port="${BENCH_PORT:-11499}"
 py=python3
 [ -x .venv/bin/python ] && py=.venv/bin/python
-cargo build --release --quiet
+[ -n "${BENCH_NO_BUILD:-}" ] || cargo build --release --quiet
 if [ ! -f "$dir/config.json" ]; then
   "$py" tools/synth.py --family qwen3_moe --out "$dir" --hidden 512 --layers 8 --experts 64 --top-k 8 \
     --moe-inter 512 --router-skew 0.4 --mixer-out-scale 0.1 >&2
@@ -29,4 +31,8 @@ for _ in $(seq 1 120); do
   sleep 0.5
 done
 echo "commit $(git rev-parse --short HEAD), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
-"$py" tools/bench_batch.py --url "http://127.0.0.1:$port" --model synth --streams "$streams" ${BENCH_ARGS:-}
+if [ -n "${BENCH_TTFT:-}" ]; then
+  "$py" tools/bench_ttft.py --url "http://127.0.0.1:$port" --model synth ${BENCH_ARGS:-}
+else
+  "$py" tools/bench_batch.py --url "http://127.0.0.1:$port" --model synth --streams "$streams" ${BENCH_ARGS:-}
+fi
