@@ -225,12 +225,15 @@ impl Engine {
     }
 
     /// Starts counting a prompt's expert reads (for [`Engine::expert_reads_since`]).
+    /// In a pass turn, as [`Engine::expert_stats`].
     pub fn mark_expert_reads(&self) -> Result<ReadMark> {
+        let _turn = self.batch.pass_turn();
         self.model.mark_expert_reads()
     }
 
     /// What the calls since `mark` read of the routed experts.
     pub fn expert_reads_since(&self, mark: &ReadMark) -> Result<PromptReads> {
+        let _turn = self.batch.pass_turn();
         self.model.expert_reads_since(mark)
     }
 
@@ -396,11 +399,12 @@ impl Engine {
         let answer = max_tokens.min(DECODE_RESERVE);
         self.model.reserve(self.backend.as_ref(), state, req.prompt_ids.len() + answer)?;
         let logits = self.prefill(&req.prompt_ids[state.position..], state)?;
-        drop(held);
         let prefill_seconds = start.elapsed().as_secs_f64();
 
         let prefill_experts = self.expert_reads_since(&mark)?;
         let experts_before_decode = self.expert_stats()?.total;
+        // The first token needs no other pass: the turn goes on.
+        drop(held);
         let decode_start = Instant::now();
         let mut strategy: Box<dyn DecodeStrategy + '_> = match &self.model.draft {
             Some(_) if constraint.is_none() => Box::new(Speculative::new(logits)),

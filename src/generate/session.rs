@@ -81,10 +81,10 @@ impl Engine {
             None => self.new_state()?,
         };
         let cached_tokens = state.position;
-        let mark = self.mark_expert_reads()?;
         // A prompt that ends within one chunk holds one turn through its
         // last token: its first token waits for no other pass in between.
         let held = (ids.len().saturating_sub(state.position) <= self.chunk_tokens()).then(|| self.batch.turn(TurnKind::Next));
+        let mark = self.mark_expert_reads()?;
         // All but the last prompt token are fed here, in chunks, so that a
         // caller who stops during a long prompt is heard, and so that the
         // prompt's state can be kept for the next turn.
