@@ -34,9 +34,10 @@ pub use crate::plan::DEFAULT_PREFILL_CHUNK;
 const DECODE_RESERVE: usize = 1024;
 
 /// Most tokens of a prompt chunk with more of the prompt after it, when
-/// several generations may run at once: a request that arrives while long
-/// prompts are fed waits for the chunk running, so a chunk takes about as
-/// long as a short prompt's own pass (tools/bench_ttft.py, BENCHMARKS.md).
+/// several generations may run at once and the expert pool holds every
+/// expert: a request that arrives while long prompts are fed waits for the
+/// chunk running, so a chunk takes about as long as a short prompt's own
+/// pass (examples/bench_ttft.rs, BENCHMARKS.md).
 pub const SHARED_PREFILL_CHUNK: usize = 32;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::tokenizer::{StreamDecoder, TextCodec};
@@ -237,6 +238,15 @@ impl Engine {
         self.model.expert_reads_since(mark)
     }
 
+    /// Whether the expert pool has a slot for every routed expert (it reads
+    /// none while decoding or feeding a prompt, once they are in).
+    fn pool_holds_every_expert(&self) -> Result<bool> {
+        let _turn = self.batch.pass_turn();
+        let experts = self.model.experts.lock().map_err(|_| anyhow::anyhow!("the expert cache was poisoned by an earlier failure"))?;
+        let store = experts.store();
+        Ok(experts.slots() >= store.layers * store.experts_per_layer)
+    }
+
     /// Gives the expert pool `slots` slots (between generations); returns the new statistics.
     pub fn resize_expert_pool(&self, slots: usize) -> Result<CacheStats> {
         self.model.resize_expert_pool(self.backend.as_ref(), slots)
@@ -291,6 +301,9 @@ impl Engine {
             bail!("internal: prefill up to {end} of {} tokens", ids.len());
         }
         self.model.reserve(self.backend.as_ref(), state, end)?;
+        // Short chunks only where they read nothing more: a streaming pool
+        // reads each missed expert once a chunk.
+        let short_chunks = self.batch.parallel() > 1 && end - state.position.min(end) > self.chunk_tokens() && self.pool_holds_every_expert()?;
         while state.position < end {
             if cancelled() {
                 return Ok(false);
@@ -300,7 +313,7 @@ impl Engine {
             // chunks, each a `Bulk` turn, while others may run beside it.
             let (chunk, kind) = match self.chunk_tokens() {
                 c if end - from <= c => (c, TurnKind::Next),
-                c if self.batch.parallel() > 1 => (c.min(SHARED_PREFILL_CHUNK), TurnKind::Bulk),
+                c if short_chunks => (c.min(SHARED_PREFILL_CHUNK), TurnKind::Bulk),
                 c => (c, TurnKind::Bulk),
             };
             let stop = end.min(from + chunk);
