@@ -1,7 +1,9 @@
 //! One decode step of N sequences: N one-token passes against one batched
 //! pass (`DecoderModel::forward_batch`), on the same states, greedy.
 //!
-//!     cargo run --release --example bench_batch_step -- MODEL_DIR [STEPS] [cpu|cpu:exact]
+//!     cargo run --release --example bench_batch_step -- MODEL_DIR [STEPS] [cpu|cpu:exact] [SIZES]
+//!
+//! SIZES: the batch sizes, comma-separated (default `1,2,4`).
 //!
 //! Prints one JSON line per batch size: milliseconds per step of all N
 //! sequences alone and batched, and their ratio. Fails if a batched row's
@@ -27,7 +29,14 @@ fn main() -> Result<()> {
     let e = Engine::load(&dir, backend, &LoadOptions::default())?;
     let b = e.backend.as_ref();
     let texts = ["The sea was calm, and the ship", "A river of stone ran", "In the lantern's light the map", "Copper signals drift over"];
-    for n in [1, 2, 4] {
+    let sizes: Vec<usize> = match args.get(4) {
+        Some(list) => list.split(',').map(|n| n.parse().with_context(|| format!("batch size {n:?}"))).collect::<Result<_>>()?,
+        None => vec![1, 2, 4],
+    };
+    for n in sizes {
+        if n == 0 || n > texts.len() {
+            bail!("batch size {n}: give 1 to {}", texts.len());
+        }
         let mut alone: Vec<SequenceState> = Vec::new();
         let mut together: Vec<SequenceState> = Vec::new();
         let mut next = Vec::new();

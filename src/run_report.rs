@@ -114,6 +114,7 @@ mod tests {
                 prefill_tokens_per_second: 4.0,
                 decode_tokens_per_second: 4.0,
                 decode_experts: Default::default(),
+                batched: None,
                 prefill_experts: Default::default(),
             },
         }

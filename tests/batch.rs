@@ -88,6 +88,11 @@ fn request(prompt: &[u32]) -> GenerateRequest {
 /// starting to decode together (each feeds its prompt but the last token
 /// first, then waits for the others).
 fn generate_concurrently(e: &Engine, prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
+    generate_with_shares(e, prompts).into_iter().map(|(ids, _)| ids).collect()
+}
+
+/// [`generate_concurrently`], with each generation's batch share.
+fn generate_with_shares(e: &Engine, prompts: &[Vec<u32>]) -> Vec<(Vec<u32>, Option<slotstream::generate::BatchShare>)> {
     let ready = std::sync::Barrier::new(prompts.len());
     std::thread::scope(|scope| {
         let handles: Vec<_> = prompts
@@ -99,7 +104,8 @@ fn generate_concurrently(e: &Engine, prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
                     assert!(e.prefill_until(p, p.len() - 1, &mut state, || false).expect("the prompt"));
                     ready.wait();
                     let out = e.generate_from(&mut state, &request(p), |_| std::ops::ControlFlow::Continue(()));
-                    out.expect("a generation").generated_ids
+                    let out = out.expect("a generation");
+                    (out.generated_ids, out.stats.batched)
                 })
             })
             .collect();
@@ -116,16 +122,26 @@ fn concurrent_streams_generate_their_text_alone() {
         let alone: Vec<Vec<u32>> = prompts.iter().map(|p| generate_concurrently(&e, std::slice::from_ref(p)).remove(0)).collect();
         let before = e.batch.counters();
         assert_eq!(before.rows, before.passes, "{name}: a stream alone has one row per pass");
+        // A resident pool counts a hit per routed (row, expert): each pass's
+        // hits over its rows are top-k times the MoE layers, whatever the batch.
+        let per_row = (e.arch().text.num_experts_per_tok * e.model.layers.iter().filter(|l| l.moe().is_some()).count()) as f64;
         for streams in [1, 2, 4] {
-            let got = generate_concurrently(&e, &prompts[..streams]);
-            for (i, ids) in got.iter().enumerate() {
+            let got = generate_with_shares(&e, &prompts[..streams]);
+            for (i, (ids, share)) in got.iter().enumerate() {
                 assert_eq!(ids, &alone[i], "{name}: stream {i} of {streams} differs from its text alone");
+                if let Some(share) = share {
+                    assert!(share.steps > 0 && share.mean_rows >= 1.0, "{name}: {share:?}");
+                    let hits = share.expert_hits / share.steps as f64;
+                    assert!((hits - per_row).abs() < 1e-9, "{name}: {hits} hits per step, expected {per_row}: {share:?}");
+                    assert_eq!(share.expert_misses, 0.0, "{name}: a resident pool missed");
+                }
             }
         }
         let after = e.batch.counters();
         let batches = e.model.batches(&e.new_state().expect("a state"));
         if batches {
             assert!(after.rows - before.rows > after.passes - before.passes, "{name}: no step was batched: {after:?}");
+            assert!(after.expert_hits > before.expert_hits, "{name}: the batched passes counted no expert hits: {after:?}");
         } else {
             assert_eq!(after, before, "{name} cannot batch: its sequences decode alone");
         }

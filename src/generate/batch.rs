@@ -12,19 +12,35 @@
 //! waiting steps, oldest first, and hands each its logits and state back.
 //! Sequences join and leave between any two steps, so a request that
 //! arrives while others decode feeds its prompt a chunk at a time, between
-//! their steps (every pass takes a [`Batcher::pass_turn`], first come first
-//! served), and then joins them.
+//! their steps, and then joins them.
+//!
+//! Every forward pass takes a [`Batcher::pass_turn`]. Turns go first come
+//! first served within two kinds: [`TurnKind::Next`] (a decode step, or the
+//! last chunk of a prompt: a token waits on it) and [`TurnKind::Bulk`] (a
+//! long prompt's chunk with more to follow). A waiting `Next` turn goes
+//! before waiting `Bulk` ones, but never twice in a row while a `Bulk` one
+//! waits, so a short request's first token waits for the chunk running, not
+//! for every long prompt's next chunk, and a long prompt still advances
+//! between decode steps. A thread that holds the turn and asks again gets it
+//! at once (a short prompt's two passes run back to back).
+//!
+//! Each batched pass counts the expert pool's hits, misses and bytes read
+//! ([`BatchCounters`]); a sequence adds up its passes' shares
+//! ([`BatchShare`]: bytes per generated token).
 //!
 //! [`DecoderModel::forward_batch`]: crate::model::DecoderModel::forward_batch
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Condvar, Mutex, MutexGuard};
+use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Result};
+use serde::Serialize;
 
 use super::Engine;
+use crate::experts::CacheCounters;
 use crate::model::{Logits, SequenceState};
 
 /// How long the oldest waiting step waits for the other decoding sequences
@@ -41,9 +57,45 @@ pub struct Batcher {
     parallel: usize,
     shared: Mutex<Shared>,
     changed: Condvar,
-    /// Tickets for forward passes: (next to hand out, now serving).
-    turns: Mutex<(u64, u64)>,
+    turns: Mutex<Turns>,
     turn_done: Condvar,
+}
+
+/// What a forward pass is for, which decides its place among the waiting
+/// turns (see the module's description).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TurnKind {
+    /// A decode step, or the last chunk of a prompt (its first token waits).
+    Next,
+    /// A prompt's chunk with more of the prompt after it.
+    Bulk,
+}
+
+/// Tickets for forward passes.
+#[derive(Default)]
+struct Turns {
+    next_ticket: u64,
+    /// The ticket holding the turn, its thread (once it has woken) and how
+    /// many of that thread's turns are nested in it.
+    serving: Option<(u64, Option<ThreadId>, usize)>,
+    next: VecDeque<u64>,
+    bulk: VecDeque<u64>,
+    /// The last turn handed over was a `Next` one while a `Bulk` one waited.
+    bulk_passed: bool,
+}
+
+impl Turns {
+    /// Hands the turn to the ticket whose go it is (or to nobody).
+    fn hand_over(&mut self) -> Option<u64> {
+        let bulk = if self.bulk_passed || self.next.is_empty() { self.bulk.pop_front() } else { None };
+        if bulk.is_some() {
+            self.bulk_passed = false;
+            return bulk;
+        }
+        let next = self.next.pop_front();
+        self.bulk_passed = next.is_some() && !self.bulk.is_empty();
+        next
+    }
 }
 
 #[derive(Default)]
@@ -57,6 +109,9 @@ struct Shared {
     /// Passes run and the sequences they took, for reports and tests.
     passes: u64,
     rows: u64,
+    /// The expert pool's hits, misses and bytes read over the passes of
+    /// more than one row.
+    reads: (u64, u64, u64),
 }
 
 struct Step {
@@ -69,6 +124,9 @@ struct Step {
 struct Done {
     state: SequenceState,
     logits: Result<Vec<f32>, String>,
+    /// The pass's rows and what it read of the experts.
+    rows: usize,
+    reads: CacheCounters,
 }
 
 /// Passes run so far and the rows (sequence steps) they held.
@@ -76,6 +134,49 @@ struct Done {
 pub struct BatchCounters {
     pub passes: u64,
     pub rows: u64,
+    /// Over the passes of more than one row: routed experts found in the
+    /// pool, missed, and the bytes the misses read (each missed expert read
+    /// once for every row routed to it).
+    pub expert_hits: u64,
+    pub expert_misses: u64,
+    pub expert_bytes_read: u64,
+}
+
+/// One sequence's decode steps taken in passes with others, and its share
+/// of what those passes read of the experts.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct BatchShare {
+    /// Steps taken in a pass, and those whose pass held other sequences too.
+    pub steps: u64,
+    pub shared_steps: u64,
+    /// Mean sequences per pass over the steps.
+    pub mean_rows: f64,
+    /// The passes' expert hits, misses and bytes read, each pass's divided
+    /// by its rows: per generated token of this sequence, summed.
+    pub expert_hits: f64,
+    pub expert_misses: f64,
+    pub expert_bytes_read: f64,
+}
+
+impl BatchShare {
+    fn add(&mut self, rows: usize, reads: &CacheCounters) {
+        let n = rows.max(1) as f64;
+        self.mean_rows = (self.mean_rows * self.steps as f64 + n) / (self.steps + 1) as f64;
+        self.steps += 1;
+        self.shared_steps += u64::from(rows > 1);
+        self.expert_hits += reads.hits as f64 / n;
+        self.expert_misses += reads.misses as f64 / n;
+        self.expert_bytes_read += reads.bytes_read as f64 / n;
+    }
+
+    /// Expert bytes read per step (generated token).
+    pub fn bytes_per_token(&self) -> f64 {
+        if self.steps == 0 {
+            0.0
+        } else {
+            self.expert_bytes_read / self.steps as f64
+        }
+    }
 }
 
 impl Batcher {
@@ -89,22 +190,44 @@ impl Batcher {
             parallel,
             shared: Mutex::new(Shared::default()),
             changed: Condvar::new(),
-            turns: Mutex::new((0, 0)),
+            turns: Mutex::new(Turns::default()),
             turn_done: Condvar::new(),
         })
     }
 
-    /// Waits for this thread's turn to run a forward pass, in the order the
-    /// turns were asked for: a prompt's next chunk runs after the pass now
-    /// running, not after every decode step that follows it (the expert
-    /// pool's lock alone lets the thread that just let go take it again).
+    /// Waits for this thread's turn to run a forward pass (a `Next` turn).
     pub fn pass_turn(&self) -> PassTurn<'_> {
+        self.turn(TurnKind::Next)
+    }
+
+    /// Waits for this thread's turn to run a forward pass of `kind`, in the
+    /// order the module's description gives: a prompt's next chunk runs
+    /// soon after the pass now running, not after every decode step that
+    /// follows it (the expert pool's lock alone lets the thread that just
+    /// let go take it again). A thread holding the turn gets it at once.
+    pub fn turn(&self, kind: TurnKind) -> PassTurn<'_> {
+        let me = std::thread::current().id();
         let mut turns = self.turns.lock().unwrap_or_else(|p| p.into_inner());
-        let ticket = turns.0;
-        turns.0 += 1;
-        while turns.1 != ticket {
+        if let Some((_, thread, depth)) = turns.serving.as_mut() {
+            if *thread == Some(me) {
+                *depth += 1;
+                return PassTurn { batcher: self };
+            }
+        }
+        let ticket = turns.next_ticket;
+        turns.next_ticket += 1;
+        match kind {
+            TurnKind::Next => turns.next.push_back(ticket),
+            TurnKind::Bulk => turns.bulk.push_back(ticket),
+        }
+        if turns.serving.is_none() {
+            let first = turns.hand_over();
+            turns.serving = first.map(|t| (t, None, 0));
+        }
+        while turns.serving.map(|(t, ..)| t) != Some(ticket) {
             turns = self.turn_done.wait(turns).unwrap_or_else(|p| p.into_inner());
         }
+        turns.serving = Some((ticket, Some(me), 0));
         PassTurn { batcher: self }
     }
 
@@ -114,7 +237,13 @@ impl Batcher {
 
     pub fn counters(&self) -> BatchCounters {
         let s = self.lock();
-        BatchCounters { passes: s.passes, rows: s.rows }
+        BatchCounters {
+            passes: s.passes,
+            rows: s.rows,
+            expert_hits: s.reads.0,
+            expert_misses: s.reads.1,
+            expert_bytes_read: s.reads.2,
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Shared> {
@@ -126,7 +255,7 @@ impl Batcher {
     /// Counts a sequence into the decoding set until the member is dropped.
     pub fn join(&self) -> Member<'_> {
         self.lock().decoding += 1;
-        Member { batcher: self }
+        Member { batcher: self, share: Mutex::new(BatchShare::default()) }
     }
 }
 
@@ -137,7 +266,16 @@ pub struct PassTurn<'a> {
 
 impl Drop for PassTurn<'_> {
     fn drop(&mut self) {
-        self.batcher.turns.lock().unwrap_or_else(|p| p.into_inner()).1 += 1;
+        let mut turns = self.batcher.turns.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, _, depth)) = turns.serving.as_mut() {
+            if *depth > 0 {
+                *depth -= 1;
+                return;
+            }
+        }
+        // The next holder fills in its own thread when it wakes.
+        turns.serving = turns.hand_over().map(|t| (t, None, 0));
+        drop(turns);
         self.batcher.turn_done.notify_all();
     }
 }
@@ -145,6 +283,7 @@ impl Drop for PassTurn<'_> {
 /// A sequence in the decoding set.
 pub struct Member<'a> {
     batcher: &'a Batcher,
+    share: Mutex<BatchShare>,
 }
 
 impl Drop for Member<'_> {
@@ -155,6 +294,11 @@ impl Drop for Member<'_> {
 }
 
 impl Member<'_> {
+    /// This sequence's steps so far and its share of their passes' reads.
+    pub fn share(&self) -> BatchShare {
+        self.share.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     /// Feeds `token` to `state` in a pass with the other decoding sequences'
     /// steps; returns the logits after it.
     pub fn step(&self, engine: &Engine, token: u32, state: &mut SequenceState) -> Result<Vec<f32>> {
@@ -167,7 +311,9 @@ impl Member<'_> {
         b.changed.notify_all();
         loop {
             if let Some(done) = shared.done.remove(&id) {
+                drop(shared);
                 *state = done.state;
+                self.share.lock().unwrap_or_else(|p| p.into_inner()).add(done.rows, &done.reads);
                 return done.logits.map_err(|e| anyhow!(e));
             }
             let oldest = shared.waiting.first().map(|s| s.since.elapsed());
@@ -182,6 +328,10 @@ impl Member<'_> {
                 shared.running = false;
                 shared.passes += 1;
                 shared.rows += finished.len() as u64;
+                if let Some((_, done)) = finished.first().filter(|_| finished.len() > 1) {
+                    let r = &done.reads;
+                    shared.reads = (shared.reads.0 + r.hits, shared.reads.1 + r.misses, shared.reads.2 + r.bytes_read);
+                }
                 shared.done.extend(finished);
                 b.changed.notify_all();
                 continue;
@@ -202,6 +352,8 @@ fn run_pass(engine: &Engine, mut steps: Vec<Step>) -> Vec<(u64, Done)> {
     let b = engine.backend.as_ref();
     let tokens: Vec<u32> = steps.iter().map(|s| s.token).collect();
     let _turn = engine.batch.pass_turn();
+    // No other pass runs in this turn: the pool's counters move by this one's.
+    let before = engine.model.expert_stats().map(|s| s.total).unwrap_or_default();
     let outcome = catch_unwind(AssertUnwindSafe(|| -> Result<Vec<Vec<f32>>> {
         if let [one] = steps.as_mut_slice() {
             // Alone: the plain one-token pass.
@@ -217,12 +369,61 @@ fn run_pass(engine: &Engine, mut steps: Vec<Step>) -> Vec<(u64, Done)> {
         Ok(Err(e)) => Err(format!("{e:#}")),
         Err(_) => Err("a batched decode step panicked".to_string()),
     };
+    let reads = engine.model.expert_stats().map(|s| s.total.since(&before)).unwrap_or_default();
+    let n = steps.len();
     steps
         .into_iter()
         .enumerate()
         .map(|(i, s)| {
             let logits = rows.as_ref().map(|r| r[i].clone()).map_err(Clone::clone);
-            (s.id, Done { state: s.state, logits })
+            (s.id, Done { state: s.state, logits, rows: n, reads: reads.clone() })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A waiting `Next` turn goes before waiting `Bulk` ones, but not twice
+    /// in a row while one waits; alone, each kind goes in its order.
+    #[test]
+    fn next_turns_go_first_but_never_starve_bulk_ones() {
+        let mut t = Turns::default();
+        t.bulk.extend([1, 2, 3]);
+        t.next.extend([4, 5]);
+        assert_eq!(t.hand_over(), Some(4));
+        assert_eq!(t.hand_over(), Some(1), "a bulk turn after a next one that passed it");
+        assert_eq!(t.hand_over(), Some(5));
+        t.next.push_back(6);
+        assert_eq!(t.hand_over(), Some(2));
+        assert_eq!(t.hand_over(), Some(6));
+        assert_eq!(t.hand_over(), Some(3));
+        assert_eq!(t.hand_over(), None);
+        t.next.extend([7, 8]);
+        assert_eq!((t.hand_over(), t.hand_over(), t.hand_over()), (Some(7), Some(8), None), "no bulk turn waits");
+    }
+
+    /// A thread holding the turn gets it again at once; another thread's
+    /// turn waits until the outer one is let go.
+    #[test]
+    fn a_held_turn_nests_and_others_wait_for_it() {
+        let b = Batcher::new(2).expect("a batcher");
+        let outer = b.turn(TurnKind::Next);
+        let inner = b.turn(TurnKind::Bulk);
+        let order = Mutex::new(Vec::new());
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| {
+                let _t = b.turn(TurnKind::Next);
+                order.lock().expect("order").push("other");
+            });
+            drop(inner);
+            std::thread::sleep(Duration::from_millis(50));
+            order.lock().expect("order").push("outer");
+            drop(outer);
+            waiter.join().expect("the waiting thread");
+        });
+        assert_eq!(*order.lock().expect("order"), ["outer", "other"]);
+        let _again = b.turn(TurnKind::Bulk);
+    }
 }

@@ -12,7 +12,7 @@ use serde::Serialize;
 use slotstream_backend::chosen::PendingRead;
 use slotstream_backend::Tensor;
 
-use super::batch::Member;
+use super::batch::{BatchShare, Member};
 use super::{Engine, TokenConstraint};
 use crate::model::{Logits, SequenceState};
 use crate::sampling::Sampler;
@@ -65,6 +65,10 @@ pub(super) trait DecodeStrategy {
     fn mtp_stats(&self) -> Option<MtpStats> {
         None
     }
+    /// Steps taken in passes with other sequences (after `finish` too).
+    fn batch_share(&self) -> Option<BatchShare> {
+        None
+    }
 }
 
 /// One forward pass per token. Greedy tokens without a constraint, on a
@@ -80,6 +84,8 @@ pub(super) struct Plain<'a> {
     ahead: Option<Ahead>,
     /// Steps taken in passes with the other decoding sequences (never ahead).
     batch: Option<Member<'a>>,
+    /// The member's share, kept when it leaves the decoding set.
+    share: Option<BatchShare>,
 }
 
 struct Ahead {
@@ -89,12 +95,12 @@ struct Ahead {
 
 impl<'a> Plain<'a> {
     pub fn new(prefill_logits: Vec<f32>) -> Self {
-        Plain { logits: Some(prefill_logits), ahead: None, batch: None }
+        Plain { logits: Some(prefill_logits), ahead: None, batch: None, share: None }
     }
 
     /// Each step in a pass with the other sequences of `batch`.
     pub fn batched(prefill_logits: Vec<f32>, batch: Member<'a>) -> Self {
-        Plain { logits: Some(prefill_logits), ahead: None, batch: Some(batch) }
+        Plain { logits: Some(prefill_logits), ahead: None, batch: Some(batch), share: None }
     }
 
     /// Whether tokens after this one may be chosen on the device.
@@ -171,8 +177,14 @@ impl DecodeStrategy for Plain<'_> {
     fn finish(&mut self, _engine: &Engine, _state: &mut SequenceState) -> Result<()> {
         self.ahead = None;
         // Out of the decoding set: the others stop waiting for this sequence.
-        self.batch = None;
+        if let Some(member) = self.batch.take() {
+            self.share = Some(member.share());
+        }
         Ok(())
+    }
+
+    fn batch_share(&self) -> Option<BatchShare> {
+        self.batch.as_ref().map(Member::share).or_else(|| self.share.clone())
     }
 }
 

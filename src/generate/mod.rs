@@ -18,7 +18,7 @@ use anyhow::{bail, Result};
 use serde::Serialize;
 use slotstream_backend::{Backend, Tensor};
 
-pub use batch::{BatchCounters, Batcher, MAX_PARALLEL};
+pub use batch::{BatchCounters, BatchShare, Batcher, PassTurn, TurnKind, MAX_PARALLEL};
 pub use decode::MtpStats;
 pub use prefix_cache::{PrefixCache, PrefixCacheStats};
 pub use session::{lock_cache, TurnEnd, TurnOutput};
@@ -32,6 +32,13 @@ pub use crate::plan::DEFAULT_PREFILL_CHUNK;
 /// Positions of answer tokens a generation's KV caches are given room for
 /// before its prompt is fed (past them they grow as they need).
 const DECODE_RESERVE: usize = 1024;
+
+/// Most tokens of a prompt chunk with more of the prompt after it, when
+/// several generations may run at once and the expert pool holds every
+/// expert: a request that arrives while long prompts are fed waits for the
+/// chunk running, so a chunk takes about as long as a short prompt's own
+/// pass (examples/bench_ttft.rs, BENCHMARKS.md).
+pub const SHARED_PREFILL_CHUNK: usize = 32;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::tokenizer::{StreamDecoder, TextCodec};
 
@@ -103,8 +110,13 @@ pub struct GenerateStats {
     pub prefill_tokens_per_second: f64,
     pub decode_tokens_per_second: f64,
     /// The expert pool's counters during decode (prefill left out): what a
-    /// decode-speed estimate's hit rate is about.
+    /// decode-speed estimate's hit rate is about. With other sequences
+    /// decoding at once, their reads in the same time count too.
     pub decode_experts: CacheCounters,
+    /// Decode steps taken in passes with other sequences, and this
+    /// sequence's share of what those passes read (`--parallel` above 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batched: Option<BatchShare>,
     /// What the prompt read of the routed experts, as passes over those that missed.
     pub prefill_experts: PromptReads,
 }
@@ -214,13 +226,25 @@ impl Engine {
     }
 
     /// Starts counting a prompt's expert reads (for [`Engine::expert_reads_since`]).
+    /// In a pass turn, as [`Engine::expert_stats`].
     pub fn mark_expert_reads(&self) -> Result<ReadMark> {
+        let _turn = self.batch.pass_turn();
         self.model.mark_expert_reads()
     }
 
     /// What the calls since `mark` read of the routed experts.
     pub fn expert_reads_since(&self, mark: &ReadMark) -> Result<PromptReads> {
+        let _turn = self.batch.pass_turn();
         self.model.expert_reads_since(mark)
+    }
+
+    /// Whether the expert pool has a slot for every routed expert (it reads
+    /// none while decoding or feeding a prompt, once they are in).
+    fn pool_holds_every_expert(&self) -> Result<bool> {
+        let _turn = self.batch.pass_turn();
+        let experts = self.model.experts.lock().map_err(|_| anyhow::anyhow!("the expert cache was poisoned by an earlier failure"))?;
+        let store = experts.store();
+        Ok(experts.slots() >= store.layers * store.experts_per_layer)
     }
 
     /// Gives the expert pool `slots` slots (between generations); returns the new statistics.
@@ -277,12 +301,23 @@ impl Engine {
             bail!("internal: prefill up to {end} of {} tokens", ids.len());
         }
         self.model.reserve(self.backend.as_ref(), state, end)?;
+        // Short chunks only where they read nothing more: a streaming pool
+        // reads each missed expert once a chunk.
+        let short_chunks = self.batch.parallel() > 1 && end - state.position.min(end) > self.chunk_tokens() && self.pool_holds_every_expert()?;
         while state.position < end {
             if cancelled() {
                 return Ok(false);
             }
-            let stop = end.min(state.position + self.chunk_tokens());
             let from = state.position;
+            // A prompt that does not end within one chunk goes in shorter
+            // chunks, each a `Bulk` turn, while others may run beside it.
+            let (chunk, kind) = match self.chunk_tokens() {
+                c if end - from <= c => (c, TurnKind::Next),
+                c if short_chunks => (c.min(SHARED_PREFILL_CHUNK), TurnKind::Bulk),
+                c => (c, TurnKind::Bulk),
+            };
+            let stop = end.min(from + chunk);
+            let _turn = self.batch.turn(kind);
             self.forward_hidden(&ids[from..stop], state, &ids[from..end], from)?;
         }
         Ok(true)
@@ -339,8 +374,21 @@ impl Engine {
         &self,
         state: &mut SequenceState,
         req: &GenerateRequest,
+        constraint: Option<&mut dyn TokenConstraint>,
+        on_text: impl FnMut(&str) -> ControlFlow<()>,
+    ) -> Result<GenerateOutput> {
+        self.generate_held(state, req, constraint, on_text, None)
+    }
+
+    /// [`Engine::generate_constrained`], holding `held` (a turn taken
+    /// before the prompt's last chunk) through the prompt's last token.
+    pub(crate) fn generate_held(
+        &self,
+        state: &mut SequenceState,
+        req: &GenerateRequest,
         mut constraint: Option<&mut dyn TokenConstraint>,
         mut on_text: impl FnMut(&str) -> ControlFlow<()>,
+        held: Option<PassTurn<'_>>,
     ) -> Result<GenerateOutput> {
         req.sampling.validate().map_err(anyhow::Error::msg)?;
         if state.position >= req.prompt_ids.len() {
@@ -368,6 +416,8 @@ impl Engine {
 
         let prefill_experts = self.expert_reads_since(&mark)?;
         let experts_before_decode = self.expert_stats()?.total;
+        // The first token needs no other pass: the turn goes on.
+        drop(held);
         let decode_start = Instant::now();
         let mut strategy: Box<dyn DecodeStrategy + '_> = match &self.model.draft {
             Some(_) if constraint.is_none() => Box::new(Speculative::new(logits)),
@@ -448,6 +498,7 @@ impl Engine {
             // The first generated token comes from the prefill's logits.
             decode_tokens_per_second: per_second(generated.len().saturating_sub(1), decode_seconds),
             decode_experts: self.expert_stats()?.total.since(&experts_before_decode),
+            batched: strategy.batch_share(),
             prefill_experts,
         };
         Ok(GenerateOutput { prompt_ids: req.prompt_ids.clone(), generated_ids: generated, fed_end, text, finish_reason: finish, stats })

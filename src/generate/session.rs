@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use super::prefix_cache::PrefixCache;
-use super::{Engine, GenerateOutput, GenerateRequest, TokenConstraint};
+use super::{Engine, GenerateOutput, GenerateRequest, TokenConstraint, TurnKind};
 
 /// How a turn ended.
 pub enum TurnEnd {
@@ -81,6 +81,9 @@ impl Engine {
             None => self.new_state()?,
         };
         let cached_tokens = state.position;
+        // A prompt that ends within one chunk holds one turn through its
+        // last token: its first token waits for no other pass in between.
+        let held = (ids.len().saturating_sub(state.position) <= self.chunk_tokens()).then(|| self.batch.turn(TurnKind::Next));
         let mark = self.mark_expert_reads()?;
         // All but the last prompt token are fed here, in chunks, so that a
         // caller who stops during a long prompt is heard, and so that the
@@ -102,7 +105,7 @@ impl Engine {
                 lock_cache(c).insert(ids[..state.position].to_vec(), copy);
             }
         }
-        let out = self.generate_constrained(&mut state, req, constraint, on_text)?;
+        let out = self.generate_held(&mut state, req, constraint, on_text, held)?;
         self.keep_hit_rate(&out.stats);
         if let Some(c) = cache {
             lock_cache(c).insert(out.state_ids(state.position), state);

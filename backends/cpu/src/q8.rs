@@ -381,7 +381,7 @@ impl<S: ScaleRead + ?Sized> Q4Job<'_, S> {
 
     #[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512vnni")]
     unsafe fn run_vnni(&self, row0: usize, n: usize, out: *mut f32, ld: usize, col0: usize) {
-        self.run::<3, Vnni>(row0, n, out, ld, col0)
+        self.run::<4, Vnni>(row0, n, out, ld, col0)
     }
 
     #[target_feature(enable = "avx2,fma")]
