@@ -20,6 +20,24 @@ pub fn tune_allocator() {
     }
 }
 
+/// Dropped, hands the heap's free memory back to the OS (glibc: `malloc_trim`).
+/// [`tune_allocator`]'s trim threshold keeps up to 512 MB freed in each
+/// thread's arena for reuse, which suits one model's buffers; a server that
+/// unloads a model and loads another kept what the first freed (a 30-minute
+/// soak that reloaded models all along: RSS 180 -> 343 MB). A served model
+/// holds one as its last field, so unloading it trims once the engine is gone.
+pub struct ReleaseFreedMemory;
+
+impl Drop for ReleaseFreedMemory {
+    fn drop(&mut self) {
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: malloc_trim only returns free pages to the OS; it is thread-safe.
+        unsafe {
+            libc::malloc_trim(0);
+        }
+    }
+}
+
 /// Sizes the global compute thread pool (the CPU backend's), where `threads`
 /// is given; otherwise it uses every core. Only the first call can take effect.
 pub fn set_compute_threads(threads: Option<usize>) -> Result<()> {

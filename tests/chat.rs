@@ -152,3 +152,24 @@ fn two_turns_ctrl_c_mid_answer_and_bye() {
     assert!(status.success(), "{status:?}\n{}", terminal.text());
     let _ = at;
 }
+
+/// Lines typed ahead in one burst (pasted, or typed while an answer runs)
+/// are each answered in turn: the line editor keeps what it read past the
+/// first line for the next prompt.
+#[test]
+fn lines_typed_ahead_in_one_burst_are_each_answered() {
+    let demo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/demo/model");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_slotstream"));
+    command.arg("run").arg("--model").arg(demo).args(["--backend", "cpu", "--max-tokens", "4"]).env("TERM", "xterm");
+    let mut terminal = Terminal::spawn(&mut command);
+
+    let at = terminal.wait_for(">>> ", 0);
+    terminal.type_keys("Where did the ship sail?\rWho was on it?\r/bye\r");
+    let first = terminal.wait_for("prompt tokens, ", at);
+    terminal.wait_for("prompt tokens, ", first);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while terminal.child.try_wait().expect("polling the chat").is_none() {
+        assert!(Instant::now() < deadline, "the third line typed ahead (/bye) did not end the chat:\n{}", terminal.text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

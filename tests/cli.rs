@@ -117,7 +117,7 @@ fn run_generates_no_further_than_the_planned_context() {
 fn run_plans_the_models_own_context_by_default() {
     let yarn = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_moe_yarn");
     let output = slotstream()
-        .args(["run", "--prompt", "The sea was calm", "--raw", "--backend", "cpu", "--max-tokens", "4", "--json", "--model"])
+        .args(["run", "--prompt", "The sea was calm", "--raw", "--backend", "cpu", "--max-tokens", "4", "--json", "-v", "--model"])
         .arg(&yarn)
         .output()
         .expect("running slotstream");

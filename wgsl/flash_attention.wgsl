@@ -546,6 +546,8 @@ const MERGE_RUNS: u32 = 8u;
 const MERGE_GROUPS: u32 = WG / MERGE_RUNS;
 // Chunks an invocation loads before it uses any.
 const MERGE_LOADS: u32 = 4u;
+// Chunks between an invocation's batches of loads.
+const MERGE_STEP: u32 = MERGE_GROUPS * MERGE_LOADS;
 
 var<workgroup> merge_red: array<f32, WG>;
 var<workgroup> merge_acc: array<vec4<f32>, WG>;
@@ -603,7 +605,7 @@ fn flash_merge(
     let group = li / MERGE_RUNS;
     var acc = vec4<f32>(0.0);
     if (run < HD4) {
-        for (var c0 = group; c0 < p.splits; c0 += MERGE_GROUPS * MERGE_LOADS) {
+        for (var c0 = group; c0 < p.splits; c0 += MERGE_STEP) {
             var w: array<f32, MERGE_LOADS>;
             var v: array<vec4<f32>, MERGE_LOADS>;
             for (var u = 0u; u < MERGE_LOADS; u++) {

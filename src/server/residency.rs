@@ -69,6 +69,8 @@ pub struct Resident {
     last_used: Mutex<Instant>,
     /// Another model waits for this one's memory: no new request takes it.
     draining: AtomicBool,
+    /// Last, so that it drops after the engine (fields drop in order).
+    _release: crate::process::ReleaseFreedMemory,
 }
 
 impl Resident {
@@ -265,6 +267,7 @@ impl Residency {
             expires: Mutex::new(None),
             last_used: Mutex::new(Instant::now()),
             draining: AtomicBool::new(false),
+            _release: crate::process::ReleaseFreedMemory,
         }))
     }
 

@@ -84,7 +84,7 @@ const FILES: [(&str, &str); 19] = [
 /// subgroup size, workgroup counts and sizes, and positive constants.
 const LOOP_STEPS: &[&str] = &[
     "lanes", "nwg.x * nsg", "nwg.x", "nsg", "parts", "256u", "128u", "64u", "TK", "TN", "WG", "TILE", "V_BATCH * parts", "parts * lanes",
-    "V_BATCH", "MERGE_BATCH", "wg", "nwg.x * per_wg", "BK", "DK", "4u", "tp", "p.slices",
+    "V_BATCH", "MERGE_BATCH", "wg", "nwg.x * per_wg", "BK", "DK", "4u", "tp", "p.slices", "MERGE_STEP",
 ];
 
 /// Checks that every loop of a kernel file ends, as the kernels are compiled
