@@ -289,6 +289,9 @@ def main():
     ap.add_argument("--clients", type=int, default=3)
     ap.add_argument("--sample", type=float, default=10.0, help="seconds between RSS/descriptor samples")
     ap.add_argument("--out", help="write the JSON summary here too")
+    ap.add_argument("--max-loaded-models", type=int,
+                    help="the server's limit (default: every served model stays loaded); 3, the server's own "
+                         "default, makes hostile-template chats evict and load models all along")
     ap.add_argument("--ops", help="comma-separated subset of the request kinds (method names), to narrow a finding down")
     a = ap.parse_args()
     server, scratch, hostile = None, None, []
@@ -305,7 +308,8 @@ def main():
         # Every model stays loaded: the soak is about hostile requests, not
         # models evicted and loaded again (with more models than the default 3
         # loaded at once, each hostile chat loads one and evicts another).
-        cmd = [a.binary, "serve", "--backend", a.backend, "--port", str(port), "--max-loaded-models", str(len(served))]
+        loaded = a.max_loaded_models or len(served)
+        cmd = [a.binary, "serve", "--backend", a.backend, "--port", str(port), "--max-loaded-models", str(loaded)]
         for name, d in served:
             cmd += ["--model", d, "--name", name]
         server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(os.devnull, "w"))
