@@ -17,6 +17,7 @@ import secrets
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -165,14 +166,29 @@ def ask(cluster, i, max_tokens):
 
 
 def burst_while(cluster, victim, sig):
-    """BURST requests at once; once `victim` is running some, it gets `sig`.
-    Returns the answers (raising if any request failed) and the victim's exit
-    status."""
+    """BURST clients at once, each asking again as soon as it is answered,
+    until `victim` is running one of their requests; then it gets `sig`, and
+    each client stops after the request it has under way. A fixed burst raced
+    the poll on a fast machine: every request could be answered between two
+    looks at /metrics. Returns the answers (raising if any request failed) and
+    the victim's exit status."""
+    signalled = threading.Event()
+
+    def keep_asking(worker):
+        answers = []
+        while True:
+            answers.append(ask(cluster, worker, 48))
+            if signalled.is_set():
+                return answers
+
     with concurrent.futures.ThreadPoolExecutor(BURST) as pool:
-        answers = [pool.submit(ask, cluster, i, 48) for i in range(BURST)]
-        wait_for("a request running on the replica to be stopped", lambda: victim.running() >= 1, 60)
-        code = victim.stop(sig)
-        return [a.result(timeout=300) for a in answers], code
+        clients = [pool.submit(keep_asking, i) for i in range(BURST)]
+        try:
+            wait_for("a request running on the replica to be stopped", lambda: victim.running() >= 1, 60)
+            code = victim.stop(sig)
+        finally:
+            signalled.set()
+        return [a for c in clients for a in c.result(timeout=300)], code
 
 
 def test_health_checks_see_both_replicas(cluster):
@@ -191,7 +207,7 @@ def test_requests_are_balanced_over_both_replicas(cluster):
 def test_a_draining_replica_finishes_its_requests_and_the_proxy_retries_the_rest(cluster):
     drained = cluster["replicas"][0]
     answers, code = burst_while(cluster, drained, signal.SIGTERM)
-    assert len(answers) == BURST
+    assert len(answers) >= BURST
     assert code == 0, "a drain that finished its requests exits 0"
     # Back for the next case: healthy, and given requests again once the
     # proxy's cooldown of it has passed.
@@ -205,7 +221,7 @@ def test_a_draining_replica_finishes_its_requests_and_the_proxy_retries_the_rest
 def test_a_killed_replica_loses_no_request_the_proxy_retries(cluster):
     killed, survivor = cluster["replicas"]
     answers, code = burst_while(cluster, killed, signal.SIGKILL)
-    assert len(answers) == BURST and code == -signal.SIGKILL
+    assert len(answers) >= BURST and code == -signal.SIGKILL
     healthy, unhealthy = health(cluster)
     assert healthy == [survivor.url + "/v1"] and unhealthy == [killed.url + "/v1"]
     # The proxy keeps answering from the survivor.
