@@ -161,3 +161,35 @@ fn rewrite_slots(g: &WgpuBackend, by_matrix: bool) {
         assert!(rel_l2(&got, &want) <= TOL, "round {round}: experts written through reused staging differ from the CPU's: rel l2 {}", rel_l2(&got, &want));
     }
 }
+
+/// An activation asks the free list for a buffer of its size, and a free one
+/// of up to twice that size serves it: a prompt's last, shorter chunk runs in
+/// the buffers its full chunks used instead of creating a second set. The
+/// products computed in the larger buffers are the CPU's.
+#[test]
+fn a_shorter_activation_reuses_a_larger_free_buffer() {
+    if gpu().is_none() {
+        return;
+    }
+    let g = WgpuBackend::with_options(&AdapterChoice::allow_software(), WgpuOptions::from_env()).expect("opening the device");
+    let cpu = CpuBackend::exact();
+    let mut rng = Rng::new(53);
+    let (rows, cols) = (256, 512);
+    let m = matrix(&mut rng, affine(4, 64), 1, rows, cols);
+    let (gw, cw) = (g.load_weight(&m).expect("load"), cpu.load_weight(&m).expect("load"));
+    let mut product = |tokens: usize| {
+        let x = rng.vec(tokens * cols, 2.0);
+        let got = g.download(&g.matmul(&up(&g, &x, &[tokens, cols]), &gw).expect("product")).expect("download");
+        let want = cpu.download(&cpu.matmul(&up(&cpu, &x, &[tokens, cols]), &cw).expect("product")).expect("download");
+        assert!(rel_l2(&got, &want) <= TOL, "a {tokens}-row product differs from the CPU's");
+    };
+    product(64);
+    g.take_creations();
+    // 40 rows: every activation fits in the 64-row product's freed buffers.
+    product(40);
+    let (created, bytes, _) = g.take_creations();
+    assert_eq!((created, bytes), (0, 0), "a 40-row product after a 64-row one created {created} buffers ({bytes} bytes)");
+    // 16 rows: a quarter of the size; a 64-row buffer is not held for it.
+    product(16);
+    assert!(g.take_creations().0 > 0, "a 16-row product took buffers four times its size");
+}
