@@ -87,7 +87,9 @@
 #   peak GPU memory of both, ours with SLOTSTREAM_WGPU_FLASH=0 too (FLASH_OFF=1), and per-kernel
 #   times of both at the first length where prepare packed the bench_gpu example (LONG=1 prepare);
 #   VARIANT_WGSL=DIR also runs ours with another commit's kernel files (SLOTSTREAM_WGPU_WGSL_DIR);
-#   LIMIT=SECONDS stops it there and still copies out what it measured.
+#   LIMIT=SECONDS stops it there and still copies out what it measured; PARITY=L also gives the
+#   longest prompt 8 greedy tokens on cpu:exact, wgpu:exact, wgpu and cpu with each model cut to
+#   its first L layers, and says which backends give cpu:exact's ids.
 #
 # disk (there, after stream, which builds the A64 or B64 model: MODEL, or DIR for any
 #   directory): tools/peer/disk_pace.py reads that model's files in bursts of expert-sized
@@ -266,6 +268,7 @@ long_phase() {
     [ -n "${KEEP:-}" ] && args+=(--keep)
     [ -n "${FLASH_OFF:-}" ] && args+=(--flash-off)
     [ -n "${VARIANT_WGSL:-}" ] && args+=(--variant-wgsl "$VARIANT_WGSL")
+    [ -n "${PARITY:-}" ] && args+=(--parity "$PARITY")
     [ -x "$work/bin/bench_gpu" ] && args+=(--bench-gpu "$work/bin/bench_gpu")
     local rc=0
     # LIMIT (seconds): stop there and still bring back what was measured.

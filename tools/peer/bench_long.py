@@ -10,6 +10,9 @@ Per model and per context length N in --lengths (default 8192,32768):
              the prompt's prefill tok/s (as ppN) and decode from depth N (as tg64 @ dN); peak GPU
              memory. With --flash-off, the same with SLOTSTREAM_WGPU_FLASH=0 (the per-head
              attention kernels) at the first length, before and after on one machine.
+  parity:    with --parity L, a copy of each model cut to its first L layers (the same shapes)
+             answers the longest prompt with 8 greedy tokens on cpu:exact, wgpu:exact, wgpu and cpu:
+             whether each gives cpu:exact's ids (issue 46: a 32k context on both backends).
   per-op:    with --bench-gpu, our kernel times (bench_gpu --prompt N: decode at depth N and the
              N-token prefill by kernel) and llama.cpp's (GGML_VK_PERF_LOGGER=1 llama-bench -p 0 -n 4
              -d N), raw logs kept for BENCHMARKS.md, at the first length only.
@@ -72,6 +75,27 @@ def ours_long(a, model, experts, prompt, tag, env=None):
     return {k: r.get(k) for k in ("prefill", "decode", "prompt_tokens", "gpu_mib", "wall_s", "error", "backend_name")}
 
 
+PARITY_BACKENDS = ["cpu:exact", "wgpu:exact", "wgpu", "cpu"]
+
+
+def parity(a, key, family, experts, args, prompt, n_prompt):
+    """8 greedy tokens after `prompt` on each of PARITY_BACKENDS, on `key` cut to a.parity
+    layers; each backend's ids against cpu:exact's."""
+    name, model, _ = bp.make_model(a, f"{key}_{a.parity}L", family, experts, f"{args} --layers {a.parity}", False)
+    a.depth = n_prompt
+    out = {"layers": a.parity, "prompt_tokens": n_prompt, "backends": {}}
+    for backend in PARITY_BACKENDS:
+        extra = ("--plan-context", str(n_prompt + 8 + 64))
+        r = bp.ours(a, model, backend, prompt, 8, experts, f"{name}_parity_{backend.replace(':', '_')}", extra=extra)
+        out["backends"][backend] = {k: r.get(k) for k in ("ids", "prefill", "wall_s", "error")}
+    want = out["backends"]["cpu:exact"].get("ids")
+    for backend, r in out["backends"].items():
+        r["same_as_cpu_exact"] = want is not None and r.get("ids") == want
+    if not a.keep:
+        bp.shutil.rmtree(model, ignore_errors=True)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--slotstream", required=True)
@@ -92,6 +116,8 @@ def main():
     ap.add_argument("--mixer-out-scale", type=float, default=0.1)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--parity", type=int, default=0, metavar="LAYERS",
+                    help="also greedy ids at the longest length on each backend, on the model cut to LAYERS layers")
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--commit", default="unknown")
     a = ap.parse_args()
@@ -127,6 +153,10 @@ def main():
                 peer_rows(a, gguf, f"{key}_llama_kernels_d{n}", 0, 4, n, 1, env=env)
             res["lengths"][n] = row
             json.dump(results + [res], open(os.path.join(a.results, "results.json"), "w"), indent=1, default=str)
+        if a.parity:
+            n = lengths[-1]
+            res["parity"] = parity(a, key, family, experts, args, *prompts[n])
+            json.dump(results + [res], open(os.path.join(a.results, "results.json"), "w"), indent=1, default=str)
         results.append(res)
         if not a.keep:
             os.remove(gguf)
@@ -156,6 +186,13 @@ def table(a, results):
             if "ours_variant" in row:
                 o = row["ours_variant"]
                 lines.append(f"\n{r['key']} @ {n}, kernels of {a.variant_wgsl}: prefill {f(o.get('prefill'))}, decode {f(o.get('decode'))}")
+    for r in results:
+        if "parity" in r:
+            pr = r["parity"]
+            same = ", ".join(f"{b} {'same' if x['same_as_cpu_exact'] else 'DIFFERENT' if x.get('ids') else 'failed'}"
+                             for b, x in pr["backends"].items() if b != "cpu:exact")
+            lines.append(f"\n{r['key']}, first {pr['layers']} layers, {pr['prompt_tokens']}-token prompt, 8 greedy ids "
+                         f"against cpu:exact's: {same}")
     return "\n".join(lines)
 
 
