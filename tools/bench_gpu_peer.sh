@@ -91,6 +91,9 @@
 #   longest prompt 8 greedy tokens on cpu:exact, wgpu:exact, wgpu and cpu with each model cut to
 #   its first L layers, and says which backends give cpu:exact's ids.
 #
+# cuda-build (there, carrying .devbin/cuda-src alone): builds llama.cpp's CUDA llama-bench and
+#   leaves it in $OUT in parts; copied to .devbin/gpu-peer-cuda and carried, `long` adds its rows.
+#
 # disk (there, after stream, which builds the A64 or B64 model: MODEL, or DIR for any
 #   directory): tools/peer/disk_pace.py reads that model's files in bursts of expert-sized
 #   O_DIRECT reads (16 MB, 16 in flight, as a decoded layer's misses) with idle gaps between
@@ -194,6 +197,11 @@ if os.path.exists(os.path.join(carry, "llama-vulkan.tar.xz")):
     with tarfile.open(os.path.join(carry, "llama-vulkan.tar.xz"), "r:xz") as t:
         t.extractall(os.path.join(work, "llama"))
 PY
+    # llama.cpp's CUDA build (cuda-build phase), where it was brought back and carried.
+    rm -rf "$work/llama-cuda"
+    if [ -f .devbin/gpu-peer-cuda/llama-cuda.tar.xz.part00 ]; then
+        tools/peer/build_llama_cpp_cuda.sh unpack .devbin/gpu-peer-cuda/llama-cuda.tar.xz.part00 "$work/llama-cuda"
+    fi
     # NVIDIA's Vulkan driver needs libglvnd's dispatch library beside the loader.
     if ! ldconfig -p 2>/dev/null | grep -q 'libvulkan.so.1 ' || ! ldconfig -p 2>/dev/null | grep -q 'libGLdispatch.so.0 '; then
         if [ "$(id -u)" = 0 ] && ls .gl/*.deb >/dev/null 2>&1; then
@@ -269,6 +277,7 @@ long_phase() {
     [ -n "${FLASH_OFF:-}" ] && args+=(--flash-off)
     [ -n "${VARIANT_WGSL:-}" ] && args+=(--variant-wgsl "$VARIANT_WGSL")
     [ -n "${PARITY:-}" ] && args+=(--parity "$PARITY")
+    [ -x "$work/llama-cuda/bin/llama-bench" ] && args+=(--llama-cuda "$work/llama-cuda")
     [ -x "$work/bin/bench_gpu" ] && args+=(--bench-gpu "$work/bin/bench_gpu")
     local rc=0
     # LIMIT (seconds): stop there and still bring back what was measured.
@@ -285,6 +294,15 @@ disk_phase() {
     python3 tools/peer/disk_pace.py --dir "$dir" --gaps-ms "${GAPS_MS:-0,1,2,5}" --seconds "${GAP_SECONDS:-6}" \
         --rounds "${ROUNDS:-3}" --out "$results/results.json" | tee "$results/table.md"
     copy_out disk-logs.tar.gz
+}
+
+# llama.cpp's CUDA backend built here (issue 46 item 6): carry .devbin/cuda-src (tools/peer/
+# build_llama_cpp_cuda.sh pack-source .devbin/cuda-src) alone; the build comes back in $OUT as
+# llama-cuda.tar.xz.partNN: copy those to .devbin/gpu-peer-cuda and carry that beside $CARRY, and
+# the long phase adds llama.cpp CUDA's rows.
+cuda_build_phase() {
+    local out=${OUT:-/tmp/gpu-peer/cuda-build}
+    tools/peer/build_llama_cpp_cuda.sh build .devbin/cuda-src/llama-src.tar.xz "$out"
 }
 
 # The flagship slice (issue 50; tools/bench_flagship.sh) with the GPU backend: the slice is written
@@ -305,5 +323,6 @@ case "$phase" in
     stream) stream_phase ;;
     disk) disk_phase ;;
     long) long_phase ;;
+    cuda-build) cuda_build_phase ;;
     *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

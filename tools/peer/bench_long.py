@@ -50,10 +50,12 @@ def calibrated(a, n):
     return prompt, tokens
 
 
-def peer_rows(a, gguf, tag, p, n, d, reps, env=None):
-    cmd = [os.path.join(a.llama, "bin", "llama-bench"), "-m", gguf, "-ngl", "99", "-p", str(p), "-n", str(n),
+def peer_rows(a, gguf, tag, p, n, d, reps, env=None, llama=None):
+    llama = llama or a.llama
+    env = env or dict(os.environ, LD_LIBRARY_PATH=os.path.join(llama, "bin") + ":" + os.environ.get("LD_LIBRARY_PATH", ""))
+    cmd = [os.path.join(llama, "bin", "llama-bench"), "-m", gguf, "-ngl", "99", "-p", str(p), "-n", str(n),
            "-d", str(d), "-r", str(reps), "-o", "json"]
-    r = bp.run(cmd, tag, a, env=env or bp.llama_env(a))
+    r = bp.run(cmd, tag, a, env=env)
     out = {"gpu_mib": r["gpu_mib"], "wall_s": r["wall_s"], "rc": r["rc"]}
     try:
         rows = json.loads(r["stdout"][r["stdout"].index("["):])
@@ -101,6 +103,7 @@ def main():
     ap.add_argument("--slotstream", required=True)
     ap.add_argument("--bench-gpu", help="our bench_gpu example, for per-kernel times")
     ap.add_argument("--llama", required=True)
+    ap.add_argument("--llama-cuda", help="llama.cpp's CUDA build (bin/llama-bench): its ppN and tg64 @ dN too")
     ap.add_argument("--work", required=True)
     ap.add_argument("--results", required=True)
     ap.add_argument("--models", default="A,B")
@@ -138,6 +141,9 @@ def main():
             row = {"prompt_tokens": n_prompt}
             row["peer_pp"] = peer_rows(a, gguf, f"{key}_llama_pp{n}", n, a.decode, 0, a.peer_reps)
             row["peer_tg"] = peer_rows(a, gguf, f"{key}_llama_tg_d{n}", 0, a.decode, n, a.peer_reps)
+            if a.llama_cuda:
+                row["cuda_pp"] = peer_rows(a, gguf, f"{key}_llama_cuda_pp{n}", n, a.decode, 0, a.peer_reps, llama=a.llama_cuda)
+                row["cuda_tg"] = peer_rows(a, gguf, f"{key}_llama_cuda_tg_d{n}", 0, a.decode, n, a.peer_reps, llama=a.llama_cuda)
             a.depth = n_prompt
             row["ours"] = ours_long(a, model, experts, prompt, f"{key}_ours_{n}")
             if a.variant_wgsl:
@@ -186,6 +192,13 @@ def table(a, results):
             if "ours_variant" in row:
                 o = row["ours_variant"]
                 lines.append(f"\n{r['key']} @ {n}, kernels of {a.variant_wgsl}: prefill {f(o.get('prefill'))}, decode {f(o.get('decode'))}")
+    for r in results:
+        for n, row in r["lengths"].items():
+            if "cuda_pp" in row:
+                o, pp, tg = row["ours"], row["cuda_pp"], row["cuda_tg"]
+                lines.append(f"\n{r['key']} @ {n}, llama.cpp CUDA: pp{n} {f(pp.get('prefill'))} (ours "
+                             f"{ratio(o.get('prefill'), pp.get('prefill'))}), tg64 @ d{n} {f(tg.get('decode'))} (ours "
+                             f"{ratio(o.get('decode'), tg.get('decode'))}), GPU {tg.get('gpu_mib')} MiB")
     for r in results:
         if "parity" in r:
             pr = r["parity"]
