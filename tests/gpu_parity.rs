@@ -114,7 +114,7 @@ fn every_dispatch_submitted_from_the_submission_thread_keeps_the_order() {
     }
     for (name, slots) in [("qwen3_next_mlx4", ExpertSlots::Count(2)), ("qwen3_moe_mlx4", ExpertSlots::All)] {
         let backend = WgpuBackend::new(&AdapterChoice::allow_software()).expect("a GPU adapter (see gpu_engine)");
-        assert!(backend.options().submit_thread, "SLOTSTREAM_WGPU_SUBMIT_THREAD=0 turns off what this test checks");
+        assert!(backend.options().submit_thread, "submit_thread is off: this test checks it");
         backend.set_flush_every(1);
         let engine = Engine::load(&fixture(name), Box::new(backend), &LoadOptions { expert_slots: slots, ..Default::default() })
             .unwrap_or_else(|e| panic!("loading fixture {name} on the wgpu backend: {e:#}"));

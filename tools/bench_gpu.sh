@@ -9,7 +9,7 @@
 # ones (int8 mode, after; forced for matrices under INT8_MIN_BYTES);
 # decode runs in int8 mode unless SLOTSTREAM_WGPU_MATMUL=exact;
 # (b)/(c) run before (separate projection matmuls and slice copies:
-# SLOTSTREAM_FUSED_PROJECTIONS=0 SLOTSTREAM_WGPU_VIEWS=0) at the last flush
+# SLOTSTREAM_FUSED_PROJECTIONS=0 and the views off, in code) at the last flush
 # interval, after (fused projections, one-row slices as views) with each
 # flush interval (--flush, default 0,8,12,24,16), then both again without
 # bounds checks.

@@ -68,7 +68,7 @@
 #   trunk $MODEL (A or B, with 64 experts per layer and a pool of 16) decoded by each arm of
 #   $ARMS in turn, $ROUNDS rounds (default 4), the arms' order rotated each round, a short prompt
 #   and $DECODE passes (default 32): tools/peer/stream_pairs.py. An arm is NAME=BACKEND[:VAR=VALUE...],
-#   e.g. ARMS="gpu=wgpu cpu=cpu staged=wgpu:SLOTSTREAM_WGPU_REUSE_STAGING=0" (the default: gpu, cpu).
+#   e.g. ARMS="gpu=wgpu cpu=cpu exact=wgpu:SLOTSTREAM_WGPU_MATMUL=exact" (the default: gpu, cpu).
 #   BESIDE=gpu in an arm keeps the GPU busy from another process while it runs (cpuG=cpu:BESIDE=gpu:
 #   does a GPU in use slow the reads of a process that does not touch it?); BESIDE=pcie copies host
 #   memory to the GPU at the streamed rate instead (PyTorch). CPUS=LIST runs the arm under taskset;

@@ -27,7 +27,7 @@ use slotstream::generate::Engine;
 use slotstream::model::{FeedForward, LoadOptions, Logits};
 use slotstream::sampling::argmax;
 use slotstream_backend::{Backend, DType, HostMatrix, MatrixData};
-use slotstream_wgpu::{AdapterChoice, MatmulMode, WgpuBackend};
+use slotstream_wgpu::{AdapterChoice, MatmulMode, Q4Layout, WgpuBackend, WgpuOptions};
 
 struct Args {
     adapter: AdapterChoice,
@@ -38,7 +38,7 @@ struct Args {
     reps: usize,
     prompt: usize,
     decode: usize,
-    /// `SLOTSTREAM_WGPU_FLUSH_EVERY` values to time decode with (after).
+    /// Flush intervals (dispatches per submission, `WgpuOptions::flush_every`) to time decode with (after).
     flushes: Vec<u32>,
     /// Time the one-token products of several shapes (`--no-matvec` skips them).
     matvec: bool,
@@ -237,23 +237,19 @@ fn matvec_bandwidth(b: &WgpuBackend, mv: &Matvec, reps: usize) -> Result<(f64, f
     Ok((mv.bytes / wall / 1e9, mv.bytes / kernel / 1e9, dispatches))
 }
 
-fn open(args: &Args, checked: bool) -> Result<WgpuBackend> {
+/// The backend with `options`, with or without bounds checks.
+fn open_with(args: &Args, checked: bool, options: WgpuOptions) -> Result<WgpuBackend> {
     Ok(if checked {
-        WgpuBackend::new(&args.adapter)?
+        WgpuBackend::with_options(&args.adapter, options)?
     } else {
         // SAFETY: the same kernels and inputs ran with bounds checks first.
-        unsafe { WgpuBackend::new_unchecked(&args.adapter)? }
+        unsafe { WgpuBackend::with_options_unchecked(&args.adapter, options)? }
     })
 }
 
-/// The 4-bit weight layout of weights loaded from now on: "mlx" (the MLX
-/// order, the kernel before interleaving) or "interleaved" (the default).
-fn set_layout(layout: &str) {
-    if layout == "mlx" {
-        std::env::set_var("SLOTSTREAM_WGPU_Q4_LAYOUT", "mlx");
-    } else {
-        std::env::remove_var("SLOTSTREAM_WGPU_Q4_LAYOUT");
-    }
+/// The backend in exact mode with the default settings.
+fn open(args: &Args, checked: bool) -> Result<WgpuBackend> {
+    open_with(args, checked, WgpuOptions { matmul: Some(MatmulMode::Exact), ..WgpuOptions::from_env() })
 }
 
 /// `fused`: projections over one input concatenated into one matmul and
@@ -266,12 +262,12 @@ fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool
         if checked { "with" } else { "without" },
         if fused { "fused projections + views" } else { "separate projections + slice copies" }
     );
-    set_layout(layout);
-    let flag = if fused { "1" } else { "0" };
-    std::env::set_var("SLOTSTREAM_FUSED_PROJECTIONS", flag);
-    std::env::set_var("SLOTSTREAM_WGPU_VIEWS", flag);
+    std::env::set_var("SLOTSTREAM_FUSED_PROJECTIONS", if fused { "1" } else { "0" });
+    // The 4-bit layout: the MLX order (the kernel before interleaving) or interleaved (the default).
+    let q4_layout = if layout == "mlx" { Q4Layout::Mlx } else { Q4Layout::Interleaved };
+    let options = WgpuOptions { matmul: Some(MatmulMode::Exact), q4_layout, views: fused, ..WgpuOptions::from_env() };
     // Decode runs in the CLI's default mode for a GPU (SLOTSTREAM_WGPU_MATMUL overrides).
-    let gpu = open(args, checked)?;
+    let gpu = open_with(args, checked, options)?;
     let gpu = gpu.with_matmul_mode(MatmulMode::from_env(MatmulMode::Int8));
     println!("matmul mode: {:?}", gpu.matmul_mode());
     let handle = gpu.clone();
@@ -579,7 +575,6 @@ fn main() -> Result<()> {
             }
         }
     }
-    set_layout("interleaved");
     if let Some(dir) = &args.model {
         // Before: MLX order, one submission per host read; after: interleaved,
         // several flush intervals (the last one listed is profiled, and used without bounds checks).

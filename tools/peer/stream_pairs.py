@@ -5,7 +5,7 @@ minutes on a shared host, so two arms compare only over many rounds, each round 
 every arm once in a rotated order. Run by `tools/bench_gpu_peer.sh stream` (which sets the
 machine up); arms as NAME=BACKEND[:VAR=VALUE...], e.g.
 
-    gpu=wgpu cpu=cpu staged=wgpu:SLOTSTREAM_WGPU_REUSE_STAGING=0
+    gpu=wgpu cpu=cpu exact=wgpu:SLOTSTREAM_WGPU_MATMUL=exact
 
 Each run: `run --json` with a short prompt (decode-sized MoE calls from the first token),
 --decode passes, the model's 64 experts per layer with a pool of 16 (25%). Per run it logs

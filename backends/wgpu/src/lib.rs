@@ -77,15 +77,15 @@ impl WgpuBackend {
         WgpuBackend::open(choice, options, true)
     }
 
-    /// Like [`WgpuBackend::new`], but the kernels are compiled without the
-    /// bounds checks wgpu adds to every buffer access (for benchmarking what
-    /// they cost).
+    /// Like [`WgpuBackend::with_options`], but the kernels are compiled
+    /// without the bounds checks wgpu adds to every buffer access (for
+    /// benchmarking what they cost).
     ///
     /// # Safety
     /// An out-of-bounds index in a kernel then reads or writes arbitrary GPU
     /// memory; only use this with inputs the checked backend has run cleanly.
-    pub unsafe fn new_unchecked(choice: &AdapterChoice) -> Result<WgpuBackend> {
-        WgpuBackend::open(choice, WgpuOptions { matmul: Some(MatmulMode::Exact), ..WgpuOptions::from_env() }, false)
+    pub unsafe fn with_options_unchecked(choice: &AdapterChoice, options: WgpuOptions) -> Result<WgpuBackend> {
+        WgpuBackend::open(choice, options, false)
     }
 
     fn open(choice: &AdapterChoice, options: WgpuOptions, bounds_checks: bool) -> Result<WgpuBackend> {

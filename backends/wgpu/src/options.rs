@@ -1,6 +1,8 @@
-//! The wgpu backend's settings: one value built in code or, once, from the
-//! `SLOTSTREAM_WGPU_*` environment variables (for measurements and the CLI);
-//! nothing below the backend's constructor reads the environment.
+//! The wgpu backend's settings: one value built in code (tests and
+//! benchmarks set its fields) or, once, from the three `SLOTSTREAM_WGPU_*`
+//! environment variables a user may need ([`VARIABLES`]); nothing below the
+//! backend's constructor reads the environment. The measurement settings
+//! that BENCHMARKS.md has decided are code-only ([`RETIRED`]).
 
 /// How one-token matmuls of 4-bit weights treat the activations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,34 +94,34 @@ pub struct WgpuOptions {
     pub matmul: Option<MatmulMode>,
     /// Int8 mode applies to weights of at least this many bytes
     /// ([`INT8_MIN_BYTES`]; tests and benchmarks use 0 to reach the int8
-    /// kernels with small matrices, `SLOTSTREAM_WGPU_INT8_MIN_BYTES`).
+    /// kernels with small matrices, set in code).
     pub int8_min_bytes: usize,
     /// Whether `slice_cols` of one row may return a view instead of a copy
-    /// (`SLOTSTREAM_WGPU_VIEWS=0` turns views off, for measurements).
+    /// (false turns views off, for measurements).
     pub views: bool,
     /// Submit recorded work after this many dispatches (0: only when the host
     /// needs data back), so the GPU starts on a layer while the host is still
-    /// recording it (`SLOTSTREAM_WGPU_FLUSH_EVERY`).
+    /// recording it (set in code).
     pub flush_every: u32,
     /// After a submission the host asked for (a download: the end of a
     /// token), the first periodic submission comes after this many
     /// dispatches and each next one after twice as many, up to `flush_every`,
     /// so the GPU starts on a token while the host records the rest of it
-    /// (`SLOTSTREAM_WGPU_FLUSH_FIRST`; 0 submits every `flush_every` from the start).
+    /// (set in code; 0 submits every `flush_every` from the start).
     pub flush_first: u32,
-    /// Layout of standalone 4-bit weights (`SLOTSTREAM_WGPU_Q4_LAYOUT=mlx`
-    /// selects [`Q4Layout::Mlx`]).
+    /// Layout of standalone 4-bit weights ([`Q4Layout::Mlx`] for comparing
+    /// with the MLX order).
     pub q4_layout: Q4Layout,
     /// Interleaved 4-bit weights of at least this many rows use eight rows per
-    /// subgroup in one-token matvecs (`SLOTSTREAM_WGPU_Q4_EIGHT_ROWS_FROM`;
+    /// subgroup in one-token matvecs (set in code;
     /// 1 reaches that kernel with small test matrices).
     pub q4_eight_rows_from: usize,
     /// Decode attention splits a query's keys into chunks of at least this
-    /// many keys (`SLOTSTREAM_WGPU_ATTENTION_MIN_CHUNK`, for measurements).
+    /// many keys (set in code, for measurements).
     pub attention_min_chunk: usize,
     /// Split decode attention holds a chunk's keys and values in registers
     /// where the chunk is small enough (`attention_split*_regs`;
-    /// `SLOTSTREAM_WGPU_ATTENTION_REGS=0` keeps `attention_split*`, for
+    /// false keeps `attention_split*`, for
     /// measurements).
     pub attention_regs: bool,
     /// Dense attention of a prefill, or of a decode step over at least
@@ -137,63 +139,63 @@ pub struct WgpuOptions {
     /// Split decode attention merges the splits of each (token, head) in the
     /// last of its workgroups to finish, one dispatch instead of two, where
     /// the backend orders memory across workgroups (Vulkan;
-    /// `SLOTSTREAM_WGPU_MERGE_IN_SPLIT=0` keeps `attention_merge`, for
+    /// false keeps `attention_merge`, for
     /// measurements).
     pub merge_in_split: bool,
     /// A one-token residual norm whose output is routed next runs inside
-    /// the routing kernel (`moe_route_norm`; `SLOTSTREAM_WGPU_FUSE_NORMS=0`
+    /// the routing kernel (`moe_route_norm`; false
     /// keeps it a dispatch of its own, for measurements).
     pub fuse_norms: bool,
     /// One-token matvecs of interleaved 4-bit weights share each quad of rows
     /// among up to this many subgroups, so a lane walks fewer chunks of a row
-    /// (`SLOTSTREAM_WGPU_MATVEC_SPLIT`; 1 turns the split off, for measurements).
+    /// (set in code; 1 turns the split off, for measurements).
     pub matvec_split: usize,
     /// Kernel parameters as immediate data (push constants) where the adapter
     /// has them (Vulkan), instead of a uniform buffer slot per dispatch
-    /// (`SLOTSTREAM_WGPU_IMMEDIATES=0` keeps the uniform buffers, for
+    /// (false keeps the uniform buffers, for
     /// measurements).
     pub immediates: bool,
     /// Periodic submissions are ended, finished and submitted on a thread of
     /// their own while the calling thread records the next dispatches
-    /// (`SLOTSTREAM_WGPU_SUBMIT_THREAD=0` submits on the calling thread, for
+    /// (false submits on the calling thread, for
     /// measurements).
     pub submit_thread: bool,
     /// Routers of at most this many rows (experts, plus a shared expert's
     /// gate) are multiplied and routed in one workgroup for decode
     /// (`moe_route_matmul`, `moe_route_norm`); larger ones take the matmul
-    /// kernels, then `moe_route` (`SLOTSTREAM_WGPU_ROUTE_ROWS`, for measurements).
+    /// kernels, then `moe_route` (set in code, for measurements).
     pub route_rows: usize,
     /// One-token routing by an 8-bit router of at least this many rows,
     /// with the residual norm before it, runs over several workgroups where
     /// the backend orders memory across workgroups (Vulkan): each takes a
     /// few rows and the last to finish routes (`moe_route_norm_wide`;
-    /// `SLOTSTREAM_WGPU_ROUTE_WIDE_ROWS`, 0 for never, for measurements).
+    /// set in code, 0 for never, for measurements).
     pub route_wide_rows: usize,
     /// Profiles write a timestamp after each dispatch inside one compute
     /// pass where the adapter can (each kernel's time then includes the
     /// barrier before it, as in the stream it runs in); else, and with
-    /// `SLOTSTREAM_WGPU_TIME_INSIDE=0`, each timed dispatch gets a pass of
+    /// false, each timed dispatch gets a pass of
     /// its own (the kernel alone, plus a pass's overhead).
     pub time_inside_passes: bool,
     /// While a started read is outstanding (decoding one token ahead: the
     /// GPU still runs the token before), the work recorded goes out in one
     /// submission when the next read starts, without periodic ones: the GPU
     /// has work meanwhile, and each submission costs it time. True keeps the
-    /// periodic submissions then too (`SLOTSTREAM_WGPU_FLUSH_AHEAD=1`, for
+    /// periodic submissions then too (true, for
     /// measurements).
     pub flush_ahead: bool,
     /// Bytes staged for upload (weights, pool writes) before they go out in
-    /// a submission of their own (`SLOTSTREAM_WGPU_UPLOAD_CHUNK_MIB`; see
+    /// a submission of their own (set in code; see
     /// `gpu/uploads.rs`).
     pub upload_chunk: u64,
     /// Unified-memory adapters write weights and the expert pool through
     /// mapped primary buffers where they can; false stages every write
-    /// through the queue as a discrete GPU does (`SLOTSTREAM_WGPU_MAP_PRIMARY=0`:
+    /// through the queue as a discrete GPU does (false:
     /// tests on lavapipe take the discrete path this way).
     pub map_primary: bool,
     /// Expert pool writes that go through staging (a discrete GPU) reuse
     /// its buffers from one write to the next; false gives each write the
-    /// queue's staging of its own, as before (`SLOTSTREAM_WGPU_REUSE_STAGING=0`,
+    /// queue's staging of its own, as before (false,
     /// for measurements).
     pub reuse_staging: bool,
     /// Pool writes (a streamed expert's matrices as they land) wait in
@@ -201,14 +203,13 @@ pub struct WgpuOptions {
     /// default), the pool's table is next mapped (just before the layer's
     /// MoE) or an upload chunk is staged, and go out in one submission, so
     /// that the GPU copies a layer's first experts into their slots while
-    /// the last are read (`SLOTSTREAM_WGPU_POOL_SENDS=<MiB>`; for
-    /// measurements `=layer`, `u64::MAX`: all at the table's mapping; and
-    /// `=matrix`, 0: each as it is written).
+    /// the last are read (for measurements, `u64::MAX`: all at the table's
+    /// mapping; 0: each as it is written).
     pub pool_send_every: u64,
     /// A pool write (a streamed expert's matrix into its slot's staging or
     /// mapped memory) is filled on the calling thread (0, the default) or in
     /// parts of about this many bytes on rayon's threads side by side
-    /// (`SLOTSTREAM_WGPU_POOL_WRITE_KB`, in KiB, e.g. 128 as
+    /// (e.g. 128 KiB as
     /// [`slotstream_backend::POOL_WRITE_PART`], for measurements). Unlike the CPU backend's
     /// slots, NVIDIA's staging memory is not written faster by more threads
     /// (87 against 89 ms per token on an H100), and the threads it takes
@@ -219,12 +220,12 @@ pub struct WgpuOptions {
     /// A pool that holds every expert also holds each MoE layer's shared
     /// expert, which a decoded token then runs as one more rank of the MoE
     /// kernels; false runs it in its own products
-    /// (`SLOTSTREAM_WGPU_SHARED_IN_POOL=0`, for measurements).
+    /// (false, for measurements).
     pub shared_in_pool: bool,
     /// The routing kernels with the router's product (`moe_route_matmul`,
     /// `moe_route_norm`) route a router of at most a subgroup's width of
     /// experts (A's and B's 16) in one subgroup, with subgroup reductions
-    /// instead of workgroup ones (`SLOTSTREAM_WGPU_ROUTE_LANES=0`, for
+    /// instead of workgroup ones (false, for
     /// measurements).
     pub route_lanes: bool,
     /// A directory whose `.wgsl` files replace the built-in ones of the same
@@ -275,59 +276,61 @@ impl Default for WgpuOptions {
 enum Value {
     /// `0` or `1`.
     Flag,
-    /// A whole number, at least the given one.
-    AtLeast(u64),
-    /// A whole number in a range.
-    Within(u64, u64),
-    /// One of the words, or (`true`) a whole number above 0.
-    Words(&'static [&'static str], bool),
+    /// One of the words.
+    Words(&'static [&'static str]),
     /// A directory.
     Path,
 }
 
-/// Every variable [`WgpuOptions::from_env`] reads, and what it may hold.
+/// Every variable [`WgpuOptions::from_env`] reads, and what it may hold: the
+/// ones a user may need (exact activations, the per-head attention kernels
+/// where a driver mishandles the flash kernels, kernel files under
+/// development). The other settings are code-only (tests and benchmarks set
+/// the fields).
 const VARIABLES: &[(&str, Value)] = &[
-    ("SLOTSTREAM_WGPU_MATMUL", Value::Words(&["exact", "int8"], false)),
-    ("SLOTSTREAM_WGPU_INT8_MIN_BYTES", Value::AtLeast(0)),
-    ("SLOTSTREAM_WGPU_VIEWS", Value::Flag),
-    ("SLOTSTREAM_WGPU_FLUSH_EVERY", Value::AtLeast(0)),
-    ("SLOTSTREAM_WGPU_FLUSH_FIRST", Value::AtLeast(0)),
-    ("SLOTSTREAM_WGPU_Q4_LAYOUT", Value::Words(&["mlx", "interleaved"], false)),
-    ("SLOTSTREAM_WGPU_Q4_EIGHT_ROWS_FROM", Value::AtLeast(0)),
-    ("SLOTSTREAM_WGPU_ATTENTION_MIN_CHUNK", Value::AtLeast(1)),
-    ("SLOTSTREAM_WGPU_ATTENTION_REGS", Value::Flag),
+    ("SLOTSTREAM_WGPU_MATMUL", Value::Words(&["exact", "int8"])),
     ("SLOTSTREAM_WGPU_FLASH", Value::Flag),
-    ("SLOTSTREAM_WGPU_MERGE_IN_SPLIT", Value::Flag),
-    ("SLOTSTREAM_WGPU_FUSE_NORMS", Value::Flag),
-    ("SLOTSTREAM_WGPU_MATVEC_SPLIT", Value::Within(1, 4)),
-    ("SLOTSTREAM_WGPU_IMMEDIATES", Value::Flag),
-    ("SLOTSTREAM_WGPU_SUBMIT_THREAD", Value::Flag),
-    ("SLOTSTREAM_WGPU_ROUTE_ROWS", Value::AtLeast(0)),
-    ("SLOTSTREAM_WGPU_ROUTE_WIDE_ROWS", Value::AtLeast(0)),
-    ("SLOTSTREAM_WGPU_TIME_INSIDE", Value::Flag),
-    ("SLOTSTREAM_WGPU_FLUSH_AHEAD", Value::Flag),
-    ("SLOTSTREAM_WGPU_UPLOAD_CHUNK_MIB", Value::AtLeast(1)),
-    ("SLOTSTREAM_WGPU_MAP_PRIMARY", Value::Flag),
-    ("SLOTSTREAM_WGPU_REUSE_STAGING", Value::Flag),
-    ("SLOTSTREAM_WGPU_POOL_SENDS", Value::Words(&["layer", "matrix"], true)),
-    ("SLOTSTREAM_WGPU_POOL_WRITE_KB", Value::AtLeast(0)),
-    ("SLOTSTREAM_WGPU_SHARED_IN_POOL", Value::Flag),
-    ("SLOTSTREAM_WGPU_ROUTE_LANES", Value::Flag),
     ("SLOTSTREAM_WGPU_WGSL_DIR", Value::Path),
+];
+
+/// Measurement settings that BENCHMARKS.md has decided, once read from the
+/// environment: setting one now says so instead of naming every setting.
+const RETIRED: &[&str] = &[
+    "SLOTSTREAM_WGPU_INT8_MIN_BYTES",
+    "SLOTSTREAM_WGPU_VIEWS",
+    "SLOTSTREAM_WGPU_FLUSH_EVERY",
+    "SLOTSTREAM_WGPU_FLUSH_FIRST",
+    "SLOTSTREAM_WGPU_Q4_LAYOUT",
+    "SLOTSTREAM_WGPU_Q4_EIGHT_ROWS_FROM",
+    "SLOTSTREAM_WGPU_ATTENTION_MIN_CHUNK",
+    "SLOTSTREAM_WGPU_ATTENTION_REGS",
+    "SLOTSTREAM_WGPU_FLASH_ROWS",
+    "SLOTSTREAM_WGPU_FLASH_WORKGROUPS",
+    "SLOTSTREAM_WGPU_MERGE_IN_SPLIT",
+    "SLOTSTREAM_WGPU_FUSE_NORMS",
+    "SLOTSTREAM_WGPU_MATVEC_SPLIT",
+    "SLOTSTREAM_WGPU_IMMEDIATES",
+    "SLOTSTREAM_WGPU_SUBMIT_THREAD",
+    "SLOTSTREAM_WGPU_ROUTE_ROWS",
+    "SLOTSTREAM_WGPU_ROUTE_WIDE_ROWS",
+    "SLOTSTREAM_WGPU_TIME_INSIDE",
+    "SLOTSTREAM_WGPU_FLUSH_AHEAD",
+    "SLOTSTREAM_WGPU_UPLOAD_CHUNK_MIB",
+    "SLOTSTREAM_WGPU_MAP_PRIMARY",
+    "SLOTSTREAM_WGPU_REUSE_STAGING",
+    "SLOTSTREAM_WGPU_POOL_SENDS",
+    "SLOTSTREAM_WGPU_POOL_WRITE_KB",
+    "SLOTSTREAM_WGPU_SHARED_IN_POOL",
+    "SLOTSTREAM_WGPU_ROUTE_LANES",
 ];
 
 /// Why `value` is not what `kind` allows, if it is not.
 fn bad_value(kind: Value, value: &str) -> Option<String> {
-    let number = value.parse::<u64>().ok();
     match kind {
         Value::Flag if value == "0" || value == "1" => None,
         Value::Flag => Some("0 or 1".into()),
-        Value::AtLeast(min) if number.is_some_and(|n| n >= min) => None,
-        Value::AtLeast(min) => Some(format!("a whole number from {min}")),
-        Value::Within(lo, hi) if number.is_some_and(|n| (lo..=hi).contains(&n)) => None,
-        Value::Within(lo, hi) => Some(format!("a whole number from {lo} to {hi}")),
-        Value::Words(words, numbers) if words.contains(&value) || (numbers && number.is_some_and(|n| n > 0)) => None,
-        Value::Words(words, numbers) => Some(format!("{}{}", words.join(" or "), if numbers { " or a number above 0" } else { "" })),
+        Value::Words(words) if words.contains(&value) => None,
+        Value::Words(words) => Some(words.join(" or ")),
         Value::Path => None,
     }
 }
@@ -343,6 +346,10 @@ impl WgpuOptions {
                 continue;
             }
             match VARIABLES.iter().find(|(known, _)| *known == name) {
+                None if RETIRED.contains(&name.as_str()) => problems.push(format!(
+                    "{name} was a measurement setting and is retired: BENCHMARKS.md chose its value (unset it; the settings are {})",
+                    VARIABLES.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+                )),
                 None => problems.push(format!(
                     "{name} is not a setting of the wgpu backend (unset it; the settings are {})",
                     VARIABLES.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
@@ -379,54 +386,9 @@ impl WgpuOptions {
                 Some("int8") => Some(MatmulMode::Int8),
                 _ => defaults.matmul,
             },
-            int8_min_bytes: var("SLOTSTREAM_WGPU_INT8_MIN_BYTES").and_then(|v| v.parse().ok()).unwrap_or(defaults.int8_min_bytes),
-            views: var("SLOTSTREAM_WGPU_VIEWS").map_or(defaults.views, |v| v != "0"),
-            flush_every: var("SLOTSTREAM_WGPU_FLUSH_EVERY").and_then(|v| v.parse().ok()).unwrap_or(defaults.flush_every),
-            flush_first: var("SLOTSTREAM_WGPU_FLUSH_FIRST").and_then(|v| v.parse().ok()).unwrap_or(defaults.flush_first),
-            q4_layout: match var("SLOTSTREAM_WGPU_Q4_LAYOUT").as_deref() {
-                Some("mlx") => Q4Layout::Mlx,
-                _ => defaults.q4_layout,
-            },
-            q4_eight_rows_from: var("SLOTSTREAM_WGPU_Q4_EIGHT_ROWS_FROM")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(defaults.q4_eight_rows_from),
-            attention_min_chunk: var("SLOTSTREAM_WGPU_ATTENTION_MIN_CHUNK")
-                .and_then(|v| v.parse().ok())
-                .filter(|&n: &usize| n > 0)
-                .unwrap_or(defaults.attention_min_chunk),
-            attention_regs: var("SLOTSTREAM_WGPU_ATTENTION_REGS").map_or(defaults.attention_regs, |v| v != "0"),
             flash_attention: var("SLOTSTREAM_WGPU_FLASH").map_or(defaults.flash_attention, |v| v != "0"),
-            flash_two_rows: defaults.flash_two_rows,
-            flash_workgroups: defaults.flash_workgroups,
-            merge_in_split: var("SLOTSTREAM_WGPU_MERGE_IN_SPLIT").map_or(defaults.merge_in_split, |v| v != "0"),
-            fuse_norms: var("SLOTSTREAM_WGPU_FUSE_NORMS").map_or(defaults.fuse_norms, |v| v != "0"),
-            matvec_split: var("SLOTSTREAM_WGPU_MATVEC_SPLIT")
-                .and_then(|v| v.parse().ok())
-                .filter(|n: &usize| (1..=4).contains(n))
-                .unwrap_or(defaults.matvec_split),
-            immediates: var("SLOTSTREAM_WGPU_IMMEDIATES").map_or(defaults.immediates, |v| v != "0"),
-            submit_thread: var("SLOTSTREAM_WGPU_SUBMIT_THREAD").map_or(defaults.submit_thread, |v| v != "0"),
-            route_rows: var("SLOTSTREAM_WGPU_ROUTE_ROWS").and_then(|v| v.parse().ok()).unwrap_or(defaults.route_rows),
-            route_wide_rows: var("SLOTSTREAM_WGPU_ROUTE_WIDE_ROWS").and_then(|v| v.parse().ok()).unwrap_or(defaults.route_wide_rows),
-            time_inside_passes: var("SLOTSTREAM_WGPU_TIME_INSIDE").map_or(defaults.time_inside_passes, |v| v != "0"),
-            flush_ahead: var("SLOTSTREAM_WGPU_FLUSH_AHEAD").map_or(defaults.flush_ahead, |v| v == "1"),
-            upload_chunk: var("SLOTSTREAM_WGPU_UPLOAD_CHUNK_MIB")
-                .and_then(|v| v.parse::<u64>().ok())
-                .filter(|&m| m > 0)
-                .map_or(defaults.upload_chunk, |m| m << 20),
-            map_primary: var("SLOTSTREAM_WGPU_MAP_PRIMARY").map_or(defaults.map_primary, |v| v != "0"),
-            reuse_staging: var("SLOTSTREAM_WGPU_REUSE_STAGING").map_or(defaults.reuse_staging, |v| v != "0"),
-            pool_send_every: match var("SLOTSTREAM_WGPU_POOL_SENDS") {
-                Some(v) if v == "layer" => u64::MAX,
-                Some(v) if v == "matrix" => 0,
-                v => v.and_then(|v| v.parse::<u64>().ok()).filter(|&m| m > 0).map_or(defaults.pool_send_every, |m| m << 20),
-            },
-            pool_write_part: var("SLOTSTREAM_WGPU_POOL_WRITE_KB")
-                .and_then(|kb| kb.parse::<usize>().ok())
-                .map_or(defaults.pool_write_part, |kb| kb << 10),
-            shared_in_pool: var("SLOTSTREAM_WGPU_SHARED_IN_POOL").map_or(defaults.shared_in_pool, |v| v != "0"),
-            route_lanes: var("SLOTSTREAM_WGPU_ROUTE_LANES").map_or(defaults.route_lanes, |v| v != "0"),
             wgsl_dir: var("SLOTSTREAM_WGPU_WGSL_DIR").filter(|v| !v.is_empty()).map(Into::into).or(defaults.wgsl_dir),
+            ..defaults
         }
     }
 }
@@ -443,9 +405,7 @@ mod tests {
     fn mistyped_settings_are_refused() {
         let good = [
             ("SLOTSTREAM_WGPU_FLASH", "0"),
-            ("SLOTSTREAM_WGPU_POOL_SENDS", "layer"),
-            ("SLOTSTREAM_WGPU_POOL_SENDS", "8"),
-            ("SLOTSTREAM_WGPU_MATVEC_SPLIT", "4"),
+            ("SLOTSTREAM_WGPU_MATMUL", "exact"),
             ("SLOTSTREAM_WGPU_WGSL_DIR", "/tmp/k"),
             ("SLOTSTREAM_OTHER", "x"),
             ("PATH", "/bin"),
@@ -454,11 +414,9 @@ mod tests {
         let bad = [
             ("SLOTSTREAM_WGPU_FLASH", "yes", "0 or 1"),
             ("SLOTSTREAM_WGPU_FLAHS", "0", "not a setting"),
-            ("SLOTSTREAM_WGPU_FLASH_WORKGROUPS", "264", "not a setting"),
-            ("SLOTSTREAM_WGPU_MATVEC_SPLIT", "5", "from 1 to 4"),
+            ("SLOTSTREAM_WGPU_FLASH_WORKGROUPS", "264", "retired"),
+            ("SLOTSTREAM_WGPU_POOL_SENDS", "layer", "retired"),
             ("SLOTSTREAM_WGPU_MATMUL", "fast", "exact or int8"),
-            ("SLOTSTREAM_WGPU_UPLOAD_CHUNK_MIB", "0", "from 1"),
-            ("SLOTSTREAM_WGPU_POOL_SENDS", "-3", "layer or matrix or a number above 0"),
         ];
         for (name, value, want) in bad {
             let e = WgpuOptions::check_env(vars(&[(name, value)])).unwrap_err();

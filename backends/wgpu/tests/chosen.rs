@@ -128,7 +128,7 @@ fn no_periodic_submissions_while_a_started_read_is_outstanding_and_nothing_waite
     // A read dropped unfinished holds nothing back either.
     drop(start(&b));
     assert!(submissions_during_adds(&b, 40) >= 4, "periodic submissions again once the read is dropped");
-    // SLOTSTREAM_WGPU_FLUSH_AHEAD=1 keeps them.
+    // flush_ahead (in code) keeps them.
     let ahead = open(true);
     let read = start(&ahead);
     assert!(submissions_during_adds(&ahead, 40) >= 4, "periodic submissions kept while a read is outstanding");

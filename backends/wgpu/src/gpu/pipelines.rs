@@ -42,7 +42,7 @@ pub(super) fn compile(
         // `tests/shaders.rs::every_loop_terminates` checks of the sources
         // (and `compiled_source` of any file read from `wgsl_dir`);
         // with `bounds_checks` off, the caller of
-        // `WgpuBackend::new_unchecked` also vouches that every index the
+        // `WgpuBackend::with_options_unchecked` also vouches that every index the
         // kernels compute stays in bounds, which the shape checks in
         // lib.rs establish for well-formed inputs.
         let shader = unsafe { device.create_shader_module_trusted(desc, checks) };
