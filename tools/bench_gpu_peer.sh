@@ -91,6 +91,11 @@
 #   longest prompt 8 greedy tokens on cpu:exact, wgpu:exact, wgpu and cpu with each model cut to
 #   its first L layers, and says which backends give cpu:exact's ids.
 #
+# batch (there, after the same setup as run): N concurrent greedy streams (STREAMS, default 1,4,8;
+#   TOKENS each, default 128; ROUNDS, default 2) of model A resident, ours `serve --parallel N`
+#   (tools/bench_batch.py: in a row, then at once, texts compared) against llama-batched-bench's
+#   S_TG at the same counts (the batched decode of llama-server's parallel slots).
+#
 # cuda-build (there, carrying .devbin/cuda-src alone): builds llama.cpp's CUDA llama-bench and
 #   leaves it in $OUT in parts; copied to .devbin/gpu-peer-cuda and carried, `long` adds its rows.
 #
@@ -296,6 +301,20 @@ disk_phase() {
     copy_out disk-logs.tar.gz
 }
 
+# Concurrent greedy streams (issue 48): ours serving --parallel N against llama-batched-bench,
+# model A resident (tools/peer/bench_batch_gpu.py).
+batch_phase() {
+    setup_machine 1 batch-results
+    local args=(--slotstream "$work/bin/slotstream" --llama "$work/llama" --work "$work" --results "$results"
+        --streams "${STREAMS:-1,4,8}" --tokens "${TOKENS:-128}" --rounds "${ROUNDS:-2}" --gpu-backend "${GPU_BACKEND:-wgpu}"
+        --router-skew "${ROUTER_SKEW:-0.4}" --mixer-out-scale "${MIXER_OUT_SCALE:-0.1}" --jobs "${JOBS:-$(nproc)}" --commit "$commit")
+    [ -n "${SMALL:-}" ] && args+=(--small)
+    local rc=0
+    PYTHONUNBUFFERED=1 timeout "${LIMIT:-86400}" python3 tools/peer/bench_batch_gpu.py "${args[@]}" || rc=$?
+    copy_out batch-logs.tar.gz
+    return $rc
+}
+
 # llama.cpp's CUDA backend built here (issue 46 item 6): carry .devbin/cuda-src (tools/peer/
 # build_llama_cpp_cuda.sh pack-source .devbin/cuda-src) alone; the build comes back in $OUT as
 # llama-cuda.tar.xz.partNN: copy those to .devbin/gpu-peer-cuda and carry that beside $CARRY, and
@@ -324,5 +343,6 @@ case "$phase" in
     disk) disk_phase ;;
     long) long_phase ;;
     cuda-build) cuda_build_phase ;;
+    batch) batch_phase ;;
     *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -7,7 +7,7 @@
 #   here:       tools/peer/build_llama_cpp_cuda.sh pack-source DIR   (tools/bench_gpu_peer.sh uses .devbin/cuda-src)
 #                 DIR/llama-src.tar.xz: the sources llama-bench needs (~6 MB; the sdist is 77 MB)
 #   GPU host:   tools/peer/build_llama_cpp_cuda.sh build SRC.tar.xz OUTDIR
-#                 builds llama-bench with -DGGML_CUDA=ON for CMAKE_CUDA_ARCHITECTURES (default 90),
+#                 builds llama-bench and llama-batched-bench with -DGGML_CUDA=ON for CMAKE_CUDA_ARCHITECTURES (default 90),
 #                 shared libraries, and writes OUTDIR/llama-cuda.tar.xz.partNN (15 MiB each: the
 #                 device tool brings back files of at most 16 MiB) with bin/ (llama-bench and its
 #                 .so files; CUDA's own runtime libraries stay the GPU host's)
@@ -67,11 +67,11 @@ build)
         -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=ON \
         -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
         > "$out/cmake-configure.log" 2>&1 || { tail -40 "$out/cmake-configure.log"; exit 1; }
-    cmake --build "$DIR/build" -j "${JOBS:-$(nproc)}" --target llama-bench > "$out/cmake-build.log" 2>&1 \
+    cmake --build "$DIR/build" -j "${JOBS:-$(nproc)}" --target llama-bench llama-batched-bench > "$out/cmake-build.log" 2>&1 \
         || { tail -60 "$out/cmake-build.log"; exit 1; }
     echo "built in $(( $(date +%s) - start )) s"
     mkdir -p "$DIR/stage/bin"
-    cp "$DIR/build/bin/llama-bench" "$DIR/stage/bin/"
+    cp "$DIR/build/bin/llama-bench" "$DIR/build/bin/llama-batched-bench" "$DIR/stage/bin/"
     cp -P "$DIR"/build/bin/*.so* "$DIR/stage/bin/"
     strip --strip-unneeded "$DIR"/stage/bin/* 2>/dev/null || true
     nvcc --version | tail -1 > "$DIR/stage/nvcc-version.txt"

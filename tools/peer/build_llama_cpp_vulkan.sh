@@ -6,8 +6,8 @@
 #   tools/peer/build_llama_cpp_vulkan.sh OUT.tar.xz
 #
 # Shared libraries, so the ~40 MB of embedded SPIR-V shaders exist once (in
-# libggml-vulkan.so) rather than once per program; only llama-bench and llama-quantize are
-# built. The tarball holds bin/ (the two programs, the .so files, and any non-glibc runtime
+# libggml-vulkan.so) rather than once per program; only llama-bench, llama-batched-bench (the
+# batched decode of llama-server's parallel slots, for issue 48) and llama-quantize are built. The tarball holds bin/ (the two programs, the .so files, and any non-glibc runtime
 # library they need that the GPU machine may lack, e.g. libgomp) and gguf-py/ (pure Python,
 # used by tools/peer/to_gguf.py). Run the programs with LD_LIBRARY_PATH=<dir>/bin.
 #
@@ -71,19 +71,19 @@ B=llama.cpp/build-vulkan
 nice -n "$NICE" cmake -S llama.cpp -B "$B" -DCMAKE_BUILD_TYPE=Release -DGGML_VULKAN=ON -DGGML_NATIVE=OFF \
     -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_SERVER=OFF > "$DIR/cmake-configure.log"
-nice -n "$NICE" cmake --build "$B" --config Release -j "$JOBS" --target llama-bench llama-quantize
+nice -n "$NICE" cmake --build "$B" --config Release -j "$JOBS" --target llama-bench llama-batched-bench llama-quantize
 
 STAGE=$DIR/stage
 rm -rf "$STAGE"
 mkdir -p "$STAGE/bin"
-cp "$B/bin/llama-bench" "$B/bin/llama-quantize" "$STAGE/bin/"
+cp "$B/bin/llama-bench" "$B/bin/llama-batched-bench" "$B/bin/llama-quantize" "$STAGE/bin/"
 cp -P "$B"/bin/*.so* "$STAGE/bin/" 2>/dev/null || true
 find "$B" -name '*.so*' \( -type f -o -type l \) -exec cp -P {} "$STAGE/bin/" \; 2>/dev/null || true
-strip --strip-unneeded "$STAGE"/bin/llama-bench "$STAGE"/bin/llama-quantize
+strip --strip-unneeded "$STAGE"/bin/llama-bench "$STAGE"/bin/llama-batched-bench "$STAGE"/bin/llama-quantize
 for f in "$STAGE"/bin/*.so*; do [ -L "$f" ] || strip --strip-unneeded "$f"; done
 # Runtime libraries outside glibc and the Vulkan loader (the GPU machine brings its own loader
 # from .gl/ or the system), e.g. libgomp.
-for lib in $(LD_LIBRARY_PATH="$STAGE/bin" ldd "$STAGE/bin/llama-bench" "$STAGE/bin/llama-quantize" | awk '/=> \//{print $3}' | sort -u); do
+for lib in $(LD_LIBRARY_PATH="$STAGE/bin" ldd "$STAGE/bin/llama-bench" "$STAGE/bin/llama-batched-bench" "$STAGE/bin/llama-quantize" | awk '/=> \//{print $3}' | sort -u); do
     base=$(basename "$lib")
     case "$base" in
         libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libvulkan.so*|libstdc++.so*|libgcc_s.so*) ;;
