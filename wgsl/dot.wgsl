@@ -376,6 +376,42 @@ fn rows4_q4i(d: WeightDesc, row0: u32, nrows: u32, xb: u32, lane: u32, lanes: u3
     return acc;
 }
 
+// rows4_q4i for up to four tokens at once (matvec_q4_tokens): the x rows
+// start at vec4 `xb` and `xstride` apart. Each chunk's weights and (scale,
+// bias) pairs are loaded once for every token, and each token's sums are
+// formed by the same operations in the same order as rows4_q4i's, so a
+// row's result is the same whatever the number of tokens beside it.
+fn rows4_q4i_tokens(d: WeightDesc, row0: u32, nrows: u32, xb: u32, xstride: u32, ntok: u32,
+    lane: u32, lanes: u32, f16s: bool) -> array<vec4<f32>, 4> {
+    var acc: array<vec4<f32>, 4>;
+    let chunks = d.row_words / 4u;
+    let gshift = firstTrailingBit(d.group_size);
+    let gpr = d.cols >> gshift;
+    let last = row0 + nrows - 1u;
+    let r = vec4<u32>(row0, min(row0 + 1u, last), min(row0 + 2u, last), min(row0 + 3u, last));
+    let wb = r * chunks;
+    let pb = d.scales_off + r * gpr;
+    for (var i = lane; i < chunks; i += lanes) {
+        let w0 = w[wb.x + i];
+        let w1 = w[wb.y + i];
+        let w2 = w[wb.z + i];
+        let w3 = w[wb.w + i];
+        let g = q4i_cols(chunks, i) >> vec4<u32>(gshift);
+        let p0 = q4i_pairs(pb.x, g);
+        let p1 = q4i_pairs(pb.y, g);
+        let p2 = q4i_pairs(pb.z, g);
+        let p3 = q4i_pairs(pb.w, g);
+        for (var t = 0u; t < ntok; t++) {
+            let x = q4i_x(chunks, gshift, xb + t * xstride, i);
+            acc[t].x += q4i_part(w0, p0, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+            acc[t].y += q4i_part(w1, p1, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+            acc[t].z += q4i_part(w2, p2, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+            acc[t].w += q4i_part(w3, p3, f16s, x.s0, x.s1, x.s2, x.s3, x.s4, x.s5, x.s6, x.s7, x.sx);
+        }
+    }
+    return acc;
+}
+
 // This lane's partial dot products of eight consecutive interleaved 4-bit
 // rows (row0 .. row0 + nrows - 1, nrows <= 8) with the x row starting at vec4
 // index `xb`. Lane i of a subgroup takes chunk i (then i + lanes, ...): with

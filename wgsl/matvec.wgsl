@@ -14,6 +14,12 @@
 // entry point: the smaller kernel of the one path decode takes ran ~5%
 // faster on an H200 than the same path inside matvec.
 //
+// matvec_q4_tokens: matvec_q4 for two to four tokens at once (workgroup_id.y
+// selects tokens 4y..4y+3), each quad's chunks and their scales loaded once
+// for every token (rows4_q4i_tokens), split over `parts` subgroups as
+// matvec_q4 splits them: a row's result for a token is matvec_q4's for that
+// token alone, bit for bit (batched decode changes speed, not output).
+//
 // matvec_epilogue: one token, one shard, one subgroup per four rows (as
 // matvec's small matrices), with the product's consumer in the epilogue:
 //   epilogue 1 (SwiGLU): out[r] = silu(W[r] . x) * (W[half + r] . x), r < rows = half
@@ -50,8 +56,10 @@ struct Params {
 @group(0) @binding(4) var<storage, read> aux: array<f32>;
 @group(0) @binding(5) var<storage, read> gate: array<f32>;
 
-// matvec_q4's split quads: each subgroup's partial sums of its quad.
+// matvec_q4's split quads: each subgroup's partial sums of its quad (and
+// matvec_q4_tokens': of its quad for each of four tokens, 4 * sg + t).
 var<workgroup> partial4: array<vec4<f32>, 128>;
+var<workgroup> partial4t: array<vec4<f32>, 512>;
 
 @compute @workgroup_size(128)
 fn matvec_q4(
@@ -89,6 +97,52 @@ fn matvec_q4(
             }
             for (var r = 0u; r < min(4u, p.rows - row0); r++) {
                 out[p.out_off + row0 + r] = t[r];
+            }
+        }
+        workgroupBarrier();
+    }
+}
+
+@compute @workgroup_size(128)
+fn matvec_q4_tokens(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let parts = max(1u, min(p.parts, nsg));
+    let per_wg = nsg / parts;
+    let quads = (p.rows + 3u) / 4u;
+    let f16s = p.w.scale_kind == 1u;
+    let t0 = wid.y * 4u;
+    let ntok = min(4u, p.tokens - t0);
+    let xstride = p.x_cols / 4u;
+    for (var q0 = wid.x * per_wg; q0 < quads; q0 += nwg.x * per_wg) {
+        let qi = q0 + sg / parts;
+        let part = sg % parts;
+        let row0 = qi * 4u;
+        var sums: array<vec4<f32>, 4>;
+        if (qi < quads && sg < per_wg * parts) {
+            sums = rows4_q4i_tokens(p.w, row0, min(4u, p.rows - row0), t0 * xstride, xstride, ntok, part * lanes + lane, parts * lanes, f16s);
+        }
+        for (var t = 0u; t < 4u; t++) {
+            let total = subgroupAdd(sums[t]);
+            if (lane == 0u) {
+                partial4t[4u * sg + t] = total;
+            }
+        }
+        workgroupBarrier();
+        if (part == 0u && lane == 0u && qi < quads && sg < per_wg * parts) {
+            for (var t = 0u; t < ntok; t++) {
+                var total = partial4t[4u * sg + t];
+                for (var k = 1u; k < parts; k++) {
+                    total += partial4t[4u * (sg + k) + t];
+                }
+                for (var r = 0u; r < min(4u, p.rows - row0); r++) {
+                    out[(t0 + t) * p.out_cols + p.out_off + row0 + r] = total[r];
+                }
             }
         }
         workgroupBarrier();

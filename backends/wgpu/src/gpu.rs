@@ -113,6 +113,8 @@ pub struct Gpu {
     pub merge_counts: wgpu::Buffer,
     /// Most subgroups sharing a one-token matvec's quad of rows ([`WgpuOptions::matvec_split`]).
     pub matvec_split: usize,
+    /// `WgpuOptions::matvec_q4_tokens`.
+    pub matvec_q4_tokens: bool,
     /// Routing of at most a subgroup's width of experts in one subgroup ([`WgpuOptions::route_lanes`]).
     pub route_lanes: bool,
     /// Largest subgroup the adapter may run: dispatch sizes assume it so that
@@ -278,6 +280,7 @@ impl Gpu {
             merge_in_split,
             merge_counts,
             matvec_split: options.matvec_split,
+            matvec_q4_tokens: options.matvec_q4_tokens,
             route_lanes: options.route_lanes,
             subgroup_max,
             subgroup_min,

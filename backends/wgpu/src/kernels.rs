@@ -228,7 +228,7 @@ impl Module {
 
     pub fn entry_points(self) -> &'static [&'static str] {
         match self {
-            Module::Matvec => &["matvec_q4", "matvec", "matvec_epilogue"],
+            Module::Matvec => &["matvec_q4", "matvec_q4_tokens", "matvec", "matvec_epilogue"],
             Module::MatvecQ8 => &["quantize_x8", "matvec_q8"],
             Module::MatmulTiled => &["matmul_tiled", "matmul_wide", "moe_sort", "moe_gate_up_tiled", "moe_down_tiled", "moe_gate_up_wide", "moe_down_wide"],
             Module::Moe => &["moe_map", "moe_gate_up", "moe_down", "moe_combine", "moe_down_combine"],

@@ -150,6 +150,12 @@ pub struct WgpuOptions {
     /// among up to this many subgroups, so a lane walks fewer chunks of a row
     /// (set in code; 1 turns the split off, for measurements).
     pub matvec_split: usize,
+    /// Two to eight tokens against interleaved 4-bit rows (batched decode)
+    /// take `matvec_q4_tokens`, each chunk's weights loaded once for four
+    /// tokens and each token's sums the one-token kernel's; false keeps the
+    /// generic `matvec` (in code only, for measurements and the test that
+    /// compares the two).
+    pub matvec_q4_tokens: bool,
     /// Kernel parameters as immediate data (push constants) where the adapter
     /// has them (Vulkan), instead of a uniform buffer slot per dispatch
     /// (false keeps the uniform buffers, for
@@ -253,6 +259,7 @@ impl Default for WgpuOptions {
             merge_in_split: true,
             fuse_norms: true,
             matvec_split: MATVEC_SPLIT,
+            matvec_q4_tokens: true,
             immediates: true,
             submit_thread: true,
             route_rows: ROUTE_ONE_WORKGROUP_ROWS,

@@ -435,3 +435,38 @@ fn backend_name_reports_upload_path() {
     assert!(name.contains(path), "name '{name}' should say '{path}'");
 }
 
+
+/// Batched decode: two to eight tokens against interleaved 4-bit rows
+/// (`matvec_q4_tokens`) give each token exactly the one-token kernel's
+/// result (`matvec_q4`), bit for bit, so that a sequence's text does not
+/// depend on the sequences decoded beside it; 70 rows leave a partial quad,
+/// 1280 columns a partial tile, and 4096 columns split a quad over subgroups.
+#[test]
+fn batched_tokens_match_one_token_bit_for_bit() {
+    let Some(g) = gpu() else { return };
+    let cpu = CpuBackend::exact();
+    let formats = [affine(4, 32), affine(4, 64), affine(4, 128), MatrixFormat::Affine { bits: 4, group_size: 64, scale_dtype: DType::F16 }];
+    for (format, cols) in formats.into_iter().zip([1280, 2048, 4096, 1280]) {
+        let mut rng = Rng::new(23);
+        let rows = 70;
+        let m = matrix(&mut rng, format, 1, rows, cols);
+        let (w, cw) = (g.load_weight(&m).expect("load_weight"), cpu.load_weight(&m).expect("load_weight"));
+        for tokens in [2usize, 3, 4, 5, 8] {
+            let x = rng.vec(tokens * cols, 2.0);
+            let batched = g.download(&g.matmul(&up(g, &x, &[tokens, cols]), &w).expect("matmul")).expect("download");
+            for t in 0..tokens {
+                let row = &x[t * cols..(t + 1) * cols];
+                let alone = g.download(&g.matmul(&up(g, row, &[1, cols]), &w).expect("matmul")).expect("download");
+                let got = &batched[t * rows..(t + 1) * rows];
+                assert!(
+                    got.iter().zip(&alone).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{} x {cols}, token {t} of {tokens}: batched differs from alone (rel L2 {:.2e})",
+                    format_name(format),
+                    rel_l2(got, &alone)
+                );
+            }
+            let want = cpu.download(&cpu.matmul(&up(&cpu, &x, &[tokens, cols]), &cw).expect("matmul")).expect("download");
+            assert!(rel_l2(&batched, &want) <= TOL, "{} x {cols}, {tokens} tokens against the CPU", format_name(format));
+        }
+    }
+}
