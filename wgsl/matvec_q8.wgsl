@@ -7,8 +7,8 @@
 // the first sum an integer dot product of the word's eight nibbles with eight
 // int8 values (two `dot4I8Packed`), the second exact f32 sums of x.
 //
-// quantize_x8: x (binding 2, one row of `x_cols` f32, a multiple of 32) to
-// `x_cols / 8` entries (binding 5), entry e for columns c = 8e .. 8e + 7:
+// quantize_x8: x (binding 2, `tokens` rows of `x_cols` f32, a multiple of 32)
+// to `x_cols / 8` entries a row (binding 5), entry e for columns c = 8e .. 8e + 7:
 //   .x  int8 x[c], x[c+2], x[c+4], x[c+6] in bytes 0..3 (the even nibbles of a weight word),
 //   .y  int8 x[c+1], x[c+3], x[c+5], x[c+7] (the odd nibbles),
 //   .z  the f32 sum of the eight unquantized values (bits),
@@ -50,13 +50,17 @@ fn pack_i8(v: vec4<i32>) -> u32 {
 @compute @workgroup_size(64)
 fn quantize_x8(@builtin(global_invocation_id) gid: vec3<u32>) {
     let blk = gid.x;
-    if (blk >= p.x_cols / 32u) {
+    // Row gid.y of x (`tokens` rows, the entries of each row after the row before).
+    let t = gid.y;
+    if (blk >= p.x_cols / 32u || t >= max(p.tokens, 1u)) {
         return;
     }
+    let xrow = t * (p.x_cols / 4u);
+    let qrow = t * (p.x_cols / 8u);
     var v: array<vec4<f32>, 8>;
     var amax = 0.0;
     for (var k = 0u; k < 8u; k++) {
-        v[k] = xin[8u * blk + k];
+        v[k] = xin[xrow + 8u * blk + k];
         let a = abs(v[k]);
         amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
     }
@@ -74,7 +78,7 @@ fn quantize_x8(@builtin(global_invocation_id) gid: vec3<u32>) {
         let even = pack_i8(vec4<i32>(qa.x, qa.z, qb.x, qb.z));
         let odd = pack_i8(vec4<i32>(qa.y, qa.w, qb.y, qb.w));
         let sum = (a.x + a.y) + (a.z + a.w) + ((b.x + b.y) + (b.z + b.w));
-        xq_out[4u * blk + e] = vec4<u32>(even, odd, bitcast<u32>(sum), bitcast<u32>(d));
+        xq_out[qrow + 4u * blk + e] = vec4<u32>(even, odd, bitcast<u32>(sum), bitcast<u32>(d));
     }
 }
 
@@ -134,6 +138,81 @@ fn rows4_q4x8(d: WeightDesc, row0: u32, nrows: u32, lane: u32, lanes: u32, f16s:
         acc = q4x8_word(acc, vec4<u32>(w0.w, w1.w, w2.w, w3.w), p3, xq[e.w], f16s);
     }
     return acc;
+}
+
+// rows4_q4x8 for up to four tokens at once (matvec_q8_tokens): token t's
+// quantized x from entry `qb + t * qstride`. Each chunk's weights and pairs
+// are loaded once for every token, and each token's sums are formed by the
+// same operations in the same order as rows4_q4x8's.
+fn rows4_q4x8_tokens(d: WeightDesc, row0: u32, nrows: u32, qb: u32, qstride: u32, ntok: u32,
+    lane: u32, lanes: u32, f16s: bool) -> array<vec4<f32>, 4> {
+    var acc: array<vec4<f32>, 4>;
+    let chunks = d.row_words / 4u;
+    let gshift = firstTrailingBit(d.group_size);
+    let gpr = d.cols >> gshift;
+    let last = row0 + nrows - 1u;
+    let r = vec4<u32>(row0, min(row0 + 1u, last), min(row0 + 2u, last), min(row0 + 3u, last));
+    let wb = r * chunks;
+    let pb = d.scales_off + r * gpr;
+    for (var i = lane; i < chunks; i += lanes) {
+        let w0 = w[wb.x + i];
+        let w1 = w[wb.y + i];
+        let w2 = w[wb.z + i];
+        let w3 = w[wb.w + i];
+        let c = q4i_cols(chunks, i);
+        let g = c >> vec4<u32>(gshift);
+        let e = c >> vec4<u32>(3u);
+        let p0 = q4x8_pairs(pb, g.x);
+        let p1 = q4x8_pairs(pb, g.y);
+        let p2 = q4x8_pairs(pb, g.z);
+        let p3 = q4x8_pairs(pb, g.w);
+        for (var t = 0u; t < ntok; t++) {
+            let q = qb + t * qstride;
+            var a = acc[t];
+            a = q4x8_word(a, vec4<u32>(w0.x, w1.x, w2.x, w3.x), p0, xq[q + e.x], f16s);
+            a = q4x8_word(a, vec4<u32>(w0.y, w1.y, w2.y, w3.y), p1, xq[q + e.y], f16s);
+            a = q4x8_word(a, vec4<u32>(w0.z, w1.z, w2.z, w3.z), p2, xq[q + e.z], f16s);
+            a = q4x8_word(a, vec4<u32>(w0.w, w1.w, w2.w, w3.w), p3, xq[q + e.w], f16s);
+            acc[t] = a;
+        }
+    }
+    return acc;
+}
+
+// matvec_q8 for two to eight tokens (workgroup_id.y selects tokens
+// 4y..4y+3): out[t, out_off + r], each token's result matvec_q8's for it
+// alone, bit for bit.
+@compute @workgroup_size(128)
+fn matvec_q8_tokens(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+) {
+    let t0 = wid.y * 4u;
+    let ntok = min(4u, p.tokens - t0);
+    let qstride = p.x_cols / 8u;
+    let quads = (p.rows + 3u) / 4u;
+    for (var qi = wid.x * nsg + sg; qi < quads; qi += nwg.x * nsg) {
+        let row0 = qi * 4u;
+        let nrows = min(4u, p.rows - row0);
+        var part: array<vec4<f32>, 4>;
+        if (p.w.scale_kind == 1u) {
+            part = rows4_q4x8_tokens(p.w, row0, nrows, t0 * qstride, qstride, ntok, lane, lanes, true);
+        } else {
+            part = rows4_q4x8_tokens(p.w, row0, nrows, t0 * qstride, qstride, ntok, lane, lanes, false);
+        }
+        for (var t = 0u; t < 4u; t++) {
+            let total = subgroupAdd(part[t]);
+            if (lane == 0u && t < ntok) {
+                for (var r = 0u; r < nrows; r++) {
+                    out[(t0 + t) * p.out_cols + p.out_off + row0 + r] = total[r];
+                }
+            }
+        }
+    }
 }
 
 @compute @workgroup_size(128)

@@ -21,7 +21,7 @@ impl WgpuBackend {
         if x.rows() != 1 || cols % 32 != 0 {
             return Err(shape_error("quantized_x8", format!("x {:?} (one row of a multiple of 32 columns)", x.shape())));
         }
-        let xq = matmul::quantize_x8(&self.gpu, buf(x)?, cols)?;
+        let xq = matmul::quantize_x8(&self.gpu, buf(x)?, 1, cols)?;
         let bytes = self.gpu.download(xq.bind(), 2 * cols as u64)?;
         Ok(bytes
             .chunks_exact(16)

@@ -123,30 +123,31 @@ pub(crate) struct MatmulChoice {
     pub q4_eight_rows_from: usize,
 }
 
-/// One x row quantized for `matvec_q8` (see `wgsl/matvec_q8.wgsl`):
-/// `cols / 8` 16-byte entries.
-pub(crate) fn quantize_x8(gpu: &Gpu, x: Bind<'_>, cols: usize) -> Result<GpuBuf> {
-    let xq = gpu.alloc(2 * cols as u64)?;
-    let params = MatvecQ8Params { tokens: 1, x_cols: cols as u32, ..Default::default() };
-    gpu.dispatch("quantize_x8", &params, &[(X, x), (XQ_OUT, xq.bind())], [((cols / 32).div_ceil(64)) as u32, 1, 1])?;
+/// `tokens` x rows quantized for `matvec_q8` (see `wgsl/matvec_q8.wgsl`):
+/// `cols / 8` 16-byte entries a row.
+pub(crate) fn quantize_x8(gpu: &Gpu, x: Bind<'_>, tokens: usize, cols: usize) -> Result<GpuBuf> {
+    let xq = gpu.alloc(2 * (tokens * cols) as u64)?;
+    let params = MatvecQ8Params { tokens: tokens as u32, x_cols: cols as u32, ..Default::default() };
+    gpu.dispatch("quantize_x8", &params, &[(X, x), (XQ_OUT, xq.bind())], [((cols / 32).div_ceil(64)) as u32, tokens as u32, 1])?;
     Ok(xq)
 }
 
-/// `out[t, out_off + r] = W[r] . x8[t]` for one interleaved 4-bit shard and a
-/// quantized one-token x.
-fn matvec_q8(gpu: &Gpu, s: &Shard, xq: &GpuBuf, out: Bind<'_>, total_rows: usize, cols: usize) -> Result<()> {
+/// `out[t, out_off + r] = W[r] . x8[t]` for one interleaved 4-bit shard and
+/// quantized x of `tokens` rows (more than one: `matvec_q8_tokens`, each
+/// token's result the one-token kernel's).
+fn matvec_q8(gpu: &Gpu, s: &Shard, xq: &GpuBuf, out: Bind<'_>, tokens: usize, total_rows: usize, cols: usize) -> Result<()> {
     let params = MatvecQ8Params {
         w: s.desc,
         rows: s.rows as u32,
-        tokens: 1,
+        tokens: tokens as u32,
         out_cols: total_rows as u32,
         out_off: s.row_start as u32,
         x_cols: cols as u32,
         ..Default::default()
     };
-    let groups = [gpu.subgroup_grid(s.rows.div_ceil(4), 128), 1, 1];
+    let groups = [gpu.subgroup_grid(s.rows.div_ceil(4), 128), tokens.div_ceil(4) as u32, 1];
     let binds = [(W, whole(&s.buffer)), (W_WORDS, whole(&s.buffer)), (XQ, xq.bind()), (OUT, out)];
-    gpu.dispatch("matvec_q8", &params, &binds, groups)
+    gpu.dispatch(if tokens == 1 { "matvec_q8" } else { "matvec_q8_tokens" }, &params, &binds, groups)
 }
 
 /// `out[t, out_off + r] = W[r] . x[t]` for one shard and up to
@@ -272,17 +273,18 @@ fn matmul_tiled(gpu: &Gpu, s: &Shard, x: Bind<'_>, out: Bind<'_>, tokens: usize,
 /// `out = x @ W^T` for `x: [tokens, w.cols]`, shard by shard.
 pub(crate) fn matmul_into(gpu: &Gpu, choice: &MatmulChoice, x: Bind<'_>, tokens: usize, w: &GpuWeight, out: Bind<'_>) -> Result<()> {
     let total_rows = w.experts * w.rows;
-    // Int8 mode: one token against a large interleaved 4-bit weight (every
+    // Int8 mode: one token (or a batched decode step's few, each then given
+    // its one-token result) against a large interleaved 4-bit weight (every
     // shard of a weight has the same layout) quantizes x once for all shards.
     let int8 = choice.mode == MatmulMode::Int8
-        && tokens == 1
+        && (tokens == 1 || (tokens <= MATVEC_MAX_TOKENS && gpu.matvec_q4_tokens))
         && w.bytes >= choice.int8_min_bytes
         && w.cols % 32 == 0
         && w.shards.iter().all(|s| s.desc.is_interleaved_q4());
-    let xq = if int8 { Some(quantize_x8(gpu, x, w.cols)?) } else { None };
+    let xq = if int8 { Some(quantize_x8(gpu, x, tokens, w.cols)?) } else { None };
     for s in &w.shards {
         if let Some(xq) = &xq {
-            matvec_q8(gpu, s, xq, out, total_rows, w.cols)?;
+            matvec_q8(gpu, s, xq, out, tokens, total_rows, w.cols)?;
         } else if tokens <= MATVEC_MAX_TOKENS {
             matvec(gpu, s, x, out, tokens, total_rows, w.cols, choice.q4_eight_rows_from)?;
         } else {
