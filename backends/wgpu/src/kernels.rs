@@ -229,7 +229,7 @@ impl Module {
     pub fn entry_points(self) -> &'static [&'static str] {
         match self {
             Module::Matvec => &["matvec_q4", "matvec_q4_tokens", "matvec", "matvec_epilogue"],
-            Module::MatvecQ8 => &["quantize_x8", "matvec_q8", "matvec_q8_tokens"],
+            Module::MatvecQ8 => &["quantize_x8", "matvec_q8_tokens", "matvec_q8"],
             Module::MatmulTiled => &["matmul_tiled", "matmul_wide", "moe_sort", "moe_gate_up_tiled", "moe_down_tiled", "moe_gate_up_wide", "moe_down_wide"],
             Module::Moe => &["moe_map", "moe_gate_up", "moe_down", "moe_combine", "moe_down_combine"],
             Module::Route => &["moe_route", "moe_route_matmul", "moe_route_norm", "moe_route_norm_q8", "moe_route_norm_wide"],

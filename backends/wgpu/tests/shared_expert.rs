@@ -70,7 +70,7 @@ fn a_shared_expert_in_the_pool_runs_with_the_routed_experts() {
                 assert_eq!(dispatches("moe_down_combine"), 2, "{name}: {profile:?}");
                 // The shared expert's own products (SwiGLU, then the gated
                 // add; separate ops for several tokens) only without a pool copy.
-                let own = dispatches("matvec_epilogue") + dispatches("matvec") + dispatches("matvec_q4");
+                let own = dispatches("matvec_epilogue") + dispatches("matvec") + dispatches("matvec_q4") + dispatches("matvec_q4_tokens");
                 assert_eq!(own, if keyed && mapped { 0 } else { 4 }, "{name}: {profile:?}");
             }
         }
