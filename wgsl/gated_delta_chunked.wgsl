@@ -237,40 +237,64 @@ fn gated_delta_chunks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invo
         st_sh[i * SD + idx % dk] = s;
     }
     workgroupBarrier();
-    // This thread's state row, and its tokens 4tg.. (then tg + 16a).
+    // S0 k (threads 0..127) and S0 q (128..255): rows 4 * (l % 4).. of
+    // tokens l / 4 and l / 4 + 32, a key or query element read once for four
+    // rows. Then, for u and the outputs, row ri of tokens tg + 16a.
+    let use_q = lid >= 128u;
+    let l = lid % 128u;
+    let r4 = (l % 4u) * 4u;
+    let tp = l / 4u;
     let ri = lid % VS;
     let tg = lid / VS;
     let row_ok = i0 + ri < dv;
+    // The state update: key element lid % 128 of rows 8 * (lid / 128)...
+    let ue = lid % 128u;
+    let ui = (lid / 128u) * 8u;
     for (var j = 0u; j < p.chunks; j++) {
         let first = chunk_first(j);
         let c = min(C, p.tokens - first);
         let base = (j * p.heads + h) * REC;
-        var sk: array<f32, 4>;
-        var sq: array<f32, 4>;
-        var rows_at: array<u32, 4>;
-        for (var a = 0u; a < 4u; a++) {
-            sk[a] = 0.0;
-            sq[a] = 0.0;
-            rows_at[a] = (first + min(4u * tg + a, c - 1u)) * kcols + kb;
+        var acc8: array<f32, 8>;
+        for (var m = 0u; m < 8u; m++) {
+            acc8[m] = 0.0;
         }
+        let at0 = (first + min(tp, c - 1u)) * kcols + kb;
+        let at1 = (first + min(tp + 32u, c - 1u)) * kcols + kb;
         for (var e = 0u; e < dk; e++) {
-            let s = st_sh[ri * SD + e];
-            for (var a = 0u; a < 4u; a++) {
-                sk[a] += s * k[rows_at[a] + e];
-                sq[a] += s * q[rows_at[a] + e];
+            var x0: f32;
+            var x1: f32;
+            if (use_q) {
+                x0 = q[at0 + e];
+                x1 = q[at1 + e];
+            } else {
+                x0 = k[at0 + e];
+                x1 = k[at1 + e];
+            }
+            for (var b = 0u; b < 4u; b++) {
+                let s = st_sh[(r4 + b) * SD + e];
+                acc8[b] += s * x0;
+                acc8[4u + b] += s * x1;
             }
         }
-        for (var a = 0u; a < 4u; a++) {
-            let t = 4u * tg + a;
-            var r = 0.0;
-            var y0 = 0.0;
-            if (t < c && row_ok) {
-                let gt = exp(chunk_data[base + L_AT + t]);
-                r = v[(first + t) * vcols + h * dv + i0 + ri] - gt * chunk_data[base + L_AT + C + t] * sk[a];
-                y0 = gt * chunk_data[base + L_AT + 2u * C + t] * sq[a];
+        for (var a = 0u; a < 2u; a++) {
+            let t = tp + 32u * a;
+            var gt = 0.0;
+            if (t < c) {
+                gt = exp(chunk_data[base + L_AT + t]) * chunk_data[base + L_AT + select(C, 2u * C, use_q) + t];
             }
-            rhs_sh[t * VS + ri] = r;
-            sq_sh[t * VS + ri] = y0;
+            for (var b = 0u; b < 4u; b++) {
+                let row = r4 + b;
+                let ok = t < c && i0 + row < dv;
+                if (use_q) {
+                    sq_sh[t * VS + row] = select(0.0, gt * acc8[4u * a + b], ok);
+                } else {
+                    var r = 0.0;
+                    if (ok) {
+                        r = v[(first + t) * vcols + h * dv + i0 + row] - gt * acc8[4u * a + b];
+                    }
+                    rhs_sh[t * VS + row] = r;
+                }
+            }
         }
         workgroupBarrier();
         for (var a = 0u; a < 4u; a++) {
@@ -300,14 +324,19 @@ fn gated_delta_chunks(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invo
         }
         workgroupBarrier();
         let g_end = exp(l_end);
-        for (var idx = lid; idx < VS * dk; idx += 256u) {
-            let i = idx / dk;
-            let e = idx % dk;
-            var s = st_sh[i * SD + e] * g_end;
-            for (var t = 0u; t < c; t++) {
-                s += rhs_sh[t * VS + i] * k[(first + t) * kcols + kb + e];
+        if (ue < dk) {
+            for (var b = 0u; b < 8u; b++) {
+                acc8[b] = st_sh[(ui + b) * SD + ue] * g_end;
             }
-            st_sh[i * SD + e] = s;
+            for (var t = 0u; t < c; t++) {
+                let kv = k[(first + t) * kcols + kb + ue];
+                for (var b = 0u; b < 8u; b++) {
+                    acc8[b] += rhs_sh[t * VS + ui + b] * kv;
+                }
+            }
+            for (var b = 0u; b < 8u; b++) {
+                st_sh[(ui + b) * SD + ue] = acc8[b];
+            }
         }
         workgroupBarrier();
     }
