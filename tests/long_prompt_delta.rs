@@ -10,12 +10,10 @@
 
 mod common;
 
-use common::{case, fixture, rel_l2, MAX_REL_L2};
-use slotstream::generate::{Engine, GenerateRequest};
+use common::{case, fixture, greedy_request, rel_l2, wgpu_half, MAX_REL_L2};
+use slotstream::generate::Engine;
 use slotstream::model::LoadOptions;
-use slotstream::sampling::SamplingParams;
 use slotstream_backend::Backend;
-use slotstream_wgpu::{AdapterChoice, WgpuBackend, WgpuOptions};
 
 const PROMPT_TOKENS: usize = 1100;
 const GENERATED: usize = 8;
@@ -31,13 +29,7 @@ fn decode(name: &str, backend: Box<dyn Backend>, prompt: &[u32]) -> (Vec<f32>, V
     let e = Engine::load(&fixture(name), backend, &LoadOptions::default()).unwrap_or_else(|e| panic!("loading {name} on {on}: {e:#}"));
     let mut state = e.new_state().unwrap();
     let logits = e.prefill(&prompt[..prompt.len() - 1], &mut state).unwrap_or_else(|e| panic!("prefill of {name} on {on}: {e:#}"));
-    let req = GenerateRequest {
-        prompt_ids: prompt.to_vec(),
-        max_tokens: GENERATED,
-        sampling: SamplingParams::default(),
-        stop: vec![],
-        ignore_eos: true,
-    };
+    let req = greedy_request(prompt, GENERATED);
     let out = e.generate_from(&mut state, &req, |_| std::ops::ControlFlow::Continue(())).unwrap_or_else(|e| panic!("generate of {name} on {on}: {e:#}"));
     (logits, out.generated_ids)
 }
@@ -46,17 +38,7 @@ fn check(name: &str) {
     let prompt = long_prompt(name);
     let (cpu_logits, cpu_ids) = decode(name, Box::new(slotstream_cpu::CpuBackend::exact()), &prompt);
     assert_eq!(cpu_ids.len(), GENERATED);
-    if std::env::var("SLOTSTREAM_SKIP_GPU_TESTS").is_ok_and(|v| v == "1") {
-        eprintln!("SLOTSTREAM_SKIP_GPU_TESTS=1: skipping the wgpu half");
-        return;
-    }
-    let backend = WgpuBackend::with_options(&AdapterChoice::allow_software(), WgpuOptions::from_env()).unwrap_or_else(|e| {
-        panic!(
-            "no GPU adapter: {e}\nInstall a Vulkan driver (apt-get install -y mesa-vulkan-drivers; \
-             VK_DRIVER_FILES=/usr/share/vulkan/icd.d/lvp_icd.x86_64.json XDG_RUNTIME_DIR=/tmp) \
-             or set SLOTSTREAM_SKIP_GPU_TESTS=1"
-        )
-    });
+    let Some(backend) = wgpu_half() else { return };
     let (logits, ids) = decode(name, Box::new(backend), &prompt);
     let err = rel_l2(&logits, &cpu_logits);
     assert!(err <= MAX_REL_L2, "{name} at {PROMPT_TOKENS} tokens: prompt logits rel L2 {err:.3e} from cpu:exact");
