@@ -11,12 +11,11 @@
 
 mod common;
 
-use common::{case, fixture, rel_l2, MAX_REL_L2};
-use slotstream::generate::{Engine, GenerateRequest};
+use common::{case, fixture, greedy_request, rel_l2, wgpu_half, MAX_REL_L2};
+use slotstream::generate::Engine;
 use slotstream::model::LoadOptions;
-use slotstream::sampling::SamplingParams;
 use slotstream_backend::Backend;
-use slotstream_wgpu::{AdapterChoice, MatmulMode, WgpuBackend, WgpuOptions};
+use slotstream_wgpu::MatmulMode;
 
 const FIXTURE: &str = "qwen3_moe_yarn";
 const PROMPT_TOKENS: usize = 4100;
@@ -40,13 +39,7 @@ fn decode(backend: Box<dyn Backend>, prompt: &[u32]) -> (Vec<f32>, Vec<u32>) {
     let started = std::time::Instant::now();
     let logits = e.prefill(&prompt[..prompt.len() - 1], &mut state).unwrap_or_else(|e| panic!("prefill on {name}: {e:#}"));
     eprintln!("{name}: {} prompt tokens in {:.1}s", prompt.len() - 1, started.elapsed().as_secs_f64());
-    let req = GenerateRequest {
-        prompt_ids: prompt.to_vec(),
-        max_tokens: GENERATED,
-        sampling: SamplingParams::default(),
-        stop: vec![],
-        ignore_eos: true,
-    };
+    let req = greedy_request(prompt, GENERATED);
     let started = std::time::Instant::now();
     let out = e.generate_from(&mut state, &req, |_| std::ops::ControlFlow::Continue(())).unwrap_or_else(|e| panic!("generate on {name}: {e:#}"));
     eprintln!("{name}: {GENERATED} tokens in {:.1}s", started.elapsed().as_secs_f64());
@@ -58,17 +51,7 @@ fn a_4k_context_decodes_the_same_on_wgpu_as_on_cpu_exact() {
     let prompt = long_prompt();
     let (cpu_logits, cpu_ids) = decode(Box::new(slotstream_cpu::CpuBackend::exact()), &prompt);
     assert_eq!(cpu_ids.len(), GENERATED);
-    if std::env::var("SLOTSTREAM_SKIP_GPU_TESTS").is_ok_and(|v| v == "1") {
-        eprintln!("SLOTSTREAM_SKIP_GPU_TESTS=1: skipping the wgpu half");
-        return;
-    }
-    let backend = WgpuBackend::with_options(&AdapterChoice::allow_software(), WgpuOptions::from_env()).unwrap_or_else(|e| {
-        panic!(
-            "no GPU adapter: {e}\nInstall a Vulkan driver (apt-get install -y mesa-vulkan-drivers; \
-             VK_DRIVER_FILES=/usr/share/vulkan/icd.d/lvp_icd.x86_64.json XDG_RUNTIME_DIR=/tmp) \
-             or set SLOTSTREAM_SKIP_GPU_TESTS=1"
-        )
-    });
+    let Some(backend) = wgpu_half() else { return };
     let mode = if backend.matmul_mode() == MatmulMode::Exact { "exact" } else { "int8" };
     let (logits, ids) = decode(Box::new(backend), &prompt);
     let err = rel_l2(&logits, &cpu_logits);

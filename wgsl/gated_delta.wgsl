@@ -13,7 +13,8 @@
 // Bindings: 0 uniform Params; 2 q, 4 k [tokens, key_heads*key_dim];
 // 5 v [tokens, heads*value_dim]; 6 g (or a), 7 beta (or b) [tokens, heads];
 // 8 state [heads, value_dim, key_dim] (read-write); 3 out [tokens, heads*value_dim] (read-write);
-// 9 a_log, 10 dt_bias [heads] (read when raw).
+// 9 a_log, 10 dt_bias [heads] (read when raw). Prompts from a few dozen tokens
+// take the chunked form instead (gated_delta_chunked.wgsl, the same bindings).
 
 struct Params {
     tokens: u32,
@@ -24,6 +25,11 @@ struct Params {
     q_scale: f32,
     eps: f32,
     raw: u32,
+    // The chunked entry points' window (gated_delta_chunked.wgsl).
+    start: u32,
+    chunks: u32,
+    _pad0: u32,
+    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

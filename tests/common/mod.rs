@@ -56,6 +56,37 @@ pub fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
 /// Relative L2 the last-position logits may differ from the oracle's (see parity.rs).
 pub const MAX_REL_L2: f64 = 1e-4;
 
+/// A greedy request for `max_tokens` after `prompt_ids`, stopping at no end token.
+pub fn greedy_request(prompt_ids: &[u32], max_tokens: usize) -> slotstream::generate::GenerateRequest {
+    slotstream::generate::GenerateRequest {
+        prompt_ids: prompt_ids.to_vec(),
+        max_tokens,
+        sampling: slotstream::sampling::SamplingParams::default(),
+        stop: vec![],
+        ignore_eos: true,
+    }
+}
+
+/// The wgpu half of a test that compares it with the CPU backend: the
+/// backend with the environment's options (lavapipe is enough), or `None`
+/// (said on stderr) where `SLOTSTREAM_SKIP_GPU_TESTS=1`. No adapter fails the
+/// test with instructions.
+pub fn wgpu_half() -> Option<slotstream_wgpu::WgpuBackend> {
+    use slotstream_wgpu::{AdapterChoice, WgpuBackend, WgpuOptions};
+    if std::env::var("SLOTSTREAM_SKIP_GPU_TESTS").is_ok_and(|v| v == "1") {
+        eprintln!("SLOTSTREAM_SKIP_GPU_TESTS=1: skipping the wgpu half");
+        return None;
+    }
+    let backend = WgpuBackend::with_options(&AdapterChoice::allow_software(), WgpuOptions::from_env()).unwrap_or_else(|e| {
+        panic!(
+            "no GPU adapter: {e}\nInstall a Vulkan driver (apt-get install -y mesa-vulkan-drivers; \
+             VK_DRIVER_FILES=/usr/share/vulkan/icd.d/lvp_icd.x86_64.json XDG_RUNTIME_DIR=/tmp) \
+             or set SLOTSTREAM_SKIP_GPU_TESTS=1"
+        )
+    });
+    Some(backend)
+}
+
 /// Checks an engine on every golden case of a fixture: last-position logits
 /// within [`MAX_REL_L2`] and greedy tokens identical to the oracle's.
 pub fn check_against_oracle(e: &slotstream::generate::Engine, name: &str) {

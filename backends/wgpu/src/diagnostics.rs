@@ -35,8 +35,10 @@ impl WgpuBackend {
     }
 
     /// Shards weights and expert pools to at most `bytes` per buffer (instead
-    /// of the adapter's binding limit) from now on: lets tests exercise
-    /// sharding with small matrices. 0 restores the adapter's limit.
+    /// of the adapter's binding limit) from now on, and runs the chunked
+    /// gated delta rule in windows of at most that many bytes of chunk
+    /// records: lets tests exercise sharding and windows with small inputs.
+    /// 0 restores the adapter's limit.
     pub fn cap_shard_bytes(&self, bytes: u64) {
         self.gpu.binding_cap.store(bytes, std::sync::atomic::Ordering::Relaxed);
     }

@@ -58,7 +58,7 @@ pub const UNIFORM_PARAMS: &str = "@group(0) @binding(0) var<uniform> p: Params;"
 pub const IMMEDIATE_PARAMS: &str = "var<immediate> p: Params;";
 
 /// Every file in `wgsl/` as built in, by name.
-const FILES: [(&str, &str); 19] = [
+const FILES: [(&str, &str); 20] = [
     ("weights.wgsl", include_str!("../../../wgsl/weights.wgsl")),
     ("dot.wgsl", include_str!("../../../wgsl/dot.wgsl")),
     ("reduce.wgsl", include_str!("../../../wgsl/reduce.wgsl")),
@@ -77,6 +77,7 @@ const FILES: [(&str, &str); 19] = [
     ("flash_attention.wgsl", include_str!("../../../wgsl/flash_attention.wgsl")),
     ("conv.wgsl", include_str!("../../../wgsl/conv.wgsl")),
     ("gated_delta.wgsl", include_str!("../../../wgsl/gated_delta.wgsl")),
+    ("gated_delta_chunked.wgsl", include_str!("../../../wgsl/gated_delta_chunked.wgsl")),
     ("streams.wgsl", include_str!("../../../wgsl/streams.wgsl")),
 ];
 
@@ -84,7 +85,7 @@ const FILES: [(&str, &str); 19] = [
 /// subgroup size, workgroup counts and sizes, and positive constants.
 const LOOP_STEPS: &[&str] = &[
     "lanes", "nwg.x * nsg", "nwg.x", "nsg", "parts", "256u", "128u", "64u", "TK", "TN", "WG", "TILE", "V_BATCH * parts", "parts * lanes",
-    "V_BATCH", "MERGE_BATCH", "wg", "nwg.x * per_wg", "BK", "DK", "4u", "tp", "p.slices", "MERGE_STEP",
+    "V_BATCH", "MERGE_BATCH", "wg", "nwg.x * per_wg", "BK", "DK", "4u", "tp", "p.slices", "MERGE_STEP", "CK",
 ];
 
 /// Checks that every loop of a kernel file ends, as the kernels are compiled
@@ -250,7 +251,7 @@ impl Module {
             ],
             Module::FlashAttention => &["flash_attention", "kv_store", "flash_merge"],
             Module::Conv => &["conv1d"],
-            Module::GatedDelta => &["gated_delta"],
+            Module::GatedDelta => &["gated_delta", "gated_delta_prep", "gated_delta_chunks"],
             Module::Streams => &["repeat_cols", "stream_mean", "add_gated_to_streams", "stream_dot_gate"],
         }
     }
@@ -342,7 +343,7 @@ impl Module {
             Module::Attention => &["reduce.wgsl", "attention.wgsl", "attention_regs.wgsl"],
             Module::FlashAttention => &["flash_attention.wgsl"],
             Module::Conv => &["conv.wgsl"],
-            Module::GatedDelta => &["gated_delta.wgsl"],
+            Module::GatedDelta => &["gated_delta.wgsl", "gated_delta_chunked.wgsl"],
             Module::Streams => &["streams.wgsl"],
         };
         let parts = names.iter().map(|name| file(name)).collect::<Result<Vec<_>, E>>()?;

@@ -42,6 +42,7 @@ use slotstream_backend::chosen::PendingRead;
 pub use device::AdapterChoice;
 pub use gpu::FamilyTime;
 pub use matmul::PREFILL_ROWS_MAX;
+pub use recurrent::{CHUNK as GATED_DELTA_CHUNK, CHUNKED_FROM as GATED_DELTA_CHUNKED_FROM};
 pub use options::{MatmulMode, Q4Layout, WgpuOptions, INT8_MIN_BYTES};
 pub use state::{GpuConvState, GpuKvCache, GpuRecurrentState};
 /// The wgpu version this backend is built on (for `device_type` and similar).

@@ -41,6 +41,12 @@ params! {
         eps: f32,
         /// 1: raw inputs (`gated_delta_step`): norms and gates in the kernel.
         raw: u32,
+        /// The chunked form: the window's first token.
+        start: u32,
+        /// The chunked form: the window's chunks of [`CHUNK`] tokens.
+        chunks: u32,
+        _pad0: u32,
+        _pad1: u32,
     }
 }
 
@@ -61,6 +67,25 @@ const BETA: u32 = 7;
 const STATE: u32 = 8;
 const A_LOG: u32 = 9;
 const DT_BIAS: u32 = 10;
+const CHUNK_DATA: u32 = 11;
+
+/// Tokens per chunk of the chunked form (`C` in `gated_delta_chunked.wgsl`).
+pub const CHUNK: usize = 64;
+/// Prompts at least this long take the chunked form; shorter ones (and
+/// decode) the recurrent kernel, whose cost grows with the tokens but which
+/// has no fixed cost of two dispatches and a solve per chunk.
+pub const CHUNKED_FROM: usize = 64;
+/// Largest key head the chunked form holds (its state rows in workgroup memory).
+const CHUNKED_MAX_KEY_DIM: usize = 128;
+/// State rows per workgroup of `gated_delta_chunks` (`VS`).
+const CHUNK_ROWS: usize = 16;
+/// Floats of one (chunk, head) record in the chunk buffer (`REC`).
+const CHUNK_RECORD: usize = 2 * CHUNK * CHUNK + 4 * CHUNK;
+/// Most bytes of chunk records at a time: longer prompts run in windows of
+/// chunks, each window's preparation then its chunks.
+const CHUNK_BYTES_MAX: usize = 64 << 20;
+/// Workgroup memory the chunked kernels need (`gated_delta_chunks`'s arrays).
+const CHUNKED_SHARED_BYTES: u32 = 4 * (CHUNK_ROWS as u32 * 129 + 3 * 1024);
 
 /// `out = conv(x)` (then `silu` when `silu`) continuing from the window of
 /// `st`, which then holds the latest inputs.
@@ -121,9 +146,46 @@ pub(crate) fn gated_delta(
         q_scale,
         eps,
         raw: raw.is_some() as u32,
+        ..Default::default()
     };
     let binds = [(Q, q), (K, k), (V, v), (G, g), (BETA, beta), (A_LOG, a_log), (DT_BIAS, dt_bias), (STATE, whole(&st.s)), (OUT, out)];
+    if chunked(gpu, st, tokens) {
+        return gated_delta_chunked(gpu, st, &params, &binds);
+    }
     gpu.dispatch("gated_delta", &params, &binds, [gpu.subgroup_grid(st.heads * st.value_dim, 64), 1, 1])
+}
+
+/// Whether `tokens` steps of `st` take the chunked form.
+fn chunked(gpu: &Gpu, st: &GpuRecurrentState, tokens: usize) -> bool {
+    let limits = &gpu.limits;
+    tokens >= CHUNKED_FROM
+        && (1..=CHUNKED_MAX_KEY_DIM).contains(&st.key_dim)
+        && limits.max_compute_workgroup_storage_size >= CHUNKED_SHARED_BYTES
+        && limits.max_compute_invocations_per_workgroup >= 256
+}
+
+/// The chunked form (`wgsl/gated_delta_chunked.wgsl`): per window of chunks,
+/// the state-free part of every chunk in parallel, then the chunks in order.
+fn gated_delta_chunked(gpu: &Gpu, st: &GpuRecurrentState, params: &GatedDeltaParams, binds: &[(u32, Bind<'_>)]) -> Result<()> {
+    let (tokens, heads) = (params.tokens as usize, st.heads);
+    let record_bytes = 4 * CHUNK_RECORD * heads;
+    let cap = CHUNK_BYTES_MAX.min(gpu.max_shard() as usize);
+    let window = (cap / record_bytes).max(1).min(tokens.div_ceil(CHUNK));
+    let data = gpu.alloc((window * record_bytes) as u64)?;
+    // Each entry point binds what it reads (its layout is its own).
+    let bound = |used: &[u32]| -> Vec<(u32, Bind<'_>)> {
+        binds.iter().copied().filter(|(i, _)| used.contains(i)).chain([(CHUNK_DATA, data.bind())]).collect()
+    };
+    let prep = bound(&[Q, K, G, BETA, A_LOG, DT_BIAS]);
+    let run = bound(&[Q, K, V, STATE, OUT]);
+    let slices = st.value_dim.div_ceil(CHUNK_ROWS);
+    for start in (0..tokens).step_by(window * CHUNK) {
+        let chunks = (tokens - start).div_ceil(CHUNK).min(window);
+        let p = GatedDeltaParams { start: start as u32, chunks: chunks as u32, ..*params };
+        gpu.dispatch("gated_delta_prep", &p, &prep, [(chunks * heads) as u32, 1, 1])?;
+        gpu.dispatch("gated_delta_chunks", &p, &run, [(heads * slices) as u32, 1, 1])?;
+    }
+    Ok(())
 }
 
 impl WgpuBackend {
