@@ -11,6 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use slotstream::backend_spec::BackendSpec;
+use slotstream_backend::KvCacheType;
 use slotstream::doctor::{DoctorReport, DoctorRequest, MachineOverrides};
 use slotstream::generate::{self, Engine, GenerateRequest};
 use slotstream::launch::{load_planned, resolve_model, PlannedModel, ServeLoader, ServedModels};
@@ -83,6 +84,19 @@ struct BackendArgs {
     /// tests, defaults to f32; `SLOTSTREAM_WGPU_MATMUL=int8` overrides).
     #[arg(long, default_value = "auto")]
     backend: BackendSpec,
+    /// How KV caches store keys and values: `f16` (the default, half of f32's
+    /// memory), `q8` (llama.cpp's q8_0: int8 in blocks of 32 with an f16 scale,
+    /// about half of f16's again, for longer contexts in the same memory) or `f32`
+    /// (what `:exact` backends keep; they refuse the others).
+    #[arg(long, value_name = "f16|q8|f32")]
+    kv_cache: Option<KvCacheType>,
+}
+
+impl BackendArgs {
+    /// The backend the flags ask for.
+    fn spec(&self) -> Result<BackendSpec> {
+        self.backend.clone().with_kv_cache(self.kv_cache)
+    }
 }
 
 impl MemoryArgs {
@@ -441,8 +455,8 @@ impl RunArgs {
 }
 
 impl DoctorArgs {
-    fn request(&self) -> DoctorRequest {
-        DoctorRequest {
+    fn request(&self) -> Result<DoctorRequest> {
+        Ok(DoctorRequest {
             model: self.model.clone().unwrap_or_else(slotstream::doctor::default_model),
             plan: self.memory.request(),
             machine: MachineOverrides {
@@ -450,9 +464,9 @@ impl DoctorArgs {
                 available_gb: self.sim_available,
                 working_set_gb: self.sim_working_set,
             },
-            backend: Some(self.backend.backend.clone()),
+            backend: Some(self.backend.spec()?),
             measure: self.measure,
-        }
+        })
     }
 }
 
@@ -488,7 +502,7 @@ fn run(args: RunArgs) -> Result<ExitCode> {
     args.generate_request(Vec::new(), 1).sampling.validate().map_err(|e| anyhow::anyhow!("invalid sampling flags: {e}"))?;
     let prompt = args.read_prompt()?;
     let model = resolve_model(args.model.as_deref())?;
-    let (engine, planned) = load_planned(&model.dir, &args.memory.request(), &args.backend.backend, args.memory.verbose)?;
+    let (engine, planned) = load_planned(&model.dir, &args.memory.request(), &args.backend.spec()?, args.memory.verbose)?;
     let Some(prompt) = prompt else {
         return slotstream::chat::run_chat(&engine, args.chat_settings(&engine, &planned)).map(|()| ExitCode::SUCCESS);
     };
@@ -541,7 +555,7 @@ fn perplexity(args: PerplexityArgs) -> Result<()> {
     let model = resolve_model(args.model.as_deref())?;
     // Before the load, which may take minutes.
     let text = std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
-    let (engine, _) = load_planned(&model.dir, &args.memory.request(), &args.backend.backend, true)?;
+    let (engine, _) = load_planned(&model.dir, &args.memory.request(), &args.backend.spec()?, true)?;
     let ids = engine.codec.encode(&text, false)?;
     if ids.len() < args.window {
         anyhow::bail!(
@@ -561,7 +575,7 @@ fn perplexity(args: PerplexityArgs) -> Result<()> {
 }
 
 fn doctor(args: DoctorArgs) -> Result<()> {
-    let report = DoctorReport::build(&args.request())?;
+    let report = DoctorReport::build(&args.request()?)?;
     let text = if args.json { serde_json::to_string_pretty(&report)? } else { report.to_string() };
     console::print_line(text)
 }
@@ -581,7 +595,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         origins: ollama_env.origins(),
         keep_alive: ollama_env.keep_alive(args.keep_alive.as_deref())?,
         max_loaded_models: ollama_env.max_loaded_models(args.max_loaded_models)?,
-        parallel: ollama_env.num_parallel(args.parallel, args.backend.backend.default_parallel())?,
+        parallel: ollama_env.num_parallel(args.parallel, args.backend.spec()?.default_parallel())?,
         pulls: slotstream::pull::PullSource::from_env()
             .map_err(|e| note!("/api/pull is off: {e:#}"))
             .ok(),
@@ -594,7 +608,7 @@ fn serve(args: ServeArgs) -> Result<()> {
     let cache = options.pulls.as_ref().map(|p| p.cache_root.clone());
     let catalog = server::ModelCatalog::new(directories, cache);
     let request = args.memory.request().for_context(args.memory.plan_context.or(args.max_context));
-    let loader = ServeLoader::new(args.backend.backend.clone(), request, !args.no_elastic, args.memory.verbose);
+    let loader = ServeLoader::new(args.backend.spec()?, request, !args.no_elastic, args.memory.verbose);
     let config = server::ServeConfig { listener, catalog, loader: std::sync::Arc::new(loader), load_first, options };
     server::serve(config)
 }

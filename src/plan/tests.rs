@@ -144,7 +144,7 @@ fn a_model_that_fits_is_resident_and_one_that_does_not_streams_at_the_knee() {
 #[test]
 fn the_demo_model_is_resident() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/demo/model");
-    let demo = ModelCosts::from_model_dir(&dir, slotstream_backend::DType::F32).expect("the demo model's costs");
+    let demo = ModelCosts::from_model_dir(&dir, slotstream_backend::KvCacheType::F32).expect("the demo model's costs");
     let p = plan(&demo, &MachineMemory::simulated(4.0, Some(3.0), None), &PlanRequest { context_tokens: 4096, ..Default::default() })
         .unwrap();
     assert_eq!(p.slots, demo.total_experts(), "{p:?}");

@@ -33,8 +33,8 @@ mod weights;
 use std::sync::Arc;
 
 use slotstream_backend::{
-    checks, shape_error, Backend, BackendError, DType, DeltaInputs, ExpertLayout, ExpertMatrix, ExpertPool, GateAct, Gating, HostExpert, HostMatrix,
-    KeySelection, QkNorm, Result, Rope, Routes, SharedExpert, State, Tensor, Weight, matmul_swiglu_composed,
+    checks, shape_error, Backend, BackendError, DeltaInputs, ExpertLayout, ExpertMatrix, ExpertPool, GateAct, Gating, HostExpert, HostMatrix,
+    KeySelection, KvCacheType, QkNorm, Result, Rope, Routes, SharedExpert, State, Tensor, Weight, matmul_swiglu_composed,
     moe_shared_composed, route_matmul_composed,
 };
 use slotstream_backend::chosen::PendingRead;
@@ -119,6 +119,14 @@ impl WgpuBackend {
     /// for the mode it runs in).
     pub fn options(&self) -> &WgpuOptions {
         &self.options
+    }
+
+    /// The KV cache type asked for: [`WgpuOptions::kv_cache`], else f16 in
+    /// the fast (int8) matmul mode, as the CPU backend does, and f32 in the
+    /// exact one (a cache may still hold another, `attention::kv_type`).
+    fn asked_kv_cache(&self) -> KvCacheType {
+        let default = if self.mode == MatmulMode::Int8 { KvCacheType::F16 } else { KvCacheType::F32 };
+        self.options.kv_cache.unwrap_or(default)
     }
 
     fn matmul_choice(&self) -> MatmulChoice {
@@ -401,14 +409,14 @@ impl Backend for WgpuBackend {
     }
 
     fn new_kv_cache(&self, kv_heads: usize, head_dim: usize) -> Result<State> {
-        let half = attention::kv_in_f16(&self.gpu, self.mode == MatmulMode::Int8, head_dim);
-        Ok(State::new(Box::new(GpuKvCache::new(&self.gpu, kv_heads, head_dim, half))))
+        let kind = attention::kv_type(&self.gpu, self.asked_kv_cache(), head_dim);
+        Ok(State::new(Box::new(GpuKvCache::new(&self.gpu, kv_heads, head_dim, kind))))
     }
 
-    fn kv_cache_dtype(&self) -> DType {
-        // The head dim is not known here: f16 where the fast mode keeps it
-        // for the common head dims (the memory plan's estimate).
-        if attention::kv_in_f16(&self.gpu, self.mode == MatmulMode::Int8, 128) { DType::F16 } else { DType::F32 }
+    fn kv_cache_type(&self) -> KvCacheType {
+        // The head dim is not known here: what the common head dims get
+        // (the memory plan's estimate).
+        attention::kv_type(&self.gpu, self.asked_kv_cache(), 128)
     }
 
     fn kv_len(&self, cache: &State) -> Result<usize> {

@@ -232,6 +232,9 @@ pub struct WgpuOptions {
     /// a kernel timed without rebuilding; the backend's name then says "kernels
     /// from DIR"; a path that is not a directory is an error).
     pub wgsl_dir: Option<std::path::PathBuf>,
+    /// How KV caches store keys and values (`--kv-cache`, in code only);
+    /// `None`: f16 in the int8 matmul mode, f32 in the exact one.
+    pub kv_cache: Option<slotstream_backend::KvCacheType>,
 }
 
 impl Default for WgpuOptions {
@@ -266,6 +269,7 @@ impl Default for WgpuOptions {
             shared_in_pool: true,
             route_lanes: true,
             wgsl_dir: None,
+            kv_cache: None,
         }
     }
 }
@@ -427,6 +431,7 @@ impl WgpuOptions {
             shared_in_pool: var("SLOTSTREAM_WGPU_SHARED_IN_POOL").map_or(defaults.shared_in_pool, |v| v != "0"),
             route_lanes: var("SLOTSTREAM_WGPU_ROUTE_LANES").map_or(defaults.route_lanes, |v| v != "0"),
             wgsl_dir: var("SLOTSTREAM_WGPU_WGSL_DIR").filter(|v| !v.is_empty()).map(Into::into).or(defaults.wgsl_dir),
+            kv_cache: defaults.kv_cache,
         }
     }
 }
