@@ -10,8 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use slotstream::backend_spec::BackendSpec;
-use slotstream_backend::KvCacheType;
+use slotstream::backend_spec::BackendArgs;
 use slotstream::doctor::{DoctorReport, DoctorRequest, MachineOverrides};
 use slotstream::generate::{self, Engine, GenerateRequest};
 use slotstream::launch::{load_planned, resolve_model, PlannedModel, ServeLoader, ServedModels};
@@ -69,34 +68,6 @@ struct MemoryArgs {
     /// head exists and the memory plan has room for it), on or off.
     #[arg(long, default_value = "auto")]
     mtp: plan::MtpMode,
-}
-
-/// Which compute backend runs the model.
-#[derive(Args, Clone)]
-struct BackendArgs {
-    /// `auto` (a real GPU through wgpu if there is one, else the CPU), `cpu` (int8
-    /// activations for 4-bit weights, like llama.cpp), `cpu:exact` (f32 activations
-    /// everywhere: the reference the oracle tests use), `wgpu` (a real GPU or fail),
-    /// `wgpu:software` (allow a software rasterizer such as lavapipe, for tests) or
-    /// `wgpu:NAME` (an adapter whose name contains NAME). On a real GPU one-token 4-bit
-    /// matmuls take int8 activations; a `:exact` suffix (`wgpu:exact`, ...) or
-    /// `SLOTSTREAM_WGPU_MATMUL=exact` keeps f32 (a software rasterizer, only used by
-    /// tests, defaults to f32; `SLOTSTREAM_WGPU_MATMUL=int8` overrides).
-    #[arg(long, default_value = "auto")]
-    backend: BackendSpec,
-    /// How KV caches store keys and values: `f16` (the default, half of f32's
-    /// memory), `q8` (llama.cpp's q8_0: int8 in blocks of 32 with an f16 scale,
-    /// about half of f16's again, for longer contexts in the same memory) or `f32`
-    /// (what `:exact` backends keep; they refuse the others).
-    #[arg(long, value_name = "f16|q8|f32")]
-    kv_cache: Option<KvCacheType>,
-}
-
-impl BackendArgs {
-    /// The backend the flags ask for.
-    fn spec(&self) -> Result<BackendSpec> {
-        self.backend.clone().with_kv_cache(self.kv_cache)
-    }
 }
 
 impl MemoryArgs {

@@ -385,12 +385,15 @@ fn flash_attend(
     gpu.dispatch(merge, &params, &[(OUT, out), (PARTIALS, partials.bind())], Gpu::grid((pairs * blocks) as u64))
 }
 
-/// The type a new KV cache of heads of `head_dim` keeps when `asked`
-/// for one: q8 where `kv_store_q8` and `flash_attention` (the only kernel
+/// The type a new KV cache of heads of `head_dim` keeps when `asked` for
+/// one (`WgpuOptions::kv_cache`; `None`: f16 in the fast (int8) matmul
+/// `mode`, as the CPU backend does, f32 in the exact one): q8 where `kv_store_q8` and `flash_attention` (the only kernel
 /// that reads it) run for the head dim, f16 where `kv_store` is compiled
 /// for it (the per-head kernels read f16 of any head dim of a multiple of
 /// four), else f32.
-pub(crate) fn kv_type(gpu: &Gpu, asked: KvCacheType, head_dim: usize) -> KvCacheType {
+pub(crate) fn kv_type(gpu: &Gpu, asked: Option<KvCacheType>, mode: crate::MatmulMode, head_dim: usize) -> KvCacheType {
+    let fast = mode == crate::MatmulMode::Int8;
+    let asked = asked.unwrap_or(if fast { KvCacheType::F16 } else { KvCacheType::F32 });
     let kernels = head_dim_kernels(head_dim);
     let has = |name: fn(&HeadDimKernels) -> &'static str| kernels.as_ref().is_some_and(|k| gpu.has_kernel(name(k)));
     match asked {

@@ -121,14 +121,6 @@ impl WgpuBackend {
         &self.options
     }
 
-    /// The KV cache type asked for: [`WgpuOptions::kv_cache`], else f16 in
-    /// the fast (int8) matmul mode, as the CPU backend does, and f32 in the
-    /// exact one (a cache may still hold another, `attention::kv_type`).
-    fn asked_kv_cache(&self) -> KvCacheType {
-        let default = if self.mode == MatmulMode::Int8 { KvCacheType::F16 } else { KvCacheType::F32 };
-        self.options.kv_cache.unwrap_or(default)
-    }
-
     fn matmul_choice(&self) -> MatmulChoice {
         MatmulChoice { mode: self.mode, int8_min_bytes: self.options.int8_min_bytes, q4_eight_rows_from: self.options.q4_eight_rows_from }
     }
@@ -409,14 +401,14 @@ impl Backend for WgpuBackend {
     }
 
     fn new_kv_cache(&self, kv_heads: usize, head_dim: usize) -> Result<State> {
-        let kind = attention::kv_type(&self.gpu, self.asked_kv_cache(), head_dim);
+        let kind = attention::kv_type(&self.gpu, self.options.kv_cache, self.mode, head_dim);
         Ok(State::new(Box::new(GpuKvCache::new(&self.gpu, kv_heads, head_dim, kind))))
     }
 
     fn kv_cache_type(&self) -> KvCacheType {
         // The head dim is not known here: what the common head dims get
         // (the memory plan's estimate).
-        attention::kv_type(&self.gpu, self.asked_kv_cache(), 128)
+        attention::kv_type(&self.gpu, self.options.kv_cache, self.mode, 128)
     }
 
     fn kv_len(&self, cache: &State) -> Result<usize> {
