@@ -167,7 +167,9 @@ impl Backend for CpuBackend {
             MatmulMode::Exact => "",
             MatmulMode::Int8 => ", int8 activations for 4-bit",
         };
-        format!("cpu ({} threads{m})", rayon::current_num_threads())
+        // The KV cache's type where --kv-cache chose it.
+        let kv = self.options.kv_cache.map_or(String::new(), |_| format!(", {} KV cache", self.kv_cache_type()));
+        format!("cpu ({} threads{m}{kv})", rayon::current_num_threads())
     }
 
     fn upload(&self, values: &[f32], shape: &[usize]) -> Result<Tensor> {

@@ -146,7 +146,8 @@ impl Backend for WgpuBackend {
             MatmulMode::Int8 => ", int8 activations for large 4-bit matmuls",
         };
         let from = self.gpu.kernels_from.as_ref().map_or(String::new(), |d| format!("; kernels from {}", d.display()));
-        format!("wgpu ({}, {:?}; {uploads}{mode}{from})", i.name, i.backend)
+        let kv = self.options.kv_cache.map_or(String::new(), |_| format!(", {} KV cache", self.kv_cache_type()));
+        format!("wgpu ({}, {:?}; {uploads}{mode}{kv}{from})", i.name, i.backend)
     }
 
     fn upload(&self, data: &[f32], shape: &[usize]) -> Result<Tensor> {
