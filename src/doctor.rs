@@ -131,7 +131,7 @@ impl DoctorReport {
             ModelCosts::flagship()
         } else {
             // No backend is chosen here: plan for an f32 KV cache, the largest.
-            ModelCosts::from_model_dir(model_path, slotstream_backend::DType::F32)?
+            ModelCosts::from_model_dir(model_path, slotstream_backend::KvCacheType::F32)?
         };
         let mut machine = request.machine.machine()?;
         let install = if known { Some(pull::InstallStatus::of_known(pull::DEFAULT_MODEL)?) } else { None };
@@ -152,7 +152,7 @@ impl DoctorReport {
             }
         } else {
             let key_dir = model_dir.clone().or_else(|| install.as_ref().map(|s| s.cache.clone())).unwrap_or_default();
-            let created = request.backend.clone().unwrap_or(BackendSpec::Auto).create()?;
+            let created = request.backend.clone().unwrap_or_default().create()?;
             // The model's own decode is known by its files, where they are here.
             let model_key =
                 model_dir.as_deref().and_then(|dir| crate::model::ModelArch::read(dir).and_then(|a| plan::hits::model_key(&a)).ok());

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::Result;
-use slotstream_backend::{Backend, DType};
+use slotstream_backend::{Backend, KvCacheType};
 
 use crate::backend_spec::BackendSpec;
 use crate::generate::Engine;
@@ -200,13 +200,13 @@ pub struct ServeLoader {
 /// whether a pool of every expert also holds the shared experts.
 #[derive(Clone, Copy)]
 struct BackendCosts {
-    kv: DType,
+    kv: KvCacheType,
     pools_shared: bool,
 }
 
 impl BackendCosts {
     fn of(b: &dyn Backend) -> BackendCosts {
-        BackendCosts { kv: b.kv_cache_dtype(), pools_shared: b.pools_shared_experts() }
+        BackendCosts { kv: b.kv_cache_type(), pools_shared: b.pools_shared_experts() }
     }
 }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use slotstream::backend_spec::BackendSpec;
+use slotstream::backend_spec::BackendArgs;
 use slotstream::doctor::{DoctorReport, DoctorRequest, MachineOverrides};
 use slotstream::generate::{self, Engine, GenerateRequest};
 use slotstream::launch::{load_planned, resolve_model, PlannedModel, ServeLoader, ServedModels};
@@ -68,21 +68,6 @@ struct MemoryArgs {
     /// head exists and the memory plan has room for it), on or off.
     #[arg(long, default_value = "auto")]
     mtp: plan::MtpMode,
-}
-
-/// Which compute backend runs the model.
-#[derive(Args, Clone)]
-struct BackendArgs {
-    /// `auto` (a real GPU through wgpu if there is one, else the CPU), `cpu` (int8
-    /// activations for 4-bit weights, like llama.cpp), `cpu:exact` (f32 activations
-    /// everywhere: the reference the oracle tests use), `wgpu` (a real GPU or fail),
-    /// `wgpu:software` (allow a software rasterizer such as lavapipe, for tests) or
-    /// `wgpu:NAME` (an adapter whose name contains NAME). On a real GPU one-token 4-bit
-    /// matmuls take int8 activations; a `:exact` suffix (`wgpu:exact`, ...) or
-    /// `SLOTSTREAM_WGPU_MATMUL=exact` keeps f32 (a software rasterizer, only used by
-    /// tests, defaults to f32; `SLOTSTREAM_WGPU_MATMUL=int8` overrides).
-    #[arg(long, default_value = "auto")]
-    backend: BackendSpec,
 }
 
 impl MemoryArgs {
@@ -441,8 +426,8 @@ impl RunArgs {
 }
 
 impl DoctorArgs {
-    fn request(&self) -> DoctorRequest {
-        DoctorRequest {
+    fn request(&self) -> Result<DoctorRequest> {
+        Ok(DoctorRequest {
             model: self.model.clone().unwrap_or_else(slotstream::doctor::default_model),
             plan: self.memory.request(),
             machine: MachineOverrides {
@@ -450,9 +435,9 @@ impl DoctorArgs {
                 available_gb: self.sim_available,
                 working_set_gb: self.sim_working_set,
             },
-            backend: Some(self.backend.backend.clone()),
+            backend: Some(self.backend.spec()?),
             measure: self.measure,
-        }
+        })
     }
 }
 
@@ -488,7 +473,7 @@ fn run(args: RunArgs) -> Result<ExitCode> {
     args.generate_request(Vec::new(), 1).sampling.validate().map_err(|e| anyhow::anyhow!("invalid sampling flags: {e}"))?;
     let prompt = args.read_prompt()?;
     let model = resolve_model(args.model.as_deref())?;
-    let (engine, planned) = load_planned(&model.dir, &args.memory.request(), &args.backend.backend, args.memory.verbose)?;
+    let (engine, planned) = load_planned(&model.dir, &args.memory.request(), &args.backend.spec()?, args.memory.verbose)?;
     let Some(prompt) = prompt else {
         return slotstream::chat::run_chat(&engine, args.chat_settings(&engine, &planned)).map(|()| ExitCode::SUCCESS);
     };
@@ -541,7 +526,7 @@ fn perplexity(args: PerplexityArgs) -> Result<()> {
     let model = resolve_model(args.model.as_deref())?;
     // Before the load, which may take minutes.
     let text = std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
-    let (engine, _) = load_planned(&model.dir, &args.memory.request(), &args.backend.backend, true)?;
+    let (engine, _) = load_planned(&model.dir, &args.memory.request(), &args.backend.spec()?, true)?;
     let ids = engine.codec.encode(&text, false)?;
     if ids.len() < args.window {
         anyhow::bail!(
@@ -561,7 +546,7 @@ fn perplexity(args: PerplexityArgs) -> Result<()> {
 }
 
 fn doctor(args: DoctorArgs) -> Result<()> {
-    let report = DoctorReport::build(&args.request())?;
+    let report = DoctorReport::build(&args.request()?)?;
     let text = if args.json { serde_json::to_string_pretty(&report)? } else { report.to_string() };
     console::print_line(text)
 }
@@ -581,7 +566,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         origins: ollama_env.origins(),
         keep_alive: ollama_env.keep_alive(args.keep_alive.as_deref())?,
         max_loaded_models: ollama_env.max_loaded_models(args.max_loaded_models)?,
-        parallel: ollama_env.num_parallel(args.parallel, args.backend.backend.default_parallel())?,
+        parallel: ollama_env.num_parallel(args.parallel, args.backend.spec()?.default_parallel())?,
         pulls: slotstream::pull::PullSource::from_env()
             .map_err(|e| note!("/api/pull is off: {e:#}"))
             .ok(),
@@ -594,7 +579,7 @@ fn serve(args: ServeArgs) -> Result<()> {
     let cache = options.pulls.as_ref().map(|p| p.cache_root.clone());
     let catalog = server::ModelCatalog::new(directories, cache);
     let request = args.memory.request().for_context(args.memory.plan_context.or(args.max_context));
-    let loader = ServeLoader::new(args.backend.backend.clone(), request, !args.no_elastic, args.memory.verbose);
+    let loader = ServeLoader::new(args.backend.spec()?, request, !args.no_elastic, args.memory.verbose);
     let config = server::ServeConfig { listener, catalog, loader: std::sync::Arc::new(loader), load_first, options };
     server::serve(config)
 }

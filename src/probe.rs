@@ -267,7 +267,7 @@ fn time_matmul(backend: &dyn Backend, format: &MatrixFormat, limits: &ProbeLimit
 pub fn measure_compute(backend: Box<dyn Backend>, format: &MatrixFormat, limits: &ProbeLimits) -> Result<(ComputeProbe, Box<dyn Backend>)> {
     let name = backend.name();
     let demo = ModelArch::read(&crate::demo::model_dir()?)?;
-    let demo_costs = ModelCosts::of(&demo, backend.kv_cache_dtype())?;
+    let demo_costs = ModelCosts::of(&demo, backend.kv_cache_type())?;
     let options = LoadOptions { preload_experts: true, ..Default::default() }.with_env_overrides()?;
     let engine = Engine::load_arch(&demo, backend, &options).context("loading the demo model to time its decoding")?;
     let (weight_gbps, matmul_bytes, matmul_passes) =

@@ -181,3 +181,42 @@ fn the_demo_template_renders_tools_qwen_style_and_plain_chats_as_trained() {
         <|im_start|>assistant\n";
     assert_eq!(text, want);
 }
+
+/// A smaller KV cache (`--kv-cache f16|q8`) with exact matmuls, so that only
+/// the cache differs from `cpu:exact`: held-out perplexity in one 2,048-token
+/// window within 0.5% (issue 46's bar), and the greedy continuation of a
+/// 1,500-token held-out prompt the same ids.
+#[test]
+fn demo_with_f16_and_q8_kv_caches_keeps_its_perplexity_and_greedy_ids() {
+    use slotstream_backend::KvCacheType;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let load = |kv: Option<KvCacheType>| {
+        let options = slotstream_cpu::CpuOptions { matmul: slotstream_cpu::MatmulMode::Exact, kv_cache: kv, ..slotstream_cpu::CpuOptions::from_env() };
+        Engine::load(&root.join("tools/demo/model"), Box::new(slotstream_cpu::CpuBackend::with_options(options)), &Default::default())
+            .expect("loading the demo model")
+    };
+    let exact = load(None);
+    let text = std::fs::read_to_string(root.join("tools/demo/heldout_sample.txt")).unwrap();
+    let ids = exact.codec.encode(&text, false).unwrap();
+    assert!(ids.len() > 2048, "the sample holds {} tokens", ids.len());
+    let greedy = |e: &Engine| {
+        let req = slotstream::generate::GenerateRequest {
+            prompt_ids: ids[..1500].to_vec(),
+            max_tokens: 24,
+            sampling: Default::default(),
+            stop: vec![],
+            ignore_eos: true,
+        };
+        e.generate(&req, |_| std::ops::ControlFlow::Continue(())).expect("generating").generated_ids
+    };
+    let want = exact.perplexity(&ids, 2048, 1).unwrap().perplexity;
+    let want_ids = greedy(&exact);
+    for kv in [KvCacheType::F16, KvCacheType::Q8] {
+        let e = load(Some(kv));
+        let p = e.perplexity(&ids, 2048, 1).unwrap().perplexity;
+        let rel = (p - want).abs() / want;
+        eprintln!("{kv} KV: perplexity {p} vs {want} with f32 KV (rel {rel:.2e})");
+        assert!(rel < 5e-3 && rel > 0.0, "{kv} KV: perplexity {p} vs {want} (rel {rel:.2e})");
+        assert_eq!(greedy(&e), want_ids, "{kv} KV: the greedy ids differ from f32 KV's");
+    }
+}

@@ -108,8 +108,8 @@ impl Backend for ShapeOnly {
     fn new_kv_cache(&self, _: usize, _: usize) -> Result<State> {
         Err(no("new_kv_cache"))
     }
-    fn kv_cache_dtype(&self) -> DType {
-        DType::F32
+    fn kv_cache_type(&self) -> slotstream_backend::KvCacheType {
+        slotstream_backend::KvCacheType::F32
     }
     fn kv_len(&self, _: &State) -> Result<usize> {
         Err(no("kv_len"))

@@ -36,11 +36,18 @@
 //
 // kv_store: the `tokens` key and value rows of knew / vnew [tokens, kv_heads *
 // HD] (f32) into the cache at positions past.., one invocation per run of
-// four values: a prefill's append to an f16 cache.
+// four values: a prefill's append to an f16 cache. kv_store_q8: the same
+// into a q8 cache, one invocation per 64 values (two blocks).
+//
+// A q8 cache (`kv` 2, llama.cpp's q8_0) holds each (position, kv head) row
+// as HD / 4 words of four int8 values (the lowest byte first), then HD / 64
+// words of two f16 scales (the lower half first), one per block of 32
+// values: a value is its block's scale times its int8. Only kv_store_q8
+// writes one (never `fresh`).
 //
 // Bindings: 0 uniform Params; 2 q [tokens, heads * HD]; 3 out (same shape);
 // 4 keys, 5 values [positions, kv_heads * HD] (read-write: `fresh` writes
-// the new row; f32, or with `half` f16 two to a word); 6 partials (f32);
+// the new row; f32, f16 two to a word or q8, by `kv`); 6 partials (f32);
 // 8 knew, 9 vnew [1, kv_heads * HD] (kv_store: [tokens, kv_heads * HD]).
 
 struct Params {
@@ -60,15 +67,16 @@ struct Params {
     // 1: one token whose key and value rows are in knew / vnew (written to
     // the cache at `past` by the workgroup whose chunk holds that position).
     fresh: u32,
-    // 1: the cache holds f16 (two per word, the lower half first), else f32.
-    half: u32,
+    // The cache holds 0: f32; 1: f16 (two per word, the lower half first);
+    // 2: q8 (above).
+    kv: u32,
     _pad0: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> out: array<vec4<f32>>;
-// The cache in pairs of words: two f32, or four f16 (`half`).
+// The cache in pairs of words: two f32, or four f16 (`kv` 1), or q8 words.
 @group(0) @binding(4) var<storage, read_write> keys: array<vec2<u32>>;
 @group(0) @binding(5) var<storage, read_write> values: array<vec2<u32>>;
 @group(0) @binding(6) var<storage, read_write> partials: array<f32>;
@@ -101,9 +109,23 @@ var<workgroup> v_sh: array<vec4<f32>, TILE4>;
 // Each slot's running max and sum, for the merge of a row's slices.
 var<workgroup> ml_sh: array<vec2<f32>, SLOTS>;
 
+// Word i of the keys or of the values (a q8 cache's).
+fn kv_word(is_key: bool, i: u32) -> u32 {
+    if (is_key) {
+        return keys[i >> 1u][i & 1u];
+    }
+    return values[i >> 1u][i & 1u];
+}
+
+// Words of a q8 cache's (position, kv head) row.
+fn q8_row_words() -> u32 {
+    return HD4 + HD / 64u;
+}
+
 // Row j's vec4 run `col` of kv head kh, keys or values, as the words that
 // hold it: four f32 (a fresh row, or an f32 cache), or four f16 in the
-// first two. The words are converted only where they are used (`as_run`),
+// first two, or (q8) the run's four int8, its block's word of scales and
+// the shift of its scale in that word. The words are converted only where they are used (`as_run`),
 // so that a tile's loads stay in flight while the slots work on the tile
 // before (a conversion right after the load would wait for it).
 fn kv_words(is_key: bool, j: u32, kh: u32, col: u32) -> vec4<u32> {
@@ -114,8 +136,12 @@ fn kv_words(is_key: bool, j: u32, kh: u32, col: u32) -> vec4<u32> {
         }
         return bitcast<vec4<u32>>(vnew[i]);
     }
+    if (p.kv == 2u) {
+        let r = (j * p.kv_heads + kh) * q8_row_words();
+        return vec4<u32>(kv_word(is_key, r + col), kv_word(is_key, r + HD4 + col / 16u), 16u * ((col / 8u) % 2u), 0u);
+    }
     let i = j * p.kv_heads * HD4 + kh * HD4 + col;
-    if (p.half != 0u) {
+    if (p.kv == 1u) {
         var w = values[i];
         if (is_key) {
             w = keys[i];
@@ -137,7 +163,12 @@ fn is_fresh(j: u32) -> bool {
 
 // The four values of row j's words from kv_words.
 fn as_run(w: vec4<u32>, j: u32) -> vec4<f32> {
-    if (p.half != 0u && !is_fresh(j)) {
+    if (p.kv == 2u) {
+        let d = unpack2x16float(w.y >> w.z).x;
+        let b = bitcast<i32>(w.x);
+        return d * vec4<f32>(f32(extractBits(b, 0u, 8u)), f32(extractBits(b, 8u, 8u)), f32(extractBits(b, 16u, 8u)), f32(extractBits(b, 24u, 8u)));
+    }
+    if (p.kv == 1u && !is_fresh(j)) {
         return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
     }
     return bitcast<vec4<f32>>(w);
@@ -145,7 +176,7 @@ fn as_run(w: vec4<u32>, j: u32) -> vec4<f32> {
 
 // Stores run i (four values) of a key or value row in the cache.
 fn store_run(is_key: bool, i: u32, v: vec4<f32>) {
-    if (p.half != 0u) {
+    if (p.kv == 1u) {
         let w = vec2<u32>(pack2x16float(v.xy), pack2x16float(v.zw));
         if (is_key) {
             keys[i] = w;
@@ -532,6 +563,63 @@ fn kv_store(
     if (i < p.tokens * p.kv_heads * HD4) {
         store_run(true, p.past * p.kv_heads * HD4 + i, knew[i]);
         store_run(false, p.past * p.kv_heads * HD4 + i, vnew[i]);
+    }
+}
+
+// Run i of this call's new key or value rows (knew / vnew).
+fn new_run(is_key: bool, i: u32) -> vec4<f32> {
+    if (is_key) {
+        return knew[i];
+    }
+    return vnew[i];
+}
+
+fn put_kv_word(is_key: bool, i: u32, w: u32) {
+    if (is_key) {
+        keys[i >> 1u][i & 1u] = w;
+    } else {
+        values[i >> 1u][i & 1u] = w;
+    }
+}
+
+// Quantizes values 64 * g .. 64 * g + 63 of new row `row` (token * kv_heads +
+// kv head) into the cache at position past + token: per block of 32, the
+// scale d = (largest magnitude / 127) rounded to f16 and each value as
+// round(x / d) in -127..127.
+fn store_q8(is_key: bool, row: u32, g: u32) {
+    let src = row * HD4 + 16u * g;
+    let dst = (p.past * p.kv_heads + row) * q8_row_words();
+    var scales = 0u;
+    for (var b = 0u; b < 2u; b++) {
+        var amax = 0.0;
+        for (var r = 0u; r < 8u; r++) {
+            let a = abs(new_run(is_key, src + 8u * b + r));
+            amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
+        }
+        let bits = pack2x16float(vec2<f32>(amax / 127.0, 0.0)) & 0xffffu;
+        let d = unpack2x16float(bits).x;
+        let inv = select(0.0, 1.0 / d, d > 0.0);
+        for (var r = 0u; r < 8u; r++) {
+            let qv = vec4<i32>(clamp(round(new_run(is_key, src + 8u * b + r) * inv), vec4<f32>(-127.0), vec4<f32>(127.0)));
+            let u = vec4<u32>(bitcast<vec4<u32>>(qv) & vec4<u32>(0xffu));
+            put_kv_word(is_key, dst + 16u * g + 8u * b + r, u.x | (u.y << 8u) | (u.z << 16u) | (u.w << 24u));
+        }
+        scales |= bits << (16u * b);
+    }
+    put_kv_word(is_key, dst + HD4 + g, scales);
+}
+
+@compute @workgroup_size(256)
+fn kv_store_q8(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
+    let i = (wid.y * nwg.x + wid.x) * WG + li;
+    let per = HD / 64u;
+    if (i < p.tokens * p.kv_heads * per) {
+        store_q8(true, i / per, i % per);
+        store_q8(false, i / per, i % per);
     }
 }
 

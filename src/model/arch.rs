@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use slotstream_backend::DType;
+use slotstream_backend::KvCacheType;
 
 use super::config::{MoeConfig, Qwen4Config};
 use crate::checkpoint::{Checkpoint, QuantConfig};
@@ -289,9 +289,9 @@ impl ModelArch {
     }
 
     /// Bytes of one attention layer's KV cache per position, keys and values
-    /// stored as `kv` (the backend's [`slotstream_backend::Backend::kv_cache_dtype`]).
-    pub fn kv_bytes_per_position(&self, kv: DType) -> u64 {
-        (2 * self.text.kv_heads() * self.text.head_dim() * kv.size()) as u64
+    /// stored as `kv` (the backend's [`slotstream_backend::Backend::kv_cache_type`]).
+    pub fn kv_bytes_per_position(&self, kv: KvCacheType) -> u64 {
+        (2 * self.text.kv_heads() * kv.bytes(self.text.head_dim())) as u64
     }
 
     /// Bytes the QSA indexer keeps per position and attention layer (f32 on
@@ -304,7 +304,7 @@ impl ModelArch {
     }
 
     /// Per-sequence bytes that grow with the context, per token.
-    pub fn context_bytes_per_token(&self, kv: DType) -> u64 {
+    pub fn context_bytes_per_token(&self, kv: KvCacheType) -> u64 {
         self.attention_layers() as u64 * (self.kv_bytes_per_position(kv) + self.indexer_bytes_per_position())
     }
 
@@ -360,8 +360,10 @@ mod tests {
     fn state_sizes_use_the_kv_dtype() {
         let a = arch(hybrid(serde_json::json!({}))).unwrap();
         // One attention layer, 1 KV head of 4 (hidden 8 / 2 heads): K and V.
-        assert_eq!(a.context_bytes_per_token(DType::F32), 2 * 4 * 4);
-        assert_eq!(a.context_bytes_per_token(DType::F16), 2 * 4 * 2);
+        assert_eq!(a.context_bytes_per_token(KvCacheType::F32), 2 * 4 * 4);
+        assert_eq!(a.context_bytes_per_token(KvCacheType::F16), 2 * 4 * 2);
+        // q8: a block's f16 scale beside its int8 values (one block of 4 here).
+        assert_eq!(a.context_bytes_per_token(KvCacheType::Q8), 2 * (4 + 2));
         // Three DeltaNet layers: 2 heads x 4 x 4 f32 plus a 3-step window of 16 channels.
         assert_eq!(a.fixed_state_bytes(), 3 * (2 * 4 * 4 + 3 * 16) * 4);
     }

@@ -281,7 +281,7 @@ impl DecoderModel {
     /// and key-selector memory of attention layers, plus the fixed-size
     /// state of Gated DeltaNet layers.
     pub fn state_bytes(&self, b: &dyn Backend, s: &SequenceState) -> u64 {
-        let per_position = self.arch.kv_bytes_per_position(b.kv_cache_dtype());
+        let per_position = self.arch.kv_bytes_per_position(b.kv_cache_type());
         s.layers
             .iter()
             .map(|l| match &l.mixer {

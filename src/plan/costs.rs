@@ -4,7 +4,7 @@ use std::path::Path;
 
 use anyhow::Result;
 use serde::Serialize;
-use slotstream_backend::{DType, MatrixFormat};
+use slotstream_backend::{DType, KvCacheType, MatrixFormat};
 
 use super::hits::HitRateCurve;
 use super::rates::{DiskRates, MissRates};
@@ -236,7 +236,7 @@ impl ModelCosts {
 
     /// Costs of a model directory, from its config and safetensors headers (no
     /// weights are read), for a backend whose KV cache stores `kv`.
-    pub fn from_model_dir(dir: &Path, kv: DType) -> Result<ModelCosts> {
+    pub fn from_model_dir(dir: &Path, kv: KvCacheType) -> Result<ModelCosts> {
         Self::of(&ModelArch::read(dir)?, kv)
     }
 
@@ -252,7 +252,7 @@ impl ModelCosts {
     }
 
     /// Costs of the checkpoint `arch` describes.
-    pub fn of(arch: &ModelArch, kv: DType) -> Result<ModelCosts> {
+    pub fn of(arch: &ModelArch, kv: KvCacheType) -> Result<ModelCosts> {
         let ck = arch.open_checkpoint()?;
         let c = &arch.text;
         let routed = ck.bytes_where(ModelArch::is_routed_expert_tensor);
@@ -287,11 +287,11 @@ impl ModelCosts {
     /// (../shared/reference/qwen3.8-flash-next; a test re-derives these), with
     /// an f32 KV cache (the GPU backends').
     pub fn flagship() -> ModelCosts {
-        Self::flagship_with_kv(DType::F32)
+        Self::flagship_with_kv(KvCacheType::F32)
     }
 
     /// [`ModelCosts::flagship`] for a backend whose KV cache stores `kv`.
-    pub fn flagship_with_kv(kv: DType) -> ModelCosts {
+    pub fn flagship_with_kv(kv: KvCacheType) -> ModelCosts {
         ModelCosts {
             name: "qwen3.8-flash-next:4bit".into(),
             // The text trunk; the 0.898 GB vision tower is never loaded and the
@@ -306,7 +306,7 @@ impl ModelCosts {
             moe_intermediate: 640,
             // 12 full-attention layers x (K and V x 2 KV heads x 256 as `kv`,
             // plus the QSA indexer's 128-wide raw key and a quarter of a pooled key in f32).
-            kv_bytes_per_token: 12 * ((2 * 2 * 256 * kv.size()) as u64 + (128 + 32) * 4),
+            kv_bytes_per_token: 12 * ((2 * 2 * kv.bytes(256)) as u64 + (128 + 32) * 4),
             context_length: Some(262_144),
             // 36 DeltaNet layers: 48 heads x 128 x 128 f32 state + a 3-step conv window.
             state_bytes: 36 * (48 * 128 * 128 + 3 * (2 * 16 * 128 + 48 * 128)) * 4,

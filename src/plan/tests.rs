@@ -144,7 +144,7 @@ fn a_model_that_fits_is_resident_and_one_that_does_not_streams_at_the_knee() {
 #[test]
 fn the_demo_model_is_resident() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/demo/model");
-    let demo = ModelCosts::from_model_dir(&dir, slotstream_backend::DType::F32).expect("the demo model's costs");
+    let demo = ModelCosts::from_model_dir(&dir, slotstream_backend::KvCacheType::F32).expect("the demo model's costs");
     let p = plan(&demo, &MachineMemory::simulated(4.0, Some(3.0), None), &PlanRequest { context_tokens: 4096, ..Default::default() })
         .unwrap();
     assert_eq!(p.slots, demo.total_experts(), "{p:?}");
@@ -557,4 +557,20 @@ fn the_default_context_trades_pool_slots_for_kv_and_says_so() {
     let p = plan(&model, &mac(48.0, 40.0), &explicit).unwrap();
     assert_eq!(p.experts_per_layer, 100.0);
     assert!(!p.notes.iter().any(|n| n.contains("to the KV cache")), "{:?}", p.notes);
+}
+
+/// The default context grows with a smaller KV cache: the planner counts
+/// KV bytes per token by the backend's KV type (`--kv-cache`), so q8 gives
+/// a longer context than f16, and f16 than f32, in the same memory and pool.
+#[test]
+fn the_default_context_grows_with_a_smaller_kv_cache() {
+    use slotstream_backend::KvCacheType;
+    let grow = PlanRequest { experts_per_layer: Some(100), context_tokens: 4096, grow_to: Some(usize::MAX), ..Default::default() };
+    let context = |kv| {
+        let model = ModelCosts::flagship_with_kv(kv);
+        plan(&model, &mac(32.0, 28.0), &grow).unwrap().context_tokens
+    };
+    let [f32_ctx, f16_ctx, q8_ctx] = [KvCacheType::F32, KvCacheType::F16, KvCacheType::Q8].map(context);
+    assert!(f32_ctx < f16_ctx && f16_ctx < q8_ctx, "f32 {f32_ctx}, f16 {f16_ctx}, q8 {q8_ctx}");
+    assert!(q8_ctx < 262_144, "the model's whole context fit: the test needs a tighter machine");
 }

@@ -82,7 +82,7 @@ fn probe_prompt(engine: &Engine) -> Result<String> {
 /// from a pool of [`miss_probe_pool`], split into its compute and what each
 /// miss cost at `rates` (just measured; [`ModelCosts::miss_rates_from_decode`]).
 pub fn measure_misses(arch: &ModelArch, backend: Box<dyn Backend>, rates: &Rates, limits: &ProbeLimits) -> Result<MissProbe> {
-    let costs = ModelCosts::of(arch, backend.kv_cache_dtype())?;
+    let costs = ModelCosts::of(arch, backend.kv_cache_type())?;
     let Some((per_layer, at_knee)) = miss_probe_pool(&costs, limits.miss_pool_bytes) else {
         bail!("every expert of a layer is one token's: no pool smaller than the model can run it");
     };
@@ -163,7 +163,7 @@ pub fn prompt_tokens_within(costs: &ModelCosts, disk: &crate::plan::rates::DiskR
 mod tests {
     use super::*;
     use crate::plan::rates::{ComputeRates, DiskRates};
-    use slotstream_backend::DType;
+    use slotstream_backend::KvCacheType;
 
     /// The knee's share, at least the floor, fewer than all; within the
     /// probe's pool bytes (then not the knee's share, and said so).
@@ -171,7 +171,7 @@ mod tests {
     fn the_miss_probe_pool_has_the_knee_share_within_its_memory() {
         let fixture = |name: &str| {
             let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(name);
-            ModelCosts::of(&ModelArch::read(&dir).expect("config"), DType::F32).expect("costs")
+            ModelCosts::of(&ModelArch::read(&dir).expect("config"), KvCacheType::F32).expect("costs")
         };
         let demo = fixture("tools/demo/model");
         assert_eq!(miss_probe_pool(&demo, 1 << 30), Some((14, true)), "13 of 32 is below the floor of 14");
@@ -221,7 +221,7 @@ mod tests {
     #[test]
     fn the_miss_probe_prefill_is_cut_to_its_time() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/demo/model");
-        let demo = ModelCosts::of(&ModelArch::read(&dir).expect("config"), DType::F32).expect("costs");
+        let demo = ModelCosts::of(&ModelArch::read(&dir).expect("config"), KvCacheType::F32).expect("costs");
         let disk = DiskRates { read_gbps: 1.3, read_latency_ms: 0.4 };
         assert_eq!(prompt_tokens_within(&demo, &disk, 3.0), usize::MAX, "61 KB experts");
         let mut synthetic = demo.clone();

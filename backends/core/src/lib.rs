@@ -19,11 +19,13 @@ pub mod checks;
 mod experts;
 pub mod chosen;
 mod host;
+mod kv_type;
 mod rope;
 pub mod routing;
 pub use attention::{attention_qk_norm_composed, KeySelection, QkNorm};
 pub use experts::{add_shared_expert, moe_shared_composed, rows_per_part, ExpertLayout, ExpertMatrix, ExpertPool, Gating, HostExpert, MatrixFormat, Routes, SharedExpert, POOL_WRITE_PART};
 pub use host::{DType, HostMatrix, MatrixData};
+pub use kv_type::{KvCacheType, Q8_BLOCK};
 pub use rope::{Rope, Yarn};
 
 /// Errors a backend reports. Shape errors are bugs in model code or a malformed
@@ -350,10 +352,10 @@ pub trait Backend: Send + Sync {
         Ok((q, k))
     }
     fn new_kv_cache(&self, kv_heads: usize, head_dim: usize) -> Result<State>;
-    /// The element type a KV cache of this backend stores keys and values in
-    /// (what a planner sizes the cache by: `2 * layers * positions *
-    /// kv_heads * head_dim * size`).
-    fn kv_cache_dtype(&self) -> DType;
+    /// How a KV cache of this backend stores keys and values (what a
+    /// planner sizes the cache by: `2 * layers * positions *
+    /// bytes(kv_heads * head_dim)`).
+    fn kv_cache_type(&self) -> KvCacheType;
     /// Number of positions held in a KV cache.
     fn kv_len(&self, cache: &State) -> Result<usize>;
     /// Drops every position from `len` on (speculative decoding's rollback).

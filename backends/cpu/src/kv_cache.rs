@@ -2,14 +2,16 @@
 //! or as f16 with the fast (int8) matmuls, as llama.cpp's default cache:
 //! decode reads the whole cache every token, and f16 halves those bytes
 //! (rounding a key or value to f16 is a relative error of at most 2^-11,
-//! below the int8 activations' ~1e-3).
+//! below the int8 activations' ~1e-3); or as q8 blocks (`kv_q8.rs`,
+//! `--kv-cache q8`), about half of f16's bytes again.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
 use half::f16;
-use slotstream_backend::{DType, DeviceState, Result};
+use slotstream_backend::{DeviceState, KvCacheType, Result};
 
+use crate::kv_q8::Q8Rows;
 use crate::matmul;
 
 /// An element type of the KV cache.
@@ -60,6 +62,80 @@ impl KvElem for f16 {
     #[inline(always)]
     unsafe fn load8(p: *const f16) -> __m256 {
         _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+}
+
+/// One KV head's `[positions, hd]` keys (or values) as the attention
+/// kernels read them: `at` is a value's index (`position * hd + d`).
+pub(crate) trait KvRowsRef: Copy + Send + Sync {
+    /// Bytes per value, about (key tiles are sized by it).
+    const BYTES: usize;
+    /// Values held.
+    fn values(&self) -> usize;
+    /// `sum q[i] * x[at + i]`.
+    fn dot(&self, q: &[f32], at: usize) -> f32;
+    /// `o[i] += w * x[at + i]`.
+    fn add_to(&self, w: f32, at: usize, o: &mut [f32]);
+    /// Value `at` as f32.
+    fn get(&self, at: usize) -> f32;
+    /// Values `at..at + 8` as f32 (`at` a multiple of 8, `at + 8 <=
+    /// values()`; needs AVX2 and F16C).
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(&self, at: usize) -> __m256;
+    /// Fetches the `n` values from `at` into L1 ahead of their use (a hint;
+    /// any `at` is allowed).
+    #[cfg(target_arch = "x86_64")]
+    fn prefetch(&self, at: usize, n: usize);
+}
+
+impl<E: KvElem> KvRowsRef for &[E] {
+    const BYTES: usize = std::mem::size_of::<E>();
+    #[inline(always)]
+    fn values(&self) -> usize {
+        self.len()
+    }
+    #[inline(always)]
+    fn dot(&self, q: &[f32], at: usize) -> f32 {
+        E::dot(q, &self[at..at + q.len()])
+    }
+    #[inline(always)]
+    fn add_to(&self, w: f32, at: usize, o: &mut [f32]) {
+        let n = o.len();
+        o.iter_mut().zip(&self[at..at + n]).for_each(|(o, v)| *o += w * v.to_f32());
+    }
+    #[inline(always)]
+    fn get(&self, at: usize) -> f32 {
+        self[at].to_f32()
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(&self, at: usize) -> __m256 {
+        debug_assert!(at + 8 <= self.len());
+        E::load8(self.as_ptr().add(at))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn prefetch(&self, at: usize, n: usize) {
+        let r = self.as_ptr().wrapping_add(at) as *const i8;
+        for line in (0..n * Self::BYTES).step_by(64) {
+            // SAFETY: a prefetch never faults, whatever the address.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(r.wrapping_add(line)) };
+        }
+    }
+}
+
+/// One KV head's stored rows, viewed as the kernels read them.
+pub(crate) trait HeadView {
+    type Ref<'a>: KvRowsRef
+    where
+        Self: 'a;
+    fn view(&self) -> Self::Ref<'_>;
+}
+
+impl<E: KvElem> HeadView for Vec<E> {
+    type Ref<'a> = &'a [E];
+    fn view(&self) -> &[E] {
+        self
     }
 }
 
@@ -116,7 +192,20 @@ impl<E: KvElem> HeadRows<E> {
 pub(crate) enum Rows {
     F32(HeadRows<f32>),
     F16(HeadRows<f16>),
+    Q8(Q8Rows),
 }
+
+/// `$body` with `$r` bound to the rows, whichever their type.
+macro_rules! each_rows {
+    ($rows:expr, $r:ident => $body:expr) => {
+        match $rows {
+            $crate::kv_cache::Rows::F32($r) => $body,
+            $crate::kv_cache::Rows::F16($r) => $body,
+            $crate::kv_cache::Rows::Q8($r) => $body,
+        }
+    };
+}
+pub(crate) use each_rows;
 
 /// Keys and values of one attention layer.
 pub struct KvCache {
@@ -126,22 +215,23 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// The element type a cache asked to store `half` floats holds: f16
-    /// where this CPU converts in hardware, else f32.
-    pub(crate) fn dtype(half: bool) -> DType {
-        if half && simd_kernels() {
-            DType::F16
-        } else {
-            DType::F32
+    /// The type a cache asked to store `asked` holds: f16 only where this
+    /// CPU converts it in hardware (else f32); q8 where the head dim is
+    /// whole blocks (else f16, as above).
+    pub(crate) fn resolve(asked: KvCacheType, head_dim: usize) -> KvCacheType {
+        match asked {
+            KvCacheType::Q8 if Q8Rows::fits(head_dim) => KvCacheType::Q8,
+            KvCacheType::F16 | KvCacheType::Q8 if simd_kernels() => KvCacheType::F16,
+            _ => KvCacheType::F32,
         }
     }
 
-    /// An empty cache; `half` stores f16 (see [`KvCache::dtype`]).
-    pub(crate) fn new(kv_heads: usize, head_dim: usize, half: bool) -> KvCache {
-        let rows = if KvCache::dtype(half) == DType::F16 {
-            Rows::F16(HeadRows::new(kv_heads))
-        } else {
-            Rows::F32(HeadRows::new(kv_heads))
+    /// An empty cache of the type [`KvCache::resolve`] gives `asked`.
+    pub(crate) fn new(kv_heads: usize, head_dim: usize, asked: KvCacheType) -> KvCache {
+        let rows = match KvCache::resolve(asked, head_dim) {
+            KvCacheType::F32 => Rows::F32(HeadRows::new(kv_heads)),
+            KvCacheType::F16 => Rows::F16(HeadRows::new(kv_heads)),
+            KvCacheType::Q8 => Rows::Q8(Q8Rows::new(kv_heads)),
         };
         KvCache { kv_heads, head_dim, rows }
     }
@@ -155,38 +245,26 @@ impl KvCache {
     }
 
     pub(crate) fn len(&self) -> usize {
-        let n = match &self.rows {
-            Rows::F32(r) => r.elements(),
-            Rows::F16(r) => r.elements(),
-        };
-        n / self.head_dim
+        each_rows!(&self.rows, r => r.elements()) / self.head_dim
     }
 
     /// Room for `positions` positions in all (a hint: appends still grow
     /// the cache as they need).
     pub(crate) fn reserve(&mut self, positions: usize) {
         let n = positions.saturating_mul(self.head_dim);
-        match &mut self.rows {
-            Rows::F32(r) => r.reserve(n),
-            Rows::F16(r) => r.reserve(n),
-        }
+        each_rows!(&mut self.rows, r => r.reserve(n))
     }
 
     /// Keeps the first `len` positions (`len <= self.len()`).
     pub(crate) fn truncate(&mut self, len: usize) {
         let n = len * self.head_dim;
-        match &mut self.rows {
-            Rows::F32(r) => r.truncate(n),
-            Rows::F16(r) => r.truncate(n),
-        }
+        each_rows!(&mut self.rows, r => r.truncate(n))
     }
 
     /// Appends rows of keys and values (`[tokens, kv_heads*head_dim]` each).
     pub(crate) fn append(&mut self, k: &[f32], v: &[f32]) {
-        match &mut self.rows {
-            Rows::F32(r) => r.append(k, v, self.head_dim),
-            Rows::F16(r) => r.append(k, v, self.head_dim),
-        }
+        let hd = self.head_dim;
+        each_rows!(&mut self.rows, r => r.append(k, v, hd))
     }
 }
 
@@ -207,14 +285,12 @@ impl DeviceState for KvCache {
         let rows = match &self.rows {
             Rows::F32(r) => Rows::F32(r.duplicate()),
             Rows::F16(r) => Rows::F16(r.duplicate()),
+            Rows::Q8(r) => Rows::Q8(r.clone()),
         };
         Ok(Box::new(KvCache { kv_heads: self.kv_heads, head_dim: self.head_dim, rows }))
     }
 
     fn bytes(&self) -> usize {
-        match &self.rows {
-            Rows::F32(r) => r.bytes(),
-            Rows::F16(r) => r.bytes(),
-        }
+        each_rows!(&self.rows, r => r.bytes())
     }
 }

@@ -12,6 +12,7 @@ mod attention;
 mod conv;
 mod delta;
 mod kv_cache;
+mod kv_q8;
 mod matmul;
 mod moe;
 mod options;
@@ -24,8 +25,8 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 use slotstream_backend::{
-    checks, routing, Backend, BackendError, DType, ExpertLayout, ExpertMatrix, ExpertPool, GateAct, Gating,
-    HostMatrix, KeySelection, Result, Rope, Routes, State, Tensor, Weight,
+    checks, routing, Backend, BackendError, ExpertLayout, ExpertMatrix, ExpertPool, GateAct, Gating,
+    HostMatrix, KeySelection, KvCacheType, Result, Rope, Routes, State, Tensor, Weight,
 };
 
 pub use conv::ConvState;
@@ -82,9 +83,12 @@ impl CpuBackend {
         self.options.matmul
     }
 
-    /// f16 KV rows go with the int8 matmuls; the exact mode keeps f32.
-    fn half_kv_cache(&self) -> bool {
-        self.options.matmul == MatmulMode::Int8
+    /// The KV cache type asked for: [`CpuOptions::kv_cache`], else f16
+    /// with the int8 matmuls and f32 in the exact mode (a cache may still
+    /// hold another, [`KvCache::resolve`]).
+    fn asked_kv_cache(&self) -> KvCacheType {
+        let default = if self.options.matmul == MatmulMode::Int8 { KvCacheType::F16 } else { KvCacheType::F32 };
+        self.options.kv_cache.unwrap_or(default)
     }
 }
 
@@ -163,7 +167,9 @@ impl Backend for CpuBackend {
             MatmulMode::Exact => "",
             MatmulMode::Int8 => ", int8 activations for 4-bit",
         };
-        format!("cpu ({} threads{m})", rayon::current_num_threads())
+        // The KV cache's type where --kv-cache chose it.
+        let kv = self.options.kv_cache.map_or(String::new(), |_| format!(", {} KV cache", self.kv_cache_type()));
+        format!("cpu ({} threads{m}{kv})", rayon::current_num_threads())
     }
 
     fn upload(&self, values: &[f32], shape: &[usize]) -> Result<Tensor> {
@@ -333,11 +339,12 @@ impl Backend for CpuBackend {
     }
 
     fn new_kv_cache(&self, kv_heads: usize, head_dim: usize) -> Result<State> {
-        Ok(State::new(Box::new(KvCache::new(kv_heads, head_dim, self.half_kv_cache()))))
+        Ok(State::new(Box::new(KvCache::new(kv_heads, head_dim, self.asked_kv_cache()))))
     }
 
-    fn kv_cache_dtype(&self) -> DType {
-        KvCache::dtype(self.half_kv_cache())
+    fn kv_cache_type(&self) -> KvCacheType {
+        // Every model's head dim is whole q8 blocks (a planner's question).
+        KvCache::resolve(self.asked_kv_cache(), slotstream_backend::Q8_BLOCK)
     }
 
     fn kv_len(&self, cache: &State) -> Result<usize> {

@@ -2,7 +2,7 @@
 //! `SLOTSTREAM_CPU_*` environment variables (for measurements and the CLI);
 //! nothing below the backend's constructor reads the environment.
 
-use slotstream_backend::POOL_WRITE_PART;
+use slotstream_backend::{KvCacheType, POOL_WRITE_PART};
 
 use crate::matmul::MatmulMode;
 
@@ -31,6 +31,9 @@ pub struct CpuOptions {
     /// threads wait on the expert reads meanwhile); 0 copies on the calling
     /// thread alone (`SLOTSTREAM_CPU_POOL_WRITE_KB`, in KiB, for measurements).
     pub pool_write_part: usize,
+    /// How KV caches store keys and values (`--kv-cache`); `None`: f16 with
+    /// int8 matmuls, f32 in the exact mode.
+    pub kv_cache: Option<KvCacheType>,
 }
 
 /// Measured on the 2-core dev VM (BENCHMARKS.md, CPU section): at 32 KB the
@@ -42,7 +45,7 @@ impl Default for CpuOptions {
     /// The fast backend: int8 activations for 4-bit weights, the best int8
     /// kernel, the measured serial threshold.
     fn default() -> Self {
-        CpuOptions { matmul: MatmulMode::Int8, int8_kernel: Int8Kernel::Best, serial_bytes: SERIAL_BYTES, pool_write_part: POOL_WRITE_PART }
+        CpuOptions { matmul: MatmulMode::Int8, int8_kernel: Int8Kernel::Best, serial_bytes: SERIAL_BYTES, pool_write_part: POOL_WRITE_PART, kv_cache: None }
     }
 }
 
@@ -67,6 +70,7 @@ impl CpuOptions {
             pool_write_part: var("SLOTSTREAM_CPU_POOL_WRITE_KB")
                 .and_then(|kb| kb.parse::<usize>().ok())
                 .map_or(defaults.pool_write_part, |kb| kb << 10),
+            kv_cache: defaults.kv_cache,
         }
     }
 }

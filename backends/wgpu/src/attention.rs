@@ -2,7 +2,7 @@
 //! embedding, and causal (optionally block-sparse) attention against a KV
 //! cache the new keys and values were already appended to (`state.rs`).
 
-use slotstream_backend::{attention_qk_norm_composed, checks, BackendError, KeySelection, QkNorm, Result, Rope, State, Tensor};
+use slotstream_backend::{attention_qk_norm_composed, checks, BackendError, KeySelection, KvCacheType, QkNorm, Result, Rope, State, Tensor};
 
 use crate::gpu::{whole, Bind, Gpu};
 use crate::kernels::params;
@@ -74,9 +74,18 @@ params! {
         chunk: u32,
         scale: f32,
         fresh: u32,
-        /// 1: the cache holds f16.
-        half: u32,
+        /// The cache holds 0: f32, 1: f16, 2: q8 ([`kv_code`]).
+        kv: u32,
         _pad0: u32,
+    }
+}
+
+/// `FlashParams::kv` of a cache.
+fn kv_code(cache: &GpuKvCache) -> u32 {
+    match cache.kind {
+        KvCacheType::F32 => 0,
+        KvCacheType::F16 => 1,
+        KvCacheType::Q8 => 2,
     }
 }
 
@@ -189,6 +198,13 @@ pub(crate) fn attend(
             return flash_attend(gpu, pipeline, cache, [q, out], tokens, heads, scale, fresh);
         }
     }
+    if cache.kind == KvCacheType::Q8 {
+        // Only flash_attention reads q8 (a cache is q8 only where it can run).
+        return Err(BackendError::Unsupported(format!(
+            "a q8 KV cache {} on the wgpu backend (--kv-cache f16 takes it)",
+            if sel_stride != 0 { "with a key selection" } else { "with a query group over 64 heads" }
+        )));
+    }
     let sel_buf = gpu.small_input("key selection", bytemuck::cast_slice(&words))?;
     let pairs = tokens * heads;
     let (chunk, splits) = split_keys(pairs, most_keys, gpu.attention_min_chunk);
@@ -269,30 +285,35 @@ struct HeadDimKernels {
     flash: &'static str,
     two_rows: Option<&'static str>,
     kv_store: &'static str,
+    kv_store_q8: &'static str,
     merge: &'static str,
 }
 
 fn head_dim_kernels(head_dim: usize) -> Option<HeadDimKernels> {
-    let (flash, two_rows, kv_store, merge) = match head_dim {
-        64 => ("flash_attention_hd64", Some("flash_attention_hd64_r2"), "kv_store_hd64", "flash_merge_hd64"),
-        128 => ("flash_attention_hd128", Some("flash_attention_hd128_r2"), "kv_store_hd128", "flash_merge_hd128"),
-        256 => ("flash_attention_hd256", None, "kv_store_hd256", "flash_merge_hd256"),
+    let (flash, two_rows, kv_store, kv_store_q8, merge) = match head_dim {
+        64 => ("flash_attention_hd64", Some("flash_attention_hd64_r2"), "kv_store_hd64", "kv_store_q8_hd64", "flash_merge_hd64"),
+        128 => ("flash_attention_hd128", Some("flash_attention_hd128_r2"), "kv_store_hd128", "kv_store_q8_hd128", "flash_merge_hd128"),
+        256 => ("flash_attention_hd256", None, "kv_store_hd256", "kv_store_q8_hd256", "flash_merge_hd256"),
         _ => return None,
     };
-    Some(HeadDimKernels { flash, two_rows, kv_store, merge })
+    Some(HeadDimKernels { flash, two_rows, kv_store, kv_store_q8, merge })
+}
+
+/// Whether `flash_attention` runs here at all: on, with subgroups of whole slots.
+fn flash_runs(gpu: &Gpu) -> bool {
+    gpu.flash_attention && gpu.subgroup_min >= FLASH_SLOT_LANES && gpu.subgroup_max <= 256
 }
 
 /// The `flash_attention` pipeline for this cache's head dim, when the call
 /// can take it: dense attention (the caller checks), a head dim it is
 /// compiled for, query groups of at most 64 heads, subgroups of whole slots,
 /// and a prefill or a decode step over enough keys (`keys`, the fresh
-/// ones included).
+/// ones included) or any step over a q8 cache (only this kernel reads q8).
 pub(crate) fn flash_pipeline(gpu: &Gpu, cache: &GpuKvCache, heads: usize, tokens: usize, keys: usize) -> Option<&'static str> {
     let name = head_dim_kernels(cache.head_dim)?.flash;
     let group = heads / cache.kv_heads.max(1);
-    let subgroups_fit = gpu.subgroup_min >= FLASH_SLOT_LANES && gpu.subgroup_max <= 256;
-    let long_enough = tokens > 1 || keys >= FLASH_DECODE_MIN_KEYS;
-    (gpu.flash_attention && group <= FLASH_SLOTS && subgroups_fit && long_enough && gpu.has_kernel(name)).then_some(name)
+    let long_enough = tokens > 1 || keys >= FLASH_DECODE_MIN_KEYS || cache.kind == KvCacheType::Q8;
+    (flash_runs(gpu) && group <= FLASH_SLOTS && long_enough && gpu.has_kernel(name)).then_some(name)
 }
 
 /// The launch shape of `flash_attention`: tokens per workgroup, key slices,
@@ -345,7 +366,7 @@ fn flash_attend(
         chunk: chunk as u32,
         scale,
         fresh: fresh.is_some() as u32,
-        half: cache.half as u32,
+        kv: kv_code(cache),
         ..Default::default()
     };
     let pairs = tokens * heads;
@@ -364,27 +385,40 @@ fn flash_attend(
     gpu.dispatch(merge, &params, &[(OUT, out), (PARTIALS, partials.bind())], Gpu::grid((pairs * blocks) as u64))
 }
 
-/// Whether a new KV cache of heads of `head_dim` keeps f16: in the fast
-/// (int8) matmul mode, as the CPU backend does, where `kv_store` and
-/// `flash_attention` are compiled for the head dim (the per-head kernels
-/// read f16 of any head dim of a multiple of four).
-pub(crate) fn kv_in_f16(gpu: &Gpu, fast: bool, head_dim: usize) -> bool {
-    fast && head_dim_kernels(head_dim).is_some_and(|k| gpu.has_kernel(k.kv_store))
+/// The type a new KV cache of heads of `head_dim` keeps when `asked` for
+/// one (`WgpuOptions::kv_cache`; `None`: f16 in the fast (int8) matmul
+/// `mode`, as the CPU backend does, f32 in the exact one): q8 where `kv_store_q8` and `flash_attention` (the only kernel
+/// that reads it) run for the head dim, f16 where `kv_store` is compiled
+/// for it (the per-head kernels read f16 of any head dim of a multiple of
+/// four), else f32.
+pub(crate) fn kv_type(gpu: &Gpu, asked: Option<KvCacheType>, mode: crate::MatmulMode, head_dim: usize) -> KvCacheType {
+    let fast = mode == crate::MatmulMode::Int8;
+    let asked = asked.unwrap_or(if fast { KvCacheType::F16 } else { KvCacheType::F32 });
+    let kernels = head_dim_kernels(head_dim);
+    let has = |name: fn(&HeadDimKernels) -> &'static str| kernels.as_ref().is_some_and(|k| gpu.has_kernel(name(k)));
+    match asked {
+        KvCacheType::Q8 if flash_runs(gpu) && has(|k| k.flash) && has(|k| k.kv_store_q8) => KvCacheType::Q8,
+        KvCacheType::F16 | KvCacheType::Q8 if has(|k| k.kv_store) => KvCacheType::F16,
+        _ => KvCacheType::F32,
+    }
 }
 
 /// Records appending `tokens` rows of keys `k` and values `v` (f32
 /// `[tokens, kv_heads*head_dim]`) to `cache`: a copy into an f32 cache,
-/// `kv_store` (rounding to f16) into an f16 one.
+/// `kv_store` (rounding to f16) into an f16 one, `kv_store_q8` (one
+/// invocation per 64 values: two blocks, one word of scales) into a q8 one.
 pub(crate) fn append(gpu: &Gpu, cache: &mut GpuKvCache, k: Bind<'_>, v: Bind<'_>, tokens: usize) -> Result<()> {
-    if !cache.half {
+    if cache.kind == KvCacheType::F32 {
         return cache.append(k, v, tokens);
     }
     let past = cache.len;
     cache.append_in_kernel(tokens)?;
     let hd = cache.head_dim;
-    let entry = head_dim_kernels(hd).ok_or_else(|| BackendError::Unsupported(format!("an f16 KV cache of head dim {hd}")))?.kv_store;
-    let params = FlashParams { tokens: tokens as u32, kv_heads: cache.kv_heads as u32, past: past as u32, half: 1, ..Default::default() };
-    let runs = (tokens * cache.kv_heads * cache.head_dim / 4) as u64;
+    let kernels = head_dim_kernels(hd).ok_or_else(|| BackendError::Unsupported(format!("a {} KV cache of head dim {hd}", cache.kind)))?;
+    let q8 = cache.kind == KvCacheType::Q8;
+    let entry = if q8 { kernels.kv_store_q8 } else { kernels.kv_store };
+    let params = FlashParams { tokens: tokens as u32, kv_heads: cache.kv_heads as u32, past: past as u32, kv: kv_code(cache), ..Default::default() };
+    let runs = (tokens * cache.kv_heads * cache.head_dim / if q8 { 64 } else { 4 }) as u64;
     let binds = [(KEYS, whole(&cache.keys)), (VALUES, whole(&cache.values)), (KNEW, k), (VNEW, v)];
     gpu.dispatch(entry, &params, &binds, Gpu::grid(runs.div_ceil(256)))
 }
@@ -448,7 +482,8 @@ pub(crate) fn attention(b: &WgpuBackend, [q, k, v]: [&Tensor; 3], cache: &mut St
     if hd > 512 {
         return Err(BackendError::Unsupported(format!("attention head dim {hd} (the kernel takes up to 512)")));
     }
-    let fresh = if tokens == 1 {
+    // Only kv_store_q8 writes q8 rows: a q8 decode step appends first too.
+    let fresh = if tokens == 1 && c.kind != KvCacheType::Q8 {
         c.append_in_kernel(1)?;
         Some((buf(k)?, buf(v)?))
     } else {
@@ -470,7 +505,7 @@ pub(crate) fn attention_qk_norm(b: &WgpuBackend, [q, k, v]: [&Tensor; 3], cache:
     let fits = q.rows() == 1 && norm.head_dim == c.head_dim && norm.weights.iter().all(|w| w.numel() == c.head_dim);
     // Long contexts: flash attention, after one dispatch that normalises and
     // rotates q and k (with the fresh row, c.len + 1 keys).
-    let long = selection.is_none() && flash_pipeline(&b.gpu, c, heads, 1, c.len + 1).is_some();
+    let long = (selection.is_none() && flash_pipeline(&b.gpu, c, heads, 1, c.len + 1).is_some()) || c.kind == KvCacheType::Q8;
     if !fits || long || c.head_dim > ROPE_MAX_HEAD_DIM || b.gpu.limits.max_storage_buffers_per_shader_stage < 12 {
         return attention_qk_norm_composed(b, q, k, v, cache, heads, scale, selection, norm);
     }

@@ -163,6 +163,13 @@ const KV_STORE_PIPELINES: [Pipeline; 3] = [
     Pipeline { name: "kv_store_hd256", constants: &[("HD", 256.0)] },
 ];
 
+/// `kv_store_q8` for each head dim of a q8 cache (`HD`).
+const KV_STORE_Q8_PIPELINES: [Pipeline; 3] = [
+    Pipeline { name: "kv_store_q8_hd64", constants: &[("HD", 64.0)] },
+    Pipeline { name: "kv_store_q8_hd128", constants: &[("HD", 128.0)] },
+    Pipeline { name: "kv_store_q8_hd256", constants: &[("HD", 256.0)] },
+];
+
 /// `flash_merge` for each head dim (`HD`).
 const FLASH_MERGE_PIPELINES: [Pipeline; 3] = [
     Pipeline { name: "flash_merge_hd64", constants: &[("HD", 64.0)] },
@@ -249,7 +256,7 @@ impl Module {
                 "attention_split_regs",
                 "attention_split_rope_regs",
             ],
-            Module::FlashAttention => &["flash_attention", "kv_store", "flash_merge"],
+            Module::FlashAttention => &["flash_attention", "kv_store", "kv_store_q8", "flash_merge"],
             Module::Conv => &["conv1d"],
             Module::GatedDelta => &["gated_delta", "gated_delta_prep", "gated_delta_chunks"],
             Module::Streams => &["repeat_cols", "stream_mean", "add_gated_to_streams", "stream_dot_gate"],
@@ -263,6 +270,7 @@ impl Module {
         match (self, entry) {
             (Module::FlashAttention, "flash_attention") => &FLASH_PIPELINES,
             (Module::FlashAttention, "kv_store") => &KV_STORE_PIPELINES,
+            (Module::FlashAttention, "kv_store_q8") => &KV_STORE_Q8_PIPELINES,
             (Module::FlashAttention, "flash_merge") => &FLASH_MERGE_PIPELINES,
             _ => &[],
         }

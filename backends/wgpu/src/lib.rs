@@ -33,8 +33,8 @@ mod weights;
 use std::sync::Arc;
 
 use slotstream_backend::{
-    checks, shape_error, Backend, BackendError, DType, DeltaInputs, ExpertLayout, ExpertMatrix, ExpertPool, GateAct, Gating, HostExpert, HostMatrix,
-    KeySelection, QkNorm, Result, Rope, Routes, SharedExpert, State, Tensor, Weight, matmul_swiglu_composed,
+    checks, shape_error, Backend, BackendError, DeltaInputs, ExpertLayout, ExpertMatrix, ExpertPool, GateAct, Gating, HostExpert, HostMatrix,
+    KeySelection, KvCacheType, QkNorm, Result, Rope, Routes, SharedExpert, State, Tensor, Weight, matmul_swiglu_composed,
     moe_shared_composed, route_matmul_composed,
 };
 use slotstream_backend::chosen::PendingRead;
@@ -147,7 +147,8 @@ impl Backend for WgpuBackend {
             MatmulMode::Int8 => ", int8 activations for large 4-bit matmuls",
         };
         let from = self.gpu.kernels_from.as_ref().map_or(String::new(), |d| format!("; kernels from {}", d.display()));
-        format!("wgpu ({}, {:?}; {uploads}{mode}{from})", i.name, i.backend)
+        let kv = self.options.kv_cache.map_or(String::new(), |_| format!(", {} KV cache", self.kv_cache_type()));
+        format!("wgpu ({}, {:?}; {uploads}{mode}{kv}{from})", i.name, i.backend)
     }
 
     fn upload(&self, data: &[f32], shape: &[usize]) -> Result<Tensor> {
@@ -402,14 +403,14 @@ impl Backend for WgpuBackend {
     }
 
     fn new_kv_cache(&self, kv_heads: usize, head_dim: usize) -> Result<State> {
-        let half = attention::kv_in_f16(&self.gpu, self.mode == MatmulMode::Int8, head_dim);
-        Ok(State::new(Box::new(GpuKvCache::new(&self.gpu, kv_heads, head_dim, half))))
+        let kind = attention::kv_type(&self.gpu, self.options.kv_cache, self.mode, head_dim);
+        Ok(State::new(Box::new(GpuKvCache::new(&self.gpu, kv_heads, head_dim, kind))))
     }
 
-    fn kv_cache_dtype(&self) -> DType {
-        // The head dim is not known here: f16 where the fast mode keeps it
-        // for the common head dims (the memory plan's estimate).
-        if attention::kv_in_f16(&self.gpu, self.mode == MatmulMode::Int8, 128) { DType::F16 } else { DType::F32 }
+    fn kv_cache_type(&self) -> KvCacheType {
+        // The head dim is not known here: what the common head dims get
+        // (the memory plan's estimate).
+        attention::kv_type(&self.gpu, self.options.kv_cache, self.mode, 128)
     }
 
     fn kv_len(&self, cache: &State) -> Result<usize> {

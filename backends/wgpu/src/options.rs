@@ -239,6 +239,9 @@ pub struct WgpuOptions {
     /// a kernel timed without rebuilding; the backend's name then says "kernels
     /// from DIR"; a path that is not a directory is an error).
     pub wgsl_dir: Option<std::path::PathBuf>,
+    /// How KV caches store keys and values (`--kv-cache`, in code only);
+    /// `None`: f16 in the int8 matmul mode, f32 in the exact one.
+    pub kv_cache: Option<slotstream_backend::KvCacheType>,
 }
 
 impl Default for WgpuOptions {
@@ -274,6 +277,7 @@ impl Default for WgpuOptions {
             shared_in_pool: true,
             route_lanes: true,
             wgsl_dir: None,
+            kv_cache: None,
         }
     }
 }

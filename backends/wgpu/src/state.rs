@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use slotstream_backend::{BackendError, DeviceState, Result};
+use slotstream_backend::{BackendError, DeviceState, KvCacheType, Result};
 
 use crate::gpu::{Bind, Gpu};
 
@@ -19,11 +19,16 @@ fn duplicate_buffer(gpu: &Gpu, b: &wgpu::Buffer, label: &str) -> Result<wgpu::Bu
 }
 
 /// Keys and values of one attention layer, `[capacity, kv_heads*head_dim]`
-/// of f32, or of f16 two to a word (`half`), grown by a quarter.
+/// of f32, or of f16 two to a word (`half`), or q8 (`kind`; each head's
+/// row `head_dim / 4` words of four int8 then `head_dim / 64` words of two
+/// f16 scales, one per block of 32: `wgsl/flash_attention.wgsl`), grown by
+/// a quarter.
 pub struct GpuKvCache {
     gpu: Arc<Gpu>,
     pub(crate) kv_heads: usize,
     pub(crate) head_dim: usize,
+    pub(crate) kind: KvCacheType,
+    /// `kind` is f16.
     pub(crate) half: bool,
     pub(crate) len: usize,
     capacity: usize,
@@ -32,14 +37,16 @@ pub struct GpuKvCache {
 }
 
 impl GpuKvCache {
-    pub(crate) fn new(gpu: &Arc<Gpu>, kv_heads: usize, head_dim: usize, half: bool) -> GpuKvCache {
+    /// An empty cache of `kind` (q8 for a head dim of whole 64s).
+    pub(crate) fn new(gpu: &Arc<Gpu>, kv_heads: usize, head_dim: usize, kind: KvCacheType) -> GpuKvCache {
         let capacity = KV_INITIAL_CAPACITY;
-        let row = if half { 2 } else { 4 } * (kv_heads * head_dim) as u64;
+        let row = (kv_heads * kind.bytes(head_dim)) as u64;
         GpuKvCache {
             gpu: gpu.clone(),
             kv_heads,
             head_dim,
-            half,
+            kind,
+            half: kind == KvCacheType::F16,
             len: 0,
             capacity,
             keys: gpu.zeroed("kv keys", row * capacity as u64),
@@ -49,16 +56,16 @@ impl GpuKvCache {
 
     /// Bytes of one position's keys (or values).
     fn row_bytes(&self) -> u64 {
-        (if self.half { 2 } else { 4 }) * (self.kv_heads * self.head_dim) as u64
+        (self.kv_heads * self.kind.bytes(self.head_dim)) as u64
     }
 
     /// Records appending `tokens` rows of keys `k` and values `v`
     /// (`[tokens, kv_heads*head_dim]` each, f32) to an f32 cache, growing it
-    /// first if needed (an f16 cache converts them in a kernel:
+    /// first if needed (an f16 or q8 cache converts them in a kernel:
     /// `attention::append`).
     pub(crate) fn append(&mut self, k: Bind<'_>, v: Bind<'_>, tokens: usize) -> Result<()> {
-        if self.half {
-            return Err(BackendError::Device("an f16 KV cache takes its rows through kv_store, not a copy".into()));
+        if self.kind != KvCacheType::F32 {
+            return Err(BackendError::Device(format!("a {} KV cache takes its rows through a kernel, not a copy", self.kind)));
         }
         let row = self.row_bytes();
         let past = self.len;

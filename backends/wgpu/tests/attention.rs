@@ -2,13 +2,13 @@
 //! seeded inputs, plus an insta snapshot of each output (see kernels.rs for
 //! the tolerances): the per-head kernels (prefill, split decode, key
 //! selections, the query/key norm inside), `flash_attention` in every launch
-//! shape, and f16 KV caches.
+//! shape, and f16 and q8 KV caches.
 
 mod common;
 
 use common::check::{check, up};
 use common::{gpu, rel_l2, Rng};
-use slotstream_backend::{Backend, DType, KeySelection, QkNorm, Tensor};
+use slotstream_backend::{Backend, KeySelection, KvCacheType, QkNorm, Tensor};
 use slotstream_cpu::CpuBackend;
 use slotstream_wgpu::{AdapterChoice, MatmulMode, WgpuBackend, WgpuOptions};
 
@@ -212,7 +212,7 @@ fn attention_with_an_f16_cache() {
     let g = WgpuBackend::with_options(&AdapterChoice::allow_software(), WgpuOptions { matmul: Some(MatmulMode::Int8), ..WgpuOptions::from_env() })
         .expect("opening a second wgpu backend");
     let cpu = CpuBackend::with_mode(slotstream_cpu::MatmulMode::Int8);
-    assert_eq!((g.kv_cache_dtype(), cpu.kv_cache_dtype()), (DType::F16, DType::F16));
+    assert_eq!((g.kv_cache_type(), cpu.kv_cache_type()), (KvCacheType::F16, KvCacheType::F16));
     for (i, dims) in [[8, 2, 128], [16, 2, 256], [4, 4, 64]].into_iter().enumerate() {
         let [heads, kvh, hd] = dims;
         let mut rng = Rng::new(170 + i as u64);
@@ -227,6 +227,41 @@ fn attention_with_an_f16_cache() {
         let err = rel_l2(&run(&g), &run(&cpu));
         assert!(err <= 1e-4, "{dims:?}: an f16 cache on the GPU differs from the CPU backend's, rel L2 {err:.3e}");
     }
+}
+
+/// A q8 KV cache (`--kv-cache q8`): `kv_store_q8` quantizes every
+/// prefill's and decode step's rows, `flash_attention` reads them in every
+/// launch shape (prefills with one and two rows per slot, decode steps in
+/// chunks merged by `flash_merge`, head dims 64, 128 and 256), against the
+/// CPU backend's q8 cache (the same blocks and scales, so the same values
+/// but for a rounding tie) and, looser, the exact f32 cache.
+#[test]
+fn attention_with_a_q8_cache() {
+    let Some(_) = gpu() else { return };
+    let q8 = |matmul| WgpuOptions { matmul: Some(matmul), kv_cache: Some(KvCacheType::Q8), ..WgpuOptions::from_env() };
+    let g = WgpuBackend::with_options(&AdapterChoice::allow_software(), q8(MatmulMode::Int8)).expect("opening a second wgpu backend");
+    let cpu_q8 = CpuBackend::with_options(slotstream_cpu::CpuOptions { kv_cache: Some(KvCacheType::Q8), ..slotstream_cpu::CpuOptions::from_env() });
+    let exact = CpuBackend::exact();
+    assert_eq!((g.kv_cache_type(), cpu_q8.kv_cache_type()), (KvCacheType::Q8, KvCacheType::Q8));
+    for (i, dims) in [[8, 2, 128], [16, 2, 256], [4, 4, 64]].into_iter().enumerate() {
+        let [heads, kvh, hd] = dims;
+        let mut rng = Rng::new(210 + i as u64);
+        let (qw, kw) = (rng.vec(hd, 1.0), rng.vec(hd, 1.0));
+        let steps: Vec<QkStep> = [300usize, 1, 2, 730, 1, 1]
+            .iter()
+            .map(|&t| (t, rng.vec(t * heads * hd, 3.0), rng.vec(t * kvh * hd, 3.0), rng.vec(t * kvh * hd, 2.0)))
+            .collect();
+        let run = |b: &dyn Backend| b.download(&qk_norm_steps(b, dims, hd / 2, [&qw, &kw], &steps, 0)).unwrap();
+        let (gpu_out, cpu_out, exact_out) = (run(&g), run(&cpu_q8), run(&exact));
+        let err = rel_l2(&gpu_out, &cpu_out);
+        assert!(err <= 1e-4, "{dims:?}: a q8 cache on the GPU differs from the CPU backend's, rel L2 {err:.3e}");
+        let (gpu_err, cpu_err) = (rel_l2(&gpu_out, &exact_out), rel_l2(&cpu_out, &exact_out));
+        assert!(gpu_err <= 2e-2 && gpu_err > 1e-4, "{dims:?}: q8 against f32 on the GPU, rel L2 {gpu_err:.3e} (CPU {cpu_err:.3e})");
+    }
+    // The exact mode keeps f32 unless told otherwise.
+    let ge = WgpuBackend::with_options(&AdapterChoice::allow_software(), WgpuOptions { matmul: Some(MatmulMode::Exact), ..WgpuOptions::from_env() })
+        .expect("opening a third wgpu backend");
+    assert_eq!(ge.kv_cache_type(), KvCacheType::F32);
 }
 
 /// Decode steps past `FLASH_DECODE_MIN_KEYS` keys with the query/key norm
