@@ -7,6 +7,7 @@ pub mod checkpoint;
 pub mod constrain;
 pub mod console;
 pub mod demo;
+pub mod dialect;
 pub mod direct_io;
 pub mod disk;
 pub mod doctor;

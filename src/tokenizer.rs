@@ -7,6 +7,8 @@ use std::path::Path;
 use anyhow::{anyhow, Context, Result};
 use serde::Serialize;
 
+use crate::dialect;
+pub use crate::dialect::ToolCallForm;
 use crate::model_files;
 
 mod specials;
@@ -44,15 +46,6 @@ impl From<ChatMessage> for ChatTurn {
     fn from(m: ChatMessage) -> ChatTurn {
         ChatTurn { role: m.role, content: m.content, ..ChatTurn::default() }
     }
-}
-
-/// How a chat template writes a tool call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ToolCallForm {
-    /// `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Hermes, Qwen).
-    Json,
-    /// `<tool_call><function=NAME><parameter=P>value</parameter></function></tool_call>` (Qwen3-Coder).
-    XmlParameters,
 }
 
 /// A model's tokenizer, chat template and special tokens.
@@ -277,9 +270,12 @@ impl TextCodec {
 
     /// How the chat template writes tool calls; `None` when it never reads `tools`.
     pub fn tool_call_form(&self) -> Option<ToolCallForm> {
-        let template = self.chat_template.as_deref().filter(|t| t.contains("tools"))?;
-        // Qwen3-Coder-style templates write `<function=NAME><parameter=P>`.
-        Some(if template.contains("<function=") { ToolCallForm::XmlParameters } else { ToolCallForm::Json })
+        ToolCallForm::of_template(self.chat_template.as_deref()?)
+    }
+
+    /// Whether the chat template has a switch that turns reasoning on and off.
+    pub fn supports_thinking(&self) -> bool {
+        self.chat_template.as_deref().is_some_and(dialect::think::template_has_switch)
     }
 
     /// Renders the chat template over turns that may carry tool calls and

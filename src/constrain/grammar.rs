@@ -4,19 +4,7 @@
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
-pub use crate::tokenizer::ToolCallForm;
-
-/// Opens a tool call in the Hermes / Qwen chat format.
-pub const TOOL_CALL_OPEN: &str = "<tool_call>";
-/// Closes it.
-pub const TOOL_CALL_CLOSE: &str = "</tool_call>";
-
-/// One function the model may call: its name and its arguments' JSON schema.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ToolSpec {
-    pub name: String,
-    pub parameters: Value,
-}
+use crate::dialect::{ToolCallForm, ToolSpec};
 
 /// What the output must be.
 #[derive(Clone, Debug, PartialEq)]
@@ -25,9 +13,8 @@ pub enum ConstraintSpec {
     JsonObject,
     /// A JSON value that validates against this schema.
     JsonSchema(Value),
-    /// Calls of `tools` between `<tool_call>` tags, written in `form`: the
-    /// Hermes / Qwen JSON (`<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`)
-    /// or Qwen3-Coder's XML (`<tool_call>\n<function=NAME>\n<parameter=P>\nvalue\n</parameter>\n</function>\n</tool_call>`).
+    /// Calls of `tools` in the chat dialect `form` (its markup and grammar
+    /// are in `crate::dialect`).
     /// `forced`: the output starts with a call; otherwise it is free until the
     /// model opens one, and from there the call must parse. `parallel`: more
     /// calls may follow the first.
@@ -60,7 +47,7 @@ fn json_style(lenient: bool) -> Value {
 }
 
 /// The schema with the JSON style attached ([`json_style`]'s `lenient`).
-pub(super) fn styled(schema: &Value, lenient: bool) -> Result<Value> {
+fn styled(schema: &Value, lenient: bool) -> Result<Value> {
     let mut schema = match schema {
         Value::Bool(true) => json!({}),
         Value::Object(_) => schema.clone(),
@@ -435,52 +422,16 @@ pub(super) fn declared_only(schema: &mut Value) {
     });
 }
 
-/// The schema of one call's JSON: its name and its arguments, in that order.
-fn call_schema(tools: &[ToolSpec]) -> Result<Value> {
-    let mut each = Vec::with_capacity(tools.len());
-    for tool in tools {
-        if !tool.parameters.is_object() {
-            bail!("the parameters of tool '{}' are not a JSON schema (an object)", tool.name);
-        }
-        let mut arguments = tool.parameters.clone();
-        declared_only(&mut arguments);
-        each.push(json!({
-            "type": "object",
-            "properties": {"name": {"const": tool.name}, "arguments": arguments},
-            "required": ["name", "arguments"],
-            "additionalProperties": false,
-        }));
-    }
-    match each.len() {
-        0 => bail!("no tools to call"),
-        1 => Ok(each.remove(0)),
-        _ => Ok(json!({"anyOf": each})),
-    }
-}
-
 /// A rule's body for JSON following `schema` (`lenient`: see [`json_style`]).
 pub(super) fn json_rule(schema: &Value, lenient: bool) -> Result<String> {
     Ok(format!("%json {}", styled(schema, lenient)?))
 }
 
-/// The `call` rule for calls of `tools` in the Hermes / Qwen JSON form.
-pub(super) fn json_calls(tools: &[ToolSpec]) -> Result<String> {
-    Ok(format!("call: {}\n", json_rule(&call_schema(tools)?, true)?))
-}
-
-/// The grammar of tool calls between their tags around `calls` (the `call`
-/// rule in the template's form), and its trigger.
-pub(super) fn tool_calls(calls: &str, forced: bool, parallel: bool) -> (String, Option<String>) {
-    let open = lark_string(&format!("{TOOL_CALL_OPEN}\n"));
-    let close = lark_string(&format!("\n{TOOL_CALL_CLOSE}"));
-    // Triggered, the opening tag is already there when the grammar starts.
-    let first = if forced { format!("{open} call {close}") } else { format!("\"\\n\" call {close}") };
-    let more = if parallel { format!(" (\"\\n\" {open} call {close})*") } else { String::new() };
-    let trigger = (!forced).then(|| TOOL_CALL_OPEN.to_string());
-    (format!("start: {first}{more}\n{calls}"), trigger)
-}
-
-/// A Lark string literal (JSON's escaping is a subset Lark reads).
-pub(super) fn lark_string(s: &str) -> String {
-    Value::String(s.to_string()).to_string()
+/// The rule's body for a JSON value in a tool call, as a dialect's grammar
+/// embeds it: only the properties the schema declares ([`declared_only`]),
+/// lenient ([`json_style`]).
+pub(super) fn tool_json_rule(schema: &Value) -> Result<String> {
+    let mut schema = schema.clone();
+    declared_only(&mut schema);
+    json_rule(&schema, true)
 }

@@ -20,7 +20,6 @@
 
 mod abandonable;
 mod grammar;
-mod xml_calls;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -31,9 +30,10 @@ use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
 use llguidance::{Matcher, ParserFactory};
 
 pub use abandonable::{grammar_probe_main, isolate_grammar_compiles, probe_until, CompileFailure, GRAMMAR_PROBE_ARG, PROBE_MEMORY_BYTES};
-pub use grammar::{ConstraintSpec, ToolCallForm, ToolSpec, MAX_SCHEMA_BYTES, TOOL_CALL_CLOSE, TOOL_CALL_OPEN};
-pub use xml_calls::{declared_parameters, ParameterText};
+pub use crate::dialect::{ToolCallForm, ToolSpec};
+pub use grammar::{ConstraintSpec, MAX_SCHEMA_BYTES};
 
+use crate::dialect::think;
 use crate::generate::TokenConstraint;
 use crate::model_files;
 
@@ -117,9 +117,9 @@ impl GrammarPlan {
         spec.check()?;
         let (lark, trigger) = lark(spec)?;
         Ok(match (trigger, reasoning_open) {
-            (Some(t), true) => GrammarPlan { lark, trigger: Some(Trigger::after(&[THINK_CLOSE, &t])) },
+            (Some(t), true) => GrammarPlan { lark, trigger: Some(Trigger::after(&[think::CLOSE, &t])) },
             (Some(t), false) => GrammarPlan { lark, trigger: Some(Trigger::after(&[&t])) },
-            (None, true) => GrammarPlan { lark: after_reasoning(&lark)?, trigger: None },
+            (None, true) => GrammarPlan { lark: think::after_reasoning(&lark)?, trigger: None },
             (None, false) => GrammarPlan { lark, trigger: None },
         })
     }
@@ -140,22 +140,6 @@ fn compile(factory: &ParserFactory, lark: String) -> Result<Matcher> {
     Ok(matcher)
 }
 
-/// Ends the reasoning a prompt opened.
-const THINK_CLOSE: &str = "</think>";
-
-/// `lark` (whose `start` rule is the constrained output) preceded by free
-/// reasoning that ends at its first `</think>`, and a little blank (a weak
-/// model could otherwise spend its tokens on blanks).
-fn after_reasoning(lark: &str) -> Result<String> {
-    let Some(body) = lark.strip_prefix("start:") else { bail!("the grammar does not begin with its start rule") };
-    Ok(format!(
-        "start: REASONING BLANK? constrained\n\
-         REASONING: /(?s:.*)<\\/think>/ & ~/(?s:.*)<\\/think>(?s:.)+/\n\
-         BLANK: /[ \\t\\r\\n]{{1,3}}/\n\
-         constrained:{body}"
-    ))
-}
-
 /// The Lark grammar for `spec`, and the text that must be generated before
 /// it applies (`None`: from the first token).
 fn lark(spec: &ConstraintSpec) -> Result<(String, Option<String>)> {
@@ -168,13 +152,7 @@ fn lark(spec: &ConstraintSpec) -> Result<(String, Option<String>)> {
             grammar::declared_only(&mut schema);
             Ok((format!("start: {}\n", grammar::json_rule(&schema, false)?), None))
         }
-        ConstraintSpec::ToolCalls { tools, forced, parallel, form } => {
-            let calls = match form {
-                ToolCallForm::Json => grammar::json_calls(tools)?,
-                ToolCallForm::XmlParameters => xml_calls::lark_calls(tools)?,
-            };
-            Ok(grammar::tool_calls(&calls, *forced, *parallel))
-        }
+        ConstraintSpec::ToolCalls { tools, forced, parallel, form } => form.grammar(tools, *forced, *parallel, &grammar::tool_json_rule),
     }
 }
 

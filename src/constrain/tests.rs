@@ -7,6 +7,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
 use super::*;
+use crate::dialect::{TOOL_CALL_CLOSE, TOOL_CALL_OPEN};
 
 fn fixture_grammars() -> Grammars {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_moe_mlx4");
@@ -294,16 +295,6 @@ fn an_xml_text_value_cannot_close_the_call_early() {
     let spec = ConstraintSpec::ToolCalls { tools: vec![tag], forced: true, parallel: false, form: ToolCallForm::XmlParameters };
     let error = grammars.constraint(&spec).err().expect("a name with '>' is refused");
     assert!(error.to_string().contains("the tool name 'a>b' cannot be written"), "{error}");
-}
-
-#[test]
-fn a_string_pattern_becomes_a_regex_over_the_whole_value() {
-    use super::xml_calls::whole_text_regex;
-    assert_eq!(whole_text_regex("^a/b$"), "(?:a\\/b)");
-    assert_eq!(whole_text_regex("ab"), "(?s:.*)(?:ab)(?s:.*)");
-    assert_eq!(whole_text_regex("^x\\$"), "(?:x\\$)(?s:.*)", "an escaped $ is a dollar sign");
-    assert_eq!(whole_text_regex("^x\\\\$"), "(?:x\\\\)", "after an escaped backslash, $ anchors");
-    assert_eq!(whole_text_regex("a\\/b"), "(?s:.*)(?:a\\/b)(?s:.*)", "an escaped slash stays as it is");
 }
 
 #[test]

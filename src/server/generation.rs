@@ -16,11 +16,10 @@ use tokio::sync::OwnedSemaphorePermit;
 use std::collections::VecDeque;
 
 use super::delivery::{self, Inbox, Outbox};
-use super::thinking::{Split, ThinkingSplitter};
-use super::tools::{Part, ToolCall, ToolCallSplitter};
 use super::keep_alive::KeepAlive;
 use super::{lock, ApiError, AppState, Lease, Resident};
 use crate::constrain::{CompileFailure, ConstraintSpec, GrammarConstraint, Grammars};
+use crate::dialect::{AnswerReader, Part, Split, ThinkingSplitter, ToolCall, ToolCallSplitter};
 use crate::generate::{lock_cache, FinishReason, GenerateRequest, TokenConstraint, TurnEnd, TurnOutput};
 use crate::note;
 use crate::sampling::SamplingParams;
@@ -138,8 +137,8 @@ pub enum Event {
 /// and so does falling behind (see `delivery.rs`).
 pub struct GenerationStream {
     rx: Inbox<Piece>,
-    splitter: Option<ThinkingSplitter>,
-    tool_calls: Option<ToolCallSplitter>,
+    /// Reads the text in the model's chat dialect.
+    reader: AnswerReader,
     /// Events split out of one piece, waiting to be read.
     ready: VecDeque<Event>,
     done: Option<Summary>,
@@ -153,29 +152,15 @@ impl GenerationStream {
         self.prompt_tokens
     }
 
-    /// Queues the events of a split piece: reasoning, then the answer's text
-    /// and tool calls in order. `ended`: how the generation ended, once this
-    /// is its last piece.
-    fn queue(&mut self, split: Split, ended: Option<FinishReason>) {
-        if !split.thinking.is_empty() {
-            self.ready.push_back(Event::Delta(Split { thinking: split.thinking, content: String::new() }));
-        }
-        let parts = match &mut self.tool_calls {
-            Some(calls) => {
-                let mut parts = calls.push(&split.content);
-                if let Some(finish) = ended {
-                    parts.extend(calls.finish(finish != FinishReason::Stop));
-                }
-                parts
-            }
-            None => vec![Part::Text(split.content)],
-        };
+    /// Queues the events of read parts: reasoning, then the answer's text
+    /// and tool calls in order.
+    fn queue(&mut self, parts: Vec<Part>) {
         for part in parts {
-            match part {
-                Part::Text(t) if t.is_empty() => {}
-                Part::Text(t) => self.ready.push_back(Event::Delta(Split { thinking: String::new(), content: t })),
-                Part::Call(call) => self.ready.push_back(Event::ToolCall(call)),
-            }
+            self.ready.push_back(match part {
+                Part::Reasoning(t) => Event::Delta(Split { thinking: t, content: String::new() }),
+                Part::Text(t) => Event::Delta(Split { thinking: String::new(), content: t }),
+                Part::Call(call) => Event::ToolCall(call),
+            });
         }
     }
 
@@ -193,17 +178,15 @@ impl GenerationStream {
             }
             match self.rx.recv().await {
                 Some(Piece::Text(t)) => {
-                    let split = match &mut self.splitter {
-                        Some(s) => s.push(&t),
-                        None => Split { thinking: String::new(), content: t },
-                    };
-                    self.queue(split, None);
+                    let parts = self.reader.push(&t);
+                    self.queue(parts);
                 }
                 Some(Piece::Done(summary)) => {
-                    let finish = summary.finish;
+                    // Cut short (the length ran out, or a shutdown), a call
+                    // still open is dropped.
+                    let parts = self.reader.finish(summary.finish != FinishReason::Stop);
                     self.done = Some(summary);
-                    let rest = self.splitter.as_mut().map(|s| s.finish()).unwrap_or_default();
-                    self.queue(rest, Some(finish));
+                    self.queue(parts);
                 }
                 Some(Piece::Failed(e)) => {
                     self.finished = true;
@@ -357,9 +340,10 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
     // A prompt that opens the reasoning itself (Qwen3.5's, thinking on by
     // default) gets it split out even unasked: its answer would otherwise
     // carry the reasoning and a stray `</think>`.
-    let splitter = (think == Some(true) || opens_thinking).then(|| ThinkingSplitter::new(opens_thinking));
+    let thinking = (think == Some(true) || opens_thinking).then(|| ThinkingSplitter::new(opens_thinking));
     let tool_calls = req.parse_tool_calls.then(|| ToolCallSplitter::new(form, &req.tools));
-    Ok(GenerationStream { rx, splitter, tool_calls, ready: VecDeque::new(), done: None, finished: false, prompt_tokens: prompt_len })
+    let reader = AnswerReader::new(thinking, tool_calls);
+    Ok(GenerationStream { rx, reader, ready: VecDeque::new(), done: None, finished: false, prompt_tokens: prompt_len })
 }
 
 /// The context a request gets: its own limit (Ollama's `num_ctx`), capped

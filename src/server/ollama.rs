@@ -15,12 +15,13 @@ use serde_json::{json, Value};
 use super::error::{json_response, OllamaError};
 use super::keep_alive::KeepAlive;
 use super::model_info::rfc3339;
-use super::tools::{self, ToolCall, ToolChoice};
+use super::tools::{self, ToolChoice};
 use super::{
     bounded_json, parse_body, start_generation, stream_body, streaming, ApiError, AppState, Event, GenerationRequest, OutputConstraint, PromptInput,
     RawJson, Summary, MAX_SCHEMA_FIELD_BYTES, MAX_TOOLS_FIELD_BYTES,
 };
 use crate::constrain::ConstraintSpec;
+use crate::dialect::ToolCall;
 use crate::generate::FinishReason;
 use crate::sampling::SamplingParams;
 use crate::tokenizer::ChatTurn;

@@ -122,7 +122,7 @@ fn describe(app: &AppState, m: &ModelInfo, codec: &TextCodec, memory: Option<sup
     if codec.template_supports_tools() {
         capabilities.push("tools");
     }
-    if template.contains("enable_thinking") {
+    if codec.supports_thinking() {
         capabilities.push("thinking");
     }
     if codec.fim_tokens().is_some() {

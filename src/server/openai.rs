@@ -16,12 +16,13 @@ use serde_json::{json, Value};
 
 use super::error::{json_response, OpenAiError};
 use super::ollama::{is_present, StringOrList};
-use super::tools::{self, ToolCall};
+use super::tools;
 use super::{
     bounded_json, parse_body_parts, start_generation, stream_body, streaming, ApiError, AppState, Event, GenerationRequest, OutputConstraint,
     PromptInput, RawJson, Summary, MAX_SCHEMA_FIELD_BYTES, MAX_TOOLS_FIELD_BYTES,
 };
 use crate::constrain::ConstraintSpec;
+use crate::dialect::ToolCall;
 use crate::generate::FinishReason;
 use crate::sampling::SamplingParams;
 use crate::tokenizer::ChatTurn;

@@ -9,6 +9,7 @@
 # (test_responses_messages.py). A third serves the bundled demo, asked as Open
 # WebUI asks, with tools attached (test_demo.py). test_litellm.py runs two
 # replicas behind LiteLLM's proxy and stops one, then the other, mid-run.
+# With npm, the Codex CLI and Claude Code each answer through the server.
 #
 #   tools/client_tests/run.sh [fixture]    (default: qwen3_moe_mlx4)
 set -euo pipefail
@@ -189,8 +190,35 @@ PY
         tail -5 "$server_log" >&2
         status=1
     fi
+    # Claude Code (`-p`) through ANTHROPIC_BASE_URL on the same server:
+    # /v1/messages streamed, with one built-in tool and a short system prompt
+    # (its default prompt, 24 tools, is some 45k tokens: minutes of prefill on
+    # a CPU). The weights are random, so every answer runs to the output
+    # limit and Claude Code gives up after asking to go on; the check is that
+    # it read our streamed messages (its stream-json output repeats them).
+    if [ ! -x "$codex_dir/node_modules/.bin/claude" ]; then
+        npm install --silent --no-audit --no-fund --prefix "$codex_dir" @anthropic-ai/claude-code@2.1.197
+    fi
+    mkdir "$scratch/claude_home" "$scratch/claude_work"
+    (cd "$scratch/claude_work" && HOME="$scratch/claude_home" ANTHROPIC_BASE_URL="$url" ANTHROPIC_API_KEY=unused \
+        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_AUTOUPDATER=1 CLAUDE_CODE_MAX_OUTPUT_TOKENS=32 timeout 300 \
+        "$codex_dir/node_modules/.bin/claude" -p --model "$fixture" --tools Read --system-prompt "Be brief." \
+        --output-format stream-json --verbose "Say hello." </dev/null >"$scratch/claude.out" 2>&1) || true
+    if "$venv/bin/python" - "$scratch/claude.out" "$fixture" <<'PY' && grep -q "POST /v1/messages 200" "$server_log"; then
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+answers = [l["message"] for l in lines if l.get("type") == "assistant" and l["message"].get("model") == sys.argv[2]]
+sys.exit(0 if any(b.get("type") == "text" and b.get("text") for m in answers for b in m["content"]) else 1)
+PY
+        echo "claude -p: answered through /v1/messages"
+    else
+        echo "claude -p failed:" >&2
+        tail -20 "$scratch/claude.out" >&2
+        tail -5 "$server_log" >&2
+        status=1
+    fi
 else
-    echo "npm not found: the Codex CLI check did not run" >&2
+    echo "npm not found: the Codex CLI and Claude Code checks did not run" >&2
 fi
 check_alive "$plain_server" "$fixture" || status=1
 check_alive "$battery_server" "$fixture with short timeouts" || status=1

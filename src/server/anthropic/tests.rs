@@ -1,9 +1,9 @@
 use super::*;
 use crate::generate::FinishReason;
 use crate::server::event_stream::EventWriter;
-use crate::server::tools::ToolCall;
+use crate::dialect::ToolCall;
 use crate::server::{Event, Summary};
-use crate::server::thinking::Split;
+use crate::dialect::Split;
 
 fn summary(finish: FinishReason, stop_sequence: Option<&str>) -> Summary {
     let zero = std::time::Duration::ZERO;

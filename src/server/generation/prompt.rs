@@ -5,19 +5,15 @@
 use std::sync::Arc;
 
 use super::{context_limit, AppState, GenerationRequest, PromptInput};
-use crate::server::ApiError;
+use crate::dialect::{think, ToolCallForm};
 use crate::generate::Engine;
-use crate::tokenizer::{ChatMessage, ChatPrompt, ChatTurn, TextCodec, ToolCallForm};
-
-/// Whether the model's chat template has a switch for reasoning.
-pub(super) fn supports_thinking(codec: &TextCodec) -> bool {
-    codec.chat_template().is_some_and(|t| t.contains("enable_thinking"))
-}
+use crate::server::ApiError;
+use crate::tokenizer::{ChatMessage, ChatPrompt, ChatTurn, TextCodec};
 
 /// The request's `think`, less a `Some(true)` the template cannot honour
 /// where the request allows that (`think_if_supported`).
 pub(super) fn think_for(req: &GenerationRequest, codec: &TextCodec) -> Option<bool> {
-    if req.think_if_supported && req.think == Some(true) && !supports_thinking(codec) {
+    if req.think_if_supported && req.think == Some(true) && !codec.supports_thinking() {
         None
     } else {
         req.think
@@ -40,7 +36,7 @@ pub async fn count_prompt_tokens(app: &Arc<AppState>, req: GenerationRequest) ->
 }
 
 /// Turns the prompt into token ids; also says whether the rendered prompt
-/// already opens a `<think>` block.
+/// already opens the reasoning ([`think::prompt_opens_reasoning`]).
 pub(super) fn render_prompt(
     engine: &Engine,
     prompt: PromptInput,
@@ -50,7 +46,7 @@ pub(super) fn render_prompt(
 ) -> Result<(Vec<u32>, bool), ApiError> {
     let codec = &engine.codec;
     let template = |messages: &[ChatTurn]| -> Result<ChatPrompt, ApiError> {
-        if think == Some(true) && !supports_thinking(codec) {
+        if think == Some(true) && !codec.supports_thinking() {
             return Err(ApiError::bad_request(
                 "this model does not support thinking: its chat template has no enable_thinking switch",
             ));
@@ -89,8 +85,8 @@ pub(super) fn render_prompt(
         check_size(&prompt.text)?;
         Ok((codec.encode_prompt(&prompt).map_err(tokenizing)?, prompt.text))
     };
-    // `templated`: the chat template wrote the text (a raw prompt that ends
-    // in `<think>` is the client's own, its output plain text).
+    // `templated`: the chat template wrote the text (a raw prompt that opens
+    // the reasoning is the client's own, its output plain text).
     let (ids, text, templated) = match prompt {
         PromptInput::Chat(messages) => {
             if !codec.has_chat_template() {
@@ -137,5 +133,5 @@ pub(super) fn render_prompt(
     if ids.is_empty() {
         return Err(ApiError::bad_request("the prompt is empty"));
     }
-    Ok((ids, templated && text.trim_end().ends_with("<think>")))
+    Ok((ids, templated && think::prompt_opens_reasoning(&text)))
 }

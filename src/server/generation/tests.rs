@@ -1,7 +1,7 @@
 //! The stream of events a generation's pieces make, and its helpers.
 
 use super::*;
-use crate::tokenizer::ToolCallForm;
+use crate::dialect::ToolCallForm;
 
 /// The answer both APIs get from a generation whose engine wrote
 /// `pieces` and ended for `finish`.
@@ -18,7 +18,8 @@ fn answer_split(pieces: &[&str], finish: FinishReason, splitter: Option<Thinking
     let (zero, completion_tokens) = (Duration::ZERO, pieces.len());
     let summary = Summary { prompt_tokens: 1, cached_tokens: 0, completion_tokens, finish, stop_sequence: None, context: Vec::new(), prompt_eval: zero, eval: zero, load: zero, total: zero };
     assert!(outbox.send(Piece::Done(summary)), "the channel has room");
-    let stream = GenerationStream { rx, splitter, tool_calls: Some(calls), ready: VecDeque::new(), done: None, finished: false, prompt_tokens: 1 };
+    let reader = AnswerReader::new(splitter, Some(calls));
+    let stream = GenerationStream { rx, reader, ready: VecDeque::new(), done: None, finished: false, prompt_tokens: 1 };
     runtime.block_on(stream.collect()).map(|(answer, _)| answer).unwrap_or_else(|e| panic!("{}", e.message))
 }
 

@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use crate::generate::FinishReason;
 use crate::server::event_stream::EventWriter;
 use crate::server::openai::unique_hex;
-use crate::server::tools::ToolCall;
+use crate::dialect::ToolCall;
 use crate::server::{Event, Summary};
 
 /// What every response object of one request says besides its output.

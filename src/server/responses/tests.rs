@@ -1,10 +1,10 @@
 use super::output::{OutputWriter, Shape};
 use super::*;
 use crate::server::event_stream::EventWriter;
-use crate::server::tools::ToolCall;
+use crate::dialect::ToolCall;
 use crate::server::{Event, Summary};
 use crate::generate::FinishReason;
-use crate::server::thinking::Split;
+use crate::dialect::Split;
 
 fn shape() -> Shape {
     Shape { id: "resp_1".into(), created_at: 1, model: "m".into(), echo: json!({"tools": []}) }

@@ -1,8 +1,41 @@
-//! Splits streamed model output into reasoning ("thinking") and the answer,
-//! for templates that wrap reasoning in `<think>` ... `</think>`.
+//! Reasoning ("thinking") wrapped in `<think>` ... `</think>` (Qwen3,
+//! Qwen3.5, DeepSeek-R1 and the templates that copy them): the template's
+//! switch, the prompt that opens the reasoning itself, the grammar that lets
+//! reasoning run free before a constraint holds, and the splitter that
+//! parts streamed output into reasoning and the answer.
+
+use anyhow::{bail, Result};
+
+use super::partial_suffix;
 
 const OPEN: &str = "<think>";
-const CLOSE: &str = "</think>";
+/// Ends the reasoning (a constraint waits for it where the prompt opened it).
+pub const CLOSE: &str = "</think>";
+
+/// Whether a chat template has the `enable_thinking` switch (Qwen3's).
+pub fn template_has_switch(template: &str) -> bool {
+    template.contains("enable_thinking")
+}
+
+/// Whether a prompt the chat template rendered ends inside a reasoning block
+/// it opened (Qwen3.5's templates do, thinking on): the output starts as
+/// reasoning.
+pub fn prompt_opens_reasoning(rendered: &str) -> bool {
+    rendered.trim_end().ends_with(OPEN)
+}
+
+/// `lark` (whose `start` rule is the constrained output) preceded by free
+/// reasoning that ends at its first `</think>`, and a little blank (a weak
+/// model could otherwise spend its tokens on blanks).
+pub fn after_reasoning(lark: &str) -> Result<String> {
+    let Some(body) = lark.strip_prefix("start:") else { bail!("the grammar does not begin with its start rule") };
+    Ok(format!(
+        "start: REASONING BLANK? constrained\n\
+         REASONING: /(?s:.*)<\\/think>/ & ~/(?s:.*)<\\/think>(?s:.)+/\n\
+         BLANK: /[ \\t\\r\\n]{{1,3}}/\n\
+         constrained:{body}"
+    ))
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
@@ -21,6 +54,7 @@ pub struct Split {
     pub content: String,
 }
 
+/// Parts streamed output into reasoning and the answer.
 pub struct ThinkingSplitter {
     phase: Phase,
     pending: String,
@@ -90,14 +124,6 @@ impl ThinkingSplitter {
             Phase::Start | Phase::Answer => Split { thinking: String::new(), content: rest },
         }
     }
-}
-
-/// Length of the longest suffix of `text` that is a proper prefix of `tag`.
-pub(super) fn partial_suffix(text: &str, tag: &str) -> usize {
-    (1..tag.len().min(text.len() + 1))
-        .rev()
-        .find(|&n| text.is_char_boundary(text.len() - n) && tag.starts_with(&text[text.len() - n..]))
-        .unwrap_or(0)
 }
 
 #[cfg(test)]
