@@ -56,12 +56,13 @@ struct MemoryArgs {
     /// Keep the whole process within this many GB.
     #[arg(long)]
     memory_gb: Option<f64>,
-    /// Context length the KV cache is planned for; `run` generates no further than this.
+    /// Context length the KV cache is planned for; no generation (a `run`, a chat turn or a
+    /// served request) goes further than this.
     /// Default: as long as the model takes and memory allows (an auto-sized pool gives
     /// slots to reach 32768 tokens; the plan says so).
     #[arg(long)]
     plan_context: Option<usize>,
-    /// Show the memory plan (and `run`'s speeds) also when every expert fits in memory.
+    /// Show the memory plan (and, for `run` and `chat`, the speeds) also when every expert fits in memory.
     #[arg(short, long)]
     verbose: bool,
     /// Speculative decoding with the model's MTP head: auto (on when the
