@@ -581,6 +581,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         origins: ollama_env.origins(),
         keep_alive: ollama_env.keep_alive(args.keep_alive.as_deref())?,
         max_loaded_models: ollama_env.max_loaded_models(args.max_loaded_models)?,
+        // Settled below, once the model loaded at start is known.
         parallel: ollama_env.num_parallel(args.parallel, args.backend.backend.default_parallel())?,
         pulls: slotstream::pull::PullSource::from_env()
             .map_err(|e| note!("/api/pull is off: {e:#}"))
@@ -591,9 +592,13 @@ fn serve(args: ServeArgs) -> Result<()> {
     // Bound first: a port in use is found before the slow part, loading.
     let listener = server::bind(&host.to_string(), port)?;
     let (directories, load_first) = ServedModels::resolve(&args.model, &args.name)?;
+    let request = args.memory.request().for_context(args.memory.plan_context.or(args.max_context));
+    let mut options = options;
+    let first_dir = directories.iter().find(|(name, _)| Some(name) == load_first.as_ref()).map(|(_, dir)| dir.as_path());
+    let planned = slotstream::launch::default_parallel(&args.backend.backend, first_dir, &request);
+    options.parallel = ollama_env.num_parallel(args.parallel, planned)?;
     let cache = options.pulls.as_ref().map(|p| p.cache_root.clone());
     let catalog = server::ModelCatalog::new(directories, cache);
-    let request = args.memory.request().for_context(args.memory.plan_context.or(args.max_context));
     let loader = ServeLoader::new(args.backend.backend.clone(), request, !args.no_elastic, args.memory.verbose);
     let config = server::ServeConfig { listener, catalog, loader: std::sync::Arc::new(loader), load_first, options };
     server::serve(config)

@@ -348,9 +348,17 @@ impl<S: ScaleRead + ?Sized> Q4Job<'_, S> {
             self.tile::<R, T, true, D>(row0, t, bf, sv8, out, ld, col0);
             t += T;
         }
-        while t < te {
-            self.tile::<R, 1, true, D>(row0, t, bf, sv8, out, ld, col0);
-            t += 1;
+        // The rest in one tile where it can be (a batched decode step's
+        // expert often has 2 or 3 rows): its weights unpacked once for all.
+        match te - t {
+            3 if T > 3 => self.tile::<R, 3, true, D>(row0, t, bf, sv8, out, ld, col0),
+            2 if T > 2 => self.tile::<R, 2, true, D>(row0, t, bf, sv8, out, ld, col0),
+            _ => {
+                while t < te {
+                    self.tile::<R, 1, true, D>(row0, t, bf, sv8, out, ld, col0);
+                    t += 1;
+                }
+            }
         }
     }
 
