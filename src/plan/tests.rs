@@ -563,7 +563,7 @@ fn the_default_context_trades_pool_slots_for_kv_and_says_so() {
 /// beside the plan, two where one more does, else one; the banner says which.
 #[test]
 fn the_parallel_default_is_what_the_memory_left_holds() {
-    let model = arithmetic_model();
+    let model = ModelCosts { kv_bytes_per_token: 1000, state_bytes: 5000, ..arithmetic_model() };
     let (n, each) = parallel_within(&model, 100_000, 0);
     assert_eq!((n, each), (1, model.kv_bytes_per_token * PARALLEL_CONTEXT as u64 + model.state_bytes));
     assert_eq!(parallel_within(&model, 100_000, each).0, 2);
