@@ -110,6 +110,23 @@ pub fn load_planned(dir: &Path, request: &PlanRequest, backend: &BackendSpec, ve
     Ok((engine, planned))
 }
 
+/// Generations `serve` decodes at once unless `--parallel` or
+/// `OLLAMA_NUM_PARALLEL` says: the backend's default, no more than the memory
+/// plan of the model loaded at start (`first`) allows ([`plan::parallel_within`]:
+/// 1 where a streaming pool takes the memory); the backend's default where
+/// that model cannot be planned (loading it will say why).
+pub fn default_parallel(backend: &BackendSpec, first: Option<&Path>, request: &PlanRequest) -> usize {
+    let most = backend.default_parallel();
+    let Some(dir) = first.filter(|_| most > 1) else { return most };
+    let planned = || -> Result<usize> {
+        let arch = ModelArch::read(dir)?;
+        let (b, _) = backend.create_quietly()?;
+        let costs = costs_on(&arch, BackendCosts::of(b.as_ref()))?;
+        Ok(plan::plan(&costs, &MachineMemory::detect(), request)?.parallel)
+    };
+    planned().map_or(most, |n| n.min(most))
+}
+
 /// Whether the plan holds every expert in memory, so that nothing is read
 /// from disk after loading.
 pub fn is_resident(plan: &Plan) -> bool {

@@ -559,6 +559,11 @@ fn serve(args: ServeArgs) -> Result<()> {
     for name in &args.name {
         server::check_model_name(name)?; // before the slow part, loading
     }
+    let spec = args.backend.spec()?;
+    let (directories, load_first) = ServedModels::resolve(&args.model, &args.name)?;
+    let request = args.memory.request().for_context(args.memory.plan_context.or(args.max_context));
+    // The memory plan of the model loaded at start bounds the default.
+    let first = directories.iter().find(|(name, _)| Some(name) == load_first.as_ref()).map(|(_, dir)| dir.as_path());
     let options = server::ServerOptions {
         max_context: args.max_context.unwrap_or(usize::MAX), // else each model's plan bounds it
         prefix_cache: !args.no_prefix_cache,
@@ -567,20 +572,16 @@ fn serve(args: ServeArgs) -> Result<()> {
         origins: ollama_env.origins(),
         keep_alive: ollama_env.keep_alive(args.keep_alive.as_deref())?,
         max_loaded_models: ollama_env.max_loaded_models(args.max_loaded_models)?,
-        parallel: ollama_env.num_parallel(args.parallel, args.backend.spec()?.default_parallel())?,
-        pulls: slotstream::pull::PullSource::from_env()
-            .map_err(|e| note!("/api/pull is off: {e:#}"))
-            .ok(),
+        parallel: ollama_env.num_parallel(args.parallel, slotstream::launch::default_parallel(&spec, first, &request))?,
+        pulls: slotstream::pull::PullSource::from_env().map_err(|e| note!("/api/pull is off: {e:#}")).ok(),
     };
     options.check()?;
     process::set_compute_threads(args.threads)?;
     // Bound first: a port in use is found before the slow part, loading.
     let listener = server::bind(&host.to_string(), port)?;
-    let (directories, load_first) = ServedModels::resolve(&args.model, &args.name)?;
     let cache = options.pulls.as_ref().map(|p| p.cache_root.clone());
     let catalog = server::ModelCatalog::new(directories, cache);
-    let request = args.memory.request().for_context(args.memory.plan_context.or(args.max_context));
-    let loader = ServeLoader::new(args.backend.spec()?, request, !args.no_elastic, args.memory.verbose);
+    let loader = ServeLoader::new(spec, request, !args.no_elastic, args.memory.verbose);
     let config = server::ServeConfig { listener, catalog, loader: std::sync::Arc::new(loader), load_first, options };
     server::serve(config)
 }

@@ -138,6 +138,9 @@ fn concurrent_streams_generate_their_text_alone() {
             }
         }
         let after = e.batch.counters();
+        // Every pass counts, alone or batched: its hits over its rows are per generated token.
+        let (rows, hits) = (after.rows - before.rows, after.expert_hits - before.expert_hits);
+        assert_eq!(hits as f64, rows as f64 * per_row, "{name}: {hits} expert hits over {rows} rows: {after:?}");
         let batches = e.model.batches(&e.new_state().expect("a state"));
         if batches {
             assert!(after.rows - before.rows > after.passes - before.passes, "{name}: no step was batched: {after:?}");
@@ -186,4 +189,18 @@ fn a_parallel_server_answers_each_request_as_alone() {
     let metrics = s.get("/metrics").text();
     let (passes, rows) = (metric(&metrics, "slotstream:decode_batch_passes"), metric(&metrics, "slotstream:decode_batch_rows"));
     assert!(passes > 0 && rows >= passes, "passes {passes}, rows {rows}");
+    // Each row (a generated token) routes top-k experts in every MoE layer:
+    // each found in the pool (a hit) or read (a miss, once for all the
+    // pass's rows routed to it), and only misses read bytes.
+    let hits = metric(&metrics, "slotstream:decode_batch_expert_hits");
+    let misses = metric(&metrics, "slotstream:decode_batch_expert_misses");
+    let bytes = metric(&metrics, "slotstream:decode_batch_expert_bytes_read");
+    let config: serde_json::Value = serde_json::from_slice(&std::fs::read(common::fixture(MODEL).join("config.json")).expect("config.json"))
+        .expect("a config");
+    let count = |key: &str| config[key].as_u64().unwrap_or_else(|| panic!("{key} in {MODEL}'s config"));
+    let dense = config["mlp_only_layers"].as_array().map_or(0, Vec::len) as u64;
+    assert_eq!(count("decoder_sparse_step"), 1, "{MODEL}: every layer but mlp_only_layers is MoE");
+    let per_token = count("num_experts_per_tok") * (count("num_hidden_layers") - dense);
+    assert!(hits > 0 && hits + misses <= rows * per_token, "expert hits {hits}, misses {misses} over {rows} rows, {per_token} routes a token");
+    assert_eq!(misses > 0, bytes > 0, "{misses} misses read {bytes} bytes");
 }

@@ -109,8 +109,7 @@ struct Shared {
     /// Passes run and the sequences they took, for reports and tests.
     passes: u64,
     rows: u64,
-    /// The expert pool's hits, misses and bytes read over the passes of
-    /// more than one row.
+    /// The expert pool's hits, misses and bytes read over the passes.
     reads: (u64, u64, u64),
 }
 
@@ -134,9 +133,10 @@ struct Done {
 pub struct BatchCounters {
     pub passes: u64,
     pub rows: u64,
-    /// Over the passes of more than one row: routed experts found in the
-    /// pool, missed, and the bytes the misses read (each missed expert read
-    /// once for every row routed to it).
+    /// Over those passes: routed (row, expert) pairs found in the pool,
+    /// experts missed, and the bytes the misses read (each missed expert
+    /// read once for every row routed to it). Divided by `rows`, each is
+    /// per generated token.
     pub expert_hits: u64,
     pub expert_misses: u64,
     pub expert_bytes_read: u64,
@@ -328,7 +328,7 @@ impl Member<'_> {
                 shared.running = false;
                 shared.passes += 1;
                 shared.rows += finished.len() as u64;
-                if let Some((_, done)) = finished.first().filter(|_| finished.len() > 1) {
+                if let Some((_, done)) = finished.first() {
                     let r = &done.reads;
                     shared.reads = (shared.reads.0 + r.hits, shared.reads.1 + r.misses, shared.reads.2 + r.bytes_read);
                 }
@@ -371,13 +371,15 @@ fn run_pass(engine: &Engine, mut steps: Vec<Step>) -> Vec<(u64, Done)> {
     };
     let reads = engine.model.expert_stats().map(|s| s.total.since(&before)).unwrap_or_default();
     let n = steps.len();
+    let mut rows: Vec<Result<Vec<f32>, String>> = match rows {
+        Ok(rows) => rows.into_iter().map(Ok).collect(),
+        Err(e) => vec![Err(e); n],
+    };
+    rows.resize(n, Err("internal: a batched pass gave fewer rows than it took".to_string()));
     steps
         .into_iter()
-        .enumerate()
-        .map(|(i, s)| {
-            let logits = rows.as_ref().map(|r| r[i].clone()).map_err(Clone::clone);
-            (s.id, Done { state: s.state, logits, rows: n, reads: reads.clone() })
-        })
+        .zip(rows)
+        .map(|(s, logits)| (s.id, Done { state: s.state, logits, rows: n, reads: reads.clone() }))
         .collect()
 }
 

@@ -171,6 +171,12 @@ pub struct Plan {
     pub context_tokens: usize,
     /// What each token of context costs in KV cache.
     pub kv_bytes_per_token: u64,
+    /// Sequences `serve` decodes at once unless `--parallel` or
+    /// `OLLAMA_NUM_PARALLEL` says ([`parallel_within`]).
+    pub parallel: usize,
+    /// What each sequence beyond the first costs: KV for
+    /// [`PARALLEL_CONTEXT`] tokens (at most the planned context) and its state.
+    pub parallel_sequence_bytes: u64,
     pub notes: Vec<String>,
 }
 
@@ -341,6 +347,7 @@ fn plan_with(model: &ModelCosts, machine: &MachineMemory, req: &PlanRequest, mtp
     let prefill_chunk = prefill_chunk(model, limit.saturating_sub(planned), context_tokens);
     let peak = planned + (prefill_chunk - DEFAULT_PREFILL_CHUNK) as u64 * model.activation_bytes_per_token();
     let estimate = model.estimate_decode(slots, &machine.rates);
+    let (parallel, sequence_bytes) = parallel_within(model, context_tokens, limit.saturating_sub(peak));
     if mode != PlanMode::Auto {
         reason = format!("{} sets the pool: {} of {} experts per layer", mode.label(), slots / model.moe_layers.max(1), model.experts_per_layer);
     }
@@ -360,8 +367,26 @@ fn plan_with(model: &ModelCosts, machine: &MachineMemory, req: &PlanRequest, mtp
         mtp,
         context_tokens,
         kv_bytes_per_token: model.kv_bytes_per_token,
+        parallel,
+        parallel_sequence_bytes: sequence_bytes,
         notes,
     })
+}
+
+/// Sequences decoded at once by default where memory allows.
+pub const DEFAULT_PARALLEL: usize = 4;
+
+/// Tokens of context each sequence beyond the first is planned for.
+pub const PARALLEL_CONTEXT: usize = DEFAULT_PLAN_CONTEXT;
+
+/// The most of [`DEFAULT_PARALLEL`], 2 and 1 sequences whose extra ones
+/// (each KV for `context_tokens`, at most [`PARALLEL_CONTEXT`], and its
+/// recurrent state) fit in `spare` bytes, and what each extra one costs. A
+/// streaming pool takes the memory auto may use, so it decodes one at a time.
+pub fn parallel_within(model: &ModelCosts, context_tokens: usize, spare: u64) -> (usize, u64) {
+    let each = model.kv_bytes_per_token * context_tokens.min(PARALLEL_CONTEXT) as u64 + model.state_bytes;
+    let n = [DEFAULT_PARALLEL, 2, 1].into_iter().find(|&n| (n as u64 - 1) * each <= spare).unwrap_or(1);
+    (n, each)
 }
 
 /// Prompt tokens per prefill chunk: whole multiples of
@@ -513,6 +538,18 @@ impl Plan {
             self.context_tokens,
             gb(self.context_tokens as u64 * self.kv_bytes_per_token)
         );
+        s += &if self.parallel > 1 {
+            format!(
+                "  parallel: {} sequences at once (each more {:.2} GB of KV and state)\n",
+                self.parallel,
+                gb(self.parallel_sequence_bytes)
+            )
+        } else {
+            format!(
+                "  parallel: 1 sequence at a time (another's {:.2} GB of KV and state would not fit beside the pool)\n",
+                gb(self.parallel_sequence_bytes)
+            )
+        };
         s += &format!(
             "  expect: peak ~{:.1} GB, decode ~{:.1} tok/s (estimate)",
             gb(self.peak_bytes),

@@ -574,3 +574,27 @@ fn the_default_context_grows_with_a_smaller_kv_cache() {
     assert!(f32_ctx < f16_ctx && f16_ctx < q8_ctx, "f32 {f32_ctx}, f16 {f16_ctx}, q8 {q8_ctx}");
     assert!(q8_ctx < 262_144, "the model's whole context fit: the test needs a tighter machine");
 }
+
+/// Four sequences by default where three more sequences' KV and state fit
+/// beside the plan, two where one more does, else one; the banner says which.
+#[test]
+fn the_parallel_default_is_what_the_memory_left_holds() {
+    let model = ModelCosts { kv_bytes_per_token: 1000, state_bytes: 5000, ..arithmetic_model() };
+    let (n, each) = parallel_within(&model, 100_000, 0);
+    assert_eq!((n, each), (1, model.kv_bytes_per_token * PARALLEL_CONTEXT as u64 + model.state_bytes));
+    assert_eq!(parallel_within(&model, 100_000, each).0, 2);
+    assert_eq!(parallel_within(&model, 100_000, 3 * each - 1).0, 2);
+    assert_eq!(parallel_within(&model, 100_000, 3 * each).0, DEFAULT_PARALLEL);
+    assert_eq!(parallel_within(&model, 10, 0).1, model.kv_bytes_per_token * 10 + model.state_bytes, "no more than the context");
+    // Every expert fits with room to spare: four.
+    let roomy = plan(&model, &mac(48.0, 40.0), &PlanRequest { context_tokens: 4096, ..Default::default() }).unwrap();
+    assert_eq!(roomy.slots, roomy.total_experts);
+    assert_eq!(roomy.parallel, DEFAULT_PARALLEL, "{roomy:?}");
+    assert!(roomy.banner(&model, &mac(48.0, 40.0)).contains("parallel: 4 sequences at once"));
+    // The flagship streams on 48 GB: its pool takes what auto may use.
+    let flagship = ModelCosts::flagship();
+    let tight = plan(&flagship, &mac(48.0, 40.0), &PlanRequest { context_tokens: 4096, ..Default::default() }).unwrap();
+    assert!(tight.slots < tight.total_experts);
+    assert_eq!(tight.parallel, 1, "{tight:?}");
+    assert!(tight.banner(&flagship, &mac(48.0, 40.0)).contains("parallel: 1 sequence at a time"));
+}

@@ -318,7 +318,7 @@ pub async fn start_generation(app: &Arc<AppState>, req: GenerationRequest) -> Re
     let app2 = app.clone();
     tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        let outcome = run_generation(&app2, &model, &job, constraint, &sender, arrived)
+        let outcome = run_generation(&app2, &model, &job, constraint, &sender, arrived, &log)
             .map(|summary| summary.map(|summary| Summary { load, ..summary }));
         // Not running by the time its client hears the end.
         drop(running);
@@ -453,6 +453,7 @@ fn run_generation(
     mut constraint: Option<GrammarConstraint>,
     tx: &Outbox<Piece>,
     arrived: Instant,
+    log: &super::request_log::RequestLog,
 ) -> Result<Option<Summary>> {
     let engine = &model.engine;
     let constraint = constraint.as_mut().map(|c| c as &mut dyn TokenConstraint);
@@ -492,6 +493,9 @@ fn run_generation(
     };
     if let Ok(stats) = engine.expert_stats() {
         *lock(&model.expert_stats) = stats;
+    }
+    if let Some(share) = &out.stats.batched {
+        log.batched(share);
     }
     if let Some(c) = cache {
         let bytes: u64 = lock_cache(c).states().map(|s| engine.state_bytes(s)).sum();

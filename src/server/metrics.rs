@@ -209,10 +209,14 @@ impl Collector for LoadedModels {
         let models = self.0.loaded();
         let (mut hits, mut misses, mut bytes, mut queries, mut cache_hits) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (mut usage, mut passes, mut rows) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut pass_hits, mut pass_misses, mut pass_bytes) = (Vec::new(), Vec::new(), Vec::new());
         for model in &models {
             let batch = model.engine.batch.counters();
             passes.push((model.name.clone(), batch.passes));
             rows.push((model.name.clone(), batch.rows));
+            pass_hits.push((model.name.clone(), batch.expert_hits));
+            pass_misses.push((model.name.clone(), batch.expert_misses));
+            pass_bytes.push((model.name.clone(), batch.expert_bytes_read));
             let experts = lock(&model.expert_stats).total.clone();
             hits.push((model.name.clone(), experts.hits));
             misses.push((model.name.clone(), experts.misses));
@@ -233,6 +237,13 @@ impl Collector for LoadedModels {
         per_model(&mut encoder, "slotstream:decode_batch_passes", help, &passes)?;
         let help = "Sequence steps those passes computed (divided by the passes: the mean batch)";
         per_model(&mut encoder, "slotstream:decode_batch_rows", help, &rows)?;
+        // Divided by the rows (each row is a generated token): per generated token.
+        let help = "Routed (row, expert) pairs of those passes found in the slot pool";
+        per_model(&mut encoder, "slotstream:decode_batch_expert_hits", help, &pass_hits)?;
+        let help = "Experts those passes read from disk, each once for all the rows routed to it";
+        per_model(&mut encoder, "slotstream:decode_batch_expert_misses", help, &pass_misses)?;
+        let help = "Bytes of experts those passes read from disk (divided by decode_batch_rows: per generated token)";
+        per_model(&mut encoder, "slotstream:decode_batch_expert_bytes_read", help, &pass_bytes)?;
         // The KV states kept between requests are the prefix cache's.
         let help = "Fraction of the prefix cache's token budget its kept KV states hold";
         let mut family = encoder.encode_descriptor("slotstream:kv_cache_usage_perc", help, None, MetricType::Gauge)?;

@@ -1,7 +1,10 @@
 //! One line on stderr per request, once its response has been sent (or its
 //! client left): method, path, status, model, tokens and time, e.g.
 //! `POST /api/chat 200 slotstream-demo 12+64 tokens (8 reused, stop) 1.234s`;
-//! a request answered with an error adds its message, so the operator sees
+//! with `--parallel` above 1 a generation adds its decode passes shared
+//! with others and, per generated token, what they read of the experts
+//! (`[120 of 128 steps batched, 3.8 rows a pass; experts per token: 64.0
+//! hits, 0.00 misses, 0.00 MB read]`); a request answered with an error adds its message, so the operator sees
 //! why (`POST /v1/chat/completions 400 0.000s: invalid JSON body: ...`).
 //!
 //! The middleware opens a slot for the request in a task-local; the
@@ -21,6 +24,7 @@ use http_body::{Frame, SizeHint};
 
 use super::metrics::Metrics;
 use super::{lock, Summary};
+use crate::generate::BatchShare;
 use crate::note;
 
 tokio::task_local! {
@@ -32,6 +36,8 @@ tokio::task_local! {
 struct Details {
     model: Option<String>,
     summary: Option<Summary>,
+    /// Its decode steps' passes with other sequences (`--parallel` above 1).
+    batched: Option<BatchShare>,
     error: Option<String>,
 }
 
@@ -52,6 +58,11 @@ impl RequestLog {
 
     pub fn finished(&self, summary: &Summary) {
         lock(&self.0).summary = Some(summary.clone());
+    }
+
+    /// The generation's share of the decode passes it took part in.
+    pub fn batched(&self, share: &BatchShare) {
+        lock(&self.0).batched = Some(share.clone());
     }
 
     /// The message of the error the request is answered with.
@@ -100,6 +111,19 @@ impl Line {
                 summary.completion_tokens,
                 summary.cached_tokens,
                 format!("{:?}", summary.finish).to_lowercase()
+            );
+        }
+        if let Some(b) = details.batched.as_ref().filter(|b| b.steps > 0) {
+            // Per generated token: its passes' expert hits, misses and bytes read, each over the pass's rows.
+            let per = |v: f64| v / b.steps as f64;
+            s += &format!(
+                " [{} of {} steps batched, {:.1} rows a pass; experts per token: {:.1} hits, {:.2} misses, {:.2} MB read]",
+                b.shared_steps,
+                b.steps,
+                b.mean_rows,
+                per(b.expert_hits),
+                per(b.expert_misses),
+                b.bytes_per_token() / 1e6
             );
         }
         s += &format!(" {:.3}s", self.started.elapsed().as_secs_f64());

@@ -459,9 +459,16 @@ mod tests {
             let x: Vec<f32> = (0..tokens * cols).map(|i| ((i * 7919) % 113) as f32 / 113.0 - 0.5).collect();
             for &vnni in &kernels {
                 let all = crate::q8::matmul_q8(&x, tokens, &w, 0, vnni, 0, true).unwrap();
+                let one = |t: usize| crate::q8::matmul_q8(&x[t * cols..(t + 1) * cols], 1, &w, 0, vnni, 0, true).unwrap();
                 for t in [0, 1, 5, 63, 64, 69] {
-                    let one = crate::q8::matmul_q8(&x[t * cols..(t + 1) * cols], 1, &w, 0, vnni, 0, true).unwrap();
-                    assert_eq!(&all[t * rows..(t + 1) * rows], &one[..], "group {group} vnni {vnni} token {t}");
+                    assert_eq!(&all[t * rows..(t + 1) * rows], &one(t)[..], "group {group} vnni {vnni} token {t}");
+                }
+                // Every tile shape: a batched step's 2 to 7 rows.
+                for n in 2..8 {
+                    let some = crate::q8::matmul_q8(&x[..n * cols], n, &w, 0, vnni, 0, true).unwrap();
+                    for t in 0..n {
+                        assert_eq!(&some[t * rows..(t + 1) * rows], &one(t)[..], "group {group} vnni {vnni} {n} tokens, token {t}");
+                    }
                 }
             }
         }

@@ -30,6 +30,8 @@ use std::arch::x86_64::*;
 
 use crate::weight::{CpuWeight, Scales, Store};
 
+mod wide;
+
 /// `tokens` activation rows quantized to int8 in the chunk order above.
 pub struct QuantizedX {
     /// `[tokens, k]`, each 64-element chunk as evens then odds.
@@ -153,11 +155,14 @@ impl ScaleRead for [f16] {
 /// Integer dot product of 32 low and 32 high nibbles with 64 int8s: i32 lane L
 /// sums bytes 4L..4L+4 of both halves.
 trait IDot {
+    /// The kernel takes 512-bit registers ([`Q4Job::tile512`]) instead.
+    const WIDE: bool = false;
     unsafe fn dot(lo: __m256i, hi: __m256i, xe: __m256i, xo: __m256i) -> __m256i;
 }
 
 struct Vnni;
 impl IDot for Vnni {
+    const WIDE: bool = true;
     #[inline(always)]
     unsafe fn dot(lo: __m256i, hi: __m256i, xe: __m256i, xo: __m256i) -> __m256i {
         _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, xe), hi, xo)
@@ -206,6 +211,16 @@ unsafe fn prefetch(wb: *const u8, block: usize, c: usize) {
 
 const PF_BLOCKS: usize = 2;
 
+/// Where a register tile's weights and inputs start ([`Q4Job::tile_at`]).
+struct TileAt {
+    k: usize,
+    chunks: usize,
+    row_bytes: usize,
+    wb: *const u8,
+    qx: *const i8,
+    d8: *const f32,
+}
+
 /// Tokens per outer block: their int8 activations (`TOKEN_BLOCK * k` bytes)
 /// stay in L2 while every row block of the task streams past them.
 const TOKEN_BLOCK: usize = 64;
@@ -234,8 +249,9 @@ impl<S: ScaleRead + ?Sized> Q4Job<'_, S> {
     /// and used for all `T` tokens. `bf` holds the `R` rows' biases as f32
     /// (`[R, groups]`). Output (row `i`, token `t`) goes to
     /// `out[t * ld + col0 + i]`. The arithmetic for one (row, token) is the
-    /// same whatever `T` is.
+    /// same whatever `T` is. A wide kernel runs [`Q4Job::tile512`] instead.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     unsafe fn tile<const R: usize, const T: usize, const PRE: bool, D: IDot>(
         &self,
         row0: usize,
@@ -246,18 +262,12 @@ impl<S: ScaleRead + ?Sized> Q4Job<'_, S> {
         ld: usize,
         col0: usize,
     ) {
-        let (k, gs) = (self.k, self.group_size);
-        let groups = k / gs;
-        let row_bytes = k / 2;
-        let wb = (self.words.as_ptr() as *const u8).add(row0 * row_bytes);
-        debug_assert!((row0 + R) * k / 8 <= self.words.len());
-        debug_assert!(t0 + T <= self.tokens);
-        debug_assert!((!PRE || sv8.len() >= R * k / 8) && bf.len() >= R * groups);
-        let qx = self.x.q.as_ptr().add(t0 * k);
-        let d8 = self.x.d8.as_ptr().add(t0 * k / 8);
+        if D::WIDE {
+            return self.tile512::<R, T, PRE>(row0, t0, bf, sv8, out, ld, col0);
+        }
+        let TileAt { k, chunks, row_bytes, wb, qx, d8 } = self.tile_at::<R, T, PRE>(row0, t0, bf, sv8);
         let mask = _mm256_set1_epi8(0x0F);
         let mut acc = [[_mm256_setzero_ps(); T]; R];
-        let chunks = k / 64;
         let svp = sv8.as_ptr();
         for c in 0..chunks {
             prefetch(wb, R * row_bytes, c);
@@ -271,14 +281,10 @@ impl<S: ScaleRead + ?Sized> Q4Job<'_, S> {
                 sv[r] = if PRE {
                     _mm256_loadu_ps(svp.add((r * chunks + c) * 8))
                 } else {
-                    let gi = (row0 + r) * groups;
-                    if gs % 64 == 0 {
-                        // Both 32-blocks of the chunk in one group (no division:
-                        // group sizes are powers of two).
-                        let g = if gs.is_power_of_two() { (64 * c) >> gs.trailing_zeros() } else { 64 * c / gs };
-                        _mm256_set1_ps(self.scales.get(gi + g))
+                    let (s0, s1) = self.chunk_scales(row0 + r, c);
+                    if self.group_size % 64 == 0 {
+                        _mm256_set1_ps(s0)
                     } else {
-                        let (s0, s1) = (self.scales.get(gi + 64 * c / gs), self.scales.get(gi + (64 * c + 32) / gs));
                         _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0))
                     }
                 };
@@ -293,11 +299,53 @@ impl<S: ScaleRead + ?Sized> Q4Job<'_, S> {
                 }
             }
         }
+        self.tile_store::<R, T>(t0, bf, out, ld, col0, |r, j| hsum(acc[r][j]));
+    }
+
+    /// Where a tile's weights and inputs start (bounds checked in debug builds).
+    #[inline(always)]
+    unsafe fn tile_at<const R: usize, const T: usize, const PRE: bool>(&self, row0: usize, t0: usize, bf: &[f32], sv8: &[f32]) -> TileAt {
+        let k = self.k;
+        let row_bytes = k / 2;
+        debug_assert!((row0 + R) * k / 8 <= self.words.len());
+        debug_assert!(t0 + T <= self.tokens);
+        debug_assert!((!PRE || sv8.len() >= R * k / 8) && bf.len() >= R * (k / self.group_size));
+        TileAt {
+            k,
+            chunks: k / 64,
+            row_bytes,
+            wb: (self.words.as_ptr() as *const u8).add(row0 * row_bytes),
+            qx: self.x.q.as_ptr().add(t0 * k),
+            d8: self.x.d8.as_ptr().add(t0 * k / 8),
+        }
+    }
+
+    /// The scales of chunk `c`'s two 32-blocks in global row `row`.
+    #[inline(always)]
+    fn chunk_scales(&self, row: usize, c: usize) -> (f32, f32) {
+        let gs = self.group_size;
+        let gi = row * (self.k / gs);
+        if gs % 64 == 0 {
+            // Both 32-blocks of the chunk in one group (no division: group
+            // sizes are powers of two).
+            let g = if gs.is_power_of_two() { (64 * c) >> gs.trailing_zeros() } else { 64 * c / gs };
+            let s = self.scales.get(gi + g);
+            (s, s)
+        } else {
+            (self.scales.get(gi + 64 * c / gs), self.scales.get(gi + (64 * c + 32) / gs))
+        }
+    }
+
+    /// Writes a tile's outputs: `sum(r, j)` (row `r`, token `t0 + j`) plus
+    /// the row's biases times the token's group sums.
+    #[inline(always)]
+    unsafe fn tile_store<const R: usize, const T: usize>(&self, t0: usize, bf: &[f32], out: *mut f32, ld: usize, col0: usize, sum: impl Fn(usize, usize) -> f32) {
+        let groups = self.k / self.group_size;
         for r in 0..R {
             for j in 0..T {
                 let xs = self.xsums.as_ptr().add((t0 + j) * groups);
                 let b = bias_dot(bf.as_ptr().add(r * groups), xs, groups);
-                *out.add((t0 + j) * ld + col0 + r) = hsum(acc[r][j]) + b;
+                *out.add((t0 + j) * ld + col0 + r) = sum(r, j) + b;
             }
         }
     }
@@ -348,9 +396,17 @@ impl<S: ScaleRead + ?Sized> Q4Job<'_, S> {
             self.tile::<R, T, true, D>(row0, t, bf, sv8, out, ld, col0);
             t += T;
         }
-        while t < te {
-            self.tile::<R, 1, true, D>(row0, t, bf, sv8, out, ld, col0);
-            t += 1;
+        // The rest in one tile where it can be (a batched decode step's
+        // expert often has 2 or 3 rows): its weights unpacked once for all.
+        match te - t {
+            3 if T > 3 => self.tile::<R, 3, true, D>(row0, t, bf, sv8, out, ld, col0),
+            2 if T > 2 => self.tile::<R, 2, true, D>(row0, t, bf, sv8, out, ld, col0),
+            _ => {
+                while t < te {
+                    self.tile::<R, 1, true, D>(row0, t, bf, sv8, out, ld, col0);
+                    t += 1;
+                }
+            }
         }
     }
 
