@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use slotstream::model::qwen4_exp::hyper::HyperResidual;
 use slotstream::model::{self, ExpertSlots, LoadOptions};
 use slotstream_backend::{
-    Backend, BackendError, DType, ExpertLayout, ExpertMatrix, ExpertPool, GateAct, Gating, HostMatrix, KeySelection, Routes,
+    Backend, BackendError, ExpertLayout, ExpertMatrix, ExpertPool, GateAct, Gating, HostMatrix, KeySelection, Routes,
     Result, State, Tensor, Weight,
 };
 

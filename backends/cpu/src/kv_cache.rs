@@ -69,14 +69,20 @@ impl KvElem for f16 {
 /// kernels read them: `at` is a value's index (`position * hd + d`).
 pub(crate) trait KvRowsRef: Copy + Send + Sync {
     /// Bytes per value, about (key tiles are sized by it).
+    // Read by the x86-64 kernels only.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     const BYTES: usize;
     /// Values held.
+    // Read by the x86-64 kernels only.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn values(&self) -> usize;
     /// `sum q[i] * x[at + i]`.
     fn dot(&self, q: &[f32], at: usize) -> f32;
     /// `o[i] += w * x[at + i]`.
     fn add_to(&self, w: f32, at: usize, o: &mut [f32]);
     /// Value `at` as f32.
+    // Read by the x86-64 kernels only.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn get(&self, at: usize) -> f32;
     /// Values `at..at + 8` as f32 (`at` a multiple of 8, `at + 8 <=
     /// values()`; needs AVX2 and F16C).
