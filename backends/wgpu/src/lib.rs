@@ -352,8 +352,9 @@ impl Backend for WgpuBackend {
         let weight_len = checks::rms_norm_weight(x, Some(w), dim)?;
         let (sum, sb) = self.output(x.shape().to_vec())?;
         let (out, ob) = self.output(x.shape().to_vec())?;
-        // One token's norm waits for the next op: a routing kernel takes it in.
-        let held = (groups == 1 && self.options.fuse_norms)
+        // A decode step's norm (one token or a batched few) waits for the next op: a routing
+        // kernel takes it in, a workgroup per token (the same alone or batched).
+        let held = (groups <= moe::ROUTE_NORM_MAX_TOKENS && self.options.fuse_norms)
             .then(|| norm::HeldNorm { x: x.clone(), y: y.clone(), weight: w.clone(), sum: sum.clone(), out: out.clone(), eps });
         norm::add_rms_norm(&self.gpu, buf(x)?, buf(y)?, buf(w)?, sb.bind(), ob.bind(), groups, dim, weight_len, eps, held)?;
         Ok((sum, out))
@@ -520,7 +521,7 @@ impl Backend for WgpuBackend {
         let (extra, eb) = self.output(vec![tokens, extra_cols.max(1)])?;
         let x_bind = buf(x)?;
         let ours = |h: &norm::HeldNorm| buf(&h.out).is_ok_and(|o| o.buffer == x_bind.buffer && o.offset == x_bind.offset);
-        if let Some(h) = self.gpu.take_held(|h: &norm::HeldNorm| ours(h) && moe::route_norm_fits(gw, h))? {
+        if let Some(h) = self.gpu.take_held(|h: &norm::HeldNorm| ours(h) && moe::route_norm_fits(gw, h, wide))? {
             moe::route_norm(&self.gpu, gw, &h, rb.bind(), eb.bind(), gating, wide)?;
             return Ok((Routes { tensor, gating }, (extra_cols > 0).then_some(extra)));
         }

@@ -138,9 +138,20 @@ const NORM_SUM: u32 = 13;
 /// of four values each).
 const ROUTE_NORM_MAX_COLS: usize = 4096;
 
-/// Whether [`route_norm`] takes the held norm `h` for routing one token by `w`.
-pub(crate) fn route_norm_fits(w: &GpuWeight, h: &HeldNorm) -> bool {
-    router_shard(w, 1).is_some() && w.cols <= ROUTE_NORM_MAX_COLS && h.x.shape() == [1, w.cols] && h.weight.numel() == w.cols
+/// Most tokens whose norm [`route_norm`] takes in (a batched decode step's;
+/// the engine batches at most 16 sequences).
+pub(crate) const ROUTE_NORM_MAX_TOKENS: usize = 16;
+
+/// Whether [`route_norm`] takes the held norm `h` for routing its tokens by
+/// `w` (with `wide`, one token: the wide kernel routes one).
+pub(crate) fn route_norm_fits(w: &GpuWeight, h: &HeldNorm, wide: bool) -> bool {
+    let rows = h.x.rows();
+    router_shard(w, 1).is_some()
+        && w.cols <= ROUTE_NORM_MAX_COLS
+        && (1..=ROUTE_NORM_MAX_TOKENS).contains(&rows)
+        && (rows == 1 || !wide)
+        && h.x.shape() == [rows, w.cols]
+        && h.weight.numel() == w.cols
 }
 
 // Bindings of moe_route_norm_wide: its logits and the cross-workgroup count.
@@ -159,15 +170,17 @@ pub(crate) fn route_wide(gpu: &Gpu, w: &GpuWeight, min_rows: usize) -> bool {
     min_rows > 0 && w.rows >= min_rows && affine8 && gpu.orders_across_workgroups()
 }
 
-/// [`route_matmul`] of one token's `norm(x + y)`, the held `add_rms_norm`
-/// `h` in the same dispatch (`moe_route_norm`, or `moe_route_norm_wide` when
-/// `wide`, which the caller checked with [`route_wide`]): writes its sum and
-/// normed row as the norm would have. The caller checked [`route_norm_fits`].
+/// [`route_matmul`] of `norm(x + y)`, the held `add_rms_norm` `h` in the
+/// same dispatch (`moe_route_norm`, a workgroup per token, or for one token
+/// `moe_route_norm_wide` when `wide`, which the caller checked with
+/// [`route_wide`]): writes its sum and normed rows as the norm would have.
+/// The caller checked [`route_norm_fits`].
 pub(crate) fn route_norm(gpu: &Gpu, w: &GpuWeight, h: &HeldNorm, routes: Bind<'_>, extra: Bind<'_>, g: Gating, wide: bool) -> Result<()> {
     let Some(s) = router_shard(w, 1) else {
         return Err(BackendError::Device("route_norm: a router the routing kernels do not take".into()));
     };
-    let params = MoeParams { eps: h.eps, ..router_params(gpu, s, w, g, 1) };
+    let tokens = h.x.rows();
+    let params = MoeParams { eps: h.eps, ..router_params(gpu, s, w, g, tokens) };
     let binds = [
         (W, whole(&s.buffer)),
         (W_WORDS, whole(&s.buffer)),
@@ -185,9 +198,12 @@ pub(crate) fn route_norm(gpu: &Gpu, w: &GpuWeight, h: &HeldNorm, routes: Bind<'_
         // which reads no logits from VALS.
         if s.desc.fmt == 3 && s.desc.bits == 8 && gpu.route_lanes && g.experts <= gpu.subgroup_min as usize {
             let binds: Vec<_> = binds.into_iter().filter(|(b, _)| *b != VALS).collect();
-            return gpu.dispatch("moe_route_norm_q8", &params, &binds, [1, 1, 1]);
+            return gpu.dispatch("moe_route_norm_q8", &params, &binds, [tokens as u32, 1, 1]);
         }
-        return gpu.dispatch("moe_route_norm", &params, &binds, [1, 1, 1]);
+        return gpu.dispatch("moe_route_norm", &params, &binds, [tokens as u32, 1, 1]);
+    }
+    if tokens != 1 {
+        return Err(BackendError::Device(format!("route_norm: the wide routing kernel routes one token, not {tokens}")));
     }
     // Quads of rows per workgroup, and the workgroups that take them all.
     let quads = w.rows.div_ceil(4);

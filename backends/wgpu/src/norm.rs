@@ -117,7 +117,7 @@ pub(crate) fn add_rms_norm(
     }
 }
 
-/// A one-token `add_rms_norm` held back (`Gpu::hold`) for a routing kernel
+/// A decode step's `add_rms_norm` (one token or a batched few) held back (`Gpu::hold`) for a routing kernel
 /// to take in (`moe::route_norm`): its tensors and epsilon.
 pub(crate) struct HeldNorm {
     pub x: Tensor,
