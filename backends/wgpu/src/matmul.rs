@@ -156,15 +156,16 @@ fn matvec_q8(gpu: &Gpu, s: &Shard, xq: &GpuBuf, out: Bind<'_>, tokens: usize, to
 fn matvec(gpu: &Gpu, s: &Shard, x: Bind<'_>, out: Bind<'_>, tokens: usize, total_rows: usize, cols: usize, eight_rows_from: usize) -> Result<()> {
     let group_rows = if s.rows >= eight_rows_from { 8 } else { 4 };
     // Four-row quads of interleaved 4-bit rows split over up to four
-    // subgroups, one share of the row's 16-byte chunks per lane each.
-    // Two or more tokens of those rows take matvec_q4_tokens, split the same
-    // way, so that each token's result is the one-token kernel's.
-    let q4_quads = s.desc.is_interleaved_q4() && group_rows == 4 && gpu.matvec_q4_tokens;
-    let parts = match (tokens, s.desc.is_interleaved_q4() && group_rows == 4) {
-        (1, true) => gpu.row_parts(s.desc.row_words as usize / 4),
-        (_, true) if q4_quads => gpu.row_parts(s.desc.row_words as usize / 4),
-        _ => 1,
+    // subgroups, one share of the row's 16-byte chunks per lane each; two or
+    // more tokens of those rows take matvec_q4_tokens, split the same way, so
+    // that each token's result is the one-token kernel's.
+    let quads = s.desc.is_interleaved_q4() && group_rows == 4;
+    let kernel = match tokens {
+        1 if quads => "matvec_q4",
+        _ if quads && gpu.matvec_q4_tokens => "matvec_q4_tokens",
+        _ => "matvec",
     };
+    let parts = if kernel == "matvec" { 1 } else { gpu.row_parts(s.desc.row_words as usize / 4) };
     let params = MatvecParams {
         w: s.desc,
         rows: s.rows as u32,
@@ -177,19 +178,15 @@ fn matvec(gpu: &Gpu, s: &Shard, x: Bind<'_>, out: Bind<'_>, tokens: usize, total
         ..Default::default()
     };
     // One token: a subgroup per four rows (eight for interleaved 4-bit; times
-    // the parts of a split quad); more: a subgroup per row.
+    // the parts of a split quad); more: a subgroup per row (per quad and part
+    // for matvec_q4_tokens).
     let items = match (tokens, s.desc.is_interleaved_q4()) {
         (1, true) => s.rows.div_ceil(group_rows) * parts,
         (1, false) => s.rows.div_ceil(4),
-        (_, true) if q4_quads => s.rows.div_ceil(4) * parts,
+        _ if kernel == "matvec_q4_tokens" => s.rows.div_ceil(4) * parts,
         _ => s.rows,
     };
     let groups = [gpu.subgroup_grid(items, 128), tokens.div_ceil(4) as u32, 1];
-    let kernel = match (tokens, s.desc.is_interleaved_q4() && group_rows == 4) {
-        (1, true) => "matvec_q4",
-        (_, true) if q4_quads => "matvec_q4_tokens",
-        _ => "matvec",
-    };
     gpu.dispatch(kernel, &params, &[(W, whole(&s.buffer)), (W_WORDS, whole(&s.buffer)), (X, x), (OUT, out)], groups)
 }
 
