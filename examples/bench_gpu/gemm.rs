@@ -43,13 +43,21 @@ pub fn bench(b: &WgpuBackend, shapes: &[(usize, usize, usize)], reps: usize) -> 
         }
         b.sync()?;
         let kernel: f64 = b.kernel_profile().iter().map(|(_, t)| t.seconds).sum::<f64>() / reps as f64;
+        let kernels: Vec<String> = b.kernel_profile().iter().map(|(name, _)| name.to_string()).collect();
         b.set_profiling(false)?;
+        // Against exact mode's f32 products (never the matrix units).
+        let got = b.download(&b.matmul(&x, &w)?)?;
+        let want = b.with_matmul_mode(MatmulMode::Exact).download(&b.with_matmul_mode(MatmulMode::Exact).matmul(&x, &w)?)?;
+        let err = got.iter().zip(&want).map(|(g, w)| ((g - w) as f64).powi(2)).sum::<f64>().sqrt();
+        let norm = want.iter().map(|w| (*w as f64).powi(2)).sum::<f64>().sqrt();
         let flops = 2.0 * (tokens * cols * rows) as f64;
         println!(
-            "gemm q4 g64 [{tokens} x {cols}] @ [{rows} x {cols}]^T: {:.3} ms wall, {:.1} TFLOP/s wall, {:.1} TFLOP/s kernel-only",
+            "gemm q4 g64 [{tokens} x {cols}] @ [{rows} x {cols}]^T ({}): {:.3} ms wall, {:.1} TFLOP/s wall, {:.1} TFLOP/s kernel-only, rel L2 vs exact {:.2e}",
+            kernels.join("+"),
             1e3 * wall,
             flops / wall / 1e12,
-            flops / kernel / 1e12
+            flops / kernel / 1e12,
+            err / norm.max(f64::MIN_POSITIVE)
         );
     }
     Ok(())

@@ -49,10 +49,12 @@ struct Args {
     chunks: Vec<usize>,
     /// With --chunks: greedy tokens decoded after each timed prefill.
     depth_decode: usize,
+    /// Prefill products on the matrix units where the adapter has them (`--no-coop`: never).
+    coop: bool,
 }
 
 fn parse_args() -> Result<Args> {
-    let mut a = Args { adapter: AdapterChoice::auto(), model: None, copy_mib: 1024, rows: 65536, cols: 8192, reps: 50, prompt: 256, decode: 64, flushes: vec![0, 8, 12, 24, 16], depth: 432, pp: 256, matvec: true, gemm: Vec::new(), chunks: Vec::new(), depth_decode: 0 };
+    let mut a = Args { adapter: AdapterChoice::auto(), model: None, copy_mib: 1024, rows: 65536, cols: 8192, reps: 50, prompt: 256, decode: 64, flushes: vec![0, 8, 12, 24, 16], depth: 432, pp: 256, matvec: true, gemm: Vec::new(), chunks: Vec::new(), depth_decode: 0, coop: true };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
@@ -69,6 +71,7 @@ fn parse_args() -> Result<Args> {
             "--pp" => a.pp = value()?.parse()?,
             "--flush" => a.flushes = value()?.split(',').map(|v| v.trim().parse()).collect::<Result<_, _>>()?,
             "--no-matvec" => a.matvec = false,
+            "--no-coop" => a.coop = false,
             "--gemm" => a.gemm = gemm::parse_shapes(&value()?)?,
             "--depth-decode" => a.depth_decode = value()?.parse()?,
             "--chunks" => a.chunks = value()?.split(',').map(|v| v.trim().parse()).collect::<Result<_, _>>()?,
@@ -510,7 +513,7 @@ fn print_profile(prof: &[(String, slotstream_wgpu::FamilyTime)], n: usize, unit:
 
 fn main() -> Result<()> {
     let args = parse_args()?;
-    let b = WgpuBackend::new(&args.adapter)?;
+    let b = open_with(&args, true, WgpuOptions { matmul: Some(MatmulMode::Exact), coop_matrix: args.coop, ..WgpuOptions::from_env() })?;
     println!("device: {} (subgroup sizes {:?}; parameters as {})", b.name(), b.subgroup_sizes(), if b.immediates() { "immediates" } else { "uniform buffers" });
     if !args.gemm.is_empty() {
         return gemm::bench(&b, &args.gemm, args.reps);

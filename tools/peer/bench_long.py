@@ -15,7 +15,9 @@ Per model and per context length N in --lengths (default 8192,32768):
              whether each gives cpu:exact's ids (issue 46: a 32k context on both backends).
   per-op:    with --bench-gpu, our kernel times (bench_gpu --prompt N: decode at depth N and the
              N-token prefill by kernel) and llama.cpp's (GGML_VK_PERF_LOGGER=1 llama-bench -p 0 -n 4
-             -d N), raw logs kept for BENCHMARKS.md, at the first length only.
+             -d N), raw logs kept for BENCHMARKS.md, at the first length only; the prefill by kernel
+             in chunks of 2048 with the matrix units and without (bench_gpu --no-coop), and once,
+             prefill-sized products against exact mode's (bench_gpu --gemm: error and TFLOP/s).
 Prints one markdown table; results.json, table.md and every log go to --results.
 """
 
@@ -130,6 +132,9 @@ def main():
     lengths = [int(x) for x in a.lengths.split(",") if x.strip()]
     prompts = {n: calibrated(a, n) for n in lengths}
     results = []
+    if a.bench_gpu:
+        # Prefill-sized products against exact mode's: the matrix units' error and speed.
+        bp.run([a.bench_gpu, "--gemm", "2048:2048:4096,2048:4096:2048,8192:2048:5120,2048:768:2048", "--reps", "10"], "ours_gemm", a)
     for key in [k.strip() for k in a.models.split(",") if k.strip()]:
         family, experts, args = (bp.SMALL if a.small else bp.FULL)[key]
         name, model, _ = bp.make_model(a, key, family, experts, args, False)
@@ -157,6 +162,10 @@ def main():
                         "--depth", "32", "--pp", "32"], f"{key}_ours_kernels_{n}", a)
                 env = dict(bp.llama_env(a), GGML_VK_PERF_LOGGER="1")
                 peer_rows(a, gguf, f"{key}_llama_kernels_d{n}", 0, 4, n, 1, env=env)
+                # Prefill by kernel with the matrix units and without (matmul_coop.wgsl).
+                for coop in ([], ["--no-coop"]):
+                    bp.run([a.bench_gpu, "--model", model, "--prompt", str(n), "--chunks", "2048"] + coop,
+                           f"{key}_ours_prefill_{n}{'_no_coop' if coop else ''}", a)
             res["lengths"][n] = row
             json.dump(results + [res], open(os.path.join(a.results, "results.json"), "w"), indent=1, default=str)
         if a.parity:

@@ -10,6 +10,7 @@
 //! belong to.
 
 mod buffers;
+mod coop;
 mod held;
 mod pipelines;
 mod profile;
@@ -105,6 +106,12 @@ pub struct Gpu {
     pub flash_workgroups: usize,
     /// [`WgpuOptions::flash_two_rows`].
     pub flash_two_rows: bool,
+    /// The matrix-unit products (`wgsl/matmul_coop.wgsl`) are compiled
+    /// ([`WgpuOptions::coop_matrix`] and an adapter that has them).
+    pub coop_matrix: bool,
+    /// Why the driver refused to compile them, where it did (the backend's
+    /// name says so; the products then take `matmul_wide`).
+    pub coop_refused: Option<String>,
     /// Split attention merges its splits in its last workgroup per pair
     /// ([`WgpuOptions::merge_in_split`], Vulkan only), with these counts
     /// (`merge_counts` in `wgsl/attention.wgsl`, zero between dispatches;
@@ -230,11 +237,21 @@ impl Gpu {
         if time_inside {
             wanted |= wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
         }
+        let coop_matrix = options.coop_matrix && coop::usable(&adapter, &info, &limits);
+        if coop_matrix {
+            wanted |= coop::FEATURES;
+        }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("slotstream"),
             required_features: wanted,
             required_limits: limits.clone(),
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            // SAFETY: cooperative matrices are wgpu's one experimental feature
+            // used, and only by matmul_coop.wgsl's three kernels, whose outputs
+            // the device checks compare with matmul_wide's (BENCHMARKS.md).
+            experimental_features: match coop_matrix {
+                true => unsafe { wgpu::ExperimentalFeatures::enabled() },
+                false => wgpu::ExperimentalFeatures::disabled(),
+            },
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         }))
@@ -252,7 +269,8 @@ impl Gpu {
         let wide_workgroups = limits.max_compute_invocations_per_workgroup >= 1024
             && limits.max_compute_workgroup_size_x >= 1024
             && info.subgroup_min_size >= 8;
-        let (kernels, kernels_from) = pipelines::compile(&device, options, immediates, bounds_checks, wide_workgroups)?;
+        let (kernels, kernels_from, coop_refused) = pipelines::compile(&device, options, immediates, bounds_checks, wide_workgroups, coop_matrix)?;
+        let coop_matrix = coop_matrix && coop_refused.is_none();
         let (subgroup_min, subgroup_max) = (info.subgroup_min_size.max(1), info.subgroup_max_size.max(1));
         let host_time = HostTime::default();
         let merge_in_split = options.merge_in_split && orders_across_workgroups(info.backend);
@@ -277,6 +295,8 @@ impl Gpu {
             flash_attention: options.flash_attention,
             flash_workgroups: options.flash_workgroups,
             flash_two_rows: options.flash_two_rows,
+            coop_matrix,
+            coop_refused,
             merge_in_split,
             merge_counts,
             matvec_split: options.matvec_split,

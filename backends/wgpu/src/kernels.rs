@@ -58,14 +58,16 @@ pub const UNIFORM_PARAMS: &str = "@group(0) @binding(0) var<uniform> p: Params;"
 pub const IMMEDIATE_PARAMS: &str = "var<immediate> p: Params;";
 
 /// Every file in `wgsl/` as built in, by name.
-const FILES: [(&str, &str); 20] = [
+const FILES: [(&str, &str); 22] = [
     ("weights.wgsl", include_str!("../../../wgsl/weights.wgsl")),
     ("dot.wgsl", include_str!("../../../wgsl/dot.wgsl")),
     ("reduce.wgsl", include_str!("../../../wgsl/reduce.wgsl")),
     ("moe_common.wgsl", include_str!("../../../wgsl/moe_common.wgsl")),
     ("matvec.wgsl", include_str!("../../../wgsl/matvec.wgsl")),
     ("matvec_q8.wgsl", include_str!("../../../wgsl/matvec_q8.wgsl")),
+    ("matmul_common.wgsl", include_str!("../../../wgsl/matmul_common.wgsl")),
     ("matmul_tiled.wgsl", include_str!("../../../wgsl/matmul_tiled.wgsl")),
+    ("matmul_coop.wgsl", include_str!("../../../wgsl/matmul_coop.wgsl")),
     ("moe.wgsl", include_str!("../../../wgsl/moe.wgsl")),
     ("route.wgsl", include_str!("../../../wgsl/route.wgsl")),
     ("embed.wgsl", include_str!("../../../wgsl/embed.wgsl")),
@@ -85,7 +87,7 @@ const FILES: [(&str, &str); 20] = [
 /// subgroup size, workgroup counts and sizes, and positive constants.
 const LOOP_STEPS: &[&str] = &[
     "lanes", "nwg.x * nsg", "nwg.x", "nsg", "parts", "256u", "128u", "64u", "TK", "TN", "WG", "TILE", "V_BATCH * parts", "parts * lanes",
-    "V_BATCH", "MERGE_BATCH", "wg", "nwg.x * per_wg", "BK", "DK", "4u", "tp", "p.slices", "MERGE_STEP", "CK",
+    "V_BATCH", "MERGE_BATCH", "wg", "nwg.x * per_wg", "BK", "DK", "4u", "tp", "p.slices", "MERGE_STEP", "CK", "16u",
 ];
 
 /// Checks that every loop of a kernel file ends, as the kernels are compiled
@@ -183,6 +185,7 @@ pub enum Module {
     Matvec,
     MatvecQ8,
     MatmulTiled,
+    MatmulCoop,
     Moe,
     Route,
     Embed,
@@ -197,10 +200,11 @@ pub enum Module {
 }
 
 impl Module {
-    pub const ALL: [Module; 14] = [
+    pub const ALL: [Module; 15] = [
         Module::Matvec,
         Module::MatvecQ8,
         Module::MatmulTiled,
+        Module::MatmulCoop,
         Module::Moe,
         Module::Route,
         Module::Embed,
@@ -214,12 +218,20 @@ impl Module {
         Module::Streams,
     ];
 
+    /// Whether the module runs on the GPU's matrix units (cooperative
+    /// matrices of 16 x 16 f16, `wgsl/matmul_coop.wgsl`): compiled only
+    /// where the adapter has them ([`crate::gpu::Gpu::coop_matrix`]).
+    pub fn needs_coop(self) -> bool {
+        self == Module::MatmulCoop
+    }
+
     /// The kernel family's file name in `wgsl/` (also its name in profiles).
     pub fn name(self) -> &'static str {
         match self {
             Module::Matvec => "matvec",
             Module::MatvecQ8 => "matvec_q8",
             Module::MatmulTiled => "matmul_tiled",
+            Module::MatmulCoop => "matmul_coop",
             Module::Moe => "moe",
             Module::Route => "route",
             Module::Embed => "embed",
@@ -239,6 +251,7 @@ impl Module {
             Module::Matvec => &["matvec_q4", "matvec_q4_tokens", "matvec", "matvec_epilogue"],
             Module::MatvecQ8 => &["quantize_x8", "matvec_q8_tokens", "matvec_q8"],
             Module::MatmulTiled => &["matmul_tiled", "matmul_wide", "moe_sort", "moe_gate_up_tiled", "moe_down_tiled", "moe_gate_up_wide", "moe_down_wide"],
+            Module::MatmulCoop => &["matmul_coop", "moe_gate_up_coop", "moe_down_coop"],
             Module::Moe => &["moe_map", "moe_gate_up", "moe_down", "moe_combine", "moe_down_combine"],
             Module::Route => &["moe_route", "moe_route_matmul", "moe_route_norm", "moe_route_norm_q8", "moe_route_norm_wide"],
             Module::Embed => &["embed", "argmax_parts", "embed_chosen"],
@@ -282,7 +295,7 @@ impl Module {
         match self {
             Module::Matvec => ParamsLayout::of::<matmul::MatvecParams>(),
             Module::MatvecQ8 => ParamsLayout::of::<matmul::MatvecQ8Params>(),
-            Module::MatmulTiled => ParamsLayout::of::<matmul::TiledParams>(),
+            Module::MatmulTiled | Module::MatmulCoop => ParamsLayout::of::<matmul::TiledParams>(),
             Module::Moe | Module::Route => ParamsLayout::of::<moe::MoeParams>(),
             Module::Embed => ParamsLayout::of::<matmul::EmbedParams>(),
             Module::Elementwise => ParamsLayout::of::<elementwise::ElementwiseParams>(),
@@ -343,7 +356,9 @@ impl Module {
             Module::MatvecQ8 => &["weights.wgsl", "dot.wgsl", "matvec_q8.wgsl"],
             Module::Moe => &["reduce.wgsl", "weights.wgsl", "dot.wgsl", "moe_common.wgsl", "moe.wgsl"],
             Module::Route => &["reduce.wgsl", "weights.wgsl", "dot.wgsl", "moe_common.wgsl", "route.wgsl"],
-            Module::MatmulTiled => &["weights.wgsl", "matmul_tiled.wgsl"],
+            Module::MatmulTiled => &["weights.wgsl", "matmul_common.wgsl", "matmul_tiled.wgsl"],
+            // First: its `enable` directives open the module.
+            Module::MatmulCoop => &["matmul_coop.wgsl", "weights.wgsl", "matmul_common.wgsl"],
             Module::Embed => &["weights.wgsl", "embed.wgsl"],
             Module::Elementwise => &["elementwise.wgsl"],
             Module::Norm => &["norm.wgsl"],

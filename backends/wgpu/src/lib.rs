@@ -142,11 +142,12 @@ impl Backend for WgpuBackend {
         let (fresh, each) = (!self.options.reuse_staging, self.options.pool_send_every == 0);
         let staging = format!("staging uploads{}{}", if fresh { ", fresh for each pool write" } else { "" }, if each { ", pool writes sent as written" } else { "" });
         let uploads = if self.gpu.mapped_primary { "mapped primary buffers".to_string() } else { staging };
-        let mode = match self.matmul_mode() {
-            MatmulMode::Exact => "",
-            MatmulMode::Int8 => ", int8 activations for large 4-bit matmuls",
+        let mode = match (self.matmul_mode(), self.matmul_choice().coop(&self.gpu)) {
+            (MatmulMode::Exact, _) => "",
+            (MatmulMode::Int8, coop) => if coop { ", int8 activations for large 4-bit matmuls, prefill products on the matrix units" } else { ", int8 activations for large 4-bit matmuls" },
         };
-        let from = self.gpu.kernels_from.as_ref().map_or(String::new(), |d| format!("; kernels from {}", d.display()));
+        let from = self.gpu.kernels_from.as_ref().map_or(String::new(), |d| format!("; kernels from {}", d.display()))
+            + &self.gpu.coop_refused.as_ref().map_or(String::new(), |e| format!("; the driver refused the matrix-unit kernels: {e}"));
         let kv = self.options.kv_cache.map_or(String::new(), |_| format!(", {} KV cache", self.kv_cache_type()));
         format!("wgpu ({}, {:?}; {uploads}{mode}{kv}{from})", i.name, i.backend)
     }
@@ -560,7 +561,7 @@ impl Backend for WgpuBackend {
         let p = pool.get::<GpuPool>().ok_or_else(|| not_ours("the expert pool"))?;
         let (tokens, top_k) = checks::moe_routes(x, p.gate_up.layout_cols(), routes, key_base, pool.keys)?;
         let (out, ob) = self.output(vec![tokens, top_k, x.cols()])?;
-        let call = moe::Call::new(p, buf(x)?, buf(&routes.tensor)?, tokens, routes.gating, key_base);
+        let call = moe::Call::new(p, buf(x)?, buf(&routes.tensor)?, tokens, routes.gating, key_base, self.matmul_choice().coop(&self.gpu));
         moe::expert_outputs(&self.gpu, &call, ob.buffer())?;
         Ok(out)
     }

@@ -123,6 +123,14 @@ pub(crate) struct MatmulChoice {
     pub q4_eight_rows_from: usize,
 }
 
+impl MatmulChoice {
+    /// Prefill products on the matrix units: in int8 mode only (f16 inputs
+    /// are not the exact mode's f32), where the device compiled them.
+    pub fn coop(&self, gpu: &Gpu) -> bool {
+        self.mode == MatmulMode::Int8 && gpu.coop_matrix
+    }
+}
+
 /// `tokens` x rows quantized for `matvec_q8` (see `wgsl/matvec_q8.wgsl`):
 /// `cols / 8` 16-byte entries a row.
 pub(crate) fn quantize_x8(gpu: &Gpu, x: Bind<'_>, tokens: usize, cols: usize) -> Result<GpuBuf> {
@@ -250,8 +258,8 @@ pub(crate) const WIDE_TILE: usize = 128;
 const WIDE_MIN_TILES: usize = 128;
 
 /// `out[t, out_off + r] = W[r] . x[t]` for one shard and many tokens, in
-/// 64 x 64 or 128 x 128 tiles.
-fn matmul_tiled(gpu: &Gpu, s: &Shard, x: Bind<'_>, out: Bind<'_>, tokens: usize, total_rows: usize) -> Result<()> {
+/// 64 x 64 or 128 x 128 tiles (on the matrix units with `coop`).
+fn matmul_tiled(gpu: &Gpu, s: &Shard, x: Bind<'_>, out: Bind<'_>, tokens: usize, total_rows: usize, coop: bool) -> Result<()> {
     let params = TiledParams {
         w: s.desc,
         rows: s.rows as u32,
@@ -262,7 +270,11 @@ fn matmul_tiled(gpu: &Gpu, s: &Shard, x: Bind<'_>, out: Bind<'_>, tokens: usize,
         ..Default::default()
     };
     let wide = [s.rows.div_ceil(WIDE_TILE) as u32, tokens.div_ceil(WIDE_TILE) as u32, 1];
-    let (entry, tile) = if (wide[0] * wide[1]) as usize >= WIDE_MIN_TILES { ("matmul_wide", WIDE_TILE) } else { ("matmul_tiled", TILE) };
+    let (entry, tile) = match (wide[0] * wide[1]) as usize {
+        _ if coop => ("matmul_coop", WIDE_TILE),
+        n if n >= WIDE_MIN_TILES => ("matmul_wide", WIDE_TILE),
+        _ => ("matmul_tiled", TILE),
+    };
     let groups = [s.rows.div_ceil(tile) as u32, tokens.div_ceil(tile) as u32, 1];
     gpu.dispatch(entry, &params, &[(W_WORDS, whole(&s.buffer)), (X, x), (X_VEC4, x), (OUT, out)], groups)
 }
@@ -285,7 +297,7 @@ pub(crate) fn matmul_into(gpu: &Gpu, choice: &MatmulChoice, x: Bind<'_>, tokens:
         } else if tokens <= MATVEC_MAX_TOKENS {
             matvec(gpu, s, x, out, tokens, total_rows, w.cols, choice.q4_eight_rows_from)?;
         } else {
-            matmul_tiled(gpu, s, x, out, tokens, total_rows)?;
+            matmul_tiled(gpu, s, x, out, tokens, total_rows, choice.coop(gpu))?;
         }
     }
     Ok(())

@@ -245,6 +245,8 @@ pub(crate) struct Call<'a> {
     pub shards: std::ops::Range<usize>,
     /// A shared expert in the pool that [`fused`] runs as one more rank.
     pub shared: Option<SharedRank<'a>>,
+    /// Many-token calls' products on the matrix units ([`crate::matmul::MatmulChoice::coop`]).
+    pub coop: bool,
 }
 
 /// A shared expert held in the pool under slot table key `key`, weighted by
@@ -257,9 +259,9 @@ pub(crate) struct SharedRank<'a> {
 }
 
 impl<'a> Call<'a> {
-    pub fn new(pool: &'a GpuPool, x: Bind<'a>, routes: Bind<'a>, tokens: usize, gating: Gating, key_base: usize) -> Call<'a> {
+    pub fn new(pool: &'a GpuPool, x: Bind<'a>, routes: Bind<'a>, tokens: usize, gating: Gating, key_base: usize, coop: bool) -> Call<'a> {
         let shards = pool.shards_of(key_base, gating.experts);
-        Call { pool, x, routes, tokens, gating, key_base, shards, shared: None }
+        Call { pool, x, routes, tokens, gating, key_base, shards, shared: None, coop }
     }
 
     /// Assignments of the FFN kernels: every token's ranks, then its shared expert's.
@@ -358,7 +360,11 @@ fn tiled_outputs(gpu: &Gpu, c: &Call<'_>, out: &wgpu::Buffer) -> Result<()> {
     let experts = c.gating.experts;
     // 128 x 128 tiles where an expert gets 128 pairs on average.
     let wide = pairs >= WIDE_TILE * experts;
-    let (tile, gate_up, down) = if wide { (WIDE_TILE, "moe_gate_up_wide", "moe_down_wide") } else { (TILE, "moe_gate_up_tiled", "moe_down_tiled") };
+    let (tile, gate_up, down) = match (wide, c.coop) {
+        (true, true) => (WIDE_TILE, "moe_gate_up_coop", "moe_down_coop"),
+        (true, false) => (WIDE_TILE, "moe_gate_up_wide", "moe_down_wide"),
+        (false, _) => (TILE, "moe_gate_up_tiled", "moe_down_tiled"),
+    };
     let max_tiles = pairs.div_ceil(tile) + experts.min(pairs);
     let sort = gpu.alloc(4 * (1 + experts + 2 * max_tiles + pairs) as u64)?;
     let act = gpu.alloc(4 * (pairs * inter) as u64)?;
@@ -471,7 +477,7 @@ impl WgpuBackend {
             return Ok(None);
         }
         let (out, ob) = self.output(vec![tokens, x.cols()])?;
-        let mut call = Call::new(p, buf(x)?, buf(&routes.tensor)?, tokens, routes.gating, key_base);
+        let mut call = Call::new(p, buf(x)?, buf(&routes.tensor)?, tokens, routes.gating, key_base, self.matmul_choice().coop(&self.gpu));
         if let Some((key, gate)) = shared {
             call.shared = Some(SharedRank { key, gate: buf(gate)?, gate_cols: 1 });
         }

@@ -136,6 +136,9 @@ pub struct WgpuOptions {
     /// Prefills with head dims up to 128 give each slot of
     /// `flash_attention` two rows (in code only; one row was slower).
     pub flash_two_rows: bool,
+    /// Prefill products on the GPU's matrix units where the adapter has
+    /// them (`wgsl/matmul_coop.wgsl`, int8 mode only; in code only).
+    pub coop_matrix: bool,
     /// Split decode attention merges the splits of each (token, head) in the
     /// last of its workgroups to finish, one dispatch instead of two, where
     /// the backend orders memory across workgroups (Vulkan;
@@ -259,6 +262,7 @@ impl Default for WgpuOptions {
             flash_attention: true,
             flash_workgroups: crate::attention::FLASH_TARGET_WORKGROUPS,
             flash_two_rows: true,
+            coop_matrix: true,
             merge_in_split: true,
             fuse_norms: true,
             matvec_split: MATVEC_SPLIT,

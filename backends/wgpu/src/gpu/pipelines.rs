@@ -10,9 +10,11 @@ use super::Kernel;
 use crate::kernels::{Module, Pipeline};
 use crate::options::WgpuOptions;
 
-/// Every kernel's pipeline by the name dispatches use, and the directory
-/// any kernel file was read from instead of the built-in one
-/// ([`WgpuOptions::wgsl_dir`]).
+/// Every kernel's pipeline by the name dispatches use, the directory any
+/// kernel file was read from instead of the built-in one
+/// ([`WgpuOptions::wgsl_dir`]), and why the driver refused the matrix-unit
+/// kernels (`coop_matrix`: compiled too, where the driver takes them; its
+/// cooperative matrices are an experimental wgpu feature).
 #[allow(clippy::type_complexity)]
 pub(super) fn compile(
     device: &wgpu::Device,
@@ -20,10 +22,15 @@ pub(super) fn compile(
     immediates: bool,
     bounds_checks: bool,
     wide_workgroups: bool,
-) -> Result<(HashMap<&'static str, Kernel>, Option<std::path::PathBuf>)> {
+    coop_matrix: bool,
+) -> Result<(HashMap<&'static str, Kernel>, Option<std::path::PathBuf>, Option<String>)> {
     let mut kernels = HashMap::new();
     let mut kernels_from = None;
-    for module in Module::ALL {
+    let mut coop_refused = None;
+    for module in Module::ALL.into_iter().filter(|m| coop_matrix || !m.needs_coop()) {
+        let scopes = module.needs_coop().then(|| {
+            (device.push_error_scope(wgpu::ErrorFilter::Internal), device.push_error_scope(wgpu::ErrorFilter::Validation))
+        });
         let (source, replaced) = module.compiled_source(immediates, options.wgsl_dir.as_deref()).map_err(BackendError::Device)?;
         if replaced {
             kernels_from = options.wgsl_dir.clone();
@@ -68,6 +75,15 @@ pub(super) fn compile(
                 kernels.insert(spec.name, Kernel { pipeline, layout, family: spec.name });
             }
         }
+        if let Some((internal, validation)) = scopes {
+            let refused = pollster::block_on(validation.pop()).or(pollster::block_on(internal.pop()));
+            if let Some(e) = refused {
+                for entry in module.entry_points() {
+                    kernels.remove(entry);
+                }
+                coop_refused = Some(e.to_string());
+            }
+        }
     }
-    Ok((kernels, kernels_from))
+    Ok((kernels, kernels_from, coop_refused))
 }
