@@ -11,12 +11,15 @@
 //!
 //! (d) with `--gemm T:K:N,...`, prefill-sized 4-bit products only (`gemm.rs`);
 //! (e) with `--model DIR --chunks N,...`, prefill only, by chunk size, or with
-//!     `--depth-decode N` decode after it (`prefill.rs`).
+//!     `--depth-decode N` decode after it (`prefill.rs`);
+//! (f) with `--attn T:H:KVH,...`, a prompt's attention with the matrix units
+//!     and without (`attn.rs`).
 //!
 //! `BENCH_GPU_SKIP=k1,k2` decodes without those kernels' dispatches (wrong
 //! tokens): the time a token saves is what they cost in the chain, untimed;
 //! `BENCH_GPU_SKIP_SWEEP=1` does so for each kernel family in turn.
 
+mod attn;
 mod gemm;
 mod prefill;
 
@@ -46,6 +49,7 @@ struct Args {
     depth: usize,
     pp: usize,
     gemm: Vec<(usize, usize, usize)>,
+    attn: Vec<(usize, usize, usize)>,
     chunks: Vec<usize>,
     /// With --chunks: greedy tokens decoded after each timed prefill.
     depth_decode: usize,
@@ -54,7 +58,7 @@ struct Args {
 }
 
 fn parse_args() -> Result<Args> {
-    let mut a = Args { adapter: AdapterChoice::auto(), model: None, copy_mib: 1024, rows: 65536, cols: 8192, reps: 50, prompt: 256, decode: 64, flushes: vec![0, 8, 12, 24, 16], depth: 432, pp: 256, matvec: true, gemm: Vec::new(), chunks: Vec::new(), depth_decode: 0, coop: true };
+    let mut a = Args { adapter: AdapterChoice::auto(), model: None, copy_mib: 1024, rows: 65536, cols: 8192, reps: 50, prompt: 256, decode: 64, flushes: vec![0, 8, 12, 24, 16], depth: 432, pp: 256, matvec: true, gemm: Vec::new(), attn: Vec::new(), chunks: Vec::new(), depth_decode: 0, coop: true };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
@@ -73,6 +77,7 @@ fn parse_args() -> Result<Args> {
             "--no-matvec" => a.matvec = false,
             "--no-coop" => a.coop = false,
             "--gemm" => a.gemm = gemm::parse_shapes(&value()?)?,
+            "--attn" => a.attn = attn::parse_shapes(&value()?)?,
             "--depth-decode" => a.depth_decode = value()?.parse()?,
             "--chunks" => a.chunks = value()?.split(',').map(|v| v.trim().parse()).collect::<Result<_, _>>()?,
             other => bail!("unknown flag {other}"),
@@ -516,7 +521,14 @@ fn main() -> Result<()> {
     let b = open_with(&args, true, WgpuOptions { matmul: Some(MatmulMode::Exact), coop_matrix: args.coop, ..WgpuOptions::from_env() })?;
     println!("device: {} (subgroup sizes {:?}; parameters as {})", b.name(), b.subgroup_sizes(), if b.immediates() { "immediates" } else { "uniform buffers" });
     if !args.gemm.is_empty() {
-        return gemm::bench(&b, &args.gemm, args.reps);
+        gemm::bench(&b, &args.gemm, args.reps)?;
+    }
+    if !args.attn.is_empty() {
+        let without = open_with(&args, true, WgpuOptions { matmul: Some(MatmulMode::Exact), coop_matrix: false, ..WgpuOptions::from_env() })?;
+        attn::bench(&b, &without, &args.attn)?;
+    }
+    if !args.gemm.is_empty() || !args.attn.is_empty() {
+        return Ok(());
     }
     if let (Some(dir), false) = (&args.model, args.chunks.is_empty()) {
         return prefill::bench(&b, dir, args.prompt, &args.chunks, args.depth_decode);

@@ -38,6 +38,10 @@ pub fn bench(b: &WgpuBackend, dir: &std::path::Path, prompt_len: usize, chunks: 
         let secs = t.elapsed().as_secs_f64();
         let warm = if decode == 0 { "warm" } else { "cold" };
         println!("prefill of {prompt_len} tokens in chunks of {chunk}: {secs:.3} s = {:.0} tok/s ({warm})", prompt_len as f64 / secs);
+        // The last position's five likeliest tokens (to compare kernel variants' outputs).
+        let mut top: Vec<(usize, f32)> = logits.iter().copied().enumerate().collect();
+        top.sort_by(|a, b| b.1.total_cmp(&a.1));
+        println!("  top logits: {:?}", &top[..top.len().min(5)]);
         if decode > 0 {
             decode_at_depth(&e, &handle, &mut state, argmax(&logits), decode)?;
             continue;
