@@ -19,72 +19,21 @@
 //! tokens): the time a token saves is what they cost in the chain, untimed;
 //! `BENCH_GPU_SKIP_SWEEP=1` does so for each kernel family in turn.
 
+mod args;
 mod attn;
 mod gemm;
 mod prefill;
 
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use slotstream::generate::Engine;
 use slotstream::model::{FeedForward, LoadOptions, Logits};
 use slotstream::sampling::argmax;
 use slotstream_backend::{Backend, DType, HostMatrix, MatrixData};
-use slotstream_wgpu::{AdapterChoice, MatmulMode, Q4Layout, WgpuBackend, WgpuOptions};
+use slotstream_wgpu::{MatmulMode, Q4Layout, WgpuBackend, WgpuOptions};
 
-struct Args {
-    adapter: AdapterChoice,
-    model: Option<std::path::PathBuf>,
-    copy_mib: usize,
-    rows: usize,
-    cols: usize,
-    reps: usize,
-    prompt: usize,
-    decode: usize,
-    /// Flush intervals (dispatches per submission, `WgpuOptions::flush_every`) to time decode with (after).
-    flushes: Vec<u32>,
-    /// Time the one-token products of several shapes (`--no-matvec` skips them).
-    matvec: bool,
-    /// The warm prefill measurement: `pp` tokens after `depth` (llama-bench's `-p` and `-d`).
-    depth: usize,
-    pp: usize,
-    gemm: Vec<(usize, usize, usize)>,
-    attn: Vec<(usize, usize, usize)>,
-    chunks: Vec<usize>,
-    /// With --chunks: greedy tokens decoded after each timed prefill.
-    depth_decode: usize,
-    /// Prefill products on the matrix units where the adapter has them (`--no-coop`: never).
-    coop: bool,
-}
-
-fn parse_args() -> Result<Args> {
-    let mut a = Args { adapter: AdapterChoice::auto(), model: None, copy_mib: 1024, rows: 65536, cols: 8192, reps: 50, prompt: 256, decode: 64, flushes: vec![0, 8, 12, 24, 16], depth: 432, pp: 256, matvec: true, gemm: Vec::new(), attn: Vec::new(), chunks: Vec::new(), depth_decode: 0, coop: true };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--adapter" => a.adapter = value()?.parse()?,
-            "--model" => a.model = Some(value()?.into()),
-            "--copy-mib" => a.copy_mib = value()?.parse()?,
-            "--rows" => a.rows = value()?.parse()?,
-            "--cols" => a.cols = value()?.parse()?,
-            "--reps" => a.reps = value()?.parse()?,
-            "--prompt" => a.prompt = value()?.parse()?,
-            "--decode" => a.decode = value()?.parse()?,
-            "--depth" => a.depth = value()?.parse()?,
-            "--pp" => a.pp = value()?.parse()?,
-            "--flush" => a.flushes = value()?.split(',').map(|v| v.trim().parse()).collect::<Result<_, _>>()?,
-            "--no-matvec" => a.matvec = false,
-            "--no-coop" => a.coop = false,
-            "--gemm" => a.gemm = gemm::parse_shapes(&value()?)?,
-            "--attn" => a.attn = attn::parse_shapes(&value()?)?,
-            "--depth-decode" => a.depth_decode = value()?.parse()?,
-            "--chunks" => a.chunks = value()?.split(',').map(|v| v.trim().parse()).collect::<Result<_, _>>()?,
-            other => bail!("unknown flag {other}"),
-        }
-    }
-    Ok(a)
-}
+use args::{parse_args, Args};
 
 /// Deterministic pseudo-random words.
 struct Lcg(u64);
