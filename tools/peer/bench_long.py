@@ -16,7 +16,7 @@ Per model and per context length N in --lengths (default 8192,32768):
   per-op:    with --bench-gpu, our kernel times (bench_gpu --prompt N: decode at depth N and the
              N-token prefill by kernel) and llama.cpp's (GGML_VK_PERF_LOGGER=1 llama-bench -p 0 -n 4
              -d N), raw logs kept for BENCHMARKS.md, at the first length only; the prefill by kernel
-             in chunks of 2048 with the matrix units and without (bench_gpu --no-coop), and once,
+             in chunks of 1024 and 2048 with the matrix units and without (bench_gpu --no-coop), and once,
              prefill-sized products against exact mode's and a prompt's attention with the matrix units
              against without (bench_gpu --gemm, --attn: error and TFLOP/s).
 Prints one markdown table; results.json, table.md and every log go to --results.
@@ -166,7 +166,7 @@ def main():
                 peer_rows(a, gguf, f"{key}_llama_kernels_d{n}", 0, 4, n, 1, env=env)
                 # Prefill by kernel with the matrix units and without (matmul_coop.wgsl).
                 for coop in ([], ["--no-coop"]):
-                    bp.run([a.bench_gpu, "--model", model, "--prompt", str(n), "--chunks", "2048"] + coop,
+                    bp.run([a.bench_gpu, "--model", model, "--prompt", str(n), "--chunks", "1024,2048"] + coop,
                            f"{key}_ours_prefill_{n}{'_no_coop' if coop else ''}", a)
             res["lengths"][n] = row
             json.dump(results + [res], open(os.path.join(a.results, "results.json"), "w"), indent=1, default=str)
