@@ -23,14 +23,14 @@ use std::sync::{Arc, Mutex};
 
 use slotstream_backend::{BackendError, Result};
 
-use crate::kernels::{Module, Params};
+use crate::kernels::Module;
 use crate::options::WgpuOptions;
+use crate::params::Params;
 pub use buffers::{whole, Bind, GpuBuf};
 use buffers::FreeList;
 pub use profile::FamilyTime;
 use profile::Timing;
 pub use readback::StartedRead;
-pub use uploads::UPLOAD_CHUNK;
 
 /// Bytes of one dispatch's parameter slot (the uniform offset alignment).
 const PARAM_SLOT: u64 = 256;
@@ -258,7 +258,7 @@ impl Gpu {
         let merge_in_split = options.merge_in_split && orders_across_workgroups(info.backend);
         let merge_counts = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("attention merge counts"),
-            size: 4 * crate::attention::MERGE_PAIRS as u64,
+            size: 4 * crate::params::MERGE_PAIRS as u64,
             usage: wgpu::BufferUsages::STORAGE,
             mapped_at_creation: false,
         });

@@ -1,37 +1,15 @@
-//! The WGSL kernel sources (files in `wgsl/` at the repository root), the
-//! modules they are assembled into, and the Rust mirror of each module's
-//! uniform `Params` struct. Kernels that read weight matrices share
-//! `weights.wgsl` (and the row-dot helpers in `dot.wgsl`), which are prepended
-//! to the kernel file.
+//! The kernel registry: the WGSL kernel sources (files in `wgsl/` at the
+//! repository root), the modules they are assembled into, each module's
+//! entry points and the parameter struct they all take (`params.rs`, which
+//! mirrors each module's uniform `Params`). Kernels that read weight matrices
+//! share `weights.wgsl` (and the row-dot helpers in `dot.wgsl`), which are
+//! prepended to the kernel file.
 //!
-//! Each kernel family's Rust module (`elementwise.rs`, `norm.rs`, ...)
-//! declares its parameter struct with [`params!`], field for field as the
-//! WGSL declares it (the shader tests compare the two), and one typed
-//! function per entry point.
+//! Each kernel family's Rust module (`elementwise.rs`, `norm.rs`, ...) has
+//! one typed function per entry point, which builds the module's parameter
+//! struct.
 
-/// A kernel family's uniform parameters, laid out as its WGSL `Params` struct.
-pub trait Params: bytemuck::Pod {
-    /// The field names in order, as the WGSL struct names them.
-    const FIELDS: &'static [&'static str];
-}
-
-/// Declares a `#[repr(C)]` parameter struct of u32/f32 fields (and nested
-/// parameter structs) with its [`Params`] field list.
-macro_rules! params {
-    ($(#[$meta:meta])* pub struct $name:ident { $($(#[$fmeta:meta])* $field:ident: $ty:ty,)* }) => {
-        $(#[$meta])*
-        #[repr(C)]
-        #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
-        pub struct $name {
-            $($(#[$fmeta])* pub $field: $ty,)*
-        }
-
-        impl $crate::kernels::Params for $name {
-            const FIELDS: &'static [&'static str] = &[$(stringify!($field)),*];
-        }
-    };
-}
-pub(crate) use params;
+use crate::params::{self, Params};
 
 /// What the shader tests compare a module's WGSL `Params` struct with.
 #[derive(Clone, Copy, Debug)]
@@ -49,7 +27,7 @@ impl ParamsLayout {
 /// The layout of `WeightDesc` (`wgsl/weights.wgsl`), nested as field `w` in
 /// the parameters of every kernel that reads a weight.
 pub fn weight_desc_layout() -> ParamsLayout {
-    ParamsLayout::of::<crate::weights::WeightDesc>()
+    ParamsLayout::of::<params::WeightDesc>()
 }
 
 /// How every kernel file declares its parameters (binding 0 of group 0), and
@@ -276,23 +254,24 @@ impl Module {
         }
     }
 
-    /// The Rust mirror of the module's `Params` struct.
+    /// The parameter struct every entry point of the module takes (the
+    /// Rust mirror of its WGSL `Params`).
     pub fn params(self) -> ParamsLayout {
-        use crate::{attention, elementwise, matmul, moe, norm, recurrent, streams};
+        use crate::params::*;
         match self {
-            Module::Matvec => ParamsLayout::of::<matmul::MatvecParams>(),
-            Module::MatvecQ8 => ParamsLayout::of::<matmul::MatvecQ8Params>(),
-            Module::MatmulTiled => ParamsLayout::of::<matmul::TiledParams>(),
-            Module::Moe | Module::Route => ParamsLayout::of::<moe::MoeParams>(),
-            Module::Embed => ParamsLayout::of::<matmul::EmbedParams>(),
-            Module::Elementwise => ParamsLayout::of::<elementwise::ElementwiseParams>(),
-            Module::Norm => ParamsLayout::of::<norm::NormParams>(),
-            Module::Rope => ParamsLayout::of::<attention::RopeParams>(),
-            Module::Attention => ParamsLayout::of::<attention::AttentionParams>(),
-            Module::FlashAttention => ParamsLayout::of::<attention::FlashParams>(),
-            Module::Conv => ParamsLayout::of::<recurrent::ConvParams>(),
-            Module::GatedDelta => ParamsLayout::of::<recurrent::GatedDeltaParams>(),
-            Module::Streams => ParamsLayout::of::<streams::StreamParams>(),
+            Module::Matvec => ParamsLayout::of::<MatvecParams>(),
+            Module::MatvecQ8 => ParamsLayout::of::<MatvecQ8Params>(),
+            Module::MatmulTiled => ParamsLayout::of::<TiledParams>(),
+            Module::Moe | Module::Route => ParamsLayout::of::<MoeParams>(),
+            Module::Embed => ParamsLayout::of::<EmbedParams>(),
+            Module::Elementwise => ParamsLayout::of::<ElementwiseParams>(),
+            Module::Norm => ParamsLayout::of::<NormParams>(),
+            Module::Rope => ParamsLayout::of::<RopeParams>(),
+            Module::Attention => ParamsLayout::of::<AttentionParams>(),
+            Module::FlashAttention => ParamsLayout::of::<FlashParams>(),
+            Module::Conv => ParamsLayout::of::<ConvParams>(),
+            Module::GatedDelta => ParamsLayout::of::<GatedDeltaParams>(),
+            Module::Streams => ParamsLayout::of::<StreamParams>(),
         }
     }
 

@@ -9,7 +9,7 @@ use std::any::Any;
 use slotstream_backend::{BackendError, Result};
 
 use super::{Bind, Gpu, Pending};
-use crate::kernels::Params;
+use crate::params::Params;
 
 /// A dispatch not recorded yet, and what an op that takes it over needs.
 pub(super) struct Held {
