@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 
 use slotstream_backend::{BackendError, Result};
 
-use crate::kernels::Module;
+use crate::kernels::{Module, ParamsLayout};
 use crate::options::WgpuOptions;
 use crate::params::Params;
 pub use buffers::{whole, Bind, GpuBuf};
@@ -56,6 +56,8 @@ struct Kernel {
     layout: wgpu::BindGroupLayout,
     /// What profiles sum the kernel's time under: its entry point.
     family: &'static str,
+    /// The parameter struct its dispatches take (its module's, [`Module::params`]).
+    params: ParamsLayout,
 }
 
 #[derive(Default)]
@@ -373,7 +375,7 @@ impl Gpu {
     /// Only the typed kernel calls of the family modules call this.
     pub(crate) fn dispatch<P: Params>(&self, entry: &str, params: &P, binds: &[(u32, Bind<'_>)], groups: [u32; 3]) -> Result<()> {
         let start = std::time::Instant::now();
-        let flush = self.record(entry, bytemuck::bytes_of(params), binds, groups)?;
+        let flush = self.record(entry, params, binds, groups)?;
         self.host_time.record_ns.fetch_add(start.elapsed().as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
         if flush {
             return self.submit_periodic();

@@ -7,20 +7,37 @@
 //!
 //! Each kernel family's Rust module (`elementwise.rs`, `norm.rs`, ...) has
 //! one typed function per entry point, which builds the module's parameter
-//! struct.
+//! struct; `Gpu::dispatch` refuses any other type for the entry point
+//! ([`ParamsLayout::check`]), the one place a dispatch meets the registry.
+
+use std::any::TypeId;
 
 use crate::params::{self, Params};
 
-/// What the shader tests compare a module's WGSL `Params` struct with.
+/// A parameter struct as the registry knows it: what the shader tests
+/// compare a module's WGSL `Params` struct with, and what a dispatch's
+/// parameters are checked against.
 #[derive(Clone, Copy, Debug)]
 pub struct ParamsLayout {
     pub fields: &'static [&'static str],
     pub bytes: usize,
+    /// The Rust type's name.
+    pub name: &'static str,
+    id: TypeId,
 }
 
 impl ParamsLayout {
-    fn of<P: Params>() -> ParamsLayout {
-        ParamsLayout { fields: P::FIELDS, bytes: std::mem::size_of::<P>() }
+    fn of<P: Params + 'static>() -> ParamsLayout {
+        ParamsLayout { fields: P::FIELDS, bytes: std::mem::size_of::<P>(), name: std::any::type_name::<P>(), id: TypeId::of::<P>() }
+    }
+
+    /// Whether `P` is this parameter struct; else an error naming `entry`,
+    /// the struct it takes and the one it was given.
+    pub(crate) fn check<P: Params + 'static>(&self, entry: &str) -> Result<(), String> {
+        match TypeId::of::<P>() == self.id {
+            true => Ok(()),
+            false => Err(format!("kernel '{entry}' takes {}, not {}", self.name, std::any::type_name::<P>())),
+        }
     }
 }
 
@@ -335,5 +352,24 @@ impl Module {
         };
         let parts = names.iter().map(|name| file(name)).collect::<Result<Vec<_>, E>>()?;
         Ok(parts.join("\n"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Module;
+    use crate::params::{ElementwiseParams, FlashParams, MoeParams, NormParams, TiledParams};
+
+    #[test]
+    fn an_entry_point_takes_its_module_parameter_struct_only() {
+        assert_eq!(Module::Norm.params().check::<NormParams>("rms_norm"), Ok(()));
+        assert_eq!(Module::Route.params().check::<MoeParams>("moe_route"), Ok(()));
+        assert_eq!(Module::MatmulTiled.params().check::<TiledParams>("moe_sort"), Ok(()));
+        assert_eq!(Module::FlashAttention.params().check::<FlashParams>("flash_attention_hd128"), Ok(()));
+        let refused = Module::Norm.params().check::<ElementwiseParams>("rms_norm").expect_err("another module's struct");
+        assert!(refused.contains("'rms_norm'") && refused.contains("NormParams") && refused.contains("ElementwiseParams"), "{refused}");
+        // Same-sized structs of different modules are told apart too.
+        assert_eq!(Module::Elementwise.params().bytes, Module::Streams.params().bytes);
+        assert!(Module::Streams.params().check::<ElementwiseParams>("stream_mean").is_err());
     }
 }
