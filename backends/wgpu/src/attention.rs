@@ -5,80 +5,10 @@
 use slotstream_backend::{attention_qk_norm_composed, checks, BackendError, KeySelection, KvCacheType, QkNorm, Result, Rope, State, Tensor};
 
 use crate::gpu::{whole, Bind, Gpu};
-use crate::kernels::params;
+use crate::params::{AttentionParams, FlashParams, RopeParams, MERGE_PAIRS, TARGET_WORKGROUPS};
 use crate::state::GpuKvCache;
 use crate::tensors::{buf, new_tensor};
 use crate::WgpuBackend;
-
-params! {
-    /// `Params` of `wgsl/rope.wgsl`.
-    pub struct RopeParams {
-        n: u32,
-        heads: u32,
-        head_dim: u32,
-        /// Rotated pairs per head (half the rotary dim).
-        half: u32,
-    }
-}
-
-params! {
-    /// `Params` of `wgsl/attention.wgsl`.
-    pub struct AttentionParams {
-        tokens: u32,
-        heads: u32,
-        kv_heads: u32,
-        head_dim: u32,
-        /// Cached positions before this call's tokens.
-        past: u32,
-        /// Keys per chunk: what one workgroup of `attention_split` attends to.
-        chunk: u32,
-        scale: f32,
-        /// Keys per block of a key selection.
-        block: u32,
-        /// Words per query in the key selection (0: one row shared by all).
-        sel_stride: u32,
-        /// Chunks per (token, head); 1 for `attention`.
-        splits: u32,
-        /// 1: the token's key and value rows come from bindings 8 and 9 and
-        /// the kernel writes them to the cache.
-        fresh: u32,
-        /// 1: q and the fresh key row are normalised and rotated in the
-        /// kernel (bindings 10-12; see [`QkRope`]).
-        rope: u32,
-        rope_half: u32,
-        q_eps: f32,
-        k_eps: f32,
-        /// 1: the split kernels merge the splits themselves (binding 13).
-        merge: u32,
-        /// 1: the cache holds f16.
-        half: u32,
-        _pad0: u32,
-        _pad1: u32,
-        _pad2: u32,
-    }
-}
-
-params! {
-    /// `Params` of `wgsl/flash_attention.wgsl`.
-    pub struct FlashParams {
-        tokens: u32,
-        heads: u32,
-        kv_heads: u32,
-        past: u32,
-        /// Tokens per workgroup.
-        tb: u32,
-        /// Key slices per row (a power of two; rows * slices <= 64).
-        slices: u32,
-        /// Key chunks per (kv head, token block), and keys per chunk.
-        splits: u32,
-        chunk: u32,
-        scale: f32,
-        fresh: u32,
-        /// The cache holds 0: f32, 1: f16, 2: q8 ([`kv_code`]).
-        kv: u32,
-        _pad0: u32,
-    }
-}
 
 /// `FlashParams::kv` of a cache.
 fn kv_code(cache: &GpuKvCache) -> u32 {
@@ -108,10 +38,6 @@ const Q_WEIGHT: u32 = 11;
 const K_WEIGHT: u32 = 12;
 const MERGE_COUNTS: u32 = 13;
 
-/// (token, head) pairs `Gpu::merge_counts` has a count for. Split attention
-/// has fewer pairs than [`TARGET_WORKGROUPS`] (more fill the GPU unsplit).
-pub(crate) const MERGE_PAIRS: usize = TARGET_WORKGROUPS;
-
 /// Largest head dim whose query and fresh key the `*_rope` attention kernels
 /// stage together (the key in the upper half of the query's workgroup array).
 pub(crate) const ROPE_MAX_HEAD_DIM: usize = 256;
@@ -125,16 +51,6 @@ pub(crate) struct QkRope<'a> {
     pub eps: [f32; 2],
     pub half: usize,
 }
-
-/// Workgroups an attention call aims for: about eight resident 256-wide
-/// workgroups on each of an H200's 132 SMs, so that decode (a few (token,
-/// head) pairs, each a long key range) fills the GPU even with few heads.
-const TARGET_WORKGROUPS: usize = 1024;
-/// Fewest keys worth a workgroup of their own (below this the partials and
-/// the merge cost more than the split saves). Measured on an H200 (qwen3_moe
-/// trunk, 32 heads, ~460 keys, bounds checks on; BENCHMARKS.md): split plus
-/// merge took 1.73 ms per token at 32, 1.89 at 16, 2.08 at 64, 3.27 at 128.
-pub(crate) const MIN_CHUNK: usize = 32;
 
 /// Rotary embedding of the `values` values of `x: [tokens, heads, head_dim]`
 /// on the first `rotary_dim` values of each head, token `t` at position
@@ -264,10 +180,6 @@ pub(crate) fn attend(
     gpu.dispatch("attention_merge", &params, &[(OUT, out), (PARTIALS, partials.bind())], Gpu::grid(pairs as u64))
 }
 
-/// Workgroups a flash attention call aims for by default
-/// ([`crate::WgpuOptions::flash_workgroups`]): two per SM of an H200 or H100
-/// (132), each 256 invocations; fewer chunks cost less to merge.
-pub(crate) const FLASH_TARGET_WORKGROUPS: usize = 264;
 /// Fewest keys per flash attention chunk.
 const FLASH_MIN_CHUNK: usize = 128;
 /// Keys from which a decode step (one token) takes `flash_attention`:
@@ -565,6 +477,7 @@ pub(crate) fn attention_qk_norm(b: &WgpuBackend, [q, k, v]: [&Tensor; 3], cache:
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::options::MIN_CHUNK;
 
     #[test]
     fn decode_is_split_prefill_is_not() {

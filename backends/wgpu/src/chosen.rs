@@ -8,7 +8,8 @@ use slotstream_backend::chosen::{Best, PendingRead};
 use slotstream_backend::{checks, shape_error, BackendError, Result, Tensor, Weight};
 
 use crate::gpu::{whole, Gpu, StartedRead};
-use crate::matmul::{EmbedParams, EMBED_OUT, W_WORDS};
+use crate::matmul::{EMBED_OUT, W_WORDS};
+use crate::params::EmbedParams;
 use crate::tensors::{buf, new_tensor, weight};
 
 const LOGITS: u32 = 5;

@@ -3,28 +3,7 @@
 use slotstream_backend::Result;
 
 use crate::gpu::{Bind, Gpu};
-use crate::kernels::params;
-
-params! {
-    /// `Params` of `wgsl/elementwise.wgsl`.
-    pub struct ElementwiseParams {
-        /// Output values.
-        n: u32,
-        /// Values per row of the output (`sigmoid_mul`'s per-row gate,
-        /// `copy_cols`, heads of `delta_gates`).
-        cols: u32,
-        /// Values per row of the input of `copy_cols`.
-        src_cols: u32,
-        /// First column `copy_cols` copies.
-        start: u32,
-        /// 1: the sigmoid gate has one value per row.
-        b_per_row: u32,
-        _pad1: u32,
-        /// `scale`'s multiplier.
-        factor: f32,
-        _pad0: u32,
-    }
-}
+use crate::params::ElementwiseParams;
 
 // Bindings.
 const A: u32 = 2;

@@ -24,14 +24,14 @@ use std::sync::{Arc, Mutex};
 
 use slotstream_backend::{BackendError, Result};
 
-use crate::kernels::{Module, Params};
+use crate::kernels::{Module, ParamsLayout};
 use crate::options::WgpuOptions;
+use crate::params::Params;
 pub use buffers::{whole, Bind, GpuBuf};
 use buffers::FreeList;
 pub use profile::FamilyTime;
 use profile::Timing;
 pub use readback::StartedRead;
-pub use uploads::UPLOAD_CHUNK;
 
 /// Bytes of one dispatch's parameter slot (the uniform offset alignment).
 const PARAM_SLOT: u64 = 256;
@@ -57,6 +57,8 @@ struct Kernel {
     layout: wgpu::BindGroupLayout,
     /// What profiles sum the kernel's time under: its entry point.
     family: &'static str,
+    /// The parameter struct its dispatches take (its module's, [`Module::params`]).
+    params: ParamsLayout,
 }
 
 #[derive(Default)]
@@ -276,7 +278,7 @@ impl Gpu {
         let merge_in_split = options.merge_in_split && orders_across_workgroups(info.backend);
         let merge_counts = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("attention merge counts"),
-            size: 4 * crate::attention::MERGE_PAIRS as u64,
+            size: 4 * crate::params::MERGE_PAIRS as u64,
             usage: wgpu::BufferUsages::STORAGE,
             mapped_at_creation: false,
         });
@@ -393,7 +395,7 @@ impl Gpu {
     /// Only the typed kernel calls of the family modules call this.
     pub(crate) fn dispatch<P: Params>(&self, entry: &str, params: &P, binds: &[(u32, Bind<'_>)], groups: [u32; 3]) -> Result<()> {
         let start = std::time::Instant::now();
-        let flush = self.record(entry, bytemuck::bytes_of(params), binds, groups)?;
+        let flush = self.record(entry, params, binds, groups)?;
         self.host_time.record_ns.fetch_add(start.elapsed().as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
         if flush {
             return self.submit_periodic();
@@ -408,6 +410,13 @@ impl Gpu {
 
     /// Whether the adapter runs the kernel `entry` (the `*_1024` ones need
     /// workgroups that large).
+    /// What the backend's name says of the kernels: files read from a
+    /// directory, the matrix-unit kernels refused by the driver.
+    pub fn kernel_notes(&self) -> String {
+        let from = self.kernels_from.as_ref().map_or(String::new(), |d| format!("; kernels from {}", d.display()));
+        from + &self.coop_refused.as_ref().map_or(String::new(), |e| format!("; the driver refused the matrix-unit kernels: {e}"))
+    }
+
     pub fn has_kernel(&self, entry: &str) -> bool {
         self.kernels.contains_key(entry)
     }

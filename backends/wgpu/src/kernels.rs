@@ -1,55 +1,50 @@
-//! The WGSL kernel sources (files in `wgsl/` at the repository root), the
-//! modules they are assembled into, and the Rust mirror of each module's
-//! uniform `Params` struct. Kernels that read weight matrices share
-//! `weights.wgsl` (and the row-dot helpers in `dot.wgsl`), which are prepended
-//! to the kernel file.
+//! The kernel registry: the WGSL kernel sources (files in `wgsl/` at the
+//! repository root), the modules they are assembled into, each module's
+//! entry points and the parameter struct they all take (`params.rs`, which
+//! mirrors each module's uniform `Params`). Kernels that read weight matrices
+//! share `weights.wgsl` (and the row-dot helpers in `dot.wgsl`), which are
+//! prepended to the kernel file.
 //!
-//! Each kernel family's Rust module (`elementwise.rs`, `norm.rs`, ...)
-//! declares its parameter struct with [`params!`], field for field as the
-//! WGSL declares it (the shader tests compare the two), and one typed
-//! function per entry point.
+//! Each kernel family's Rust module (`elementwise.rs`, `norm.rs`, ...) has
+//! one typed function per entry point, which builds the module's parameter
+//! struct; `Gpu::dispatch` refuses any other type for the entry point
+//! ([`ParamsLayout::check`]), the one place a dispatch meets the registry.
 
-/// A kernel family's uniform parameters, laid out as its WGSL `Params` struct.
-pub trait Params: bytemuck::Pod {
-    /// The field names in order, as the WGSL struct names them.
-    const FIELDS: &'static [&'static str];
-}
+use std::any::TypeId;
 
-/// Declares a `#[repr(C)]` parameter struct of u32/f32 fields (and nested
-/// parameter structs) with its [`Params`] field list.
-macro_rules! params {
-    ($(#[$meta:meta])* pub struct $name:ident { $($(#[$fmeta:meta])* $field:ident: $ty:ty,)* }) => {
-        $(#[$meta])*
-        #[repr(C)]
-        #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
-        pub struct $name {
-            $($(#[$fmeta])* pub $field: $ty,)*
-        }
+use crate::params::{self, Params};
 
-        impl $crate::kernels::Params for $name {
-            const FIELDS: &'static [&'static str] = &[$(stringify!($field)),*];
-        }
-    };
-}
-pub(crate) use params;
-
-/// What the shader tests compare a module's WGSL `Params` struct with.
+/// A parameter struct as the registry knows it: what the shader tests
+/// compare a module's WGSL `Params` struct with, and what a dispatch's
+/// parameters are checked against.
 #[derive(Clone, Copy, Debug)]
 pub struct ParamsLayout {
     pub fields: &'static [&'static str],
     pub bytes: usize,
+    /// The Rust type's name.
+    pub name: &'static str,
+    id: TypeId,
 }
 
 impl ParamsLayout {
-    fn of<P: Params>() -> ParamsLayout {
-        ParamsLayout { fields: P::FIELDS, bytes: std::mem::size_of::<P>() }
+    fn of<P: Params + 'static>() -> ParamsLayout {
+        ParamsLayout { fields: P::FIELDS, bytes: std::mem::size_of::<P>(), name: std::any::type_name::<P>(), id: TypeId::of::<P>() }
+    }
+
+    /// Whether `P` is this parameter struct; else an error naming `entry`,
+    /// the struct it takes and the one it was given.
+    pub(crate) fn check<P: Params + 'static>(&self, entry: &str) -> Result<(), String> {
+        match TypeId::of::<P>() == self.id {
+            true => Ok(()),
+            false => Err(format!("kernel '{entry}' takes {}, not {}", self.name, std::any::type_name::<P>())),
+        }
     }
 }
 
 /// The layout of `WeightDesc` (`wgsl/weights.wgsl`), nested as field `w` in
 /// the parameters of every kernel that reads a weight.
 pub fn weight_desc_layout() -> ParamsLayout {
-    ParamsLayout::of::<crate::weights::WeightDesc>()
+    ParamsLayout::of::<params::WeightDesc>()
 }
 
 /// How every kernel file declares its parameters (binding 0 of group 0), and
@@ -294,23 +289,24 @@ impl Module {
         }
     }
 
-    /// The Rust mirror of the module's `Params` struct.
+    /// The parameter struct every entry point of the module takes (the
+    /// Rust mirror of its WGSL `Params`).
     pub fn params(self) -> ParamsLayout {
-        use crate::{attention, elementwise, matmul, moe, norm, recurrent, streams};
+        use crate::params::*;
         match self {
-            Module::Matvec => ParamsLayout::of::<matmul::MatvecParams>(),
-            Module::MatvecQ8 => ParamsLayout::of::<matmul::MatvecQ8Params>(),
-            Module::MatmulTiled | Module::MatmulCoop => ParamsLayout::of::<matmul::TiledParams>(),
-            Module::Moe | Module::Route => ParamsLayout::of::<moe::MoeParams>(),
-            Module::Embed => ParamsLayout::of::<matmul::EmbedParams>(),
-            Module::Elementwise => ParamsLayout::of::<elementwise::ElementwiseParams>(),
-            Module::Norm => ParamsLayout::of::<norm::NormParams>(),
-            Module::Rope => ParamsLayout::of::<attention::RopeParams>(),
-            Module::Attention => ParamsLayout::of::<attention::AttentionParams>(),
-            Module::FlashAttention | Module::FlashCoop => ParamsLayout::of::<attention::FlashParams>(),
-            Module::Conv => ParamsLayout::of::<recurrent::ConvParams>(),
-            Module::GatedDelta => ParamsLayout::of::<recurrent::GatedDeltaParams>(),
-            Module::Streams => ParamsLayout::of::<streams::StreamParams>(),
+            Module::Matvec => ParamsLayout::of::<MatvecParams>(),
+            Module::MatvecQ8 => ParamsLayout::of::<MatvecQ8Params>(),
+            Module::MatmulTiled | Module::MatmulCoop => ParamsLayout::of::<TiledParams>(),
+            Module::Moe | Module::Route => ParamsLayout::of::<MoeParams>(),
+            Module::Embed => ParamsLayout::of::<EmbedParams>(),
+            Module::Elementwise => ParamsLayout::of::<ElementwiseParams>(),
+            Module::Norm => ParamsLayout::of::<NormParams>(),
+            Module::Rope => ParamsLayout::of::<RopeParams>(),
+            Module::Attention => ParamsLayout::of::<AttentionParams>(),
+            Module::FlashAttention | Module::FlashCoop => ParamsLayout::of::<FlashParams>(),
+            Module::Conv => ParamsLayout::of::<ConvParams>(),
+            Module::GatedDelta => ParamsLayout::of::<GatedDeltaParams>(),
+            Module::Streams => ParamsLayout::of::<StreamParams>(),
         }
     }
 
@@ -377,5 +373,24 @@ impl Module {
         };
         let parts = names.iter().map(|name| file(name)).collect::<Result<Vec<_>, E>>()?;
         Ok(parts.join("\n"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Module;
+    use crate::params::{ElementwiseParams, FlashParams, MoeParams, NormParams, TiledParams};
+
+    #[test]
+    fn an_entry_point_takes_its_module_parameter_struct_only() {
+        assert_eq!(Module::Norm.params().check::<NormParams>("rms_norm"), Ok(()));
+        assert_eq!(Module::Route.params().check::<MoeParams>("moe_route"), Ok(()));
+        assert_eq!(Module::MatmulTiled.params().check::<TiledParams>("moe_sort"), Ok(()));
+        assert_eq!(Module::FlashAttention.params().check::<FlashParams>("flash_attention_hd128"), Ok(()));
+        let refused = Module::Norm.params().check::<ElementwiseParams>("rms_norm").expect_err("another module's struct");
+        assert!(refused.contains("'rms_norm'") && refused.contains("NormParams") && refused.contains("ElementwiseParams"), "{refused}");
+        // Same-sized structs of different modules are told apart too.
+        assert_eq!(Module::Elementwise.params().bytes, Module::Streams.params().bytes);
+        assert!(Module::Streams.params().check::<ElementwiseParams>("stream_mean").is_err());
     }
 }

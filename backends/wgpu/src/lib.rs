@@ -23,6 +23,7 @@ mod matmul;
 mod moe;
 mod norm;
 mod options;
+mod params;
 mod parts;
 mod recurrent;
 mod state;
@@ -146,8 +147,7 @@ impl Backend for WgpuBackend {
             (MatmulMode::Exact, _) => "",
             (MatmulMode::Int8, coop) => if coop { ", int8 activations for large 4-bit matmuls, prefill products on the matrix units" } else { ", int8 activations for large 4-bit matmuls" },
         };
-        let from = self.gpu.kernels_from.as_ref().map_or(String::new(), |d| format!("; kernels from {}", d.display()))
-            + &self.gpu.coop_refused.as_ref().map_or(String::new(), |e| format!("; the driver refused the matrix-unit kernels: {e}"));
+        let from = self.gpu.kernel_notes();
         let kv = self.options.kv_cache.map_or(String::new(), |_| format!(", {} KV cache", self.kv_cache_type()));
         format!("wgpu ({}, {:?}; {uploads}{mode}{kv}{from})", i.name, i.backend)
     }
@@ -550,7 +550,7 @@ impl Backend for WgpuBackend {
     fn map_experts(&self, pool: &mut ExpertPool, entries: &[(u32, Option<u32>)]) -> Result<()> {
         checks::map_experts(entries, pool.keys, pool.slots)?;
         let p = pool.get_mut::<GpuPool>().ok_or_else(|| not_ours("the expert pool"))?;
-        let words: Vec<[u32; 2]> = entries.iter().map(|&(k, s)| [k, s.unwrap_or(moe::NO_SLOT)]).collect();
+        let words: Vec<[u32; 2]> = entries.iter().map(|&(k, s)| [k, s.unwrap_or(params::NO_SLOT)]).collect();
         self.gpu.send_pool_writes()?; // pool writes left staged go out before the table names their slots
         moe::map(&self.gpu, &p.table, &words)?;
         p.mapped(&words);

@@ -6,89 +6,9 @@
 use slotstream_backend::Result;
 
 use crate::gpu::{whole, Bind, Gpu, GpuBuf};
-use crate::kernels::params;
 use crate::options::MatmulMode;
-use crate::weights::{GpuWeight, Shard, WeightDesc};
-
-params! {
-    /// `Params` of `wgsl/matvec.wgsl`.
-    pub struct MatvecParams {
-        w: WeightDesc,
-        /// Rows of the shard.
-        rows: u32,
-        tokens: u32,
-        /// Columns of the output (rows of the whole weight).
-        out_cols: u32,
-        /// The shard's first output column.
-        out_off: u32,
-        x_cols: u32,
-        /// Rows per subgroup for one token of interleaved 4-bit weights (4 or 8).
-        group_rows: u32,
-        /// `matvec_epilogue`: [`Epilogue`] as a number.
-        epilogue: u32,
-        /// `matvec_epilogue`'s SwiGLU: the first up row.
-        half: u32,
-        /// One token of interleaved 4-bit weights at four rows per subgroup:
-        /// subgroups sharing one quad of rows (1, 2 or 4).
-        parts: u32,
-        _pad0: u32,
-        _pad1: u32,
-        _pad2: u32,
-    }
-}
-
-params! {
-    /// `Params` of `wgsl/matvec_q8.wgsl`.
-    pub struct MatvecQ8Params {
-        w: WeightDesc,
-        rows: u32,
-        tokens: u32,
-        out_cols: u32,
-        out_off: u32,
-        x_cols: u32,
-        _pad0: u32,
-        _pad1: u32,
-        _pad2: u32,
-    }
-}
-
-params! {
-    /// `Params` of `wgsl/matmul_tiled.wgsl` (the dense product and the MoE
-    /// tiles over experts, see `moe.rs`).
-    pub struct TiledParams {
-        w: WeightDesc,
-        /// Dense: rows of the shard. MoE: rows of one expert matrix.
-        rows: u32,
-        /// Dense: tokens. MoE: (token, rank) pairs.
-        tokens: u32,
-        out_cols: u32,
-        out_off: u32,
-        x_cols: u32,
-        top_k: u32,
-        experts: u32,
-        key_base: u32,
-        slot_base: u32,
-        slot_end: u32,
-        /// Room in the MoE tile list.
-        max_tiles: u32,
-        /// Pairs per MoE tile (64, or 128 for the wide kernels).
-        tile_pairs: u32,
-    }
-}
-
-params! {
-    /// `Params` of `wgsl/embed.wgsl`.
-    pub struct EmbedParams {
-        w: WeightDesc,
-        /// Token ids.
-        count: u32,
-        /// The shard's first row.
-        row_start: u32,
-        shard_rows: u32,
-        /// `argmax_parts`, `embed_chosen`: parts of the vocabulary.
-        parts: u32,
-    }
-}
+use crate::params::{EmbedParams, MatvecParams, MatvecQ8Params, TiledParams};
+use crate::weights::{GpuWeight, Shard};
 
 // Bindings shared by the weight-reading kernels (`wgsl/weights.wgsl`): the
 // shard as 16-byte words and as single words.

@@ -6,49 +6,12 @@
 use slotstream_backend::{checks, BackendError, ExpertPool, Gating, Result, Routes, Tensor};
 
 use crate::gpu::{whole, Bind, Gpu, GpuBuf, MAX_GROUPS};
-use crate::kernels::params;
-use crate::matmul::{TiledParams, TILE, WIDE_TILE};
+use crate::matmul::{TILE, WIDE_TILE};
 use crate::norm::HeldNorm;
+use crate::params::{MoeParams, TiledParams, NO_SLOT};
 use crate::tensors::{buf, f32s};
 use crate::{not_ours, WgpuBackend};
-use crate::weights::{GpuPool, GpuWeight, PoolMatrix, Shard, WeightDesc};
-
-params! {
-    /// `Params` of `wgsl/moe.wgsl` and `wgsl/route.wgsl` (`wgsl/moe_common.wgsl`).
-    pub struct MoeParams {
-        w: WeightDesc,
-        /// Rows of one expert matrix.
-        rows: u32,
-        /// This dispatch's first assignment (token * top_k + rank; a shared
-        /// expert's after all of those: tokens * top_k + token).
-        asg_off: u32,
-        /// The shard's slots: `slot_base..slot_end`.
-        slot_base: u32,
-        slot_end: u32,
-        x_cols: u32,
-        out_cols: u32,
-        top_k: u32,
-        /// Experts per layer (router logits per token).
-        experts: u32,
-        /// The layer's first key in the slot table.
-        key_base: u32,
-        /// 1: renormalise the top-k weights.
-        normalize: u32,
-        /// Tokens (`moe_route` and the FFN kernels), entries (`moe_map`) or
-        /// output values (`moe_combine`).
-        n: u32,
-        /// `moe_gate_up`: subgroups sharing each of a quad's gate and up rows.
-        parts: u32,
-        /// `moe_route_norm`: the residual norm's epsilon.
-        eps: f32,
-        /// `moe_gate_up`, `moe_down_combine`: the shared expert's slot
-        /// table key (`NO_SLOT`: none), and its gate logits per token.
-        shared_key: u32,
-        gate_cols: u32,
-        /// Routing kernels: 1 routes at most a subgroup's width of experts in one subgroup.
-        route_lanes: u32,
-    }
-}
+use crate::weights::{GpuPool, GpuWeight, PoolMatrix, Shard};
 
 // Bindings.
 const W: u32 = 1;
@@ -65,9 +28,6 @@ const X_VEC4: u32 = 5;
 // as moe_sort writes it and as the tiles read it.
 const SORT: u32 = 10;
 const GROUPS: u32 = 11;
-
-/// A slot table entry that names no slot.
-pub const NO_SLOT: u32 = u32::MAX;
 
 /// Routes `tokens` rows of router logits into `routes: [tokens, 2 * top_k]`.
 pub(crate) fn route(gpu: &Gpu, logits: Bind<'_>, routes: Bind<'_>, tokens: usize, g: Gating) -> Result<()> {

@@ -4,33 +4,8 @@
 use slotstream_backend::{checks, shape_error, GateAct, Result, Tensor};
 
 use crate::gpu::{whole, Bind, Gpu};
+use crate::params::NormParams;
 use crate::tensors::{buf, new_tensor};
-use crate::kernels::params;
-
-params! {
-    /// `Params` of `wgsl/norm.wgsl`.
-    pub struct NormParams {
-        groups: u32,
-        dim: u32,
-        /// 1: multiply by the weight (`rms_norm`).
-        has_weight: u32,
-        /// Values of the weight: `dim`, or a row's worth (one slice per group of a row).
-        weight_len: u32,
-        eps: f32,
-        /// `l2_normalize`'s multiplier.
-        scale: f32,
-        /// `rms_norm_gated`: 0 silu, 1 sigmoid.
-        gate_act: u32,
-        /// `rms_norm_rope`: rotated pairs per head (half the rotary dim).
-        half: u32,
-        /// `rms_norm_rope`: heads (groups) per token.
-        heads: u32,
-        /// `rms_norm_rope`: groups, heads per token and eps of the second set (keys).
-        groups2: u32,
-        heads2: u32,
-        eps2: f32,
-    }
-}
 
 // Bindings.
 const X: u32 = 2;

@@ -84,6 +84,21 @@ const FLUSH_FIRST: u32 = 8;
 /// (BENCHMARKS.md, issue 14).
 const POOL_SEND_EVERY: u64 = 4 << 20;
 
+/// Bytes staged through the queue before they go out in a submission
+/// ([`WgpuOptions::upload_chunk`]; `gpu/uploads.rs`).
+const UPLOAD_CHUNK: u64 = 256 << 20;
+
+/// Fewest keys worth a workgroup of their own (below this the partials and
+/// the merge cost more than the split saves). Measured on an H200 (qwen3_moe
+/// trunk, 32 heads, ~460 keys, bounds checks on; BENCHMARKS.md): split plus
+/// merge took 1.73 ms per token at 32, 1.89 at 16, 2.08 at 64, 3.27 at 128.
+pub(crate) const MIN_CHUNK: usize = 32;
+
+/// Workgroups a flash attention call aims for by default
+/// ([`crate::WgpuOptions::flash_workgroups`]): two per SM of an H200 or H100
+/// (132), each 256 invocations; fewer chunks cost less to merge.
+const FLASH_TARGET_WORKGROUPS: usize = 264;
+
 /// Settings of a [`crate::WgpuBackend`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WgpuOptions {
@@ -257,10 +272,10 @@ impl Default for WgpuOptions {
             flush_first: FLUSH_FIRST,
             q4_layout: Q4Layout::Interleaved,
             q4_eight_rows_from: Q4_EIGHT_ROWS_FROM,
-            attention_min_chunk: crate::attention::MIN_CHUNK,
+            attention_min_chunk: MIN_CHUNK,
             attention_regs: true,
             flash_attention: true,
-            flash_workgroups: crate::attention::FLASH_TARGET_WORKGROUPS,
+            flash_workgroups: FLASH_TARGET_WORKGROUPS,
             flash_two_rows: true,
             coop_matrix: true,
             merge_in_split: true,
@@ -273,7 +288,7 @@ impl Default for WgpuOptions {
             route_wide_rows: ROUTE_WIDE_ROWS,
             time_inside_passes: true,
             flush_ahead: false,
-            upload_chunk: crate::gpu::UPLOAD_CHUNK,
+            upload_chunk: UPLOAD_CHUNK,
             map_primary: true,
             reuse_staging: true,
             pool_send_every: POOL_SEND_EVERY,

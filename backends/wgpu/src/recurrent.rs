@@ -5,50 +5,10 @@
 use slotstream_backend::{checks, Result, State, Tensor};
 
 use crate::gpu::{whole, Bind, Gpu};
-use crate::kernels::params;
+use crate::params::{ConvParams, GatedDeltaParams};
 use crate::state::{GpuConvState, GpuRecurrentState};
 use crate::tensors::buf;
 use crate::{not_ours, WgpuBackend};
-
-params! {
-    /// `Params` of `wgsl/conv.wgsl`.
-    pub struct ConvParams {
-        tokens: u32,
-        channels: u32,
-        kernel: u32,
-        /// Outputs (one thread each).
-        n: u32,
-        dilation: u32,
-        /// `conv1d`: 1 applies silu to the output.
-        act: u32,
-        /// Values of the new window, written by the threads after the outputs'.
-        window_n: u32,
-        _pad2: u32,
-    }
-}
-
-params! {
-    /// `Params` of `wgsl/gated_delta.wgsl`.
-    pub struct GatedDeltaParams {
-        tokens: u32,
-        heads: u32,
-        key_heads: u32,
-        key_dim: u32,
-        value_dim: u32,
-        /// `gated_delta_step`: q's multiplier after its L2 norm.
-        q_scale: f32,
-        /// `gated_delta_step`: the L2 norms' epsilon.
-        eps: f32,
-        /// 1: raw inputs (`gated_delta_step`): norms and gates in the kernel.
-        raw: u32,
-        /// The chunked form: the window's first token.
-        start: u32,
-        /// The chunked form: the window's chunks of [`CHUNK`] tokens.
-        chunks: u32,
-        _pad0: u32,
-        _pad1: u32,
-    }
-}
 
 // Bindings of conv.wgsl.
 const CONV_X: u32 = 2;

@@ -4,25 +4,7 @@
 use slotstream_backend::Result;
 
 use crate::gpu::{Bind, Gpu};
-use crate::kernels::params;
-
-params! {
-    /// `Params` of `wgsl/streams.wgsl`.
-    pub struct StreamParams {
-        /// Output values (one thread each).
-        n: u32,
-        /// Values per stream.
-        d: u32,
-        streams: u32,
-        /// (row, stream) groups of `stream_dot_gate` (one subgroup each).
-        groups: u32,
-        /// `add_gated_to_streams`: the logit scale; `stream_dot_gate`: 1/sqrt(d).
-        factor: f32,
-        _pad0: u32,
-        _pad1: u32,
-        _pad2: u32,
-    }
-}
+use crate::params::StreamParams;
 
 // Bindings.
 const A: u32 = 2;

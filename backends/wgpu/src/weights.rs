@@ -10,26 +10,9 @@ use slotstream_backend::{shape_error, BackendError, DType, ExpertMatrix, HostMat
 use wgpu::WriteOnly;
 
 use crate::gpu::Gpu;
-use crate::kernels::params;
 use crate::options::Q4Layout;
+use crate::params::{WeightDesc, NO_SLOT};
 use crate::parts::fill_rows;
-
-params! {
-    /// `WeightDesc` of `wgsl/weights.wgsl`: how a kernel decodes one weight shard.
-    pub struct WeightDesc {
-        /// 0 f32, 1 f16, 2 bf16, 3 MLX affine, 4 interleaved 4-bit affine.
-        fmt: u32,
-        bits: u32,
-        group_size: u32,
-        /// Scale and bias type: 0 f32, 1 f16, 2 bf16.
-        scale_kind: u32,
-        cols: u32,
-        /// u32 words per row of values.
-        row_words: u32,
-        scales_off: u32,
-        biases_off: u32,
-    }
-}
 
 /// `fmt` of interleaved 4-bit rows (see `wgsl/weights.wgsl`).
 const FMT_Q4_INTERLEAVED: u32 = 4;
@@ -377,7 +360,7 @@ pub struct GpuPool {
     pub slots: usize,
     /// Slots per shard (the last shard may hold fewer).
     pub per_shard: usize,
-    /// The slot table: u32 slot of each key, `moe::NO_SLOT` for none.
+    /// The slot table: u32 slot of each key, `NO_SLOT` for none.
     pub table: wgpu::Buffer,
     /// The host's copy of the slot table, as of the last recorded mapping:
     /// which shards a layer's experts are in.
@@ -419,7 +402,7 @@ impl GpuPool {
                 &vec![0xff; 4 * keys.max(1)],
                 wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
             )?,
-            host_table: vec![crate::moe::NO_SLOT; keys],
+            host_table: vec![NO_SLOT; keys],
         })
     }
 
@@ -435,7 +418,7 @@ impl GpuPool {
 
     /// Whether the host's copy of the slot table maps `key` to a slot.
     pub fn maps(&self, key: usize) -> bool {
-        self.host_table.get(key).is_some_and(|&s| s != crate::moe::NO_SLOT)
+        self.host_table.get(key).is_some_and(|&s| s != NO_SLOT)
     }
 
     /// The shards holding the slots of keys `[key_base, key_base + keys)` (a
@@ -448,7 +431,7 @@ impl GpuPool {
             return 0..1;
         }
         let end = (key_base + keys).min(self.host_table.len());
-        let mapped = self.host_table.get(key_base..end).unwrap_or_default().iter().filter(|&&s| s != crate::moe::NO_SLOT);
+        let mapped = self.host_table.get(key_base..end).unwrap_or_default().iter().filter(|&&s| s != NO_SLOT);
         let (lo, hi) = mapped.fold((usize::MAX, 0), |(lo, hi), &s| {
             let shard = s as usize / self.per_shard;
             (lo.min(shard), hi.max(shard + 1))

@@ -8,8 +8,9 @@ use std::any::Any;
 
 use slotstream_backend::{BackendError, Result};
 
+use super::record::no_kernel;
 use super::{Bind, Gpu, Pending};
-use crate::kernels::Params;
+use crate::params::Params;
 
 /// A dispatch not recorded yet, and what an op that takes it over needs.
 pub(super) struct Held {
@@ -35,9 +36,7 @@ impl Gpu {
         groups: [u32; 3],
         payload: Box<dyn Any + Send>,
     ) -> Result<()> {
-        if !self.kernels.contains_key(entry) {
-            return Err(BackendError::Device(format!("no kernel named '{entry}'")));
-        }
+        self.kernel::<P>(entry)?.ok_or_else(|| no_kernel(entry))?;
         let mut p = self.pending()?;
         self.release_held(&mut p)?;
         let binds = binds.iter().map(|(i, b)| (*i, b.buffer.clone(), b.offset, b.size)).collect();

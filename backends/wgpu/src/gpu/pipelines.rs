@@ -72,7 +72,7 @@ pub(super) fn compile(
                     cache: None,
                 });
                 let layout = pipeline.get_bind_group_layout(0);
-                kernels.insert(spec.name, Kernel { pipeline, layout, family: spec.name });
+                kernels.insert(spec.name, Kernel { pipeline, layout, family: spec.name, params: module.params() });
             }
         }
         if let Some((internal, validation)) = scopes {

@@ -7,24 +7,37 @@ use std::num::NonZeroU64;
 use slotstream_backend::{BackendError, Result};
 
 use super::{Bind, BindKey, Gpu, Kernel, Pending, ARENA_SLOTS, MAX_CACHED_BIND_GROUPS, PARAM_SLOT};
+use crate::params::Params;
 
 impl Gpu {
     /// Records one dispatch; true when `flush_every` asks for a submission now.
-    pub(super) fn record(&self, entry: &str, params: &[u8], binds: &[(u32, Bind<'_>)], groups: [u32; 3]) -> Result<bool> {
+    pub(super) fn record<P: Params>(&self, entry: &str, params: &P, binds: &[(u32, Bind<'_>)], groups: [u32; 3]) -> Result<bool> {
+        let found = self.kernel::<P>(entry)?;
         if groups.contains(&0) {
             return Ok(false);
         }
         if groups.iter().any(|&g| g > self.limits.max_compute_workgroups_per_dimension) {
             return Err(BackendError::Device(format!("{entry}: {groups:?} workgroups exceed the adapter's limit")));
         }
-        let (&entry, kernel) = self
-            .kernels
-            .get_key_value(entry)
-            .ok_or_else(|| BackendError::Device(format!("no kernel named '{entry}'")))?;
+        let (entry, kernel) = found.ok_or_else(|| no_kernel(entry))?;
         let mut guard = self.pending()?;
         let p = &mut *guard;
         self.release_held(p)?;
-        self.record_in(p, entry, kernel, params, binds, groups)
+        self.record_in(p, entry, kernel, bytemuck::bytes_of(params), binds, groups)
+    }
+
+    /// The kernel `entry` names, if the adapter has it, with its registered
+    /// name; an error if it takes parameters of another type than `P` (its
+    /// module's struct in the registry): the one place where a dispatch's
+    /// parameters are checked ([`ParamsLayout::check`]).
+    ///
+    /// [`ParamsLayout::check`]: crate::kernels::ParamsLayout::check
+    pub(super) fn kernel<P: Params>(&self, entry: &str) -> Result<Option<(&'static str, &Kernel)>> {
+        let Some((&name, kernel)) = self.kernels.get_key_value(entry) else {
+            return Ok(None);
+        };
+        kernel.params.check::<P>(name).map_err(BackendError::Device)?;
+        Ok(Some((name, kernel)))
     }
 
     /// Records no dispatch of the kernels `names` from now on (none: all
@@ -180,4 +193,8 @@ impl Gpu {
         let bind_group = self.bind_group(entry, kernel, u64::MAX, binds, None)?;
         self.dispatch_in(p, kernel, &bind_group, Some(params), groups)
     }
+}
+
+pub(super) fn no_kernel(entry: &str) -> BackendError {
+    BackendError::Device(format!("no kernel named '{entry}'"))
 }

@@ -3,9 +3,10 @@
 //! next submission; loading a model records no dispatch, so without this
 //! every weight of the model would wait in staging for the first prompt,
 //! whose submission then copied them all (and freed the staging) before its
-//! first kernel. Each [`UPLOAD_CHUNK`] bytes now go out in a submission of
-//! their own, after the chunk before has landed: the GPU copies one chunk
-//! while the host reads the next from disk, and staging holds at most two.
+//! first kernel. Each [`crate::WgpuOptions::upload_chunk`] bytes (256 MiB
+//! by default) now go out in a submission of their own, after the chunk
+//! before has landed: the GPU copies one chunk while the host reads the
+//! next from disk, and staging holds at most two.
 //! An expert (or, streamed, each of its matrices as it lands) written to
 //! the pool goes through staging memory reused from one write to the next
 //! (a [`wgpu::util::StagingBelt`]) instead of the queue's, which allocates
@@ -25,9 +26,6 @@
 use slotstream_backend::{BackendError, Result};
 
 use super::{device_error, Gpu};
-
-/// Bytes staged through the queue before they go out in a submission.
-pub const UPLOAD_CHUNK: u64 = 256 << 20;
 
 /// Size of each buffer of the staging reused for pool writes (a larger
 /// write gets a buffer of its own size).
