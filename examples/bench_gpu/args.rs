@@ -3,7 +3,7 @@
 use anyhow::{bail, Context, Result};
 use slotstream_wgpu::AdapterChoice;
 
-use super::{attn, gemm};
+use super::gemm;
 
 pub struct Args {
     pub adapter: AdapterChoice,
@@ -22,7 +22,6 @@ pub struct Args {
     pub depth: usize,
     pub pp: usize,
     pub gemm: Vec<(usize, usize, usize)>,
-    pub attn: Vec<(usize, usize, usize)>,
     pub chunks: Vec<usize>,
     /// With --chunks: greedy tokens decoded after each timed prefill.
     pub depth_decode: usize,
@@ -31,7 +30,7 @@ pub struct Args {
 }
 
 pub fn parse_args() -> Result<Args> {
-    let mut a = Args { adapter: AdapterChoice::auto(), model: None, copy_mib: 1024, rows: 65536, cols: 8192, reps: 50, prompt: 256, decode: 64, flushes: vec![0, 8, 12, 24, 16], depth: 432, pp: 256, matvec: true, gemm: Vec::new(), attn: Vec::new(), chunks: Vec::new(), depth_decode: 0, coop: true };
+    let mut a = Args { adapter: AdapterChoice::auto(), model: None, copy_mib: 1024, rows: 65536, cols: 8192, reps: 50, prompt: 256, decode: 64, flushes: vec![0, 8, 12, 24, 16], depth: 432, pp: 256, matvec: true, gemm: Vec::new(), chunks: Vec::new(), depth_decode: 0, coop: true };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
@@ -50,7 +49,6 @@ pub fn parse_args() -> Result<Args> {
             "--no-matvec" => a.matvec = false,
             "--no-coop" => a.coop = false,
             "--gemm" => a.gemm = gemm::parse_shapes(&value()?)?,
-            "--attn" => a.attn = attn::parse_shapes(&value()?)?,
             "--depth-decode" => a.depth_decode = value()?.parse()?,
             "--chunks" => a.chunks = value()?.split(',').map(|v| v.trim().parse()).collect::<Result<_, _>>()?,
             other => bail!("unknown flag {other}"),

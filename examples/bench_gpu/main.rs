@@ -11,16 +11,13 @@
 //!
 //! (d) with `--gemm T:K:N,...`, prefill-sized 4-bit products only (`gemm.rs`);
 //! (e) with `--model DIR --chunks N,...`, prefill only, by chunk size, or with
-//!     `--depth-decode N` decode after it (`prefill.rs`);
-//! (f) with `--attn T:H:KVH,...`, a prompt's attention with the matrix units
-//!     and without (`attn.rs`).
+//!     `--depth-decode N` decode after it (`prefill.rs`).
 //!
 //! `BENCH_GPU_SKIP=k1,k2` decodes without those kernels' dispatches (wrong
 //! tokens): the time a token saves is what they cost in the chain, untimed;
 //! `BENCH_GPU_SKIP_SWEEP=1` does so for each kernel family in turn.
 
 mod args;
-mod attn;
 mod gemm;
 mod prefill;
 
@@ -470,14 +467,7 @@ fn main() -> Result<()> {
     let b = open_with(&args, true, WgpuOptions { matmul: Some(MatmulMode::Exact), coop_matrix: args.coop, ..WgpuOptions::from_env() })?;
     println!("device: {} (subgroup sizes {:?}; parameters as {})", b.name(), b.subgroup_sizes(), if b.immediates() { "immediates" } else { "uniform buffers" });
     if !args.gemm.is_empty() {
-        gemm::bench(&b, &args.gemm, args.reps)?;
-    }
-    if !args.attn.is_empty() {
-        let without = open_with(&args, true, WgpuOptions { matmul: Some(MatmulMode::Exact), coop_matrix: false, ..WgpuOptions::from_env() })?;
-        attn::bench(&b, &without, &args.attn)?;
-    }
-    if !args.gemm.is_empty() || !args.attn.is_empty() {
-        return Ok(());
+        return gemm::bench(&b, &args.gemm, args.reps);
     }
     if let (Some(dir), false) = (&args.model, args.chunks.is_empty()) {
         return prefill::bench(&b, dir, args.prompt, &args.chunks, args.depth_decode);

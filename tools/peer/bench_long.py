@@ -17,8 +17,7 @@ Per model and per context length N in --lengths (default 8192,32768):
              N-token prefill by kernel) and llama.cpp's (GGML_VK_PERF_LOGGER=1 llama-bench -p 0 -n 4
              -d N), raw logs kept for BENCHMARKS.md, at the first length only; the prefill by kernel
              in chunks of 1024 and 2048 with the matrix units and without (bench_gpu --no-coop), and once,
-             prefill-sized products against exact mode's and a prompt's attention with the matrix units
-             against without (bench_gpu --gemm, --attn: error and TFLOP/s).
+             prefill-sized products against exact mode's (bench_gpu --gemm: error and TFLOP/s).
 Prints one markdown table; results.json, table.md and every log go to --results.
 """
 
@@ -135,8 +134,7 @@ def main():
     results = []
     if a.bench_gpu:
         # Prefill-sized products against exact mode's: the matrix units' error and speed.
-        bp.run([a.bench_gpu, "--gemm", "2048:2048:4096,2048:4096:2048,8192:2048:5120,2048:768:2048", "--reps", "10",
-                "--attn", "2048:32:4,8192:32:4,2048:16:2,4096:16:16"], "ours_gemm", a)
+        bp.run([a.bench_gpu, "--gemm", "2048:2048:4096,2048:4096:2048,8192:2048:5120,2048:768:2048", "--reps", "10"], "ours_gemm", a)
     for key in [k.strip() for k in a.models.split(",") if k.strip()]:
         family, experts, args = (bp.SMALL if a.small else bp.FULL)[key]
         name, model, _ = bp.make_model(a, key, family, experts, args, False)

@@ -110,9 +110,6 @@ pub(crate) fn attend(
             }
         };
     if sel_stride == 0 && rope.is_none() {
-        if fresh.is_none() && coop_attend(gpu, cache, [q, out], tokens, heads, scale)? {
-            return Ok(());
-        }
         if let Some(pipeline) = flash_pipeline(gpu, cache, heads, tokens, cache.len) {
             return flash_attend(gpu, pipeline, cache, [q, out], tokens, heads, scale, fresh);
         }
@@ -298,40 +295,6 @@ fn flash_attend(
     let merge = head_dim_kernels(hd).ok_or_else(|| BackendError::Unsupported(format!("flash attention of head dim {hd}")))?.merge;
     let blocks = (hd / 4).div_ceil(FLASH_MERGE_RUNS);
     gpu.dispatch(merge, &params, &[(OUT, out), (PARTIALS, partials.bind())], Gpu::grid((pairs * blocks) as u64))
-}
-
-/// Prompts of at least this many tokens take `flash_coop` where it runs.
-const COOP_MIN_TOKENS: usize = 16;
-/// `flash_coop`'s q16 binding, and its tokens per workgroup at most.
-const Q16: u32 = 7;
-const COOP_MOST_TOKENS: usize = 128;
-
-/// A prompt's dense causal attention on the matrix units
-/// (`wgsl/flash_coop.wgsl`), where it runs: compiled (an adapter with
-/// them), an f16 cache (the int8 mode's) of heads of 128 and 1, 2, 4 or 8
-/// query heads per kv head. Says whether it took the call.
-fn coop_attend(gpu: &Gpu, cache: &GpuKvCache, [q, out]: [Bind<'_>; 2], tokens: usize, heads: usize, scale: f32) -> Result<bool> {
-    let group = heads / cache.kv_heads.max(1);
-    let shape = cache.head_dim == 128 && matches!(group, 1 | 2 | 4 | 8) && group * cache.kv_heads == heads;
-    if !(shape && tokens >= COOP_MIN_TOKENS && cache.kind == KvCacheType::F16 && gpu.has_kernel("flash_coop")) {
-        return Ok(false);
-    }
-    let params = FlashParams {
-        tokens: tokens as u32,
-        heads: heads as u32,
-        kv_heads: cache.kv_heads as u32,
-        past: (cache.len - tokens) as u32,
-        scale,
-        kv: kv_code(cache),
-        ..Default::default()
-    };
-    let values = tokens.div_ceil(COOP_MOST_TOKENS) * COOP_MOST_TOKENS * heads * cache.head_dim;
-    let q16 = gpu.alloc(2 * values as u64)?;
-    gpu.dispatch("flash_coop_q16", &params, &[(Q, q), (Q16, q16.bind())], Gpu::grid(values.div_ceil(256) as u64))?;
-    let groups = cache.kv_heads * tokens.div_ceil(16 * (8 / group));
-    let binds = [(OUT, out), (KEYS, whole(&cache.keys)), (VALUES, whole(&cache.values)), (Q16, q16.bind())];
-    gpu.dispatch("flash_coop", &params, &binds, Gpu::grid(groups as u64))?;
-    Ok(true)
 }
 
 /// The type a new KV cache of heads of `head_dim` keeps when `asked` for

@@ -53,7 +53,7 @@ pub const UNIFORM_PARAMS: &str = "@group(0) @binding(0) var<uniform> p: Params;"
 pub const IMMEDIATE_PARAMS: &str = "var<immediate> p: Params;";
 
 /// Every file in `wgsl/` as built in, by name.
-const FILES: [(&str, &str); 23] = [
+const FILES: [(&str, &str); 22] = [
     ("weights.wgsl", include_str!("../../../wgsl/weights.wgsl")),
     ("dot.wgsl", include_str!("../../../wgsl/dot.wgsl")),
     ("reduce.wgsl", include_str!("../../../wgsl/reduce.wgsl")),
@@ -72,7 +72,6 @@ const FILES: [(&str, &str); 23] = [
     ("attention.wgsl", include_str!("../../../wgsl/attention.wgsl")),
     ("attention_regs.wgsl", include_str!("../../../wgsl/attention_regs.wgsl")),
     ("flash_attention.wgsl", include_str!("../../../wgsl/flash_attention.wgsl")),
-    ("flash_coop.wgsl", include_str!("../../../wgsl/flash_coop.wgsl")),
     ("conv.wgsl", include_str!("../../../wgsl/conv.wgsl")),
     ("gated_delta.wgsl", include_str!("../../../wgsl/gated_delta.wgsl")),
     ("gated_delta_chunked.wgsl", include_str!("../../../wgsl/gated_delta_chunked.wgsl")),
@@ -83,7 +82,7 @@ const FILES: [(&str, &str); 23] = [
 /// subgroup size, workgroup counts and sizes, and positive constants.
 const LOOP_STEPS: &[&str] = &[
     "lanes", "nwg.x * nsg", "nwg.x", "nsg", "parts", "256u", "128u", "64u", "TK", "TN", "WG", "TILE", "V_BATCH * parts", "parts * lanes",
-    "V_BATCH", "MERGE_BATCH", "wg", "nwg.x * per_wg", "BK", "DK", "4u", "tp", "p.slices", "MERGE_STEP", "CK", "16u", "2u", "BC",
+    "V_BATCH", "MERGE_BATCH", "wg", "nwg.x * per_wg", "BK", "DK", "4u", "tp", "p.slices", "MERGE_STEP", "CK", "16u",
 ];
 
 /// Checks that every loop of a kernel file ends, as the kernels are compiled
@@ -190,14 +189,13 @@ pub enum Module {
     Rope,
     Attention,
     FlashAttention,
-    FlashCoop,
     Conv,
     GatedDelta,
     Streams,
 }
 
 impl Module {
-    pub const ALL: [Module; 16] = [
+    pub const ALL: [Module; 15] = [
         Module::Matvec,
         Module::MatvecQ8,
         Module::MatmulTiled,
@@ -210,7 +208,6 @@ impl Module {
         Module::Rope,
         Module::Attention,
         Module::FlashAttention,
-        Module::FlashCoop,
         Module::Conv,
         Module::GatedDelta,
         Module::Streams,
@@ -220,7 +217,7 @@ impl Module {
     /// matrices of 16 x 16 f16, `wgsl/matmul_coop.wgsl`): compiled only
     /// where the adapter has them ([`crate::gpu::Gpu::coop_matrix`]).
     pub fn needs_coop(self) -> bool {
-        matches!(self, Module::MatmulCoop | Module::FlashCoop)
+        self == Module::MatmulCoop
     }
 
     /// The kernel family's file name in `wgsl/` (also its name in profiles).
@@ -238,7 +235,6 @@ impl Module {
             Module::Rope => "rope",
             Module::Attention => "attention",
             Module::FlashAttention => "flash_attention",
-            Module::FlashCoop => "flash_coop",
             Module::Conv => "conv",
             Module::GatedDelta => "gated_delta",
             Module::Streams => "streams",
@@ -269,7 +265,6 @@ impl Module {
                 "attention_split_rope_regs",
             ],
             Module::FlashAttention => &["flash_attention", "kv_store", "kv_store_q8", "flash_merge"],
-            Module::FlashCoop => &["flash_coop_q16", "flash_coop"],
             Module::Conv => &["conv1d"],
             Module::GatedDelta => &["gated_delta", "gated_delta_prep", "gated_delta_chunks"],
             Module::Streams => &["repeat_cols", "stream_mean", "add_gated_to_streams", "stream_dot_gate"],
@@ -303,7 +298,7 @@ impl Module {
             Module::Norm => ParamsLayout::of::<NormParams>(),
             Module::Rope => ParamsLayout::of::<RopeParams>(),
             Module::Attention => ParamsLayout::of::<AttentionParams>(),
-            Module::FlashAttention | Module::FlashCoop => ParamsLayout::of::<FlashParams>(),
+            Module::FlashAttention => ParamsLayout::of::<FlashParams>(),
             Module::Conv => ParamsLayout::of::<ConvParams>(),
             Module::GatedDelta => ParamsLayout::of::<GatedDeltaParams>(),
             Module::Streams => ParamsLayout::of::<StreamParams>(),
@@ -366,7 +361,6 @@ impl Module {
             Module::Rope => &["rope.wgsl"],
             Module::Attention => &["reduce.wgsl", "attention.wgsl", "attention_regs.wgsl"],
             Module::FlashAttention => &["flash_attention.wgsl"],
-            Module::FlashCoop => &["flash_coop.wgsl"],
             Module::Conv => &["conv.wgsl"],
             Module::GatedDelta => &["gated_delta.wgsl", "gated_delta_chunked.wgsl"],
             Module::Streams => &["streams.wgsl"],
