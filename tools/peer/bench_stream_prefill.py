@@ -10,7 +10,8 @@ Prompts: a prefix of the repository's docs (ARCHITECTURE.md, README.md, BENCHMAR
 bench_long.py's) of exactly N tokens for each N of --lengths (default 2048,8192): the entry of
 tools/peer/long_prompts.json where it holds N and the docs are unchanged, else calibrated on a
 tiny model (bench_gpu_peer.calibrate_prompt); where no prefix comes to N exactly, the longest one
-under N is padded with characters no merge of the synthetic tokenizer joins (one token each).
+under N, less trailing white space, is padded with characters no merge of the synthetic
+tokenizer joins (one token each).
 Every run checks `stats.prompt_tokens` == N.
 
 Per model and prompt, --rounds rounds, the two arms' order alternating:
@@ -94,8 +95,9 @@ def exact_prompt(a, n, alphabet):
     prompt, tokens = bp.calibrate_prompt(a, n)
     if tokens == n:
         return prompt, "calibrated"
-    # The smallest prefix with >= n tokens has more: the one a character shorter has fewer.
-    head = prompt[:-1]
+    # The smallest prefix with >= n tokens has more: the one a character shorter has fewer. Not
+    # ending in white space, whose split into pre-tokens the next character would change.
+    head = prompt[:-1].rstrip()
     short = count_tokens(a, head)
     rng = random.Random(46)
     prompt = head + "".join(rng.choice(alphabet) for _ in range(n - short))
@@ -246,12 +248,12 @@ def table(a, meta, results):
         for n, row in r.get("rows", {}).items():
             if row.get("chunks") is None:
                 continue
-            checks = [f"chunks {row['chunks']} {'<=' if row['chunks'] <= 4 else '>'} 4",
-                      f"reads per chunk {f(row.get('reads_per_chunk'), 2)} x missed bytes "
-                      f"{'<=' if (row.get('reads_per_chunk') or 9) <= 1.25 else '>'} 1.25",
-                      f"streamed / min(resident, disk-bound) {f(row.get('ratio_once'), 2)} "
-                      f"{'>=' if (row.get('ratio_once') or 0) >= 0.8 else '<'} 0.8"]
-            met = row["chunks"] <= 4 and (row.get("reads_per_chunk") or 9) <= 1.25 and (row.get("ratio_once") or 0) >= 0.8
+            per_chunk, ratio = row.get("reads_per_chunk"), row.get("ratio_once")
+            ok = [row["chunks"] <= 4, per_chunk is not None and per_chunk <= 1.25, ratio is not None and ratio >= 0.8]
+            checks = [f"chunks {row['chunks']} {'<=' if ok[0] else '>'} 4",
+                      f"reads per chunk {f(per_chunk, 2)} x missed bytes {'<=' if ok[1] else 'not <='} 1.25",
+                      f"streamed / min(resident, disk-bound) {f(ratio, 2)} {'>=' if ok[2] else 'not >='} 0.8"]
+            met = all(ok)
             lines.append(f"\n{r['key']}, {n}-token prompt: {'; '.join(checks)}: **{'met' if met else 'not met'}**"
                          f" (expert reads {'O_DIRECT' if row.get('direct_io') else 'buffered'}; "
                          f"{f(row.get('read_gbs_during_prefill'), 2)} GB/s read over the streamed prefill)")
@@ -334,6 +336,9 @@ def main():
     save()
     open(os.path.join(a.results, "table.md"), "w").write(md + "\n")
     print(md)
+    if any(r.get("error") or any(row.get("streamed") is None for row in r.get("rows", {}).values()) or not r.get("rows")
+           for r in results) or not results:
+        sys.exit("some prompts have no streamed result (above)")
 
 
 if __name__ == "__main__":
