@@ -43,6 +43,7 @@ import math
 import os
 import random
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -206,11 +207,32 @@ def bench_model(a, key, lengths, prompts, out):
                 runs[n][arm].append(one_run(a, model, prompts[n][0], n, experts, f"{name}_{arm}_{n}_{i}"))
             yield
     out["disk_after_gbs"] = disk(a, model) if remaining(a) > MARGIN_S + 5 else None
-    rates = [g for g in (out["disk_before_gbs"], out["disk_after_gbs"]) if g]
-    gbs = statistics.mean(rates) if rates else None
-    out["rows"] = {n: summary(a, n, runs[n]["streamed"], runs[n]["resident"], gbs) for n in lengths}
     if not a.keep:
         bp.shutil.rmtree(model, ignore_errors=True)
+
+
+def rows(a, out):
+    """The table's rows of one model, from whatever runs it has."""
+    rates = [g for g in (out.get("disk_before_gbs"), out.get("disk_after_gbs")) if g]
+    gbs = statistics.mean(rates) if rates else None
+    return {n: summary(a, n, r["streamed"], r["resident"], gbs) for n, r in out.get("runs", {}).items()}
+
+
+class Stopped(Exception):
+    """SIGTERM (the phase's backstop timeout): the table is still written."""
+
+
+def kill_children():
+    """Our runs in flight (bench_gpu_peer.run starts each in a session of its own, which a
+    signal to this process does not reach): their process groups, by the children's ids."""
+    me = str(os.getpid())
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = open(f"/proc/{pid}/stat").read()
+            if stat[stat.rindex(")") + 2:].split()[1] == me:
+                os.killpg(int(pid), signal.SIGKILL)
+        except (OSError, ValueError, IndexError):
+            pass
 
 
 def f(v, digits=1):
@@ -284,6 +306,8 @@ def main():
     ap.add_argument("--disk-gib", type=float, default=4.0, help="GiB of the model's files each disk measurement reads")
     ap.add_argument("--limit", type=float, default=0, help="seconds for the whole run (0: none)")
     ap.add_argument("--run-timeout", type=int, default=600)
+    ap.add_argument("--model-min", type=float, default=180,
+                    help="seconds a model after the first needs left of --limit to start (its synthesis and runs)")
     ap.add_argument("--commit", default="unknown")
     a = ap.parse_args()
     t_start = time.time()
@@ -313,20 +337,36 @@ def main():
         meta["elapsed_s"] = round(time.time() - t_start, 1)
         json.dump({"meta": meta, "results": results}, open(os.path.join(a.results, "results.json"), "w"), indent=1, default=str)
 
-    for key in keys:
-        if remaining(a) < MARGIN_S + MIN_RUN_S:
-            bp.log(f"== {key}64 skipped: --limit reached")
-            continue
-        bp.log(f"== {key}64")
-        out = {"key": f"{key}64"}
-        results.append(out)
-        try:
-            for _ in bench_model(a, key, lengths, prompts, out):
-                save()
-        except SystemExit as ex:  # a failed synthesis or calibration: the other models still run
-            out["error"] = str(ex)
-            bp.log(f"  {key}64: {ex}")
-        save()
+    def stop(*_):
+        raise Stopped()
+
+    signal.signal(signal.SIGTERM, stop)
+    stopped = False
+    try:
+        for i, key in enumerate(keys):
+            # A later model starts only with time for its synthesis and runs (synthesis has no deadline).
+            if remaining(a) < MARGIN_S + (MIN_RUN_S if i == 0 else a.model_min):
+                bp.log(f"== {key}64 skipped: --limit reached")
+                continue
+            bp.log(f"== {key}64")
+            out = {"key": f"{key}64"}
+            results.append(out)
+            try:
+                for _ in bench_model(a, key, lengths, prompts, out):
+                    save()
+            except SystemExit as ex:  # a failed synthesis or calibration: the other models still run
+                out["error"] = str(ex)
+                bp.log(f"  {key}64: {ex}")
+            save()
+    except Stopped:
+        bp.log("stopped (SIGTERM): writing the table of what was measured")
+        kill_children()
+        stopped = True
+        if results:
+            results[-1].setdefault("error", "stopped by SIGTERM part way")
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for r in results:
+        r["rows"] = rows(a, r)
     for r in results:
         gpu_name = next((x.get("backend_name") for n in r.get("runs", {}).values() for arm in n.values() for x in arm
                          if x and x.get("backend_name")), None)
@@ -335,7 +375,10 @@ def main():
     md = table(a, meta, results)
     save()
     open(os.path.join(a.results, "table.md"), "w").write(md + "\n")
-    print(md)
+    print(md, flush=True)
+    if stopped:
+        # Not waiting for the killed run's timer thread (bench_gpu_peer.run's, up to --run-timeout).
+        os._exit(1)
     if any(r.get("error") or any(row.get("streamed") is None for row in r.get("rows", {}).values()) or not r.get("rows")
            for r in results) or not results:
         sys.exit("some prompts have no streamed result (above)")
