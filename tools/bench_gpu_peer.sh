@@ -99,11 +99,15 @@
 #   prompt the chunks, bytes read, passes over the missed experts (`run --json`'s
 #   stats.prefill_experts), reads per chunk, prefill tok/s, hit rate; the disk's rate is the
 #   model's files read with O_DIRECT (page cache bypassed, so cold whatever was read before),
-#   before and after the runs. Prints the acceptance ratios of issue 46 (chunks <= 4, reads per
-#   chunk / missed bytes <= 1.25, streamed / min(resident, disk-bound) >= 0.8). ROUNDS (default
-#   2, arms alternating), GPU_BACKEND, SMALL=1, KEEP=1, DISK_GIB (read per disk measurement, 4);
-#   LIMIT=SECONDS starts no run that cannot end by then and still writes the table (table.md,
-#   results.json, stream-prefill-logs.tar.gz, in $OUT too).
+#   before and after the runs; the disk-bound limit is N x that rate / the bytes of the distinct
+#   experts that missed (each read once; also shown: once per chunk). Prints the acceptance
+#   ratios of issue 46 (chunks <= 4, reads per chunk / missed bytes <= 1.25, streamed /
+#   min(resident, disk-bound) >= 0.8). ROUNDS (default 2, arms alternating), GPU_BACKEND,
+#   SMALL=1, KEEP=1, DISK_GIB (read per disk measurement, 4); LIMIT=SECONDS starts no run that
+#   cannot end by then and still writes the table (table.md, results.json,
+#   stream-prefill-logs.tar.gz, in $OUT too). One device call: LIMIT=400 tools/bench_gpu_peer.sh
+#   stream-prefill, carrying $CARRY (NO_PEER=1 prepare is enough) and .gl. Without a GPU:
+#   SMALL=1 ROUNDS=1 GPU_BACKEND=wgpu:software VK_DRIVER_FILES=... (about 7 minutes on 2 cores).
 #
 # batch (there, after the same setup as run): N concurrent greedy streams (STREAMS, default 1,4,8;
 #   TOKENS each, default 128; ROUNDS, default 2) of model A resident, ours `serve --parallel N`

@@ -130,7 +130,7 @@ def one_run(a, model, prompt, n, experts, tag):
                    reads=o["stats"].get("prefill_experts"), staging_bytes=e.get("staging_bytes"),
                    disk_busy_s=e["total"].get("disk_busy_seconds"))
     except (OSError, ValueError, KeyError, IndexError) as ex:
-        res.setdefault("error", f"{type(ex).__name__}: {ex}")
+        res["error"] = res.get("error") or f"{type(ex).__name__}: {ex}"
     if res.get("prompt_tokens") is not None and res["prompt_tokens"] != n:
         res["error"] = f"the prompt came to {res['prompt_tokens']} tokens, not {n}"
         bp.log("  " + res["error"])
