@@ -8,6 +8,7 @@
 #   tools/bench_gpu_peer.sh stream      # there: streamed decode, several arms alternating
 #   tools/bench_gpu_peer.sh disk        # there, after stream: the disk's rate with idle gaps
 #   tools/bench_gpu_peer.sh long        # there: long prompts and contexts (tools/peer/bench_long.py)
+#   tools/bench_gpu_peer.sh stream-prefill  # there: streamed prefill of long prompts (tools/peer/bench_stream_prefill.py)
 #   tools/bench_gpu_peer.sh flagship    # there: the flagship slice at 16/24/48 GB shares (tools/bench_flagship.sh;
 #                                       #   NO_PEER=1 prepare skips llama.cpp; SHARES=16 then SHARES=24,48 fit 10-minute calls)
 #
@@ -90,6 +91,23 @@
 #   LIMIT=SECONDS stops it there and still copies out what it measured; PARITY=L also gives the
 #   longest prompt 8 greedy tokens on cpu:exact, wgpu:exact, wgpu and cpu with each model cut to
 #   its first L layers, and says which backends give cpu:exact's ids.
+#
+# stream-prefill (there, after the same setup as run; llama.cpp not needed): streamed prefill of
+#   prompts of exactly N tokens (LENGTHS, default 2048,8192; a prefix of the docs, as long's) on
+#   MODELS (default A64; A64,B64 both) with a pool of 16 of 64 experts per layer, beside the same
+#   prompts with every expert resident (--experts-per-layer 64) and the disk-bound limit: per
+#   prompt the chunks, bytes read, passes over the missed experts (`run --json`'s
+#   stats.prefill_experts), reads per chunk, prefill tok/s, hit rate; the disk's rate is the
+#   model's files read with O_DIRECT (page cache bypassed, so cold whatever was read before),
+#   before and after the runs; the disk-bound limit is N x that rate / the bytes of the distinct
+#   experts that missed (each read once; also shown: once per chunk). Prints the acceptance
+#   ratios of issue 46 (chunks <= 4, reads per chunk / missed bytes <= 1.25, streamed /
+#   min(resident, disk-bound) >= 0.8). ROUNDS (default 2, arms alternating), GPU_BACKEND,
+#   SMALL=1, KEEP=1, DISK_GIB (read per disk measurement, 4); LIMIT=SECONDS starts no run that
+#   cannot end by then and still writes the table (table.md, results.json,
+#   stream-prefill-logs.tar.gz, in $OUT too). One device call: LIMIT=400 tools/bench_gpu_peer.sh
+#   stream-prefill, carrying $CARRY (NO_PEER=1 prepare is enough) and .gl. Without a GPU:
+#   SMALL=1 ROUNDS=1 GPU_BACKEND=wgpu:software VK_DRIVER_FILES=... (about 7 minutes on 2 cores).
 #
 # batch (there, after the same setup as run): N concurrent greedy streams (STREAMS, default 1,4,8;
 #   TOKENS each, default 128; ROUNDS, default 2) of model A resident, ours `serve --parallel N`
@@ -291,6 +309,22 @@ long_phase() {
     return $rc
 }
 
+stream_prefill_phase() {
+    setup_machine 0 stream-prefill-results
+    local args=(--slotstream "$work/bin/slotstream" --work "$work" --results "$results" --models "${MODELS:-A64}"
+        --lengths "${LENGTHS:-2048,8192}" --rounds "${ROUNDS:-2}" --gpu-backend "${GPU_BACKEND:-wgpu}"
+        --router-skew "${ROUTER_SKEW:-0.4}" --mixer-out-scale "${MIXER_OUT_SCALE:-0.1}" --jobs "${JOBS:-$(nproc)}"
+        --disk-gib "${DISK_GIB:-4}" --limit "${LIMIT:-0}" --commit "$commit")
+    [ -n "${SMALL:-}" ] && args+=(--small)
+    [ -n "${KEEP:-}" ] && args+=(--keep)
+    local rc=0 backstop=86400
+    # The script keeps to LIMIT itself (the table is written); the timeout only backs it up.
+    [ "${LIMIT:-0}" -gt 0 ] && backstop=$((LIMIT + 60))
+    PYTHONUNBUFFERED=1 timeout "$backstop" python3 tools/peer/bench_stream_prefill.py "${args[@]}" || rc=$?
+    copy_out stream-prefill-logs.tar.gz
+    return $rc
+}
+
 disk_phase() {
     work=${WORK:-/tmp/gpu-peer}
     results=${RESULTS:-$work/disk-results}
@@ -342,6 +376,7 @@ case "$phase" in
     stream) stream_phase ;;
     disk) disk_phase ;;
     long) long_phase ;;
+    stream-prefill) stream_prefill_phase ;;
     cuda-build) cuda_build_phase ;;
     batch) batch_phase ;;
     *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2 ;;
