@@ -254,7 +254,8 @@ impl Gpu {
                 true => unsafe { wgpu::ExperimentalFeatures::enabled() },
                 false => wgpu::ExperimentalFeatures::disabled(),
             },
-            memory_hints: wgpu::MemoryHints::Performance,
+            // Blocks of 8-64 MiB (Performance's 128-256 may leave a block unused per memory type).
+            memory_hints: wgpu::MemoryHints::MemoryUsage,
             trace: wgpu::Trace::Off,
         }))
         .map_err(|e| device_error(&format!("opening a device on {}", info.name), e))?;
