@@ -220,14 +220,21 @@ impl Speculative {
     /// queued. Returns logits to sample from when nothing was queued (a
     /// catch-up pass without a draft).
     fn step(&mut self, engine: &Engine, state: &mut SequenceState, history: &[u32], sampler: &mut Sampler) -> Result<Option<Vec<f32>>> {
+        // The whole step (the head's pass, the main pass, a rollback) is one
+        // turn, run on a thread of the compute pool: its operations outside
+        // the main pass would each hand their work to the pool and sleep.
+        // Nothing in it may ask for the turn again (it runs on another thread).
+        let _turn = engine.batch.pass_turn();
+        crate::model::on_compute_threads(|| self.step_in_turn(engine, state, history, sampler))
+    }
+
+    fn step_in_turn(&mut self, engine: &Engine, state: &mut SequenceState, history: &[u32], sampler: &mut Sampler) -> Result<Option<Vec<f32>>> {
         let b = engine.backend.as_ref();
         let model = &engine.model;
         let head = model.draft.as_ref().context("internal: speculative decoding without a draft head")?;
         let stats = &mut self.stats;
         let q = history.len() - 1;
         let p = state.position;
-        // The whole step (the head's pass, the main pass, a rollback) is one turn.
-        let _turn = engine.batch.pass_turn();
         stats.forward_passes += 1;
         if stats.drafted >= MTP_PROBE_DRAFTS && stats.acceptance() < MTP_MIN_ACCEPTANCE {
             // The head stops following this sequence: its state is dropped,
@@ -239,13 +246,13 @@ impl Speculative {
             // Other sequences decode beside this one: no draft, the head's
             // rows kept for when it decodes alone again.
             stats.passes_beside_others += 1;
-            let h = engine.forward_hidden(&history[p..], state, history, 0, HeadFeed::Later)?;
+            let h = engine.forward_hidden_in_turn(&history[p..], state, history, 0, HeadFeed::Later)?;
             return Ok(Some(b.download(&model.logits(b, &h, 1)?)?));
         }
         if q >= p + 2 || state.draft.is_none() {
             // Two drafts in a row were rejected (catch up without a draft, so a
             // pass never grows past three tokens), or drafting is paused.
-            let h = engine.forward_hidden(&history[p..], state, &history[p..], p, HeadFeed::Now)?;
+            let h = engine.forward_hidden_in_turn(&history[p..], state, &history[p..], p, HeadFeed::Now)?;
             return Ok(Some(b.download(&model.logits(b, &h, 1)?)?));
         }
         let draft_state = state.draft.as_mut().context("internal: the sequence has no draft state")?;

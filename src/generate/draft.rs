@@ -54,9 +54,23 @@ impl Engine {
         known_start: usize,
         feed: HeadFeed,
     ) -> Result<Tensor> {
+        let _turn = self.batch.pass_turn();
+        self.forward_hidden_in_turn(chunk, state, known, known_start, feed)
+    }
+
+    /// [`Engine::forward_hidden`] by a caller that holds the pass turn (on
+    /// a thread of the compute pool, where asking for it again would wait
+    /// for the caller's own turn).
+    pub(crate) fn forward_hidden_in_turn(
+        &self,
+        chunk: &[u32],
+        state: &mut SequenceState,
+        known: &[u32],
+        known_start: usize,
+        feed: HeadFeed,
+    ) -> Result<Tensor> {
         let b = self.backend.as_ref();
         let first = state.position;
-        let _turn = self.batch.pass_turn();
         let h = self.model.hidden(b, chunk, state)?;
         if let (Some(head), Some(draft)) = (&self.model.draft, state.draft.as_mut()) {
             draft.record(first, &h);
