@@ -3,7 +3,10 @@
 //! `Engine::generate_from`, as the server runs a request), three ways:
 //! without the draft head (`plain`), the head drafting for every sequence
 //! (`MtpBeside::Draft`), and the head paused while other sequences decode
-//! (`MtpBeside::Pause`).
+//! (`MtpBeside::Pause`); and, first, the same streams one after another
+//! without the head (`in_a_row`). A model without `mtp.safetensors` runs
+//! `in_a_row` and `plain` only (a model that batches: continuous batching's
+//! gain inside the engine, without the server).
 //!
 //!     cargo run --release --example bench_mtp_streams -- MODEL_DIR [TOKENS] [STREAMS] [ROUNDS] [cpu|cpu:exact]
 //!
@@ -102,9 +105,7 @@ fn main() -> Result<()> {
     };
     let plain = load(false)?;
     let mut spec = load(true)?;
-    if spec.model.draft.is_none() {
-        bail!("{} has no mtp.safetensors", dir.display());
-    }
+    let configs: &[&str] = if spec.model.draft.is_some() { &["in_a_row", "plain", "draft", "pause"] } else { &["in_a_row", "plain"] };
     let prompts: Vec<Vec<u32>> = TEXTS.iter().map(|t| plain.codec.encode(t, false)).collect::<Result<_>>()?;
     // Warm-up (allocations, the pool's first reads), and each stream's tokens alone without the head.
     run(&plain, &prompts, 8)?;
@@ -113,15 +114,27 @@ fn main() -> Result<()> {
         prompts.iter().map(|p| Ok(run(&plain, std::slice::from_ref(p), tokens)?.outs.remove(0).generated_ids)).collect::<Result<_>>()?;
     for round in 1..=rounds {
         for &n in &streams {
-            for config in ["plain", "draft", "pause"] {
+            for &config in configs {
                 let e = match config {
-                    "plain" => &plain,
+                    "plain" | "in_a_row" => &plain,
                     _ => {
                         spec.mtp_beside_others = if config == "draft" { MtpBeside::Draft } else { MtpBeside::Pause };
                         &spec
                     }
                 };
-                let r = run(e, &prompts[..n], tokens)?;
+                let r = match config {
+                    "in_a_row" => {
+                        let mut all = Round { outs: Vec::new(), wall: 0.0, cpu: Some(0.0) };
+                        for p in &prompts[..n] {
+                            let one = run(e, std::slice::from_ref(p), tokens)?;
+                            all.outs.extend(one.outs);
+                            all.wall += one.wall;
+                            all.cpu = all.cpu.zip(one.cpu).map(|(a, b)| a + b);
+                        }
+                        all
+                    }
+                    _ => run(e, &prompts[..n], tokens)?,
+                };
                 let same = r.outs.iter().zip(&want).all(|(out, want)| &out.generated_ids == want);
                 if !same && kind == "cpu:exact" {
                     bail!("{config}, {n} streams: a stream's tokens differ from its tokens without the head");
@@ -142,7 +155,7 @@ fn main() -> Result<()> {
                         "drafted": drafted,
                         "accepted": accepted,
                         "acceptance": if drafted > 0 { accepted as f64 / drafted as f64 } else { 0.0 },
-                        "decode_passes": (config != "plain").then_some(passes),
+                        "decode_passes": matches!(config, "draft" | "pause").then_some(passes),
                         "passes_beside_others": beside,
                         "same_tokens": same,
                     })
