@@ -8,7 +8,7 @@
 //! `in_a_row` and `plain` only (a model that batches: continuous batching's
 //! gain inside the engine, without the server).
 //!
-//!     cargo run --release --example bench_mtp_streams -- MODEL_DIR [TOKENS] [STREAMS] [ROUNDS] [cpu|cpu:exact]
+//!     cargo run --release --example bench_mtp_streams -- MODEL_DIR [TOKENS] [STREAMS] [ROUNDS] [cpu|cpu:exact|cpu:f32-kv]
 //!
 //! STREAMS: comma-separated stream counts (default `1,2,4`); TOKENS per
 //! stream (default 128); ROUNDS (default 3) repeat every configuration, the
@@ -81,7 +81,7 @@ fn run(e: &Engine, prompts: &[Vec<u32>], tokens: usize) -> Result<Round> {
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: bench_mtp_streams MODEL_DIR [TOKENS] [STREAMS] [ROUNDS] [cpu|cpu:exact]";
+    let usage = "usage: bench_mtp_streams MODEL_DIR [TOKENS] [STREAMS] [ROUNDS] [cpu|cpu:exact|cpu:f32-kv]";
     let dir = PathBuf::from(args.get(1).context(usage)?);
     let tokens: usize = args.get(2).map(|s| s.parse()).transpose()?.unwrap_or(128);
     let streams: Vec<usize> = match args.get(3) {
@@ -97,7 +97,12 @@ fn main() -> Result<()> {
         let backend: Box<dyn slotstream_backend::Backend> = match kind.as_str() {
             "cpu" => Box::new(slotstream_cpu::CpuBackend::new()),
             "cpu:exact" => Box::new(slotstream_cpu::CpuBackend::exact()),
-            other => bail!("backend {other}: expected cpu or cpu:exact"),
+            // The int8 matmuls over an f32 KV cache (the fast mode's is f16).
+            "cpu:f32-kv" => Box::new(slotstream_cpu::CpuBackend::with_options(slotstream_cpu::CpuOptions {
+                kv_cache: Some(slotstream_backend::KvCacheType::F32),
+                ..slotstream_cpu::CpuOptions::from_env()
+            })),
+            other => bail!("backend {other}: expected cpu, cpu:exact or cpu:f32-kv"),
         };
         let mut e = Engine::load(&dir, backend, &LoadOptions { mtp, ..Default::default() })?;
         e.set_parallel(4)?;
