@@ -71,6 +71,9 @@ fn concurrent_streams_with_mtp_generate_their_text_without_it() {
     let plain = engine(false);
     let alone: Vec<Vec<u32>> = (0..4).map(|i| concurrently(&plain, &[(prompts[i].clone(), tokens(i))]).remove(0).generated_ids).collect();
     let mut e = engine(true);
+    assert_eq!(e.mtp_beside_others, MtpBeside::Draft, "the default");
+    let opts = LoadOptions { mtp: true, mtp_pause_beside_others: true, ..Default::default() };
+    assert_eq!(MtpBeside::from_options(&opts), MtpBeside::Pause);
     e.set_parallel(4).expect("4 sequences");
     e.drafter = Some(drafter(prompts.iter().cloned().zip(alone.iter().cloned()).collect()));
     for policy in [MtpBeside::Draft, MtpBeside::Pause] {

@@ -31,6 +31,17 @@ pub enum MtpBeside {
     Pause,
 }
 
+impl MtpBeside {
+    /// The policy `opts` asks for (`LoadOptions::mtp_pause_beside_others`).
+    pub fn from_options(opts: &crate::model::LoadOptions) -> MtpBeside {
+        if opts.mtp_pause_beside_others {
+            MtpBeside::Pause
+        } else {
+            MtpBeside::Draft
+        }
+    }
+}
+
 /// When a draft head consumes the hidden rows a forward pass records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum HeadFeed {

@@ -172,7 +172,7 @@ impl Engine {
         let codec = TextCodec::load(&arch.dir, &arch.eos_ids())?;
         codec.check_fits_model(model.vocab_size(), &arch.dir)?;
         let batch = Batcher::new(1)?;
-        Ok(Engine { backend, model, codec, prefill_chunk: DEFAULT_PREFILL_CHUNK, drafter: None, decode_ahead: opts.decode_ahead, mtp_beside_others: MtpBeside::default(), batch })
+        Ok(Engine { backend, model, codec, prefill_chunk: DEFAULT_PREFILL_CHUNK, drafter: None, decode_ahead: opts.decode_ahead, mtp_beside_others: MtpBeside::from_options(opts), batch })
     }
 
     /// Lets up to `parallel` sequences that decode at the same time (each on
