@@ -32,6 +32,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
@@ -55,6 +56,9 @@ pub const MAX_PARALLEL: usize = 16;
 /// The sequences decoding on one engine and their waiting steps.
 pub struct Batcher {
     parallel: usize,
+    /// Sequences in their decode loop, whatever their strategy (batched,
+    /// alone or speculative): [`Batcher::decode_loop`].
+    in_decode: AtomicUsize,
     shared: Mutex<Shared>,
     changed: Condvar,
     turns: Mutex<Turns>,
@@ -188,6 +192,7 @@ impl Batcher {
         }
         Ok(Batcher {
             parallel,
+            in_decode: AtomicUsize::new(0),
             shared: Mutex::new(Shared::default()),
             changed: Condvar::new(),
             turns: Mutex::new(Turns::default()),
@@ -252,10 +257,34 @@ impl Batcher {
         self.shared.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Counts a sequence into the sequences in their decode loop until the
+    /// guard is dropped (every generation, batched or not).
+    pub fn decode_loop(&self) -> DecodeLoop<'_> {
+        self.in_decode.fetch_add(1, Ordering::SeqCst);
+        DecodeLoop { batcher: self }
+    }
+
+    /// Whether sequences besides the caller's (which holds a
+    /// [`Batcher::decode_loop`]) are in their decode loop.
+    pub fn others_decoding(&self) -> bool {
+        self.in_decode.load(Ordering::SeqCst) > 1
+    }
+
     /// Counts a sequence into the decoding set until the member is dropped.
     pub fn join(&self) -> Member<'_> {
         self.lock().decoding += 1;
         Member { batcher: self, share: Mutex::new(BatchShare::default()) }
+    }
+}
+
+/// A sequence in its decode loop ([`Batcher::decode_loop`]).
+pub struct DecodeLoop<'a> {
+    batcher: &'a Batcher,
+}
+
+impl Drop for DecodeLoop<'_> {
+    fn drop(&mut self) {
+        self.batcher.in_decode.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

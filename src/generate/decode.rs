@@ -13,7 +13,8 @@ use slotstream_backend::chosen::PendingRead;
 use slotstream_backend::Tensor;
 
 use super::batch::{BatchShare, Member};
-use super::{Engine, TokenConstraint};
+use super::draft::HeadFeed;
+use super::{Engine, MtpBeside, TokenConstraint};
 use crate::model::{Logits, SequenceState};
 use crate::sampling::Sampler;
 
@@ -30,6 +31,9 @@ pub struct MtpStats {
     /// Drafting stopped for the rest of a request because too few drafts
     /// were accepted to pay for themselves.
     pub paused: bool,
+    /// Passes taken without a draft because other sequences were decoding
+    /// ([`MtpBeside::Pause`]).
+    pub passes_beside_others: usize,
 }
 
 impl MtpStats {
@@ -155,6 +159,12 @@ impl DecodeStrategy for Plain<'_> {
                 let last = *history.last().context("internal: decoding with an empty history")?;
                 match &self.batch {
                     Some(batch) => batch.step(engine, last, state)?,
+                    // A draft head following the sequence keeps its rows, so
+                    // that a later speculative decode finds them.
+                    None if state.draft.is_some() => {
+                        let h = engine.forward_hidden(&[last], state, history, 0, HeadFeed::Later)?;
+                        b.download(&engine.model.logits(b, &h, 1)?)?
+                    }
                     None => {
                         let _turn = engine.batch.pass_turn();
                         b.download(&engine.model.forward(b, &[last], state, Logits::Last)?)?
@@ -210,6 +220,15 @@ impl Speculative {
     /// queued. Returns logits to sample from when nothing was queued (a
     /// catch-up pass without a draft).
     fn step(&mut self, engine: &Engine, state: &mut SequenceState, history: &[u32], sampler: &mut Sampler) -> Result<Option<Vec<f32>>> {
+        // The whole step (the head's pass, the main pass, a rollback) is one
+        // turn, run on a thread of the compute pool: its operations outside
+        // the main pass would each hand their work to the pool and sleep.
+        // Nothing in it may ask for the turn again (it runs on another thread).
+        let _turn = engine.batch.pass_turn();
+        crate::model::on_compute_threads(|| self.step_in_turn(engine, state, history, sampler))
+    }
+
+    fn step_in_turn(&mut self, engine: &Engine, state: &mut SequenceState, history: &[u32], sampler: &mut Sampler) -> Result<Option<Vec<f32>>> {
         let b = engine.backend.as_ref();
         let model = &engine.model;
         let head = model.draft.as_ref().context("internal: speculative decoding without a draft head")?;
@@ -223,10 +242,17 @@ impl Speculative {
             stats.paused = true;
             state.draft = None;
         }
+        if state.draft.is_some() && engine.mtp_beside_others == MtpBeside::Pause && engine.batch.others_decoding() {
+            // Other sequences decode beside this one: no draft, the head's
+            // rows kept for when it decodes alone again.
+            stats.passes_beside_others += 1;
+            let h = engine.forward_hidden_in_turn(&history[p..], state, history, 0, HeadFeed::Later)?;
+            return Ok(Some(b.download(&model.logits(b, &h, 1)?)?));
+        }
         if q >= p + 2 || state.draft.is_none() {
             // Two drafts in a row were rejected (catch up without a draft, so a
             // pass never grows past three tokens), or drafting is paused.
-            let h = engine.forward_hidden(&history[p..], state, &history[p..], p)?;
+            let h = engine.forward_hidden_in_turn(&history[p..], state, &history[p..], p, HeadFeed::Now)?;
             return Ok(Some(b.download(&model.logits(b, &h, 1)?)?));
         }
         let draft_state = state.draft.as_mut().context("internal: the sequence has no draft state")?;

@@ -6,6 +6,7 @@
 
 mod batch;
 mod decode;
+mod draft;
 mod prefix_cache;
 mod session;
 mod stop;
@@ -16,13 +17,15 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use serde::Serialize;
-use slotstream_backend::{Backend, Tensor};
+use slotstream_backend::Backend;
 
 pub use batch::{BatchCounters, BatchShare, Batcher, PassTurn, TurnKind, MAX_PARALLEL};
 pub use decode::MtpStats;
+pub use draft::{MtpBeside, DRAFT_BACKLOG};
 pub use prefix_cache::{PrefixCache, PrefixCacheStats};
 pub use session::{lock_cache, TurnEnd, TurnOutput};
 use decode::{DecodeStrategy, Plain, Speculative};
+use draft::HeadFeed;
 use stop::StopMatcher;
 
 use crate::experts::{CacheCounters, CacheStats, PromptReads, ReadMark};
@@ -60,6 +63,9 @@ pub struct Engine {
     /// Decode greedy tokens one ahead where the backend and model allow
     /// (`decode::Plain`; `LoadOptions::decode_ahead`).
     pub decode_ahead: bool,
+    /// Whether a sequence with a draft head keeps drafting while others
+    /// decode beside it, or pauses until it decodes alone.
+    pub mtp_beside_others: MtpBeside,
     /// The sequences decoding at once, whose steps share forward passes
     /// (up to 1 by default: [`Engine::set_parallel`]).
     pub batch: Batcher,
@@ -166,7 +172,7 @@ impl Engine {
         let codec = TextCodec::load(&arch.dir, &arch.eos_ids())?;
         codec.check_fits_model(model.vocab_size(), &arch.dir)?;
         let batch = Batcher::new(1)?;
-        Ok(Engine { backend, model, codec, prefill_chunk: DEFAULT_PREFILL_CHUNK, drafter: None, decode_ahead: opts.decode_ahead, batch })
+        Ok(Engine { backend, model, codec, prefill_chunk: DEFAULT_PREFILL_CHUNK, drafter: None, decode_ahead: opts.decode_ahead, mtp_beside_others: MtpBeside::from_options(opts), batch })
     }
 
     /// Lets up to `parallel` sequences that decode at the same time (each on
@@ -284,7 +290,7 @@ impl Engine {
         let last = chunks.len() - 1;
         let mut logits = Vec::new();
         for (i, chunk) in chunks.enumerate() {
-            let h = self.forward_hidden(chunk, state, ids, start)?;
+            let h = self.forward_hidden(chunk, state, ids, start, HeadFeed::Now)?;
             // Only the last position's logits are wanted: earlier chunks skip `lm_head`.
             if i == last {
                 logits = self.backend.download(&self.model.logits(self.backend.as_ref(), &h, 1)?)?;
@@ -318,30 +324,9 @@ impl Engine {
             };
             let stop = end.min(from + chunk);
             let _turn = self.batch.turn(kind);
-            self.forward_hidden(&ids[from..stop], state, &ids[from..end], from)?;
+            self.forward_hidden(&ids[from..stop], state, &ids[from..end], from, HeadFeed::Now)?;
         }
         Ok(true)
-    }
-
-    /// Runs `chunk` (the tokens from `state.position` on; `known` holds the
-    /// tokens from position `known_start` on, at least through the chunk) and
-    /// returns the hidden state `[chunk.len(), streams*hidden]`. With a draft
-    /// head, records the hidden rows and feeds the head every entry whose
-    /// next token is known.
-    pub(crate) fn forward_hidden(&self, chunk: &[u32], state: &mut SequenceState, known: &[u32], known_start: usize) -> Result<Tensor> {
-        let b = self.backend.as_ref();
-        let first = state.position;
-        let _turn = self.batch.pass_turn();
-        let h = self.model.hidden(b, chunk, state)?;
-        if let (Some(head), Some(draft)) = (&self.model.draft, state.draft.as_mut()) {
-            draft.record(first, &h);
-            let known_end = known_start + known.len();
-            let last = (first + chunk.len()).min(known_end.saturating_sub(1));
-            if last > 0 {
-                head.feed(b, &self.model, draft, known, known_start, last - 1)?;
-            }
-        }
-        Ok(h)
     }
 
     /// Generates from a fresh state, calling `on_text` once per generated
@@ -419,6 +404,8 @@ impl Engine {
         // The first token needs no other pass: the turn goes on.
         drop(held);
         let decode_start = Instant::now();
+        // Counted among the decoding sequences until the strategy is finished.
+        let decoding = self.batch.decode_loop();
         let mut strategy: Box<dyn DecodeStrategy + '_> = match &self.model.draft {
             Some(_) if constraint.is_none() => Box::new(Speculative::new(logits)),
             _ if self.batch.parallel() > 1 && self.model.batches(state) => Box::new(Plain::batched(logits, self.batch.join())),
@@ -475,6 +462,9 @@ impl Engine {
             }
         }
         strategy.finish(self, state)?;
+        drop(decoding);
+        // Rows a draft head was left to consume later are consumed now.
+        self.catch_up_draft(state, &history)?;
         // Decoding ahead fed the end-of-sequence token too.
         let fed_end = ended_by.filter(|_| state.position > history.len());
         if !hit_stop_string && finish != FinishReason::Cancelled {

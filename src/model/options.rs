@@ -15,6 +15,9 @@ pub struct LoadOptions {
     pub expert_slots: ExpertSlots,
     /// Load the MTP head when the checkpoint has one.
     pub mtp: bool,
+    /// With the MTP head, draft nothing while other sequences decode
+    /// (`generate::MtpBeside::Pause`) instead of drafting for each.
+    pub mtp_pause_beside_others: bool,
     /// Bound of the dequantized n-gram row cache (qwen4_exp's PLE).
     pub ngram_cache_bytes: usize,
     /// When the pool has a slot for every expert, read them all at load, so
@@ -61,6 +64,7 @@ impl Default for LoadOptions {
         LoadOptions {
             expert_slots: ExpertSlots::All,
             mtp: false,
+            mtp_pause_beside_others: false,
             ngram_cache_bytes: DEFAULT_NGRAM_CACHE_BYTES,
             preload_experts: false,
             fuse_projections: true,
@@ -93,7 +97,9 @@ impl LoadOptions {
     /// experts take: those of the experts needed least lately, counts halved
     /// every HALF_LIFE tokens, the default; or CLOCK's) and
     /// `SLOTSTREAM_ROUTING_TRACE=FILE` (each streaming MoE call's experts,
-    /// a line each). The only place they are read.
+    /// a line each) and `SLOTSTREAM_MTP_BESIDE=draft|pause` (whether a
+    /// sequence with the MTP head drafts while others decode, the default,
+    /// or pauses until it decodes alone). The only place they are read.
     pub fn with_env_overrides(mut self) -> anyhow::Result<Self> {
         let off = |name: &str| std::env::var(name).is_ok_and(|v| v == "0");
         if off("SLOTSTREAM_FUSED_PROJECTIONS") {
@@ -121,6 +127,13 @@ impl LoadOptions {
             self.eviction = crate::experts::Eviction::parse(&v).ok_or_else(|| {
                 anyhow::anyhow!("SLOTSTREAM_EVICTION={v:?}: expected frequency, calls (each may add :<half-life in tokens>) or clock (unset it for the default, frequency:{})", crate::experts::DEFAULT_HALF_LIFE)
             })?;
+        }
+        if let Ok(v) = std::env::var("SLOTSTREAM_MTP_BESIDE") {
+            self.mtp_pause_beside_others = match v.trim() {
+                "draft" => false,
+                "pause" => true,
+                _ => anyhow::bail!("SLOTSTREAM_MTP_BESIDE={v:?}: expected draft or pause (unset it for the default, draft)"),
+            };
         }
         if let Some(path) = std::env::var_os("SLOTSTREAM_ROUTING_TRACE").filter(|p| !p.is_empty()) {
             self.routing_trace = Some(path.into());
