@@ -39,8 +39,11 @@ impl KvCache {
         if fast && hd % 8 == 0 {
             // Keys transposed once per call for the full-visibility kernel
             // (prefill; at decode a single query reads each key once anyway).
+            // Its scores round differently, so calls of up to
+            // `ROW_EXACT_TOKENS` (a verification pass of drafted tokens) take
+            // the decode kernel: each query's bits as when it comes alone.
             let total = past + tokens;
-            let kts: Vec<Vec<f32>> = if selected.is_none() && tokens > 1 {
+            let kts: Vec<Vec<f32>> = if selected.is_none() && tokens > crate::matmul::ROW_EXACT_TOKENS {
                 keys.iter().map(|k| transpose_keys(*k, total, hd)).collect()
             } else {
                 Vec::new()

@@ -209,7 +209,8 @@ const PREFETCH_ROWS: usize = 4;
 /// does (`dot_row` per token), so a decode step over a batch of sequences
 /// gives every sequence the row its decode alone would get (concurrency
 /// changes speed, never output). Longer calls (prefill) dequantize each
-/// weight row once for all their tokens.
+/// weight row once for all their tokens. Attention keeps the same bound
+/// (`attention.rs`: its many-query kernel only above it).
 pub(crate) const ROW_EXACT_TOKENS: usize = 16;
 
 /// One parallel task's share of a matmul: a run of consecutive output rows.
