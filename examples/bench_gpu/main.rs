@@ -13,6 +13,9 @@
 //! (e) with `--model DIR --chunks N,...`, prefill only, by chunk size, or with
 //!     `--depth-decode N` decode after it (`prefill.rs`).
 //!
+//! `--no-coop` keeps the prefill products off the GPU's matrix units
+//! (`wgsl/matmul_coop.wgsl`) for before/after comparisons.
+//!
 //! `BENCH_GPU_SKIP=k1,k2` decodes without those kernels' dispatches (wrong
 //! tokens): the time a token saves is what they cost in the chain, untimed;
 //! `BENCH_GPU_SKIP_SWEEP=1` does so for each kernel family in turn.
