@@ -114,15 +114,20 @@ fn fetch(row: u32, valid: bool, xrow: u32, xvalid: bool, col: u32) -> Staged {
     return s;
 }
 
+// Weight j of a fetched share: decoded from its raw word (`packed`) or as fetched.
+fn staged_weight(s: Staged, j: u32) -> f32 {
+    if (s.packed) {
+        return s.sb.x * f32((s.word >> (4u * j)) & 15u) + s.sb.y;
+    }
+    return s.w[j];
+}
+
 // Stores a fetched share as tile row `m` (weights) and tile column `m` (x),
 // columns 8 * cg .. + 8 of the slice, in the 64-row layout (tile_at_k) or
 // matmul_wide's 128-row one (`wide`, wide_at).
 fn store(s: Staged, m: u32, cg: u32, wide: bool) {
     for (var j = 0u; j < 8u; j++) {
-        var wv = s.w[j];
-        if (s.packed) {
-            wv = s.sb.x * f32((s.word >> (4u * j)) & 15u) + s.sb.y;
-        }
+        let wv = staged_weight(s, j);
         let at = select(tile_at_k(8u * cg + j, m / 4u), wide_at(8u * cg + j, m / 4u), wide);
         wt[at][m % 4u] = wv;
         xt[at][m % 4u] = s.x[j];

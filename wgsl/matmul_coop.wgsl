@@ -44,11 +44,7 @@ fn coop_fetch(r: WideRows, col: u32) -> CoopStaged {
 
 fn coop_store_half(s: Staged, at: u32) {
     for (var j = 0u; j < 8u; j++) {
-        var wv = s.w[j];
-        if (s.packed) {
-            wv = s.sb.x * f32((s.word >> (4u * j)) & 15u) + s.sb.y;
-        }
-        wc[at + j] = f16(wv);
+        wc[at + j] = f16(staged_weight(s, j));
         xc[at + j] = f16(s.x[j]);
     }
 }
