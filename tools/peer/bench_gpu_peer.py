@@ -471,6 +471,15 @@ def bench_model(a, key, streaming, prompt):
     return res
 
 
+def model_args(ap):
+    """The options of the scripts that build this file's models (make_model) and run ours on them."""
+    ap.add_argument("--gpu-backend", default="wgpu")
+    ap.add_argument("--small", action="store_true")
+    ap.add_argument("--router-skew", type=float, default=0.4)
+    ap.add_argument("--mixer-out-scale", type=float, default=0.1)
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+
+
 def positive(v):
     n = int(v)
     if n < 1:

@@ -115,11 +115,7 @@ def main():
     ap.add_argument("--flash-off", action="store_true", help="also ours with SLOTSTREAM_WGPU_FLASH=0 at the first length")
     ap.add_argument("--variant-wgsl", help="also ours at every length with SLOTSTREAM_WGPU_WGSL_DIR=DIR "
                     "(another commit's kernel files, compared in the same call)")
-    ap.add_argument("--gpu-backend", default="wgpu")
-    ap.add_argument("--small", action="store_true")
-    ap.add_argument("--router-skew", type=float, default=0.4)
-    ap.add_argument("--mixer-out-scale", type=float, default=0.1)
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    bp.model_args(ap)
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--parity", type=int, default=0, metavar="LAYERS",
                     help="also greedy ids at the longest length on each backend, on the model cut to LAYERS layers")
