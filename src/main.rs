@@ -507,6 +507,7 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         ngram_rows: engine.model.ngram_stats(),
         plan: &planned.plan,
         peak_rss_bytes: process::peak_rss_bytes(),
+        device_memory: engine.backend.device_memory().map(Into::into),
     };
     if args.json {
         console::print_line(serde_json::to_string(&report)?)?;

@@ -2,9 +2,11 @@
 //! prints as the `--json` object (serde) or as the summary lines written to
 //! stderr after the streamed text (`Display`).
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::Serialize;
+use slotstream_backend::DeviceMemory;
 
 use crate::experts::CacheStats;
 use crate::generate::GenerateOutput;
@@ -26,6 +28,62 @@ pub struct RunReport<'a> {
     pub plan: &'a Plan,
     /// `null` where the OS does not report it.
     pub peak_rss_bytes: Option<u64>,
+    /// The backend's device memory by use, where it counts it (wgpu).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_memory: Option<DeviceMemoryReport>,
+}
+
+/// [`DeviceMemory`] as `run --json` writes it: bytes by use.
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceMemoryReport {
+    /// The device total's high-water mark (the bytes the backend asked for:
+    /// the driver's own and the allocator's rounding come on top), each
+    /// use's bytes then, and the pooled scratch in use then, by kind.
+    pub peak_bytes: u64,
+    pub at_peak: BTreeMap<&'static str, u64>,
+    pub in_use_at_peak: BTreeMap<&'static str, u64>,
+    /// The most pooled scratch in use at once, by kind then.
+    pub scratch_peak_bytes: u64,
+    pub scratch_at_peak: BTreeMap<&'static str, u64>,
+    /// After the run.
+    pub now_bytes: u64,
+    pub now: BTreeMap<&'static str, u64>,
+    /// The allocator's memory blocks (free space in them included) and the
+    /// bytes allocated in them, after the run, where it reports them.
+    pub allocator_block_bytes: Option<u64>,
+    pub allocator_allocated_bytes: Option<u64>,
+}
+
+impl From<DeviceMemory> for DeviceMemoryReport {
+    fn from(m: DeviceMemory) -> Self {
+        let map = |v: Vec<(&'static str, u64)>| v.into_iter().collect();
+        DeviceMemoryReport {
+            peak_bytes: m.peak_bytes,
+            at_peak: map(m.at_peak),
+            in_use_at_peak: map(m.in_use_at_peak),
+            scratch_peak_bytes: m.scratch_peak_bytes,
+            scratch_at_peak: map(m.scratch_at_peak),
+            now_bytes: m.now_bytes,
+            now: map(m.now),
+            allocator_block_bytes: m.allocator.map(|a| a.0),
+            allocator_allocated_bytes: m.allocator.map(|a| a.1),
+        }
+    }
+}
+
+impl fmt::Display for DeviceMemoryReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        let list = |m: &BTreeMap<&'static str, u64>| {
+            m.iter().filter(|(_, b)| **b > 0).map(|(k, b)| format!("{k} {:.0}", mib(*b))).collect::<Vec<_>>().join(", ")
+        };
+        write!(f, "device memory: peak {:.0} MiB ({})", mib(self.peak_bytes), list(&self.at_peak))?;
+        write!(f, "; pooled scratch in use at most {:.0} MiB ({})", mib(self.scratch_peak_bytes), list(&self.scratch_at_peak))?;
+        if let (Some(blocks), Some(used)) = (self.allocator_block_bytes, self.allocator_allocated_bytes) {
+            write!(f, "; allocator blocks {:.0} MiB, {:.0} MiB allocated in them", mib(blocks), mib(used))?;
+        }
+        Ok(())
+    }
 }
 
 /// The summary lines (no trailing newline).
@@ -88,6 +146,9 @@ impl fmt::Display for RunReport<'_> {
         if prompt.bytes_read > 0 {
             write!(f, "\nprompt: {}", prompt.describe())?;
         }
+        if let Some(m) = &self.device_memory {
+            write!(f, "\n{m}")?;
+        }
         Ok(())
     }
 }
@@ -133,6 +194,7 @@ mod tests {
             ngram_rows: None,
             plan: &plan,
             peak_rss_bytes: None,
+            device_memory: None,
         };
         let json = serde_json::to_value(&report).expect("the report serializes");
         assert_eq!(json["generated_ids"], serde_json::json!([3]));

@@ -11,6 +11,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use slotstream::generate::Engine;
 use slotstream::model::{LoadOptions, Logits, SequenceState};
+use slotstream::run_report::DeviceMemoryReport;
 use slotstream::sampling::argmax;
 use slotstream_wgpu::{MatmulMode, WgpuBackend};
 
@@ -38,6 +39,7 @@ pub fn bench(b: &WgpuBackend, dir: &std::path::Path, prompt_len: usize, chunks: 
         let secs = t.elapsed().as_secs_f64();
         let warm = if decode == 0 { "warm" } else { "cold" };
         println!("prefill of {prompt_len} tokens in chunks of {chunk}: {secs:.3} s = {:.0} tok/s ({warm})", prompt_len as f64 / secs);
+        println!("  {}", DeviceMemoryReport::from(handle.memory_report()));
         // The last position's five likeliest tokens (to compare kernel variants' outputs).
         let mut top: Vec<(usize, f32)> = logits.iter().copied().enumerate().collect();
         top.sort_by(|a, b| b.1.total_cmp(&a.1));

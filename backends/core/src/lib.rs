@@ -20,12 +20,14 @@ mod experts;
 pub mod chosen;
 mod host;
 mod kv_type;
+mod memory;
 mod rope;
 pub mod routing;
 pub use attention::{attention_qk_norm_composed, KeySelection, QkNorm};
 pub use experts::{add_shared_expert, moe_shared_composed, rows_per_part, ExpertLayout, ExpertMatrix, ExpertPool, Gating, HostExpert, MatrixFormat, Routes, SharedExpert, POOL_WRITE_PART};
 pub use host::{DType, HostMatrix, MatrixData};
 pub use kv_type::{KvCacheType, Q8_BLOCK};
+pub use memory::DeviceMemory;
 pub use rope::{Rope, Yarn};
 
 /// Errors a backend reports. Shape errors are bugs in model code or a malformed
@@ -497,6 +499,12 @@ pub trait Backend: Send + Sync {
     /// The most prompt tokens one forward pass should take on this backend,
     /// if it has a bound of its own: a prefill's chunk stays within it.
     fn prefill_rows_max(&self) -> Option<usize> {
+        None
+    }
+
+    /// Device memory by use and its high-water mark, for a backend that
+    /// keeps its tensors in device memory and counts it.
+    fn device_memory(&self) -> Option<DeviceMemory> {
         None
     }
 

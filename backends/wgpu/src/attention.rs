@@ -282,7 +282,10 @@ fn flash_attend(
         ..Default::default()
     };
     let pairs = tokens * heads;
-    let partials = gpu.alloc(4 * (pairs * splits * (hd + 2)) as u64)?;
+    // One chunk writes `out` itself and never touches the partials (a
+    // prefill's 2,048 rows on Qwen3-30B-A3B's trunk would take 34 MB of them).
+    let partial_floats = if splits == 1 { 4 } else { pairs * splits * (hd + 2) };
+    let partials = gpu.alloc_for(crate::gpu::Scratch::Partials, 4 * partial_floats as u64)?;
     let (knew, vnew) = fresh.unwrap_or((q, q));
     let (keys, values) = (whole(&cache.keys), whole(&cache.values));
     let binds = [(Q, q), (OUT, out), (KEYS, keys), (VALUES, values), (PARTIALS, partials.bind()), (KNEW, knew), (VNEW, vnew)];

@@ -4,14 +4,36 @@
 
 use std::sync::Arc;
 
-use slotstream_backend::{shape_error, ExpertPool, Result, Tensor};
+use slotstream_backend::{shape_error, Backend, DeviceMemory, ExpertPool, Result, Tensor};
 
 use crate::gpu::FamilyTime;
 use crate::tensors::buf;
 use crate::weights::GpuPool;
-use crate::{matmul, WgpuBackend};
+use crate::{matmul, MatmulMode, WgpuBackend};
 
 impl WgpuBackend {
+    /// The backend's name: the adapter, how uploads go, the matmul mode,
+    /// the KV cache asked for and the kernels' notes.
+    pub(crate) fn describe(&self) -> String {
+        let i = &self.gpu.info;
+        let (fresh, each) = (!self.options.reuse_staging, self.options.pool_send_every == 0);
+        let staging = format!("staging uploads{}{}", if fresh { ", fresh for each pool write" } else { "" }, if each { ", pool writes sent as written" } else { "" });
+        let uploads = if self.gpu.mapped_primary { "mapped primary buffers".to_string() } else { staging };
+        let mode = match (self.matmul_mode(), self.matmul_choice().coop(&self.gpu)) {
+            (MatmulMode::Exact, _) => "",
+            (MatmulMode::Int8, coop) => if coop { ", int8 activations for large 4-bit matmuls, prefill products on the matrix units" } else { ", int8 activations for large 4-bit matmuls" },
+        };
+        let from = self.gpu.kernel_notes();
+        let kv = self.options.kv_cache.map_or(String::new(), |_| format!(", {} KV cache", self.kv_cache_type()));
+        format!("wgpu ({}, {:?}; {uploads}{mode}{kv}{from})", i.name, i.backend)
+    }
+
+    /// Device memory by use, its high-water mark and the pooled scratch's
+    /// (`gpu/memory.rs`), with the allocator's blocks where wgpu reports them.
+    pub fn memory_report(&self) -> DeviceMemory {
+        self.gpu.ledger.report(self.gpu.device.generate_allocator_report())
+    }
+
     /// The int8 form of a one-row `x` exactly as `matvec_q8` reads it, one
     /// `[even bytes, odd bytes, sum bits, scale bits]` entry per 8 columns
     /// (see `wgsl/matvec_q8.wgsl`): lets tests check the quantize kernel

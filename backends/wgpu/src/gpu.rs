@@ -12,6 +12,7 @@
 mod buffers;
 mod coop;
 mod held;
+mod memory;
 mod pipelines;
 mod profile;
 mod readback;
@@ -28,6 +29,7 @@ use crate::kernels::{Module, ParamsLayout};
 use crate::options::WgpuOptions;
 use crate::params::Params;
 pub use buffers::{whole, Bind, GpuBuf};
+pub use memory::{Claim, Held, Ledger, Scratch};
 use buffers::FreeList;
 pub use profile::FamilyTime;
 use profile::Timing;
@@ -144,6 +146,8 @@ pub struct Gpu {
     bind_groups: Mutex<HashMap<BindKey, wgpu::BindGroup>>,
     pending: Mutex<Pending>,
     free: FreeList,
+    /// Device memory by use and its high-water mark ([`memory`]).
+    pub ledger: Arc<Ledger>,
     error: Arc<Mutex<Option<String>>>,
     profile: Mutex<Option<HashMap<&'static str, FamilyTime>>>,
     can_time: bool,
@@ -206,7 +210,6 @@ pub struct HostTime {
     pub buffer_bytes: std::sync::atomic::AtomicU64,
     pub bind_groups: std::sync::atomic::AtomicU64,
 }
-
 
 impl Gpu {
     /// Opens a device on `adapter` and compiles every kernel (with wgpu's
@@ -316,6 +319,7 @@ impl Gpu {
             bind_groups: Mutex::default(),
             pending: Mutex::default(),
             free: Arc::default(),
+            ledger: Arc::default(),
             error,
             profile: Mutex::new(None),
             can_time,
@@ -569,25 +573,6 @@ impl Gpu {
         self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| device_error("waiting for the GPU", e))?;
         self.queued_ahead.store(false, std::sync::atomic::Ordering::Relaxed);
         Ok(())
-    }
-
-    fn read_back(&self, staging: &wgpu::Buffer) -> Result<Vec<u8>> {
-        self.read_range(staging, staging.size())
-    }
-
-    /// Waits for the GPU and reads the first `size` bytes of a MAP_READ buffer.
-    fn read_range(&self, staging: &wgpu::Buffer, size: u64) -> Result<Vec<u8>> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        staging.slice(..size).map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        self.wait_for_all()?;
-        rx.recv()
-            .map_err(|e| device_error("reading a buffer back", e))?
-            .map_err(|e| device_error("mapping a buffer for reading", e))?;
-        let data = staging.slice(..size).get_mapped_range().map_err(|e| device_error("reading a mapped buffer", e))?.to_vec();
-        staging.unmap();
-        Ok(data)
     }
 }
 

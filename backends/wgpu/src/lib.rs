@@ -139,17 +139,11 @@ fn not_ours(what: &str) -> BackendError {
 
 impl Backend for WgpuBackend {
     fn name(&self) -> String {
-        let i = &self.gpu.info;
-        let (fresh, each) = (!self.options.reuse_staging, self.options.pool_send_every == 0);
-        let staging = format!("staging uploads{}{}", if fresh { ", fresh for each pool write" } else { "" }, if each { ", pool writes sent as written" } else { "" });
-        let uploads = if self.gpu.mapped_primary { "mapped primary buffers".to_string() } else { staging };
-        let mode = match (self.matmul_mode(), self.matmul_choice().coop(&self.gpu)) {
-            (MatmulMode::Exact, _) => "",
-            (MatmulMode::Int8, coop) => if coop { ", int8 activations for large 4-bit matmuls, prefill products on the matrix units" } else { ", int8 activations for large 4-bit matmuls" },
-        };
-        let from = self.gpu.kernel_notes();
-        let kv = self.options.kv_cache.map_or(String::new(), |_| format!(", {} KV cache", self.kv_cache_type()));
-        format!("wgpu ({}, {:?}; {uploads}{mode}{kv}{from})", i.name, i.backend)
+        self.describe()
+    }
+
+    fn device_memory(&self) -> Option<slotstream_backend::DeviceMemory> {
+        Some(self.memory_report())
     }
 
     fn upload(&self, data: &[f32], shape: &[usize]) -> Result<Tensor> {

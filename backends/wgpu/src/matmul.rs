@@ -5,7 +5,7 @@
 
 use slotstream_backend::Result;
 
-use crate::gpu::{whole, Bind, Gpu, GpuBuf};
+use crate::gpu::{whole, Bind, Gpu, GpuBuf, Scratch};
 use crate::options::MatmulMode;
 use crate::params::{EmbedParams, MatvecParams, MatvecQ8Params, TiledParams};
 use crate::weights::{GpuWeight, Shard};
@@ -54,7 +54,7 @@ impl MatmulChoice {
 /// `tokens` x rows quantized for `matvec_q8` (see `wgsl/matvec_q8.wgsl`):
 /// `cols / 8` 16-byte entries a row.
 pub(crate) fn quantize_x8(gpu: &Gpu, x: Bind<'_>, tokens: usize, cols: usize) -> Result<GpuBuf> {
-    let xq = gpu.alloc(2 * (tokens * cols) as u64)?;
+    let xq = gpu.alloc_for(Scratch::Matmul, 2 * (tokens * cols) as u64)?;
     let params = MatvecQ8Params { tokens: tokens as u32, x_cols: cols as u32, ..Default::default() };
     gpu.dispatch("quantize_x8", &params, &[(X, x), (XQ_OUT, xq.bind())], [((cols / 32).div_ceil(64)) as u32, tokens as u32, 1])?;
     Ok(xq)

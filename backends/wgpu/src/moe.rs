@@ -5,7 +5,7 @@
 
 use slotstream_backend::{checks, BackendError, ExpertPool, Gating, Result, Routes, Tensor};
 
-use crate::gpu::{whole, Bind, Gpu, GpuBuf, MAX_GROUPS};
+use crate::gpu::{whole, Bind, Gpu, GpuBuf, Scratch, MAX_GROUPS};
 use crate::matmul::{TILE, WIDE_TILE};
 use crate::norm::HeldNorm;
 use crate::params::{MoeParams, TiledParams, NO_SLOT};
@@ -168,7 +168,7 @@ pub(crate) fn route_norm(gpu: &Gpu, w: &GpuWeight, h: &HeldNorm, routes: Bind<'_
     // Quads of rows per workgroup, and the workgroups that take them all.
     let quads = w.rows.div_ceil(4);
     let per = quads.div_ceil(quads.min(ROUTE_WIDE_GROUPS));
-    let logits = gpu.alloc(4 * g.experts.max(1) as u64)?;
+    let logits = gpu.alloc_for(Scratch::Moe, 4 * g.experts.max(1) as u64)?;
     let binds: Vec<_> = binds.into_iter().chain([(WIDE_LOGITS, logits.bind()), (WIDE_COUNTS, whole(&gpu.merge_counts))]).collect();
     let params = MoeParams { parts: per as u32, ..params };
     gpu.dispatch("moe_route_norm_wide", &params, &binds, [quads.div_ceil(per) as u32, 1, 1])
@@ -236,7 +236,7 @@ fn activations(gpu: &Gpu, c: &Call<'_>) -> Result<GpuBuf> {
     let pool = c.pool;
     let (hidden, inter) = (pool.gate_up.layout_cols(), pool.intermediate);
     let n = c.assignments();
-    let act = gpu.alloc(4 * (n * inter).max(1) as u64)?;
+    let act = gpu.alloc_for(Scratch::Moe, 4 * (n * inter).max(1) as u64)?;
     for shard in c.shards.clone() {
         for (start, count) in runs(n) {
             let run = Run { gpu, c, shard, start, count };
@@ -326,8 +326,8 @@ fn tiled_outputs(gpu: &Gpu, c: &Call<'_>, out: &wgpu::Buffer) -> Result<()> {
         (false, _) => (TILE, "moe_gate_up_tiled", "moe_down_tiled"),
     };
     let max_tiles = pairs.div_ceil(tile) + experts.min(pairs);
-    let sort = gpu.alloc(4 * (1 + experts + 2 * max_tiles + pairs) as u64)?;
-    let act = gpu.alloc(4 * (pairs * inter) as u64)?;
+    let sort = gpu.alloc_for(Scratch::Moe, 4 * (1 + experts + 2 * max_tiles + pairs) as u64)?;
+    let act = gpu.alloc_for(Scratch::Moe, 4 * (pairs * inter) as u64)?;
     let table = whole(&pool.table);
     for shard in c.shards.clone() {
         let base = shard * pool.per_shard;

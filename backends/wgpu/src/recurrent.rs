@@ -4,7 +4,7 @@
 
 use slotstream_backend::{checks, Result, State, Tensor};
 
-use crate::gpu::{whole, Bind, Gpu};
+use crate::gpu::{whole, Bind, Gpu, Scratch};
 use crate::params::{ConvParams, GatedDeltaParams};
 use crate::state::{GpuConvState, GpuRecurrentState};
 use crate::tensors::buf;
@@ -131,7 +131,7 @@ fn gated_delta_chunked(gpu: &Gpu, st: &GpuRecurrentState, params: &GatedDeltaPar
     let record_bytes = 4 * CHUNK_RECORD * heads;
     let cap = CHUNK_BYTES_MAX.min(gpu.max_shard() as usize);
     let window = (cap / record_bytes).max(1).min(tokens.div_ceil(CHUNK));
-    let data = gpu.alloc((window * record_bytes) as u64)?;
+    let data = gpu.alloc_for(Scratch::Recurrent, (window * record_bytes) as u64)?;
     // Each entry point binds what it reads (its layout is its own).
     let bound = |used: &[u32]| -> Vec<(u32, Bind<'_>)> {
         binds.iter().copied().filter(|(i, _)| used.contains(i)).chain([(CHUNK_DATA, data.bind())]).collect()

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use slotstream_backend::{BackendError, DeviceState, KvCacheType, Result};
 
-use crate::gpu::{Bind, Gpu};
+use crate::gpu::{Bind, Claim, Gpu, Held};
 
 /// Positions a new KV cache has room for before it first grows.
 const KV_INITIAL_CAPACITY: usize = 256;
@@ -34,6 +34,8 @@ pub struct GpuKvCache {
     capacity: usize,
     pub(crate) keys: wgpu::Buffer,
     pub(crate) values: wgpu::Buffer,
+    /// Both buffers' bytes in the device's ledger.
+    claim: Claim,
 }
 
 impl GpuKvCache {
@@ -41,6 +43,7 @@ impl GpuKvCache {
     pub(crate) fn new(gpu: &Arc<Gpu>, kv_heads: usize, head_dim: usize, kind: KvCacheType) -> GpuKvCache {
         let capacity = KV_INITIAL_CAPACITY;
         let row = (kv_heads * kind.bytes(head_dim)) as u64;
+        let (keys, values) = (gpu.zeroed("kv keys", row * capacity as u64), gpu.zeroed("kv values", row * capacity as u64));
         GpuKvCache {
             gpu: gpu.clone(),
             kv_heads,
@@ -49,8 +52,9 @@ impl GpuKvCache {
             half: kind == KvCacheType::F16,
             len: 0,
             capacity,
-            keys: gpu.zeroed("kv keys", row * capacity as u64),
-            values: gpu.zeroed("kv values", row * capacity as u64),
+            claim: gpu.ledger.claim(Held::KvCache, keys.size() + values.size()),
+            keys,
+            values,
         }
     }
 
@@ -99,10 +103,14 @@ impl GpuKvCache {
                     "a KV cache of {capacity} positions exceeds the adapter's storage binding limit"
                 )));
             }
+            // The load's upload staging is freed before the cache takes its room.
+            self.gpu.settle_uploads()?;
             let keys = self.gpu.zeroed("kv keys", row * capacity as u64);
             let values = self.gpu.zeroed("kv values", row * capacity as u64);
             self.gpu.copy(&self.keys, 0, &keys, 0, row * past as u64)?;
             self.gpu.copy(&self.values, 0, &values, 0, row * past as u64)?;
+            // The old buffers live until the copy has run; counted as released now.
+            self.claim = self.gpu.ledger.claim(Held::KvCache, keys.size() + values.size());
             (self.keys, self.values, self.capacity) = (keys, values, capacity);
         }
         Ok(())
@@ -115,6 +123,7 @@ impl DeviceState for GpuKvCache {
             gpu: self.gpu.clone(),
             keys: duplicate_buffer(&self.gpu, &self.keys, "kv keys")?,
             values: duplicate_buffer(&self.gpu, &self.values, "kv values")?,
+            claim: self.gpu.ledger.claim(Held::KvCache, self.keys.size() + self.values.size()),
             ..*self
         }))
     }
@@ -134,6 +143,7 @@ pub struct GpuConvState {
     pub(crate) window: wgpu::Buffer,
     /// The buffer the next call writes the new window into (then swapped).
     pub(crate) spare: wgpu::Buffer,
+    _claim: Claim,
 }
 
 impl GpuConvState {
@@ -141,7 +151,8 @@ impl GpuConvState {
         let bytes = 4 * ((kernel - 1) * dilation * channels) as u64;
         let window = gpu.zeroed("conv window", bytes);
         let spare = gpu.zeroed("conv window", bytes);
-        GpuConvState { gpu: gpu.clone(), channels, kernel, dilation, window, spare }
+        let claim = gpu.ledger.claim(Held::States, window.size() + spare.size());
+        GpuConvState { gpu: gpu.clone(), channels, kernel, dilation, window, spare, _claim: claim }
     }
 }
 
@@ -151,6 +162,7 @@ impl DeviceState for GpuConvState {
             gpu: self.gpu.clone(),
             window: duplicate_buffer(&self.gpu, &self.window, "conv window")?,
             spare: self.gpu.zeroed("conv window", self.spare.size()),
+            _claim: self.gpu.ledger.claim(Held::States, self.window.size() + self.spare.size()),
             ..*self
         }))
     }
@@ -167,12 +179,14 @@ pub struct GpuRecurrentState {
     pub(crate) key_dim: usize,
     pub(crate) value_dim: usize,
     pub(crate) s: wgpu::Buffer,
+    _claim: Claim,
 }
 
 impl GpuRecurrentState {
     pub(crate) fn new(gpu: &Arc<Gpu>, heads: usize, key_dim: usize, value_dim: usize) -> GpuRecurrentState {
         let s = gpu.zeroed("recurrent state", 4 * (heads * key_dim * value_dim) as u64);
-        GpuRecurrentState { gpu: gpu.clone(), heads, key_dim, value_dim, s }
+        let claim = gpu.ledger.claim(Held::States, s.size());
+        GpuRecurrentState { gpu: gpu.clone(), heads, key_dim, value_dim, s, _claim: claim }
     }
 }
 
@@ -181,6 +195,7 @@ impl DeviceState for GpuRecurrentState {
         Ok(Box::new(GpuRecurrentState {
             gpu: self.gpu.clone(),
             s: duplicate_buffer(&self.gpu, &self.s, "recurrent state")?,
+            _claim: self.gpu.ledger.claim(Held::States, self.s.size()),
             ..*self
         }))
     }

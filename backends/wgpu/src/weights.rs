@@ -9,7 +9,7 @@
 use slotstream_backend::{shape_error, BackendError, DType, ExpertMatrix, HostMatrix, MatrixData, MatrixFormat, Result};
 use wgpu::WriteOnly;
 
-use crate::gpu::Gpu;
+use crate::gpu::{Claim, Gpu, Held};
 use crate::options::Q4Layout;
 use crate::params::{WeightDesc, NO_SLOT};
 use crate::parts::fill_rows;
@@ -156,6 +156,8 @@ pub struct GpuWeight {
     pub cols: usize,
     pub shards: Vec<Shard>,
     pub bytes: usize,
+    /// The shards' bytes in the device's ledger.
+    _claim: Claim,
 }
 
 /// The stored bytes of a host matrix: (values, scales, biases).
@@ -266,7 +268,8 @@ impl GpuWeight {
             shards.push(Shard { buffer, row_start: r0, rows: r1 - r0, desc: layout.desc(r1 - r0) });
             r0 = r1;
         }
-        Ok(GpuWeight { experts: m.experts, rows: m.rows, cols: m.cols, shards, bytes })
+        let _claim = gpu.ledger.claim(Held::Weights, shards.iter().map(|s| s.buffer.size()).sum());
+        Ok(GpuWeight { experts: m.experts, rows: m.rows, cols: m.cols, shards, bytes, _claim })
     }
 }
 
@@ -276,6 +279,7 @@ pub struct PoolMatrix {
     /// Rows of one expert matrix.
     pub rows: usize,
     pub buffers: Vec<wgpu::Buffer>,
+    _claim: Claim,
 }
 
 impl PoolMatrix {
@@ -303,7 +307,8 @@ impl PoolMatrix {
             }));
             s0 += n;
         }
-        Ok(PoolMatrix { layout, rows, buffers })
+        let _claim = gpu.ledger.claim(Held::ExpertPool, buffers.iter().map(|b| b.size()).sum());
+        Ok(PoolMatrix { layout, rows, buffers, _claim })
     }
 
     fn slot_bytes(&self) -> usize {

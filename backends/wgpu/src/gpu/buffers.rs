@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use slotstream_backend::{BackendError, Result};
 
-use super::Gpu;
+use super::{Gpu, Held, Ledger, Scratch};
 
 /// Small uploads served from the ring (larger ones get a buffer of their own).
 const RING_MAX_BYTES: usize = 1 << 20;
@@ -55,6 +55,9 @@ fn take_fitting(free: &mut BTreeMap<u64, Vec<wgpu::Buffer>>, size: u64) -> Optio
 pub struct GpuBuf {
     buffer: Option<wgpu::Buffer>,
     free: FreeList,
+    /// What it is in use for, counted in the ledger until dropped.
+    scratch: Scratch,
+    ledger: Arc<Ledger>,
 }
 
 impl GpuBuf {
@@ -70,6 +73,7 @@ impl GpuBuf {
 impl Drop for GpuBuf {
     fn drop(&mut self) {
         if let (Some(b), Ok(mut free)) = (self.buffer.take(), self.free.lock()) {
+            self.ledger.give(self.scratch, b.size());
             free.entry(b.size()).or_default().push(b);
         }
     }
@@ -80,6 +84,11 @@ impl Gpu {
     /// one of up to twice that size where there is one: kernels take their
     /// extents from their parameters, never from the buffer's length).
     pub fn alloc(&self, bytes: u64) -> Result<GpuBuf> {
+        self.alloc_for(Scratch::Tensors, bytes)
+    }
+
+    /// [`Gpu::alloc`] counted in the ledger as in use for `scratch`.
+    pub fn alloc_for(&self, scratch: Scratch, bytes: u64) -> Result<GpuBuf> {
         let size = bytes.max(16).div_ceil(16) * 16;
         let limit = self.max_binding();
         if size > limit {
@@ -92,6 +101,7 @@ impl Gpu {
             use std::sync::atomic::Ordering::Relaxed;
             self.host_time.buffers.fetch_add(1, Relaxed);
             self.host_time.buffer_bytes.fetch_add(size, Relaxed);
+            self.ledger.add(Held::Activations, size);
             self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("activation"),
                 size,
@@ -99,7 +109,13 @@ impl Gpu {
                 mapped_at_creation: false,
             })
         });
-        Ok(GpuBuf { buffer: Some(buffer), free: self.free.clone() })
+        Ok(self.pooled(buffer, scratch))
+    }
+
+    /// `buffer` handed out as in use for `scratch`, back to the pool when dropped.
+    fn pooled(&self, buffer: wgpu::Buffer, scratch: Scratch) -> GpuBuf {
+        self.ledger.take(scratch, buffer.size());
+        GpuBuf { buffer: Some(buffer), free: self.free.clone(), scratch, ledger: self.ledger.clone() }
     }
 
     /// A new buffer holding `bytes` (padded to 16 bytes), written at creation,
@@ -153,9 +169,11 @@ impl Gpu {
                 usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             });
+            self.ledger.add(Held::Inputs, buffer.size());
             if p.ring.len() <= i {
                 p.ring.push(buffer);
             } else {
+                self.ledger.sub(Held::Inputs, p.ring[i].size());
                 p.ring[i] = buffer;
             }
         }
@@ -171,7 +189,8 @@ impl Gpu {
             bytes,
             wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
         )?;
-        Ok(GpuBuf { buffer: Some(buffer), free: self.free.clone() })
+        self.ledger.add(Held::Activations, buffer.size());
+        Ok(self.pooled(buffer, Scratch::Tensors))
     }
 
     /// A zero-filled buffer that lives outside the pool (states).

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use slotstream_backend::{BackendError, Result};
 
-use super::{device_error, Bind, Gpu};
+use super::{device_error, Bind, Gpu, Held};
 
 /// Largest started read; larger ones take [`Gpu::download`].
 pub const MAX_STARTED_READ: u64 = 1 << 16;
@@ -52,12 +52,16 @@ impl Gpu {
         let total: u64 = sizes.iter().sum();
         let mut slot = self.staging.lock().map_err(|_| BackendError::Device("staging buffer poisoned".into()))?;
         if slot.as_ref().is_none_or(|b| b.size() < total) {
+            let old = slot.as_ref().map_or(0, |b| b.size());
+            let size = total.max(1 << 20);
             *slot = Some(self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("download"),
-                size: total.max(1 << 20),
+                size,
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             }));
+            self.ledger.sub(Held::Readback, old);
+            self.ledger.add(Held::Readback, size);
         }
         let Some(staging) = slot.as_ref() else {
             return Err(BackendError::Device("no staging buffer".into()));
@@ -89,6 +93,7 @@ impl Gpu {
         let size = bytes.max(4).div_ceil(4) * 4;
         let reused = self.small_staging.lock().map_err(|_| BackendError::Device("staging buffers poisoned".into()))?.pop();
         let staging = reused.unwrap_or_else(|| {
+            self.ledger.add(Held::Readback, MAX_STARTED_READ);
             self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("started read"),
                 size: MAX_STARTED_READ,
@@ -122,6 +127,25 @@ impl Gpu {
             free.push(staging);
         }
         self.check_errors("running kernels")?;
+        Ok(data)
+    }
+
+    pub(super) fn read_back(&self, staging: &wgpu::Buffer) -> Result<Vec<u8>> {
+        self.read_range(staging, staging.size())
+    }
+
+    /// Waits for the GPU and reads the first `size` bytes of a MAP_READ buffer.
+    pub(super) fn read_range(&self, staging: &wgpu::Buffer, size: u64) -> Result<Vec<u8>> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.slice(..size).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait_for_all()?;
+        rx.recv()
+            .map_err(|e| device_error("reading a buffer back", e))?
+            .map_err(|e| device_error("mapping a buffer for reading", e))?;
+        let data = staging.slice(..size).get_mapped_range().map_err(|e| device_error("reading a mapped buffer", e))?.to_vec();
+        staging.unmap();
         Ok(data)
     }
 }

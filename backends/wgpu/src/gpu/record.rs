@@ -71,6 +71,7 @@ impl Gpu {
         let arena_index = (slot / ARENA_SLOTS) as usize;
         let offset = (slot % ARENA_SLOTS) * PARAM_SLOT;
         while p.arenas.len() <= arena_index {
+            self.ledger.add(super::Held::Inputs, ARENA_SLOTS * PARAM_SLOT);
             p.arenas.push(self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("params"),
                 size: ARENA_SLOTS * PARAM_SLOT,

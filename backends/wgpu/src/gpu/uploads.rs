@@ -25,7 +25,7 @@
 
 use slotstream_backend::{BackendError, Result};
 
-use super::{device_error, Gpu};
+use super::{device_error, Gpu, Held};
 
 /// Size of each buffer of the staging reused for pool writes (a larger
 /// write gets a buffer of its own size).
@@ -53,10 +53,31 @@ impl Gpu {
     pub(crate) fn staged(&self, bytes: u64) -> Result<()> {
         let mut u = self.uploads.lock().map_err(|_| BackendError::Device("upload counter poisoned".into()))?;
         u.staged += bytes;
+        self.ledger.set(Held::UploadStaging, u.staged + u.unsettled);
         if u.staged < self.upload_chunk {
             return Ok(());
         }
         self.send(&mut u, true)
+    }
+
+    /// Sends what is staged and waits until every upload has landed, so
+    /// that wgpu frees its staging (host-visible memory, which on a
+    /// discrete GPU with a large BAR is device memory): before a KV cache
+    /// grows, the load's last chunk (up to `upload_chunk` bytes) would
+    /// otherwise stay beside the cache and a prefill's first activations.
+    pub(crate) fn settle_uploads(&self) -> Result<()> {
+        let mut u = self.uploads.lock().map_err(|_| BackendError::Device("upload counter poisoned".into()))?;
+        if u.staged == 0 && u.unsettled == 0 {
+            return Ok(());
+        }
+        self.send(&mut u, true)?;
+        if let Some(index) = u.last.take() {
+            let wait = wgpu::PollType::Wait { submission_index: Some(index), timeout: None };
+            self.device.poll(wait).map_err(|e| device_error("waiting for an upload", e))?;
+        }
+        u.unsettled = 0;
+        self.ledger.set(Held::UploadStaging, 0);
+        Ok(())
     }
 
     /// Sends what is staged when `due` says so, after the last upload has
@@ -102,6 +123,7 @@ impl Gpu {
         u.unsettled += u.staged;
         u.staged = 0;
         u.submissions += 1;
+        self.ledger.set(Held::UploadStaging, u.unsettled);
         Ok(())
     }
 
@@ -148,6 +170,7 @@ impl Gpu {
         fill(&mut view.slice(..));
         drop(view);
         u.staged += len as u64;
+        self.ledger.set(Held::UploadStaging, u.staged + u.unsettled);
         Ok(())
     }
 
