@@ -312,16 +312,25 @@ impl Residual for PreNorm {
     }
 
     /// The last add (`h + ffn`) is left pending for the next layer's input norm.
+    /// Each tensor is dropped once nothing reads it any more: on a GPU its
+    /// buffer then serves the feed-forward, whose prefill-sized scratch is
+    /// the largest of a layer (kept to the end of the scope, the input's two
+    /// parts, the input, its norm and the mixer's output were five hidden
+    /// states of a chunk held through the MoE).
     fn forward_hidden(&self, b: &dyn Backend, x: Hidden, _inputs: ResidualInputs<'_>, block: RunBlock<'_>) -> Result<Hidden> {
-        let (x, normed) = match &x.pending {
-            Some(p) => self.input.add_forward(b, &x.base, p)?,
+        let Hidden { base, pending } = x;
+        let (x, normed) = match pending {
+            Some(p) => self.input.add_forward(b, &base, &p)?,
             None => {
-                let normed = self.input.forward(b, &x.base)?;
-                (x.base, normed)
+                let normed = self.input.forward(b, &base)?;
+                (base.clone(), normed)
             }
         };
+        drop(base);
         let mixed = block(Block::Mixer, &normed)?;
+        drop(normed);
         let (h, normed) = self.post.add_forward(b, &x, &mixed)?;
+        drop((x, mixed));
         let ff = block(Block::FeedForward, &normed)?;
         Ok(Hidden { base: h, pending: Some(ff) })
     }

@@ -83,6 +83,8 @@ impl Attention {
         };
         let (q, k, v, gate) = self.project(b, x)?;
         let out = self.attend(b, &q, &k, &v, st, start, selection.as_ref())?;
+        // Their buffers serve the output projection.
+        drop((q, k, v));
         self.output(b, out, gate)
     }
 
