@@ -14,7 +14,8 @@
 //!     `--depth-decode N` decode after it (`prefill.rs`).
 //!
 //! `--no-coop` keeps the prefill products off the GPU's matrix units
-//! (`wgsl/matmul_coop.wgsl`) for before/after comparisons.
+//! (`wgsl/matmul_coop.wgsl`) for before/after comparisons; `--moe-rows N`
+//! runs a prefill's MoE calls in parts of about N tokens (0: whole chunks).
 //!
 //! `BENCH_GPU_SKIP=k1,k2` decodes without those kernels' dispatches (wrong
 //! tokens): the time a token saves is what they cost in the chain, untimed;
@@ -467,7 +468,9 @@ fn print_profile(prof: &[(String, slotstream_wgpu::FamilyTime)], n: usize, unit:
 
 fn main() -> Result<()> {
     let args = parse_args()?;
-    let b = open_with(&args, true, WgpuOptions { matmul: Some(MatmulMode::Exact), coop_matrix: args.coop, ..WgpuOptions::from_env() })?;
+    let env = WgpuOptions::from_env();
+    let moe_rows = args.moe_rows.unwrap_or(env.moe_rows);
+    let b = open_with(&args, true, WgpuOptions { matmul: Some(MatmulMode::Exact), coop_matrix: args.coop, moe_rows, ..env })?;
     println!("device: {} (subgroup sizes {:?}; parameters as {})", b.name(), b.subgroup_sizes(), if b.immediates() { "immediates" } else { "uniform buffers" });
     if !args.gemm.is_empty() {
         return gemm::bench(&b, &args.gemm, args.reps);

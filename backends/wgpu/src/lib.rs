@@ -561,13 +561,14 @@ impl Backend for WgpuBackend {
     }
 
     fn moe(&self, x: &Tensor, pool: &ExpertPool, routes: &Routes, key_base: usize) -> Result<Tensor> {
-        match self.moe_fused(x, pool, routes, key_base, None)? {
-            Some(out) => Ok(out),
-            None => {
-                let outputs = self.moe_expert_outputs(x, pool, routes, key_base)?;
-                self.moe_combine(&outputs, routes)
-            }
+        if let Some(out) = self.moe_fused(x, pool, routes, key_base, None)? {
+            return Ok(out);
         }
+        if let Some(out) = self.moe_in_parts(x, pool, routes, key_base)? {
+            return Ok(out);
+        }
+        let outputs = self.moe_expert_outputs(x, pool, routes, key_base)?;
+        self.moe_combine(&outputs, routes)
     }
 
     fn moe_shared(&self, x: &Tensor, pool: &ExpertPool, routes: &Routes, key_base: usize, shared: &SharedExpert<'_>) -> Result<Tensor> {

@@ -424,7 +424,61 @@ impl Run<'_> {
     }
 }
 
+/// Tokens a part of a split MoE call starts at a multiple of (its rows of
+/// x, routes and output then start on 256-byte boundaries).
+const PART_ALIGN: usize = 64;
+
+/// What a MoE call of `tokens` tokens runs on: many-token tiles, and wide
+/// ones (`tiled_outputs`). A part of a split call must run on the same.
+fn kernels_of(tokens: usize, g: Gating) -> (bool, bool) {
+    (tokens >= TILED_MIN_TOKENS, tokens * g.top_k >= WIDE_TILE * g.experts)
+}
+
+/// Tokens per part when a call of `tokens` is split at `rows`
+/// ([`crate::WgpuOptions::moe_rows`]): parts of about equal size, each on the
+/// kernels of the whole call; `None`: one part.
+pub(crate) fn part_tokens(tokens: usize, rows: usize, g: Gating) -> Option<usize> {
+    if rows == 0 || tokens <= rows {
+        return None;
+    }
+    let per = tokens.div_ceil(tokens.div_ceil(rows)).div_ceil(PART_ALIGN) * PART_ALIGN;
+    let last = tokens - (tokens - 1) / per * per;
+    let whole = kernels_of(tokens, g);
+    (per < tokens && kernels_of(per, g) == whole && kernels_of(last, g) == whole).then_some(per)
+}
+
+/// Rows `r0..r0 + n` of `row` bytes each of the binding `b`.
+fn rows_of(b: Bind<'_>, r0: usize, n: usize, row: usize) -> Bind<'_> {
+    Bind { buffer: b.buffer, offset: b.offset + (r0 * row) as u64, size: (n * row) as u64 }
+}
+
 impl WgpuBackend {
+    /// [`Backend::moe`] in parts of [`part_tokens`] tokens: each part's
+    /// expert outputs, then their weighted sum into its rows of the output;
+    /// `None` where the call is not split.
+    pub(crate) fn moe_in_parts(&self, x: &Tensor, pool: &ExpertPool, routes: &Routes, key_base: usize) -> Result<Option<Tensor>> {
+        let p = pool.get::<GpuPool>().ok_or_else(|| not_ours("the expert pool"))?;
+        let (tokens, k) = checks::moe_routes(x, p.gate_up.layout_cols(), routes, key_base, pool.keys)?;
+        let Some(per) = part_tokens(tokens, self.options.moe_rows, routes.gating) else {
+            return Ok(None);
+        };
+        let (hidden, align) = (x.cols(), self.gpu.limits.min_storage_buffer_offset_alignment as usize);
+        let (xb, rb) = (buf(x)?, buf(&routes.tensor)?);
+        if [xb.offset as usize, rb.offset as usize, per * 4 * hidden, per * 8 * k].iter().any(|b| b % align.max(4) != 0) {
+            return Ok(None);
+        }
+        let (out, ob) = self.output(vec![tokens, hidden])?;
+        let coop = self.matmul_choice().coop(&self.gpu);
+        for r0 in (0..tokens).step_by(per) {
+            let n = per.min(tokens - r0);
+            let (xs, rs) = (rows_of(xb, r0, n, 4 * hidden), rows_of(rb, r0, n, 8 * k));
+            let outputs = self.gpu.alloc_for(Scratch::Moe, 4 * (n * k * hidden) as u64)?;
+            expert_outputs(&self.gpu, &Call::new(p, xs, rs, n, routes.gating, key_base, coop), outputs.buffer())?;
+            combine(&self.gpu, outputs.bind(), rs, rows_of(ob.bind(), r0, n, 4 * hidden), n, hidden, k)?;
+        }
+        Ok(Some(out))
+    }
+
     /// [`Backend::moe`]'s weighted sum (with `shared`: a shared expert's
     /// slot table key and gate logits `[tokens, 1]`, as one more rank) in the
     /// fused kernels, or `None` where they do not take the call.
@@ -444,3 +498,29 @@ impl WgpuBackend {
         Ok(fused(&self.gpu, &call, ob.bind())?.map(|()| out))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_keep_the_kernels_of_the_whole_call() {
+        // Qwen3-30B-A3B's trunk with 16 experts (A): 2,048 tokens in two parts.
+        let a = Gating { experts: 16, top_k: 8, normalize: true };
+        assert_eq!(part_tokens(2048, 1024, a), Some(1024));
+        // Three parts of about equal size, starting at multiples of 64.
+        assert_eq!(part_tokens(2100, 1024, a), Some(704));
+        assert_eq!(part_tokens(1030, 1024, a), Some(576));
+        // Not split: off, small enough, or a part would leave the wide tiles
+        // (128 experts: 2,048 tokens just reach them, 1,024 do not).
+        assert_eq!(part_tokens(2048, 0, a), None);
+        assert_eq!(part_tokens(1024, 1024, a), None);
+        assert_eq!(part_tokens(2048, 1024, Gating { experts: 128, ..a }), None);
+        // Every part covers its rows and the last one is not empty.
+        for tokens in [1025, 1500, 2047, 2048, 4097, 8192] {
+            let per = part_tokens(tokens, 1024, a).expect("split");
+            assert!(per % PART_ALIGN == 0 && per <= 1024 + PART_ALIGN && per < tokens, "{tokens}: {per}");
+        }
+    }
+}
+

@@ -99,6 +99,9 @@ pub(crate) const MIN_CHUNK: usize = 32;
 /// (132), each 256 invocations; fewer chunks cost less to merge.
 const FLASH_TARGET_WORKGROUPS: usize = 264;
 
+/// Tokens per part of a prefill's MoE call ([`crate::WgpuOptions::moe_rows`]).
+const MOE_ROWS: usize = 1024;
+
 /// Settings of a [`crate::WgpuBackend`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WgpuOptions {
@@ -148,6 +151,12 @@ pub struct WgpuOptions {
     /// Workgroups a `flash_attention` call aims for, by cutting the keys
     /// into chunks (in code only: BENCHMARKS.md's sweeps chose 264).
     pub flash_workgroups: usize,
+    /// A MoE call of more tokens runs its experts and their weighted sum in
+    /// parts of about this many tokens (0: never), each with the kernels the
+    /// whole call takes, so the unweighted outputs (`[tokens, top_k, hidden]`
+    /// f32, a chunk's largest scratch) and the experts' activations take a
+    /// part's memory, not the chunk's (in code only; `bench_gpu --moe-rows`).
+    pub moe_rows: usize,
     /// Prefills with head dims up to 128 give each slot of
     /// `flash_attention` two rows (in code only; one row was slower).
     pub flash_two_rows: bool,
@@ -277,6 +286,7 @@ impl Default for WgpuOptions {
             flash_attention: true,
             flash_workgroups: FLASH_TARGET_WORKGROUPS,
             flash_two_rows: true,
+            moe_rows: MOE_ROWS,
             coop_matrix: true,
             merge_in_split: true,
             fuse_norms: true,

@@ -518,3 +518,37 @@ fn a_sharded_resident_pool_runs_each_layer_on_its_own_shards() {
     assert_eq!(dispatches("moe_down"), 2, "layer 1, on its two shards: {profile:?}");
     assert_eq!(dispatches("moe_gate_up"), 4, "{profile:?}");
 }
+
+/// A prefill's MoE call in parts (`WgpuOptions::moe_rows`) gives the whole
+/// call's bits, with less scratch: each part runs the kernels the whole call
+/// takes (wide tiles here, narrow ones for 100 tokens), and each pair's
+/// output and each token's weighted sum depend on that pair and token alone.
+#[test]
+fn moe_in_parts_gives_the_whole_calls_bits() {
+    if gpu().is_none() {
+        return;
+    }
+    let (hidden, inter) = (192, 128);
+    let gating = Gating { experts: 4, top_k: 2, normalize: true };
+    let format = affine(4, 64);
+    // 1,100 tokens in parts of 384, 384 and 332 (each wide: 2 ranks x 332 >= 128 x 4), 100 in 64 and 36.
+    for (tokens, rows) in [(1100, 512), (100, 48)] {
+        let mut rng = Rng::new(43);
+        let layout = ExpertLayout { hidden, intermediate: inter, gate: format, up: format, down: format };
+        let experts = random_experts(&mut rng, format, hidden, inter, 3);
+        let x = rng.vec(tokens * hidden, 2.0);
+        let logits = rng.vec(tokens * 4, 3.0);
+        let run = |moe_rows: usize| -> (Vec<f32>, u64) {
+            let options = WgpuOptions { moe_rows, ..WgpuOptions::from_env() };
+            let b = WgpuBackend::with_options(&AdapterChoice::allow_software(), options).expect("GPU adapter");
+            let pool = layer1_pool(&b, &layout, &experts);
+            let routes = b.route(&up(&b, &logits, &[tokens, 4]), gating).unwrap();
+            let out = b.download(&b.moe(&up(&b, &x, &[tokens, hidden]), &pool, &routes, 4).unwrap()).unwrap();
+            (out, b.memory_report().scratch_peak_bytes)
+        };
+        let (whole, whole_scratch) = run(0);
+        let (parts, parts_scratch) = run(rows);
+        assert!(whole == parts, "{tokens} tokens in parts of about {rows}: the output differs from the whole call's");
+        assert!(parts_scratch < whole_scratch, "{tokens} tokens: scratch {parts_scratch} in parts, {whole_scratch} whole");
+    }
+}
