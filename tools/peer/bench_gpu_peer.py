@@ -166,7 +166,7 @@ def ours(a, model, backend, prompt, max_tokens, experts_per_layer, tag, env=None
                    prefill=s["prefill_tokens_per_second"], decode=s["decode_tokens_per_second"],
                    prefill_s=s["prefill_seconds"], decode_s=s["decode_seconds"], slots=e["slots"],
                    pool_bytes=e["pool_bytes"], direct_io=e["direct_io"], counters=e["total"],
-                   ids=o["generated_ids"])
+                   ids=o["generated_ids"], device_memory=o.get("device_memory"))
         passes = max(1, s["generated_tokens"] - 1)
         d = s.get("decode_experts")
         if d and d.get("misses"):

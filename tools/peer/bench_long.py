@@ -8,7 +8,8 @@ Per model and per context length N in --lengths (default 8192,32768):
              -p 0 -n 64 -d N (tg64 @ dN); -r --peer-reps. Its peak GPU memory in the tg64 @ dN run.
   ours:      slotstream run --backend wgpu --raw --ignore-eos, a prompt of N tokens then 65 tokens:
              the prompt's prefill tok/s (as ppN) and decode from depth N (as tg64 @ dN); peak GPU
-             memory. With --flash-off, the same with SLOTSTREAM_WGPU_FLASH=0 (the per-head
+             memory (nvidia-smi), and the backend's own count of it by use (`run --json`'s
+             device_memory: weights, expert pool, KV cache, activation pool, staging; its peak). With --flash-off, the same with SLOTSTREAM_WGPU_FLASH=0 (the per-head
              attention kernels) at the first length, before and after on one machine.
   parity:    with --parity L, a copy of each model cut to its first L layers (the same shapes)
              answers the longest prompt with 8 greedy tokens on cpu:exact, wgpu:exact, wgpu and cpu:
@@ -79,7 +80,8 @@ def ours_long(a, model, experts, prompt, tag, env=None):
     # The plan's context: the prompt and the tokens it generates.
     extra = ("--plan-context", str(a.depth + a.decode + 64))
     r = bp.ours(a, model, a.gpu_backend, prompt, a.decode + 1, experts, tag, env=env, extra=extra)
-    return {k: r.get(k) for k in ("prefill", "decode", "prompt_tokens", "gpu_mib", "wall_s", "error", "backend_name")}
+    keys = ("prefill", "decode", "prompt_tokens", "gpu_mib", "wall_s", "error", "backend_name", "device_memory")
+    return {k: r.get(k) for k in keys}
 
 
 PARITY_BACKENDS = ["cpu:exact", "wgpu:exact", "wgpu", "cpu"]
@@ -195,6 +197,15 @@ def table(a, results):
             lines.append(f"| {r['key']} | {row['prompt_tokens']} | {f(o.get('prefill'))} | {f(pp.get('prefill'))} "
                          f"| {ratio(o.get('prefill'), pp.get('prefill'))} | {f(o.get('decode'))} | {f(tg.get('decode'))} "
                          f"| {ratio(o.get('decode'), tg.get('decode'))} | {o.get('gpu_mib')} | {tg.get('gpu_mib')} | {off_s} |")
+    for r in results:
+        for n, row in r["lengths"].items():
+            m = row["ours"].get("device_memory")
+            if m:
+                mib = lambda b: f"{b / 2**20:.0f}"  # noqa: E731
+                uses = ", ".join(f"{k} {mib(v)}" for k, v in sorted(m["at_peak"].items(), key=lambda kv: -kv[1]) if v)
+                lines.append(f"\n{r['key']} @ {n}, ours by the backend's own count (`run --json` device_memory): peak "
+                             f"{mib(m['peak_bytes'])} MiB ({uses}); pooled scratch in use at most {mib(m['scratch_peak_bytes'])} MiB; "
+                             f"allocator blocks {mib(m.get('allocator_block_bytes') or 0)} MiB after the run")
     for r in results:
         for n, row in r["lengths"].items():
             if "ours_variant" in row:

@@ -197,3 +197,38 @@ impl Drop for Claim {
         self.ledger.sub(self.held, self.bytes);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn named(v: &[(&'static str, u64)], name: &str) -> u64 {
+        v.iter().find(|(n, _)| *n == name).map_or(u64::MAX, |(_, b)| *b)
+    }
+
+    #[test]
+    fn the_peak_keeps_what_was_held_at_that_moment() {
+        let ledger = Arc::new(Ledger::default());
+        let weights = ledger.claim(Held::Weights, 100);
+        ledger.add(Held::Activations, 40);
+        ledger.take(Scratch::Moe, 40);
+        // Read-back buffers are host memory: listed, not in the device total.
+        ledger.add(Held::Readback, 1000);
+        let kv = ledger.claim(Held::KvCache, 60);
+        drop(kv);
+        ledger.give(Scratch::Moe, 40);
+        ledger.take(Scratch::Tensors, 30);
+        drop(weights);
+        let r = ledger.report(None);
+        assert_eq!((r.peak_bytes, r.now_bytes), (200, 40));
+        assert_eq!((named(&r.at_peak, "kv_cache"), named(&r.at_peak, "weights")), (60, 100));
+        assert_eq!(named(&r.in_use_at_peak, "moe_scratch"), 40);
+        assert_eq!((named(&r.now, "kv_cache"), named(&r.now, "readback")), (0, 1000));
+        // The scratch mark is the most in use at once (40, not 40 + 30), by kind then.
+        assert_eq!((r.scratch_peak_bytes, named(&r.scratch_at_peak, "tensors")), (40, 0));
+        // Staging is set, not added: each send states what is still in flight.
+        ledger.set(Held::UploadStaging, 500);
+        ledger.set(Held::UploadStaging, 0);
+        assert_eq!(ledger.report(None).peak_bytes, 540);
+    }
+}
