@@ -207,5 +207,25 @@ mod tests {
 
         let summary = report.to_string();
         assert!(summary.starts_with("prompt 2 tokens, generated 1 tokens, prefill 4.0 tok/s, decode 4.0 tok/s [cpu]\nexperts: 0 slots"), "{summary}");
+        assert!(json.get("device_memory").is_none() && !summary.contains("device memory"), "{json}");
+
+        // A backend that counts its device memory: by use in the JSON, one line in the summary.
+        let mib = 1 << 20;
+        let memory = DeviceMemory {
+            peak_bytes: 300 * mib,
+            at_peak: vec![("weights", 200 * mib), ("kv_cache", 100 * mib), ("states", 0)],
+            scratch_peak_bytes: 40 * mib,
+            scratch_at_peak: vec![("tensors", 40 * mib)],
+            allocator: Some((320 * mib, 310 * mib)),
+            ..Default::default()
+        };
+        let report = RunReport { device_memory: Some(memory.into()), ..report };
+        let json = serde_json::to_value(&report).expect("the report serializes");
+        assert_eq!(json["device_memory"]["at_peak"]["kv_cache"], 100 * mib);
+        assert_eq!(json["device_memory"]["allocator_block_bytes"], 320 * mib);
+        let summary = report.to_string();
+        let line = "device memory: peak 300 MiB (kv_cache 100, weights 200); pooled scratch in use at most 40 MiB (tensors 40); \
+                    allocator blocks 320 MiB, 310 MiB allocated in them";
+        assert!(summary.ends_with(line), "{summary}");
     }
 }
