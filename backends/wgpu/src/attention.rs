@@ -4,6 +4,7 @@
 
 use slotstream_backend::{attention_qk_norm_composed, checks, BackendError, KeySelection, KvCacheType, QkNorm, Result, Rope, State, Tensor};
 
+use crate::flash_decode::{decode_pipeline, flash_decode};
 use crate::gpu::{whole, Bind, Gpu};
 use crate::params::{AttentionParams, FlashParams, RopeParams, MERGE_PAIRS, TARGET_WORKGROUPS};
 use crate::state::GpuKvCache;
@@ -25,18 +26,18 @@ const ROPE_OUT: u32 = 3;
 const ROPE_ANGLES: u32 = 4;
 
 // Bindings of attention.wgsl.
-const Q: u32 = 2;
-const OUT: u32 = 3;
-const KEYS: u32 = 4;
-const VALUES: u32 = 5;
-const PARTIALS: u32 = 6;
+pub(crate) const Q: u32 = 2;
+pub(crate) const OUT: u32 = 3;
+pub(crate) const KEYS: u32 = 4;
+pub(crate) const VALUES: u32 = 5;
+pub(crate) const PARTIALS: u32 = 6;
 const SELECTION: u32 = 7;
-const KNEW: u32 = 8;
-const VNEW: u32 = 9;
+pub(crate) const KNEW: u32 = 8;
+pub(crate) const VNEW: u32 = 9;
 const ROPE_ANGLES_IN: u32 = 10;
 const Q_WEIGHT: u32 = 11;
 const K_WEIGHT: u32 = 12;
-const MERGE_COUNTS: u32 = 13;
+pub(crate) const MERGE_COUNTS: u32 = 13;
 
 /// Largest head dim whose query and fresh key the `*_rope` attention kernels
 /// stage together (the key in the upper half of the query's workgroup array).
@@ -110,6 +111,9 @@ pub(crate) fn attend(
             }
         };
     if sel_stride == 0 && rope.is_none() {
+        if let Some(pipeline) = decode_pipeline(gpu, cache, tokens, cache.len) {
+            return flash_decode(gpu, pipeline, cache, [q, out], heads, scale, fresh);
+        }
         if let Some(pipeline) = flash_pipeline(gpu, cache, heads, tokens, cache.len) {
             return flash_attend(gpu, pipeline, cache, [q, out], tokens, heads, scale, fresh);
         }
@@ -186,7 +190,7 @@ pub(crate) const FLASH_DECODE_MIN_KEYS: usize = 1024;
 /// Invocations of `flash_attention` in a slot (one row and key slice).
 const FLASH_SLOT_LANES: u32 = 4;
 /// vec4 runs of a head a `flash_merge` workgroup sums (its `MERGE_RUNS`).
-const FLASH_MERGE_RUNS: usize = 8;
+pub(crate) const FLASH_MERGE_RUNS: usize = 8;
 /// Slots of a `flash_attention` workgroup.
 const FLASH_SLOTS: usize = 64;
 
