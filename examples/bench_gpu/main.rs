@@ -14,7 +14,8 @@
 //!     `--depth-decode N` decode after it (`prefill.rs`).
 //!
 //! `--no-coop` keeps the prefill products off the GPU's matrix units
-//! (`wgsl/matmul_coop.wgsl`) for before/after comparisons.
+//! (`wgsl/matmul_coop.wgsl`), `--no-flash-decode` decode steps at long
+//! contexts off `wgsl/flash_decode.wgsl`, for before/after comparisons.
 //!
 //! `BENCH_GPU_SKIP=k1,k2` decodes without those kernels' dispatches (wrong
 //! tokens): the time a token saves is what they cost in the chain, untimed;
@@ -222,7 +223,7 @@ fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool
     std::env::set_var("SLOTSTREAM_FUSED_PROJECTIONS", if fused { "1" } else { "0" });
     // The 4-bit layout: the MLX order (the kernel before interleaving) or interleaved (the default).
     let q4_layout = if layout == "mlx" { Q4Layout::Mlx } else { Q4Layout::Interleaved };
-    let options = WgpuOptions { matmul: Some(MatmulMode::Exact), q4_layout, views: fused, ..WgpuOptions::from_env() };
+    let options = WgpuOptions { matmul: Some(MatmulMode::Exact), q4_layout, views: fused, flash_decode: args.flash_decode, ..WgpuOptions::from_env() };
     // Decode runs in the CLI's default mode for a GPU (SLOTSTREAM_WGPU_MATMUL overrides).
     let gpu = open_with(args, checked, options)?;
     let gpu = gpu.with_matmul_mode(MatmulMode::from_env(MatmulMode::Int8));
@@ -467,7 +468,7 @@ fn print_profile(prof: &[(String, slotstream_wgpu::FamilyTime)], n: usize, unit:
 
 fn main() -> Result<()> {
     let args = parse_args()?;
-    let b = open_with(&args, true, WgpuOptions { matmul: Some(MatmulMode::Exact), coop_matrix: args.coop, ..WgpuOptions::from_env() })?;
+    let b = open_with(&args, true, WgpuOptions { matmul: Some(MatmulMode::Exact), coop_matrix: args.coop, flash_decode: args.flash_decode, ..WgpuOptions::from_env() })?;
     println!("device: {} (subgroup sizes {:?}; parameters as {})", b.name(), b.subgroup_sizes(), if b.immediates() { "immediates" } else { "uniform buffers" });
     if !args.gemm.is_empty() {
         return gemm::bench(&b, &args.gemm, args.reps);
