@@ -46,9 +46,16 @@
 // [tokens, rope_half, (cos, sin)]) as it stages them, as norm.wgsl's
 // rms_norm_rope does; the fresh key written to the cache is the rotated one.
 //
+// A q8 cache (`kv` 2) is flash_attention.wgsl's: each (position, kv head)
+// row is head_dim / 4 words of four int8 (the lowest byte first), then
+// head_dim / 64 words of two f16 scales (the lower half first), one per block
+// of 32 values; a value is its block's scale times its int8. The kernels here
+// only read one: the host appends a q8 cache's rows through kv_store_q8
+// first and never passes `fresh` with it.
+//
 // Bindings: 0 uniform Params; 2 q [tokens, heads*head_dim]; 3 out (read-write,
 // same shape); 4 keys, 5 values [positions, kv_heads*head_dim] (read-write;
-// f32, or with `half` f16 two to a word);
+// f32, f16 two to a word or q8, by `kv`);
 // 6 partials [tokens*heads*splits, head_dim + 2] (f32 bits in atomics;
 // attention_split writes, attention_merge reads); 7 sel u32; 8 knew, 9 vnew
 // [1, kv_heads*head_dim]; 10 cs, 11 q_weight, 12 k_weight [head_dim] (rope);
@@ -76,8 +83,9 @@ struct Params {
     k_eps: f32,
     // 1: the split kernels merge the splits themselves (see above).
     merge: u32,
-    // 1: the cache holds f16 (two per word, the lower half first), else f32.
-    half: u32,
+    // The cache holds 0: f32; 1: f16 (two per word, the lower half first);
+    // 2: q8 (above).
+    kv: u32,
     _pad0: u32,
     _pad1: u32,
     _pad2: u32,
@@ -86,7 +94,7 @@ struct Params {
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> q: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
-// The cache's words: f32 bits, or two f16 (`half`).
+// The cache's words: f32 bits, or two f16 (`kv` 1), or q8 words (`kv` 2).
 @group(0) @binding(4) var<storage, read_write> keys: array<u32>;
 @group(0) @binding(5) var<storage, read_write> values: array<u32>;
 @group(0) @binding(6) var<storage, read_write> partials: array<atomic<u32>>;
@@ -126,29 +134,39 @@ fn key_at(j: u32, kv_cols: u32, off: u32, d: u32) -> f32 {
     return cached(true, j * kv_cols + off);
 }
 
-// Element i of the cache's keys or values, as f32 or f16 (`half`).
+// Element i (row * head_dim + d, row = position * kv_heads + kv head) of
+// the cache's keys or values, as f32, f16 (`kv` 1) or q8 (`kv` 2).
 fn cached(is_key: bool, i: u32) -> f32 {
-    var w = 0u;
-    if (p.half != 0u) {
-        if (is_key) {
-            w = keys[i / 2u];
-        } else {
-            w = values[i / 2u];
-        }
-        return unpack2x16float(w)[i % 2u];
+    if (p.kv == 2u) {
+        return q8_run(is_key, i / p.head_dim, i % p.head_dim)[i % 4u];
     }
+    if (p.kv == 1u) {
+        return unpack2x16float(cache_word(is_key, i / 2u))[i % 2u];
+    }
+    return bitcast<f32>(cache_word(is_key, i));
+}
+
+fn cache_word(is_key: bool, i: u32) -> u32 {
     if (is_key) {
-        w = keys[i];
-    } else {
-        w = values[i];
+        return keys[i];
     }
-    return bitcast<f32>(w);
+    return values[i];
+}
+
+// Values d - d % 4 .. d - d % 4 + 3 of row `row` of a q8 cache (one word of
+// int8 and its block's scale).
+fn q8_run(is_key: bool, row: u32, d: u32) -> vec4<f32> {
+    let hd = p.head_dim;
+    let base = row * (hd / 4u + hd / 64u);
+    let w = bitcast<i32>(cache_word(is_key, base + d / 4u));
+    let scale = unpack2x16float(cache_word(is_key, base + hd / 4u + d / 64u))[(d / 32u) % 2u];
+    return scale * vec4<f32>(f32(extractBits(w, 0u, 8u)), f32(extractBits(w, 8u, 8u)), f32(extractBits(w, 16u, 8u)), f32(extractBits(w, 24u, 8u)));
 }
 
 // Stores elements i and (when `two`) i + 1 of a key or value row in the
-// cache (f16: i even, and both).
+// cache (f16: i even, and both; never q8).
 fn store_pair(is_key: bool, i: u32, v: vec2<f32>, two: bool) {
-    if (p.half != 0u) {
+    if (p.kv == 1u) {
         if (is_key) {
             keys[i / 2u] = pack2x16float(v);
         } else {

@@ -36,7 +36,10 @@ fn row4(buf_keys: bool, j: u32, at: u32) -> vec4<f32> {
         return vec4<f32>(vnew[i], vnew[i + 1u], vnew[i + 2u], vnew[i + 3u]);
     }
     let i = j * p.kv_heads * p.head_dim + at;
-    if (p.half != 0u) {
+    if (p.kv == 2u) {
+        return q8_run(buf_keys, i / p.head_dim, i % p.head_dim);
+    }
+    if (p.kv == 1u) {
         // `at` is a multiple of four: two whole words.
         var w = vec2<u32>(values[i / 2u], values[i / 2u + 1u]);
         if (buf_keys) {

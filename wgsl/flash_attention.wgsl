@@ -70,7 +70,8 @@ struct Params {
     // The cache holds 0: f32; 1: f16 (two per word, the lower half first);
     // 2: q8 (above).
     kv: u32,
-    _pad0: u32,
+    // flash_decode.wgsl's (unused here).
+    merge: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

@@ -27,12 +27,14 @@ pub struct Args {
     pub depth_decode: usize,
     /// Prefill products on the matrix units where the adapter has them (`--no-coop`: never).
     pub coop: bool,
+    /// A decode step over a long f16 cache takes `flash_decode` (`--no-flash-decode`: `flash_attention`).
+    pub flash_decode: bool,
     /// Tokens per part of a prefill's MoE call (`--moe-rows`, 0: the whole chunk; `WgpuOptions::moe_rows`).
     pub moe_rows: Option<usize>,
 }
 
 pub fn parse_args() -> Result<Args> {
-    let mut a = Args { adapter: AdapterChoice::auto(), model: None, copy_mib: 1024, rows: 65536, cols: 8192, reps: 50, prompt: 256, decode: 64, flushes: vec![0, 8, 12, 24, 16], depth: 432, pp: 256, matvec: true, gemm: Vec::new(), chunks: Vec::new(), depth_decode: 0, coop: true, moe_rows: None };
+    let mut a = Args { adapter: AdapterChoice::auto(), model: None, copy_mib: 1024, rows: 65536, cols: 8192, reps: 50, prompt: 256, decode: 64, flushes: vec![0, 8, 12, 24, 16], depth: 432, pp: 256, matvec: true, gemm: Vec::new(), chunks: Vec::new(), depth_decode: 0, coop: true, flash_decode: true, moe_rows: None };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
@@ -50,6 +52,7 @@ pub fn parse_args() -> Result<Args> {
             "--flush" => a.flushes = value()?.split(',').map(|v| v.trim().parse()).collect::<Result<_, _>>()?,
             "--no-matvec" => a.matvec = false,
             "--no-coop" => a.coop = false,
+            "--no-flash-decode" => a.flash_decode = false,
             "--moe-rows" => a.moe_rows = Some(value()?.parse()?),
             "--gemm" => a.gemm = gemm::parse_shapes(&value()?)?,
             "--depth-decode" => a.depth_decode = value()?.parse()?,

@@ -14,8 +14,9 @@
 //!     `--depth-decode N` decode after it (`prefill.rs`).
 //!
 //! `--no-coop` keeps the prefill products off the GPU's matrix units
-//! (`wgsl/matmul_coop.wgsl`) for before/after comparisons; `--moe-rows N`
-//! runs a prefill's MoE calls in parts of about N tokens (0: whole chunks).
+//! (`wgsl/matmul_coop.wgsl`), `--no-flash-decode` decode steps at long
+//! contexts off `wgsl/flash_decode.wgsl`, for before/after comparisons;
+//! `--moe-rows N` runs a prefill's MoE calls in parts of about N tokens (0: whole chunks).
 //!
 //! `BENCH_GPU_SKIP=k1,k2` decodes without those kernels' dispatches (wrong
 //! tokens): the time a token saves is what they cost in the chain, untimed;
@@ -223,7 +224,7 @@ fn decode_bench(args: &Args, dir: &std::path::Path, copy_gbs: f64, checked: bool
     std::env::set_var("SLOTSTREAM_FUSED_PROJECTIONS", if fused { "1" } else { "0" });
     // The 4-bit layout: the MLX order (the kernel before interleaving) or interleaved (the default).
     let q4_layout = if layout == "mlx" { Q4Layout::Mlx } else { Q4Layout::Interleaved };
-    let options = WgpuOptions { matmul: Some(MatmulMode::Exact), q4_layout, views: fused, ..WgpuOptions::from_env() };
+    let options = WgpuOptions { matmul: Some(MatmulMode::Exact), q4_layout, views: fused, flash_decode: args.flash_decode, ..WgpuOptions::from_env() };
     // Decode runs in the CLI's default mode for a GPU (SLOTSTREAM_WGPU_MATMUL overrides).
     let gpu = open_with(args, checked, options)?;
     let gpu = gpu.with_matmul_mode(MatmulMode::from_env(MatmulMode::Int8));
@@ -470,7 +471,7 @@ fn main() -> Result<()> {
     let args = parse_args()?;
     let env = WgpuOptions::from_env();
     let moe_rows = args.moe_rows.unwrap_or(env.moe_rows);
-    let b = open_with(&args, true, WgpuOptions { matmul: Some(MatmulMode::Exact), coop_matrix: args.coop, moe_rows, ..env })?;
+    let b = open_with(&args, true, WgpuOptions { matmul: Some(MatmulMode::Exact), coop_matrix: args.coop, flash_decode: args.flash_decode, moe_rows, ..env })?;
     println!("device: {} (subgroup sizes {:?}; parameters as {})", b.name(), b.subgroup_sizes(), if b.immediates() { "immediates" } else { "uniform buffers" });
     if !args.gemm.is_empty() {
         return gemm::bench(&b, &args.gemm, args.reps);

@@ -15,7 +15,7 @@ Per model and per context length N in --lengths (default 8192,32768):
              answers the longest prompt with 8 greedy tokens on cpu:exact, wgpu:exact, wgpu and cpu:
              whether each gives cpu:exact's ids (issue 46: a 32k context on both backends).
   per-op:    with --bench-gpu, our kernel times (bench_gpu --prompt N: decode at depth N and the
-             N-token prefill by kernel) and llama.cpp's (GGML_VK_PERF_LOGGER=1 llama-bench -p 0 -n 4
+             N-token prefill by kernel; the decode again with --no-flash-decode) and llama.cpp's (GGML_VK_PERF_LOGGER=1 llama-bench -p 0 -n 4
              -d N), raw logs kept for BENCHMARKS.md, at the first length only; the prefill by kernel
              in chunks of 1024 and 2048 with the matrix units and without (bench_gpu --no-coop), and once,
              prefill-sized products against exact mode's (bench_gpu --gemm: error and TFLOP/s).
@@ -161,6 +161,10 @@ def main():
             if i == 0 and a.bench_gpu:
                 bp.run([a.bench_gpu, "--model", model, "--prompt", str(n), "--decode", "16", "--no-matvec", "--flush", "16",
                         "--depth", "32", "--pp", "32"], f"{key}_ours_kernels_{n}", a)
+                # Decode at depth without flash_decode.wgsl (flash_attention's tiles instead).
+                bp.run([a.bench_gpu, "--model", model, "--prompt", str(n), "--decode", "16", "--no-matvec", "--flush", "16",
+                        "--depth", "32", "--pp", "32", "--no-flash-decode"], f"{key}_ours_kernels_{n}_no_flash_decode", a,
+                       env=dict(os.environ, BENCH_SKIP_BEFORE="1"))
                 env = dict(bp.llama_env(a), GGML_VK_PERF_LOGGER="1")
                 peer_rows(a, gguf, f"{key}_llama_kernels_d{n}", 0, 4, n, 1, env=env)
                 # Prefill by kernel with the matrix units and without (matmul_coop.wgsl).

@@ -4,13 +4,14 @@
 
 use slotstream_backend::{attention_qk_norm_composed, checks, BackendError, KeySelection, KvCacheType, QkNorm, Result, Rope, State, Tensor};
 
+use crate::flash_decode::{decode_pipeline, flash_decode};
 use crate::gpu::{whole, Bind, Gpu};
 use crate::params::{AttentionParams, FlashParams, RopeParams, MERGE_PAIRS, TARGET_WORKGROUPS};
 use crate::state::GpuKvCache;
 use crate::tensors::{buf, new_tensor};
 use crate::WgpuBackend;
 
-/// `FlashParams::kv` of a cache.
+/// `FlashParams::kv` (and `AttentionParams::kv`) of a cache.
 fn kv_code(cache: &GpuKvCache) -> u32 {
     match cache.kind {
         KvCacheType::F32 => 0,
@@ -25,18 +26,18 @@ const ROPE_OUT: u32 = 3;
 const ROPE_ANGLES: u32 = 4;
 
 // Bindings of attention.wgsl.
-const Q: u32 = 2;
-const OUT: u32 = 3;
-const KEYS: u32 = 4;
-const VALUES: u32 = 5;
-const PARTIALS: u32 = 6;
+pub(crate) const Q: u32 = 2;
+pub(crate) const OUT: u32 = 3;
+pub(crate) const KEYS: u32 = 4;
+pub(crate) const VALUES: u32 = 5;
+pub(crate) const PARTIALS: u32 = 6;
 const SELECTION: u32 = 7;
-const KNEW: u32 = 8;
-const VNEW: u32 = 9;
+pub(crate) const KNEW: u32 = 8;
+pub(crate) const VNEW: u32 = 9;
 const ROPE_ANGLES_IN: u32 = 10;
 const Q_WEIGHT: u32 = 11;
 const K_WEIGHT: u32 = 12;
-const MERGE_COUNTS: u32 = 13;
+pub(crate) const MERGE_COUNTS: u32 = 13;
 
 /// Largest head dim whose query and fresh key the `*_rope` attention kernels
 /// stage together (the key in the upper half of the query's workgroup array).
@@ -110,16 +111,16 @@ pub(crate) fn attend(
             }
         };
     if sel_stride == 0 && rope.is_none() {
+        if let Some(pipeline) = decode_pipeline(gpu, cache, tokens, cache.len) {
+            return flash_decode(gpu, pipeline, cache, [q, out], heads, scale, fresh);
+        }
         if let Some(pipeline) = flash_pipeline(gpu, cache, heads, tokens, cache.len) {
             return flash_attend(gpu, pipeline, cache, [q, out], tokens, heads, scale, fresh);
         }
     }
-    if cache.kind == KvCacheType::Q8 {
-        // Only flash_attention reads q8 (a cache is q8 only where it can run).
-        return Err(BackendError::Unsupported(format!(
-            "a q8 KV cache {} on the wgpu backend (--kv-cache f16 takes it)",
-            if sel_stride != 0 { "with a key selection" } else { "with a query group over 64 heads" }
-        )));
+    if cache.kind == KvCacheType::Q8 && fresh.is_some() {
+        // The per-head kernels read q8 but write only f32 and f16 rows.
+        return Err(BackendError::Device("a q8 KV cache's new rows go through kv_store_q8 before attention".into()));
     }
     let sel_buf = gpu.small_input("key selection", bytemuck::cast_slice(&words))?;
     let pairs = tokens * heads;
@@ -140,7 +141,7 @@ pub(crate) fn attend(
         rope_half: rope.as_ref().map_or(0, |r| r.half as u32),
         q_eps: rope.as_ref().map_or(0.0, |r| r.eps[0]),
         k_eps: rope.as_ref().map_or(0.0, |r| r.eps[1]),
-        half: cache.half as u32,
+        kv: kv_code(cache),
         ..Default::default()
     };
     let (keys, values, sel) = ((KEYS, whole(&cache.keys)), (VALUES, whole(&cache.values)), (SELECTION, whole(&sel_buf)));
@@ -186,7 +187,7 @@ pub(crate) const FLASH_DECODE_MIN_KEYS: usize = 1024;
 /// Invocations of `flash_attention` in a slot (one row and key slice).
 const FLASH_SLOT_LANES: u32 = 4;
 /// vec4 runs of a head a `flash_merge` workgroup sums (its `MERGE_RUNS`).
-const FLASH_MERGE_RUNS: usize = 8;
+pub(crate) const FLASH_MERGE_RUNS: usize = 8;
 /// Slots of a `flash_attention` workgroup.
 const FLASH_SLOTS: usize = 64;
 
@@ -220,7 +221,8 @@ fn flash_runs(gpu: &Gpu) -> bool {
 /// can take it: dense attention (the caller checks), a head dim it is
 /// compiled for, query groups of at most 64 heads, subgroups of whole slots,
 /// and a prefill or a decode step over enough keys (`keys`, the fresh
-/// ones included) or any step over a q8 cache (only this kernel reads q8).
+/// ones included) or any step over a q8 cache (as before the per-head
+/// kernels read q8; which of the two is faster there is not measured).
 pub(crate) fn flash_pipeline(gpu: &Gpu, cache: &GpuKvCache, heads: usize, tokens: usize, keys: usize) -> Option<&'static str> {
     let name = head_dim_kernels(cache.head_dim)?.flash;
     let group = heads / cache.kv_heads.max(1);
@@ -302,17 +304,17 @@ fn flash_attend(
 
 /// The type a new KV cache of heads of `head_dim` keeps when `asked` for
 /// one (`WgpuOptions::kv_cache`; `None`: f16 in the fast (int8) matmul
-/// `mode`, as the CPU backend does, f32 in the exact one): q8 where `kv_store_q8` and `flash_attention` (the only kernel
-/// that reads it) run for the head dim, f16 where `kv_store` is compiled
-/// for it (the per-head kernels read f16 of any head dim of a multiple of
-/// four), else f32.
+/// `mode`, as the CPU backend does, f32 in the exact one): q8 where
+/// `kv_store_q8` is compiled for the head dim (64, 128, 256; `flash_attention`
+/// and the per-head kernels read it), f16 where `kv_store` is (the per-head
+/// kernels read f16 of any head dim of a multiple of four), else f32.
 pub(crate) fn kv_type(gpu: &Gpu, asked: Option<KvCacheType>, mode: crate::MatmulMode, head_dim: usize) -> KvCacheType {
     let fast = mode == crate::MatmulMode::Int8;
     let asked = asked.unwrap_or(if fast { KvCacheType::F16 } else { KvCacheType::F32 });
     let kernels = head_dim_kernels(head_dim);
     let has = |name: fn(&HeadDimKernels) -> &'static str| kernels.as_ref().is_some_and(|k| gpu.has_kernel(name(k)));
     match asked {
-        KvCacheType::Q8 if flash_runs(gpu) && has(|k| k.flash) && has(|k| k.kv_store_q8) => KvCacheType::Q8,
+        KvCacheType::Q8 if has(|k| k.kv_store_q8) => KvCacheType::Q8,
         KvCacheType::F16 | KvCacheType::Q8 if has(|k| k.kv_store) => KvCacheType::F16,
         _ => KvCacheType::F32,
     }

@@ -53,7 +53,7 @@ pub const UNIFORM_PARAMS: &str = "@group(0) @binding(0) var<uniform> p: Params;"
 pub const IMMEDIATE_PARAMS: &str = "var<immediate> p: Params;";
 
 /// Every file in `wgsl/` as built in, by name.
-const FILES: [(&str, &str); 22] = [
+const FILES: [(&str, &str); 23] = [
     ("weights.wgsl", include_str!("../../../wgsl/weights.wgsl")),
     ("dot.wgsl", include_str!("../../../wgsl/dot.wgsl")),
     ("reduce.wgsl", include_str!("../../../wgsl/reduce.wgsl")),
@@ -72,6 +72,7 @@ const FILES: [(&str, &str); 22] = [
     ("attention.wgsl", include_str!("../../../wgsl/attention.wgsl")),
     ("attention_regs.wgsl", include_str!("../../../wgsl/attention_regs.wgsl")),
     ("flash_attention.wgsl", include_str!("../../../wgsl/flash_attention.wgsl")),
+    ("flash_decode.wgsl", include_str!("../../../wgsl/flash_decode.wgsl")),
     ("conv.wgsl", include_str!("../../../wgsl/conv.wgsl")),
     ("gated_delta.wgsl", include_str!("../../../wgsl/gated_delta.wgsl")),
     ("gated_delta_chunked.wgsl", include_str!("../../../wgsl/gated_delta_chunked.wgsl")),
@@ -83,6 +84,7 @@ const FILES: [(&str, &str); 22] = [
 const LOOP_STEPS: &[&str] = &[
     "lanes", "nwg.x * nsg", "nwg.x", "nsg", "parts", "256u", "128u", "64u", "TK", "TN", "WG", "TILE", "V_BATCH * parts", "parts * lanes",
     "V_BATCH", "MERGE_BATCH", "wg", "nwg.x * per_wg", "BK", "DK", "4u", "tp", "p.slices", "MERGE_STEP", "CK", "16u",
+    "BLOCK", "SB * STEP", "VB", "MERGE_LANES",
 ];
 
 /// Checks that every loop of a kernel file ends, as the kernels are compiled
@@ -167,6 +169,13 @@ const KV_STORE_Q8_PIPELINES: [Pipeline; 3] = [
     Pipeline { name: "kv_store_q8_hd256", constants: &[("HD", 256.0)] },
 ];
 
+/// `flash_decode` for each head dim (`HD`).
+const FLASH_DECODE_PIPELINES: [Pipeline; 3] = [
+    Pipeline { name: "flash_decode_hd64", constants: &[("HD", 64.0)] },
+    Pipeline { name: "flash_decode_hd128", constants: &[("HD", 128.0)] },
+    Pipeline { name: "flash_decode_hd256", constants: &[("HD", 256.0)] },
+];
+
 /// `flash_merge` for each head dim (`HD`).
 const FLASH_MERGE_PIPELINES: [Pipeline; 3] = [
     Pipeline { name: "flash_merge_hd64", constants: &[("HD", 64.0)] },
@@ -189,13 +198,14 @@ pub enum Module {
     Rope,
     Attention,
     FlashAttention,
+    FlashDecode,
     Conv,
     GatedDelta,
     Streams,
 }
 
 impl Module {
-    pub const ALL: [Module; 15] = [
+    pub const ALL: [Module; 16] = [
         Module::Matvec,
         Module::MatvecQ8,
         Module::MatmulTiled,
@@ -208,6 +218,7 @@ impl Module {
         Module::Rope,
         Module::Attention,
         Module::FlashAttention,
+        Module::FlashDecode,
         Module::Conv,
         Module::GatedDelta,
         Module::Streams,
@@ -235,6 +246,7 @@ impl Module {
             Module::Rope => "rope",
             Module::Attention => "attention",
             Module::FlashAttention => "flash_attention",
+            Module::FlashDecode => "flash_decode",
             Module::Conv => "conv",
             Module::GatedDelta => "gated_delta",
             Module::Streams => "streams",
@@ -265,6 +277,7 @@ impl Module {
                 "attention_split_rope_regs",
             ],
             Module::FlashAttention => &["flash_attention", "kv_store", "kv_store_q8", "flash_merge"],
+            Module::FlashDecode => &["flash_decode"],
             Module::Conv => &["conv1d"],
             Module::GatedDelta => &["gated_delta", "gated_delta_prep", "gated_delta_chunks"],
             Module::Streams => &["repeat_cols", "stream_mean", "add_gated_to_streams", "stream_dot_gate"],
@@ -280,6 +293,7 @@ impl Module {
             (Module::FlashAttention, "kv_store") => &KV_STORE_PIPELINES,
             (Module::FlashAttention, "kv_store_q8") => &KV_STORE_Q8_PIPELINES,
             (Module::FlashAttention, "flash_merge") => &FLASH_MERGE_PIPELINES,
+            (Module::FlashDecode, "flash_decode") => &FLASH_DECODE_PIPELINES,
             _ => &[],
         }
     }
@@ -298,7 +312,7 @@ impl Module {
             Module::Norm => ParamsLayout::of::<NormParams>(),
             Module::Rope => ParamsLayout::of::<RopeParams>(),
             Module::Attention => ParamsLayout::of::<AttentionParams>(),
-            Module::FlashAttention => ParamsLayout::of::<FlashParams>(),
+            Module::FlashAttention | Module::FlashDecode => ParamsLayout::of::<FlashParams>(),
             Module::Conv => ParamsLayout::of::<ConvParams>(),
             Module::GatedDelta => ParamsLayout::of::<GatedDeltaParams>(),
             Module::Streams => ParamsLayout::of::<StreamParams>(),
@@ -361,6 +375,7 @@ impl Module {
             Module::Rope => &["rope.wgsl"],
             Module::Attention => &["reduce.wgsl", "attention.wgsl", "attention_regs.wgsl"],
             Module::FlashAttention => &["flash_attention.wgsl"],
+            Module::FlashDecode => &["flash_decode.wgsl"],
             Module::Conv => &["conv.wgsl"],
             Module::GatedDelta => &["gated_delta.wgsl", "gated_delta_chunked.wgsl"],
             Module::Streams => &["streams.wgsl"],

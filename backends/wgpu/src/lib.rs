@@ -2,14 +2,13 @@
 //! compute kernel (sources in `wgsl/` at the repository root), on Vulkan
 //! (Linux, Windows) or Metal (macOS).
 //!
-//! Activations, weights, the expert pool and all per-sequence state stay on
-//! the GPU. Ops are recorded lazily into one command encoder and submitted when the host needs
-//! data back: once per decoded token with a resident pool; a streaming pool also reads each MoE
-//! layer's routed ids back. An expert written into the pool lands after every earlier read of its slot.
+//! Activations, weights, the expert pool and all per-sequence state stay on the GPU. Ops are recorded lazily into
+//! one command encoder and submitted when the host needs data back: once per decoded token with a resident pool; a
+//! streaming pool also reads each MoE layer's routed ids back. An expert lands after every earlier read of its slot.
 //!
 //! This file checks each op's inputs (through `slotstream_backend::checks`) and hands it to the typed kernel
-//! calls of its family's module (`elementwise.rs`, `norm.rs`, `streams.rs`, `matmul.rs`, `moe.rs`, `attention.rs`,
-//! `recurrent.rs`); `state.rs` holds the per-sequence state, `gpu.rs` the device and its command recorder,
+//! calls of its family's module (`elementwise.rs`, `norm.rs`, `streams.rs`, `matmul.rs`, `moe.rs`, `attention.rs`
+//! and `flash_decode.rs`, `recurrent.rs`); `state.rs` holds the per-sequence state, `gpu.rs` the device and its command recorder,
 //! `weights.rs` weights and the pool (`parts.rs` its writes), `diagnostics.rs` hooks for tests and profiling.
 
 mod attention;
@@ -17,6 +16,7 @@ mod chosen;
 mod device;
 mod diagnostics;
 mod elementwise;
+mod flash_decode;
 mod gpu;
 pub mod kernels;
 mod matmul;

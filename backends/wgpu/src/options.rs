@@ -160,6 +160,10 @@ pub struct WgpuOptions {
     /// Prefills with head dims up to 128 give each slot of
     /// `flash_attention` two rows (in code only; one row was slower).
     pub flash_two_rows: bool,
+    /// A decode step over a long f16 cache takes `flash_decode` (eight lanes
+    /// a key, all of a kv head's query heads at once; in code only: `false`
+    /// leaves it to `flash_attention`, for comparisons).
+    pub flash_decode: bool,
     /// Prefill products on the GPU's matrix units where the adapter has
     /// them (`wgsl/matmul_coop.wgsl`, int8 mode only; in code only).
     pub coop_matrix: bool,
@@ -286,6 +290,7 @@ impl Default for WgpuOptions {
             flash_attention: true,
             flash_workgroups: FLASH_TARGET_WORKGROUPS,
             flash_two_rows: true,
+            flash_decode: true,
             moe_rows: MOE_ROWS,
             coop_matrix: true,
             merge_in_split: true,

@@ -265,8 +265,8 @@ params! {
         k_eps: f32,
         /// 1: the split kernels merge the splits themselves (binding 13).
         merge: u32,
-        /// 1: the cache holds f16.
-        half: u32,
+        /// The cache holds 0: f32, 1: f16, 2: q8 (`FlashParams::kv`).
+        kv: u32,
         _pad0: u32,
         _pad1: u32,
         _pad2: u32,
@@ -274,7 +274,7 @@ params! {
 }
 
 params! {
-    /// `Params` of `wgsl/flash_attention.wgsl`.
+    /// `Params` of `wgsl/flash_attention.wgsl` and `wgsl/flash_decode.wgsl`.
     pub struct FlashParams {
         tokens: u32,
         heads: u32,
@@ -291,7 +291,8 @@ params! {
         fresh: u32,
         /// The cache holds 0: f32, 1: f16, 2: q8 (`kv_code` in `attention.rs`).
         kv: u32,
-        _pad0: u32,
+        /// `flash_decode`: the last workgroup of each (kv head, pass) merges the chunks.
+        merge: u32,
     }
 }
 

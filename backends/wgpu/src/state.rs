@@ -19,7 +19,7 @@ fn duplicate_buffer(gpu: &Gpu, b: &wgpu::Buffer, label: &str) -> Result<wgpu::Bu
 }
 
 /// Keys and values of one attention layer, `[capacity, kv_heads*head_dim]`
-/// of f32, or of f16 two to a word (`half`), or q8 (`kind`; each head's
+/// of f32, or of f16 two to a word, or q8 (by `kind`; each head's
 /// row `head_dim / 4` words of four int8 then `head_dim / 64` words of two
 /// f16 scales, one per block of 32: `wgsl/flash_attention.wgsl`), grown by
 /// a quarter.
@@ -28,8 +28,6 @@ pub struct GpuKvCache {
     pub(crate) kv_heads: usize,
     pub(crate) head_dim: usize,
     pub(crate) kind: KvCacheType,
-    /// `kind` is f16.
-    pub(crate) half: bool,
     pub(crate) len: usize,
     capacity: usize,
     pub(crate) keys: wgpu::Buffer,
@@ -49,7 +47,6 @@ impl GpuKvCache {
             kv_heads,
             head_dim,
             kind,
-            half: kind == KvCacheType::F16,
             len: 0,
             capacity,
             claim: gpu.ledger.claim(Held::KvCache, keys.size() + values.size()),

@@ -2,7 +2,7 @@
 //! seeded inputs, plus an insta snapshot of each output (see kernels.rs for
 //! the tolerances): the per-head kernels (prefill, split decode, key
 //! selections, the query/key norm inside), `flash_attention` in every launch
-//! shape, and f16 and q8 KV caches.
+//! shape, and f16 and q8 KV caches (with key selections too).
 
 mod common;
 
@@ -262,6 +262,77 @@ fn attention_with_a_q8_cache() {
     let ge = WgpuBackend::with_options(&AdapterChoice::allow_software(), WgpuOptions { matmul: Some(MatmulMode::Exact), ..WgpuOptions::from_env() })
         .expect("opening a third wgpu backend");
     assert_eq!(ge.kv_cache_type(), KvCacheType::F32);
+}
+
+/// A q8 KV cache with QSA key selections (qwen4_exp's sparse attention),
+/// which the per-head kernels read: a prefill (`attention`), decode steps
+/// and a short chunk split over the keys (`attention_split`, its `_regs`
+/// form, the merge), dense, selected and keyless queries mixed; head dims 64
+/// (qwen4_exp's 4 heads over 2 kv heads), 128 and 256, and a query group over
+/// 64 heads (which `flash_attention` does not take, dense or not). Also dense
+/// attention through the per-head kernels (flash attention off). Against the
+/// CPU backend's q8 cache (the same blocks and scales, so the same values)
+/// and, looser, the exact f32 cache.
+#[test]
+fn q8_cache_with_key_selections() {
+    let Some(_) = gpu() else { return };
+    let q8 = |flash_attention| WgpuOptions { matmul: Some(MatmulMode::Int8), kv_cache: Some(KvCacheType::Q8), flash_attention, ..WgpuOptions::from_env() };
+    let gpus = [true, false].map(|flash| WgpuBackend::with_options(&AdapterChoice::allow_software(), q8(flash)).expect("opening a q8 wgpu backend"));
+    let cpu_q8 = CpuBackend::with_options(slotstream_cpu::CpuOptions { kv_cache: Some(KvCacheType::Q8), ..slotstream_cpu::CpuOptions::from_env() });
+    let exact = CpuBackend::exact();
+    assert!(gpus.iter().all(|g| g.kv_cache_type() == KvCacheType::Q8) && cpu_q8.kv_cache_type() == KvCacheType::Q8);
+    let profiled = gpus[0].set_profiling(true).is_ok();
+    for (i, (dims, block)) in [([4, 2, 64], 4), ([8, 2, 128], 16), ([16, 2, 256], 8), ([72, 1, 64], 4)].into_iter().enumerate() {
+        let [heads, kvh, hd] = dims;
+        let mut rng = Rng::new(230 + i as u64);
+        let mut past = 0;
+        let mut steps: Vec<AttentionStep> = Vec::new();
+        for t in [300usize, 1, 1, 40, 1] {
+            let sel = q8_test_selection(&mut rng, past..past + t, block, 6);
+            steps.push((t, rng.vec(t * heads * hd, 3.0), rng.vec(t * kvh * hd, 3.0), rng.vec(t * kvh * hd, 2.0), Some(sel)));
+            past += t;
+        }
+        let dense: Vec<AttentionStep> = steps.iter().map(|(t, q, k, v, _)| (*t, q.clone(), k.clone(), v.clone(), None)).collect();
+        for (what, steps) in [("selected", &steps), ("dense", &dense)] {
+            let run = |b: &dyn Backend| b.download(&attention_steps(b, dims, steps, 0)).unwrap();
+            let (cpu_out, exact_out) = (run(&cpu_q8), run(&exact));
+            for (g, flash) in gpus.iter().zip(["on", "off"]) {
+                let gpu_out = run(g);
+                let err = rel_l2(&gpu_out, &cpu_out);
+                assert!(err <= 1e-4, "{dims:?}, {what}, flash {flash}: a q8 cache on the GPU differs from the CPU backend's, rel L2 {err:.3e}");
+                let gpu_err = rel_l2(&gpu_out, &exact_out);
+                assert!(gpu_err <= 2e-2 && gpu_err > 1e-4, "{dims:?}, {what}, flash {flash}: q8 against f32, rel L2 {gpu_err:.3e}");
+            }
+        }
+    }
+    if profiled {
+        let ran = |name: &str| gpus[0].kernel_profile().iter().find(|(k, _)| k.as_str() == name).map_or(0, |(_, t)| t.dispatches);
+        let split = ran("attention_split") + ran("attention_split_regs");
+        assert!(ran("attention") > 0 && split > 0, "the per-head kernels did not run: attention {}, split {split}", ran("attention"));
+    }
+}
+
+/// Key selection rows for positions `range` (blocks of `block`,
+/// `per_query` entries): dense for the first two blocks and every fifth
+/// position, none at all for position 303 (its trailing block is empty
+/// too), else random whole blocks before the query's own, repeats and
+/// UNUSED entries included.
+fn q8_test_selection(rng: &mut Rng, range: std::ops::Range<usize>, block: usize, per_query: usize) -> KeySelection {
+    let mut blocks = Vec::new();
+    for pos in range {
+        let own = ((pos + 1) / block) as u32;
+        if pos == 303 {
+            blocks.extend(std::iter::repeat_n(KeySelection::UNUSED, per_query));
+        } else if pos < 2 * block || pos % 5 == 0 {
+            blocks.extend([KeySelection::DENSE].into_iter().chain(std::iter::repeat_n(0, per_query - 1)));
+        } else {
+            blocks.extend((0..per_query).map(|_| match rng.bits() % 5 {
+                0 => KeySelection::UNUSED,
+                _ => rng.bits() % own,
+            }));
+        }
+    }
+    KeySelection { block, per_query, blocks }
 }
 
 /// Decode steps past `FLASH_DECODE_MIN_KEYS` keys with the query/key norm

@@ -27,7 +27,7 @@ pub(super) fn compile(
     let mut kernels = HashMap::new();
     let mut kernels_from = None;
     let mut coop_refused = None;
-    for module in Module::ALL.into_iter().filter(|m| coop_matrix || !m.needs_coop()) {
+    for module in Module::ALL.into_iter().filter(|m| (coop_matrix || !m.needs_coop()) && (options.flash_decode || *m != Module::FlashDecode)) {
         let scopes = module.needs_coop().then(|| {
             (device.push_error_scope(wgpu::ErrorFilter::Internal), device.push_error_scope(wgpu::ErrorFilter::Validation))
         });
