@@ -6,7 +6,10 @@ use slotstream_backend::{attention_qk_norm_composed, checks, BackendError, KeySe
 
 use crate::flash_decode::{decode_pipeline, flash_decode};
 use crate::gpu::{whole, Bind, Gpu};
-use crate::params::{AttentionParams, FlashParams, RopeParams, MERGE_PAIRS, TARGET_WORKGROUPS};
+use crate::params::{
+    AttentionParams, FlashParams, RopeParams, FLASH_DECODE_MIN_KEYS, FLASH_MERGE_RUNS, KEYS, K_WEIGHT, KNEW, MERGE_COUNTS, MERGE_PAIRS,
+    OUT, PARTIALS, Q, Q_WEIGHT, ROPE_ANGLES_IN, SELECTION, TARGET_WORKGROUPS, VALUES, VNEW,
+};
 use crate::state::GpuKvCache;
 use crate::tensors::{buf, new_tensor};
 use crate::WgpuBackend;
@@ -25,19 +28,6 @@ const ROPE_X: u32 = 2;
 const ROPE_OUT: u32 = 3;
 const ROPE_ANGLES: u32 = 4;
 
-// Bindings of attention.wgsl.
-pub(crate) const Q: u32 = 2;
-pub(crate) const OUT: u32 = 3;
-pub(crate) const KEYS: u32 = 4;
-pub(crate) const VALUES: u32 = 5;
-pub(crate) const PARTIALS: u32 = 6;
-const SELECTION: u32 = 7;
-pub(crate) const KNEW: u32 = 8;
-pub(crate) const VNEW: u32 = 9;
-const ROPE_ANGLES_IN: u32 = 10;
-const Q_WEIGHT: u32 = 11;
-const K_WEIGHT: u32 = 12;
-pub(crate) const MERGE_COUNTS: u32 = 13;
 
 /// Largest head dim whose query and fresh key the `*_rope` attention kernels
 /// stage together (the key in the upper half of the query's workgroup array).
@@ -158,7 +148,7 @@ pub(crate) fn attend(
         let entry = if with_rope { "attention_rope" } else { "attention" };
         return gpu.dispatch(entry, &params, &binds, Gpu::grid(pairs as u64));
     }
-    let partials = gpu.alloc(4 * (pairs * splits * (cache.head_dim + 2)) as u64)?;
+    let partials = gpu.alloc_for(crate::gpu::Scratch::Partials, 4 * (pairs * splits * (cache.head_dim + 2)) as u64)?;
     let merge = gpu.merge_in_split && pairs <= MERGE_PAIRS;
     let params = AttentionParams { merge: merge as u32, ..params };
     let counts = (MERGE_COUNTS, whole(&gpu.merge_counts));
@@ -180,14 +170,8 @@ pub(crate) fn attend(
 
 /// Fewest keys per flash attention chunk.
 const FLASH_MIN_CHUNK: usize = 128;
-/// Keys from which a decode step (one token) takes `flash_attention`:
-/// below, the split kernels, which normalise and rotate q and the fresh key
-/// in the same dispatch, are faster.
-pub(crate) const FLASH_DECODE_MIN_KEYS: usize = 1024;
 /// Invocations of `flash_attention` in a slot (one row and key slice).
 const FLASH_SLOT_LANES: u32 = 4;
-/// vec4 runs of a head a `flash_merge` workgroup sums (its `MERGE_RUNS`).
-pub(crate) const FLASH_MERGE_RUNS: usize = 8;
 /// Slots of a `flash_attention` workgroup.
 const FLASH_SLOTS: usize = 64;
 

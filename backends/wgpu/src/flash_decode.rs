@@ -5,9 +5,8 @@
 
 use slotstream_backend::{BackendError, KvCacheType, Result};
 
-use crate::attention::{FLASH_DECODE_MIN_KEYS, KNEW, KEYS, MERGE_COUNTS, OUT, PARTIALS, Q, VALUES, VNEW};
 use crate::gpu::{whole, Bind, Gpu};
-use crate::params::{FlashParams, MERGE_PAIRS};
+use crate::params::{FlashParams, FLASH_DECODE_MIN_KEYS, FLASH_MERGE_RUNS, KEYS, KNEW, MERGE_COUNTS, MERGE_PAIRS, OUT, PARTIALS, Q, VALUES, VNEW};
 use crate::state::GpuKvCache;
 
 /// Query heads of a kv head a workgroup takes (`ROWS`): groups over eight
@@ -76,7 +75,7 @@ pub(crate) fn flash_decode(
         merge: merge as u32,
         ..Default::default()
     };
-    let partials = gpu.alloc(4 * (heads * splits * (hd + 2)) as u64)?;
+    let partials = gpu.alloc_for(crate::gpu::Scratch::Partials, 4 * (heads * splits * (hd + 2)) as u64)?;
     let (knew, vnew) = fresh.unwrap_or((q, q));
     let binds = [
         (Q, q),
@@ -98,7 +97,7 @@ pub(crate) fn flash_decode(
         256 => "flash_merge_hd256",
         _ => return Err(BackendError::Unsupported(format!("flash attention of head dim {hd}"))),
     };
-    let blocks = (hd / 4).div_ceil(crate::attention::FLASH_MERGE_RUNS);
+    let blocks = (hd / 4).div_ceil(FLASH_MERGE_RUNS);
     gpu.dispatch(merge_kernel, &params, &[(OUT, out), (PARTIALS, partials.bind())], Gpu::grid((heads * blocks) as u64))
 }
 

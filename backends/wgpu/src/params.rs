@@ -305,6 +305,27 @@ pub(crate) const TARGET_WORKGROUPS: usize = 1024;
 /// has fewer pairs than [`TARGET_WORKGROUPS`] (more fill the GPU unsplit).
 pub(crate) const MERGE_PAIRS: usize = TARGET_WORKGROUPS;
 
+// Bindings of attention.wgsl, flash_attention.wgsl and flash_decode.wgsl.
+pub(crate) const Q: u32 = 2;
+pub(crate) const OUT: u32 = 3;
+pub(crate) const KEYS: u32 = 4;
+pub(crate) const VALUES: u32 = 5;
+pub(crate) const PARTIALS: u32 = 6;
+pub(crate) const SELECTION: u32 = 7;
+pub(crate) const KNEW: u32 = 8;
+pub(crate) const VNEW: u32 = 9;
+pub(crate) const ROPE_ANGLES_IN: u32 = 10;
+pub(crate) const Q_WEIGHT: u32 = 11;
+pub(crate) const K_WEIGHT: u32 = 12;
+pub(crate) const MERGE_COUNTS: u32 = 13;
+
+/// Keys from which a decode step (one token) takes `flash_decode` (or
+/// `flash_attention`): below, the split kernels, which normalise and rotate
+/// q and the fresh key in the same dispatch, are faster.
+pub(crate) const FLASH_DECODE_MIN_KEYS: usize = 1024;
+/// vec4 runs of a head a `flash_merge` workgroup sums (its `MERGE_RUNS`).
+pub(crate) const FLASH_MERGE_RUNS: usize = 8;
+
 // Linear-attention layers (`recurrent.rs`).
 
 params! {
