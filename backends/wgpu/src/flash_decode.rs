@@ -18,10 +18,18 @@ const BLOCK: usize = 128;
 /// score array).
 const MAX_SPLITS: usize = 128;
 
+/// Whether the adapter's subgroups hold whole keys' eight lanes (8 to 128
+/// lanes, the workgroup's 128 in whole subgroups). wgpu reports 4 to 64 for
+/// every Metal adapter; Apple's GPUs run 32-wide SIMD groups.
+fn lanes_of_eight(gpu: &Gpu) -> bool {
+    let apple = gpu.info.backend == wgpu::Backend::Metal && gpu.info.name.starts_with("Apple");
+    (gpu.subgroup_min >= 8 || apple) && gpu.subgroup_max <= 128
+}
+
 /// The `flash_decode` pipeline for this cache, when a call can take it: one
 /// token of dense attention over at least `FLASH_DECODE_MIN_KEYS` keys (the
 /// fresh one included) of an f16 cache of a head dim it is compiled for,
-/// with subgroups of 8 to 128 lanes (eight lanes share a key).
+/// on an adapter whose subgroups hold whole keys ([`lanes_of_eight`]).
 pub(crate) fn decode_pipeline(gpu: &Gpu, cache: &GpuKvCache, tokens: usize, keys: usize) -> Option<&'static str> {
     let name = match cache.head_dim {
         64 => "flash_decode_hd64",
@@ -30,8 +38,7 @@ pub(crate) fn decode_pipeline(gpu: &Gpu, cache: &GpuKvCache, tokens: usize, keys
         _ => return None,
     };
     let fits = tokens == 1 && keys >= FLASH_DECODE_MIN_KEYS && cache.kind == KvCacheType::F16 && cache.kv_heads > 0;
-    let lanes = gpu.subgroup_min >= 8 && gpu.subgroup_max <= 128;
-    (gpu.flash_attention && fits && lanes && gpu.has_kernel(name)).then_some(name)
+    (gpu.flash_attention && fits && lanes_of_eight(gpu) && gpu.has_kernel(name)).then_some(name)
 }
 
 /// Chunks and keys per chunk for `keys` keys when `others` workgroups (kv

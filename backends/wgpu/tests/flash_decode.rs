@@ -2,8 +2,8 @@
 //! against the CPU backend's f16 cache (the same rounding of every key and
 //! value): query groups of 1, 4, 8, 12 and 16 heads (one pass of eight rows,
 //! some idle, or two), head dims 64, 128 and 256, chunks of one block merged
-//! in the last workgroup, and (two shapes) merged by `flash_merge` or one
-//! chunk of many blocks alone; steps that cross a block of 128 keys.
+//! in the last workgroup, and (head dims 128 and 256) merged by `flash_merge`
+//! or one chunk of many blocks alone; a fresh key alone in its block.
 
 mod common;
 
@@ -54,20 +54,32 @@ fn flash_decode_every_shape() {
     for (i, dims) in cases.into_iter().enumerate() {
         let [heads, kvh, hd] = dims;
         let mut rng = Rng::new(300 + i as u64);
-        // 1,150 keys and more: past FLASH_DECODE_MIN_KEYS, the fresh key in
-        // the last chunk's second block, then in a new block.
-        let steps: Vec<_> = [1150usize, 1, 1, 127, 1]
+        // 1,151 keys and more: past FLASH_DECODE_MIN_KEYS, fresh keys inside
+        // a block, then (1,281 = 10 x 128 + 1) alone in the last chunk.
+        let steps: Vec<_> = [1150usize, 1, 1, 127, 1, 1]
             .iter()
             .map(|&t| (t, rng.vec(t * heads * hd, 3.0), rng.vec(t * kvh * hd, 3.0), rng.vec(t * kvh * hd, 2.0)))
             .collect();
-        fast.set_profiling(true).expect("profiling");
         let want = decode_steps(&cpu, dims, &steps);
         let got = decode_steps(&fast, dims, &steps);
         let err = rel_l2(&got, &want);
         assert!(err <= 1e-4, "{dims:?}: flash_decode differs from the CPU backend's f16 cache, rel L2 {err:.3e}");
-        assert_eq!(dispatches(&fast, "flash_decode"), 3, "{dims:?}: every decode step takes flash_decode");
-        fast.set_profiling(false).expect("profiling off");
-        for (name, b) in variants.iter().filter(|_| i < 2) {
+        // Profiled (where the adapter times dispatches): the same bits, and
+        // each decode step one flash_decode dispatch, merged in the kernel
+        // where workgroups may hand partials to each other.
+        let plain_merge = &variants[0].1;
+        if i == 0 && fast.set_profiling(true).is_ok() && plain_merge.set_profiling(true).is_ok() {
+            assert_eq!(decode_steps(&fast, dims, &steps), got, "{dims:?}: profiled");
+            decode_steps(plain_merge, dims, &steps);
+            assert_eq!(dispatches(&fast, "flash_decode"), 4, "{dims:?}: every decode step takes flash_decode");
+            // The prefills' flash_merge dispatches are the same on both.
+            let more = dispatches(plain_merge, "flash_merge") - dispatches(&fast, "flash_merge");
+            assert_eq!(more, if fast.merges_in_split() { 4 } else { 0 }, "{dims:?}: decode steps merged by flash_merge");
+            for b in [&fast, plain_merge] {
+                b.set_profiling(false).expect("profiling off");
+            }
+        }
+        for (name, b) in variants.iter().filter(|_| i == 0 || i == 2) {
             let err = rel_l2(&decode_steps(b, dims, &steps), &got);
             assert!(err <= 1e-5, "{dims:?}, {name}: rel L2 {err:.3e} against chunks merged in the kernel");
         }

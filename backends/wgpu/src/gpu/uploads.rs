@@ -47,6 +47,9 @@ pub(super) struct Uploads {
     copies: Option<wgpu::CommandEncoder>,
 }
 
+/// Staged and unsettled upload bytes below which [`Gpu::settle_uploads`] does not wait.
+const SETTLE_MIN_BYTES: u64 = 32 << 20;
+
 impl Gpu {
     /// Notes `bytes` staged for upload; a whole chunk goes out now (after
     /// the chunk before it has landed).
@@ -65,9 +68,12 @@ impl Gpu {
     /// discrete GPU with a large BAR is device memory): before a KV cache
     /// grows, the load's last chunk (up to `upload_chunk` bytes) would
     /// otherwise stay beside the cache and a prefill's first activations.
+    /// Less than `SETTLE_MIN_BYTES` in flight (a decode step's streamed
+    /// experts) is left to land on its own: a wait there would hold the
+    /// step's reads behind its compute.
     pub(crate) fn settle_uploads(&self) -> Result<()> {
         let mut u = self.uploads.lock().map_err(|_| BackendError::Device("upload counter poisoned".into()))?;
-        if u.staged == 0 && u.unsettled == 0 {
+        if u.staged + u.unsettled < SETTLE_MIN_BYTES {
             return Ok(());
         }
         self.send(&mut u, true)?;
