@@ -98,6 +98,10 @@ pub struct Ledger {
     peak: Mutex<Peak>,
     /// The activation pool's high-water mark of bytes in use.
     in_use_peak: Mutex<Peak>,
+    /// The two marks' totals, read without the locks: a count below its
+    /// mark (nearly every one once the pool is warm) takes no lock.
+    peak_total: AtomicU64,
+    in_use_total: AtomicU64,
 }
 
 impl Ledger {
@@ -139,8 +143,12 @@ impl Ledger {
     fn note_peak(&self) {
         let held = self.held_now();
         let total = Self::device_total(&held);
+        if total <= self.peak_total.load(Relaxed) {
+            return;
+        }
         if let Ok(mut p) = self.peak.lock() {
             if total > p.total {
+                self.peak_total.store(total, Relaxed);
                 *p = Peak { total, held, in_use: self.in_use_now() };
             }
         }
@@ -152,8 +160,12 @@ impl Ledger {
         let in_use = self.in_use_now();
         let total: u64 = in_use.iter().sum();
         // The lock only when the mark may move (rare once the pool is warm).
+        if total <= self.in_use_total.load(Relaxed) {
+            return;
+        }
         let Ok(mut p) = self.in_use_peak.lock() else { return };
         if total > p.total {
+            self.in_use_total.store(total, Relaxed);
             *p = Peak { total, held: self.held_now(), in_use };
         }
     }
