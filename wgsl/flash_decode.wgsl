@@ -36,9 +36,11 @@
 // storageBarrier).
 //
 // With `fresh`, the token's key and value rows are in knew / vnew (f32):
-// every workgroup reads them from there (rounded to f16 like the cache's),
-// and the workgroup of the first pass whose chunk holds position `past`
-// writes them to the cache.
+// each workgroup whose chunk holds position `past` (one per pass) writes
+// them to the cache (rounded to f16; the passes write the same bits) before
+// its first block, so that every key and value is read from the cache with
+// no branch between the loads: a load behind a per-key branch was issued
+// only after the one before had landed.
 //
 // HD (the head dim, 64, 128 or 256) is an override constant: one pipeline
 // per head dim. `tb`, `slices` and `kv` (always 1, f16) of Params are
@@ -121,25 +123,25 @@ fn pack4(v: vec4<f32>) -> vec2<u32> {
     return vec2<u32>(pack2x16float(v.xy), pack2x16float(v.zw));
 }
 
-fn is_fresh(j: u32) -> bool {
-    return p.fresh != 0u && j == p.past;
-}
-
 // 8-value unit u of key j of kv head kh, as f16 words.
 fn key_unit(j: u32, kh: u32, u: u32) -> vec4<u32> {
-    if (is_fresh(j)) {
-        let i = kh * HD4 + 2u * u;
-        return vec4<u32>(pack4(knew[i]), pack4(knew[i + 1u]));
-    }
     return keys[(j * p.kv_heads + kh) * K8 + u];
 }
 
 // 4-value unit u of value row j of kv head kh, as f16 words.
 fn value_unit(j: u32, kh: u32, u: u32) -> vec2<u32> {
-    if (is_fresh(j)) {
-        return pack4(vnew[kh * HD4 + u]);
-    }
     return values[(j * p.kv_heads + kh) * HD4 + u];
+}
+
+// The row of the values an invocation's `i`th sum belongs to, picked out of
+// `a` (one value per row) with fixed indices only: a register array read at a
+// computed index would live in memory.
+fn of_row(a: array<f32, ROWS>, r: u32) -> f32 {
+    var x = a[0];
+    for (var k = 1u; k < ROWS; k++) {
+        x = select(x, a[k], r == k);
+    }
+    return x;
 }
 
 // Lane i (of a key's eight) with the eight rows' partial dots `d`: row i's
@@ -201,14 +203,17 @@ fn flash_decode(
         }
         q_sh[i] = v;
     }
-    if (p.fresh != 0u && ps == 0u && p.past >= j_begin && p.past < j_end) {
+    if (p.fresh != 0u && p.past >= j_begin && p.past < j_end) {
         for (var u = li; u < K8; u += WG) {
-            keys[(p.past * p.kv_heads + kh) * K8 + u] = key_unit(p.past, kh, u);
+            let i = kh * HD4 + 2u * u;
+            keys[(p.past * p.kv_heads + kh) * K8 + u] = vec4<u32>(pack4(knew[i]), pack4(knew[i + 1u]));
         }
         for (var u = li; u < HD4; u += WG) {
-            values[(p.past * p.kv_heads + kh) * HD4 + u] = value_unit(p.past, kh, u);
+            values[(p.past * p.kv_heads + kh) * HD4 + u] = pack4(vnew[kh * HD4 + u]);
         }
     }
+    // The fresh rows visible to the workgroup's own loads; q_sh to all.
+    storageBarrier();
     workgroupBarrier();
 
     let lane8 = lane % KL;
@@ -286,7 +291,7 @@ fn flash_decode(
 
         // The weighted values.
         for (var i = 0u; i < VR; i++) {
-            acc[i] *= alpha[vr0 + i];
+            acc[i] *= of_row(alpha, vr0 + i);
         }
         for (var k0 = 0u; k0 < BLOCK; k0 += VB) {
             var w: array<vec2<u32>, VB>;
@@ -308,7 +313,7 @@ fn flash_decode(
         for (var i = 0u; i < VR; i++) {
             let r = vr0 + i;
             if (r < rows) {
-                out[(h0 + r) * HD4 + vu] = acc[i] / l[r];
+                out[(h0 + r) * HD4 + vu] = acc[i] / of_row(l, r);
             }
         }
         return;
