@@ -86,7 +86,9 @@
 # long (there, after the same setup as run): prefill of N-token prompts and decode at depth N
 #   (LENGTHS, default 8192,32768) of A and B resident against llama-bench's ppN and tg64 @ dN,
 #   peak GPU memory of both, ours with SLOTSTREAM_WGPU_FLASH=0 too (FLASH_OFF=1), and per-kernel
-#   times of both at the first length where prepare packed the bench_gpu example (LONG=1 prepare);
+#   times of both at the first length where prepare packed the bench_gpu example (LONG=1 prepare;
+#   KERNELS=decode: decode at depth by kernel alone, with and without flash_decode, and the peer's);
+#   first, the fixed share of our GPU memory (the demo model: nvidia-smi against the ledger);
 #   VARIANT_WGSL=DIR also runs ours with another commit's kernel files (SLOTSTREAM_WGPU_WGSL_DIR);
 #   LIMIT=SECONDS stops it there and still copies out what it measured; PARITY=L also gives the
 #   longest prompt 8 greedy tokens on cpu:exact, wgpu:exact, wgpu and cpu with each model cut to
@@ -301,7 +303,7 @@ long_phase() {
     [ -n "${VARIANT_WGSL:-}" ] && args+=(--variant-wgsl "$VARIANT_WGSL")
     [ -n "${PARITY:-}" ] && args+=(--parity "$PARITY")
     [ -x "$work/llama-cuda/bin/llama-bench" ] && args+=(--llama-cuda "$work/llama-cuda")
-    [ -x "$work/bin/bench_gpu" ] && args+=(--bench-gpu "$work/bin/bench_gpu")
+    [ -x "$work/bin/bench_gpu" ] && args+=(--bench-gpu "$work/bin/bench_gpu" --kernels "${KERNELS:-all}")
     local rc=0
     # LIMIT (seconds): stop there and still bring back what was measured.
     PYTHONUNBUFFERED=1 timeout "${LIMIT:-86400}" python3 tools/peer/bench_long.py "${args[@]}" || rc=$?

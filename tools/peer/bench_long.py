@@ -19,6 +19,11 @@ Per model and per context length N in --lengths (default 8192,32768):
              -d N), raw logs kept for BENCHMARKS.md, at the first length only; the prefill by kernel
              in chunks of 1024 and 2048 with the matrix units and without (bench_gpu --no-coop), and once,
              prefill-sized products against exact mode's (bench_gpu --gemm: error and TFLOP/s).
+             --kernels decode keeps only the decode at depth by kernel (both ways) and the peer's.
+  fixed:     first, ours on the bundled demo model (13 MB of weights): nvidia-smi's peak against the
+             backend's own count, the GPU memory that does not scale with the model (the driver's
+             context and pipelines, the local memory it reserves for spilled registers);
+             --no-fixed-share skips it.
 Prints one markdown table; results.json, table.md and every log go to --results.
 """
 
@@ -124,6 +129,11 @@ def main():
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--parity", type=int, default=0, metavar="LAYERS",
                     help="also greedy ids at the longest length on each backend, on the model cut to LAYERS layers")
+    ap.add_argument("--kernels", choices=["all", "decode"], default="all",
+                    help="with --bench-gpu: every per-kernel run (products, decode both ways, prefill by chunk), "
+                         "or decode at depth by kernel only (flash_decode and without, the peer's perf logger)")
+    ap.add_argument("--no-fixed-share", action="store_true",
+                    help="skip the fixed share of GPU memory (ours on the bundled demo model, nvidia-smi against the ledger)")
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--commit", default="unknown")
     a = ap.parse_args()
@@ -133,7 +143,8 @@ def main():
     lengths = [int(x) for x in a.lengths.split(",") if x.strip()]
     prompts = {n: calibrated(a, n) for n in lengths}
     results = []
-    if a.bench_gpu:
+    fixed = None if a.no_fixed_share else fixed_share(a)
+    if a.bench_gpu and a.kernels == "all":
         # Prefill-sized products against exact mode's: the matrix units' error and speed.
         bp.run([a.bench_gpu, "--gemm", "2048:2048:4096,2048:4096:2048,8192:2048:5120,2048:768:2048", "--reps", "10"], "ours_gemm", a)
     for key in [k.strip() for k in a.models.split(",") if k.strip()]:
@@ -168,7 +179,7 @@ def main():
                 env = dict(bp.llama_env(a), GGML_VK_PERF_LOGGER="1")
                 peer_rows(a, gguf, f"{key}_llama_kernels_d{n}", 0, 4, n, 1, env=env)
                 # Prefill by kernel with the matrix units and without (matmul_coop.wgsl).
-                for coop in ([], ["--no-coop"]):
+                for coop in ([], ["--no-coop"]) if a.kernels == "all" else ():
                     bp.run([a.bench_gpu, "--model", model, "--prompt", str(n), "--chunks", "1024,2048"] + coop,
                            f"{key}_ours_prefill_{n}{'_no_coop' if coop else ''}", a)
             res["lengths"][n] = row
@@ -181,14 +192,32 @@ def main():
         if not a.keep:
             os.remove(gguf)
             bp.shutil.rmtree(model, ignore_errors=True)
-    md = table(a, results)
+    md = table(a, results, fixed)
     open(os.path.join(a.results, "table.md"), "w").write(md + "\n")
-    json.dump({"commit": a.commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "results": results},
+    json.dump({"commit": a.commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "fixed_share": fixed, "results": results},
               open(os.path.join(a.results, "results.json"), "w"), indent=1, default=str)
     print(md)
 
 
-def table(a, results):
+def fixed_share(a):
+    """GPU memory that does not scale with the model: ours on the bundled demo model (13 MB of
+    weights), nvidia-smi's peak (less the reading before) beside the backend's own count; the
+    difference is the driver's share (context, pipelines, the local memory reserved for the
+    kernels' spilled registers) and the allocator's rounding."""
+    model = os.path.join(bp.REPO, "tools", "demo", "model")
+    r = bp.run([a.slotstream, "run", "--model", model, "--backend", a.gpu_backend, "--max-tokens", "8",
+                "--json", "--prompt", "Hello there"], "ours_fixed_share", a)
+    out = {"gpu_mib": r["gpu_mib"], "rc": r["rc"]}
+    try:
+        m = json.loads(r["stdout"].strip().splitlines()[-1]).get("device_memory") or {}
+        out["ledger_peak_mib"] = round(m.get("peak_bytes", 0) / 2**20, 1)
+        out["allocator_block_mib"] = round((m.get("allocator_block_bytes") or 0) / 2**20, 1)
+    except Exception as ex:  # noqa: BLE001
+        out["error"] = f"{type(ex).__name__}: {ex}; {r['stderr'][-400:]}"
+    return out
+
+
+def table(a, results, fixed=None):
     lines = [f"commit {a.commit}; ours: `run --backend {a.gpu_backend}`, theirs: llama-bench (Vulkan), same Q4_0 bits", "",
              "| model | context | ours prefill | theirs ppN | ratio | ours decode @ dN | theirs tg64 @ dN | ratio "
              "| ours GPU MiB | theirs GPU MiB | ours flash off: prefill / decode |",
@@ -201,6 +230,10 @@ def table(a, results):
             lines.append(f"| {r['key']} | {row['prompt_tokens']} | {f(o.get('prefill'))} | {f(pp.get('prefill'))} "
                          f"| {ratio(o.get('prefill'), pp.get('prefill'))} | {f(o.get('decode'))} | {f(tg.get('decode'))} "
                          f"| {ratio(o.get('decode'), tg.get('decode'))} | {o.get('gpu_mib')} | {tg.get('gpu_mib')} | {off_s} |")
+    if fixed:
+        lines.append(f"\nFixed share (ours on the bundled demo model): nvidia-smi {fixed.get('gpu_mib')} MiB, the backend's "
+                     f"own count {fixed.get('ledger_peak_mib')} MiB, allocator blocks {fixed.get('allocator_block_mib')} MiB"
+                     + (f" ({fixed['error']})" if fixed.get("error") else ""))
     for r in results:
         for n, row in r["lengths"].items():
             m = row["ours"].get("device_memory")
