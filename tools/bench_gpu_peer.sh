@@ -89,6 +89,7 @@
 #   times of both at the first length where prepare packed the bench_gpu example (LONG=1 prepare;
 #   KERNELS=decode: decode at depth by kernel alone, with and without flash_decode, and the peer's);
 #   first, the fixed share of our GPU memory (the demo model: nvidia-smi against the ledger);
+#   PERPLEXITY=1: the demo model's perplexity one token at a time on the GPU against cpu:exact;
 #   VARIANT_WGSL=DIR also runs ours with another commit's kernel files (SLOTSTREAM_WGPU_WGSL_DIR);
 #   LIMIT=SECONDS stops it there and still copies out what it measured; PARITY=L also gives the
 #   longest prompt 8 greedy tokens on cpu:exact, wgpu:exact, wgpu and cpu with each model cut to
@@ -302,6 +303,7 @@ long_phase() {
     [ -n "${FLASH_OFF:-}" ] && args+=(--flash-off)
     [ -n "${VARIANT_WGSL:-}" ] && args+=(--variant-wgsl "$VARIANT_WGSL")
     [ -n "${PARITY:-}" ] && args+=(--parity "$PARITY")
+    [ -n "${PERPLEXITY:-}" ] && args+=(--perplexity)
     [ -x "$work/llama-cuda/bin/llama-bench" ] && args+=(--llama-cuda "$work/llama-cuda")
     [ -x "$work/bin/bench_gpu" ] && args+=(--bench-gpu "$work/bin/bench_gpu" --kernels "${KERNELS:-all}")
     local rc=0

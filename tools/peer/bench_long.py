@@ -20,6 +20,7 @@ Per model and per context length N in --lengths (default 8192,32768):
              in chunks of 1024 and 2048 with the matrix units and without (bench_gpu --no-coop), and once,
              prefill-sized products against exact mode's (bench_gpu --gemm: error and TFLOP/s).
              --kernels decode keeps only the decode at depth by kernel (both ways) and the peer's.
+  perplexity: with --perplexity, the demo model one token at a time on the GPU against cpu:exact.
   fixed:     first, ours on the bundled demo model (13 MB of weights): nvidia-smi's peak against the
              backend's own count, the GPU memory that does not scale with the model (the driver's
              context and pipelines, the local memory it reserves for spilled registers);
@@ -134,6 +135,9 @@ def main():
                          "or decode at depth by kernel only (flash_decode and without, the peer's perf logger)")
     ap.add_argument("--no-fixed-share", action="store_true",
                     help="skip the fixed share of GPU memory (ours on the bundled demo model, nvidia-smi against the ledger)")
+    ap.add_argument("--perplexity", action="store_true",
+                    help="also the bundled demo model's perplexity one token at a time on the GPU (every step from the "
+                         "1,024th key on takes flash_decode) against cpu:exact's, before the models")
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--commit", default="unknown")
     a = ap.parse_args()
@@ -144,6 +148,7 @@ def main():
     prompts = {n: calibrated(a, n) for n in lengths}
     results = []
     fixed = None if a.no_fixed_share else fixed_share(a)
+    ppl = demo_perplexity(a) if a.perplexity else None
     if a.bench_gpu and a.kernels == "all":
         # Prefill-sized products against exact mode's: the matrix units' error and speed.
         bp.run([a.bench_gpu, "--gemm", "2048:2048:4096,2048:4096:2048,8192:2048:5120,2048:768:2048", "--reps", "10"], "ours_gemm", a)
@@ -193,8 +198,10 @@ def main():
             os.remove(gguf)
             bp.shutil.rmtree(model, ignore_errors=True)
     md = table(a, results, fixed)
+    if ppl:
+        md += "\n\n" + ppl["line"]
     open(os.path.join(a.results, "table.md"), "w").write(md + "\n")
-    json.dump({"commit": a.commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "fixed_share": fixed, "results": results},
+    json.dump({"commit": a.commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "fixed_share": fixed, "perplexity": ppl, "results": results},
               open(os.path.join(a.results, "results.json"), "w"), indent=1, default=str)
     print(md)
 
@@ -214,6 +221,26 @@ def fixed_share(a):
         out["allocator_block_mib"] = round((m.get("allocator_block_bytes") or 0) / 2**20, 1)
     except Exception as ex:  # noqa: BLE001
         out["error"] = f"{type(ex).__name__}: {ex}; {r['stderr'][-400:]}"
+    return out
+
+
+def demo_perplexity(a):
+    """The demo model's perplexity over one 2,048-token window of tools/demo/heldout_sample.txt:
+    cpu:exact (the reference) and the GPU backend one token at a time (its decode kernels)."""
+    base = [a.slotstream, "perplexity", "--model", os.path.join(bp.REPO, "tools", "demo", "model"),
+            "--file", os.path.join(bp.REPO, "tools", "demo", "heldout_sample.txt"), "--window", "2048"]
+    out = {}
+    for tag, extra in (("cpu:exact", ["--backend", "cpu:exact"]), (a.gpu_backend, ["--backend", a.gpu_backend, "--one-token"])):
+        r = bp.run(base + extra, f"ours_perplexity_{tag.replace(':', '_')}", a)
+        try:
+            out[tag] = json.loads(r["stdout"].strip().splitlines()[-1])["perplexity"]
+        except Exception as ex:  # noqa: BLE001
+            out[tag] = None
+            out["error"] = f"{tag}: {type(ex).__name__}: {ex}; {r['stderr'][-400:]}"
+    ref, got = out.get("cpu:exact"), out.get(a.gpu_backend)
+    change = f"{100 * (got / ref - 1):+.3f}%" if ref and got else "failed"
+    out["line"] = (f"Demo perplexity (one 2,048-token window of tools/demo/heldout_sample.txt): cpu:exact {ref}, "
+                   f"{a.gpu_backend} --one-token {got} ({change})" + (f"; {out['error']}" if "error" in out else ""))
     return out
 
 
