@@ -21,7 +21,8 @@
 //   back over its scores.
 // - values: invocation i takes 4-value unit i % (HD / 4) of rows
 //   (i / (HD / 4)) * VR .. + VR and every key of the block, eight keys'
-//   loads issued together.
+//   loads issued together, each eight before the eight before them are
+//   summed (the first eight before the softmax).
 // Three barriers a block and one after it; q (scaled) is staged once.
 //
 // Output: with one chunk (splits = 1) the normalised rows go to `out`
@@ -252,6 +253,13 @@ fn flash_decode(
                 s_sh[key * ROWS + lane8] = select(NO_SCORE, score, j0 + key < j_end);
             }
         }
+        // The first values' loads go out now and land while the block's
+        // softmax runs (they do not depend on it).
+        var w: array<vec2<u32>, VB>;
+        for (var u = 0u; u < VB; u++) {
+            // Past the chunk: weight 0 on its last value row again.
+            w[u] = value_unit(min(j0 + u, j_end - 1u), kh, vu);
+        }
         workgroupBarrier();
 
         // The block's max per row, then each key's weights and their sums.
@@ -294,10 +302,12 @@ fn flash_decode(
             acc[i] *= of_row(alpha, vr0 + i);
         }
         for (var k0 = 0u; k0 < BLOCK; k0 += VB) {
-            var w: array<vec2<u32>, VB>;
+            // The next keys' loads go out before these keys are summed (the
+            // last step loads its own keys again: they are cached).
+            let k1 = min(k0 + VB, BLOCK - VB);
+            var next: array<vec2<u32>, VB>;
             for (var u = 0u; u < VB; u++) {
-                // Past the chunk: weight 0 on its last value row again.
-                w[u] = value_unit(min(j0 + k0 + u, j_end - 1u), kh, vu);
+                next[u] = value_unit(min(j0 + k1 + u, j_end - 1u), kh, vu);
             }
             for (var u = 0u; u < VB; u++) {
                 let v = vec4<f32>(unpack2x16float(w[u].x), unpack2x16float(w[u].y));
@@ -305,6 +315,7 @@ fn flash_decode(
                     acc[i] += s_sh[(k0 + u) * ROWS + vr0 + i] * v;
                 }
             }
+            w = next;
         }
         workgroupBarrier();
     }
