@@ -226,11 +226,12 @@ def fixed_share(a):
 
 def demo_perplexity(a):
     """The demo model's perplexity over one 2,048-token window of tools/demo/heldout_sample.txt:
-    cpu:exact (the reference) and the GPU backend one token at a time (its decode kernels)."""
+    cpu:exact (the reference) and the GPU backend one token at a time with an f16 cache (its decode
+    kernels: flash_decode from the 1,024th key; a software rasterizer would keep f32 otherwise)."""
     base = [a.slotstream, "perplexity", "--model", os.path.join(bp.REPO, "tools", "demo", "model"),
             "--file", os.path.join(bp.REPO, "tools", "demo", "heldout_sample.txt"), "--window", "2048"]
     out = {}
-    for tag, extra in (("cpu:exact", ["--backend", "cpu:exact"]), (a.gpu_backend, ["--backend", a.gpu_backend, "--one-token"])):
+    for tag, extra in (("cpu:exact", ["--backend", "cpu:exact"]), (a.gpu_backend, ["--backend", a.gpu_backend, "--kv-cache", "f16", "--one-token"])):
         r = bp.run(base + extra, f"ours_perplexity_{tag.replace(':', '_')}", a)
         try:
             out[tag] = json.loads(r["stdout"].strip().splitlines()[-1])["perplexity"]
@@ -240,7 +241,7 @@ def demo_perplexity(a):
     ref, got = out.get("cpu:exact"), out.get(a.gpu_backend)
     change = f"{100 * (got / ref - 1):+.3f}%" if ref and got else "failed"
     out["line"] = (f"Demo perplexity (one 2,048-token window of tools/demo/heldout_sample.txt): cpu:exact {ref}, "
-                   f"{a.gpu_backend} --one-token {got} ({change})" + (f"; {out['error']}" if "error" in out else ""))
+                   f"{a.gpu_backend} --kv-cache f16 --one-token {got} ({change})" + (f"; {out['error']}" if "error" in out else ""))
     return out
 
 
