@@ -151,7 +151,7 @@ def main():
     ppl = demo_perplexity(a) if a.perplexity else None
     if a.bench_gpu and a.kernels == "all":
         # Prefill-sized products against exact mode's: the matrix units' error and speed.
-        bp.run([a.bench_gpu, "--gemm", "2048:2048:4096,2048:4096:2048,8192:2048:5120,2048:768:2048", "--reps", "10"], "ours_gemm", a)
+        bp.run([a.bench_gpu, *adapter(a), "--gemm", "2048:2048:4096,2048:4096:2048,8192:2048:5120,2048:768:2048", "--reps", "10"], "ours_gemm", a)
     for key in [k.strip() for k in a.models.split(",") if k.strip()]:
         family, experts, args = (bp.SMALL if a.small else bp.FULL)[key]
         name, model, _ = bp.make_model(a, key, family, experts, args, False)
@@ -175,17 +175,17 @@ def main():
                 env = dict(os.environ, SLOTSTREAM_WGPU_FLASH="0")
                 row["ours_flash_off"] = ours_long(a, model, experts, prompt, f"{key}_ours_{n}_flash_off", env=env)
             if i == 0 and a.bench_gpu:
-                bp.run([a.bench_gpu, "--model", model, "--prompt", str(n), "--decode", "16", "--no-matvec", "--flush", "16",
+                bp.run([a.bench_gpu, *adapter(a), "--model", model, "--prompt", str(n), "--decode", "16", "--no-matvec", "--flush", "16",
                         "--depth", "32", "--pp", "32"], f"{key}_ours_kernels_{n}", a)
                 # Decode at depth without flash_decode.wgsl (flash_attention's tiles instead).
-                bp.run([a.bench_gpu, "--model", model, "--prompt", str(n), "--decode", "16", "--no-matvec", "--flush", "16",
+                bp.run([a.bench_gpu, *adapter(a), "--model", model, "--prompt", str(n), "--decode", "16", "--no-matvec", "--flush", "16",
                         "--depth", "32", "--pp", "32", "--no-flash-decode"], f"{key}_ours_kernels_{n}_no_flash_decode", a,
                        env=dict(os.environ, BENCH_SKIP_BEFORE="1"))
                 env = dict(bp.llama_env(a), GGML_VK_PERF_LOGGER="1")
                 peer_rows(a, gguf, f"{key}_llama_kernels_d{n}", 0, 4, n, 1, env=env)
                 # Prefill by kernel with the matrix units and without (matmul_coop.wgsl).
                 for coop in ([], ["--no-coop"]) if a.kernels == "all" else ():
-                    bp.run([a.bench_gpu, "--model", model, "--prompt", str(n), "--chunks", "1024,2048"] + coop,
+                    bp.run([a.bench_gpu, *adapter(a), "--model", model, "--prompt", str(n), "--chunks", "1024,2048"] + coop,
                            f"{key}_ours_prefill_{n}{'_no_coop' if coop else ''}", a)
             res["lengths"][n] = row
             json.dump(results + [res], open(os.path.join(a.results, "results.json"), "w"), indent=1, default=str)
@@ -204,6 +204,11 @@ def main():
     json.dump({"commit": a.commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "fixed_share": fixed, "perplexity": ppl, "results": results},
               open(os.path.join(a.results, "results.json"), "w"), indent=1, default=str)
     print(md)
+
+
+def adapter(a):
+    """bench_gpu's adapter choice for --gpu-backend (a software rasterizer only where asked for)."""
+    return ["--adapter", "software"] if "software" in a.gpu_backend else []
 
 
 def fixed_share(a):
