@@ -87,7 +87,8 @@
 #   (LENGTHS, default 8192,32768) of A and B resident against llama-bench's ppN and tg64 @ dN,
 #   peak GPU memory of both, ours with SLOTSTREAM_WGPU_FLASH=0 too (FLASH_OFF=1), and per-kernel
 #   times of both at the first length where prepare packed the bench_gpu example (LONG=1 prepare;
-#   KERNELS=decode: decode at depth by kernel alone, with and without flash_decode, and the peer's);
+#   KERNELS=decode: decode at depth by kernel alone, with and without flash_decode, and the peer's;
+#   KERNELS_EVERY_LENGTH=1: at every length, not only the first);
 #   first, the fixed share of our GPU memory (the demo model: nvidia-smi against the ledger);
 #   PERPLEXITY=1: the demo model's perplexity one token at a time on the GPU against cpu:exact;
 #   VARIANT_WGSL=DIR also runs ours with another commit's kernel files (SLOTSTREAM_WGPU_WGSL_DIR);
@@ -310,6 +311,7 @@ long_phase() {
     [ -n "${PERPLEXITY:-}" ] && args+=(--perplexity)
     [ -x "$work/llama-cuda/bin/llama-bench" ] && args+=(--llama-cuda "$work/llama-cuda")
     [ -x "$work/bin/bench_gpu" ] && args+=(--bench-gpu "$work/bin/bench_gpu" --kernels "${KERNELS:-all}")
+    [ -n "${KERNELS_EVERY_LENGTH:-}" ] && args+=(--kernels-every-length)
     local rc=0
     # LIMIT (seconds): stop there and still bring back what was measured.
     PYTHONUNBUFFERED=1 timeout "${LIMIT:-86400}" python3 tools/peer/bench_long.py "${args[@]}" || rc=$?

@@ -133,6 +133,9 @@ def main():
     ap.add_argument("--kernels", choices=["all", "decode"], default="all",
                     help="with --bench-gpu: every per-kernel run (products, decode both ways, prefill by chunk), "
                          "or decode at depth by kernel only (flash_decode and without, the peer's perf logger)")
+    ap.add_argument("--kernels-every-length", action="store_true",
+                    help="with --bench-gpu: the per-kernel runs at every length, not only the first (8k and 32k "
+                         "per-op times beside the peer's; about 100 s more a model at 32k)")
     ap.add_argument("--no-fixed-share", action="store_true",
                     help="skip the fixed share of GPU memory (ours on the bundled demo model, nvidia-smi against the ledger)")
     ap.add_argument("--perplexity", action="store_true",
@@ -174,7 +177,7 @@ def main():
             if i == 0 and a.flash_off:
                 env = dict(os.environ, SLOTSTREAM_WGPU_FLASH="0")
                 row["ours_flash_off"] = ours_long(a, model, experts, prompt, f"{key}_ours_{n}_flash_off", env=env)
-            if i == 0 and a.bench_gpu:
+            if (i == 0 or a.kernels_every_length) and a.bench_gpu:
                 bp.run([a.bench_gpu, *adapter(a), "--model", model, "--prompt", str(n), "--decode", "16", "--no-matvec", "--flush", "16",
                         "--depth", "32", "--pp", "32"], f"{key}_ours_kernels_{n}", a)
                 # Decode at depth without flash_decode.wgsl (flash_attention's tiles instead).
