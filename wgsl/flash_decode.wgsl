@@ -20,9 +20,9 @@
 //   every row's running max and sum (uniform), and writes its key's weights
 //   back over its scores.
 // - values: invocation i takes 4-value unit i % (HD / 4) of rows
-//   (i / (HD / 4)) * VR .. + VR and every key of the block, eight keys'
-//   loads issued together, each eight before the eight before them are
-//   summed (the first eight before the softmax).
+//   (i / (HD / 4)) * VR .. + VR and every key of the block, sixteen keys'
+//   loads issued together, each sixteen before the sixteen before them are
+//   summed (the first sixteen before the softmax).
 // Three barriers a block and one after it; q (scaled) is staged once.
 //
 // Output: with one chunk (splits = 1) the normalised rows go to `out`
@@ -95,8 +95,9 @@ const BLOCK: u32 = 128u;
 // Lanes of a key, and keys a score step covers.
 const KL: u32 = 8u;
 const STEP: u32 = WG / KL;
-// Keys whose value loads an invocation issues together.
-const VB: u32 = 8u;
+// Keys whose value loads an invocation issues together (the block's 128 in
+// eight steps, each step's loads out before the step before is summed).
+const VB: u32 = 16u;
 // Most chunks (the host keeps to it): the merge's weights fit the scores' array.
 const MAX_SPLITS: u32 = 128u;
 // Invocations of a row in the merge.
