@@ -135,6 +135,16 @@ fn value_unit(j: u32, kh: u32, u: u32) -> vec2<u32> {
     return values[(j * p.kv_heads + kh) * HD4 + u];
 }
 
+// VB consecutive keys' 4-value unit u from key j on (kv head kh); keys past
+// the chunk (`end`) read its last row again, which the softmax weights 0.
+fn value_units(j: u32, end: u32, kh: u32, u: u32) -> array<vec2<u32>, VB> {
+    var w: array<vec2<u32>, VB>;
+    for (var k = 0u; k < VB; k++) {
+        w[k] = value_unit(min(j + k, end - 1u), kh, u);
+    }
+    return w;
+}
+
 // The row of the values an invocation's `i`th sum belongs to, picked out of
 // `a` (one value per row) with fixed indices only: a register array read at a
 // computed index would live in memory.
@@ -256,11 +266,7 @@ fn flash_decode(
         }
         // The first values' loads go out now and land while the block's
         // softmax runs (they do not depend on it).
-        var w: array<vec2<u32>, VB>;
-        for (var u = 0u; u < VB; u++) {
-            // Past the chunk: weight 0 on its last value row again.
-            w[u] = value_unit(min(j0 + u, j_end - 1u), kh, vu);
-        }
+        var w = value_units(j0, j_end, kh, vu);
         workgroupBarrier();
 
         // The block's max per row, then each key's weights and their sums.
@@ -305,11 +311,7 @@ fn flash_decode(
         for (var k0 = 0u; k0 < BLOCK; k0 += VB) {
             // The next keys' loads go out before these keys are summed (the
             // last step loads its own keys again: they are cached).
-            let k1 = min(k0 + VB, BLOCK - VB);
-            var next: array<vec2<u32>, VB>;
-            for (var u = 0u; u < VB; u++) {
-                next[u] = value_unit(min(j0 + k1 + u, j_end - 1u), kh, vu);
-            }
+            let next = value_units(j0 + min(k0 + VB, BLOCK - VB), j_end, kh, vu);
             for (var u = 0u; u < VB; u++) {
                 let v = vec4<f32>(unpack2x16float(w[u].x), unpack2x16float(w[u].y));
                 for (var i = 0u; i < VR; i++) {

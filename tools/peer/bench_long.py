@@ -178,11 +178,11 @@ def main():
                 env = dict(os.environ, SLOTSTREAM_WGPU_FLASH="0")
                 row["ours_flash_off"] = ours_long(a, model, experts, prompt, f"{key}_ours_{n}_flash_off", env=env)
             if (i == 0 or a.kernels_every_length) and a.bench_gpu:
-                bp.run([a.bench_gpu, *adapter(a), "--model", model, "--prompt", str(n), "--decode", "16", "--no-matvec", "--flush", "16",
-                        "--depth", "32", "--pp", "32"], f"{key}_ours_kernels_{n}", a)
+                decode = [a.bench_gpu, *adapter(a), "--model", model, "--prompt", str(n), "--decode", "16", "--no-matvec",
+                          "--flush", "16", "--depth", "32", "--pp", "32"]
+                bp.run(decode, f"{key}_ours_kernels_{n}", a)
                 # Decode at depth without flash_decode.wgsl (flash_attention's tiles instead).
-                bp.run([a.bench_gpu, *adapter(a), "--model", model, "--prompt", str(n), "--decode", "16", "--no-matvec", "--flush", "16",
-                        "--depth", "32", "--pp", "32", "--no-flash-decode"], f"{key}_ours_kernels_{n}_no_flash_decode", a,
+                bp.run(decode + ["--no-flash-decode"], f"{key}_ours_kernels_{n}_no_flash_decode", a,
                        env=dict(os.environ, BENCH_SKIP_BEFORE="1"))
                 env = dict(bp.llama_env(a), GGML_VK_PERF_LOGGER="1")
                 peer_rows(a, gguf, f"{key}_llama_kernels_d{n}", 0, 4, n, 1, env=env)
@@ -214,6 +214,11 @@ def adapter(a):
     return ["--adapter", "software"] if "software" in a.gpu_backend else []
 
 
+def last_json(r):
+    """The JSON object on the last line of a run's stdout."""
+    return json.loads(r["stdout"].strip().splitlines()[-1])
+
+
 def fixed_share(a):
     """GPU memory that does not scale with the model: ours on the bundled demo model (13 MB of
     weights), nvidia-smi's peak (less the reading before) beside the backend's own count; the
@@ -224,7 +229,7 @@ def fixed_share(a):
                 "--json", "--prompt", "Hello there"], "ours_fixed_share", a)
     out = {"gpu_mib": r["gpu_mib"], "rc": r["rc"]}
     try:
-        m = json.loads(r["stdout"].strip().splitlines()[-1]).get("device_memory") or {}
+        m = last_json(r).get("device_memory") or {}
         out["ledger_peak_mib"] = round(m.get("peak_bytes", 0) / 2**20, 1)
         out["allocator_block_mib"] = round((m.get("allocator_block_bytes") or 0) / 2**20, 1)
     except Exception as ex:  # noqa: BLE001
@@ -242,7 +247,7 @@ def demo_perplexity(a):
     for tag, extra in (("cpu:exact", ["--backend", "cpu:exact"]), (a.gpu_backend, ["--backend", a.gpu_backend, "--kv-cache", "f16", "--one-token"])):
         r = bp.run(base + extra, f"ours_perplexity_{tag.replace(':', '_')}", a)
         try:
-            out[tag] = json.loads(r["stdout"].strip().splitlines()[-1])["perplexity"]
+            out[tag] = last_json(r)["perplexity"]
         except Exception as ex:  # noqa: BLE001
             out[tag] = None
             out["error"] = f"{tag}: {type(ex).__name__}: {ex}; {r['stderr'][-400:]}"
